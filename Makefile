@@ -1,0 +1,80 @@
+# Durable control plane: set-up, services, lint, tests.
+#   make demo   - venv + services + migrations (+ the demo processes, later)
+#   make test   - venv + services + lint + pytest   (what .ci/run runs)
+# GNU make 4.3; each recipe runs as one bash script (.ONESHELL) with -euo pipefail.
+
+SHELL := /bin/bash
+.SHELLFLAGS := -euo pipefail -c
+.ONESHELL:
+.DEFAULT_GOAL := help
+
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+SERVICES_ENV := .data/services.env
+PYTEST_ARGS ?=
+
+# Sources the URLs that `make services` resolved (shared or embedded servers).
+LOAD_SERVICES := set -a; . ./$(SERVICES_ENV); set +a
+
+.PHONY: help venv services services-stop lint test bench demo clean distclean
+
+help:
+	@echo "make demo    set up the venv, Postgres, Redis and the database, then run the demo"
+	@echo "make test    lint + the whole test suite (what CI runs)"
+	@echo "other: venv services services-stop lint bench clean distclean"
+
+venv: $(STAMP)
+
+# Re-run only when the lock changes: the stamp is newer than requirements.txt.
+$(STAMP): requirements.txt
+	@if [ ! -x $(PY) ]; then
+		echo "==> creating $(VENV) with $$($(PYTHON) --version)"
+		$(PYTHON) -m venv $(VENV)
+	fi
+	echo "==> installing requirements.txt into $(VENV)"
+	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements.txt
+	$(PY) -m pip check
+	touch $@
+
+services: venv
+	@echo "==> services: finding or starting Postgres and Redis"
+	$(PY) -m controlplane.services ensure --env-file $(SERVICES_ENV)
+
+services-stop:
+	@if [ -x $(PY) ]; then $(PY) -m controlplane.services stop --env-file $(SERVICES_ENV); fi
+
+lint: venv
+	@echo "==> ruff check"
+	$(VENV)/bin/ruff check .
+	echo "==> mypy $(wildcard kernel controlplane)"
+	$(VENV)/bin/mypy $(wildcard kernel controlplane)
+
+test: venv services
+	@$(MAKE) --no-print-directory lint
+	$(LOAD_SERVICES)
+	echo "==> pytest tests/ (DATABASE_URL=$$DATABASE_URL REDIS_URL=$$REDIS_URL)"
+	$(VENV)/bin/pytest $(PYTEST_ARGS)
+
+bench: venv services
+	@$(LOAD_SERVICES)
+	echo "==> benchmarks (pytest -m bench benchmarks/)"
+	rc=0
+	$(VENV)/bin/pytest benchmarks -m bench -p no:cacheprovider -q $(PYTEST_ARGS) || rc=$$?
+	if [ $$rc -eq 5 ]; then echo "bench: no benchmarks collected yet"; exit 0; fi
+	exit $$rc
+
+demo: venv services
+	@$(LOAD_SERVICES)
+	echo "==> manage.py migrate"
+	$(PY) manage.py migrate --noinput
+	echo "demo: web/worker/beat arrive with the execution issue"
+
+clean: services-stop
+	@echo "==> removing .data and caches"
+	rm -rf .data .pytest_cache .mypy_cache .ruff_cache .hypothesis
+	find . -path ./$(VENV) -prune -o -name __pycache__ -type d -prune -exec rm -rf {} +
+
+distclean: clean
+	@rm -rf $(VENV)

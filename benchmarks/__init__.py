@@ -1,0 +1,1 @@
+"""Benchmarks: pytest tests marked ``bench``, run by ``make bench`` (not ``make test``)."""

@@ -1,0 +1,130 @@
+"""A loopback SMTP server for tests, with a fault that makes a send uncertain.
+
+Plain SMTP has no idempotency key and no way to ask "did you get it?". When the
+connection drops after the DATA was transmitted but before the server's answer
+arrives, the client cannot know whether the message went out: the durable sender
+must treat it as uncertain and hand it to an operator. This stand-in can produce
+exactly that: it records the message and then closes the connection without
+answering, for the Nth message or for a given recipient.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from aiosmtpd.controller import Controller
+from aiosmtpd.smtp import SMTP, Envelope, Session
+
+
+class ReceivedMessage(NamedTuple):
+    """One message as the server got it: envelope sender, recipients, raw content."""
+
+    mail_from: str
+    rcpt_tos: tuple[str, ...]
+    data: bytes
+
+
+@dataclass(frozen=True)
+class DropAfterData:
+    """Which messages to record and then leave unanswered; every criterion given must hold.
+
+    ``nth`` counts messages received since the rule was armed (1-based).
+    """
+
+    to: str | None = None
+    nth: int | None = None
+
+    def matches(self, rcpt_tos: tuple[str, ...], message_no: int) -> bool:
+        return (self.to is None or self.to in rcpt_tos) and (
+            self.nth is None or self.nth == message_no
+        )
+
+
+class _RecordingHandler:
+    """aiosmtpd handler: records each message, then answers 250 or drops the connection.
+
+    It runs on the controller's event loop thread while tests read from theirs,
+    hence the lock.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._messages: list[ReceivedMessage] = []
+        self._drop: DropAfterData | None = None
+        self._received_since_armed = 0
+
+    def messages(self) -> list[ReceivedMessage]:
+        with self._lock:
+            return list(self._messages)
+
+    def arm(self, drop: DropAfterData | None) -> None:
+        with self._lock:
+            self._drop = drop
+            self._received_since_armed = 0
+
+    async def handle_DATA(self, server: SMTP, session: Session, envelope: Envelope) -> str:
+        assert envelope.mail_from is not None and isinstance(envelope.content, bytes)
+        message = ReceivedMessage(envelope.mail_from, tuple(envelope.rcpt_tos), envelope.content)
+        with self._lock:
+            self._messages.append(message)
+            self._received_since_armed += 1
+            drop = self._drop is not None and self._drop.matches(
+                message.rcpt_tos, self._received_since_armed
+            )
+        if drop and server.transport is not None:
+            # Closing the transport makes aiosmtpd discard the answer below (the
+            # connection is gone), so the client reads EOF instead of "250".
+            server.transport.close()
+        return "250 OK"
+
+
+class _AnyPortController(Controller):
+    """A Controller that also works with port 0.
+
+    aiosmtpd 1.4 checks the server is up by connecting to the configured port, which
+    fails for port 0 (aio-libs/aiosmtpd#388). Once the server is bound, we read the
+    port the OS picked before that check runs.
+    """
+
+    def _trigger_server(self) -> None:
+        assert isinstance(self.server, asyncio.Server)
+        self.port = self.server.sockets[0].getsockname()[1]
+        super()._trigger_server()
+
+
+class SmtpStandIn:
+    """Handle on a running stand-in: where it listens, what it got, which faults to inject."""
+
+    def __init__(self, controller: Controller, handler: _RecordingHandler) -> None:
+        self.host: str = controller.hostname
+        self.port: int = controller.port
+        self._handler = handler
+
+    def messages(self) -> list[ReceivedMessage]:
+        """A snapshot of every message received so far (dropped ones included)."""
+        return self._handler.messages()
+
+    def drop_after_data(self, *, to: str | None = None, nth: int | None = None) -> None:
+        """Record matching messages, then close the connection without answering."""
+        self._handler.arm(DropAfterData(to=to, nth=nth))
+
+    def clear_faults(self) -> None:
+        """Answer every message normally again."""
+        self._handler.arm(None)
+
+
+@contextmanager
+def start_smtp_server(host: str = "127.0.0.1", port: int = 0) -> Iterator[SmtpStandIn]:
+    """Run the stand-in in a background thread for the duration of the block."""
+    handler = _RecordingHandler()
+    controller = _AnyPortController(handler, hostname=host, port=port)
+    controller.start()
+    try:
+        yield SmtpStandIn(controller, handler)
+    finally:
+        controller.stop()

@@ -1,0 +1,597 @@
+"""The kernel's Storage protocol on Postgres, through Django's connection.
+
+The hot paths are explicit SQL, reviewed here rather than generated:
+
+- ``commit``: ``SELECT ... FOR UPDATE`` on the session row takes the session's
+  commit order (DESIGN §5.1); task rows read by the builder are locked too, so a
+  claim cannot change an epoch between the fencing check and the write; the
+  write set is persisted in the same transaction, with the commit row and the
+  dispatch rows.
+- ``claim``: one conditional ``UPDATE ... RETURNING`` hands out the lease and
+  bumps the epoch; ``claim_batch`` adds ``FOR UPDATE SKIP LOCKED``.
+- ``commits_after``: the change feed, an index range scan on ``(session, seq)``.
+
+An error raised while committing or after it leaves the outcome unknown and
+becomes :class:`~kernel.errors.CommitUncertain`; an error before it rolls back.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import replace
+from datetime import datetime
+from typing import Any
+
+from django.db import connections, transaction
+from psycopg.types.json import Jsonb
+
+from kernel.errors import CommitUncertain, UnknownRecord
+from kernel.records import (
+    Commit,
+    Conversation,
+    Dispatch,
+    DocumentHead,
+    DocumentVersion,
+    Entry,
+    SessionRecord,
+    Status,
+    Submission,
+    SubmissionStatus,
+    Task,
+    WriteSet,
+)
+from kernel.storage import Build, FaultHook
+
+JSON = Any
+
+TASK_COLUMNS = (
+    "id, session_id, kind, version, input, status, phase, checkpoint, created_seq, "
+    "updated_seq, parent_id, owned, wait, wake_at, signals, cancel, outcome, restarts, "
+    "epoch, lease_owner, lease_until, queue"
+)
+RUNNABLE = (
+    "(status = 'pending' OR (status = 'sleeping' AND wake_at <= %(now)s)"
+    " OR (status = 'running' AND lease_until < %(now)s))"
+)
+CLAIM_SET = (
+    "restarts = CASE WHEN status = 'running' THEN restarts + 1 ELSE restarts END, "
+    "status = 'running', epoch = epoch + 1, lease_owner = %(owner)s, "
+    "lease_until = %(until)s, wake_at = NULL"
+)
+HEAD_COLUMNS = (
+    "id, session_id, kind, key, kind_version, version, baseline_version, "
+    "ops_bytes_since_baseline, baseline_bytes, updated_seq"
+)
+SUBMISSION_COLUMNS = (
+    "id, session_id, conversation_id, request_id, input, status, created_seq, updated_seq, "
+    "answer_entry_id, reason"
+)
+ENTRY_COLUMNS = "id, session_id, conversation_id, seq, ordinal, kind, payload, actor, created_at"
+
+
+def _json(value: JSON) -> JSON:
+    """Django registers a text loader for jsonb; decode here so rows hold real values."""
+    return json.loads(value) if isinstance(value, str) else value
+
+
+def _task(row: Sequence[Any]) -> Task:
+    return Task(
+        id=row[0],
+        session_id=row[1],
+        kind=row[2],
+        version=row[3],
+        input=_json(row[4]),
+        status=Status(row[5]),
+        phase=row[6],
+        checkpoint=_json(row[7]),
+        created_seq=row[8],
+        updated_seq=row[9],
+        parent_id=row[10],
+        owned=row[11],
+        wait=_json(row[12]),
+        wake_at=row[13],
+        signals=_json(row[14]),
+        cancel=_json(row[15]),
+        outcome=_json(row[16]),
+        restarts=row[17],
+        epoch=row[18],
+        lease_owner=row[19],
+        lease_until=row[20],
+        queue=row[21],
+    )
+
+
+def _task_params(t: Task) -> list[Any]:
+    return [
+        t.id,
+        t.session_id,
+        t.kind,
+        t.version,
+        Jsonb(t.input),
+        str(t.status),
+        t.phase,
+        Jsonb(t.checkpoint),
+        t.created_seq,
+        t.updated_seq,
+        t.parent_id,
+        t.owned,
+        Jsonb(t.wait) if t.wait is not None else None,
+        t.wait_deps,
+        t.wake_at,
+        Jsonb(t.signals),
+        Jsonb(t.cancel) if t.cancel is not None else None,
+        Jsonb(t.outcome) if t.outcome is not None else None,
+        t.restarts,
+        t.epoch,
+        t.lease_owner,
+        t.lease_until,
+        t.queue,
+    ]
+
+
+def _head(row: Sequence[Any]) -> DocumentHead:
+    return DocumentHead(*row)
+
+
+def _version(row: Sequence[Any]) -> DocumentVersion:
+    return DocumentVersion(row[0], row[1], row[2], _json(row[3]), _json(row[4]), row[5])
+
+
+def _entry(row: Sequence[Any]) -> Entry:
+    return Entry(row[0], row[1], row[2], row[3], row[4], row[5], _json(row[6]), row[7], row[8])
+
+
+def _submission(row: Sequence[Any]) -> Submission:
+    return Submission(
+        row[0],
+        row[1],
+        row[2],
+        row[3],
+        _json(row[4]),
+        SubmissionStatus(row[5]),
+        row[6],
+        row[7],
+        row[8],
+        row[9],
+    )
+
+
+def _no_fault(point: str) -> None:
+    return None
+
+
+class PostgresStorage:
+    def __init__(self, using: str = "default", fault: FaultHook = _no_fault) -> None:
+        self.using = using
+        self.fault = fault
+
+    def _cursor(self) -> Any:
+        return connections[self.using].cursor()
+
+    def _one(self, sql: str, params: Any) -> Any:
+        with self._cursor() as cur:
+            cur.execute(sql, params)
+            return cur.fetchone()
+
+    def _all(self, sql: str, params: Any) -> list[Any]:
+        with self._cursor() as cur:
+            cur.execute(sql, params)
+            return cur.fetchall()
+
+    # -- sessions and commits ---------------------------------------------
+
+    def create_session(self, session: SessionRecord) -> None:
+        with self._cursor() as cur:
+            cur.execute(
+                "INSERT INTO kernel_session (id, head_seq, created_at, metadata) "
+                "VALUES (%s, %s, %s, %s)",
+                [session.id, session.head_seq, session.created_at, Jsonb(session.metadata)],
+            )
+
+    def session(self, session_id: str) -> SessionRecord | None:
+        row = self._one(
+            "SELECT id, head_seq, created_at, metadata FROM kernel_session WHERE id = %s",
+            [session_id],
+        )
+        return SessionRecord(row[0], row[1], row[2], _json(row[3])) if row else None
+
+    def commit(self, session_id: str, build: Build) -> WriteSet:
+        atomic = transaction.atomic(using=self.using)
+        atomic.__enter__()
+        try:
+            with self._cursor() as cur:
+                cur.execute(
+                    "SELECT id, head_seq, created_at, metadata FROM kernel_session "
+                    "WHERE id = %s FOR UPDATE",
+                    [session_id],
+                )
+                row = cur.fetchone()
+                if row is None:
+                    raise UnknownRecord(f"no session {session_id}")
+                session = SessionRecord(row[0], row[1], row[2], _json(row[3]))
+                write_set = build(_Transaction(cur, session))
+                self.fault("before_write")
+                written = _write(cur, write_set)
+                self.fault("after_write")
+        except BaseException as exc:
+            atomic.__exit__(type(exc), exc, exc.__traceback__)
+            raise
+        try:
+            atomic.__exit__(None, None, None)
+            self.fault("after_commit")
+        except Exception as exc:
+            raise CommitUncertain(f"commit {session_id}#{write_set.commit.seq}: {exc}") from exc
+        return written
+
+    def commits_after(self, session_id: str, after_seq: int, limit: int) -> list[Commit]:
+        rows = self._all(
+            "SELECT session_id, seq, at, actor, summary, id FROM kernel_commit "
+            "WHERE session_id = %s AND seq > %s ORDER BY seq LIMIT %s",
+            [session_id, after_seq, limit],
+        )
+        return [Commit(r[0], r[1], r[2], r[3], _json(r[4]), r[5]) for r in rows]
+
+    # -- reads ---------------------------------------------------------------
+
+    def task(self, task_id: str) -> Task | None:
+        row = self._one(f"SELECT {TASK_COLUMNS} FROM kernel_task WHERE id = %s", [task_id])
+        return _task(row) if row else None
+
+    def session_tasks(self, session_id: str) -> list[Task]:
+        rows = self._all(
+            f"SELECT {TASK_COLUMNS} FROM kernel_task WHERE session_id = %s "
+            "ORDER BY created_seq, id",
+            [session_id],
+        )
+        return [_task(r) for r in rows]
+
+    def conversation(self, conversation_id: str) -> Conversation | None:
+        row = self._one(
+            "SELECT id, session_id, created_seq, fork_of, fork_entry_id "
+            "FROM kernel_conversation WHERE id = %s",
+            [conversation_id],
+        )
+        return Conversation(*row) if row else None
+
+    def conversation_entries(self, conversation_id: str) -> list[Entry]:
+        rows = self._all(
+            f"SELECT {ENTRY_COLUMNS} FROM kernel_entry WHERE conversation_id = %s "
+            "ORDER BY seq, ordinal",
+            [conversation_id],
+        )
+        return [_entry(r) for r in rows]
+
+    def entry(self, entry_id: str) -> Entry | None:
+        row = self._one(f"SELECT {ENTRY_COLUMNS} FROM kernel_entry WHERE id = %s", [entry_id])
+        return _entry(row) if row else None
+
+    def document_head(self, session_id: str, kind: str, key: str) -> DocumentHead | None:
+        with self._cursor() as cur:
+            return _read_head(cur, session_id, kind, key)
+
+    def document_versions(self, document_id: str, upto: int) -> list[DocumentVersion]:
+        with self._cursor() as cur:
+            return _read_versions(cur, document_id, upto)
+
+    def submission(self, submission_id: str) -> Submission | None:
+        row = self._one(
+            f"SELECT {SUBMISSION_COLUMNS} FROM kernel_submission WHERE id = %s", [submission_id]
+        )
+        return _submission(row) if row else None
+
+    def submission_by_request(self, session_id: str, request_id: str) -> Submission | None:
+        with self._cursor() as cur:
+            return _read_submission_by_request(cur, session_id, request_id)
+
+    # -- leases ----------------------------------------------------------------
+
+    def claim(self, task_id: str, owner: str, now: datetime, until: datetime) -> Task | None:
+        row = self._one(
+            f"UPDATE kernel_task SET {CLAIM_SET} WHERE id = %(id)s AND {RUNNABLE} "
+            f"RETURNING {TASK_COLUMNS}",
+            {"id": task_id, "owner": owner, "now": now, "until": until},
+        )
+        return _task(row) if row else None
+
+    def claim_batch(
+        self, owner: str, now: datetime, until: datetime, limit: int, kinds: Sequence[str]
+    ) -> list[Task]:
+        columns = ", ".join(f"t.{c.strip()}" for c in TASK_COLUMNS.split(","))
+        rows = self._all(
+            f"WITH picked AS (SELECT id FROM kernel_task WHERE kind = ANY(%(kinds)s) "
+            f"AND {RUNNABLE} ORDER BY updated_seq LIMIT %(limit)s FOR UPDATE SKIP LOCKED) "
+            f"UPDATE kernel_task t SET {CLAIM_SET} "
+            f"FROM picked WHERE t.id = picked.id RETURNING {columns}",
+            {"kinds": list(kinds), "limit": limit, "owner": owner, "now": now, "until": until},
+        )
+        return [_task(r) for r in rows]
+
+    def renew(self, task_id: str, owner: str, epoch: int, until: datetime) -> bool:
+        with self._cursor() as cur:
+            cur.execute(
+                "UPDATE kernel_task SET lease_until = %s WHERE id = %s AND epoch = %s "
+                "AND lease_owner = %s AND status = 'running'",
+                [until, task_id, epoch, owner],
+            )
+            return bool(cur.rowcount == 1)
+
+    def runnable(self, now: datetime, limit: int) -> list[Task]:
+        rows = self._all(
+            f"SELECT {TASK_COLUMNS} FROM kernel_task WHERE {RUNNABLE} "
+            "ORDER BY updated_seq LIMIT %(limit)s",
+            {"now": now, "limit": limit},
+        )
+        return [_task(r) for r in rows]
+
+    def next_wake(self) -> datetime | None:
+        row = self._one(
+            "SELECT min(CASE WHEN status = 'sleeping' THEN wake_at ELSE lease_until END) "
+            "FROM kernel_task WHERE status IN ('sleeping', 'running')",
+            [],
+        )
+        return row[0] if row else None
+
+    # -- outbox ------------------------------------------------------------------
+
+    def due_dispatches(self, now: datetime, limit: int) -> list[Dispatch]:
+        rows = self._all(
+            "SELECT task_id, session_id, not_before, queue, seq, id FROM kernel_dispatch "
+            "WHERE not_before <= %s ORDER BY id LIMIT %s",
+            [now, limit],
+        )
+        return [Dispatch(*r) for r in rows]
+
+    def delete_dispatches(self, ids: Iterable[int]) -> None:
+        with self._cursor() as cur:
+            cur.execute("DELETE FROM kernel_dispatch WHERE id = ANY(%s)", [list(ids)])
+
+
+def _read_head(cur: Any, session_id: str, kind: str, key: str) -> DocumentHead | None:
+    cur.execute(
+        f"SELECT {HEAD_COLUMNS} FROM kernel_document "
+        "WHERE session_id = %s AND kind = %s AND key = %s",
+        [session_id, kind, key],
+    )
+    row = cur.fetchone()
+    return _head(row) if row else None
+
+
+def _read_versions(cur: Any, document_id: str, upto: int) -> list[DocumentVersion]:
+    cur.execute(
+        "SELECT document_id, version, seq, ops, baseline, has_baseline "
+        "FROM kernel_document_version WHERE document_id = %(doc)s AND version <= %(upto)s "
+        "AND version >= (SELECT coalesce(max(version), 0) FROM kernel_document_version "
+        "WHERE document_id = %(doc)s AND has_baseline AND version <= %(upto)s) ORDER BY version",
+        {"doc": document_id, "upto": upto},
+    )
+    return [_version(r) for r in cur.fetchall()]
+
+
+def _read_submission_by_request(cur: Any, session_id: str, request_id: str) -> Submission | None:
+    cur.execute(
+        f"SELECT {SUBMISSION_COLUMNS} FROM kernel_submission "
+        "WHERE session_id = %s AND request_id = %s",
+        [session_id, request_id],
+    )
+    row = cur.fetchone()
+    return _submission(row) if row else None
+
+
+class _Transaction:
+    """The builder's reads, on the cursor of the open commit transaction."""
+
+    def __init__(self, cur: Any, session: SessionRecord) -> None:
+        self.cur = cur
+        self.session = session
+
+    def _tasks(self, where: str, params: Any) -> list[Task]:
+        self.cur.execute(f"SELECT {TASK_COLUMNS} FROM kernel_task WHERE {where} FOR UPDATE", params)
+        return [_task(r) for r in self.cur.fetchall()]
+
+    def tasks(self, ids: Iterable[str]) -> dict[str, Task]:
+        return {t.id: t for t in self._tasks("id = ANY(%s)", [list(ids)])}
+
+    def children(self, task_id: str) -> list[Task]:
+        return self._tasks("parent_id = %s AND owned ORDER BY created_seq, id", [task_id])
+
+    def waiters(self, task_id: str) -> list[Task]:
+        return self._tasks(
+            "session_id = %s AND status = 'waiting' AND wait_deps @> ARRAY[%s]::text[]",
+            [self.session.id, task_id],
+        )
+
+    def document(self, kind: str, key: str) -> DocumentHead | None:
+        return _read_head(self.cur, self.session.id, kind, key)
+
+    def document_versions(self, document_id: str, upto: int) -> list[DocumentVersion]:
+        return _read_versions(self.cur, document_id, upto)
+
+    def conversation(self, conversation_id: str) -> Conversation | None:
+        self.cur.execute(
+            "SELECT id, session_id, created_seq, fork_of, fork_entry_id "
+            "FROM kernel_conversation WHERE id = %s",
+            [conversation_id],
+        )
+        row = self.cur.fetchone()
+        return Conversation(*row) if row else None
+
+    def entry(self, entry_id: str) -> Entry | None:
+        self.cur.execute(f"SELECT {ENTRY_COLUMNS} FROM kernel_entry WHERE id = %s", [entry_id])
+        row = self.cur.fetchone()
+        return _entry(row) if row else None
+
+    def submission(self, submission_id: str) -> Submission | None:
+        self.cur.execute(
+            f"SELECT {SUBMISSION_COLUMNS} FROM kernel_submission WHERE id = %s", [submission_id]
+        )
+        row = self.cur.fetchone()
+        return _submission(row) if row else None
+
+    def submission_by_request(self, request_id: str) -> Submission | None:
+        return _read_submission_by_request(self.cur, self.session.id, request_id)
+
+
+TASK_INSERT = (
+    "INSERT INTO kernel_task (id, session_id, kind, version, input, status, phase, checkpoint, "
+    "created_seq, updated_seq, parent_id, owned, wait, wait_deps, wake_at, signals, cancel, "
+    "outcome, restarts, epoch, lease_owner, lease_until, queue) VALUES "
+    "(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
+)
+TASK_UPDATE = (
+    "UPDATE kernel_task SET version = %s, input = %s, status = %s, phase = %s, checkpoint = %s, "
+    "updated_seq = %s, wait = %s, wait_deps = %s, wake_at = %s, signals = %s, cancel = %s, "
+    "outcome = %s, restarts = %s, epoch = %s, lease_owner = %s, lease_until = %s WHERE id = %s"
+)
+
+
+def _write(cur: Any, ws: WriteSet) -> WriteSet:
+    """Persist one write set; the caller's transaction makes it atomic."""
+    c = ws.commit
+    cur.execute(
+        "WITH head AS (UPDATE kernel_session SET head_seq = %s WHERE id = %s) "
+        "INSERT INTO kernel_commit (session_id, seq, at, actor, summary) "
+        "VALUES (%s, %s, %s, %s, %s) RETURNING id",
+        [c.seq, c.session_id, c.session_id, c.seq, c.at, c.actor, Jsonb(c.summary)],
+    )
+    commit = replace(c, id=cur.fetchone()[0])
+    if ws.conversations:
+        cur.executemany(
+            "INSERT INTO kernel_conversation (id, session_id, created_seq, fork_of, fork_entry_id) "
+            "VALUES (%s, %s, %s, %s, %s)",
+            [
+                [v.id, v.session_id, v.created_seq, v.fork_of, v.fork_entry_id]
+                for v in ws.conversations
+            ],
+        )
+    if ws.entries:
+        cur.executemany(
+            f"INSERT INTO kernel_entry ({ENTRY_COLUMNS}) "
+            "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)",
+            [
+                [
+                    e.id,
+                    e.session_id,
+                    e.conversation_id,
+                    e.seq,
+                    e.ordinal,
+                    e.kind,
+                    Jsonb(e.payload),
+                    e.actor,
+                    e.created_at,
+                ]
+                for e in ws.entries
+            ],
+        )
+    if ws.document_heads:
+        cur.executemany(
+            f"INSERT INTO kernel_document ({HEAD_COLUMNS}) VALUES "
+            "(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT (id) DO UPDATE SET "
+            "kind_version = EXCLUDED.kind_version, version = EXCLUDED.version, "
+            "baseline_version = EXCLUDED.baseline_version, "
+            "ops_bytes_since_baseline = EXCLUDED.ops_bytes_since_baseline, "
+            "baseline_bytes = EXCLUDED.baseline_bytes, updated_seq = EXCLUDED.updated_seq",
+            [
+                [
+                    h.id,
+                    h.session_id,
+                    h.kind,
+                    h.key,
+                    h.kind_version,
+                    h.version,
+                    h.baseline_version,
+                    h.ops_bytes_since_baseline,
+                    h.baseline_bytes,
+                    h.updated_seq,
+                ]
+                for h in ws.document_heads
+            ],
+        )
+        cur.executemany(
+            "INSERT INTO kernel_document_version "
+            "(document_id, version, seq, ops, baseline, has_baseline) "
+            "VALUES (%s, %s, %s, %s, %s, %s)",
+            [
+                [
+                    v.document_id,
+                    v.version,
+                    v.seq,
+                    Jsonb(v.ops),
+                    Jsonb(v.baseline) if v.has_baseline else None,
+                    v.has_baseline,
+                ]
+                for v in ws.document_versions
+            ],
+        )
+    if ws.new_tasks:
+        cur.executemany(TASK_INSERT, [_task_params(t) for t in ws.new_tasks])
+    if ws.updated_tasks:
+        cur.executemany(
+            TASK_UPDATE,
+            [
+                [
+                    p[3],
+                    p[4],
+                    p[5],
+                    p[6],
+                    p[7],
+                    p[9],
+                    p[12],
+                    p[13],
+                    p[14],
+                    p[15],
+                    p[16],
+                    p[17],
+                    p[18],
+                    p[19],
+                    p[20],
+                    p[21],
+                    p[0],
+                ]
+                for p in map(_task_params, ws.updated_tasks)
+            ],
+        )
+    if ws.new_submissions:
+        cur.executemany(
+            f"INSERT INTO kernel_submission ({SUBMISSION_COLUMNS}) "
+            "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
+            [
+                [
+                    s.id,
+                    s.session_id,
+                    s.conversation_id,
+                    s.request_id,
+                    Jsonb(s.input),
+                    str(s.status),
+                    s.created_seq,
+                    s.updated_seq,
+                    s.answer_entry_id,
+                    s.reason,
+                ]
+                for s in ws.new_submissions
+            ],
+        )
+    if ws.updated_submissions:
+        cur.executemany(
+            "UPDATE kernel_submission SET status = %s, updated_seq = %s, answer_entry_id = %s, "
+            "reason = %s WHERE id = %s",
+            [
+                [str(s.status), s.updated_seq, s.answer_entry_id, s.reason, s.id]
+                for s in ws.updated_submissions
+            ],
+        )
+    dispatches = []
+    if ws.dispatches:
+        values = ", ".join(["(%s, %s, %s, %s, %s)"] * len(ws.dispatches))
+        cur.execute(
+            f"INSERT INTO kernel_dispatch (task_id, session_id, not_before, queue, seq) "
+            f"VALUES {values} RETURNING id",
+            [
+                x
+                for d in ws.dispatches
+                for x in (d.task_id, d.session_id, d.not_before, d.queue, d.seq)
+            ],
+        )
+        ids = [r[0] for r in cur.fetchall()]
+        dispatches = [replace(d, id=i) for d, i in zip(ws.dispatches, ids, strict=True)]
+    return replace(ws, commit=commit, dispatches=dispatches)

@@ -1,0 +1,70 @@
+"""The durable execution kernel: sessions, commits, tasks, leases. No Django, no Celery.
+
+See DESIGN.md. The public surface is re-exported here.
+"""
+
+from .clock import Clock, ManualClock, SystemClock
+from .commit import Draft, DuplicateRequest
+from .documents import DocumentKind
+from .errors import (
+    CommitRejected,
+    CommitUncertain,
+    DocumentConflict,
+    IllegalTransition,
+    KernelError,
+    NotRegistered,
+    SessionPoisoned,
+    StaleLease,
+    UnknownRecord,
+    WaitCycle,
+)
+from .memory import InMemoryStorage
+from .records import JoinPolicy, Outcome, Status, SubmissionStatus, Task
+from .registry import Blocked, Registry, TaskDefinition
+from .run import Run
+from .scheduler import Scheduler
+from .session import Kernel, SessionHandle
+from .storage import Storage, Transaction
+from .tasks import Finish, Next, Sleep, Transition, WaitSignal, WaitTasks
+from .worker import Worker
+
+__all__ = [
+    "Blocked",
+    "Clock",
+    "CommitRejected",
+    "CommitUncertain",
+    "DocumentConflict",
+    "DocumentKind",
+    "Draft",
+    "DuplicateRequest",
+    "Finish",
+    "IllegalTransition",
+    "InMemoryStorage",
+    "JoinPolicy",
+    "Kernel",
+    "KernelError",
+    "ManualClock",
+    "Next",
+    "NotRegistered",
+    "Outcome",
+    "Registry",
+    "Run",
+    "Scheduler",
+    "SessionHandle",
+    "SessionPoisoned",
+    "Sleep",
+    "StaleLease",
+    "Status",
+    "Storage",
+    "SubmissionStatus",
+    "SystemClock",
+    "Task",
+    "TaskDefinition",
+    "Transaction",
+    "Transition",
+    "UnknownRecord",
+    "WaitCycle",
+    "WaitSignal",
+    "WaitTasks",
+    "Worker",
+]

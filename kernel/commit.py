@@ -1,0 +1,626 @@
+"""Drafts and the commit builder (DESIGN §5, steps 2-3).
+
+A :class:`Draft` collects what one commit should write. :class:`Builder` turns it
+into a frozen :class:`~kernel.records.WriteSet` inside the storage transaction:
+it checks fencing tokens, legal transitions, document versions and joins, and
+derives the knock-on effects that must land in the *same* commit - a terminal
+task wakes its satisfied waiters and finishes its completing owner, a fail-fast
+join cancels the remaining siblings, a cancel cascades to owned subtasks.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field, replace
+from datetime import datetime
+from typing import Any
+
+from .documents import apply_ops, check_op, encoded_size, needs_baseline
+from .errors import (
+    CommitRejected,
+    DocumentConflict,
+    IllegalTransition,
+    NotRegistered,
+    StaleLease,
+    UnknownRecord,
+    WaitCycle,
+)
+from .records import (
+    Commit,
+    Conversation,
+    Dispatch,
+    DocumentHead,
+    DocumentVersion,
+    Entry,
+    JoinPolicy,
+    Status,
+    Submission,
+    SubmissionStatus,
+    Task,
+    WriteSet,
+    new_id,
+)
+from .registry import Registry
+from .storage import Transaction
+from .tasks import Finish, Transition, WaitTasks, apply_transition, released, succeeded
+
+JSON = Any
+
+
+class DuplicateRequest(CommitRejected):
+    """A submission's ``request_id`` was seen before; ``existing`` is the original."""
+
+    def __init__(self, existing: Submission) -> None:
+        super().__init__(f"request {existing.request_id!r} was already submitted")
+        self.existing = existing
+
+
+@dataclass
+class _NewTask:
+    id: str
+    kind: str
+    input: JSON
+    version: int | None
+    parent_id: str | None
+    owned: bool
+
+
+@dataclass
+class _Fenced:
+    task_id: str
+    epoch: int
+    transition: Transition
+    version: int | None = None
+    input: JSON = None
+    checkpoint: JSON = None
+
+
+@dataclass
+class Draft:
+    """What one commit should write. Build it, then hand it to ``SessionHandle.commit``."""
+
+    actor: str = "system"
+    conversations: list[Conversation] = field(default_factory=list)
+    entries: list[tuple[str, str, str, JSON]] = field(default_factory=list)
+    document_ops: dict[tuple[str, str], list[JSON]] = field(default_factory=dict)
+    expected_versions: dict[tuple[str, str], int] = field(default_factory=dict)
+    new_tasks: list[_NewTask] = field(default_factory=list)
+    fenced: list[_Fenced] = field(default_factory=list)
+    cancels: list[tuple[str, str]] = field(default_factory=list)
+    signals: list[tuple[str, str, JSON]] = field(default_factory=list)
+    wakes: list[str] = field(default_factory=list)
+    submissions: list[tuple[str, str, str, JSON]] = field(default_factory=list)
+    submission_updates: list[tuple[str, SubmissionStatus, str | None, str | None]] = field(
+        default_factory=list
+    )
+
+    def is_empty(self) -> bool:
+        return not any(
+            (
+                self.conversations,
+                self.entries,
+                self.document_ops,
+                self.new_tasks,
+                self.fenced,
+                self.cancels,
+                self.signals,
+                self.wakes,
+                self.submissions,
+                self.submission_updates,
+            )
+        )
+
+    def create_conversation(
+        self, *, fork_of: str | None = None, fork_entry_id: str | None = None
+    ) -> str:
+        if (fork_of is None) != (fork_entry_id is None):
+            raise CommitRejected("a fork names both the conversation and the entry it forks at")
+        conversation_id = new_id("conv")
+        self.conversations.append(
+            Conversation(conversation_id, "", 0, fork_of=fork_of, fork_entry_id=fork_entry_id)
+        )
+        return conversation_id
+
+    def append(self, conversation_id: str, kind: str, payload: JSON) -> str:
+        entry_id = new_id("entry")
+        self.entries.append((entry_id, conversation_id, kind, payload))
+        return entry_id
+
+    def update_document(
+        self, kind: str, key: str, *ops: JSON, expected_version: int | None = None
+    ) -> None:
+        for op in ops:
+            check_op(op)
+        self.document_ops.setdefault((kind, key), []).extend(ops)
+        if expected_version is not None:
+            self.expected_versions[(kind, key)] = expected_version
+
+    def set(self, kind: str, key: str, path: list[str], value: JSON) -> None:
+        self.update_document(kind, key, {"op": "set", "path": path, "value": value})
+
+    def create_task(
+        self,
+        kind: str,
+        input: JSON,
+        *,
+        version: int | None = None,
+        parent_id: str | None = None,
+        owned: bool = False,
+    ) -> str:
+        task_id = new_id("task")
+        self.new_tasks.append(_NewTask(task_id, kind, input, version, parent_id, owned))
+        return task_id
+
+    def transition(
+        self,
+        task_id: str,
+        epoch: int,
+        transition: Transition,
+        *,
+        version: int | None = None,
+        input: JSON = None,
+        checkpoint: JSON = None,
+    ) -> None:
+        """A phase's result, fenced by the epoch the worker claimed with.
+
+        ``version``/``input``/``checkpoint`` persist a migration done at claim time.
+        """
+        self.fenced.append(_Fenced(task_id, epoch, transition, version, input, checkpoint))
+
+    def cancel(self, task_id: str, reason: str) -> None:
+        self.cancels.append((task_id, reason))
+
+    def signal(self, task_id: str, name: str, payload: JSON) -> None:
+        self.signals.append((task_id, name, payload))
+
+    def wake(self, task_id: str) -> None:
+        self.wakes.append(task_id)
+
+    def submit(self, conversation_id: str, request_id: str, input: JSON) -> str:
+        submission_id = new_id("sub")
+        self.submissions.append((submission_id, conversation_id, request_id, input))
+        return submission_id
+
+    def update_submission(
+        self,
+        submission_id: str,
+        status: SubmissionStatus,
+        *,
+        answer_entry_id: str | None = None,
+        reason: str | None = None,
+    ) -> None:
+        self.submission_updates.append((submission_id, status, answer_entry_id, reason))
+
+
+class Builder:
+    """Turns one draft into a write set, inside one storage transaction."""
+
+    def __init__(self, tx: Transaction, draft: Draft, registry: Registry, now: datetime) -> None:
+        self.tx = tx
+        self.draft = draft
+        self.registry = registry
+        self.now = now
+        self.session_id = tx.session.id
+        self.seq = tx.session.head_seq + 1
+        self.tasks: dict[str, Task] = {}
+        self.created: dict[str, Task] = {}
+        self.changed: set[str] = set()
+        self.finished: list[str] = []
+        self.summary: list[JSON] = []
+
+    # -- task working set ---------------------------------------------------
+
+    def task(self, task_id: str) -> Task:
+        if task_id not in self.tasks:
+            found = self.tx.tasks([task_id]).get(task_id)
+            if found is None or found.session_id != self.session_id:
+                raise UnknownRecord(f"no task {task_id} in session {self.session_id}")
+            self.tasks[task_id] = found
+        return self.tasks[task_id]
+
+    def put(self, task: Task) -> None:
+        previous = self.tasks.get(task.id)
+        self.tasks[task.id] = task
+        self.changed.add(task.id)
+        if task.status is Status.TERMINAL and (previous is None or not previous.terminal):
+            self.finished.append(task.id)
+
+    def overlay(self, tasks: list[Task]) -> list[Task]:
+        return [self.tasks.setdefault(t.id, t) for t in tasks]
+
+    def children(self, task_id: str) -> list[Task]:
+        stored = self.overlay(self.tx.children(task_id)) if task_id not in self.created else []
+        fresh = [t for t in self.tasks.values() if t.id in self.created]
+        kids = {t.id: t for t in stored}
+        kids.update({t.id: self.tasks[t.id] for t in fresh if t.parent_id == task_id and t.owned})
+        return list(kids.values())
+
+    def waiters(self, task_id: str) -> list[Task]:
+        stored = self.overlay(self.tx.waiters(task_id)) if task_id not in self.created else []
+        ids = {t.id for t in stored} | {t.id for t in self.tasks.values()}
+        return [
+            self.tasks[i]
+            for i in ids
+            if self.tasks[i].status is Status.WAITING and task_id in self.tasks[i].wait_deps
+        ]
+
+    # -- the build ------------------------------------------------------------
+
+    def build(self) -> WriteSet:
+        conversations = self._conversations()
+        entries = self._entries(conversations)
+        heads, versions = self._documents()
+        submissions, updated_submissions = self._submissions(conversations)
+        for new in self.draft.new_tasks:
+            self._create_task(new)
+        for fenced in self.draft.fenced:
+            self._apply_fenced(fenced)
+        for task_id, name, payload in self.draft.signals:
+            self._signal(task_id, name, payload)
+        for task_id in self.draft.wakes:
+            self._wake(task_id)
+        for task_id, reason in self.draft.cancels:
+            self._cancel(task_id, reason, self.draft.actor)
+        self._settle()
+        new_tasks = [self.tasks[i] for i in self.created]
+        updated = [self.tasks[i] for i in sorted(self.changed) if i not in self.created]
+        for task in [*new_tasks, *updated]:
+            item: JSON = {"type": "task", "id": task.id, "kind": task.kind}
+            item["status"] = str(task.status)
+            item["phase"] = task.phase
+            if task.outcome and task.terminal:
+                item["outcome"] = task.outcome["kind"]
+            self.summary.append(item)
+        dispatches = [
+            Dispatch(t.id, self.session_id, t.wake_at or self.now, t.queue, self.seq)
+            for t in [*new_tasks, *updated]
+            if t.status is Status.PENDING or t.status is Status.SLEEPING
+        ]
+        commit = Commit(self.session_id, self.seq, self.now, self.draft.actor, self.summary)
+        return WriteSet(
+            commit=commit,
+            conversations=conversations,
+            entries=entries,
+            document_heads=heads,
+            document_versions=versions,
+            new_tasks=new_tasks,
+            updated_tasks=updated,
+            new_submissions=submissions,
+            updated_submissions=updated_submissions,
+            dispatches=dispatches,
+        )
+
+    # -- conversations and entries ----------------------------------------------
+
+    def _conversations(self) -> list[Conversation]:
+        made = []
+        for conv in self.draft.conversations:
+            if conv.fork_of is not None:
+                parent = self.tx.conversation(conv.fork_of)
+                entry = self.tx.entry(conv.fork_entry_id or "")
+                if parent is None or parent.session_id != self.session_id:
+                    raise UnknownRecord(f"no conversation {conv.fork_of} to fork")
+                if entry is None or entry.session_id != self.session_id:
+                    raise UnknownRecord(f"no entry {conv.fork_entry_id} to fork at")
+            made.append(replace(conv, session_id=self.session_id, created_seq=self.seq))
+            self.summary.append({"type": "conversation", "id": conv.id})
+        return made
+
+    def _entries(self, conversations: list[Conversation]) -> list[Entry]:
+        fresh = {c.id for c in conversations}
+        entries = []
+        for ordinal, (entry_id, conversation_id, kind, payload) in enumerate(self.draft.entries):
+            self._require_conversation(conversation_id, fresh)
+            entries.append(
+                Entry(
+                    entry_id,
+                    self.session_id,
+                    conversation_id,
+                    self.seq,
+                    ordinal,
+                    kind,
+                    copy.deepcopy(payload),
+                    self.draft.actor,
+                    self.now,
+                )
+            )
+            self.summary.append(
+                {"type": "entry", "id": entry_id, "conversation": conversation_id, "kind": kind}
+            )
+        return entries
+
+    def _require_conversation(self, conversation_id: str, fresh: set[str]) -> None:
+        if conversation_id in fresh:
+            return
+        conv = self.tx.conversation(conversation_id)
+        if conv is None or conv.session_id != self.session_id:
+            raise UnknownRecord(f"no conversation {conversation_id} in session {self.session_id}")
+
+    # -- documents ------------------------------------------------------------------
+
+    def _documents(self) -> tuple[list[DocumentHead], list[DocumentVersion]]:
+        heads, versions = [], []
+        for (kind_name, key), ops in self.draft.document_ops.items():
+            kind = self.registry.document_kind(kind_name)
+            head = self.tx.document(kind_name, key)
+            expected = self.draft.expected_versions.get((kind_name, key))
+            current = head.version if head else 0
+            if expected is not None and expected != current:
+                raise DocumentConflict(
+                    f"document {kind_name}/{key} is at version {current}, draft expected {expected}"
+                )
+            ops_bytes = encoded_size(ops)
+            if head is None:
+                value = apply_ops(kind.initial_value(), ops)
+                head = DocumentHead(
+                    new_id("doc"), self.session_id, kind_name, key, kind.version, 0, 0, 0, 0, 0
+                )
+                baseline: JSON = value
+            elif head.kind_version != kind.version or needs_baseline(
+                head.ops_bytes_since_baseline + ops_bytes, head.baseline_bytes
+            ):
+                stored = self._document_value(head)
+                baseline = apply_ops(kind.upgrade(head.kind_version, stored), ops)
+            else:
+                baseline = None
+            version = head.version + 1
+            if baseline is not None:
+                size = encoded_size(baseline)
+                head = replace(
+                    head,
+                    version=version,
+                    kind_version=kind.version,
+                    baseline_version=version,
+                    ops_bytes_since_baseline=0,
+                    baseline_bytes=size,
+                    updated_seq=self.seq,
+                )
+            else:
+                head = replace(
+                    head,
+                    version=version,
+                    ops_bytes_since_baseline=head.ops_bytes_since_baseline + ops_bytes,
+                    updated_seq=self.seq,
+                )
+            heads.append(head)
+            versions.append(
+                DocumentVersion(
+                    head.id,
+                    version,
+                    self.seq,
+                    copy.deepcopy(ops),
+                    baseline,
+                    has_baseline=baseline is not None,
+                )
+            )
+            self.summary.append(
+                {"type": "document", "kind": kind_name, "key": key, "version": version}
+            )
+        return heads, versions
+
+    def _document_value(self, head: DocumentHead) -> JSON:
+        return replay(self.tx.document_versions(head.id, head.version))
+
+    # -- submissions ----------------------------------------------------------------
+
+    def _submissions(
+        self, conversations: list[Conversation]
+    ) -> tuple[list[Submission], list[Submission]]:
+        fresh = {c.id for c in conversations}
+        created = []
+        for submission_id, conversation_id, request_id, payload in self.draft.submissions:
+            existing = self.tx.submission_by_request(request_id)
+            if existing is not None:
+                raise DuplicateRequest(existing)
+            self._require_conversation(conversation_id, fresh)
+            created.append(
+                Submission(
+                    submission_id,
+                    self.session_id,
+                    conversation_id,
+                    request_id,
+                    copy.deepcopy(payload),
+                    SubmissionStatus.QUEUED,
+                    self.seq,
+                    self.seq,
+                )
+            )
+            self.summary.append({"type": "submission", "id": submission_id, "status": "queued"})
+        by_id = {s.id: s for s in created}
+        for submission_id, status, answer_entry_id, reason in self.draft.submission_updates:
+            current = by_id.get(submission_id) or self.tx.submission(submission_id)
+            if current is None or current.session_id != self.session_id:
+                raise UnknownRecord(f"no submission {submission_id} in session {self.session_id}")
+            if current.status in (SubmissionStatus.ANSWERED, SubmissionStatus.UNANSWERED):
+                raise IllegalTransition(f"submission {submission_id} is already {current.status}")
+            by_id[submission_id] = replace(
+                current,
+                status=status,
+                answer_entry_id=answer_entry_id,
+                reason=reason,
+                updated_seq=self.seq,
+            )
+            self.summary.append({"type": "submission", "id": submission_id, "status": str(status)})
+        created_ids = {s.id for s in created}
+        return (
+            [by_id[s.id] for s in created],
+            [s for i, s in by_id.items() if i not in created_ids],
+        )
+
+    # -- tasks --------------------------------------------------------------------------
+
+    def _create_task(self, new: _NewTask) -> None:
+        try:
+            definition = self.registry.latest(new.kind)
+        except NotRegistered as exc:
+            raise CommitRejected(str(exc)) from exc
+        if new.version is not None and new.version != definition.version:
+            raise CommitRejected(
+                f"task kind {new.kind!r}: can only create the registered version "
+                f"{definition.version}, not {new.version}"
+            )
+        if new.parent_id is not None and new.parent_id not in self.created:
+            self.task(new.parent_id)
+        task = Task(
+            id=new.id,
+            session_id=self.session_id,
+            kind=new.kind,
+            version=definition.version,
+            input=copy.deepcopy(new.input),
+            status=Status.PENDING,
+            phase=definition.initial,
+            checkpoint={},
+            created_seq=self.seq,
+            updated_seq=self.seq,
+            parent_id=new.parent_id,
+            owned=new.owned and new.parent_id is not None,
+            queue=definition.queue,
+        )
+        self.created[task.id] = task
+        self.put(task)
+
+    def _apply_fenced(self, fenced: _Fenced) -> None:
+        task = self.task(fenced.task_id)
+        if task.epoch != fenced.epoch or task.status is not Status.RUNNING:
+            raise StaleLease(fenced.task_id, fenced.epoch, task.epoch)
+        if fenced.version is not None:
+            task = replace(
+                task, version=fenced.version, input=fenced.input, checkpoint=fenced.checkpoint
+            )
+        phases = self._phases(task)
+        transition = fenced.transition
+        updated = apply_transition(task, transition, phases)
+        if isinstance(transition, WaitTasks):
+            self._check_join(updated, transition)
+        updated = replace(updated, updated_seq=self.seq)
+        if isinstance(transition, Finish):
+            self._finish(updated)
+            return
+        self.put(updated)
+        self._settle_wait(updated)
+
+    def _phases(self, task: Task) -> frozenset[str]:
+        resolved = self.registry.resolve(task)
+        if not hasattr(resolved, "definition"):
+            raise IllegalTransition(f"task {task.id} is blocked: {resolved.reason}")  # type: ignore[union-attr]
+        return frozenset(resolved.definition.phases)  # type: ignore[union-attr]
+
+    def _check_join(self, waiter: Task, join: WaitTasks) -> None:
+        for dep_id in join.deps:
+            if dep_id == waiter.id:
+                raise WaitCycle(f"task {waiter.id} cannot wait on itself")
+            dep = self.task(dep_id)
+            if join.policy is JoinPolicy.FAIL_FAST and not (
+                dep.owned and dep.parent_id == waiter.id
+            ):
+                raise IllegalTransition(
+                    f"fail_fast joins only tasks the waiter owns; {dep_id} is not owned by "
+                    f"{waiter.id}"
+                )
+        seen: set[str] = set()
+        frontier = list(join.deps)
+        while frontier:
+            current = self.task(frontier.pop())
+            if current.id == waiter.id:
+                raise WaitCycle(f"task {waiter.id} would wait on itself through {join.deps}")
+            if current.id in seen:
+                continue
+            seen.add(current.id)
+            if current.status is Status.WAITING:
+                frontier.extend(current.wait_deps)
+
+    def _signal(self, task_id: str, name: str, payload: JSON) -> None:
+        task = self.task(task_id)
+        if task.terminal:
+            raise IllegalTransition(f"task {task_id} is terminal; signal {name!r} is refused")
+        if name in task.signals:
+            if task.signals[name] == payload:
+                return
+            raise IllegalTransition(f"task {task_id} already received signal {name!r}")
+        task = replace(task, signals={**task.signals, name: copy.deepcopy(payload)})
+        task = replace(task, updated_seq=self.seq)
+        self.put(task)
+        self._settle_wait(task)
+
+    def _wake(self, task_id: str) -> None:
+        task = self.task(task_id)
+        if task.status is not Status.SLEEPING:
+            raise IllegalTransition(f"task {task_id} is {task.status}, not sleeping")
+        self.put(replace(task, status=Status.PENDING, wake_at=None, updated_seq=self.seq))
+
+    def _cancel(self, task_id: str, reason: str, actor: str) -> None:
+        """Record the intent and revoke the lease of ``task_id`` and its owned subtasks.
+
+        A task already cancelling or terminal is left as it is, so cancel is idempotent.
+        """
+        task = self.task(task_id)
+        if task.terminal or task.cancel is not None:
+            return
+        intent = {"by": actor, "reason": reason, "seq": self.seq}
+        if task.status is Status.COMPLETING:
+            updated = replace(task, cancel=intent, updated_seq=self.seq)
+        else:
+            updated = released(
+                task,
+                status=Status.PENDING,
+                cancel=intent,
+                epoch=task.epoch + 1,
+                wait=None,
+                wake_at=None,
+                updated_seq=self.seq,
+            )
+        self.put(updated)
+        for child in self.children(task_id):
+            self._cancel(child.id, f"owner {task_id} cancelled", actor)
+
+    def _finish(self, task: Task) -> None:
+        """Terminal now, or completing while owned subtasks wind down (they are cancelled)."""
+        running_children = [c for c in self.children(task.id) if not c.terminal]
+        if running_children:
+            self.put(replace(task, status=Status.COMPLETING))
+            for child in running_children:
+                self._cancel(child.id, f"owner {task.id} finished", "kernel")
+        else:
+            self.put(replace(task, status=Status.TERMINAL))
+
+    def _settle_wait(self, task: Task) -> None:
+        """A waiter whose condition already holds becomes runnable in this commit."""
+        if task.status is not Status.WAITING or task.wait is None:
+            return
+        if "signal" in task.wait:
+            satisfied = task.wait["signal"] in task.signals
+        else:
+            deps = [self.task(d) for d in task.wait_deps]
+            if task.wait.get("policy") == JoinPolicy.FAIL_FAST and any(
+                d.terminal and not succeeded(d) for d in deps
+            ):
+                failed = next(d.id for d in deps if d.terminal and not succeeded(d))
+                for dep in deps:
+                    self._cancel(dep.id, f"fail_fast: sibling {failed} did not succeed", "kernel")
+                deps = [self.task(d.id) for d in deps]
+            satisfied = all(d.terminal for d in deps)
+        if satisfied:
+            self.put(replace(task, status=Status.PENDING, wait=None, updated_seq=self.seq))
+
+    def _settle(self) -> None:
+        """Propagate every task that became terminal in this commit, to a fixpoint."""
+        done = 0
+        while done < len(self.finished):
+            task = self.tasks[self.finished[done]]
+            done += 1
+            for waiter in self.waiters(task.id):
+                self._settle_wait(waiter)
+            if task.owned and task.parent_id is not None:
+                owner = self.task(task.parent_id)
+                if owner.status is Status.COMPLETING and all(
+                    c.terminal for c in self.children(owner.id)
+                ):
+                    self.put(replace(owner, status=Status.TERMINAL, updated_seq=self.seq))
+
+
+def replay(versions: list[DocumentVersion]) -> JSON:
+    """Rebuild a document value from its newest baseline and the ops after it."""
+    if not versions or not versions[0].has_baseline:
+        raise DocumentConflict("document history has no baseline to replay from")
+    value = versions[0].baseline
+    return apply_ops(value, [op for v in versions[1:] for op in v.ops])

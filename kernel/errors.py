@@ -1,0 +1,59 @@
+"""Errors the kernel raises.
+
+Each one names a rule of the commit protocol (DESIGN §4-§5) so that callers can
+react precisely: a stale lease means "stop, someone else owns this task now", an
+uncertain commit means "this handle can no longer be trusted".
+"""
+
+from __future__ import annotations
+
+
+class KernelError(Exception):
+    """Base class of every error the kernel raises on purpose."""
+
+
+class CommitRejected(KernelError):
+    """The draft breaks a rule; nothing was written."""
+
+
+class StaleLease(CommitRejected):
+    """The committing worker no longer holds the task's lease (fencing, invariant 5)."""
+
+    def __init__(self, task_id: str, epoch: int, current_epoch: int | None) -> None:
+        super().__init__(
+            f"task {task_id}: commit with epoch {epoch} rejected, current epoch is {current_epoch}"
+        )
+        self.task_id = task_id
+        self.epoch = epoch
+        self.current_epoch = current_epoch
+
+
+class IllegalTransition(CommitRejected):
+    """A task transition that the state machine does not allow."""
+
+
+class DocumentConflict(CommitRejected):
+    """A document was changed since the version the draft expected."""
+
+
+class WaitCycle(CommitRejected):
+    """A wait that would make tasks wait on each other forever."""
+
+
+class UnknownRecord(CommitRejected):
+    """The draft refers to a record that does not exist in this session."""
+
+
+class CommitUncertain(KernelError):
+    """Storage failed in a way that leaves unknown whether the commit landed.
+
+    Storage raises this; the session handle turns it into :class:`SessionPoisoned`.
+    """
+
+
+class SessionPoisoned(KernelError):
+    """The handle saw an uncertain commit: it publishes nothing and must be reopened."""
+
+
+class NotRegistered(KernelError):
+    """A task or document kind that the registry does not know."""

@@ -1,0 +1,268 @@
+"""In-memory Storage: the reference semantics.
+
+Everything the Postgres storage does, this does with dicts under one lock. A
+commit is staged, then applied at once, which is what makes it atomic; the fault
+hook lets tests fail it before, during or after that point.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import threading
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import replace
+from datetime import datetime
+
+from .errors import CommitUncertain, UnknownRecord
+from .records import (
+    Commit,
+    Conversation,
+    Dispatch,
+    DocumentHead,
+    DocumentVersion,
+    Entry,
+    SessionRecord,
+    Status,
+    Submission,
+    Task,
+    WriteSet,
+)
+from .storage import Build, FaultHook
+
+
+def _no_fault(point: str) -> None:
+    return None
+
+
+class InMemoryStorage:
+    def __init__(self, fault: FaultHook = _no_fault) -> None:
+        self.fault = fault
+        self._lock = threading.RLock()
+        self._sessions: dict[str, SessionRecord] = {}
+        self._tasks: dict[str, Task] = {}
+        self._session_tasks: dict[str, list[str]] = defaultdict(list)
+        self._children: dict[str, list[str]] = defaultdict(list)
+        self._conversations: dict[str, Conversation] = {}
+        self._entries: dict[str, Entry] = {}
+        self._conversation_entries: dict[str, list[str]] = defaultdict(list)
+        self._heads: dict[tuple[str, str, str], DocumentHead] = {}
+        self._versions: dict[str, list[DocumentVersion]] = defaultdict(list)
+        self._submissions: dict[str, Submission] = {}
+        self._requests: dict[tuple[str, str], str] = {}
+        self._commits: dict[str, list[Commit]] = defaultdict(list)
+        self._dispatches: dict[int, Dispatch] = {}
+        self._commit_ids = itertools.count(1)
+        self._dispatch_ids = itertools.count(1)
+
+    # -- sessions and commits ---------------------------------------------
+
+    def create_session(self, session: SessionRecord) -> None:
+        with self._lock:
+            if session.id in self._sessions:
+                raise ValueError(f"session {session.id} exists")
+            self._sessions[session.id] = session
+
+    def session(self, session_id: str) -> SessionRecord | None:
+        with self._lock:
+            return self._sessions.get(session_id)
+
+    def commit(self, session_id: str, build: Build) -> WriteSet:
+        with self._lock:
+            session = self._sessions.get(session_id)
+            if session is None:
+                raise UnknownRecord(f"no session {session_id}")
+            write_set = build(_Transaction(self, session))
+            self.fault("before_write")
+            staged = self._stage(write_set)
+            self.fault("after_write")
+            self._apply(session, staged)
+        try:
+            self.fault("after_commit")
+        except Exception as exc:
+            raise CommitUncertain(f"commit {session_id}#{write_set.commit.seq}: {exc}") from exc
+        return staged
+
+    def _stage(self, ws: WriteSet) -> WriteSet:
+        ws = copy.deepcopy(ws)
+        return replace(
+            ws,
+            commit=replace(ws.commit, id=next(self._commit_ids)),
+            dispatches=[replace(d, id=next(self._dispatch_ids)) for d in ws.dispatches],
+        )
+
+    def _apply(self, session: SessionRecord, ws: WriteSet) -> None:
+        self._sessions[session.id] = replace(session, head_seq=ws.commit.seq)
+        self._commits[session.id].append(ws.commit)
+        for conv in ws.conversations:
+            self._conversations[conv.id] = conv
+        for entry in ws.entries:
+            self._entries[entry.id] = entry
+            self._conversation_entries[entry.conversation_id].append(entry.id)
+        for head in ws.document_heads:
+            self._heads[(head.session_id, head.kind, head.key)] = head
+        for version in ws.document_versions:
+            self._versions[version.document_id].append(version)
+        for task in ws.new_tasks:
+            self._session_tasks[task.session_id].append(task.id)
+            if task.owned and task.parent_id:
+                self._children[task.parent_id].append(task.id)
+        for task in [*ws.new_tasks, *ws.updated_tasks]:
+            self._tasks[task.id] = task
+        for sub in ws.new_submissions:
+            self._requests[(sub.session_id, sub.request_id)] = sub.id
+        for sub in [*ws.new_submissions, *ws.updated_submissions]:
+            self._submissions[sub.id] = sub
+        for dispatch in ws.dispatches:
+            self._dispatches[dispatch.id] = dispatch
+
+    def commits_after(self, session_id: str, after_seq: int, limit: int) -> list[Commit]:
+        with self._lock:
+            commits = self._commits.get(session_id, [])
+            return commits[after_seq : after_seq + limit]
+
+    # -- reads ---------------------------------------------------------------
+
+    def task(self, task_id: str) -> Task | None:
+        with self._lock:
+            return self._tasks.get(task_id)
+
+    def session_tasks(self, session_id: str) -> list[Task]:
+        with self._lock:
+            return [self._tasks[i] for i in self._session_tasks.get(session_id, [])]
+
+    def conversation(self, conversation_id: str) -> Conversation | None:
+        with self._lock:
+            return self._conversations.get(conversation_id)
+
+    def conversation_entries(self, conversation_id: str) -> list[Entry]:
+        with self._lock:
+            return [self._entries[i] for i in self._conversation_entries.get(conversation_id, [])]
+
+    def entry(self, entry_id: str) -> Entry | None:
+        with self._lock:
+            return self._entries.get(entry_id)
+
+    def document_head(self, session_id: str, kind: str, key: str) -> DocumentHead | None:
+        with self._lock:
+            return self._heads.get((session_id, kind, key))
+
+    def document_versions(self, document_id: str, upto: int) -> list[DocumentVersion]:
+        with self._lock:
+            history = [v for v in self._versions.get(document_id, []) if v.version <= upto]
+            start = max((i for i, v in enumerate(history) if v.has_baseline), default=0)
+            return history[start:]
+
+    def submission(self, submission_id: str) -> Submission | None:
+        with self._lock:
+            return self._submissions.get(submission_id)
+
+    def submission_by_request(self, session_id: str, request_id: str) -> Submission | None:
+        with self._lock:
+            found = self._requests.get((session_id, request_id))
+            return self._submissions[found] if found else None
+
+    # -- leases ----------------------------------------------------------------
+
+    def claim(self, task_id: str, owner: str, now: datetime, until: datetime) -> Task | None:
+        with self._lock:
+            task = self._tasks.get(task_id)
+            if task is None or not task.runnable_at(now):
+                return None
+            claimed = replace(
+                task,
+                status=Status.RUNNING,
+                restarts=task.restarts + (1 if task.status is Status.RUNNING else 0),
+                epoch=task.epoch + 1,
+                lease_owner=owner,
+                lease_until=until,
+                wake_at=None,
+            )
+            self._tasks[task_id] = claimed
+            return claimed
+
+    def claim_batch(
+        self, owner: str, now: datetime, until: datetime, limit: int, kinds: Sequence[str]
+    ) -> list[Task]:
+        with self._lock:
+            wanted = set(kinds)
+            candidates = [t.id for t in self.runnable(now, len(self._tasks)) if t.kind in wanted]
+            claimed = (self.claim(i, owner, now, until) for i in candidates[:limit])
+            return [t for t in claimed if t is not None]
+
+    def renew(self, task_id: str, owner: str, epoch: int, until: datetime) -> bool:
+        with self._lock:
+            task = self._tasks.get(task_id)
+            if task is None or task.epoch != epoch or task.lease_owner != owner:
+                return False
+            if task.status is not Status.RUNNING:
+                return False
+            self._tasks[task_id] = replace(task, lease_until=until)
+            return True
+
+    def runnable(self, now: datetime, limit: int) -> list[Task]:
+        with self._lock:
+            found = [t for t in self._tasks.values() if t.runnable_at(now)]
+            return found[:limit]
+
+    def next_wake(self) -> datetime | None:
+        with self._lock:
+            moments = [
+                t.wake_at if t.status is Status.SLEEPING else t.lease_until
+                for t in self._tasks.values()
+                if t.status in (Status.SLEEPING, Status.RUNNING)
+            ]
+            return min((m for m in moments if m is not None), default=None)
+
+    # -- outbox ------------------------------------------------------------------
+
+    def due_dispatches(self, now: datetime, limit: int) -> list[Dispatch]:
+        with self._lock:
+            due = [d for d in self._dispatches.values() if d.not_before <= now]
+            return due[:limit]
+
+    def delete_dispatches(self, ids: Iterable[int]) -> None:
+        with self._lock:
+            for dispatch_id in ids:
+                self._dispatches.pop(dispatch_id, None)
+
+
+class _Transaction:
+    """Reads for the builder; under the storage lock, so nothing moves meanwhile."""
+
+    def __init__(self, storage: InMemoryStorage, session: SessionRecord) -> None:
+        self.storage = storage
+        self.session = session
+
+    def tasks(self, ids: Iterable[str]) -> dict[str, Task]:
+        found = (self.storage._tasks.get(i) for i in ids)
+        return {t.id: t for t in found if t is not None}
+
+    def children(self, task_id: str) -> list[Task]:
+        return [self.storage._tasks[i] for i in self.storage._children.get(task_id, [])]
+
+    def waiters(self, task_id: str) -> list[Task]:
+        return [
+            t
+            for t in self.storage.session_tasks(self.session.id)
+            if t.status is Status.WAITING and task_id in t.wait_deps
+        ]
+
+    def document(self, kind: str, key: str) -> DocumentHead | None:
+        return self.storage.document_head(self.session.id, kind, key)
+
+    def document_versions(self, document_id: str, upto: int) -> list[DocumentVersion]:
+        return self.storage.document_versions(document_id, upto)
+
+    def conversation(self, conversation_id: str) -> Conversation | None:
+        return self.storage.conversation(conversation_id)
+
+    def entry(self, entry_id: str) -> Entry | None:
+        return self.storage.entry(entry_id)
+
+    def submission(self, submission_id: str) -> Submission | None:
+        return self.storage.submission(submission_id)
+
+    def submission_by_request(self, request_id: str) -> Submission | None:
+        return self.storage.submission_by_request(self.session.id, request_id)

@@ -1,0 +1,208 @@
+"""The records of the Session Store (DESIGN §3).
+
+Records are frozen dataclasses: the kernel never mutates one in place, it builds
+the next version with :func:`dataclasses.replace` inside a commit. JSON-valued
+fields hold plain ``dict``/``list`` values that are treated as immutable too.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from datetime import datetime
+from enum import StrEnum
+from typing import Any
+
+JSON = Any
+
+
+def new_id(prefix: str) -> str:
+    """A fresh, never-reused id, sortable by creation time (invariant 4)."""
+    return f"{prefix}_{time.time_ns():x}{os.urandom(6).hex()}"
+
+
+class Status(StrEnum):
+    PENDING = "pending"
+    RUNNING = "running"
+    WAITING = "waiting"
+    SLEEPING = "sleeping"
+    COMPLETING = "completing"
+    TERMINAL = "terminal"
+
+
+class Outcome(StrEnum):
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    FAULTED = "faulted"
+
+
+class JoinPolicy(StrEnum):
+    ALL_SETTLED = "all_settled"
+    FAIL_FAST = "fail_fast"
+
+
+class SubmissionStatus(StrEnum):
+    QUEUED = "queued"
+    PLACED = "placed"
+    ANSWERED = "answered"
+    UNANSWERED = "unanswered"
+
+
+@dataclass(frozen=True, slots=True)
+class SessionRecord:
+    id: str
+    head_seq: int
+    created_at: datetime
+    metadata: JSON = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Conversation:
+    id: str
+    session_id: str
+    created_seq: int
+    fork_of: str | None = None
+    fork_entry_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """An immutable transcript record; ``(seq, ordinal)`` orders it within its session."""
+
+    id: str
+    session_id: str
+    conversation_id: str
+    seq: int
+    ordinal: int
+    kind: str
+    payload: JSON
+    actor: str
+    created_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class DocumentHead:
+    """Where a document stands; its value lives in its versions (ops + baselines)."""
+
+    id: str
+    session_id: str
+    kind: str
+    key: str
+    kind_version: int
+    version: int
+    baseline_version: int
+    ops_bytes_since_baseline: int
+    baseline_bytes: int
+    updated_seq: int
+
+
+@dataclass(frozen=True, slots=True)
+class DocumentVersion:
+    """One step of a document: the ops that made it, and a full value now and then."""
+
+    document_id: str
+    version: int
+    seq: int
+    ops: list[JSON]
+    baseline: JSON | None = None
+    has_baseline: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Task:
+    id: str
+    session_id: str
+    kind: str
+    version: int
+    input: JSON
+    status: Status
+    phase: str
+    checkpoint: JSON
+    created_seq: int
+    updated_seq: int
+    parent_id: str | None = None
+    owned: bool = False
+    wait: JSON | None = None
+    wake_at: datetime | None = None
+    signals: JSON = field(default_factory=dict)
+    cancel: JSON | None = None
+    outcome: JSON | None = None
+    restarts: int = 0
+    epoch: int = 0
+    lease_owner: str | None = None
+    lease_until: datetime | None = None
+    queue: str = "default"
+
+    @property
+    def terminal(self) -> bool:
+        return self.status is Status.TERMINAL
+
+    @property
+    def wait_deps(self) -> list[str]:
+        return list(self.wait.get("deps", [])) if self.wait else []
+
+    def runnable_at(self, now: datetime) -> bool:
+        """Whether a worker may claim it now: the claim statement's predicate, in Python."""
+        if self.status is Status.PENDING:
+            return True
+        if self.status is Status.SLEEPING:
+            return self.wake_at is not None and self.wake_at <= now
+        if self.status is Status.RUNNING:
+            return self.lease_until is not None and self.lease_until < now
+        return False
+
+
+@dataclass(frozen=True, slots=True)
+class Submission:
+    id: str
+    session_id: str
+    conversation_id: str
+    request_id: str
+    input: JSON
+    status: SubmissionStatus
+    created_seq: int
+    updated_seq: int
+    answer_entry_id: str | None = None
+    reason: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Commit:
+    """One atomic write set; its row is the change-feed record (DESIGN §9)."""
+
+    session_id: str
+    seq: int
+    at: datetime
+    actor: str
+    summary: list[JSON]
+    id: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Dispatch:
+    """Outbox row: "task X is runnable, not before T", delivered after its commit."""
+
+    task_id: str
+    session_id: str
+    not_before: datetime
+    queue: str
+    seq: int
+    id: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class WriteSet:
+    """Everything one commit writes, frozen before storage persists it in one transaction."""
+
+    commit: Commit
+    conversations: list[Conversation]
+    entries: list[Entry]
+    document_heads: list[DocumentHead]
+    document_versions: list[DocumentVersion]
+    new_tasks: list[Task]
+    updated_tasks: list[Task]
+    new_submissions: list[Submission]
+    updated_submissions: list[Submission]
+    dispatches: list[Dispatch]

@@ -1,0 +1,155 @@
+"""The Registry: task definitions by ``(kind, version)`` and document kinds.
+
+A task whose definition is missing, too old, or fails to migrate is *blocked*:
+a condition derived from the registry at the moment we look, never stored. Its
+state is kept as it is and it runs again once a compatible definition exists.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from .documents import DocumentKind, Migrate
+from .errors import NotRegistered
+
+if TYPE_CHECKING:
+    from .records import Task
+    from .run import Run, Transition
+
+JSON = Any
+Handler = Callable[["Run"], "Transition"]
+TaskMigrate = Callable[[int, JSON, JSON], tuple[JSON, JSON]]
+
+RESERVED = frozenset({"migrate", "on_cancel", "initial", "queue", "max_restarts"})
+
+
+@dataclass(frozen=True)
+class TaskDefinition:
+    kind: str
+    version: int
+    phases: dict[str, Handler]
+    initial: str
+    migrate: TaskMigrate | None = None
+    on_cancel: Handler | None = None
+    max_restarts: int = 3
+    queue: str = "default"
+
+    def __post_init__(self) -> None:
+        if self.initial not in self.phases:
+            raise ValueError(f"task {self.kind!r}: initial phase {self.initial!r} has no handler")
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """A definition able to run a task, with the task's input and checkpoint migrated to it."""
+
+    definition: TaskDefinition
+    input: JSON
+    checkpoint: JSON
+
+
+@dataclass(frozen=True)
+class Blocked:
+    """Why a task cannot run with the definitions registered now."""
+
+    reason: str
+
+
+@dataclass
+class Registry:
+    _tasks: dict[str, dict[int, TaskDefinition]] = field(default_factory=dict)
+    _documents: dict[str, DocumentKind] = field(default_factory=dict)
+
+    # -- tasks -------------------------------------------------------------
+
+    def add(self, definition: TaskDefinition) -> TaskDefinition:
+        versions = self._tasks.setdefault(definition.kind, {})
+        if definition.version in versions:
+            raise ValueError(f"task {definition.kind!r} v{definition.version} already registered")
+        versions[definition.version] = definition
+        return definition
+
+    def task(
+        self, kind: str, *, version: int = 1, max_restarts: int = 3, queue: str = "default"
+    ) -> Callable[[type], type]:
+        """Register a class whose public methods are its phases (DESIGN §12).
+
+        ``initial`` names the first phase; optional ``migrate(from_version, input,
+        checkpoint)`` and ``on_cancel(run)`` methods are picked up by name.
+        """
+
+        def register(cls: type) -> type:
+            instance = cls()
+            phases = {
+                name: getattr(instance, name)
+                for name, member in inspect.getmembers(cls, callable)
+                if not name.startswith("_") and name not in RESERVED
+            }
+            self.add(
+                TaskDefinition(
+                    kind=kind,
+                    version=version,
+                    phases=phases,
+                    initial=cls.initial,  # type: ignore[attr-defined]
+                    migrate=getattr(instance, "migrate", None),
+                    on_cancel=getattr(instance, "on_cancel", None),
+                    max_restarts=getattr(cls, "max_restarts", max_restarts),
+                    queue=getattr(cls, "queue", queue),
+                )
+            )
+            return cls
+
+        return register
+
+    def latest(self, kind: str) -> TaskDefinition:
+        versions = self._tasks.get(kind)
+        if not versions:
+            raise NotRegistered(f"no task definition for kind {kind!r}")
+        return versions[max(versions)]
+
+    def kinds(self) -> frozenset[str]:
+        return frozenset(self._tasks)
+
+    def resolve(self, task: Task) -> Resolved | Blocked:
+        """The definition that runs ``task`` now, or why none can."""
+        versions = self._tasks.get(task.kind)
+        if not versions:
+            return Blocked(f"no definition registered for task kind {task.kind!r}")
+        if task.version in versions:
+            return Resolved(versions[task.version], task.input, task.checkpoint)
+        newest = versions[max(versions)]
+        if task.version > newest.version:
+            return Blocked(
+                f"stored version {task.version} of {task.kind!r} is newer than the "
+                f"registered version {newest.version}"
+            )
+        if newest.migrate is None:
+            return Blocked(
+                f"{task.kind!r} v{newest.version} cannot migrate stored version {task.version}"
+            )
+        try:
+            new_input, new_checkpoint = newest.migrate(task.version, task.input, task.checkpoint)
+        except Exception as exc:  # a failing migration blocks the task, it never kills it
+            return Blocked(
+                f"migrating {task.kind!r} from v{task.version} to v{newest.version} failed: "
+                f"{type(exc).__name__}: {exc}"
+            )
+        return Resolved(newest, new_input, new_checkpoint)
+
+    # -- documents ---------------------------------------------------------
+
+    def document(
+        self, name: str, *, version: int = 1, migrate: Migrate | None = None, initial: JSON = None
+    ) -> DocumentKind:
+        kind = DocumentKind(name=name, version=version, migrate=migrate, initial=initial)
+        self._documents[name] = kind
+        return kind
+
+    def document_kind(self, name: str) -> DocumentKind:
+        kind = self._documents.get(name)
+        if kind is None:
+            raise NotRegistered(f"no document kind {name!r} registered")
+        return kind

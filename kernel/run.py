@@ -1,0 +1,153 @@
+"""What a phase handler sees: committed state to read, a draft to add to, and the
+transitions it may end with (DESIGN §12).
+
+A handler reads its input, checkpoint, documents and the outcomes of tasks it
+waited on; it may do external work; it returns the next durable state. Writes it
+makes along the way (entries, document ops, new subtasks) land in the same commit
+as that state - or earlier, at an explicit ``run.commit(...)`` (an intent commit,
+made before an external call so that recovery knows the call may have happened).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+from .commit import Draft
+from .records import JoinPolicy, Outcome, Task
+from .tasks import Finish, Next, Sleep, Transition, WaitSignal, WaitTasks
+
+if TYPE_CHECKING:
+    from .worker import Lease
+
+JSON = Any
+
+
+class Run:
+    def __init__(self, lease: Lease) -> None:
+        self._lease = lease
+
+    @property
+    def draft(self) -> Draft:
+        """Writes waiting for this phase's next commit."""
+        return self._lease.draft
+
+    # -- committed state ---------------------------------------------------
+
+    @property
+    def task(self) -> Task:
+        return self._lease.task
+
+    @property
+    def task_id(self) -> str:
+        return self._lease.task.id
+
+    @property
+    def session_id(self) -> str:
+        return self._lease.task.session_id
+
+    @property
+    def phase(self) -> str:
+        return self._lease.task.phase
+
+    @property
+    def input(self) -> JSON:
+        return self._lease.input
+
+    @property
+    def checkpoint(self) -> JSON:
+        return self._lease.checkpoint
+
+    @property
+    def restarts(self) -> int:
+        """How often this phase was re-entered after an interrupted run."""
+        return self._lease.task.restarts
+
+    @property
+    def now(self) -> datetime:
+        return self._lease.kernel.clock.now()
+
+    def document(self, kind: str, key: str) -> JSON:
+        return self._lease.kernel.document(self.session_id, kind, key)
+
+    def document_version(self, kind: str, key: str) -> int:
+        return self._lease.kernel.document_version(self.session_id, kind, key)
+
+    def signal(self, name: str) -> JSON:
+        return self.task.signals.get(name)
+
+    def outcomes(self, task_ids: list[str] | None = None) -> dict[str, JSON]:
+        """Outcomes of ``task_ids`` (default: the tasks this one last waited on), by id.
+
+        Unfinished tasks map to ``None``.
+        """
+        ids = task_ids if task_ids is not None else self.checkpoint.get("_joined", [])
+        kernel = self._lease.kernel
+        return {i: kernel.task(i).outcome if kernel.task(i).terminal else None for i in ids}
+
+    # -- writes that join the next commit ---------------------------------------
+
+    def append(self, conversation_id: str, kind: str, payload: JSON) -> str:
+        return self.draft.append(conversation_id, kind, payload)
+
+    def update(self, kind: str, key: str, *ops: JSON, expected_version: int | None = None) -> None:
+        self.draft.update_document(kind, key, *ops, expected_version=expected_version)
+
+    def set(self, kind: str, key: str, path: list[str], value: JSON) -> None:
+        self.draft.set(kind, key, path, value)
+
+    def spawn(self, kind: str, input: JSON, *, owned: bool = True) -> str:
+        """Create a subtask in the next commit; owned ones are cancelled with this task."""
+        return self.draft.create_task(kind, input, parent_id=self.task_id, owned=owned)
+
+    def commit(self, phase: str | None = None, checkpoint: JSON = None) -> None:
+        """Commit now, keeping the lease: from here on, recovery re-enters ``phase``.
+
+        Use it to record an intent before an external call (DESIGN §8).
+        """
+        self._lease.commit(Next(phase or self.phase, self._merge(checkpoint), keep_lease=True))
+
+    def heartbeat(self) -> bool:
+        """Extend the lease during long external work; False means it was lost."""
+        return self._lease.renew()
+
+    # -- transitions to return ---------------------------------------------------
+
+    def next(self, phase: str, checkpoint: JSON = None) -> Transition:
+        return Next(phase, self._merge(checkpoint), keep_lease=True)
+
+    def wait_all(
+        self,
+        task_ids: list[str],
+        then: str,
+        *,
+        policy: JoinPolicy = JoinPolicy.ALL_SETTLED,
+        checkpoint: JSON = None,
+    ) -> Transition:
+        merged = {**self._merge(checkpoint), "_joined": list(task_ids)}
+        return WaitTasks(tuple(task_ids), then, policy, merged)
+
+    def wait_for(self, signal: str, then: str | None = None, checkpoint: JSON = None) -> Transition:
+        return WaitSignal(signal, then or self.phase, self._merge(checkpoint))
+
+    def sleep(
+        self,
+        seconds: float | None = None,
+        *,
+        until: datetime | None = None,
+        then: str | None = None,
+        checkpoint: JSON = None,
+    ) -> Transition:
+        if (seconds is None) == (until is None):
+            raise ValueError("sleep takes either seconds or until")
+        wake = until if until is not None else self.now + timedelta(seconds=seconds or 0)
+        return Sleep(wake, then or self.phase, self._merge(checkpoint))
+
+    def succeed(self, result: JSON = None) -> Transition:
+        return Finish(Outcome.SUCCEEDED, result)
+
+    def fail(self, error: str, result: JSON = None) -> Transition:
+        return Finish(Outcome.FAILED, result, error)
+
+    def _merge(self, checkpoint: JSON) -> JSON:
+        return {**self.checkpoint, **(checkpoint or {})}

@@ -1,0 +1,163 @@
+"""The Kernel and its session handles: where drafts become commits (DESIGN §5).
+
+``SessionHandle.commit`` is the only way state changes. It asks storage to run
+the builder inside a transaction holding the session's commit order, adopts the
+new head only once storage says committed, and only then publishes to the
+after-commit listeners (dispatch delivery, live views). A storage failure that
+leaves the outcome unknown poisons the handle (invariant 6).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from .clock import Clock, SystemClock
+from .commit import Builder, Draft, DuplicateRequest, replay
+from .errors import CommitUncertain, SessionPoisoned, UnknownRecord
+from .records import (
+    Commit,
+    Entry,
+    SessionRecord,
+    Submission,
+    Task,
+    WriteSet,
+    new_id,
+)
+from .registry import Blocked, Registry
+from .storage import Storage, Transaction
+
+JSON = Any
+Listener = Callable[[WriteSet], None]
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Kernel:
+    storage: Storage
+    registry: Registry
+    clock: Clock = field(default_factory=SystemClock)
+    listeners: list[Listener] = field(default_factory=list)
+
+    def create_session(self, session_id: str | None = None, metadata: JSON = None) -> SessionHandle:
+        record = SessionRecord(session_id or new_id("sess"), 0, self.clock.now(), metadata or {})
+        self.storage.create_session(record)
+        return SessionHandle(self, record.id, 0)
+
+    def open(self, session_id: str) -> SessionHandle:
+        """A fresh handle from what storage holds: the only way back from a poisoned one."""
+        record = self.storage.session(session_id)
+        if record is None:
+            raise UnknownRecord(f"no session {session_id}")
+        return SessionHandle(self, session_id, record.head_seq)
+
+    def after_commit(self, listener: Listener) -> None:
+        self.listeners.append(listener)
+
+    def publish(self, write_set: WriteSet) -> None:
+        """Tell listeners about a durable commit. Losing one is harmless (DESIGN §5.6),
+        so a failing listener is logged, never allowed to undo or hide the commit."""
+        for listener in self.listeners:
+            try:
+                listener(write_set)
+            except Exception:
+                log.exception("after-commit listener failed for %s", write_set.commit.seq)
+
+    # -- reads of committed state --------------------------------------------
+
+    def task(self, task_id: str) -> Task:
+        task = self.storage.task(task_id)
+        if task is None:
+            raise UnknownRecord(f"no task {task_id}")
+        return task
+
+    def document(self, session_id: str, kind: str, key: str, version: int | None = None) -> JSON:
+        """The value of a document now (migrated to the registered kind) or at ``version``
+        (as it was stored then). A document never written reads as its kind's initial value."""
+        document_kind = self.registry.document_kind(kind)
+        head = self.storage.document_head(session_id, kind, key)
+        if head is None:
+            if version not in (None, 0):
+                raise UnknownRecord(f"document {kind}/{key} has no version {version}")
+            return document_kind.initial_value()
+        if version is None:
+            value = replay(self.storage.document_versions(head.id, head.version))
+            return document_kind.upgrade(head.kind_version, value)
+        if not 1 <= version <= head.version:
+            raise UnknownRecord(f"document {kind}/{key} has no version {version}")
+        return replay(self.storage.document_versions(head.id, version))
+
+    def document_version(self, session_id: str, kind: str, key: str) -> int:
+        head = self.storage.document_head(session_id, kind, key)
+        return head.version if head else 0
+
+    def entries(self, conversation_id: str) -> list[Entry]:
+        """A conversation's transcript: for a fork, its origin's entries up to the fork point."""
+        conversation = self.storage.conversation(conversation_id)
+        if conversation is None:
+            raise UnknownRecord(f"no conversation {conversation_id}")
+        own = self.storage.conversation_entries(conversation_id)
+        if conversation.fork_of is None:
+            return own
+        inherited = self.entries(conversation.fork_of)
+        cut = next(i for i, e in enumerate(inherited) if e.id == conversation.fork_entry_id)
+        return inherited[: cut + 1] + own
+
+    def blocked(self, session_id: str) -> list[tuple[Task, str]]:
+        """Unfinished tasks that no registered definition can run, with the reason."""
+        found = []
+        for task in self.storage.session_tasks(session_id):
+            if task.terminal:
+                continue
+            resolved = self.registry.resolve(task)
+            if isinstance(resolved, Blocked):
+                found.append((task, resolved.reason))
+        return found
+
+    def commits_after(self, session_id: str, after_seq: int, limit: int = 1000) -> list[Commit]:
+        return self.storage.commits_after(session_id, after_seq, limit)
+
+
+@dataclass
+class SessionHandle:
+    kernel: Kernel
+    id: str
+    head_seq: int
+    poisoned: bool = False
+
+    def commit(self, draft: Draft) -> WriteSet:
+        """Persist ``draft`` as the session's next commit, then publish it."""
+        if self.poisoned:
+            raise SessionPoisoned(f"session handle {self.id} is poisoned; reopen it")
+        now = self.kernel.clock.now()
+        registry = self.kernel.registry
+
+        def build(tx: Transaction) -> WriteSet:
+            return Builder(tx, draft, registry, now).build()
+
+        try:
+            written = self.kernel.storage.commit(self.id, build)
+        except CommitUncertain as exc:
+            self.poisoned = True
+            raise SessionPoisoned(f"session {self.id}: commit outcome unknown ({exc})") from exc
+        self.head_seq = written.commit.seq
+        self.kernel.publish(written)
+        return written
+
+    def submit(
+        self, conversation_id: str, request_id: str, input: JSON, actor: str = "system"
+    ) -> Submission:
+        """Accept input once per ``request_id``.
+
+        A repeat returns the original submission and writes nothing.
+        """
+        draft = Draft(actor=actor)
+        submission_id = draft.submit(conversation_id, request_id, input)
+        try:
+            written = self.commit(draft)
+        except DuplicateRequest as exc:
+            return exc.existing
+        return next(s for s in written.new_submissions if s.id == submission_id)
+

@@ -1,0 +1,138 @@
+"""The Storage protocol: what the kernel needs from a Session Store.
+
+Storage is deliberately dumb. It persists frozen write sets, answers reads, and
+runs the two statements where concurrency lives: the commit transaction (which
+takes the session's commit order) and the claim (one conditional update that
+hands out a lease and bumps the fencing epoch). Every rule about *what* may be
+written lives in :mod:`kernel.commit`, so the in-memory implementation and the
+Postgres one cannot drift apart in meaning: the conformance suite checks both.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from datetime import datetime
+from typing import Any, Protocol
+
+from .records import (
+    Commit,
+    Conversation,
+    Dispatch,
+    DocumentHead,
+    DocumentVersion,
+    Entry,
+    SessionRecord,
+    Submission,
+    Task,
+    WriteSet,
+)
+
+JSON = Any
+FaultHook = Callable[[str], None]
+"""Called by storage at named points of a commit (``before_write``, ``after_write``,
+``after_commit``); tests raise from it to simulate crashes and storage failures."""
+
+
+class Transaction(Protocol):
+    """Reads inside a commit transaction that holds the session's commit order.
+
+    Task reads lock the rows they return, so that a concurrent claim cannot slip
+    between the fencing check and the write.
+    """
+
+    session: SessionRecord
+
+    def tasks(self, ids: Iterable[str]) -> dict[str, Task]: ...
+
+    def children(self, task_id: str) -> list[Task]: ...
+
+    def waiters(self, task_id: str) -> list[Task]: ...
+
+    def document(self, kind: str, key: str) -> DocumentHead | None: ...
+
+    def document_versions(self, document_id: str, upto: int) -> list[DocumentVersion]: ...
+
+    def conversation(self, conversation_id: str) -> Conversation | None: ...
+
+    def entry(self, entry_id: str) -> Entry | None: ...
+
+    def submission(self, submission_id: str) -> Submission | None: ...
+
+    def submission_by_request(self, request_id: str) -> Submission | None: ...
+
+
+Build = Callable[[Transaction], WriteSet]
+
+
+class Storage(Protocol):
+    # -- sessions and commits ---------------------------------------------
+
+    def create_session(self, session: SessionRecord) -> None: ...
+
+    def session(self, session_id: str) -> SessionRecord | None: ...
+
+    def commit(self, session_id: str, build: Build) -> WriteSet:
+        """Run ``build`` inside one transaction holding the session's commit order and
+        persist the write set it returns, atomically.
+
+        Raises what ``build`` raises (nothing written), or
+        :class:`~kernel.errors.CommitUncertain` when it cannot tell whether the
+        transaction committed. Returns the write set with storage-assigned ids.
+        """
+        ...
+
+    def commits_after(self, session_id: str, after_seq: int, limit: int) -> list[Commit]: ...
+
+    # -- reads of committed state ------------------------------------------
+
+    def task(self, task_id: str) -> Task | None: ...
+
+    def session_tasks(self, session_id: str) -> list[Task]: ...
+
+    def conversation(self, conversation_id: str) -> Conversation | None: ...
+
+    def conversation_entries(self, conversation_id: str) -> list[Entry]: ...
+
+    def document_head(self, session_id: str, kind: str, key: str) -> DocumentHead | None: ...
+
+    def document_versions(self, document_id: str, upto: int) -> list[DocumentVersion]:
+        """The versions needed to rebuild version ``upto``: from the newest baseline at
+        or before it, in order."""
+        ...
+
+    def submission(self, submission_id: str) -> Submission | None: ...
+
+    def submission_by_request(self, session_id: str, request_id: str) -> Submission | None: ...
+
+    # -- leases ------------------------------------------------------------
+
+    def claim(self, task_id: str, owner: str, now: datetime, until: datetime) -> Task | None:
+        """Take the lease of a runnable task in one conditional update.
+
+        Runnable: pending; sleeping and due; running with an expired lease (a
+        restart of its phase is counted). Sets owner and expiry and bumps the
+        epoch. Returns the claimed task, or ``None`` if it was not runnable.
+        """
+        ...
+
+    def claim_batch(
+        self, owner: str, now: datetime, until: datetime, limit: int, kinds: Sequence[str]
+    ) -> list[Task]:
+        """Claim up to ``limit`` runnable tasks of ``kinds``, skipping locked rows."""
+        ...
+
+    def renew(self, task_id: str, owner: str, epoch: int, until: datetime) -> bool:
+        """Extend a lease that ``owner`` still holds at ``epoch``."""
+        ...
+
+    def runnable(self, now: datetime, limit: int) -> list[Task]: ...
+
+    def next_wake(self) -> datetime | None:
+        """The earliest time at which a sleeper wakes or a lease expires."""
+        ...
+
+    # -- outbox ------------------------------------------------------------
+
+    def due_dispatches(self, now: datetime, limit: int) -> list[Dispatch]: ...
+
+    def delete_dispatches(self, ids: Iterable[int]) -> None: ...

@@ -1,0 +1,192 @@
+"""Advancing one task: claim its lease, run phases, commit each with its epoch.
+
+This is the whole of execution; the in-process :class:`~kernel.scheduler.Scheduler`
+and the Celery task in ``controlplane`` both just call :meth:`Worker.advance`.
+A phase runs outside any transaction (invariant 3); its result is committed with
+the fencing epoch of the claim (invariant 5); while the next phase is runnable
+and the lease is held, the worker continues inline (DESIGN §7).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+from .commit import Draft
+from .errors import CommitRejected, CommitUncertain, SessionPoisoned, StaleLease
+from .records import Outcome, Status, Task, WriteSet, new_id
+from .registry import Blocked, Resolved, TaskDefinition
+from .run import Run
+from .session import Kernel, SessionHandle
+from .tasks import TRANSITIONS, Finish, Next, Transition
+
+JSON = Any
+log = logging.getLogger(__name__)
+
+NO_PROGRESS = "phase {phase!r} returned {result!r}: no durable progress (same phase and checkpoint)"
+
+
+@dataclass
+class Lease:
+    """A claimed task, held by one worker at one epoch."""
+
+    kernel: Kernel
+    handle: SessionHandle
+    owner: str
+    duration: timedelta
+    task: Task
+    definition: TaskDefinition
+    input: JSON
+    checkpoint: JSON
+    migrated: bool
+    draft: Draft = field(default_factory=Draft)
+
+    def __post_init__(self) -> None:
+        self.draft = Draft(actor=f"task:{self.task.id}")
+
+    def commit(self, transition: Transition) -> WriteSet:
+        """Commit the pending writes and ``transition``, fenced by this lease's epoch."""
+        draft, self.draft = self.draft, Draft(actor=f"task:{self.task.id}")
+        if self.migrated:
+            draft.transition(
+                self.task.id,
+                self.task.epoch,
+                transition,
+                version=self.definition.version,
+                input=self.input,
+                checkpoint=self.checkpoint,
+            )
+        else:
+            draft.transition(self.task.id, self.task.epoch, transition)
+        written = self.handle.commit(draft)
+        self.migrated = False
+        self.task = next(t for t in written.updated_tasks if t.id == self.task.id)
+        self.checkpoint = self.task.checkpoint
+        return written
+
+    def renew(self) -> bool:
+        now = self.kernel.clock.now()
+        return self.kernel.storage.renew(
+            self.task.id, self.owner, self.task.epoch, now + self.duration
+        )
+
+
+class Worker:
+    def __init__(
+        self, kernel: Kernel, worker_id: str | None = None, lease_seconds: float = 30.0
+    ) -> None:
+        self.kernel = kernel
+        self.id = worker_id or new_id("worker")
+        self.lease = timedelta(seconds=lease_seconds)
+        self._handles: dict[str, SessionHandle] = {}
+
+    def advance(self, task_id: str) -> bool:
+        """Claim ``task_id`` if it is runnable and not blocked, and run it as far as it goes.
+
+        Returns whether a phase ran. Safe to call for any id at any time: a task
+        that is not runnable, or that another worker holds, is left alone.
+        """
+        now = self.kernel.clock.now()
+        task = self.kernel.storage.task(task_id)
+        if task is None or not task.runnable_at(now):
+            return False
+        if isinstance(self.kernel.registry.resolve(task), Blocked):
+            return False
+        claimed = self.kernel.storage.claim(task_id, self.id, now, now + self.lease)
+        if claimed is None:
+            return False
+        self.run_claimed(claimed)
+        return True
+
+    def run_claimed(self, task: Task) -> None:
+        resolved = self.kernel.registry.resolve(task)
+        if not isinstance(resolved, Resolved):
+            return  # registry changed since the check; the lease expires and it is swept
+        lease = Lease(
+            kernel=self.kernel,
+            handle=self._handle(task.session_id),
+            owner=self.id,
+            duration=self.lease,
+            task=task,
+            definition=resolved.definition,
+            input=resolved.input,
+            checkpoint=resolved.checkpoint,
+            migrated=resolved.definition.version != task.version,
+        )
+        try:
+            while True:
+                transition = self._execute(lease)
+                try:
+                    lease.commit(transition)
+                except StaleLease:
+                    raise
+                except CommitRejected as exc:
+                    # The handler asked for something illegal: a bug in the task, not a
+                    # reason to retry forever. Its writes are dropped with it.
+                    lease.draft = Draft(actor=lease.draft.actor)
+                    lease.commit(Finish(Outcome.FAULTED, error=f"commit rejected: {exc}"))
+                if lease.task.status is not Status.RUNNING:
+                    return
+        except StaleLease as exc:
+            log.info("lease lost, abandoning: %s", exc)
+        except SessionPoisoned as exc:
+            log.warning("session handle poisoned, abandoning %s: %s", task.id, exc)
+            self._handles.pop(task.session_id, None)
+
+    def _handle(self, session_id: str) -> SessionHandle:
+        handle = self._handles.get(session_id)
+        if handle is None or handle.poisoned:
+            handle = self._handles[session_id] = self.kernel.open(session_id)
+        return handle
+
+    def _execute(self, lease: Lease) -> Transition:
+        task, definition = lease.task, lease.definition
+        run = Run(lease)
+        if task.cancel is not None:
+            return self._cancel(run, definition)
+        if task.restarts > definition.max_restarts:
+            return Finish(
+                Outcome.FAILED,
+                error=(
+                    f"phase {task.phase!r} was interrupted {task.restarts} times; "
+                    f"restart limit is {definition.max_restarts}"
+                ),
+            )
+        try:
+            result = definition.phases[task.phase](run)
+        except (StaleLease, SessionPoisoned, CommitUncertain):
+            raise
+        except Exception as exc:
+            lease.draft = Draft(actor=lease.draft.actor)  # a failed phase writes nothing
+            log.info("phase %s of %s raised", task.phase, task.id, exc_info=True)
+            return Finish(
+                Outcome.FAILED, error=f"phase {task.phase!r}: {type(exc).__name__}: {exc}"
+            )
+        if not isinstance(result, TRANSITIONS) or (
+            isinstance(result, Next)
+            and result.phase == lease.task.phase
+            and result.checkpoint == lease.checkpoint
+        ):
+            return Finish(
+                Outcome.FAULTED, error=NO_PROGRESS.format(phase=task.phase, result=result)
+            )
+        return result
+
+    def _cancel(self, run: Run, definition: TaskDefinition) -> Transition:
+        """Let the cancel handler commit its wrap-up with the cancellation (DESIGN §6)."""
+        intent = run.task.cancel or {}
+        error = None
+        if definition.on_cancel is not None:
+            try:
+                definition.on_cancel(run)
+            except (StaleLease, SessionPoisoned, CommitUncertain):
+                raise
+            except Exception as exc:
+                error = f"cancel handler: {type(exc).__name__}: {exc}"
+        return Finish(
+            Outcome.CANCELLED,
+            result={"by": intent.get("by"), "reason": intent.get("reason")},
+            error=error,
+        )

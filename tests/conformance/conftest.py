@@ -1,0 +1,39 @@
+"""Fixtures that run every conformance test against both storages.
+
+The in-memory storage is the reference semantics; the Postgres storage must pass
+the same tests unchanged. ``World.reopen()`` gives a storage object that knows
+nothing but what was stored, as a restarted process would (for Postgres: a new
+connection).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from kernel import InMemoryStorage, ManualClock
+
+from .world import Faults, World
+
+
+@pytest.fixture(
+    params=["memory", pytest.param("postgres", marks=pytest.mark.django_db(transaction=True))]
+)
+def world(request: pytest.FixtureRequest) -> Iterator[World]:
+    faults = Faults()
+    clock = ManualClock()
+    if request.param == "memory":
+        memory = InMemoryStorage(fault=faults)
+        yield World(lambda: memory, faults, clock)
+        return
+    from django.db import connection
+
+    from controlplane.storage import PostgresStorage
+
+    def reopen() -> PostgresStorage:
+        connection.close()
+        return PostgresStorage(fault=faults)
+
+    yield World(reopen, faults, clock)
+    connection.close()

@@ -1,0 +1,522 @@
+"""Task semantics: the recovery table of DESIGN §6, joins, cancellation, blocked
+definitions, fencing (invariant 5), no-progress faults (invariant 7), effects
+outside transactions (invariant 3) and recovery from storage alone (invariant 8).
+Run against both storages."""
+
+from __future__ import annotations
+
+import threading
+from datetime import timedelta
+
+import pytest
+
+from kernel import (
+    Draft,
+    IllegalTransition,
+    JoinPolicy,
+    Outcome,
+    Registry,
+    Run,
+    StaleLease,
+    Status,
+    Transition,
+    WaitCycle,
+    Worker,
+)
+
+from .definitions import Effects, make_registry
+from .world import Crash, World
+
+
+def start(world: World, kind: str, input: dict, registry: Registry | None = None):
+    registry = registry or make_registry(Effects())
+    kernel = world.kernel(registry)
+    handle = kernel.create_session()
+    draft = Draft(actor="user:ann")
+    task_id = draft.create_task(kind, input)
+    handle.commit(draft)
+    return kernel, handle, task_id
+
+
+def outcome(world: World, task_id: str) -> str | None:
+    task = world.storage.task(task_id)
+    return task.outcome["kind"] if task.terminal else None
+
+
+def log_of(world: World, kernel, session_id: str) -> dict:
+    return world.kernel(kernel.registry).document(session_id, "log", "main")
+
+
+# -- recovery table --------------------------------------------------------------------
+
+
+def test_pending_runs_its_saved_phase_after_a_restart(world: World) -> None:
+    effects = Effects()
+    kernel, handle, task_id = start(world, "step", {"name": "s"}, make_registry(effects))
+    world.reopen()
+    world.scheduler(make_registry(effects)).run_until_idle()
+    assert outcome(world, task_id) == "succeeded"
+    assert effects.calls == ["s:act"]
+
+
+def test_running_with_an_expired_lease_reenters_the_phase_and_counts_a_restart(
+    world: World,
+) -> None:
+    effects = Effects()
+    effects.hooks["act"] = lambda run: (_ for _ in ()).throw(Crash())
+    kernel, handle, task_id = start(world, "step", {"name": "s"}, make_registry(effects))
+    with pytest.raises(Crash):
+        world.scheduler(make_registry(effects)).run_until_idle()
+    crashed = world.storage.task(task_id)
+    assert (crashed.status, crashed.phase) == (Status.RUNNING, "act")
+
+    effects.hooks.clear()
+    world.reopen()
+    scheduler = world.scheduler(make_registry(effects), worker_id="w2")
+    assert scheduler.run_until_idle() == 0  # the lease has not expired yet
+    world.clock.advance(31)
+    scheduler.run_until_idle()
+    task = world.storage.task(task_id)
+    assert task.outcome["kind"] == "succeeded"
+    assert effects.calls == ["s:act", "s:act"]
+    assert log_of(world, kernel, handle.id) == {"s": ["act"]}
+
+
+def test_past_the_restart_limit_the_task_fails_with_the_reason(world: World) -> None:
+    effects = Effects()
+    effects.hooks["act"] = lambda run: (_ for _ in ()).throw(Crash())
+    kernel, handle, task_id = start(world, "step", {"name": "s"}, make_registry(effects))
+    for attempt in range(4):
+        with pytest.raises(Crash):
+            world.reopen()
+            world.scheduler(make_registry(effects), worker_id=f"w{attempt}").run_until_idle(
+                advance_clock=True
+            )
+    world.reopen()
+    world.scheduler(make_registry(effects), worker_id="last").run_until_idle(advance_clock=True)
+    task = world.storage.task(task_id)
+    assert task.outcome["kind"] == "failed"
+    assert "interrupted 4 times" in task.outcome["error"]
+    assert "restart limit is 3" in task.outcome["error"]
+    assert len(effects.calls) == 4
+
+
+def test_waiting_rechecks_its_dependencies_after_a_restart(world: World) -> None:
+    effects = Effects()
+    children = [{"kind": "step", "input": {"name": n}} for n in ("a", "b")]
+    kernel, handle, task_id = start(
+        world, "parent", {"name": "p", "children": children}, make_registry(effects)
+    )
+    kernel2 = world.kernel(make_registry(effects))
+    Worker(kernel2, "w1").advance(task_id)
+    assert world.storage.task(task_id).status is Status.WAITING
+    world.reopen()
+    world.scheduler(make_registry(effects)).run_until_idle()
+    parent = world.storage.task(task_id)
+    assert parent.outcome == {"kind": "succeeded", "result": ["succeeded", "succeeded"]}
+    assert sorted(effects.calls) == ["a:act", "b:act"]
+
+
+def test_waiting_on_a_signal_continues_once_it_arrives(world: World) -> None:
+    kernel, handle, task_id = start(world, "asker", {"name": "q"})
+    world.scheduler(kernel.registry).run_until_idle()
+    assert world.storage.task(task_id).status is Status.WAITING
+    world.reopen()
+    world.scheduler(kernel.registry).run_until_idle()
+    assert world.storage.task(task_id).status is Status.WAITING
+    draft = Draft(actor="user:olga")
+    draft.signal(task_id, "resolution", {"decision": "sent"})
+    kernel2 = world.kernel(kernel.registry)
+    written = kernel2.open(handle.id).commit(draft)
+    assert [d.task_id for d in written.dispatches] == [task_id]
+    world.scheduler(kernel.registry).run_until_idle()
+    assert outcome(world, task_id) == "succeeded"
+    assert log_of(world, kernel, handle.id) == {"q": ["ask", "answer:sent"]}
+
+
+def test_sleeping_waits_for_its_time_then_runs(world: World) -> None:
+    kernel, handle, task_id = start(world, "napper", {"name": "n", "seconds": 60})
+    world.scheduler(kernel.registry).run_until_idle()
+    task = world.storage.task(task_id)
+    assert (task.status, task.phase) == (Status.SLEEPING, "wake")
+    assert task.wake_at == world.clock.now() + timedelta(seconds=60)
+    world.reopen()
+    world.clock.advance(59)
+    assert world.scheduler(kernel.registry).run_until_idle() == 0
+    world.clock.advance(2)
+    world.scheduler(kernel.registry).run_until_idle()
+    assert outcome(world, task_id) == "succeeded"
+
+
+def test_completing_finishes_once_owned_subtasks_are_terminal(world: World) -> None:
+    kernel, handle, task_id = start(
+        world, "quitter", {"child": {"kind": "asker", "input": {"name": "kid"}}}
+    )
+    worker = Worker(kernel, "w1")
+    worker.advance(task_id)
+    owner = world.storage.task(task_id)
+    assert owner.status is Status.COMPLETING
+    [child] = [t for t in world.storage.session_tasks(handle.id) if t.id != task_id]
+    assert child.cancel["reason"] == f"owner {task_id} finished"
+    world.reopen()
+    world.scheduler(kernel.registry).run_until_idle()
+    assert outcome(world, child.id) == "cancelled"
+    owner = world.storage.task(task_id)
+    assert owner.outcome == {"kind": "succeeded", "result": "done early"}
+    assert owner.status is Status.TERMINAL
+
+
+def test_terminal_runs_nothing_and_serves_its_result(world: World) -> None:
+    effects = Effects()
+    kernel, handle, task_id = start(world, "step", {"name": "s"}, make_registry(effects))
+    world.scheduler(kernel.registry).run_until_idle()
+    head = world.storage.session(handle.id).head_seq
+    world.reopen()
+    world.clock.advance(3600)
+    assert world.scheduler(make_registry(effects)).run_until_idle() == 0
+    assert not Worker(world.kernel(kernel.registry)).advance(task_id)
+    assert world.storage.session(handle.id).head_seq == head
+    assert world.storage.task(task_id).outcome == {"kind": "succeeded", "result": {"name": "s"}}
+    assert effects.calls == ["s:act"]
+
+
+# -- invariant 5: fencing ----------------------------------------------------------------
+
+
+def test_a_stale_lease_holder_cannot_commit(world: World) -> None:
+    effects = Effects()
+    registry = make_registry(effects)
+    kernel, handle, task_id = start(world, "step", {"name": "s"}, registry)
+    now = world.clock.now()
+    first = world.storage.claim(task_id, "slow", now, now + timedelta(seconds=5))
+    world.clock.advance(6)
+    now = world.clock.now()
+    second = world.storage.claim(task_id, "fast", now, now + timedelta(seconds=30))
+    assert second.epoch == first.epoch + 1 and second.restarts == 1
+    before = (world.storage.session(handle.id).head_seq, world.storage.task(task_id))
+
+    late = Draft(actor="worker:slow")
+    late.set("plan", "p", ["sent"], True)
+    from kernel import Finish
+
+    late.transition(task_id, first.epoch, Finish(Outcome.SUCCEEDED, "late"))
+    with pytest.raises(StaleLease) as caught:
+        kernel.open(handle.id).commit(late)
+    assert caught.value.current_epoch == second.epoch
+    assert (world.storage.session(handle.id).head_seq, world.storage.task(task_id)) == before
+    assert kernel.document_version(handle.id, "plan", "p") == 0
+    assert not world.storage.renew(task_id, "slow", first.epoch, now + timedelta(seconds=60))
+    assert world.storage.renew(task_id, "fast", second.epoch, now + timedelta(seconds=60))
+
+
+def test_claims_hand_out_each_runnable_task_once(world: World) -> None:
+    registry = make_registry(Effects())
+    kernel = world.kernel(registry)
+    handle = kernel.create_session()
+    draft = Draft()
+    ids = {draft.create_task("step", {"name": str(i)}) for i in range(6)}
+    handle.commit(draft)
+    now = world.clock.now()
+    until = now + timedelta(seconds=30)
+    a = world.storage.claim_batch("a", now, until, 4, ["step"])
+    b = world.storage.claim_batch("b", now, until, 4, ["step"])
+    assert len(a) == 4 and len(b) == 2
+    assert {t.id for t in a} | {t.id for t in b} == ids
+    assert world.storage.claim_batch("c", now, until, 4, ["step"]) == []
+    assert world.storage.claim(a[0].id, "c", now, until) is None
+
+
+# -- invariant 7: no silent loops ----------------------------------------------------------
+
+
+def test_a_phase_without_progress_is_a_fault(world: World) -> None:
+    registry = make_registry(Effects())
+
+    @registry.task("spinner")
+    class Spinner:
+        initial = "spin"
+
+        def spin(self, run: Run) -> Transition:
+            return run.next("spin")
+
+    @registry.task("forgetful")
+    class Forgetful:
+        initial = "go"
+
+        def go(self, run: Run) -> Transition:
+            return None  # type: ignore[return-value]
+
+    kernel, handle, spinner = start(world, "spinner", {}, registry)
+    draft = Draft()
+    forgetful = draft.create_task("forgetful", {})
+    handle.commit(draft)
+    world.scheduler(registry).run_until_idle()
+    for task_id in (spinner, forgetful):
+        task = world.storage.task(task_id)
+        assert task.outcome["kind"] == "faulted"
+        assert "no durable progress" in task.outcome["error"]
+
+
+# -- invariant 3: external work holds no lock ------------------------------------------------
+
+
+def test_a_phase_running_external_work_does_not_block_commits(world: World) -> None:
+    registry = make_registry(Effects())
+    committed = threading.Event()
+
+    @registry.task("slow-tool")
+    class SlowTool:
+        initial = "call"
+
+        def call(self, run: Run) -> Transition:
+            run.commit(phase="call", checkpoint={"intent": True})
+
+            def other_writer() -> None:
+                try:
+                    draft = Draft(actor="user:other")
+                    draft.set("plan", "p", ["touched"], True)
+                    world.kernel(registry).open(run.session_id).commit(draft)
+                    committed.set()
+                finally:
+                    from django.db import connection
+
+                    connection.close()
+
+            thread = threading.Thread(target=other_writer)
+            thread.start()
+            thread.join(timeout=10)
+            return run.succeed(committed.is_set())
+
+    kernel, handle, task_id = start(world, "slow-tool", {}, registry)
+    world.scheduler(registry).run_until_idle()
+    assert world.storage.task(task_id).outcome["result"] is True
+
+
+# -- invariant 8: recovery needs only storage --------------------------------------------
+
+
+def test_a_new_process_finishes_from_storage_alone(world: World) -> None:
+    effects = Effects()
+    children = [{"kind": "step", "input": {"name": n}} for n in ("a", "b", "c")]
+    registry = make_registry(effects)
+    kernel, handle, task_id = start(world, "parent", {"name": "p", "children": children}, registry)
+    crash_on = {"b"}
+
+    def maybe_crash(run: Run) -> None:
+        if run.input["name"] in crash_on:
+            crash_on.clear()
+            raise Crash()
+
+    effects.hooks["act"] = maybe_crash
+    with pytest.raises(Crash):
+        world.scheduler(registry).run_until_idle()
+    world.reopen()
+    fresh_effects = Effects()
+    world.scheduler(make_registry(fresh_effects), worker_id="w2").run_until_idle(advance_clock=True)
+    assert outcome(world, task_id) == "succeeded"
+    assert "b:act" in fresh_effects.calls and "a:act" not in fresh_effects.calls
+    log = log_of(world, kernel, handle.id)
+    assert {k: v for k, v in log.items() if k != "p"} == {"a": ["act"], "b": ["act"], "c": ["act"]}
+
+
+# -- joins ----------------------------------------------------------------------------------
+
+
+def test_all_settled_resumes_after_every_child_whatever_the_outcome(world: World) -> None:
+    children = [
+        {"kind": "step", "input": {"name": "ok"}},
+        {"kind": "step", "input": {"name": "bad", "fail": True}},
+    ]
+    kernel, handle, task_id = start(world, "parent", {"name": "p", "children": children})
+    world.scheduler(kernel.registry).run_until_idle()
+    parent = world.storage.task(task_id)
+    assert parent.outcome["kind"] == "failed"
+    assert parent.outcome["result"] == ["failed", "succeeded"]
+
+
+def test_fail_fast_cancels_the_remaining_siblings_and_resumes_after_they_wind_down(
+    world: World,
+) -> None:
+    children = [
+        {"kind": "asker", "input": {"name": "waits"}},
+        {"kind": "napper", "input": {"name": "naps", "seconds": 100}},
+        {"kind": "step", "input": {"name": "bad", "fail": True}},
+    ]
+    kernel, handle, task_id = start(
+        world, "parent", {"name": "p", "children": children, "policy": "fail_fast"}
+    )
+    world.scheduler(kernel.registry).run_until_idle()
+    parent = world.storage.task(task_id)
+    assert parent.outcome["kind"] == "failed"
+    assert parent.outcome["result"] == ["cancelled", "cancelled", "failed"]
+    log = log_of(world, kernel, handle.id)
+    assert log["waits"] == ["ask", "cancelled"]
+    assert "wake" not in log["naps"]
+
+
+def test_fail_fast_only_joins_owned_tasks_and_cycles_are_refused(world: World) -> None:
+    registry = make_registry(Effects())
+
+    @registry.task("joiner")
+    class Joiner:
+        initial = "join"
+
+        def join(self, run: Run) -> Transition:
+            policy = JoinPolicy(run.input["policy"])
+            return run.wait_all(run.input["deps"], then="join", policy=policy)
+
+    kernel = world.kernel(registry)
+    handle = kernel.create_session()
+    draft = Draft()
+    stranger = draft.create_task("asker", {"name": "stranger"})
+    handle.commit(draft)
+    worker = Worker(kernel, "w")
+
+    draft = Draft()
+    fail_fast = draft.create_task("joiner", {"deps": [stranger], "policy": "fail_fast"})
+    handle.commit(draft)
+    worker.advance(fail_fast)
+    refused = world.storage.task(fail_fast).outcome
+    assert refused["kind"] == "faulted"
+    assert "fail_fast joins only tasks the waiter owns" in refused["error"]
+
+    draft = Draft()
+    a = draft.create_task("joiner", {"deps": [], "policy": "all_settled"})
+    handle.commit(draft)
+    draft = Draft()
+    b = draft.create_task("joiner", {"deps": [a], "policy": "all_settled"})
+    handle.commit(draft)
+    worker.advance(b)
+    assert world.storage.task(b).status is Status.WAITING
+    claimed = world.storage.claim(a, "w", world.clock.now(), world.clock.now() + timedelta(30))
+    from kernel import WaitTasks
+
+    cyclic = Draft()
+    cyclic.transition(a, claimed.epoch, WaitTasks((b,), "join"))
+    with pytest.raises(WaitCycle):
+        handle.commit(cyclic)
+    itself = Draft()
+    itself.transition(a, claimed.epoch, WaitTasks((a,), "join"))
+    with pytest.raises(WaitCycle):
+        handle.commit(itself)
+    stranger_join = Draft()
+    stranger_join.transition(a, claimed.epoch, WaitTasks((stranger,), "join", JoinPolicy.FAIL_FAST))
+    with pytest.raises(IllegalTransition, match="owns"):
+        handle.commit(stranger_join)
+
+
+# -- cancellation ---------------------------------------------------------------------------
+
+
+def test_cancel_is_durable_cascades_and_revokes_the_running_lease(world: World) -> None:
+    children = [
+        {"kind": "asker", "input": {"name": "kid1"}},
+        {"kind": "napper", "input": {"name": "kid2", "seconds": 100}},
+    ]
+    kernel, handle, task_id = start(world, "parent", {"name": "p", "children": children})
+    world.scheduler(kernel.registry).run_until_idle()
+    now = world.clock.now()
+    kid1 = next(t for t in world.storage.session_tasks(handle.id) if t.input.get("name") == "kid1")
+    cancel = Draft(actor="user:olga")
+    cancel.cancel(task_id, "wrong recipients")
+    kernel.open(handle.id).commit(cancel)
+    again = Draft(actor="user:olga")
+    again.cancel(task_id, "twice")
+    kernel.open(handle.id).commit(again)  # idempotent: nothing new recorded
+    parent = world.storage.task(task_id)
+    assert parent.cancel["by"] == "user:olga" and parent.cancel["reason"] == "wrong recipients"
+    assert world.storage.task(kid1.id).cancel["reason"] == f"owner {task_id} cancelled"
+    assert world.storage.claim(kid1.id, "x", now, now) is not None  # runnable: cancel path
+    world.clock.advance(1)
+    world.reopen()
+    world.scheduler(kernel.registry).run_until_idle()
+    for task in world.storage.session_tasks(handle.id):
+        assert task.status is Status.TERMINAL
+        assert task.outcome["kind"] == "cancelled"
+    assert world.storage.task(task_id).outcome["result"]["by"] == "user:olga"
+    log = log_of(world, kernel, handle.id)
+    assert log["p"] == ["fan_out", "cancelled"] and log["kid1"] == ["ask", "cancelled"]
+
+
+def test_cancel_while_a_phase_runs_rejects_its_commit(world: World) -> None:
+    effects = Effects()
+    registry = make_registry(effects)
+    kernel, handle, task_id = start(world, "step", {"name": "s"}, registry)
+
+    def operator_cancels(run: Run) -> None:
+        draft = Draft(actor="user:olga")
+        draft.cancel(run.task_id, "stop")
+        world.kernel(registry).open(run.session_id).commit(draft)
+
+    effects.hooks["act"] = operator_cancels
+    worker = Worker(kernel, "w1")
+    worker.advance(task_id)
+    task = world.storage.task(task_id)
+    assert task.status is Status.PENDING and task.cancel["reason"] == "stop"
+    assert kernel.document_version(handle.id, "log", "main") == 0
+    effects.hooks.clear()
+    world.scheduler(registry).run_until_idle()
+    assert outcome(world, task_id) == "cancelled"
+
+
+# -- blocked definitions -----------------------------------------------------------------------
+
+
+def test_blocked_tasks_keep_their_state_and_run_once_a_definition_fits(world: World) -> None:
+    old = Registry()
+    old.document("log")
+
+    @old.task("tool", version=1)
+    class ToolV1:
+        initial = "go"
+
+        def go(self, run: Run) -> Transition:
+            return run.succeed("v1")
+
+    kernel = world.kernel(old)
+    handle = kernel.create_session()
+    draft = Draft()
+    task_id = draft.create_task("tool", {"n": 1})
+    handle.commit(draft)
+
+    nobody = Registry()
+    kernel_without = world.kernel(nobody)
+    assert world.scheduler(nobody).run_until_idle() == 0
+    [(task, reason)] = kernel_without.blocked(handle.id)
+    assert "no definition" in reason and task.status is Status.PENDING
+
+    def migrate_fails(version, input, checkpoint):
+        raise ValueError("cannot read v1 input")
+
+    broken = Registry()
+    broken.add(_definition("tool", 2, migrate_fails))
+    assert world.scheduler(broken).run_until_idle() == 0
+    [(_, reason)] = world.kernel(broken).blocked(handle.id)
+    assert "migrating 'tool' from v1 to v2 failed" in reason
+
+    too_new = Registry()
+    too_new.add(_definition("tool", 2, lambda v, i, c: ({**i, "n2": i["n"] * 2}, c)))
+    kernel_v2 = world.kernel(too_new)
+    handle_v2 = kernel_v2.open(handle.id)
+    draft = Draft()
+    newer = draft.create_task("tool", {"n": 5})
+    handle_v2.commit(draft)
+    reasons = {t.id: r for t, r in world.kernel(old).blocked(handle.id)}
+    assert "newer than the registered version 1" in reasons[newer]
+
+    world.scheduler(too_new).run_until_idle()
+    assert world.storage.task(task_id).outcome["result"] == {"n": 1, "n2": 2}
+    assert world.storage.task(task_id).version == 2
+    assert world.kernel(too_new).blocked(handle.id) == []
+
+
+def _definition(kind: str, version: int, migrate):
+    from kernel import TaskDefinition
+
+    return TaskDefinition(
+        kind=kind,
+        version=version,
+        phases={"go": lambda run: run.succeed(run.input)},
+        initial="go",
+        migrate=migrate,
+    )

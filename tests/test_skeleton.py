@@ -1,0 +1,104 @@
+"""The project skeleton holds together: Django checks pass, the app answers, the
+services that `make services` resolved are reachable with the URLs it exported."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from controlplane.settings import parse_database_url
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_manage_py_check_passes() -> None:
+    result = subprocess.run(
+        [sys.executable, "manage.py", "check", "--fail-level", "WARNING"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "System check identified no issues" in result.stdout
+
+
+def test_healthz_answers_ok_without_database(client) -> None:
+    response = client.get("/healthz")
+    assert response.status_code == 200
+    assert response.json() == {"status": "ok"}
+
+
+@pytest.mark.django_db
+def test_database_from_database_url_is_reachable() -> None:
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT current_setting('server_version_num')::int")
+        (version,) = cursor.fetchone()
+    assert version >= 140000
+
+
+def test_redis_from_redis_url_answers_ping() -> None:
+    import redis
+    from django.conf import settings
+
+    client = redis.Redis.from_url(settings.REDIS_URL, socket_connect_timeout=5)
+    try:
+        assert client.ping() is True
+    finally:
+        client.close()
+
+
+@pytest.mark.parametrize(
+    ("url", "expected"),
+    [
+        (
+            "postgresql://postgres@127.0.0.1:5432/durable",
+            {"NAME": "durable", "USER": "postgres", "HOST": "127.0.0.1", "PORT": "5432"},
+        ),
+        (
+            "postgres://u%40x:p%3Aw@db.example:6543/app?sslmode=require",
+            {
+                "NAME": "app",
+                "USER": "u@x",
+                "PASSWORD": "p:w",
+                "HOST": "db.example",
+                "PORT": "6543",
+                "OPTIONS": {"sslmode": "require"},
+            },
+        ),
+        (
+            "postgresql://postgres@/durable?host=/Work/Main/.data/pg",
+            {"NAME": "durable", "HOST": "/Work/Main/.data/pg", "PORT": "", "OPTIONS": {}},
+        ),
+        (
+            "postgresql://postgres@%2FTmp%2Fpg:5433/durable",
+            {"HOST": "/Tmp/pg", "PORT": "5433"},
+        ),
+    ],
+)
+def test_parse_database_url(url: str, expected: dict[str, object]) -> None:
+    parsed = parse_database_url(url)
+    assert parsed["ENGINE"] == "django.db.backends.postgresql"
+    for key, value in expected.items():
+        assert parsed[key] == value, key
+
+
+def test_parse_database_url_rejects_other_schemes() -> None:
+    with pytest.raises(ValueError):
+        parse_database_url("mysql://root@127.0.0.1/x")
+
+
+def test_services_env_file_matches_environment_when_present() -> None:
+    """Under `make test` the exported URLs are the ones `make services` wrote."""
+    env_file = ROOT / ".data" / "services.env"
+    if "DATABASE_URL" not in os.environ or not env_file.exists():
+        pytest.skip("not run through `make test` (no services env exported)")
+    values = dict(line.split("=", 1) for line in env_file.read_text().splitlines() if "=" in line)
+    assert values["DATABASE_URL"] == os.environ["DATABASE_URL"]
+    assert values["REDIS_URL"] == os.environ["REDIS_URL"]
