@@ -1,0 +1,106 @@
+"""Documents: a commit writes what it changed, and any version reads as its history replayed."""
+
+from __future__ import annotations
+
+import pytest
+
+from kernel import Draft, NotRegistered, Registry
+from kernel.documents import apply_ops, encoded_size
+
+from .world import World
+
+
+def written_bytes(write_set) -> int:
+    return sum(
+        encoded_size(v.ops) + (encoded_size(v.baseline) if v.has_baseline else 0)
+        for v in write_set.document_versions
+    )
+
+
+def test_one_item_changed_per_commit_writes_bytes_of_the_item_not_the_document(
+    world: World,
+) -> None:
+    registry = Registry()
+    registry.document("plan")
+    kernel = world.kernel(registry)
+    handle = kernel.create_session()
+    items = {f"r{i:05d}": {"to": f"user{i}@example.com", "state": "pending"} for i in range(10_000)}
+    draft = Draft()
+    draft.set("plan", "big", ["recipients"], items)
+    first = handle.commit(draft)
+    document_bytes = written_bytes(first)
+    assert document_bytes > 400_000
+
+    per_commit = []
+    for i in range(300):
+        draft = Draft()
+        item = {"to": f"user{i}@example.com", "state": "sent", "receipt": f"msg_{i}"}
+        draft.set("plan", "big", ["recipients", f"r{i:05d}"], item)
+        per_commit.append(written_bytes(handle.commit(draft)))
+    item_bytes = encoded_size(
+        {"op": "set", "path": ["recipients", "r00000"], "value": item}
+    )
+    assert max(per_commit) <= 2 * item_bytes  # no baseline yet: ops only
+    assert sum(per_commit) < document_bytes / 10
+
+    value = kernel.document(handle.id, "plan", "big")
+    assert value["recipients"]["r00299"]["state"] == "sent"
+    assert value["recipients"]["r00300"]["state"] == "pending"
+    assert kernel.document(handle.id, "plan", "big", version=1)["recipients"]["r00000"] == {
+        "to": "user0@example.com",
+        "state": "pending",
+    }
+
+
+def test_every_version_reads_as_its_history_replayed(world: World) -> None:
+    registry = Registry()
+    registry.document("notes")
+    kernel = world.kernel(registry)
+    handle = kernel.create_session()
+    history = [{}]
+    baselines = 0
+    for i in range(240):
+        op = (
+            {"op": "set", "path": ["items", f"k{i % 40}"], "value": {"n": i, "pad": "x" * 30}}
+            if i % 7
+            else {"op": "remove", "path": ["items", f"k{(i * 3) % 40}"]}
+        )
+        draft = Draft()
+        draft.update_document("notes", "n", op, expected_version=i)
+        written = handle.commit(draft)
+        baselines += sum(v.has_baseline for v in written.document_versions)
+        history.append(apply_ops(history[-1], [op]))
+    assert baselines >= 3  # the small document is re-baselined as ops accumulate
+    for version in range(1, 241):
+        assert kernel.document(handle.id, "notes", "n", version=version) == history[version]
+    assert kernel.document(handle.id, "notes", "n") == history[-1]
+
+
+def test_document_kinds_migrate_and_refuse_what_they_cannot_read(world: World) -> None:
+    v1 = Registry()
+    v1.document("plan")
+    kernel = world.kernel(v1)
+    handle = kernel.create_session()
+    draft = Draft()
+    draft.set("plan", "p", ["recipients"], ["a@example.com"])
+    handle.commit(draft)
+
+    v2 = Registry()
+    v2.document(
+        "plan",
+        version=2,
+        migrate=lambda version, value: {"to": [{"email": e} for e in value["recipients"]]},
+    )
+    kernel2 = world.kernel(v2)
+    assert kernel2.document(handle.id, "plan", "p") == {"to": [{"email": "a@example.com"}]}
+    draft = Draft()
+    draft.update_document("plan", "p", {"op": "append", "path": ["to"], "value": {"email": "b"}})
+    kernel2.open(handle.id).commit(draft)
+    assert kernel2.document(handle.id, "plan", "p") == {
+        "to": [{"email": "a@example.com"}, {"email": "b"}]
+    }
+    assert kernel2.document(handle.id, "plan", "p", version=1) == {"recipients": ["a@example.com"]}
+    with pytest.raises(NotRegistered, match="newer than the registered version 1"):
+        world.kernel(v1).document(handle.id, "plan", "p")
+    with pytest.raises(NotRegistered):
+        world.kernel(Registry()).document(handle.id, "plan", "p")

@@ -1,0 +1,73 @@
+"""The SQL that runs per phase on Postgres, counted: a new query on the hot path
+must be a deliberate change to this test, not an accident."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+
+from controlplane.storage import PostgresStorage
+from kernel import Draft, Kernel, ManualClock, Registry, Run, Transition, Worker
+
+
+def registry() -> Registry:
+    reg = Registry()
+    reg.document("plan")
+
+    @reg.task("tool")
+    class Tool:
+        initial = "call"
+
+        def call(self, run: Run) -> Transition:
+            run.append(run.input["conversation"], "tool_result", {"ok": True})
+            run.set("plan", "p", ["receipts", run.task_id], "sent")
+            return run.succeed("sent")
+
+    return reg
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_typical_phase_costs_a_fixed_set_of_statements() -> None:
+    kernel = Kernel(PostgresStorage(), registry(), ManualClock())
+    handle = kernel.create_session()
+    setup = Draft()
+    conversation = setup.create_conversation()
+    setup.set("plan", "p", ["receipts"], {})
+    first = setup.create_task("tool", {"conversation": conversation})
+    second = setup.create_task("tool", {"conversation": conversation})
+    handle.commit(setup)
+    worker = Worker(kernel, "w1")
+    worker.advance(first)  # opens the worker's session handle, which it then keeps
+
+    with CaptureQueriesContext(connection) as captured:
+        assert worker.advance(second)
+    statements = [_shape(q["sql"]) for q in captured]
+    assert statements == [
+        "SELECT kernel_task",  # read the task: runnable, and not blocked?
+        "UPDATE kernel_task",  # claim: lease + epoch in one conditional statement
+        "BEGIN",
+        "SELECT kernel_session",  # take the session's commit order (FOR UPDATE)
+        "SELECT kernel_conversation",  # the entry's conversation exists
+        "SELECT kernel_document",  # the document head
+        "SELECT kernel_task",  # fencing: the task row, locked
+        "SELECT kernel_task",  # owned children still running? (completing or terminal)
+        "SELECT kernel_task",  # waiters on the finished task
+        "WITH kernel_session",  # session head + commit row, one statement
+        "INSERT kernel_entry",
+        "INSERT kernel_document",
+        "INSERT kernel_document_version",
+        "UPDATE kernel_task",  # the transition
+        "COMMIT",
+    ], "\n".join(q["sql"][:120] for q in captured)
+    assert kernel.task(second).outcome["kind"] == "succeeded"
+
+
+def _shape(sql: str) -> str:
+    """Verb and first table of a statement: what the count is about, without the values."""
+    sql = sql.split("times: ", 1)[-1]  # executemany is logged as "N times: ..."
+    verb = sql.split()[0]
+    table = re.search(r"\b(kernel_\w+)", sql)
+    return f"{verb} {table.group(1)}" if table else verb

@@ -1,0 +1,72 @@
+"""Document ops are total and baselines are written only when ops outweigh them."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from kernel import CommitRejected
+from kernel.documents import apply_ops, check_op, needs_baseline
+
+keys = st.sampled_from(["a", "b", "c"])
+paths = st.lists(keys, min_size=1, max_size=3)
+values = st.one_of(st.integers(), st.text(max_size=5), st.none())
+ops = st.one_of(
+    st.builds(lambda p, v: {"op": "set", "path": p, "value": v}, paths, values),
+    st.builds(lambda p: {"op": "remove", "path": p}, paths),
+    st.builds(lambda p, v: {"op": "append", "path": p, "value": v}, paths, values),
+)
+
+
+@given(st.lists(ops, max_size=20))
+def test_ops_apply_to_any_value_without_touching_it(sequence: list[dict]) -> None:
+    start = {"a": {"b": 1}, "c": [1]}
+    result = apply_ops(start, sequence)
+    assert start == {"a": {"b": 1}, "c": [1]}
+    assert isinstance(result, dict)
+    for op in sequence:
+        check_op(op)
+
+
+@given(st.lists(ops, max_size=20), st.integers(min_value=0, max_value=20))
+def test_applying_in_two_steps_equals_applying_at_once(sequence: list[dict], cut: int) -> None:
+    assert apply_ops(apply_ops({}, sequence[:cut]), sequence[cut:]) == apply_ops({}, sequence)
+
+
+def test_op_semantics() -> None:
+    value = apply_ops(
+        {},
+        [
+            {"op": "set", "path": ["r", "x@example.com"], "value": {"state": "pending"}},
+            {"op": "append", "path": ["log"], "value": 1},
+            {"op": "append", "path": ["log"], "value": 2},
+            {"op": "remove", "path": ["missing", "deep"]},
+            {"op": "set", "path": ["r", "x@example.com", "state"], "value": "sent"},
+        ],
+    )
+    assert value == {"r": {"x@example.com": {"state": "sent"}}, "log": [1, 2], "missing": {}}
+    assert apply_ops({"a": 1}, [{"op": "set", "path": [], "value": {"b": 2}}]) == {"b": 2}
+
+
+@pytest.mark.parametrize(
+    "op",
+    [
+        {"op": "frobnicate", "path": ["a"]},
+        {"op": "set", "path": "a", "value": 1},
+        {"op": "set", "path": [1], "value": 1},
+        {"op": "set", "path": ["a"]},
+        {"op": "remove", "path": []},
+        {"op": "set", "path": ["a"], "value": {1, 2}},
+    ],
+)
+def test_malformed_ops_are_rejected(op: dict) -> None:
+    with pytest.raises(CommitRejected):
+        check_op(op)
+
+
+def test_a_baseline_is_due_once_ops_outweigh_the_last_one() -> None:
+    assert not needs_baseline(100, 300_000)
+    assert not needs_baseline(300_000, 300_000)
+    assert needs_baseline(300_001, 300_000)
+    assert needs_baseline(5000, 10)  # small documents still batch a few KB of ops
