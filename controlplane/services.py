@@ -109,13 +109,35 @@ def redis_ping(host: str, port: int, timeout: float = CONNECT_TIMEOUT) -> bool:
 
 
 def pid_alive(pid: int) -> bool:
-    """True if a process with this pid exists (signal 0 probes without touching it)."""
+    """True if a process with this pid exists and is not a zombie.
+
+    Zombies count as dead: a killed daemon is reparented to PID 1, which on some
+    machines (this one included) reaps it only seconds later, and meanwhile
+    ``kill(pid, 0)`` still succeeds.
+    """
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
         return False
-    except PermissionError:
+    except OSError:  # no /proc: fall back to signal 0
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
         return True
+    state = stat.rpartition(")")[2].split()[0]
+    return state not in {"Z", "X"}
+
+
+def wait_reaped(pid: int, timeout: float) -> bool:
+    """Wait until ``pid`` has disappeared entirely (zombie reaped); True if it did."""
+    deadline = time.monotonic() + timeout
+    while Path(f"/proc/{pid}").exists():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
     return True
 
 
@@ -196,6 +218,8 @@ def start_embedded_postgres(pgdata: Path, dbname: str) -> tuple[str, bool]:
     """
     reused = _postmaster_pid(pgdata) is not None
     pgdata.mkdir(parents=True, exist_ok=True)
+    if not reused:
+        _clear_dead_postmaster(pgdata)
     with warnings.catch_warnings():
         # platformdirs warns when XDG_RUNTIME_DIR is unset (as for root in CI); pgserver
         # only keeps a lock file there, so the fallback under /tmp is fine.
@@ -208,8 +232,32 @@ def start_embedded_postgres(pgdata: Path, dbname: str) -> tuple[str, bool]:
     if socket_dir is None:  # pragma: no cover - pgserver always uses a socket on POSIX
         raise RuntimeError(f"pgserver in {pgdata} reports no socket directory")
     port = info.port or 5432
+    deadline = time.monotonic() + START_TIMEOUT
+    while not unix_reachable(Path(socket_dir) / f".s.PGSQL.{port}"):
+        if time.monotonic() > deadline:
+            log = pgdata / "log"
+            tail = log.read_text()[-2000:] if log.exists() else "(no log)"
+            raise RuntimeError(f"embedded postgres in {pgdata} accepts no connections:\n{tail}")
+        time.sleep(0.05)
     port_part = "" if port == 5432 else f"&port={port}"
     return f"postgresql://postgres@/{dbname}?host={socket_dir}{port_part}", reused
+
+
+def _clear_dead_postmaster(pgdata: Path) -> None:
+    """Make a ``postmaster.pid`` left by a killed server harmless before a restart.
+
+    pgserver (via psutil) and Postgres itself both take a zombie postmaster for a live
+    one and would then "reuse" a dead server or refuse to start. Wait for the zombie
+    to be reaped; if it is not, remove the stale pid file (Postgres still refuses to
+    start while orphaned backends hold its shared memory, so this is safe).
+    """
+    pidfile = pgdata / "postmaster.pid"
+    try:
+        pid = int(pidfile.read_text().splitlines()[0].strip())
+    except (OSError, ValueError, IndexError):
+        return
+    if not wait_reaped(pid, timeout=5.0):
+        pidfile.unlink(missing_ok=True)
 
 
 def stop_embedded_postgres(pgdata: Path, timeout: float = 30.0) -> bool:
@@ -287,6 +335,24 @@ def _embedded_redis(redis_dir: Path) -> tuple[int, int] | None:
     return None
 
 
+def _previous_port_if_free(redis_dir: Path) -> int | None:
+    """The port a previous embedded Redis used, if nothing holds it now.
+
+    Keeping the port across restarts keeps REDIS_URL stable for processes that read
+    the env file before the restart.
+    """
+    try:
+        port = int((redis_dir / "port").read_text().strip())
+    except (OSError, ValueError):
+        return None
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return None
+    return port
+
+
 def start_embedded_redis(redis_dir: Path) -> tuple[int, bool]:
     """Start (or reuse) a daemonized redis-server under ``redis_dir``; (port, reused).
 
@@ -297,7 +363,7 @@ def start_embedded_redis(redis_dir: Path) -> tuple[int, bool]:
     if running is not None:
         return running[1], True
     redis_dir.mkdir(parents=True, exist_ok=True)
-    port = free_loopback_port()
+    port = _previous_port_if_free(redis_dir) or free_loopback_port()
     cmd = [
         str(redis_server_binary()),
         "--daemonize", "yes",
@@ -343,7 +409,6 @@ def stop_embedded_redis(redis_dir: Path, timeout: float = 10.0) -> bool:
             os.kill(pid, signal.SIGKILL)
             break
         time.sleep(0.05)
-    (redis_dir / "port").unlink(missing_ok=True)
     return True
 
 

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+FRAMEWORK_IMPORTS = ("import django", "from django", "import celery", "from celery")
 
 
 def test_importing_the_kernel_imports_neither_django_nor_celery() -> None:
@@ -26,6 +27,6 @@ def test_no_kernel_module_mentions_a_framework_import() -> None:
         path.name
         for path in (ROOT / "kernel").glob("*.py")
         for line in path.read_text().splitlines()
-        if line.lstrip().startswith(("import django", "from django", "import celery", "from celery"))
+        if line.lstrip().startswith(FRAMEWORK_IMPORTS)
     ]
     assert offenders == []

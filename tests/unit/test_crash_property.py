@@ -240,7 +240,9 @@ def drive(tree: dict[str, Any], crash_at: set[int]) -> Result:
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
 @given(trees(), st.sets(st.integers(min_value=1, max_value=40), min_size=1, max_size=3))
-def test_crashes_change_nothing_that_was_committed(tree: dict[str, Any], crash_at: set[int]) -> None:
+def test_crashes_change_nothing_that_was_committed(
+    tree: dict[str, Any], crash_at: set[int]
+) -> None:
     reference = drive(tree, set())
     crashed = drive(tree, crash_at)
     event(f"crashes: {crashed.crashes}")
