@@ -169,7 +169,8 @@ class Dispatch(models.Model):
     not_before = models.DateTimeField()
     queue = models.TextField()
     seq = models.BigIntegerField()
+    delivered_at = models.DateTimeField(null=True)
 
     class Meta:
         db_table = "kernel_dispatch"
-        indexes = [models.Index(fields=["not_before"])]
+        indexes = [models.Index(fields=["not_before"]), models.Index(fields=["task_id"])]

@@ -59,6 +59,11 @@ CLAIM_SET = (
     "status = 'running', epoch = epoch + 1, lease_owner = %(owner)s, "
     "lease_until = %(until)s, wake_at = NULL"
 )
+# A claimed task's dispatch rows did their job; deleting them in the claim
+# statement keeps the outbox to what is undelivered or unclaimed.
+FORGET_DISPATCHES = (
+    "forgotten AS (DELETE FROM kernel_dispatch d USING claimed WHERE d.task_id = claimed.id)"
+)
 HEAD_COLUMNS = (
     "id, session_id, kind, key, kind_version, version, baseline_version, "
     "ops_bytes_since_baseline, baseline_bytes, updated_seq"
@@ -288,8 +293,9 @@ class PostgresStorage:
 
     def claim(self, task_id: str, owner: str, now: datetime, until: datetime) -> Task | None:
         row = self._one(
-            f"UPDATE kernel_task SET {CLAIM_SET} WHERE id = %(id)s AND {RUNNABLE} "
-            f"RETURNING {TASK_COLUMNS}",
+            f"WITH claimed AS (UPDATE kernel_task SET {CLAIM_SET} WHERE id = %(id)s "
+            f"AND {RUNNABLE} RETURNING {TASK_COLUMNS}), {FORGET_DISPATCHES} "
+            "SELECT * FROM claimed",
             {"id": task_id, "owner": owner, "now": now, "until": until},
         )
         return _task(row) if row else None
@@ -300,9 +306,10 @@ class PostgresStorage:
         columns = ", ".join(f"t.{c.strip()}" for c in TASK_COLUMNS.split(","))
         rows = self._all(
             f"WITH picked AS (SELECT id FROM kernel_task WHERE kind = ANY(%(kinds)s) "
-            f"AND {RUNNABLE} ORDER BY updated_seq LIMIT %(limit)s FOR UPDATE SKIP LOCKED) "
-            f"UPDATE kernel_task t SET {CLAIM_SET} "
-            f"FROM picked WHERE t.id = picked.id RETURNING {columns}",
+            f"AND {RUNNABLE} ORDER BY updated_seq LIMIT %(limit)s FOR UPDATE SKIP LOCKED), "
+            f"claimed AS (UPDATE kernel_task t SET {CLAIM_SET} "
+            f"FROM picked WHERE t.id = picked.id RETURNING {columns}), {FORGET_DISPATCHES} "
+            "SELECT * FROM claimed",
             {"kinds": list(kinds), "limit": limit, "owner": owner, "now": now, "until": until},
         )
         return [_task(r) for r in rows]
@@ -334,17 +341,31 @@ class PostgresStorage:
 
     # -- outbox ------------------------------------------------------------------
 
-    def due_dispatches(self, now: datetime, limit: int) -> list[Dispatch]:
+    def due_dispatches(
+        self, now: datetime, redeliver_before: datetime, limit: int
+    ) -> list[Dispatch]:
         rows = self._all(
-            "SELECT task_id, session_id, not_before, queue, seq, id FROM kernel_dispatch "
-            "WHERE not_before <= %s ORDER BY id LIMIT %s",
-            [now, limit],
+            "SELECT task_id, session_id, not_before, queue, seq, id, delivered_at "
+            "FROM kernel_dispatch WHERE not_before <= %s "
+            "AND (delivered_at IS NULL OR delivered_at < %s) ORDER BY id LIMIT %s",
+            [now, redeliver_before, limit],
         )
         return [Dispatch(*r) for r in rows]
 
-    def delete_dispatches(self, ids: Iterable[int]) -> None:
+    def mark_delivered(self, ids: Iterable[int], now: datetime) -> None:
         with self._cursor() as cur:
-            cur.execute("DELETE FROM kernel_dispatch WHERE id = ANY(%s)", [list(ids)])
+            cur.execute(
+                "UPDATE kernel_dispatch SET delivered_at = %s WHERE id = ANY(%s)", [now, list(ids)]
+            )
+
+    def ensure_dispatches(self, tasks: Iterable[Task], now: datetime) -> None:
+        with self._cursor() as cur:
+            cur.executemany(
+                "INSERT INTO kernel_dispatch (task_id, session_id, not_before, queue, seq) "
+                "SELECT %s, %s, %s, %s, 0 WHERE NOT EXISTS "
+                "(SELECT 1 FROM kernel_dispatch WHERE task_id = %s)",
+                [[t.id, t.session_id, now, t.queue, t.id] for t in tasks],
+            )
 
 
 def _read_head(cur: Any, session_id: str, kind: str, key: str) -> DocumentHead | None:

@@ -180,6 +180,8 @@ class InMemoryStorage:
                 wake_at=None,
             )
             self._tasks[task_id] = claimed
+            for row in [d for d in self._dispatches.values() if d.task_id == task_id]:
+                del self._dispatches[row.id]
             return claimed
 
     def claim_batch(
@@ -217,15 +219,33 @@ class InMemoryStorage:
 
     # -- outbox ------------------------------------------------------------------
 
-    def due_dispatches(self, now: datetime, limit: int) -> list[Dispatch]:
+    def due_dispatches(
+        self, now: datetime, redeliver_before: datetime, limit: int
+    ) -> list[Dispatch]:
         with self._lock:
-            due = [d for d in self._dispatches.values() if d.not_before <= now]
+            due = [
+                d
+                for d in self._dispatches.values()
+                if d.not_before <= now
+                and (d.delivered_at is None or d.delivered_at < redeliver_before)
+            ]
             return due[:limit]
 
-    def delete_dispatches(self, ids: Iterable[int]) -> None:
+    def mark_delivered(self, ids: Iterable[int], now: datetime) -> None:
         with self._lock:
             for dispatch_id in ids:
-                self._dispatches.pop(dispatch_id, None)
+                row = self._dispatches.get(dispatch_id)
+                if row is not None:
+                    self._dispatches[dispatch_id] = replace(row, delivered_at=now)
+
+    def ensure_dispatches(self, tasks: Iterable[Task], now: datetime) -> None:
+        with self._lock:
+            covered = {d.task_id for d in self._dispatches.values()}
+            for task in tasks:
+                if task.id not in covered:
+                    row = Dispatch(task.id, task.session_id, now, task.queue, 0)
+                    dispatch_id = next(self._dispatch_ids)
+                    self._dispatches[dispatch_id] = replace(row, id=dispatch_id)
 
 
 class _Transaction:

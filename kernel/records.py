@@ -190,6 +190,7 @@ class Dispatch:
     queue: str
     seq: int
     id: int = 0
+    delivered_at: datetime | None = None
 
 
 @dataclass(frozen=True, slots=True)

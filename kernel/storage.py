@@ -110,8 +110,9 @@ class Storage(Protocol):
         """Take the lease of a runnable task in one conditional update.
 
         Runnable: pending; sleeping and due; running with an expired lease (a
-        restart of its phase is counted). Sets owner and expiry and bumps the
-        epoch. Returns the claimed task, or ``None`` if it was not runnable.
+        restart of its phase is counted). Sets owner and expiry, bumps the epoch
+        and removes the task's dispatch rows: they did their job. Returns the
+        claimed task, or ``None`` if it was not runnable.
         """
         ...
 
@@ -133,6 +134,15 @@ class Storage(Protocol):
 
     # -- outbox ------------------------------------------------------------
 
-    def due_dispatches(self, now: datetime, limit: int) -> list[Dispatch]: ...
+    def due_dispatches(
+        self, now: datetime, redeliver_before: datetime, limit: int
+    ) -> list[Dispatch]:
+        """Rows due by ``now`` that were never delivered, or delivered before
+        ``redeliver_before`` and still not claimed (the message may be lost)."""
+        ...
 
-    def delete_dispatches(self, ids: Iterable[int]) -> None: ...
+    def mark_delivered(self, ids: Iterable[int], now: datetime) -> None: ...
+
+    def ensure_dispatches(self, tasks: Iterable[Task], now: datetime) -> None:
+        """Give each task a dispatch row unless it has one (recovering expired leases)."""
+        ...

@@ -47,7 +47,7 @@ def test_a_typical_phase_costs_a_fixed_set_of_statements() -> None:
     statements = [_shape(q["sql"]) for q in captured]
     assert statements == [
         "SELECT kernel_task",  # read the task: runnable, and not blocked?
-        "UPDATE kernel_task",  # claim: lease + epoch in one conditional statement
+        "WITH kernel_task",  # claim: lease + epoch (+ forget its dispatch rows), one statement
         "BEGIN",
         "SELECT kernel_session",  # take the session's commit order (FOR UPDATE)
         "SELECT kernel_conversation",  # the entry's conversation exists

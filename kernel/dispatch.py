@@ -1,0 +1,85 @@
+"""Dispatch: telling workers "look at task X", after commits and by the sweep.
+
+Postgres decides, the broker delivers (DESIGN §7). A commit that makes a task
+runnable writes a dispatch row in the same transaction; after the commit the
+:class:`Dispatcher` hands due rows to a ``deliver`` callable (Celery's
+``apply_async`` in production); the claim deletes them. Anything lost on the way - a
+broker outage, a process dying between commit and delivery - is picked up by
+:meth:`Dispatcher.sweep`, which beat runs every second: due rows, sleepers whose
+time has come, tasks whose lease expired. A message only says "look at X"; the
+claim decides, so duplicate deliveries are harmless and so is running two beats.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from .records import Dispatch, Status, WriteSet
+from .session import Kernel
+
+Deliver = Callable[[str, str], None]
+"""``deliver(task_id, queue)``: enqueue "advance task_id" on ``queue``; raise if it failed."""
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class SweepReport:
+    delivered: int
+    failed: int
+
+
+class Dispatcher:
+    """Delivers dispatch rows; rows stay until their task is claimed.
+
+    A row delivered but not claimed within ``redeliver_after`` is delivered again:
+    the broker may have lost the message (Redis restarted, say). Expired leases get
+    a row of their own, so their recovery follows the same path.
+    """
+
+    def __init__(
+        self,
+        kernel: Kernel,
+        deliver: Deliver,
+        *,
+        redeliver_after: timedelta = timedelta(seconds=30),
+        batch: int = 500,
+    ) -> None:
+        self.kernel = kernel
+        self.deliver = deliver
+        self.redeliver_after = redeliver_after
+        self.batch = batch
+
+    def after_commit(self, write_set: WriteSet) -> None:
+        """Deliver the commit's due dispatches now; the sweep covers any failure."""
+        now = self.kernel.clock.now()
+        self._deliver([d for d in write_set.dispatches if d.not_before <= now], now)
+
+    def sweep(self) -> SweepReport:
+        """One idempotent pass over what should be running and may not be."""
+        now = self.kernel.clock.now()
+        storage = self.kernel.storage
+        expired = [t for t in storage.runnable(now, self.batch) if t.status is Status.RUNNING]
+        if expired:
+            storage.ensure_dispatches(expired, now)
+        rows = storage.due_dispatches(now, now - self.redeliver_after, self.batch)
+        delivered, failed = self._deliver(rows, now)
+        return SweepReport(delivered=delivered, failed=failed)
+
+    def _deliver(self, rows: list[Dispatch], now: datetime) -> tuple[int, int]:
+        done: list[int] = []
+        failed = 0
+        for row in rows:
+            try:
+                self.deliver(row.task_id, row.queue)
+            except Exception:
+                failed += 1
+                log.warning("could not deliver %s for %s", row.id, row.task_id, exc_info=True)
+                break  # the broker is likely down: leave the rest to the next sweep
+            done.append(row.id)
+        if done:
+            self.kernel.storage.mark_delivered(done, now)
+        return len(done), failed

@@ -1,0 +1,93 @@
+"""The dispatch outbox: delivered after commit, re-delivered by the sweep, gone once claimed."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from kernel import Draft, Worker
+from kernel.dispatch import Dispatcher
+
+from .definitions import Effects, make_registry
+from .world import World
+
+
+class Broker:
+    def __init__(self) -> None:
+        self.sent: list[str] = []
+        self.down = False
+
+    def deliver(self, task_id: str, queue: str) -> None:
+        if self.down:
+            raise ConnectionError("broker unreachable")
+        self.sent.append(task_id)
+
+
+def setup(world: World):
+    kernel = world.kernel(make_registry(Effects()))
+    broker = Broker()
+    dispatcher = Dispatcher(kernel, broker.deliver, redeliver_after=timedelta(seconds=30))
+    kernel.after_commit(dispatcher.after_commit)
+    return kernel, broker, dispatcher, kernel.create_session()
+
+
+def create(handle, kind: str, input: dict) -> str:
+    draft = Draft()
+    task_id = draft.create_task(kind, input)
+    handle.commit(draft)
+    return task_id
+
+
+def test_runnable_tasks_are_delivered_after_their_commit_and_forgotten_once_claimed(
+    world: World,
+) -> None:
+    kernel, broker, dispatcher, handle = setup(world)
+    task_id = create(handle, "step", {"name": "s"})
+    assert broker.sent == [task_id]
+    assert dispatcher.sweep().delivered == 0  # delivered and not yet overdue
+    world.clock.advance(31)
+    assert dispatcher.sweep().delivered == 1  # not claimed in time: maybe lost, send again
+    assert broker.sent == [task_id, task_id]
+    Worker(kernel, "w").advance(task_id)
+    world.clock.advance(60)
+    assert dispatcher.sweep().delivered == 0
+    assert world.storage.due_dispatches(world.clock.now(), world.clock.now(), 10) == []
+
+
+def test_a_broker_outage_loses_nothing(world: World) -> None:
+    kernel, broker, dispatcher, handle = setup(world)
+    broker.down = True
+    first = create(handle, "step", {"name": "a"})
+    second = create(handle, "step", {"name": "b"})
+    assert broker.sent == []
+    assert dispatcher.sweep().failed == 1
+    broker.down = False
+    report = dispatcher.sweep()
+    assert (report.delivered, report.failed) == (2, 0)
+    assert sorted(broker.sent) == sorted([first, second])
+
+
+def test_sleepers_are_delivered_when_due(world: World) -> None:
+    kernel, broker, dispatcher, handle = setup(world)
+    task_id = create(handle, "napper", {"name": "n", "seconds": 60})
+    Worker(kernel, "w").advance(task_id)
+    broker.sent.clear()
+    world.clock.advance(59)
+    assert dispatcher.sweep().delivered == 0
+    world.clock.advance(2)
+    assert dispatcher.sweep().delivered == 1
+    assert broker.sent == [task_id]
+
+
+def test_an_expired_lease_is_dispatched_once_per_redelivery_window(world: World) -> None:
+    kernel, broker, dispatcher, handle = setup(world)
+    task_id = create(handle, "step", {"name": "s"})
+    now = world.clock.now()
+    world.storage.claim(task_id, "dead-worker", now, now + timedelta(seconds=10))
+    broker.sent.clear()
+    assert dispatcher.sweep().delivered == 0
+    world.clock.advance(11)
+    assert dispatcher.sweep().delivered == 1
+    assert dispatcher.sweep().delivered == 0  # a second beat in the same second: no-op
+    assert broker.sent == [task_id]
+    Worker(kernel, "w2").advance(task_id)
+    assert world.storage.task(task_id).outcome["kind"] == "succeeded"
