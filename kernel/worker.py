@@ -10,6 +10,7 @@ and the lease is held, the worker continues inline (DESIGN §7).
 from __future__ import annotations
 
 import logging
+import threading
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -73,14 +74,56 @@ class Lease:
         )
 
 
+class Heartbeat:
+    """Renews the lease a worker currently holds, from a thread of its own.
+
+    Long external calls would otherwise outlive the lease, and another worker
+    would run the same phase (DESIGN §7). A renewal that fails means the lease is
+    gone; the phase's commit will then be rejected by its epoch.
+    """
+
+    def __init__(self, interval: float) -> None:
+        self.interval = interval
+        self.current: Lease | None = None
+        self.lost = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="lease-heartbeat", daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval):
+            lease = self.current
+            if lease is None:
+                continue
+            try:
+                if not lease.renew():
+                    self.lost += 1
+            except Exception:
+                log.warning("lease renewal failed", exc_info=True)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
 class Worker:
     def __init__(
-        self, kernel: Kernel, worker_id: str | None = None, lease_seconds: float = 30.0
+        self,
+        kernel: Kernel,
+        worker_id: str | None = None,
+        lease_seconds: float = 30.0,
+        *,
+        heartbeat: bool = False,
     ) -> None:
         self.kernel = kernel
         self.id = worker_id or new_id("worker")
         self.lease = timedelta(seconds=lease_seconds)
         self._handles: dict[str, SessionHandle] = {}
+        self.heartbeat = Heartbeat(lease_seconds / 3) if heartbeat else None
+
+    def close(self) -> None:
+        if self.heartbeat is not None:
+            self.heartbeat.stop()
 
     def advance(self, task_id: str) -> bool:
         """Claim ``task_id`` if it is runnable and not blocked, and run it as far as it goes.
@@ -115,6 +158,8 @@ class Worker:
             checkpoint=resolved.checkpoint,
             migrated=resolved.definition.version != task.version,
         )
+        if self.heartbeat is not None:
+            self.heartbeat.current = lease
         try:
             while True:
                 transition = self._execute(lease)
@@ -134,6 +179,9 @@ class Worker:
         except SessionPoisoned as exc:
             log.warning("session handle poisoned, abandoning %s: %s", task.id, exc)
             self._handles.pop(task.session_id, None)
+        finally:
+            if self.heartbeat is not None:
+                self.heartbeat.current = None
 
     def _handle(self, session_id: str) -> SessionHandle:
         handle = self._handles.get(session_id)

@@ -520,3 +520,45 @@ def _definition(kind: str, version: int, migrate):
         initial="go",
         migrate=migrate,
     )
+
+
+# -- heartbeat ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("heartbeat", [True, False])
+def test_a_heartbeat_keeps_a_long_phase_its_lease(world: World, heartbeat: bool) -> None:
+    from kernel import Kernel, SystemClock
+
+    registry = make_registry(Effects())
+    rival_claims: list[bool] = []
+
+    @registry.task("long-call")
+    class LongCall:
+        initial = "call"
+
+        def call(self, run: Run) -> Transition:
+            import time
+
+            time.sleep(1.2)  # an external call longer than the lease
+            now = run.now
+            rival = world.storage.claim(run.task_id, "rival", now, now + timedelta(seconds=30))
+            rival_claims.append(rival is not None)
+            return run.succeed("done")
+
+    kernel = Kernel(world.storage, registry, SystemClock())
+    handle = kernel.create_session()
+    draft = Draft()
+    task_id = draft.create_task("long-call", {})
+    handle.commit(draft)
+    worker = Worker(kernel, "w1", lease_seconds=0.6, heartbeat=heartbeat)
+    try:
+        worker.advance(task_id)
+    finally:
+        worker.close()
+    task = world.storage.task(task_id)
+    if heartbeat:
+        assert rival_claims == [False]
+        assert task.outcome["kind"] == "succeeded"
+    else:
+        assert rival_claims == [True]
+        assert (task.status, task.lease_owner) == (Status.RUNNING, "rival")
