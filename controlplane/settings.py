@@ -48,7 +48,7 @@ def parse_database_url(url: str) -> dict[str, Any]:
         "HOST": host,
         "PORT": port,
         "OPTIONS": options,
-        "CONN_MAX_AGE": int(os.environ.get("DJANGO_CONN_MAX_AGE", "0")),
+        "CONN_MAX_AGE": int(os.environ.get("DJANGO_CONN_MAX_AGE", "60")),
         "CONN_HEALTH_CHECKS": True,
     }
 
@@ -141,3 +141,34 @@ STATICFILES_DIRS = [BASE_DIR / "static"]
 STATIC_ROOT = BASE_DIR / ".data" / "staticfiles"
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+# --------------------------------------------------------------------------- execution
+# Celery carries only "advance task X" and the sweep; Postgres decides who runs what
+# (DESIGN §7). acks_late + prefetch 1: a killed worker's message goes back to the
+# queue, and the database lease makes the duplicate harmless.
+CELERY_BROKER_URL = REDIS_URL
+CELERY_TASK_ACKS_LATE = True
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_TASK_DEFAULT_QUEUE = "default"
+CELERY_TASK_IGNORE_RESULT = True
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+# A commit must not wait long on a broker that is down: the sweep re-delivers.
+CELERY_TASK_PUBLISH_RETRY_POLICY = {"max_retries": 1, "interval_start": 0, "interval_step": 0.2}
+CELERY_BROKER_TRANSPORT_OPTIONS = {"socket_connect_timeout": 2, "socket_timeout": 5}
+CELERY_WORKER_HIJACK_ROOT_LOGGER = False
+
+KERNEL_LEASE_SECONDS = float(os.environ.get("KERNEL_LEASE_SECONDS", "30"))
+KERNEL_SWEEP_SECONDS = float(os.environ.get("KERNEL_SWEEP_SECONDS", "1"))
+KERNEL_REDELIVER_SECONDS = float(os.environ.get("KERNEL_REDELIVER_SECONDS", "30"))
+# Off only to test what happens when renewals stop (a stuck process, a long GC pause).
+KERNEL_HEARTBEAT = _env_bool("KERNEL_HEARTBEAT", True)
+
+# --------------------------------------------------------------------------- notices
+# The HTTP provider contract is in docs/email-provider.md; any provider that keeps it
+# can be plugged in by URL.
+EMAIL_PROVIDER_URL = os.environ.get("EMAIL_PROVIDER_URL", "http://127.0.0.1:8025")
+EMAIL_PROVIDER_TIMEOUT = float(os.environ.get("EMAIL_PROVIDER_TIMEOUT", "10"))
+EMAIL_HOST = os.environ.get("SMTP_HOST", "127.0.0.1")
+EMAIL_PORT = int(os.environ.get("SMTP_PORT", "1025"))
+DEFAULT_FROM_EMAIL = os.environ.get("NOTICES_FROM", "notices@example.com")

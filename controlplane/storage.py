@@ -23,7 +23,7 @@ from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
-from django.db import connections, transaction
+from django.db import DatabaseError, connections, transaction
 from psycopg.types.json import Jsonb
 
 from kernel.errors import CommitUncertain, UnknownRecord
@@ -315,13 +315,19 @@ class PostgresStorage:
         return [_task(r) for r in rows]
 
     def renew(self, task_id: str, owner: str, epoch: int, until: datetime) -> bool:
-        with self._cursor() as cur:
-            cur.execute(
-                "UPDATE kernel_task SET lease_until = %s WHERE id = %s AND epoch = %s "
-                "AND lease_owner = %s AND status = 'running'",
-                [until, task_id, epoch, owner],
-            )
-            return bool(cur.rowcount == 1)
+        try:
+            with self._cursor() as cur:
+                cur.execute(
+                    "UPDATE kernel_task SET lease_until = %s WHERE id = %s AND epoch = %s "
+                    "AND lease_owner = %s AND status = 'running'",
+                    [until, task_id, epoch, owner],
+                )
+                return bool(cur.rowcount == 1)
+        except DatabaseError:
+            # Renewals run on a heartbeat thread that no request cycle cleans up:
+            # drop a broken connection here so that the next beat reconnects.
+            connections[self.using].close()
+            raise
 
     def runnable(self, now: datetime, limit: int) -> list[Task]:
         rows = self._all(

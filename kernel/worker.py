@@ -75,7 +75,7 @@ class Lease:
 
 
 class Heartbeat:
-    """Renews the lease a worker currently holds, from a thread of its own.
+    """Renews the leases a worker currently holds, from a thread of its own.
 
     Long external calls would otherwise outlive the lease, and another worker
     would run the same phase (DESIGN §7). A renewal that fails means the lease is
@@ -84,7 +84,7 @@ class Heartbeat:
 
     def __init__(self, interval: float) -> None:
         self.interval = interval
-        self.current: Lease | None = None
+        self.held: dict[str, Lease] = {}
         self.lost = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="lease-heartbeat", daemon=True)
@@ -92,14 +92,12 @@ class Heartbeat:
 
     def _loop(self) -> None:
         while not self._stop.wait(self.interval):
-            lease = self.current
-            if lease is None:
-                continue
-            try:
-                if not lease.renew():
-                    self.lost += 1
-            except Exception:
-                log.warning("lease renewal failed", exc_info=True)
+            for lease in list(self.held.values()):
+                try:
+                    if not lease.renew():
+                        self.lost += 1
+                except Exception:
+                    log.warning("lease renewal failed", exc_info=True)
 
     def stop(self) -> None:
         self._stop.set()
@@ -159,7 +157,7 @@ class Worker:
             migrated=resolved.definition.version != task.version,
         )
         if self.heartbeat is not None:
-            self.heartbeat.current = lease
+            self.heartbeat.held[task.id] = lease
         try:
             while True:
                 transition = self._execute(lease)
@@ -181,7 +179,7 @@ class Worker:
             self._handles.pop(task.session_id, None)
         finally:
             if self.heartbeat is not None:
-                self.heartbeat.current = None
+                self.heartbeat.held.pop(task.id, None)
 
     def _handle(self, session_id: str) -> SessionHandle:
         handle = self._handles.get(session_id)

@@ -1,0 +1,25 @@
+"""The Celery app: carries "advance task X" and the once-a-second sweep, nothing else.
+
+Start a worker with ``celery -A controlplane.celery worker -Q default,hands,brain``
+and beat with ``celery -A controlplane.celery beat``.
+"""
+
+from __future__ import annotations
+
+import os
+
+from celery import Celery
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
+
+app = Celery("controlplane", include=["controlplane.execution"])
+app.config_from_object("django.conf:settings", namespace="CELERY")
+
+
+@app.on_after_configure.connect
+def schedule_sweep(sender: Celery, **kwargs: object) -> None:
+    from django.conf import settings
+
+    sender.add_periodic_task(
+        settings.KERNEL_SWEEP_SECONDS, sender.signature("controlplane.sweep"), name="sweep"
+    )

@@ -1,0 +1,44 @@
+"""Start a batch of notices: ``manage.py send_notices a@x b@y --subject S --body B``."""
+
+from __future__ import annotations
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from controlplane.execution import runtime
+from kernel import Draft
+
+
+class Command(BaseCommand):
+    help = "Start a send-batch task that emails one notice to each recipient."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("recipients", nargs="+", help="email addresses")
+        parser.add_argument("--subject", default="Service notice")
+        parser.add_argument("--body", default="Please read the approved notice.")
+        parser.add_argument("--channel", choices=["http", "smtp"], default="http")
+        parser.add_argument("--session", help="add to this session instead of a new one")
+        parser.add_argument("--actor", default="cli", help="who asked, recorded in the commit")
+
+    def handle(self, *args: object, **options: object) -> None:
+        recipients = [str(r) for r in options["recipients"]]  # type: ignore[attr-defined]
+        bad = [r for r in recipients if "@" not in r]
+        if bad:
+            raise CommandError(f"not email addresses: {', '.join(bad)}")
+        kernel = runtime().kernel
+        handle = (
+            kernel.open(str(options["session"]))
+            if options["session"]
+            else kernel.create_session(metadata={"title": f"notices to {len(recipients)}"})
+        )
+        draft = Draft(actor=str(options["actor"]))
+        task_id = draft.create_task(
+            "send-batch",
+            {
+                "recipients": recipients,
+                "subject": options["subject"],
+                "body": options["body"],
+                "channel": options["channel"],
+            },
+        )
+        handle.commit(draft)
+        self.stdout.write(f"session {handle.id}\ntask {task_id}")

@@ -1,0 +1,15 @@
+"""Run the dispatch sweep once: what beat does every second."""
+
+from __future__ import annotations
+
+from django.core.management.base import BaseCommand
+
+from controlplane.execution import runtime
+
+
+class Command(BaseCommand):
+    help = "Re-deliver due and lost dispatches and expired leases once, then exit."
+
+    def handle(self, *args: object, **options: object) -> None:
+        report = runtime().dispatcher.sweep()
+        self.stdout.write(f"delivered {report.delivered}, failed {report.failed}")

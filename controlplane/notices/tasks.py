@@ -1,0 +1,169 @@
+"""The reference application: send an approved notice to a batch of recipients.
+
+``send-batch`` plans the batch (one operation id per recipient, saved in the
+email plan document before anything is sent), fans out one ``send-notice`` per
+recipient, waits for all of them to settle, and summarises the receipts.
+
+``send-notice`` records its intent ("this may be sent from now on") before it
+calls the channel; a crash after that point lands in ``confirm``, which asks
+the provider by operation id instead of sending blindly. Where the channel
+cannot be asked (SMTP), the notice waits for an operator's resolution.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+from kernel import Registry, Run, Transition
+
+from .channels import CannotConfirm, Channel, NotAccepted, Rejected, Uncertain
+from .provider import Message
+
+PLAN = "email-plan"
+MAX_ATTEMPTS = 8
+MAX_BACKOFF_SECONDS = 30.0
+RESOLUTIONS = ("sent", "send_again", "give_up")
+
+
+def backoff(attempts: int) -> float:
+    return min(MAX_BACKOFF_SECONDS, 0.5 * 2**attempts)
+
+
+def register(registry: Registry, channels: Mapping[str, Channel]) -> None:
+    """Add the notice tasks and the email plan document kind to ``registry``."""
+    registry.document(PLAN)
+
+    @registry.task("send-batch", queue="default")
+    class SendBatch:
+        initial = "plan"
+
+        def plan(self, run: Run) -> Transition:
+            recipients = list(dict.fromkeys(run.input["recipients"]))
+            if not recipients:
+                return run.fail("a batch needs at least one recipient")
+            channel = run.input.get("channel", "http")
+            if channel not in channels:
+                return run.fail(f"unknown channel {channel!r}; known: {sorted(channels)}")
+            entries = {
+                to: {"operation_id": f"op_{uuid.uuid4().hex}", "state": "planned"}
+                for to in recipients
+            }
+            run.set(PLAN, run.task_id, [], {
+                "subject": run.input["subject"],
+                "body": run.input["body"],
+                "channel": channel,
+                "recipients": entries,
+            })
+            notices = [
+                run.spawn("send-notice", {"plan": run.task_id, "to": to, **entries[to]})
+                for to in recipients
+            ]
+            return run.wait_all(notices, then="summarize")
+
+        def summarize(self, run: Run) -> Transition:
+            plan = run.document(PLAN, run.task_id)
+            receipts = {
+                to: entry["receipt"]
+                for to, entry in plan["recipients"].items()
+                if entry.get("receipt")
+            }
+            unsent = sorted(set(plan["recipients"]) - set(receipts))
+            summary = {"sent": len(receipts), "receipts": receipts, "unsent": unsent}
+            if unsent:
+                return run.fail(f"{len(unsent)} of {len(plan['recipients'])} not sent", summary)
+            return run.succeed(summary)
+
+    @registry.task("send-notice", queue="hands")
+    class SendNotice:
+        initial = "send"
+
+        def send(self, run: Run) -> Transition:
+            channel, message = _channel_and_message(run, channels)
+            _record(run, state="sending")
+            run.commit(phase="confirm")  # intent: from here on it may have been sent
+            return _deliver(run, channel, message)
+
+        def confirm(self, run: Run) -> Transition:
+            """Reached after an interrupted send: find out before sending anything."""
+            channel, message = _channel_and_message(run, channels)
+            try:
+                found = channel.lookup(run.input["operation_id"])
+            except CannotConfirm:
+                return _ask_operator(run, "interrupted send; the channel cannot confirm it")
+            except NotAccepted as exc:
+                return _retry_later(run, "confirm", str(exc))
+            except Rejected as exc:
+                return _give_up(run, str(exc))
+            if found is not None:
+                _record(run, state="sent", receipt=found, confirmed_by="lookup")
+                return run.succeed(found)
+            # Never accepted: sending again under the same operation id is safe.
+            return _deliver(run, channel, message)
+
+        def resolved(self, run: Run) -> Transition:
+            name = run.checkpoint["awaiting"]
+            decision = run.signal(name) or {}
+            if decision.get("decision") == "sent":
+                receipt = decision.get("receipt") or {
+                    "id": f"operator:{decision.get('by', 'unknown')}",
+                    "to": run.input["to"],
+                    "idempotency_key": run.input["operation_id"],
+                }
+                _record(run, state="sent", receipt=receipt, confirmed_by=decision.get("by"))
+                return run.succeed(receipt)
+            if decision.get("decision") == "send_again":
+                _record(run, state="planned")
+                return run.next("send", {"resolutions": run.checkpoint.get("resolutions", 0) + 1,
+                                         "awaiting": None, "attempts": 0})
+            return _give_up(run, f"operator gave up: {decision.get('reason', '')}".strip())
+
+
+def _channel_and_message(run: Run, channels: Mapping[str, Channel]) -> tuple[Channel, Message]:
+    plan = run.document(PLAN, run.input["plan"])
+    message = Message(
+        to=run.input["to"],
+        subject=plan["subject"],
+        body=plan["body"],
+        metadata={"batch": run.input["plan"], "operation_id": run.input["operation_id"]},
+    )
+    return channels[plan["channel"]], message
+
+
+def _deliver(run: Run, channel: Channel, message: Message) -> Transition:
+    try:
+        receipt = channel.send(message, run.input["operation_id"])
+    except NotAccepted as exc:
+        return _retry_later(run, "confirm", str(exc))
+    except Uncertain as exc:
+        return _retry_later(run, "confirm", str(exc))
+    except Rejected as exc:
+        return _give_up(run, str(exc))
+    _record(run, state="sent", receipt=receipt, confirmed_by="send")
+    return run.succeed(receipt)
+
+
+def _retry_later(run: Run, phase: str, error: str) -> Transition:
+    attempts = run.checkpoint.get("attempts", 0) + 1
+    if attempts > MAX_ATTEMPTS:
+        return _ask_operator(run, f"still failing after {MAX_ATTEMPTS} attempts: {error}")
+    _record(run, state="retrying", error=error)
+    return run.sleep(backoff(attempts), then=phase, checkpoint={"attempts": attempts})
+
+
+def _ask_operator(run: Run, why: str) -> Transition:
+    name = f"resolution-{run.checkpoint.get('resolutions', 0) + 1}"
+    _record(run, state="uncertain", error=why)
+    return run.wait_for(name, then="resolved", checkpoint={"awaiting": name, "why": why})
+
+
+def _give_up(run: Run, why: str) -> Transition:
+    _record(run, state="failed", error=why)
+    return run.fail(why)
+
+
+def _record(run: Run, **fields: Any) -> None:
+    path = ["recipients", run.input["to"]]
+    for key, value in fields.items():
+        run.set(PLAN, run.input["plan"], [*path, key], value)

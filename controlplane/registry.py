@@ -1,0 +1,28 @@
+"""The project's Registry: every task definition and document kind this deployment runs.
+
+Workers, the sweep and the API all build their kernel from this one function, so
+a task kind is known everywhere or nowhere (a task of an unknown kind is blocked,
+not lost: DESIGN §6).
+"""
+
+from __future__ import annotations
+
+from django.conf import settings
+
+from kernel import Registry
+
+from .notices import tasks as notices
+from .notices.channels import Channel, HttpChannel, SmtpChannel
+
+
+def channels() -> dict[str, Channel]:
+    return {
+        "http": HttpChannel(settings.EMAIL_PROVIDER_URL, settings.EMAIL_PROVIDER_TIMEOUT),
+        "smtp": SmtpChannel(settings.EMAIL_HOST, settings.EMAIL_PORT, settings.DEFAULT_FROM_EMAIL),
+    }
+
+
+def build_registry() -> Registry:
+    registry = Registry()
+    notices.register(registry, channels())
+    return registry
