@@ -14,6 +14,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 SERVICES_ENV := .data/services.env
 PYTEST_ARGS ?=
+BENCH_ARGS ?=
 
 # Sources the URLs that `make services` resolved (shared or embedded servers).
 LOAD_SERVICES := set -a; . ./$(SERVICES_ENV); set +a
@@ -57,8 +58,14 @@ test: venv services
 	echo "==> pytest tests/ (DATABASE_URL=$$DATABASE_URL REDIS_URL=$$REDIS_URL)"
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
 
+# `python -m benchmarks` when the package has a runner (benchmarks/__main__.py);
+# otherwise pytest tests marked `bench` under benchmarks/.
 bench: venv services
 	@$(LOAD_SERVICES)
+	if [ -f benchmarks/__main__.py ]; then
+		echo "==> benchmarks (python -m benchmarks $(BENCH_ARGS))"
+		exec $(PY) -m benchmarks $(BENCH_ARGS)
+	fi
 	echo "==> benchmarks (pytest -m bench benchmarks/)"
 	rc=0
 	$(VENV)/bin/pytest benchmarks -m bench -p no:cacheprovider -q $(PYTEST_ARGS) || rc=$$?

@@ -94,11 +94,18 @@ def test_parse_database_url_rejects_other_schemes() -> None:
         parse_database_url("mysql://root@127.0.0.1/x")
 
 
-def test_services_env_file_matches_environment_when_present() -> None:
-    """Under `make test` the exported URLs are the ones `make services` wrote."""
-    env_file = ROOT / ".data" / "services.env"
-    if "DATABASE_URL" not in os.environ or not env_file.exists():
-        pytest.skip("not run through `make test` (no services env exported)")
-    values = dict(line.split("=", 1) for line in env_file.read_text().splitlines() if "=" in line)
-    assert values["DATABASE_URL"] == os.environ["DATABASE_URL"]
-    assert values["REDIS_URL"] == os.environ["REDIS_URL"]
+def test_settings_use_the_exported_service_urls() -> None:
+    """`make test` exports what `make services` resolved; settings must use exactly that."""
+    from django.conf import settings
+
+    if "DATABASE_URL" not in os.environ or "REDIS_URL" not in os.environ:
+        pytest.skip("no DATABASE_URL/REDIS_URL exported (not run through `make test`)")
+    expected = parse_database_url(os.environ["DATABASE_URL"])
+    actual = settings.DATABASES["default"]
+    # NAME is left out: pytest-django points it at the test database (test_<name>).
+    for key in ("USER", "HOST", "PORT", "OPTIONS"):
+        assert actual[key] == expected[key], key
+    redis_url = os.environ["REDIS_URL"]
+    configured_redis = settings.REDIS_URL
+    assert configured_redis == redis_url
+    assert settings.CHANNEL_LAYERS["default"]["CONFIG"]["hosts"] == [redis_url]
