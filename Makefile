@@ -72,11 +72,18 @@ bench: venv services
 	if [ $$rc -eq 5 ]; then echo "bench: no benchmarks collected yet"; exit 0; fi
 	exit $$rc
 
+# Web (daphne), a worker, beat and the local email provider under honcho (Procfile);
+# Ctrl-C stops them all. DEMO_PORT / EMAIL_PROVIDER_PORT move the ports.
 demo: venv services
 	@$(LOAD_SERVICES)
+	export DEMO_PORT=$${DEMO_PORT:-8000} EMAIL_PROVIDER_PORT=$${EMAIL_PROVIDER_PORT:-8025}
+	export EMAIL_PROVIDER_URL=http://127.0.0.1:$$EMAIL_PROVIDER_PORT
 	echo "==> manage.py migrate"
-	$(PY) manage.py migrate --noinput
-	echo "demo: web/worker/beat arrive with the execution issue"
+	$(PY) manage.py migrate --noinput -v0
+	echo "==> demo accounts and the five-email batch"
+	$(PY) manage.py demo --url http://127.0.0.1:$$DEMO_PORT/
+	echo "==> starting web, worker, beat and the email provider (Ctrl-C stops them all)"
+	exec $(VENV)/bin/honcho start -f Procfile
 
 clean: services-stop
 	@echo "==> removing .data and caches"

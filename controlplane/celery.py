@@ -20,6 +20,10 @@ app.config_from_object("django.conf:settings", namespace="CELERY")
 def schedule_sweep(sender: Celery, **kwargs: object) -> None:
     from django.conf import settings
 
+    # A sweep that waited longer than two periods is stale: drop it, a fresh one follows.
     sender.add_periodic_task(
-        settings.KERNEL_SWEEP_SECONDS, sender.signature("controlplane.sweep"), name="sweep"
+        settings.KERNEL_SWEEP_SECONDS,
+        sender.signature("controlplane.sweep"),
+        name="sweep",
+        expires=2 * settings.KERNEL_SWEEP_SECONDS,
     )
