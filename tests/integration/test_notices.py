@@ -1,0 +1,167 @@
+"""The reference email app against a real local provider process and a loopback
+SMTP server, driven by the in-process scheduler (the chaos suite does the same
+with Celery workers and kills)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from controlplane.notices import tasks as notices
+from controlplane.notices.channels import HttpChannel, SmtpChannel
+from controlplane.notices.provider import ProviderAdmin
+from controlplane.notices.provider_process import RunningProvider, start_provider
+from controlplane.notices.smtp_server import SmtpStandIn, start_smtp_server
+from kernel import Draft, InMemoryStorage, Kernel, ManualClock, Registry, Scheduler, Status
+
+RECIPIENTS = ["ana@example.com", "ben@example.com", "cai@example.com"]
+
+
+@pytest.fixture(scope="module")
+def provider() -> Iterator[RunningProvider]:
+    with start_provider() as running:
+        yield running
+
+
+@pytest.fixture
+def admin(provider: RunningProvider) -> ProviderAdmin:
+    client = ProviderAdmin(provider.url)
+    client.reset()
+    return client
+
+
+@pytest.fixture
+def smtp() -> Iterator[SmtpStandIn]:
+    with start_smtp_server() as server:
+        yield server
+
+
+def start(provider: RunningProvider, smtp_port: int, channel: str = "http"):
+    registry = Registry()
+    notices.register(
+        registry,
+        {
+            "http": HttpChannel(provider.url, timeout=2),
+            "smtp": SmtpChannel("127.0.0.1", smtp_port, "notices@example.com", timeout=2),
+        },
+    )
+    kernel = Kernel(InMemoryStorage(), registry, ManualClock())
+    handle = kernel.create_session()
+    draft = Draft(actor="user:ann")
+    batch = draft.create_task(
+        "send-batch",
+        {"recipients": RECIPIENTS, "subject": "Notice", "body": "Text", "channel": channel},
+    )
+    handle.commit(draft)
+    return kernel, handle, batch, Scheduler(kernel)
+
+
+def notice_of(kernel: Kernel, session_id: str, to: str):
+    return next(
+        t
+        for t in kernel.storage.session_tasks(session_id)
+        if t.kind == "send-notice" and t.input["to"] == to
+    )
+
+
+def test_a_batch_sends_each_notice_once_and_summarises_the_receipts(
+    provider: RunningProvider, admin: ProviderAdmin
+) -> None:
+    kernel, handle, batch, scheduler = start(provider, 1)
+    scheduler.run_until_idle()
+    outcome = kernel.task(batch).outcome
+    assert outcome["kind"] == "succeeded" and outcome["result"]["sent"] == 3
+    messages = admin.messages()
+    assert sorted(m["to"] for m in messages) == RECIPIENTS
+    plan = kernel.document(handle.id, "email-plan", batch)
+    assert {to: e["state"] for to, e in plan["recipients"].items()} == dict.fromkeys(
+        RECIPIENTS, "sent"
+    )
+    assert {m["idempotency_key"] for m in messages} == {
+        e["operation_id"] for e in plan["recipients"].values()
+    }
+
+
+def test_an_unavailable_provider_means_backoff_then_success(
+    provider: RunningProvider, admin: ProviderAdmin
+) -> None:
+    admin.set_faults(error_rate=1.0)
+    kernel, handle, batch, scheduler = start(provider, 1)
+    scheduler.run_until_idle()
+    notice = notice_of(kernel, handle.id, RECIPIENTS[0])
+    assert notice.status is Status.SLEEPING and notice.checkpoint["attempts"] == 1
+    assert (
+        kernel.document(handle.id, "email-plan", batch)["recipients"][RECIPIENTS[0]]["state"]
+        == "retrying"
+    )
+    admin.set_faults()
+    scheduler.run_until_idle(advance_clock=True)
+    assert kernel.task(batch).outcome["result"]["sent"] == 3
+    assert len(admin.messages()) == 3
+
+
+def test_a_dropped_answer_is_confirmed_by_lookup_not_sent_again(
+    provider: RunningProvider, admin: ProviderAdmin
+) -> None:
+    admin.set_faults(drop_after_accept={"to": RECIPIENTS[1]})
+    kernel, handle, batch, scheduler = start(provider, 1)
+    scheduler.run_until_idle(advance_clock=True)
+    assert kernel.task(batch).outcome["result"]["sent"] == 3
+    posts = [r for r in admin.requests() if r["method"] == "POST" and r["to"] == RECIPIENTS[1]]
+    assert len(posts) == 1
+    plan = kernel.document(handle.id, "email-plan", batch)
+    assert plan["recipients"][RECIPIENTS[1]]["confirmed_by"] == "lookup"
+
+
+def test_a_rejected_notice_fails_the_batch_with_what_was_sent(
+    provider: RunningProvider, admin: ProviderAdmin
+) -> None:
+    kernel, handle, _, scheduler = start(provider, 1)
+    draft = Draft()
+    bad = draft.create_task(
+        "send-batch",
+        {"recipients": ["not-an-address"], "subject": "S", "body": "B", "channel": "http"},
+    )
+    handle.commit(draft)
+    scheduler.run_until_idle()
+    outcome = kernel.task(bad).outcome
+    assert outcome["kind"] == "failed"
+    assert outcome["result"]["unsent"] == ["not-an-address"]
+
+
+def test_an_uncertain_smtp_send_waits_for_an_operator(
+    provider: RunningProvider, smtp: SmtpStandIn
+) -> None:
+    smtp.drop_after_data(to=RECIPIENTS[2])
+    kernel, handle, batch, scheduler = start(provider, smtp.port, channel="smtp")
+    scheduler.run_until_idle(advance_clock=True)
+    notice = notice_of(kernel, handle.id, RECIPIENTS[2])
+    assert notice.status is Status.WAITING and notice.wait == {"signal": "resolution-1"}
+    assert kernel.task(batch).status is Status.WAITING
+    assert len([m for m in smtp.messages() if RECIPIENTS[2] in m.rcpt_tos]) == 1
+
+    smtp.clear_faults()
+    draft = Draft(actor="user:olga")
+    draft.signal(notice.id, "resolution-1", {"decision": "send_again", "by": "user:olga"})
+    handle.commit(draft)
+    scheduler.run_until_idle(advance_clock=True)
+    assert kernel.task(batch).outcome["result"]["sent"] == 3
+    assert len([m for m in smtp.messages() if RECIPIENTS[2] in m.rcpt_tos]) == 2
+
+
+def test_an_operator_can_confirm_or_give_up_an_uncertain_send(
+    provider: RunningProvider, smtp: SmtpStandIn
+) -> None:
+    smtp.drop_after_data(to=RECIPIENTS[0])
+    kernel, handle, batch, scheduler = start(provider, smtp.port, channel="smtp")
+    scheduler.run_until_idle(advance_clock=True)
+    notice = notice_of(kernel, handle.id, RECIPIENTS[0])
+    draft = Draft(actor="user:olga")
+    draft.signal(notice.id, "resolution-1", {"decision": "sent", "by": "user:olga"})
+    handle.commit(draft)
+    scheduler.run_until_idle(advance_clock=True)
+    result = kernel.task(batch).outcome["result"]
+    assert result["sent"] == 3
+    assert result["receipts"][RECIPIENTS[0]]["id"] == "operator:user:olga"
+    assert len([m for m in smtp.messages() if RECIPIENTS[0] in m.rcpt_tos]) == 1

@@ -1,0 +1,81 @@
+"""manage.py send_notices / tasks / sweep, as an operator uses them."""
+
+from __future__ import annotations
+
+import io
+from datetime import timedelta
+
+import pytest
+from django.core.management import CommandError, call_command
+
+from controlplane.execution import runtime
+from kernel import Draft
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture(autouse=True)
+def offline_broker(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Record deliveries instead of sending them: these tests run no worker."""
+    delivered: list[str] = []
+    monkeypatch.setattr(runtime().dispatcher, "deliver", lambda task, queue: delivered.append(task))
+    return delivered
+
+
+def run(*args: str) -> str:
+    out = io.StringIO()
+    call_command(*args, stdout=out)
+    return out.getvalue()
+
+
+def test_send_notices_starts_a_batch_and_refuses_bad_addresses(offline_broker) -> None:
+    out = run("send_notices", "a@example.com", "b@example.com", "--actor", "user:ann")
+    task_id = out.split("task ")[1].strip()
+    task = runtime().kernel.task(task_id)
+    assert (task.kind, task.status, task.input["recipients"]) == (
+        "send-batch",
+        "pending",
+        ["a@example.com", "b@example.com"],
+    )
+    assert offline_broker == [task_id]
+    with pytest.raises(CommandError, match="not email addresses: nope"):
+        run("send_notices", "nope")
+
+
+def test_tasks_lists_what_is_stuck_and_shows_one_history() -> None:
+    kernel = runtime().kernel
+    handle = kernel.create_session()
+    draft = Draft(actor="user:ann")
+    task_id = draft.create_task(
+        "send-notice", {"plan": "p", "to": "x@example.com", "operation_id": "op_1"}
+    )
+    handle.commit(draft)
+    assert run("tasks") == "nothing stuck\n"
+    now = kernel.clock.now()
+    kernel.storage.claim(
+        task_id, "gone-worker", now - timedelta(seconds=60), now - timedelta(seconds=30)
+    )
+    listing = run("tasks")
+    assert task_id in listing and "lease of gone-worker expired" in listing
+    detail = run("tasks", task_id)
+    assert "status running, phase send" in detail and "user:ann" in detail
+    assert "#1" in detail
+    with pytest.raises(CommandError, match="no task task_nope"):
+        run("tasks", "task_nope")
+
+
+def test_sweep_delivers_expired_leases(offline_broker) -> None:
+    kernel = runtime().kernel
+    handle = kernel.create_session()
+    draft = Draft()
+    task_id = draft.create_task(
+        "send-notice", {"plan": "p", "to": "x@example.com", "operation_id": "op_1"}
+    )
+    handle.commit(draft)
+    now = kernel.clock.now()
+    kernel.storage.claim(
+        task_id, "gone-worker", now - timedelta(seconds=60), now - timedelta(seconds=30)
+    )
+    offline_broker.clear()
+    assert run("sweep") == "delivered 1, failed 0\n"
+    assert offline_broker == [task_id]
