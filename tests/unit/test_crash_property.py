@@ -19,6 +19,7 @@ Signals and cancels are delivered only when the tree is otherwise idle.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,8 +36,10 @@ from kernel import (
     Run,
     Scheduler,
     Status,
+    Storage,
     Transition,
 )
+from kernel.storage import FaultHook
 
 LEASE = 30.0
 
@@ -181,9 +184,13 @@ def spec_of(tree: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return found
 
 
-def drive(tree: dict[str, Any], crash_at: set[int]) -> Result:
+def drive(
+    tree: dict[str, Any],
+    crash_at: set[int],
+    make_storage: Callable[[FaultHook], Storage] = InMemoryStorage,
+) -> Result:
     faults = Faults(crash_at)
-    storage = InMemoryStorage(fault=faults.point)
+    storage = make_storage(faults.point)
     clock = ManualClock()
     specs = spec_of(tree)
     registry = node_registry(Faults(set()), Effects())
