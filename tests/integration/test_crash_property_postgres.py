@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from controlplane.storage import PostgresStorage
-from tests.unit.test_crash_property import assert_logged_once, drive, trees
+from tests.unit.test_crash_property import compare_runs, trees
 
 
 @pytest.mark.slow
@@ -27,11 +27,4 @@ from tests.unit.test_crash_property import assert_logged_once, drive, trees
 def test_crashes_change_nothing_that_was_committed_on_postgres(
     tree: dict[str, Any], crash_at: set[int]
 ) -> None:
-    def storage(fault):  # a new object per reopen: nothing survives but the database
-        return PostgresStorage(fault=fault)
-
-    reference = drive(tree, set(), storage)
-    crashed = drive(tree, crash_at, storage)
-    assert crashed.outcomes == reference.outcomes
-    assert_logged_once(crashed, reference)
-    assert crashed.seqs == list(range(1, crashed.head + 1))
+    compare_runs(tree, crash_at, lambda fault: PostgresStorage(fault=fault))

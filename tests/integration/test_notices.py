@@ -142,26 +142,32 @@ def test_an_uncertain_smtp_send_waits_for_an_operator(
     assert len([m for m in smtp.messages() if RECIPIENTS[2] in m.rcpt_tos]) == 1
 
     smtp.clear_faults()
-    draft = Draft(actor="user:olga")
-    draft.signal(notice.id, "resolution-1", {"decision": "send_again", "by": "user:olga"})
-    handle.commit(draft)
+    resolve(handle, notice.id, "send_again")
     scheduler.run_until_idle(advance_clock=True)
     assert kernel.task(batch).outcome["result"]["sent"] == 3
     assert len([m for m in smtp.messages() if RECIPIENTS[2] in m.rcpt_tos]) == 2
 
 
+def resolve(handle, notice_id: str, decision: str) -> None:
+    draft = Draft(actor="user:olga")
+    draft.signal(notice_id, "resolution-1", {"decision": decision, "by": "user:olga"})
+    handle.commit(draft)
+
+
+@pytest.mark.parametrize("decision", ["sent", "give_up"])
 def test_an_operator_can_confirm_or_give_up_an_uncertain_send(
-    provider: RunningProvider, smtp: SmtpStandIn
+    provider: RunningProvider, smtp: SmtpStandIn, decision: str
 ) -> None:
     smtp.drop_after_data(to=RECIPIENTS[0])
     kernel, handle, batch, scheduler = start(provider, smtp.port, channel="smtp")
     scheduler.run_until_idle(advance_clock=True)
-    notice = notice_of(kernel, handle.id, RECIPIENTS[0])
-    draft = Draft(actor="user:olga")
-    draft.signal(notice.id, "resolution-1", {"decision": "sent", "by": "user:olga"})
-    handle.commit(draft)
+    resolve(handle, notice_of(kernel, handle.id, RECIPIENTS[0]).id, decision)
     scheduler.run_until_idle(advance_clock=True)
-    result = kernel.task(batch).outcome["result"]
-    assert result["sent"] == 3
-    assert result["receipts"][RECIPIENTS[0]]["id"] == "operator:user:olga"
+    outcome = kernel.task(batch).outcome
     assert len([m for m in smtp.messages() if RECIPIENTS[0] in m.rcpt_tos]) == 1
+    if decision == "sent":
+        assert outcome["result"]["sent"] == 3
+        assert outcome["result"]["receipts"][RECIPIENTS[0]]["id"] == "operator:user:olga"
+    else:
+        assert outcome["kind"] == "failed"
+        assert outcome["result"]["unsent"] == [RECIPIENTS[0]]

@@ -250,14 +250,24 @@ def drive(
 def test_crashes_change_nothing_that_was_committed(
     tree: dict[str, Any], crash_at: set[int]
 ) -> None:
-    reference = drive(tree, set())
-    crashed = drive(tree, crash_at)
+    reference, crashed = compare_runs(tree, crash_at)
     event(f"crashes: {crashed.crashes}")
     event(f"tasks: {min(len(reference.outcomes), 9) // 3 * 3}+")
+
+
+def compare_runs(
+    tree: dict[str, Any],
+    crash_at: set[int],
+    make_storage: Callable[[FaultHook], Storage] = InMemoryStorage,
+) -> tuple[Result, Result]:
+    """Run ``tree`` without and with crashes and check the property; return both runs."""
+    reference = drive(tree, set(), make_storage)
+    crashed = drive(tree, crash_at, make_storage)
     assert crashed.outcomes == reference.outcomes
     assert_logged_once(crashed, reference)
     assert crashed.seqs == list(range(1, crashed.head + 1))
     assert reference.seqs == list(range(1, reference.head + 1))
+    return reference, crashed
 
 
 PHASES = ["begin", "ask", "answered", "fan", "finish"]
