@@ -40,7 +40,7 @@ from .records import (
     WriteSet,
     new_id,
 )
-from .registry import Registry
+from .registry import Blocked, Registry
 from .storage import Transaction
 from .tasks import Finish, Transition, WaitTasks, apply_transition, released, succeeded
 
@@ -501,9 +501,9 @@ class Builder:
 
     def _phases(self, task: Task) -> frozenset[str]:
         resolved = self.registry.resolve(task)
-        if not hasattr(resolved, "definition"):
-            raise IllegalTransition(f"task {task.id} is blocked: {resolved.reason}")  # type: ignore[union-attr]
-        return frozenset(resolved.definition.phases)  # type: ignore[union-attr]
+        if isinstance(resolved, Blocked):
+            raise IllegalTransition(f"task {task.id} is blocked: {resolved.reason}")
+        return frozenset(resolved.definition.phases)
 
     def _check_join(self, waiter: Task, join: WaitTasks) -> None:
         for dep_id in join.deps:

@@ -82,8 +82,8 @@ class Run:
         Unfinished tasks map to ``None``.
         """
         ids = task_ids if task_ids is not None else self.checkpoint.get("_joined", [])
-        kernel = self._lease.kernel
-        return {i: kernel.task(i).outcome if kernel.task(i).terminal else None for i in ids}
+        tasks = [self._lease.kernel.task(i) for i in ids]
+        return {t.id: t.outcome if t.terminal else None for t in tasks}
 
     # -- writes that join the next commit ---------------------------------------
 

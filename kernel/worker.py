@@ -42,7 +42,7 @@ class Lease:
     input: JSON
     checkpoint: JSON
     migrated: bool
-    draft: Draft = field(default_factory=Draft)
+    draft: Draft = field(init=False)
 
     def __post_init__(self) -> None:
         self.draft = Draft(actor=f"task:{self.task.id}")
