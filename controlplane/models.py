@@ -154,10 +154,18 @@ class Commit(models.Model):
     at = models.DateTimeField()
     actor = models.TextField()
     summary = models.JSONField()
+    key = models.TextField(null=True)
 
     class Meta:
         db_table = "kernel_commit"
-        constraints = [models.UniqueConstraint(fields=["session", "seq"], name="commit_seq_once")]
+        constraints = [
+            models.UniqueConstraint(fields=["session", "seq"], name="commit_seq_once"),
+            models.UniqueConstraint(
+                fields=["session", "key"],
+                name="commit_key_once",
+                condition=models.Q(key__isnull=False),
+            ),
+        ]
 
 
 class Dispatch(models.Model):

@@ -135,6 +135,13 @@ def _task_params(t: Task) -> list[Any]:
     ]
 
 
+COMMIT_COLUMNS = "session_id, seq, at, actor, summary, id, key"
+
+
+def _commit(row: Sequence[Any]) -> Commit:
+    return Commit(row[0], row[1], row[2], row[3], _json(row[4]), row[5], row[6])
+
+
 def _head(row: Sequence[Any]) -> DocumentHead:
     return DocumentHead(*row)
 
@@ -231,11 +238,11 @@ class PostgresStorage:
 
     def commits_after(self, session_id: str, after_seq: int, limit: int) -> list[Commit]:
         rows = self._all(
-            "SELECT session_id, seq, at, actor, summary, id FROM kernel_commit "
+            f"SELECT {COMMIT_COLUMNS} FROM kernel_commit "
             "WHERE session_id = %s AND seq > %s ORDER BY seq LIMIT %s",
             [session_id, after_seq, limit],
         )
-        return [Commit(r[0], r[1], r[2], r[3], _json(r[4]), r[5]) for r in rows]
+        return [_commit(r) for r in rows]
 
     # -- reads ---------------------------------------------------------------
 
@@ -458,6 +465,14 @@ class _Transaction:
     def submission_by_request(self, request_id: str) -> Submission | None:
         return _read_submission_by_request(self.cur, self.session.id, request_id)
 
+    def commit_by_key(self, key: str) -> Commit | None:
+        self.cur.execute(
+            f"SELECT {COMMIT_COLUMNS} FROM kernel_commit WHERE session_id = %s AND key = %s",
+            [self.session.id, key],
+        )
+        row = self.cur.fetchone()
+        return _commit(row) if row else None
+
 
 TASK_INSERT = (
     "INSERT INTO kernel_task (id, session_id, kind, version, input, status, phase, checkpoint, "
@@ -477,9 +492,9 @@ def _write(cur: Any, ws: WriteSet) -> WriteSet:
     c = ws.commit
     cur.execute(
         "WITH head AS (UPDATE kernel_session SET head_seq = %s WHERE id = %s) "
-        "INSERT INTO kernel_commit (session_id, seq, at, actor, summary) "
-        "VALUES (%s, %s, %s, %s, %s) RETURNING id",
-        [c.seq, c.session_id, c.session_id, c.seq, c.at, c.actor, Jsonb(c.summary)],
+        "INSERT INTO kernel_commit (session_id, seq, at, actor, summary, key) "
+        "VALUES (%s, %s, %s, %s, %s, %s) RETURNING id",
+        [c.seq, c.session_id, c.session_id, c.seq, c.at, c.actor, Jsonb(c.summary), c.key],
     )
     commit = replace(c, id=cur.fetchone()[0])
     if ws.conversations:

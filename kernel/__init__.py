@@ -4,7 +4,7 @@ See DESIGN.md. The public surface is re-exported here.
 """
 
 from .clock import Clock, ManualClock, SystemClock
-from .commit import Draft, DuplicateRequest
+from .commit import Draft, DuplicateCommit, DuplicateRequest
 from .documents import DocumentKind
 from .errors import (
     CommitRejected,
@@ -36,6 +36,7 @@ __all__ = [
     "DocumentConflict",
     "DocumentKind",
     "Draft",
+    "DuplicateCommit",
     "DuplicateRequest",
     "Finish",
     "IllegalTransition",

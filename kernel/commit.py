@@ -33,6 +33,7 @@ from .records import (
     DocumentVersion,
     Entry,
     JoinPolicy,
+    Outcome,
     Status,
     Submission,
     SubmissionStatus,
@@ -45,6 +46,14 @@ from .storage import Transaction
 from .tasks import Finish, Transition, WaitTasks, apply_transition, released, succeeded
 
 JSON = Any
+
+
+class DuplicateCommit(CommitRejected):
+    """A commit with this draft's key already landed; ``existing`` is it."""
+
+    def __init__(self, existing: Commit) -> None:
+        super().__init__(f"commit key {existing.key!r} already used by #{existing.seq}")
+        self.existing = existing
 
 
 class DuplicateRequest(CommitRejected):
@@ -80,6 +89,9 @@ class Draft:
     """What one commit should write. Build it, then hand it to ``SessionHandle.commit``."""
 
     actor: str = "system"
+    key: str | None = None
+    """Idempotency key (an operator's action id, say): a second commit with the same key
+    in the same session writes nothing and raises :class:`DuplicateCommit`."""
     conversations: list[Conversation] = field(default_factory=list)
     entries: list[tuple[str, str, str, JSON]] = field(default_factory=list)
     document_ops: dict[tuple[str, str], list[JSON]] = field(default_factory=dict)
@@ -89,26 +101,11 @@ class Draft:
     cancels: list[tuple[str, str]] = field(default_factory=list)
     signals: list[tuple[str, str, JSON]] = field(default_factory=list)
     wakes: list[str] = field(default_factory=list)
+    retries: list[str] = field(default_factory=list)
     submissions: list[tuple[str, str, str, JSON]] = field(default_factory=list)
     submission_updates: list[tuple[str, SubmissionStatus, str | None, str | None]] = field(
         default_factory=list
     )
-
-    def is_empty(self) -> bool:
-        return not any(
-            (
-                self.conversations,
-                self.entries,
-                self.document_ops,
-                self.new_tasks,
-                self.fenced,
-                self.cancels,
-                self.signals,
-                self.wakes,
-                self.submissions,
-                self.submission_updates,
-            )
-        )
 
     def create_conversation(
         self, *, fork_of: str | None = None, fork_entry_id: str | None = None
@@ -175,6 +172,10 @@ class Draft:
 
     def wake(self, task_id: str) -> None:
         self.wakes.append(task_id)
+
+    def retry(self, task_id: str) -> None:
+        """Run a failed or faulted task again from its last saved phase."""
+        self.retries.append(task_id)
 
     def submit(self, conversation_id: str, request_id: str, input: JSON) -> str:
         submission_id = new_id("sub")
@@ -247,6 +248,10 @@ class Builder:
     # -- the build ------------------------------------------------------------
 
     def build(self) -> WriteSet:
+        if self.draft.key is not None:
+            existing = self.tx.commit_by_key(self.draft.key)
+            if existing is not None:
+                raise DuplicateCommit(existing)
         conversations = self._conversations()
         entries = self._entries(conversations)
         heads, versions = self._documents()
@@ -259,6 +264,8 @@ class Builder:
             self._signal(task_id, name, payload)
         for task_id in self.draft.wakes:
             self._wake(task_id)
+        for task_id in self.draft.retries:
+            self._retry(task_id)
         for task_id, reason in self.draft.cancels:
             self._cancel(task_id, reason, self.draft.actor)
         self._settle()
@@ -276,7 +283,9 @@ class Builder:
             for t in [*new_tasks, *updated]
             if t.status is Status.PENDING or t.status is Status.SLEEPING
         ]
-        commit = Commit(self.session_id, self.seq, self.now, self.draft.actor, self.summary)
+        commit = Commit(
+            self.session_id, self.seq, self.now, self.draft.actor, self.summary, key=self.draft.key
+        )
         return WriteSet(
             commit=commit,
             conversations=conversations,
@@ -547,6 +556,27 @@ class Builder:
         if task.status is not Status.SLEEPING:
             raise IllegalTransition(f"task {task_id} is {task.status}, not sleeping")
         self.put(replace(task, status=Status.PENDING, wake_at=None, updated_seq=self.seq))
+
+    def _retry(self, task_id: str) -> None:
+        task = self.task(task_id)
+        kind = task.outcome.get("kind") if task.terminal and task.outcome else None
+        if kind not in (Outcome.FAILED, Outcome.FAULTED):
+            raise IllegalTransition(f"task {task_id} did not fail; only failed tasks retry")
+        retried = {"outcome": task.outcome, "seq": self.seq, "by": self.draft.actor}
+        checkpoint = {
+            **task.checkpoint,
+            "_retried": [*task.checkpoint.get("_retried", []), retried],
+        }
+        self.put(
+            replace(
+                task,
+                status=Status.PENDING,
+                outcome=None,
+                restarts=0,
+                checkpoint=checkpoint,
+                updated_seq=self.seq,
+            )
+        )
 
     def _cancel(self, task_id: str, reason: str, actor: str) -> None:
         """Record the intent and revoke the lease of ``task_id`` and its owned subtasks.

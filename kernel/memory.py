@@ -286,3 +286,7 @@ class _Transaction:
 
     def submission_by_request(self, request_id: str) -> Submission | None:
         return self.storage.submission_by_request(self.session.id, request_id)
+
+    def commit_by_key(self, key: str) -> Commit | None:
+        commits = self.storage._commits.get(self.session.id, [])
+        return next((c for c in commits if c.key == key), None)

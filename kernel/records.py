@@ -178,6 +178,7 @@ class Commit:
     actor: str
     summary: list[JSON]
     id: int = 0
+    key: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

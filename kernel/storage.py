@@ -60,6 +60,8 @@ class Transaction(Protocol):
 
     def submission_by_request(self, request_id: str) -> Submission | None: ...
 
+    def commit_by_key(self, key: str) -> Commit | None: ...
+
 
 Build = Callable[[Transaction], WriteSet]
 

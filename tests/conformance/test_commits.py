@@ -10,6 +10,7 @@ from kernel import (
     CommitRejected,
     DocumentConflict,
     Draft,
+    DuplicateCommit,
     SessionPoisoned,
     SubmissionStatus,
     UnknownRecord,
@@ -229,3 +230,24 @@ def test_a_request_id_is_accepted_once(world: World) -> None:
     late.update_submission(first.id, SubmissionStatus.UNANSWERED, reason="too late")
     with pytest.raises(CommitRejected):
         handle.commit(late)
+
+
+# -- idempotent commits: an operator's action id lands once -------------------------
+
+
+def test_a_commit_key_lands_once_per_session(world: World) -> None:
+    kernel, handle, conversation = setup(world)
+    first = full_draft(conversation)
+    first.key = "action-1"
+    written = handle.commit(first)
+    again = full_draft(conversation)
+    again.key = "action-1"
+    with pytest.raises(DuplicateCommit) as caught:
+        kernel.open(handle.id).commit(again)
+    assert caught.value.existing.seq == written.commit.seq
+    assert caught.value.existing.key == "action-1"
+    assert len(kernel.entries(conversation)) == 1
+    other = kernel.create_session()
+    draft = Draft(key="action-1")
+    draft.create_conversation()
+    assert other.commit(draft).commit.key == "action-1"  # keys are per session

@@ -562,3 +562,36 @@ def test_a_heartbeat_keeps_a_long_phase_its_lease(world: World, heartbeat: bool)
     else:
         assert rival_claims == [True]
         assert (task.status, task.lease_owner) == (Status.RUNNING, "rival")
+
+
+# -- retry ---------------------------------------------------------------------------------
+
+
+def test_a_failed_task_retries_from_its_last_saved_phase(world: World) -> None:
+    effects = Effects()
+    registry = make_registry(effects)
+    kernel, handle, task_id = start(world, "step", {"name": "s", "fail": True}, registry)
+    world.scheduler(registry).run_until_idle()
+    failed = world.storage.task(task_id)
+    assert (failed.outcome["kind"], failed.phase) == ("failed", "act")
+
+    draft = Draft(actor="user:olga")
+    draft.retry(task_id)
+    written = kernel.open(handle.id).commit(draft)
+    assert [d.task_id for d in written.dispatches] == [task_id]
+    retried = world.storage.task(task_id)
+    assert (retried.status, retried.phase, retried.outcome) == (Status.PENDING, "act", None)
+    assert retried.checkpoint["_retried"][0]["by"] == "user:olga"
+    world.scheduler(registry).run_until_idle()
+    assert effects.calls == ["s:act", "s:act"]  # "act" ran again: its effects may repeat
+
+    done = Draft()
+    done.retry(task_id)  # failed again, so it may retry again; a success may not
+    kernel.open(handle.id).commit(done)
+    world.scheduler(registry).run_until_idle()
+    ok_id = start(world, "step", {"name": "ok"}, registry)[2]
+    world.scheduler(registry).run_until_idle()
+    refused = Draft()
+    refused.retry(ok_id)
+    with pytest.raises(IllegalTransition, match="only failed tasks retry"):
+        world.kernel(registry).open(world.storage.task(ok_id).session_id).commit(refused)
