@@ -48,6 +48,14 @@ from .tasks import Finish, Transition, WaitTasks, apply_transition, released, su
 JSON = Any
 
 
+OPERATIONS = "@operations"
+"""Stands for the session's operations log in a draft (see :meth:`Draft.record_operation`)."""
+
+
+def operations_log_id(session_id: str) -> str:
+    return f"conv_ops_{session_id}"
+
+
 class DuplicateCommit(CommitRejected):
     """A commit with this draft's key already landed; ``existing`` is it."""
 
@@ -122,6 +130,13 @@ class Draft:
         entry_id = new_id("entry")
         self.entries.append((entry_id, conversation_id, kind, payload))
         return entry_id
+
+    def record_operation(self, kind: str, payload: JSON) -> str:
+        """Append to the session's operations log: who did what to which record, and why.
+
+        The log is a conversation of its own, created with its first entry.
+        """
+        return self.append(OPERATIONS, kind, payload)
 
     def update_document(
         self, kind: str, key: str, *ops: JSON, expected_version: int | None = None
@@ -318,7 +333,10 @@ class Builder:
     def _entries(self, conversations: list[Conversation]) -> list[Entry]:
         fresh = {c.id for c in conversations}
         entries = []
-        for ordinal, (entry_id, conversation_id, kind, payload) in enumerate(self.draft.entries):
+        for ordinal, (entry_id, named, kind, payload) in enumerate(self.draft.entries):
+            conversation_id = (
+                self._operations_log(conversations, fresh) if named == OPERATIONS else named
+            )
             self._require_conversation(conversation_id, fresh)
             entries.append(
                 Entry(
@@ -337,6 +355,14 @@ class Builder:
                 {"type": "entry", "id": entry_id, "conversation": conversation_id, "kind": kind}
             )
         return entries
+
+    def _operations_log(self, conversations: list[Conversation], fresh: set[str]) -> str:
+        log_id = operations_log_id(self.session_id)
+        if log_id not in fresh and self.tx.conversation(log_id) is None:
+            conversations.append(Conversation(log_id, self.session_id, self.seq))
+            fresh.add(log_id)
+            self.summary.append({"type": "conversation", "id": log_id})
+        return log_id
 
     def _require_conversation(self, conversation_id: str, fresh: set[str]) -> None:
         if conversation_id in fresh:

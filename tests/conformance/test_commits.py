@@ -15,6 +15,7 @@ from kernel import (
     SubmissionStatus,
     UnknownRecord,
 )
+from kernel.commit import operations_log_id
 from kernel.records import WriteSet
 
 from .definitions import Effects, make_registry
@@ -251,3 +252,17 @@ def test_a_commit_key_lands_once_per_session(world: World) -> None:
     draft = Draft(key="action-1")
     draft.create_conversation()
     assert other.commit(draft).commit.key == "action-1"  # keys are per session
+
+
+def test_operations_are_logged_in_a_conversation_of_their_own(world: World) -> None:
+    kernel, handle, conversation = setup(world)
+    for reason in ("first", "second"):
+        draft = Draft(actor="user:olga")
+        draft.record_operation("cancel", {"task": "t1", "reason": reason})
+        handle.commit(draft)
+    log = kernel.entries(operations_log_id(handle.id))
+    assert [(e.kind, e.actor, e.payload["reason"]) for e in log] == [
+        ("cancel", "user:olga", "first"),
+        ("cancel", "user:olga", "second"),
+    ]
+    assert kernel.entries(conversation) == []
