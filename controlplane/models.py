@@ -135,6 +135,7 @@ class Submission(models.Model):
     updated_seq = models.BigIntegerField()
     answer_entry_id = models.TextField(null=True)
     reason = models.TextField(null=True)
+    resubmit_of = models.TextField(null=True)
 
     class Meta:
         db_table = "kernel_submission"
@@ -182,3 +183,16 @@ class Dispatch(models.Model):
     class Meta:
         db_table = "kernel_dispatch"
         indexes = [models.Index(fields=["not_before"]), models.Index(fields=["task_id"])]
+
+
+class ApiToken(models.Model):
+    """A bearer token for programs. Only its SHA-256 is stored; the key is shown once."""
+
+    user = models.ForeignKey("auth.User", on_delete=models.CASCADE, related_name="api_tokens")
+    name = models.TextField()
+    digest = models.CharField(max_length=64, unique=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    last_used_at = models.DateTimeField(null=True)
+
+    class Meta:
+        db_table = "controlplane_api_token"

@@ -70,7 +70,7 @@ HEAD_COLUMNS = (
 )
 SUBMISSION_COLUMNS = (
     "id, session_id, conversation_id, request_id, input, status, created_seq, updated_seq, "
-    "answer_entry_id, reason"
+    "answer_entry_id, reason, resubmit_of"
 )
 ENTRY_COLUMNS = "id, session_id, conversation_id, seq, ordinal, kind, payload, actor, created_at"
 
@@ -166,6 +166,7 @@ def _submission(row: Sequence[Any]) -> Submission:
         row[7],
         row[8],
         row[9],
+        row[10],
     )
 
 
@@ -596,7 +597,7 @@ def _write(cur: Any, ws: WriteSet) -> WriteSet:
     if ws.new_submissions:
         cur.executemany(
             f"INSERT INTO kernel_submission ({SUBMISSION_COLUMNS}) "
-            "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
+            "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
             [
                 [
                     s.id,
@@ -609,6 +610,7 @@ def _write(cur: Any, ws: WriteSet) -> WriteSet:
                     s.updated_seq,
                     s.answer_entry_id,
                     s.reason,
+                    s.resubmit_of,
                 ]
                 for s in ws.new_submissions
             ],

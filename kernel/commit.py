@@ -110,7 +110,7 @@ class Draft:
     signals: list[tuple[str, str, JSON]] = field(default_factory=list)
     wakes: list[str] = field(default_factory=list)
     retries: list[str] = field(default_factory=list)
-    submissions: list[tuple[str, str, str, JSON]] = field(default_factory=list)
+    submissions: list[tuple[str, str, str, JSON, str | None]] = field(default_factory=list)
     submission_updates: list[tuple[str, SubmissionStatus, str | None, str | None]] = field(
         default_factory=list
     )
@@ -192,9 +192,18 @@ class Draft:
         """Run a failed or faulted task again from its last saved phase."""
         self.retries.append(task_id)
 
-    def submit(self, conversation_id: str, request_id: str, input: JSON) -> str:
+    def submit(
+        self,
+        conversation_id: str,
+        request_id: str,
+        input: JSON,
+        *,
+        resubmit_of: str | None = None,
+    ) -> str:
+        """Accept input under the caller's ``request_id``; ``resubmit_of`` links a retry
+        of an earlier submission to it."""
         submission_id = new_id("sub")
-        self.submissions.append((submission_id, conversation_id, request_id, input))
+        self.submissions.append((submission_id, conversation_id, request_id, input, resubmit_of))
         return submission_id
 
     def update_submission(
@@ -443,11 +452,14 @@ class Builder:
     ) -> tuple[list[Submission], list[Submission]]:
         fresh = {c.id for c in conversations}
         created = []
-        for submission_id, conversation_id, request_id, payload in self.draft.submissions:
+        for submission_id, conversation_id, request_id, payload, origin in self.draft.submissions:
             existing = self.tx.submission_by_request(request_id)
             if existing is not None:
                 raise DuplicateRequest(existing)
             self._require_conversation(conversation_id, fresh)
+            original = self.tx.submission(origin) if origin else None
+            if origin and (original is None or original.session_id != self.session_id):
+                raise UnknownRecord(f"no submission {origin} to resubmit in {self.session_id}")
             created.append(
                 Submission(
                     submission_id,
@@ -458,6 +470,7 @@ class Builder:
                     SubmissionStatus.QUEUED,
                     self.seq,
                     self.seq,
+                    resubmit_of=origin,
                 )
             )
             self.summary.append({"type": "submission", "id": submission_id, "status": "queued"})

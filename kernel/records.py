@@ -166,6 +166,7 @@ class Submission:
     updated_seq: int
     answer_entry_id: str | None = None
     reason: str | None = None
+    resubmit_of: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
