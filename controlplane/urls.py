@@ -1,8 +1,10 @@
-"""URL routes. Admin and a health check for now; API and pages arrive with their issues."""
+"""URL routes: the API, the read-only admin, a health check; pages arrive with the UI."""
 
 from django.contrib import admin
 from django.http import HttpRequest, JsonResponse
 from django.urls import path
+
+from controlplane.api import api
 
 
 def healthz(request: HttpRequest) -> JsonResponse:
@@ -11,6 +13,7 @@ def healthz(request: HttpRequest) -> JsonResponse:
 
 
 urlpatterns = [
+    path("api/", api.urls),
     path("admin/", admin.site.urls),
     path("healthz", healthz, name="healthz"),
 ]

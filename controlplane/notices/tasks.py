@@ -102,6 +102,25 @@ def register(registry: Registry, channels: Mapping[str, Channel]) -> None:
             # Never accepted: sending again under the same operation id is safe.
             return _deliver(run, channel, message)
 
+        def on_cancel(self, run: Run) -> None:
+            """A cancelled notice may have been sent already (its call was in flight when
+            the cancel landed): ask before recording it as not sent."""
+            entry = run.document(PLAN, run.input["plan"])["recipients"][run.input["to"]]
+            if entry.get("state") == "sent":
+                return
+            channel, _ = _channel_and_message(run, channels)
+            try:
+                found = channel.lookup(run.input["operation_id"])
+            except (CannotConfirm, NotAccepted, Rejected):
+                found = None
+                if entry.get("state") in ("sending", "retrying", "uncertain"):
+                    _record(run, state="cancelled", error="cancelled; it may have been sent")
+                    return
+            if found is not None:
+                _record(run, state="sent", receipt=found, confirmed_by="lookup")
+            else:
+                _record(run, state="cancelled")
+
         def resolved(self, run: Run) -> Transition:
             name = run.checkpoint["awaiting"]
             decision = run.signal(name) or {}

@@ -1,0 +1,191 @@
+"""The API's schemas: what crosses the edge, validated there (django-ninja/pydantic)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Literal
+
+from ninja import Field, Schema
+
+JSON = Any
+ActionId = Field(
+    ..., min_length=1, max_length=200, description="client-chosen id; a repeat does nothing new"
+)
+Reason = Field(..., min_length=1, max_length=2000, description="why: kept with the action")
+
+
+class SessionOut(Schema):
+    id: str
+    head_seq: int
+    created_at: datetime
+    metadata: JSON
+
+
+class SessionIn(Schema):
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+
+class ConversationOut(Schema):
+    id: str
+    session_id: str
+    created_seq: int
+    fork_of: str | None = None
+    fork_entry_id: str | None = None
+
+
+class ConversationIn(Schema):
+    fork_of: str | None = None
+    fork_entry_id: str | None = None
+
+
+class EntryOut(Schema):
+    id: str
+    conversation_id: str
+    seq: int
+    ordinal: int
+    kind: str
+    payload: JSON
+    actor: str
+    created_at: datetime
+    cursor: str = Field(..., description="pass as `after` to read on from here")
+
+
+class EntryPage(Schema):
+    entries: list[EntryOut]
+    next: str | None = Field(None, description="cursor of the next page, if there is one")
+
+
+class DocumentOut(Schema):
+    kind: str
+    key: str
+    version: int
+    value: JSON
+
+
+class TaskOut(Schema):
+    id: str
+    session_id: str
+    kind: str
+    version: int
+    status: str
+    phase: str
+    input: JSON
+    checkpoint: JSON
+    parent_id: str | None
+    owned: bool
+    wait: JSON | None
+    wake_at: datetime | None
+    cancel: JSON | None
+    outcome: JSON | None
+    restarts: int
+    epoch: int
+    lease_owner: str | None
+    lease_until: datetime | None
+    created_seq: int
+    updated_seq: int
+    blocked: str | None = Field(None, description="why no registered definition can run it")
+
+
+class TaskNode(Schema):
+    task: TaskOut
+    children: list[TaskNode]
+
+
+class SubmissionIn(Schema):
+    conversation_id: str = Field(..., min_length=1)
+    request_id: str = Field(..., min_length=1, max_length=200)
+    input: JSON
+
+
+class SubmissionOut(Schema):
+    id: str
+    session_id: str
+    conversation_id: str
+    request_id: str
+    input: JSON
+    status: str
+    created_seq: int
+    updated_seq: int
+    answer_entry_id: str | None
+    reason: str | None
+    resubmit_of: str | None = None
+
+
+class ActionIn(Schema):
+    action_id: str = ActionId
+    reason: str = Reason
+
+
+class ResolveIn(ActionIn):
+    decision: Literal["sent", "not_sent_send_again", "give_up"]
+    receipt: dict[str, Any] | None = Field(None, description="with `sent`: what proves it")
+
+
+class ActionOut(Schema):
+    action_id: str
+    action: str
+    target: str
+    session_id: str
+    seq: int = Field(..., description="the commit that recorded the action")
+    replayed: bool = Field(..., description="true when this action id was already done")
+    may_repeat: list[str] = Field(
+        default_factory=list, description="side effects that may run again because of it"
+    )
+
+
+StatusName = Literal["pending", "running", "waiting", "sleeping", "completing", "terminal"]
+OutcomeName = Literal["succeeded", "failed", "cancelled", "faulted"]
+
+
+class BulkFilter(Schema):
+    action: Literal["cancel", "retry"]
+    session_id: str | None = None
+    kind: str | None = None
+    status: StatusName | None = None
+    outcome: OutcomeName | None = None
+
+
+class BulkIn(BulkFilter):
+    action_id: str = ActionId
+    reason: str = Reason
+    expected_count: int | None = Field(
+        None, ge=0, description="the count the preview showed; a different count is refused"
+    )
+
+
+class BulkPreview(Schema):
+    count: int
+    task_ids: list[str]
+
+
+class BulkResult(Schema):
+    task_id: str
+    ok: bool
+    detail: str
+    seq: int | None = None
+
+
+class BulkOut(Schema):
+    action_id: str
+    count: int
+    results: list[BulkResult]
+
+
+class LeaseOut(Schema):
+    task_id: str
+    kind: str
+    phase: str
+    epoch: int
+    lease_until: datetime
+
+
+class WorkerOut(Schema):
+    worker: str
+    leases: list[LeaseOut]
+    last_heartbeat: datetime | None = Field(
+        None, description="latest lease renewal seen (lease expiry minus its duration)"
+    )
+
+
+class ErrorOut(Schema):
+    detail: JSON

@@ -1,0 +1,310 @@
+"""The REST API: reads, operator actions, roles, idempotent action ids, bad input."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from django.contrib.auth.models import Group, User
+from django.test import Client
+
+from controlplane.api.auth import issue_token
+from controlplane.execution import runtime
+from kernel import Draft, Kernel, Registry, Run, Scheduler, Status, Transition
+from kernel.commit import operations_log_id
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture(autouse=True)
+def kernel(monkeypatch: pytest.MonkeyPatch) -> Iterator[Kernel]:
+    """The web process's kernel, with test task kinds and no broker (no worker runs here)."""
+    built = runtime().kernel
+    monkeypatch.setattr(runtime().dispatcher, "deliver", lambda task, queue: None)
+    registry = built.registry
+    if "api-step" not in registry.kinds():
+
+        @registry.task("api-step")
+        class Step:
+            initial = "go"
+
+            def go(self, run: Run) -> Transition:
+                if run.input.get("fail"):
+                    return run.fail("asked to")
+                if run.input.get("sleep"):
+                    return run.sleep(3600, then="done")
+                if run.input.get("ask"):
+                    return run.wait_for("resolution-1", then="done")
+                return run.succeed("ok")
+
+            def done(self, run: Run) -> Transition:
+                return run.succeed(run.signal("resolution-1"))
+
+        @registry.task("api-parent")
+        class Parent:
+            initial = "fan"
+
+            def fan(self, run: Run) -> Transition:
+                kids = [run.spawn("api-step", {"ask": True}) for _ in range(run.input["n"])]
+                return run.wait_all(kids, then="end")
+
+            def end(self, run: Run) -> Transition:
+                return run.succeed(run.outcomes())
+
+    yield built
+
+
+def user(name: str, group: str | None) -> User:
+    account = User.objects.create_user(name)  # force_login: no password hashing needed
+    if group:
+        account.groups.add(Group.objects.get_or_create(name=group)[0])
+    return account
+
+
+def client_for(name: str, group: str | None) -> Client:
+    client = Client()
+    client.force_login(user(name, group))
+    return client
+
+
+@pytest.fixture
+def operator() -> Client:
+    return client_for("olga", "operator")
+
+
+@pytest.fixture
+def viewer() -> Client:
+    return client_for("vic", "viewer")
+
+
+def post(client: Client, url: str, body: dict[str, Any]) -> Any:
+    return client.post(url, json.dumps(body), content_type="application/json")
+
+
+def start(kernel: Kernel, kind: str, input: dict[str, Any]) -> tuple[str, str]:
+    handle = kernel.create_session()
+    draft = Draft(actor="user:test")
+    task_id = draft.create_task(kind, input)
+    handle.commit(draft)
+    Scheduler(kernel).run_until_idle()
+    return handle.id, task_id
+
+
+# -- who may do what -------------------------------------------------------------------
+
+
+def test_anonymous_callers_are_refused_and_nothing_changes(kernel: Kernel) -> None:
+    session_id, task_id = start(kernel, "api-step", {"sleep": True})
+    anonymous = Client()
+    assert anonymous.get("/api/sessions").status_code == 401
+    response = post(anonymous, f"/api/tasks/{task_id}/wake", {"action_id": "a", "reason": "r"})
+    assert response.status_code == 401
+    assert kernel.task(task_id).status is Status.SLEEPING
+
+
+def test_viewers_read_but_every_action_is_refused(kernel: Kernel, viewer: Client) -> None:
+    session_id, task_id = start(kernel, "api-step", {"ask": True})
+    assert viewer.get(f"/api/sessions/{session_id}").json()["id"] == session_id
+    assert viewer.get(f"/api/tasks/{task_id}").json()["status"] == "waiting"
+    head = kernel.storage.session(session_id).head_seq
+    body = {"action_id": "x", "reason": "because"}
+    for url, extra in [
+        (f"/api/tasks/{task_id}/cancel", {}),
+        (f"/api/tasks/{task_id}/retry", {}),
+        (f"/api/tasks/{task_id}/wake", {}),
+        (f"/api/tasks/{task_id}/resolve", {"decision": "sent"}),
+        ("/api/actions/bulk", {"action": "cancel", "session_id": session_id}),
+        ("/api/actions/bulk/preview", {"action": "cancel"}),
+        ("/api/sessions", {}),
+    ]:
+        response = post(viewer, url, {**body, **extra})
+        assert response.status_code == 403, url
+    assert kernel.storage.session(session_id).head_seq == head
+
+
+def test_accounts_without_a_role_cannot_even_read() -> None:
+    assert client_for("nobody", None).get("/api/sessions").status_code == 403
+
+
+def test_programs_use_bearer_tokens(kernel: Kernel) -> None:
+    session_id, task_id = start(kernel, "api-step", {"sleep": True})
+    token = issue_token(user("bot", "operator"), "ci")
+    headers = {"HTTP_AUTHORIZATION": f"Bearer {token}"}
+    client = Client()
+    assert client.get(f"/api/tasks/{task_id}", **headers).status_code == 200
+    response = client.post(
+        f"/api/tasks/{task_id}/wake",
+        json.dumps({"action_id": "w1", "reason": "now"}),
+        content_type="application/json",
+        **headers,
+    )
+    assert response.status_code == 200
+    assert Client().get("/api/sessions", HTTP_AUTHORIZATION="Bearer wrong").status_code == 401
+
+
+def test_browser_sessions_need_csrf_for_actions(kernel: Kernel) -> None:
+    session_id, task_id = start(kernel, "api-step", {"sleep": True})
+    browser = Client(enforce_csrf_checks=True)
+    browser.force_login(user("olga", "operator"))
+    response = post(browser, f"/api/tasks/{task_id}/wake", {"action_id": "w", "reason": "r"})
+    assert response.status_code == 403
+    assert kernel.task(task_id).status is Status.SLEEPING
+
+
+# -- reads -----------------------------------------------------------------------------
+
+
+def test_sessions_conversations_entries_and_documents(kernel: Kernel, operator: Client) -> None:
+    created = post(operator, "/api/sessions", {"metadata": {"title": "t"}})
+    assert created.status_code == 201
+    session_id = created.json()["id"]
+    conversation = post(operator, f"/api/sessions/{session_id}/conversations", {}).json()["id"]
+    handle = kernel.open(session_id)
+    for i in range(5):
+        draft = Draft()
+        draft.append(conversation, "user", {"i": i})
+        handle.commit(draft)
+    first = operator.get(f"/api/conversations/{conversation}/entries?limit=2").json()
+    assert [e["payload"]["i"] for e in first["entries"]] == [0, 1]
+    rest = operator.get(
+        f"/api/conversations/{conversation}/entries?after={first['next']}&limit=10"
+    ).json()
+    assert [e["payload"]["i"] for e in rest["entries"]] == [2, 3, 4] and rest["next"] is None
+    assert operator.get(f"/api/conversations/{conversation}/entries?after=junk").status_code == 422
+    assert [s["id"] for s in operator.get("/api/sessions").json()][0] == session_id
+
+    draft = Draft()
+    draft.set("email-plan", "p", ["state"], "one")
+    handle.commit(draft)
+    draft = Draft()
+    draft.set("email-plan", "p", ["state"], "two")
+    handle.commit(draft)
+    url = f"/api/sessions/{session_id}/documents/email-plan/p"
+    assert operator.get(url).json() == {"kind": "email-plan", "key": "p", "version": 2,
+                                        "value": {"state": "two"}}
+    assert operator.get(f"{url}?version=1").json()["value"] == {"state": "one"}
+    assert operator.get(f"{url}?version=0").status_code == 422
+    assert operator.get(f"/api/sessions/{session_id}/documents/nope/p").status_code == 404
+    assert operator.get("/api/sessions/sess_missing").status_code == 404
+
+
+def test_submissions_are_idempotent_by_request_id(kernel: Kernel, operator: Client) -> None:
+    session_id = post(operator, "/api/sessions", {}).json()["id"]
+    conversation = post(operator, f"/api/sessions/{session_id}/conversations", {}).json()["id"]
+    url = f"/api/sessions/{session_id}/submissions"
+    body = {"conversation_id": conversation, "request_id": "r1", "input": {"text": "hi"}}
+    first = post(operator, url, body)
+    again = post(operator, url, {**body, "input": {"text": "other"}})
+    assert (first.status_code, again.status_code) == (201, 200)
+    assert again.json() == first.json()
+    missing = post(operator, url, {"conversation_id": conversation, "input": {}})
+    assert missing.status_code == 422 and "request_id" in missing.content.decode()
+    assert operator.get(f"/api/submissions/{first.json()['id']}").json()["status"] == "queued"
+
+
+def test_tasks_by_filter_and_as_a_tree(
+    kernel: Kernel, viewer: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    session_id, parent = start(kernel, "api-parent", {"n": 3})
+    tree = viewer.get(f"/api/sessions/{session_id}/tree").json()
+    assert [n["task"]["id"] for n in tree] == [parent]
+    assert [c["task"]["status"] for c in tree[0]["children"]] == ["waiting"] * 3
+    waiting = viewer.get(f"/api/tasks?session_id={session_id}&waiting_for_resolution=true")
+    assert len(waiting.json()) == 3
+    roots = viewer.get(f"/api/tasks?session_id={session_id}&parent_id=root").json()
+    assert [t["id"] for t in roots] == [parent]
+    assert viewer.get("/api/tasks?status=bogus").status_code == 422
+    assert viewer.get(f"/api/tasks?session_id={session_id}&blocked=true").json() == []
+    monkeypatch.setattr(kernel, "registry", Registry())  # a deploy that lost the definitions
+    blocked = viewer.get(f"/api/tasks?session_id={session_id}&blocked=true").json()
+    assert len(blocked) == 4 and parent in {t["id"] for t in blocked}
+    assert all("no definition registered" in t["blocked"] for t in blocked)
+
+
+# -- actions -------------------------------------------------------------------------------
+
+
+def test_cancel_cascades_records_the_operator_and_is_idempotent(
+    kernel: Kernel, operator: Client
+) -> None:
+    session_id, parent = start(kernel, "api-parent", {"n": 2})
+    body = {"action_id": "cancel-1", "reason": "wrong list"}
+    first = post(operator, f"/api/tasks/{parent}/cancel", body)
+    assert first.status_code == 200 and first.json()["replayed"] is False
+    again = post(operator, f"/api/tasks/{parent}/cancel", body)
+    assert again.json() == {**first.json(), "replayed": True}
+    Scheduler(kernel).run_until_idle()
+    statuses = {t.outcome["kind"] for t in kernel.storage.session_tasks(session_id)}
+    assert statuses == {"cancelled"}
+    [entry] = kernel.entries(operations_log_id(session_id))
+    assert entry.actor == "user:olga"
+    assert entry.payload == {"target": parent, "reason": "wrong list", "by": "user:olga",
+                             "action_id": "cancel-1"}
+    late = post(operator, f"/api/tasks/{parent}/cancel", {"action_id": "c2", "reason": "again"})
+    assert late.status_code == 409
+
+
+def test_resolve_wake_retry_and_resubmit(kernel: Kernel, operator: Client) -> None:
+    _, asking = start(kernel, "api-step", {"ask": True})
+    resolved = post(operator, f"/api/tasks/{asking}/resolve",
+                    {"action_id": "r1", "reason": "checked", "decision": "sent",
+                     "receipt": {"id": "msg_1"}})
+    assert resolved.status_code == 200
+    Scheduler(kernel).run_until_idle()
+    assert kernel.task(asking).outcome["result"]["receipt"] == {"id": "msg_1"}
+    assert post(operator, f"/api/tasks/{asking}/resolve",
+                {"action_id": "r2", "reason": "x", "decision": "give_up"}).status_code == 409
+    bad = post(operator, f"/api/tasks/{asking}/resolve",
+               {"action_id": "r3", "reason": "x", "decision": "maybe"})
+    assert bad.status_code == 422 and "decision" in bad.content.decode()
+
+    _, sleeping = start(kernel, "api-step", {"sleep": True})
+    assert post(operator, f"/api/tasks/{sleeping}/wake",
+                {"action_id": "w1", "reason": "now"}).status_code == 200
+    Scheduler(kernel).run_until_idle()
+    assert kernel.task(sleeping).outcome["kind"] == "succeeded"
+
+    _, failing = start(kernel, "api-step", {"fail": True})
+    retried = post(operator, f"/api/tasks/{failing}/retry", {"action_id": "t1", "reason": "go"})
+    assert retried.status_code == 200
+    assert "runs again from its beginning" in retried.json()["may_repeat"][0]
+    assert kernel.task(failing).status is Status.PENDING
+
+    session_id = kernel.task(failing).session_id
+    conversation = post(operator, f"/api/sessions/{session_id}/conversations", {}).json()["id"]
+    original = post(operator, f"/api/sessions/{session_id}/submissions",
+                    {"conversation_id": conversation, "request_id": "q", "input": {"a": 1}})
+    again = post(operator, f"/api/submissions/{original.json()['id']}/resubmit",
+                 {"action_id": "re-1", "reason": "model was down"})
+    assert again.status_code == 200
+    linked = [s for s in operator.get(f"/api/sessions/{session_id}/submissions").json()
+              if s["resubmit_of"] == original.json()["id"]]
+    assert [(s["request_id"], s["input"]) for s in linked] == [("re-1", {"a": 1})]
+
+
+def test_bulk_actions_preview_then_confirm_with_a_result_per_task(
+    kernel: Kernel, operator: Client
+) -> None:
+    session_id, parent = start(kernel, "api-parent", {"n": 3})
+    filters = {"action": "cancel", "session_id": session_id, "kind": "api-step",
+               "status": "waiting"}
+    preview = post(operator, "/api/actions/bulk/preview", filters).json()
+    assert preview["count"] == 3
+    stale = post(operator, "/api/actions/bulk",
+                 {**filters, "action_id": "b1", "reason": "r", "expected_count": 2})
+    assert stale.status_code == 409
+    done = post(operator, "/api/actions/bulk",
+                {**filters, "action_id": "b1", "reason": "r", "expected_count": 3}).json()
+    assert done["count"] == 3 and all(r["ok"] for r in done["results"])
+    assert sorted(r["task_id"] for r in done["results"]) == sorted(preview["task_ids"])
+    Scheduler(kernel).run_until_idle()
+    assert kernel.task(parent).outcome["result"] and all(
+        o["kind"] == "cancelled" for o in kernel.task(parent).outcome["result"].values()
+    )
+    retry = post(operator, "/api/actions/bulk",
+                 {"action": "retry", "session_id": session_id, "kind": "api-step",
+                  "action_id": "b2", "reason": "r"}).json()
+    assert [r["ok"] for r in retry["results"]] == [False, False, False]
+    assert all("only failed tasks retry" in r["detail"] for r in retry["results"])
