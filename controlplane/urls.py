@@ -5,6 +5,7 @@ from django.http import HttpRequest, JsonResponse
 from django.urls import path
 
 from controlplane.api import api
+from controlplane.metrics import metrics
 
 
 def healthz(request: HttpRequest) -> JsonResponse:
@@ -16,4 +17,5 @@ urlpatterns = [
     path("api/", api.urls),
     path("admin/", admin.site.urls),
     path("healthz", healthz, name="healthz"),
+    path("metrics", metrics, name="metrics"),
 ]

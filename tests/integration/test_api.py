@@ -308,3 +308,13 @@ def test_bulk_actions_preview_then_confirm_with_a_result_per_task(
                   "action_id": "b2", "reason": "r"}).json()
     assert [r["ok"] for r in retry["results"]] == [False, False, False]
     assert all("only failed tasks retry" in r["detail"] for r in retry["results"])
+
+
+def test_metrics_are_read_from_the_session_store(kernel: Kernel) -> None:
+    start(kernel, "api-step", {"fail": True})
+    start(kernel, "api-step", {"sleep": True})
+    text = Client().get("/metrics").content.decode()
+    assert 'durable_tasks{status="sleeping"} 1.0' in text
+    assert 'durable_task_outcomes_total{outcome="failed"} 1.0' in text
+    assert "durable_commits_total 4.0" in text
+    assert "durable_dispatch_lag_seconds" in text and "durable_feed_subscribers 0.0" in text
