@@ -86,6 +86,7 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    "controlplane.middleware.RejectUnstorableText",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -117,12 +118,39 @@ DATABASES = {"default": parse_database_url(DATABASE_URL)}
 # Channels: live views are pushed through Redis so that events raised in Celery
 # workers reach consumers in the web process. Messages only say "commit N happened";
 # consumers read the data of record from Postgres (DESIGN §9, §13).
+#
+# channels_redis drops a group message for a channel over `capacity` (and logs it at
+# INFO), and expires unread messages after `expiry` seconds: losing a hint costs only
+# latency, since consumers also poll the log. CHANNEL_LAYER_CAPACITY=1 makes drops
+# routine (the e2e tests use it). A group membership lasts `group_expiry` seconds;
+# feed consumers renew theirs with every heartbeat, and a websocket must not outlive
+# it: run Daphne with `--websocket_timeout` below it (DAPHNE_WEBSOCKET_TIMEOUT, which
+# is also Daphne's own default, 86400 s).
+CHANNEL_LAYER_CAPACITY = int(os.environ.get("CHANNEL_LAYER_CAPACITY", "100"))
+CHANNEL_LAYER_EXPIRY = int(os.environ.get("CHANNEL_LAYER_EXPIRY", "60"))
+CHANNEL_LAYER_GROUP_EXPIRY = int(os.environ.get("CHANNEL_LAYER_GROUP_EXPIRY", str(2 * 86400)))
+DAPHNE_WEBSOCKET_TIMEOUT = int(os.environ.get("DAPHNE_WEBSOCKET_TIMEOUT", "86400"))
+if DAPHNE_WEBSOCKET_TIMEOUT >= CHANNEL_LAYER_GROUP_EXPIRY:
+    raise ValueError(
+        "DAPHNE_WEBSOCKET_TIMEOUT must be below CHANNEL_LAYER_GROUP_EXPIRY: a socket that "
+        "outlives its group membership stops getting hints"
+    )
 CHANNEL_LAYERS = {
     "default": {
         "BACKEND": "channels_redis.core.RedisChannelLayer",
-        "CONFIG": {"hosts": [REDIS_URL]},
+        "CONFIG": {
+            "hosts": [REDIS_URL],
+            "capacity": CHANNEL_LAYER_CAPACITY,
+            "expiry": CHANNEL_LAYER_EXPIRY,
+            "group_expiry": CHANNEL_LAYER_GROUP_EXPIRY,
+        },
     },
 }
+# The websocket change feed (controlplane.consumers): how often a consumer reads the log
+# without a hint (the safety net for dropped hints), and how long a quiet socket goes
+# before a heartbeat frame.
+FEED_POLL_SECONDS = float(os.environ.get("FEED_POLL_SECONDS", "1.5"))
+FEED_HEARTBEAT_SECONDS = float(os.environ.get("FEED_HEARTBEAT_SECONDS", "15"))
 
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},

@@ -8,15 +8,47 @@ bad input is 422 naming the field, and changes nothing.
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.http import HttpRequest, HttpResponse
 from ninja import NinjaAPI
 
 from kernel import CommitRejected, UnknownRecord
 
-from . import actions, sessions, tasks
+from . import actions, feed, sessions, tasks
 from .auth import AUTH
 
-api = NinjaAPI(
+ERRORS = {
+    "400": "The request body is not JSON",
+    "401": "Not authenticated",
+    "403": "Authenticated, but the role does not allow it (or a CSRF check failed)",
+    "404": "No such record",
+    "409": "The record's state does not allow this now",
+    "422": "Invalid input; `detail` names the field",
+}
+
+
+class ControlPlaneAPI(NinjaAPI):
+    """Documents the error answers every operation can give, once, for all of them."""
+
+    def get_openapi_schema(self, **kwargs: Any) -> Any:
+        schema = super().get_openapi_schema(**kwargs)
+        error = {"type": "object", "properties": {"detail": {}}, "required": ["detail"]}
+        for operations in schema["paths"].values():
+            for operation in operations.values():
+                responses = operation.setdefault("responses", {})
+                for code, description in ERRORS.items():
+                    responses.setdefault(
+                        code,
+                        {
+                            "description": description,
+                            "content": {"application/json": {"schema": error}},
+                        },
+                    )
+        return schema
+
+
+api = ControlPlaneAPI(
     title="Durable control plane",
     version="1",
     description="Observe and steer durable agent tasks: sessions, tasks, documents, "
@@ -27,6 +59,7 @@ api = NinjaAPI(
 api.add_router("/", sessions.router)
 api.add_router("/", tasks.router)
 api.add_router("/", actions.router)
+api.add_router("/", feed.router)
 
 
 @api.exception_handler(UnknownRecord)

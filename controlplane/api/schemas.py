@@ -6,12 +6,41 @@ from datetime import datetime
 from typing import Any, Literal
 
 from ninja import Field, Schema
+from pydantic import model_validator
 
 JSON = Any
 ActionId = Field(
     ..., min_length=1, max_length=200, description="client-chosen id; a repeat does nothing new"
 )
 Reason = Field(..., min_length=1, max_length=2000, description="why: kept with the action")
+
+
+def storable(value: Any, where: str = "body") -> None:
+    """Refuse text that Postgres cannot store: NUL characters and lone surrogates."""
+    if isinstance(value, str):
+        if "\x00" in value:
+            raise ValueError(f"{where}: text may not contain NUL characters")
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise ValueError(f"{where}: text is not valid Unicode") from exc
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            storable(key, where)
+            storable(item, f"{where}.{key}")
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            storable(item, f"{where}[{index}]")
+
+
+class Input(Schema):
+    """Base of every request body: all of it must be storable as Postgres text/jsonb."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _storable(cls, data: Any) -> Any:
+        storable(getattr(data, "_obj", data))  # ninja hands validators a DjangoGetter
+        return data
 
 
 class SessionOut(Schema):
@@ -21,7 +50,7 @@ class SessionOut(Schema):
     metadata: JSON
 
 
-class SessionIn(Schema):
+class SessionIn(Input):
     metadata: dict[str, Any] = Field(default_factory=dict)
 
 
@@ -33,7 +62,7 @@ class ConversationOut(Schema):
     fork_entry_id: str | None = None
 
 
-class ConversationIn(Schema):
+class ConversationIn(Input):
     fork_of: str | None = None
     fork_entry_id: str | None = None
 
@@ -91,7 +120,7 @@ class TaskNode(Schema):
     children: list[TaskNode]
 
 
-class SubmissionIn(Schema):
+class SubmissionIn(Input):
     conversation_id: str = Field(..., min_length=1)
     request_id: str = Field(..., min_length=1, max_length=200)
     input: JSON
@@ -111,7 +140,7 @@ class SubmissionOut(Schema):
     resubmit_of: str | None = None
 
 
-class ActionIn(Schema):
+class ActionIn(Input):
     action_id: str = ActionId
     reason: str = Reason
 
@@ -137,7 +166,7 @@ StatusName = Literal["pending", "running", "waiting", "sleeping", "completing", 
 OutcomeName = Literal["succeeded", "failed", "cancelled", "faulted"]
 
 
-class BulkFilter(Schema):
+class BulkFilter(Input):
     action: Literal["cancel", "retry"]
     session_id: str | None = None
     kind: str | None = None

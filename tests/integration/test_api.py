@@ -318,3 +318,11 @@ def test_metrics_are_read_from_the_session_store(kernel: Kernel) -> None:
     assert 'durable_task_outcomes_total{outcome="failed"} 1.0' in text
     assert "durable_commits_total 4.0" in text
     assert "durable_dispatch_lag_seconds" in text and "durable_feed_subscribers 0.0" in text
+
+
+def test_text_postgres_cannot_store_is_refused_at_the_edge(operator: Client) -> None:
+    nul = post(operator, "/api/sessions", {"metadata": {"title": "a\u0000b"}})
+    assert nul.status_code == 422 and "NUL" in nul.content.decode()
+    assert operator.get("/api/tasks?kind=a%00b").status_code == 422
+    assert operator.get("/api/tasks?kind=%ff").status_code == 422
+    assert operator.get("/api/sessions").json() == []
