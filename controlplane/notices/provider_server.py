@@ -448,6 +448,9 @@ class ProviderHandler(BaseHTTPRequestHandler):
         return self.server.state
 
     def _dispatch(self) -> None:
+        # Stamped on arrival, before any injected latency: "when did the request reach
+        # the provider" is what tests compare with commit times.
+        self.received_at = _now()
         latency_ms = self.state.faults().latency_ms
         if latency_ms:
             time.sleep(latency_ms / 1000)
@@ -570,7 +573,7 @@ class ProviderHandler(BaseHTTPRequestHandler):
     def _log_base(self, key: str | None) -> dict[str, Any]:
         """A request log entry with every field present, filled in as the request goes."""
         return {
-            "time": _now(),
+            "time": getattr(self, "received_at", None) or _now(),
             "method": self.command,
             "path": self.path,
             "idempotency_key": key,

@@ -1,0 +1,68 @@
+"""An operator cancels a batch through the API while real workers are sending it.
+
+No email is sent after the cancel commit, the ones sent keep their receipts, and
+the tree ends cancelled with the operator named in the operations log.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+
+import pytest
+from django.contrib.auth.models import Group, User
+from django.test import Client
+
+from controlplane import models
+from kernel.commit import operations_log_id
+
+from .harness import Stack, wait_for
+
+RECIPIENTS = [f"r{i:02d}@example.com" for i in range(20)]
+pytestmark = [pytest.mark.chaos, pytest.mark.slow]
+
+
+def test_cancel_in_the_middle_of_a_batch(stack: Stack) -> None:
+    operator = Client()
+    account = User.objects.create_user("olga")
+    account.groups.add(Group.objects.get_or_create(name="operator")[0])
+    operator.force_login(account)
+    assert operator.get("/api/sessions").status_code == 200  # the API is loaded and warm
+
+    stack.admin.set_faults(latency_ms=300)
+    stack.worker("w1")
+    stack.beat()
+    session_id, batch_id = stack.send_batch(RECIPIENTS)
+    wait_for(lambda: len(stack.admin.messages()) >= 2, "two emails to be accepted", timeout=60)
+    response = operator.post(
+        f"/api/tasks/{batch_id}/cancel",
+        json.dumps({"action_id": "stop-1", "reason": "wrong recipients"}),
+        content_type="application/json",
+    )
+    assert response.status_code == 200, response.content
+    cancel_at = models.Commit.objects.get(session_id=session_id, seq=response.json()["seq"]).at
+
+    batch = stack.wait_terminal(batch_id, timeout=60)
+    assert batch.outcome["kind"] == "cancelled"
+    assert batch.outcome["result"] == {"by": "user:olga", "reason": "wrong recipients"}
+    tasks = stack.tasks(session_id)
+    assert all(t.terminal for t in tasks)
+
+    posts = [r for r in stack.admin.requests() if r["method"] == "POST"]
+    late = [r for r in posts if datetime.fromisoformat(r["time"]) > cancel_at]
+    assert late == [], "a send started after the cancel commit"
+    messages = {m["to"]: m for m in stack.admin.messages()}
+    assert 2 <= len(messages) < len(RECIPIENTS)
+
+    plan = stack.kernel.document(session_id, "email-plan", batch_id)["recipients"]
+    for to, entry in plan.items():
+        if to in messages:
+            assert entry["state"] == "sent" and entry["receipt"]["id"] == messages[to]["id"], to
+        else:
+            assert entry["state"] in ("planned", "cancelled"), (to, entry)
+    notices = stack.notices(session_id)
+    assert {notices[to].outcome["kind"] for to in messages} <= {"succeeded", "cancelled"}
+
+    [logged] = stack.kernel.entries(operations_log_id(session_id))
+    assert (logged.kind, logged.actor, logged.payload["reason"]) == (
+        "cancel", "user:olga", "wrong recipients")
