@@ -79,3 +79,17 @@ def test_sweep_delivers_expired_leases(offline_broker) -> None:
     offline_broker.clear()
     assert run("sweep") == "delivered 1, failed 0\n"
     assert offline_broker == [task_id]
+
+
+def test_api_token_is_shown_once_and_works() -> None:
+    from django.contrib.auth.models import Group, User
+    from django.test import Client
+
+    account = User.objects.create_user("bot")
+    with pytest.raises(CommandError, match="has no role"):
+        run("api_token", "bot")
+    account.groups.add(Group.objects.get_or_create(name="viewer")[0])
+    key = run("api_token", "bot", "--name", "ci").strip()
+    assert Client().get("/api/sessions", HTTP_AUTHORIZATION=f"Bearer {key}").status_code == 200
+    with pytest.raises(CommandError, match="no user 'ghost'"):
+        run("api_token", "ghost")
