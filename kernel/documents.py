@@ -13,6 +13,9 @@ the document. Paths are lists of object keys.
 - ``{"op": "remove", "path": [...]}``: removing what is absent changes nothing.
 - ``{"op": "append", "path": [...], "value": v}``: appends to the list there
   (a missing or non-list value becomes ``[v]``).
+- ``{"op": "incr", "path": [...], "value": n}``: adds ``n`` to the number there (missing
+  or not a number counts as 0). Counters need no read, so concurrent commits never
+  conflict over them.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from .errors import CommitRejected, NotRegistered
 JSON = Any
 Migrate = Callable[[int, JSON], JSON]
 
-OPS = ("set", "remove", "append")
+OPS = ("set", "remove", "append", "incr")
 MIN_BASELINE_BYTES = 4096
 
 
@@ -44,8 +47,12 @@ def check_op(op: JSON) -> None:
     path = op.get("path")
     if not isinstance(path, list) or not all(isinstance(p, str) for p in path):
         raise CommitRejected(f"document op path must be a list of keys: {op!r}")
-    if op["op"] in ("set", "append") and "value" not in op:
+    if op["op"] in ("set", "append", "incr") and "value" not in op:
         raise CommitRejected(f"document op {op['op']!r} needs a value")
+    if op["op"] == "incr" and (
+        isinstance(op["value"], bool) or not isinstance(op["value"], int | float)
+    ):
+        raise CommitRejected(f"document op 'incr' needs a number: {op!r}")
     if op["op"] != "set" and not path:
         raise CommitRejected(f"document op {op['op']!r} needs a non-empty path")
     try:
@@ -79,6 +86,12 @@ def _apply(value: JSON, op: JSON) -> JSON:
         node[last] = copy.deepcopy(op["value"])
     elif op["op"] == "remove":
         node.pop(last, None)
+    elif op["op"] == "incr":
+        current = node.get(last)
+        number = (
+            current if isinstance(current, int | float) and not isinstance(current, bool) else 0
+        )
+        node[last] = number + op["value"]
     else:
         current = node.get(last)
         node[last] = (

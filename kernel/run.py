@@ -14,7 +14,8 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from .commit import Draft
-from .records import JoinPolicy, Outcome, Task
+from .errors import UnknownRecord
+from .records import Entry, JoinPolicy, Outcome, Submission, Task
 from .tasks import Finish, Next, Sleep, Transition, WaitSignal, WaitTasks
 
 if TYPE_CHECKING:
@@ -72,6 +73,15 @@ class Run:
 
     def document_version(self, kind: str, key: str) -> int:
         return self._lease.kernel.document_version(self.session_id, kind, key)
+
+    def entries(self, conversation_id: str) -> list[Entry]:
+        return self._lease.kernel.entries(conversation_id)
+
+    def submission(self, submission_id: str) -> Submission:
+        found = self._lease.kernel.storage.submission(submission_id)
+        if found is None:
+            raise UnknownRecord(f"no submission {submission_id}")
+        return found
 
     def signal(self, name: str) -> JSON:
         return self.task.signals.get(name)

@@ -160,4 +160,3 @@ class SessionHandle:
         except DuplicateRequest as exc:
             return exc.existing
         return next(s for s in written.new_submissions if s.id == submission_id)
-

@@ -16,7 +16,13 @@ from datetime import timedelta
 from typing import Any
 
 from .commit import Draft
-from .errors import CommitRejected, CommitUncertain, SessionPoisoned, StaleLease
+from .errors import (
+    CommitRejected,
+    CommitUncertain,
+    DocumentConflict,
+    SessionPoisoned,
+    StaleLease,
+)
 from .records import Outcome, Status, Task, WriteSet, new_id
 from .registry import Blocked, Resolved, TaskDefinition
 from .run import Run
@@ -26,6 +32,7 @@ from .tasks import TRANSITIONS, Finish, Next, Transition
 JSON = Any
 log = logging.getLogger(__name__)
 
+MAX_CONFLICTS = 5
 NO_PROGRESS = "phase {phase!r} returned {result!r}: no durable progress (same phase and checkpoint)"
 
 
@@ -159,12 +166,21 @@ class Worker:
         if self.heartbeat is not None:
             self.heartbeat.held[task.id] = lease
         try:
+            conflicts = 0
             while True:
                 transition = self._execute(lease)
                 try:
                     lease.commit(transition)
                 except StaleLease:
                     raise
+                except DocumentConflict:
+                    # Optimistic concurrency: someone changed a document this phase read.
+                    # Run the phase again on fresh state; past a few tries it is a fault.
+                    conflicts += 1
+                    lease.draft = Draft(actor=lease.draft.actor)
+                    if conflicts <= MAX_CONFLICTS:
+                        continue
+                    lease.commit(Finish(Outcome.FAULTED, error="document kept changing"))
                 except CommitRejected as exc:
                     # The handler asked for something illegal: a bug in the task, not a
                     # reason to retry forever. Its writes are dropped with it.

@@ -16,6 +16,7 @@ ops = st.one_of(
     st.builds(lambda p, v: {"op": "set", "path": p, "value": v}, paths, values),
     st.builds(lambda p: {"op": "remove", "path": p}, paths),
     st.builds(lambda p, v: {"op": "append", "path": p, "value": v}, paths, values),
+    st.builds(lambda p, n: {"op": "incr", "path": p, "value": n}, paths, st.integers(-5, 5)),
 )
 
 
@@ -43,9 +44,16 @@ def test_op_semantics() -> None:
             {"op": "append", "path": ["log"], "value": 2},
             {"op": "remove", "path": ["missing", "deep"]},
             {"op": "set", "path": ["r", "x@example.com", "state"], "value": "sent"},
+            {"op": "incr", "path": ["tokens", "in"], "value": 5},
+            {"op": "incr", "path": ["tokens", "in"], "value": 7},
         ],
     )
-    assert value == {"r": {"x@example.com": {"state": "sent"}}, "log": [1, 2], "missing": {}}
+    assert value == {
+        "r": {"x@example.com": {"state": "sent"}},
+        "log": [1, 2],
+        "missing": {},
+        "tokens": {"in": 12},
+    }
     assert apply_ops({"a": 1}, [{"op": "set", "path": [], "value": {"b": 2}}]) == {"b": 2}
 
 
@@ -58,6 +66,8 @@ def test_op_semantics() -> None:
         {"op": "set", "path": ["a"]},
         {"op": "remove", "path": []},
         {"op": "set", "path": ["a"], "value": {1, 2}},
+        {"op": "incr", "path": ["a"], "value": "1"},
+        {"op": "incr", "path": ["a"], "value": True},
     ],
 )
 def test_malformed_ops_are_rejected(op: dict) -> None:

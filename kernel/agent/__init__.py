@@ -1,0 +1,37 @@
+"""The durable agent loop on the kernel: submissions, model turns, tool calls.
+
+Framework-free like the rest of the kernel. ``register_agent`` adds its task kinds
+to a Registry; ``submit`` accepts input for a conversation.
+"""
+
+from .models import (
+    ModelProvider,
+    ModelRequest,
+    ModelResponse,
+    Pending,
+    PermanentModelError,
+    ScriptedProvider,
+    ToolCall,
+    TransientModelError,
+)
+from .submissions import Submitted, WhenBusy, submit
+from .tools import Replay, Tool, Toolbox
+from .turn import register_agent
+
+__all__ = [
+    "ModelProvider",
+    "ModelRequest",
+    "ModelResponse",
+    "Pending",
+    "PermanentModelError",
+    "Replay",
+    "ScriptedProvider",
+    "Submitted",
+    "Tool",
+    "ToolCall",
+    "Toolbox",
+    "TransientModelError",
+    "WhenBusy",
+    "register_agent",
+    "submit",
+]

@@ -1,0 +1,56 @@
+"""Rebuilding a model's context from a conversation's entries.
+
+Entries are the record; the context is derived, every time, so a restarted
+worker sends the model exactly what the transcript says - no in-memory history.
+Rules (DESIGN §8, Pi Durable spec): a tool result follows its call, whatever
+order the entries landed in; a call without a result gets a synthetic error
+result (the model must not wait forever for it); partial or aborted responses
+are not entries at all, so they never reach the model or drive a tool.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kernel.records import Entry
+
+JSON = Any
+
+USER = "user"
+RESPONSE = "model_response"
+TOOL_RESULT = "tool_result"
+INTERRUPTION = "interruption"
+LOST_RESULT = "no result was recorded for this call (interrupted or lost); do not assume it ran"
+
+
+def messages(entries: list[Entry]) -> list[JSON]:
+    results = {e.payload["call_id"]: e.payload for e in entries if e.kind == TOOL_RESULT}
+    out: list[JSON] = []
+    for entry in entries:
+        if entry.kind == USER:
+            out.append({"role": "user", "content": entry.payload["text"]})
+        elif entry.kind == RESPONSE:
+            calls = entry.payload.get("tool_calls", [])
+            message: JSON = {"role": "assistant", "content": entry.payload.get("text", "")}
+            if calls:
+                message["tool_calls"] = calls
+            out.append(message)
+            for call in calls:
+                out.append(tool_message(call, results.get(call["id"])))
+    return out
+
+
+def tool_message(call: JSON, result: JSON | None) -> JSON:
+    if result is None:
+        content: JSON = {"error": LOST_RESULT}
+    elif result.get("interrupted"):
+        content = {
+            "interrupted": True,
+            "partial": result.get("partial"),
+            "note": "the call was interrupted and may or may not have taken effect",
+        }
+    elif "error" in result:
+        content = {"error": result["error"]}
+    else:
+        content = {"result": result.get("result")}
+    return {"role": "tool", "tool_call_id": call["id"], "name": call["name"], "content": content}

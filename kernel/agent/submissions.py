@@ -1,0 +1,102 @@
+"""Accepting input for a conversation: once per request id, and never two turns at once.
+
+Whether a conversation is busy is read from its state document and written back
+with the version it was read at, so two submissions racing for an idle
+conversation cannot both start a turn: one commit wins, the other re-reads and
+sees the conversation busy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from kernel.commit import Draft, DuplicateRequest
+from kernel.errors import DocumentConflict
+from kernel.records import Submission, SubmissionStatus
+from kernel.session import SessionHandle
+
+from .context import USER
+from .turn import CONVERSATION
+
+JSON = Any
+RACE_RETRIES = 5
+
+
+class WhenBusy(StrEnum):
+    STEER = "steer"  # join the running turn: its next model request sees the input
+    FOLLOW_UP = "follow-up"  # queue it: a turn of its own starts when this one ends
+    REJECT = "reject"  # refuse it and write nothing
+
+
+@dataclass(frozen=True)
+class Submitted:
+    submission: Submission | None
+    outcome: str  # placed, steered, queued, rejected, duplicate
+    reason: str | None = None
+
+
+def submit(
+    handle: SessionHandle,
+    conversation_id: str,
+    input: JSON,
+    request_id: str,
+    when_busy: WhenBusy = WhenBusy.FOLLOW_UP,
+    actor: str = "system",
+) -> Submitted:
+    if not isinstance(input, dict) or not isinstance(input.get("text"), str):
+        raise ValueError("input must be an object with a `text` string")
+    kernel = handle.kernel
+    for _ in range(RACE_RETRIES):
+        existing = kernel.storage.submission_by_request(handle.id, request_id)
+        if existing is not None:
+            return Submitted(existing, "duplicate")
+        state = kernel.document(handle.id, CONVERSATION, conversation_id)
+        version = kernel.document_version(handle.id, CONVERSATION, conversation_id)
+        active = state.get("active")
+        if active and when_busy is WhenBusy.REJECT:
+            return Submitted(None, "rejected", f"conversation is busy with turn {active}")
+        draft = Draft(actor=actor)
+        submission_id = draft.submit(conversation_id, request_id, input)
+        if not active:
+            draft.append(
+                conversation_id, USER, {"text": input["text"], "submission": submission_id}
+            )
+            draft.update_submission(submission_id, SubmissionStatus.PLACED)
+            turn = draft.create_task(
+                "agent-turn",
+                {
+                    "conversation_id": conversation_id,
+                    "submissions": [submission_id],
+                    "model": input.get("model"),
+                    "options": input.get("options", {}),
+                },
+            )
+            state = {"active": turn, "queue": [], "steering": []}
+            outcome = "placed"
+        elif when_busy is WhenBusy.STEER:
+            draft.append(
+                conversation_id, USER, {"text": input["text"], "submission": submission_id}
+            )
+            draft.update_submission(submission_id, SubmissionStatus.PLACED)
+            state = {**state, "steering": [*state.get("steering", []), submission_id]}
+            outcome = "steered"
+        else:
+            state = {**state, "queue": [*state.get("queue", []), submission_id]}
+            outcome = "queued"
+        draft.update_document(
+            CONVERSATION,
+            conversation_id,
+            {"op": "set", "path": [], "value": state},
+            expected_version=version,
+        )
+        try:
+            written = handle.commit(draft)
+        except DuplicateRequest as exc:
+            return Submitted(exc.existing, "duplicate")
+        except DocumentConflict:
+            continue
+        stored = next(s for s in [*written.new_submissions] if s.id == submission_id)
+        return Submitted(stored, outcome)
+    raise DocumentConflict(f"conversation {conversation_id} kept changing; submit again")

@@ -1,0 +1,309 @@
+"""The agent loop as durable tasks: a turn asks the model, runs the tools it calls,
+and asks again, until the model answers.
+
+``agent-turn``: ``prepare`` fixes model and options; ``request`` records that a
+request is under way, then calls the model (a crash there is found on re-entry and
+recorded as an unfinished attempt; the request is sent again); transient errors
+sleep with a backoff kept in the checkpoint; a background response saves its
+handle and ``poll`` asks for it (after a restart too: the same handle, no second
+request); a response is committed together with its tool tasks and the wait for
+them; ``finish`` answers the submissions and hands the conversation to the next
+queued one.
+
+``agent-tool``: ``call`` validates the arguments and commits the intent (fixed
+arguments, replay policy, operation id) before running; ``execute`` is reached
+only by recovery and runs again only if both the saved and the current policy
+say ``safe`` - otherwise the model gets an ``interrupted`` result.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from kernel.records import SubmissionStatus
+from kernel.registry import Registry
+from kernel.run import Run
+from kernel.tasks import Transition
+
+from .context import INTERRUPTION, RESPONSE, TOOL_RESULT, USER, messages
+from .models import (
+    ModelProvider,
+    ModelRequest,
+    ModelResponse,
+    Pending,
+    PermanentModelError,
+    TransientModelError,
+)
+from .tools import Replay, Toolbox
+
+JSON = Any
+CONVERSATION = "agent-conversation"
+PROGRESS = "agent-progress"
+USAGE = "agent-usage"
+MAX_ATTEMPTS = 6
+MAX_ROUNDS = 12
+POLL_SECONDS = 1.0
+PROGRESS_EVERY = 0.5
+
+
+def backoff(attempt: int) -> float:
+    return min(30.0, 0.5 * 2.0**attempt)
+
+
+def register_agent(
+    registry: Registry,
+    models: Mapping[str, ModelProvider],
+    toolbox: Toolbox,
+    default_model: str,
+) -> None:
+    """Add the agent's task kinds and documents to ``registry``."""
+    registry.document(CONVERSATION)
+    registry.document(PROGRESS)
+    registry.document(USAGE)
+
+    def provider(run: Run) -> ModelProvider:
+        return models[run.checkpoint["model"]]
+
+    @registry.task("agent-turn", queue="brain")
+    class Turn:
+        initial = "prepare"
+
+        def prepare(self, run: Run) -> Transition:
+            model = run.input.get("model") or default_model
+            if model not in models:
+                return run.next("finish", {"failure": f"unknown model {model!r}"})
+            options = run.input.get("options", {})
+            return run.next("request", {"model": model, "options": options, "round": 0})
+
+        def request(self, run: Run) -> Transition:
+            conversation = run.input["conversation_id"]
+            checkpoint = run.checkpoint
+            if checkpoint.get("in_flight"):
+                run.append(
+                    conversation,
+                    INTERRUPTION,
+                    {
+                        "turn": run.task_id,
+                        "attempt": checkpoint["in_flight"],
+                        "reason": "the worker stopped during the model request",
+                    },
+                )
+            if checkpoint["round"] >= run.input.get("max_rounds", MAX_ROUNDS):
+                return run.next("finish", {"failure": "too many rounds of tool calls"})
+            attempt = checkpoint.get("attempt", 0) + 1
+            request = ModelRequest(
+                checkpoint["model"],
+                messages(run.entries(conversation)),
+                toolbox.schemas(),
+                checkpoint["options"],
+            )
+            run.commit(checkpoint={"in_flight": attempt, "attempt": attempt})  # under way
+            stream = Stream(run)
+            try:
+                answer = provider(run).generate(request, stream.text)
+            except TransientModelError as exc:
+                if attempt >= MAX_ATTEMPTS:
+                    return run.next(
+                        "finish", {"failure": f"model kept failing: {exc}", "in_flight": None}
+                    )
+                return run.sleep(
+                    backoff(attempt),
+                    then="request",
+                    checkpoint={"in_flight": None, "last_error": str(exc)},
+                )
+            except PermanentModelError as exc:
+                return run.next("finish", {"failure": f"model refused: {exc}", "in_flight": None})
+            if isinstance(answer, Pending):
+                return run.next("poll", {"handle": answer.handle, "in_flight": None, "polls": 0})
+            return respond(run, answer, stream)
+
+        def poll(self, run: Run) -> Transition:
+            """A background response: the saved handle is asked again, never a new request."""
+            answer = provider(run).poll(run.checkpoint["handle"])
+            if answer is None:
+                return run.sleep(
+                    POLL_SECONDS,
+                    then="poll",
+                    checkpoint={"polls": run.checkpoint.get("polls", 0) + 1},
+                )
+            return respond(run, answer, None)
+
+        def finish(self, run: Run) -> Transition:
+            """Bookkeeping only, so re-running it on a document conflict is harmless."""
+            return finish_turn(run)
+
+    def respond(run: Run, answer: ModelResponse, stream: Stream | None) -> Transition:
+        conversation = run.input["conversation_id"]
+        checkpoint = run.checkpoint
+        entry = run.append(
+            conversation,
+            RESPONSE,
+            {
+                **answer.to_json(),
+                "turn": run.task_id,
+                "attempt": checkpoint.get("attempt", 1),
+            },
+        )
+        record_usage(run, conversation, answer.usage)
+        if stream is not None:
+            stream.fold(answer.text)
+        if not answer.tool_calls:
+            return run.next("finish", {"answer_entry": entry, "in_flight": None, "handle": None})
+        tools = [
+            run.spawn("agent-tool", {"conversation_id": conversation, "call": call.to_json()})
+            for call in answer.tool_calls
+        ]
+        return run.wait_all(
+            tools,
+            then="request",
+            checkpoint={
+                "round": checkpoint["round"] + 1,
+                "in_flight": None,
+                "handle": None,
+                "attempt": 0,
+            },
+        )
+
+    @registry.task("agent-tool", queue="hands")
+    class ToolTask:
+        initial = "call"
+
+        def call(self, run: Run) -> Transition:
+            call = run.input["call"]
+            tool = toolbox.get(call["name"])
+            if tool is None:
+                return tool_result(run, error=f"unknown tool {call['name']!r}")
+            problem = tool.check(call["arguments"])
+            if problem is not None:
+                return tool_result(run, error=f"invalid arguments: {problem}")
+            if tool.task_kind is not None:
+                child = run.spawn(tool.task_kind, call["arguments"])
+                return run.wait_all([child], then="collect", checkpoint={"child": child})
+            run.commit(
+                phase="execute",
+                checkpoint={
+                    "intent": {
+                        "arguments": call["arguments"],
+                        "replay": str(tool.replay),
+                        "operation_id": f"op_{run.task_id}",
+                    }
+                },
+            )
+            return execute_tool(run)
+
+        def execute(self, run: Run) -> Transition:
+            """Reached only by recovery: the call may already have taken effect."""
+            tool = toolbox.get(run.input["call"]["name"])
+            saved = run.checkpoint["intent"]["replay"]
+            if tool is not None and saved == Replay.SAFE and tool.replay is Replay.SAFE:
+                return execute_tool(run)
+            partial = run.document(PROGRESS, run.task_id).get("output")
+            return tool_result(run, interrupted=True, partial=partial)
+
+        def collect(self, run: Run) -> Transition:
+            outcome = run.outcomes([run.checkpoint["child"]])[run.checkpoint["child"]] or {}
+            if outcome.get("kind") == "succeeded":
+                return tool_result(run, result=outcome.get("result"))
+            return tool_result(
+                run,
+                error=f"{outcome.get('kind')}: {outcome.get('error')}",
+                result=outcome.get("result"),
+            )
+
+    def execute_tool(run: Run) -> Transition:
+        call = run.input["call"]
+        tool = toolbox.get(call["name"])
+        assert tool is not None and tool.run is not None
+        try:
+            result = tool.run(run, call["arguments"])
+        except Exception as exc:  # the model sees the failure and decides what to do
+            return tool_result(run, error=f"{type(exc).__name__}: {exc}")
+        return tool_result(run, result=result)
+
+
+class Stream:
+    """Streamed text goes to a progress document in batches - shown live, never used
+    to recover - and the final text is folded in with the response's commit."""
+
+    def __init__(self, run: Run) -> None:
+        self.run = run
+        self.buffer: list[str] = []
+        self.flushed = time.monotonic()
+
+    def text(self, chunk: str) -> None:
+        self.buffer.append(chunk)
+        if time.monotonic() - self.flushed >= PROGRESS_EVERY:
+            self.run.set(PROGRESS, self.run.task_id, ["text"], "".join(self.buffer))
+            self.run.commit()
+            self.flushed = time.monotonic()
+
+    def fold(self, final: str) -> None:
+        self.run.set(PROGRESS, self.run.task_id, ["text"], final)
+
+
+def tool_result(run: Run, **outcome: JSON) -> Transition:
+    call = run.input["call"]
+    payload = {"call_id": call["id"], "name": call["name"], **outcome}
+    run.append(run.input["conversation_id"], TOOL_RESULT, payload)
+    return run.succeed(payload)  # a failed call is a result too: the model decides what next
+
+
+def record_usage(run: Run, conversation: str, usage: JSON) -> None:
+    """Tokens per request, and running totals per conversation and session (counters)."""
+    key = f"{run.task_id}:{run.checkpoint.get('attempt', 1)}"
+    run.set(USAGE, "session", ["requests", key], {"conversation": conversation, **usage})
+    for name, count in usage.items():
+        if isinstance(count, int | float):
+            run.update(
+                USAGE,
+                "session",
+                {"op": "incr", "path": ["total", name], "value": count},
+                {"op": "incr", "path": ["conversations", conversation, name], "value": count},
+            )
+
+
+def finish_turn(run: Run) -> Transition:
+    conversation = run.input["conversation_id"]
+    state = run.document(CONVERSATION, conversation)
+    version = run.document_version(CONVERSATION, conversation)
+    answer = run.checkpoint.get("answer_entry")
+    failure = run.checkpoint.get("failure")
+    for submission in [*run.input.get("submissions", []), *state.get("steering", [])]:
+        if answer:
+            run.draft.update_submission(
+                submission, SubmissionStatus.ANSWERED, answer_entry_id=answer
+            )
+        else:
+            run.draft.update_submission(submission, SubmissionStatus.UNANSWERED, reason=failure)
+    queue = list(state.get("queue", []))
+    following = None
+    if queue:
+        following = start_turn(run, conversation, queue.pop(0))
+    run.update(
+        CONVERSATION,
+        conversation,
+        {"op": "set", "path": [], "value": {"active": following, "queue": queue, "steering": []}},
+        expected_version=version,
+    )
+    if failure:
+        return run.fail(failure)
+    return run.succeed({"answer_entry": answer})
+
+
+def start_turn(run: Run, conversation: str, submission_id: str) -> str:
+    """Place a queued submission: its user entry and a turn of its own (not owned by this
+    one, which is ending)."""
+    submission = run.submission(submission_id)
+    run.append(conversation, USER, {"text": submission.input["text"], "submission": submission_id})
+    run.draft.update_submission(submission_id, SubmissionStatus.PLACED)
+    return run.draft.create_task(
+        "agent-turn",
+        {
+            "conversation_id": conversation,
+            "submissions": [submission_id],
+            "model": submission.input.get("model"),
+            "options": submission.input.get("options", {}),
+        },
+    )

@@ -1,0 +1,338 @@
+"""The agent loop on the reference storage: submissions, turns, tools, and crashes at
+the points that matter (the process "dies" by raising Crash, and a new scheduler
+resumes from storage alone)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from kernel import (
+    Draft,
+    InMemoryStorage,
+    Kernel,
+    ManualClock,
+    Registry,
+    Run,
+    Scheduler,
+    SubmissionStatus,
+    Transition,
+    Worker,
+)
+from kernel.agent import (
+    ModelRequest,
+    ModelResponse,
+    Pending,
+    PermanentModelError,
+    Replay,
+    ScriptedProvider,
+    Tool,
+    Toolbox,
+    ToolCall,
+    TransientModelError,
+    WhenBusy,
+    register_agent,
+    submit,
+)
+from kernel.agent.context import LOST_RESULT, messages
+from kernel.records import Entry
+
+
+class Crash(BaseException):
+    pass
+
+
+RECIPIENTS = ["ana@example.com", "ben@example.com", "cai@example.com"]
+NOTICE = ToolCall("call_1", "send_notices", {"recipients": RECIPIENTS, "subject": "S"})
+
+
+@dataclass
+class World:
+    provider: ScriptedProvider
+    effects: list[str] = field(default_factory=list)
+    crash_on: set[str] = field(default_factory=set)
+    storage: InMemoryStorage = field(default_factory=InMemoryStorage)
+    clock: ManualClock = field(default_factory=ManualClock)
+
+    def maybe_crash(self, point: str) -> None:
+        if point in self.crash_on:
+            self.crash_on.discard(point)
+            raise Crash()
+
+    def kernel(self) -> Kernel:
+        registry = Registry()
+
+        @registry.task("fake-batch")
+        class FakeBatch:
+            initial = "send"
+
+            def send(self, run: Run) -> Transition:
+                world.effects.extend(f"sent:{to}" for to in run.input["recipients"])
+                return run.succeed(
+                    {"receipts": {to: f"msg-{to}" for to in run.input["recipients"]}}
+                )
+
+        world = self
+        toolbox = Toolbox()
+        toolbox.add(
+            Tool(
+                "send_notices",
+                "Send the approved notice",
+                {
+                    "type": "object",
+                    "properties": {
+                        "recipients": {"type": "array", "items": {"type": "string"}},
+                        "subject": {"type": "string"},
+                    },
+                    "required": ["recipients"],
+                },
+                task_kind="fake-batch",
+            )
+        )
+
+        def lookup(run: Run, args: dict[str, Any]) -> Any:
+            world.effects.append(f"lookup:{args['q']}")
+            world.maybe_crash("lookup")
+            return {"found": args["q"]}
+
+        def charge(run: Run, args: dict[str, Any]) -> Any:
+            world.effects.append(f"charge:{args['amount']}")
+            world.maybe_crash("charge")
+            return {"charged": args["amount"]}
+
+        def always_dies(run: Run, args: dict[str, Any]) -> Any:
+            world.effects.append("die")
+            raise Crash()
+
+        number = {"type": "object", "properties": {"amount": {"type": "number"}}}
+        toolbox.add(Tool("lookup", "Read", {"type": "object"}, Replay.SAFE, run=lookup))
+        toolbox.add(Tool("charge", "Pay", number, Replay.UNSAFE, run=charge))
+        toolbox.add(Tool("die", "Crashes", {"type": "object"}, Replay.SAFE, run=always_dies))
+        register_agent(registry, {"scripted": self.provider}, toolbox, "scripted")
+        return Kernel(self.storage, registry, self.clock)
+
+    def run(self, crashes_allowed: int = 0, advance_clock: bool = True) -> int:
+        """Run to idle; a Crash is a dead process: start a fresh one, as often as allowed."""
+        crashes = 0
+        while True:
+            try:
+                Scheduler(self.kernel(), f"w{crashes}").run_until_idle(advance_clock=advance_clock)
+                return crashes
+            except Crash:
+                crashes += 1
+                if crashes > crashes_allowed:
+                    raise
+
+    def start(self, text: str = "Send the approved notice and summarise", **kw: Any) -> Any:
+        kernel = self.kernel()
+        handle = kernel.create_session()
+        draft = Draft()
+        conversation = draft.create_conversation()
+        handle.commit(draft)
+        submitted = submit(
+            handle, conversation, {"text": text}, kw.pop("request_id", "req-1"), **kw
+        )
+        return kernel, handle, conversation, submitted
+
+
+def two_rounds(final: str = "Sent to all three.") -> ScriptedProvider:
+    def script(request: ModelRequest) -> ModelResponse:
+        if any(m["role"] == "tool" for m in request.messages):
+            receipts = [m["content"] for m in request.messages if m["role"] == "tool"]
+            return ModelResponse(
+                f"{final} {receipts}", usage={"input_tokens": 20, "output_tokens": 8}
+            )
+        return ModelResponse("", (NOTICE,), {"input_tokens": 10, "output_tokens": 4})
+
+    return ScriptedProvider(script)
+
+
+def kinds(kernel: Kernel, conversation: str) -> list[str]:
+    return [e.kind for e in kernel.entries(conversation)]
+
+
+def test_the_model_calls_the_batch_tool_and_answers_with_the_receipts() -> None:
+    world = World(two_rounds())
+    kernel, handle, conversation, submitted = world.start()
+    assert submitted.outcome == "placed"
+    world.run()
+    stored = kernel.storage.submission(submitted.submission.id)
+    assert stored.status is SubmissionStatus.ANSWERED
+    answer = next(e for e in kernel.entries(conversation) if e.id == stored.answer_entry_id)
+    assert all(f"msg-{to}" in answer.payload["text"] for to in RECIPIENTS)
+    assert world.effects == [f"sent:{to}" for to in RECIPIENTS]
+    assert kinds(kernel, conversation) == [
+        "user",
+        "model_response",
+        "tool_result",
+        "model_response",
+    ]
+    usage = kernel.document(handle.id, "agent-usage", "session")
+    assert usage["total"] == {"input_tokens": 30, "output_tokens": 12}
+    assert usage["conversations"][conversation]["input_tokens"] == 30
+    assert kernel.document(handle.id, "agent-conversation", conversation)["active"] is None
+
+
+def test_a_crash_during_the_model_request_is_recorded_and_retried() -> None:
+    provider = two_rounds()
+    real = provider.generate
+    calls: list[int] = []
+
+    def crash_first(request: ModelRequest, on_text: Any) -> Any:
+        calls.append(1)
+        if len(calls) == 1:
+            on_text("I will now call the tool with recip")  # partial text, then death
+            raise Crash()
+        return real(request, on_text)
+
+    provider.generate = crash_first  # type: ignore[method-assign]
+    world = World(provider)
+    kernel, handle, conversation, submitted = world.start()
+    assert world.run(crashes_allowed=1) == 1
+    assert kinds(kernel, conversation) == [
+        "user",
+        "interruption",
+        "model_response",
+        "tool_result",
+        "model_response",
+    ]
+    assert world.effects == [f"sent:{to}" for to in RECIPIENTS]  # once, not from partial text
+    assert kernel.storage.submission(submitted.submission.id).status is SubmissionStatus.ANSWERED
+
+
+def test_a_crash_after_the_response_commit_runs_the_tools_once_without_asking_again() -> None:
+    world = World(two_rounds())
+    kernel, handle, conversation, submitted = world.start()
+    turn = kernel.document(handle.id, "agent-conversation", conversation)["active"]
+    worker = Worker(world.kernel(), "w0")
+    worker.advance(turn)  # prepare -> request -> response committed with its tool task + wait
+    assert len(world.provider.requests) == 1
+    assert kinds(kernel, conversation) == ["user", "model_response"]
+    world.run()  # a new process: the tool runs, then the second round
+    assert world.effects == [f"sent:{to}" for to in RECIPIENTS]
+    assert len(world.provider.requests) == 2
+
+
+def test_replay_policies_decide_what_an_interrupted_tool_does() -> None:
+    calls = [ToolCall("c1", "lookup", {"q": "x"}), ToolCall("c2", "charge", {"amount": 5})]
+
+    def script(request: ModelRequest) -> ModelResponse:
+        tools = [m for m in request.messages if m["role"] == "tool"]
+        if tools:
+            return ModelResponse(f"done: {[t['content'] for t in tools]}")
+        return ModelResponse("", tuple(calls))
+
+    world = World(ScriptedProvider(script), crash_on={"lookup", "charge"})
+    kernel, handle, conversation, submitted = world.start()
+    assert world.run(crashes_allowed=2) == 2
+    assert world.effects.count("lookup:x") == 2  # safe: ran again
+    assert world.effects.count("charge:5") == 1  # unsafe: never twice
+    results = {
+        e.payload["name"]: e.payload
+        for e in kernel.entries(conversation)
+        if e.kind == "tool_result"
+    }
+    assert results["lookup"]["result"] == {"found": "x"}
+    assert results["charge"]["interrupted"] is True
+    final = world.provider.requests[-1].messages
+    charge = next(m for m in final if m["role"] == "tool" and m["name"] == "charge")
+    assert charge["content"]["interrupted"] is True
+    assert kernel.storage.submission(submitted.submission.id).status is SubmissionStatus.ANSWERED
+
+
+def test_a_tool_that_kills_its_worker_every_time_fails_at_the_restart_limit() -> None:
+    world = World(
+        ScriptedProvider(
+            responses=[
+                ModelResponse("", (ToolCall("c", "die", {}),)),
+                ModelResponse("the tool failed"),
+            ]
+        )
+    )
+    kernel, handle, conversation, submitted = world.start()
+    world.run(crashes_allowed=10)
+    tool = next(t for t in kernel.storage.session_tasks(handle.id) if t.kind == "agent-tool")
+    assert tool.outcome["kind"] == "failed"
+    assert "restart limit is 3" in tool.outcome["error"]
+    assert world.effects.count("die") == 4
+    lost = next(m for m in world.provider.requests[-1].messages if m["role"] == "tool")
+    assert lost["content"] == {"error": LOST_RESULT}
+
+
+def test_a_background_response_is_polled_by_its_handle_after_a_restart() -> None:
+    provider = ScriptedProvider(lambda request: Pending("resp_42"))
+    world = World(provider)
+    kernel, handle, conversation, submitted = world.start()
+    world.run(advance_clock=False)  # requested, polled once, now sleeping before the next poll
+    turn = kernel.task(kernel.document(handle.id, "agent-conversation", conversation)["active"])
+    assert turn.phase == "poll" and turn.checkpoint["handle"] == "resp_42"
+    provider.background["resp_42"] = ModelResponse("finished in the background")
+    world.clock.advance(5)
+    world.run()  # a new process, as after a restart
+    assert len(provider.requests) == 1  # polled, never requested again
+    assert kernel.storage.submission(submitted.submission.id).status is SubmissionStatus.ANSWERED
+
+
+def test_transient_errors_back_off_and_permanent_ones_leave_the_input_unanswered() -> None:
+    failures = [TransientModelError("rate limited"), TransientModelError("503")]
+
+    def flaky(request: ModelRequest) -> ModelResponse:
+        if failures:
+            raise failures.pop(0)
+        return ModelResponse("fine")
+
+    world = World(ScriptedProvider(flaky))
+    kernel, _, _, submitted = world.start()
+    world.run()
+    assert kernel.storage.submission(submitted.submission.id).status is SubmissionStatus.ANSWERED
+
+    def refuse(request: ModelRequest) -> ModelResponse:
+        raise PermanentModelError("context too long")
+
+    world = World(ScriptedProvider(refuse))
+    kernel, _, _, submitted = world.start()
+    world.run()
+    stored = kernel.storage.submission(submitted.submission.id)
+    assert stored.status is SubmissionStatus.UNANSWERED
+    assert "context too long" in stored.reason
+
+
+def test_submissions_are_idempotent_and_respect_when_busy() -> None:
+    world = World(ScriptedProvider(lambda r: ModelResponse(f"answer {len(r.messages)}")))
+    kernel, handle, conversation, first = world.start(request_id="a")
+    again = submit(handle, conversation, {"text": "other"}, "a")
+    assert (again.outcome, again.submission) == ("duplicate", first.submission)
+    head = handle.kernel.storage.session(handle.id).head_seq
+    refused = submit(handle, conversation, {"text": "x"}, "b", WhenBusy.REJECT)
+    assert refused.outcome == "rejected" and "busy" in refused.reason
+    assert handle.kernel.storage.session(handle.id).head_seq == head
+    queued = submit(handle, conversation, {"text": "then this"}, "c", WhenBusy.FOLLOW_UP)
+    steered = submit(handle, conversation, {"text": "and mind this"}, "d", WhenBusy.STEER)
+    assert (queued.outcome, steered.outcome) == ("queued", "steered")
+    world.run()
+    statuses = {s: kernel.storage.submission_by_request(handle.id, s).status for s in "acd"}
+    assert set(statuses.values()) == {SubmissionStatus.ANSWERED}
+    texts = [e.payload["text"] for e in kernel.entries(conversation) if e.kind == "user"]
+    assert texts == ["Send the approved notice and summarise", "and mind this", "then this"]
+    with pytest.raises(ValueError, match="text"):
+        submit(handle, conversation, {"nope": 1}, "e")
+
+
+def test_context_puts_results_after_their_calls_and_fills_lost_ones() -> None:
+    def entry(kind: str, payload: dict[str, Any], seq: int) -> Entry:
+        return Entry(f"e{seq}", "s", "c", seq, 0, kind, payload, "a", None)  # type: ignore[arg-type]
+
+    calls = [{"id": "1", "name": "a", "arguments": {}}, {"id": "2", "name": "b", "arguments": {}}]
+    built = messages(
+        [
+            entry("user", {"text": "go"}, 1),
+            entry("model_response", {"text": "", "tool_calls": calls}, 2),
+            entry("user", {"text": "steer"}, 3),
+            entry("tool_result", {"call_id": "1", "name": "a", "result": 7}, 4),
+        ]
+    )
+    assert [m["role"] for m in built] == ["user", "assistant", "tool", "tool", "user"]
+    assert built[2]["content"] == {"result": 7}
+    assert built[3]["content"] == {"error": LOST_RESULT}
