@@ -58,19 +58,12 @@ test: venv services
 	echo "==> pytest tests/ (DATABASE_URL=$$DATABASE_URL REDIS_URL=$$REDIS_URL)"
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
 
-# `python -m benchmarks` when the package has a runner (benchmarks/__main__.py);
-# otherwise pytest tests marked `bench` under benchmarks/.
+# Benchmarks write their figures to docs/benchmarks.md. `make bench BENCH_ARGS=commit`
+# runs one module; see benchmarks/__main__.py.
 bench: venv services
 	@$(LOAD_SERVICES)
-	if [ -f benchmarks/__main__.py ]; then
-		echo "==> benchmarks (python -m benchmarks $(BENCH_ARGS))"
-		exec $(PY) -m benchmarks $(BENCH_ARGS)
-	fi
-	echo "==> benchmarks (pytest -m bench benchmarks/)"
-	rc=0
-	$(VENV)/bin/pytest benchmarks -m bench -p no:cacheprovider -q $(PYTEST_ARGS) || rc=$$?
-	if [ $$rc -eq 5 ]; then echo "bench: no benchmarks collected yet"; exit 0; fi
-	exit $$rc
+	echo "==> benchmarks (python -m benchmarks $(BENCH_ARGS))"
+	exec $(PY) -m benchmarks $(BENCH_ARGS)
 
 # Web (daphne), a worker, beat and the local email provider under honcho (Procfile);
 # Ctrl-C stops them all. DEMO_PORT / EMAIL_PROVIDER_PORT move the ports.

@@ -1,1 +1,5 @@
-"""Benchmarks: pytest tests marked ``bench``, run by ``make bench`` (not ``make test``)."""
+"""Benchmarks, run by ``make bench`` (``python -m benchmarks``), not by ``make test``.
+
+Each public module measures one thing and writes its section of ``docs/benchmarks.md``;
+see README.md here.
+"""

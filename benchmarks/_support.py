@@ -1,0 +1,146 @@
+"""What every benchmark module shares: its own database, Django set-up, statistics,
+server facts and the report file.
+
+Benchmarks run against a dedicated database (``durable_bench`` on the server that
+``DATABASE_URL`` names), recreated for every run, so that a run never disturbs the
+dev or test databases and the tables it measures hold only what this run put there.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import psycopg
+
+DEFAULT_DATABASE_URL = "postgresql://postgres@127.0.0.1:5432/durable"
+BENCH_DATABASE = "durable_bench"
+ROOT = Path(__file__).resolve().parent.parent
+REPORT = ROOT / "docs" / "benchmarks.md"
+
+_started = time.monotonic()
+
+
+def progress(message: str) -> None:
+    """One line per stage on stderr, so a long run shows where it is."""
+    print(f"[bench {time.monotonic() - _started:6.1f}s] {message}", file=sys.stderr, flush=True)
+
+
+def database_url(dbname: str, base: str | None = None) -> str:
+    """``base`` (default: ``DATABASE_URL``) with its database replaced by ``dbname``.
+
+    Host, port, user, password and query options (``?host=/socket/dir``) are kept, so
+    the benchmark runs on exactly the server the project is configured for.
+    """
+    url = base or os.environ.get("DATABASE_URL") or DEFAULT_DATABASE_URL
+    parts = urlsplit(url)
+    return urlunsplit(parts._replace(path=f"/{dbname}"))
+
+
+def recreate_database(url: str) -> None:
+    """Drop and create the benchmark database named in ``url``, via the ``postgres`` one.
+
+    Starting from an empty database makes runs comparable (no tables grown by earlier
+    runs) and survives migrations being rewritten during development. Only a database
+    whose name starts with ``durable_bench`` is ever dropped.
+    """
+    from psycopg import sql
+    from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+    dbname = str(conninfo_to_dict(url).get("dbname") or "")
+    if not dbname.startswith(BENCH_DATABASE):
+        raise ValueError(f"refusing to drop {dbname!r}: not a benchmark database")
+    admin = make_conninfo(url, dbname="postgres", connect_timeout=5)
+    with psycopg.connect(admin, autocommit=True) as conn:
+        name = sql.Identifier(dbname)
+        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(name))
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(name))
+
+
+def setup_django(url: str, *, migrate: bool) -> None:
+    """Point Django at ``url`` and set it up; optionally bring the schema up to date.
+
+    DEBUG is off unless ``DJANGO_DEBUG`` says otherwise: with DEBUG on, Django formats
+    and keeps every query, which no deployment pays for.
+    """
+    import django
+
+    os.environ["DATABASE_URL"] = url
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
+    os.environ.setdefault("DJANGO_DEBUG", "0")
+    django.setup()
+    if migrate:
+        from django.core.management import call_command
+
+        call_command("migrate", verbosity=0, interactive=False)
+
+
+@dataclass(frozen=True)
+class Stats:
+    """Latency summary in milliseconds."""
+
+    count: int
+    p50: float
+    p90: float
+    p99: float
+    mean: float
+    max: float
+
+    @classmethod
+    def of(cls, seconds: Sequence[float]) -> Stats:
+        if not seconds:
+            raise ValueError("no samples")
+        ordered = sorted(s * 1000.0 for s in seconds)
+        return cls(
+            count=len(ordered),
+            p50=percentile(ordered, 50),
+            p90=percentile(ordered, 90),
+            p99=percentile(ordered, 99),
+            mean=sum(ordered) / len(ordered),
+            max=ordered[-1],
+        )
+
+
+def percentile(ordered: Sequence[float], q: float) -> float:
+    """Nearest-rank percentile of sorted samples: a value that was actually observed."""
+    rank = max(1, math.ceil(q / 100.0 * len(ordered)))
+    return ordered[rank - 1]
+
+
+def server_facts(conn: Any) -> dict[str, str]:
+    """Settings that decide what a commit costs, read from the server itself."""
+    facts = {"version": conn.execute("SHOW server_version").fetchone()[0]}
+    for name in ("fsync", "synchronous_commit", "wal_sync_method", "shared_buffers"):
+        facts[name] = conn.execute(f"SHOW {name}").fetchone()[0]
+    return facts
+
+
+def replace_section(text: str, heading: str, section: str) -> str:
+    """``text`` with the section under ``heading`` replaced by ``section`` (or appended).
+
+    A section runs from its ``## `` heading to the next ``## `` heading, so other
+    benchmarks' sections in the same file are left as they are.
+    """
+    body = section.rstrip("\n") + "\n"
+    pattern = re.compile(rf"^{re.escape(heading)}[ \t]*\n.*?(?=^## |\Z)", re.M | re.S)
+    match = pattern.search(text)
+    if match is None:
+        base = text.rstrip("\n")
+        return (base + "\n\n" if base else "") + body
+    tail = text[match.end() :]
+    return text[: match.start()] + body + ("\n" if tail else "") + tail
+
+
+def write_section(heading: str, section: str, path: Path = REPORT) -> None:
+    """Write ``section`` into the report file, replacing only its own previous version."""
+    text = path.read_text() if path.exists() else "# Benchmarks\n\nWritten by `make bench`.\n"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(replace_section(text, heading, section))
