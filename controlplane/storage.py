@@ -23,6 +23,7 @@ from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
+import psycopg
 from django.db import DatabaseError, connections, transaction
 from psycopg.types.json import Jsonb
 
@@ -41,7 +42,7 @@ from kernel.records import (
     Task,
     WriteSet,
 )
-from kernel.storage import Build, FaultHook
+from kernel.storage import NO_PREFETCH, Build, FaultHook, Prefetch
 
 JSON = Any
 
@@ -178,6 +179,8 @@ class PostgresStorage:
     def __init__(self, using: str = "default", fault: FaultHook = _no_fault) -> None:
         self.using = using
         self.fault = fault
+        # Conversations never change once created, so a cache of them is never stale.
+        self._conversations: dict[str, Conversation] = {}
 
     def _cursor(self) -> Any:
         return connections[self.using].cursor()
@@ -209,24 +212,18 @@ class PostgresStorage:
         )
         return SessionRecord(row[0], row[1], row[2], _json(row[3])) if row else None
 
-    def commit(self, session_id: str, build: Build) -> WriteSet:
+    def commit(self, session_id: str, build: Build, prefetch: Prefetch = NO_PREFETCH) -> WriteSet:
+        db = connections[self.using]
         atomic = transaction.atomic(using=self.using)
         atomic.__enter__()
         try:
-            with self._cursor() as cur:
-                cur.execute(
-                    "SELECT id, head_seq, created_at, metadata FROM kernel_session "
-                    "WHERE id = %s FOR UPDATE",
-                    [session_id],
-                )
-                row = cur.fetchone()
-                if row is None:
-                    raise UnknownRecord(f"no session {session_id}")
-                session = SessionRecord(row[0], row[1], row[2], _json(row[3]))
-                write_set = build(_Transaction(cur, session))
-                self.fault("before_write")
-                written = _write(cur, write_set)
-                self.fault("after_write")
+            db.ensure_connection()
+            tx = _Transaction(db, session_id, self._conversations)
+            tx.load(prefetch)
+            write_set = build(tx)
+            self.fault("before_write")
+            written = _write(db, write_set)
+            self.fault("after_write")
         except BaseException as exc:
             atomic.__exit__(type(exc), exc, exc.__traceback__)
             raise
@@ -366,6 +363,9 @@ class PostgresStorage:
         )
         return [Dispatch(*r) for r in rows]
 
+    def thread_exit(self) -> None:
+        connections[self.using].close()  # Django's connections are per thread
+
     def mark_delivered(self, ids: Iterable[int], now: datetime) -> None:
         with self._cursor() as cur:
             cur.execute(
@@ -413,43 +413,174 @@ def _read_submission_by_request(cur: Any, session_id: str, request_id: str) -> S
     return _submission(row) if row else None
 
 
-class _Transaction:
-    """The builder's reads, on the cursor of the open commit transaction."""
+class HotCursor:
+    """A server-side-binding psycopg cursor on Django's connection, for the commit path.
 
-    def __init__(self, cur: Any, session: SessionRecord) -> None:
-        self.cur = cur
-        self.session = session
+    Django's own cursors bind client-side and cannot prepare statements; the commit
+    path runs the same few statements all day, so it prepares them once per
+    connection and pipelines what does not need an answer in between. Statements
+    still show in Django's query log when it is recording (tests count them).
+    """
+
+    def __init__(self, db: Any) -> None:
+        self.db = db
+        self.raw = psycopg.Cursor(db.connection)
+
+    def _log(self, sql: str) -> None:
+        if self.db.queries_logged:
+            self.db.queries_log.append({"sql": sql, "time": "0.000"})
+
+    def execute(self, sql: str, params: Any = None) -> HotCursor:
+        self._log(sql)
+        self.raw.execute(sql, params, prepare=True)
+        return self
+
+    def executemany(self, sql: str, rows: list[Any]) -> None:
+        self._log(f"{len(rows)} times: {sql}")
+        self.raw.executemany(sql, rows)
+
+    def fetchone(self) -> Any:
+        return self.raw.fetchone()
+
+    def fetchall(self) -> list[Any]:
+        return self.raw.fetchall()
+
+
+SESSION_LOCK = (
+    "SELECT id, head_seq, created_at, metadata FROM kernel_session WHERE id = %s FOR UPDATE"
+)
+CONVERSATION_COLUMNS = "id, session_id, created_seq, fork_of, fork_entry_id"
+
+
+class _Transaction:
+    """The builder's reads, inside the open commit transaction.
+
+    :meth:`load` takes the session's commit order and fetches everything the draft
+    announced in one pipelined round trip; later reads hit that cache, and reads
+    it did not foresee go to the database one by one.
+    """
+
+    def __init__(self, db: Any, session_id: str, conversations: dict[str, Conversation]) -> None:
+        self.db = db
+        self.session_id = session_id
+        self.cur = HotCursor(db)
+        self._task_cache: dict[str, Task] = {}
+        self._children: dict[str, list[Task]] = {}
+        self._waiters: dict[str, list[Task]] = {}
+        self._heads: dict[tuple[str, str], DocumentHead | None] = {}
+        self._conversations = conversations
+
+    def load(self, prefetch: Prefetch) -> None:
+        wanted_conversations = [c for c in prefetch.conversations if c not in self._conversations]
+        with self.db.connection.pipeline():
+            session = HotCursor(self.db).execute(SESSION_LOCK, [self.session_id])
+            tasks = (
+                HotCursor(self.db).execute(
+                    f"SELECT {TASK_COLUMNS} FROM kernel_task WHERE id = ANY(%s) FOR UPDATE",
+                    [list(prefetch.tasks)],
+                )
+                if prefetch.tasks
+                else None
+            )
+            heads = (
+                HotCursor(self.db).execute(
+                    f"SELECT {HEAD_COLUMNS} FROM kernel_document WHERE session_id = %s "
+                    "AND (kind, key) IN (SELECT * FROM unnest(%s::text[], %s::text[]))",
+                    [
+                        self.session_id,
+                        [kind for kind, _ in prefetch.documents],
+                        [key for _, key in prefetch.documents],
+                    ],
+                )
+                if prefetch.documents
+                else None
+            )
+            conversations = (
+                HotCursor(self.db).execute(
+                    f"SELECT {CONVERSATION_COLUMNS} FROM kernel_conversation WHERE id = ANY(%s)",
+                    [wanted_conversations],
+                )
+                if wanted_conversations
+                else None
+            )
+            related = {
+                task_id: (self._query_children(task_id), self._query_waiters(task_id))
+                for task_id in prefetch.finishing
+            }
+        row = session.fetchone()
+        if row is None:
+            raise UnknownRecord(f"no session {self.session_id}")
+        self.session = SessionRecord(row[0], row[1], row[2], _json(row[3]))
+        if tasks is not None:
+            self._task_cache.update({t.id: t for t in map(_task, tasks.fetchall())})
+        if heads is not None:
+            self._heads.update(dict.fromkeys(prefetch.documents))
+            self._heads.update({(h.kind, h.key): h for h in map(_head, heads.fetchall())})
+        if conversations is not None:
+            self._remember(Conversation(*r) for r in conversations.fetchall())
+        for task_id, (children, waiters) in related.items():
+            self._children[task_id] = [_task(r) for r in children.fetchall()]
+            self._waiters[task_id] = [_task(r) for r in waiters.fetchall()]
+
+    def _remember(self, found: Iterable[Conversation]) -> None:
+        if len(self._conversations) > 10_000:
+            self._conversations.clear()
+        self._conversations.update({c.id: c for c in found})
 
     def _tasks(self, where: str, params: Any) -> list[Task]:
         self.cur.execute(f"SELECT {TASK_COLUMNS} FROM kernel_task WHERE {where} FOR UPDATE", params)
         return [_task(r) for r in self.cur.fetchall()]
 
     def tasks(self, ids: Iterable[str]) -> dict[str, Task]:
-        return {t.id: t for t in self._tasks("id = ANY(%s)", [list(ids)])}
+        wanted = list(ids)
+        missing = [i for i in wanted if i not in self._task_cache]
+        if missing:
+            self._task_cache.update({t.id: t for t in self._tasks("id = ANY(%s)", [missing])})
+        return {i: self._task_cache[i] for i in wanted if i in self._task_cache}
 
-    def children(self, task_id: str) -> list[Task]:
-        return self._tasks("parent_id = %s AND owned ORDER BY created_seq, id", [task_id])
-
-    def waiters(self, task_id: str) -> list[Task]:
-        return self._tasks(
-            "session_id = %s AND status = 'waiting' AND wait_deps @> ARRAY[%s]::text[]",
-            [self.session.id, task_id],
+    def _query_children(self, task_id: str) -> HotCursor:
+        return HotCursor(self.db).execute(
+            f"SELECT {TASK_COLUMNS} FROM kernel_task WHERE parent_id = %s AND owned "
+            "ORDER BY created_seq, id FOR UPDATE",
+            [task_id],
         )
 
+    def _query_waiters(self, task_id: str) -> HotCursor:
+        return HotCursor(self.db).execute(
+            f"SELECT {TASK_COLUMNS} FROM kernel_task WHERE session_id = %s "
+            "AND status = 'waiting' AND wait_deps @> ARRAY[%s]::text[] FOR UPDATE",
+            [self.session_id, task_id],
+        )
+
+    def children(self, task_id: str) -> list[Task]:
+        if task_id in self._children:
+            return self._children.pop(task_id)  # prefetched; a second ask reads again
+        return [_task(r) for r in self._query_children(task_id).fetchall()]
+
+    def waiters(self, task_id: str) -> list[Task]:
+        if task_id in self._waiters:
+            return self._waiters.pop(task_id)
+        return [_task(r) for r in self._query_waiters(task_id).fetchall()]
+
     def document(self, kind: str, key: str) -> DocumentHead | None:
-        return _read_head(self.cur, self.session.id, kind, key)
+        if (kind, key) not in self._heads:
+            self._heads[(kind, key)] = _read_head(self.cur, self.session.id, kind, key)
+        return self._heads[(kind, key)]
 
     def document_versions(self, document_id: str, upto: int) -> list[DocumentVersion]:
         return _read_versions(self.cur, document_id, upto)
 
     def conversation(self, conversation_id: str) -> Conversation | None:
-        self.cur.execute(
-            "SELECT id, session_id, created_seq, fork_of, fork_entry_id "
-            "FROM kernel_conversation WHERE id = %s",
-            [conversation_id],
-        )
-        row = self.cur.fetchone()
-        return Conversation(*row) if row else None
+        if conversation_id not in self._conversations:
+            self.cur.execute(
+                f"SELECT {CONVERSATION_COLUMNS} FROM kernel_conversation WHERE id = %s",
+                [conversation_id],
+            )
+            row = self.cur.fetchone()
+            if row is None:
+                return None
+            self._remember([Conversation(*row)])
+        return self._conversations[conversation_id]
 
     def entry(self, entry_id: str) -> Entry | None:
         self.cur.execute(f"SELECT {ENTRY_COLUMNS} FROM kernel_entry WHERE id = %s", [entry_id])
@@ -488,18 +619,39 @@ TASK_UPDATE = (
 )
 
 
-def _write(cur: Any, ws: WriteSet) -> WriteSet:
-    """Persist one write set; the caller's transaction makes it atomic."""
+def _execute_rows(cur: Any, sql: str, rows: list[Any]) -> None:
+    """One row: a plain execute (executemany costs a pipeline sync even for one)."""
+    if len(rows) == 1:
+        cur.execute(sql, rows[0])
+    else:
+        cur.executemany(sql, rows)
+
+
+def _write(db: Any, ws: WriteSet) -> WriteSet:
+    """Persist one write set in one pipelined round trip; the caller's transaction makes
+    it atomic (a failing statement fails the sync, and the transaction rolls back)."""
+    with db.connection.pipeline():
+        head, rows = _queue_writes(db, ws)
+    commit = replace(ws.commit, id=head.fetchone()[0])
+    if rows is None:
+        return replace(ws, commit=commit, dispatches=[])
+    ids = [r[0] for r in rows.fetchall()]
+    dispatches = [replace(d, id=i) for d, i in zip(ws.dispatches, ids, strict=True)]
+    return replace(ws, commit=commit, dispatches=dispatches)
+
+
+def _queue_writes(db: Any, ws: WriteSet) -> tuple[HotCursor, HotCursor | None]:
     c = ws.commit
-    cur.execute(
+    head = HotCursor(db).execute(
         "WITH head AS (UPDATE kernel_session SET head_seq = %s WHERE id = %s) "
         "INSERT INTO kernel_commit (session_id, seq, at, actor, summary, key) "
         "VALUES (%s, %s, %s, %s, %s, %s) RETURNING id",
         [c.seq, c.session_id, c.session_id, c.seq, c.at, c.actor, Jsonb(c.summary), c.key],
     )
-    commit = replace(c, id=cur.fetchone()[0])
+    cur = HotCursor(db)
     if ws.conversations:
-        cur.executemany(
+        _execute_rows(
+            cur,
             "INSERT INTO kernel_conversation (id, session_id, created_seq, fork_of, fork_entry_id) "
             "VALUES (%s, %s, %s, %s, %s)",
             [
@@ -508,7 +660,8 @@ def _write(cur: Any, ws: WriteSet) -> WriteSet:
             ],
         )
     if ws.entries:
-        cur.executemany(
+        _execute_rows(
+            cur,
             f"INSERT INTO kernel_entry ({ENTRY_COLUMNS}) "
             "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)",
             [
@@ -527,7 +680,8 @@ def _write(cur: Any, ws: WriteSet) -> WriteSet:
             ],
         )
     if ws.document_heads:
-        cur.executemany(
+        _execute_rows(
+            cur,
             f"INSERT INTO kernel_document ({HEAD_COLUMNS}) VALUES "
             "(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT (id) DO UPDATE SET "
             "kind_version = EXCLUDED.kind_version, version = EXCLUDED.version, "
@@ -550,7 +704,8 @@ def _write(cur: Any, ws: WriteSet) -> WriteSet:
                 for h in ws.document_heads
             ],
         )
-        cur.executemany(
+        _execute_rows(
+            cur,
             "INSERT INTO kernel_document_version "
             "(document_id, version, seq, ops, baseline, has_baseline) "
             "VALUES (%s, %s, %s, %s, %s, %s)",
@@ -567,9 +722,10 @@ def _write(cur: Any, ws: WriteSet) -> WriteSet:
             ],
         )
     if ws.new_tasks:
-        cur.executemany(TASK_INSERT, [_task_params(t) for t in ws.new_tasks])
+        _execute_rows(cur, TASK_INSERT, [_task_params(t) for t in ws.new_tasks])
     if ws.updated_tasks:
-        cur.executemany(
+        _execute_rows(
+            cur,
             TASK_UPDATE,
             [
                 [
@@ -595,7 +751,8 @@ def _write(cur: Any, ws: WriteSet) -> WriteSet:
             ],
         )
     if ws.new_submissions:
-        cur.executemany(
+        _execute_rows(
+            cur,
             f"INSERT INTO kernel_submission ({SUBMISSION_COLUMNS}) "
             "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
             [
@@ -616,7 +773,8 @@ def _write(cur: Any, ws: WriteSet) -> WriteSet:
             ],
         )
     if ws.updated_submissions:
-        cur.executemany(
+        _execute_rows(
+            cur,
             "UPDATE kernel_submission SET status = %s, updated_seq = %s, answer_entry_id = %s, "
             "reason = %s WHERE id = %s",
             [
@@ -624,18 +782,12 @@ def _write(cur: Any, ws: WriteSet) -> WriteSet:
                 for s in ws.updated_submissions
             ],
         )
-    dispatches = []
-    if ws.dispatches:
-        values = ", ".join(["(%s, %s, %s, %s, %s)"] * len(ws.dispatches))
-        cur.execute(
-            f"INSERT INTO kernel_dispatch (task_id, session_id, not_before, queue, seq) "
-            f"VALUES {values} RETURNING id",
-            [
-                x
-                for d in ws.dispatches
-                for x in (d.task_id, d.session_id, d.not_before, d.queue, d.seq)
-            ],
-        )
-        ids = [r[0] for r in cur.fetchall()]
-        dispatches = [replace(d, id=i) for d, i in zip(ws.dispatches, ids, strict=True)]
-    return replace(ws, commit=commit, dispatches=dispatches)
+    if not ws.dispatches:
+        return head, None
+    values = ", ".join(["(%s, %s, %s, %s, %s)"] * len(ws.dispatches))
+    rows = HotCursor(db).execute(
+        f"INSERT INTO kernel_dispatch (task_id, session_id, not_before, queue, seq) "
+        f"VALUES {values} RETURNING id",
+        [x for d in ws.dispatches for x in (d.task_id, d.session_id, d.not_before, d.queue, d.seq)],
+    )
+    return head, rows

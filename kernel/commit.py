@@ -42,7 +42,7 @@ from .records import (
     new_id,
 )
 from .registry import Blocked, Registry
-from .storage import Transaction
+from .storage import Prefetch, Transaction
 from .tasks import Finish, Transition, WaitTasks, apply_transition, released, succeeded
 
 JSON = Any
@@ -114,6 +114,23 @@ class Draft:
     submission_updates: list[tuple[str, SubmissionStatus, str | None, str | None]] = field(
         default_factory=list
     )
+
+    def prefetch(self) -> Prefetch:
+        """The records this draft will make the builder read (see :class:`Prefetch`)."""
+        created = {t.id for t in self.new_tasks} | {c.id for c in self.conversations}
+        tasks = [f.task_id for f in self.fenced] + [t for t, _ in self.cancels]
+        tasks += [t for t, _, _ in self.signals] + self.wakes + self.retries
+        tasks += [t.parent_id for t in self.new_tasks if t.parent_id]
+        conversations = [c for _, c, _, _ in self.entries] + [s[1] for s in self.submissions]
+        conversations += [c.fork_of for c in self.conversations if c.fork_of]
+        return Prefetch(
+            tasks=tuple(dict.fromkeys(t for t in tasks if t not in created)),
+            documents=tuple(self.document_ops),
+            conversations=tuple(
+                dict.fromkeys(c for c in conversations if c not in created and c != OPERATIONS)
+            ),
+            finishing=tuple(f.task_id for f in self.fenced if isinstance(f.transition, Finish)),
+        )
 
     def create_conversation(
         self, *, fork_of: str | None = None, fork_entry_id: str | None = None

@@ -29,7 +29,7 @@ from .records import (
     Task,
     WriteSet,
 )
-from .storage import Build, FaultHook
+from .storage import NO_PREFETCH, Build, FaultHook, Prefetch
 
 
 def _no_fault(point: str) -> None:
@@ -68,7 +68,7 @@ class InMemoryStorage:
         with self._lock:
             return self._sessions.get(session_id)
 
-    def commit(self, session_id: str, build: Build) -> WriteSet:
+    def commit(self, session_id: str, build: Build, prefetch: Prefetch = NO_PREFETCH) -> WriteSet:
         with self._lock:
             session = self._sessions.get(session_id)
             if session is None:
@@ -230,6 +230,9 @@ class InMemoryStorage:
                 and (d.delivered_at is None or d.delivered_at < redeliver_before)
             ]
             return due[:limit]
+
+    def thread_exit(self) -> None:
+        return None
 
     def mark_delivered(self, ids: Iterable[int], now: datetime) -> None:
         with self._lock:

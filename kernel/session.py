@@ -138,7 +138,7 @@ class SessionHandle:
             return Builder(tx, draft, registry, now).build()
 
         try:
-            written = self.kernel.storage.commit(self.id, build)
+            written = self.kernel.storage.commit(self.id, build, draft.prefetch())
         except CommitUncertain as exc:
             self.poisoned = True
             raise SessionPoisoned(f"session {self.id}: commit outcome unknown ({exc})") from exc

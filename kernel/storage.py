@@ -11,6 +11,7 @@ Postgres one cannot drift apart in meaning: the conformance suite checks both.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol
 
@@ -66,6 +67,25 @@ class Transaction(Protocol):
 Build = Callable[[Transaction], WriteSet]
 
 
+@dataclass(frozen=True)
+class Prefetch:
+    """What a commit's builder will read, as far as its draft tells.
+
+    A storage may fetch it all with the session lock in one round trip; the
+    in-memory one has nothing to gain and ignores it. Reads not foreseen here
+    still work, one query at a time.
+    """
+
+    tasks: tuple[str, ...] = ()
+    documents: tuple[tuple[str, str], ...] = ()
+    conversations: tuple[str, ...] = ()
+    finishing: tuple[str, ...] = ()
+    """Tasks that end in this commit: their owned children and waiters will be read."""
+
+
+NO_PREFETCH = Prefetch()
+
+
 class Storage(Protocol):
     # -- sessions and commits ---------------------------------------------
 
@@ -73,7 +93,7 @@ class Storage(Protocol):
 
     def session(self, session_id: str) -> SessionRecord | None: ...
 
-    def commit(self, session_id: str, build: Build) -> WriteSet:
+    def commit(self, session_id: str, build: Build, prefetch: Prefetch = NO_PREFETCH) -> WriteSet:
         """Run ``build`` inside one transaction holding the session's commit order and
         persist the write set it returns, atomically.
 
@@ -144,6 +164,10 @@ class Storage(Protocol):
         ...
 
     def mark_delivered(self, ids: Iterable[int], now: datetime) -> None: ...
+
+    def thread_exit(self) -> None:
+        """A thread that used this storage is ending: release what it holds (connections)."""
+        ...
 
     def ensure_dispatches(self, tasks: Iterable[Task], now: datetime) -> None:
         """Give each task a dispatch row unless it has one (recovering expired leases)."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -89,8 +90,9 @@ class Heartbeat:
     gone; the phase's commit will then be rejected by its epoch.
     """
 
-    def __init__(self, interval: float) -> None:
+    def __init__(self, interval: float, on_exit: Callable[[], None]) -> None:
         self.interval = interval
+        self.on_exit = on_exit
         self.held: dict[str, Lease] = {}
         self.lost = 0
         self._stop = threading.Event()
@@ -98,13 +100,16 @@ class Heartbeat:
         self._thread.start()
 
     def _loop(self) -> None:
-        while not self._stop.wait(self.interval):
-            for lease in list(self.held.values()):
-                try:
-                    if not lease.renew():
-                        self.lost += 1
-                except Exception:
-                    log.warning("lease renewal failed", exc_info=True)
+        try:
+            while not self._stop.wait(self.interval):
+                for lease in list(self.held.values()):
+                    try:
+                        if not lease.renew():
+                            self.lost += 1
+                    except Exception:
+                        log.warning("lease renewal failed", exc_info=True)
+        finally:
+            self.on_exit()
 
     def stop(self) -> None:
         self._stop.set()
@@ -124,7 +129,9 @@ class Worker:
         self.id = worker_id or new_id("worker")
         self.lease = timedelta(seconds=lease_seconds)
         self._handles: dict[str, SessionHandle] = {}
-        self.heartbeat = Heartbeat(lease_seconds / 3) if heartbeat else None
+        self.heartbeat = (
+            Heartbeat(lease_seconds / 3, kernel.storage.thread_exit) if heartbeat else None
+        )
 
     def close(self) -> None:
         if self.heartbeat is not None:

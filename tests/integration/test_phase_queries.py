@@ -48,19 +48,19 @@ def test_a_typical_phase_costs_a_fixed_set_of_statements() -> None:
     assert statements == [
         "SELECT kernel_task",  # read the task: runnable, and not blocked?
         "WITH kernel_task",  # claim: lease + epoch (+ forget its dispatch rows), one statement
+        # the phase's commit: three round trips, the first two pipelined
         "BEGIN",
-        "SELECT kernel_session",  # take the session's commit order (FOR UPDATE)
-        "SELECT kernel_conversation",  # the entry's conversation exists
-        "SELECT kernel_document",  # the document head
-        "SELECT kernel_task",  # fencing: the task row, locked
-        "SELECT kernel_task",  # owned children still running? (completing or terminal)
-        "SELECT kernel_task",  # waiters on the finished task
-        "WITH kernel_session",  # session head + commit row, one statement
+        "SELECT kernel_session",  # 1: the session's commit order (FOR UPDATE) ...
+        "SELECT kernel_task",  # ... the task, locked for the fencing check
+        "SELECT kernel_document",  # ... the document head
+        "SELECT kernel_task",  # ... owned children of the finishing task
+        "SELECT kernel_task",  # ... and its waiters (the conversation is cached: immutable)
+        "WITH kernel_session",  # 2: session head + commit row ...
         "INSERT kernel_entry",
         "INSERT kernel_document",
         "INSERT kernel_document_version",
-        "UPDATE kernel_task",  # the transition
-        "COMMIT",
+        "UPDATE kernel_task",  # ... and the transition
+        "COMMIT",  # 3
     ], "\n".join(q["sql"][:120] for q in captured)
     assert kernel.task(second).outcome["kind"] == "succeeded"
 
