@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import urllib.error
 import urllib.request
 from typing import Any
@@ -105,7 +104,7 @@ class OpenAICompatibleProvider:
             detail = exc.read().decode(errors="replace")[:500]
             error = TransientModelError if exc.code in RETRYABLE else PermanentModelError
             raise error(f"model server answered {exc.code}: {detail}") from exc
-        except (urllib.error.URLError, TimeoutError, socket.timeout, ConnectionError) as exc:
+        except (urllib.error.URLError, TimeoutError, ConnectionError) as exc:
             raise TransientModelError(f"model server unreachable: {exc}") from exc
 
     def poll(self, handle: str) -> ModelResponse | None:
