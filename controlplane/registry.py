@@ -10,7 +10,9 @@ from __future__ import annotations
 from django.conf import settings
 
 from kernel import Registry
+from kernel.agent import register_agent
 
+from . import assistant
 from .notices import tasks as notices
 from .notices.channels import Channel, HttpChannel, SmtpChannel
 
@@ -25,4 +27,5 @@ def channels() -> dict[str, Channel]:
 def build_registry() -> Registry:
     registry = Registry()
     notices.register(registry, channels())
+    register_agent(registry, assistant.models(), assistant.toolbox(), default_model="scripted")
     return registry
