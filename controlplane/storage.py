@@ -60,6 +60,7 @@ CLAIM_SET = (
     "status = 'running', epoch = epoch + 1, lease_owner = %(owner)s, "
     "lease_until = %(until)s, wake_at = NULL"
 )
+CLAIMED_COLUMNS = ", ".join(f"t.{c.strip()}" for c in TASK_COLUMNS.split(","))
 # A claimed task's dispatch rows did their job; deleting them in the claim
 # statement keeps the outbox to what is undelivered or unclaimed.
 FORGET_DISPATCHES = (
@@ -297,10 +298,14 @@ class PostgresStorage:
     # -- leases ----------------------------------------------------------------
 
     def claim(self, task_id: str, owner: str, now: datetime, until: datetime) -> Task | None:
+        # SKIP LOCKED: a row locked by its holder's commit in progress is not claimable
+        # now, whatever its lease says - queueing behind it would take the task from a
+        # live worker the moment its commit lands.
         row = self._one(
-            f"WITH claimed AS (UPDATE kernel_task SET {CLAIM_SET} WHERE id = %(id)s "
-            f"AND {RUNNABLE} RETURNING {TASK_COLUMNS}), {FORGET_DISPATCHES} "
-            "SELECT * FROM claimed",
+            f"WITH picked AS (SELECT id FROM kernel_task WHERE id = %(id)s AND {RUNNABLE} "
+            f"FOR UPDATE SKIP LOCKED), claimed AS (UPDATE kernel_task t SET {CLAIM_SET} "
+            f"FROM picked WHERE t.id = picked.id RETURNING {CLAIMED_COLUMNS}), "
+            f"{FORGET_DISPATCHES} SELECT * FROM claimed",
             {"id": task_id, "owner": owner, "now": now, "until": until},
         )
         return _task(row) if row else None
@@ -308,23 +313,26 @@ class PostgresStorage:
     def claim_batch(
         self, owner: str, now: datetime, until: datetime, limit: int, kinds: Sequence[str]
     ) -> list[Task]:
-        columns = ", ".join(f"t.{c.strip()}" for c in TASK_COLUMNS.split(","))
         rows = self._all(
             f"WITH picked AS (SELECT id FROM kernel_task WHERE kind = ANY(%(kinds)s) "
             f"AND {RUNNABLE} ORDER BY updated_seq LIMIT %(limit)s FOR UPDATE SKIP LOCKED), "
             f"claimed AS (UPDATE kernel_task t SET {CLAIM_SET} "
-            f"FROM picked WHERE t.id = picked.id RETURNING {columns}), {FORGET_DISPATCHES} "
+            f"FROM picked WHERE t.id = picked.id RETURNING {CLAIMED_COLUMNS}), {FORGET_DISPATCHES} "
             "SELECT * FROM claimed",
             {"kinds": list(kinds), "limit": limit, "owner": owner, "now": now, "until": until},
         )
         return [_task(r) for r in rows]
 
     def renew(self, task_id: str, owner: str, epoch: int, until: datetime) -> bool:
+        # SKIP LOCKED: while the holder's own commit has the row, a renewal would queue
+        # and then write a deadline computed before it waited. Skip it; the commit
+        # extends the lease itself, and the next beat renews with a fresh deadline.
         try:
             with self._cursor() as cur:
                 cur.execute(
-                    "UPDATE kernel_task SET lease_until = %s WHERE id = %s AND epoch = %s "
-                    "AND lease_owner = %s AND status = 'running'",
+                    "UPDATE kernel_task SET lease_until = %s WHERE id = (SELECT id FROM "
+                    "kernel_task WHERE id = %s AND epoch = %s AND lease_owner = %s "
+                    "AND status = 'running' FOR UPDATE SKIP LOCKED)",
                     [until, task_id, epoch, owner],
                 )
                 return bool(cur.rowcount == 1)

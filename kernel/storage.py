@@ -145,7 +145,11 @@ class Storage(Protocol):
         ...
 
     def renew(self, task_id: str, owner: str, epoch: int, until: datetime) -> bool:
-        """Extend a lease that ``owner`` still holds at ``epoch``."""
+        """Extend a lease that ``owner`` still holds at ``epoch``.
+
+        False when it was not extended now: lost, or the row is busy with the holder's
+        own commit (which extends the lease itself). Never waits for a lock.
+        """
         ...
 
     def runnable(self, now: datetime, limit: int) -> list[Task]: ...

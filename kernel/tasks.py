@@ -19,11 +19,14 @@ JSON = Any
 
 @dataclass(frozen=True)
 class Next:
-    """Run ``phase`` next. ``keep_lease``: the same worker continues inline."""
+    """Run ``phase`` next. ``keep_lease``: the same worker continues inline, and its lease
+    is extended to ``lease_until`` (a commit that waited on a lock must not leave the
+    worker with a lease that ran out meanwhile)."""
 
     phase: str
     checkpoint: JSON = None
     keep_lease: bool = False
+    lease_until: datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -87,7 +90,8 @@ def apply_transition(task: Task, transition: Transition, phases: frozenset[str])
     checkpoint = checkpoint_of(task, transition)
     if isinstance(transition, Next):
         if transition.keep_lease:
-            return replace(task, phase=target, checkpoint=checkpoint, restarts=0)
+            until = max(filter(None, (task.lease_until, transition.lease_until)), default=None)
+            return replace(task, phase=target, checkpoint=checkpoint, restarts=0, lease_until=until)
         return released(
             task, status=Status.PENDING, phase=target, checkpoint=checkpoint, restarts=0
         )

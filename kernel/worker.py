@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from typing import Any
 
@@ -58,6 +58,8 @@ class Lease:
     def commit(self, transition: Transition) -> WriteSet:
         """Commit the pending writes and ``transition``, fenced by this lease's epoch."""
         draft, self.draft = self.draft, Draft(actor=f"task:{self.task.id}")
+        if isinstance(transition, Next) and transition.keep_lease:
+            transition = replace(transition, lease_until=self.kernel.clock.now() + self.duration)
         if self.migrated:
             draft.transition(
                 self.task.id,

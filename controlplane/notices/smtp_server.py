@@ -1,11 +1,13 @@
-"""A loopback SMTP server for tests, with a fault that makes a send uncertain.
+"""A loopback SMTP server for tests, with faults that make a send uncertain.
 
 Plain SMTP has no idempotency key and no way to ask "did you get it?". When the
 connection drops after the DATA was transmitted but before the server's answer
 arrives, the client cannot know whether the message went out: the durable sender
 must treat it as uncertain and hand it to an operator. This stand-in can produce
 exactly that: it records the message and then closes the connection without
-answering, for the Nth message or for a given recipient.
+answering, for the Nth message or for a given recipient. It can also record the
+message and hold the answer back for a while, so that a chaos test can kill the
+sender while the server has the message and the sender does not know it yet.
 """
 
 from __future__ import annotations
@@ -40,13 +42,37 @@ class DropAfterData:
     nth: int | None = None
 
     def matches(self, rcpt_tos: tuple[str, ...], message_no: int) -> bool:
-        return (self.to is None or self.to in rcpt_tos) and (
-            self.nth is None or self.nth == message_no
-        )
+        return _matches(self.to, self.nth, rcpt_tos, message_no)
+
+
+@dataclass(frozen=True)
+class StallAfterData:
+    """Which messages to record and then answer only ``seconds`` later; criteria as for
+    :class:`DropAfterData`."""
+
+    seconds: float
+    to: str | None = None
+    nth: int | None = None
+
+    def matches(self, rcpt_tos: tuple[str, ...], message_no: int) -> bool:
+        return _matches(self.to, self.nth, rcpt_tos, message_no)
+
+
+def _matches(to: str | None, nth: int | None, rcpt_tos: tuple[str, ...], message_no: int) -> bool:
+    return (to is None or to in rcpt_tos) and (nth is None or nth == message_no)
+
+
+# A rule and the number of messages received before it was armed (``nth`` counts from there).
+_Armed = tuple[DropAfterData | StallAfterData, int]
+
+
+def _fires(armed: _Armed | None, rcpt_tos: tuple[str, ...], received: int) -> bool:
+    return armed is not None and armed[0].matches(rcpt_tos, received - armed[1])
 
 
 class _RecordingHandler:
-    """aiosmtpd handler: records each message, then answers 250 or drops the connection.
+    """aiosmtpd handler: records each message, then answers 250 (maybe late) or drops
+    the connection.
 
     It runs on the controller's event loop thread while tests read from theirs,
     hence the lock.
@@ -55,8 +81,8 @@ class _RecordingHandler:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._messages: list[ReceivedMessage] = []
-        self._drop: DropAfterData | None = None
-        self._received_since_armed = 0
+        self._drop: tuple[DropAfterData, int] | None = None
+        self._stall: tuple[StallAfterData, int] | None = None
 
     def messages(self) -> list[ReceivedMessage]:
         with self._lock:
@@ -64,18 +90,24 @@ class _RecordingHandler:
 
     def arm(self, drop: DropAfterData | None) -> None:
         with self._lock:
-            self._drop = drop
-            self._received_since_armed = 0
+            self._drop = None if drop is None else (drop, len(self._messages))
+
+    def arm_stall(self, stall: StallAfterData | None) -> None:
+        with self._lock:
+            self._stall = None if stall is None else (stall, len(self._messages))
 
     async def handle_DATA(self, server: SMTP, session: Session, envelope: Envelope) -> str:
         assert envelope.mail_from is not None and isinstance(envelope.content, bytes)
         message = ReceivedMessage(envelope.mail_from, tuple(envelope.rcpt_tos), envelope.content)
         with self._lock:
             self._messages.append(message)
-            self._received_since_armed += 1
-            drop = self._drop is not None and self._drop.matches(
-                message.rcpt_tos, self._received_since_armed
-            )
+            received = len(self._messages)
+            drop = _fires(self._drop, message.rcpt_tos, received)
+            stall = self._stall
+            delay = stall[0].seconds if stall and _fires(stall, message.rcpt_tos, received) else 0
+        if delay:
+            # Only this connection waits for its answer; the others are served meanwhile.
+            await asyncio.sleep(delay)
         if drop and server.transport is not None:
             # Closing the transport makes aiosmtpd discard the answer below (the
             # connection is gone), so the client reads EOF instead of "250".
@@ -113,9 +145,20 @@ class SmtpStandIn:
         """Record matching messages, then close the connection without answering."""
         self._handler.arm(DropAfterData(to=to, nth=nth))
 
+    def stall_after_data(
+        self, *, seconds: float, to: str | None = None, nth: int | None = None
+    ) -> None:
+        """Record matching messages, then wait ``seconds`` before answering.
+
+        The message is in :meth:`messages` at once, while the client still waits
+        for its answer: a sender killed meanwhile never learns that it was received.
+        """
+        self._handler.arm_stall(StallAfterData(seconds=seconds, to=to, nth=nth))
+
     def clear_faults(self) -> None:
-        """Answer every message normally again."""
+        """Answer every message normally again (a stall already started runs out)."""
         self._handler.arm(None)
+        self._handler.arm_stall(None)
 
 
 @contextmanager

@@ -7,12 +7,16 @@ own, so that two test runs on one machine do not steal each other's messages.
 
 from __future__ import annotations
 
+import base64
+import json
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -27,11 +31,14 @@ from django.db import connection
 from controlplane.notices.provider import ProviderAdmin
 from controlplane.notices.provider_process import RunningProvider, start_provider
 from controlplane.storage import PostgresStorage
-from kernel import Draft, Kernel, Status, SystemClock, Task
+from kernel import Draft, Kernel, Status, SystemClock, Task, Worker
 from kernel.dispatch import Dispatcher
 
 ROOT = Path(__file__).resolve().parents[2]
 CELERY = [sys.executable, "-m", "celery", "-A", "controlplane.celery"]
+RECIPIENTS = [f"{name}@example.com" for name in ("ana", "ben", "cai", "dee", "eve")]
+SWEEP_SENT = "Sending due task sweep"  # beat's log line for each sweep it sends
+ADVANCED = re.compile(r"controlplane\.advance\[[^]]+\] succeeded in \S+: (True|False)")
 T = TypeVar("T")
 
 
@@ -52,6 +59,7 @@ class Process:
     name: str
     popen: subprocess.Popen[bytes]
     log: Path
+    ready_line: str = " ready."  # what its log says once it is up
 
     def kill(self) -> None:
         """SIGKILL: no cleanup, no acks, no goodbye - a crash."""
@@ -70,6 +78,23 @@ class Process:
     def output(self) -> str:
         return self.log.read_text(errors="replace") if self.log.exists() else ""
 
+    @property
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def ready(self) -> bool:
+        return self.ready_line in self.output()
+
+    def settled(self) -> bool:
+        """Ready, or exited: either way there is nothing more to wait for."""
+        return self.ready() or not self.alive
+
+    def advances(self) -> list[bool]:
+        """What each "advance" message this worker handled returned, by its log: True
+        where it claimed the task and ran it, False where the claim found nothing to do
+        (a duplicate or late message)."""
+        return [found == "True" for found in ADVANCED.findall(self.output())]
+
 
 @dataclass
 class Stack:
@@ -83,17 +108,29 @@ class Stack:
     kernel: Kernel = field(init=False)
 
     def __post_init__(self) -> None:
-        from controlplane.execution import deliver
         from controlplane.registry import build_registry
 
         self.kernel = Kernel(PostgresStorage(), build_registry(), SystemClock())
-        self.kernel.after_commit(Dispatcher(self.kernel, deliver).after_commit)
+        self.kernel.after_commit(Dispatcher(self.kernel, self.deliver).after_commit)
+
+    def deliver(self, task_id: str, queue: str) -> None:
+        """``controlplane.execution.deliver``, to this stack's Redis db.
+
+        The test process's Celery app keeps the producer pool of the first broker it
+        published to, so a later test's commits would otherwise land in an earlier
+        test's Redis db: name the connection each time.
+        """
+        from controlplane.celery import app
+        from controlplane.execution import advance
+
+        with app.connection_for_write(self.redis_url) as conn:
+            advance.apply_async(args=[task_id], queue=queue, retry=False, connection=conn)
 
     @property
     def admin(self) -> ProviderAdmin:
         return ProviderAdmin(self.provider.url)
 
-    def _spawn(self, name: str, args: list[str], **env: str) -> Process:
+    def _spawn(self, name: str, args: list[str], ready_line: str, **env: str) -> Process:
         log = self.tmp / f"{name}.log"
         popen = subprocess.Popen(
             args,
@@ -103,27 +140,42 @@ class Stack:
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
-        process = Process(name, popen, log)
+        process = Process(name, popen, log, ready_line)
         self.processes.append(process)
         return process
 
-    def worker(self, name: str = "w1", queues: str = "default,hands,brain", **env: str) -> Process:
+    def worker(
+        self, name: str = "w1", queues: str = "default,hands,brain", *, wait: bool = True,
+        **env: str,
+    ) -> Process:
+        """Start a worker; unless ``wait`` is false, return once it consumes its queues."""
         process = self._spawn(
             name,
             [*CELERY, "worker", "-P", "solo", "-Q", queues, "-n", f"{name}@chaos",
              "--without-mingle", "--without-gossip", "--without-heartbeat", "-l", "info"],
+            " ready.",
             **env,
         )
-        wait_for(lambda: "ready." in process.output() or process.popen.poll() is not None,
-                 f"worker {name} to start")
-        assert process.popen.poll() is None, process.output()
+        if wait:
+            self.wait_ready(process)
         return process
 
-    def beat(self, name: str = "beat") -> Process:
-        return self._spawn(
+    def beat(self, name: str = "beat", *, wait: bool = False) -> Process:
+        """Start beat; with ``wait``, return once it has sent its first sweep."""
+        process = self._spawn(
             name,
             [*CELERY, "beat", "-s", str(self.tmp / f"{name}-schedule"), "-l", "info"],
+            SWEEP_SENT,
         )
+        if wait:
+            self.wait_ready(process)
+        return process
+
+    def wait_ready(self, *processes: Process) -> None:
+        """Wait for processes started with ``wait=False`` (they start side by side)."""
+        for process in processes:
+            wait_for(process.settled, f"{process.name} to start", timeout=60)
+            assert process.alive, process.output()
 
     def send_batch(self, recipients: list[str], channel: str = "http") -> tuple[str, str]:
         """Commit a send-batch task, as the API or CLI would; returns (session, task)."""
@@ -137,6 +189,12 @@ class Stack:
         handle.commit(draft)  # its dispatch goes to the broker after the commit
         return handle.id, task_id
 
+    def advance(self, task_id: str) -> bool:
+        """Run ``task_id`` in the test process as a worker would (claim, phases, commits,
+        dispatches after each commit), for the steps a test does not kill: it saves
+        starting a worker just to plan a batch."""
+        return Worker(self.kernel, "chaos-test", lease_seconds=30).advance(task_id)
+
     def task(self, task_id: str) -> Task:
         found = self.kernel.storage.task(task_id)
         assert found is not None
@@ -147,6 +205,39 @@ class Stack:
 
     def notices(self, session_id: str) -> dict[str, Task]:
         return {t.input["to"]: t for t in self.tasks(session_id) if t.kind == "send-notice"}
+
+    def history(self, task_id: str) -> list[tuple[str, str]]:
+        """(status, phase) of the task after each commit that touched it, from the log."""
+        commits = self.kernel.commits_after(self.task(task_id).session_id, 0)
+        return [
+            (item["status"], item["phase"])
+            for commit in commits
+            for item in commit.summary
+            if item.get("type") == "task" and item["id"] == task_id
+        ]
+
+    def queued(self, queue: str) -> list[str]:
+        """The task ids of the "advance" messages waiting in ``queue`` (not yet taken by
+        a worker), read from this stack's Redis db."""
+        ids = []
+        for raw in redis.Redis.from_url(self.redis_url).lrange(queue, 0, -1):
+            message = json.loads(raw)
+            if message["headers"]["task"] == "controlplane.advance":
+                args, _kwargs, _embed = json.loads(base64.b64decode(message["body"]))
+                ids.append(args[0])
+        return ids
+
+    def head_seq(self, session_id: str) -> int:
+        session = self.kernel.storage.session(session_id)
+        assert session is not None
+        return session.head_seq
+
+    def holder(self, task_id: str) -> Process:
+        """The worker process that holds ``task_id``'s lease (owner ids are host:pid)."""
+        owner = self.task(task_id).lease_owner
+        assert owner is not None, f"nobody holds {task_id}"
+        pid = int(owner.rsplit(":", 1)[1])
+        return next(p for p in self.processes if p.popen.pid == pid)
 
     def wait_terminal(self, task_id: str, timeout: float = 60.0) -> Task:
         return wait_for(lambda: (t := self.task(task_id)).status is Status.TERMINAL and t,
@@ -162,31 +253,139 @@ class Stack:
     def close(self) -> None:
         for process in self.processes:
             process.kill()
+        # The test is over: a provider still holding a stalled send would make a
+        # graceful stop wait for it.
+        self.provider.kill()
+
+
+def sweeps_sent(beat: Process) -> int:
+    """How many sweeps a beat process has sent so far, by its log."""
+    return beat.output().count(SWEEP_SENT)
+
+
+def succeeded(task: Task) -> bool:
+    return task.status is Status.TERMINAL and (task.outcome or {}).get("kind") == "succeeded"
+
+
+def assert_sent_once_each(stack: Stack, batch: Task, recipients: list[str]) -> None:
+    """The end state every HTTP chaos test must reach, whatever was killed on the way:
+    the provider holds exactly one message per recipient, under that notice's operation
+    id, and the batch succeeded with those receipts."""
+    messages = stack.admin.messages()
+    assert sorted(m["to"] for m in messages) == sorted(recipients), messages
+    notices = stack.notices(batch.session_id)
+    assert {m["to"]: m["idempotency_key"] for m in messages} == {
+        to: notices[to].input["operation_id"] for to in recipients
+    }
+    assert all(succeeded(notices[to]) for to in recipients), notices
+    assert batch.outcome is not None and batch.outcome["kind"] == "succeeded", batch.outcome
+    assert batch.outcome["result"]["sent"] == len(recipients)
+    receipts = batch.outcome["result"]["receipts"]
+    assert {to: receipts[to]["id"] for to in recipients} == {m["to"]: m["id"] for m in messages}
 
 
 @contextmanager
-def session_lock(session_id: str) -> Iterator[psycopg.Connection[Any]]:
-    """Hold a session's commit order from outside, so the next commit blocks on it."""
-    params = settings.DATABASES["default"]
+def row_lock(sql: str, params: list[Any]) -> Iterator[psycopg.Connection[Any]]:
+    """Run ``sql`` (a ``SELECT ... FOR UPDATE``) in a transaction of our own and hold
+    its locks until the block ends, so that whoever needs those rows next blocks."""
+    db = settings.DATABASES["default"]
     conn = psycopg.connect(
-        dbname=connection.settings_dict["NAME"], user=params["USER"] or None,
-        host=params["HOST"] or None, port=params["PORT"] or None, autocommit=False,
+        dbname=connection.settings_dict["NAME"], user=db["USER"] or None,
+        host=db["HOST"] or None, port=db["PORT"] or None, autocommit=False,
     )
     try:
-        conn.execute("SELECT 1 FROM kernel_session WHERE id = %s FOR UPDATE", [session_id])
+        assert conn.execute(sql, params).fetchone() is not None, f"no row to lock: {params}"
         yield conn
     finally:
         conn.rollback()
         conn.close()
 
 
+@contextmanager
+def session_lock(session_id: str) -> Iterator[psycopg.Connection[Any]]:
+    """Hold a session's commit order from outside, so the next commit blocks on it."""
+    with row_lock("SELECT 1 FROM kernel_session WHERE id = %s FOR UPDATE", [session_id]) as conn:
+        yield conn
+
+
+@contextmanager
+def document_lock(session_id: str, kind: str, key: str) -> Iterator[psycopg.Connection[Any]]:
+    """Hold a document's row: a commit that writes the document blocks in its write step,
+    after it took the session's commit order and wrote its commit row."""
+    with row_lock(
+        "SELECT 1 FROM kernel_document WHERE session_id = %s AND kind = %s AND key = %s "
+        "FOR UPDATE",
+        [session_id, kind, key],
+    ) as conn:
+        yield conn
+
+
 def waiting_on_lock(session_lock_conn: psycopg.Connection[Any]) -> bool:
-    """Whether some other backend is blocked behind our session lock right now."""
-    row = session_lock_conn.execute(
-        "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+    """Whether some other backend is blocked behind our lock (any of ``row_lock``'s) now."""
+    return bool(lock_waiters(session_lock_conn))
+
+
+def session_held(conn: psycopg.Connection[Any], session_id: str) -> bool:
+    """Whether another transaction holds the session's commit order right now.
+
+    Asked with ``NOWAIT`` in a savepoint of ``conn``'s open transaction, so that the
+    locks ``conn`` holds are kept either way.
+    """
+    try:
+        with conn.transaction():
+            conn.execute(
+                "SELECT 1 FROM kernel_session WHERE id = %s FOR UPDATE NOWAIT", [session_id]
+            )
+    except psycopg.errors.LockNotAvailable:
+        return True
+    return False
+
+
+def lock_waiters(conn: psycopg.Connection[Any]) -> list[int]:
+    """The server pids of the backends of this database that wait on a lock right now.
+
+    Postgres reads pg_stat_activity once per transaction and serves that snapshot until
+    the transaction ends; ``conn`` holds its transaction open (it holds the lock), so
+    the snapshot is dropped before each look.
+    """
+    conn.execute("SELECT pg_stat_clear_snapshot()")
+    rows = conn.execute(
+        "SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
         "AND datname = current_database()"
-    ).fetchone()
-    return bool(row and row[0])
+    ).fetchall()
+    return [row[0] for row in rows]
+
+
+def backends_gone(pids: list[int]) -> bool:
+    """Whether these server backends have ended (a killed client's backend ends, rolling
+    back its open transaction, once it next tries to talk to the client)."""
+    with connection.cursor() as cur:
+        cur.execute("SELECT count(*) FROM pg_stat_activity WHERE pid = ANY(%s)", [pids])
+        return cur.fetchone()[0] == 0
+
+
+@contextmanager
+def redis_db(base: str) -> Iterator[int]:
+    """Reserve a Redis database number (1-15) that nobody else is using.
+
+    Runs on one machine share one Redis server: each reserves its number with a key
+    in database 0 (set only if absent, expiring on its own if the run dies), and skips
+    the numbers that some client is connected to (a demo's workers, say), so that we
+    never flush or consume someone else's queues, nor they ours.
+    """
+    registry = redis.Redis.from_url(f"{base}/0")
+    token = f"{os.uname().nodename}:{os.getpid()}:{uuid.uuid4().hex}"
+    free = sorted(set(range(1, 16)) - {int(client["db"]) for client in registry.client_list()})
+    for db in random.sample(free, len(free)):
+        key = f"chaos:redis-db:{db}"
+        if registry.set(key, token, nx=True, ex=900):
+            try:
+                yield db
+            finally:
+                if registry.get(key) == token.encode():
+                    registry.delete(key)
+            return
+    raise RuntimeError("Redis databases 1-15 are all in use or reserved by other runs")
 
 
 @contextmanager
@@ -194,11 +393,17 @@ def chaos_stack(tmp: Path, **provider_flags: Any) -> Iterator[Stack]:
     """Start the provider and point workers at the test database and a fresh Redis db."""
     from controlplane.celery import app
 
-    db = random.randint(1, 15)
     base = settings.REDIS_URL.rsplit("/", 1)[0]
-    redis_url = f"{base}/{db}"
-    redis.Redis.from_url(redis_url).flushdb()
-    app.conf.broker_url = redis_url
+    with redis_db(base) as db:
+        redis_url = f"{base}/{db}"
+        redis.Redis.from_url(redis_url).flushdb()
+        app.conf.broker_url = redis_url
+        with _stack(tmp, redis_url, provider_flags) as stack:
+            yield stack
+
+
+@contextmanager
+def _stack(tmp: Path, redis_url: str, provider_flags: dict[str, Any]) -> Iterator[Stack]:
     params = settings.DATABASES["default"]
     database_url = (
         f"postgresql://{params['USER'] or 'postgres'}@{params['HOST'] or '127.0.0.1'}:"

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import smtplib
+import threading
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -62,4 +64,48 @@ def test_messages_to_a_recipient_are_left_unanswered_until_cleared(smtp: SmtpSta
 
     assert [m.data.split(b"\r\n\r\n")[1] for m in smtp.messages()] == [
         b"to a\r\n", b"first try\r\n", b"second try\r\n", b"third try\r\n",
+    ]
+
+
+def test_a_stalled_message_is_recorded_at_once_and_answered_late(smtp: SmtpStandIn) -> None:
+    smtp.stall_after_data(to="b@example.com", seconds=1.0)
+    outcome: list[BaseException | None] = []
+
+    def send_stalled() -> None:
+        try:
+            send(smtp, "b@example.com", "held")
+            outcome.append(None)
+        except BaseException as exc:  # reported by the assertion below
+            outcome.append(exc)
+
+    started = time.monotonic()
+    sender = threading.Thread(target=send_stalled)
+    sender.start()
+    deadline = started + 5
+    while not any("b@example.com" in m.rcpt_tos for m in smtp.messages()):
+        assert time.monotonic() < deadline, "the stalled message was never recorded"
+        time.sleep(0.01)
+    # The server has it, the sender does not know yet; other senders are not held up.
+    assert sender.is_alive()
+    send(smtp, "a@example.com", "not held")
+    assert sender.is_alive()
+
+    sender.join(timeout=5)
+    assert outcome == [None] and time.monotonic() - started >= 1.0
+    assert [m.rcpt_tos for m in smtp.messages()] == [("b@example.com",), ("a@example.com",)]
+
+
+def test_a_sender_that_stops_waiting_during_a_stall_cannot_know(smtp: SmtpStandIn) -> None:
+    smtp.stall_after_data(nth=1, seconds=2.0)
+
+    client = smtplib.SMTP(smtp.host, smtp.port, timeout=0.3)
+    with pytest.raises(smtplib.SMTPServerDisconnected, match="timed out"):
+        client.sendmail("notices@example.com", ["a@example.com"], "Subject: N\r\n\r\none\r\n")
+    send(smtp, "b@example.com", "the second is answered at once")
+    smtp.stall_after_data(to="c@example.com", seconds=2.0)
+    smtp.clear_faults()
+    send(smtp, "c@example.com", "cleared")
+
+    assert [m.rcpt_tos for m in smtp.messages()] == [
+        ("a@example.com",), ("b@example.com",), ("c@example.com",),
     ]

