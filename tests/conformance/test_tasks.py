@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import threading
 from datetime import timedelta
+from typing import Any
 
 import pytest
 
@@ -595,3 +596,25 @@ def test_a_failed_task_retries_from_its_last_saved_phase(world: World) -> None:
     refused.retry(ok_id)
     with pytest.raises(IllegalTransition, match="only failed tasks retry"):
         world.kernel(registry).open(world.storage.task(ok_id).session_id).commit(refused)
+
+
+def test_a_keep_lease_commit_extends_the_lease(world: World) -> None:
+    registry = make_registry(Effects())
+    seen: list[Any] = []
+
+    @registry.task("two-step")
+    class TwoStep:
+        initial = "first"
+
+        def first(self, run: Run) -> Transition:
+            world.clock.advance(20)  # a slow external call, 20 of the 30 lease seconds
+            run.commit(phase="second")
+            seen.append(world.storage.task(run.task_id).lease_until)
+            return run.succeed()
+
+        def second(self, run: Run) -> Transition:
+            return run.succeed()
+
+    kernel, handle, task_id = start(world, "two-step", {}, registry)
+    Worker(kernel, "w1", lease_seconds=30).advance(task_id)
+    assert seen == [world.clock.now() + timedelta(seconds=30)]
