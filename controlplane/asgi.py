@@ -1,8 +1,13 @@
-"""ASGI entry point (Daphne): HTTP now; websocket routes join with the live views."""
+"""ASGI entry point (Daphne): HTTP, and the websocket change feeds (controlplane.consumers).
+
+Websockets pass the origin check (for browsers), then Django's session auth
+(``AuthMiddlewareStack``); the consumers also accept an API token and check roles.
+"""
 
 import os
 
-from channels.routing import ProtocolTypeRouter
+from channels.auth import AuthMiddlewareStack
+from channels.routing import ProtocolTypeRouter, URLRouter
 from django.core.asgi import get_asgi_application
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
@@ -10,4 +15,14 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
 # Initialise Django (apps, settings) before anything that imports models is loaded.
 django_asgi_app = get_asgi_application()
 
-application = ProtocolTypeRouter({"http": django_asgi_app})
+from controlplane.consumers import (  # noqa: E402  (needs the apps loaded)
+    BrowserOriginValidator,
+    websocket_urlpatterns,
+)
+
+application = ProtocolTypeRouter(
+    {
+        "http": django_asgi_app,
+        "websocket": BrowserOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
+    }
+)

@@ -26,6 +26,7 @@ from kernel import Kernel, SystemClock, Worker
 from kernel.dispatch import Dispatcher
 
 from .celery import app
+from .notify import Notifier
 from .registry import build_registry
 from .storage import PostgresStorage
 
@@ -50,6 +51,7 @@ def runtime() -> Runtime:
         kernel, deliver, redeliver_after=timedelta(seconds=settings.KERNEL_REDELIVER_SECONDS)
     )
     kernel.after_commit(dispatcher.after_commit)
+    kernel.after_commit(Notifier().after_commit)  # live views: hints after each commit
     worker = Worker(
         kernel,
         f"{socket.gethostname()}:{os.getpid()}",

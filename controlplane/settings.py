@@ -122,10 +122,10 @@ DATABASES = {"default": parse_database_url(DATABASE_URL)}
 # channels_redis drops a group message for a channel over `capacity` (and logs it at
 # INFO), and expires unread messages after `expiry` seconds: losing a hint costs only
 # latency, since consumers also poll the log. CHANNEL_LAYER_CAPACITY=1 makes drops
-# routine (the e2e tests use it). A group membership lasts `group_expiry` seconds;
-# feed consumers renew theirs with every heartbeat, and a websocket must not outlive
-# it: run Daphne with `--websocket_timeout` below it (DAPHNE_WEBSOCKET_TIMEOUT, which
-# is also Daphne's own default, 86400 s).
+# routine (the e2e tests use it). A group membership lasts `group_expiry` seconds: the
+# web process's hint hub (controlplane.notify.HintHub) renews its memberships every
+# minute, and a websocket must not outlive its group anyway: run Daphne with
+# `--websocket_timeout` below it (DAPHNE_WEBSOCKET_TIMEOUT, Daphne's own default).
 CHANNEL_LAYER_CAPACITY = int(os.environ.get("CHANNEL_LAYER_CAPACITY", "100"))
 CHANNEL_LAYER_EXPIRY = int(os.environ.get("CHANNEL_LAYER_EXPIRY", "60"))
 CHANNEL_LAYER_GROUP_EXPIRY = int(os.environ.get("CHANNEL_LAYER_GROUP_EXPIRY", str(2 * 86400)))
@@ -146,11 +146,12 @@ CHANNEL_LAYERS = {
         },
     },
 }
-# The websocket change feed (controlplane.consumers): how often a consumer reads the log
-# without a hint (the safety net for dropped hints), and how long a quiet socket goes
-# before a heartbeat frame.
+# The change feed: how often a websocket consumer (controlplane.consumers) reads the log
+# without a hint (the safety net for dropped hints), how long a quiet socket goes before
+# a heartbeat frame, and how often a REST long-poll (controlplane.api.feed) reads the log.
 FEED_POLL_SECONDS = float(os.environ.get("FEED_POLL_SECONDS", "1.5"))
 FEED_HEARTBEAT_SECONDS = float(os.environ.get("FEED_HEARTBEAT_SECONDS", "15"))
+FEED_LONG_POLL_SECONDS = float(os.environ.get("FEED_LONG_POLL_SECONDS", "0.2"))
 
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},

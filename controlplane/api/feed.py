@@ -10,31 +10,32 @@
     why the global id needs more care than a session's seq.
 
 ``wait`` (0-30 s) long-polls when nothing is after the cursor: the view is ``async``, reads
-the log every :data:`POLL_SECONDS` and wakes earlier on a channel-layer hint from
-:mod:`controlplane.notify`. Each read is one autocommit statement run in a worker thread;
-no transaction, lock or connection checkout spans the wait. The reads here are shared
-with the websocket consumers (:mod:`controlplane.consumers`), which also take their
-frames ready-made from Postgres (``json_build_object``).
+the log every ``FEED_LONG_POLL_SECONDS`` (0.2 s) and wakes earlier on a channel-layer
+hint from :mod:`controlplane.notify` (see :func:`long_poll`). Each read is one autocommit
+statement run in a worker thread; no transaction or lock spans the wait. The reads here
+are shared with the websocket consumers (:mod:`controlplane.consumers`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager, suppress
+from collections.abc import Awaitable, Callable
+from contextlib import suppress
 from datetime import datetime
 from typing import Any, TypeVar
 
 from asgiref.sync import sync_to_async
-from channels.layers import get_channel_layer
+from django.conf import settings
+from django.core.handlers.asgi import ASGIRequest
 from django.db import connection
 from django.http import HttpRequest
 from ninja import Field, Query, Router, Schema
 
-from controlplane.notify import GLOBAL_GROUP, session_group
+from controlplane.notify import GLOBAL_GROUP, following, session_group
 from kernel import UnknownRecord
 
 log = logging.getLogger(__name__)
@@ -43,8 +44,6 @@ router = Router(tags=["changes"])
 DEFAULT_LIMIT = 100
 MAX_LIMIT = 1000
 MAX_WAIT = 30.0
-POLL_SECONDS = 0.2
-"""How often a long-poll reads the log; a hint wakes it earlier."""
 SETTLE_SECONDS = 1.0
 """How long a global read waits for in-flight commit transactions (see settled_global)."""
 
@@ -54,11 +53,10 @@ Runner = Callable[[Callable[..., T]], Callable[..., Awaitable[T]]]
 # -- the reads (sync; one statement each, autocommit) -----------------------------------
 
 CHANGE_COLUMNS = "c.id, c.session_id, c.seq, c.at, c.actor, c.summary"
-FRAME = (
-    "json_build_object('type', 'commit', 'session_id', c.session_id, 'seq', c.seq, "
-    "'id', c.id, 'at', c.at, 'actor', c.actor, 'summary', c.summary)::text"
-)
-"""A websocket frame, built by Postgres: the consumer sends it as it comes."""
+FRAME_COLUMNS = "c.id, c.session_id, c.seq, to_json(c.at)::text, c.actor, c.summary"
+"""What a websocket frame is made of; ``at`` comes as a JSON string and ``summary`` as
+JSON text, so that :func:`frame` only pieces text together (a replay sends thousands:
+``json_build_object`` in Postgres or ``json.dumps`` here would cost several times more)."""
 
 
 def _change(row: Any) -> dict[str, Any]:
@@ -96,24 +94,25 @@ def session_exists(session_id: str) -> bool:
     return bool(_all("SELECT 1 FROM kernel_session WHERE id = %s", [session_id]))
 
 
+def frame(row: Any) -> str:
+    """The websocket frame of a commit read with :data:`FRAME_COLUMNS`."""
+    commit_id, session_id, seq, at, actor, summary = row
+    if not isinstance(summary, str):
+        summary = json.dumps(summary)
+    return (
+        f'{{"type": "commit", "session_id": {json.dumps(session_id)}, "seq": {seq:d}, '
+        f'"id": {commit_id:d}, "at": {at}, "actor": {json.dumps(actor)}, "summary": {summary}}}'
+    )
+
+
 def session_frames(session_id: str, after: int, limit: int) -> list[tuple[int, str]]:
     """``(seq, frame)`` of the session's commits after ``after``, in seq order."""
-    return _all(
-        f"SELECT c.seq, {FRAME} FROM kernel_commit c WHERE c.session_id = %s AND c.seq > %s "
+    rows = _all(
+        f"SELECT {FRAME_COLUMNS} FROM kernel_commit c WHERE c.session_id = %s AND c.seq > %s "
         "ORDER BY c.seq LIMIT %s",
         [session_id, after, limit],
     )
-
-
-def _global_visible(select: str, after_id: int, limit: int) -> tuple[list[Any], bool]:
-    """Commits after ``after_id`` visible now, and whether any transaction that writes
-    was in flight when this snapshot was taken."""
-    rows = _all(
-        f"SELECT {select}, (SELECT count(*) FROM pg_snapshot_xip(pg_current_snapshot())) "
-        "FROM kernel_commit c WHERE c.id > %s ORDER BY c.id LIMIT %s",
-        [after_id, limit],
-    )
-    return [r[:-1] for r in rows], bool(rows and rows[0][-1])
+    return [(row[2], frame(row)) for row in rows]
 
 
 # Transactions holding the lock that every INSERT into kernel_commit takes, from its
@@ -126,8 +125,18 @@ _WRITERS = (
 )
 
 
-def _commit_writers() -> list[str]:
-    return [r[0] for r in _all(_WRITERS, [])]
+def _global_visible(select: str, after_id: int, limit: int) -> tuple[list[Any], list[str] | None]:
+    """Commits after ``after_id`` visible now; and, only if some transaction was in flight
+    when this statement's snapshot was taken, the commit writers seen after it."""
+    rows = _all(
+        f"SELECT {select}, s.writers FROM kernel_commit c, (SELECT CASE WHEN EXISTS "
+        f"(SELECT FROM pg_snapshot_xip(pg_current_snapshot())) THEN ARRAY({_WRITERS}) END "
+        "AS writers) s WHERE c.id > %s ORDER BY c.id LIMIT %s",
+        [after_id, limit],
+    )
+    if not rows:
+        return [], None
+    return [r[:-1] for r in rows], rows[0][-1]
 
 
 def _still_writing(writers: list[str]) -> list[str]:
@@ -163,13 +172,14 @@ async def settled_global(
     when the read's snapshot was taken (it drew its id before ``M`` was drawn, and ``M``
     was committed before the snapshot). So:
 
-    1. Read the page and the snapshot's in-flight transactions in one statement. With
-       none in flight (or nothing to read), the page is final: serve it.
-    2. Otherwise note the transactions that hold the row-exclusive lock on
-       ``kernel_commit`` (an INSERT takes it before it draws its id and keeps it until
-       commit or rollback); wait until those have ended, at most ``settle`` seconds.
-       A transaction in flight without that lock has drawn no id yet, so its id will be
-       above ``M``: it needs no waiting.
+    1. In one statement, read the page and whether the snapshot saw any transaction in
+       flight. With none (or nothing to read), the page is final: serve it.
+    2. Otherwise the same statement noted, after its snapshot, the transactions holding
+       the row-exclusive lock on ``kernel_commit`` (an INSERT takes it before it draws
+       its id and keeps it until commit or rollback). Wait until those have ended, at
+       most ``settle`` seconds. A transaction without that lock then has drawn no id
+       yet, so its id will be above ``M``: it needs no waiting; one that has ended
+       since the snapshot is covered by the next step.
     3. Read ``(after_id, M]`` again: every id in it is now committed or gone for good.
 
     The price is a lag of about one commit transaction (milliseconds) while commits are
@@ -178,101 +188,60 @@ async def settled_global(
     a lock, say) makes this read return nothing new and the caller read again later:
     the global feed never overtakes the oldest commit still being written.
     """
-    rows, in_flight = await run(_global_visible)(select, after_id, limit)
-    if not rows or not in_flight:
+    rows, writers = await run(_global_visible)(select, after_id, limit)
+    if not rows or writers is None:
         return rows
     upto = rows[-1][0]
-    writers = await run(_commit_writers)()
     settle = SETTLE_SECONDS if settle is None else settle
     deadline = time.monotonic() + settle
     delay = 0.002
     while writers:
-        writers = await run(_still_writing)(writers)
-        if not writers:
-            break
         if time.monotonic() >= deadline:
             log.info("global feed: commits still in flight after %.1fs; serving later", settle)
             return []
         await asyncio.sleep(delay)
         delay = min(delay * 2, 0.05)
+        writers = await run(_still_writing)(writers)
     return await run(_global_upto)(select, after_id, upto, limit)
 
 
-# -- hints ----------------------------------------------------------------------------
-
-
-class HintWaiter:
-    """A private channel in a Channels group: ``wait`` returns early when a hint lands.
-
-    Only ever a shortcut: if the layer cannot be reached, ``wait`` just sleeps and the
-    caller's poll does the work.
-    """
-
-    def __init__(self, layer: Any = None, channel: str | None = None) -> None:
-        self.layer = layer
-        self.channel = channel
-        self._receiving: asyncio.Future[Any] | None = None
-
-    async def wait(self, timeout: float) -> bool:
-        """Sleep up to ``timeout`` seconds; True if a hint cut it short."""
-        if self.layer is None:
-            await asyncio.sleep(timeout)
-            return False
-        if self._receiving is None:
-            self._receiving = asyncio.ensure_future(self.layer.receive(self.channel))
-        done, _ = await asyncio.wait({self._receiving}, timeout=timeout)
-        if not done:
-            return False
-        receiving, self._receiving = self._receiving, None
-        if receiving.exception() is not None:
-            log.info("feed hints unavailable: %r", receiving.exception())
-            self.layer = None
-            return False
-        return True
-
-    async def close(self) -> None:
-        if self._receiving is not None:
-            self._receiving.cancel()
-            with suppress(BaseException):
-                await self._receiving
-
-
-@asynccontextmanager
-async def hints(group: str) -> AsyncIterator[HintWaiter]:
-    layer = get_channel_layer()
-    waiter = HintWaiter()
-    if layer is not None:
-        try:
-            channel = await layer.new_channel()
-            await layer.group_add(group, channel)
-            waiter = HintWaiter(layer, channel)
-        except Exception as exc:
-            log.info("feed hints unavailable, polling only: %r", exc)
-    try:
-        yield waiter
-    finally:
-        await waiter.close()
-        if waiter.layer is not None and waiter.channel is not None:
-            with suppress(Exception):
-                await layer.group_discard(group, waiter.channel)
+# -- long-poll ---------------------------------------------------------------------------
 
 
 async def long_poll(
-    read: Callable[[], Awaitable[T]], found: Callable[[T], bool], group: str, wait: float
+    request: HttpRequest,
+    read: Callable[[], Awaitable[T]],
+    found: Callable[[T], bool],
+    group: str,
+    wait: float,
 ) -> T:
-    """``read()`` until ``found`` or ``wait`` seconds have passed; hints from ``group``
-    cut the sleeps between reads short."""
+    """``read()`` until ``found`` or ``wait`` seconds have passed, every
+    ``FEED_LONG_POLL_SECONDS``; a hint from ``group`` cuts the sleep short.
+
+    Hints are followed only when an ASGI server (Daphne) serves the request: its event
+    loop lives as long as the process, and so does the process's
+    :class:`~controlplane.notify.HintHub`. Under a WSGI server or Django's test client,
+    an async view runs in an event loop of its own that ends with the request; a hub
+    there would subscribe for one request and hold up the loop's shutdown (a Redis read
+    in flight), so such a long-poll just polls.
+    """
     deadline = time.monotonic() + wait
     result = await read()
     if found(result) or wait <= 0:
         return result
-    async with hints(group) as hint:
+    hinted = asyncio.Event()  # never set without hints
+    async with contextlib.AsyncExitStack() as stack:
+        if isinstance(request, ASGIRequest):
+            hinted = await stack.enter_async_context(following(group))
         while True:
-            result = await read()  # subscribed now: a commit from here on wakes us
+            hinted.clear()
+            result = await read()  # following now: a commit from here on wakes us
             remaining = deadline - time.monotonic()
             if found(result) or remaining <= 0:
                 return result
-            await hint.wait(min(POLL_SECONDS, remaining))
+            with suppress(TimeoutError):
+                async with asyncio.timeout(min(settings.FEED_LONG_POLL_SECONDS, remaining)):
+                    await hinted.wait()
 
 
 # -- the API -------------------------------------------------------------------------------
@@ -320,7 +289,7 @@ async def session_changes(
         return await sync_to_async(session_page)(session_id, after, limit)
 
     head_seq, changes = await long_poll(
-        read, lambda page: bool(page[1]), session_group(session_id), wait
+        request, read, lambda page: bool(page[1]), session_group(session_id), wait
     )
     return {"session_id": session_id, "head_seq": head_seq, "changes": changes}
 
@@ -341,7 +310,7 @@ async def global_changes(
     async def read() -> list[Any]:
         return await settled_global(after_id, limit)
 
-    rows = await long_poll(read, bool, GLOBAL_GROUP, wait)
+    rows = await long_poll(request, read, bool, GLOBAL_GROUP, wait)
     changes = [_change(r) for r in rows]
     return {
         "after_id": after_id,

@@ -1,0 +1,413 @@
+"""The change feed over websockets (DESIGN §9): replay from the commit log, then live.
+
+Routes (see :data:`websocket_urlpatterns`):
+
+``ws/sessions/<session_id>/feed/``
+    one session's commits, by ``seq`` (gapless, per session);
+``ws/feed/``
+    every session's commits, by global commit ``id`` (increasing, with gaps).
+
+Protocol, JSON text frames both ways:
+
+1. Authenticate: a browser's Django session (cookie), or ``?token=<api token>`` in the
+   URL, or a first message ``{"token": "..."}``. The account needs the viewer or the
+   operator role; otherwise the socket is closed with code 4403.
+2. Send the cursor in-band: ``{"after": N}`` (the last seq, or for ``ws/feed/`` the last
+   commit id, you have; 0 for everything); it may share the first message with the
+   token. ``?after=N`` in the URL is accepted too and starts the stream at once; a later
+   ``{"after": N}`` may move the cursor forward, never back. A socket that sends no
+   cursor within :data:`OPENING_SECONDS` is closed with 4408.
+3. Receive ``{"type": "commit", "session_id", "seq", "id", "at", "actor", "summary"}`` for
+   every commit after the cursor, in order, each exactly once on this socket; and
+   ``{"type": "heartbeat", "seq": last}`` (``"id"`` on ``ws/feed/``) when nothing was sent
+   for ``FEED_HEARTBEAT_SECONDS``. Reconnect at any time with the last seq/id you saw.
+
+Other close codes: 4400 a malformed message or cursor, 4404 no such session, 1011 the
+log could not be read (reconnect). Daphne closes idle sockets after its
+``--websocket_timeout``; clients reconnect with their cursor whatever the close code.
+
+How it stays exact: every frame comes from the commit log (the data of record), read
+after the last position this socket sent. A channel-layer hint (sent by
+:class:`~controlplane.notify.Notifier`, received once per process by
+:class:`~controlplane.notify.HintHub`) only wakes the reader; the reader also wakes every
+``FEED_POLL_SECONDS`` without one. So a duplicate hint cannot produce a duplicate frame,
+a dropped hint (``channels_redis`` over capacity or expired, Redis down) delays a frame
+by at most a poll interval, and a gap is impossible: each read returns everything after
+the cursor. Live readers of the same cursor in one process share one query
+(:class:`SharedReads`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Awaitable, Callable, Hashable
+from contextlib import suppress
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import parse_qs
+
+from channels.db import database_sync_to_async
+from channels.generic.websocket import AsyncWebsocketConsumer
+from channels.security.websocket import AllowedHostsOriginValidator
+from django.conf import settings
+from django.urls import path
+from django.utils import timezone
+
+from controlplane.api.auth import digest, role_of
+from controlplane.api.feed import (
+    FRAME_COLUMNS,
+    frame,
+    session_exists,
+    session_frames,
+    settled_global,
+)
+from controlplane.models import ApiToken
+from controlplane.notify import GLOBAL_GROUP, hint_hub, session_group
+
+log = logging.getLogger(__name__)
+
+BATCH = 500
+"""Commits per read: the first read of a socket and every live one."""
+REPLAY_BATCH = 2000
+"""Commits per read once a socket is replaying (its previous read came back full); the
+next page is read while this one is being sent."""
+YIELD_EVERY = 200
+"""Frames sent between two yields to the event loop, so that a long replay does not
+hold up the other sockets of the process."""
+OPENING_SECONDS = 10.0
+MAX_CURSOR = 2**63 - 1
+
+REFUSED = 4403
+BAD_REQUEST = 4400
+NOT_FOUND = 4404
+TOO_SLOW = 4408
+SERVER_ERROR = 1011
+
+Rows = list[tuple[int, str]]
+
+
+@dataclass
+class _Slot:
+    read: Callable[[], Awaitable[Any]]
+    queued: asyncio.Future[Any] | None = None
+
+
+class SharedReads:
+    """Identical concurrent reads share one query, and none misses what it asked for.
+
+    A hint reaches every consumer of a session in the process at about the same time;
+    without sharing, 100 sockets would run 100 identical queries. A caller joins the
+    next read that has not started yet (or starts one): a read that was already
+    running when the caller asked might predate the commit it was woken for, so it is
+    never joined. At most one read per key runs at a time.
+    """
+
+    def __init__(self) -> None:
+        self._slots: dict[Hashable, _Slot] = {}
+
+    async def read(self, key: Hashable, read: Callable[[], Awaitable[Any]]) -> Any:
+        slot = self._slots.get(key)
+        if slot is None:
+            slot = self._slots[key] = _Slot(read)
+            asyncio.get_running_loop().create_task(self._drive(key, slot))
+        if slot.queued is None:
+            slot.queued = asyncio.get_running_loop().create_future()
+            # Nobody may be left to take an error: do not let asyncio warn about it.
+            slot.queued.add_done_callback(lambda f: f.cancelled() or f.exception())
+        return await asyncio.shield(slot.queued)
+
+    async def _drive(self, key: Hashable, slot: _Slot) -> None:
+        future: asyncio.Future[Any] | None = None
+        try:
+            while slot.queued is not None:
+                future, slot.queued = slot.queued, None
+                try:
+                    future.set_result(await slot.read())
+                except Exception as exc:
+                    future.set_exception(exc)
+        finally:
+            del self._slots[key]
+            # Only if this task itself was cancelled: fail its callers rather than hang them.
+            for left in (future, slot.queued):
+                if left is not None and not left.done():
+                    left.set_exception(RuntimeError("shared read abandoned"))
+
+
+shared_reads = SharedReads()
+
+
+def _token_user(key: str) -> Any:
+    """The active user with a role that this API token belongs to, or None."""
+    found = ApiToken.objects.select_related("user").filter(digest=digest(key)).first()
+    if found is None or not found.user.is_active or role_of(found.user) is None:
+        return None
+    ApiToken.objects.filter(pk=found.pk).update(last_used_at=timezone.now())
+    return found.user
+
+
+def _has_role(user: Any) -> bool:
+    return role_of(user) is not None
+
+
+def _cursor(value: Any) -> int | None:
+    """A cursor from a message (an int) or the URL (digits); None if it is not one."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, str) and value.isascii() and value.isdigit():
+        value = int(value)
+    if isinstance(value, int) and 0 <= value <= MAX_CURSOR:
+        return value
+    return None
+
+
+class FeedConsumer(AsyncWebsocketConsumer):
+    """One socket of a feed; subclasses say which log and which cursor."""
+
+    cursor_name = "seq"
+    # No channel per socket: hints arrive through the process's HintHub (notify.py), which
+    # receives each one once however many sockets follow the group.
+    channel_layer_alias = None
+
+    # -- what differs between the session feed and the global one --------------------
+
+    @property
+    def group(self) -> str:
+        raise NotImplementedError
+
+    async def exists(self) -> bool:
+        return True
+
+    async def read(self, after: int, limit: int) -> Rows:
+        raise NotImplementedError
+
+    # -- connection life -------------------------------------------------------------------
+
+    async def connect(self) -> None:
+        self.last: int | None = None
+        self.user: Any = None
+        self.subscribed = False
+        self.wake = asyncio.Event()
+        self.pump: asyncio.Task[None] | None = None
+        self.opening: asyncio.Task[None] | None = None
+        self.closing = False
+        await self.accept()
+        query = parse_qs(self.scope.get("query_string", b"").decode("latin-1"))
+        user = self.scope.get("user")
+        if user is not None and await database_sync_to_async(_has_role)(user):
+            self.user = user
+        elif "token" in query and not await self.authenticate(query["token"][-1]):
+            return
+        after = None
+        for name in ("after", f"after_{self.cursor_name}"):
+            if name in query:
+                after = _cursor(query[name][-1])
+                if after is None:
+                    return await self.refuse(BAD_REQUEST, f"`{name}` must be a whole number")
+        if self.user is not None and not await self.subscribe():
+            return
+        if self.user is not None and after is not None:
+            self.start(after)
+        else:
+            self.opening = asyncio.get_running_loop().create_task(self.opening_timeout())
+
+    async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
+        if self.closing:
+            return
+        try:
+            message = json.loads(text_data if text_data is not None else bytes_data or b"")
+        except ValueError:
+            message = None
+        if not isinstance(message, dict):
+            return await self.refuse(BAD_REQUEST, "send JSON objects")
+        if self.user is None:
+            token = message.get("token")
+            if not isinstance(token, str) or not await self.authenticate(token):
+                if not self.closing:
+                    await self.refuse(REFUSED, "authenticate first: a viewer or operator token")
+                return
+            if not await self.subscribe():
+                return
+        if "after" in message:
+            after = _cursor(message["after"])
+            if after is None:
+                return await self.refuse(BAD_REQUEST, "`after` must be a whole number")
+            if self.pump is None:
+                self.start(after)
+            elif self.last is not None and after > self.last:
+                self.last = after  # forward only: nothing is ever sent twice on one socket
+
+    async def disconnect(self, code: int) -> None:
+        self.stop()
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:  # also when the consumer dies of an error: no task or follower left behind
+            self.stop()
+
+    def stop(self) -> None:
+        self.closing = True
+        for task in (getattr(self, "pump", None), getattr(self, "opening", None)):
+            if task is not None and task is not asyncio.current_task():
+                task.cancel()
+        if getattr(self, "subscribed", False):
+            hint_hub().unfollow(self.group, self.on_hint)
+
+    def on_hint(self, hint: dict[str, Any]) -> None:
+        """A commit happened: wake the reader unless this socket has sent it already."""
+        value = hint.get(self.cursor_name)
+        if self.last is None or not isinstance(value, int) or value > self.last:
+            self.wake.set()
+
+    # -- steps -------------------------------------------------------------------------------
+
+    async def authenticate(self, token: str) -> bool:
+        self.user = await database_sync_to_async(_token_user)(token)
+        if self.user is None:
+            await self.refuse(REFUSED, "this token has no viewer or operator role")
+            return False
+        return True
+
+    async def subscribe(self) -> bool:
+        if not await self.exists():
+            await self.refuse(NOT_FOUND, "no such session")
+            return False
+        self.subscribed = True  # failures are logged by the hub: polling serves the feed
+        await hint_hub().follow(self.group, self.on_hint)
+        return True
+
+    async def refuse(self, code: int, reason: str) -> None:
+        if self.closing:
+            return
+        self.closing = True
+        if self.opening is not None and self.opening is not asyncio.current_task():
+            self.opening.cancel()
+        await self.close(code=code, reason=reason)
+
+    async def opening_timeout(self) -> None:
+        await asyncio.sleep(OPENING_SECONDS)
+        if self.pump is None:
+            await self.refuse(TOO_SLOW, "send {\"after\": N} (and a token) on opening")
+
+    def start(self, after: int) -> None:
+        self.last = after
+        if self.opening is not None:
+            self.opening.cancel()
+        self.pump = asyncio.get_running_loop().create_task(self.stream())
+
+    async def stream(self) -> None:
+        """Replay, then follow the log: read after the last sent position whenever a
+        hint arrives, every poll interval anyway, and send a heartbeat when quiet."""
+        loop = asyncio.get_running_loop()
+        poll = settings.FEED_POLL_SECONDS
+        heartbeat = settings.FEED_HEARTBEAT_SECONDS
+        quiet_since = loop.time()
+        ahead: asyncio.Task[Rows] | None = None  # the next page, read while this one is sent
+        try:
+            while True:
+                self.wake.clear()
+                assert self.last is not None
+                if ahead is not None:
+                    rows, ahead = await ahead, None
+                    limit = REPLAY_BATCH
+                else:
+                    rows = await self.read(self.last, limit := BATCH)
+                if len(rows) >= limit:
+                    ahead = loop.create_task(self.read(rows[-1][0], REPLAY_BATCH))
+                sent = 0
+                for position, text in rows:
+                    if position > self.last:  # the client may have moved its cursor on
+                        await self.send(text_data=text)
+                        self.last = position
+                        sent += 1
+                        if sent % YIELD_EVERY == 0:
+                            await asyncio.sleep(0)
+                if rows:
+                    quiet_since = loop.time()
+                if ahead is not None:
+                    continue  # replaying
+                due = quiet_since + heartbeat - loop.time()
+                if due <= 0:
+                    await self.send(text_data=json.dumps(
+                        {"type": "heartbeat", self.cursor_name: self.last}
+                    ))
+                    quiet_since = loop.time()
+                    due = heartbeat
+                with suppress(TimeoutError):
+                    async with asyncio.timeout(min(poll, due)):
+                        await self.wake.wait()
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("feed: reading %s after %s failed; closing", self.group, self.last)
+            await self.refuse(SERVER_ERROR, "the commit log could not be read; reconnect")
+        finally:
+            if ahead is not None:
+                ahead.cancel()
+
+class SessionFeedConsumer(FeedConsumer):
+    cursor_name = "seq"
+
+    @property
+    def session_id(self) -> str:
+        return str(self.scope["url_route"]["kwargs"]["session_id"])
+
+    @property
+    def group(self) -> str:
+        return session_group(self.session_id)
+
+    async def exists(self) -> bool:
+        return bool(await database_sync_to_async(session_exists)(self.session_id))
+
+    async def read(self, after: int, limit: int) -> Rows:
+        session_id = self.session_id
+
+        async def query() -> Rows:
+            return await database_sync_to_async(session_frames)(session_id, after, limit)
+
+        return await shared_reads.read(("session", session_id, after, limit), query)
+
+
+
+class GlobalFeedConsumer(FeedConsumer):
+    cursor_name = "id"
+
+    @property
+    def group(self) -> str:
+        return GLOBAL_GROUP
+
+    async def read(self, after: int, limit: int) -> Rows:
+        async def query() -> Rows:
+            rows = await settled_global(
+                after, limit, select=FRAME_COLUMNS, run=database_sync_to_async
+            )
+            return [(row[0], frame(row)) for row in rows]
+
+        return await shared_reads.read(("global", after, limit), query)
+
+
+websocket_urlpatterns = [
+    path("ws/sessions/<str:session_id>/feed/", SessionFeedConsumer.as_asgi()),
+    path("ws/feed/", GlobalFeedConsumer.as_asgi()),
+]
+
+
+class BrowserOriginValidator:
+    """``AllowedHostsOriginValidator`` for handshakes that carry an ``Origin`` header.
+
+    Browsers always send ``Origin`` on a websocket handshake, and it is what protects a
+    cookie-authenticated socket from a hostile page (cross-site websocket hijacking).
+    Programs usually send none; they are let through to authenticate with an API token
+    like any API client (a cookie sent by a program is the program's own).
+    """
+
+    def __init__(self, application: Any) -> None:
+        self.application = application
+        self.checked = AllowedHostsOriginValidator(application)
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> Any:
+        if any(name == b"origin" for name, _ in scope.get("headers", [])):
+            return await self.checked(scope, receive, send)
+        return await self.application(scope, receive, send)

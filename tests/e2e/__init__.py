@@ -1,0 +1,1 @@
+"""End-to-end tests: real server processes (Daphne) and real network clients."""
