@@ -620,10 +620,15 @@ TASK_INSERT = (
     "outcome, restarts, epoch, lease_owner, lease_until, queue) VALUES "
     "(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
 )
+# A lease kept by a commit is extended from when the commit was built; the time the
+# transaction then spent waiting for locks is added here, measured by the database,
+# so that a commit stuck behind a lock never lands with a lease that ran out
+# meanwhile (a live worker would lose its task to the sweep).
 TASK_UPDATE = (
     "UPDATE kernel_task SET version = %s, input = %s, status = %s, phase = %s, checkpoint = %s, "
     "updated_seq = %s, wait = %s, wait_deps = %s, wake_at = %s, signals = %s, cancel = %s, "
-    "outcome = %s, restarts = %s, epoch = %s, lease_owner = %s, lease_until = %s WHERE id = %s"
+    "outcome = %s, restarts = %s, epoch = %s, lease_owner = %s, "
+    "lease_until = %s::timestamptz + (clock_timestamp() - transaction_timestamp()) WHERE id = %s"
 )
 
 
