@@ -58,6 +58,7 @@ from django.utils import timezone
 from controlplane.api.auth import digest, role_of
 from controlplane.api.feed import (
     FRAME_COLUMNS,
+    MAX_CURSOR,
     frame,
     session_exists,
     session_frames,
@@ -77,7 +78,6 @@ YIELD_EVERY = 200
 """Frames sent between two yields to the event loop, so that a long replay does not
 hold up the other sockets of the process."""
 OPENING_SECONDS = 10.0
-MAX_CURSOR = 2**63 - 1
 
 REFUSED = 4403
 BAD_REQUEST = 4400

@@ -41,6 +41,7 @@ from kernel import UnknownRecord
 log = logging.getLogger(__name__)
 router = Router(tags=["changes"])
 
+MAX_CURSOR = 2**63 - 1  # a bigint
 DEFAULT_LIMIT = 100
 MAX_LIMIT = 1000
 MAX_WAIT = 30.0
@@ -279,7 +280,9 @@ WAIT_HELP = "seconds to wait for a change when none is there yet (long-poll)"
 async def session_changes(
     request: HttpRequest,
     session_id: str,
-    after: int = Query(0, ge=0, description="the last seq you have; 0 for everything"),
+    after: int = Query(
+        0, ge=0, le=MAX_CURSOR, description="the last seq you have; 0 for everything"
+    ),
     limit: int = Query(DEFAULT_LIMIT, ge=1, le=MAX_LIMIT, description=LIMIT_HELP),
     wait: float = Query(0.0, ge=0, le=MAX_WAIT, description=WAIT_HELP),
 ) -> Any:
@@ -297,7 +300,9 @@ async def session_changes(
 @router.get("/changes", response=GlobalChanges)
 async def global_changes(
     request: HttpRequest,
-    after_id: int = Query(0, ge=0, description="the last commit id you have; 0 for everything"),
+    after_id: int = Query(
+        0, ge=0, le=MAX_CURSOR, description="the last commit id you have; 0 for everything"
+    ),
     limit: int = Query(DEFAULT_LIMIT, ge=1, le=MAX_LIMIT, description=LIMIT_HELP),
     wait: float = Query(0.0, ge=0, le=MAX_WAIT, description=WAIT_HELP),
 ) -> Any:
