@@ -33,6 +33,7 @@ from controlplane.notices.provider_process import RunningProvider, start_provide
 from controlplane.storage import PostgresStorage
 from kernel import Draft, Kernel, Status, SystemClock, Task, Worker
 from kernel.dispatch import Dispatcher
+from tests.databases import url_of_test_database
 
 ROOT = Path(__file__).resolve().parents[2]
 CELERY = [sys.executable, "-m", "celery", "-A", "controlplane.celery"]
@@ -404,11 +405,7 @@ def chaos_stack(tmp: Path, **provider_flags: Any) -> Iterator[Stack]:
 
 @contextmanager
 def _stack(tmp: Path, redis_url: str, provider_flags: dict[str, Any]) -> Iterator[Stack]:
-    params = settings.DATABASES["default"]
-    database_url = (
-        f"postgresql://{params['USER'] or 'postgres'}@{params['HOST'] or '127.0.0.1'}:"
-        f"{params['PORT'] or 5432}/{connection.settings_dict['NAME']}"
-    )
+    database_url = url_of_test_database()
     with start_provider(**provider_flags) as provider:
         env = {
             **os.environ,

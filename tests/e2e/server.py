@@ -21,11 +21,11 @@ from pathlib import Path
 from typing import Any
 
 from django.conf import settings
-from django.db import connection
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import ClientConnection, connect
 
 from tests.chaos.harness import ROOT, wait_for
+from tests.databases import url_of_test_database
 
 DAPHNE = str(Path(sys.executable).parent / "daphne")
 
@@ -36,14 +36,7 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def database_url_of_tests() -> str:
-    """pytest-django's test database, as a URL for another process (as the chaos harness
-    derives it)."""
-    params = settings.DATABASES["default"]
-    return (
-        f"postgresql://{params['USER'] or 'postgres'}@{params['HOST'] or '127.0.0.1'}:"
-        f"{params['PORT'] or 5432}/{connection.settings_dict['NAME']}"
-    )
+database_url_of_tests = url_of_test_database
 
 
 def channel_layers(redis_url: str, capacity: int = 100) -> dict[str, Any]:
