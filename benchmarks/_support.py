@@ -139,6 +139,15 @@ def replace_section(text: str, heading: str, section: str) -> str:
     return text[: match.start()] + body + ("\n" if tail else "") + tail
 
 
+def publish(heading: str, section: str, *, write: bool) -> int:
+    """Print a benchmark's section and, unless told not to, put it in the report."""
+    if write:
+        write_section(heading, section)
+        progress(f"wrote {REPORT.relative_to(REPORT.parent.parent)}")
+    print(section)
+    return 0
+
+
 def write_section(heading: str, section: str, path: Path = REPORT) -> None:
     """Write ``section`` into the report file, replacing only its own previous version."""
     text = path.read_text() if path.exists() else "# Benchmarks\n\nWritten by `make bench`.\n"

@@ -61,9 +61,9 @@ from benchmarks._support import (
     Stats,
     database_url,
     progress,
+    publish,
     recreate_database,
     setup_django,
-    write_section,
 )
 
 HEADING = "## Email batch (issue 3)"
@@ -1144,11 +1144,7 @@ def main(argv: list[str] | None = None) -> int:
     setup_django(url, migrate=True)
     result = run(url, redis_url, config)
     section = render(result)
-    if not args.no_write:
-        write_section(HEADING, section)
-        progress(f"wrote {REPORT.relative_to(REPORT.parent.parent)}")
-    print(section)
-    return 0
+    return publish(HEADING, section, write=not args.no_write)
 
 
 if __name__ == "__main__":

@@ -44,10 +44,10 @@ from benchmarks._support import (
     Stats,
     database_url,
     progress,
+    publish,
     recreate_database,
     server_facts,
     setup_django,
-    write_section,
 )
 from kernel import (
     Draft,
@@ -921,11 +921,7 @@ def main(argv: list[str] | None = None) -> int:
         profile=args.profile,
     )
     section = render(result)
-    if not args.no_write:
-        write_section(HEADING, section)
-        progress(f"wrote {REPORT.relative_to(REPORT.parent.parent)}")
-    print(section)
-    return 0
+    return publish(HEADING, section, write=not args.no_write)
 
 
 if __name__ == "__main__":

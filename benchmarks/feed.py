@@ -48,9 +48,9 @@ from benchmarks._support import (
     Stats,
     database_url,
     progress,
+    publish,
     recreate_database,
     setup_django,
-    write_section,
 )
 
 HEADING = "## Change feed (issue 5)"
@@ -103,7 +103,10 @@ class Daphne:
         with self.log.open("ab") as out:
             self.popen = subprocess.Popen(
                 [daphne, "-b", "127.0.0.1", "-p", str(self.port), "controlplane.asgi:application"],
-                cwd=ROOT, env=self.env, stdout=out, stderr=subprocess.STDOUT,
+                cwd=ROOT,
+                env=self.env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
             )
         deadline = time.monotonic() + 60
         while True:
@@ -183,8 +186,14 @@ class Latency:
 
 
 def measure_latency(
-    server: Daphne, token: str, feed: str, clients: int, commits: int, interval: float,
-    warmup: int, clock: CommitClock,
+    server: Daphne,
+    token: str,
+    feed: str,
+    clients: int,
+    commits: int,
+    interval: float,
+    warmup: int,
+    clock: CommitClock,
 ) -> Latency:
     """``clients`` sockets on one feed; ``warmup`` + ``commits`` commits, ``interval``
     seconds apart, from a thread; the samples of the last ``commits``."""
@@ -198,8 +207,16 @@ def measure_latency(
 
 
 async def _measure(
-    server: Daphne, token: str, feed: str, clients: int, commits: int, interval: float,
-    warmup: int, clock: CommitClock, handle: Any, start: Any,
+    server: Daphne,
+    token: str,
+    feed: str,
+    clients: int,
+    commits: int,
+    interval: float,
+    warmup: int,
+    clock: CommitClock,
+    handle: Any,
+    start: Any,
 ) -> Latency:
     from websockets.asyncio.client import connect
 
@@ -412,14 +429,24 @@ def run(args: argparse.Namespace, url: str, redis_url: str) -> Result:
         server.start()
         try:
             for feed in ("session", "global"):
-                progress(f"latency: {args.clients} clients on the {feed} feed, "
-                         f"{args.commits} commits {args.interval * 1000:.0f} ms apart")
-                latency = measure_latency(
-                    server, token, feed, args.clients, args.commits, args.interval,
-                    args.warmup, clock,
+                progress(
+                    f"latency: {args.clients} clients on the {feed} feed, "
+                    f"{args.commits} commits {args.interval * 1000:.0f} ms apart"
                 )
-                progress(f"  p50 {latency.samples.p50:.1f} ms, p99 {latency.samples.p99:.1f} ms,"
-                         f" missing {latency.missing}")
+                latency = measure_latency(
+                    server,
+                    token,
+                    feed,
+                    args.clients,
+                    args.commits,
+                    args.interval,
+                    args.warmup,
+                    clock,
+                )
+                progress(
+                    f"  p50 {latency.samples.p50:.1f} ms, p99 {latency.samples.p99:.1f} ms,"
+                    f" missing {latency.missing}"
+                )
                 result.latencies.append(latency)
             progress(f"replay: seeding a session with {args.replay} commits")
             session_id = seed_session(args.replay)
@@ -463,7 +490,7 @@ def render(result: Result) -> str:
         "Redis) at a steady pace from a thread. A sample is one frame at one client: from "
         "the commit being durable (the kernel's first after-commit listener) to the "
         "frame's arrival, on one clock. Warm-up commits are not counted. Percentiles are "
-        "nearest-rank, in milliseconds; \"worst client\" is, per commit, the last of the "
+        'nearest-rank, in milliseconds; "worst client" is, per commit, the last of the '
         "clients to get it.",
         "",
         "| feed | clients | commits | pace | samples | p50 | p90 | p99 | max | worst client "
@@ -484,7 +511,8 @@ def render(result: Result) -> str:
     lines += [
         "",
         f"Target p99 <= {LATENCY_TARGET_MS:.0f} ms with 100 clients: "
-        + ("met" if met else "**not met**") + f" (highest p99 {worst:.1f} ms).",
+        + ("met" if met else "**not met**")
+        + f" (highest p99 {worst:.1f} ms).",
     ]
     replay = result.replay
     if replay is not None:
@@ -551,11 +579,7 @@ def main(argv: list[str] | None = None) -> int:
         setup_django(url, migrate=True)
         result = run(args, url, redis_url)
     section = render(result)
-    if not args.no_write:
-        write_section(HEADING, section)
-        progress(f"wrote {REPORT.relative_to(REPORT.parent.parent)}")
-    print(section)
-    return 0
+    return publish(HEADING, section, write=not args.no_write)
 
 
 if __name__ == "__main__":

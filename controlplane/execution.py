@@ -22,7 +22,7 @@ from celery.signals import worker_process_shutdown, worker_ready
 from django.conf import settings
 from django.db import close_old_connections
 
-from kernel import Kernel, SystemClock, Worker
+from kernel import Blocked, Kernel, SystemClock, Worker
 from kernel.dispatch import Dispatcher
 
 from .celery import app
@@ -61,13 +61,34 @@ def runtime() -> Runtime:
     return Runtime(kernel, dispatcher, worker)
 
 
+BUSY_RETRIES = 5
+
+
 @app.task(name="controlplane.advance", ignore_result=True)
-def advance(task_id: str) -> bool:
+def advance(task_id: str, tries: int = 0) -> bool:
     close_old_connections()  # a restarted Postgres leaves a dead connection behind
     try:
-        return runtime().worker.advance(task_id)
+        ran = runtime().worker.advance(task_id)
+        if not ran and tries < BUSY_RETRIES and claimable_soon(task_id):
+            # Runnable, yet not claimed: its row was held by a commit in progress. Look
+            # again shortly rather than wait for the sweep's redelivery.
+            advance.apply_async(
+                args=[task_id, tries + 1],
+                countdown=0.2 * (tries + 1),
+                queue=runtime().kernel.task(task_id).queue,
+                retry=False,
+            )
+        return ran
     finally:
         close_old_connections()
+
+
+def claimable_soon(task_id: str) -> bool:
+    kernel = runtime().kernel
+    task = kernel.storage.task(task_id)
+    if task is None or not task.runnable_at(kernel.clock.now()):
+        return False
+    return not isinstance(kernel.registry.resolve(task), Blocked)
 
 
 @app.task(name="controlplane.sweep", ignore_result=True)

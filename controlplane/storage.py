@@ -17,8 +17,9 @@ becomes :class:`~kernel.errors.CommitUncertain`; an error before it rolls back.
 
 from __future__ import annotations
 
+import functools
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 from datetime import datetime
 from typing import Any
@@ -215,6 +216,10 @@ class PostgresStorage:
 
     def commit(self, session_id: str, build: Build, prefetch: Prefetch = NO_PREFETCH) -> WriteSet:
         db = connections[self.using]
+        if db.in_atomic_block:
+            # Inside someone else's transaction this would be a savepoint: "committed"
+            # would not mean durable, and listeners would publish too early (invariant 2).
+            raise RuntimeError("a kernel commit must own its transaction; call it outside atomic()")
         atomic = transaction.atomic(using=self.using)
         atomic.__enter__()
         try:
@@ -350,6 +355,14 @@ class PostgresStorage:
         )
         return [_task(r) for r in rows]
 
+    def expired_leases(self, now: datetime, limit: int) -> list[Task]:
+        rows = self._all(
+            f"SELECT {TASK_COLUMNS} FROM kernel_task WHERE status = 'running' "
+            "AND lease_until < %s ORDER BY lease_until LIMIT %s",
+            [now, limit],
+        )
+        return [_task(r) for r in rows]
+
     def next_wake(self) -> datetime | None:
         row = self._one(
             "SELECT min(CASE WHEN status = 'sleeping' THEN wake_at ELSE lease_until END) "
@@ -438,14 +451,24 @@ class HotCursor:
         if self.db.queries_logged:
             self.db.queries_log.append({"sql": sql, "time": "0.000"})
 
+    def _wrapped(self, run: Callable[..., Any], sql: str, params: Any, many: bool) -> None:
+        """Run through Django's execute wrappers, as its own cursors do, so that query
+        instrumentation (tracing, profiling, tests) sees these statements too."""
+        executor = run
+        for wrapper in reversed(self.db.execute_wrappers):
+            executor = functools.partial(wrapper, executor)
+        executor(sql, params, many, {"connection": self.db, "cursor": self})
+
     def execute(self, sql: str, params: Any = None) -> HotCursor:
         self._log(sql)
-        self.raw.execute(sql, params, prepare=True)
+        self._wrapped(
+            lambda q, p, many, context: self.raw.execute(q, p, prepare=True), sql, params, False
+        )
         return self
 
     def executemany(self, sql: str, rows: list[Any]) -> None:
         self._log(f"{len(rows)} times: {sql}")
-        self.raw.executemany(sql, rows)
+        self._wrapped(lambda q, p, many, context: self.raw.executemany(q, p), sql, rows, True)
 
     def fetchone(self) -> Any:
         return self.raw.fetchone()
@@ -539,8 +562,11 @@ class _Transaction:
         self.cur.execute(f"SELECT {TASK_COLUMNS} FROM kernel_task WHERE {where} FOR UPDATE", params)
         return [_task(r) for r in self.cur.fetchall()]
 
-    def tasks(self, ids: Iterable[str]) -> dict[str, Task]:
+    def tasks(self, ids: Iterable[str], lock: bool = True) -> dict[str, Task]:
         wanted = list(ids)
+        if not lock:
+            self.cur.execute(f"SELECT {TASK_COLUMNS} FROM kernel_task WHERE id = ANY(%s)", [wanted])
+            return {t.id: t for t in map(_task, self.cur.fetchall())}
         missing = [i for i in wanted if i not in self._task_cache]
         if missing:
             self._task_cache.update({t.id: t for t in self._tasks("id = ANY(%s)", [missing])})

@@ -245,6 +245,7 @@ class Builder:
         self.session_id = tx.session.id
         self.seq = tx.session.head_seq + 1
         self.tasks: dict[str, Task] = {}
+        self.seen: dict[str, Task] = {}
         self.created: dict[str, Task] = {}
         self.changed: set[str] = set()
         self.finished: list[str] = []
@@ -259,6 +260,32 @@ class Builder:
                 raise UnknownRecord(f"no task {task_id} in session {self.session_id}")
             self.tasks[task_id] = found
         return self.tasks[task_id]
+
+    def load(self, ids: list[str]) -> None:
+        """Lock and cache the tasks this commit may change, in one read."""
+        missing = [i for i in dict.fromkeys(ids) if i not in self.tasks]
+        if missing:
+            self.tasks.update(self.tx.tasks(missing))
+        unknown = [i for i in missing if i not in self.tasks]
+        if unknown:
+            raise UnknownRecord(f"no task {unknown[0]} in session {self.session_id}")
+
+    def peek(self, ids: list[str]) -> list[Task]:
+        """Tasks this commit only looks at (a join's dependencies), in one unlocked read.
+
+        Safe without a lock because only commits make a task terminal, and this
+        session's commits are serialized; what this commit changed itself wins.
+        """
+        missing = [i for i in dict.fromkeys(ids) if i not in self.tasks and i not in self.seen]
+        if missing:
+            self.seen.update(self.tx.tasks(missing, lock=False))
+        found = []
+        for task_id in ids:
+            task = self.tasks.get(task_id) or self.seen.get(task_id)
+            if task is None or task.session_id != self.session_id:
+                raise UnknownRecord(f"no task {task_id} in session {self.session_id}")
+            found.append(task)
+        return found
 
     def put(self, task: Task) -> None:
         previous = self.tasks.get(task.id)
@@ -571,28 +598,31 @@ class Builder:
         return frozenset(resolved.definition.phases)
 
     def _check_join(self, waiter: Task, join: WaitTasks) -> None:
-        for dep_id in join.deps:
-            if dep_id == waiter.id:
-                raise WaitCycle(f"task {waiter.id} cannot wait on itself")
-            dep = self.task(dep_id)
+        if waiter.id in join.deps:
+            raise WaitCycle(f"task {waiter.id} cannot wait on itself")
+        for dep in self.peek(list(join.deps)):
             if join.policy is JoinPolicy.FAIL_FAST and not (
                 dep.owned and dep.parent_id == waiter.id
             ):
                 raise IllegalTransition(
-                    f"fail_fast joins only tasks the waiter owns; {dep_id} is not owned by "
+                    f"fail_fast joins only tasks the waiter owns; {dep.id} is not owned by "
                     f"{waiter.id}"
                 )
+        # Walk the wait graph a level at a time: one read per level, not per task.
         seen: set[str] = set()
-        frontier = list(join.deps)
-        while frontier:
-            current = self.task(frontier.pop())
-            if current.id == waiter.id:
-                raise WaitCycle(f"task {waiter.id} would wait on itself through {join.deps}")
-            if current.id in seen:
-                continue
-            seen.add(current.id)
-            if current.status is Status.WAITING:
-                frontier.extend(current.wait_deps)
+        level = [d for d in join.deps if d != waiter.id]
+        while level:
+            seen.update(level)
+            following = []
+            for current in self.peek(level):
+                for next_id in current.wait_deps if current.status is Status.WAITING else []:
+                    if next_id == waiter.id:
+                        raise WaitCycle(
+                            f"task {waiter.id} would wait on itself through {join.deps}"
+                        )
+                    if next_id not in seen:
+                        following.append(next_id)
+            level = list(dict.fromkeys(following))
 
     def _signal(self, task_id: str, name: str, payload: JSON) -> None:
         task = self.task(task_id)
@@ -676,11 +706,12 @@ class Builder:
         if "signal" in task.wait:
             satisfied = task.wait["signal"] in task.signals
         else:
-            deps = [self.task(d) for d in task.wait_deps]
+            deps = self.peek(task.wait_deps)
             if task.wait.get("policy") == JoinPolicy.FAIL_FAST and any(
                 d.terminal and not succeeded(d) for d in deps
             ):
                 failed = next(d.id for d in deps if d.terminal and not succeeded(d))
+                self.load(task.wait_deps)  # about to change them: now they must be locked
                 for dep in deps:
                     self._cancel(dep.id, f"fail_fast: sibling {failed} did not succeed", "kernel")
                 deps = [self.task(d.id) for d in deps]

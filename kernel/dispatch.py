@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from .records import Dispatch, Status, WriteSet
+from .records import Dispatch, WriteSet
 from .session import Kernel
 
 Deliver = Callable[[str, str], None]
@@ -62,7 +62,7 @@ class Dispatcher:
         """One idempotent pass over what should be running and may not be."""
         now = self.kernel.clock.now()
         storage = self.kernel.storage
-        expired = [t for t in storage.runnable(now, self.batch) if t.status is Status.RUNNING]
+        expired = storage.expired_leases(now, self.batch)
         if expired:
             storage.ensure_dispatches(expired, now)
         rows = storage.due_dispatches(now, now - self.redeliver_after, self.batch)

@@ -208,6 +208,15 @@ class InMemoryStorage:
             found = [t for t in self._tasks.values() if t.runnable_at(now)]
             return found[:limit]
 
+    def expired_leases(self, now: datetime, limit: int) -> list[Task]:
+        with self._lock:
+            found = [
+                t
+                for t in self._tasks.values()
+                if t.status is Status.RUNNING and t.lease_until is not None and t.lease_until < now
+            ]
+            return found[:limit]
+
     def next_wake(self) -> datetime | None:
         with self._lock:
             moments = [
@@ -258,7 +267,7 @@ class _Transaction:
         self.storage = storage
         self.session = session
 
-    def tasks(self, ids: Iterable[str]) -> dict[str, Task]:
+    def tasks(self, ids: Iterable[str], lock: bool = True) -> dict[str, Task]:
         found = (self.storage._tasks.get(i) for i in ids)
         return {t.id: t for t in found if t is not None}
 

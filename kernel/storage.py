@@ -43,7 +43,9 @@ class Transaction(Protocol):
 
     session: SessionRecord
 
-    def tasks(self, ids: Iterable[str]) -> dict[str, Task]: ...
+    def tasks(self, ids: Iterable[str], lock: bool = True) -> dict[str, Task]:
+        """The tasks with these ids; locked against claims unless ``lock`` is False."""
+        ...
 
     def children(self, task_id: str) -> list[Task]: ...
 
@@ -153,6 +155,10 @@ class Storage(Protocol):
         ...
 
     def runnable(self, now: datetime, limit: int) -> list[Task]: ...
+
+    def expired_leases(self, now: datetime, limit: int) -> list[Task]:
+        """Running tasks whose lease has run out (their worker is presumably gone)."""
+        ...
 
     def next_wake(self) -> datetime | None:
         """The earliest time at which a sleeper wakes or a lease expires."""

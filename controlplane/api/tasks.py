@@ -85,7 +85,7 @@ def list_tasks(
     until: datetime | None = Query(None, description="last changed before"),
     parent_id: str | None = Query(None, description="children of this task; `root` for roots"),
     limit: int = Query(200, ge=1, le=MAX_TASKS),
-    offset: int = Query(0, ge=0),
+    offset: int = Query(0, ge=0, le=1_000_000),
 ) -> Any:
     rows = filtered(
         session_id, kind, status, outcome, waiting_for_resolution, since, until, parent_id

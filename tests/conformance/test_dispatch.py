@@ -91,3 +91,17 @@ def test_an_expired_lease_is_dispatched_once_per_redelivery_window(world: World)
     assert broker.sent == [task_id]
     Worker(kernel, "w2").advance(task_id)
     assert world.storage.task(task_id).outcome["kind"] == "succeeded"
+
+
+def test_an_expired_lease_is_found_behind_a_backlog_of_pending_tasks(world: World) -> None:
+    kernel, broker, dispatcher, handle = setup(world)
+    dispatcher.batch = 2
+    backlog = [create(handle, "step", {"name": f"b{i}"}) for i in range(3)]
+    stuck = create(handle, "step", {"name": "stuck"})
+    now = world.clock.now()
+    world.storage.claim(stuck, "dead-worker", now, now + timedelta(seconds=10))
+    world.clock.advance(11)
+    broker.sent.clear()
+    dispatcher.sweep()
+    assert stuck in broker.sent
+    assert set(broker.sent) <= {stuck, *backlog}

@@ -50,4 +50,6 @@ def token(monkeypatch: pytest.MonkeyPatch) -> str:
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
 def test_the_api_keeps_its_schema(case: schemathesis.Case, token: str) -> None:
+    if isinstance(case.query, dict) and isinstance(case.query.get("wait"), int | float):
+        case.query["wait"] = min(case.query["wait"], 0.5)  # long-polls: keep the run short
     case.call_and_validate(headers={"Authorization": f"Bearer {token}"}, checks=CHECKS)
