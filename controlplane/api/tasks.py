@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import defaultdict
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any, cast
 
 from django.conf import settings
@@ -57,6 +57,8 @@ def filtered(
         waits = Q(status="waiting", wait__has_key="signal")
         rows = rows.filter(waits) if waiting_for_resolution else rows.exclude(waits)
     if since or until:
+        # In UTC: Postgres refuses offsets beyond ±16 h, which Python (and ISO 8601) allow.
+        since, until = (t.astimezone(UTC) if t else None for t in (since, until))
         last_change = models.Commit.objects.filter(
             session_id=OuterRef("session_id"), seq=OuterRef("updated_seq")
         )

@@ -216,6 +216,8 @@ def test_tasks_by_filter_and_as_a_tree(
     roots = viewer.get(f"/api/tasks?session_id={session_id}&parent_id=root").json()
     assert [t["id"] for t in roots] == [parent]
     assert viewer.get("/api/tasks?status=bogus").status_code == 422
+    odd_offset = "/api/tasks?since=1282-10-25T01:07:00-18:08&until=2999-01-01T00:00:00Z"
+    assert viewer.get(odd_offset).status_code == 200  # offsets Postgres cannot hold
     assert viewer.get(f"/api/tasks?session_id={session_id}&blocked=true").json() == []
     monkeypatch.setattr(kernel, "registry", Registry())  # a deploy that lost the definitions
     blocked = viewer.get(f"/api/tasks?session_id={session_id}&blocked=true").json()
