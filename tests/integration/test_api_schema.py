@@ -46,6 +46,7 @@ def token(monkeypatch: pytest.MonkeyPatch) -> str:
 @schema.parametrize()
 @settings(
     max_examples=10,
+    derandomize=True,  # CI must be repeatable; run with a random seed locally to explore
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
