@@ -43,7 +43,7 @@ from kernel.records import (
     Task,
     WriteSet,
 )
-from kernel.storage import NO_PREFETCH, Build, FaultHook, Prefetch
+from kernel.storage import NO_PREFETCH, Build, FaultHook, JoinState, Prefetch
 
 JSON = Any
 
@@ -571,6 +571,18 @@ class _Transaction:
         if missing:
             self._task_cache.update({t.id: t for t in self._tasks("id = ANY(%s)", [missing])})
         return {i: self._task_cache[i] for i in wanted if i in self._task_cache}
+
+    def join_state(self, ids: Sequence[str]) -> JoinState:
+        if not ids:
+            return JoinState(0, None)
+        self.cur.execute(
+            "SELECT count(*) FILTER (WHERE status <> 'terminal'), min(id) FILTER "
+            "(WHERE status = 'terminal' AND outcome->>'kind' <> 'succeeded') "
+            "FROM kernel_task WHERE id = ANY(%s)",
+            [list(ids)],
+        )
+        open_, failed = self.cur.fetchone()
+        return JoinState(open_, failed)
 
     def _query_children(self, task_id: str) -> HotCursor:
         return HotCursor(self.db).execute(

@@ -42,7 +42,7 @@ from .records import (
     new_id,
 )
 from .registry import Blocked, Registry
-from .storage import Prefetch, Transaction
+from .storage import JoinState, Prefetch, Transaction
 from .tasks import Finish, Transition, WaitTasks, apply_transition, released, succeeded
 
 JSON = Any
@@ -286,6 +286,19 @@ class Builder:
                 raise UnknownRecord(f"no task {task_id} in session {self.session_id}")
             found.append(task)
         return found
+
+    def join_state(self, ids: list[str]) -> JoinState:
+        """Where a join over ``ids`` stands, in one unlocked read that returns one row.
+
+        A join over n tasks is checked each time one of them ends: reading all n
+        would make a batch of n emails read n*n task rows. Unlocked as in :meth:`peek`;
+        what this commit changed itself wins.
+        """
+        local = [t for i in dict.fromkeys(ids) if (t := self.tasks.get(i) or self.seen.get(i))]
+        known = {t.id for t in local}
+        state = self.tx.join_state([i for i in ids if i not in known])
+        failed = next((t.id for t in local if t.terminal and not succeeded(t)), state.failed)
+        return JoinState(state.open + sum(not t.terminal for t in local), failed)
 
     def put(self, task: Task) -> None:
         previous = self.tasks.get(task.id)
@@ -706,16 +719,13 @@ class Builder:
         if "signal" in task.wait:
             satisfied = task.wait["signal"] in task.signals
         else:
-            deps = self.peek(task.wait_deps)
-            if task.wait.get("policy") == JoinPolicy.FAIL_FAST and any(
-                d.terminal and not succeeded(d) for d in deps
-            ):
-                failed = next(d.id for d in deps if d.terminal and not succeeded(d))
+            join = self.join_state(task.wait_deps)
+            if task.wait.get("policy") == JoinPolicy.FAIL_FAST and join.failed is not None:
                 self.load(task.wait_deps)  # about to change them: now they must be locked
-                for dep in deps:
-                    self._cancel(dep.id, f"fail_fast: sibling {failed} did not succeed", "kernel")
-                deps = [self.task(d.id) for d in deps]
-            satisfied = all(d.terminal for d in deps)
+                for dep in task.wait_deps:
+                    self._cancel(dep, f"fail_fast: sibling {join.failed} did not succeed", "kernel")
+                join = self.join_state(task.wait_deps)
+            satisfied = join.open == 0
         if satisfied:
             self.put(replace(task, status=Status.PENDING, wait=None, updated_seq=self.seq))
 

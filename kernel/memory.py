@@ -29,7 +29,8 @@ from .records import (
     Task,
     WriteSet,
 )
-from .storage import NO_PREFETCH, Build, FaultHook, Prefetch
+from .storage import NO_PREFETCH, Build, FaultHook, JoinState, Prefetch
+from .tasks import succeeded
 
 
 def _no_fault(point: str) -> None:
@@ -270,6 +271,11 @@ class _Transaction:
     def tasks(self, ids: Iterable[str], lock: bool = True) -> dict[str, Task]:
         found = (self.storage._tasks.get(i) for i in ids)
         return {t.id: t for t in found if t is not None}
+
+    def join_state(self, ids: Sequence[str]) -> JoinState:
+        found = [t for i in ids if (t := self.storage._tasks.get(i)) is not None]
+        failed = next((t.id for t in found if t.terminal and not succeeded(t)), None)
+        return JoinState(sum(not t.terminal for t in found), failed)
 
     def children(self, task_id: str) -> list[Task]:
         return [self.storage._tasks[i] for i in self.storage._children.get(task_id, [])]

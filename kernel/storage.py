@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from .records import (
     Commit,
@@ -34,6 +34,14 @@ FaultHook = Callable[[str], None]
 ``after_commit``); tests raise from it to simulate crashes and storage failures."""
 
 
+class JoinState(NamedTuple):
+    """Where a join over some tasks stands: how many are still open, and the first one
+    found that ended without succeeding (what ``fail_fast`` acts on)."""
+
+    open: int
+    failed: str | None
+
+
 class Transaction(Protocol):
     """Reads inside a commit transaction that holds the session's commit order.
 
@@ -45,6 +53,11 @@ class Transaction(Protocol):
 
     def tasks(self, ids: Iterable[str], lock: bool = True) -> dict[str, Task]:
         """The tasks with these ids; locked against claims unless ``lock`` is False."""
+        ...
+
+    def join_state(self, ids: Sequence[str]) -> JoinState:
+        """How many of these tasks are not terminal, and one that ended without
+        succeeding, if any; unlocked. All that a join needs to know."""
         ...
 
     def children(self, task_id: str) -> list[Task]: ...

@@ -13,6 +13,7 @@ cannot be asked (SMTP), the notice waits for an operator's resolution.
 from __future__ import annotations
 
 import uuid
+from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any
 
@@ -139,15 +140,42 @@ def register(registry: Registry, channels: Mapping[str, Channel]) -> None:
             return _give_up(run, f"operator gave up: {decision.get('reason', '')}".strip())
 
 
+class _ApprovedMessages:
+    """Subject, body and channel of each plan, read once per process.
+
+    ``plan`` writes them before any notice exists and nothing changes them later, so
+    a cached copy is never stale; without it every notice of a 1,000-email batch
+    re-read the whole plan document (every recipient's state) to find the same text.
+    """
+
+    def __init__(self, size: int = 64) -> None:
+        self.size = size
+        self._by_plan: OrderedDict[str, tuple[str, str, str]] = OrderedDict()
+
+    def of(self, run: Run) -> tuple[str, str, str]:
+        plan_id = run.input["plan"]
+        if plan_id in self._by_plan:
+            self._by_plan.move_to_end(plan_id)
+        else:
+            plan = run.document(PLAN, plan_id)
+            self._by_plan[plan_id] = (plan["channel"], plan["subject"], plan["body"])
+            while len(self._by_plan) > self.size:
+                self._by_plan.popitem(last=False)
+        return self._by_plan[plan_id]
+
+
+_approved = _ApprovedMessages()
+
+
 def _channel_and_message(run: Run, channels: Mapping[str, Channel]) -> tuple[Channel, Message]:
-    plan = run.document(PLAN, run.input["plan"])
+    channel, subject, body = _approved.of(run)
     message = Message(
         to=run.input["to"],
-        subject=plan["subject"],
-        body=plan["body"],
+        subject=subject,
+        body=body,
         metadata={"batch": run.input["plan"], "operation_id": run.input["operation_id"]},
     )
-    return channels[plan["channel"]], message
+    return channels[channel], message
 
 
 def _deliver(run: Run, channel: Channel, message: Message) -> Transition:
