@@ -21,7 +21,7 @@ import functools
 import json
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 import psycopg
@@ -373,16 +373,25 @@ class PostgresStorage:
 
     # -- outbox ------------------------------------------------------------------
 
-    def due_dispatches(
-        self, now: datetime, redeliver_before: datetime, limit: int
+    def take_due_dispatches(
+        self, now: datetime, redeliver_after: timedelta, limit: int
     ) -> list[Dispatch]:
         rows = self._all(
-            "SELECT task_id, session_id, not_before, queue, seq, id, delivered_at "
-            "FROM kernel_dispatch WHERE not_before <= %s "
-            "AND (delivered_at IS NULL OR delivered_at < %s) ORDER BY id LIMIT %s",
-            [now, redeliver_before, limit],
+            "WITH due AS (SELECT id FROM kernel_dispatch WHERE not_before <= %(now)s AND "
+            "(delivered_at IS NULL OR delivered_at < %(now)s - GREATEST(%(after)s, "
+            "delivered_at - not_before)) ORDER BY id LIMIT %(limit)s FOR UPDATE SKIP LOCKED) "
+            "UPDATE kernel_dispatch d SET delivered_at = %(now)s FROM due WHERE d.id = due.id "
+            "RETURNING d.task_id, d.session_id, d.not_before, d.queue, d.seq, d.id, "
+            "d.delivered_at",
+            {"now": now, "after": redeliver_after, "limit": limit},
         )
-        return [Dispatch(*r) for r in rows]
+        return sorted((Dispatch(*r) for r in rows), key=lambda d: d.id)
+
+    def release_dispatches(self, ids: Iterable[int]) -> None:
+        with self._cursor() as cur:
+            cur.execute(
+                "UPDATE kernel_dispatch SET delivered_at = NULL WHERE id = ANY(%s)", [list(ids)]
+            )
 
     def thread_exit(self) -> None:
         connections[self.using].close()  # Django's connections are per thread

@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import timedelta
 
 from .records import Dispatch, WriteSet
 from .session import Kernel
@@ -56,7 +56,10 @@ class Dispatcher:
     def after_commit(self, write_set: WriteSet) -> None:
         """Deliver the commit's due dispatches now; the sweep covers any failure."""
         now = self.kernel.clock.now()
-        self._deliver([d for d in write_set.dispatches if d.not_before <= now], now)
+        due = [d for d in write_set.dispatches if d.not_before <= now]
+        delivered, _ = self._deliver(due)
+        if delivered:
+            self.kernel.storage.mark_delivered([d.id for d in delivered], now)
 
     def sweep(self) -> SweepReport:
         """One idempotent pass over what should be running and may not be."""
@@ -65,21 +68,18 @@ class Dispatcher:
         expired = storage.expired_leases(now, self.batch)
         if expired:
             storage.ensure_dispatches(expired, now)
-        rows = storage.due_dispatches(now, now - self.redeliver_after, self.batch)
-        delivered, failed = self._deliver(rows, now)
-        return SweepReport(delivered=delivered, failed=failed)
+        taken = storage.take_due_dispatches(now, self.redeliver_after, self.batch)
+        delivered, undelivered = self._deliver(taken)
+        if undelivered:
+            storage.release_dispatches([d.id for d in undelivered])
+        return SweepReport(delivered=len(delivered), failed=len(undelivered))
 
-    def _deliver(self, rows: list[Dispatch], now: datetime) -> tuple[int, int]:
-        done: list[int] = []
-        failed = 0
-        for row in rows:
+    def _deliver(self, rows: list[Dispatch]) -> tuple[list[Dispatch], list[Dispatch]]:
+        """Send rows in order until the broker fails: (delivered, not delivered)."""
+        for sent, row in enumerate(rows):
             try:
                 self.deliver(row.task_id, row.queue)
             except Exception:
-                failed += 1
                 log.warning("could not deliver %s for %s", row.id, row.task_id, exc_info=True)
-                break  # the broker is likely down: leave the rest to the next sweep
-            done.append(row.id)
-        if done:
-            self.kernel.storage.mark_delivered(done, now)
-        return len(done), failed
+                return rows[:sent], rows[sent:]  # the broker is likely down: next sweep
+        return rows, []

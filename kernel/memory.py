@@ -13,7 +13,7 @@ import threading
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from .errors import CommitUncertain, UnknownRecord
 from .records import (
@@ -229,17 +229,29 @@ class InMemoryStorage:
 
     # -- outbox ------------------------------------------------------------------
 
-    def due_dispatches(
-        self, now: datetime, redeliver_before: datetime, limit: int
+    def take_due_dispatches(
+        self, now: datetime, redeliver_after: timedelta, limit: int
     ) -> list[Dispatch]:
         with self._lock:
             due = [
                 d
                 for d in self._dispatches.values()
                 if d.not_before <= now
-                and (d.delivered_at is None or d.delivered_at < redeliver_before)
-            ]
-            return due[:limit]
+                and (
+                    d.delivered_at is None
+                    or now - d.delivered_at > max(redeliver_after, d.delivered_at - d.not_before)
+                )
+            ][:limit]
+            for row in due:
+                self._dispatches[row.id] = replace(row, delivered_at=now)
+            return due
+
+    def release_dispatches(self, ids: Iterable[int]) -> None:
+        with self._lock:
+            for dispatch_id in ids:
+                row = self._dispatches.get(dispatch_id)
+                if row is not None:
+                    self._dispatches[dispatch_id] = replace(row, delivered_at=None)
 
     def thread_exit(self) -> None:
         return None

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, NamedTuple, Protocol
 
 from .records import (
@@ -179,11 +179,21 @@ class Storage(Protocol):
 
     # -- outbox ------------------------------------------------------------
 
-    def due_dispatches(
-        self, now: datetime, redeliver_before: datetime, limit: int
+    def take_due_dispatches(
+        self, now: datetime, redeliver_after: timedelta, limit: int
     ) -> list[Dispatch]:
-        """Rows due by ``now`` that were never delivered, or delivered before
-        ``redeliver_before`` and still not claimed (the message may be lost)."""
+        """Take rows due by ``now`` and stamp them delivered at ``now``, atomically.
+
+        Due means never delivered, or delivered and still unclaimed after a wait that
+        doubles with each delivery: ``max(redeliver_after, delivered_at - not_before)``.
+        A lost message is sent again soon, yet a row that sits in a long but healthy
+        queue is not re-sent every ``redeliver_after``. Rows another sweep is taking
+        are skipped, so two sweeps never send the same row.
+        """
+        ...
+
+    def release_dispatches(self, ids: Iterable[int]) -> None:
+        """Taken rows that could not be delivered: due again at the next sweep."""
         ...
 
     def mark_delivered(self, ids: Iterable[int], now: datetime) -> None: ...

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from datetime import timedelta
 
 from kernel import Draft, Worker
@@ -50,7 +51,7 @@ def test_runnable_tasks_are_delivered_after_their_commit_and_forgotten_once_clai
     Worker(kernel, "w").advance(task_id)
     world.clock.advance(60)
     assert dispatcher.sweep().delivered == 0
-    assert world.storage.due_dispatches(world.clock.now(), world.clock.now(), 10) == []
+    assert world.storage.take_due_dispatches(world.clock.now(), timedelta(0), 10) == []
 
 
 def test_a_broker_outage_loses_nothing(world: World) -> None:
@@ -59,11 +60,53 @@ def test_a_broker_outage_loses_nothing(world: World) -> None:
     first = create(handle, "step", {"name": "a"})
     second = create(handle, "step", {"name": "b"})
     assert broker.sent == []
-    assert dispatcher.sweep().failed == 1
+    assert dispatcher.sweep().failed == 2
     broker.down = False
     report = dispatcher.sweep()
     assert (report.delivered, report.failed) == (2, 0)
     assert sorted(broker.sent) == sorted([first, second])
+
+
+def test_redelivery_backs_off_while_a_message_waits_unclaimed(world: World) -> None:
+    """A long healthy queue must not be flooded with copies: each redelivery waits as
+    long as the row had waited before it."""
+    kernel, broker, dispatcher, handle = setup(world)
+    task_id = create(handle, "step", {"name": "s"})
+    sends = []
+    for _ in range(8):
+        world.clock.advance(15)
+        sends.append(dispatcher.sweep().delivered)
+    # delivered at 0; re-sent once it waited more than 30 s (at 45), then once it
+    # waited longer than the 45 s it had waited before (at 105)
+    assert sends == [0, 0, 1, 0, 0, 0, 1, 0]
+    world.clock.advance(120)
+    assert dispatcher.sweep().delivered == 1
+    assert broker.sent == [task_id] * 4
+
+
+def test_two_sweeps_at_once_send_each_row_once(world: World) -> None:
+    kernel, broker, dispatcher, handle = setup(world)
+    broker.down = True
+    created = [create(handle, "step", {"name": f"t{i}"}) for i in range(3)]
+    broker.down = False
+    entered, release = threading.Event(), threading.Event()
+    deliver = broker.deliver
+
+    def slow_deliver(task_id: str, queue: str) -> None:
+        entered.set()
+        release.wait(10)
+        deliver(task_id, queue)
+
+    slow = Dispatcher(kernel, slow_deliver, redeliver_after=timedelta(seconds=30))
+    first = threading.Thread(target=slow.sweep)
+    first.start()
+    assert entered.wait(10)
+    try:
+        assert dispatcher.sweep().delivered == 0  # the first sweep has taken every row
+    finally:
+        release.set()
+        first.join(10)
+    assert sorted(broker.sent) == sorted(created)
 
 
 def test_sleepers_are_delivered_when_due(world: World) -> None:
