@@ -145,18 +145,25 @@ class Feed:
     def __init__(self, ws: ClientConnection) -> None:
         self.ws = ws
         self.heartbeats: list[dict[str, Any]] = []
+        self.batches: list[int] = []  # the size of each ``commits`` frame received
+        self._unread: list[dict[str, Any]] = []
 
     def frame(self, timeout: float = 15.0) -> dict[str, Any]:
         return dict(json.loads(self.ws.recv(timeout=timeout)))
 
     def commit(self, timeout: float = 15.0) -> dict[str, Any]:
-        while True:
+        """The next commit, whether it came in a frame of its own or in a batch."""
+        while not self._unread:
             frame = self.frame(timeout)
             if frame["type"] == "heartbeat":
                 self.heartbeats.append(frame)
-                continue
-            assert frame["type"] == "commit", frame
-            return frame
+            elif frame["type"] == "commits":
+                self.batches.append(len(frame["commits"]))
+                self._unread.extend(frame["commits"])
+            else:
+                assert frame["type"] == "commit", frame
+                return frame
+        return self._unread.pop(0)
 
     def commits(self, count: int, timeout: float = 15.0) -> list[dict[str, Any]]:
         return [self.commit(timeout) for _ in range(count)]

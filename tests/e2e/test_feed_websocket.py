@@ -144,6 +144,21 @@ def test_replay_then_live_then_resume_after_a_disconnect(server: Daphne, token: 
         assert client.heartbeat(timeout=5) == {"type": "heartbeat", "seq": 210}
 
 
+def test_a_client_may_take_its_catch_up_in_batched_frames(server: Daphne, token: str) -> None:
+    handle = runtime().kernel.create_session()
+    made = commits(handle, 1200)
+    with feed(session_feed(server, handle, token), first={"after": 7, "batch": True}) as client:
+        caught_up = client.commits(1193)
+        assert seqs(caught_up) == list(range(8, 1201))
+        assert [f["id"] for f in caught_up] == [c.id for c in made[7:]]
+        assert len(client.batches) < 10 and max(client.batches) > 1
+        commits(handle, 2)
+        assert seqs(client.commits(2)) == [1201, 1202]  # live ones too, batched or not
+        assert client.heartbeat(timeout=5) == {"type": "heartbeat", "seq": 1202}
+    with feed(session_feed(server, handle, token), first={"after": 0, "batch": 1}) as client:
+        assert client.closed_with() == 4400
+
+
 def test_the_cursor_in_the_url_and_a_later_in_band_cursor(server: Daphne, token: str) -> None:
     """``?after=`` starts at once; an in-band cursor (a page that reconnects with the URL
     it was rendered with) moves the stream forward, never back."""
