@@ -121,13 +121,22 @@ def register_agent(
 
         def poll(self, run: Run) -> Transition:
             """A background response: the saved handle is asked again, never a new request."""
-            answer = provider(run).poll(run.checkpoint["handle"])
-            if answer is None:
+            polls = run.checkpoint.get("polls", 0) + 1
+            try:
+                answer = provider(run).poll(run.checkpoint["handle"])
+            except TransientModelError as exc:
+                errors = run.checkpoint.get("poll_errors", 0) + 1
+                if errors >= MAX_ATTEMPTS:
+                    return run.next("finish", {"failure": f"polling kept failing: {exc}"})
                 return run.sleep(
-                    POLL_SECONDS,
+                    backoff(errors),
                     then="poll",
-                    checkpoint={"polls": run.checkpoint.get("polls", 0) + 1},
+                    checkpoint={"polls": polls, "poll_errors": errors, "last_error": str(exc)},
                 )
+            except PermanentModelError as exc:
+                return run.next("finish", {"failure": f"model refused: {exc}"})
+            if answer is None:
+                return run.sleep(POLL_SECONDS, then="poll", checkpoint={"polls": polls})
             return respond(run, answer, None)
 
         def finish(self, run: Run) -> Transition:

@@ -336,3 +336,35 @@ def test_context_puts_results_after_their_calls_and_fills_lost_ones() -> None:
     assert [m["role"] for m in built] == ["user", "assistant", "tool", "tool", "user"]
     assert built[2]["content"] == {"result": 7}
     assert built[3]["content"] == {"error": LOST_RESULT}
+
+
+def test_polling_errors_back_off_on_the_same_handle_and_a_failed_response_ends_the_turn() -> None:
+    outcomes: list[Any] = [TransientModelError("502"), None, ModelResponse("late but fine")]
+    provider = ScriptedProvider(lambda request: Pending("resp_7"))
+    polled: list[str] = []
+
+    def poll(handle: str) -> ModelResponse | None:
+        polled.append(handle)
+        outcome = outcomes.pop(0)
+        if isinstance(outcome, Exception):
+            raise outcome
+        return outcome
+
+    provider.poll = poll  # type: ignore[method-assign]
+    world = World(provider)
+    kernel, handle, conversation, submitted = world.start()
+    world.run()
+    assert polled == ["resp_7"] * 3 and len(provider.requests) == 1
+    assert kernel.storage.submission(submitted.submission.id).status is SubmissionStatus.ANSWERED
+
+    def refuse(handle: str) -> ModelResponse | None:
+        raise PermanentModelError("background response resp_7 ended failed")
+
+    provider = ScriptedProvider(lambda request: Pending("resp_7"))
+    provider.poll = refuse  # type: ignore[method-assign]
+    world = World(provider)
+    kernel, handle, conversation, submitted = world.start()
+    world.run()
+    stored = kernel.storage.submission(submitted.submission.id)
+    assert stored.status is SubmissionStatus.UNANSWERED and "ended failed" in stored.reason
+    assert kernel.document(handle.id, "agent-conversation", conversation)["active"] is None
