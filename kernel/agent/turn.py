@@ -45,7 +45,7 @@ USAGE = "agent-usage"
 MAX_ATTEMPTS = 6
 MAX_ROUNDS = 12
 POLL_SECONDS = 1.0
-PROGRESS_EVERY = 0.5
+PROGRESS_EVERY = 0.2  # previews cost no commit: push them often
 
 
 def backoff(attempt: int) -> float:
@@ -233,8 +233,9 @@ def register_agent(
 
 
 class Stream:
-    """Streamed text goes to a progress document in batches - shown live, never used
-    to recover - and the final text is folded in with the response's commit."""
+    """Streamed text goes to the progress document as previews (deferred commits): shown
+    live, written only with the turn's next commit, never used to recover. The final text
+    is set with the response's commit."""
 
     def __init__(self, run: Run) -> None:
         self.run = run
@@ -244,8 +245,7 @@ class Stream:
     def text(self, chunk: str) -> None:
         self.buffer.append(chunk)
         if time.monotonic() - self.flushed >= PROGRESS_EVERY:
-            self.run.set(PROGRESS, self.run.task_id, ["text"], "".join(self.buffer))
-            self.run.commit()
+            self.run.preview(PROGRESS, self.run.task_id, ["text"], "".join(self.buffer))
             self.flushed = time.monotonic()
 
     def fold(self, final: str) -> None:
