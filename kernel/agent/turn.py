@@ -90,6 +90,17 @@ def register_agent(
                         "reason": "the worker stopped during the model request",
                     },
                 )
+                if checkpoint.get("attempt", 0) >= MAX_ATTEMPTS:
+                    # Its own commit resets the phase's restart count, so the attempts
+                    # are the limit: a request that kills its worker must not loop.
+                    return run.next(
+                        "finish",
+                        {
+                            "failure": f"the model request was interrupted "
+                            f"{checkpoint['attempt']} times",
+                            "in_flight": None,
+                        },
+                    )
             if checkpoint["round"] >= run.input.get("max_rounds", MAX_ROUNDS):
                 return run.next("finish", {"failure": "too many rounds of tool calls"})
             attempt = checkpoint.get("attempt", 0) + 1

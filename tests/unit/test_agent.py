@@ -411,3 +411,21 @@ def test_streamed_text_is_previewed_live_folded_into_the_next_commit_and_lost_in
     ]
     assert stored == ["partial 2 ", "All done."]  # never the crashed attempt's text
     assert kernel.storage.submission(submitted.submission.id).status is SubmissionStatus.ANSWERED
+
+
+def test_a_model_request_that_kills_its_worker_every_time_ends_the_turn() -> None:
+    provider = two_rounds()
+
+    def die(request: ModelRequest, on_text: Any) -> Any:
+        provider.requests.append(request)
+        raise Crash()
+
+    provider.generate = die  # type: ignore[method-assign]
+    world = World(provider)
+    kernel, handle, conversation, submitted = world.start()
+    assert world.run(crashes_allowed=20) == 6
+    stored = kernel.storage.submission(submitted.submission.id)
+    assert stored.status is SubmissionStatus.UNANSWERED
+    assert stored.reason == "the model request was interrupted 6 times"
+    assert kinds(kernel, conversation) == ["user"] + ["interruption"] * 6
+    assert kernel.document(handle.id, "agent-conversation", conversation)["active"] is None
