@@ -1,16 +1,20 @@
 """The demo assistant: the agent loop wired to the notice tasks.
 
 The model is scripted (deterministic, no network) unless ``MODEL_BASE_URL`` points
-at an OpenAI-compatible server, which is then offered as model ``remote``. The one
+at an OpenAI-compatible server, which is then offered as model ``remote``. The own
 tool, ``send_notices``, runs the durable ``send-batch`` task: a tool call is just
-another task, with all its recovery.
+another task, with all its recovery. More tools come from the modules named in
+``settings.ASSISTANT_TOOL_MODULES`` (each exposes ``TOOLS``).
 """
 
 from __future__ import annotations
 
+import importlib
 import os
 import re
 from typing import Any
+
+from django.conf import settings
 
 from kernel.agent import (
     ModelProvider,
@@ -83,4 +87,7 @@ def models() -> dict[str, ModelProvider]:
 def toolbox() -> Toolbox:
     tools = Toolbox()
     tools.add(SEND_NOTICES)
+    for module in settings.ASSISTANT_TOOL_MODULES:
+        for tool in importlib.import_module(module).TOOLS:
+            tools.add(tool)
     return tools

@@ -193,6 +193,13 @@ KERNEL_REDELIVER_SECONDS = float(os.environ.get("KERNEL_REDELIVER_SECONDS", "30"
 # Off only to test what happens when renewals stop (a stuck process, a long GC pause).
 KERNEL_HEARTBEAT = _env_bool("KERNEL_HEARTBEAT", True)
 
+# Modules whose ``TOOLS`` (a list of kernel.agent.Tool) the assistant offers besides its
+# own, comma-separated: how a deployment adds tools, and how chaos tests put killable
+# tools into real worker processes.
+ASSISTANT_TOOL_MODULES = [
+    name.strip() for name in os.environ.get("ASSISTANT_TOOL_MODULES", "").split(",") if name.strip()
+]
+
 # --------------------------------------------------------------------------- notices
 # The HTTP provider contract is in docs/email-provider.md; any provider that keeps it
 # can be plugged in by URL.

@@ -23,7 +23,7 @@ from .records import JoinPolicy, Outcome, Status, SubmissionStatus, Task
 from .registry import Blocked, Registry, TaskDefinition
 from .run import Run
 from .scheduler import Scheduler
-from .session import Kernel, SessionHandle
+from .session import Kernel, Preview, SessionHandle
 from .storage import Storage, Transaction
 from .tasks import Finish, Next, Sleep, Transition, WaitSignal, WaitTasks
 from .worker import Worker
@@ -51,6 +51,7 @@ __all__ = [
     "Registry",
     "Run",
     "Scheduler",
+    "Preview",
     "SessionHandle",
     "SessionPoisoned",
     "Sleep",

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from .commit import Draft
 from .errors import UnknownRecord
 from .records import Entry, JoinPolicy, Outcome, Submission, Task
+from .session import Preview
 from .tasks import Finish, Next, Sleep, Transition, WaitSignal, WaitTasks
 
 if TYPE_CHECKING:
@@ -104,7 +105,17 @@ class Run:
         self.draft.update_document(kind, key, *ops, expected_version=expected_version)
 
     def set(self, kind: str, key: str, path: list[str], value: JSON) -> None:
+        self._lease.previews.pop((kind, key, tuple(path)), None)  # the durable value wins
         self.draft.set(kind, key, path, value)
+
+    def preview(self, kind: str, key: str, path: list[str], value: JSON) -> None:
+        """A deferred write for progress that may be lost (DESIGN §8): viewers see it now;
+        it is written with this task's next commit, the latest value per path; a crash
+        before that loses it, so recovery never depends on it."""
+        self._lease.previews[(kind, key, tuple(path))] = value
+        self._lease.kernel.publish_preview(
+            Preview(self.task.session_id, self.task_id, kind, key, tuple(path), value)
+        )
 
     def spawn(self, kind: str, input: JSON, *, owned: bool = True) -> str:
         """Create a subtask in the next commit; owned ones are cancelled with this task."""

@@ -34,12 +34,33 @@ Listener = Callable[[WriteSet], None]
 log = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True)
+class Preview:
+    """Progress that may be lost - streamed model text, a running tool's output.
+
+    A *deferred commit* (DESIGN §8): pushed to live viewers at once, written only as
+    part of the task's next normal commit, and never read for recovery. Listeners must
+    show it as a preview (invariant 2): it may never become durable.
+    """
+
+    session_id: str
+    task_id: str
+    kind: str
+    key: str
+    path: tuple[str, ...]
+    value: JSON
+
+
+PreviewListener = Callable[[Preview], None]
+
+
 @dataclass
 class Kernel:
     storage: Storage
     registry: Registry
     clock: Clock = field(default_factory=SystemClock)
     listeners: list[Listener] = field(default_factory=list)
+    preview_listeners: list[PreviewListener] = field(default_factory=list)
 
     def create_session(self, session_id: str | None = None, metadata: JSON = None) -> SessionHandle:
         record = SessionRecord(session_id or new_id("sess"), 0, self.clock.now(), metadata or {})
@@ -64,6 +85,17 @@ class Kernel:
                 listener(write_set)
             except Exception:
                 log.exception("after-commit listener failed for %s", write_set.commit.seq)
+
+    def on_preview(self, listener: PreviewListener) -> None:
+        self.preview_listeners.append(listener)
+
+    def publish_preview(self, preview: Preview) -> None:
+        """Push a preview to live viewers; like any publication, losing it is harmless."""
+        for listener in self.preview_listeners:
+            try:
+                listener(preview)
+            except Exception:
+                log.exception("preview listener failed for task %s", preview.task_id)
 
     # -- reads of committed state --------------------------------------------
 

@@ -51,6 +51,8 @@ class Lease:
     checkpoint: JSON
     migrated: bool
     draft: Draft = field(init=False)
+    # Deferred document writes (previews): folded into the next commit, lost with the process.
+    previews: dict[tuple[str, str, tuple[str, ...]], JSON] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.draft = Draft(actor=f"task:{self.task.id}")
@@ -58,6 +60,9 @@ class Lease:
     def commit(self, transition: Transition) -> WriteSet:
         """Commit the pending writes and ``transition``, fenced by this lease's epoch."""
         draft, self.draft = self.draft, Draft(actor=f"task:{self.task.id}")
+        for (kind, key, path), value in self.previews.items():
+            draft.set(kind, key, list(path), value)
+        self.previews.clear()
         if isinstance(transition, Next) and transition.keep_lease:
             transition = replace(transition, lease_until=self.kernel.clock.now() + self.duration)
         if self.migrated:

@@ -8,6 +8,8 @@ from typing import Any, Literal
 from ninja import Field, Schema
 from pydantic import model_validator
 
+from kernel.agent import WhenBusy
+
 JSON = Any
 ActionId = Field(
     ..., min_length=1, max_length=200, description="client-chosen id; a repeat does nothing new"
@@ -123,7 +125,14 @@ class TaskNode(Schema):
 class SubmissionIn(Input):
     conversation_id: str = Field(..., min_length=1)
     request_id: str = Field(..., min_length=1, max_length=200)
-    input: JSON
+    input: JSON = Field(..., description="an object with a `text` string (and optionally "
+                        "`model`, `options`)")
+    when_busy: WhenBusy = Field(
+        WhenBusy.FOLLOW_UP,
+        description="if a turn is running: `steer` joins it (its next model request sees "
+        "the input), `follow_up` queues a turn of its own, `reject` refuses with 409 and "
+        "writes nothing",
+    )
 
 
 class SubmissionOut(Schema):

@@ -10,7 +10,8 @@ from ninja.errors import HttpError
 
 from controlplane import models
 from controlplane.execution import runtime
-from kernel import Draft, DuplicateRequest, NotRegistered, UnknownRecord
+from kernel import Draft, NotRegistered, UnknownRecord, agent
+from kernel.errors import DocumentConflict
 from kernel.records import Entry, Submission
 
 from .auth import actor, operator
@@ -143,16 +144,34 @@ def list_submissions(request: HttpRequest, session_id: str) -> Any:
     "/sessions/{session_id}/submissions", response={200: SubmissionOut, 201: SubmissionOut}
 )
 def submit(request: HttpRequest, session_id: str, body: SubmissionIn) -> Any:
-    """Accept input once per ``request_id``: a repeat answers 200 with the original."""
+    """Accept input for a conversation once per ``request_id``: a repeat answers 200 with
+    the original, whatever its body says. An idle conversation starts a turn; a busy one
+    does what ``when_busy`` says (``reject``: 409 saying why, nothing written)."""
     user = operator(request)
     handle = runtime().kernel.open(_session(session_id).id)
-    draft = Draft(actor=actor(user))
-    submission_id = draft.submit(body.conversation_id, body.request_id, body.input)
     try:
-        handle.commit(draft)
-    except DuplicateRequest as exc:
-        return Status(200, exc.existing)
-    return Status(201, _submission(submission_id))
+        submitted = agent.submit(
+            handle,
+            body.conversation_id,
+            body.input,
+            body.request_id,
+            body.when_busy,
+            actor=actor(user),
+        )
+    except ValueError as exc:
+        raise HttpError(422, f"input: {exc}") from exc
+    except DocumentConflict as exc:
+        raise HttpError(409, str(exc)) from exc
+    if submitted.outcome == "rejected":
+        raise HttpError(
+            409,
+            f"{submitted.reason}; when_busy is reject, so nothing was written "
+            "(steer or follow_up would add the input to it)",
+        )
+    assert submitted.submission is not None
+    return Status(
+        200 if submitted.outcome == "duplicate" else 201, _submission(submitted.submission.id)
+    )
 
 
 @router.get("/submissions/{submission_id}", response=SubmissionOut)

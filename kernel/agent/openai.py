@@ -1,12 +1,20 @@
-"""An OpenAI-compatible chat-completions provider over plain HTTP (standard library only).
+"""An OpenAI-compatible model provider over plain HTTP (standard library only).
 
-Streams the answer (server-sent events), collecting text and tool calls; the
-text is handed to ``on_text`` as it arrives, for the progress document. Errors
-are sorted by what retrying can do: 408/409/429/5xx, timeouts and dropped
-connections are transient; other 4xx are permanent.
+Two ways to ask. By default, chat completions streamed as server-sent events:
+text and tool calls are collected, the text handed to ``on_text`` as it arrives
+(for the progress document). In *background* mode, a Responses-style request
+(``POST /responses`` with ``background: true``) answers at once with an id; the
+agent turn commits that id and polls ``GET /responses/{id}`` until it is
+completed, so a worker that dies while waiting costs no second request - the next
+worker polls the same id.
+
+Errors are sorted by what retrying can do: 408/409/429/5xx, timeouts and dropped
+connections are transient; other 4xx, and a background response that ended
+failed, cancelled or incomplete, are permanent.
 
 Configured by ``OpenAICompatibleProvider.from_env()``: ``MODEL_BASE_URL``,
-``MODEL_API_KEY`` (optional for local servers), ``MODEL_TIMEOUT``.
+``MODEL_API_KEY`` (optional for local servers), ``MODEL_TIMEOUT``, and
+``MODEL_BACKGROUND`` (``1``/``true``: use background responses).
 """
 
 from __future__ import annotations
@@ -15,7 +23,8 @@ import json
 import os
 import urllib.error
 import urllib.request
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from .models import (
     ModelRequest,
@@ -29,6 +38,8 @@ from .models import (
 
 JSON = Any
 RETRYABLE = frozenset({408, 409, 429, 500, 502, 503, 504})
+UNFINISHED = frozenset({"queued", "in_progress"})
+T = TypeVar("T")
 
 
 def to_openai(messages: list[JSON]) -> list[JSON]:
@@ -66,11 +77,82 @@ def to_openai(messages: list[JSON]) -> list[JSON]:
     return out
 
 
+def to_responses(messages: list[JSON]) -> list[JSON]:
+    """Our context messages as Responses-style input items: a tool call and its result
+    are items of their own, linked by ``call_id``."""
+    items: list[JSON] = []
+    for message in messages:
+        if message["role"] == "tool":
+            items.append(
+                {
+                    "type": "function_call_output",
+                    "call_id": message["tool_call_id"],
+                    "output": json.dumps(message["content"]),
+                }
+            )
+            continue
+        if message.get("content"):
+            items.append({"role": message["role"], "content": message["content"]})
+        for call in message.get("tool_calls", []):
+            items.append(
+                {
+                    "type": "function_call",
+                    "call_id": call["id"],
+                    "name": call["name"],
+                    "arguments": json.dumps(call["arguments"]),
+                }
+            )
+    return items
+
+
+def response_tools(tools: list[JSON]) -> list[JSON]:
+    """Chat-style tool schemas (``{"type": "function", "function": {...}}``) flattened
+    the way the Responses API takes them."""
+    return [{"type": "function", **t["function"]} if "function" in t else t for t in tools]
+
+
+def from_responses(data: JSON) -> ModelResponse | None:
+    """A Responses-style object as our response; None while it is still being generated."""
+    status = data.get("status")
+    if status in UNFINISHED:
+        return None
+    if status != "completed":
+        reason = data.get("error") or data.get("incomplete_details") or "no reason given"
+        raise PermanentModelError(f"background response {data.get('id')} ended {status}: {reason}")
+    text: list[str] = []
+    calls: list[ToolCall] = []
+    for item in data.get("output", []):
+        if item.get("type") == "message":
+            text.extend(p.get("text", "") for p in item.get("content", []) if "text" in p)
+        elif item.get("type") == "function_call":
+            try:
+                arguments = json.loads(item.get("arguments") or "{}")
+            except json.JSONDecodeError as exc:
+                raise PermanentModelError(f"tool call arguments are not JSON: {exc}") from exc
+            calls.append(ToolCall(item["call_id"], item["name"], arguments))
+    usage = data.get("usage") or {}
+    return ModelResponse(
+        "".join(text),
+        tuple(calls),
+        {
+            "input_tokens": usage.get("input_tokens", 0),
+            "output_tokens": usage.get("output_tokens", 0),
+        },
+    )
+
+
 class OpenAICompatibleProvider:
-    def __init__(self, base_url: str, api_key: str | None = None, timeout: float = 60.0) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        api_key: str | None = None,
+        timeout: float = 60.0,
+        background: bool = False,
+    ) -> None:
         self.base_url = base_url.rstrip("/")
         self.api_key = api_key
         self.timeout = timeout
+        self.background = background
 
     @classmethod
     def from_env(cls) -> OpenAICompatibleProvider:
@@ -78,10 +160,15 @@ class OpenAICompatibleProvider:
         if not base:
             raise ValueError("MODEL_BASE_URL is not set (e.g. http://127.0.0.1:8080/v1)")
         return cls(
-            base, os.environ.get("MODEL_API_KEY"), float(os.environ.get("MODEL_TIMEOUT", "60"))
+            base,
+            os.environ.get("MODEL_API_KEY"),
+            float(os.environ.get("MODEL_TIMEOUT", "60")),
+            background=os.environ.get("MODEL_BACKGROUND", "").lower() in {"1", "true", "yes"},
         )
 
     def generate(self, request: ModelRequest, on_text: OnText) -> ModelResponse | Pending:
+        if self.background:
+            return self._start_background(request)
         body: JSON = {
             "model": request.model,
             "messages": to_openai(request.messages),
@@ -91,27 +178,55 @@ class OpenAICompatibleProvider:
         }
         if request.tools:
             body["tools"] = request.tools
+        return self._call(
+            "/chat/completions", body, lambda answer: self._read_stream(answer, on_text)
+        )
+
+    def poll(self, handle: str) -> ModelResponse | None:
+        """Ask for a background response by its id: None while it is not finished."""
+        return from_responses(self._call(f"/responses/{handle}", None, json.load))
+
+    def _start_background(self, request: ModelRequest) -> ModelResponse | Pending:
+        body: JSON = {
+            "model": request.model,
+            "input": to_responses(request.messages),
+            "background": True,
+            "store": True,  # a background response must be stored to be fetched by id
+            **request.options,
+        }
+        if request.tools:
+            body["tools"] = response_tools(request.tools)
+        data = self._call("/responses", body, json.load)
+        if not data.get("id"):
+            raise PermanentModelError(f"background request answered without an id: {data}")
+        return from_responses(data) or Pending(data["id"])
+
+    def _call(self, path: str, body: JSON, read: Callable[[Any], T]) -> T:
+        """POST ``body`` (GET when None) and ``read`` the answer; errors sorted by what a
+        retry can do."""
         http = urllib.request.Request(
-            f"{self.base_url}/chat/completions",
-            data=json.dumps(body).encode(),
-            headers=self._headers(),
-            method="POST",
+            f"{self.base_url}{path}",
+            data=None if body is None else json.dumps(body).encode(),
+            headers=self._headers(streamed=path == "/chat/completions"),
+            method="GET" if body is None else "POST",
         )
         try:
             with urllib.request.urlopen(http, timeout=self.timeout) as answer:
-                return self._read_stream(answer, on_text)
+                return read(answer)
         except urllib.error.HTTPError as exc:
             detail = exc.read().decode(errors="replace")[:500]
             error = TransientModelError if exc.code in RETRYABLE else PermanentModelError
             raise error(f"model server answered {exc.code}: {detail}") from exc
         except (urllib.error.URLError, TimeoutError, ConnectionError) as exc:
             raise TransientModelError(f"model server unreachable: {exc}") from exc
+        except json.JSONDecodeError as exc:
+            raise TransientModelError(f"model server answered with broken JSON: {exc}") from exc
 
-    def poll(self, handle: str) -> ModelResponse | None:
-        raise PermanentModelError("this provider answers in the request; it has no handles")
-
-    def _headers(self) -> dict[str, str]:
-        headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
+    def _headers(self, streamed: bool) -> dict[str, str]:
+        headers = {
+            "Content-Type": "application/json",
+            "Accept": "text/event-stream" if streamed else "application/json",
+        }
         if self.api_key:
             headers["Authorization"] = f"Bearer {self.api_key}"
         return headers

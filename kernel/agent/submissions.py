@@ -26,7 +26,7 @@ RACE_RETRIES = 5
 
 class WhenBusy(StrEnum):
     STEER = "steer"  # join the running turn: its next model request sees the input
-    FOLLOW_UP = "follow-up"  # queue it: a turn of its own starts when this one ends
+    FOLLOW_UP = "follow_up"  # queue it: a turn of its own starts when this one ends
     REJECT = "reject"  # refuse it and write nothing
 
 

@@ -45,7 +45,7 @@ USAGE = "agent-usage"
 MAX_ATTEMPTS = 6
 MAX_ROUNDS = 12
 POLL_SECONDS = 1.0
-PROGRESS_EVERY = 0.5
+PROGRESS_EVERY = 0.2  # previews cost no commit: push them often
 
 
 def backoff(attempt: int) -> float:
@@ -90,6 +90,17 @@ def register_agent(
                         "reason": "the worker stopped during the model request",
                     },
                 )
+                if checkpoint.get("attempt", 0) >= MAX_ATTEMPTS:
+                    # Its own commit resets the phase's restart count, so the attempts
+                    # are the limit: a request that kills its worker must not loop.
+                    return run.next(
+                        "finish",
+                        {
+                            "failure": f"the model request was interrupted "
+                            f"{checkpoint['attempt']} times",
+                            "in_flight": None,
+                        },
+                    )
             if checkpoint["round"] >= run.input.get("max_rounds", MAX_ROUNDS):
                 return run.next("finish", {"failure": "too many rounds of tool calls"})
             attempt = checkpoint.get("attempt", 0) + 1
@@ -121,13 +132,22 @@ def register_agent(
 
         def poll(self, run: Run) -> Transition:
             """A background response: the saved handle is asked again, never a new request."""
-            answer = provider(run).poll(run.checkpoint["handle"])
-            if answer is None:
+            polls = run.checkpoint.get("polls", 0) + 1
+            try:
+                answer = provider(run).poll(run.checkpoint["handle"])
+            except TransientModelError as exc:
+                errors = run.checkpoint.get("poll_errors", 0) + 1
+                if errors >= MAX_ATTEMPTS:
+                    return run.next("finish", {"failure": f"polling kept failing: {exc}"})
                 return run.sleep(
-                    POLL_SECONDS,
+                    backoff(errors),
                     then="poll",
-                    checkpoint={"polls": run.checkpoint.get("polls", 0) + 1},
+                    checkpoint={"polls": polls, "poll_errors": errors, "last_error": str(exc)},
                 )
+            except PermanentModelError as exc:
+                return run.next("finish", {"failure": f"model refused: {exc}"})
+            if answer is None:
+                return run.sleep(POLL_SECONDS, then="poll", checkpoint={"polls": polls})
             return respond(run, answer, None)
 
         def finish(self, run: Run) -> Transition:
@@ -224,8 +244,9 @@ def register_agent(
 
 
 class Stream:
-    """Streamed text goes to a progress document in batches - shown live, never used
-    to recover - and the final text is folded in with the response's commit."""
+    """Streamed text goes to the progress document as previews (deferred commits): shown
+    live, written only with the turn's next commit, never used to recover. The final text
+    is set with the response's commit."""
 
     def __init__(self, run: Run) -> None:
         self.run = run
@@ -235,8 +256,7 @@ class Stream:
     def text(self, chunk: str) -> None:
         self.buffer.append(chunk)
         if time.monotonic() - self.flushed >= PROGRESS_EVERY:
-            self.run.set(PROGRESS, self.run.task_id, ["text"], "".join(self.buffer))
-            self.run.commit()
+            self.run.preview(PROGRESS, self.run.task_id, ["text"], "".join(self.buffer))
             self.flushed = time.monotonic()
 
     def fold(self, final: str) -> None:

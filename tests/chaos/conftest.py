@@ -7,10 +7,33 @@ from pathlib import Path
 
 import pytest
 
+from tests.model_stand_in import ModelStandIn, model_stand_in
+
 from .harness import Stack, chaos_stack
 
 
 @pytest.fixture
 def stack(tmp_path: Path, transactional_db: None) -> Iterator[Stack]:
     with chaos_stack(tmp_path) as running:
+        yield running
+
+
+@pytest.fixture
+def model() -> Iterator[ModelStandIn]:
+    """A loopback model server the workers use as model ``remote``."""
+    with model_stand_in() as stand_in:
+        yield stand_in
+
+
+@pytest.fixture
+def agent_stack(tmp_path: Path, transactional_db: None, model: ModelStandIn) -> Iterator[Stack]:
+    """A stack whose workers ask ``model`` and offer the killable tools of
+    ``tests.chaos.agent_tools``."""
+    env = {
+        "MODEL_BASE_URL": model.url,
+        "MODEL_TIMEOUT": "30",
+        "ASSISTANT_TOOL_MODULES": "tests.chaos.agent_tools",
+        "AGENT_TOOL_DIR": str(tmp_path),
+    }
+    with chaos_stack(tmp_path, env=env) as running:
         yield running

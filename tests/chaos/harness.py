@@ -31,8 +31,10 @@ from django.db import connection
 from controlplane.notices.provider import ProviderAdmin
 from controlplane.notices.provider_process import RunningProvider, start_provider
 from controlplane.storage import PostgresStorage
-from kernel import Draft, Kernel, Status, SystemClock, Task, Worker
+from kernel import Draft, Kernel, Status, SubmissionStatus, SystemClock, Task, Worker
+from kernel.agent import submit
 from kernel.dispatch import Dispatcher
+from kernel.records import Entry, Submission
 from tests.databases import url_of_test_database
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -189,6 +191,42 @@ class Stack:
         )
         handle.commit(draft)  # its dispatch goes to the broker after the commit
         return handle.id, task_id
+
+    def converse(
+        self, text: str, request_id: str = "req-1", model: str = "remote"
+    ) -> tuple[str, str, Submission]:
+        """Start a conversation and submit ``text`` to it, as the API would; returns
+        (session, conversation, submission)."""
+        handle = self.kernel.create_session(metadata={"title": "agent chaos"})
+        draft = Draft(actor="user:chaos")
+        conversation = draft.create_conversation()
+        handle.commit(draft)
+        submitted = submit(handle, conversation, {"text": text, "model": model}, request_id)
+        assert submitted.submission is not None, submitted
+        return handle.id, conversation, submitted.submission
+
+    def submission(self, submission_id: str) -> Submission:
+        found = self.kernel.storage.submission(submission_id)
+        assert found is not None
+        return found
+
+    def wait_answered(self, submission_id: str, timeout: float = 60.0) -> Submission:
+        return wait_for(
+            lambda: (s := self.submission(submission_id)).status is SubmissionStatus.ANSWERED and s,
+            f"submission {submission_id} to be answered", timeout=timeout,
+        )
+
+    def entries(self, conversation_id: str) -> list[Entry]:
+        return self.kernel.entries(conversation_id)
+
+    def tool_runs(self) -> list[str]:
+        """The runs of the chaos tools (``tests.chaos.agent_tools``) so far, by name."""
+        runs = self.tmp / "runs"
+        return [line.split()[0] for line in runs.read_text().splitlines()] if runs.exists() else []
+
+    def release_tools(self) -> None:
+        """Let held chaos tools return (those still running, and every later one)."""
+        (self.tmp / "release").touch()
 
     def advance(self, task_id: str) -> bool:
         """Run ``task_id`` in the test process as a worker would (claim, phases, commits,
@@ -390,8 +428,11 @@ def redis_db(base: str) -> Iterator[int]:
 
 
 @contextmanager
-def chaos_stack(tmp: Path, **provider_flags: Any) -> Iterator[Stack]:
-    """Start the provider and point workers at the test database and a fresh Redis db."""
+def chaos_stack(
+    tmp: Path, env: dict[str, str] | None = None, **provider_flags: Any
+) -> Iterator[Stack]:
+    """Start the provider and point workers at the test database and a fresh Redis db;
+    ``env`` adds to every process's environment."""
     from controlplane.celery import app
 
     base = settings.REDIS_URL.rsplit("/", 1)[0]
@@ -399,12 +440,14 @@ def chaos_stack(tmp: Path, **provider_flags: Any) -> Iterator[Stack]:
         redis_url = f"{base}/{db}"
         redis.Redis.from_url(redis_url).flushdb()
         app.conf.broker_url = redis_url
-        with _stack(tmp, redis_url, provider_flags) as stack:
+        with _stack(tmp, redis_url, env or {}, provider_flags) as stack:
             yield stack
 
 
 @contextmanager
-def _stack(tmp: Path, redis_url: str, provider_flags: dict[str, Any]) -> Iterator[Stack]:
+def _stack(
+    tmp: Path, redis_url: str, extra_env: dict[str, str], provider_flags: dict[str, Any]
+) -> Iterator[Stack]:
     database_url = url_of_test_database()
     with start_provider(**provider_flags) as provider:
         env = {
@@ -417,6 +460,7 @@ def _stack(tmp: Path, redis_url: str, provider_flags: dict[str, Any]) -> Iterato
             "KERNEL_REDELIVER_SECONDS": "3",
             "DJANGO_CONN_MAX_AGE": "60",
             "PYTHONUNBUFFERED": "1",
+            **extra_env,
         }
         stack = Stack(tmp, provider, redis_url, env)
         try:

@@ -201,7 +201,46 @@ def test_submissions_are_idempotent_by_request_id(kernel: Kernel, operator: Clie
     assert again.json() == first.json()
     missing = post(operator, url, {"conversation_id": conversation, "input": {}})
     assert missing.status_code == 422 and "request_id" in missing.content.decode()
-    assert operator.get(f"/api/submissions/{first.json()['id']}").json()["status"] == "queued"
+    assert operator.get(f"/api/submissions/{first.json()['id']}").json()["status"] == "placed"
+
+
+def test_when_busy_steers_queues_or_rejects_writing_nothing(
+    kernel: Kernel, operator: Client
+) -> None:
+    session_id = post(operator, "/api/sessions", {}).json()["id"]
+    conversation = post(operator, f"/api/sessions/{session_id}/conversations", {}).json()["id"]
+    url = f"/api/sessions/{session_id}/submissions"
+
+    def submit(request_id: str, **extra: Any) -> Any:
+        body = {"conversation_id": conversation, "request_id": request_id,
+                "input": {"text": f"input {request_id}"}}
+        return post(operator, url, {**body, **extra})
+
+    first = submit("r1", when_busy="reject")  # idle: reject does not apply, a turn starts
+    assert (first.status_code, first.json()["status"]) == (201, "placed")
+    turn = kernel.document(session_id, "agent-conversation", conversation)["active"]
+    assert kernel.task(turn).kind == "agent-turn"
+
+    head = kernel.storage.session(session_id).head_seq
+    refused = submit("r2", when_busy="reject")
+    assert refused.status_code == 409
+    assert f"busy with turn {turn}" in refused.json()["detail"]
+    assert "nothing was written" in refused.json()["detail"]
+    bad = submit("r3", when_busy="sideways")
+    assert bad.status_code == 422 and "when_busy" in bad.content.decode()
+    no_text = post(operator, url, {"conversation_id": conversation, "request_id": "r4",
+                                   "input": {"txt": "typo"}})
+    assert no_text.status_code == 422 and "input" in no_text.json()["detail"]
+    assert kernel.storage.session(session_id).head_seq == head  # none of them wrote
+    assert kernel.storage.submission_by_request(session_id, "r2") is None
+
+    steered, queued = submit("r5", when_busy="steer"), submit("r6", when_busy="follow_up")
+    assert (steered.status_code, steered.json()["status"]) == (201, "placed")
+    assert (queued.status_code, queued.json()["status"]) == (201, "queued")
+    state = kernel.document(session_id, "agent-conversation", conversation)
+    assert state == {"active": turn, "steering": [steered.json()["id"]],
+                     "queue": [queued.json()["id"]]}
+    assert submit("r2", when_busy="reject").status_code == 409  # still busy, still refused
 
 
 def test_tasks_by_filter_and_as_a_tree(
@@ -277,13 +316,14 @@ def test_resolve_wake_retry_and_resubmit(kernel: Kernel, operator: Client) -> No
     session_id = kernel.task(failing).session_id
     conversation = post(operator, f"/api/sessions/{session_id}/conversations", {}).json()["id"]
     original = post(operator, f"/api/sessions/{session_id}/submissions",
-                    {"conversation_id": conversation, "request_id": "q", "input": {"a": 1}})
+                    {"conversation_id": conversation, "request_id": "q",
+                     "input": {"text": "a"}})
     again = post(operator, f"/api/submissions/{original.json()['id']}/resubmit",
                  {"action_id": "re-1", "reason": "model was down"})
     assert again.status_code == 200
     linked = [s for s in operator.get(f"/api/sessions/{session_id}/submissions").json()
               if s["resubmit_of"] == original.json()["id"]]
-    assert [(s["request_id"], s["input"]) for s in linked] == [("re-1", {"a": 1})]
+    assert [(s["request_id"], s["input"]) for s in linked] == [("re-1", {"text": "a"})]
 
 
 def test_bulk_actions_preview_then_confirm_with_a_result_per_task(

@@ -2,62 +2,26 @@
 
 from __future__ import annotations
 
-import json
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
 
 import pytest
 
-from kernel.agent import ModelRequest, PermanentModelError, TransientModelError
+from kernel.agent import (
+    ModelRequest,
+    ModelResponse,
+    Pending,
+    PermanentModelError,
+    ToolCall,
+    TransientModelError,
+)
 from kernel.agent.openai import OpenAICompatibleProvider
-
-
-class StandIn:
-    """Answers /v1/chat/completions with the next scripted list of SSE chunks."""
-
-    def __init__(self) -> None:
-        self.scripts: list[tuple[int, list[Any] | str]] = []
-        self.requests: list[dict[str, Any]] = []
+from tests.model_stand_in import Completion, ModelStandIn, model_stand_in
 
 
 @pytest.fixture
-def server() -> Iterator[tuple[StandIn, str]]:
-    stand_in = StandIn()
-
-    class Handler(BaseHTTPRequestHandler):
-        def log_message(self, *args: Any) -> None:
-            pass
-
-        def do_POST(self) -> None:
-            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-            stand_in.requests.append(
-                {"path": self.path, "body": body, "auth": self.headers.get("Authorization")}
-            )
-            status, script = stand_in.scripts.pop(0)
-            if status != 200:
-                self.send_response(status)
-                self.end_headers()
-                self.wfile.write(str(script).encode())
-                return
-            self.send_response(200)
-            self.send_header("Content-Type", "text/event-stream")
-            self.end_headers()
-            for chunk in script:
-                line = chunk if isinstance(chunk, str) else json.dumps(chunk)
-                self.wfile.write(f"data: {line}\n\n".encode())
-                self.wfile.flush()
-
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
-    thread.start()
-    yield stand_in, f"http://127.0.0.1:{httpd.server_address[1]}/v1"
-    httpd.shutdown()
-
-
-def delta(**fields: Any) -> dict[str, Any]:
-    return {"choices": [{"index": 0, "delta": fields}]}
+def server() -> Iterator[ModelStandIn]:
+    with model_stand_in() as stand_in:
+        yield stand_in
 
 
 REQUEST = ModelRequest(
@@ -75,56 +39,39 @@ REQUEST = ModelRequest(
 )
 
 
-def test_streams_text_and_assembles_tool_calls(server: tuple[StandIn, str]) -> None:
-    stand_in, url = server
-    stand_in.scripts.append(
-        (
-            200,
-            [
-                delta(content="Sending "),
-                delta(content="now."),
-                delta(
-                    tool_calls=[
-                        {
-                            "index": 0,
-                            "id": "call_1",
-                            "function": {"name": "send", "arguments": '{"to": '},
-                        }
-                    ]
-                ),
-                delta(tool_calls=[{"index": 0, "function": {"arguments": '["a@x"]}'}}]),
-                {"choices": [], "usage": {"prompt_tokens": 12, "completion_tokens": 5}},
-                "[DONE]",
-            ],
-        )
-    )
+def test_streams_text_and_assembles_tool_calls(server: ModelStandIn) -> None:
+    call = {"id": "call_1", "name": "send", "arguments": {"to": ["a@x"]}}
+    server.completions.append(Completion("Sending now.", (call,), usage=(12, 5)))
     chunks: list[str] = []
-    answer = OpenAICompatibleProvider(url, "secret").generate(REQUEST, chunks.append)
+    answer = OpenAICompatibleProvider(server.url, "secret").generate(REQUEST, chunks.append)
+    assert isinstance(answer, ModelResponse)
     assert chunks == ["Sending ", "now."]
     assert answer.text == "Sending now."
     assert [c.to_json() for c in answer.tool_calls] == [
         {"id": "call_1", "name": "send", "arguments": {"to": ["a@x"]}}
     ]
     assert answer.usage == {"input_tokens": 12, "output_tokens": 5}
-    sent = stand_in.requests[0]
-    assert sent["path"] == "/v1/chat/completions" and sent["auth"] == "Bearer secret"
-    assert sent["body"]["stream"] is True and sent["body"]["tools"] == REQUEST.tools
-    assert sent["body"]["messages"][1]["tool_calls"][0]["function"] == {
+    (sent,) = server.received
+    assert sent.path == "/v1/chat/completions" and sent.auth == "Bearer secret"
+    assert sent.body["stream"] is True and sent.body["tools"] == REQUEST.tools
+    assert sent.body["messages"][1]["tool_calls"][0]["function"] == {
         "name": "lookup",
         "arguments": '{"q": 1}',
     }
-    assert sent["body"]["messages"][2] == {
+    assert sent.body["messages"][2] == {
         "role": "tool",
         "tool_call_id": "c0",
         "content": '{"result": 2}',
     }
 
 
-def test_a_cut_stream_is_transient_and_never_a_response(server: tuple[StandIn, str]) -> None:
-    stand_in, url = server
-    stand_in.scripts.append((200, [delta(content="half an ans")]))
+def test_a_cut_stream_is_transient_and_never_a_response(server: ModelStandIn) -> None:
+    call = {"id": "call_1", "name": "send", "arguments": {}}
+    server.completions.append(Completion("half an answer, then", (call,), cut=True))
+    chunks: list[str] = []
     with pytest.raises(TransientModelError, match="before \\[DONE\\]"):
-        OpenAICompatibleProvider(url).generate(REQUEST, lambda text: None)
+        OpenAICompatibleProvider(server.url).generate(REQUEST, chunks.append)
+    assert "".join(chunks) == "half an answer, "
 
 
 @pytest.mark.parametrize(
@@ -132,12 +79,11 @@ def test_a_cut_stream_is_transient_and_never_a_response(server: tuple[StandIn, s
     [(429, TransientModelError), (503, TransientModelError), (400, PermanentModelError)],
 )
 def test_errors_are_sorted_by_what_a_retry_can_do(
-    server: tuple[StandIn, str], status: int, error: type[Exception]
+    server: ModelStandIn, status: int, error: type[Exception]
 ) -> None:
-    stand_in, url = server
-    stand_in.scripts.append((status, "nope"))
+    server.completions.append(Completion("nope", status=status))
     with pytest.raises(error, match=str(status)):
-        OpenAICompatibleProvider(url).generate(REQUEST, lambda text: None)
+        OpenAICompatibleProvider(server.url).generate(REQUEST, lambda text: None)
 
 
 def test_an_unreachable_server_is_transient() -> None:
@@ -145,3 +91,57 @@ def test_an_unreachable_server_is_transient() -> None:
         OpenAICompatibleProvider("http://127.0.0.1:9/v1", timeout=2).generate(
             REQUEST, lambda text: None
         )
+
+
+def test_a_background_response_is_requested_once_then_polled_by_its_id(
+    server: ModelStandIn,
+) -> None:
+    call = {"id": "call_9", "name": "send", "arguments": {"to": ["b@x"]}}
+    server.completions.append(Completion("Done.", (call,), usage=(30, 7), polls=2))
+    provider = OpenAICompatibleProvider(server.url, "secret", background=True)
+    streamed: list[str] = []
+    pending = provider.generate(REQUEST, streamed.append)
+    assert pending == Pending("resp_1")
+    assert [provider.poll("resp_1") for _ in range(2)] == [None, None]
+    answer = provider.poll("resp_1")
+    assert answer == ModelResponse(
+        "Done.",
+        (ToolCall("call_9", "send", {"to": ["b@x"]}),),
+        {"input_tokens": 30, "output_tokens": 7},
+    )
+    assert streamed == []  # nothing streams in background mode
+    (post,) = server.requests("POST", "")
+    assert post.path == "/v1/responses" and post.auth == "Bearer secret"
+    assert post.body["background"] is True and post.body["store"] is True
+    assert post.body["input"] == [
+        {"role": "user", "content": "send it"},
+        {"type": "function_call", "call_id": "c0", "name": "lookup", "arguments": '{"q": 1}'},
+        {"type": "function_call_output", "call_id": "c0", "output": '{"result": 2}'},
+    ]
+    assert post.body["tools"] == [
+        {"type": "function", "name": "send", "parameters": {"type": "object"}}
+    ]
+    assert [g.path for g in server.requests("GET", "")] == ["/v1/responses/resp_1"] * 3
+
+
+def test_background_mode_is_configured_by_environment(
+    server: ModelStandIn, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("MODEL_BASE_URL", server.url)
+    monkeypatch.setenv("MODEL_BACKGROUND", "true")
+    assert OpenAICompatibleProvider.from_env().background is True
+    monkeypatch.setenv("MODEL_BACKGROUND", "0")
+    assert OpenAICompatibleProvider.from_env().background is False
+
+
+@pytest.mark.parametrize("ends", ["failed", "cancelled", "incomplete"])
+def test_a_background_response_that_did_not_complete_is_permanent(
+    server: ModelStandIn, ends: str
+) -> None:
+    server.completions.append(Completion("the model crashed", ends=ends))
+    provider = OpenAICompatibleProvider(server.url, background=True)
+    assert provider.generate(REQUEST, lambda text: None) == Pending("resp_1")
+    with pytest.raises(PermanentModelError, match=f"resp_1 ended {ends}"):
+        provider.poll("resp_1")
+    with pytest.raises(PermanentModelError, match="404"):
+        provider.poll("resp_unknown")

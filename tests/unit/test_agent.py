@@ -14,6 +14,7 @@ from kernel import (
     InMemoryStorage,
     Kernel,
     ManualClock,
+    Preview,
     Registry,
     Run,
     Scheduler,
@@ -55,6 +56,7 @@ class World:
     crash_on: set[str] = field(default_factory=set)
     storage: InMemoryStorage = field(default_factory=InMemoryStorage)
     clock: ManualClock = field(default_factory=ManualClock)
+    previews: list[Preview] = field(default_factory=list)
 
     def maybe_crash(self, point: str) -> None:
         if point in self.crash_on:
@@ -111,7 +113,9 @@ class World:
         toolbox.add(Tool("charge", "Pay", number, Replay.UNSAFE, run=charge))
         toolbox.add(Tool("die", "Crashes", {"type": "object"}, Replay.SAFE, run=always_dies))
         register_agent(registry, {"scripted": self.provider}, toolbox, "scripted")
-        return Kernel(self.storage, registry, self.clock)
+        kernel = Kernel(self.storage, registry, self.clock)
+        kernel.on_preview(self.previews.append)
+        return kernel
 
     def run(self, crashes_allowed: int = 0, advance_clock: bool = True) -> int:
         """Run to idle; a Crash is a dead process: start a fresh one, as often as allowed."""
@@ -336,3 +340,92 @@ def test_context_puts_results_after_their_calls_and_fills_lost_ones() -> None:
     assert [m["role"] for m in built] == ["user", "assistant", "tool", "tool", "user"]
     assert built[2]["content"] == {"result": 7}
     assert built[3]["content"] == {"error": LOST_RESULT}
+
+
+def test_polling_errors_back_off_on_the_same_handle_and_a_failed_response_ends_the_turn() -> None:
+    outcomes: list[Any] = [TransientModelError("502"), None, ModelResponse("late but fine")]
+    provider = ScriptedProvider(lambda request: Pending("resp_7"))
+    polled: list[str] = []
+
+    def poll(handle: str) -> ModelResponse | None:
+        polled.append(handle)
+        outcome = outcomes.pop(0)
+        if isinstance(outcome, Exception):
+            raise outcome
+        return outcome
+
+    provider.poll = poll  # type: ignore[method-assign]
+    world = World(provider)
+    kernel, handle, conversation, submitted = world.start()
+    world.run()
+    assert polled == ["resp_7"] * 3 and len(provider.requests) == 1
+    assert kernel.storage.submission(submitted.submission.id).status is SubmissionStatus.ANSWERED
+
+    def refuse(handle: str) -> ModelResponse | None:
+        raise PermanentModelError("background response resp_7 ended failed")
+
+    provider = ScriptedProvider(lambda request: Pending("resp_7"))
+    provider.poll = refuse  # type: ignore[method-assign]
+    world = World(provider)
+    kernel, handle, conversation, submitted = world.start()
+    world.run()
+    stored = kernel.storage.submission(submitted.submission.id)
+    assert stored.status is SubmissionStatus.UNANSWERED and "ended failed" in stored.reason
+    assert kernel.document(handle.id, "agent-conversation", conversation)["active"] is None
+
+
+def test_streamed_text_is_previewed_live_folded_into_the_next_commit_and_lost_in_a_crash(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr("kernel.agent.turn.PROGRESS_EVERY", 0.0)
+    provider = ScriptedProvider(lambda request: ModelResponse("All done."))
+    answer = provider.generate
+    world = World(provider)
+    session: list[str] = []
+
+    def generate(request: ModelRequest, on_text: Any) -> Any:
+        attempt = len(world.previews) + 1
+        before = world.storage.session(session[0]).head_seq
+        on_text(f"partial {attempt} ")
+        assert world.storage.session(session[0]).head_seq == before  # a preview commits nothing
+        if attempt == 1:
+            raise Crash()  # the preview dies with the process
+        if attempt == 2:
+            raise TransientModelError("503")  # the backoff's commit folds the preview in
+        return answer(request, on_text)
+
+    provider.generate = generate  # type: ignore[method-assign]
+    kernel, handle, conversation, submitted = world.start()
+    session.append(handle.id)
+    world.run(crashes_allowed=1)
+    turn = next(t for t in kernel.storage.session_tasks(handle.id) if t.kind == "agent-turn")
+    assert [(p.task_id, p.kind, p.path) for p in world.previews] == [
+        (turn.id, "agent-progress", ("text",))
+    ] * 4
+    assert [p.value for p in world.previews] == [
+        "partial 1 ", "partial 2 ", "partial 3 ", "partial 3 All done."
+    ]
+    versions = range(1, kernel.document_version(handle.id, "agent-progress", turn.id) + 1)
+    stored = [
+        kernel.document(handle.id, "agent-progress", turn.id, v).get("text") for v in versions
+    ]
+    assert stored == ["partial 2 ", "All done."]  # never the crashed attempt's text
+    assert kernel.storage.submission(submitted.submission.id).status is SubmissionStatus.ANSWERED
+
+
+def test_a_model_request_that_kills_its_worker_every_time_ends_the_turn() -> None:
+    provider = two_rounds()
+
+    def die(request: ModelRequest, on_text: Any) -> Any:
+        provider.requests.append(request)
+        raise Crash()
+
+    provider.generate = die  # type: ignore[method-assign]
+    world = World(provider)
+    kernel, handle, conversation, submitted = world.start()
+    assert world.run(crashes_allowed=20) == 6
+    stored = kernel.storage.submission(submitted.submission.id)
+    assert stored.status is SubmissionStatus.UNANSWERED
+    assert stored.reason == "the model request was interrupted 6 times"
+    assert kinds(kernel, conversation) == ["user"] + ["interruption"] * 6
+    assert kernel.document(handle.id, "agent-conversation", conversation)["active"] is None
