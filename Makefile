@@ -19,12 +19,12 @@ BENCH_ARGS ?=
 # Sources the URLs that `make services` resolved (shared or embedded servers).
 LOAD_SERVICES := set -a; . ./$(SERVICES_ENV); set +a
 
-.PHONY: help venv services services-stop lint test bench demo clean distclean
+.PHONY: help venv services services-stop browser lint test bench demo clean distclean
 
 help:
 	@echo "make demo    set up the venv, Postgres, Redis and the database, then run the demo"
 	@echo "make test    lint + the whole test suite (what CI runs)"
-	@echo "other: venv services services-stop lint bench clean distclean"
+	@echo "other: venv services services-stop browser lint bench clean distclean"
 
 venv: $(STAMP)
 
@@ -46,13 +46,26 @@ services: venv
 services-stop:
 	@if [ -x $(PY) ]; then $(PY) -m controlplane.services stop --env-file $(SERVICES_ENV); fi
 
+# Browser tests drive Debian's chromium (/usr/bin/chromium), never a browser Playwright
+# downloads. Installed with apt-get when missing and we are root; otherwise say how.
+browser:
+	@if [ -x /usr/bin/chromium ]; then exit 0; fi
+	if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+		echo "==> installing chromium and chromium-driver (apt-get)"
+		apt-get update -qq
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver
+	else
+		echo "!! /usr/bin/chromium is missing: the browser tests (tests/browser) will fail." >&2
+		echo "!! Install it as root: apt-get install chromium chromium-driver" >&2
+	fi
+
 lint: venv
 	@echo "==> ruff check"
 	$(VENV)/bin/ruff check .
 	echo "==> mypy $(wildcard kernel controlplane)"
 	$(VENV)/bin/mypy $(wildcard kernel controlplane)
 
-test: venv services
+test: venv services browser
 	@$(MAKE) --no-print-directory lint
 	$(LOAD_SERVICES)
 	echo "==> pytest tests/ (DATABASE_URL=$$DATABASE_URL REDIS_URL=$$REDIS_URL)"

@@ -1,4 +1,5 @@
-"""ASGI entry point (Daphne): HTTP, and the websocket change feeds (controlplane.consumers).
+"""ASGI entry point (Daphne): HTTP (static files included), and the websocket change feeds
+and live pages (controlplane.consumers).
 
 Websockets pass the origin check (for browsers), then Django's session auth
 (``AuthMiddlewareStack``); the consumers also accept an API token and check roles.
@@ -8,6 +9,7 @@ import os
 
 from channels.auth import AuthMiddlewareStack
 from channels.routing import ProtocolTypeRouter, URLRouter
+from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler
 from django.core.asgi import get_asgi_application
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
@@ -22,7 +24,9 @@ from controlplane.consumers import (  # noqa: E402  (needs the apps loaded)
 
 application = ProtocolTypeRouter(
     {
-        "http": django_asgi_app,
+        # The dashboard's few static files (one stylesheet, one script, vendored htmx) are
+        # served by the app itself: no separate web server or collectstatic step needed.
+        "http": ASGIStaticFilesHandler(django_asgi_app),
         "websocket": BrowserOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
     }
 )

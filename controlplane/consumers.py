@@ -56,10 +56,10 @@ from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 from channels.security.websocket import AllowedHostsOriginValidator
 from django.conf import settings
-from django.urls import path
+from django.urls import path, re_path
 from django.utils import timezone
 
-from controlplane.api.auth import digest, role_of
+from controlplane.api.auth import OPERATOR, digest, role_of
 from controlplane.api.feed import (
     FRAME_COLUMNS,
     MAX_CURSOR,
@@ -254,6 +254,9 @@ class FeedConsumer(AsyncWebsocketConsumer):
             elif self.last is not None and after > self.last:
                 self.last = after  # forward only: nothing is ever sent twice on one socket
 
+    def heartbeat_frame(self) -> str:
+        return json.dumps({"type": "heartbeat", self.cursor_name: self.last})
+
     async def disconnect(self, code: int) -> None:
         self.stop()
 
@@ -339,9 +342,7 @@ class FeedConsumer(AsyncWebsocketConsumer):
                     continue  # replaying
                 due = quiet_since + heartbeat - loop.time()
                 if due <= 0:
-                    await self.send(text_data=json.dumps(
-                        {"type": "heartbeat", self.cursor_name: self.last}
-                    ))
+                    await self.send(text_data=self.heartbeat_frame())
                     quiet_since = loop.time()
                     due = heartbeat
                 with suppress(TimeoutError):
@@ -413,9 +414,85 @@ class GlobalFeedConsumer(FeedConsumer):
         return await shared_reads.read(("global", after, limit), query)
 
 
+class PageMode:
+    """The HTML-partials mode of a feed socket, for the browser pages (controlplane.ui).
+
+    The socket keeps its feed's protocol (cursor in-band, replay then live, each position
+    sent once, gaps impossible), but a read returns one message per batch of commits: the
+    page's parts re-rendered at the newest commit, as htmx out-of-band swaps tagged with
+    its position. Heartbeats are partials too ("caught up to seq N"). A viewer's and an
+    operator's pages differ (action buttons), so their reads are not shared.
+    """
+
+    user: Any
+    last: int | None
+    can_act: bool = False
+
+    async def page_role(self) -> None:
+        self.can_act = await database_sync_to_async(_is_operator)(self.user)
+
+    def heartbeat_frame(self) -> str:
+        from controlplane.ui.fragments import heartbeat
+
+        return heartbeat(self.last or 0)
+
+
+def _is_operator(user: Any) -> bool:
+    return role_of(user) == OPERATOR
+
+
+class SessionPageConsumer(PageMode, SessionFeedConsumer):
+    """``ws/ui/sessions/<id>/``: the session page's live parts, by seq."""
+
+    async def subscribe(self) -> bool:
+        await self.page_role()
+        return await super().subscribe()
+
+    async def read(self, after: int, limit: int) -> Rows:
+        from controlplane.ui.fragments import session_update
+
+        session_id, can_act = self.session_id, self.can_act
+
+        async def query() -> Rows:
+            found = await database_sync_to_async(session_update)(session_id, after, can_act)
+            return [found] if found is not None else []
+
+        return await shared_reads.read(("session-page", session_id, after, can_act), query)
+
+
+class GlobalPageConsumer(PageMode, GlobalFeedConsumer):
+    """``ws/ui/<page>/`` (``overview``, ``attention``): pages over every session, by
+    commit id; any commit re-renders the page's live parts."""
+
+    async def subscribe(self) -> bool:
+        await self.page_role()
+        return await super().subscribe()
+
+    def heartbeat_frame(self) -> str:
+        from controlplane.ui.fragments import global_heartbeat
+
+        return global_heartbeat(self.last or 0)
+
+    async def read(self, after: int, limit: int) -> Rows:
+        from controlplane.ui.fragments import global_update
+
+        page, can_act = str(self.scope["url_route"]["kwargs"]["page"]), self.can_act
+
+        async def query() -> Rows:
+            rows = await settled_global(after, limit, select="c.id", run=database_sync_to_async)
+            if not rows:
+                return []
+            upto = int(rows[-1][0])
+            return [(upto, await database_sync_to_async(global_update)(page, upto, can_act))]
+
+        return await shared_reads.read(("page", page, after, can_act), query)
+
+
 websocket_urlpatterns = [
     path("ws/sessions/<str:session_id>/feed/", SessionFeedConsumer.as_asgi()),
     path("ws/feed/", GlobalFeedConsumer.as_asgi()),
+    path("ws/ui/sessions/<str:session_id>/", SessionPageConsumer.as_asgi()),
+    re_path(r"^ws/ui/(?P<page>overview|attention)/$", GlobalPageConsumer.as_asgi()),
 ]
 
 

@@ -108,6 +108,7 @@ TEMPLATES = [
                 "django.template.context_processors.request",
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
+                "controlplane.ui.access.role",
             ],
         },
     },
@@ -166,6 +167,10 @@ USE_I18N = True
 USE_TZ = True
 
 STATIC_URL = "static/"
+# The dashboard's login (session auth, CSRF on every form).
+LOGIN_URL = "login"
+LOGIN_REDIRECT_URL = "overview"
+LOGOUT_REDIRECT_URL = "login"
 STATICFILES_DIRS = [BASE_DIR / "static"]
 STATIC_ROOT = BASE_DIR / ".data" / "staticfiles"
 

@@ -20,7 +20,7 @@ from controlplane import models
 from controlplane.execution import runtime
 from kernel import CommitRejected, Draft, DuplicateCommit, Status, Task, UnknownRecord
 
-from .auth import actor, operator
+from .auth import actor, operator, require_operator
 from .schemas import (
     ActionIn,
     ActionOut,
@@ -67,19 +67,17 @@ def _commit(
 
 
 def _act(
-    request: HttpRequest,
-    body: ActionIn,
+    user: User,
+    action_id: str,
+    reason: str,
     action: str,
     task: Task,
     build: Callable[[Draft], None],
     may_repeat: list[str] | None = None,
 ) -> dict[str, Any]:
-    user = operator(request)
-    seq, replayed = _commit(
-        user, task.session_id, body.action_id, action, task.id, body.reason, build
-    )
+    seq, replayed = _commit(user, task.session_id, action_id, action, task.id, reason, build)
     return {
-        "action_id": body.action_id,
+        "action_id": action_id,
         "action": action,
         "target": task.id,
         "session_id": task.session_id,
@@ -94,63 +92,99 @@ def _refuse_unless(condition: bool, message: str) -> None:
         raise HttpError(409, message)
 
 
-@router.post("/tasks/{task_id}/cancel", response=ActionOut)
-def cancel(request: HttpRequest, task_id: str, body: ActionIn) -> Any:
-    """Cancel a task and its owned subtasks: the running phase cannot commit any more, each
-    cancel handler commits its wrap-up, then the tree ends ``cancelled``."""
-    operator(request)
+# -- the actions themselves: the API below and the browser pages (controlplane.ui) call
+# these same functions, so both check, commit and log an action in exactly one way. ------
+
+
+def cancel_task(user: User, task_id: str, action_id: str, reason: str) -> dict[str, Any]:
+    """Cancel a task and its owned subtasks (see :func:`cancel`); 403 unless an operator."""
+    require_operator(user)
     task = _task(task_id)
-    if not _already_done(task, body.action_id):
+    if not _already_done(task, action_id):
         _refuse_unless(not task.terminal, f"task {task_id} already ended {task.outcome}")
-    return _act(request, body, "cancel", task, lambda d: d.cancel(task_id, body.reason))
+    return _act(user, action_id, reason, "cancel", task, lambda d: d.cancel(task_id, reason))
 
 
-@router.post("/tasks/{task_id}/retry", response=ActionOut)
-def retry(request: HttpRequest, task_id: str, body: ActionIn) -> Any:
-    """Run a failed task again from its last saved phase."""
-    operator(request)
+def retry_task(user: User, task_id: str, action_id: str, reason: str) -> dict[str, Any]:
+    """Run a failed task again from its last saved phase (see :func:`retry`)."""
+    require_operator(user)
     task = _task(task_id)
     repeat = [
         f"phase {task.phase!r} of {task.kind} runs again from its beginning: external calls it "
         "makes before its next commit may happen again"
     ]
-    return _act(request, body, "retry", task, lambda d: d.retry(task_id), repeat)
+    return _act(user, action_id, reason, "retry", task, lambda d: d.retry(task_id), repeat)
 
 
-@router.post("/tasks/{task_id}/resolve", response=ActionOut)
-def resolve(request: HttpRequest, task_id: str, body: ResolveIn) -> Any:
-    """Decide an uncertain operation: it happened, it did not (send again), or give up."""
-    user = operator(request)
+def resolve_task(
+    user: User,
+    task_id: str,
+    action_id: str,
+    reason: str,
+    decision: str,
+    receipt: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Decide an uncertain operation (see :func:`resolve`); ``decision`` is one of
+    :data:`DECISIONS`."""
+    require_operator(user)
+    if decision not in DECISIONS:
+        raise HttpError(422, f"decision: one of {sorted(DECISIONS)}")
     task = _task(task_id)
     signal = (task.wait or {}).get("signal")
-    if not _already_done(task, body.action_id):
+    if not _already_done(task, action_id):
         _refuse_unless(
             task.status is Status.WAITING and signal is not None,
             f"task {task_id} is not waiting for a resolution (it is {task.status})",
         )
-    decision = DECISIONS[body.decision]
-    payload: dict[str, Any] = {"decision": decision, "by": actor(user), "reason": body.reason}
-    if body.receipt is not None:
-        payload["receipt"] = body.receipt
-    repeat = ["the operation is performed again"] if decision == "send_again" else []
+    payload: dict[str, Any] = {"decision": DECISIONS[decision], "by": actor(user), "reason": reason}
+    if receipt is not None:
+        payload["receipt"] = receipt
+    repeat = ["the operation is performed again"] if DECISIONS[decision] == "send_again" else []
     return _act(
-        request,
-        body,
-        f"resolve:{body.decision}",
+        user,
+        action_id,
+        reason,
+        f"resolve:{decision}",
         task,
         lambda d: d.signal(task_id, signal or "", payload),
         repeat,
     )
 
 
+def wake_task(user: User, task_id: str, action_id: str, reason: str) -> dict[str, Any]:
+    """End a sleep early (see :func:`wake`)."""
+    require_operator(user)
+    task = _task(task_id)
+    if not _already_done(task, action_id):
+        _refuse_unless(task.status is Status.SLEEPING, f"task {task_id} is {task.status}")
+    return _act(user, action_id, reason, "wake", task, lambda d: d.wake(task_id))
+
+
+@router.post("/tasks/{task_id}/cancel", response=ActionOut)
+def cancel(request: HttpRequest, task_id: str, body: ActionIn) -> Any:
+    """Cancel a task and its owned subtasks: the running phase cannot commit any more, each
+    cancel handler commits its wrap-up, then the tree ends ``cancelled``."""
+    return cancel_task(operator(request), task_id, body.action_id, body.reason)
+
+
+@router.post("/tasks/{task_id}/retry", response=ActionOut)
+def retry(request: HttpRequest, task_id: str, body: ActionIn) -> Any:
+    """Run a failed task again from its last saved phase."""
+    return retry_task(operator(request), task_id, body.action_id, body.reason)
+
+
+@router.post("/tasks/{task_id}/resolve", response=ActionOut)
+def resolve(request: HttpRequest, task_id: str, body: ResolveIn) -> Any:
+    """Decide an uncertain operation: it happened, it did not (send again), or give up."""
+    return resolve_task(
+        operator(request), task_id, body.action_id, body.reason, body.decision, body.receipt
+    )
+
+
 @router.post("/tasks/{task_id}/wake", response=ActionOut)
 def wake(request: HttpRequest, task_id: str, body: ActionIn) -> Any:
     """End a sleep early: the task runs its next phase now."""
-    operator(request)
-    task = _task(task_id)
-    if not _already_done(task, body.action_id):
-        _refuse_unless(task.status is Status.SLEEPING, f"task {task_id} is {task.status}")
-    return _act(request, body, "wake", task, lambda d: d.wake(task_id))
+    return wake_task(operator(request), task_id, body.action_id, body.reason)
 
 
 @router.post("/submissions/{submission_id}/resubmit", response=ActionOut)

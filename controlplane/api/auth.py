@@ -70,7 +70,12 @@ def role_of(user: Any) -> str | None:
 
 def operator(request: HttpRequest) -> User:
     """The caller, if it may act (403 for viewers)."""
-    user = request.auth  # type: ignore[attr-defined]
+    return require_operator(request.auth)  # type: ignore[attr-defined]
+
+
+def require_operator(user: Any) -> User:
+    """``user`` if it may act; 403 otherwise. Shared by the API and the browser pages, so
+    that both refuse a viewer in the same way."""
     if role_of(user) != OPERATOR:
         raise HttpError(403, "operators only: viewers can read but not act")
     return user

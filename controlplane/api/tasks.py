@@ -130,6 +130,11 @@ def get_task(request: HttpRequest, task_id: str) -> Any:
 @router.get("/workers", response=list[WorkerOut], tags=["workers"])
 def list_workers(request: HttpRequest) -> Any:
     """Who holds which leases now. A worker without a lease has nothing to show here."""
+    return workers()
+
+
+def workers() -> list[dict[str, Any]]:
+    """Lease holders with their leases and last heartbeat (the API and the workers page)."""
     lease = timedelta(seconds=settings.KERNEL_LEASE_SECONDS)
     held: dict[str, list[models.Task]] = defaultdict(list)
     for row in models.Task.objects.filter(status="running").exclude(lease_owner=None):

@@ -31,7 +31,7 @@ class Command(BaseCommand):
             user.groups.add(group)
         call_command("send_notices", *RECIPIENTS, actor="user:operator", stdout=self.stdout)
         self.stdout.write(
-            f"\n  demo ready: {options['url']}admin/\n"
+            f"\n  demo ready: {options['url']}  (dashboard; the read-only admin at /admin/)\n"
             f"  login: operator / {password}   (read-only: viewer / viewer)\n"
             "  watch the batch: .venv/bin/python manage.py tasks\n"
         )

@@ -1,0 +1,218 @@
+"""Dashboard benchmark (issue 6): a session page with 10,000 tasks.
+
+- Server render time: ``GET /sessions/<id>/`` through Django's test client in this
+  process (the view, its reads and the templates; no network), p50 over many runs.
+- Browser time to interactive: the Debian chromium (Playwright) against a real Daphne
+  process, from navigation start to ``domInteractive``, and to the page's socket being
+  live (its first message applied), median over a few runs.
+
+The session is seeded in SQL (one ``send-batch`` root with 9,999 ``send-notice``
+children in mixed states): making them through the kernel would take minutes and
+measure nothing here. The tree shows the root collapsed with its counts; children load
+by page. Run with ``python -m benchmarks.ui`` (``make bench BENCH_ARGS=ui``); it writes
+the section "Dashboard (issue 6)" of ``docs/benchmarks.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import tempfile
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+from benchmarks._support import (
+    REPORT,
+    Stats,
+    database_url,
+    progress,
+    publish,
+    recreate_database,
+    setup_django,
+)
+
+HEADING = "## Dashboard (issue 6)"
+DATABASE = "durable_bench_ui"
+CHROMIUM = "/usr/bin/chromium"
+STATES = ["succeeded", "running", "pending", "waiting", "sleeping"]
+
+
+def seed_session(tasks: int) -> tuple[str, str]:
+    """A session with one root and ``tasks - 1`` children in mixed states; (session, root)."""
+    from django.db import connection
+
+    from kernel.records import new_id
+
+    session_id, root = new_id("sess"), new_id("task")
+    columns = ("id, session_id, kind, version, input, status, phase, checkpoint, created_seq, "
+               "updated_seq, parent_id, owned, wait, wait_deps, signals, cancel, outcome, "
+               "restarts, epoch, queue")
+    with connection.cursor() as cur:
+        cur.execute("INSERT INTO kernel_session (id, head_seq, created_at, metadata) "
+                    "VALUES (%s, 2, now(), '{\"title\": \"benchmark\"}')", [session_id])
+        cur.execute(
+            f"INSERT INTO kernel_task ({columns}) VALUES (%s, %s, 'send-batch', 1, "
+            "'{\"recipients\": []}', 'waiting', 'summarize', '{}', 1, 1, NULL, false, "
+            "'{\"deps\": [], \"policy\": \"all_settled\"}', '{}', '{}', NULL, NULL, 0, 1, "
+            "'default')", [root, session_id])
+        cur.execute(
+            f"INSERT INTO kernel_task ({columns}) SELECT 'task_bench_' || g, %s, 'send-notice', "
+            "1, jsonb_build_object('to', 'r' || g || '@example.com'), "
+            "CASE WHEN (%s::text[])[1 + g %% 5] = 'succeeded' THEN 'terminal' "
+            "ELSE (%s::text[])[1 + g %% 5] END, 'confirm', '{}', 2, 2, %s, true, NULL, '{}', "
+            "'{}', NULL, CASE WHEN g %% 5 = 0 THEN '{\"kind\": \"succeeded\"}'::jsonb END, 0, 1, "
+            "'hands' FROM generate_series(1, %s) g",
+            [session_id, STATES, STATES, root, tasks - 1])
+    return session_id, root
+
+
+def viewer_client() -> object:
+    from django.contrib.auth.models import Group, User
+    from django.test import Client
+
+    user = User.objects.create_user(f"bench-viewer-{time.monotonic_ns()}", password="bench")
+    user.groups.add(Group.objects.get_or_create(name="viewer")[0])
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+def measure_render(session_id: str, runs: int, warmup: int = 2) -> Stats:
+    """Server-side time of the session page: view, reads and templates."""
+    client = viewer_client()
+    samples = []
+    for i in range(warmup + runs):
+        started = time.perf_counter()
+        answer = client.get(f"/sessions/{session_id}/")  # type: ignore[attr-defined]
+        elapsed = time.perf_counter() - started
+        assert answer.status_code == 200, answer.status_code
+        if i >= warmup:
+            samples.append(elapsed)
+    return Stats.of(samples)
+
+
+@dataclass
+class Browser:
+    interactive_ms: list[float] = field(default_factory=list)
+    live_ms: list[float] = field(default_factory=list)
+    html_bytes: int = 0
+
+
+def measure_browser(url: str, session_id: str, runs: int) -> Browser:
+    """Chromium against a real Daphne: time to ``domInteractive`` and to a live socket."""
+    from playwright.sync_api import sync_playwright
+
+    from benchmarks.feed import Daphne
+
+    env = {**os.environ, "DATABASE_URL": url, "DJANGO_DEBUG": "0", "PYTHONUNBUFFERED": "1"}
+    found = Browser()
+    from django.contrib.auth.models import Group, User
+
+    user = User.objects.create_user(f"bench-ui-{time.monotonic_ns()}", password="bench-pw")
+    user.groups.add(Group.objects.get_or_create(name="viewer")[0])
+    with tempfile.TemporaryDirectory() as tmp:
+        server = Daphne(env, Path(tmp) / "daphne.log")
+        server.start()
+        try:
+            with sync_playwright() as playwright:
+                browser = playwright.chromium.launch(executable_path=CHROMIUM,
+                                                     args=["--no-sandbox"])
+                page = browser.new_page()
+                page.goto(f"{server.http}/accounts/login/")
+                page.fill("#id_username", user.username)
+                page.fill("#id_password", "bench-pw")
+                page.click("button[type=submit]")
+                page.wait_for_url(f"{server.http}/")
+                for _ in range(runs):
+                    page.goto(f"{server.http}/sessions/{session_id}/")
+                    page.wait_for_selector("#conn-state.conn-live", timeout=60_000)
+                    timing = page.evaluate(
+                        "(() => { const n = performance.getEntriesByType('navigation')[0];"
+                        " return [n.domInteractive, performance.now(), n.transferSize]; })()")
+                    found.interactive_ms.append(float(timing[0]))
+                    found.live_ms.append(float(timing[1]))
+                    found.html_bytes = int(timing[2])
+                browser.close()
+        finally:
+            server.stop()
+    return found
+
+
+@dataclass
+class Result:
+    when: datetime
+    tasks: int
+    render: Stats
+    browser: Browser | None
+    load: tuple[float, float]
+
+
+def render(result: Result) -> str:
+    r = result.render
+    lines = [
+        HEADING,
+        "",
+        f"Run {result.when:%Y-%m-%d %H:%M} UTC by `make bench BENCH_ARGS=ui` "
+        f"(`python -m benchmarks.ui`); {os.cpu_count()} CPUs, PostgreSQL on the same host, "
+        f"`DEBUG` off. Load average (1 min) at start / end: {result.load[0]:.2f} / "
+        f"{result.load[1]:.2f}.",
+        "",
+        f"A session of {result.tasks:,} tasks (one `send-batch` root, {result.tasks - 1:,} "
+        "`send-notice` children in five states, seeded in SQL). The page shows the root "
+        "with its children counted by status; children load by pages of 50.",
+        "",
+        "| measure | runs | p50 | p90 | max |",
+        "|---|---:|---:|---:|---:|",
+        f"| server render of the session page (ms) | {r.count} | {r.p50:.1f} | {r.p90:.1f} "
+        f"| {r.max:.1f} |",
+    ]
+    b = result.browser
+    if b is not None and b.interactive_ms:
+        lines += [
+            f"| browser: navigation to `domInteractive` (ms) | {len(b.interactive_ms)} | "
+            f"{statistics.median(b.interactive_ms):.1f} | — | {max(b.interactive_ms):.1f} |",
+            f"| browser: navigation to socket live (ms) | {len(b.live_ms)} | "
+            f"{statistics.median(b.live_ms):.1f} | — | {max(b.live_ms):.1f} |",
+            "",
+            f"Browser: Debian chromium (headless, Playwright) against one Daphne process; "
+            f"the page's HTML is {b.html_bytes:,} bytes on the wire.",
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def run(args: argparse.Namespace, url: str) -> Result:
+    load_start = os.getloadavg()[0]
+    progress(f"seeding a session of {args.tasks} tasks")
+    session_id, _ = seed_session(args.tasks)
+    progress(f"server render x{args.runs}")
+    stats = measure_render(session_id, args.runs)
+    progress(f"  p50 {stats.p50:.1f} ms")
+    browser = None
+    if args.browser_runs and os.path.exists(CHROMIUM):
+        progress(f"browser x{args.browser_runs}")
+        browser = measure_browser(url, session_id, args.browser_runs)
+    return Result(datetime.now(UTC), args.tasks, stats, browser, (load_start, os.getloadavg()[0]))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.ui", description=__doc__)
+    parser.add_argument("--tasks", type=int, default=10_000)
+    parser.add_argument("--runs", type=int, default=30)
+    parser.add_argument("--browser-runs", type=int, default=5)
+    parser.add_argument("--database", default=DATABASE)
+    parser.add_argument("--no-write", action="store_true", help=f"do not update {REPORT.name}")
+    args = parser.parse_args(argv)
+    if not args.database.startswith("durable_bench"):
+        parser.error("--database must start with 'durable_bench': it is dropped and recreated")
+    url = database_url(args.database)
+    progress(f"database {args.database}: recreating and migrating")
+    recreate_database(url)
+    setup_django(url, migrate=True)
+    return publish(HEADING, render(run(args, url)), write=not args.no_write)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,17 @@
+"""The dashboard's routes (the login pages are Django's own, see controlplane.urls)."""
+
+from django.urls import path, re_path
+
+from . import attention, sessions, tasks, workers
+
+urlpatterns = [
+    path("", sessions.overview, name="overview"),
+    path("sessions/<str:session_id>/", sessions.session, name="session"),
+    path("sessions/<str:session_id>/tasks/<str:task_id>/children", sessions.children,
+         name="children"),
+    path("tasks/<str:task_id>/", tasks.task, name="task"),
+    re_path(r"^tasks/(?P<task_id>[^/]+)/(?P<action>cancel|retry|resolve)$", attention.act,
+            name="act"),
+    path("attention/", attention.attention, name="attention"),
+    path("workers/", workers.workers, name="workers"),
+]

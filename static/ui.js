@@ -1,0 +1,81 @@
+/* The dashboard's live behaviour, on top of htmx and its ws extension (no build step).
+ *
+ * - The socket's cursor goes in-band: on every (re)open we send {"after": lastSeq}, the
+ *   newest position this page shows, so a reconnect catches up from there (DESIGN §13).
+ * - Every live fragment carries data-seq; one older than the element it would replace is
+ *   dropped, so a late or replayed fragment never rolls the page back.
+ * - The extension reconnects by itself only after abnormal closes (1006, 1011-1013); after
+ *   any other close (a clean 1000 on Daphne's timeout, say) we reconnect ourselves.
+ * - A page of children fetched by GET may be older than what the socket has shown since;
+ *   it is fetched again until it is not.
+ */
+(function () {
+  "use strict";
+  var lastSeq = 0;
+  var opened = false;
+  var retries = 0;
+  var REFUSED = [4400, 4403, 4404];
+
+  function seqOf(el) { return el && el.dataset && el.dataset.seq ? Number(el.dataset.seq) : -1; }
+  function setState(text, name) {
+    var el = document.getElementById("conn-state");
+    if (el) { el.textContent = text; el.className = "conn conn-" + name; }
+    document.documentElement.dataset.connection = name;
+  }
+  function bump(seq) {
+    if (seq > lastSeq) { lastSeq = seq; document.documentElement.dataset.seq = String(seq); }
+  }
+
+  htmx.config.wsReconnectDelay = function (count) { return Math.min(250 * Math.pow(2, count), 3000); };
+  // Action results are shown in place whatever their status (a 403 or 409 explains itself).
+  htmx.config.responseHandling = [{ code: "204", swap: false }, { code: "...", swap: true }];
+
+  document.addEventListener("DOMContentLoaded", function () {
+    bump(seqOf(document.getElementById("live")));
+    checkPages();
+  });
+
+  document.addEventListener("htmx:oobBeforeSwap", function (e) {
+    var incoming = e.detail.fragment && e.detail.fragment.firstElementChild;
+    var seq = seqOf(incoming);
+    if (seq >= 0 && seq < seqOf(e.detail.target)) { e.detail.shouldSwap = false; }
+  });
+
+  document.addEventListener("htmx:wsOpen", function (e) {
+    opened = true;
+    retries = 0;
+    setState("live", "live");
+    e.detail.socketWrapper.sendImmediately(JSON.stringify({ after: lastSeq }));
+  });
+  document.addEventListener("htmx:wsConnecting", function () {
+    setState(opened ? "reconnecting" : "connecting", opened ? "reconnecting" : "connecting");
+  });
+  document.addEventListener("htmx:wsAfterMessage", function () {
+    bump(seqOf(document.getElementById("feed-state")));
+    checkPages();
+  });
+  document.addEventListener("htmx:wsClose", function (e) {
+    var code = e.detail.event.code;
+    if (REFUSED.indexOf(code) >= 0) { setState("refused (" + code + "): reload to log in", "refused"); return; }
+    opened = true;
+    setState("reconnecting", "reconnecting");
+    if ([1006, 1011, 1012, 1013].indexOf(code) >= 0) { return; } // the extension retries
+    retries += 1;
+    setTimeout(function () {
+      var old = document.getElementById("live");
+      if (!old) { return; }
+      var fresh = old.cloneNode(false);
+      old.replaceWith(fresh);
+      htmx.process(fresh);
+    }, Math.min(250 * Math.pow(2, retries), 3000));
+  });
+
+  function checkPages() {
+    document.querySelectorAll("li.page[data-seq]:not([data-checked])").forEach(function (page) {
+      if (seqOf(page) >= lastSeq) { page.dataset.checked = "1"; return; }
+      page.dataset.checked = "refetching";
+      htmx.ajax("GET", page.dataset.src, { target: page, swap: "outerHTML", select: "li.page" });
+    });
+  }
+  document.addEventListener("htmx:afterSettle", checkPages);
+})();

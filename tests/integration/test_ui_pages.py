@@ -1,0 +1,112 @@
+"""The dashboard's pages and live fragments, rendered in-process (no browser, no worker).
+
+The browser tests (tests/browser) prove the live behaviour end to end; these pin what
+each page shows, who may act, and that untrusted text is escaped.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from django.contrib.auth.models import Group, User
+from django.test import Client
+
+from controlplane.execution import runtime
+from controlplane.ui.fragments import session_update
+from kernel import Draft
+
+pytestmark = pytest.mark.django_db(transaction=True)
+EVIL = "<script>window.__pwned = 1</script>"
+
+
+def login(role: str) -> Client:
+    user = User.objects.create_user(f"{role}-user", password="pw")
+    user.groups.add(Group.objects.get_or_create(name=role)[0])
+    client = Client(enforce_csrf_checks=True)
+    client.force_login(user)
+    return client
+
+
+def batch(recipients: int = 3, subject: str = "Notice") -> tuple[str, str]:
+    kernel = runtime().kernel
+    handle = kernel.create_session(metadata={"title": "ui test"})
+    draft = Draft(actor="user:test")
+    conversation = draft.create_conversation()
+    draft.append(conversation, "user", {"text": EVIL})
+    task_id = draft.create_task("send-batch", {
+        "recipients": [f"r{i}@example.com" for i in range(recipients)],
+        "subject": subject, "body": "b", "channel": "http"})
+    handle.commit(draft)
+    return handle.id, task_id
+
+
+def test_pages_render_and_escape_untrusted_text() -> None:
+    session_id, task_id = batch(subject=EVIL)
+    client = login("viewer")
+    for url in ("/", "/attention/", "/workers/", f"/sessions/{session_id}/", f"/tasks/{task_id}/"):
+        answer = client.get(url)
+        assert answer.status_code == 200, (url, answer.content[:500])
+        assert b"<script>window" not in answer.content, url
+    page = client.get(f"/sessions/{session_id}/").content.decode()
+    assert "&lt;script&gt;window.__pwned = 1&lt;/script&gt;" in page
+    assert f'id="task-{task_id}"' in page and "Cancel…" not in page  # a viewer sees no action
+    assert Client().get("/").status_code == 302  # to the login page
+
+
+def test_a_viewer_is_refused_and_an_operator_cancels() -> None:
+    session_id, task_id = batch()
+    viewer = login("viewer")
+    viewer.get("/")
+    token = viewer.cookies["csrftoken"].value
+    answer = viewer.post(f"/tasks/{task_id}/cancel", {"reason": "no", "action_id": "a1"},
+                         HTTP_X_CSRFTOKEN=token)
+    assert answer.status_code == 403
+    assert runtime().kernel.task(task_id).cancel is None
+    operator = login("operator")
+    page = operator.get(f"/sessions/{session_id}/").content.decode()
+    assert "Confirm cancel" in page
+    token = operator.cookies["csrftoken"].value
+    assert operator.post(f"/tasks/{task_id}/cancel", {"reason": "no", "action_id": "a1"}
+                         ).status_code == 403  # CSRF: no token, nothing done
+    answer = operator.post(f"/tasks/{task_id}/cancel", {"reason": "wrong list", "action_id": "a1"},
+                           HTTP_X_CSRFTOKEN=token, HTTP_HX_REQUEST="true")
+    assert answer.status_code == 200, answer.content
+    assert runtime().kernel.task(task_id).cancel is not None  # the intent; a worker winds down
+    again = operator.post(f"/tasks/{task_id}/cancel", {"reason": "wrong list", "action_id": "a1"},
+                          HTTP_X_CSRFTOKEN=token, HTTP_HX_REQUEST="true")
+    assert b"already done" in again.content
+
+
+def test_live_fragments_are_tagged_and_only_when_something_changed() -> None:
+    session_id, task_id = batch()
+    head = runtime().kernel.storage.session(session_id).head_seq
+    assert session_update(session_id, head, True) is None
+    seq, html = session_update(session_id, 0, True)
+    assert seq == head
+    tags = set(re.findall(r'data-seq="(\d+)"', html))
+    assert tags == {str(head)}
+    assert f'id="task-{task_id}"' in html and 'id="feed-state"' in html
+    assert "&lt;script&gt;" in html and "<script>window" not in html
+
+
+def test_a_big_group_is_collapsed_and_paged() -> None:
+    kernel = runtime().kernel
+    handle = kernel.create_session()
+    draft = Draft(actor="user:test")
+    parent = draft.create_task("send-batch", {"recipients": ["a@x"], "subject": "s",
+                                              "body": "b", "channel": "http"})
+    handle.commit(draft)
+    draft = Draft(actor="user:test")
+    for i in range(120):
+        draft.create_task("send-notice", {"plan": parent, "to": f"n{i}@x", "operation_id": f"o{i}"},
+                          parent_id=parent)
+    handle.commit(draft)
+    client = login("viewer")
+    page = client.get(f"/sessions/{handle.id}/").content.decode()
+    assert "120 children: 120 pending" in page and "Show children (120" in page
+    assert page.count('class="task-row') == 1
+    first = client.get(f"/sessions/{handle.id}/tasks/{parent}/children?page=1").content.decode()
+    assert first.count('class="task-row') == 50 and "page=2" in first
+    last = client.get(f"/sessions/{handle.id}/tasks/{parent}/children?page=3").content.decode()
+    assert last.count('class="task-row') == 20 and "Show more" not in last
