@@ -21,6 +21,9 @@ Protocol, JSON text frames both ways:
    every commit after the cursor, in order, each exactly once on this socket; and
    ``{"type": "heartbeat", "seq": last}`` (``"id"`` on ``ws/feed/``) when nothing was sent
    for ``FEED_HEARTBEAT_SECONDS``. Reconnect at any time with the last seq/id you saw.
+   On a session feed, ``{"type": "preview", "task_id", "kind", "key", "path", "value"}``
+   frames carry progress that is not committed yet (streamed model text, tool output):
+   outside the seq order, latest value wins, possibly lost; a later commit holds it.
    A client that asks for it with ``"batch": true`` (or ``?batch=1``) receives instead
    ``{"type": "commits", "commits": [<commit frame>, ...]}``: the commits of one read of
    the log, up to :data:`FRAME_COMMITS` per frame, in order. Catching up on a long log
@@ -275,7 +278,13 @@ class FeedConsumer(AsyncWebsocketConsumer):
             hint_hub().unfollow(self.group, self.on_hint)
 
     def on_hint(self, hint: dict[str, Any]) -> None:
-        """A commit happened: wake the reader unless this socket has sent it already."""
+        """A commit happened: wake the reader unless this socket has sent it already.
+        Previews that come along are passed on as they are (they are not in the log)."""
+        previews = hint.get("previews")
+        if isinstance(previews, list) and self.last is not None and not self.closing:
+            asyncio.get_running_loop().create_task(self.send_previews(previews))
+            if self.cursor_name not in hint:
+                return
         value = hint.get(self.cursor_name)
         if self.last is None or not isinstance(value, int) or value > self.last:
             self.wake.set()
@@ -356,6 +365,13 @@ class FeedConsumer(AsyncWebsocketConsumer):
         finally:
             if ahead is not None:
                 ahead.cancel()
+
+    async def send_previews(self, previews: list[dict[str, Any]]) -> None:
+        """Progress not committed yet: ``{"type": "preview", "task_id", "kind", "key",
+        "path", "value"}`` frames, outside the seq order; the next commit holds the value."""
+        with suppress(Exception):  # the socket may be closing: a preview may be lost
+            for preview in previews:
+                await self.send(text_data=json.dumps({"type": "preview", **preview}))
 
     async def send_rows(self, rows: Rows) -> None:
         """Send the rows after the cursor: a frame each, or batched if the client asked."""
@@ -446,7 +462,27 @@ class SessionPageConsumer(PageMode, SessionFeedConsumer):
 
     async def subscribe(self) -> bool:
         await self.page_role()
+        self.previews: dict[tuple[str, ...], dict[str, Any]] = {}
         return await super().subscribe()
+
+    async def send_previews(self, previews: list[dict[str, Any]]) -> None:
+        """Show uncommitted progress in the page's ``#previews`` until the next commit."""
+        for preview in previews:
+            self.previews[(preview["task_id"], *preview["path"])] = preview
+        await self.send_shown_previews()
+
+    async def send_rows(self, rows: Rows) -> None:
+        """A commit holds the previews before it: they leave the page with its update."""
+        await super().send_rows(rows)
+        if rows and self.previews:
+            self.previews.clear()
+            await self.send_shown_previews()
+
+    async def send_shown_previews(self) -> None:
+        from controlplane.ui.fragments import previews
+
+        with suppress(Exception):  # the socket may be closing: a preview may be lost
+            await self.send(text_data=previews(list(self.previews.values())))
 
     async def read(self, after: int, limit: int) -> Rows:
         from controlplane.ui.fragments import session_update

@@ -51,7 +51,9 @@ def runtime() -> Runtime:
         kernel, deliver, redeliver_after=timedelta(seconds=settings.KERNEL_REDELIVER_SECONDS)
     )
     kernel.after_commit(dispatcher.after_commit)
-    kernel.after_commit(Notifier().after_commit)  # live views: hints after each commit
+    notifier = Notifier()
+    kernel.after_commit(notifier.after_commit)  # live views: hints after each commit
+    kernel.on_preview(notifier.preview)  # and progress that is not committed yet
     worker = Worker(
         kernel,
         f"{socket.gethostname()}:{os.getpid()}",

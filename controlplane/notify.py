@@ -7,14 +7,14 @@ order therefore changes nothing but latency, and consumers poll the log anyway s
 a dropped hint (``channels_redis`` drops group messages for a channel over capacity and
 expires them after a minute: DESIGN §13) is caught up within a poll interval.
 
-:class:`Notifier` is a kernel after-commit listener. It hands the hint to a daemon thread
-and returns at once, so a slow or absent Redis never slows a commit down; the thread
-coalesces what queued up meanwhile (per session only the highest seq, globally only
-the highest id) and sends it with ``group_send`` on its own event loop. A failure is
-logged and forgotten. The hint is released by ``transaction.on_commit``: immediately for
-the usual autocommit commit, and not before the outermost transaction commits when a
-commit runs inside an ``atomic`` block (invariant 2: nothing is observable before its
-commit is durable).
+:class:`Notifier` is a kernel after-commit listener (and preview listener). It hands the
+hint to a daemon thread and returns at once, so a slow or absent Redis never slows a
+commit down; the thread coalesces what queued up meanwhile (per session only the highest
+seq, globally only the highest id, per previewed path only the latest value) and sends
+it with ``group_send`` on its own event loop. A failure is logged and forgotten. The
+hint is released by ``transaction.on_commit``: immediately for the usual autocommit
+commit, and not before the outermost transaction commits when a commit runs inside an
+``atomic`` block (invariant 2: nothing is observable before its commit is durable).
 
 :class:`HintHub` is the receiving end in the web process: one channel per process that
 joins the groups its sockets and long-polls follow, and wakes them.
@@ -40,6 +40,7 @@ from channels.layers import get_channel_layer
 from django.db import transaction
 
 from kernel.records import WriteSet
+from kernel.session import Preview
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +48,9 @@ GLOBAL_GROUP = "commits"
 """Every commit's id is hinted here: the global feed (``ws/feed/``, ``GET /api/changes``)."""
 HINT = "feed.hint"
 """The message type. Every hint names its ``group``; a session group's hint also carries
-``session_id`` and ``seq``, the global group's the commit ``id``."""
+``session_id`` and ``seq``, the global group's the commit ``id``. A session group's
+message may carry ``previews`` instead of (or besides) ``seq``: progress that is not
+committed (:class:`kernel.Preview`), which is data, not a hint, and may be lost."""
 SEND_TIMEOUT = 5.0
 QUEUE_SIZE = 10_000
 _GROUP_SAFE = re.compile(r"^[A-Za-z0-9_.-]{1,80}$")
@@ -79,7 +82,7 @@ class Notifier:
         self.alias = alias
         self._lock = threading.Lock()
         self._pid = 0
-        self._queue: queue.Queue[Hint] = queue.Queue(QUEUE_SIZE)
+        self._queue: queue.Queue[Hint | Preview] = queue.Queue(QUEUE_SIZE)
         self._thread: threading.Thread | None = None
         self._dropped = 0
 
@@ -90,9 +93,17 @@ class Notifier:
         transaction.on_commit(lambda: self.hint(hint), using=self.using)
 
     def hint(self, hint: Hint) -> None:
+        self._put(hint)
+
+    def preview(self, preview: Preview) -> None:
+        """The kernel's preview listener: progress goes to the session's live views at
+        once. It is not durable and has no commit to wait for; losing it is harmless."""
+        self._put(preview)
+
+    def _put(self, item: Hint | Preview) -> None:
         self._ensure_thread()
         try:
-            self._queue.put_nowait(hint)
+            self._queue.put_nowait(item)
         except queue.Full:
             # Harmless: consumers poll the log. Say so once in a while, not per commit.
             self._dropped += 1
@@ -132,18 +143,31 @@ class Notifier:
         finally:  # only reached if the interpreter tears the thread down
             loop.close()
 
-    async def _send(self, batch: list[Hint]) -> None:
+    async def _send(self, batch: list[Hint | Preview]) -> None:
         layer = get_channel_layer(self.alias)
         if layer is None:
             return
+        hints = [item for item in batch if isinstance(item, Hint)]
         latest: dict[str, int] = {}
-        for hint in batch:
+        for hint in hints:
             latest[hint.session_id] = max(latest.get(hint.session_id, 0), hint.seq)
-        top = max(hint.id for hint in batch)
         messages: dict[str, dict[str, Any]] = {
             session_group(sid): {"session_id": sid, "seq": seq} for sid, seq in latest.items()
         }
-        messages[GLOBAL_GROUP] = {"id": top}
+        if hints:
+            messages[GLOBAL_GROUP] = {"id": max(hint.id for hint in hints)}
+        previews: dict[tuple[Any, ...], Preview] = {}  # only the latest value per path
+        for item in batch:
+            if isinstance(item, Preview):
+                previews[(item.task_id, item.kind, item.key, item.path)] = item
+        for preview in previews.values():
+            message = messages.setdefault(
+                session_group(preview.session_id), {"session_id": preview.session_id}
+            )
+            message.setdefault("previews", []).append({
+                "task_id": preview.task_id, "kind": preview.kind, "key": preview.key,
+                "path": list(preview.path), "value": preview.value,
+            })
         sends = [
             layer.group_send(group, {"type": HINT, "group": group, **message})
             for group, message in messages.items()

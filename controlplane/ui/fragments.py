@@ -11,6 +11,7 @@ after a reconnect sends the same thing.
 
 from __future__ import annotations
 
+import json
 import uuid
 from typing import Any
 
@@ -95,6 +96,17 @@ def session_update(session_id: str, after: int, can_act: bool) -> tuple[int, str
                 **ctx, "submissions": snapshots.submissions(session_id)}))
         parts.append(render_to_string("ui/_feed_state.html", ctx))
         return head, "".join(parts)
+
+
+def previews(found: list[dict[str, Any]]) -> str:
+    """The session page's uncommitted progress (``Preview``), latest per task and path:
+    shown as a preview until the task's next commit, which holds the value."""
+    shown = [
+        {"task_id": p["task_id"], "path": ".".join(p["path"]),
+         "text": p["value"] if isinstance(p["value"], str) else json.dumps(p["value"])}
+        for p in found
+    ]
+    return render_to_string("ui/_previews.html", {"previews": shown, "oob": True})
 
 
 def heartbeat(seq: int) -> str:

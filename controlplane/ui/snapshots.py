@@ -24,6 +24,8 @@ from django.db import connection, transaction
 from controlplane import models
 from controlplane.api.tasks import filtered, task_out
 from controlplane.execution import runtime
+from controlplane.notices.tasks import PLAN
+from kernel.agent import turn
 from kernel.commit import operations_log_id
 
 CHILD_PAGE = 50
@@ -34,8 +36,7 @@ shows its counts and loads its children by page."""
 ROOT_PAGE = 200
 ENTRY_TAIL = 200
 """The transcript shows the last entries of each conversation."""
-PLAN = "email-plan"
-PROGRESS = "agent-progress"
+PROGRESS = turn.PROGRESS  # the agent turn streams its text into these documents
 
 
 @contextmanager

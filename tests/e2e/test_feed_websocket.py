@@ -26,7 +26,7 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 from controlplane.api.auth import issue_token
 from controlplane.execution import runtime
 from controlplane.notify import session_group
-from kernel import Draft, SessionHandle
+from kernel import Draft, Preview, SessionHandle
 from tests.chaos.harness import redis_db, wait_for
 
 from .server import (
@@ -157,6 +157,38 @@ def test_a_client_may_take_its_catch_up_in_batched_frames(server: Daphne, token:
         assert client.heartbeat(timeout=5) == {"type": "heartbeat", "seq": 1202}
     with feed(session_feed(server, handle, token), first={"after": 0, "batch": 1}) as client:
         assert client.closed_with() == 4400
+
+
+def test_previews_reach_the_session_feed_outside_the_seq_order(
+    server: Daphne, token: str
+) -> None:
+    """Progress that is not committed (kernel.Preview) goes from the process that made it
+    to live sockets at once; the page socket shows it escaped until the next commit."""
+    kernel = runtime().kernel
+    handle = kernel.create_session()
+    commit(handle, "start")
+    text = "<b>partial</b> answer"
+    with feed(session_feed(server, handle, token), first={"after": 1}) as client, feed(
+        f"{server.ws}/ws/ui/sessions/{handle.id}/?token={token}", first={"after": 1}
+    ) as page:
+        assert client.heartbeat(timeout=5)["seq"] == 1  # following, nothing to replay
+        kernel.publish_preview(Preview(handle.id, "task_x", "agent-progress", "task_x",
+                                       ("text",), "stale"))
+        kernel.publish_preview(Preview(handle.id, "task_x", "agent-progress", "task_x",
+                                       ("text",), text))
+        previews = [client.frame(timeout=5)]
+        while previews[-1]["value"] != text:
+            previews.append(client.frame(timeout=5))
+        assert previews[-1] == {"type": "preview", "task_id": "task_x", "kind": "agent-progress",
+                                "key": "task_x", "path": ["text"], "value": text}
+        shown = page.ws.recv(timeout=5)
+        while "&lt;b&gt;partial&lt;/b&gt; answer" not in shown:
+            shown = page.ws.recv(timeout=5)
+        assert 'id="previews"' in shown and "<b>" not in shown
+        commit(handle, "folded")
+        assert seqs(client.commits(1)) == [2]  # the seq order is untouched
+        while 'id="previews"' not in (shown := page.ws.recv(timeout=5)) or "task_x" in shown:
+            pass  # the commit's update, then the previews it holds leave the page
 
 
 def test_the_cursor_in_the_url_and_a_later_in_band_cursor(server: Daphne, token: str) -> None:
