@@ -62,6 +62,7 @@ from django.conf import settings
 from django.urls import path, re_path
 from django.utils import timezone
 
+from controlplane import feed_subscribers
 from controlplane.api.auth import OPERATOR, digest, role_of
 from controlplane.api.feed import (
     FRAME_COLUMNS,
@@ -275,6 +276,8 @@ class FeedConsumer(AsyncWebsocketConsumer):
             if task is not None and task is not asyncio.current_task():
                 task.cancel()
         if getattr(self, "subscribed", False):
+            self.subscribed = False
+            feed_subscribers.left()
             hint_hub().unfollow(self.group, self.on_hint)
 
     def on_hint(self, hint: dict[str, Any]) -> None:
@@ -303,6 +306,7 @@ class FeedConsumer(AsyncWebsocketConsumer):
             await self.refuse(NOT_FOUND, "no such session")
             return False
         self.subscribed = True  # failures are logged by the hub: polling serves the feed
+        feed_subscribers.joined()
         await hint_hub().follow(self.group, self.on_hint)
         return True
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import threading
 import time
 import urllib.request
@@ -189,6 +190,24 @@ def test_previews_reach_the_session_feed_outside_the_seq_order(
         assert seqs(client.commits(1)) == [2]  # the seq order is untouched
         while 'id="previews"' not in (shown := page.ws.recv(timeout=5)) or "task_x" in shown:
             pass  # the commit's update, then the previews it holds leave the page
+
+
+def test_metrics_count_the_sockets_this_server_serves(server: Daphne, token: str) -> None:
+    def subscribers() -> float:
+        with urllib.request.urlopen(f"{server.http}/metrics", timeout=10) as answer:
+            text = answer.read().decode()
+        found = re.search(r"^durable_feed_subscribers (\S+)$", text, re.M)
+        assert found, text
+        return float(found.group(1))
+
+    handle = runtime().kernel.create_session()
+    before = subscribers()
+    with feed(session_feed(server, handle, token), first={"after": 0}) as one, feed(
+        f"{server.ws}/ws/feed/?token={token}", first={"after": 0}
+    ):
+        one.heartbeat(timeout=5)
+        assert subscribers() == before + 2
+    wait_for(lambda: subscribers() == before, "the closed sockets to be counted out")
 
 
 def test_the_cursor_in_the_url_and_a_later_in_band_cursor(server: Daphne, token: str) -> None:
