@@ -87,6 +87,9 @@ class Config:
     probe_warmup: int = 3
     recovery: bool = True
     kill_after: int = 300
+    # Provider latency in the recovery batch only: the smoke test's dozen emails would
+    # otherwise all be sent before the kill. The benchmark itself adds none.
+    recovery_latency_ms: int = 0
     lease_seconds: float = 5.0
     redeliver_seconds: float | None = None  # KERNEL_REDELIVER_SECONDS; None: the setting's
     batch_timeout: float = 3600.0
@@ -648,6 +651,8 @@ def measure_recovery(bench: Bench, cluster: Cluster, config: Config, redis_url: 
     broker = redis.Redis.from_url(redis_url)
     recipients = [f"r{i:04d}@recovery.example" for i in range(config.emails)]
     bench.admin.reset()
+    if config.recovery_latency_ms:
+        bench.admin.set_faults(latency_ms=config.recovery_latency_ms)
     session_id, batch_id = bench.commit_batch(recipients, "bench: recovery batch")
     started = time.time()
     wait_batch(

@@ -101,16 +101,18 @@ def register_agent(
                             "in_flight": None,
                         },
                     )
+            answer_unrecorded_calls(run, conversation)
             if checkpoint["round"] >= run.input.get("max_rounds", MAX_ROUNDS):
                 return run.next("finish", {"failure": "too many rounds of tool calls"})
             attempt = checkpoint.get("attempt", 0) + 1
+            # Under way; this commit also holds the results answered just above.
+            run.commit(checkpoint={"in_flight": attempt, "attempt": attempt, "tools": None})
             request = ModelRequest(
                 checkpoint["model"],
                 messages(run.entries(conversation)),
                 toolbox.schemas(),
                 checkpoint["options"],
             )
-            run.commit(checkpoint={"in_flight": attempt, "attempt": attempt})  # under way
             stream = Stream(run)
             try:
                 answer = provider(run).generate(request, stream.text)
@@ -171,20 +173,40 @@ def register_agent(
             stream.fold(answer.text)
         if not answer.tool_calls:
             return run.next("finish", {"answer_entry": entry, "in_flight": None, "handle": None})
-        tools = [
-            run.spawn("agent-tool", {"conversation_id": conversation, "call": call.to_json()})
+        tools = {
+            run.spawn("agent-tool", {"conversation_id": conversation, "call": call.to_json()}):
+            [call.id, call.name]
             for call in answer.tool_calls
-        ]
+        }
         return run.wait_all(
-            tools,
+            list(tools),
             then="request",
             checkpoint={
                 "round": checkpoint["round"] + 1,
                 "in_flight": None,
                 "handle": None,
                 "attempt": 0,
+                "tools": tools,
             },
         )
+
+    def answer_unrecorded_calls(run: Run, conversation: str) -> None:
+        """A tool task that ended without recording its result (it hit the restart limit,
+        or was cancelled) still answers its call, with the reason its task recorded:
+        the model is told why, not just that the result is missing."""
+        tools: dict[str, list[str]] = run.checkpoint.get("tools") or {}
+        if not tools:
+            return
+        answered = {
+            e.payload["call_id"] for e in run.entries(conversation) if e.kind == TOOL_RESULT
+        }
+        for task_id, outcome in run.outcomes(list(tools)).items():
+            call_id, name = tools[task_id]
+            if call_id not in answered and outcome is not None:
+                run.append(conversation, TOOL_RESULT, {
+                    "call_id": call_id, "name": name,
+                    "error": f"the tool task {outcome.get('kind')}: {outcome.get('error')}",
+                })
 
     @registry.task("agent-tool", queue="hands")
     class ToolTask:

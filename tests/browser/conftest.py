@@ -22,18 +22,18 @@ from tests.e2e.server import Daphne, daphne_env
 
 CHROMIUM = "/usr/bin/chromium"
 PASSWORD = "browser-pw"
-# Playwright's sync API runs an event loop in this thread; the test's own ORM calls are
-# still plain synchronous calls between its steps.
-os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
-
-
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
+    """Chromium, for one module at a time: Playwright's sync API runs an event loop in
+    this thread while it is started, which Django's sync-only calls (and the async
+    views that the test client runs through ``async_to_sync``) must not see later."""
     if not os.path.exists(CHROMIUM):
         pytest.fail(f"{CHROMIUM} is missing: `make test` installs Debian's chromium as root")
     from playwright.sync_api import sync_playwright
 
-    with sync_playwright() as playwright:
+    # The test's own ORM calls between browser steps are plain synchronous calls.
+    with pytest.MonkeyPatch.context() as patch, sync_playwright() as playwright:
+        patch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
         launched = playwright.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
         yield launched
         launched.close()

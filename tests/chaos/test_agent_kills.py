@@ -16,7 +16,6 @@ from django.test import Client
 
 from controlplane.execution import runtime
 from kernel import Status, SubmissionStatus, Task
-from kernel.agent.context import LOST_RESULT
 from tests.model_stand_in import Completion, ModelStandIn, by_round, tool_outputs
 
 from .harness import Stack, wait_for
@@ -182,7 +181,7 @@ def test_a_tool_that_kills_its_worker_every_time_fails_at_the_restart_limit(
 ) -> None:
     """(e) ``crash`` SIGKILLs whichever worker runs it. Each death is a restart of its
     phase; past the limit the tool task fails with that reason, and the model is told
-    the call has no result."""
+    that reason as the call's result."""
     stack = agent_stack
     model.script = by_round(Completion("", (call("crash", "x"),)), Completion("It failed."))
     stack.worker("b1", queues="default,brain")
@@ -205,7 +204,8 @@ def test_a_tool_that_kills_its_worker_every_time_fails_at_the_restart_limit(
     assert stack.tool_runs() == ["crash"] * 4
     stack.wait_answered(submission.id)
     _, second = posts(model)
-    assert tool_outputs(second) == [{"error": LOST_RESULT}]
+    (told,) = tool_outputs(second)
+    assert "interrupted 4 times; restart limit is 3" in told["error"], told
     assert stack.entries(conversation)[-1].payload["text"] == "It failed."
 
 

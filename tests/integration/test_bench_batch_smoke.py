@@ -46,6 +46,7 @@ def test_batch_benchmark_end_to_end() -> None:
         probes=3,
         probe_warmup=1,
         kill_after=KILL_AFTER,
+        recovery_latency_ms=100,  # ~1 s for the batch: the kill lands in the middle
         lease_seconds=2.0,
         redeliver_seconds=3.0,  # a message lost with the worker comes back fast
         batch_timeout=30.0,
