@@ -18,7 +18,7 @@ from ninja.errors import HttpError
 
 from controlplane import models
 from controlplane.execution import runtime
-from kernel import CommitRejected, Draft, DuplicateCommit, Status, Task, UnknownRecord
+from kernel import CommitRejected, Draft, DuplicateCommit, Status, Task, UnknownRecord, agent
 
 from .auth import actor, operator, require_operator
 from .schemas import (
@@ -44,6 +44,13 @@ def _task(task_id: str) -> Task:
     return found
 
 
+def _record(draft: Draft, user: User, key: str, action: str, target: str, reason: str) -> None:
+    """The action's entry in the session's operations log: what, on what, who and why."""
+    draft.record_operation(
+        action, {"target": target, "reason": reason, "by": actor(user), "action_id": key}
+    )
+
+
 def _commit(
     user: User,
     session_id: str,
@@ -56,9 +63,7 @@ def _commit(
     """Commit one action; return its seq and whether it had been done already."""
     draft = Draft(actor=actor(user), key=key)
     build(draft)
-    draft.record_operation(
-        action, {"target": target, "reason": reason, "by": actor(user), "action_id": key}
-    )
+    _record(draft, user, key, action, target, reason)
     try:
         written = runtime().kernel.open(session_id).commit(draft)
     except DuplicateCommit as exc:
@@ -189,27 +194,36 @@ def wake(request: HttpRequest, task_id: str, body: ActionIn) -> Any:
 
 @router.post("/submissions/{submission_id}/resubmit", response=ActionOut)
 def resubmit(request: HttpRequest, submission_id: str, body: ActionIn) -> Any:
-    """Submit the same input again as a new submission linked to the original."""
+    """Submit the same input again as a new submission linked to the original, as any
+    submission: it starts a turn, or follows the one the conversation is busy with."""
     user = operator(request)
-    original = runtime().kernel.storage.submission(submission_id)
+    kernel = runtime().kernel
+    original = kernel.storage.submission(submission_id)
     if original is None:
         raise UnknownRecord(f"no submission {submission_id}")
-
-    def build(draft: Draft) -> None:
-        draft.submit(
-            original.conversation_id, body.action_id, original.input, resubmit_of=original.id
+    try:
+        submitted = agent.submit(
+            kernel.open(original.session_id),
+            original.conversation_id,
+            original.input,
+            body.action_id,
+            agent.WhenBusy.FOLLOW_UP,
+            actor=actor(user),
+            resubmit_of=original.id,
+            also=lambda draft: _record(
+                draft, user, body.action_id, "resubmit", submission_id, body.reason
+            ),
         )
-
-    seq, replayed = _commit(
-        user, original.session_id, body.action_id, "resubmit", submission_id, body.reason, build
-    )
+    except ValueError as exc:
+        raise HttpError(422, f"the original submission cannot run again: {exc}") from exc
+    assert submitted.submission is not None
     return {
         "action_id": body.action_id,
         "action": "resubmit",
         "target": submission_id,
         "session_id": original.session_id,
-        "seq": seq,
-        "replayed": replayed,
+        "seq": submitted.submission.created_seq,
+        "replayed": submitted.outcome == "duplicate",
         "may_repeat": ["the whole request runs again: its model and tool calls may repeat"],
     }
 

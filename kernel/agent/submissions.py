@@ -8,6 +8,7 @@ sees the conversation busy.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -44,7 +45,13 @@ def submit(
     request_id: str,
     when_busy: WhenBusy = WhenBusy.FOLLOW_UP,
     actor: str = "system",
+    *,
+    resubmit_of: str | None = None,
+    also: Callable[[Draft], None] | None = None,
 ) -> Submitted:
+    """Accept ``input`` once per ``request_id``: start a turn on an idle conversation, or
+    do what ``when_busy`` says. ``resubmit_of`` links a retry of an earlier submission;
+    ``also`` adds writes to the same commit (an operator action records itself so)."""
     if not isinstance(input, dict) or not isinstance(input.get("text"), str):
         raise ValueError("input must be an object with a `text` string")
     kernel = handle.kernel
@@ -58,7 +65,9 @@ def submit(
         if active and when_busy is WhenBusy.REJECT:
             return Submitted(None, "rejected", f"conversation is busy with turn {active}")
         draft = Draft(actor=actor)
-        submission_id = draft.submit(conversation_id, request_id, input)
+        submission_id = draft.submit(conversation_id, request_id, input, resubmit_of=resubmit_of)
+        if also is not None:
+            also(draft)
         if not active:
             draft.append(
                 conversation_id, USER, {"text": input["text"], "submission": submission_id}

@@ -320,10 +320,21 @@ def test_resolve_wake_retry_and_resubmit(kernel: Kernel, operator: Client) -> No
                      "input": {"text": "a"}})
     again = post(operator, f"/api/submissions/{original.json()['id']}/resubmit",
                  {"action_id": "re-1", "reason": "model was down"})
-    assert again.status_code == 200
+    assert again.status_code == 200 and again.json()["replayed"] is False
+    repeated = post(operator, f"/api/submissions/{original.json()['id']}/resubmit",
+                    {"action_id": "re-1", "reason": "double click"})
+    assert repeated.json()["replayed"] is True and repeated.json()["seq"] == again.json()["seq"]
     linked = [s for s in operator.get(f"/api/sessions/{session_id}/submissions").json()
               if s["resubmit_of"] == original.json()["id"]]
-    assert [(s["request_id"], s["input"]) for s in linked] == [("re-1", {"text": "a"})]
+    # A submission like any other: the conversation is busy with the original's turn,
+    # so it follows that turn.
+    assert [(s["request_id"], s["input"], s["status"]) for s in linked] == [
+        ("re-1", {"text": "a"}, "queued")
+    ]
+    logged = [e.payload for e in kernel.entries(operations_log_id(session_id))
+              if e.payload.get("action_id") == "re-1"]
+    assert logged == [{"target": original.json()["id"], "reason": "model was down",
+                       "by": "user:olga", "action_id": "re-1"}]
 
 
 def test_bulk_actions_preview_then_confirm_with_a_result_per_task(
