@@ -1,4 +1,8 @@
-"""The workers page: who holds which leases, and their last heartbeat (the API's read)."""
+"""The workers page: who holds which leases, and their last heartbeat (the API's read).
+
+Claims and heartbeats are not commits, so no feed announces them: the page asks again
+every few seconds instead (an htmx poll of the table alone, ``?part=table``).
+"""
 
 from __future__ import annotations
 
@@ -9,7 +13,10 @@ from controlplane.api.tasks import workers as lease_holders
 
 from .access import viewer_required
 
+REFRESH_SECONDS = 2
+
 
 @viewer_required
 def workers(request: HttpRequest) -> HttpResponse:
-    return render(request, "ui/workers.html", {"workers": lease_holders()})
+    template = "ui/_workers.html" if request.GET.get("part") == "table" else "ui/workers.html"
+    return render(request, template, {"workers": lease_holders(), "every": REFRESH_SECONDS})

@@ -7,10 +7,12 @@ each page shows, who may act, and that untrusted text is escaped.
 from __future__ import annotations
 
 import re
+from datetime import timedelta
 
 import pytest
 from django.contrib.auth.models import Group, User
 from django.test import Client
+from django.utils import timezone
 
 from controlplane.execution import runtime
 from controlplane.ui.fragments import session_update
@@ -110,3 +112,16 @@ def test_a_big_group_is_collapsed_and_paged() -> None:
     assert first.count('class="task-row') == 50 and "page=2" in first
     last = client.get(f"/sessions/{handle.id}/tasks/{parent}/children?page=3").content.decode()
     assert last.count('class="task-row') == 20 and "Show more" not in last
+
+
+def test_the_workers_table_refreshes_itself_with_who_holds_which_lease() -> None:
+    _, task_id = batch()
+    now = timezone.now()
+    runtime().kernel.storage.claim(task_id, "host-a:4242", now, now + timedelta(seconds=30))
+    client = login("viewer")
+    page = client.get("/workers/").content.decode()
+    assert 'hx-trigger="every 2s"' in page and "host-a:4242" in page
+    table = client.get("/workers/?part=table").content.decode()
+    assert table.startswith('<div id="workers"') and "<html" not in table
+    assert "host-a:4242" in table and task_id in table
+    assert Client().get("/workers/?part=table").status_code == 302  # to the login page
