@@ -68,10 +68,13 @@ def account(name: str, role: str) -> User:
     return user
 
 
-def logged_in(browser: Any, web: Daphne, name: str, role: str) -> Any:
+def logged_in(
+    browser: Any, web: Daphne, name: str, role: str, viewport: tuple[int, int] = (1280, 900)
+) -> Any:
     """A new page of a new browser context, logged in through the login form."""
     account(name, role)
-    page = browser.new_context(viewport={"width": 1280, "height": 900}).new_page()
+    width, height = viewport
+    page = browser.new_context(viewport={"width": width, "height": height}).new_page()
     page.set_default_timeout(30_000)
     page.on("console", lambda m: print(f"[{name} console] {m.type}: {m.text}"))
     page.goto(f"{web.http}/accounts/login/")

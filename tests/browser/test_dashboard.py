@@ -132,6 +132,31 @@ def test_an_operator_cancels_a_running_batch_from_the_page(
     assert 2 <= list(shown.values()).count("succeeded") < len(recipients)
 
 
+def test_on_a_phone_an_operator_cancels_with_the_keyboard_alone(
+    stack: Stack, web: Daphne, browser: Any
+) -> None:
+    """Nothing runs the batch (no worker): the page must fit a phone's width, and the
+    action must work without a pointer - focus, Enter to open, type, Enter to confirm."""
+    session_id, batch_id = stack.send_batch(["ana@example.com", "ben@example.com"])
+    page = logged_in(browser, web, "olga", "operator", viewport=(390, 844))
+    page.goto(f"{web.http}/sessions/{session_id}/")
+    page.wait_for_selector(f"#task-{batch_id}[data-status=pending]")
+    assert page.evaluate("document.documentElement.scrollWidth <= window.innerWidth")
+
+    page.locator(f"#cancel-{batch_id} summary").focus()
+    page.keyboard.press("Enter")
+    page.keyboard.press("Tab")
+    assert page.evaluate("document.activeElement.name") == "reason"
+    page.keyboard.type("sent by mistake")
+    page.keyboard.press("Enter")
+    page.wait_for_selector("#action-result .ok")
+    # No worker runs its cancel handler: the intent is durable and shown, live.
+    page.wait_for_selector(f"#task-{batch_id} .cancelling")
+    assert "cancel requested by user:olga" in page.locator(f"#task-{batch_id}").inner_text()
+    assert page.locator(f"#cancel-{batch_id}").count() == 0
+    assert stack.task(batch_id).cancel["reason"] == "sent by mistake"
+
+
 def test_an_operator_resolves_an_uncertain_smtp_email_and_a_viewer_cannot(
     stack: Stack, smtp: Any, web: Daphne, browser: Any  # noqa: F811
 ) -> None:
