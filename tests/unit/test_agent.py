@@ -261,8 +261,8 @@ def test_a_tool_that_kills_its_worker_every_time_fails_at_the_restart_limit() ->
     assert tool.outcome["kind"] == "failed"
     assert "restart limit is 3" in tool.outcome["error"]
     assert world.effects.count("die") == 4
-    lost = next(m for m in world.provider.requests[-1].messages if m["role"] == "tool")
-    assert lost["content"] == {"error": LOST_RESULT}
+    told = next(m for m in world.provider.requests[-1].messages if m["role"] == "tool")
+    assert told["content"] == {"error": f"the tool task failed: {tool.outcome['error']}"}
 
 
 def test_a_background_response_is_polled_by_its_handle_after_a_restart() -> None:
