@@ -8,6 +8,7 @@ dev or test databases and the tables it measures hold only what this run put the
 
 from __future__ import annotations
 
+import argparse
 import math
 import os
 import re
@@ -43,6 +44,20 @@ def database_url(dbname: str, base: str | None = None) -> str:
     url = base or os.environ.get("DATABASE_URL") or DEFAULT_DATABASE_URL
     parts = urlsplit(url)
     return urlunsplit(parts._replace(path=f"/{dbname}"))
+
+
+def parse_arguments(
+    parser: argparse.ArgumentParser, argv: list[str] | None, database: str
+) -> tuple[argparse.Namespace, str]:
+    """Add the options every benchmark has, parse, and return the arguments with the URL
+    of the benchmark's database: ``--database`` (refused unless its name says it is a
+    benchmark's, since it is dropped and recreated) and ``--no-write``."""
+    parser.add_argument("--database", default=database, help="dropped and recreated")
+    parser.add_argument("--no-write", action="store_true", help=f"do not update {REPORT.name}")
+    args = parser.parse_args(argv)
+    if not args.database.startswith(BENCH_DATABASE):
+        parser.error(f"--database must start with {BENCH_DATABASE!r}: it is dropped and recreated")
+    return args, database_url(args.database)
 
 
 def recreate_database(url: str) -> None:

@@ -56,10 +56,9 @@ from urllib.parse import urlsplit, urlunsplit
 
 from benchmarks._support import (
     BENCH_DATABASE,
-    REPORT,
     ROOT,
     Stats,
-    database_url,
+    parse_arguments,
     progress,
     publish,
     recreate_database,
@@ -1122,12 +1121,8 @@ def main(argv: list[str] | None = None) -> int:
         help="seconds a batch may take before the run gives up",
     )
     parser.add_argument("--logs", help="keep the worker and beat logs in this directory")
-    parser.add_argument("--database", default=DEFAULT_DATABASE)
     parser.add_argument("--redis-db", type=int, default=DEFAULT_REDIS_DB)
-    parser.add_argument("--no-write", action="store_true", help=f"do not update {REPORT.name}")
-    args = parser.parse_args(argv)
-    if not args.database.startswith(BENCH_DATABASE):
-        parser.error(f"--database must start with {BENCH_DATABASE!r}: it is dropped and recreated")
+    args, url = parse_arguments(parser, argv, DEFAULT_DATABASE)
     if not args.no_recovery and not 0 < args.kill_after < args.emails:
         parser.error("--kill-after must be between 0 and --emails")
     config = Config(
@@ -1142,7 +1137,6 @@ def main(argv: list[str] | None = None) -> int:
         logs=args.logs,
     )
 
-    url = database_url(args.database)
     redis_url = redis_db_url(args.redis_db)
     progress(f"database {args.database}: recreating and migrating; Redis {redis_url}")
     recreate_database(url)

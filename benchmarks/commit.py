@@ -40,9 +40,8 @@ from psycopg.types.json import Jsonb
 
 from benchmarks._support import (
     BENCH_DATABASE,
-    REPORT,
     Stats,
-    database_url,
+    parse_arguments,
     progress,
     publish,
     recreate_database,
@@ -902,13 +901,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=5.0, help="per throughput stage")
     parser.add_argument("--sessions", type=int, default=8, help="concurrent sessions")
     parser.add_argument("--profile", type=int, default=300, help="instrumented commits")
-    parser.add_argument("--database", default=BENCH_DATABASE)
-    parser.add_argument("--no-write", action="store_true", help=f"do not update {REPORT.name}")
-    args = parser.parse_args(argv)
-    if not args.database.startswith(BENCH_DATABASE):
-        parser.error(f"--database must start with {BENCH_DATABASE!r}: it is dropped and recreated")
-
-    url = database_url(args.database)
+    args, url = parse_arguments(parser, argv, BENCH_DATABASE)
     progress(f"database {args.database}: recreating and migrating")
     recreate_database(url)
     setup_django(url, migrate=True)

@@ -44,10 +44,9 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks._support import (
-    REPORT,
     ROOT,
     Stats,
-    database_url,
+    parse_arguments,
     progress,
     publish,
     recreate_database,
@@ -587,13 +586,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--interval", type=float, default=0.1, help="seconds between commits")
     parser.add_argument("--replay", type=int, default=10_000, help="commits to replay")
     parser.add_argument("--replay-runs", type=int, default=5)
-    parser.add_argument("--database", default=DATABASE)
-    parser.add_argument("--no-write", action="store_true", help=f"do not update {REPORT.name}")
-    args = parser.parse_args(argv)
-    if not args.database.startswith("durable_bench"):
-        parser.error("--database must start with 'durable_bench': it is dropped and recreated")
-
-    url = database_url(args.database)
+    args, url = parse_arguments(parser, argv, DATABASE)
     base = (os.environ.get("REDIS_URL") or DEFAULT_REDIS_URL).rsplit("/", 1)[0]
     with reserved_redis_db(base) as redis_url:
         os.environ["REDIS_URL"] = redis_url  # this process's hints go where the server listens

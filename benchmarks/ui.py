@@ -25,9 +25,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from benchmarks._support import (
-    REPORT,
     Stats,
-    database_url,
+    parse_arguments,
     progress,
     publish,
     recreate_database,
@@ -202,12 +201,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tasks", type=int, default=10_000)
     parser.add_argument("--runs", type=int, default=30)
     parser.add_argument("--browser-runs", type=int, default=5)
-    parser.add_argument("--database", default=DATABASE)
-    parser.add_argument("--no-write", action="store_true", help=f"do not update {REPORT.name}")
-    args = parser.parse_args(argv)
-    if not args.database.startswith("durable_bench"):
-        parser.error("--database must start with 'durable_bench': it is dropped and recreated")
-    url = database_url(args.database)
+    args, url = parse_arguments(parser, argv, DATABASE)
     progress(f"database {args.database}: recreating and migrating")
     recreate_database(url)
     setup_django(url, migrate=True)
