@@ -396,11 +396,13 @@ class PostgresStorage:
     def thread_exit(self) -> None:
         connections[self.using].close()  # Django's connections are per thread
 
-    def mark_delivered(self, ids: Iterable[int], now: datetime) -> None:
-        with self._cursor() as cur:
-            cur.execute(
-                "UPDATE kernel_dispatch SET delivered_at = %s WHERE id = ANY(%s)", [now, list(ids)]
-            )
+    def take_dispatches(self, ids: Iterable[int], now: datetime) -> set[int]:
+        rows = self._all(
+            "UPDATE kernel_dispatch SET delivered_at = %s "
+            "WHERE id = ANY(%s) AND delivered_at IS NULL RETURNING id",
+            [now, list(ids)],
+        )
+        return {row[0] for row in rows}
 
     def ensure_dispatches(self, tasks: Iterable[Task], now: datetime) -> None:
         with self._cursor() as cur:

@@ -56,10 +56,14 @@ class Dispatcher:
     def after_commit(self, write_set: WriteSet) -> None:
         """Deliver the commit's due dispatches now; the sweep covers any failure."""
         now = self.kernel.clock.now()
-        due = [d for d in write_set.dispatches if d.not_before <= now]
-        delivered, _ = self._deliver(due)
-        if delivered:
-            self.kernel.storage.mark_delivered([d.id for d in delivered], now)
+        due = [d.id for d in write_set.dispatches if d.not_before <= now]
+        if not due:
+            return
+        storage = self.kernel.storage
+        taken = storage.take_dispatches(due, now)
+        _, undelivered = self._deliver([d for d in write_set.dispatches if d.id in taken])
+        if undelivered:
+            storage.release_dispatches([d.id for d in undelivered])
 
     def sweep(self) -> SweepReport:
         """One idempotent pass over what should be running and may not be."""

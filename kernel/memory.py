@@ -256,12 +256,15 @@ class InMemoryStorage:
     def thread_exit(self) -> None:
         return None
 
-    def mark_delivered(self, ids: Iterable[int], now: datetime) -> None:
+    def take_dispatches(self, ids: Iterable[int], now: datetime) -> set[int]:
+        taken = set()
         with self._lock:
             for dispatch_id in ids:
                 row = self._dispatches.get(dispatch_id)
-                if row is not None:
+                if row is not None and row.delivered_at is None:
                     self._dispatches[dispatch_id] = replace(row, delivered_at=now)
+                    taken.add(dispatch_id)
+        return taken
 
     def ensure_dispatches(self, tasks: Iterable[Task], now: datetime) -> None:
         with self._lock:

@@ -196,7 +196,12 @@ class Storage(Protocol):
         """Taken rows that could not be delivered: due again at the next sweep."""
         ...
 
-    def mark_delivered(self, ids: Iterable[int], now: datetime) -> None: ...
+    def take_dispatches(self, ids: Iterable[int], now: datetime) -> set[int]:
+        """Of these rows, take the ones nobody has delivered yet, stamping them delivered
+        at ``now``; their ids. A committer takes its rows before sending them, so a sweep
+        running meanwhile does not send them too; if the committer dies between taking
+        and sending, the sweep sends them once ``redeliver_after`` has passed."""
+        ...
 
     def thread_exit(self) -> None:
         """A thread that used this storage is ending: release what it holds (connections)."""

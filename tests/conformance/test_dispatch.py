@@ -109,6 +109,26 @@ def test_two_sweeps_at_once_send_each_row_once(world: World) -> None:
     assert sorted(broker.sent) == sorted(created)
 
 
+def test_a_sweep_while_the_committer_delivers_does_not_send_its_rows(world: World) -> None:
+    kernel = world.kernel(make_registry(Effects()))
+    sent: list[str] = []
+    swept: list[int] = []
+
+    def deliver(task_id: str, queue: str) -> None:
+        if not swept:  # a beat's sweep lands between the commit and its delivery
+            swept.append(sweeper.sweep().delivered)
+        sent.append(task_id)
+
+    committer = Dispatcher(kernel, deliver, redeliver_after=timedelta(seconds=30))
+    sweeper = Dispatcher(kernel, deliver, redeliver_after=timedelta(seconds=30))
+    kernel.after_commit(committer.after_commit)
+    handle = kernel.create_session()
+    draft = Draft()
+    created = [draft.create_task("step", {"name": f"t{i}"}) for i in range(3)]
+    handle.commit(draft)
+    assert swept == [0] and sorted(sent) == sorted(created)
+
+
 def test_sleepers_are_delivered_when_due(world: World) -> None:
     kernel, broker, dispatcher, handle = setup(world)
     task_id = create(handle, "napper", {"name": "n", "seconds": 60})
