@@ -957,9 +957,11 @@ def render(result: Result) -> str:
         "|---|---|---|",
         f"| scheduling latency p50 <= {TARGET_SCHEDULING_P50_MS:g} ms, idle workers "
         f"| {probe.p50:.1f} ms | {_verdict(probe.p50 <= TARGET_SCHEDULING_P50_MS)} |",
-        f"| scheduling latency p50 <= {TARGET_SCHEDULING_P50_MS:g} ms, inside the "
-        f"{batch.emails}-email batch | {_num(batch.latency.p50)} ms "
-        f"| {_verdict(batch.latency.p50 <= TARGET_SCHEDULING_P50_MS)} |",
+        f"| (not a target) commit-to-phase-start inside the {batch.emails}-email batch: "
+        f"{batch.emails} tasks made runnable by one commit wait their turn on "
+        f"{cfg.workers} worker(s) | {_num(batch.latency.p50)} ms | queueing: about "
+        f"{batch.emails / 2 / max(batch.emails_per_second, 1e-9) * 1000:,.0f} ms is half "
+        "the batch at its throughput |",
     ]
     if rec is not None:
         recovered = rec.after_expiry(rec.recovered)
@@ -984,7 +986,7 @@ def render(result: Result) -> str:
         "notice's intent commit and its receipt commit (the provider call and its "
         f"bookkeeping) and {worker_ms - phase_ms:.0f} ms around them (the receipt commit, "
         "which also settles the batch's join, then the next message, the claim and the "
-        "plan read).",
+        "plan read): the scheduler's own cost per email when the queue is never empty.",
         "",
         "| commit-to-phase-start (ms, upper bound) | n | p50 | p90 | p99 | max |",
         "|---|---:|---:|---:|---:|---:|",
