@@ -249,8 +249,8 @@ class Activity:
 
     ``idle`` advance messages found their task not claimable: already claimed or
     finished (a duplicate or re-sent dispatch), or its row locked by another commit in
-    progress (the claim skips locked rows), in which case the message is spent and the
-    task waits for the sweep to send it again.
+    progress (the claim skips locked rows), in which case ``advance`` looks again shortly
+    (``controlplane.execution.BUSY_RETRIES``) and the sweep's redelivery is the backstop.
     Beat's sweep messages expire after two sweep periods; a worker busy with a long
     phase takes them too late and discards them (``sweeps_expired``).
     """
@@ -1058,12 +1058,13 @@ def render(result: Result) -> str:
         )
     lines += [
         "",
-        "An `advance` message that finds nothing claimable is spent: the task was already "
-        "claimed or finished (a duplicate or re-sent dispatch), or its row was locked by "
-        "another commit in progress (the claim skips locked rows), and then the email waits "
-        f"for the sweep to send it again, {result.redeliver_seconds:g} s after the last "
-        "send. Beat's sweep messages expire after two sweep periods; a worker that takes one "
-        "later discards it.",
+        "An `advance` message that finds nothing claimable did no work: the task was "
+        "already claimed or finished (a duplicate or re-sent dispatch), or its row was "
+        "locked by another commit in progress (the claim skips locked rows; the worker then "
+        "looks again shortly, and the sweep re-sends what is still unclaimed "
+        f"{result.redeliver_seconds:g} s after a send, waiting longer after each). Beat's "
+        "sweep messages expire after two sweep periods; a worker that takes one later "
+        "discards it.",
         "",
         "Method: batches are committed as the API would (a `send-batch` task, its dispatch "
         f"delivered to Redis after the commit) in the dedicated database `{result.database}` "
