@@ -192,11 +192,12 @@ def wake(request: HttpRequest, task_id: str, body: ActionIn) -> Any:
     return wake_task(operator(request), task_id, body.action_id, body.reason)
 
 
-@router.post("/submissions/{submission_id}/resubmit", response=ActionOut)
-def resubmit(request: HttpRequest, submission_id: str, body: ActionIn) -> Any:
+def resubmit_submission(
+    user: User, submission_id: str, action_id: str, reason: str
+) -> dict[str, Any]:
     """Submit the same input again as a new submission linked to the original, as any
     submission: it starts a turn, or follows the one the conversation is busy with."""
-    user = operator(request)
+    require_operator(user)
     kernel = runtime().kernel
     original = kernel.storage.submission(submission_id)
     if original is None:
@@ -206,19 +207,17 @@ def resubmit(request: HttpRequest, submission_id: str, body: ActionIn) -> Any:
             kernel.open(original.session_id),
             original.conversation_id,
             original.input,
-            body.action_id,
+            action_id,
             agent.WhenBusy.FOLLOW_UP,
             actor=actor(user),
             resubmit_of=original.id,
-            also=lambda draft: _record(
-                draft, user, body.action_id, "resubmit", submission_id, body.reason
-            ),
+            also=lambda draft: _record(draft, user, action_id, "resubmit", submission_id, reason),
         )
     except ValueError as exc:
         raise HttpError(422, f"the original submission cannot run again: {exc}") from exc
     assert submitted.submission is not None
     return {
-        "action_id": body.action_id,
+        "action_id": action_id,
         "action": "resubmit",
         "target": submission_id,
         "session_id": original.session_id,
@@ -226,6 +225,13 @@ def resubmit(request: HttpRequest, submission_id: str, body: ActionIn) -> Any:
         "replayed": submitted.outcome == "duplicate",
         "may_repeat": ["the whole request runs again: its model and tool calls may repeat"],
     }
+
+
+@router.post("/submissions/{submission_id}/resubmit", response=ActionOut)
+def resubmit(request: HttpRequest, submission_id: str, body: ActionIn) -> Any:
+    """Submit the same input again as a new submission linked to the original: it starts
+    a turn, or follows the one the conversation is busy with."""
+    return resubmit_submission(operator(request), submission_id, body.action_id, body.reason)
 
 
 def _already_done(task: Task, action_id: str) -> bool:

@@ -21,7 +21,7 @@ from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_POST
 from ninja.errors import HttpError
 
-from controlplane.api.actions import cancel_task, resolve_task, retry_task
+from controlplane.api.actions import cancel_task, resolve_task, resubmit_submission, retry_task
 from controlplane.api.auth import require_operator
 from kernel import CommitRejected, UnknownRecord
 
@@ -46,20 +46,23 @@ ACTIONS: dict[str, Callable[..., dict[str, Any]]] = {
     "retry": lambda user, task_id, action_id, reason, form: retry_task(
         user, task_id, action_id, reason),
     "resolve": _resolve,
+    "resubmit": lambda user, submission_id, action_id, reason, form: resubmit_submission(
+        user, submission_id, action_id, reason),
 }
 
 
 @require_POST
 @login_required
-def act(request: HttpRequest, task_id: str, action: str) -> HttpResponse:
-    """POST an action on a task: operators only (403 for anyone else, nothing changed)."""
+def act(request: HttpRequest, target: str, action: str) -> HttpResponse:
+    """POST an action on a task (or, for ``resubmit``, a submission): operators only (403
+    for anyone else, nothing changed)."""
     try:
         require_operator(request.user)
         reason = request.POST.get("reason", "").strip()
         if not reason or len(reason) > MAX_REASON or "\x00" in reason:
             raise HttpError(422, f"give a reason (at most {MAX_REASON} characters)")
         action_id = request.POST.get("action_id", "").strip()[:200] or uuid.uuid4().hex
-        result = ACTIONS[action](request.user, task_id, action_id, reason, request.POST)
+        result = ACTIONS[action](request.user, target, action_id, reason, request.POST)
     except HttpError as exc:
         return _answer(request, exc.status_code, str(exc))
     except UnknownRecord as exc:

@@ -10,8 +10,10 @@ urlpatterns = [
     path("sessions/<str:session_id>/tasks/<str:task_id>/children", sessions.children,
          name="children"),
     path("tasks/<str:task_id>/", tasks.task, name="task"),
-    re_path(r"^tasks/(?P<task_id>[^/]+)/(?P<action>cancel|retry|resolve)$", attention.act,
+    re_path(r"^tasks/(?P<target>[^/]+)/(?P<action>cancel|retry|resolve)$", attention.act,
             name="act"),
+    re_path(r"^submissions/(?P<target>[^/]+)/(?P<action>resubmit)$", attention.act,
+            name="act_on_submission"),
     path("attention/", attention.attention, name="attention"),
     path("workers/", workers.workers, name="workers"),
 ]

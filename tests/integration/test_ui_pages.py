@@ -14,9 +14,10 @@ from django.contrib.auth.models import Group, User
 from django.test import Client
 from django.utils import timezone
 
+from controlplane import models
 from controlplane.execution import runtime
 from controlplane.ui.fragments import session_update
-from kernel import Draft
+from kernel import Draft, agent
 
 pytestmark = pytest.mark.django_db(transaction=True)
 EVIL = "<script>window.__pwned = 1</script>"
@@ -125,3 +126,28 @@ def test_the_workers_table_refreshes_itself_with_who_holds_which_lease() -> None
     assert table.startswith('<div id="workers"') and "<html" not in table
     assert "host-a:4242" in table and task_id in table
     assert Client().get("/workers/?part=table").status_code == 302  # to the login page
+
+
+def test_an_operator_resubmits_from_the_session_page_and_a_viewer_cannot() -> None:
+    kernel = runtime().kernel
+    handle = kernel.create_session()
+    draft = Draft(actor="user:test")
+    conversation = draft.create_conversation()
+    handle.commit(draft)
+    original = agent.submit(handle, conversation, {"text": "summarise"}, "req-1").submission
+    assert original is not None
+    viewer = login("viewer")
+    assert "Resubmit…" not in viewer.get(f"/sessions/{handle.id}/").content.decode()
+    token = viewer.cookies["csrftoken"].value
+    url = f"/submissions/{original.id}/resubmit"
+    form = {"reason": "the model was down", "action_id": "again-1"}
+    assert viewer.post(url, form, HTTP_X_CSRFTOKEN=token).status_code == 403
+
+    operator = login("operator")
+    assert "Resubmit…" in operator.get(f"/sessions/{handle.id}/").content.decode()
+    token = operator.cookies["csrftoken"].value
+    for _ in range(2):  # a double submit does nothing new
+        answer = operator.post(url, form, HTTP_X_CSRFTOKEN=token, HTTP_HX_REQUEST="true")
+        assert answer.status_code == 200, answer.content
+    linked = models.Submission.objects.filter(resubmit_of=original.id)
+    assert [(s.request_id, s.input) for s in linked] == [("again-1", {"text": "summarise"})]
