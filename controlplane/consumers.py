@@ -517,15 +517,20 @@ class GlobalPageConsumer(PageMode, GlobalFeedConsumer):
         from controlplane.ui.fragments import global_update
 
         page, can_act = str(self.scope["url_route"]["kwargs"]["page"]), self.can_act
+        # The overview's filter, as its page was opened: live updates keep to it.
+        asked = parse_qs(self.scope.get("query_string", b"").decode("latin-1"))
+        search, status = asked.get("q", [""])[-1][:200], asked.get("status", [""])[-1][:40]
 
         async def query() -> Rows:
             rows = await settled_global(after, limit, select="c.id", run=database_sync_to_async)
             if not rows:
                 return []
             upto = int(rows[-1][0])
-            return [(upto, await database_sync_to_async(global_update)(page, upto, can_act))]
+            html = await database_sync_to_async(global_update)(page, upto, can_act, search, status)
+            return [(upto, html)]
 
-        return await shared_reads.read(("page", page, after, can_act), query)
+        key = ("page", page, after, can_act, search, status)
+        return await shared_reads.read(key, query)
 
 
 websocket_urlpatterns = [

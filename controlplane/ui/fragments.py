@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import uuid
 from typing import Any
+from urllib.parse import urlencode
 
 from django.template.loader import render_to_string
 
@@ -122,7 +123,10 @@ def global_heartbeat(seq: int) -> str:
 
 
 def overview_context(query: str = "", status: str = "") -> dict[str, Any]:
-    """Sessions (newest first, searched and filtered) with their live counts."""
+    """Sessions (newest first, searched and filtered) with their live counts. An unknown
+    status filters nothing (it comes from a URL)."""
+    query = query.strip()[:200]
+    status = status if status in snapshots.ORDER else ""
     with snapshot():
         sessions = models.Session.objects.order_by("-id")
         if query:
@@ -148,6 +152,7 @@ def overview_context(query: str = "", status: str = "") -> dict[str, Any]:
                          for s in shown],
             "query": query,
             "status": status,
+            "filter_query": urlencode({"q": query, "status": status}),
             "statuses": snapshots.ORDER,
         }
 
@@ -175,8 +180,9 @@ def attention_context(can_act: bool) -> dict[str, Any]:
         }
 
 
-def global_update(page: str, seq: int, can_act: bool) -> str:
-    """A global page's live parts at least as new as commit id ``seq``."""
+def global_update(page: str, seq: int, can_act: bool, query: str = "", status: str = "") -> str:
+    """A global page's live parts at least as new as commit id ``seq`` (the overview's
+    searched and filtered as its page was)."""
     ctx: dict[str, Any] = {"oob": True, "can_act": can_act, "nonce": uuid.uuid4().hex[:12],
                            "cursor": "commit"}
     if page == "attention":
@@ -184,7 +190,7 @@ def global_update(page: str, seq: int, can_act: bool) -> str:
         ctx["seq"] = max(seq, ctx["seq"])
         html = render_to_string("ui/_attention.html", ctx)
     else:
-        ctx.update(overview_context())
+        ctx.update(overview_context(query, status))
         ctx["seq"] = max(seq, ctx["seq"])
         html = render_to_string("ui/_totals.html", ctx)
     return html + render_to_string("ui/_feed_state.html", ctx)

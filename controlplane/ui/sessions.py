@@ -12,11 +12,8 @@ from .access import may_act, viewer_required
 
 @viewer_required
 def overview(request: HttpRequest) -> HttpResponse:
-    query = request.GET.get("q", "").strip()[:200]
-    status = request.GET.get("status", "")
-    if status not in snapshots.ORDER:
-        status = ""
-    return render(request, "ui/overview.html", fragments.overview_context(query, status))
+    context = fragments.overview_context(request.GET.get("q", ""), request.GET.get("status", ""))
+    return render(request, "ui/overview.html", context)
 
 
 @viewer_required

@@ -16,7 +16,7 @@ from django.utils import timezone
 
 from controlplane import models
 from controlplane.execution import runtime
-from controlplane.ui.fragments import session_update
+from controlplane.ui.fragments import global_update, session_update
 from kernel import Draft, agent
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -151,3 +151,14 @@ def test_an_operator_resubmits_from_the_session_page_and_a_viewer_cannot() -> No
         assert answer.status_code == 200, answer.content
     linked = models.Submission.objects.filter(resubmit_of=original.id)
     assert [(s.request_id, s.input) for s in linked] == [("again-1", {"text": "summarise"})]
+
+
+def test_the_overview_keeps_its_filter_when_it_updates_live() -> None:
+    kept, _ = batch(subject="kept")
+    other, _ = batch(subject="other")
+    page = login("viewer").get(f"/?q={kept[-12:]}&status=pending").content.decode()
+    assert f"/ws/ui/overview/?q={kept[-12:]}&amp;status=pending" in page
+    assert kept in page and other not in page
+    live = global_update("overview", 0, False, kept[-12:], "pending")
+    assert kept in live and other not in live
+    assert other in global_update("overview", 0, False, "", "no-such-status")
