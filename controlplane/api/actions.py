@@ -261,7 +261,12 @@ def bulk(request: HttpRequest, body: BulkIn) -> Any:
     ``expected_count`` must equal what the preview showed: if the set changed since,
     nothing is done (409) and the operator looks again.
     """
-    user = operator(request)
+    return bulk_act(operator(request), body)
+
+
+def bulk_act(user: User, body: BulkIn) -> dict[str, Any]:
+    """Cancel or retry every task matching the filter (see :func:`bulk`)."""
+    require_operator(user)
     ids = _matching(body)
     if len(ids) > MAX_BULK:
         raise HttpError(422, f"more than {MAX_BULK} tasks match: narrow the filter")

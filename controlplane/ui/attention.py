@@ -21,8 +21,15 @@ from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_POST
 from ninja.errors import HttpError
 
-from controlplane.api.actions import cancel_task, resolve_task, resubmit_submission, retry_task
+from controlplane.api.actions import (
+    bulk_act,
+    cancel_task,
+    resolve_task,
+    resubmit_submission,
+    retry_task,
+)
 from controlplane.api.auth import require_operator
+from controlplane.api.schemas import BulkIn
 from kernel import CommitRejected, UnknownRecord
 
 from . import fragments
@@ -58,10 +65,7 @@ def act(request: HttpRequest, target: str, action: str) -> HttpResponse:
     for anyone else, nothing changed)."""
     try:
         require_operator(request.user)
-        reason = request.POST.get("reason", "").strip()
-        if not reason or len(reason) > MAX_REASON or "\x00" in reason:
-            raise HttpError(422, f"give a reason (at most {MAX_REASON} characters)")
-        action_id = request.POST.get("action_id", "").strip()[:200] or uuid.uuid4().hex
+        reason, action_id = _reason_and_id(request)
         result = ACTIONS[action](request.user, target, action_id, reason, request.POST)
     except HttpError as exc:
         return _answer(request, exc.status_code, str(exc))
@@ -74,6 +78,38 @@ def act(request: HttpRequest, target: str, action: str) -> HttpResponse:
     if result["may_repeat"]:
         note += " May repeat: " + "; ".join(result["may_repeat"])
     return _answer(request, 200, note)
+
+
+@require_POST
+@login_required
+def retry_failed(request: HttpRequest) -> HttpResponse:
+    """Retry every failed task at once: the form carries the count the page showed, and a
+    different count now is refused (409), so the operator confirms what they saw."""
+    try:
+        require_operator(request.user)
+        reason, action_id = _reason_and_id(request)
+        expected = request.POST.get("expected_count", "")
+        if not expected.isdigit():
+            raise HttpError(422, "expected_count: the count the page showed")
+        body = BulkIn(action="retry", status="terminal", outcome="failed", reason=reason,
+                      action_id=action_id, expected_count=int(expected))
+        result = bulk_act(request.user, body)
+    except HttpError as exc:
+        return _answer(request, exc.status_code, str(exc))
+    done = [r for r in result["results"] if r["ok"]]
+    failed = [f"{r['task_id']}: {r['detail']}" for r in result["results"] if not r["ok"]]
+    note = f"retry: {len(done)} of {result['count']} done."
+    if failed:
+        note += " Not done: " + "; ".join(failed)
+    return _answer(request, 200, note)
+
+
+def _reason_and_id(request: HttpRequest) -> tuple[str, str]:
+    """An action form's reason (required, as the API wants it) and its action id."""
+    reason = request.POST.get("reason", "").strip()
+    if not reason or len(reason) > MAX_REASON or "\x00" in reason:
+        raise HttpError(422, f"give a reason (at most {MAX_REASON} characters)")
+    return reason, request.POST.get("action_id", "").strip()[:200] or uuid.uuid4().hex
 
 
 def _answer(request: HttpRequest, status: int, message: str) -> HttpResponse:

@@ -172,6 +172,7 @@ def attention_context(can_act: bool) -> dict[str, Any]:
         failed = [snapshots.shown(t) for t in (
             filtered(outcome="failed") | filtered(outcome="faulted"))[:500]]
         return {
+            "failed_count": filtered(outcome="failed").count(),
             "seq": snapshots.last_commit_id(),
             "can_act": can_act,
             "uncertain": uncertain,

@@ -15,5 +15,6 @@ urlpatterns = [
     re_path(r"^submissions/(?P<target>[^/]+)/(?P<action>resubmit)$", attention.act,
             name="act_on_submission"),
     path("attention/", attention.attention, name="attention"),
+    path("attention/retry-failed", attention.retry_failed, name="retry_failed"),
     path("workers/", workers.workers, name="workers"),
 ]

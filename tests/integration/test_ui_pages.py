@@ -17,7 +17,7 @@ from django.utils import timezone
 from controlplane import models
 from controlplane.execution import runtime
 from controlplane.ui.fragments import global_update, session_update
-from kernel import Draft, agent
+from kernel import Draft, Scheduler, Status, agent
 
 pytestmark = pytest.mark.django_db(transaction=True)
 EVIL = "<script>window.__pwned = 1</script>"
@@ -162,3 +162,33 @@ def test_the_overview_keeps_its_filter_when_it_updates_live() -> None:
     live = global_update("overview", 0, False, kept[-12:], "pending")
     assert kept in live and other not in live
     assert other in global_update("overview", 0, False, "", "no-such-status")
+
+
+def test_an_operator_retries_every_failed_task_at_the_count_the_page_showed() -> None:
+    kernel = runtime().kernel
+    failing = []
+    for _ in range(2):  # an unknown channel fails the plan at once, no provider needed
+        handle = kernel.create_session()
+        draft = Draft(actor="user:test")
+        failing.append(draft.create_task("send-batch", {
+            "recipients": ["a@example.com"], "subject": "s", "body": "b", "channel": "pigeon"}))
+        handle.commit(draft)
+    Scheduler(kernel).run_until_idle()
+    assert [kernel.task(t).outcome["kind"] for t in failing] == ["failed", "failed"]
+
+    viewer = login("viewer")
+    assert "Retry all" not in viewer.get("/attention/").content.decode()
+    form = {"reason": "channel fixed", "action_id": "bulk-1", "expected_count": "2"}
+    assert viewer.post("/attention/retry-failed", form,
+                       HTTP_X_CSRFTOKEN=viewer.cookies["csrftoken"].value).status_code == 403
+    operator = login("operator")
+    assert "Retry all 2 failed" in operator.get("/attention/").content.decode()
+    token = operator.cookies["csrftoken"].value
+    stale = operator.post("/attention/retry-failed", {**form, "expected_count": "3"},
+                          HTTP_X_CSRFTOKEN=token, HTTP_HX_REQUEST="true")
+    assert stale.status_code == 409 and b"preview again" in stale.content
+    assert {kernel.task(t).status for t in failing} == {Status.TERMINAL}  # nothing done
+    done = operator.post("/attention/retry-failed", form,
+                         HTTP_X_CSRFTOKEN=token, HTTP_HX_REQUEST="true")
+    assert done.status_code == 200 and b"retry: 2 of 2 done" in done.content
+    assert {kernel.task(t).status for t in failing} == {Status.PENDING}
