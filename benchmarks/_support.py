@@ -14,10 +14,10 @@ import os
 import re
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
@@ -168,3 +168,20 @@ def write_section(heading: str, section: str, path: Path = REPORT) -> None:
     text = path.read_text() if path.exists() else "# Benchmarks\n\nWritten by `make bench`.\n"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(replace_section(text, heading, section))
+
+
+T = TypeVar("T")
+
+
+def wait_for(check: Callable[[], T], what: str, timeout: float = 30.0, every: float = 0.05) -> T:
+    """Poll ``check`` until it returns something truthy; raise naming ``what`` otherwise.
+
+    The benchmarks and the chaos tests watch real processes the same way."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = check()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout:g}s waiting for {what}")
+        time.sleep(every)

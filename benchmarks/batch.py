@@ -51,7 +51,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from benchmarks._support import (
@@ -63,6 +63,7 @@ from benchmarks._support import (
     publish,
     recreate_database,
     setup_django,
+    wait_for,
 )
 
 HEADING = "## Email batch (issue 3)"
@@ -73,7 +74,6 @@ TARGET_RECOVERY_S = 5.0
 CELERY = [sys.executable, "-m", "celery", "-A", "controlplane.celery"]
 QUEUES = "default,hands,brain"
 TASK_ID = re.compile(r"task_[0-9a-f]{8,}")
-T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -278,18 +278,6 @@ def redis_db_url(db: int, base: str | None = None) -> str:
     """
     url = base or os.environ.get("REDIS_URL") or "redis://127.0.0.1:6379/0"
     return urlunsplit(urlsplit(url)._replace(path=f"/{db}"))
-
-
-def wait_for(check: Callable[[], T], what: str, timeout: float, every: float = 0.02) -> T:
-    """Poll ``check`` until it returns something truthy; raise naming ``what`` otherwise."""
-    deadline = time.monotonic() + timeout
-    while True:
-        result = check()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout:g}s waiting for {what}")
-        time.sleep(every)
 
 
 # -- the system under test, seen from outside -------------------------------------------

@@ -15,19 +15,19 @@ import re
 import signal
 import subprocess
 import sys
-import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import psycopg
 import redis
 from django.conf import settings
 from django.db import connection
 
+from benchmarks._support import wait_for
 from controlplane.notices.provider import ProviderAdmin
 from controlplane.notices.provider_process import RunningProvider, start_provider
 from controlplane.storage import PostgresStorage
@@ -42,19 +42,6 @@ CELERY = [sys.executable, "-m", "celery", "-A", "controlplane.celery"]
 RECIPIENTS = [f"{name}@example.com" for name in ("ana", "ben", "cai", "dee", "eve")]
 SWEEP_SENT = "Sending due task sweep"  # beat's log line for each sweep it sends
 ADVANCED = re.compile(r"controlplane\.advance\[[^]]+\] succeeded in \S+: (True|False)")
-T = TypeVar("T")
-
-
-def wait_for(check: Callable[[], T], what: str, timeout: float = 30.0, every: float = 0.05) -> T:
-    """Poll ``check`` until it returns something truthy; fail with ``what`` otherwise."""
-    deadline = time.monotonic() + timeout
-    while True:
-        result = check()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(every)
 
 
 @dataclass
