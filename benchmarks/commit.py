@@ -11,7 +11,7 @@ the unit the whole system pays for, so this module measures
   that any design writing these records in one transaction has to pay;
 - commits/s on one session and on eight concurrent sessions (processes, and threads
   for comparison), with the raw transaction's throughput for reference;
-- a per-statement profile of the phase commit, to say where its time goes.
+- a profile of the phase commit by round trip, to say where its time goes.
 
 Run it with ``python -m benchmarks.commit`` (or ``make bench``); it writes the
 section "Phase commit (issue 2)" of ``docs/benchmarks.md``. The target from the
@@ -25,15 +25,14 @@ import multiprocessing
 import os
 import platform
 import queue
-import re
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
+from unittest import mock
 
 import psycopg
 from psycopg.types.json import Jsonb
@@ -360,83 +359,64 @@ class Profile:
     costs: list[Cost]
 
 
-_TABLE = re.compile(r"\b(?:FROM|INTO|UPDATE)\s+(kernel_\w+)", re.I)
-
-
-def statement_label(sql: str) -> str:
-    """A short name for a statement: its verb and the tables it writes or reads."""
-    verb = sql.split(None, 1)[0].upper()
-    tables = list(dict.fromkeys(t.removeprefix("kernel_") for t in _TABLE.findall(sql)))
-    if verb == "WITH":  # the commit row: UPDATE session head + INSERT commit
-        verb = "UPDATE+INSERT"
-    label = f"{verb} {'+'.join(tables)}"
-    for clause in ("FOR UPDATE", "ON CONFLICT"):
-        if clause in sql.upper():
-            label += f" {clause}"
-    return label
-
-
-@contextmanager
-def _timed_commit(connection: Any, record: Callable[[str, float], None]) -> Iterator[None]:
-    """Time the COMMIT that ``transaction.atomic`` issues on ``connection``."""
-    original = connection.commit
-
-    def commit() -> None:
-        started = time.perf_counter()
-        try:
-            original()
-        finally:
-            record("COMMIT", time.perf_counter() - started)
-
-    connection.commit = commit
-    try:
-        yield
-    finally:
-        del connection.commit  # back to the class's method
+READS = "round trip 1: session head + reads (pipelined)"
+WRITES = "round trip 2: writes + COMMIT (pipelined)"
+PYTHON = "Python (builder, adapter, Django's atomic)"
 
 
 def profile_phase_commit(storage: Storage, *, count: int) -> Profile:
-    """Count and time the statements of ``count`` phase commits (not the timed run).
+    """Time the parts of ``count`` phase commits (not the timed run).
 
-    Statements are timed through Django's ``execute_wrapper`` (the first one of a
-    transaction includes psycopg's BEGIN); what is left of a commit's time is Python:
-    the kernel's builder, the storage adapter and Django's cursor layer.
+    The Postgres commit is two pipelined round trips: the reads (with the session's
+    head, which orders commits) and the writes with COMMIT. Statements inside a
+    pipeline return as soon as they are queued, so timing them one by one would say
+    nothing; each round trip is timed whole, statements are only counted, and what
+    is left of a commit's time is Python.
     """
     from django.db import connections
+
+    import controlplane.storage as postgres
 
     connection = connections[getattr(storage, "using", "default")]
     kernel = Kernel(storage, make_registry())
     session = new_session(kernel, count + 20)
-    for _ in range(20):  # warm this session's rows and plans
+    for _ in range(20):  # warm this session's rows and prepared statements
         commit_phase(session, claim_next(session)[0])
     calls: dict[str, list[float]] = defaultdict(list)
     statements = 0
 
-    def record(label: str, seconds: float) -> None:
-        calls[label].append(seconds)
+    def timed(label: str, step: Callable[..., Any]) -> Callable[..., Any]:
+        def run(*args: Any, **kwargs: Any) -> Any:
+            started = time.perf_counter()
+            try:
+                return step(*args, **kwargs)
+            finally:
+                calls[label].append(time.perf_counter() - started)
 
-    def wrapper(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+        return run
+
+    def counter(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
         nonlocal statements
         statements += 1
-        started = time.perf_counter()
-        try:
-            return execute(sql, params, many, context)
-        finally:
-            record(statement_label(sql), time.perf_counter() - started)
+        return execute(sql, params, many, context)
 
     total = 0.0
-    for _ in range(count):
-        task, _ = claim_next(session)
-        with connection.execute_wrapper(wrapper), _timed_commit(connection, record):
-            _, elapsed = commit_phase(session, task)
-        total += elapsed
+    with (
+        mock.patch.object(postgres._Transaction, "load", timed(READS, postgres._Transaction.load)),
+        mock.patch.object(postgres, "_write", timed(WRITES, postgres._write)),
+    ):
+        for _ in range(count):
+            task, _ = claim_next(session)
+            with connection.execute_wrapper(counter):
+                _, elapsed = commit_phase(session, task)
+            total += elapsed
     costs = [
         Cost(label, len(seconds) / count, sum(seconds) * 1000.0 / len(seconds))
         for label, seconds in calls.items()
     ]
     total_ms = total * 1000.0 / count
     python_ms = total_ms - sum(c.ms_per_commit for c in costs)
-    costs.append(Cost("Python (builder, adapter, Django cursor)", 1.0, python_ms))
+    costs.append(Cost(PYTHON, 1.0, python_ms))
     return Profile(count, total_ms, statements / count, costs)
 
 
@@ -829,8 +809,8 @@ def render(result: Result) -> str:
         "",
         f"Where a phase commit's time goes ({prof.commits} profiled `Next` commits, "
         f"{prof.total_ms:.2f} ms mean with instrumentation; "
-        f"{prof.statements_per_commit:.0f} statements plus COMMIT, the first "
-        "statement carrying psycopg's BEGIN):",
+        f"{prof.statements_per_commit:.0f} statements, COMMIT included, in two round trips; "
+        "the first statement carries psycopg's BEGIN):",
         "",
         "| step | per commit | mean ms | ms per commit |",
         "|---|---:|---:|---:|",

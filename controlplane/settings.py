@@ -31,7 +31,7 @@ def parse_database_url(url: str) -> dict[str, Any]:
     parts = urlsplit(url)
     if parts.scheme not in {"postgres", "postgresql", "pgsql"}:
         raise ValueError(f"DATABASE_URL must be a postgresql:// URL, got {parts.scheme!r}")
-    options = dict(parse_qsl(parts.query, keep_blank_values=True))
+    options: dict[str, Any] = dict(parse_qsl(parts.query, keep_blank_values=True))
     raw_host = parts.netloc.rpartition("@")[2]
     if raw_host.lower().startswith("%2f"):
         # A percent-encoded socket directory; urlsplit().hostname would lowercase it.
@@ -40,6 +40,16 @@ def parse_database_url(url: str) -> dict[str, Any]:
         netloc_host = parts.hostname or ""
     host = options.pop("host", None) or netloc_host
     port = options.pop("port", None) or (str(parts.port) if parts.port else "")
+    # Django leaves psycopg's statement preparation off (threshold None), which also
+    # ignores an explicit prepare=True. The kernel's commit path asks for it on its few
+    # hot statements; the ORM's client-side-binding cursors never prepare either way.
+    # Behind a transaction-mode pooler, set ?prepare_threshold= to an empty value.
+    threshold = options.pop("prepare_threshold", "5")
+    if threshold and not threshold.isdigit():
+        raise ValueError(
+            f"DATABASE_URL: prepare_threshold must be a count or empty, got {threshold!r}"
+        )
+    options["prepare_threshold"] = int(threshold) if threshold else None
     return {
         "ENGINE": "django.db.backends.postgresql",
         "NAME": unquote(parts.path.lstrip("/")) or "postgres",

@@ -228,13 +228,12 @@ class PostgresStorage:
             tx.load(prefetch)
             write_set = build(tx)
             self.fault("before_write")
-            written = _write(db, write_set)
-            self.fault("after_write")
+            written = _write(db, write_set, lambda: self.fault("after_write"))
         except BaseException as exc:
             atomic.__exit__(type(exc), exc, exc.__traceback__)
             raise
         try:
-            atomic.__exit__(None, None, None)
+            atomic.__exit__(None, None, None)  # COMMIT already ran: this only tidies up
             self.fault("after_commit")
         except Exception as exc:
             raise CommitUncertain(f"commit {session_id}#{write_set.commit.seq}: {exc}") from exc
@@ -470,10 +469,10 @@ class HotCursor:
             executor = functools.partial(wrapper, executor)
         executor(sql, params, many, {"connection": self.db, "cursor": self})
 
-    def execute(self, sql: str, params: Any = None) -> HotCursor:
+    def execute(self, sql: str, params: Any = None, prepare: bool = True) -> HotCursor:
         self._log(sql)
         self._wrapped(
-            lambda q, p, many, context: self.raw.execute(q, p, prepare=True), sql, params, False
+            lambda q, p, many, context: self.raw.execute(q, p, prepare=prepare), sql, params, False
         )
         return self
 
@@ -488,8 +487,11 @@ class HotCursor:
         return self.raw.fetchall()
 
 
-SESSION_LOCK = (
-    "SELECT id, head_seq, created_at, metadata FROM kernel_session WHERE id = %s FOR UPDATE"
+# Taking the session's commit order and advancing its head are one statement: the row
+# lock that orders commits is the head update itself (a commit that fails rolls it back).
+SESSION_ADVANCE = (
+    "UPDATE kernel_session SET head_seq = head_seq + 1 WHERE id = %s "
+    "RETURNING id, head_seq - 1, created_at, metadata"
 )
 CONVERSATION_COLUMNS = "id, session_id, created_seq, fork_of, fork_entry_id"
 
@@ -515,7 +517,7 @@ class _Transaction:
     def load(self, prefetch: Prefetch) -> None:
         wanted_conversations = [c for c in prefetch.conversations if c not in self._conversations]
         with self.db.connection.pipeline():
-            session = HotCursor(self.db).execute(SESSION_LOCK, [self.session_id])
+            session = HotCursor(self.db).execute(SESSION_ADVANCE, [self.session_id])
             tasks = (
                 HotCursor(self.db).execute(
                     f"SELECT {TASK_COLUMNS} FROM kernel_task WHERE id = ANY(%s) FOR UPDATE",
@@ -689,11 +691,26 @@ def _execute_rows(cur: Any, sql: str, rows: list[Any]) -> None:
         cur.executemany(sql, rows)
 
 
-def _write(db: Any, ws: WriteSet) -> WriteSet:
-    """Persist one write set in one pipelined round trip; the caller's transaction makes
-    it atomic (a failing statement fails the sync, and the transaction rolls back)."""
-    with db.connection.pipeline():
-        head, rows = _queue_writes(db, ws)
+def _write(db: Any, ws: WriteSet, before_commit: Callable[[], None]) -> WriteSet:
+    """Persist one write set and COMMIT it, in one pipelined round trip.
+
+    A failing statement makes the server skip the rest up to the sync, COMMIT included,
+    and the caller rolls the transaction back. ``before_commit`` runs once the writes
+    are queued, just before COMMIT is: raising there means nothing can have landed.
+    """
+    sent = False
+    try:
+        with db.connection.pipeline():
+            head, rows = _queue_writes(db, ws)
+            before_commit()
+            HotCursor(db).execute("COMMIT", prepare=False)
+            sent = True  # handed to the connection: from here on the server may act on it
+    except psycopg.Error as exc:
+        # An error the server reported means COMMIT did not run or did not succeed; a
+        # connection lost once COMMIT was on its way may have committed all the same.
+        if sent and (db.connection.broken or db.connection.closed):
+            raise CommitUncertain(f"commit {ws.commit.session_id}#{ws.commit.seq}: {exc}") from exc
+        raise
     commit = replace(ws.commit, id=head.fetchone()[0])
     if rows is None:
         return replace(ws, commit=commit, dispatches=[])
@@ -705,10 +722,9 @@ def _write(db: Any, ws: WriteSet) -> WriteSet:
 def _queue_writes(db: Any, ws: WriteSet) -> tuple[HotCursor, HotCursor | None]:
     c = ws.commit
     head = HotCursor(db).execute(
-        "WITH head AS (UPDATE kernel_session SET head_seq = %s WHERE id = %s) "
         "INSERT INTO kernel_commit (session_id, seq, at, actor, summary, key) "
         "VALUES (%s, %s, %s, %s, %s, %s) RETURNING id",
-        [c.seq, c.session_id, c.session_id, c.seq, c.at, c.actor, Jsonb(c.summary), c.key],
+        [c.session_id, c.seq, c.at, c.actor, Jsonb(c.summary), c.key],
     )
     cur = HotCursor(db)
     if ws.conversations:

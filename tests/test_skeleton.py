@@ -69,16 +69,25 @@ def test_redis_from_redis_url_answers_ping() -> None:
                 "PASSWORD": "p:w",
                 "HOST": "db.example",
                 "PORT": "6543",
-                "OPTIONS": {"sslmode": "require"},
+                "OPTIONS": {"sslmode": "require", "prepare_threshold": 5},
             },
         ),
         (
             "postgresql://postgres@/durable?host=/Work/Main/.data/pg",
-            {"NAME": "durable", "HOST": "/Work/Main/.data/pg", "PORT": "", "OPTIONS": {}},
+            {
+                "NAME": "durable",
+                "HOST": "/Work/Main/.data/pg",
+                "PORT": "",
+                "OPTIONS": {"prepare_threshold": 5},
+            },
         ),
         (
             "postgresql://postgres@%2FTmp%2Fpg:5433/durable",
             {"HOST": "/Tmp/pg", "PORT": "5433"},
+        ),
+        (  # behind a transaction-mode pooler: no prepared statements
+            "postgresql://postgres@127.0.0.1/durable?prepare_threshold=",
+            {"OPTIONS": {"prepare_threshold": None}},
         ),
     ],
 )
@@ -92,6 +101,11 @@ def test_parse_database_url(url: str, expected: dict[str, object]) -> None:
 def test_parse_database_url_rejects_other_schemes() -> None:
     with pytest.raises(ValueError):
         parse_database_url("mysql://root@127.0.0.1/x")
+
+
+def test_parse_database_url_rejects_a_bad_prepare_threshold() -> None:
+    with pytest.raises(ValueError, match="prepare_threshold"):
+        parse_database_url("postgresql://postgres@127.0.0.1/durable?prepare_threshold=often")
 
 
 def test_settings_use_the_exported_service_urls() -> None:

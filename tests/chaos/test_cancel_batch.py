@@ -13,6 +13,7 @@ that one is allowed, and its receipt is kept.
 from __future__ import annotations
 
 import json
+
 import pytest
 from django.contrib.auth.models import Group, User
 from django.test import Client

@@ -48,21 +48,34 @@ def test_a_typical_phase_costs_a_fixed_set_of_statements() -> None:
     assert statements == [
         "SELECT kernel_task",  # read the task: runnable, and not blocked?
         "WITH kernel_task",  # claim: lease + epoch (+ forget its dispatch rows), one statement
-        # the phase's commit: three round trips, the first two pipelined
+        # the phase's commit: two round trips, each pipelined
         "BEGIN",
-        "SELECT kernel_session",  # 1: the session's commit order (FOR UPDATE) ...
+        "UPDATE kernel_session",  # 1: take the session's commit order by advancing its head
         "SELECT kernel_task",  # ... the task, locked for the fencing check
         "SELECT kernel_document",  # ... the document head
         "SELECT kernel_task",  # ... owned children of the finishing task
         "SELECT kernel_task",  # ... and its waiters (the conversation is cached: immutable)
-        "WITH kernel_session",  # 2: session head + commit row ...
+        "INSERT kernel_commit",  # 2: the commit row ...
         "INSERT kernel_entry",
         "INSERT kernel_document",
         "INSERT kernel_document_version",
-        "UPDATE kernel_task",  # ... and the transition
-        "COMMIT",  # 3
+        "UPDATE kernel_task",  # ... the transition ...
+        "COMMIT",  # ... and COMMIT itself
+        "COMMIT",  # Django's atomic() closing: nothing left to commit, no round trip
     ], "\n".join(q["sql"][:120] for q in captured)
     assert kernel.task(second).outcome["kind"] == "succeeded"
+
+    # The hot statements run as prepared statements (parsed and planned once per
+    # connection), not re-planned on every commit.
+    with connection.cursor() as cur:
+        cur.execute("SELECT statement FROM pg_prepared_statements")
+        prepared = {_shape(row[0]) for row in cur.fetchall()}
+    assert {
+        "UPDATE kernel_session",
+        "INSERT kernel_commit",
+        "INSERT kernel_entry",
+        "UPDATE kernel_task",
+    } <= prepared, prepared
 
 
 def _shape(sql: str) -> str:
