@@ -1,16 +1,23 @@
 """A worker killed inside a notice's first commit, the one that records the intent
 ("from here on this email may have been sent"), before anything was sent.
 
-A commit in progress when its process dies must roll back as a whole: nothing of it
-is visible afterwards, and the notice, found ``running`` with an expired lease, is
-re-entered at ``send`` and sends its email exactly once. Two stopping points:
+A commit in progress when its process dies lands as a whole or not at all, and
+recovery carries on from whichever it was, sending the email exactly once. Two
+stopping points:
 
-- blocked on the session's commit order (the commit's first statement);
-- blocked in the write step, after the commit took the session's order, moved the
-  session head and wrote its commit row (the plan document's row is held).
+- blocked on the session's commit order (the commit's first round trip): nothing of
+  it was sent, so nothing of it lands; the notice, found ``running`` at ``send`` with
+  an expired lease, is re-entered there;
+- blocked in the write step (the plan document's row is held): the writes and COMMIT
+  travel in one pipelined round trip, so the server already holds all of it and
+  finishes it once the lock is free, though nobody is left to hear the answer. The
+  notice is found at ``confirm``: recovery asks the provider, which never got the
+  email, and sends it once.
 """
 
 from __future__ import annotations
+
+import time
 
 import pytest
 
@@ -56,7 +63,7 @@ def finish_and_check(stack: Stack, session_id: str, batch_id: str) -> None:
     # The first notice was claimed twice (the killed run, the recovery); the rest once.
     assert {to: n.epoch for to, n in notices.items()} == {FIRST: 2, **dict.fromkeys(
         RECIPIENTS[1:], 1)}
-    # One intent commit landed for it: the recovery's. The killed one left no trace.
+    # One intent commit landed for it: the killed run's or the recovery's, never both.
     assert stack.history(notices[FIRST].id).count(("running", "confirm")) == 1
     seqs = [c.seq for c in stack.kernel.commits_after(session_id, 0)]
     assert seqs == list(range(1, stack.head_seq(session_id) + 1))
@@ -107,15 +114,25 @@ def test_killed_in_the_write_step_of_the_intent_commit(stack: Stack) -> None:
             "AND locktype = 'transactionid'",
             [waiters],
         ).fetchone() == (1,)
+        # The worker queues COMMIT right after the statement now blocked: give it a
+        # moment to be on the wire (it takes microseconds) before the kill.
+        time.sleep(0.2)
         hands.kill()
     wait_for(lambda: backends_gone(waiters), "the killed worker's backend to end")
 
-    # The head move, the commit row and the document version it had written are gone.
-    assert stack.head_seq(session_id) == head
-    assert stack.kernel.commits_after(session_id, head) == []
-    assert stack.kernel.document_version(session_id, "email-plan", batch_id) == plan_version
+    # The intent commit landed whole: the head moved once, the plan says "sending",
+    # the notice is at ``confirm`` under the dead worker's lease. Nothing was sent.
+    assert stack.head_seq(session_id) == head + 1
+    [commit] = stack.kernel.commits_after(session_id, head)
+    assert commit.actor == f"task:{stack.notices(session_id)[FIRST].id}"
+    assert stack.kernel.document_version(session_id, "email-plan", batch_id) == plan_version + 1
+    assert plan_state(stack, session_id, batch_id)[FIRST] == "sending"
     notice = stack.notices(session_id)[FIRST]
-    assert (notice.status, notice.phase, notice.epoch) == (Status.RUNNING, "send", 1)
+    assert (notice.status, notice.phase, notice.epoch) == (Status.RUNNING, "confirm", 1)
     assert stack.admin.requests() == []
 
     finish_and_check(stack, session_id, batch_id)
+    # Recovery asked before sending: one lookup, then the one POST.
+    [lookup] = stack.lookups(notice.input["operation_id"])
+    [post] = stack.posts(FIRST)
+    assert lookup["seq"] < post["seq"]
