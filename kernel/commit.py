@@ -689,13 +689,22 @@ class Builder:
         if task.status is Status.COMPLETING:
             updated = replace(task, cancel=intent, updated_seq=self.seq)
         else:
+            # A running phase may be inside an external call right now. Its commits are
+            # refused from here on, but the cancel handler must see what that call did,
+            # so it waits until the phase has returned (its worker then wakes the task,
+            # see Worker) or, if that worker died, until the revoked lease would have run out.
+            in_flight = (
+                task.status is Status.RUNNING
+                and task.lease_until is not None
+                and task.lease_until > self.now
+            )
             updated = released(
                 task,
-                status=Status.PENDING,
+                status=Status.SLEEPING if in_flight else Status.PENDING,
                 cancel=intent,
                 epoch=task.epoch + 1,
                 wait=None,
-                wake_at=None,
+                wake_at=task.lease_until if in_flight else None,
                 updated_seq=self.seq,
             )
         self.put(updated)

@@ -21,6 +21,7 @@ from .errors import (
     CommitRejected,
     CommitUncertain,
     DocumentConflict,
+    IllegalTransition,
     SessionPoisoned,
     StaleLease,
 )
@@ -204,12 +205,32 @@ class Worker:
                     return
         except StaleLease as exc:
             log.info("lease lost, abandoning: %s", exc)
+            self._return_to_cancel(task)
         except SessionPoisoned as exc:
             log.warning("session handle poisoned, abandoning %s: %s", task.id, exc)
             self._handles.pop(task.session_id, None)
         finally:
             if self.heartbeat is not None:
                 self.heartbeat.held.pop(task.id, None)
+
+    def _return_to_cancel(self, task: Task) -> None:
+        """If a cancel revoked this lease, say that the phase has returned.
+
+        The cancel left the task sleeping until the revoked lease would run out, so that
+        its handler cannot run while this phase might still be calling out; it has
+        stopped now (its commit was refused), so the handler may run at once.
+        """
+        current = self.kernel.storage.task(task.id)
+        if current is None or current.cancel is None or current.status is not Status.SLEEPING:
+            return
+        draft = Draft(actor=f"worker:{self.id}")
+        draft.wake(task.id)
+        try:
+            self._handle(task.session_id).commit(draft)
+        except IllegalTransition:
+            pass  # already woken: by the sweep, an operator or another worker
+        except (CommitRejected, SessionPoisoned) as exc:
+            log.info("could not wake cancelled %s; its lease runs out instead: %s", task.id, exc)
 
     def _handle(self, session_id: str) -> SessionHandle:
         handle = self._handles.get(session_id)

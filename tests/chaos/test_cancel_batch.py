@@ -7,7 +7,9 @@ the tree ends cancelled with the operator named in the operations log.
 says "from here on it may have been sent": the cancel fences every lease, so no
 intent can commit after it. A call whose intent committed just before the cancel
 may still reach the provider a moment after it (the call is already on its way);
-that one is allowed, and its receipt is kept.
+that one is allowed, and its receipt is kept: two workers run the batch, so the
+cancel handler of a notice whose call is in flight on one of them would run on the
+other if the kernel let it (it waits until the revoked phase has returned).
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ def test_cancel_in_the_middle_of_a_batch(stack: Stack) -> None:
 
     stack.admin.set_faults(latency_ms=300)
     stack.worker("w1")
+    stack.worker("w2")
     stack.beat()
     session_id, batch_id = stack.send_batch(RECIPIENTS)
     wait_for(lambda: len(stack.admin.messages()) >= 2, "two emails to be accepted", timeout=60)

@@ -444,19 +444,45 @@ def test_cancel_while_a_phase_runs_rejects_its_commit(world: World) -> None:
     registry = make_registry(effects)
     kernel, handle, task_id = start(world, "step", {"name": "s"}, registry)
 
+    seen_while_running: list[Any] = []
+
     def operator_cancels(run: Run) -> None:
+        lease_until = world.storage.task(run.task_id).lease_until
         draft = Draft(actor="user:olga")
         draft.cancel(run.task_id, "stop")
         world.kernel(registry).open(run.session_id).commit(draft)
+        # The phase is still in its external call: the cancel handler must not run yet.
+        task = world.storage.task(run.task_id)
+        seen_while_running.append((task.status, task.wake_at == lease_until))
+        seen_while_running.append(Worker(kernel, "w2").advance(run.task_id))
 
     effects.hooks["act"] = operator_cancels
     worker = Worker(kernel, "w1")
     worker.advance(task_id)
+    assert seen_while_running == [(Status.SLEEPING, True), False]
+    # Its commit refused, the phase's worker says it has returned: the handler may run now.
     task = world.storage.task(task_id)
     assert task.status is Status.PENDING and task.cancel["reason"] == "stop"
+    assert kernel.commits_after(handle.id, 0)[-1].actor == "worker:w1"
     assert kernel.document_version(handle.id, "log", "main") == 0
     effects.hooks.clear()
     world.scheduler(registry).run_until_idle()
+    assert outcome(world, task_id) == "cancelled"
+
+
+def test_cancel_of_a_dead_workers_phase_waits_for_its_lease_to_run_out(world: World) -> None:
+    kernel, handle, task_id = start(world, "step", {"name": "s"})
+    now = world.clock.now()
+    claimed = world.storage.claim(task_id, "dead", now, now + timedelta(seconds=30))
+    assert claimed is not None  # the worker dies here, in the middle of its phase
+    draft = Draft(actor="user:olga")
+    draft.cancel(task_id, "stop")
+    kernel.open(handle.id).commit(draft)
+    world.clock.advance(29)
+    world.scheduler(kernel.registry).run_until_idle()
+    assert outcome(world, task_id) is None  # it might still be calling out
+    world.clock.advance(2)
+    world.scheduler(kernel.registry).run_until_idle()
     assert outcome(world, task_id) == "cancelled"
 
 
