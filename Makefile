@@ -19,12 +19,12 @@ BENCH_ARGS ?=
 # Sources the URLs that `make services` resolved (shared or embedded servers).
 LOAD_SERVICES := set -a; . ./$(SERVICES_ENV); set +a
 
-.PHONY: help venv services services-stop browser lint test bench demo clean distclean
+.PHONY: help venv services services-stop browser lint test bench screenshot demo clean distclean
 
 help:
 	@echo "make demo    set up the venv, Postgres, Redis and the database, then run the demo"
 	@echo "make test    lint + the whole test suite (what CI runs)"
-	@echo "other: venv services services-stop browser lint bench clean distclean"
+	@echo "other: venv services services-stop browser lint bench screenshot clean distclean"
 
 venv: $(STAMP)
 
@@ -77,6 +77,12 @@ bench: venv services
 	@$(LOAD_SERVICES)
 	echo "==> benchmarks (python -m benchmarks $(BENCH_ARGS))"
 	exec $(PY) -m benchmarks $(BENCH_ARGS)
+
+# docs/ui-session.png: the session page at the end of the live demo-batch browser test.
+screenshot: venv services browser
+	@$(LOAD_SERVICES)
+	UI_SCREENSHOT=$(CURDIR)/docs/ui-session.png $(VENV)/bin/pytest -q \
+		"tests/browser/test_dashboard.py::test_the_demo_batch_goes_from_pending_to_succeeded_live"
 
 # Web (daphne), a worker, beat and the local email provider under honcho (Procfile);
 # Ctrl-C stops them all. DEMO_PORT / EMAIL_PROVIDER_PORT move the ports.

@@ -26,6 +26,8 @@ DEFAULT_DATABASE_URL = "postgresql://postgres@127.0.0.1:5432/durable"
 BENCH_DATABASE = "durable_bench"
 ROOT = Path(__file__).resolve().parent.parent
 REPORT = ROOT / "docs" / "benchmarks.md"
+# This project's Celery, as a command for real worker and beat processes.
+CELERY = [sys.executable, "-m", "celery", "-A", "controlplane.celery"]
 
 _started = time.monotonic()
 

@@ -42,7 +42,6 @@ import re
 import signal
 import socket
 import subprocess
-import sys
 import tempfile
 import time
 from collections import Counter
@@ -56,6 +55,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from benchmarks._support import (
     BENCH_DATABASE,
+    CELERY,
     ROOT,
     Stats,
     parse_arguments,
@@ -71,7 +71,6 @@ DEFAULT_DATABASE = f"{BENCH_DATABASE}_batch"
 DEFAULT_REDIS_DB = 14
 TARGET_SCHEDULING_P50_MS = 20.0
 TARGET_RECOVERY_S = 5.0
-CELERY = [sys.executable, "-m", "celery", "-A", "controlplane.celery"]
 QUEUES = "default,hands,brain"
 TASK_ID = re.compile(r"task_[0-9a-f]{8,}")
 

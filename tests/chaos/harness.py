@@ -14,7 +14,6 @@ import random
 import re
 import signal
 import subprocess
-import sys
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -27,7 +26,7 @@ import redis
 from django.conf import settings
 from django.db import connection
 
-from benchmarks._support import wait_for
+from benchmarks._support import CELERY, wait_for
 from controlplane.notices.provider import ProviderAdmin
 from controlplane.notices.provider_process import RunningProvider, start_provider
 from controlplane.storage import PostgresStorage
@@ -38,7 +37,6 @@ from kernel.records import Entry, Submission
 from tests.databases import url_of_test_database
 
 ROOT = Path(__file__).resolve().parents[2]
-CELERY = [sys.executable, "-m", "celery", "-A", "controlplane.celery"]
 RECIPIENTS = [f"{name}@example.com" for name in ("ana", "ben", "cai", "dee", "eve")]
 SWEEP_SENT = "Sending due task sweep"  # beat's log line for each sweep it sends
 ADVANCED = re.compile(r"controlplane\.advance\[[^]]+\] succeeded in \S+: (True|False)")
