@@ -221,8 +221,14 @@ class Worker:
         stopped now (its commit was refused), so the handler may run at once.
         """
         current = self.kernel.storage.task(task.id)
-        if current is None or current.cancel is None or current.status is not Status.SLEEPING:
-            return
+        revoked_ours = (
+            current is not None
+            and current.cancel is not None
+            and current.status is Status.SLEEPING
+            and current.epoch == task.epoch + 1  # the cancel revoked this very lease
+        )
+        if not revoked_ours:
+            return  # lost to an expiry, or the cancel revoked a later holder's lease
         draft = Draft(actor=f"worker:{self.id}")
         draft.wake(task.id)
         try:

@@ -470,6 +470,31 @@ def test_cancel_while_a_phase_runs_rejects_its_commit(world: World) -> None:
     assert outcome(world, task_id) == "cancelled"
 
 
+def test_a_stale_holder_returning_does_not_wake_a_cancel_waiting_for_a_later_one(
+    world: World,
+) -> None:
+    effects = Effects()
+    registry = make_registry(effects)
+    kernel, handle, task_id = start(world, "step", {"name": "s"}, registry)
+    now = world.clock.now()
+    stale = world.storage.claim(task_id, "w1", now, now + timedelta(seconds=30))
+    assert stale is not None  # w1 hangs; its lease expires and w2 takes the task over
+    world.clock.advance(31)
+    seen: list[Status] = []
+
+    def cancel_then_the_stale_holder_returns(run: Run) -> None:
+        draft = Draft(actor="user:olga")
+        draft.cancel(run.task_id, "stop")
+        world.kernel(registry).open(run.session_id).commit(draft)
+        Worker(kernel, "w1").run_claimed(stale)  # w1 wakes up; its first commit is refused
+        seen.append(world.storage.task(run.task_id).status)
+
+    effects.hooks["act"] = cancel_then_the_stale_holder_returns
+    Worker(kernel, "w2").advance(task_id)
+    assert seen == [Status.SLEEPING]  # w1's return says nothing about w2's call
+    assert world.storage.task(task_id).status is Status.PENDING  # w2's return does
+
+
 def test_cancel_of_a_dead_workers_phase_waits_for_its_lease_to_run_out(world: World) -> None:
     kernel, handle, task_id = start(world, "step", {"name": "s"})
     now = world.clock.now()
