@@ -102,6 +102,10 @@ def shown(row: Any) -> dict[str, Any]:
         out["waits_on"] = f"signal {wait['signal']} (an operator)"
     elif "deps" in wait:
         out["waits_on"] = f"{len(wait['deps'])} tasks ({wait.get('policy', 'all_settled')})"
+    elif out["status"] == "sleeping" and out["wake_at"] and out.get("cancel"):
+        # A cancel waits for the phase it interrupted (see kernel.commit's _cancel).
+        until = f"{out['wake_at']:%H:%M:%S}"
+        out["waits_on"] = f"the interrupted phase to return (at most until {until})"
     elif out["status"] == "sleeping" and out["wake_at"]:
         out["waits_on"] = f"until {out['wake_at']:%H:%M:%S}"
     else:

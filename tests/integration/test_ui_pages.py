@@ -81,6 +81,20 @@ def test_a_viewer_is_refused_and_an_operator_cancels() -> None:
     assert b"already done" in again.content
 
 
+def test_a_cancelled_running_task_shows_it_waits_for_its_phase() -> None:
+    session_id, task_id = batch()
+    kernel = runtime().kernel
+    now = timezone.now()
+    assert kernel.storage.claim(task_id, "w1", now, now + timedelta(seconds=30)) is not None
+    draft = Draft(actor="user:olga")
+    draft.cancel(task_id, "wrong list")
+    kernel.open(session_id).commit(draft)
+    page = login("viewer").get(f"/sessions/{session_id}/").content.decode()
+    row = page[page.index(f'id="task-{task_id}"'):]
+    assert "the interrupted phase to return (at most until" in row[:3000]
+    assert "cancel requested by user:olga" in row[:3000]
+
+
 def test_live_fragments_are_tagged_and_only_when_something_changed() -> None:
     session_id, task_id = batch()
     head = runtime().kernel.storage.session(session_id).head_seq
