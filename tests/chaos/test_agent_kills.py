@@ -95,7 +95,9 @@ def test_killed_after_the_response_commit_the_tools_run_once_and_the_model_is_no
                      and of_kind(stack, session_id, "agent-tool"), "the tool tasks")
     (turn,) = of_kind(stack, session_id, "agent-turn")
     wait_for(lambda: stack.task(turn.id).status is Status.WAITING, "the turn to wait on its tools")
-    assert sorted(stack.queued("hands")) == sorted(t.id for t in tools)
+    # The dispatches go to Redis just after the commit lands (a moment after it is visible).
+    wait_for(lambda: sorted(stack.queued("hands")) == sorted(t.id for t in tools),
+             "both tool tasks to be queued for hands")
     assert kinds(stack, conversation) == ["user", "model_response"]
     brain.kill()
 
