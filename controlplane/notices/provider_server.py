@@ -44,7 +44,7 @@ IDEMPOTENCY_HEADER = "Idempotency-Key"
 MAX_IDEMPOTENCY_KEY_LENGTH = 255
 MESSAGE_FIELDS = ("to", "subject", "body", "metadata")
 STALL_WHEN = ("before_store", "after_store")
-STATE_FILE_VERSION = 1
+STATE_FILE_VERSION = 2  # 1: one JSON document, rewritten whole on every change
 
 
 def _now() -> str:
@@ -246,9 +246,11 @@ class StoreResult:
 class ProviderState:
     """Messages, request log and faults, shared by all handler threads.
 
-    Every change happens under one lock and, with a state file, is written out
-    (write-then-rename) before the request is answered, so a provider restarted
-    after a SIGKILL holds everything it ever acknowledged.
+    Every change happens under one lock and, with a state file, is appended to it
+    before the request is answered, so a provider restarted after a SIGKILL holds
+    everything it ever acknowledged. The file is a journal (JSON lines: a header, then
+    one line per stored message or logged request), so a request costs one short
+    append however long the provider has run; it used to rewrite the whole state.
     """
 
     def __init__(self, faults: Faults, state_file: Path | None = None) -> None:
@@ -257,12 +259,34 @@ class ProviderState:
         self._messages: dict[str, dict[str, Any]] = {}
         self._requests: list[dict[str, Any]] = []
         self._set_faults_locked(faults)
-        if state_file is not None and state_file.exists():
-            saved = json.loads(state_file.read_text())
-            if saved.get("version") != STATE_FILE_VERSION:
-                raise ValueError(f"{state_file}: unsupported state file version")
-            self._messages = {m["idempotency_key"]: m for m in saved["messages"]}
-            self._requests = saved["requests"]
+        if state_file is not None:
+            if state_file.exists():
+                self._replay(state_file)
+            self._rewrite_locked()  # a clean journal: no torn line, the current version
+
+    def _replay(self, state_file: Path) -> None:
+        lines = state_file.read_text().split("\n")
+        if lines == [""]:
+            return  # an empty file: nothing was ever saved
+        header = json.loads(lines[0])
+        if header.get("version") == 1:  # one document, on one line
+            self._messages = {m["idempotency_key"]: m for m in header["messages"]}
+            self._requests = header["requests"]
+            return
+        if header != {"version": STATE_FILE_VERSION}:
+            raise ValueError(f"{state_file}: unsupported state file version")
+        # The last line may be torn by a SIGKILL in mid-append: that change was never
+        # acknowledged, so it is dropped. A bad line anywhere else is corruption.
+        complete = lines[1:-1]
+        for number, line in enumerate(complete, start=2):
+            try:
+                change = json.loads(line)
+            except ValueError as exc:
+                raise ValueError(f"{state_file}:{number}: unreadable journal line") from exc
+            if "message" in change:
+                self._messages[change["message"]["idempotency_key"]] = change["message"]
+            else:
+                self._requests.append(change["request"])
 
     def _set_faults_locked(self, faults: Faults) -> None:
         self._faults = faults
@@ -291,7 +315,7 @@ class ProviderState:
             self._messages.clear()
             self._requests.clear()
             self._set_faults_locked(Faults())
-            self._persist_locked()
+            self._rewrite_locked()
 
     def messages(self) -> list[dict[str, Any]]:
         with self._lock:
@@ -340,6 +364,7 @@ class ProviderState:
                     **message,
                 }
                 self._messages[key] = record
+                self._append_locked({"message": record})
                 result = StoreResult(outcome="accepted", record=record, created=True)
             else:
                 conflicts = tuple(
@@ -376,20 +401,27 @@ class ProviderState:
             self._log_locked(entry)
 
     def _log_locked(self, entry: dict[str, Any]) -> None:
-        self._requests.append({"seq": len(self._requests) + 1, **entry})
-        self._persist_locked()
+        request = {"seq": len(self._requests) + 1, **entry}
+        self._requests.append(request)
+        self._append_locked({"request": request})
 
-    def _persist_locked(self) -> None:
-        # Write-then-rename keeps the file whole if the process dies mid-write. No
-        # fsync: the goal is surviving a killed process, not a lost machine.
+    def _append_locked(self, change: dict[str, Any]) -> None:
+        # No fsync: the goal is surviving a killed process, not a lost machine; once
+        # write() returns, the line is the kernel's to keep.
+        if self._state_file is None:
+            return
+        with self._state_file.open("a") as journal:
+            journal.write(json.dumps(change) + "\n")
+
+    def _rewrite_locked(self) -> None:
+        """Write the whole state as a fresh journal (write-then-rename keeps it whole)."""
         if self._state_file is None:
             return
         tmp = self._state_file.with_name(self._state_file.name + ".tmp")
-        tmp.write_text(json.dumps({
-            "version": STATE_FILE_VERSION,
-            "messages": list(self._messages.values()),
-            "requests": self._requests,
-        }))
+        lines: list[dict[str, Any]] = [{"version": STATE_FILE_VERSION}]
+        lines += [{"message": m} for m in self._messages.values()]
+        lines += [{"request": r} for r in self._requests]
+        tmp.write_text("".join(json.dumps(line) + "\n" for line in lines))
         os.replace(tmp, self._state_file)
 
 

@@ -30,6 +30,7 @@ from controlplane.notices.provider import (
     Receipt,
 )
 from controlplane.notices.provider_process import RunningProvider, start_provider
+from controlplane.notices.provider_server import Faults, ProviderState
 
 
 @pytest.fixture(scope="module")
@@ -364,6 +365,38 @@ def test_the_state_file_survives_a_provider_sigkill_and_restart(tmp_path: Path) 
         assert [r["outcome"] for r in admin.requests()] == [
             "accepted", "accepted", "found", "duplicate",
         ]
+
+
+def test_the_state_file_is_a_journal_that_drops_a_torn_last_line(tmp_path: Path) -> None:
+    """One line per change (a request never rewrites the whole state); a line cut short
+    by a SIGKILL in mid-append was never acknowledged, so a restart drops it."""
+    path = tmp_path / "provider.jsonl"
+    state = ProviderState(Faults(), path)
+    message = {"to": "a@example.com", "subject": "s", "body": "b", "metadata": {}}
+    state.store("op-1", message, 1, {"method": "POST", "faults": []})
+    state.log({"method": "GET", "outcome": "found"})
+    lines = path.read_text().splitlines()
+    assert [next(iter(json.loads(line))) for line in lines] == [
+        "version", "message", "request", "request"]
+    with path.open("a") as journal:
+        journal.write('{"request": {"seq": 3, "meth')  # the kill
+    restarted = ProviderState(Faults(), path)
+    assert [m["idempotency_key"] for m in restarted.messages()] == ["op-1"]
+    assert [r["seq"] for r in restarted.requests()] == [1, 2]
+    restarted.log({"method": "GET", "outcome": "not_found"})  # appends after a clean line
+    assert [r["seq"] for r in ProviderState(Faults(), path).requests()] == [1, 2, 3]
+
+
+def test_a_state_file_of_the_first_version_is_read_and_rewritten(tmp_path: Path) -> None:
+    path = tmp_path / "provider.json"
+    message = {"id": "msg_1", "idempotency_key": "op-1", "accepted_at": "2026-01-01T00:00:00",
+               "to": "a@example.com", "subject": "s", "body": "b", "metadata": {}}
+    path.write_text(json.dumps({"version": 1, "messages": [message],
+                                "requests": [{"seq": 1, "method": "POST"}]}))
+    state = ProviderState(Faults(), path)
+    assert [m["id"] for m in state.messages()] == ["msg_1"]
+    assert json.loads(path.read_text().splitlines()[0]) == {"version": 2}
+    assert [r["seq"] for r in ProviderState(Faults(), path).requests()] == [1]
 
 
 def test_concurrent_sends_of_one_key_create_exactly_one_message(
