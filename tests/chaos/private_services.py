@@ -400,12 +400,16 @@ def point_celery_at(redis_url: str) -> None:
     process: the Redis database of the first chaos test). Dropping them, as Celery
     itself does after a fork, makes the next publish (a dispatch after a commit, a
     remote-control broadcast) open connections to the new URL.
+
+    kombu also keeps every pool in a registry by connection parameters, and hands a
+    pool it closed back out for the same URL ("Acquire on closed pool"), so the
+    registry is cleared too, as Celery does after a fork.
     """
+    from kombu import pools
+
     from controlplane.celery import app
 
     app.conf.broker_url = redis_url
-    if app._pool is not None:
-        with suppress(Exception):
-            app._pool.force_close_all()
+    pools.reset()  # closes every pool and forgets it
     app._pool = None
     app.amqp._producer_pool = None
