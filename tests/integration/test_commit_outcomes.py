@@ -20,6 +20,7 @@ from django.db import connection
 from controlplane.storage import PostgresStorage
 from kernel import Draft, Kernel, ManualClock, Registry, SessionPoisoned
 from kernel.records import Entry
+from kernel.session import SessionHandle
 from kernel.storage import Transaction
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -29,6 +30,16 @@ def make_kernel() -> Kernel:
     registry = Registry()
     registry.document("plan")
     return Kernel(PostgresStorage(), registry, ManualClock())
+
+
+def a_session() -> tuple[Kernel, SessionHandle, str]:
+    """A kernel, a session at seq 1 and the conversation that commit created."""
+    kernel = make_kernel()
+    handle = kernel.create_session()
+    setup = Draft()
+    conversation = setup.create_conversation()
+    handle.commit(setup)
+    return kernel, handle, conversation
 
 
 def a_draft(conversation: str) -> Draft:
@@ -63,11 +74,7 @@ def cut_the_connection() -> None:
 
 
 def test_a_connection_lost_after_commit_was_sent_is_uncertain_and_it_did_land() -> None:
-    kernel = make_kernel()
-    handle = kernel.create_session()
-    setup = Draft()
-    conversation = setup.create_conversation()
-    handle.commit(setup)
+    kernel, handle, conversation = a_session()
     heard: list[int] = []
     kernel.after_commit(lambda ws: heard.append(ws.commit.seq))
 
@@ -83,11 +90,7 @@ def test_a_connection_lost_after_commit_was_sent_is_uncertain_and_it_did_land() 
 
 
 def test_a_connection_lost_before_commit_was_sent_is_a_plain_failure() -> None:
-    kernel = make_kernel()
-    handle = kernel.create_session()
-    setup = Draft()
-    conversation = setup.create_conversation()
-    handle.commit(setup)
+    kernel, handle, conversation = a_session()
 
     with (
         after_statement(
@@ -110,12 +113,8 @@ def test_a_connection_lost_before_commit_was_sent_is_a_plain_failure() -> None:
 def test_commit_refused_by_the_server_writes_nothing_and_the_handle_stays_usable() -> None:
     """A deferred foreign key fails at COMMIT itself: the server says no, so it is known
     that nothing landed."""
-    kernel = make_kernel()
+    kernel, handle, conversation = a_session()
     storage = kernel.storage
-    handle = kernel.create_session()
-    setup = Draft()
-    conversation = setup.create_conversation()
-    handle.commit(setup)
     draft = Draft(actor="user:ann")
     draft.append(conversation, "user", {"text": "hello"})
 
