@@ -19,11 +19,11 @@ from .errors import (
     WaitCycle,
 )
 from .memory import InMemoryStorage
-from .records import JoinPolicy, Outcome, Status, SubmissionStatus, Task
+from .records import JoinPolicy, Outcome, Preview, Status, SubmissionStatus, Task
 from .registry import Blocked, Registry, TaskDefinition
 from .run import Run
 from .scheduler import Scheduler
-from .session import Kernel, Preview, SessionHandle
+from .session import Kernel, SessionHandle
 from .storage import Storage, Transaction
 from .tasks import Finish, Next, Sleep, Transition, WaitSignal, WaitTasks
 from .worker import Worker

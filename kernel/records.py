@@ -154,6 +154,23 @@ class Task:
         return False
 
 
+@dataclass(frozen=True)
+class Preview:
+    """Progress that may be lost - streamed model text, a running tool's output.
+
+    A *deferred commit* (DESIGN §8): pushed to live viewers at once, written only as
+    part of the task's next normal commit, and never read for recovery. Listeners must
+    show it as a preview (invariant 2): it may never become durable.
+    """
+
+    session_id: str
+    task_id: str
+    kind: str
+    key: str
+    path: tuple[str, ...]
+    value: JSON
+
+
 @dataclass(frozen=True, slots=True)
 class Submission:
     id: str
