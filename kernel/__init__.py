@@ -19,16 +19,26 @@ from .errors import (
     WaitCycle,
 )
 from .memory import InMemoryStorage
-from .records import JoinPolicy, Outcome, Status, SubmissionStatus, Task
+from .records import (
+    SHOWN_STATUSES,
+    JoinPolicy,
+    Outcome,
+    Preview,
+    Status,
+    SubmissionStatus,
+    Task,
+    WaitsOn,
+)
 from .registry import Blocked, Registry, TaskDefinition
 from .run import Run
 from .scheduler import Scheduler
-from .session import Kernel, Preview, SessionHandle
+from .session import Kernel, SessionHandle
 from .storage import Storage, Transaction
 from .tasks import Finish, Next, Sleep, Transition, WaitSignal, WaitTasks
 from .worker import Worker
 
 __all__ = [
+    "SHOWN_STATUSES",
     "Blocked",
     "Clock",
     "CommitRejected",
@@ -68,5 +78,6 @@ __all__ = [
     "WaitCycle",
     "WaitSignal",
     "WaitTasks",
+    "WaitsOn",
     "Worker",
 ]

@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
-from typing import Any
+from typing import Any, Literal
 
 JSON = Any
 
@@ -36,6 +36,13 @@ class Outcome(StrEnum):
     FAILED = "failed"
     CANCELLED = "cancelled"
     FAULTED = "faulted"
+
+
+SHOWN_STATUSES: tuple[str, ...] = tuple(
+    [str(s) for s in Status if s is not Status.TERMINAL] + [str(o) for o in Outcome]
+)
+"""Every :attr:`Task.shown_status`, in lifecycle order: the statuses a task passes
+through, then the outcomes it may end with in place of ``terminal``."""
 
 
 class JoinPolicy(StrEnum):
@@ -143,6 +150,18 @@ class Task:
     def wait_deps(self) -> list[str]:
         return list(self.wait.get("deps", [])) if self.wait else []
 
+    @property
+    def shown_status(self) -> str:
+        """Its status, or once terminal its outcome's kind (one of :data:`SHOWN_STATUSES`)."""
+        if self.status == Status.TERMINAL:
+            return str((self.outcome or {}).get("kind", Status.TERMINAL))
+        return str(self.status)
+
+    @property
+    def waits_on(self) -> WaitsOn:
+        """What it waits on now (:class:`WaitsOn`; ``kind`` None when nothing)."""
+        return WaitsOn.of(self)
+
     def runnable_at(self, now: datetime) -> bool:
         """Whether a worker may claim it now: the claim statement's predicate, in Python."""
         if self.status is Status.PENDING:
@@ -152,6 +171,71 @@ class Task:
         if self.status is Status.RUNNING:
             return self.lease_until is not None and self.lease_until < now
         return False
+
+
+WaitKind = Literal["signal", "tasks", "interrupted_phase", "time"]
+
+
+@dataclass(frozen=True, slots=True)
+class WaitsOn:
+    """What a task waits on, derived from its record, never stored.
+
+    ``signal``: a named signal (an operator's answer); ``tasks``: ``count`` tasks to
+    settle under ``policy``; ``interrupted_phase``: a cancelled task whose phase was in
+    flight sleeps until that phase returns or its lease runs out at ``until`` (see
+    :meth:`kernel.commit.Builder._cancel`); ``time``: a sleep until ``until``; None:
+    nothing (runnable, running, completing or terminal).
+    """
+
+    kind: WaitKind | None = None
+    signal: str | None = None
+    count: int = 0
+    policy: JoinPolicy | None = None
+    until: datetime | None = None
+    task_ids: tuple[str, ...] = ()
+
+    @classmethod
+    def of(cls, task: Task) -> WaitsOn:
+        wait = task.wait or {}
+        if "signal" in wait:
+            return cls("signal", signal=wait["signal"])
+        if "deps" in wait:
+            deps = tuple(wait["deps"])
+            policy = JoinPolicy(wait.get("policy", JoinPolicy.ALL_SETTLED))
+            return cls("tasks", count=len(deps), policy=policy, task_ids=deps)
+        if task.status == Status.SLEEPING and task.wake_at:
+            kind: WaitKind = "interrupted_phase" if task.cancel else "time"
+            return cls(kind, until=task.wake_at)
+        return cls()
+
+    def describe(self) -> str:
+        """One line for people, e.g. "signal resolution (an operator)"; "" for nothing."""
+        if self.kind == "signal":
+            return f"signal {self.signal} (an operator)"
+        if self.kind == "tasks":
+            return f"{self.count} tasks ({self.policy})"
+        if self.kind == "interrupted_phase" and self.until is not None:
+            return f"the interrupted phase to return (at most until {self.until:%H:%M:%S})"
+        if self.kind == "time" and self.until is not None:
+            return f"until {self.until:%H:%M:%S}"
+        return ""
+
+
+@dataclass(frozen=True)
+class Preview:
+    """Progress that may be lost - streamed model text, a running tool's output.
+
+    A *deferred commit* (DESIGN §8): pushed to live viewers at once, written only as
+    part of the task's next normal commit, and never read for recovery. Listeners must
+    show it as a preview (invariant 2): it may never become durable.
+    """
+
+    session_id: str
+    task_id: str
+    kind: str
+    key: str
+    path: tuple[str, ...]
+    value: JSON
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,17 +10,18 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .documents import DocumentKind, Migrate
 from .errors import NotRegistered
-
-if TYPE_CHECKING:
-    from .records import Task
-    from .run import Run, Transition
+from .records import Task
+from .tasks import Transition
 
 JSON = Any
-Handler = Callable[["Run"], "Transition"]
+# A phase handler takes the task's :class:`kernel.run.Run`. The parameter is typed
+# loosely on purpose: the registry sits below the runtime (a run commits through the
+# builder, which resolves definitions here), so it must not import it.
+Handler = Callable[[Any], Transition]
 TaskMigrate = Callable[[int, JSON, JSON], tuple[JSON, JSON]]
 
 RESERVED = frozenset({"migrate", "on_cancel", "initial", "queue", "max_restarts"})

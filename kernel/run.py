@@ -6,23 +6,78 @@ waited on; it may do external work; it returns the next durable state. Writes it
 makes along the way (entries, document ops, new subtasks) land in the same commit
 as that state - or earlier, at an explicit ``run.commit(...)`` (an intent commit,
 made before an external call so that recovery knows the call may have happened).
+
+A :class:`Run` reads and writes through its :class:`Lease`: the claim a worker holds
+on the task (its epoch, its pending draft and previews). The worker makes leases;
+they live here, below it, because a run is made of one.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .commit import Draft
 from .errors import UnknownRecord
-from .records import Entry, JoinPolicy, Outcome, Submission, Task
-from .session import Preview
+from .records import Entry, JoinPolicy, Outcome, Preview, Submission, Task, WriteSet
+from .registry import TaskDefinition
+from .session import Kernel, SessionHandle
 from .tasks import Finish, Next, Sleep, Transition, WaitSignal, WaitTasks
 
-if TYPE_CHECKING:
-    from .worker import Lease
-
 JSON = Any
+
+
+@dataclass
+class Lease:
+    """A claimed task, held by one worker at one epoch."""
+
+    kernel: Kernel
+    handle: SessionHandle
+    owner: str
+    duration: timedelta
+    task: Task
+    definition: TaskDefinition
+    input: JSON
+    checkpoint: JSON
+    migrated: bool
+    draft: Draft = field(init=False)
+    # Deferred document writes (previews): folded into the next commit, lost with the process.
+    previews: dict[tuple[str, str, tuple[str, ...]], JSON] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.draft = Draft(actor=f"task:{self.task.id}")
+
+    def commit(self, transition: Transition) -> WriteSet:
+        """Commit the pending writes and ``transition``, fenced by this lease's epoch."""
+        draft, self.draft = self.draft, Draft(actor=f"task:{self.task.id}")
+        for (kind, key, path), value in self.previews.items():
+            draft.set(kind, key, list(path), value)
+        self.previews.clear()
+        if isinstance(transition, Next) and transition.keep_lease:
+            transition = replace(transition, lease_until=self.kernel.clock.now() + self.duration)
+        if self.migrated:
+            draft.transition(
+                self.task.id,
+                self.task.epoch,
+                transition,
+                version=self.definition.version,
+                input=self.input,
+                checkpoint=self.checkpoint,
+            )
+        else:
+            draft.transition(self.task.id, self.task.epoch, transition)
+        written = self.handle.commit(draft)
+        self.migrated = False
+        self.task = next(t for t in written.updated_tasks if t.id == self.task.id)
+        self.checkpoint = self.task.checkpoint
+        return written
+
+    def renew(self) -> bool:
+        now = self.kernel.clock.now()
+        return self.kernel.storage.renew(
+            self.task.id, self.owner, self.task.epoch, now + self.duration
+        )
 
 
 class Run:

@@ -20,6 +20,7 @@ from .errors import CommitUncertain, SessionPoisoned, UnknownRecord
 from .records import (
     Commit,
     Entry,
+    Preview,
     SessionRecord,
     Submission,
     Task,
@@ -32,23 +33,6 @@ from .storage import Storage, Transaction
 JSON = Any
 Listener = Callable[[WriteSet], None]
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class Preview:
-    """Progress that may be lost - streamed model text, a running tool's output.
-
-    A *deferred commit* (DESIGN §8): pushed to live viewers at once, written only as
-    part of the task's next normal commit, and never read for recovery. Listeners must
-    show it as a preview (invariant 2): it may never become durable.
-    """
-
-    session_id: str
-    task_id: str
-    kind: str
-    key: str
-    path: tuple[str, ...]
-    value: JSON
 
 
 PreviewListener = Callable[[Preview], None]

@@ -12,7 +12,6 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from typing import Any
 
@@ -25,9 +24,9 @@ from .errors import (
     SessionPoisoned,
     StaleLease,
 )
-from .records import Outcome, Status, Task, WriteSet, new_id
+from .records import Outcome, Status, Task, new_id
 from .registry import Blocked, Resolved, TaskDefinition
-from .run import Run
+from .run import Lease, Run
 from .session import Kernel, SessionHandle
 from .tasks import TRANSITIONS, Finish, Next, Transition
 
@@ -36,58 +35,6 @@ log = logging.getLogger(__name__)
 
 MAX_CONFLICTS = 5
 NO_PROGRESS = "phase {phase!r} returned {result!r}: no durable progress (same phase and checkpoint)"
-
-
-@dataclass
-class Lease:
-    """A claimed task, held by one worker at one epoch."""
-
-    kernel: Kernel
-    handle: SessionHandle
-    owner: str
-    duration: timedelta
-    task: Task
-    definition: TaskDefinition
-    input: JSON
-    checkpoint: JSON
-    migrated: bool
-    draft: Draft = field(init=False)
-    # Deferred document writes (previews): folded into the next commit, lost with the process.
-    previews: dict[tuple[str, str, tuple[str, ...]], JSON] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        self.draft = Draft(actor=f"task:{self.task.id}")
-
-    def commit(self, transition: Transition) -> WriteSet:
-        """Commit the pending writes and ``transition``, fenced by this lease's epoch."""
-        draft, self.draft = self.draft, Draft(actor=f"task:{self.task.id}")
-        for (kind, key, path), value in self.previews.items():
-            draft.set(kind, key, list(path), value)
-        self.previews.clear()
-        if isinstance(transition, Next) and transition.keep_lease:
-            transition = replace(transition, lease_until=self.kernel.clock.now() + self.duration)
-        if self.migrated:
-            draft.transition(
-                self.task.id,
-                self.task.epoch,
-                transition,
-                version=self.definition.version,
-                input=self.input,
-                checkpoint=self.checkpoint,
-            )
-        else:
-            draft.transition(self.task.id, self.task.epoch, transition)
-        written = self.handle.commit(draft)
-        self.migrated = False
-        self.task = next(t for t in written.updated_tasks if t.id == self.task.id)
-        self.checkpoint = self.task.checkpoint
-        return written
-
-    def renew(self) -> bool:
-        now = self.kernel.clock.now()
-        return self.kernel.storage.renew(
-            self.task.id, self.owner, self.task.epoch, now + self.duration
-        )
 
 
 class Heartbeat:
