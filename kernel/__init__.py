@@ -29,7 +29,7 @@ from .records import (
     Task,
     WaitsOn,
 )
-from .registry import Blocked, Registry, TaskDefinition
+from .registry import Blocked, Decision, Registry, TaskDefinition
 from .run import Run
 from .scheduler import Scheduler
 from .session import Kernel, SessionHandle
@@ -43,6 +43,7 @@ __all__ = [
     "Clock",
     "CommitRejected",
     "CommitUncertain",
+    "Decision",
     "DocumentConflict",
     "DocumentKind",
     "Draft",

@@ -14,7 +14,7 @@ from typing import Any
 
 from .documents import DocumentKind, Migrate
 from .errors import NotRegistered
-from .records import Task
+from .records import Status, Task
 from .tasks import Transition
 
 JSON = Any
@@ -24,7 +24,24 @@ JSON = Any
 Handler = Callable[[Any], Transition]
 TaskMigrate = Callable[[int, JSON, JSON], tuple[JSON, JSON]]
 
-RESERVED = frozenset({"migrate", "on_cancel", "initial", "queue", "max_restarts"})
+RESERVED = frozenset({"migrate", "on_cancel", "initial", "queue", "max_restarts", "decisions"})
+
+
+@dataclass(frozen=True)
+class Decision:
+    """One answer an operator may give a task that waits on a signal (an uncertain step).
+
+    ``name`` is what an API or a form sends; ``value`` is what the task finds under
+    ``"decision"`` in the signal's payload; ``label`` is the words on the button.
+    ``may_repeat`` says what may happen twice when this answer is wrong (say "the
+    operation is performed again"); None when the answer repeats no external work.
+    """
+
+    name: str
+    label: str
+    value: str
+    may_repeat: str | None = None
+    description: str = ""
 
 
 @dataclass(frozen=True)
@@ -37,10 +54,15 @@ class TaskDefinition:
     on_cancel: Handler | None = None
     max_restarts: int = 3
     queue: str = "default"
+    decisions: tuple[Decision, ...] = ()
 
     def __post_init__(self) -> None:
         if self.initial not in self.phases:
             raise ValueError(f"task {self.kind!r}: initial phase {self.initial!r} has no handler")
+        for attribute in ("name", "value"):
+            seen = [getattr(d, attribute) for d in self.decisions]
+            if len(set(seen)) != len(seen):
+                raise ValueError(f"task {self.kind!r}: two decisions share a {attribute}: {seen}")
 
 
 @dataclass(frozen=True)
@@ -79,7 +101,8 @@ class Registry:
         """Register a class whose public methods are its phases (DESIGN §12).
 
         ``initial`` names the first phase; optional ``migrate(from_version, input,
-        checkpoint)`` and ``on_cancel(run)`` methods are picked up by name.
+        checkpoint)`` and ``on_cancel(run)`` methods are picked up by name, and so is
+        ``decisions``: the :class:`Decision` tuple an operator answers its signals with.
         """
 
         def register(cls: type) -> type:
@@ -99,6 +122,7 @@ class Registry:
                     on_cancel=getattr(instance, "on_cancel", None),
                     max_restarts=getattr(cls, "max_restarts", max_restarts),
                     queue=getattr(cls, "queue", queue),
+                    decisions=tuple(getattr(cls, "decisions", ())),
                 )
             )
             return cls
@@ -139,6 +163,14 @@ class Registry:
                 f"{type(exc).__name__}: {exc}"
             )
         return Resolved(newest, new_input, new_checkpoint)
+
+    def decisions(self, task: Task) -> tuple[Decision, ...]:
+        """The answers an operator may give ``task`` now: its definition's decisions while
+        it waits on a signal, none otherwise (or while no definition can run it)."""
+        if task.status != Status.WAITING or "signal" not in (task.wait or {}):
+            return ()
+        resolved = self.resolve(task)
+        return () if isinstance(resolved, Blocked) else resolved.definition.decisions
 
     # -- documents ---------------------------------------------------------
 

@@ -7,7 +7,8 @@ recipient, waits for all of them to settle, and summarises the receipts.
 ``send-notice`` records its intent ("this may be sent from now on") before it
 calls the channel; a crash after that point lands in ``confirm``, which asks
 the provider by operation id instead of sending blindly. Where the channel
-cannot be asked (SMTP), the notice waits for an operator's resolution.
+cannot be asked (SMTP), the notice waits for an operator's resolution: one of
+the :data:`DECISIONS` it declares.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any
 
-from kernel import Registry, Run, Transition
+from kernel import Decision, Registry, Run, Transition
 
 from .channels import CannotConfirm, Channel, NotAccepted, Rejected, Uncertain
 from .provider import Message
@@ -25,7 +26,25 @@ from .provider import Message
 PLAN = "email-plan"
 MAX_ATTEMPTS = 8
 MAX_BACKOFF_SECONDS = 30.0
-RESOLUTIONS = ("sent", "send_again", "give_up")
+
+# What an operator may answer a notice that cannot tell whether it was sent.
+SENT = Decision(
+    "sent",
+    "It was sent",
+    "sent",
+    description="Record it as sent (with the receipt the operator gives, if any).",
+)
+SEND_AGAIN = Decision(
+    "not_sent_send_again",
+    "Not sent: send again",
+    "send_again",
+    may_repeat="the operation is performed again",
+    description="Send it again under the same operation id.",
+)
+GIVE_UP = Decision(
+    "give_up", "Give up", "give_up", description="Record it as not sent; the notice fails."
+)
+DECISIONS = (SENT, SEND_AGAIN, GIVE_UP)
 
 
 def backoff(attempts: int) -> float:
@@ -79,6 +98,7 @@ def register(registry: Registry, channels: Mapping[str, Channel]) -> None:
     @registry.task("send-notice", queue="hands")
     class SendNotice:
         initial = "send"
+        decisions = DECISIONS
 
         def send(self, run: Run) -> Transition:
             channel, message = _channel_and_message(run, channels)
@@ -125,7 +145,7 @@ def register(registry: Registry, channels: Mapping[str, Channel]) -> None:
         def resolved(self, run: Run) -> Transition:
             name = run.checkpoint["awaiting"]
             decision = run.signal(name) or {}
-            if decision.get("decision") == "sent":
+            if decision.get("decision") == SENT.value:
                 receipt = decision.get("receipt") or {
                     "id": f"operator:{decision.get('by', 'unknown')}",
                     "to": run.input["to"],
@@ -133,7 +153,7 @@ def register(registry: Registry, channels: Mapping[str, Channel]) -> None:
                 }
                 _record(run, state="sent", receipt=receipt, confirmed_by=decision.get("by"))
                 return run.succeed(receipt)
-            if decision.get("decision") == "send_again":
+            if decision.get("decision") == SEND_AGAIN.value:
                 _record(run, state="planned")
                 return run.next("send", {"resolutions": run.checkpoint.get("resolutions", 0) + 1,
                                          "awaiting": None, "attempts": 0})

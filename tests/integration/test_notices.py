@@ -5,6 +5,7 @@ with Celery workers and kills)."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import get_args
 
 import pytest
 
@@ -139,13 +140,38 @@ def test_an_uncertain_smtp_send_waits_for_an_operator(
     notice = notice_of(kernel, handle.id, RECIPIENTS[2])
     assert notice.status is Status.WAITING and notice.wait == {"signal": "resolution-1"}
     assert kernel.task(batch).status is Status.WAITING
+    assert kernel.registry.decisions(notice) == notices.DECISIONS
+    assert kernel.registry.decisions(kernel.task(batch)) == ()
     assert len([m for m in smtp.messages() if RECIPIENTS[2] in m.rcpt_tos]) == 1
 
     smtp.clear_faults()
-    resolve(handle, notice.id, "send_again")
+    resolve(handle, notice.id, notices.SEND_AGAIN.value)
     scheduler.run_until_idle(advance_clock=True)
     assert kernel.task(batch).outcome["result"]["sent"] == 3
     assert len([m for m in smtp.messages() if RECIPIENTS[2] in m.rcpt_tos]) == 2
+    assert kernel.registry.decisions(kernel.task(notice.id)) == ()
+
+
+def test_a_notice_declares_the_decisions_the_api_and_the_form_offer() -> None:
+    """The declaration keeps today's public names, labels and signal values; until the
+    API, its schema and the form render from it, they must agree with it."""
+    from controlplane.api.actions import DECISIONS as API_DECISIONS
+    from controlplane.api.schemas import ResolveIn
+
+    registry = Registry()
+    notices.register(registry, {})
+    declared = registry.latest("send-notice").decisions
+    assert declared == notices.DECISIONS and registry.latest("send-batch").decisions == ()
+    assert [(d.name, d.label, d.value, d.may_repeat) for d in declared] == [
+        ("sent", "It was sent", "sent", None),
+        ("not_sent_send_again", "Not sent: send again", "send_again",
+         "the operation is performed again"),
+        ("give_up", "Give up", "give_up", None),
+    ]  # fmt: skip
+    assert {d.name: d.value for d in declared} == API_DECISIONS
+    assert get_args(ResolveIn.model_fields["decision"].annotation) == tuple(
+        d.name for d in declared
+    )
 
 
 def resolve(handle, notice_id: str, decision: str) -> None:
