@@ -198,7 +198,7 @@ def measure_latency(
 ) -> Latency:
     """``clients`` sockets on one feed; ``warmup`` + ``commits`` commits, ``interval``
     seconds apart, from a thread; the samples of the last ``commits``."""
-    from controlplane.execution import runtime
+    from controlplane.runtime import runtime
 
     handle = runtime().kernel.create_session(metadata={"benchmark": "feed"})
     start = commit_one(handle, "start")
@@ -403,7 +403,7 @@ class Result:
 def viewer_token() -> str:
     from django.contrib.auth.models import Group, User
 
-    from controlplane.api.auth import issue_token
+    from controlplane.access import issue_token
 
     user = User.objects.create_user(f"bench-{uuid.uuid4().hex[:8]}")
     user.groups.add(Group.objects.get_or_create(name="viewer")[0])
@@ -412,7 +412,7 @@ def viewer_token() -> str:
 
 def run(args: argparse.Namespace, url: str, redis_url: str) -> Result:
     from benchmarks.commit import machine_facts
-    from controlplane.execution import runtime
+    from controlplane.runtime import runtime
 
     facts = machine_facts(url)
     result = Result(datetime.now(UTC), facts)

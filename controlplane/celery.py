@@ -12,6 +12,11 @@ from celery import Celery
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
 
+ADVANCE = "controlplane.advance"
+"""The task that claims a kernel task and runs its phases (controlplane.execution)."""
+SWEEP = "controlplane.sweep"
+"""The task that re-delivers what was lost, once a second from beat."""
+
 app = Celery("controlplane", include=["controlplane.execution"])
 app.config_from_object("django.conf:settings", namespace="CELERY")
 
@@ -23,7 +28,7 @@ def schedule_sweep(sender: Celery, **kwargs: object) -> None:
     # A sweep that waited longer than two periods is stale: drop it, a fresh one follows.
     sender.add_periodic_task(
         settings.KERNEL_SWEEP_SECONDS,
-        sender.signature("controlplane.sweep"),
+        sender.signature(SWEEP),
         name="sweep",
         expires=2 * settings.KERNEL_SWEEP_SECONDS,
     )

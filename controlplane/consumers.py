@@ -60,11 +60,10 @@ from channels.generic.websocket import AsyncWebsocketConsumer
 from channels.security.websocket import AllowedHostsOriginValidator
 from django.conf import settings
 from django.urls import path, re_path
-from django.utils import timezone
 
-from controlplane import feed_subscribers
-from controlplane.api.auth import OPERATOR, digest, role_of
-from controlplane.api.feed import (
+from controlplane import access, feed_subscribers
+from controlplane.notify import GLOBAL_GROUP, hint_hub, session_group
+from controlplane.reads.feed import (
     FRAME_COLUMNS,
     MAX_CURSOR,
     frame,
@@ -72,8 +71,7 @@ from controlplane.api.feed import (
     session_frames,
     settled_global,
 )
-from controlplane.models import ApiToken
-from controlplane.notify import GLOBAL_GROUP, hint_hub, session_group
+from controlplane.ui.live import GLOBAL_PAGES, SESSION_PAGE
 
 log = logging.getLogger(__name__)
 
@@ -150,15 +148,8 @@ shared_reads = SharedReads()
 
 def _token_user(key: str) -> Any:
     """The active user with a role that this API token belongs to, or None."""
-    found = ApiToken.objects.select_related("user").filter(digest=digest(key)).first()
-    if found is None or not found.user.is_active or role_of(found.user) is None:
-        return None
-    ApiToken.objects.filter(pk=found.pk).update(last_used_at=timezone.now())
-    return found.user
-
-
-def _has_role(user: Any) -> bool:
-    return role_of(user) is not None
+    user = access.token_user(key)
+    return user if access.may_read(user) else None
 
 
 def _commits_frame(texts: list[str]) -> str:
@@ -211,7 +202,7 @@ class FeedConsumer(AsyncWebsocketConsumer):
         query = parse_qs(self.scope.get("query_string", b"").decode("latin-1"))
         self.batched = query.get("batch", ["0"])[-1] in ("1", "true")
         user = self.scope.get("user")
-        if user is not None and await database_sync_to_async(_has_role)(user):
+        if user is not None and await database_sync_to_async(access.may_read)(user):
             self.user = user
         elif "token" in query and not await self.authenticate(query["token"][-1]):
             return
@@ -449,16 +440,10 @@ class PageMode:
     can_act: bool = False
 
     async def page_role(self) -> None:
-        self.can_act = await database_sync_to_async(_is_operator)(self.user)
+        self.can_act = await database_sync_to_async(access.may_act)(self.user)
 
     def heartbeat_frame(self) -> str:
-        from controlplane.ui.fragments import heartbeat
-
-        return heartbeat(self.last or 0)
-
-
-def _is_operator(user: Any) -> bool:
-    return role_of(user) == OPERATOR
+        return SESSION_PAGE.heartbeat(self.last or 0)
 
 
 class SessionPageConsumer(PageMode, SessionFeedConsumer):
@@ -483,53 +468,49 @@ class SessionPageConsumer(PageMode, SessionFeedConsumer):
             await self.send_shown_previews()
 
     async def send_shown_previews(self) -> None:
-        from controlplane.ui.fragments import previews
-
         with suppress(Exception):  # the socket may be closing: a preview may be lost
-            await self.send(text_data=previews(list(self.previews.values())))
+            await self.send(text_data=SESSION_PAGE.previews(list(self.previews.values())))
 
     async def read(self, after: int, limit: int) -> Rows:
-        from controlplane.ui.fragments import session_update
-
         session_id, can_act = self.session_id, self.can_act
 
         async def query() -> Rows:
-            found = await database_sync_to_async(session_update)(session_id, after, can_act)
+            found = await database_sync_to_async(SESSION_PAGE.update)(session_id, after, can_act)
             return [found] if found is not None else []
 
         return await shared_reads.read(("session-page", session_id, after, can_act), query)
 
 
 class GlobalPageConsumer(PageMode, GlobalFeedConsumer):
-    """``ws/ui/<page>/`` (``overview``, ``attention``): pages over every session, by
-    commit id; any commit re-renders the page's live parts."""
+    """``ws/ui/<page>/`` (a :data:`~controlplane.ui.live.GLOBAL_PAGES` name): a page over
+    every session, by commit id; any commit re-renders the page's live parts."""
 
     async def subscribe(self) -> bool:
         await self.page_role()
         return await super().subscribe()
 
     def heartbeat_frame(self) -> str:
-        from controlplane.ui.fragments import global_heartbeat
+        return GLOBAL_PAGES[self.page_name].heartbeat(self.last or 0)
 
-        return global_heartbeat(self.last or 0)
+    @property
+    def page_name(self) -> str:
+        return str(self.scope["url_route"]["kwargs"]["page"])
 
     async def read(self, after: int, limit: int) -> Rows:
-        from controlplane.ui.fragments import global_update
-
-        page, can_act = str(self.scope["url_route"]["kwargs"]["page"]), self.can_act
-        # The overview's filter, as its page was opened: live updates keep to it.
+        page, can_act = GLOBAL_PAGES[self.page_name], self.can_act
+        # The page's parameters as it was opened (the overview's filter): updates keep to it.
         asked = parse_qs(self.scope.get("query_string", b"").decode("latin-1"))
-        search, status = asked.get("q", [""])[-1][:200], asked.get("status", [""])[-1][:40]
+        params = {name: asked.get(name, [""])[-1][:200] for name in page.params}
 
         async def query() -> Rows:
             rows = await settled_global(after, limit, select="c.id", run=database_sync_to_async)
             if not rows:
                 return []
             upto = int(rows[-1][0])
-            html = await database_sync_to_async(global_update)(page, upto, can_act, search, status)
+            html = await database_sync_to_async(page.update)(upto, can_act, **params)
             return [(upto, html)]
 
-        key = ("page", page, after, can_act, search, status)
+        key = ("page", page.name, after, can_act, *params.values())
         return await shared_reads.read(key, query)
 
 
@@ -537,7 +518,7 @@ websocket_urlpatterns = [
     path("ws/sessions/<str:session_id>/feed/", SessionFeedConsumer.as_asgi()),
     path("ws/feed/", GlobalFeedConsumer.as_asgi()),
     path("ws/ui/sessions/<str:session_id>/", SessionPageConsumer.as_asgi()),
-    re_path(r"^ws/ui/(?P<page>overview|attention)/$", GlobalPageConsumer.as_asgi()),
+    re_path(rf"^ws/ui/(?P<page>{'|'.join(GLOBAL_PAGES)})/$", GlobalPageConsumer.as_asgi()),
 ]
 
 

@@ -2,8 +2,11 @@
 
 OpenAPI at ``/api/openapi.json``, docs at ``/api/docs``. Every endpoint needs an
 authenticated viewer or operator; actions need an operator (see :mod:`.auth`).
-Kernel refusals become 409 (the state does not allow it) or 404 (no such record);
-bad input is 422 naming the field, and changes nothing.
+Routers are thin: reads come from :mod:`controlplane.reads`, changes from
+:mod:`controlplane.commands`, and their domain errors become HTTP answers here, in one
+place (:func:`controlplane.errors.http_status`): 403 for a role that does not allow it,
+404 for no such record, 409 when the state does not allow it, 422 for bad input (naming
+the field; nothing changed).
 """
 
 from __future__ import annotations
@@ -13,7 +16,8 @@ from typing import Any
 from django.http import HttpRequest, HttpResponse
 from ninja import NinjaAPI
 
-from kernel import CommitRejected, UnknownRecord
+from controlplane.errors import ControlPlaneError, http_status
+from kernel import CommitRejected
 
 from . import actions, feed, sessions, tasks
 from .auth import AUTH
@@ -62,11 +66,11 @@ api.add_router("/", actions.router)
 api.add_router("/", feed.router)
 
 
-@api.exception_handler(UnknownRecord)
-def unknown_record(request: HttpRequest, exc: UnknownRecord) -> HttpResponse:
-    return api.create_response(request, {"detail": str(exc)}, status=404)
+def domain_error(request: HttpRequest, exc: Any) -> HttpResponse:
+    status = http_status(exc)
+    assert status is not None, exc
+    return api.create_response(request, {"detail": str(exc)}, status=status)
 
 
-@api.exception_handler(CommitRejected)
-def commit_rejected(request: HttpRequest, exc: CommitRejected) -> HttpResponse:
-    return api.create_response(request, {"detail": str(exc)}, status=409)
+api.add_exception_handler(ControlPlaneError, domain_error)
+api.add_exception_handler(CommitRejected, domain_error)  # UnknownRecord among them: 404

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Literal
+from typing import Any
 
 from ninja import Field, Schema
 from pydantic import model_validator
 
+from controlplane.commands import BulkAction
+from kernel import Outcome, Status
 from kernel.agent import WhenBusy
 
 JSON = Any
@@ -93,6 +95,13 @@ class DocumentOut(Schema):
     value: JSON
 
 
+class DecisionOut(Schema):
+    name: str = Field(..., description="what `resolve` sends as `decision`")
+    label: str
+    may_repeat: str | None = Field(None, description="what may happen twice if it is wrong")
+    description: str = ""
+
+
 class TaskOut(Schema):
     id: str
     session_id: str
@@ -115,6 +124,10 @@ class TaskOut(Schema):
     created_seq: int
     updated_seq: int
     blocked: str | None = Field(None, description="why no registered definition can run it")
+    shown_status: str = Field(..., description="its status, or once terminal its outcome")
+    decisions: list[DecisionOut] = Field(
+        default_factory=list, description="what an operator may answer it now (`resolve`)"
+    )
 
 
 class TaskNode(Schema):
@@ -155,7 +168,10 @@ class ActionIn(Input):
 
 
 class ResolveIn(ActionIn):
-    decision: Literal["sent", "not_sent_send_again", "give_up"]
+    decision: str = Field(
+        ..., min_length=1, max_length=100,
+        description="one of the task's `decisions` (what its definition offers an operator)",
+    )
     receipt: dict[str, Any] | None = Field(None, description="with `sent`: what proves it")
 
 
@@ -171,12 +187,12 @@ class ActionOut(Schema):
     )
 
 
-StatusName = Literal["pending", "running", "waiting", "sleeping", "completing", "terminal"]
-OutcomeName = Literal["succeeded", "failed", "cancelled", "faulted"]
+StatusName = Status
+OutcomeName = Outcome
 
 
 class BulkFilter(Input):
-    action: Literal["cancel", "retry"]
+    action: BulkAction
     session_id: str | None = None
     kind: str | None = None
     status: StatusName | None = None

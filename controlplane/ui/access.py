@@ -1,4 +1,4 @@
-"""Who may see the dashboard and who may act in it: the API's roles (viewer, operator)."""
+"""Who may see the dashboard and who may act in it: the roles of :mod:`controlplane.access`."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any
 from django.contrib.auth.decorators import login_required
 from django.http import HttpRequest, HttpResponse, HttpResponseForbidden
 
-from controlplane.api.auth import OPERATOR, role_of
+from controlplane import access
 
 View = Callable[..., HttpResponse]
 
@@ -20,7 +20,7 @@ def viewer_required(view: View) -> View:
 
     @wraps(view)
     def checked(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
-        if role_of(request.user) is None:
+        if not access.may_read(request.user):
             return HttpResponseForbidden("this account has no role: ask for viewer or operator")
         return view(request, *args, **kwargs)
 
@@ -29,7 +29,7 @@ def viewer_required(view: View) -> View:
 
 def may_act(request: HttpRequest) -> bool:
     """Whether the page shows action buttons; the action views check again on POST."""
-    return role_of(request.user) == OPERATOR
+    return access.may_act(request.user)
 
 
 def role(request: HttpRequest) -> dict[str, Any]:

@@ -2,19 +2,19 @@
 
 from django.urls import path, re_path
 
-from . import attention, sessions, tasks, workers
+from . import actions, sessions, tasks, workers
+from .live import GLOBAL_PAGES, global_view
 
 urlpatterns = [
-    path("", sessions.overview, name="overview"),
+    *(path(page.path, global_view(page), name=name) for name, page in GLOBAL_PAGES.items()),
     path("sessions/<str:session_id>/", sessions.session, name="session"),
     path("sessions/<str:session_id>/tasks/<str:task_id>/children", sessions.children,
          name="children"),
     path("tasks/<str:task_id>/", tasks.task, name="task"),
-    re_path(r"^tasks/(?P<target>[^/]+)/(?P<action>cancel|retry|resolve)$", attention.act,
+    re_path(r"^tasks/(?P<target>[^/]+)/(?P<action>cancel|retry|resolve)$", actions.act,
             name="act"),
-    re_path(r"^submissions/(?P<target>[^/]+)/(?P<action>resubmit)$", attention.act,
+    re_path(r"^submissions/(?P<target>[^/]+)/(?P<action>resubmit)$", actions.act,
             name="act_on_submission"),
-    path("attention/", attention.attention, name="attention"),
-    path("attention/retry-failed", attention.retry_failed, name="retry_failed"),
+    path("attention/retry-failed", actions.retry_failed, name="retry_failed"),
     path("workers/", workers.workers, name="workers"),
 ]

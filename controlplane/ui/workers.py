@@ -1,4 +1,4 @@
-"""The workers page: who holds which leases, and their last heartbeat (the API's read).
+"""The workers page: who holds which leases, and their last heartbeat.
 
 Claims and heartbeats are not commits, so no feed announces them: the page asks again
 every few seconds instead (an htmx poll of the table alone, ``?part=table``).
@@ -9,7 +9,7 @@ from __future__ import annotations
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 
-from controlplane.api.tasks import workers as lease_holders
+from controlplane.reads.workers import lease_holders
 
 from .access import viewer_required
 

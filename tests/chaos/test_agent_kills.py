@@ -14,7 +14,7 @@ import pytest
 from django.contrib.auth.models import Group, User
 from django.test import Client
 
-from controlplane.execution import runtime
+from controlplane.runtime import runtime
 from kernel import Status, SubmissionStatus, Task
 from tests.model_stand_in import Completion, ModelStandIn, by_round, tool_outputs
 

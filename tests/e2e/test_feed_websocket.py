@@ -24,9 +24,9 @@ from django.db import connection
 from django.test import Client
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
-from controlplane.api.auth import issue_token
-from controlplane.execution import runtime
+from controlplane.access import issue_token
 from controlplane.notify import session_group
+from controlplane.runtime import runtime
 from kernel import Draft, Preview, SessionHandle
 from tests.chaos.harness import redis_db, wait_for
 

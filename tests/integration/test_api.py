@@ -10,9 +10,9 @@ import pytest
 from django.contrib.auth.models import Group, User
 from django.test import Client
 
-from controlplane.api.auth import issue_token
-from controlplane.execution import runtime
-from kernel import Draft, Kernel, Registry, Run, Scheduler, Status, Transition
+from controlplane.access import issue_token
+from controlplane.runtime import runtime
+from kernel import Decision, Draft, Kernel, Registry, Run, Scheduler, Status, Transition
 from kernel.commit import operations_log_id
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -29,6 +29,8 @@ def kernel(monkeypatch: pytest.MonkeyPatch) -> Iterator[Kernel]:
         @registry.task("api-step")
         class Step:
             initial = "go"
+            decisions = (Decision("sent", "It was done", "sent"),
+                         Decision("give_up", "Give up", "give_up"))
 
             def go(self, run: Run) -> Transition:
                 if run.input.get("fail"):

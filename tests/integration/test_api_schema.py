@@ -20,8 +20,8 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
-from controlplane.api.auth import issue_token
-from controlplane.execution import runtime
+from controlplane.access import issue_token
+from controlplane.runtime import runtime
 from controlplane.wsgi import application
 
 schema = schemathesis.openapi.from_wsgi("/api/openapi.json", application)

@@ -8,13 +8,13 @@ from datetime import UTC, datetime
 import pytest
 
 from benchmarks.ui import HEADING, Browser, Result, measure_render, render, seed_session
-from controlplane.ui import snapshots
+from controlplane.reads import tasks
 
 
 @pytest.mark.django_db(transaction=True)
 def test_seed_render_and_report() -> None:
     session_id, root = seed_session(120)
-    assert snapshots.child_counts(session_id, [root])[root] == {
+    assert tasks.child_counts(session_id, [root])[root] == {
         "succeeded": 23, "running": 24, "pending": 24, "waiting": 24, "sleeping": 24}
     stats = measure_render(session_id, runs=3, warmup=1)
     assert stats.count == 3 and stats.p50 > 0

@@ -15,9 +15,9 @@ from django.contrib.auth.models import Group, User
 from django.db import connection
 from django.test import Client
 
-from controlplane.api import feed
-from controlplane.api.auth import issue_token
-from controlplane.execution import runtime
+from controlplane.access import issue_token
+from controlplane.reads import feed
+from controlplane.runtime import runtime
 from kernel import Draft, SessionHandle
 
 pytestmark = pytest.mark.django_db(transaction=True)

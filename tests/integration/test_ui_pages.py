@@ -15,9 +15,9 @@ from django.test import Client
 from django.utils import timezone
 
 from controlplane import models
-from controlplane.execution import runtime
-from controlplane.ui.fragments import global_update, session_update
-from kernel import Draft, Scheduler, Status, agent
+from controlplane.runtime import runtime
+from controlplane.ui.live import GLOBAL_PAGES, SESSION_PAGE
+from kernel import Decision, Draft, Scheduler, Status, agent
 
 pytestmark = pytest.mark.django_db(transaction=True)
 EVIL = "<script>window.__pwned = 1</script>"
@@ -98,8 +98,8 @@ def test_a_cancelled_running_task_shows_it_waits_for_its_phase() -> None:
 def test_live_fragments_are_tagged_and_only_when_something_changed() -> None:
     session_id, task_id = batch()
     head = runtime().kernel.storage.session(session_id).head_seq
-    assert session_update(session_id, head, True) is None
-    seq, html = session_update(session_id, 0, True)
+    assert SESSION_PAGE.update(session_id, head, True) is None
+    seq, html = SESSION_PAGE.update(session_id, 0, True)
     assert seq == head
     tags = set(re.findall(r'data-seq="(\d+)"', html))
     assert tags == {str(head)}
@@ -173,9 +173,9 @@ def test_the_overview_keeps_its_filter_when_it_updates_live() -> None:
     page = login("viewer").get(f"/?q={kept[-12:]}&status=pending").content.decode()
     assert f"/ws/ui/overview/?q={kept[-12:]}&amp;status=pending" in page
     assert kept in page and other not in page
-    live = global_update("overview", 0, False, kept[-12:], "pending")
+    live = GLOBAL_PAGES["overview"].update(0, False, q=kept[-12:], status="pending")
     assert kept in live and other not in live
-    assert other in global_update("overview", 0, False, "", "no-such-status")
+    assert other in GLOBAL_PAGES["overview"].update(0, False, q="", status="no-such-status")
 
 
 def test_an_operator_retries_every_failed_task_at_the_count_the_page_showed() -> None:
@@ -206,3 +206,49 @@ def test_an_operator_retries_every_failed_task_at_the_count_the_page_showed() ->
                          HTTP_X_CSRFTOKEN=token, HTTP_HX_REQUEST="true")
     assert done.status_code == 200 and b"retry: 2 of 2 done" in done.content
     assert {kernel.task(t).status for t in failing} == {Status.PENDING}
+
+
+def test_a_new_task_kind_brings_its_own_decisions_to_the_form_and_the_api() -> None:
+    """Decisions are the task definition's: a kind registered here, and nothing changed
+    in the API or the templates, gets its answers in the resolve form and the API."""
+    registry = runtime().kernel.registry
+    if "approve-refund" not in registry.kinds():
+
+        @registry.task("approve-refund")
+        class ApproveRefund:
+            initial = "ask"
+            decisions = (
+                Decision("approve", "Approve the refund", "yes",
+                         may_repeat="the refund is paid"),
+                Decision("deny", "Deny it", "no"),
+            )
+
+            def ask(self, run):
+                return run.wait_for("approval", then="end")
+
+            def end(self, run):
+                return run.succeed(run.signal("approval")["decision"])
+
+    kernel = runtime().kernel
+    handle = kernel.create_session(metadata={"title": "refunds"})
+    draft = Draft(actor="user:test")
+    task_id = draft.create_task("approve-refund", {})
+    handle.commit(draft)
+    Scheduler(kernel).run_until_idle()
+    operator = login("operator")
+    page = operator.get("/attention/").content.decode()
+    assert 'value="approve"' in page and "Approve the refund" in page
+    assert "the refund is paid" in page and "It was sent" not in page
+    answer = operator.get(f"/api/tasks/{task_id}").json()
+    assert [d["name"] for d in answer["decisions"]] == ["approve", "deny"]
+    token = operator.cookies["csrftoken"].value
+    refused = operator.post(f"/tasks/{task_id}/resolve", {"reason": "ok", "decision": "sent",
+                                                          "action_id": "r0"},
+                            HTTP_X_CSRFTOKEN=token, HTTP_HX_REQUEST="true")
+    assert refused.status_code == 422 and b"approve" in refused.content
+    done = operator.post(f"/tasks/{task_id}/resolve", {"reason": "ok", "decision": "deny",
+                                                       "action_id": "r1"},
+                         HTTP_X_CSRFTOKEN=token, HTTP_HX_REQUEST="true")
+    assert done.status_code == 200, done.content
+    Scheduler(kernel).run_until_idle()
+    assert kernel.task(task_id).outcome["result"] == "no"

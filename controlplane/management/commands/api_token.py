@@ -5,7 +5,7 @@ from __future__ import annotations
 from django.contrib.auth.models import User
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from controlplane.api.auth import issue_token, role_of
+from controlplane.access import issue_token, role_of
 
 
 class Command(BaseCommand):

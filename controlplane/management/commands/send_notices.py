@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from controlplane.execution import runtime
-from kernel import Draft
+from controlplane import commands
+from kernel import UnknownRecord
 
 
 class Command(BaseCommand):
@@ -24,21 +24,19 @@ class Command(BaseCommand):
         bad = [r for r in recipients if "@" not in r]
         if bad:
             raise CommandError(f"not email addresses: {', '.join(bad)}")
-        kernel = runtime().kernel
-        handle = (
-            kernel.open(str(options["session"]))
-            if options["session"]
-            else kernel.create_session(metadata={"title": f"notices to {len(recipients)}"})
-        )
-        draft = Draft(actor=str(options["actor"]))
-        task_id = draft.create_task(
-            "send-batch",
-            {
-                "recipients": recipients,
-                "subject": options["subject"],
-                "body": options["body"],
-                "channel": options["channel"],
-            },
-        )
-        handle.commit(draft)
-        self.stdout.write(f"session {handle.id}\ntask {task_id}")
+        try:
+            session_id, task_id = commands.start_task(
+                str(options["actor"]),
+                "send-batch",
+                {
+                    "recipients": recipients,
+                    "subject": options["subject"],
+                    "body": options["body"],
+                    "channel": options["channel"],
+                },
+                str(options["session"]) if options["session"] else None,
+                title=f"notices to {len(recipients)}",
+            )
+        except UnknownRecord as exc:
+            raise CommandError(str(exc)) from exc
+        self.stdout.write(f"session {session_id}\ntask {task_id}")

@@ -1,0 +1,369 @@
+"""The control plane's commands: everything an operator or a program changes.
+
+Each command checks the caller's role, checks that the records allow it, and makes one
+durable commit naming who acted and why (an operator action is also an entry in the
+session's operations log). They raise domain errors (:mod:`controlplane.errors`, or
+the kernel's ``UnknownRecord`` / ``CommitRejected``), never web types: the API, the
+pages and the management commands are thin callers that translate them at their edge.
+
+Operator actions carry a client-chosen ``action_id`` that becomes the commit's
+idempotency key, so a retried request (a double click, a timeout) does nothing new and
+answers with the commit that did it (``replayed``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from django.contrib.auth.models import User
+
+from controlplane.access import actor, require_operator
+from controlplane.errors import Conflict, Invalid
+from controlplane.reads import sessions as session_reads
+from controlplane.reads import tasks as task_reads
+from controlplane.reads.tasks import TaskFilter
+from controlplane.runtime import runtime
+from kernel import (
+    Blocked,
+    CommitRejected,
+    Decision,
+    Draft,
+    DuplicateCommit,
+    Status,
+    Task,
+    UnknownRecord,
+    agent,
+)
+from kernel.agent import Submitted
+from kernel.records import Conversation, SessionRecord
+
+MAX_BULK = 1000
+
+
+@dataclass(frozen=True)
+class ActionResult:
+    """What an operator action did: the commit that recorded it, and what may run again."""
+
+    action_id: str
+    action: str
+    target: str
+    session_id: str
+    seq: int
+    replayed: bool
+    may_repeat: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class BulkItem:
+    task_id: str
+    ok: bool
+    detail: str
+    seq: int | None = None
+
+
+@dataclass(frozen=True)
+class BulkResult:
+    action_id: str
+    count: int
+    results: list[BulkItem]
+
+
+# -- how an action is committed ------------------------------------------------------------
+
+
+def _record(draft: Draft, user: User, key: str, action: str, target: str, reason: str) -> None:
+    """The action's entry in the session's operations log: what, on what, who and why."""
+    draft.record_operation(
+        action, {"target": target, "reason": reason, "by": actor(user), "action_id": key}
+    )
+
+
+def _commit(
+    user: User,
+    session_id: str,
+    key: str,
+    action: str,
+    target: str,
+    reason: str,
+    build: Callable[[Draft], None],
+) -> tuple[int, bool]:
+    """Commit one action; return its seq and whether it had been done already."""
+    draft = Draft(actor=actor(user), key=key)
+    build(draft)
+    _record(draft, user, key, action, target, reason)
+    try:
+        written = runtime().kernel.open(session_id).commit(draft)
+    except DuplicateCommit as exc:
+        return exc.existing.seq, True
+    return written.commit.seq, False
+
+
+def _act(
+    user: User,
+    action_id: str,
+    reason: str,
+    action: str,
+    task: Task,
+    build: Callable[[Draft], None],
+    may_repeat: list[str] | None = None,
+) -> ActionResult:
+    seq, replayed = _commit(user, task.session_id, action_id, action, task.id, reason, build)
+    return ActionResult(action_id, action, task.id, task.session_id, seq, replayed,
+                        may_repeat or [])
+
+
+def _already_done(task: Task, action_id: str) -> bool:
+    """A repeated action id answers with the original commit whatever the state now."""
+    return session_reads.committed(task.session_id, action_id)
+
+
+def _refuse_unless(condition: bool, message: str) -> None:
+    if not condition:
+        raise Conflict(message)
+
+
+# -- actions on one task ----------------------------------------------------------------
+
+
+def cancel_task(user: User, task_id: str, action_id: str, reason: str) -> ActionResult:
+    """Cancel a task and its owned subtasks: the running phase cannot commit any more, each
+    cancel handler commits its wrap-up, then the tree ends ``cancelled``."""
+    require_operator(user)
+    task = task_reads.record(task_id)
+    if not _already_done(task, action_id):
+        _refuse_unless(not task.terminal, f"task {task_id} already ended {task.outcome}")
+    return _act(user, action_id, reason, "cancel", task, lambda d: d.cancel(task_id, reason))
+
+
+def retry_task(user: User, task_id: str, action_id: str, reason: str) -> ActionResult:
+    """Run a failed task again from its last saved phase."""
+    require_operator(user)
+    task = task_reads.record(task_id)
+    repeat = [
+        f"phase {task.phase!r} of {task.kind} runs again from its beginning: external calls it "
+        "makes before its next commit may happen again"
+    ]
+    return _act(user, action_id, reason, "retry", task, lambda d: d.retry(task_id), repeat)
+
+
+def resolve_task(
+    user: User,
+    task_id: str,
+    action_id: str,
+    reason: str,
+    decision: str,
+    receipt: dict[str, Any] | None = None,
+) -> ActionResult:
+    """Decide an uncertain operation with one of the decisions its task's definition
+    declares (:class:`kernel.registry.Decision`): the task finds the decision's value in
+    the signal it waits on."""
+    require_operator(user)
+    task = task_reads.record(task_id)
+    offered = {d.name: d for d in _declared_decisions(task)}
+    chosen = offered.get(decision)
+    if chosen is None:
+        raise Invalid(f"decision: one of {sorted(offered)}" if offered else
+                      f"decision: task {task_id} ({task.kind}) offers no decisions")
+    signal = (task.wait or {}).get("signal")
+    if not _already_done(task, action_id):
+        _refuse_unless(
+            task.status is Status.WAITING and signal is not None,
+            f"task {task_id} is not waiting for a resolution (it is {task.status})",
+        )
+    payload: dict[str, Any] = {"decision": chosen.value, "by": actor(user), "reason": reason}
+    if receipt is not None:
+        payload["receipt"] = receipt
+    return _act(
+        user,
+        action_id,
+        reason,
+        f"resolve:{decision}",
+        task,
+        lambda d: d.signal(task_id, signal or "", payload),
+        [chosen.may_repeat] if chosen.may_repeat else [],
+    )
+
+
+def _declared_decisions(task: Task) -> tuple[Decision, ...]:
+    """What the task's definition lets an operator answer (whatever its state now: a
+    repeated action finds the task moved on)."""
+    resolved = runtime().kernel.registry.resolve(task)
+    return () if isinstance(resolved, Blocked) else resolved.definition.decisions
+
+
+def wake_task(user: User, task_id: str, action_id: str, reason: str) -> ActionResult:
+    """End a sleep early: the task runs its next phase now."""
+    require_operator(user)
+    task = task_reads.record(task_id)
+    if not _already_done(task, action_id):
+        _refuse_unless(task.status is Status.SLEEPING, f"task {task_id} is {task.status}")
+    return _act(user, action_id, reason, "wake", task, lambda d: d.wake(task_id))
+
+
+# -- many tasks at once --------------------------------------------------------------------
+
+
+def bulk_preview(user: User, found: TaskFilter) -> list[str]:
+    """The tasks a bulk action with this filter would touch: shown, then confirmed."""
+    require_operator(user)
+    ids = task_reads.ids(found, MAX_BULK + 1)
+    if len(ids) > MAX_BULK:
+        raise Invalid(f"more than {MAX_BULK} tasks match: narrow the filter")
+    return ids
+
+
+class BulkAction(StrEnum):
+    CANCEL = "cancel"
+    RETRY = "retry"
+
+
+
+def bulk_act(
+    user: User,
+    action: str,
+    found: TaskFilter,
+    action_id: str,
+    reason: str,
+    expected_count: int | None,
+) -> BulkResult:
+    """Cancel or retry every task matching the filter, one commit per task, a result each.
+
+    ``expected_count`` must equal what the preview showed: if the set changed since,
+    nothing is done (Conflict) and the operator looks again.
+    """
+    if action not in tuple(BulkAction):
+        raise Invalid(f"action: one of {[str(a) for a in BulkAction]}")
+    ids = bulk_preview(user, found)
+    if expected_count is not None and expected_count != len(ids):
+        raise Conflict(f"{len(ids)} tasks match now, not {expected_count}: preview again")
+    results = []
+    for task_id in ids:
+        task = task_reads.record(task_id)
+        if action == "cancel" and task.terminal:
+            results.append(BulkItem(task_id, False, "already ended"))
+            continue
+        build = (
+            (lambda d, t=task_id: d.cancel(t, reason))
+            if action == "cancel"
+            else (lambda d, t=task_id: d.retry(t))
+        )
+        try:
+            seq, replayed = _commit(
+                user, task.session_id, f"{action_id}:{task_id}", action, task_id, reason, build
+            )
+        except CommitRejected as exc:
+            results.append(BulkItem(task_id, False, str(exc)))
+            continue
+        detail = "already done by this action id" if replayed else action
+        results.append(BulkItem(task_id, True, detail, seq))
+    return BulkResult(action_id, len(ids), results)
+
+
+# -- sessions, conversations, submissions ----------------------------------------------------
+
+
+def create_session(user: User, metadata: dict[str, Any]) -> SessionRecord:
+    require_operator(user)
+    kernel = runtime().kernel
+    handle = kernel.create_session(metadata=metadata)
+    created = kernel.storage.session(handle.id)
+    assert created is not None
+    return created
+
+
+def start_task(
+    actor_name: str, kind: str, input: Any, session_id: str | None, title: str = ""
+) -> tuple[str, str]:
+    """Start a task of ``kind`` in a session (a new one titled ``title`` unless given):
+    ``(session_id, task_id)``. For trusted callers (a shell), who name themselves."""
+    kernel = runtime().kernel
+    if session_id is not None and kernel.storage.session(session_id) is None:
+        raise UnknownRecord(f"no session {session_id}")
+    handle = (
+        kernel.open(session_id) if session_id
+        else kernel.create_session(metadata={"title": title})
+    )
+    draft = Draft(actor=actor_name)
+    task_id = draft.create_task(kind, input)
+    handle.commit(draft)
+    return handle.id, task_id
+
+
+def create_conversation(
+    user: User, session_id: str, fork_of: str | None, fork_entry_id: str | None
+) -> Conversation:
+    require_operator(user)
+    kernel = runtime().kernel
+    if kernel.storage.session(session_id) is None:
+        raise UnknownRecord(f"no session {session_id}")
+    draft = Draft(actor=actor(user))
+    try:
+        conversation_id = draft.create_conversation(fork_of=fork_of, fork_entry_id=fork_entry_id)
+    except ValueError as exc:
+        raise Invalid(str(exc)) from exc
+    kernel.open(session_id).commit(draft)
+    created = kernel.storage.conversation(conversation_id)
+    assert created is not None
+    return created
+
+
+def submit(
+    user: User,
+    session_id: str,
+    conversation_id: str,
+    input: Any,
+    request_id: str,
+    when_busy: agent.WhenBusy,
+) -> Submitted:
+    """Accept input for a conversation once per ``request_id`` (a repeat returns the
+    original); an idle conversation starts a turn, a busy one does what ``when_busy``
+    says, ``reject`` refusing with Conflict and writing nothing."""
+    require_operator(user)
+    kernel = runtime().kernel
+    if kernel.storage.session(session_id) is None:
+        raise UnknownRecord(f"no session {session_id}")
+    try:
+        submitted = agent.submit(
+            kernel.open(session_id), conversation_id, input, request_id, when_busy,
+            actor=actor(user),
+        )
+    except ValueError as exc:
+        raise Invalid(f"input: {exc}") from exc
+    if submitted.outcome == "rejected":
+        raise Conflict(
+            f"{submitted.reason}; when_busy is reject, so nothing was written "
+            "(steer or follow_up would add the input to it)"
+        )
+    return submitted
+
+
+def resubmit(user: User, submission_id: str, action_id: str, reason: str) -> ActionResult:
+    """Submit the same input again as a new submission linked to the original, as any
+    submission: it starts a turn, or follows the one the conversation is busy with."""
+    require_operator(user)
+    kernel = runtime().kernel
+    original = kernel.storage.submission(submission_id)
+    if original is None:
+        raise UnknownRecord(f"no submission {submission_id}")
+    try:
+        submitted = agent.submit(
+            kernel.open(original.session_id),
+            original.conversation_id,
+            original.input,
+            action_id,
+            agent.WhenBusy.FOLLOW_UP,
+            actor=actor(user),
+            resubmit_of=original.id,
+            also=lambda draft: _record(draft, user, action_id, "resubmit", submission_id, reason),
+        )
+    except ValueError as exc:
+        raise Invalid(f"the original submission cannot run again: {exc}") from exc
+    assert submitted.submission is not None
+    return ActionResult(
+        action_id, "resubmit", submission_id, original.session_id,
+        submitted.submission.created_seq, submitted.outcome == "duplicate",
+        ["the whole request runs again: its model and tool calls may repeat"],
+    )

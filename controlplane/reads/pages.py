@@ -1,0 +1,313 @@
+"""What the dashboard's pages show, each read inside one :func:`~.snapshot.snapshot`.
+
+Every read of a page (the first render, a page of children, a live update) runs in one
+``REPEATABLE READ`` transaction that also reads the session's ``head_seq`` (or the
+highest commit id), so that the ``data-seq`` a fragment carries is exactly the state it
+shows: a fragment tagged N shows every commit up to N and none after. The browser drops
+a fragment older than what it shows (see ``static/ui.js``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from controlplane import models
+from controlplane.notices.tasks import PLAN
+from controlplane.runtime import runtime
+from controlplane.storage.schema import SESSION
+from kernel import Status
+from kernel.agent import turn
+from kernel.commit import operations_log_id
+from kernel.records import SHOWN_STATUSES, Entry, SessionRecord, Submission
+
+from . import sessions as session_reads
+from . import tasks
+from .snapshot import rows as sql_rows
+from .tasks import TaskFilter, TaskView
+
+CHILD_PAGE = 50
+"""Children per page of a collapsed group (an htmx GET loads the next)."""
+EXPAND_UP_TO = 50
+"""A parent with at most this many children shows them at once, and live; a bigger one
+shows its counts and loads its children by page."""
+ROOT_PAGE = 200
+ENTRY_TAIL = 200
+"""The transcript shows the last entries of each conversation."""
+PROGRESS = turn.PROGRESS  # the agent turn streams its text into these documents
+MAX_CHANGED_ROWS = 500
+"""Changed task rows re-rendered in one live update; past this an update re-renders the
+counts and the shown groups only (collapsed groups are counts anyway)."""
+SESSIONS_SHOWN = 100
+ATTENTION_ROWS = 500
+BLOCKED_SCAN = 2000
+
+
+def head_seq(session_id: str) -> int | None:
+    found = sql_rows("SELECT head_seq FROM kernel_session WHERE id = %s", [session_id])
+    return int(found[0][0]) if found else None
+
+
+def last_commit_id() -> int:
+    return int(sql_rows("SELECT coalesce(max(id), 0) FROM kernel_commit")[0][0])
+
+
+# -- the task tree ---------------------------------------------------------------------------
+
+
+@dataclass
+class Node:
+    """A task row in the tree, with its children collapsed (counts) or shown (a page)."""
+
+    task: TaskView
+    counts: list[tuple[str, int]] = field(default_factory=list)
+    total: int = 0
+    children: list[Node] | None = None
+    next_page: int | None = None
+
+    @property
+    def id(self) -> str:
+        return self.task.id
+
+
+def nodes(session_id: str, found: list[TaskView], depth: int = 0) -> list[Node]:
+    """Tasks as tree nodes; small groups of children are shown (two levels at most)."""
+    counts = tasks.child_counts(session_id, [t.id for t in found])
+    made = []
+    for task in found:
+        mine = counts.get(task.id, {})
+        node = Node(task, tasks.ordered(mine), sum(mine.values()))
+        if node.total and node.total <= EXPAND_UP_TO and depth < 2:
+            children = tasks.find(TaskFilter(session_id=session_id, parent_id=task.id),
+                                  limit=EXPAND_UP_TO)
+            node.children = nodes(session_id, children, depth + 1)
+        made.append(node)
+    return made
+
+
+def roots(session_id: str) -> list[Node]:
+    found = tasks.find(TaskFilter(session_id=session_id, parent_id="root"), limit=ROOT_PAGE)
+    return nodes(session_id, found)
+
+
+def children_page(session_id: str, parent_id: str, page: int) -> tuple[list[Node], int | None]:
+    """One page of a parent's children (1-based) and the number of the next, if any."""
+    start = (page - 1) * CHILD_PAGE
+    found = tasks.find(TaskFilter(session_id=session_id, parent_id=parent_id), start,
+                       CHILD_PAGE + 1)
+    more = len(found) > CHILD_PAGE
+    return nodes(session_id, found[:CHILD_PAGE], depth=2), page + 1 if more else None
+
+
+# -- the session's other records ---------------------------------------------------------------
+
+
+def plans(session_id: str) -> list[dict[str, Any]]:
+    """The session's email plans: each recipient with its receipt state."""
+    kernel = runtime().kernel
+    found = []
+    for key, version in models.Document.objects.filter(
+        session_id=session_id, kind=PLAN
+    ).order_by("id").values_list("key", "version"):
+        value = kernel.document(session_id, PLAN, key) or {}
+        recipients = [
+            {"to": to, **entry} for to, entry in (value.get("recipients") or {}).items()
+        ]
+        found.append({"task_id": key, "subject": value.get("subject", ""),
+                      "channel": value.get("channel", ""), "recipients": recipients,
+                      "version": version})
+    return found
+
+
+def progress(session_id: str) -> list[dict[str, Any]]:
+    """Streamed text and tool output still being produced (progress documents)."""
+    kernel = runtime().kernel
+    found = []
+    for key in models.Document.objects.filter(session_id=session_id, kind=PROGRESS).order_by(
+        "-updated_seq"
+    ).values_list("key", flat=True)[:5]:
+        value = kernel.document(session_id, PROGRESS, key) or {}
+        found.append({"task_id": key, "text": value.get("text", ""),
+                      "output": value.get("output", "")})
+    return found
+
+
+@dataclass(frozen=True)
+class Transcript:
+    id: str
+    operations: bool
+    fork_of: str | None
+    entries: list[Entry]
+
+
+def transcript(session_id: str) -> list[Transcript]:
+    """Each conversation (the operations log last) with its last entries."""
+    kernel = runtime().kernel
+    ops = operations_log_id(session_id)
+    conversations = sorted(
+        session_reads.conversations(session_id), key=lambda c: (c.id == ops, c.created_seq)
+    )
+    return [
+        Transcript(c.id, c.id == ops, c.fork_of, kernel.entries(c.id)[-ENTRY_TAIL:])
+        for c in conversations
+    ]
+
+
+def submissions(session_id: str) -> list[Submission]:
+    return session_reads.submissions(session_id)
+
+
+def timeline(task_id: str, session_id: str) -> list[dict[str, Any]]:
+    """The commits that touched a task, in order, with what each did to it."""
+    found = []
+    for seq, at, actor, summary in models.Commit.objects.filter(
+        session_id=session_id, summary__contains=[{"type": "task", "id": task_id}]
+    ).order_by("seq").values_list("seq", "at", "actor", "summary")[:1000]:
+        item = next(i for i in summary if i.get("type") == "task" and i["id"] == task_id)
+        found.append({"seq": seq, "at": at, "actor": actor,
+                      "status": item.get("outcome") or item.get("status"),
+                      "phase": item.get("phase")})
+    return found
+
+
+# -- the session page ---------------------------------------------------------------------------
+
+
+@dataclass
+class SessionPage:
+    """Everything the session page shows, at seq ``seq``."""
+
+    session: SessionRecord
+    seq: int
+    counts: list[tuple[str, int]]
+    roots: list[Node]
+    plans: list[dict[str, Any]]
+    progress: list[dict[str, Any]]
+    transcript: list[Transcript]
+    submissions: list[Submission]
+
+
+def session_page(session_id: str) -> SessionPage | None:
+    """None if there is no such session."""
+    head = head_seq(session_id)
+    if head is None:
+        return None
+    return SessionPage(
+        session_reads.session(session_id), head,
+        tasks.ordered(tasks.status_counts(session_id)), roots(session_id), plans(session_id),
+        progress(session_id), transcript(session_id), submissions(session_id),
+    )
+
+
+@dataclass
+class SessionChanges:
+    """What the commits after a position changed on the session page, at seq ``seq``:
+    only the parts that changed are set. Decided from the records themselves
+    (``updated_seq``, ``created_seq``), not from the hint that woke the reader, so a lost
+    hint or a replay after a reconnect gives the same answer."""
+
+    seq: int
+    counts: list[tuple[str, int]]
+    roots: list[Node] | None = None
+    groups: list[Node] = field(default_factory=list)
+    rows: list[Node] = field(default_factory=list)
+    plans: list[dict[str, Any]] | None = None
+    progress: list[dict[str, Any]] | None = None
+    transcript: list[Transcript] | None = None
+    submissions: list[Submission] | None = None
+
+
+def session_changes(session_id: str, after: int) -> SessionChanges | None:
+    """None when nothing was committed after ``after`` (or there is no such session)."""
+    head = head_seq(session_id)
+    if head is None or head <= after:
+        return None
+    changes = SessionChanges(head, tasks.ordered(tasks.status_counts(session_id)))
+    in_session = models.Task.objects.filter(session_id=session_id)
+    new_parents = set(
+        in_session.filter(created_seq__gt=after).values_list("parent_id", flat=True).distinct()
+    )
+    if None in new_parents:  # a new root: the root list again
+        changes.roots = roots(session_id)
+    else:
+        regrouped = set()
+        for parent in tasks.find_ids(list(new_parents)):
+            group = nodes(session_id, [parent])[0]
+            if group.children is not None:
+                regrouped.add(parent.id)
+                changes.groups.append(group)
+        changed = tasks.find(TaskFilter(session_id=session_id, changed_after=after),
+                             limit=MAX_CHANGED_ROWS + 1)
+        if len(changed) <= MAX_CHANGED_ROWS:
+            parents = {t.parent_id for t in changed if t.parent_id} - {t.id for t in changed}
+            shown = [t for t in changed + tasks.find_ids(list(parents))
+                     if t.parent_id not in regrouped]
+            changes.rows = nodes(session_id, shown, depth=2)  # rows only: groups stay
+    documents = models.Document.objects.filter(session_id=session_id, updated_seq__gt=after)
+    if documents.filter(kind=PLAN).exists():
+        changes.plans = plans(session_id)
+    if documents.filter(kind=PROGRESS).exists():
+        changes.progress = progress(session_id)
+    if models.Entry.objects.filter(session_id=session_id, seq__gt=after).exists():
+        changes.transcript = transcript(session_id)
+    if models.Submission.objects.filter(session_id=session_id, updated_seq__gt=after).exists():
+        changes.submissions = submissions(session_id)
+    return changes
+
+
+# -- pages that span sessions: the overview and needs attention, by global commit id ------
+
+
+@dataclass
+class Overview:
+    seq: int
+    totals: list[tuple[str, int]]
+    sessions: list[dict[str, Any]]
+    query: str
+    status: str
+
+
+def overview(query: str = "", status: str = "") -> Overview:
+    """Sessions (newest first, searched and filtered) with their live counts. An unknown
+    status filters nothing (it comes from a URL)."""
+    query = query.strip()[:200]
+    status = status if status in SHOWN_STATUSES else ""
+    found = models.Session.objects.order_by("-id")
+    if query:
+        found = found.filter(id__icontains=query) | found.filter(
+            metadata__title__icontains=query)
+    if status:
+        found = found.filter(id__in=tasks.sessions_having(status))
+    shown = [SESSION.record(v) for v in found.order_by("-id")[:SESSIONS_SHOWN]
+             .values(*SESSION.columns)]
+    counts = tasks.counts_by_session(s.id for s in shown)
+    return Overview(
+        last_commit_id(),
+        tasks.ordered(tasks.status_counts()),
+        [{"session": s, "counts": tasks.ordered(counts[s.id])} for s in shown],
+        query,
+        status,
+    )
+
+
+@dataclass
+class Attention:
+    seq: int
+    uncertain: list[TaskView]
+    blocked: list[TaskView]
+    failed: list[TaskView]
+    failed_count: int
+
+
+def attention() -> Attention:
+    """Tasks an operator should look at: uncertain, blocked, failed (restart-limited among
+    them)."""
+    failed = TaskFilter(outcome="failed")
+    return Attention(
+        last_commit_id(),
+        tasks.find(TaskFilter(waiting_for_resolution=True), limit=ATTENTION_ROWS),
+        [t for t in tasks.not_terminal(BLOCKED_SCAN) if t.blocked],
+        tasks.find(TaskFilter(status=Status.TERMINAL, outcome_in=("failed", "faulted")),
+                   limit=ATTENTION_ROWS),
+        tasks.count(failed),
+    )

@@ -1,0 +1,28 @@
+"""One consistent view of the store for a page, and the one way this layer runs SQL."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from django.db import connection, transaction
+
+
+@contextmanager
+def snapshot() -> Iterator[None]:
+    """One ``REPEATABLE READ`` transaction: all reads inside see the same commits."""
+    outermost = not connection.in_atomic_block
+    with transaction.atomic():
+        if outermost:  # inside someone else's transaction, its snapshot rules
+            with connection.cursor() as cur:
+                cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        yield
+
+
+def rows(sql: str, params: Any = None) -> list[Any]:
+    """Every row of one statement, on the request's connection (autocommit unless a
+    snapshot is open)."""
+    with connection.cursor() as cur:
+        cur.execute(sql, params or [])
+        return list(cur.fetchall())

@@ -1,0 +1,267 @@
+"""Tasks as the API and the pages show them: found by filters, one by id, as a tree,
+counted by shown status, and who holds their leases."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from django.db.models import Exists, OuterRef, Q, QuerySet
+
+from controlplane import models
+from controlplane.runtime import runtime
+from controlplane.storage.schema import TASK
+from kernel import Blocked, Decision, Outcome, Status, Task, UnknownRecord
+from kernel.records import SHOWN_STATUSES
+
+from .snapshot import rows as sql_rows
+
+SHOWN_STATUS_SQL = (
+    "CASE WHEN status = 'terminal' THEN coalesce(outcome->>'kind', 'terminal') ELSE status END"
+)
+""":attr:`kernel.records.Task.shown_status` in SQL, for counting in the database
+(``tests/integration/test_reads.py`` checks that both agree)."""
+
+
+@dataclass(frozen=True)
+class TaskFilter:
+    """Which tasks: every field that is set must match."""
+
+    session_id: str | None = None
+    kind: str | None = None
+    status: str | None = None
+    outcome: str | None = None
+    waiting_for_resolution: bool | None = None
+    since: datetime | None = None
+    until: datetime | None = None
+    parent_id: str | None = None
+    """A parent's id, or ``"root"`` for tasks without one."""
+    outcome_in: tuple[str, ...] | None = None
+    changed_after: int | None = None
+    """Changed by a commit after this seq (with ``session_id``)."""
+
+    def any_set(self) -> bool:
+        return any(value is not None and value != "" for value in vars(self).values())
+
+
+@dataclass(frozen=True)
+class TaskView:
+    """A task record with what is shown beside it: why no definition can run it, what
+    it waits on, how many attempts its phase has made. Attribute reads fall through to
+    the record (templates say ``task.kind``)."""
+
+    task: Task
+    blocked: str | None = None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.task, name)
+
+    @property
+    def shown_status(self) -> str:
+        return self.task.shown_status
+
+    @property
+    def waits_on(self) -> str:
+        return self.task.waits_on.describe()
+
+    @property
+    def decisions(self) -> tuple[Decision, ...]:
+        """What an operator may answer it now (its definition's, while it waits on a
+        signal)."""
+        return runtime().kernel.registry.decisions(self.task)
+
+    @property
+    def attempts(self) -> int:
+        checkpoint = self.task.checkpoint
+        return int(checkpoint.get("attempts", 0)) if isinstance(checkpoint, dict) else 0
+
+
+def view(task: Task) -> TaskView:
+    blocked = None
+    if not task.terminal:
+        resolved = runtime().kernel.registry.resolve(task)
+        blocked = resolved.reason if isinstance(resolved, Blocked) else None
+    return TaskView(task, blocked)
+
+
+def _query(found: TaskFilter) -> QuerySet[models.Task]:
+    rows = models.Task.objects.all()
+    if found.session_id:
+        rows = rows.filter(session_id=found.session_id)
+    if found.kind:
+        rows = rows.filter(kind=found.kind)
+    if found.status:
+        rows = rows.filter(status=found.status)
+    if found.outcome:
+        rows = rows.filter(status=Status.TERMINAL, outcome__kind=found.outcome)
+    if found.outcome_in:
+        rows = rows.filter(status=Status.TERMINAL, outcome__kind__in=found.outcome_in)
+    if found.changed_after is not None:
+        rows = rows.filter(updated_seq__gt=found.changed_after)
+    if found.waiting_for_resolution is not None:
+        waits = Q(status=Status.WAITING, wait__has_key="signal")
+        rows = rows.filter(waits) if found.waiting_for_resolution else rows.exclude(waits)
+    if found.since or found.until:
+        # In UTC: Postgres refuses offsets beyond ±16 h, which Python (and ISO 8601) allow.
+        since, until = (t.astimezone(UTC) if t else None for t in (found.since, found.until))
+        last_change = models.Commit.objects.filter(
+            session_id=OuterRef("session_id"), seq=OuterRef("updated_seq")
+        )
+        if since:
+            last_change = last_change.filter(at__gte=since)
+        if until:
+            last_change = last_change.filter(at__lt=until)
+        rows = rows.filter(Exists(last_change))
+    if found.parent_id == "root":
+        rows = rows.filter(parent_id__isnull=True)
+    elif found.parent_id:
+        rows = rows.filter(parent_id=found.parent_id)
+    return rows.order_by("session_id", "created_seq", "id")
+
+
+def _records(rows: QuerySet[models.Task]) -> list[Task]:
+    return [TASK.record(values) for values in rows.values(*TASK.columns)]
+
+
+def find(found: TaskFilter, offset: int = 0, limit: int = 200) -> list[TaskView]:
+    """Matching tasks in creation order, one page."""
+    return [view(t) for t in _records(_query(found)[offset : offset + limit])]
+
+
+def find_ids(task_ids: list[str]) -> list[TaskView]:
+    """These tasks (those that exist), in creation order."""
+    if not task_ids:
+        return []
+    rows = models.Task.objects.filter(id__in=task_ids).order_by("session_id", "created_seq", "id")
+    return [view(t) for t in _records(rows)]
+
+
+def ids(found: TaskFilter, limit: int) -> list[str]:
+    """The ids of the first ``limit`` matching tasks (a bulk action's target set)."""
+    return list(_query(found).values_list("id", flat=True)[:limit])
+
+
+def count(found: TaskFilter) -> int:
+    return _query(found).count()
+
+
+def get(task_id: str) -> TaskView:
+    found = _records(models.Task.objects.filter(id=task_id))
+    if not found:
+        raise UnknownRecord(f"no task {task_id}")
+    return view(found[0])
+
+
+def record(task_id: str) -> Task:
+    """The task record alone (what a command checks before it acts)."""
+    found = runtime().kernel.storage.task(task_id)
+    if found is None:
+        raise UnknownRecord(f"no task {task_id}")
+    return found
+
+
+def not_terminal(limit: int) -> list[TaskView]:
+    return [view(t) for t in _records(models.Task.objects.exclude(status=Status.TERMINAL)
+                                      .order_by("id")[:limit])]
+
+
+def stuck(now: datetime, cutoff: datetime) -> list[tuple[TaskView, str]]:
+    """Tasks an operator should look at from a shell, each with why: an expired lease, a
+    sleep overdue since before ``cutoff``, a wait for an operator, a dispatch not picked
+    up since before ``cutoff``, or no definition able to run it."""
+    rows = models.Task.objects.filter(
+        Q(status=Status.RUNNING, lease_until__lt=now)
+        | Q(status=Status.SLEEPING, wake_at__lt=cutoff)
+        | Q(status=Status.WAITING, wait__has_key="signal")
+        | Q(status=Status.PENDING, id__in=models.Dispatch.objects.filter(
+            not_before__lt=cutoff).values("task_id"))
+    ).order_by("session_id", "created_seq")
+    found = []
+    for shown in (view(t) for t in _records(rows)):
+        task = shown.task
+        why = {
+            Status.RUNNING: f"lease of {task.lease_owner} expired {task.lease_until:%H:%M:%S}",
+            Status.SLEEPING: f"overdue since {task.wake_at:%H:%M:%S}" if task.wake_at else "",
+            Status.WAITING: f"waiting for {(task.wait or {}).get('signal')}",
+            Status.PENDING: "not picked up",
+        }.get(task.status, "")
+        found.append((shown, f"blocked: {shown.blocked}" if shown.blocked else why))
+    return found
+
+
+@dataclass(frozen=True)
+class TreeNode:
+    task: TaskView
+    children: list[TreeNode]
+
+
+def tree(session_id: str, limit: int) -> list[TreeNode] | None:
+    """Every task of the session nested under its parent (roots first); None when the
+    session has more than ``limit`` tasks. UnknownRecord if there is no such session."""
+    found = _records(_query(TaskFilter(session_id=session_id))[: limit + 1])
+    if len(found) > limit:
+        return None
+    if not found and runtime().kernel.storage.session(session_id) is None:
+        raise UnknownRecord(f"no session {session_id}")
+    children: dict[str | None, list[Task]] = defaultdict(list)
+    for task in found:
+        children[task.parent_id].append(task)
+
+    def node(task: Task) -> TreeNode:
+        return TreeNode(view(task), [node(c) for c in children[task.id]])
+
+    known = {t.id for t in found}
+    return [node(t) for t in found if t.parent_id is None or t.parent_id not in known]
+
+
+# -- counts by shown status -------------------------------------------------------------
+
+
+def ordered(counts: dict[str, int]) -> list[tuple[str, int]]:
+    """Counts in lifecycle order, then any other status by name."""
+    known = [(s, counts[s]) for s in SHOWN_STATUSES if counts.get(s)]
+    return known + sorted((s, n) for s, n in counts.items() if s not in SHOWN_STATUSES and n)
+
+
+def status_counts(session_id: str | None = None) -> dict[str, int]:
+    """Tasks by shown status (terminal ones by outcome), of a session or of all."""
+    where, params = ("WHERE session_id = %s", [session_id]) if session_id else ("", [])
+    return dict(sql_rows(
+        f"SELECT {SHOWN_STATUS_SQL}, count(*) FROM kernel_task {where} GROUP BY 1", params
+    ))
+
+
+def counts_by_session(session_ids: Iterable[str]) -> dict[str, dict[str, int]]:
+    """For each session, its tasks by shown status."""
+    found: dict[str, dict[str, int]] = {s: {} for s in session_ids}
+    for session_id, status, n in sql_rows(
+        f"SELECT session_id, {SHOWN_STATUS_SQL}, count(*) FROM kernel_task "
+        "WHERE session_id = ANY(%s) GROUP BY 1, 2", [list(found)]
+    ):
+        found[session_id][status] = n
+    return found
+
+
+def child_counts(session_id: str, parent_ids: list[str]) -> dict[str, dict[str, int]]:
+    """For each parent, its children by shown status."""
+    found: dict[str, dict[str, int]] = defaultdict(dict)
+    if parent_ids:
+        for parent, status, n in sql_rows(
+            f"SELECT parent_id, {SHOWN_STATUS_SQL}, count(*) FROM kernel_task "
+            "WHERE session_id = %s AND parent_id = ANY(%s) GROUP BY 1, 2",
+            [session_id, parent_ids],
+        ):
+            found[parent][status] = n
+    return found
+
+
+def sessions_having(shown_status: str) -> QuerySet[models.Task]:
+    """The session ids with a task in this shown status (a subquery for a session filter)."""
+    if shown_status in tuple(Outcome):
+        having = models.Task.objects.filter(status=Status.TERMINAL, outcome__kind=shown_status)
+    else:
+        having = models.Task.objects.filter(status=shown_status)
+    return having.values("session_id")

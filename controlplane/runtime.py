@@ -1,0 +1,67 @@
+"""The kernel runtime of one process: the Kernel on the Postgres store, and what hangs on it.
+
+Every part of the control plane that reads or changes kernel state (workers, beat, the
+commands behind the API and the pages, management commands) takes it from
+:func:`runtime`, so each process builds exactly one: one Kernel, one Dispatcher that
+delivers after each commit, one Notifier that hints live views, and one Worker that
+renews its lease from a heartbeat thread while a phase runs. Building it opens no
+connection; the Worker's heartbeat thread starts only when it first runs a phase.
+
+It lives apart from the Celery task module (:mod:`controlplane.execution`) so that the
+web process needs no task module to commit an operator's action: it hands dispatches to
+the broker by task name.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import socket
+from dataclasses import dataclass
+from datetime import timedelta
+
+from django.conf import settings
+
+from kernel import Kernel, SystemClock, Worker
+from kernel.dispatch import Dispatcher
+
+from .celery import ADVANCE, app
+from .notify import Notifier
+from .registry import build_registry
+from .storage import PostgresStorage
+
+
+def deliver(task_id: str, queue: str) -> None:
+    """Hand "advance this task" to the broker (the Dispatcher's delivery)."""
+    app.send_task(ADVANCE, args=[task_id], queue=queue, retry=False)
+
+
+@dataclass(frozen=True)
+class Runtime:
+    kernel: Kernel
+    dispatcher: Dispatcher
+    worker: Worker
+
+
+@functools.cache
+def runtime() -> Runtime:
+    kernel = Kernel(PostgresStorage(), build_registry(), SystemClock())
+    dispatcher = Dispatcher(
+        kernel, deliver, redeliver_after=timedelta(seconds=settings.KERNEL_REDELIVER_SECONDS)
+    )
+    kernel.after_commit(dispatcher.after_commit)
+    notifier = Notifier()
+    kernel.after_commit(notifier.after_commit)  # live views: hints after each commit
+    kernel.on_preview(notifier.preview)  # and progress that is not committed yet
+    worker = Worker(
+        kernel,
+        f"{socket.gethostname()}:{os.getpid()}",
+        settings.KERNEL_LEASE_SECONDS,
+        heartbeat=settings.KERNEL_HEARTBEAT,
+    )
+    return Runtime(kernel, dispatcher, worker)
+
+
+def built() -> bool:
+    """Whether this process has built its runtime (so there may be a heartbeat to stop)."""
+    return runtime.cache_info().currsize > 0

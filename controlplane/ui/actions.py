@@ -1,0 +1,109 @@
+"""The operator actions behind the dashboard's buttons, as thin callers of
+:mod:`controlplane.commands`: the same checks, the same commit, the same entry in the
+operations log with who and why as the API's. A form carries its ``action_id`` (made
+when the page was rendered), so a double submit or a retried request does nothing new.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.shortcuts import render
+from django.utils.http import url_has_allowed_host_and_scheme
+from django.views.decorators.http import require_POST
+
+from controlplane import commands
+from controlplane.access import require_operator
+from controlplane.errors import Invalid, http_status
+from controlplane.reads.tasks import TaskFilter
+from kernel import Status
+
+MAX_REASON = 2000
+
+Action = Callable[[HttpRequest, str, str, str], commands.ActionResult]
+ACTIONS: dict[str, Action] = {
+    "cancel": lambda request, target, action_id, reason: commands.cancel_task(
+        request.user, target, action_id, reason),
+    "retry": lambda request, target, action_id, reason: commands.retry_task(
+        request.user, target, action_id, reason),
+    "resolve": lambda request, target, action_id, reason: commands.resolve_task(
+        request.user, target, action_id, reason, request.POST.get("decision", "")),
+    "resubmit": lambda request, target, action_id, reason: commands.resubmit(
+        request.user, target, action_id, reason),
+}
+
+
+@require_POST
+@login_required
+def act(request: HttpRequest, target: str, action: str) -> HttpResponse:
+    """POST an action on a task (or, for ``resubmit``, a submission): operators only (403
+    for anyone else, nothing changed)."""
+    try:
+        require_operator(request.user)
+        reason, action_id = _reason_and_id(request)
+        result = ACTIONS[action](request, target, action_id, reason)
+    except Exception as exc:
+        return _refused(request, exc)
+    done = "already done" if result.replayed else "done"
+    note = f"{result.action} {done}: commit seq {result.seq}."
+    if result.may_repeat:
+        note += " May repeat: " + "; ".join(result.may_repeat)
+    return _answer(request, 200, note)
+
+
+@require_POST
+@login_required
+def retry_failed(request: HttpRequest) -> HttpResponse:
+    """Retry every failed task at once: the form carries the count the page showed, and a
+    different count now is refused (409), so the operator confirms what they saw."""
+    try:
+        require_operator(request.user)
+        reason, action_id = _reason_and_id(request)
+        expected = request.POST.get("expected_count", "")
+        if not expected.isdigit():
+            raise Invalid("expected_count: the count the page showed")
+        result = commands.bulk_act(
+            request.user, "retry", TaskFilter(status=Status.TERMINAL, outcome="failed"),
+            action_id, reason, int(expected),
+        )
+    except Exception as exc:
+        return _refused(request, exc)
+    done = [r for r in result.results if r.ok]
+    failed = [f"{r.task_id}: {r.detail}" for r in result.results if not r.ok]
+    note = f"retry: {len(done)} of {result.count} done."
+    if failed:
+        note += " Not done: " + "; ".join(failed)
+    return _answer(request, 200, note)
+
+
+def _reason_and_id(request: HttpRequest) -> tuple[str, str]:
+    """An action form's reason (required, as the API wants it) and its action id."""
+    reason = request.POST.get("reason", "").strip()
+    if not reason or len(reason) > MAX_REASON or "\x00" in reason:
+        raise Invalid(f"give a reason (at most {MAX_REASON} characters)")
+    return reason, request.POST.get("action_id", "").strip()[:200] or uuid.uuid4().hex
+
+
+def _refused(request: HttpRequest, exc: Exception) -> HttpResponse:
+    """A command's refusal, said as the API says it; anything else is a real error."""
+    status = http_status(exc)
+    if status is None:
+        raise exc
+    return _answer(request, status, str(exc))
+
+
+def _answer(request: HttpRequest, status: int, message: str) -> HttpResponse:
+    """htmx gets a status fragment (shown in place, errors too); a plain form post gets
+    redirected back with the message (or the error page for a refusal)."""
+    if request.headers.get("HX-Request"):
+        return render(request, "ui/_action_result.html",
+                      {"ok": status == 200, "message": message}, status=status)
+    back = request.POST.get("next", "")
+    if status == 200 and url_has_allowed_host_and_scheme(back, {request.get_host()}):
+        messages.success(request, message)
+        return HttpResponseRedirect(back)
+    return HttpResponse(message, status=status, content_type="text/plain; charset=utf-8")

@@ -1,0 +1,170 @@
+"""The dashboard's live pages: what each shows, and the parts its socket re-renders.
+
+A live page is one :class:`LivePage` subclass here plus its templates: the class names
+the page (its socket is ``ws/ui/<name>/``), builds its context from the read layer,
+and names the partials a live update re-renders (``parts``). The URL routes
+(:mod:`controlplane.ui.urls`), the views and the page sockets
+(:class:`controlplane.consumers.GlobalPageConsumer`) all take pages from
+:data:`GLOBAL_PAGES`, so a new page needs no edit anywhere else.
+
+A socket reads through :meth:`LivePage.update` instead of sending commit frames: however
+many commits came after its cursor, one message shows the state at the newest of them,
+every element tagged ``data-seq`` (out-of-band htmx swaps). The session page, by its
+session's seq, is :class:`SessionLivePage`; the pages over every session go by global
+commit id.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Any, ClassVar
+from urllib.parse import urlencode
+
+from django.http import Http404, HttpRequest, HttpResponse
+from django.shortcuts import render
+from django.template.loader import render_to_string
+
+from controlplane.reads import pages
+from controlplane.reads.snapshot import snapshot
+from kernel.records import SHOWN_STATUSES
+
+from .access import may_act, viewer_required
+
+
+def _updating(can_act: bool, **more: Any) -> dict[str, Any]:
+    """What every live update's partials get: they replace themselves out-of-band."""
+    return {"oob": True, "can_act": can_act, "nonce": uuid.uuid4().hex[:12], **more}
+
+
+class LivePage:
+    """A page over every session, updated live by global commit id."""
+
+    name: ClassVar[str]
+    """Its URL name, and its socket's: ``ws/ui/<name>/``."""
+    path: ClassVar[str]
+    """Its URL path under the dashboard's root."""
+    template: ClassVar[str]
+    """The whole page."""
+    parts: ClassVar[tuple[str, ...]]
+    """The partials a live update re-renders (each tags itself with ``data-seq``)."""
+    params: ClassVar[tuple[str, ...]] = ()
+    """Query parameters the page (and its socket, so that updates keep to them) reads."""
+
+    def context(self, can_act: bool, **params: str) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def page(self, can_act: bool, **params: str) -> dict[str, Any]:
+        """The whole page's context, with the socket that keeps it live."""
+        with snapshot():
+            ctx = self.context(can_act, **params)
+        query = urlencode({k: ctx.get(k, "") for k in self.params})
+        return {**ctx, "can_act": can_act, "socket": f"/ws/ui/{self.name}/?{query}"}
+
+    def update(self, seq: int, can_act: bool, **params: str) -> str:
+        """The live parts at least as new as commit id ``seq``."""
+        with snapshot():
+            ctx = _updating(can_act, cursor="commit", **self.context(can_act, **params))
+        ctx["seq"] = max(seq, ctx["seq"])
+        html = "".join(render_to_string(part, ctx) for part in self.parts)
+        return html + render_to_string("ui/_feed_state.html", ctx)
+
+    @staticmethod
+    def heartbeat(seq: int) -> str:
+        return render_to_string("ui/_feed_state.html", {"seq": seq, "oob": True,
+                                                        "cursor": "commit"})
+
+
+class Overview(LivePage):
+    """Sessions (newest first, searched and filtered) with their tasks counted by status."""
+
+    name = "overview"
+    path = ""
+    template = "ui/overview.html"
+    parts = ("ui/_totals.html",)
+    params = ("q", "status")
+
+    def context(self, can_act: bool, q: str = "", status: str = "", **_: str) -> dict[str, Any]:
+        found = pages.overview(q, status)
+        return {**vars(found), "q": found.query, "statuses": SHOWN_STATUSES}
+
+
+class Attention(LivePage):
+    """Tasks an operator should look at: uncertain, blocked, failed."""
+
+    name = "attention"
+    path = "attention/"
+    template = "ui/attention.html"
+    parts = ("ui/_attention.html",)
+
+    def context(self, can_act: bool, **_: str) -> dict[str, Any]:
+        return vars(pages.attention())
+
+
+GLOBAL_PAGES: dict[str, LivePage] = {page.name: page for page in (Overview(), Attention())}
+
+
+class SessionLivePage:
+    """One session's page, updated live by the session's seq."""
+
+    template = "ui/session.html"
+
+    def page(self, session_id: str, can_act: bool) -> dict[str, Any]:
+        with snapshot():
+            found = pages.session_page(session_id)
+        if found is None:
+            raise Http404("no such session")
+        return {**vars(found), "can_act": can_act}
+
+    def update(self, session_id: str, after: int, can_act: bool) -> tuple[int, str] | None:
+        """``(seq, html)``: the parts changed by the commits after ``after``, at the
+        newest commit; None when there is none."""
+        with snapshot():
+            found = pages.session_changes(session_id, after)
+        if found is None:
+            return None
+        ctx = _updating(can_act, seq=found.seq)
+        parts = [render_to_string("ui/_counts.html", {**ctx, "counts": found.counts})]
+        if found.roots is not None:
+            parts.append(render_to_string("ui/_roots.html", {**ctx, "roots": found.roots}))
+        parts += [render_to_string("ui/_children.html", {**ctx, "node": group})
+                  for group in found.groups]
+        parts += [render_to_string("ui/_row.html", {**ctx, "node": node})
+                  for node in found.rows]
+        for name in ("plans", "progress", "transcript", "submissions"):
+            if getattr(found, name) is not None:
+                parts.append(render_to_string(f"ui/_{name}.html",
+                                              {**ctx, name: getattr(found, name)}))
+        parts.append(render_to_string("ui/_feed_state.html", ctx))
+        return found.seq, "".join(parts)
+
+    @staticmethod
+    def heartbeat(seq: int) -> str:
+        """A quiet socket's heartbeat, as a partial: "caught up to seq N"."""
+        return render_to_string("ui/_feed_state.html", {"seq": seq, "oob": True})
+
+    @staticmethod
+    def previews(found: list[dict[str, Any]]) -> str:
+        """Uncommitted progress (``Preview``), latest per task and path: shown as a
+        preview until the task's next commit, which holds the value."""
+        shown = [
+            {"task_id": p["task_id"], "path": ".".join(p["path"]),
+             "text": p["value"] if isinstance(p["value"], str) else json.dumps(p["value"])}
+            for p in found
+        ]
+        return render_to_string("ui/_previews.html", {"previews": shown, "oob": True})
+
+
+SESSION_PAGE = SessionLivePage()
+
+
+def global_view(page: LivePage) -> Any:
+    """The page's view: the whole page, live from its socket."""
+
+    @viewer_required
+    def view(request: HttpRequest) -> HttpResponse:
+        params = {k: request.GET.get(k, "") for k in page.params}
+        return render(request, page.template, page.page(may_act(request), **params))
+
+    view.__name__ = page.name
+    return view

@@ -1,0 +1,94 @@
+"""The control plane's layers (docs/architecture.md), checked from the source.
+
+- The pages and the sockets are edges beside the API, never on top of it: nothing under
+  ``controlplane/ui`` or ``controlplane/consumers*`` imports ``controlplane.api``.
+- Only the read layer and the storage touch the kernel's tables: SQL naming a
+  ``kernel_*`` table, or an ORM query on a model of one, appears nowhere else in the
+  product (the admin's read-only registrations aside).
+- Commands and reads are framework-neutral about the web: they import no HTTP or
+  django-ninja types, so every edge translates their errors itself.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+PRODUCT = [p for p in (ROOT / "controlplane").rglob("*.py") if "migrations" not in p.parts]
+KERNEL_MODELS = {"Session", "Conversation", "Entry", "Document", "DocumentVersion", "Task",
+                 "Submission", "Commit", "Dispatch"}
+SQL_ON_KERNEL = re.compile(r"\b(from|join|into|update|table)\s+kernel_\w+", re.IGNORECASE)
+
+
+def relative(path: Path) -> str:
+    return path.relative_to(ROOT).as_posix()
+
+
+def imports(path: Path) -> set[str]:
+    """Every module (and ``module.name``) the file imports, relative imports resolved,
+    function-local and type-only ones included."""
+    package = list(path.relative_to(ROOT).parts[:-1])  # a module's, or __init__'s own
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = package[: len(package) - node.level + 1] if node.level else []
+            module = ".".join([*base, *([node.module] if node.module else [])])
+            found.add(module)
+            found.update(f"{module}.{alias.name}" for alias in node.names)
+    return found
+
+
+def in_layer(path: Path, *layers: str) -> bool:
+    name = relative(path)
+    return any(name == layer or name.startswith(f"{layer}/") for layer in layers)
+
+
+def test_pages_and_sockets_do_not_import_the_api() -> None:
+    edges = [p for p in PRODUCT if in_layer(p, "controlplane/ui")
+             or p.name.startswith("consumers")]
+    assert edges
+    offenders = {relative(p): sorted(m for m in imports(p) if m.startswith("controlplane.api"))
+                 for p in edges}
+    assert {p: m for p, m in offenders.items() if m} == {}
+
+
+def test_only_the_read_layer_and_storage_query_the_kernel_tables() -> None:
+    allowed = ("controlplane/reads", "controlplane/storage")
+    sql, orm = [], []
+    for path in PRODUCT + list((ROOT / "kernel").rglob("*.py")):
+        if in_layer(path, *allowed):
+            continue
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) \
+                    and SQL_ON_KERNEL.search(node.value):
+                sql.append(f"{relative(path)}:{node.lineno}")
+            if isinstance(node, ast.Attribute) and node.attr == "objects" \
+                    and isinstance(node.value, ast.Attribute) \
+                    and node.value.attr in KERNEL_MODELS and relative(path) != \
+                    "controlplane/admin.py":
+                orm.append(f"{relative(path)}:{node.lineno}")
+    assert (sql, orm) == ([], [])
+
+
+def test_commands_and_reads_use_no_web_types() -> None:
+    layers = [p for p in PRODUCT if in_layer(p, "controlplane/reads", "controlplane/commands.py",
+                                             "controlplane/errors.py", "controlplane/access.py")]
+    assert len(layers) > 5
+    web = ("ninja", "django.http", "django.shortcuts", "controlplane.api", "controlplane.ui")
+    offenders = {relative(p): sorted(m for m in imports(p) if m.startswith(web))
+                 for p in layers}
+    assert {p: m for p, m in offenders.items() if m} == {}
+
+
+def test_the_checks_see_what_they_look_for() -> None:
+    """The patterns match what they must (a check that finds nothing proves nothing)."""
+    assert SQL_ON_KERNEL.search("SELECT 1 FROM kernel_task WHERE id = %s")
+    assert SQL_ON_KERNEL.search("UPDATE kernel_session SET head_seq = 1")
+    assert not SQL_ON_KERNEL.search('db_table = "kernel_task"')
+    assert "controlplane.api.tasks" in imports(ROOT / "controlplane/api/__init__.py")
+    assert "controlplane.ui.access.may_act" in imports(ROOT / "controlplane/ui/sessions.py")
