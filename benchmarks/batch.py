@@ -778,7 +778,7 @@ def running_system(url: str, redis_url: str, config: Config) -> Iterator[tuple[B
     """Provider, beat and ``config.workers`` workers on ``url`` and ``redis_url``."""
     import redis
 
-    from controlplane.notices.provider_process import start_provider
+    from controlplane.dev.provider_process import start_provider
 
     redis.Redis.from_url(redis_url).flushdb()
     with contextlib.ExitStack() as stack:

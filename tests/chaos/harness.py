@@ -27,8 +27,8 @@ from django.conf import settings
 from django.db import connection
 
 from benchmarks._support import CELERY, wait_for
+from controlplane.dev.provider_process import RunningProvider, start_provider
 from controlplane.notices.provider import ProviderAdmin
-from controlplane.notices.provider_process import RunningProvider, start_provider
 from controlplane.storage import PostgresStorage
 from kernel import Draft, Kernel, Status, SubmissionStatus, SystemClock, Task, Worker
 from kernel.agent import submit

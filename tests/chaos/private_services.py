@@ -45,7 +45,7 @@ import redis
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
-from controlplane.notices.provider_process import start_provider
+from controlplane.dev.provider_process import start_provider
 
 from .harness import ROOT, Stack, wait_for
 

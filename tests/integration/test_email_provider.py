@@ -20,6 +20,8 @@ from urllib.parse import urlsplit
 
 import pytest
 
+from controlplane.dev.provider_process import RunningProvider, start_provider
+from controlplane.dev.provider_server import Faults, ProviderState
 from controlplane.notices.provider import (
     DeliveryUncertain,
     HttpEmailProvider,
@@ -29,8 +31,6 @@ from controlplane.notices.provider import (
     ProviderUnavailable,
     Receipt,
 )
-from controlplane.notices.provider_process import RunningProvider, start_provider
-from controlplane.notices.provider_server import Faults, ProviderState
 
 
 @pytest.fixture(scope="module")

@@ -2,9 +2,9 @@
 
 Usage::
 
-    python -m controlplane.services ensure [--env-file PATH] [--data-dir PATH]
-    python -m controlplane.services status [--data-dir PATH]
-    python -m controlplane.services stop   [--env-file PATH] [--data-dir PATH]
+    python -m controlplane.dev.services ensure [--env-file PATH] [--data-dir PATH]
+    python -m controlplane.dev.services status [--data-dir PATH]
+    python -m controlplane.dev.services stop   [--env-file PATH] [--data-dir PATH]
 
 Why this exists: `make test`, `make demo` and CI must work on a machine that runs
 Postgres on 127.0.0.1:5432 and Redis on 127.0.0.1:6379 *and* on one that runs neither,
@@ -48,7 +48,7 @@ from urllib.parse import unquote, urlsplit
 DEFAULT_DATABASE_URL = "postgresql://postgres@127.0.0.1:5432/durable"
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_DATA_DIR = ROOT / ".data"
 
 CONNECT_TIMEOUT = 1.0
@@ -523,7 +523,7 @@ def _display(path: Path) -> str:
 def main(argv: list[str] | None = None) -> int:
     """Command-line entry point; returns the process exit status."""
     parser = argparse.ArgumentParser(
-        prog="python -m controlplane.services",
+        prog="python -m controlplane.dev.services",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

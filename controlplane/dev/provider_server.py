@@ -8,7 +8,7 @@ honours it can be plugged in by URL.
 
 Run it with::
 
-    python -m controlplane.notices.provider_server --host 127.0.0.1 --port 0 \
+    python -m controlplane.dev.provider_server --host 127.0.0.1 --port 0 \
         [--state-file PATH] [--latency-ms 50] [--error-rate 0.1] [--seed 1] \
         [--drop-after-accept '{"nth": 4}'] [--stall '{"to": "d@example.com", "ms": 5000}']
 
