@@ -6,12 +6,12 @@ deployment (a boundary test, ``tests/unit/test_dev_boundary.py``, keeps it so):
 - ``services``: find or start Postgres and Redis for a checkout (``make services``,
   ``python -m controlplane.dev.services ensure|status|stop``);
 - ``provider_server``: the local HTTP email provider, with fault knobs (stdlib only,
-  run as a script by the demo's Procfile and by ``provider_process``);
-- ``provider_process``: that provider as a real subprocess (``start_provider``);
+  run as a script by the demo's Procfile and by ``processes.start_provider``);
 - ``smtp_server``: an SMTP stand-in in a thread (``start_smtp_server``);
 - ``ports``: a free loopback port, a reserved Redis database number;
-- ``processes``: one launcher for real processes (Celery worker and beat, Daphne),
-  with an environment, a log file, a readiness check, kill and stop.
+- ``processes``: one launcher for real processes (Celery worker and beat, Daphne,
+  the local provider), with an environment, a log file, a readiness check, kill and
+  stop.
 
 A deployment runs the provider *client* and the channels in ``controlplane.notices``
 against a real provider or SMTP server.

@@ -15,7 +15,7 @@ Run it with::
 It prints ``listening on http://HOST:PORT`` once bound, so port 0 can be used.
 
 This module uses the standard library only and imports nothing from the project,
-so it can also be run as a plain script (which is what provider_process does).
+so it can also be run as a plain script (which is what ``processes.start_provider`` does).
 """
 
 from __future__ import annotations

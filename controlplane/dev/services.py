@@ -45,6 +45,8 @@ from importlib.util import find_spec
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
+from controlplane.dev.ports import free_port
+
 DEFAULT_DATABASE_URL = "postgresql://postgres@127.0.0.1:5432/durable"
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 
@@ -139,14 +141,6 @@ def wait_reaped(pid: int, timeout: float) -> bool:
             return False
         time.sleep(0.05)
     return True
-
-
-def free_loopback_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 # --------------------------------------------------------------------------- postgres
@@ -363,7 +357,7 @@ def start_embedded_redis(redis_dir: Path) -> tuple[int, bool]:
     if running is not None:
         return running[1], True
     redis_dir.mkdir(parents=True, exist_ok=True)
-    port = _previous_port_if_free(redis_dir) or free_loopback_port()
+    port = _previous_port_if_free(redis_dir) or free_port()
     cmd = [
         str(redis_server_binary()),
         "--daemonize", "yes",

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import pytest
 
 from controlplane import assistant
-from controlplane.dev.provider_process import RunningProvider, start_provider
+from controlplane.dev.processes import RunningProvider, start_provider
 from controlplane.notices import tasks as notices
 from controlplane.notices.channels import HttpChannel
 from controlplane.notices.provider import ProviderAdmin

@@ -20,7 +20,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from controlplane.dev.provider_process import RunningProvider, start_provider
+from controlplane.dev.processes import RunningProvider, start_provider
 from controlplane.dev.provider_server import Faults, ProviderState
 from controlplane.notices.provider import (
     DeliveryUncertain,

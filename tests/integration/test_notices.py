@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from controlplane.dev.provider_process import RunningProvider, start_provider
+from controlplane.dev.processes import RunningProvider, start_provider
 from controlplane.dev.smtp_server import SmtpStandIn, start_smtp_server
 from controlplane.notices import tasks as notices
 from controlplane.notices.channels import HttpChannel, SmtpChannel
