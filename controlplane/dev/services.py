@@ -133,6 +133,18 @@ def pid_alive(pid: int) -> bool:
     return state not in {"Z", "X"}
 
 
+def end_daemon(pid: int, sig: int, timeout: float, every: float) -> None:
+    """Send ``sig`` to a daemon (not our child) and wait until it is gone; SIGKILL it if
+    it is still there after ``timeout`` seconds."""
+    os.kill(pid, sig)
+    deadline = time.monotonic() + timeout
+    while pid_alive(pid):
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            return
+        time.sleep(every)
+
+
 def wait_reaped(pid: int, timeout: float) -> bool:
     """Wait until ``pid`` has disappeared entirely (zombie reaped); True if it did."""
     deadline = time.monotonic() + timeout
@@ -263,13 +275,7 @@ def stop_embedded_postgres(pgdata: Path, timeout: float = 30.0) -> bool:
     pid = _postmaster_pid(pgdata)
     if pid is None:
         return False
-    os.kill(pid, signal.SIGINT)
-    deadline = time.monotonic() + timeout
-    while pid_alive(pid):
-        if time.monotonic() > deadline:
-            os.kill(pid, signal.SIGKILL)
-            break
-        time.sleep(0.1)
+    end_daemon(pid, signal.SIGINT, timeout, every=0.1)
     return True
 
 
@@ -396,13 +402,7 @@ def stop_embedded_redis(redis_dir: Path, timeout: float = 10.0) -> bool:
         return False
     if not pid_alive(pid):
         return False
-    os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + timeout
-    while pid_alive(pid):
-        if time.monotonic() > deadline:
-            os.kill(pid, signal.SIGKILL)
-            break
-        time.sleep(0.05)
+    end_daemon(pid, signal.SIGTERM, timeout, every=0.05)
     return True
 
 
