@@ -205,8 +205,8 @@ class Bench:
     def __init__(self, redis_url: str, provider_url: str) -> None:
         from kombu import Connection, Producer
 
+        from controlplane.dev.provider_admin import ProviderAdmin
         from controlplane.execution import advance
-        from controlplane.notices.provider import ProviderAdmin
         from controlplane.registry import build_registry
         from controlplane.storage import PostgresStorage
         from kernel import Kernel, SystemClock

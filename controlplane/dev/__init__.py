@@ -7,6 +7,8 @@ deployment (a boundary test, ``tests/unit/test_dev_boundary.py``, keeps it so):
   ``python -m controlplane.dev.services ensure|status|stop``);
 - ``provider_server``: the local HTTP email provider, with fault knobs (stdlib only,
   run as a script by the demo's Procfile and by ``processes.start_provider``);
+- ``provider_admin``: ``ProviderAdmin``, the tests' access to that provider's store,
+  request log and fault knobs;
 - ``smtp_server``: an SMTP stand-in in a thread (``start_smtp_server``);
 - ``ports``: a free loopback port, a reserved Redis database number;
 - ``processes``: one launcher for real processes (Celery worker and beat, Daphne,

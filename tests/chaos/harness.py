@@ -31,7 +31,7 @@ from controlplane.dev.processes import (
     start_provider,
     wait_for,
 )
-from controlplane.notices.provider import ProviderAdmin
+from controlplane.dev.provider_admin import ProviderAdmin
 from controlplane.storage import PostgresStorage
 from kernel import Draft, Kernel, Status, SubmissionStatus, SystemClock, Task, Worker
 from kernel.agent import submit
