@@ -26,11 +26,10 @@ from pathlib import Path
 
 from benchmarks._support import (
     Stats,
+    fresh_database,
     parse_arguments,
     progress,
     publish,
-    recreate_database,
-    setup_django,
 )
 
 HEADING = "## Dashboard (issue 6)"
@@ -104,16 +103,16 @@ def measure_browser(url: str, session_id: str, runs: int) -> Browser:
     """Chromium against a real Daphne: time to ``domInteractive`` and to a live socket."""
     from playwright.sync_api import sync_playwright
 
-    from benchmarks.feed import Daphne
+    from controlplane.dev.processes import Daphne, process_env
 
-    env = {**os.environ, "DATABASE_URL": url, "DJANGO_DEBUG": "0", "PYTHONUNBUFFERED": "1"}
+    env = process_env(url, DJANGO_DEBUG="0")
     found = Browser()
     from django.contrib.auth.models import Group, User
 
     user = User.objects.create_user(f"bench-ui-{time.monotonic_ns()}", password="bench-pw")
     user.groups.add(Group.objects.get_or_create(name="viewer")[0])
     with tempfile.TemporaryDirectory() as tmp:
-        server = Daphne(env, Path(tmp) / "daphne.log")
+        server = Daphne(Path(tmp) / "daphne.log", env)
         server.start()
         try:
             with sync_playwright() as playwright:
@@ -202,9 +201,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=30)
     parser.add_argument("--browser-runs", type=int, default=5)
     args, url = parse_arguments(parser, argv, DATABASE)
-    progress(f"database {args.database}: recreating and migrating")
-    recreate_database(url)
-    setup_django(url, migrate=True)
+    fresh_database(args, url)
     return publish(HEADING, render(run(args, url)), write=not args.no_write)
 
 
