@@ -374,11 +374,9 @@ def profile_phase_commit(storage: Storage, *, count: int) -> Profile:
     """
     from django.db import connections
 
-    from controlplane.storage import PostgresStorage
-    from controlplane.storage.postgres import READS as READ_STAGE
-    from controlplane.storage.postgres import WRITES as WRITE_STAGE
+    from controlplane import storage as postgres
 
-    if not isinstance(storage, PostgresStorage):
+    if not isinstance(storage, postgres.PostgresStorage):
         raise TypeError("the commit profile times PostgresStorage's round trips")
     connection = connections[storage.using]
     kernel = Kernel(storage, make_registry())
@@ -386,7 +384,7 @@ def profile_phase_commit(storage: Storage, *, count: int) -> Profile:
     for _ in range(20):  # warm this session's rows and prepared statements
         commit_phase(session, claim_next(session)[0])
     calls: dict[str, list[float]] = defaultdict(list)
-    labels = {READ_STAGE: READS, WRITE_STAGE: WRITES}
+    labels = {postgres.READS: READS, postgres.WRITES: WRITES}
     statements = 0
 
     def observe(stage: str, seconds: float) -> None:
