@@ -39,31 +39,35 @@ STATES = ["succeeded", "running", "pending", "waiting", "sleeping"]
 
 
 def seed_session(tasks: int) -> tuple[str, str]:
-    """A session with one root and ``tasks - 1`` children in mixed states; (session, root)."""
+    """A session with one root and ``tasks - 1`` children in mixed states; (session, root).
+
+    Rows are kernel records copied in through the storage's schema, so a new record
+    field needs nothing here."""
     from django.db import connection
 
-    from kernel.records import new_id
+    from controlplane.storage.schema import SESSION, TASK
+    from kernel.records import SessionRecord, Status, Task, new_id
 
     session_id, root = new_id("sess"), new_id("task")
-    columns = ("id, session_id, kind, version, input, status, phase, checkpoint, created_seq, "
-               "updated_seq, parent_id, owned, wait, wait_deps, signals, cancel, outcome, "
-               "restarts, epoch, queue")
-    with connection.cursor() as cur:
-        cur.execute("INSERT INTO kernel_session (id, head_seq, created_at, metadata) "
-                    "VALUES (%s, 2, now(), '{\"title\": \"benchmark\"}')", [session_id])
-        cur.execute(
-            f"INSERT INTO kernel_task ({columns}) VALUES (%s, %s, 'send-batch', 1, "
-            "'{\"recipients\": []}', 'waiting', 'summarize', '{}', 1, 1, NULL, false, "
-            "'{\"deps\": [], \"policy\": \"all_settled\"}', '{}', '{}', NULL, NULL, 0, 1, "
-            "'default')", [root, session_id])
-        cur.execute(
-            f"INSERT INTO kernel_task ({columns}) SELECT 'task_bench_' || g, %s, 'send-notice', "
-            "1, jsonb_build_object('to', 'r' || g || '@example.com'), "
-            "CASE WHEN (%s::text[])[1 + g %% 5] = 'succeeded' THEN 'terminal' "
-            "ELSE (%s::text[])[1 + g %% 5] END, 'confirm', '{}', 2, 2, %s, true, NULL, '{}', "
-            "'{}', NULL, CASE WHEN g %% 5 = 0 THEN '{\"kind\": \"succeeded\"}'::jsonb END, 0, 1, "
-            "'hands' FROM generate_series(1, %s) g",
-            [session_id, STATES, STATES, root, tasks - 1])
+    rows = [Task(root, session_id, "send-batch", 1, {"recipients": []}, Status.WAITING,
+                 "summarize", {}, 1, 1, wait={"deps": [], "policy": "all_settled"}, epoch=1)]
+    for g in range(1, tasks):
+        state = STATES[g % len(STATES)]
+        done = state == "succeeded"
+        rows.append(Task(
+            f"task_bench_{g}", session_id, "send-notice", 1, {"to": f"r{g}@example.com"},
+            Status.TERMINAL if done else Status(state), "confirm", {}, 2, 2, parent_id=root,
+            owned=True, outcome={"kind": "succeeded"} if done else None, epoch=1,
+            queue="hands",
+        ))
+    connection.ensure_connection()
+    with connection.connection.cursor() as cur:
+        session = SessionRecord(session_id, 2, datetime.now(UTC), {"title": "benchmark"})
+        cur.execute(f"INSERT INTO {SESSION.name} ({', '.join(SESSION.inserted)}) VALUES "
+                    f"({', '.join(['%s'] * len(SESSION.inserted))})", SESSION.values(session))
+        with cur.copy(f"COPY {TASK.name} ({', '.join(TASK.inserted)}) FROM STDIN") as copy:
+            for task in rows:
+                copy.write_row(TASK.values(task))
     return session_id, root
 
 
