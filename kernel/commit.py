@@ -536,7 +536,7 @@ class Builder:
             current = by_id.get(submission_id) or self.tx.submission(submission_id)
             if current is None or current.session_id != self.session_id:
                 raise UnknownRecord(f"no submission {submission_id} in session {self.session_id}")
-            if current.status in (SubmissionStatus.ANSWERED, SubmissionStatus.UNANSWERED):
+            if current.status.settled:
                 raise IllegalTransition(f"submission {submission_id} is already {current.status}")
             by_id[submission_id] = replace(
                 current,

@@ -181,7 +181,9 @@ class Run:
 
         Use it to record an intent before an external call (DESIGN §8).
         """
-        self._lease.commit(Next(phase or self.phase, self._merge(checkpoint), keep_lease=True))
+        self._lease.commit(
+            Next(phase or self.phase, self._merge(checkpoint), keep_lease=True, intent=True)
+        )
 
     def heartbeat(self) -> bool:
         """Extend the lease during long external work; False means it was lost."""
