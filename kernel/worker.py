@@ -225,7 +225,7 @@ class Worker:
         if not revoked_ours:
             return  # lost to an expiry, or the cancel revoked a later holder's lease
         draft = Draft(actor=f"worker:{self.id}")
-        draft.wake(task.id)
+        draft.phase_returned(task.id, task.epoch)
         try:
             self._handle(task.session_id).commit(draft)
         except IllegalTransition:

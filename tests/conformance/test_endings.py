@@ -13,12 +13,14 @@ and the restart limit holds for intent commits and for the cancel path too.
 from __future__ import annotations
 
 from collections.abc import Callable
+from datetime import timedelta
 from typing import Any
 
 import pytest
 
 from kernel import (
     Draft,
+    IllegalTransition,
     Kernel,
     Registry,
     Run,
@@ -350,3 +352,73 @@ def test_a_cancel_handler_that_dies_every_time_reaches_the_limit(world: World) -
     assert task.outcome["kind"] == "cancelled"
     assert "the cancel handler was interrupted" in task.outcome["error"]
     assert calls.count("on_cancel") == limit + 1
+
+
+# -- point 3: a cancel's handler waits for the revoked phase; an operator's wake cannot skip it --
+
+
+def test_waking_a_cancel_early_is_refused_until_the_revoked_phase_can_no_longer_call_out(
+    world: World,
+) -> None:
+    seen: dict[str, Any] = {}
+    registry = Registry()
+
+    @registry.task("caller")
+    class Caller:
+        initial = "call"
+
+        def call(self, run: Run) -> Transition:
+            run.commit(checkpoint={"intent": True})
+            seen["deadline"] = run.deadline(1.0)
+            # The operator cancels while the call is out; the operator then tries to wake it.
+            handle = world.kernel(registry).open(run.session_id)
+            cancel = Draft(actor="user:op")
+            cancel.cancel(run.task_id, "stop")
+            handle.commit(cancel)
+            wake = Draft(actor="user:op")
+            wake.wake(run.task_id)
+            with pytest.raises(IllegalTransition, match="cancelling"):
+                handle.commit(wake)
+            return run.succeed()
+
+        def on_cancel(self, run: Run) -> None:
+            seen["revoked_until"] = run.revoked_until
+
+    task_id = start_task(world, registry, "caller")
+    world.scheduler(registry, lease=30.0).run_until_idle()
+    task = world.storage.task(task_id)
+    assert task.outcome["kind"] == "cancelled"  # woken by its worker: the phase returned
+    assert seen["revoked_until"] is not None
+    assert seen["deadline"] <= seen["revoked_until"] - timedelta(seconds=1)
+
+
+def test_an_operator_wake_of_a_cancel_waits_for_the_lease_of_a_dead_worker(world: World) -> None:
+    registry = Registry()
+
+    @registry.task("caller")
+    class Caller:
+        initial = "call"
+
+        def call(self, run: Run) -> Transition:
+            run.commit(checkpoint={"intent": True})
+            raise Crash()  # the worker dies inside its external call
+
+    task_id = start_task(world, registry, "caller")
+    with pytest.raises(Crash):
+        world.scheduler(registry).run_until_idle()
+    session_id = world.storage.task(task_id).session_id
+    world.reopen()
+    handle = world.kernel(registry).open(session_id)
+    cancel = Draft(actor="user:op")
+    cancel.cancel(task_id, "stop")
+    handle.commit(cancel)
+    wake = Draft(actor="user:op")
+    wake.wake(task_id)
+    with pytest.raises(IllegalTransition, match="cancelling"):
+        handle.commit(wake)
+    world.clock.advance(31)  # the dead worker's lease has run out: nothing can land now
+    wake = Draft(actor="user:op")
+    wake.wake(task_id)
+    handle.commit(wake)
+    world.scheduler(registry, worker_id="w2").run_until_idle()
+    assert world.storage.task(task_id).outcome["kind"] == "cancelled"
