@@ -11,13 +11,11 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from django.contrib.auth.models import Group, User
-from django.test import Client
 
 from controlplane.runtime import runtime
 from tests.model_stand_in import Completion, ModelStandIn
 
-from .harness import Stack, wait_for
+from .harness import Stack, operator_client, wait_for
 
 pytestmark = [pytest.mark.chaos, pytest.mark.slow]
 
@@ -27,10 +25,7 @@ def test_a_turn_cancelled_through_the_api_frees_its_conversation(
 ) -> None:
     stack = agent_stack
     monkeypatch.setattr(runtime().dispatcher, "deliver", stack.deliver)
-    operator = Client()
-    account = User.objects.create_user("olga")
-    account.groups.add(Group.objects.get_or_create(name="operator")[0])
-    operator.force_login(account)
+    operator = operator_client("olga")
 
     def last_user_text(body: Any) -> str:
         return next(m["content"] for m in reversed(body["messages"]) if m["role"] == "user")

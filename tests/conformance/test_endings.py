@@ -263,6 +263,21 @@ def start_task(world: World, registry: Registry, kind: str = "intent-call") -> s
     return task_id
 
 
+def crash_past_the_limit(world: World, registry: Registry) -> int:
+    """Restart after a crash, once more than the restart limit allows; then once more,
+    which ends the task. Returns the limit."""
+    limit: int = registry.latest("intent-call").max_restarts
+    for attempt in range(limit + 1):
+        world.reopen()
+        with pytest.raises(Crash):
+            world.scheduler(registry, worker_id=f"w{attempt + 1}").run_until_idle(
+                advance_clock=True
+            )
+    world.reopen()
+    world.scheduler(registry, worker_id="last").run_until_idle(advance_clock=True)
+    return limit
+
+
 def test_a_storage_error_in_an_intent_commit_restarts_the_phase_and_never_fails_it(
     world: World,
 ) -> None:
@@ -310,15 +325,7 @@ def test_a_phase_that_commits_its_intent_then_dies_every_time_reaches_the_limit(
 
     registry = counting_registry(calls, die)
     task_id = start_task(world, registry)
-    limit = registry.latest("intent-call").max_restarts
-    for attempt in range(limit + 1):
-        world.reopen()
-        with pytest.raises(Crash):
-            world.scheduler(registry, worker_id=f"w{attempt}").run_until_idle(
-                advance_clock=True
-            )
-    world.reopen()
-    world.scheduler(registry, worker_id="last").run_until_idle(advance_clock=True)
+    limit = crash_past_the_limit(world, registry)
     task = world.storage.task(task_id)
     assert task.outcome["kind"] == "failed"
     assert f"restart limit is {limit}" in task.outcome["error"]
@@ -339,15 +346,7 @@ def test_a_cancel_handler_that_dies_every_time_reaches_the_limit(world: World) -
     draft = Draft(actor="user:op")
     draft.cancel(task_id, "stop")
     world.kernel(registry).open(world.storage.task(task_id).session_id).commit(draft)
-    limit = registry.latest("intent-call").max_restarts
-    for attempt in range(limit + 1):
-        world.reopen()
-        with pytest.raises(Crash):
-            world.scheduler(registry, worker_id=f"w{attempt + 1}").run_until_idle(
-                advance_clock=True
-            )
-    world.reopen()
-    world.scheduler(registry, worker_id="last").run_until_idle(advance_clock=True)
+    limit = crash_past_the_limit(world, registry)
     task = world.storage.task(task_id)
     assert task.outcome["kind"] == "cancelled"
     assert "the cancel handler was interrupted" in task.outcome["error"]
@@ -357,52 +356,59 @@ def test_a_cancel_handler_that_dies_every_time_reaches_the_limit(world: World) -
 # -- point 3: a cancel's handler waits for the revoked phase; an operator's wake cannot skip it --
 
 
+def caller(
+    after_intent: Callable[[Run], None], on_cancel: Callable[[Run], None] | None = None
+) -> Registry:
+    """A task that commits its intent, then makes its external call (``after_intent``)."""
+    registry = Registry()
+
+    @registry.task("caller")
+    class Caller:
+        initial = "call"
+
+        def call(self, run: Run) -> Transition:
+            run.commit(checkpoint={"intent": True})
+            after_intent(run)
+            return run.succeed()
+
+        def on_cancel(self, run: Run) -> None:
+            if on_cancel is not None:
+                on_cancel(run)
+
+    return registry
+
+
 def test_waking_a_cancel_early_is_refused_until_the_revoked_phase_can_no_longer_call_out(
     world: World,
 ) -> None:
     seen: dict[str, Any] = {}
-    registry = Registry()
 
-    @registry.task("caller")
-    class Caller:
-        initial = "call"
+    def cancel_then_wake(run: Run) -> None:
+        seen["deadline"] = run.deadline(1.0)
+        # The operator cancels while the call is out; the operator then tries to wake it.
+        handle = world.kernel(registry).open(run.session_id)
+        cancel = Draft(actor="user:op")
+        cancel.cancel(run.task_id, "stop")
+        handle.commit(cancel)
+        wake = Draft(actor="user:op")
+        wake.wake(run.task_id)
+        with pytest.raises(IllegalTransition, match="cancelling"):
+            handle.commit(wake)
 
-        def call(self, run: Run) -> Transition:
-            run.commit(checkpoint={"intent": True})
-            seen["deadline"] = run.deadline(1.0)
-            # The operator cancels while the call is out; the operator then tries to wake it.
-            handle = world.kernel(registry).open(run.session_id)
-            cancel = Draft(actor="user:op")
-            cancel.cancel(run.task_id, "stop")
-            handle.commit(cancel)
-            wake = Draft(actor="user:op")
-            wake.wake(run.task_id)
-            with pytest.raises(IllegalTransition, match="cancelling"):
-                handle.commit(wake)
-            return run.succeed()
-
-        def on_cancel(self, run: Run) -> None:
-            seen["revoked_until"] = run.revoked_until
-
+    registry = caller(cancel_then_wake, lambda run: seen.update(revoked=run.revoked_until))
     task_id = start_task(world, registry, "caller")
     world.scheduler(registry, lease=30.0).run_until_idle()
     task = world.storage.task(task_id)
     assert task.outcome["kind"] == "cancelled"  # woken by its worker: the phase returned
-    assert seen["revoked_until"] is not None
-    assert seen["deadline"] <= seen["revoked_until"] - timedelta(seconds=1)
+    assert seen["revoked"] is not None
+    assert seen["deadline"] <= seen["revoked"] - timedelta(seconds=1)
 
 
 def test_an_operator_wake_of_a_cancel_waits_for_the_lease_of_a_dead_worker(world: World) -> None:
-    registry = Registry()
+    def die(run: Run) -> None:
+        raise Crash()  # the worker dies inside its external call
 
-    @registry.task("caller")
-    class Caller:
-        initial = "call"
-
-        def call(self, run: Run) -> Transition:
-            run.commit(checkpoint={"intent": True})
-            raise Crash()  # the worker dies inside its external call
-
+    registry = caller(die)
     task_id = start_task(world, registry, "caller")
     with pytest.raises(Crash):
         world.scheduler(registry).run_until_idle()
