@@ -9,9 +9,14 @@ Routes (see :data:`websocket_urlpatterns`):
 
 Protocol, JSON text frames both ways:
 
-1. Authenticate: a browser's Django session (cookie), or ``?token=<api token>`` in the
-   URL, or a first message ``{"token": "..."}``. The account needs the viewer or the
-   operator role; otherwise the socket is closed with code 4403.
+1. Authenticate: a browser's Django session (cookie), an ``Authorization: Bearer <api
+   token>`` header on the handshake, or a first message ``{"token": "..."}``. Never in
+   the URL, where proxies log it: ``?token=`` is refused with 4400. The account needs
+   the viewer or the operator role; otherwise the socket is closed with code 4403.
+   While the socket is open its credential is checked again every
+   ``WEBSOCKET_RECHECK_SECONDS`` (5 s): a revoked or expired token, or a login session
+   that ended (logout, expiry, password change), closes it with 4401; an account that
+   lost its role (or was deactivated), with 4403.
 2. Send the cursor in-band: ``{"after": N}`` (the last seq, or for ``ws/feed/`` the last
    commit id, you have; 0 for everything); it may share the first message with the
    token. ``?after=N`` in the URL is accepted too and starts the stream at once; a later
@@ -29,7 +34,8 @@ Protocol, JSON text frames both ways:
    the log, up to :data:`FRAME_COMMITS` per frame, in order. Catching up on a long log
    then costs a few frames instead of one per commit (per-frame overhead dominates).
 
-Other close codes: 4400 a malformed message or cursor, 4404 no such session, 1011 the
+Other close codes: 4400 a malformed message or cursor (or a token in the URL), 4404 no
+such session, 1011 the
 log could not be read (reconnect). Daphne closes idle sockets after its
 ``--websocket_timeout``; clients reconnect with their cursor whatever the close code.
 
@@ -88,6 +94,7 @@ FRAME_COMMITS = 500
 OPENING_SECONDS = 10.0
 
 REFUSED = 4403
+ENDED = 4401
 BAD_REQUEST = 4400
 NOT_FOUND = 4404
 TOO_SLOW = 4408
@@ -152,6 +159,16 @@ def _token_user(key: str) -> Any:
     return user if access.may_read(user) else None
 
 
+def _bearer(scope: Any) -> str | None:
+    """The token of an ``Authorization: Bearer`` handshake header, if any."""
+    for name, value in scope.get("headers", []):
+        if name == b"authorization":
+            scheme, _, token = value.decode("latin-1").partition(" ")
+            if scheme.lower() == "bearer" and token.strip():
+                return token.strip()
+    return None
+
+
 def _commits_frame(texts: list[str]) -> str:
     """Several commit frames (JSON texts) as one ``commits`` frame, without re-encoding."""
     return '{"type":"commits","commits":[' + ",".join(texts) + "]}"
@@ -197,14 +214,27 @@ class FeedConsumer(AsyncWebsocketConsumer):
         self.wake = asyncio.Event()
         self.pump: asyncio.Task[None] | None = None
         self.opening: asyncio.Task[None] | None = None
+        self.watch: asyncio.Task[None] | None = None
+        self.credential: access.Credential | None = None
         self.closing = False
         await self.accept()
         query = parse_qs(self.scope.get("query_string", b"").decode("latin-1"))
+        if "token" in query:
+            return await self.refuse(
+                BAD_REQUEST, "never put a token in a URL: send it in the first message "
+                "or an Authorization header"
+            )
         self.batched = query.get("batch", ["0"])[-1] in ("1", "true")
         user = self.scope.get("user")
-        if user is not None and await database_sync_to_async(access.may_read)(user):
+        bearer = _bearer(self.scope)
+        if bearer is None and user is not None \
+                and await database_sync_to_async(access.may_read)(user):
             self.user = user
-        elif "token" in query and not await self.authenticate(query["token"][-1]):
+            session = self.scope.get("session")
+            self.credential = access.Credential(
+                user.pk, session_key=getattr(session, "session_key", None) or ""
+            )
+        elif bearer is not None and not await self.authenticate(bearer):
             return
         after = None
         for name in ("after", f"after_{self.cursor_name}"):
@@ -263,7 +293,8 @@ class FeedConsumer(AsyncWebsocketConsumer):
 
     def stop(self) -> None:
         self.closing = True
-        for task in (getattr(self, "pump", None), getattr(self, "opening", None)):
+        for task in (getattr(self, "pump", None), getattr(self, "opening", None),
+                     getattr(self, "watch", None)):
             if task is not None and task is not asyncio.current_task():
                 task.cancel()
         if getattr(self, "subscribed", False):
@@ -290,13 +321,31 @@ class FeedConsumer(AsyncWebsocketConsumer):
         if self.user is None:
             await self.refuse(REFUSED, "this token has no viewer or operator role")
             return False
+        self.credential = access.Credential(self.user.pk, token_digest=access.digest(token))
         return True
+
+    async def recheck(self) -> None:
+        """Close the socket soon after its credential stops standing (module docstring)."""
+        assert self.credential is not None
+        while not self.closing:
+            await asyncio.sleep(settings.WEBSOCKET_RECHECK_SECONDS)
+            try:
+                verdict = await database_sync_to_async(access.recheck)(self.credential)
+            except Exception:  # the database is away: the feed's own reads will say so
+                log.warning("feed: could not re-check a socket's credential", exc_info=True)
+                continue
+            if verdict == access.ENDED:
+                return await self.refuse(ENDED, "the token or login session has ended")
+            if verdict == access.NO_ROLE:
+                return await self.refuse(REFUSED, "this account no longer has a role")
 
     async def subscribe(self) -> bool:
         if not await self.exists():
             await self.refuse(NOT_FOUND, "no such session")
             return False
         self.subscribed = True  # failures are logged by the hub: polling serves the feed
+        if self.credential is not None and self.watch is None:
+            self.watch = asyncio.get_running_loop().create_task(self.recheck())
         feed_subscribers.joined()
         await hint_hub().follow(self.group, self.on_hint)
         return True

@@ -193,6 +193,9 @@ class ApiToken(models.Model):
     digest = models.CharField(max_length=64, unique=True)
     created_at = models.DateTimeField(auto_now_add=True)
     last_used_at = models.DateTimeField(null=True)
+    # None: never expires. A revoked token is kept (listed, refused) rather than deleted.
+    expires_at = models.DateTimeField(null=True, blank=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         db_table = "controlplane_api_token"

@@ -197,6 +197,9 @@ CHANNEL_LAYERS = {
 FEED_POLL_SECONDS = float(os.environ.get("FEED_POLL_SECONDS", "1.5"))
 FEED_HEARTBEAT_SECONDS = float(os.environ.get("FEED_HEARTBEAT_SECONDS", "15"))
 FEED_LONG_POLL_SECONDS = float(os.environ.get("FEED_LONG_POLL_SECONDS", "0.2"))
+# How often an open websocket checks its credential again (a revoked or expired token, a
+# logout, a lost role close it within this time; controlplane.consumers).
+WEBSOCKET_RECHECK_SECONDS = float(os.environ.get("WEBSOCKET_RECHECK_SECONDS", "5"))
 
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},

@@ -19,7 +19,7 @@ from ninja import NinjaAPI
 from controlplane.errors import ControlPlaneError, http_status
 from kernel import CommitRejected
 
-from . import actions, feed, sessions, tasks
+from . import actions, feed, sessions, tasks, tokens
 from .auth import AUTH
 
 ERRORS = {
@@ -64,6 +64,7 @@ api.add_router("/", sessions.router)
 api.add_router("/", tasks.router)
 api.add_router("/", actions.router)
 api.add_router("/", feed.router)
+api.add_router("/", tokens.router)
 
 
 def domain_error(request: HttpRequest, exc: Any) -> HttpResponse:

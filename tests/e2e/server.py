@@ -184,8 +184,15 @@ class Feed:
 
 
 @contextmanager
-def feed(url: str, *, first: dict[str, Any] | None = None, **connect_args: Any) -> Iterator[Feed]:
-    """Connect to ``url``; send ``first`` (cursor and/or token) in-band on opening."""
+def feed(
+    url: str, *, first: dict[str, Any] | None = None, token: str | None = None,
+    **connect_args: Any,
+) -> Iterator[Feed]:
+    """Connect to ``url`` (with ``token`` as an ``Authorization: Bearer`` header, never in
+    the URL); send ``first`` (cursor and/or token) in-band on opening."""
+    if token is not None:
+        headers = dict(connect_args.pop("additional_headers", None) or {})
+        connect_args["additional_headers"] = {**headers, "Authorization": f"Bearer {token}"}
     with connect(url, open_timeout=10, close_timeout=2, **connect_args) as ws:
         if first is not None:
             ws.send(json.dumps(first))
