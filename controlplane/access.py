@@ -13,7 +13,7 @@ from __future__ import annotations
 import hashlib
 import secrets
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from importlib import import_module
 from typing import Any
 
@@ -25,7 +25,7 @@ from django.utils import timezone
 from django.utils.crypto import constant_time_compare
 
 from controlplane.errors import Forbidden
-from controlplane.models import ApiToken
+from controlplane.models import ApiToken, LoginFailure
 
 OPERATOR = "operator"
 VIEWER = "viewer"
@@ -133,3 +133,43 @@ def require_operator(user: Any) -> User:
 def actor(user: User) -> str:
     """How a commit and the operations log name the person who acted."""
     return f"user:{user.get_username()}"
+
+
+# -- login throttling ----------------------------------------------------------------------
+
+
+def _login_keys(username: str, address: str | None) -> dict[str, int]:
+    keys = {f"user:{username.strip().lower()[:150]}": settings.LOGIN_FAILURES_PER_ACCOUNT}
+    if address:
+        keys[f"addr:{address[:64]}"] = settings.LOGIN_FAILURES_PER_ADDRESS
+    return keys
+
+
+def login_wait(username: str, address: str | None) -> float:
+    """Seconds before a login for ``username`` from ``address`` may be tried again: 0 if
+    now, else until the oldest counted failure of the account or the address (whichever
+    is over its limit) leaves the ``LOGIN_THROTTLE_SECONDS`` window."""
+    now = timezone.now()
+    window = timedelta(seconds=settings.LOGIN_THROTTLE_SECONDS)
+    wait = 0.0
+    for key, limit in _login_keys(username, address).items():
+        recent = LoginFailure.objects.filter(key=key, at__gt=now - window).order_by("-at")
+        times = list(recent.values_list("at", flat=True)[:limit])
+        if len(times) >= limit:
+            wait = max(wait, (times[-1] + window - now).total_seconds())
+    return wait
+
+
+def login_failed(username: str, address: str | None) -> None:
+    """Count a failed login against the account and the address (and forget the failures
+    that left the window)."""
+    now = timezone.now()
+    keys = _login_keys(username, address)
+    LoginFailure.objects.bulk_create([LoginFailure(key=key, at=now) for key in keys])
+    window = timedelta(seconds=settings.LOGIN_THROTTLE_SECONDS)
+    LoginFailure.objects.filter(key__in=list(keys), at__lte=now - window).delete()
+
+
+def login_succeeded(username: str) -> None:
+    """The account's failures are forgiven (its address's are not)."""
+    LoginFailure.objects.filter(key__in=list(_login_keys(username, None))).delete()

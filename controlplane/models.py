@@ -199,3 +199,15 @@ class ApiToken(models.Model):
 
     class Meta:
         db_table = "controlplane_api_token"
+
+
+class LoginFailure(models.Model):
+    """A failed login, by account (``user:<name>``) or by address (``addr:<ip>``), kept
+    for ``LOGIN_THROTTLE_SECONDS`` to throttle password guessing (controlplane.access)."""
+
+    key = models.CharField(max_length=200)
+    at = models.DateTimeField()
+
+    class Meta:
+        db_table = "controlplane_login_failure"
+        indexes = [models.Index(fields=["key", "at"])]

@@ -111,6 +111,13 @@ if _env_bool("DJANGO_TLS_PROXY", False):
 # A dashboard login lasts a working day, not Django's two weeks.
 SESSION_COOKIE_AGE = int(os.environ.get("DJANGO_SESSION_SECONDS", str(8 * 3600)))
 SESSION_COOKIE_SAMESITE = CSRF_COOKIE_SAMESITE = "Lax"
+# Login throttling (the dashboard's and the admin's login): after this many failed
+# logins within LOGIN_THROTTLE_SECONDS for one account, or from one address, logins
+# for it are refused until the oldest failure is that old. Behind a proxy, run Daphne
+# with --proxy-headers so that the address is the client's.
+LOGIN_FAILURES_PER_ACCOUNT = int(os.environ.get("LOGIN_FAILURES_PER_ACCOUNT", "5"))
+LOGIN_FAILURES_PER_ADDRESS = int(os.environ.get("LOGIN_FAILURES_PER_ADDRESS", "20"))
+LOGIN_THROTTLE_SECONDS = float(os.environ.get("LOGIN_THROTTLE_SECONDS", "900"))
 
 DATABASE_URL = os.environ.get("DATABASE_URL") or DEFAULT_DATABASE_URL
 REDIS_URL = os.environ.get("REDIS_URL") or DEFAULT_REDIS_URL
