@@ -118,6 +118,9 @@ SESSION_COOKIE_SAMESITE = CSRF_COOKIE_SAMESITE = "Lax"
 LOGIN_FAILURES_PER_ACCOUNT = int(os.environ.get("LOGIN_FAILURES_PER_ACCOUNT", "5"))
 LOGIN_FAILURES_PER_ADDRESS = int(os.environ.get("LOGIN_FAILURES_PER_ADDRESS", "20"))
 LOGIN_THROTTLE_SECONDS = float(os.environ.get("LOGIN_THROTTLE_SECONDS", "900"))
+# What Prometheus sends as `Authorization: Bearer ...` to scrape /metrics (empty: only a
+# logged-in operator may read them).
+METRICS_TOKEN = os.environ.get("METRICS_TOKEN", "")
 
 DATABASE_URL = os.environ.get("DATABASE_URL") or DEFAULT_DATABASE_URL
 REDIS_URL = os.environ.get("REDIS_URL") or DEFAULT_REDIS_URL

@@ -1,6 +1,7 @@
 """The control plane's HTTP API (django-ninja), one router per resource.
 
-OpenAPI at ``/api/openapi.json``, docs at ``/api/docs``. Every endpoint needs an
+OpenAPI at ``/api/openapi.json`` (public: it holds no data), docs at ``/api/docs`` (for
+logged-in viewers and operators; its scripts still come from ninja's CDN). Every endpoint needs an
 authenticated viewer or operator; actions need an operator (see :mod:`.auth`).
 Routers are thin: reads come from :mod:`controlplane.reads`, changes from
 :mod:`controlplane.commands`, and their domain errors become HTTP answers here, in one
@@ -20,7 +21,7 @@ from controlplane.errors import ControlPlaneError, http_status
 from kernel import CommitRejected
 
 from . import actions, feed, sessions, tasks, tokens
-from .auth import AUTH
+from .auth import AUTH, docs_for_readers
 
 ERRORS = {
     "400": "The request body is not JSON",
@@ -58,6 +59,7 @@ api = ControlPlaneAPI(
     description="Observe and steer durable agent tasks: sessions, tasks, documents, "
     "submissions, the change feed, and operator actions.",
     auth=AUTH,
+    docs_decorator=docs_for_readers,
     urls_namespace="api",
 )
 api.add_router("/", sessions.router)

@@ -49,8 +49,9 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
 PLAN = "email-plan"  # a document kind the project registers
 # Short intervals, so that the fallbacks are exercised within the test's time.
+METRICS_TOKEN = "e2e-prometheus"
 FAST = {"FEED_POLL_SECONDS": "0.5", "FEED_HEARTBEAT_SECONDS": "1",
-        "WEBSOCKET_RECHECK_SECONDS": "0.5"}
+        "WEBSOCKET_RECHECK_SECONDS": "0.5", "METRICS_TOKEN": METRICS_TOKEN}
 # REST long-polls read the log only every 30 s: an early answer comes from a hint.
 SLOW_LONG_POLL = {"FEED_LONG_POLL_SECONDS": "30"}
 
@@ -200,7 +201,9 @@ def test_previews_reach_the_session_feed_outside_the_seq_order(
 
 def test_metrics_count_the_sockets_this_server_serves(server: Daphne, token: str) -> None:
     def subscribers() -> float:
-        with urllib.request.urlopen(f"{server.http}/metrics", timeout=10) as answer:
+        scrape = urllib.request.Request(
+            f"{server.http}/metrics", headers={"Authorization": f"Bearer {METRICS_TOKEN}"})
+        with urllib.request.urlopen(scrape, timeout=10) as answer:
             text = answer.read().decode()
         found = re.search(r"^durable_feed_subscribers (\S+)$", text, re.M)
         assert found, text
