@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from django.conf import settings
 
-from tests.chaos.harness import redis_db
+from controlplane.dev.ports import reserved_redis_url
 from tests.databases import url_of_test_database
 from tests.e2e.server import Daphne, daphne_env
 
@@ -41,10 +41,9 @@ PROBE = """
 @pytest.fixture
 def web(tmp_path: Path, transactional_db: None) -> Iterator[Daphne]:
     """Daphne alone: no workers are needed to open a socket."""
-    base = settings.REDIS_URL.rsplit("/", 1)[0]
-    with redis_db(base) as db:
+    with reserved_redis_url(settings.REDIS_URL) as redis_url:
         server = Daphne(tmp_path / "daphne.log", daphne_env(
-            url_of_test_database(), f"{base}/{db}", FEED_HEARTBEAT_SECONDS="1"))
+            url_of_test_database(), redis_url, FEED_HEARTBEAT_SECONDS="1"))
         server.start()
         try:
             yield server

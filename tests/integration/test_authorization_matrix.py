@@ -38,10 +38,10 @@ from websockets.exceptions import ConnectionClosed
 from controlplane.access import issue_token
 from controlplane.api import api
 from controlplane.consumers import websocket_urlpatterns
+from controlplane.dev.ports import reserved_redis_url
 from controlplane.models import ApiToken
 from controlplane.runtime import runtime
 from kernel import Draft
-from tests.chaos.harness import redis_db
 from tests.databases import url_of_test_database
 from tests.e2e.server import Daphne, daphne_env, feed
 
@@ -369,10 +369,9 @@ def test_metrics_take_the_scrapers_token(world: World, settings: Any) -> None:
 
 @pytest.fixture
 def web(tmp_path: Path, world: World) -> Iterator[Daphne]:
-    base = settings.REDIS_URL.rsplit("/", 1)[0]
-    with redis_db(base) as db:
+    with reserved_redis_url(settings.REDIS_URL) as redis_url:
         server = Daphne(tmp_path / "daphne.log", daphne_env(
-            url_of_test_database(), f"{base}/{db}", FEED_HEARTBEAT_SECONDS="1"))
+            url_of_test_database(), redis_url, FEED_HEARTBEAT_SECONDS="1"))
         server.start()
         try:
             yield server

@@ -15,9 +15,9 @@ import sys
 import pytest
 from django.contrib.auth.models import User
 
+from controlplane.dev.processes import ROOT
 from controlplane.management.commands.demo import demo_accounts
 from controlplane.settings import BUILTIN_SECRET_KEY
-from tests.chaos.harness import ROOT
 
 PRODUCTION = {
     "DJANGO_SECRET_KEY": secrets.token_urlsafe(50),
