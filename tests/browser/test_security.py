@@ -15,11 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from django.conf import settings
 
-from controlplane.dev.ports import reserved_redis_url
-from tests.databases import url_of_test_database
-from tests.e2e.server import Daphne, daphne_env
+from tests.e2e.server import Daphne, daphne_alone
 
 from .conftest import logged_in
 
@@ -41,14 +38,8 @@ PROBE = """
 @pytest.fixture
 def web(tmp_path: Path, transactional_db: None) -> Iterator[Daphne]:
     """Daphne alone: no workers are needed to open a socket."""
-    with reserved_redis_url(settings.REDIS_URL) as redis_url:
-        server = Daphne(tmp_path / "daphne.log", daphne_env(
-            url_of_test_database(), redis_url, FEED_HEARTBEAT_SECONDS="1"))
-        server.start()
-        try:
-            yield server
-        finally:
-            server.kill()
+    with daphne_alone(tmp_path / "daphne.log", FEED_HEARTBEAT_SECONDS="1") as server:
+        yield server
 
 
 @pytest.fixture

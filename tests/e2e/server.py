@@ -18,6 +18,7 @@ from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import ClientConnection, connect
 
 from controlplane.dev import processes
+from controlplane.dev.ports import reserved_redis_url
 from controlplane.dev.processes import process_env
 from tests.databases import url_of_test_database
 
@@ -42,6 +43,19 @@ class Daphne(processes.Daphne):
 
 def daphne_env(database_url: str, redis_url: str, **extra: str) -> dict[str, str]:
     return process_env(database_url, redis_url, DJANGO_DEBUG="0", **extra)
+
+
+@contextmanager
+def daphne_alone(log: Path, **extra: str) -> Iterator[Daphne]:
+    """A Daphne on the test database and a Redis database of its own, without workers:
+    enough to open sockets."""
+    with reserved_redis_url(settings.REDIS_URL) as redis_url:
+        server = Daphne(log, daphne_env(url_of_test_database(), redis_url, **extra))
+        server.start()
+        try:
+            yield server
+        finally:
+            server.kill()
 
 
 class Feed:

@@ -28,7 +28,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from django.conf import settings
 from django.contrib.auth.models import Group, User
 from django.test import Client
 from django.urls import URLPattern, URLResolver, get_resolver, reverse
@@ -38,12 +37,10 @@ from websockets.exceptions import ConnectionClosed
 from controlplane.access import issue_token
 from controlplane.api import api
 from controlplane.consumers import websocket_urlpatterns
-from controlplane.dev.ports import reserved_redis_url
 from controlplane.models import ApiToken
 from controlplane.runtime import runtime
 from kernel import Draft
-from tests.databases import url_of_test_database
-from tests.e2e.server import Daphne, daphne_env, feed
+from tests.e2e.server import Daphne, daphne_alone, feed
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -369,14 +366,8 @@ def test_metrics_take_the_scrapers_token(world: World, settings: Any) -> None:
 
 @pytest.fixture
 def web(tmp_path: Path, world: World) -> Iterator[Daphne]:
-    with reserved_redis_url(settings.REDIS_URL) as redis_url:
-        server = Daphne(tmp_path / "daphne.log", daphne_env(
-            url_of_test_database(), redis_url, FEED_HEARTBEAT_SECONDS="1"))
-        server.start()
-        try:
-            yield server
-        finally:
-            server.kill()
+    with daphne_alone(tmp_path / "daphne.log", FEED_HEARTBEAT_SECONDS="1") as server:
+        yield server
 
 
 def socket_answer(web: Daphne, world: World, caller: str, path: str) -> Expect:
