@@ -79,3 +79,21 @@ def test_a_page_on_another_origin_cannot_open_a_cookie_authenticated_socket(
     assert "sessionid" in cookies
     assert page.evaluate(PROBE, socket) == "closed 1006"  # refused at the handshake (403)
     assert page.evaluate(PROBE, socket.replace("/ws/ui/overview/", "/ws/feed/")) == "closed 1006"
+
+
+def test_logging_out_in_one_tab_closes_the_other_tabs_live_socket(
+    tmp_path: Path, transactional_db: None, browser: Any
+) -> None:
+    """Point 5 of issue 15 in the browser: the socket re-checks its login session every
+    WEBSOCKET_RECHECK_SECONDS and closes with 4401, which the page shows, not retries."""
+    with daphne_alone(tmp_path / "daphne.log", FEED_HEARTBEAT_SECONDS="1",
+                      WEBSOCKET_RECHECK_SECONDS="0.5") as web:
+        watching = logged_in(browser, web, "olga", "operator")
+        watching.wait_for_function("document.documentElement.dataset.connection === 'live'")
+        other = watching.context.new_page()
+        other.goto(f"{web.http}/workers/")
+        other.get_by_role("button", name="Log out").click()
+        other.wait_for_url(f"{web.http}/accounts/login/")
+        watching.wait_for_function(
+            "document.documentElement.dataset.connection === 'refused'", timeout=5000)
+        assert "refused (4401)" in watching.locator("#conn-state").inner_text()
