@@ -135,6 +135,9 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "channels",
+    # django-ninja as an app: /api/docs loads Swagger UI from ninja's own static files
+    # (pinned with it in requirements.txt), served from this origin, not from a CDN.
+    "ninja",
     "controlplane",
 ]
 

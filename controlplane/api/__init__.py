@@ -1,8 +1,9 @@
 """The control plane's HTTP API (django-ninja), one router per resource.
 
 OpenAPI at ``/api/openapi.json`` (public: it holds no data), docs at ``/api/docs`` (for
-logged-in viewers and operators; its scripts still come from ninja's CDN). Every endpoint needs an
-authenticated viewer or operator; actions need an operator (see :mod:`.auth`).
+logged-in viewers and operators; Swagger UI from ninja's static files, on this origin).
+Every endpoint needs an authenticated viewer or operator; actions need an operator (see
+:mod:`.auth`).
 Routers are thin: reads come from :mod:`controlplane.reads`, changes from
 :mod:`controlplane.commands`, and their domain errors become HTTP answers here, in one
 place (:func:`controlplane.errors.http_status`): 403 for a role that does not allow it,

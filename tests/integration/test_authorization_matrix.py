@@ -29,6 +29,7 @@ from typing import Any
 
 import pytest
 from django.contrib.auth.models import Group, User
+from django.contrib.staticfiles import finders
 from django.test import Client
 from django.urls import URLPattern, URLResolver, get_resolver, reverse
 from django.utils import timezone
@@ -348,6 +349,15 @@ def test_the_admin_is_for_staff_only(world: World) -> None:
     assert staff.get("/admin/").status_code == 200
     assert staff.get("/admin/controlplane/task/").status_code == 200
     assert staff.get("/admin/controlplane/task/add/").status_code == 403  # read-only
+
+
+def test_the_api_docs_load_their_assets_from_this_origin(world: World) -> None:
+    page = world.client("viewer").get("/api/docs").content.decode()
+    scripts = re.findall(r'(?:src|href)="([^"]+)"', page)
+    assert "/static/ninja/swagger-ui-bundle.js" in scripts
+    assert all(s.startswith("/") and not s.startswith("//") for s in scripts), scripts
+    # What the ASGI app's static files handler serves (as it serves the dashboard's).
+    assert finders.find("ninja/swagger-ui-bundle.js")
 
 
 def test_metrics_take_the_scrapers_token(world: World, settings: Any) -> None:
