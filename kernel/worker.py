@@ -169,7 +169,8 @@ class Worker:
 
     def _commit(self, lease: Lease, transition: Transition, ending: bool) -> None:
         if ending:
-            self._end(lease, transition)  # type: ignore[arg-type]
+            assert isinstance(transition, Finish)
+            self._end(lease, transition)
         else:
             lease.commit(transition)
 
