@@ -25,16 +25,14 @@ from kernel import (
     StorageUnavailable,
     Transition,
 )
+from tests.databases import url_of_test_database
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def terminate_own_backend() -> None:
     pid = connection.connection.info.backend_pid
-    params = connection.get_connection_params()
-    params.pop("cursor_factory", None)
-    params.pop("context", None)
-    with psycopg.connect(**params, autocommit=True) as other:
+    with psycopg.connect(url_of_test_database(), autocommit=True) as other:
         other.execute("SELECT pg_terminate_backend(%s)", [pid])
 
 
