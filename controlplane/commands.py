@@ -207,8 +207,11 @@ def wake_task(user: User, task_id: str, action_id: str, reason: str) -> ActionRe
 
 
 def bulk_preview(user: User, found: TaskFilter) -> list[str]:
-    """The tasks a bulk action with this filter would touch: shown, then confirmed."""
+    """The tasks a bulk action with this filter would touch: shown, then confirmed. An
+    empty filter is refused: "every task" is never what a bulk action means by accident."""
     require_operator(user)
+    if not found.any_set():
+        raise Invalid("filter: give at least one (session_id, kind, status or outcome)")
     ids = task_reads.ids(found, MAX_BULK + 1)
     if len(ids) > MAX_BULK:
         raise Invalid(f"more than {MAX_BULK} tasks match: narrow the filter")
@@ -227,7 +230,7 @@ def bulk_act(
     found: TaskFilter,
     action_id: str,
     reason: str,
-    expected_count: int | None,
+    expected_count: int,
 ) -> BulkResult:
     """Cancel or retry every task matching the filter, one commit per task, a result each.
 
@@ -236,8 +239,10 @@ def bulk_act(
     """
     if action not in tuple(BulkAction):
         raise Invalid(f"action: one of {[str(a) for a in BulkAction]}")
+    if isinstance(expected_count, bool) or not isinstance(expected_count, int):
+        raise Invalid("expected_count: the count the preview showed")
     ids = bulk_preview(user, found)
-    if expected_count is not None and expected_count != len(ids):
+    if expected_count != len(ids):
         raise Conflict(f"{len(ids)} tasks match now, not {expected_count}: preview again")
     results = []
     for task_id in ids:

@@ -6,9 +6,9 @@ from datetime import datetime
 from typing import Any
 
 from ninja import Field, Schema
-from pydantic import model_validator
+from pydantic import ConfigDict, StrictInt, model_validator
 
-from controlplane.commands import BulkAction
+from controlplane.commands import MAX_BULK, BulkAction
 from kernel import Outcome, Status
 from kernel.agent import WhenBusy
 
@@ -38,12 +38,18 @@ def storable(value: Any, where: str = "body") -> None:
 
 
 class Input(Schema):
-    """Base of every request body: all of it must be storable as Postgres text/jsonb."""
+    """Base of every request body: a JSON object with only the fields its schema names
+    (an unknown one is refused, naming it), all of it storable as Postgres text/jsonb."""
+
+    model_config = ConfigDict(extra="forbid")
 
     @model_validator(mode="before")
     @classmethod
     def _storable(cls, data: Any) -> Any:
-        storable(getattr(data, "_obj", data))  # ninja hands validators a DjangoGetter
+        body = getattr(data, "_obj", data)  # ninja hands validators a DjangoGetter
+        if not isinstance(body, dict):
+            raise ValueError(f"body: a JSON object, not {type(body).__name__}")
+        storable(body)
         return data
 
 
@@ -191,19 +197,38 @@ StatusName = Status
 OutcomeName = Outcome
 
 
+FILTERS = ("session_id", "kind", "status", "outcome")
+ABSENT: Any = None
+"""Default of a field that may be left out but not sent as null (pydantic does not
+validate defaults, so an explicit null is refused while an absent field is None)."""
+
+
 class BulkFilter(Input):
+    """Which tasks a bulk action touches: at least one of the filters, each a value."""
+
+    model_config = ConfigDict(
+        json_schema_extra={"anyOf": [{"required": [name]} for name in FILTERS]}
+    )
+
     action: BulkAction
-    session_id: str | None = None
-    kind: str | None = None
-    status: StatusName | None = None
-    outcome: OutcomeName | None = None
+    session_id: str = Field(ABSENT, min_length=1)
+    kind: str = Field(ABSENT, min_length=1)
+    status: StatusName = Field(ABSENT)
+    outcome: OutcomeName = Field(ABSENT)
+
+    @model_validator(mode="after")
+    def _filtered(self) -> BulkFilter:
+        if all(getattr(self, name) is None for name in FILTERS):
+            raise ValueError(f"filter: give at least one of {', '.join(FILTERS)}")
+        return self
 
 
 class BulkIn(BulkFilter):
     action_id: str = ActionId
     reason: str = Reason
-    expected_count: int | None = Field(
-        None, ge=0, description="the count the preview showed; a different count is refused"
+    expected_count: StrictInt = Field(
+        ..., ge=0, le=MAX_BULK,
+        description="the count the preview showed; a different count is refused",
     )
 
 
