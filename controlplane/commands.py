@@ -57,6 +57,16 @@ class ActionResult:
 
 
 @dataclass(frozen=True)
+class Step:
+    """An uncertain step an operator may resolve: the signal its task waits on, and the
+    task's epoch while it does (a later step, even under the same signal name, has
+    another epoch)."""
+
+    signal: str
+    epoch: int
+
+
+@dataclass(frozen=True)
 class BulkItem:
     task_id: str
     ok: bool
@@ -155,11 +165,15 @@ def resolve_task(
     action_id: str,
     reason: str,
     decision: str,
+    step: Step,
     receipt: dict[str, Any] | None = None,
 ) -> ActionResult:
-    """Decide an uncertain operation with one of the decisions its task's definition
-    declares (:class:`kernel.registry.Decision`): the task finds the decision's value in
-    the signal it waits on."""
+    """Decide the uncertain step the operator saw (``step``: the signal it waits on, at
+    the task's epoch then) with one of the decisions its task's definition declares
+    (:class:`kernel.registry.Decision`): the task finds the decision's value in that
+    signal. A step answered already, or replaced by a later one, is refused (Conflict or
+    the kernel's ``StaleStep``) and nothing changes: of two operators deciding at once,
+    exactly one decision lands, checked in the commit under the session's lock."""
     require_operator(user)
     task = task_reads.record(task_id)
     offered = {d.name: d for d in _declared_decisions(task)}
@@ -167,11 +181,18 @@ def resolve_task(
     if chosen is None:
         raise Invalid(f"decision: one of {sorted(offered)}" if offered else
                       f"decision: task {task_id} ({task.kind}) offers no decisions")
-    signal = (task.wait or {}).get("signal")
     if not _already_done(task, action_id):
+        signal = task.waits_on.signal if task.status is Status.WAITING else None
         _refuse_unless(
-            task.status is Status.WAITING and signal is not None,
-            f"task {task_id} is not waiting for a resolution (it is {task.status})",
+            signal is not None,
+            f"task {task_id} is not waiting for a resolution (it is {task.shown_status})",
+        )
+        current = Step(signal or "", task.epoch)
+        _refuse_unless(
+            step == current and step.signal not in task.signals,
+            f"task {task_id} waits on {current.signal} at epoch {current.epoch}, not on "
+            f"{step.signal} at epoch {step.epoch}: the step you saw was answered or "
+            "replaced; look again",
         )
     payload: dict[str, Any] = {"decision": chosen.value, "by": actor(user), "reason": reason}
     if receipt is not None:
@@ -182,7 +203,7 @@ def resolve_task(
         reason,
         f"resolve:{decision}",
         task,
-        lambda d: d.signal(task_id, signal or "", payload),
+        lambda d: d.signal(task_id, step.signal, payload, step_epoch=step.epoch),
         [chosen.may_repeat] if chosen.may_repeat else [],
     )
 

@@ -15,6 +15,7 @@ from .errors import (
     NotRegistered,
     SessionPoisoned,
     StaleLease,
+    StaleStep,
     UnknownRecord,
     WaitCycle,
 )
@@ -67,6 +68,7 @@ __all__ = [
     "SessionPoisoned",
     "Sleep",
     "StaleLease",
+    "StaleStep",
     "Status",
     "Storage",
     "SubmissionStatus",

@@ -37,9 +37,12 @@ def retry(request: HttpRequest, task_id: str, body: ActionIn) -> Any:
 @router.post("/tasks/{task_id}/resolve", response=ActionOut)
 def resolve(request: HttpRequest, task_id: str, body: ResolveIn) -> Any:
     """Decide an uncertain operation with one of the decisions its task offers (for an
-    email: it was sent, it was not and is sent again, or give up)."""
+    email: it was sent, it was not and is sent again, or give up), naming the step you
+    saw (the task's ``step``): a step answered already or replaced since is refused
+    (409) and nothing changes."""
     return commands.resolve_task(
-        caller(request), task_id, body.action_id, body.reason, body.decision, body.receipt
+        caller(request), task_id, body.action_id, body.reason, body.decision,
+        commands.Step(body.signal, body.epoch), body.receipt,
     )
 
 

@@ -13,6 +13,7 @@ from kernel import Outcome, Status
 from kernel.agent import WhenBusy
 
 JSON = Any
+MAX_EPOCH = 2**63 - 1  # a bigint
 ActionId = Field(
     ..., min_length=1, max_length=200, description="client-chosen id; a repeat does nothing new"
 )
@@ -108,6 +109,12 @@ class DecisionOut(Schema):
     description: str = ""
 
 
+class StepOut(Schema):
+    signal: str = Field(..., description="the signal the task waits on")
+    epoch: int = Field(..., description="the task's epoch while it waits (a later step has "
+                       "another)")
+
+
 class TaskOut(Schema):
     id: str
     session_id: str
@@ -133,6 +140,9 @@ class TaskOut(Schema):
     shown_status: str = Field(..., description="its status, or once terminal its outcome")
     decisions: list[DecisionOut] = Field(
         default_factory=list, description="what an operator may answer it now (`resolve`)"
+    )
+    step: StepOut | None = Field(
+        None, description="the uncertain step `resolve` answers now: send it with the decision"
     )
 
 
@@ -179,6 +189,10 @@ class ResolveIn(ActionIn):
         description="one of the task's `decisions` (what its definition offers an operator)",
     )
     receipt: dict[str, Any] | None = Field(None, description="with `sent`: what proves it")
+    signal: str = Field(..., min_length=1, max_length=200,
+                        description="the step you decide: the task's `step.signal`")
+    epoch: StrictInt = Field(..., ge=0, le=MAX_EPOCH,
+                             description="the step you decide: the task's `step.epoch`")
 
 
 class ActionOut(Schema):

@@ -119,7 +119,8 @@ def test_viewers_read_but_every_action_is_refused(kernel: Kernel, viewer: Client
         (f"/api/tasks/{task_id}/cancel", action),
         (f"/api/tasks/{task_id}/retry", action),
         (f"/api/tasks/{task_id}/wake", action),
-        (f"/api/tasks/{task_id}/resolve", {**action, "decision": "sent"}),
+        (f"/api/tasks/{task_id}/resolve",
+         {**action, "decision": "sent", "signal": "resolution-1", "epoch": 1}),
         ("/api/actions/bulk", {**action, "action": "cancel", "session_id": session_id,
                                "expected_count": 1}),
         ("/api/actions/bulk/preview", {"action": "cancel", "session_id": session_id}),
@@ -295,16 +296,19 @@ def test_cancel_cascades_records_the_operator_and_is_idempotent(
 
 def test_resolve_wake_retry_and_resubmit(kernel: Kernel, operator: Client) -> None:
     _, asking = start(kernel, "api-step", {"ask": True})
+    step = operator.get(f"/api/tasks/{asking}").json()["step"]
+    assert step == {"signal": "resolution-1", "epoch": kernel.task(asking).epoch}
     resolved = post(operator, f"/api/tasks/{asking}/resolve",
                     {"action_id": "r1", "reason": "checked", "decision": "sent",
-                     "receipt": {"id": "msg_1"}})
+                     "receipt": {"id": "msg_1"}, **step})
     assert resolved.status_code == 200
     Scheduler(kernel).run_until_idle()
     assert kernel.task(asking).outcome["result"]["receipt"] == {"id": "msg_1"}
     assert post(operator, f"/api/tasks/{asking}/resolve",
-                {"action_id": "r2", "reason": "x", "decision": "give_up"}).status_code == 409
+                {"action_id": "r2", "reason": "x", "decision": "give_up", **step}
+                ).status_code == 409
     bad = post(operator, f"/api/tasks/{asking}/resolve",
-               {"action_id": "r3", "reason": "x", "decision": "maybe"})
+               {"action_id": "r3", "reason": "x", "decision": "maybe", **step})
     assert bad.status_code == 422 and "decision" in bad.content.decode()
 
     _, sleeping = start(kernel, "api-step", {"sleep": True})
