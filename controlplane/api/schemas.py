@@ -256,6 +256,8 @@ class BulkResult(Schema):
     ok: bool
     detail: str
     seq: int | None = None
+    replayed: bool = Field(False, description="done before under this action id: nothing "
+                           "ran again")
 
 
 class BulkOut(Schema):

@@ -73,9 +73,13 @@ def retry_failed(request: HttpRequest) -> HttpResponse:
         )
     except Exception as exc:
         return _refused(request, exc)
-    done = [r for r in result.results if r.ok]
+    done = [r for r in result.results if r.ok and not r.replayed]
+    replayed = [r for r in result.results if r.ok and r.replayed]
     failed = [f"{r.task_id}: {r.detail}" for r in result.results if not r.ok]
     note = f"retry: {len(done)} of {result.count} done."
+    if replayed:
+        note += (f" {len(replayed)} already done earlier by this action id: "
+                 "nothing ran again.")
     if failed:
         note += " Not done: " + "; ".join(failed)
     return _answer(request, 200, note)
