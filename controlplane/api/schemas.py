@@ -6,36 +6,20 @@ from datetime import datetime
 from typing import Any
 
 from ninja import Field, Schema
-from pydantic import ConfigDict, StrictInt, model_validator
+from pydantic import ConfigDict, model_validator
 
 from controlplane.commands import MAX_BULK, BulkAction
 from kernel import Outcome, Status
 from kernel.agent import WhenBusy
 
+from .types import Integer, JsonObject, SubmissionInput, storable, text
+
 JSON = Any
 MAX_EPOCH = 2**63 - 1  # a bigint
-ActionId = Field(
+ActionId = text(
     ..., min_length=1, max_length=200, description="client-chosen id; a repeat does nothing new"
 )
-Reason = Field(..., min_length=1, max_length=2000, description="why: kept with the action")
-
-
-def storable(value: Any, where: str = "body") -> None:
-    """Refuse text that Postgres cannot store: NUL characters and lone surrogates."""
-    if isinstance(value, str):
-        if "\x00" in value:
-            raise ValueError(f"{where}: text may not contain NUL characters")
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError as exc:
-            raise ValueError(f"{where}: text is not valid Unicode") from exc
-    elif isinstance(value, dict):
-        for key, item in value.items():
-            storable(key, where)
-            storable(item, f"{where}.{key}")
-    elif isinstance(value, list):
-        for index, item in enumerate(value):
-            storable(item, f"{where}[{index}]")
+Reason = text(..., min_length=1, max_length=2000, description="why: kept with the action")
 
 
 class Input(Schema):
@@ -62,7 +46,7 @@ class SessionOut(Schema):
 
 
 class SessionIn(Input):
-    metadata: dict[str, Any] = Field(default_factory=dict)
+    metadata: JsonObject = Field(default_factory=dict)
 
 
 class ConversationOut(Schema):
@@ -74,8 +58,8 @@ class ConversationOut(Schema):
 
 
 class ConversationIn(Input):
-    fork_of: str | None = None
-    fork_entry_id: str | None = None
+    fork_of: str | None = text(None)
+    fork_entry_id: str | None = text(None)
 
 
 class EntryOut(Schema):
@@ -152,10 +136,10 @@ class TaskNode(Schema):
 
 
 class SubmissionIn(Input):
-    conversation_id: str = Field(..., min_length=1)
-    request_id: str = Field(..., min_length=1, max_length=200)
-    input: JSON = Field(..., description="an object with a `text` string (and optionally "
-                        "`model`, `options`)")
+    conversation_id: str = text(..., min_length=1)
+    request_id: str = text(..., min_length=1, max_length=200)
+    input: SubmissionInput = Field(..., description="an object with a `text` string (and "
+                                   "optionally `model`, `options`)")
     when_busy: WhenBusy = Field(
         WhenBusy.FOLLOW_UP,
         description="if a turn is running: `steer` joins it (its next model request sees "
@@ -184,15 +168,15 @@ class ActionIn(Input):
 
 
 class ResolveIn(ActionIn):
-    decision: str = Field(
+    decision: str = text(
         ..., min_length=1, max_length=100,
         description="one of the task's `decisions` (what its definition offers an operator)",
     )
-    receipt: dict[str, Any] | None = Field(None, description="with `sent`: what proves it")
-    signal: str = Field(..., min_length=1, max_length=200,
-                        description="the step you decide: the task's `step.signal`")
-    epoch: StrictInt = Field(..., ge=0, le=MAX_EPOCH,
-                             description="the step you decide: the task's `step.epoch`")
+    receipt: JsonObject | None = Field(None, description="with `sent`: what proves it")
+    signal: str = text(..., min_length=1, max_length=200,
+                       description="the step you decide: the task's `step.signal`")
+    epoch: Integer = Field(..., ge=0, le=MAX_EPOCH,
+                           description="the step you decide: the task's `step.epoch`")
 
 
 class ActionOut(Schema):
@@ -225,8 +209,8 @@ class BulkFilter(Input):
     )
 
     action: BulkAction
-    session_id: str = Field(ABSENT, min_length=1)
-    kind: str = Field(ABSENT, min_length=1)
+    session_id: str = text(ABSENT, min_length=1)
+    kind: str = text(ABSENT, min_length=1)
     status: StatusName = Field(ABSENT)
     outcome: OutcomeName = Field(ABSENT)
 
@@ -240,7 +224,7 @@ class BulkFilter(Input):
 class BulkIn(BulkFilter):
     action_id: str = ActionId
     reason: str = Reason
-    expected_count: StrictInt = Field(
+    expected_count: Integer = Field(
         ..., ge=0, le=MAX_BULK,
         description="the count the preview showed; a different count is refused",
     )
