@@ -41,10 +41,10 @@ $(STAMP): requirements.txt
 
 services: venv
 	@echo "==> services: finding or starting Postgres and Redis"
-	$(PY) -m controlplane.services ensure --env-file $(SERVICES_ENV)
+	$(PY) -m controlplane.dev.services ensure --env-file $(SERVICES_ENV)
 
 services-stop:
-	@if [ -x $(PY) ]; then $(PY) -m controlplane.services stop --env-file $(SERVICES_ENV); fi
+	@if [ -x $(PY) ]; then $(PY) -m controlplane.dev.services stop --env-file $(SERVICES_ENV); fi
 
 # Browser tests drive Debian's chromium (/usr/bin/chromium), never a browser Playwright
 # downloads. Installed with apt-get when missing and we are root; otherwise say how.

@@ -14,10 +14,10 @@ import os
 import re
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
@@ -26,8 +26,6 @@ DEFAULT_DATABASE_URL = "postgresql://postgres@127.0.0.1:5432/durable"
 BENCH_DATABASE = "durable_bench"
 ROOT = Path(__file__).resolve().parent.parent
 REPORT = ROOT / "docs" / "benchmarks.md"
-# This project's Celery, as a command for real worker and beat processes.
-CELERY = [sys.executable, "-m", "celery", "-A", "controlplane.celery"]
 
 _started = time.monotonic()
 
@@ -100,6 +98,15 @@ def setup_django(url: str, *, migrate: bool) -> None:
         call_command("migrate", verbosity=0, interactive=False)
 
 
+def fresh_database(args: argparse.Namespace, url: str, redis_url: str | None = None) -> None:
+    """Recreate the benchmark's database (``--database``), migrate it and set Django up
+    on it, saying so (and which Redis database the run uses, if it uses one)."""
+    redis = f"; Redis {redis_url}" if redis_url else ""
+    progress(f"database {args.database}: recreating and migrating{redis}")
+    recreate_database(url)
+    setup_django(url, migrate=True)
+
+
 @dataclass(frozen=True)
 class Stats:
     """Latency summary in milliseconds."""
@@ -170,20 +177,3 @@ def write_section(heading: str, section: str, path: Path = REPORT) -> None:
     text = path.read_text() if path.exists() else "# Benchmarks\n\nWritten by `make bench`.\n"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(replace_section(text, heading, section))
-
-
-T = TypeVar("T")
-
-
-def wait_for(check: Callable[[], T], what: str, timeout: float = 30.0, every: float = 0.05) -> T:
-    """Poll ``check`` until it returns something truthy; raise naming ``what`` otherwise.
-
-    The benchmarks and the chaos tests watch real processes the same way."""
-    deadline = time.monotonic() + timeout
-    while True:
-        result = check()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout:g}s waiting for {what}")
-        time.sleep(every)

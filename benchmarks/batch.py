@@ -39,8 +39,6 @@ import json
 import os
 import platform
 import re
-import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -51,18 +49,25 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 from benchmarks._support import (
     BENCH_DATABASE,
-    CELERY,
     ROOT,
     Stats,
+    fresh_database,
     parse_arguments,
     progress,
     publish,
-    recreate_database,
-    setup_django,
+)
+from controlplane.dev.ports import reserved_redis_url
+from controlplane.dev.processes import (
+    CeleryWorker,
+    Process,
+    celery_beat,
+    celery_worker,
+    process_env,
+    start_provider,
     wait_for,
 )
 
@@ -98,60 +103,12 @@ class Config:
 # -- real processes ---------------------------------------------------------------------
 
 
-@dataclass
-class Process:
-    """A worker or beat, in its own process group so that a kill hits nothing else."""
-
-    name: str
-    popen: subprocess.Popen[bytes]
-    log: Path
-    started: float  # wall clock, comparable with commit ``at`` stamps
-    ready_at: float | None = None
-    _seen: int = 0
-
-    @property
-    def lease_owner(self) -> str:
-        """The owner the kernel writes into a lease (``controlplane.execution.runtime``)."""
-        return f"{socket.gethostname()}:{self.popen.pid}"
-
-    def alive(self) -> bool:
-        return self.popen.poll() is None
-
-    def ready(self) -> bool:
-        """Whether the worker said ``ready.``; reads only the log written since last time."""
-        if self.ready_at is None and self.log.exists():
-            with self.log.open("rb") as f:
-                f.seek(self._seen)
-                chunk = f.read()
-            # keep a tail, in case the marker is split across two reads
-            self._seen += max(0, len(chunk) - 16)
-            if b"ready." in chunk:
-                self.ready_at = time.time()
-        return self.ready_at is not None
-
-    def kill(self) -> None:
-        """SIGKILL: no cleanup, no acks, no lease release - a crash."""
-        if self.alive():
-            self.popen.send_signal(signal.SIGKILL)
-
-    def stop(self) -> None:
-        if self.alive():
-            self.popen.terminate()
-            try:
-                self.popen.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.popen.kill()
-        self.popen.wait(timeout=10)
-
-    def output(self) -> str:
-        return self.log.read_text(errors="replace") if self.log.exists() else ""
-
-
 class Cluster:
     """Workers and beat on one database, one Redis db and one provider.
 
-    A small launcher of its own rather than the chaos harness, which is bound to
-    pytest-django's test database: here the database is whatever URL the run is given.
+    The processes are ``controlplane.dev.processes``'s, as in the chaos tests; the
+    stack is not the chaos harness's, which is bound to pytest-django's test database:
+    here the database is whatever URL the run is given.
     """
 
     def __init__(self, workdir: Path, env: dict[str, str]) -> None:
@@ -160,70 +117,32 @@ class Cluster:
         self.processes: list[Process] = []
         self._spawned = 0
 
-    def _spawn(self, name: str, args: list[str]) -> Process:
-        log = self.workdir / f"{name}.log"
-        with log.open("wb") as out:
-            popen = subprocess.Popen(
-                args,
-                cwd=ROOT,
-                env=self.env,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        process = Process(name, popen, log, started=time.time())
-        self.processes.append(process)
-        return process
-
-    def spawn_workers(self, count: int) -> list[Process]:
+    def spawn_workers(self, count: int) -> list[CeleryWorker]:
         """Start ``count`` workers without waiting for them (their start is measured)."""
         spawned = []
         for _ in range(count):
             self._spawned += 1
-            name = f"w{self._spawned}"
-            spawned.append(
-                self._spawn(
-                    name,
-                    [
-                        *CELERY,
-                        "worker",
-                        "-P",
-                        "solo",
-                        "-Q",
-                        QUEUES,
-                        "-n",
-                        f"{name}@bench",
-                        "--without-mingle",
-                        "--without-gossip",
-                        "--without-heartbeat",
-                        "-l",
-                        "info",
-                    ],
-                )
-            )
+            worker = celery_worker(self.workdir, f"w{self._spawned}", self.env, host="bench")
+            self.processes.append(worker.spawn())
+            spawned.append(worker)
         return spawned
 
     def wait_ready(self, workers: Sequence[Process], timeout: float = 60.0) -> None:
-        def check() -> bool:
-            for w in workers:
-                if not w.alive():
-                    raise RuntimeError(f"worker {w.name} exited:\n{w.output()[-3000:]}")
-            return all(w.ready() for w in workers)
-
-        wait_for(check, "workers to be ready", timeout=timeout)
+        for worker in workers:
+            worker.wait_ready(timeout)
 
     def start_beat(self) -> Process:
-        schedule = self.workdir / "beat-schedule"
-        return self._spawn("beat", [*CELERY, "beat", "-s", str(schedule), "-l", "info"])
+        beat = celery_beat(self.workdir, self.env).spawn()
+        self.processes.append(beat)
+        return beat
 
-    def workers(self) -> list[Process]:
-        return [p for p in self.processes if p.name.startswith("w") and p.alive()]
+    def workers(self) -> list[CeleryWorker]:
+        return [p for p in self.processes if isinstance(p, CeleryWorker) and p.alive]
 
     def stop(self, processes: Sequence[Process]) -> None:
         """Stop ``processes`` gracefully, all at once: each takes a second or two."""
         for process in processes:
-            if process.alive():
-                process.popen.terminate()
+            process.terminate()
         for process in processes:
             process.stop()
 
@@ -232,10 +151,12 @@ class Cluster:
 
     def activity(self) -> Activity:
         """What the workers' logs say they did, summed over every worker of the run."""
-        text = "".join(p.output() for p in self.processes if p.name.startswith("w"))
+        workers = [p for p in self.processes if isinstance(p, CeleryWorker)]
+        advances = [ran for worker in workers for ran in worker.advances()]
+        text = "".join(worker.output() for worker in workers)
         return Activity(
-            phases=len(re.findall(r"advance\[[^\]]+\] succeeded in \S+: True", text)),
-            idle=len(re.findall(r"advance\[[^\]]+\] succeeded in \S+: False", text)),
+            phases=advances.count(True),
+            idle=advances.count(False),
             sweeps=len(re.findall(r"sweep\[[^\]]+\] succeeded", text)),
             sweeps_expired=len(re.findall(r"Discarding revoked task: controlplane\.sweep", text)),
             redelivered=sum(int(n) for n in re.findall(r"SweepReport\(delivered=(\d+)", text)),
@@ -270,15 +191,6 @@ class Activity:
         )
 
 
-def redis_db_url(db: int, base: str | None = None) -> str:
-    """``base`` (default: ``REDIS_URL``) with its database number replaced by ``db``.
-
-    The run flushes that database first, so it must not be the one the dev stack uses.
-    """
-    url = base or os.environ.get("REDIS_URL") or "redis://127.0.0.1:6379/0"
-    return urlunsplit(urlsplit(url)._replace(path=f"/{db}"))
-
-
 # -- the system under test, seen from outside -------------------------------------------
 
 
@@ -293,8 +205,8 @@ class Bench:
     def __init__(self, redis_url: str, provider_url: str) -> None:
         from kombu import Connection, Producer
 
+        from controlplane.dev.provider_admin import ProviderAdmin
         from controlplane.execution import advance
-        from controlplane.notices.provider import ProviderAdmin
         from controlplane.registry import build_registry
         from controlplane.storage import PostgresStorage
         from kernel import Kernel, SystemClock
@@ -653,7 +565,7 @@ def measure_recovery(bench: Bench, cluster: Cluster, config: Config, redis_url: 
 
     victims = cluster.workers()
     for worker in victims:
-        worker.kill()
+        worker.kill(wait=False)
     for worker in victims:
         worker.popen.wait(timeout=10)
     killed = time.time()
@@ -778,8 +690,6 @@ def running_system(url: str, redis_url: str, config: Config) -> Iterator[tuple[B
     """Provider, beat and ``config.workers`` workers on ``url`` and ``redis_url``."""
     import redis
 
-    from controlplane.notices.provider_process import start_provider
-
     redis.Redis.from_url(redis_url).flushdb()
     with contextlib.ExitStack() as stack:
         if config.logs is None:
@@ -788,21 +698,19 @@ def running_system(url: str, redis_url: str, config: Config) -> Iterator[tuple[B
             tmp = config.logs
             Path(tmp).mkdir(parents=True, exist_ok=True)
         provider = stack.enter_context(start_provider())
-        env = {
-            **os.environ,
-            "DATABASE_URL": url,
-            "REDIS_URL": redis_url,
-            "EMAIL_PROVIDER_URL": provider.url,
-            "KERNEL_LEASE_SECONDS": f"{config.lease_seconds:g}",
+        env = process_env(
+            url,
+            redis_url,
+            EMAIL_PROVIDER_URL=provider.url,
+            KERNEL_LEASE_SECONDS=f"{config.lease_seconds:g}",
             **(
                 {"KERNEL_REDELIVER_SECONDS": f"{config.redeliver_seconds:g}"}
                 if config.redeliver_seconds is not None
                 else {}
             ),
-            "DJANGO_DEBUG": "0",  # as deployed: DEBUG would keep every query
-            "DJANGO_SETTINGS_MODULE": "controlplane.settings",
-            "PYTHONUNBUFFERED": "1",
-        }
+            DJANGO_DEBUG="0",  # as deployed: DEBUG would keep every query
+            DJANGO_SETTINGS_MODULE="controlplane.settings",
+        )
         cluster = Cluster(Path(tmp), env)
         bench = Bench(redis_url, provider.url)
         try:
@@ -1127,13 +1035,10 @@ def main(argv: list[str] | None = None) -> int:
         logs=args.logs,
     )
 
-    redis_url = redis_db_url(args.redis_db)
-    progress(f"database {args.database}: recreating and migrating; Redis {redis_url}")
-    recreate_database(url)
-    setup_django(url, migrate=True)
-    result = run(url, redis_url, config)
-    section = render(result)
-    return publish(HEADING, section, write=not args.no_write)
+    with reserved_redis_url(db=args.redis_db) as redis_url:
+        fresh_database(args, url, redis_url)
+        result = run(url, redis_url, config)
+    return publish(HEADING, render(result), write=not args.no_write)
 
 
 if __name__ == "__main__":

@@ -32,7 +32,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
-from unittest import mock
 
 import psycopg
 from psycopg.types.json import Jsonb
@@ -375,25 +374,21 @@ def profile_phase_commit(storage: Storage, *, count: int) -> Profile:
     """
     from django.db import connections
 
-    import controlplane.storage as postgres
+    from controlplane import storage as postgres
 
-    connection = connections[getattr(storage, "using", "default")]
+    if not isinstance(storage, postgres.PostgresStorage):
+        raise TypeError("the commit profile times PostgresStorage's round trips")
+    connection = connections[storage.using]
     kernel = Kernel(storage, make_registry())
     session = new_session(kernel, count + 20)
     for _ in range(20):  # warm this session's rows and prepared statements
         commit_phase(session, claim_next(session)[0])
     calls: dict[str, list[float]] = defaultdict(list)
+    labels = {postgres.READS: READS, postgres.WRITES: WRITES}
     statements = 0
 
-    def timed(label: str, step: Callable[..., Any]) -> Callable[..., Any]:
-        def run(*args: Any, **kwargs: Any) -> Any:
-            started = time.perf_counter()
-            try:
-                return step(*args, **kwargs)
-            finally:
-                calls[label].append(time.perf_counter() - started)
-
-        return run
+    def observe(stage: str, seconds: float) -> None:
+        calls[labels[stage]].append(seconds)
 
     def counter(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
         nonlocal statements
@@ -401,10 +396,7 @@ def profile_phase_commit(storage: Storage, *, count: int) -> Profile:
         return execute(sql, params, many, context)
 
     total = 0.0
-    with (
-        mock.patch.object(postgres._Transaction, "load", timed(READS, postgres._Transaction.load)),
-        mock.patch.object(postgres, "_write", timed(WRITES, postgres._write)),
-    ):
+    with storage.observing(observe):
         for _ in range(count):
             task, _ = claim_next(session)
             with connection.execute_wrapper(counter):

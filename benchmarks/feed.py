@@ -24,34 +24,28 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import os
-import random
-import signal
 import statistics
-import subprocess
-import sys
 import tempfile
 import threading
 import time
 import urllib.request
 import uuid
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from benchmarks._support import (
-    ROOT,
     Stats,
+    fresh_database,
     parse_arguments,
     progress,
     publish,
-    recreate_database,
-    setup_django,
 )
+from controlplane.dev.ports import reserved_redis_url
+from controlplane.dev.processes import Daphne, process_env
 
 HEADING = "## Change feed (issue 5)"
 DATABASE = "durable_bench_feed"
@@ -59,90 +53,6 @@ LATENCY_TARGET_MS = 250.0
 REPLAY_TARGET_S = 1.0
 REST_PAGE = 1000
 PLAN = "email-plan"  # a document kind the project registers
-DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
-
-
-# -- processes and services --------------------------------------------------------------
-
-
-@contextlib.contextmanager
-def reserved_redis_db(base: str) -> Iterator[str]:
-    """A Redis database (1-15) nobody else uses meanwhile: the same reservation keys in
-    database 0 as the chaos tests' harness, so a benchmark and a test run never share."""
-    import redis
-
-    registry = redis.Redis.from_url(f"{base}/0")
-    token = f"bench:{os.getpid()}:{uuid.uuid4().hex}"
-    for db in random.sample(range(1, 16), 15):
-        key = f"chaos:redis-db:{db}"
-        if registry.set(key, token, nx=True, ex=1800):
-            try:
-                url = f"{base}/{db}"
-                redis.Redis.from_url(url).flushdb()
-                yield url
-            finally:
-                if registry.get(key) == token.encode():
-                    registry.delete(key)
-            return
-    raise RuntimeError("Redis databases 1-15 are all reserved")
-
-
-@dataclass
-class Daphne:
-    env: dict[str, str]
-    log: Path
-    port: int = 0
-    popen: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        import socket
-
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            self.port = sock.getsockname()[1]
-        daphne = str(Path(sys.executable).parent / "daphne")
-        with self.log.open("ab") as out:
-            self.popen = subprocess.Popen(
-                [daphne, "-b", "127.0.0.1", "-p", str(self.port), "controlplane.asgi:application"],
-                cwd=ROOT,
-                env=self.env,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-            )
-        deadline = time.monotonic() + 60
-        while True:
-            if self.popen.poll() is not None:
-                raise RuntimeError(f"daphne exited:\n{self.log.read_text()}")
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/healthz", timeout=1):
-                    return
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.1)
-
-    def stop(self) -> None:
-        if self.popen is not None and self.popen.poll() is None:
-            self.popen.send_signal(signal.SIGTERM)
-            try:
-                self.popen.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.popen.kill()
-                self.popen.wait()
-
-    def cpu_seconds(self) -> float:
-        """User + system CPU the server process has used so far."""
-        assert self.popen is not None
-        fields = Path(f"/proc/{self.popen.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-    @property
-    def ws(self) -> str:
-        return f"ws://127.0.0.1:{self.port}"
-
-    @property
-    def http(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
 
 
 # -- measurements ------------------------------------------------------------------------
@@ -420,15 +330,9 @@ def run(args: argparse.Namespace, url: str, redis_url: str) -> Result:
     clock = CommitClock()
     kernel.listeners.insert(0, clock.after_commit)
     token = viewer_token()
-    env = {
-        **os.environ,
-        "DATABASE_URL": url,
-        "REDIS_URL": redis_url,
-        "DJANGO_DEBUG": os.environ.get("DJANGO_DEBUG", "0"),
-        "PYTHONUNBUFFERED": "1",
-    }
+    env = process_env(url, redis_url, DJANGO_DEBUG=os.environ.get("DJANGO_DEBUG", "0"))
     with tempfile.TemporaryDirectory() as tmp:
-        server = Daphne(env, Path(tmp) / "daphne.log")
+        server = Daphne(Path(tmp) / "daphne.log", env)
         progress("starting daphne")
         server.start()
         try:
@@ -587,15 +491,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--replay", type=int, default=10_000, help="commits to replay")
     parser.add_argument("--replay-runs", type=int, default=5)
     args, url = parse_arguments(parser, argv, DATABASE)
-    base = (os.environ.get("REDIS_URL") or DEFAULT_REDIS_URL).rsplit("/", 1)[0]
-    with reserved_redis_db(base) as redis_url:
+    with reserved_redis_url() as redis_url:
         os.environ["REDIS_URL"] = redis_url  # this process's hints go where the server listens
-        progress(f"database {args.database}: recreating and migrating; Redis {redis_url}")
-        recreate_database(url)
-        setup_django(url, migrate=True)
+        fresh_database(args, url, redis_url)
         result = run(args, url, redis_url)
-    section = render(result)
-    return publish(HEADING, section, write=not args.no_write)
+    return publish(HEADING, render(result), write=not args.no_write)
 
 
 if __name__ == "__main__":

@@ -26,11 +26,10 @@ from pathlib import Path
 
 from benchmarks._support import (
     Stats,
+    fresh_database,
     parse_arguments,
     progress,
     publish,
-    recreate_database,
-    setup_django,
 )
 
 HEADING = "## Dashboard (issue 6)"
@@ -40,31 +39,35 @@ STATES = ["succeeded", "running", "pending", "waiting", "sleeping"]
 
 
 def seed_session(tasks: int) -> tuple[str, str]:
-    """A session with one root and ``tasks - 1`` children in mixed states; (session, root)."""
+    """A session with one root and ``tasks - 1`` children in mixed states; (session, root).
+
+    Rows are kernel records copied in through the storage's schema, so a new record
+    field needs nothing here."""
     from django.db import connection
 
-    from kernel.records import new_id
+    from controlplane.storage.schema import SESSION, TASK
+    from kernel.records import SessionRecord, Status, Task, new_id
 
     session_id, root = new_id("sess"), new_id("task")
-    columns = ("id, session_id, kind, version, input, status, phase, checkpoint, created_seq, "
-               "updated_seq, parent_id, owned, wait, wait_deps, signals, cancel, outcome, "
-               "restarts, epoch, queue")
-    with connection.cursor() as cur:
-        cur.execute("INSERT INTO kernel_session (id, head_seq, created_at, metadata) "
-                    "VALUES (%s, 2, now(), '{\"title\": \"benchmark\"}')", [session_id])
-        cur.execute(
-            f"INSERT INTO kernel_task ({columns}) VALUES (%s, %s, 'send-batch', 1, "
-            "'{\"recipients\": []}', 'waiting', 'summarize', '{}', 1, 1, NULL, false, "
-            "'{\"deps\": [], \"policy\": \"all_settled\"}', '{}', '{}', NULL, NULL, 0, 1, "
-            "'default')", [root, session_id])
-        cur.execute(
-            f"INSERT INTO kernel_task ({columns}) SELECT 'task_bench_' || g, %s, 'send-notice', "
-            "1, jsonb_build_object('to', 'r' || g || '@example.com'), "
-            "CASE WHEN (%s::text[])[1 + g %% 5] = 'succeeded' THEN 'terminal' "
-            "ELSE (%s::text[])[1 + g %% 5] END, 'confirm', '{}', 2, 2, %s, true, NULL, '{}', "
-            "'{}', NULL, CASE WHEN g %% 5 = 0 THEN '{\"kind\": \"succeeded\"}'::jsonb END, 0, 1, "
-            "'hands' FROM generate_series(1, %s) g",
-            [session_id, STATES, STATES, root, tasks - 1])
+    rows = [Task(root, session_id, "send-batch", 1, {"recipients": []}, Status.WAITING,
+                 "summarize", {}, 1, 1, wait={"deps": [], "policy": "all_settled"}, epoch=1)]
+    for g in range(1, tasks):
+        state = STATES[g % len(STATES)]
+        done = state == "succeeded"
+        rows.append(Task(
+            f"task_bench_{g}", session_id, "send-notice", 1, {"to": f"r{g}@example.com"},
+            Status.TERMINAL if done else Status(state), "confirm", {}, 2, 2, parent_id=root,
+            owned=True, outcome={"kind": "succeeded"} if done else None, epoch=1,
+            queue="hands",
+        ))
+    connection.ensure_connection()
+    with connection.connection.cursor() as cur:
+        session = SessionRecord(session_id, 2, datetime.now(UTC), {"title": "benchmark"})
+        cur.execute(f"INSERT INTO {SESSION.name} ({', '.join(SESSION.inserted)}) VALUES "
+                    f"({', '.join(['%s'] * len(SESSION.inserted))})", SESSION.values(session))
+        with cur.copy(f"COPY {TASK.name} ({', '.join(TASK.inserted)}) FROM STDIN") as copy:
+            for task in rows:
+                copy.write_row(TASK.values(task))
     return session_id, root
 
 
@@ -104,16 +107,16 @@ def measure_browser(url: str, session_id: str, runs: int) -> Browser:
     """Chromium against a real Daphne: time to ``domInteractive`` and to a live socket."""
     from playwright.sync_api import sync_playwright
 
-    from benchmarks.feed import Daphne
+    from controlplane.dev.processes import Daphne, process_env
 
-    env = {**os.environ, "DATABASE_URL": url, "DJANGO_DEBUG": "0", "PYTHONUNBUFFERED": "1"}
+    env = process_env(url, DJANGO_DEBUG="0")
     found = Browser()
     from django.contrib.auth.models import Group, User
 
     user = User.objects.create_user(f"bench-ui-{time.monotonic_ns()}", password="bench-pw")
     user.groups.add(Group.objects.get_or_create(name="viewer")[0])
     with tempfile.TemporaryDirectory() as tmp:
-        server = Daphne(env, Path(tmp) / "daphne.log")
+        server = Daphne(Path(tmp) / "daphne.log", env)
         server.start()
         try:
             with sync_playwright() as playwright:
@@ -202,9 +205,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=30)
     parser.add_argument("--browser-runs", type=int, default=5)
     args, url = parse_arguments(parser, argv, DATABASE)
-    progress(f"database {args.database}: recreating and migrating")
-    recreate_database(url)
-    setup_django(url, migrate=True)
+    fresh_database(args, url)
     return publish(HEADING, render(run(args, url)), write=not args.no_write)
 
 

@@ -1,19 +1,76 @@
 """The Session Store in Postgres (DESIGN §3).
 
-These models define the schema and serve the admin and the API's ordinary reads.
-The hot paths - commit, claim, feed reads - are explicit SQL in
-:mod:`controlplane.storage`, which is why every table has a short ``db_table``.
-Rows are written only through commits; nothing here has save() logic.
+These models are the schema's one definition (the migration source; the storage
+derives its columns and row mapping from them, see :mod:`controlplane.storage.schema`)
+and a read-only mirror for the admin and the control plane's reads. The hot paths -
+commit, claim, feed reads - are explicit SQL in :mod:`controlplane.storage`, which is
+why every table has a short ``db_table``.
+
+Rows of the ``kernel_*`` tables are written only through kernel commits: every model
+here but :class:`ApiToken` is a :class:`KernelRecord`, whose ``save``, ``delete`` and
+queryset writes (``update``, ``delete``, ``create``, ``bulk_create``, ...) raise
+:class:`ReadOnlyRecord`.
 """
 
 from __future__ import annotations
+
+from typing import Any, NoReturn
 
 from django.contrib.postgres.fields import ArrayField
 from django.contrib.postgres.indexes import GinIndex
 from django.db import models
 
 
-class Session(models.Model):
+class ReadOnlyRecord(Exception):
+    """An ORM write to a kernel table: those rows change only through kernel commits."""
+
+
+def _refuse(model: type[models.Model], action: str) -> NoReturn:
+    raise ReadOnlyRecord(
+        f"{model.__name__}.{action}: {model._meta.db_table} is written only by kernel "
+        "commits (controlplane.models is a read-only mirror); go through the kernel "
+        "(SessionHandle.commit, the control-plane commands) instead"
+    )
+
+
+class ReadOnlyQuerySet(models.QuerySet):
+    """Reads as usual; every write refuses (the per-row ones through ``save``/``delete``)."""
+
+    def update(self, **kwargs: Any) -> NoReturn:
+        _refuse(self.model, "objects.update")
+
+    def delete(self) -> NoReturn:
+        _refuse(self.model, "objects.delete")
+
+    def _raw_delete(self, using: Any) -> NoReturn:  # a cascade's fast path
+        _refuse(self.model, "objects.delete")
+
+    def bulk_create(self, objs: Any, *args: Any, **kwargs: Any) -> NoReturn:
+        _refuse(self.model, "objects.bulk_create")
+
+    def bulk_update(self, objs: Any, *args: Any, **kwargs: Any) -> NoReturn:
+        _refuse(self.model, "objects.bulk_update")
+
+    def update_or_create(self, *args: Any, **kwargs: Any) -> NoReturn:
+        _refuse(self.model, "objects.update_or_create")
+
+
+class KernelRecord(models.Model):
+    """A read-only mirror of a ``kernel_*`` table (see the module docstring)."""
+
+    objects = ReadOnlyQuerySet.as_manager()
+
+    class Meta:
+        abstract = True
+
+    def save(self, *args: Any, **kwargs: Any) -> NoReturn:  # create() and get_or_create() too
+        _refuse(type(self), "save")
+
+    def delete(self, *args: Any, **kwargs: Any) -> NoReturn:
+        _refuse(type(self), "delete")
+
+
+class Session(KernelRecord):
     id = models.TextField(primary_key=True)
     head_seq = models.BigIntegerField(default=0)
     created_at = models.DateTimeField()
@@ -23,7 +80,7 @@ class Session(models.Model):
         db_table = "kernel_session"
 
 
-class Conversation(models.Model):
+class Conversation(KernelRecord):
     id = models.TextField(primary_key=True)
     session = models.ForeignKey(Session, on_delete=models.CASCADE)
     created_seq = models.BigIntegerField()
@@ -34,7 +91,7 @@ class Conversation(models.Model):
         db_table = "kernel_conversation"
 
 
-class Entry(models.Model):
+class Entry(KernelRecord):
     id = models.TextField(primary_key=True)
     session = models.ForeignKey(Session, on_delete=models.CASCADE)
     conversation = models.ForeignKey(Conversation, on_delete=models.CASCADE)
@@ -50,7 +107,7 @@ class Entry(models.Model):
         indexes = [models.Index(fields=["conversation", "seq", "ordinal"])]
 
 
-class Document(models.Model):
+class Document(KernelRecord):
     id = models.TextField(primary_key=True)
     session = models.ForeignKey(Session, on_delete=models.CASCADE)
     kind = models.TextField()
@@ -69,7 +126,7 @@ class Document(models.Model):
         ]
 
 
-class DocumentVersion(models.Model):
+class DocumentVersion(KernelRecord):
     id = models.BigAutoField(primary_key=True)
     document = models.ForeignKey(Document, on_delete=models.CASCADE)
     version = models.BigIntegerField()
@@ -85,7 +142,7 @@ class DocumentVersion(models.Model):
         ]
 
 
-class Task(models.Model):
+class Task(KernelRecord):
     id = models.TextField(primary_key=True)
     session = models.ForeignKey(Session, on_delete=models.CASCADE)
     kind = models.TextField()
@@ -124,7 +181,7 @@ class Task(models.Model):
         ]
 
 
-class Submission(models.Model):
+class Submission(KernelRecord):
     id = models.TextField(primary_key=True)
     session = models.ForeignKey(Session, on_delete=models.CASCADE)
     conversation = models.ForeignKey(Conversation, on_delete=models.CASCADE)
@@ -146,7 +203,7 @@ class Submission(models.Model):
         ]
 
 
-class Commit(models.Model):
+class Commit(KernelRecord):
     """The change feed: one row per commit, gapless ``seq`` per session."""
 
     id = models.BigAutoField(primary_key=True)
@@ -169,7 +226,7 @@ class Commit(models.Model):
         ]
 
 
-class Dispatch(models.Model):
+class Dispatch(KernelRecord):
     """Outbox: delivered to Celery after its commit, re-sent by the sweep until then."""
 
     id = models.BigAutoField(primary_key=True)

@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
-from .postgres import PostgresStorage
+from .connection import Observer
+from .postgres import READS, WRITES, PostgresStorage
 
-__all__ = ["PostgresStorage"]
+__all__ = ["READS", "WRITES", "Observer", "PostgresStorage"]

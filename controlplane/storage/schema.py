@@ -89,6 +89,16 @@ def _is_auto(field: models.Field) -> bool:
     return bool(field.primary_key and isinstance(field, models.AutoField | models.BigAutoField))
 
 
+def _getter(make: Callable[..., Any], names: Sequence[str]) -> Callable[[Any], tuple]:
+    """``itemgetter``/``attrgetter`` of ``names`` that returns a tuple whatever their count."""
+    if len(names) > 1:
+        return make(*names)  # type: ignore[no-any-return]
+    if not names:
+        return lambda _: ()
+    one = make(names[0])
+    return lambda source: (one(source),)
+
+
 def mismatches(record: type, model: type[models.Model]) -> list[str]:
     """What keeps ``record`` and ``model`` from corresponding by name (empty: they do)."""
     label = f"{record.__name__} <-> {model.__name__} ({model._meta.db_table})"
@@ -152,22 +162,24 @@ class Table(Generic[R]):
                 convert = _null_safe(convert) if fields[name].null else convert
                 decode.append((i, convert))
                 load.append((i, convert))
-        encode: list[tuple[int, Convert]] = []
-        for i, name in enumerate(self.inserted):
-            field = fields[name]
-            if isinstance(field, models.JSONField):
-                encode.append((i, _null_safe(Jsonb) if field.null else Jsonb))
-            elif name in names and _enum_of(hints[name]) is not None:
-                encode.append((i, _null_safe(str) if field.null else str))
         self._decode = tuple(decode)
         self._load = tuple(load)
-        self._encode = tuple(encode)
-        self._get_row = itemgetter(*names)
-        self._get_record = attrgetter(*self.inserted)
-        position = {name: i for i, name in enumerate(self.inserted)}
-        self._update_positions = tuple(position[c] for c in self.updated) + (
-            (position[self.key],) if self.key in position else ()
-        )
+        self._get_row = _getter(itemgetter, names)
+
+        def encoder(columns: Sequence[str]) -> tuple[Callable[[Any], Any], tuple]:
+            """A getter of ``columns`` from a record and the conversions their values need."""
+            encode: list[tuple[int, Convert]] = []
+            for i, name in enumerate(columns):
+                field = fields[name]
+                if isinstance(field, models.JSONField):
+                    encode.append((i, _null_safe(Jsonb) if field.null else Jsonb))
+                elif name in names and _enum_of(hints[name]) is not None:
+                    encode.append((i, _null_safe(str) if field.null else str))
+            return _getter(attrgetter, columns), tuple(encode)
+
+        self._get_inserted, self._encode_inserted = encoder(self.inserted)
+        keyed = (*self.updated, self.key) if self.key in self.inserted else self.updated
+        self._get_updated, self._encode_updated = encoder(keyed)
 
     def __repr__(self) -> str:
         return f"<Table {self.name}: {self.record_type.__name__}>"
@@ -192,15 +204,17 @@ class Table(Generic[R]):
 
     def values(self, record: R) -> list[Any]:
         """The DB values of :attr:`inserted`, in that order: an insert's parameters."""
-        values = list(self._get_record(record))
-        for i, convert in self._encode:
+        values = list(self._get_inserted(record))
+        for i, convert in self._encode_inserted:
             values[i] = convert(values[i])
         return values
 
     def update_values(self, record: R) -> list[Any]:
         """The DB values of :attr:`updated`, then the key: an update's parameters."""
-        values = self.values(record)
-        return [values[i] for i in self._update_positions]
+        values = list(self._get_updated(record))
+        for i, convert in self._encode_updated:
+            values[i] = convert(values[i])
+        return values
 
     def row(self, record: R) -> dict[str, Any]:
         """The record as a dict column -> DB value, for every column an insert writes."""

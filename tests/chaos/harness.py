@@ -9,12 +9,6 @@ from __future__ import annotations
 
 import base64
 import json
-import os
-import random
-import re
-import signal
-import subprocess
-import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -26,9 +20,18 @@ import redis
 from django.conf import settings
 from django.db import connection
 
-from benchmarks._support import CELERY, wait_for
-from controlplane.notices.provider import ProviderAdmin
-from controlplane.notices.provider_process import RunningProvider, start_provider
+from controlplane.dev.ports import reserved_redis_url
+from controlplane.dev.processes import (
+    CeleryWorker,
+    Process,
+    RunningProvider,
+    celery_beat,
+    celery_worker,
+    process_env,
+    start_provider,
+    wait_for,
+)
+from controlplane.dev.provider_admin import ProviderAdmin
 from controlplane.storage import PostgresStorage
 from kernel import Draft, Kernel, Status, SubmissionStatus, SystemClock, Task, Worker
 from kernel.agent import submit
@@ -36,52 +39,15 @@ from kernel.dispatch import Dispatcher
 from kernel.records import Entry, Submission
 from tests.databases import url_of_test_database
 
-ROOT = Path(__file__).resolve().parents[2]
 RECIPIENTS = [f"{name}@example.com" for name in ("ana", "ben", "cai", "dee", "eve")]
 SWEEP_SENT = "Sending due task sweep"  # beat's log line for each sweep it sends
-ADVANCED = re.compile(r"controlplane\.advance\[[^]]+\] succeeded in \S+: (True|False)")
-
-
-@dataclass
-class Process:
-    name: str
-    popen: subprocess.Popen[bytes]
-    log: Path
-    ready_line: str = " ready."  # what its log says once it is up
-
-    def kill(self) -> None:
-        """SIGKILL: no cleanup, no acks, no goodbye - a crash."""
-        if self.popen.poll() is None:
-            self.popen.send_signal(signal.SIGKILL)
-        self.popen.wait(timeout=10)
-
-    def stop(self) -> None:
-        if self.popen.poll() is None:
-            self.popen.terminate()
-            try:
-                self.popen.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.kill()
-
-    def output(self) -> str:
-        return self.log.read_text(errors="replace") if self.log.exists() else ""
-
-    @property
-    def alive(self) -> bool:
-        return self.popen.poll() is None
-
-    def ready(self) -> bool:
-        return self.ready_line in self.output()
-
-    def settled(self) -> bool:
-        """Ready, or exited: either way there is nothing more to wait for."""
-        return self.ready() or not self.alive
-
-    def advances(self) -> list[bool]:
-        """What each "advance" message this worker handled returned, by its log: True
-        where it claimed the task and ran it, False where the claim found nothing to do
-        (a duplicate or late message)."""
-        return [found == "True" for found in ADVANCED.findall(self.output())]
+# Short leases and redelivery, so that a kill is recovered from within a test's time.
+STACK_ENV = {
+    "EMAIL_PROVIDER_TIMEOUT": "30",
+    "KERNEL_LEASE_SECONDS": "3",
+    "KERNEL_REDELIVER_SECONDS": "3",
+    "DJANGO_CONN_MAX_AGE": "60",
+}
 
 
 @dataclass
@@ -118,52 +84,29 @@ class Stack:
     def admin(self) -> ProviderAdmin:
         return ProviderAdmin(self.provider.url)
 
-    def _spawn(self, name: str, args: list[str], ready_line: str, **env: str) -> Process:
-        log = self.tmp / f"{name}.log"
-        popen = subprocess.Popen(
-            args,
-            cwd=ROOT,
-            env={**self.env, **env},
-            stdout=log.open("wb"),
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        process = Process(name, popen, log, ready_line)
-        self.processes.append(process)
+    def _add(self, process: Process, wait: bool) -> Process:
+        self.processes.append(process.spawn())
+        if wait:
+            self.wait_ready(process)
         return process
 
     def worker(
         self, name: str = "w1", queues: str = "default,hands,brain", *, wait: bool = True,
         **env: str,
-    ) -> Process:
+    ) -> CeleryWorker:
         """Start a worker; unless ``wait`` is false, return once it consumes its queues."""
-        process = self._spawn(
-            name,
-            [*CELERY, "worker", "-P", "solo", "-Q", queues, "-n", f"{name}@chaos",
-             "--without-mingle", "--without-gossip", "--without-heartbeat", "-l", "info"],
-            " ready.",
-            **env,
-        )
-        if wait:
-            self.wait_ready(process)
-        return process
+        worker = celery_worker(self.tmp, name, {**self.env, **env}, queues=queues, host="chaos")
+        self._add(worker, wait)
+        return worker
 
     def beat(self, name: str = "beat", *, wait: bool = False) -> Process:
         """Start beat; with ``wait``, return once it has sent its first sweep."""
-        process = self._spawn(
-            name,
-            [*CELERY, "beat", "-s", str(self.tmp / f"{name}-schedule"), "-l", "info"],
-            SWEEP_SENT,
-        )
-        if wait:
-            self.wait_ready(process)
-        return process
+        return self._add(celery_beat(self.tmp, self.env, name=name, ready_line=SWEEP_SENT), wait)
 
     def wait_ready(self, *processes: Process) -> None:
         """Wait for processes started with ``wait=False`` (they start side by side)."""
         for process in processes:
-            wait_for(process.settled, f"{process.name} to start", timeout=60)
-            assert process.alive, process.output()
+            process.wait_ready(timeout=60)
 
     def send_batch(self, recipients: list[str], channel: str = "http") -> tuple[str, str]:
         """Commit a send-batch task, as the API or CLI would; returns (session, task)."""
@@ -261,7 +204,7 @@ class Stack:
         owner = self.task(task_id).lease_owner
         assert owner is not None, f"nobody holds {task_id}"
         pid = int(owner.rsplit(":", 1)[1])
-        return next(p for p in self.processes if p.popen.pid == pid)
+        return next(p for p in self.processes if p.pid == pid)
 
     def wait_terminal(self, task_id: str, timeout: float = 60.0) -> Task:
         return wait_for(lambda: (t := self.task(task_id)).status is Status.TERMINAL and t,
@@ -389,30 +332,6 @@ def backends_gone(pids: list[int]) -> bool:
 
 
 @contextmanager
-def redis_db(base: str) -> Iterator[int]:
-    """Reserve a Redis database number (1-15) that nobody else is using.
-
-    Runs on one machine share one Redis server: each reserves its number with a key
-    in database 0 (set only if absent, expiring on its own if the run dies), and skips
-    the numbers that some client is connected to (a demo's workers, say), so that we
-    never flush or consume someone else's queues, nor they ours.
-    """
-    registry = redis.Redis.from_url(f"{base}/0")
-    token = f"{os.uname().nodename}:{os.getpid()}:{uuid.uuid4().hex}"
-    free = sorted(set(range(1, 16)) - {int(client["db"]) for client in registry.client_list()})
-    for db in random.sample(free, len(free)):
-        key = f"chaos:redis-db:{db}"
-        if registry.set(key, token, nx=True, ex=900):
-            try:
-                yield db
-            finally:
-                if registry.get(key) == token.encode():
-                    registry.delete(key)
-            return
-    raise RuntimeError("Redis databases 1-15 are all in use or reserved by other runs")
-
-
-@contextmanager
 def chaos_stack(
     tmp: Path, env: dict[str, str] | None = None, **provider_flags: Any
 ) -> Iterator[Stack]:
@@ -420,13 +339,18 @@ def chaos_stack(
     ``env`` adds to every process's environment."""
     from controlplane.celery import app
 
-    base = settings.REDIS_URL.rsplit("/", 1)[0]
-    with redis_db(base) as db:
-        redis_url = f"{base}/{db}"
-        redis.Redis.from_url(redis_url).flushdb()
+    with reserved_redis_url(settings.REDIS_URL) as redis_url:
         app.conf.broker_url = redis_url
         with _stack(tmp, redis_url, env or {}, provider_flags) as stack:
             yield stack
+
+
+def stack_env(
+    database_url: str, redis_url: str, provider: RunningProvider, **extra: str
+) -> dict[str, str]:
+    """The environment of a chaos stack's workers and beat."""
+    return process_env(database_url, redis_url, EMAIL_PROVIDER_URL=provider.url,
+                       **STACK_ENV, **extra)
 
 
 @contextmanager
@@ -435,19 +359,8 @@ def _stack(
 ) -> Iterator[Stack]:
     database_url = url_of_test_database()
     with start_provider(**provider_flags) as provider:
-        env = {
-            **os.environ,
-            "DATABASE_URL": database_url,
-            "REDIS_URL": redis_url,
-            "EMAIL_PROVIDER_URL": provider.url,
-            "EMAIL_PROVIDER_TIMEOUT": "30",
-            "KERNEL_LEASE_SECONDS": "3",
-            "KERNEL_REDELIVER_SECONDS": "3",
-            "DJANGO_CONN_MAX_AGE": "60",
-            "PYTHONUNBUFFERED": "1",
-            **extra_env,
-        }
-        stack = Stack(tmp, provider, redis_url, env)
+        stack = Stack(tmp, provider, redis_url, stack_env(database_url, redis_url, provider,
+                                                          **extra_env))
         try:
             yield stack
         finally:

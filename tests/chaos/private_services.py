@@ -29,7 +29,6 @@ import os
 import pwd
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -45,18 +44,13 @@ import redis
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
-from controlplane.notices.provider_process import start_provider
+from controlplane.dev.ports import free_port
+from controlplane.dev.processes import ROOT, Process, start_provider, wait_for
 
-from .harness import ROOT, Stack, wait_for
+from .harness import Stack, stack_env
 
 DATABASE = "chaos"
 SITE_PACKAGES = Path(psycopg.__file__).resolve().parents[1]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _postgres_bin() -> Path | None:
@@ -105,7 +99,7 @@ class PrivatePostgres:
     bin_dir: Path
     user: str | None
     port: int = field(default_factory=free_port)
-    process: subprocess.Popen[bytes] | None = None
+    process: Process | None = None
 
     @property
     def data(self) -> Path:
@@ -126,18 +120,17 @@ class PrivatePostgres:
         )
 
     def start(self) -> None:
-        assert self.process is None or self.process.poll() is not None, "already running"
-        self.process = subprocess.Popen(
-            [str(self.bin_dir / "postgres"), "-D", str(self.data), "-p", str(self.port),
-             "-k", str(self.folder), "-c", "listen_addresses=127.0.0.1",
-             "-c", "fsync=off", "-c", "synchronous_commit=off", "-c", "full_page_writes=off",
-             "-c", "max_connections=50"],
-            stdout=self.log.open("ab"), stderr=subprocess.STDOUT,
-            user=self.user, cwd=self.folder, start_new_session=True,
-        )
-        wait_for(lambda: self.accepts() or self.process is None or self.process.poll() is not None,
-                 "the private Postgres to accept connections", timeout=30)
-        assert self.process.poll() is None, self.log.read_text(errors="replace")
+        if self.process is None:
+            self.process = Process(
+                "the private Postgres",
+                [str(self.bin_dir / "postgres"), "-D", str(self.data), "-p", str(self.port),
+                 "-k", str(self.folder), "-c", "listen_addresses=127.0.0.1",
+                 "-c", "fsync=off", "-c", "synchronous_commit=off",
+                 "-c", "full_page_writes=off", "-c", "max_connections=50"],
+                log=self.log, cwd=self.folder, user=self.user, append=True,
+                ready_check=self.accepts,
+            )
+        self.process.start(timeout=30)
 
     def accepts(self) -> bool:
         try:
@@ -148,14 +141,8 @@ class PrivatePostgres:
 
     def stop(self, mode: str = "fast") -> None:
         """``fast`` (SIGINT): disconnect everyone, shut down; ``immediate`` (SIGQUIT): crash."""
-        if self.process is None or self.process.poll() is not None:
-            return
-        self.process.send_signal(signal.SIGQUIT if mode == "immediate" else signal.SIGINT)
-        try:
-            self.process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait(timeout=10)
+        if self.process is not None:
+            self.process.stop(30, signal.SIGQUIT if mode == "immediate" else signal.SIGINT)
 
     def restart(self, mode: str = "fast") -> None:
         self.stop(mode)
@@ -173,24 +160,23 @@ class PrivateRedis:
     folder: Path
     binary: Path
     port: int = field(default_factory=free_port)
-    process: subprocess.Popen[bytes] | None = None
+    process: Process | None = None
 
     @property
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}/0"
 
     def start(self) -> None:
-        assert self.process is None or self.process.poll() is not None, "already running"
-        self.process = subprocess.Popen(
-            [str(self.binary), "--port", str(self.port), "--bind", "127.0.0.1",
-             "--save", "", "--appendonly", "no", "--dir", str(self.folder),
-             "--daemonize", "no"],
-            stdout=(self.folder / "redis.log").open("ab"), stderr=subprocess.STDOUT,
-            cwd=self.folder, start_new_session=True,
-        )
-        wait_for(lambda: self.accepts() or self.process is None or self.process.poll() is not None,
-                 "the private Redis to accept connections", timeout=30)
-        assert self.process.poll() is None, (self.folder / "redis.log").read_text()
+        if self.process is None:
+            self.process = Process(
+                "the private Redis",
+                [str(self.binary), "--port", str(self.port), "--bind", "127.0.0.1",
+                 "--save", "", "--appendonly", "no", "--dir", str(self.folder),
+                 "--daemonize", "no"],
+                log=self.folder / "redis.log", cwd=self.folder, append=True,
+                ready_check=self.accepts,
+            )
+        self.process.start(timeout=30)
 
     def accepts(self) -> bool:
         try:
@@ -200,10 +186,8 @@ class PrivateRedis:
 
     def stop(self) -> None:
         """SIGKILL: whatever the broker held is gone."""
-        if self.process is None or self.process.poll() is not None:
-            return
-        self.process.kill()
-        self.process.wait(timeout=10)
+        if self.process is not None:
+            self.process.kill()
 
     def restart(self) -> None:
         self.stop()
@@ -374,17 +358,7 @@ def private_stack(
         postgres = stack.enter_context(private_postgres(template))
         broker = stack.enter_context(private_redis())
         provider = stack.enter_context(start_provider(**provider_flags))
-        env = {
-            **os.environ,
-            "DATABASE_URL": postgres.url(),
-            "REDIS_URL": broker.url,
-            "EMAIL_PROVIDER_URL": provider.url,
-            "EMAIL_PROVIDER_TIMEOUT": "30",
-            "KERNEL_LEASE_SECONDS": "3",
-            "KERNEL_REDELIVER_SECONDS": "3",
-            "DJANGO_CONN_MAX_AGE": "60",
-            "PYTHONUNBUFFERED": "1",
-        }
+        env = stack_env(postgres.url(), broker.url, provider)
         running = PrivateStack(tmp, provider, broker.url, env)
         running.postgres = postgres
         running.broker = broker

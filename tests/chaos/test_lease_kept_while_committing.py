@@ -1,8 +1,8 @@
 """Regression: a live worker whose commit waits on a lock must keep its task's lease.
 
 Fixed by: claims and renewals skip rows locked by a commit in progress (``FOR
-UPDATE SKIP LOCKED`` in ``controlplane/storage.py``), and keep-lease commits extend
-the lease to the time of writing (``Next.lease_until``). What used to happen:
+UPDATE SKIP LOCKED`` in ``controlplane/storage/statements.py``), and keep-lease
+commits extend the lease to the time of writing (``Next.lease_until``). What used to happen:
 
 A worker's heartbeat renews its lease every lease/3 seconds (DESIGN §7), so a worker
 that is alive keeps its task, however long its phase runs. But while one of its own

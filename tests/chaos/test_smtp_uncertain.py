@@ -21,7 +21,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from controlplane.notices.smtp_server import SmtpStandIn, start_smtp_server
+from controlplane.dev.smtp_server import SmtpStandIn, start_smtp_server
 from kernel import Draft, Status, Task
 
 from .harness import RECIPIENTS, Stack, succeeded, wait_for

@@ -25,10 +25,11 @@ from django.test import Client
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from controlplane.access import issue_token
+from controlplane.dev.ports import free_port, reserved_redis_url
+from controlplane.dev.processes import running, wait_for
 from controlplane.notify import session_group
 from controlplane.runtime import runtime
 from kernel import Draft, Preview, SessionHandle
-from tests.chaos.harness import redis_db, wait_for
 
 from .server import (
     Daphne,
@@ -37,8 +38,6 @@ from .server import (
     daphne_env,
     database_url_of_tests,
     feed,
-    free_port,
-    running,
 )
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
@@ -52,10 +51,7 @@ SLOW_LONG_POLL = {"FEED_LONG_POLL_SECONDS": "30"}
 
 @pytest.fixture(scope="module")
 def redis_url() -> Iterator[str]:
-    base = settings.REDIS_URL.rsplit("/", 1)[0]
-    with redis_db(base) as db:
-        url = f"{base}/{db}"
-        redis.Redis.from_url(url).flushdb()
+    with reserved_redis_url(settings.REDIS_URL) as url:
         yield url
 
 

@@ -9,10 +9,10 @@ from collections.abc import Iterator
 import pytest
 
 from controlplane import assistant
+from controlplane.dev.processes import RunningProvider, start_provider
+from controlplane.dev.provider_admin import ProviderAdmin
 from controlplane.notices import tasks as notices
 from controlplane.notices.channels import HttpChannel
-from controlplane.notices.provider import ProviderAdmin
-from controlplane.notices.provider_process import RunningProvider, start_provider
 from kernel import (
     Draft,
     InMemoryStorage,

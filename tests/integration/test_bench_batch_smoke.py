@@ -9,7 +9,6 @@ run, in about twenty seconds.
 
 from __future__ import annotations
 
-import random
 from typing import Any
 
 import pytest
@@ -20,11 +19,11 @@ from benchmarks.batch import (
     CommitRow,
     Config,
     queued_tasks,
-    redis_db_url,
     render,
     run,
     scheduling_samples,
 )
+from controlplane.dev.ports import reserved_redis_url
 
 EMAILS = 12
 KILL_AFTER = 6
@@ -38,8 +37,6 @@ def test_batch_benchmark_end_to_end() -> None:
     from django.db import connection
 
     url = database_url(connection.settings_dict["NAME"])
-    # Not the bench's own db (14); chaos tests pick theirs at random, so pick too.
-    redis_url = redis_db_url(random.randint(1, 13))
     config = Config(
         emails=EMAILS,
         workers=1,
@@ -51,7 +48,8 @@ def test_batch_benchmark_end_to_end() -> None:
         redeliver_seconds=3.0,  # a message lost with the worker comes back fast
         batch_timeout=30.0,
     )
-    result = run(url, redis_url, config)
+    with reserved_redis_url() as redis_url:  # a Redis db no other run uses meanwhile
+        result = run(url, redis_url, config)
 
     assert len(result.probe) == 3 * 3
     assert {(s.kind, s.phase) for s in result.probe} == HOPS
@@ -141,8 +139,3 @@ def test_queued_tasks_reads_ids_from_the_raw_messages() -> None:
             return [b'{"headers": {"argsrepr": "[\'task_18ecbe5f4c0874d0\']"}}', b"{}"]
 
     assert queued_tasks(Broker(), "hands") == {"task_18ecbe5f4c0874d0"}
-
-
-def test_redis_db_url_replaces_only_the_database() -> None:
-    assert redis_db_url(14, "redis://127.0.0.1:6379/0") == "redis://127.0.0.1:6379/14"
-    assert redis_db_url(3, "redis://:pw@host:6380") == "redis://:pw@host:6380/3"

@@ -20,17 +20,17 @@ from urllib.parse import urlsplit
 
 import pytest
 
+from controlplane.dev.processes import RunningProvider, start_provider
+from controlplane.dev.provider_admin import ProviderAdmin
+from controlplane.dev.provider_server import Faults, ProviderState
 from controlplane.notices.provider import (
     DeliveryUncertain,
     HttpEmailProvider,
     Message,
-    ProviderAdmin,
     ProviderRejected,
     ProviderUnavailable,
     Receipt,
 )
-from controlplane.notices.provider_process import RunningProvider, start_provider
-from controlplane.notices.provider_server import Faults, ProviderState
 
 
 @pytest.fixture(scope="module")

@@ -10,11 +10,11 @@ from datetime import timedelta
 
 import pytest
 
+from controlplane.dev.processes import RunningProvider, start_provider
+from controlplane.dev.provider_admin import ProviderAdmin
+from controlplane.dev.smtp_server import SmtpStandIn, start_smtp_server
 from controlplane.notices import tasks as notices
 from controlplane.notices.channels import HttpChannel, SmtpChannel
-from controlplane.notices.provider import ProviderAdmin
-from controlplane.notices.provider_process import RunningProvider, start_provider
-from controlplane.notices.smtp_server import SmtpStandIn, start_smtp_server
 from kernel import Draft, InMemoryStorage, Kernel, ManualClock, Registry, Scheduler, Status
 
 RECIPIENTS = ["ana@example.com", "ben@example.com", "cai@example.com"]

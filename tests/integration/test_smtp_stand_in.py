@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from controlplane.notices.smtp_server import ReceivedMessage, SmtpStandIn, start_smtp_server
+from controlplane.dev.smtp_server import ReceivedMessage, SmtpStandIn, start_smtp_server
 
 
 @pytest.fixture

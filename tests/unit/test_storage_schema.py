@@ -44,12 +44,12 @@ def test_a_mismatch_is_named() -> None:
     @dataclasses.dataclass(frozen=True)
     class Noted:
         id: str
-        note: str
+        not_a_column: str
 
     with pytest.raises(schema.SchemaMismatch) as raised:
         schema.Table(Noted, models.Task)
     message = str(raised.value)
-    assert "'note'" in message and "has no model column" in message
+    assert "'not_a_column'" in message and "has no model column" in message
     assert "'session_id'" in message and "not a field of the record" in message
 
 

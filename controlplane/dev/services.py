@@ -2,9 +2,9 @@
 
 Usage::
 
-    python -m controlplane.services ensure [--env-file PATH] [--data-dir PATH]
-    python -m controlplane.services status [--data-dir PATH]
-    python -m controlplane.services stop   [--env-file PATH] [--data-dir PATH]
+    python -m controlplane.dev.services ensure [--env-file PATH] [--data-dir PATH]
+    python -m controlplane.dev.services status [--data-dir PATH]
+    python -m controlplane.dev.services stop   [--env-file PATH] [--data-dir PATH]
 
 Why this exists: `make test`, `make demo` and CI must work on a machine that runs
 Postgres on 127.0.0.1:5432 and Redis on 127.0.0.1:6379 *and* on one that runs neither,
@@ -45,10 +45,12 @@ from importlib.util import find_spec
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
+from controlplane.dev.ports import free_port
+
 DEFAULT_DATABASE_URL = "postgresql://postgres@127.0.0.1:5432/durable"
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_DATA_DIR = ROOT / ".data"
 
 CONNECT_TIMEOUT = 1.0
@@ -131,6 +133,18 @@ def pid_alive(pid: int) -> bool:
     return state not in {"Z", "X"}
 
 
+def end_daemon(pid: int, sig: int, timeout: float, every: float) -> None:
+    """Send ``sig`` to a daemon (not our child) and wait until it is gone; SIGKILL it if
+    it is still there after ``timeout`` seconds."""
+    os.kill(pid, sig)
+    deadline = time.monotonic() + timeout
+    while pid_alive(pid):
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            return
+        time.sleep(every)
+
+
 def wait_reaped(pid: int, timeout: float) -> bool:
     """Wait until ``pid`` has disappeared entirely (zombie reaped); True if it did."""
     deadline = time.monotonic() + timeout
@@ -139,14 +153,6 @@ def wait_reaped(pid: int, timeout: float) -> bool:
             return False
         time.sleep(0.05)
     return True
-
-
-def free_loopback_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 # --------------------------------------------------------------------------- postgres
@@ -269,13 +275,7 @@ def stop_embedded_postgres(pgdata: Path, timeout: float = 30.0) -> bool:
     pid = _postmaster_pid(pgdata)
     if pid is None:
         return False
-    os.kill(pid, signal.SIGINT)
-    deadline = time.monotonic() + timeout
-    while pid_alive(pid):
-        if time.monotonic() > deadline:
-            os.kill(pid, signal.SIGKILL)
-            break
-        time.sleep(0.1)
+    end_daemon(pid, signal.SIGINT, timeout, every=0.1)
     return True
 
 
@@ -363,7 +363,7 @@ def start_embedded_redis(redis_dir: Path) -> tuple[int, bool]:
     if running is not None:
         return running[1], True
     redis_dir.mkdir(parents=True, exist_ok=True)
-    port = _previous_port_if_free(redis_dir) or free_loopback_port()
+    port = _previous_port_if_free(redis_dir) or free_port()
     cmd = [
         str(redis_server_binary()),
         "--daemonize", "yes",
@@ -402,13 +402,7 @@ def stop_embedded_redis(redis_dir: Path, timeout: float = 10.0) -> bool:
         return False
     if not pid_alive(pid):
         return False
-    os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + timeout
-    while pid_alive(pid):
-        if time.monotonic() > deadline:
-            os.kill(pid, signal.SIGKILL)
-            break
-        time.sleep(0.05)
+    end_daemon(pid, signal.SIGTERM, timeout, every=0.05)
     return True
 
 
@@ -523,7 +517,7 @@ def _display(path: Path) -> str:
 def main(argv: list[str] | None = None) -> int:
     """Command-line entry point; returns the process exit status."""
     parser = argparse.ArgumentParser(
-        prog="python -m controlplane.services",
+        prog="python -m controlplane.dev.services",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

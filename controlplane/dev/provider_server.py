@@ -8,14 +8,14 @@ honours it can be plugged in by URL.
 
 Run it with::
 
-    python -m controlplane.notices.provider_server --host 127.0.0.1 --port 0 \
+    python -m controlplane.dev.provider_server --host 127.0.0.1 --port 0 \
         [--state-file PATH] [--latency-ms 50] [--error-rate 0.1] [--seed 1] \
         [--drop-after-accept '{"nth": 4}'] [--stall '{"to": "d@example.com", "ms": 5000}']
 
 It prints ``listening on http://HOST:PORT`` once bound, so port 0 can be used.
 
 This module uses the standard library only and imports nothing from the project,
-so it can also be run as a plain script (which is what provider_process does).
+so it can also be run as a plain script (which is what ``processes.start_provider`` does).
 """
 
 from __future__ import annotations

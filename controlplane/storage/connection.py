@@ -1,0 +1,329 @@
+"""Connection and transaction handling: the cursor the commit path uses, the builder's
+reads inside the open commit transaction, and the pipelined write + COMMIT.
+
+A commit is two round trips: :meth:`Transaction.load` (the session's head, which
+orders commits, plus every read the draft announced, pipelined) and :func:`write`
+(every write and the COMMIT, pipelined). Everything else is Python.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import replace
+from typing import Any
+
+import psycopg
+
+from kernel.errors import CommitUncertain, UnknownRecord
+from kernel.records import (
+    Commit,
+    Conversation,
+    DocumentHead,
+    DocumentVersion,
+    Entry,
+    SessionRecord,
+    Submission,
+    Task,
+    WriteSet,
+)
+from kernel.storage import JoinState, Prefetch
+
+from . import statements as sql
+from .schema import (
+    COMMIT,
+    CONVERSATION,
+    DISPATCH,
+    DOCUMENT_HEAD,
+    DOCUMENT_VERSION,
+    ENTRY,
+    SESSION,
+    SUBMISSION,
+    TASK,
+)
+
+Observer = Callable[[str, float], None]
+"""Receives ``(stage, seconds)`` for each timed stage of a commit (see PostgresStorage)."""
+
+
+class HotCursor:
+    """A server-side-binding psycopg cursor on Django's connection, for the commit path.
+
+    Django's own cursors bind client-side and cannot prepare statements; the commit
+    path runs the same few statements all day, so it prepares them once per
+    connection and pipelines what does not need an answer in between. Statements
+    still show in Django's query log when it is recording (tests count them).
+    """
+
+    def __init__(self, db: Any) -> None:
+        self.db = db
+        self.raw = psycopg.Cursor(db.connection)
+
+    def _log(self, sql: str) -> None:
+        if self.db.queries_logged:
+            self.db.queries_log.append({"sql": sql, "time": "0.000"})
+
+    def _wrapped(self, run: Callable[..., Any], sql: str, params: Any, many: bool) -> None:
+        """Run through Django's execute wrappers, as its own cursors do, so that query
+        instrumentation (tracing, profiling, tests) sees these statements too."""
+        executor = run
+        for wrapper in reversed(self.db.execute_wrappers):
+            executor = functools.partial(wrapper, executor)
+        executor(sql, params, many, {"connection": self.db, "cursor": self})
+
+    def execute(self, sql: str, params: Any = None, prepare: bool = True) -> HotCursor:
+        self._log(sql)
+        self._wrapped(
+            lambda q, p, many, context: self.raw.execute(q, p, prepare=prepare), sql, params, False
+        )
+        return self
+
+    def executemany(self, sql: str, rows: list[Any]) -> None:
+        self._log(f"{len(rows)} times: {sql}")
+        self._wrapped(lambda q, p, many, context: self.raw.executemany(q, p), sql, rows, True)
+
+    def fetchone(self) -> Any:
+        return self.raw.fetchone()
+
+    def fetchall(self) -> list[Any]:
+        return self.raw.fetchall()
+
+
+# -- reads shared by the storage and the commit transaction -----------------------------
+
+
+def read_head(cur: Any, session_id: str, kind: str, key: str) -> DocumentHead | None:
+    cur.execute(sql.DOCUMENT_HEAD_BY_KEY, [session_id, kind, key])
+    row = cur.fetchone()
+    return DOCUMENT_HEAD.from_sql(row) if row else None
+
+
+def read_versions(cur: Any, document_id: str, upto: int) -> list[DocumentVersion]:
+    cur.execute(sql.DOCUMENT_VERSIONS, {"doc": document_id, "upto": upto})
+    return [DOCUMENT_VERSION.from_sql(r) for r in cur.fetchall()]
+
+
+def read_submission_by_request(cur: Any, session_id: str, request_id: str) -> Submission | None:
+    cur.execute(sql.SUBMISSION_BY_REQUEST, [session_id, request_id])
+    row = cur.fetchone()
+    return SUBMISSION.from_sql(row) if row else None
+
+
+class Transaction:
+    """The builder's reads, inside the open commit transaction.
+
+    :meth:`load` takes the session's commit order and fetches everything the draft
+    announced in one pipelined round trip; later reads hit that cache, and reads
+    it did not foresee go to the database one by one.
+    """
+
+    def __init__(self, db: Any, session_id: str, conversations: dict[str, Conversation]) -> None:
+        self.db = db
+        self.session_id = session_id
+        self.cur = HotCursor(db)
+        self._task_cache: dict[str, Task] = {}
+        self._children: dict[str, list[Task]] = {}
+        self._waiters: dict[str, list[Task]] = {}
+        self._heads: dict[tuple[str, str], DocumentHead | None] = {}
+        self._conversations = conversations
+
+    def load(self, prefetch: Prefetch) -> None:
+        wanted_conversations = [c for c in prefetch.conversations if c not in self._conversations]
+        with self.db.connection.pipeline():
+            session = HotCursor(self.db).execute(sql.SESSION_ADVANCE, [self.session_id])
+            tasks = (
+                HotCursor(self.db).execute(sql.TASKS_BY_ID_LOCKED, [list(prefetch.tasks)])
+                if prefetch.tasks
+                else None
+            )
+            heads = (
+                HotCursor(self.db).execute(
+                    sql.DOCUMENT_HEADS_BY_KEY,
+                    [
+                        self.session_id,
+                        [kind for kind, _ in prefetch.documents],
+                        [key for _, key in prefetch.documents],
+                    ],
+                )
+                if prefetch.documents
+                else None
+            )
+            conversations = (
+                HotCursor(self.db).execute(sql.CONVERSATIONS_BY_ID, [wanted_conversations])
+                if wanted_conversations
+                else None
+            )
+            related = {
+                task_id: (self._query_children(task_id), self._query_waiters(task_id))
+                for task_id in prefetch.finishing
+            }
+        row = session.fetchone()
+        if row is None:
+            raise UnknownRecord(f"no session {self.session_id}")
+        self.session: SessionRecord = SESSION.from_sql(row)
+        if tasks is not None:
+            self._task_cache.update({t.id: t for t in map(TASK.from_sql, tasks.fetchall())})
+        if heads is not None:
+            self._heads.update(dict.fromkeys(prefetch.documents))
+            self._heads.update(
+                {(h.kind, h.key): h for h in map(DOCUMENT_HEAD.from_sql, heads.fetchall())}
+            )
+        if conversations is not None:
+            self._remember(map(CONVERSATION.from_sql, conversations.fetchall()))
+        for task_id, (children, waiters) in related.items():
+            self._children[task_id] = [TASK.from_sql(r) for r in children.fetchall()]
+            self._waiters[task_id] = [TASK.from_sql(r) for r in waiters.fetchall()]
+
+    def _remember(self, found: Iterable[Conversation]) -> None:
+        if len(self._conversations) > 10_000:
+            self._conversations.clear()
+        self._conversations.update({c.id: c for c in found})
+
+    def tasks(self, ids: Iterable[str], lock: bool = True) -> dict[str, Task]:
+        wanted = list(ids)
+        if not lock:
+            self.cur.execute(sql.TASKS_BY_ID, [wanted])
+            return {t.id: t for t in map(TASK.from_sql, self.cur.fetchall())}
+        missing = [i for i in wanted if i not in self._task_cache]
+        if missing:
+            self.cur.execute(sql.TASKS_BY_ID_LOCKED, [missing])
+            self._task_cache.update({t.id: t for t in map(TASK.from_sql, self.cur.fetchall())})
+        return {i: self._task_cache[i] for i in wanted if i in self._task_cache}
+
+    def join_state(self, ids: Sequence[str]) -> JoinState:
+        if not ids:
+            return JoinState(0, None)
+        self.cur.execute(sql.JOIN_STATE, [list(ids)])
+        open_, failed = self.cur.fetchone()
+        return JoinState(open_, failed)
+
+    def _query_children(self, task_id: str) -> HotCursor:
+        return HotCursor(self.db).execute(sql.CHILDREN_LOCKED, [task_id])
+
+    def _query_waiters(self, task_id: str) -> HotCursor:
+        return HotCursor(self.db).execute(sql.WAITERS_LOCKED, [self.session_id, task_id])
+
+    def children(self, task_id: str) -> list[Task]:
+        if task_id in self._children:
+            return self._children.pop(task_id)  # prefetched; a second ask reads again
+        return [TASK.from_sql(r) for r in self._query_children(task_id).fetchall()]
+
+    def waiters(self, task_id: str) -> list[Task]:
+        if task_id in self._waiters:
+            return self._waiters.pop(task_id)
+        return [TASK.from_sql(r) for r in self._query_waiters(task_id).fetchall()]
+
+    def document(self, kind: str, key: str) -> DocumentHead | None:
+        if (kind, key) not in self._heads:
+            self._heads[(kind, key)] = read_head(self.cur, self.session.id, kind, key)
+        return self._heads[(kind, key)]
+
+    def document_versions(self, document_id: str, upto: int) -> list[DocumentVersion]:
+        return read_versions(self.cur, document_id, upto)
+
+    def conversation(self, conversation_id: str) -> Conversation | None:
+        if conversation_id not in self._conversations:
+            self.cur.execute(sql.CONVERSATION_BY_ID, [conversation_id])
+            row = self.cur.fetchone()
+            if row is None:
+                return None
+            self._remember([CONVERSATION.from_sql(row)])
+        return self._conversations[conversation_id]
+
+    def entry(self, entry_id: str) -> Entry | None:
+        self.cur.execute(sql.ENTRY_BY_ID, [entry_id])
+        row = self.cur.fetchone()
+        return ENTRY.from_sql(row) if row else None
+
+    def submission(self, submission_id: str) -> Submission | None:
+        self.cur.execute(sql.SUBMISSION_BY_ID, [submission_id])
+        row = self.cur.fetchone()
+        return SUBMISSION.from_sql(row) if row else None
+
+    def submission_by_request(self, request_id: str) -> Submission | None:
+        return read_submission_by_request(self.cur, self.session.id, request_id)
+
+    def commit_by_key(self, key: str) -> Commit | None:
+        self.cur.execute(sql.COMMIT_BY_KEY, [self.session.id, key])
+        row = self.cur.fetchone()
+        return COMMIT.from_sql(row) if row else None
+
+
+# -- the writes and COMMIT ---------------------------------------------------------------
+
+
+def execute_rows(cur: Any, statement: str, rows: list[Any]) -> None:
+    """One row: a plain execute (executemany costs a pipeline sync even for one)."""
+    if len(rows) == 1:
+        cur.execute(statement, rows[0])
+    else:
+        cur.executemany(statement, rows)
+
+
+def write(db: Any, ws: WriteSet, before_commit: Callable[[], None]) -> WriteSet:
+    """Persist one write set and COMMIT it, in one pipelined round trip.
+
+    A failing statement makes the server skip the rest up to the sync, COMMIT included,
+    and the caller rolls the transaction back. ``before_commit`` runs once the writes
+    are queued, just before COMMIT is: raising there means nothing can have landed.
+    """
+    sent = False
+    try:
+        with db.connection.pipeline():
+            head, rows = _queue_writes(db, ws)
+            before_commit()
+            HotCursor(db).execute("COMMIT", prepare=False)
+            sent = True  # handed to the connection: from here on the server may act on it
+    except psycopg.Error as exc:
+        # An error the server reported means COMMIT did not run or did not succeed; a
+        # connection lost once COMMIT was on its way may have committed all the same.
+        if sent and (db.connection.broken or db.connection.closed):
+            raise CommitUncertain(f"commit {ws.commit.session_id}#{ws.commit.seq}: {exc}") from exc
+        raise
+    commit = replace(ws.commit, id=head.fetchone()[0])
+    if rows is None:
+        return replace(ws, commit=commit, dispatches=[])
+    ids = [r[0] for r in rows.fetchall()]
+    dispatches = [replace(d, id=i) for d, i in zip(ws.dispatches, ids, strict=True)]
+    return replace(ws, commit=commit, dispatches=dispatches)
+
+
+def _queue_writes(db: Any, ws: WriteSet) -> tuple[HotCursor, HotCursor | None]:
+    head = HotCursor(db).execute(sql.COMMIT_INSERT, COMMIT.values(ws.commit))
+    cur = HotCursor(db)
+    if ws.conversations:
+        execute_rows(
+            cur, sql.CONVERSATION_INSERT, [CONVERSATION.values(v) for v in ws.conversations]
+        )
+    if ws.entries:
+        execute_rows(cur, sql.ENTRY_INSERT, [ENTRY.values(e) for e in ws.entries])
+    if ws.document_heads:
+        execute_rows(
+            cur, sql.DOCUMENT_HEAD_UPSERT, [DOCUMENT_HEAD.values(h) for h in ws.document_heads]
+        )
+        execute_rows(
+            cur,
+            sql.DOCUMENT_VERSION_INSERT,
+            [DOCUMENT_VERSION.values(v) for v in ws.document_versions],
+        )
+    if ws.new_tasks:
+        execute_rows(cur, sql.TASK_INSERT, [TASK.values(t) for t in ws.new_tasks])
+    if ws.updated_tasks:
+        execute_rows(cur, sql.TASK_UPDATE, [TASK.update_values(t) for t in ws.updated_tasks])
+    if ws.new_submissions:
+        execute_rows(
+            cur, sql.SUBMISSION_INSERT, [SUBMISSION.values(s) for s in ws.new_submissions]
+        )
+    if ws.updated_submissions:
+        execute_rows(
+            cur,
+            sql.SUBMISSION_UPDATE,
+            [SUBMISSION.update_values(s) for s in ws.updated_submissions],
+        )
+    if not ws.dispatches:
+        return head, None
+    rows = HotCursor(db).execute(
+        sql.dispatch_insert(len(ws.dispatches)),
+        [value for d in ws.dispatches for value in DISPATCH.values(d)],
+    )
+    return head, rows

@@ -1,0 +1,202 @@
+"""Every SQL statement the Postgres storage runs, named, in one place.
+
+Column lists, inserts and updates are built from :mod:`.schema` (so a new record
+field reaches every statement without an edit here); what is written out by hand is
+the part that is a decision: predicates, locking, ordering, the claim's lease rules.
+Statements use ``%s`` placeholders in the order of the schema's column tuples, or
+``%(name)s`` ones where the same value appears more than once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from .schema import (
+    COMMIT,
+    CONVERSATION,
+    DISPATCH,
+    DOCUMENT_HEAD,
+    DOCUMENT_VERSION,
+    ENTRY,
+    SESSION,
+    SUBMISSION,
+    TASK,
+    Table,
+)
+
+
+def select(table: Table, where: str, tail: str = "") -> str:
+    """``SELECT <the record's columns> FROM <table> WHERE ...``."""
+    return f"SELECT {table.select_list} FROM {table.name} WHERE {where}{tail}"
+
+
+def insert(table: Table, tail: str = "") -> str:
+    """One row of every column an insert writes, in :attr:`Table.inserted` order."""
+    columns = ", ".join(table.inserted)
+    values = ", ".join(["%s"] * len(table.inserted))
+    return f"INSERT INTO {table.name} ({columns}) VALUES ({values}){tail}"
+
+
+def insert_rows(table: Table, count: int, tail: str = "") -> str:
+    """``count`` rows in one statement (a single round trip, ids returned in order)."""
+    columns = ", ".join(table.inserted)
+    row = "(" + ", ".join(["%s"] * len(table.inserted)) + ")"
+    return f"INSERT INTO {table.name} ({columns}) VALUES {', '.join([row] * count)}{tail}"
+
+
+def update(table: Table, expressions: Mapping[str, str] | None = None) -> str:
+    """``UPDATE ... SET <every column but the fixed ones> WHERE <key> = %s``.
+
+    ``expressions`` wraps a column's parameter in SQL (``{}`` marks the parameter).
+    """
+    wrap = expressions or {}
+    assignments = ", ".join(f"{c} = {wrap.get(c, '{}').format('%s')}" for c in table.updated)
+    return f"UPDATE {table.name} SET {assignments} WHERE {table.key} = %s"
+
+
+def upsert(table: Table) -> str:
+    """Insert, or on a key conflict update every column that is not fixed."""
+    assignments = ", ".join(f"{c} = EXCLUDED.{c}" for c in table.updated)
+    return insert(table, f" ON CONFLICT ({table.key}) DO UPDATE SET {assignments}")
+
+
+# -- sessions and the change feed ------------------------------------------------------
+
+SESSION_INSERT = insert(SESSION)
+SESSION_BY_ID = select(SESSION, "id = %s")
+# Taking the session's commit order and advancing its head are one statement: the row
+# lock that orders commits is the head update itself (a commit that fails rolls it back).
+SESSION_ADVANCE = (
+    f"UPDATE {SESSION.name} SET head_seq = head_seq + 1 WHERE id = %s RETURNING "
+    + ", ".join("head_seq - 1" if c == "head_seq" else c for c in SESSION.columns)
+)
+COMMIT_INSERT = insert(COMMIT, " RETURNING id")
+COMMITS_AFTER = select(COMMIT, "session_id = %s AND seq > %s", " ORDER BY seq LIMIT %s")
+COMMIT_BY_KEY = select(COMMIT, "session_id = %s AND key = %s")
+
+# -- tasks -----------------------------------------------------------------------------
+
+TASK_BY_ID = select(TASK, "id = %s")
+TASKS_BY_ID = select(TASK, "id = ANY(%s)")
+TASKS_BY_ID_LOCKED = select(TASK, "id = ANY(%s)", " FOR UPDATE")
+SESSION_TASKS = select(TASK, "session_id = %s", " ORDER BY created_seq, id")
+CHILDREN_LOCKED = select(TASK, "parent_id = %s AND owned", " ORDER BY created_seq, id FOR UPDATE")
+WAITERS_LOCKED = select(
+    TASK,
+    "session_id = %s AND status = 'waiting' AND wait_deps @> ARRAY[%s]::text[]",
+    " FOR UPDATE",
+)
+JOIN_STATE = (
+    "SELECT count(*) FILTER (WHERE status <> 'terminal'), min(id) FILTER "
+    "(WHERE status = 'terminal' AND outcome->>'kind' <> 'succeeded') "
+    f"FROM {TASK.name} WHERE id = ANY(%s)"
+)
+TASK_INSERT = insert(TASK)
+# A lease kept by a commit is extended from when the commit was built; the time the
+# transaction then spent waiting for locks is added here, measured by the database,
+# so that a commit stuck behind a lock never lands with a lease that ran out
+# meanwhile (a live worker would lose its task to the sweep).
+TASK_UPDATE = update(
+    TASK, {"lease_until": "{}::timestamptz + (clock_timestamp() - transaction_timestamp())"}
+)
+
+# -- leases ----------------------------------------------------------------------------
+
+RUNNABLE = (
+    "(status = 'pending' OR (status = 'sleeping' AND wake_at <= %(now)s)"
+    " OR (status = 'running' AND lease_until < %(now)s))"
+)
+CLAIM_SET = (
+    "restarts = CASE WHEN status = 'running' THEN restarts + 1 ELSE restarts END, "
+    "status = 'running', epoch = epoch + 1, lease_owner = %(owner)s, "
+    "lease_until = %(until)s, wake_at = NULL"
+)
+# A claimed task's dispatch rows did their job; deleting them in the claim
+# statement keeps the outbox to what is undelivered or unclaimed.
+FORGET_DISPATCHES = (
+    f"forgotten AS (DELETE FROM {DISPATCH.name} d USING claimed WHERE d.task_id = claimed.id)"
+)
+_CLAIMED = (
+    f"claimed AS (UPDATE {TASK.name} t SET {CLAIM_SET} FROM picked WHERE t.id = picked.id "
+    f"RETURNING {TASK.qualified('t')}), {FORGET_DISPATCHES} SELECT * FROM claimed"
+)
+# SKIP LOCKED: a row locked by its holder's commit in progress is not claimable now,
+# whatever its lease says - queueing behind it would take the task from a live
+# worker the moment its commit lands.
+CLAIM = (
+    f"WITH picked AS (SELECT id FROM {TASK.name} WHERE id = %(id)s AND {RUNNABLE} "
+    f"FOR UPDATE SKIP LOCKED), {_CLAIMED}"
+)
+CLAIM_BATCH = (
+    f"WITH picked AS (SELECT id FROM {TASK.name} WHERE kind = ANY(%(kinds)s) AND {RUNNABLE} "
+    f"ORDER BY updated_seq LIMIT %(limit)s FOR UPDATE SKIP LOCKED), {_CLAIMED}"
+)
+# SKIP LOCKED: while the holder's own commit has the row, a renewal would queue and
+# then write a deadline computed before it waited. Skip it; the commit extends the
+# lease itself, and the next beat renews with a fresh deadline.
+RENEW = (
+    f"UPDATE {TASK.name} SET lease_until = %s WHERE id = (SELECT id FROM {TASK.name} "
+    "WHERE id = %s AND epoch = %s AND lease_owner = %s AND status = 'running' "
+    "FOR UPDATE SKIP LOCKED)"
+)
+RUNNABLE_TASKS = select(TASK, RUNNABLE, " ORDER BY updated_seq LIMIT %(limit)s")
+EXPIRED_LEASES = select(
+    TASK, "status = 'running' AND lease_until < %s", " ORDER BY lease_until LIMIT %s"
+)
+NEXT_WAKE = (
+    "SELECT min(CASE WHEN status = 'sleeping' THEN wake_at ELSE lease_until END) "
+    f"FROM {TASK.name} WHERE status IN ('sleeping', 'running')"
+)
+
+# -- conversations, entries, documents, submissions --------------------------------------
+
+CONVERSATION_BY_ID = select(CONVERSATION, "id = %s")
+CONVERSATIONS_BY_ID = select(CONVERSATION, "id = ANY(%s)")
+CONVERSATION_INSERT = insert(CONVERSATION)
+ENTRY_BY_ID = select(ENTRY, "id = %s")
+CONVERSATION_ENTRIES = select(ENTRY, "conversation_id = %s", " ORDER BY seq, ordinal")
+ENTRY_INSERT = insert(ENTRY)
+DOCUMENT_HEAD_BY_KEY = select(DOCUMENT_HEAD, "session_id = %s AND kind = %s AND key = %s")
+DOCUMENT_HEADS_BY_KEY = select(
+    DOCUMENT_HEAD,
+    "session_id = %s AND (kind, key) IN (SELECT * FROM unnest(%s::text[], %s::text[]))",
+)
+DOCUMENT_HEAD_UPSERT = upsert(DOCUMENT_HEAD)
+# From the newest baseline at or below ``upto``: all a reader needs to rebuild a value.
+DOCUMENT_VERSIONS = select(
+    DOCUMENT_VERSION,
+    "document_id = %(doc)s AND version <= %(upto)s AND version >= (SELECT "
+    f"coalesce(max(version), 0) FROM {DOCUMENT_VERSION.name} WHERE document_id = %(doc)s "
+    "AND has_baseline AND version <= %(upto)s)",
+    " ORDER BY version",
+)
+DOCUMENT_VERSION_INSERT = insert(DOCUMENT_VERSION)
+SUBMISSION_BY_ID = select(SUBMISSION, "id = %s")
+SUBMISSION_BY_REQUEST = select(SUBMISSION, "session_id = %s AND request_id = %s")
+SUBMISSION_INSERT = insert(SUBMISSION)
+SUBMISSION_UPDATE = update(SUBMISSION)
+
+# -- the outbox --------------------------------------------------------------------------
+
+TAKE_DUE_DISPATCHES = (
+    f"WITH due AS (SELECT id FROM {DISPATCH.name} WHERE not_before <= %(now)s AND "
+    "(delivered_at IS NULL OR delivered_at < %(now)s - GREATEST(%(after)s, "
+    "delivered_at - not_before)) ORDER BY id LIMIT %(limit)s FOR UPDATE SKIP LOCKED) "
+    f"UPDATE {DISPATCH.name} d SET delivered_at = %(now)s FROM due WHERE d.id = due.id "
+    f"RETURNING {DISPATCH.qualified('d')}"
+)
+RELEASE_DISPATCHES = f"UPDATE {DISPATCH.name} SET delivered_at = NULL WHERE id = ANY(%s)"
+TAKE_DISPATCHES = (
+    f"UPDATE {DISPATCH.name} SET delivered_at = %s "
+    "WHERE id = ANY(%s) AND delivered_at IS NULL RETURNING id"
+)
+ENSURE_DISPATCH = (
+    f"INSERT INTO {DISPATCH.name} (task_id, session_id, not_before, queue, seq) "
+    f"SELECT %s, %s, %s, %s, 0 WHERE NOT EXISTS (SELECT 1 FROM {DISPATCH.name} "
+    "WHERE task_id = %s)"
+)
+
+
+def dispatch_insert(count: int) -> str:
+    """``count`` dispatch rows in one statement, their ids returned in order."""
+    return insert_rows(DISPATCH, count, " RETURNING id")
