@@ -14,20 +14,15 @@ from controlplane.runtime import runtime
 from kernel import Draft, Kernel, Scheduler, Status
 from kernel.commit import operations_log_id
 
-from .test_api import client_for, post, with_test_kinds
+from .test_api import post
 from .test_ui_pages import login
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
 @pytest.fixture(autouse=True)
-def kernel(monkeypatch: pytest.MonkeyPatch) -> Kernel:
-    return with_test_kinds(monkeypatch)
-
-
-@pytest.fixture
-def operator() -> Client:
-    return client_for("olga", "operator")
+def kernel(api_kernel: Kernel) -> Kernel:
+    return api_kernel
 
 
 def tasks_in_one_session(kernel: Kernel, *inputs: dict[str, Any]) -> tuple[str, list[str]]:

@@ -12,19 +12,14 @@ from django.test import Client
 
 from kernel import Kernel, Status
 
-from .test_api import client_for, post, start, with_test_kinds
+from .test_api import post, start
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
 @pytest.fixture(autouse=True)
-def kernel(monkeypatch: pytest.MonkeyPatch) -> Kernel:
-    return with_test_kinds(monkeypatch)
-
-
-@pytest.fixture
-def operator() -> Client:
-    return client_for("olga", "operator")
+def kernel(api_kernel: Kernel) -> Kernel:
+    return api_kernel
 
 
 def refused_naming(response: Any, field: str) -> None:
