@@ -22,6 +22,7 @@ from .errors import (
     IllegalTransition,
     NotRegistered,
     StaleLease,
+    StaleStep,
     UnknownRecord,
     WaitCycle,
 )
@@ -107,7 +108,7 @@ class Draft:
     new_tasks: list[_NewTask] = field(default_factory=list)
     fenced: list[_Fenced] = field(default_factory=list)
     cancels: list[tuple[str, str]] = field(default_factory=list)
-    signals: list[tuple[str, str, JSON]] = field(default_factory=list)
+    signals: list[tuple[str, str, JSON, int | None]] = field(default_factory=list)
     wakes: list[str] = field(default_factory=list)
     returned: list[tuple[str, int]] = field(default_factory=list)
     retries: list[str] = field(default_factory=list)
@@ -120,7 +121,7 @@ class Draft:
         """The records this draft will make the builder read (see :class:`Prefetch`)."""
         created = {t.id for t in self.new_tasks} | {c.id for c in self.conversations}
         tasks = [f.task_id for f in self.fenced] + [t for t, _ in self.cancels]
-        tasks += [t for t, _, _ in self.signals] + self.wakes + self.retries
+        tasks += [s[0] for s in self.signals] + self.wakes + self.retries
         tasks += [t for t, _ in self.returned]
         tasks += [t.parent_id for t in self.new_tasks if t.parent_id]
         conversations = [c for _, c, _, _ in self.entries] + [s[1] for s in self.submissions]
@@ -201,8 +202,14 @@ class Draft:
     def cancel(self, task_id: str, reason: str) -> None:
         self.cancels.append((task_id, reason))
 
-    def signal(self, task_id: str, name: str, payload: JSON) -> None:
-        self.signals.append((task_id, name, payload))
+    def signal(
+        self, task_id: str, name: str, payload: JSON, *, step_epoch: int | None = None
+    ) -> None:
+        """Send ``task_id`` the signal ``name``. With ``step_epoch`` it answers one step:
+        it lands only if, when this commit is built (under the session's lock), the task
+        waits on ``name`` still at that epoch and nobody answered it yet; otherwise the
+        commit is refused (:class:`StaleStep`) and writes nothing."""
+        self.signals.append((task_id, name, payload, step_epoch))
 
     def wake(self, task_id: str) -> None:
         """End a sleep early. Refused for a task whose cancel waits for its revoked phase
@@ -350,8 +357,8 @@ class Builder:
             self._create_task(new)
         for fenced in self.draft.fenced:
             self._apply_fenced(fenced)
-        for task_id, name, payload in self.draft.signals:
-            self._signal(task_id, name, payload)
+        for task_id, name, payload, step_epoch in self.draft.signals:
+            self._signal(task_id, name, payload, step_epoch)
         for task_id in self.draft.wakes:
             self._wake(task_id)
         for task_id, epoch in self.draft.returned:
@@ -648,8 +655,17 @@ class Builder:
                         following.append(next_id)
             level = list(dict.fromkeys(following))
 
-    def _signal(self, task_id: str, name: str, payload: JSON) -> None:
+    def _signal(self, task_id: str, name: str, payload: JSON, step_epoch: int | None) -> None:
         task = self.task(task_id)
+        if step_epoch is not None:
+            waits_on = task.waits_on.signal if task.status is Status.WAITING else None
+            if waits_on != name or name in task.signals or task.epoch != step_epoch:
+                now = (f"waits on {waits_on} at epoch {task.epoch}" if waits_on
+                       else f"is {task.shown_status}")
+                raise StaleStep(
+                    f"task {task_id} no longer waits on {name} at epoch {step_epoch} (it "
+                    f"{now}): answered already, or replaced by a later step"
+                )
         if task.terminal:
             raise IllegalTransition(f"task {task_id} is terminal; signal {name!r} is refused")
         if name in task.signals:

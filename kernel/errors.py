@@ -32,6 +32,11 @@ class IllegalTransition(CommitRejected):
     """A task transition that the state machine does not allow."""
 
 
+class StaleStep(IllegalTransition):
+    """A signal meant for a step (a signal name at an epoch) the task no longer waits on:
+    someone answered it first, or the task moved on to another step."""
+
+
 class DocumentConflict(CommitRejected):
     """A document was changed since the version the draft expected."""
 

@@ -223,9 +223,9 @@ def _deliver(run: Run, channel: Channel, message: Message) -> Transition:
     deadline = time.time() + left
     try:
         receipt = channel.send(message, run.input["operation_id"], deadline)
-    except NotAccepted as exc:
-        return _retry_later(run, "confirm", str(exc))
-    except Uncertain as exc:
+    except NotAccepted as exc:  # certainly not sent: send again after a while
+        return _send_later(run, str(exc))
+    except Uncertain as exc:  # it may have been sent: find out before anything else
         return _retry_later(run, "confirm", str(exc))
     except Rejected as exc:
         return _give_up(run, str(exc))
@@ -239,6 +239,17 @@ def _retry_later(run: Run, phase: str, error: str) -> Transition:
         return _ask_operator(run, f"still failing after {MAX_ATTEMPTS} attempts: {error}")
     _record(run, state="retrying", error=error)
     return run.sleep(backoff(attempts), then=phase, checkpoint={"attempts": attempts})
+
+
+def _send_later(run: Run, error: str) -> Transition:
+    """The channel did not take the message (refused connection, provider down): nothing
+    was sent, so there is nothing to ask an operator; back off and send again, and past
+    :data:`MAX_ATTEMPTS` fail the notice as not sent (an operator may retry it)."""
+    attempts = run.checkpoint.get("attempts", 0) + 1
+    if attempts > MAX_ATTEMPTS:
+        return _give_up(run, f"not sent after {MAX_ATTEMPTS} attempts: {error}")
+    _record(run, state="not_sent", error=error)
+    return run.sleep(backoff(attempts), then="send", checkpoint={"attempts": attempts})
 
 
 def _ask_operator(run: Run, why: str) -> Transition:
