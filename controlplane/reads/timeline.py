@@ -103,7 +103,7 @@ def _waits(item: dict[str, Any]) -> str:
     if item.get("signal"):
         return f"waits on signal {item['signal']}"
     if item.get("deps") is not None and item.get("status") == "waiting":
-        return f"waits on {item['deps']} tasks"
+        return f"waits on {item['deps']} task{'' if item['deps'] == 1 else 's'}"
     if item.get("until") and item.get("status") == "sleeping":
         try:
             until = datetime.fromisoformat(item["until"]).astimezone(UTC)
@@ -172,7 +172,12 @@ def timeline(task_id: str, session_id: str, terminal: bool,
         row.left, row.width = pct(row.start), pct(row.end) - pct(row.start)
         inside = [m for m in row.commits if m.status != "terminal"]
         for j, mark in enumerate(inside):
-            until = inside[j + 1].at if j + 1 < len(inside) else row.end
+            if j and inside[j - 1].label == mark.label:
+                continue  # one segment for commits that left it as it was (say, running)
+            k = j + 1
+            while k < len(inside) and inside[k].label == mark.label:
+                k += 1
+            until = inside[k].at if k < len(inside) else row.end
             row.segments.append(Segment(mark.status, mark.label, pct(mark.at),
                                         pct(until) - pct(mark.at),
                                         (until - mark.at).total_seconds()))
