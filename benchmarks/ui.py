@@ -12,8 +12,9 @@ children in mixed states): making them through the kernel would take minutes and
 measure nothing here. The tree shows the root collapsed with its counts; children load
 by page. The long task's commits are seeded the same way (each phase a commit that
 enters it and one mid-phase, as a phase that commits progress makes), and its page is
-measured like the session's. Run with ``python -m benchmarks.ui`` (``make bench BENCH_ARGS=ui``); it writes
-the section "Dashboard (issue 6)" of ``docs/benchmarks.md``.
+measured like the session's. Run with ``python -m benchmarks.ui``
+(``make bench BENCH_ARGS=ui``); it writes the section "Dashboard (issue 6)" of
+``docs/benchmarks.md``.
 """
 
 from __future__ import annotations

@@ -12,6 +12,7 @@ session's operations log (who, why), placed on the same axis.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -19,18 +20,23 @@ from typing import Any
 from controlplane import models
 from kernel.commit import operations_log_id
 
+from .snapshot import rows as sql_rows
+
 MAX_COMMITS = 20_000
+COMMITS_LISTED = 200
+"""The commit list under the waterfall names the last ones; the waterfall covers all."""
 
 LABELS = {"pending": "queued", "running": "running", "completing": "completing",
           "terminal": "ended"}
 
 
-@dataclass
+@dataclass(slots=True)
 class Mark:
-    """One commit of the task."""
+    """One commit of the task (times in seconds since the epoch: thousands of them are
+    laid out, and float arithmetic is what the layout needs)."""
 
     seq: int
-    at: datetime
+    t: float
     actor: str
     status: str
     phase: str
@@ -39,15 +45,17 @@ class Mark:
     epoch: int | None = None
     restarts: int = 0
     waits: str = ""
+    label: str = ""
+    """What the commit left the task doing: what it waits for, or its status in words."""
     offset: float = 0.0
     """Seconds since the task's first commit."""
 
     @property
-    def label(self) -> str:
-        return self.waits or LABELS.get(self.status, self.status)
+    def at(self) -> datetime:
+        return datetime.fromtimestamp(self.t, UTC)
 
 
-@dataclass
+@dataclass(slots=True)
 class Segment:
     status: str
     label: str
@@ -60,8 +68,9 @@ class Segment:
 @dataclass
 class PhaseRow:
     phase: str
-    start: datetime
-    end: datetime
+    start: float
+    end: float
+    """Seconds since the epoch."""
     seconds: float
     left: float
     width: float
@@ -98,33 +107,47 @@ class Timeline:
     commits: list[Mark]
     actions: list[Action]
 
+    @property
+    def listed(self) -> list[Mark]:
+        """The last :data:`COMMITS_LISTED` commits, for the list under the waterfall."""
+        return self.commits[-COMMITS_LISTED:]
 
-def _waits(item: dict[str, Any]) -> str:
-    if item.get("signal"):
-        return f"waits on signal {item['signal']}"
-    if item.get("deps") is not None and item.get("status") == "waiting":
-        return f"waits on {item['deps']} task{'' if item['deps'] == 1 else 's'}"
-    if item.get("until") and item.get("status") == "sleeping":
+
+MARKS_SQL = """
+SELECT c.seq, extract(epoch FROM c.at)::float8, c.actor, i->>'status', i->>'phase',
+       i->>'outcome', i->>'holder', (i->>'epoch')::int, coalesce((i->>'restarts')::int, 0),
+       i->>'signal', (i->>'deps')::int, i->>'until'
+FROM kernel_commit c CROSS JOIN LATERAL jsonb_array_elements(c.summary) i
+WHERE c.session_id = %s AND c.summary @> %s::jsonb
+  AND i->>'type' = 'task' AND i->>'id' = %s
+ORDER BY c.seq LIMIT %s
+"""
+"""The task's item of each commit that names it, its fields taken out in SQL (no JSON
+decoding of whole summaries in Python)."""
+
+
+def _waits(status: str, signal: str | None, deps: int | None, until: str | None) -> str:
+    if signal:
+        return f"waits on signal {signal}"
+    if deps is not None and status == "waiting":
+        return f"waits on {deps} task{'' if deps == 1 else 's'}"
+    if until and status == "sleeping":
         try:
-            until = datetime.fromisoformat(item["until"]).astimezone(UTC)
+            return f"asleep until {datetime.fromisoformat(until).astimezone(UTC):%H:%M:%S}"
         except ValueError:
             return "asleep"
-        return f"asleep until {until:%H:%M:%S}"
-    if item.get("status") == "waiting":
-        return "waiting"
-    return ""
+    return "waiting" if status == "waiting" else ""
 
 
 def marks(task_id: str, session_id: str) -> list[Mark]:
     """The commits that touched the task, in order."""
+    contains = json.dumps([{"type": "task", "id": task_id}])
     found = []
-    for seq, at, actor, summary in models.Commit.objects.filter(
-        session_id=session_id, summary__contains=[{"type": "task", "id": task_id}]
-    ).order_by("seq").values_list("seq", "at", "actor", "summary")[:MAX_COMMITS]:
-        item = next(i for i in summary if i.get("type") == "task" and i.get("id") == task_id)
-        found.append(Mark(seq, at, actor, str(item.get("status")), str(item.get("phase")),
-                          item.get("outcome"), item.get("holder"), item.get("epoch"),
-                          int(item.get("restarts") or 0), _waits(item)))
+    for seq, t, actor, status, phase, outcome, holder, epoch, restarts, signal, deps, until \
+            in sql_rows(MARKS_SQL, [session_id, contains, task_id, MAX_COMMITS]):
+        waits = _waits(status, signal, deps, until)
+        found.append(Mark(seq, t, actor, status, phase, outcome, holder, epoch, restarts,
+                          waits, waits or LABELS.get(status, status)))
     return found
 
 
@@ -141,35 +164,36 @@ def timeline(task_id: str, session_id: str, terminal: bool,
     commits = marks(task_id, session_id)
     if not commits:
         return Timeline(None, None, 0.0, not terminal, [], [], [])
-    start = commits[0].at
-    end = commits[-1].at if terminal else max(now or datetime.now(UTC), commits[-1].at)
-    span = (end - start).total_seconds()
-
-    def pct(at: datetime) -> float:
-        return 100.0 * (at - start).total_seconds() / span if span > 0 else 0.0
+    start = commits[0].t
+    end = commits[-1].t if terminal else max((now or datetime.now(UTC)).timestamp(),
+                                             commits[-1].t)
+    span = end - start
+    scale = 100.0 / span if span > 0 else 0.0
 
     rows: list[PhaseRow] = []
+    row: PhaseRow | None = None
     for i, mark in enumerate(commits):
-        mark.offset = (mark.at - start).total_seconds()
-        if i and mark.holder:  # it committed what the previous commit's phase did
-            row = rows[-1]
+        mark.offset = mark.t - start
+        if i and mark.holder and row is not None:  # it committed what the phase before did
             if mark.holder not in row.holders:
                 row.holders.append(mark.holder)
             if mark.epoch is not None and mark.epoch not in row.epochs:
                 row.epochs.append(mark.epoch)
-        if mark.status == "terminal" and rows:
-            rows[-1].outcome = mark.outcome
-            rows[-1].commits.append(mark)
+        if mark.status == "terminal" and row is not None:
+            row.outcome = mark.outcome
+            row.commits.append(mark)
             continue  # the last commit closes the last phase
-        if not rows or rows[-1].phase != mark.phase:
-            rows.append(PhaseRow(mark.phase, mark.at, mark.at, 0.0, 0.0, 0.0))
-        rows[-1].commits.append(mark)
-        rows[-1].restarts = max(rows[-1].restarts, mark.restarts)
+        if row is None or row.phase != mark.phase:
+            row = PhaseRow(mark.phase, mark.t, mark.t, 0.0, 0.0, 0.0)
+            rows.append(row)
+        row.commits.append(mark)
+        if mark.restarts > row.restarts:
+            row.restarts = mark.restarts
     for i, row in enumerate(rows):
         row.end = rows[i + 1].start if i + 1 < len(rows) else end
         row.open = i + 1 == len(rows) and not terminal
-        row.seconds = (row.end - row.start).total_seconds()
-        row.left, row.width = pct(row.start), pct(row.end) - pct(row.start)
+        row.seconds = row.end - row.start
+        row.left, row.width = (row.start - start) * scale, row.seconds * scale
         inside = [m for m in row.commits if m.status != "terminal"]
         for j, mark in enumerate(inside):
             if j and inside[j - 1].label == mark.label:
@@ -177,11 +201,11 @@ def timeline(task_id: str, session_id: str, terminal: bool,
             k = j + 1
             while k < len(inside) and inside[k].label == mark.label:
                 k += 1
-            until = inside[k].at if k < len(inside) else row.end
-            row.segments.append(Segment(mark.status, mark.label, pct(mark.at),
-                                        pct(until) - pct(mark.at),
-                                        (until - mark.at).total_seconds()))
-    done = [Action(kind, at, str(p.get("by", "")), str(p.get("reason", "")), seq, pct(at),
-                   p.get("decision"))
+            until = inside[k].t if k < len(inside) else row.end
+            row.segments.append(Segment(mark.status, mark.label, (mark.t - start) * scale,
+                                        (until - mark.t) * scale, until - mark.t))
+    done = [Action(kind, at, str(p.get("by", "")), str(p.get("reason", "")), seq,
+                   (at.timestamp() - start) * scale, p.get("decision"))
             for seq, at, kind, p in actions(task_id, session_id)]
-    return Timeline(start, end, span, not terminal, rows, commits, done)
+    return Timeline(datetime.fromtimestamp(start, UTC), datetime.fromtimestamp(end, UTC),
+                    span, not terminal, rows, commits, done)

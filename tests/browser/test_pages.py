@@ -19,7 +19,7 @@ from django.core.management import call_command
 
 from controlplane import models
 from controlplane.ui.live import GLOBAL_PAGES
-from tests.chaos.harness import Stack, wait_for
+from tests.chaos.harness import Stack
 from tests.e2e.server import Daphne
 
 from .conftest import PASSWORD, account, logged_in
@@ -161,7 +161,7 @@ def test_every_page_passes_the_accessibility_check_in_light_and_dark_mode(
             page.goto(f"{web.http}{path}")
             if page.locator("#conn-state").count():
                 page.wait_for_selector("#conn-state.conn-live")
-            wait_for(lambda: page.evaluate("document.readyState") == "complete", "load")
+            page.wait_for_load_state("load")
             found = axe_violations(page)
             if found:
                 failures[f"{name} ({scheme})"] = found

@@ -75,7 +75,7 @@ def test_the_transcript_reads_as_a_conversation_with_tool_cards_and_usage() -> N
     card = card[:card.index("</article>")]
     assert "<code>send_notices</code>" in card and 'data-state="succeeded"' in card
     assert "replay unsafe" in card  # the tool's declared policy (it runs a task of its own)
-    arguments = html.unescape(re.search(r'<pre class="json arguments">(.*?)</pre>', card,
+    arguments = html.unescape(re.search(r'<pre [^>]*class="json arguments">(.*?)</pre>', card,
                                         re.S).group(1))
     assert json.loads(arguments) == call_arguments()
     assert '\n  "recipients": [\n    "ana@example.com"\n  ]' in arguments  # indented
@@ -184,7 +184,8 @@ def test_a_task_page_shows_a_row_per_phase_adding_up_to_its_span() -> None:
     found = pages.timeline(task_id, task.session_id, True)
     assert [r.phase for r in found.rows] == ["plan", "rest", "finish"]
     assert sum(r.seconds for r in found.rows) == pytest.approx(found.seconds)
-    assert found.seconds == (found.commits[-1].at - found.commits[0].at).total_seconds()
+    assert found.seconds == pytest.approx(
+        (found.commits[-1].at - found.commits[0].at).total_seconds())
     labels = [s.label for r in found.rows for s in r.segments]
     assert "waits on 2 tasks" in labels and any(x.startswith("asleep until") for x in labels)
     assert all(r.holders for r in found.rows)  # every phase names the lease it ran under
