@@ -20,6 +20,7 @@ from controlplane.templatetags.dashboard import ago_text, markdown, seconds
 from controlplane.ui.live import SESSION_PAGE
 from kernel import Draft, Scheduler, agent
 from kernel.agent.turn import PROGRESS
+from kernel.session import SessionHandle
 
 pytestmark = pytest.mark.django_db(transaction=True)
 EVIL = "<script>window.__pwned = 1</script>"
@@ -109,15 +110,27 @@ def test_submissions_show_their_text_status_and_turn() -> None:
     assert view.turn_id is not None and f"/tasks/{view.turn_id}/" in subs
 
 
-def test_an_ended_task_keeps_no_live_output_box() -> None:
-    """A streaming task that ends (a cancelled turn, say) leaves the live output: its
-    text is in the transcript, or was never finished."""
-    kernel = runtime().kernel
-    handle = kernel.create_session()
+def a_batch() -> tuple[SessionHandle, str]:
+    """A session with a send-batch task nothing runs; (session handle, task id)."""
+    handle = runtime().kernel.create_session()
     draft = Draft(actor="user:test")
     task_id = draft.create_task("send-batch", {"recipients": ["a@example.com"],
                                                "subject": "s", "body": "b"})
     handle.commit(draft)
+    return handle, task_id
+
+
+def an_operator() -> User:
+    operator = User.objects.create_user("olga", password="pw")
+    operator.groups.add(Group.objects.get_or_create(name="operator")[0])
+    return operator
+
+
+def test_an_ended_task_keeps_no_live_output_box() -> None:
+    """A streaming task that ends (a cancelled turn, say) leaves the live output: its
+    text is in the transcript, or was never finished."""
+    kernel = runtime().kernel
+    handle, task_id = a_batch()
     draft = Draft(actor="user:test")
     draft.set(PROGRESS, task_id, ["text"], "half a sent")
     handle.commit(draft)
@@ -130,8 +143,7 @@ def test_an_ended_task_keeps_no_live_output_box() -> None:
     draft = Draft(actor="user:test")
     draft.set(PROGRESS, task_id, ["text"], "more")
     handle.commit(draft)
-    operator = User.objects.create_user("olga", password="pw")
-    operator.groups.add(Group.objects.get_or_create(name="operator")[0])
+    operator = an_operator()
     head = kernel.storage.session(handle.id).head_seq
     commands.cancel_task(operator, task_id, "c-1", "wrong list")
     Scheduler(kernel).run_until_idle()
@@ -203,14 +215,8 @@ def test_a_task_page_shows_a_row_per_phase_adding_up_to_its_span() -> None:
 
 
 def test_the_timeline_names_who_cancelled_and_why() -> None:
-    kernel = runtime().kernel
-    handle = kernel.create_session()
-    draft = Draft(actor="user:test")
-    task_id = draft.create_task("send-batch", {"recipients": ["a@example.com"],
-                                               "subject": "s", "body": "b"})
-    handle.commit(draft)
-    operator = User.objects.create_user("olga", password="pw")
-    operator.groups.add(Group.objects.get_or_create(name="operator")[0])
+    _, task_id = a_batch()
+    operator = an_operator()
     commands.cancel_task(operator, task_id, "c-1", "wrong list")
     page = login("viewer").get(f"/tasks/{task_id}/").content.decode()
     log = page[page.index("Operators' actions"):]
