@@ -15,6 +15,7 @@ from django.test import Client, override_settings
 
 from controlplane import commands
 from controlplane.reads import pages
+from controlplane.reads.transcript import _card
 from controlplane.runtime import runtime
 from controlplane.templatetags.dashboard import ago_text, markdown, seconds
 from controlplane.ui.live import SESSION_PAGE
@@ -234,3 +235,34 @@ def test_filters_for_people() -> None:
     rendered = str(markdown(f"[x](javascript:alert(1)) ![i](http://e/x.png) {EVIL}"))
     assert "javascript:" not in rendered.split("href")[-1] or 'href="javascript' not in rendered
     assert "<script>" not in rendered and "<img" not in rendered
+
+
+def test_interrupted_failed_and_uncertain_calls_are_marked() -> None:
+    kernel = runtime().kernel
+    handle = kernel.create_session()
+    draft = Draft(actor="user:test")
+    conversation = draft.create_conversation()
+    handle.commit(draft)
+    calls = [{"id": f"call_{n}", "name": "charge", "arguments": {"n": n}} for n in "abc"]
+    draft = Draft(actor="task:turn_y")
+    draft.append(conversation, "interruption", {
+        "turn": "turn_y", "attempt": 1, "reason": "the worker stopped during the model request"})
+    draft.append(conversation, "model_response", {"text": "", "tool_calls": calls,
+                                                  "turn": "turn_y", "attempt": 2})
+    draft.append(conversation, "tool_result", {"call_id": "call_a", "name": "charge",
+                                               "interrupted": True, "partial": "charging…"})
+    draft.append(conversation, "tool_result", {"call_id": "call_b", "name": "charge",
+                                               "error": "ValueError: no card"})
+    handle.commit(draft)
+    page = login("viewer").get(f"/sessions/{handle.id}/").content.decode()
+    states = dict(re.findall(r'id="call-(call_\w)" data-state="(\w+)"', page))
+    assert states == {"call_a": "interrupted", "call_b": "error", "call_c": "running"}
+    assert "interrupted: may or may not have run" in page and "charging…" in page
+    assert "ValueError: no card" in page
+    assert "the worker stopped during the model request" in page and "(attempt 1;" in page
+
+    class Waiting:  # a tool task that waits on an operator's resolution
+        id, checkpoint, status = "task_w", {}, None
+
+    card = _card(calls[2], None, Waiting(), {}, {"task_w"})
+    assert (card.state, card.task_id) == ("uncertain", "task_w")
