@@ -92,20 +92,19 @@ def _escaper() -> Any:
     return lru_cache(maxsize=4096)(escape)
 
 
-def _segments(row: Any, esc: Any) -> str:
-    return "".join(
-        f'<span class="state status-{esc(s.status)}">{esc(s.label)} '
-        f"{seconds(s.seconds)}</span>" for s in row.segments)
-
-
-def _bars(row: Any, esc: Any) -> str:
-    """The row's bar on the task's time axis (the states column says the same in words)."""
-    rects = "".join(
-        f'<rect class="seg status-{esc(s.status)}" x="{s.left:.3f}%" y="4" '
-        f'width="{s.width:.3f}%" height="10"/>' for s in row.segments)
-    return (f'<svg class="track" aria-hidden="true" focusable="false">'
-            f'<rect class="span" x="{row.left:.3f}%" y="2" width="{row.width:.3f}%" '
-            f'height="14"/>{rects}</svg>')
+def _states_and_bar(row: Any, esc: Any) -> tuple[str, str]:
+    """The row's states in words, and its bar on the task's time axis (one pass)."""
+    words, rects = [], []
+    for seg in row.segments:
+        status, label = esc(seg.status), esc(seg.label)
+        words.append(f'<span class="state status-{status}">{label} {seconds(seg.seconds)}'
+                     "</span>")
+        rects.append(f'<rect class="seg status-{status}" x="{seg.left:.3f}%" y="4" '
+                     f'width="{seg.width:.3f}%" height="10"/>')
+    bar = (f'<svg class="track" aria-hidden="true" focusable="false">'
+           f'<rect class="span" x="{row.left:.3f}%" y="2" width="{row.width:.3f}%" '
+           f'height="14"/>{"".join(rects)}</svg>')
+    return "".join(words), bar
 
 
 @register.filter
@@ -114,7 +113,7 @@ def waterfall_rows(rows: list[Any]) -> SafeString:
     out = []
     esc = _escaper()
     for row in rows:
-        phase = escape(row.phase)
+        phase = esc(row.phase)
         outcome = (f' <span class="badge status-{esc(row.outcome)}">{esc(row.outcome)}'
                    "</span>" if row.outcome else "")
         restarts = f' <span class="warn">restarts {row.restarts}</span>' if row.restarts else ""
@@ -125,13 +124,14 @@ def waterfall_rows(rows: list[Any]) -> SafeString:
             holders += (f' <span class="warn nowrap" title="epochs {epochs}">'
                         f"{len(row.epochs)} leases</span>")
         start = row.commits[0].offset if row.commits else 0.0
+        states, bar = _states_and_bar(row, esc)
         out.append(
             f'<tr class="phase-row{" open" if row.open else ""}" data-phase="{phase}" '
             f'data-seconds="{row.seconds:.6f}"><th scope="row">{phase}{outcome}</th>'
             f'<td class="num">+{seconds(start)}</td>'
             f'<td class="num">{seconds(row.seconds)}{" …" if row.open else ""}</td>'
-            f'<td class="states">{_segments(row, esc)}{restarts}</td>'
-            f'<td class="holders">{holders}</td><td class="bar-cell">{_bars(row, esc)}</td></tr>')
+            f'<td class="states">{states}{restarts}</td>'
+            f'<td class="holders">{holders}</td><td class="bar-cell">{bar}</td></tr>')
     return mark_safe("".join(out))  # noqa: S308 - every text above is escaped
 
 
