@@ -7,6 +7,7 @@ from datetime import UTC, datetime
 
 import pytest
 
+from benchmarks._support import Stats
 from benchmarks.ui import (
     HEADING,
     Browser,
@@ -31,10 +32,13 @@ def test_seed_render_and_report() -> None:
     assert [r.phase for r in timeline.rows] == [f"p{n}" for n in range(30)]
     assert sum(r.seconds for r in timeline.rows) == timeline.seconds == 30.0
     assert timeline.rows[0].holders == ["bench-host:1000"]
-    timed = measure_render(long_task, runs=2, warmup=1, path="/tasks/{}/")
+    used: list[float] = []
+    timed = measure_render(long_task, runs=2, warmup=1, path="/tasks/{}/", cpu=used)
+    assert len(used) == 2 and all(u > 0 for u in used)
     section = render(Result(datetime.now(UTC), 120, stats, Browser([10.0], [20.0], 1000),
-                            (0.5, 0.6), timed, 30))
+                            (0.5, 0.6), timed, 30, {"timeline": Stats.of(used)}))
     assert section.startswith(HEADING + "\n")
     assert "| server render of the session page (ms) | 3 |" in section
     assert "navigation to socket live" in section
     assert "| server render of the task page, a 30-phase timeline (ms) | 2 |" in section
+    assert "| … its CPU time in the server process (ms) | 2 |" in section
