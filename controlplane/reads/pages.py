@@ -10,13 +10,15 @@ a fragment older than what it shows (see ``static/ui.js``).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
+from urllib.parse import urlencode
 
 from controlplane import models
 from controlplane.notices.tasks import PLAN
 from controlplane.runtime import runtime
 from controlplane.storage.schema import SESSION
-from kernel import Status
+from kernel import Outcome, Status
 from kernel.agent import turn
 from kernel.commit import operations_log_id
 from kernel.records import SHOWN_STATUSES, Entry, SessionRecord, Submission
@@ -311,3 +313,101 @@ def attention() -> Attention:
                    limit=ATTENTION_ROWS),
         tasks.count(failed),
     )
+
+
+# -- finding tasks across sessions ------------------------------------------------------------
+
+TASKS_PAGE = 50
+"""Tasks per page of the tasks page."""
+MAX_TEXT = 200
+
+
+@dataclass(frozen=True)
+class TaskSearch:
+    """The tasks page's filter as its URL says it, each value checked: one that does not
+    parse is dropped (it came from a URL), so the page always shows something."""
+
+    kind: str = ""
+    status: str = ""
+    session: str = ""
+    q: str = ""
+    since: str = ""
+    until: str = ""
+    sort: str = "-created"
+    page: int = 1
+
+    def filter(self) -> TaskFilter:
+        """As a :class:`TaskFilter`: the shown status names an outcome or a status."""
+        outcome = self.status if self.status in tuple(Outcome) else None
+        return TaskFilter(
+            session_id=self.session or None,
+            kind=self.kind or None,
+            status=Status.TERMINAL if outcome else (self.status or None),
+            outcome=outcome,
+            text=self.q or None,
+            since=_moment(self.since),
+            until=_moment(self.until),
+        )
+
+    def query(self, **changed: Any) -> str:
+        """This search as a query string, with some values changed (a sort, a page)."""
+        values = {**vars(self), **changed}
+        defaults = vars(TaskSearch())
+        return urlencode({k: v for k, v in values.items() if v != defaults[k]})
+
+    @property
+    def filtered(self) -> bool:
+        return self.filter().any_set()
+
+
+def _moment(text: str) -> datetime | None:
+    """A time from a form's ``datetime-local`` (read as UTC) or ISO 8601 with an offset."""
+    if not text:
+        return None
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        return None
+    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
+
+
+def task_search(kind: str = "", status: str = "", session: str = "", q: str = "",
+                since: str = "", until: str = "", sort: str = "", page: str = "",
+                **_: str) -> TaskSearch:
+    """The filter of a URL's query: unknown or malformed values are left out."""
+    return TaskSearch(
+        kind=kind.strip()[:MAX_TEXT],
+        status=status if status in SHOWN_STATUSES else "",
+        session=session.strip()[:MAX_TEXT],
+        q=q.strip()[:MAX_TEXT].replace("\x00", ""),
+        since=since if _moment(since) else "",
+        until=until if _moment(until) else "",
+        sort=sort if sort in tasks.ORDERS else "-created",
+        page=min(int(page), 100_000) if page.isdigit() and int(page) > 0 else 1,
+    )
+
+
+SEARCHED = tuple(TaskSearch.__dataclass_fields__)
+"""The query parameters of the tasks page (and of its bulk forms)."""
+
+
+@dataclass
+class TasksPage:
+    seq: int
+    search: TaskSearch
+    rows: list[TaskView]
+    changed_at: dict[str, datetime]
+    total: int
+    pages: int
+    kinds: list[str]
+
+
+def tasks_page(search: TaskSearch) -> TasksPage:
+    """One page of the tasks matching ``search`` across sessions, with how many match."""
+    found = search.filter()
+    total = tasks.count(found)
+    pages = max(1, -(-total // TASKS_PAGE))
+    rows = tasks.find(found, (min(search.page, pages) - 1) * TASKS_PAGE, TASKS_PAGE,
+                      order=search.sort)
+    return TasksPage(last_commit_id(), search, rows, tasks.changed_at(rows), total, pages,
+                     sorted(runtime().kernel.registry.kinds()))

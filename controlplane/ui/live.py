@@ -101,7 +101,49 @@ class Attention(LivePage):
         return vars(pages.attention())
 
 
-GLOBAL_PAGES: dict[str, LivePage] = {page.name: page for page in (Overview(), Attention())}
+class Tasks(LivePage):
+    """Tasks across sessions, found by kind, status, session, time and input text;
+    sorted, paged, its filter in the URL. Operators act on the filter's result in bulk
+    (a preview count, then a confirmation: :mod:`controlplane.ui.actions`)."""
+
+    name = "tasks"
+    path = "tasks/"
+    template = "ui/tasks.html"
+    parts = ("ui/_task_results.html",)
+    params = pages.SEARCHED
+
+    def context(self, can_act: bool, **params: str) -> dict[str, Any]:
+        found = pages.tasks_page(pages.task_search(**params))
+        search = found.search
+        shown = [{"task": t, "at": found.changed_at.get(t.id),
+                  "input": _preview(t.input)} for t in found.rows]
+        return {
+            **vars(found), **vars(search), "found": shown, "statuses": SHOWN_STATUSES,
+            "filtered": search.filtered, "query": search.query(),
+            "sorted_by": {key: _sort_link(search, key) for key in ("created", "kind", "status")},
+            "previous": search.query(page=search.page - 1) if search.page > 1 else None,
+            "next": search.query(page=search.page + 1) if search.page < found.pages else None,
+        }
+
+
+def _sort_link(search: pages.TaskSearch, key: str) -> dict[str, str]:
+    """A column header's link (sorting by it, the other way if it is the sort already)
+    and its ``aria-sort``."""
+    flipped = f"-{key}" if search.sort == key else key
+    if key == "created" and search.sort != "-created":
+        flipped = "-created"
+    state = ("ascending" if search.sort == key else
+             "descending" if search.sort == f"-{key}" else "none")
+    return {"query": search.query(sort=flipped, page=1), "aria": state}
+
+
+def _preview(value: Any, limit: int = 160) -> str:
+    text = json.dumps(value, ensure_ascii=False, default=str)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+GLOBAL_PAGES: dict[str, LivePage] = {
+    page.name: page for page in (Overview(), Attention(), Tasks())
+}
 
 
 class SessionLivePage:

@@ -15,6 +15,8 @@ urlpatterns = [
             name="act"),
     re_path(r"^submissions/(?P<target>[^/]+)/(?P<action>resubmit)$", actions.act,
             name="act_on_submission"),
+    path("bulk/preview", actions.bulk_preview, name="bulk_preview"),
+    path("bulk/act", actions.bulk_act, name="bulk_act"),
     path("attention/retry-failed", actions.retry_failed, name="retry_failed"),
     path("workers/", workers.workers, name="workers"),
 ]
