@@ -9,7 +9,7 @@ a fragment older than what it shows (see ``static/ui.js``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import urlencode
@@ -319,6 +319,9 @@ def attention() -> Attention:
 
 TASKS_PAGE = 50
 """Tasks per page of the tasks page."""
+COUNT_UP_TO = 1000
+"""The tasks page counts matches up to this many (a bulk action's most), then says "more
+than": counting every match of a wide filter would cost more than the page itself."""
 MAX_TEXT = 200
 
 
@@ -398,6 +401,8 @@ class TasksPage:
     rows: list[TaskView]
     changed_at: dict[str, datetime]
     total: int
+    """Matches, counted up to :data:`COUNT_UP_TO` (``more`` says there are more)."""
+    more: bool
     pages: int
     kinds: list[str]
 
@@ -405,9 +410,15 @@ class TasksPage:
 def tasks_page(search: TaskSearch) -> TasksPage:
     """One page of the tasks matching ``search`` across sessions, with how many match."""
     found = search.filter()
-    total = tasks.count(found)
+    total = tasks.count(found, up_to=COUNT_UP_TO)
+    more = total > COUNT_UP_TO
+    total = min(total, COUNT_UP_TO)
     pages = max(1, -(-total // TASKS_PAGE))
-    rows = tasks.find(found, (min(search.page, pages) - 1) * TASKS_PAGE, TASKS_PAGE,
-                      order=search.sort)
-    return TasksPage(last_commit_id(), search, rows, tasks.changed_at(rows), total, pages,
+    page = search.page if more else min(search.page, pages)
+    rows = tasks.find(found, (page - 1) * TASKS_PAGE, TASKS_PAGE + 1, order=search.sort)
+    if more:  # past the counted ones, a page more while there are rows
+        pages = max(pages, page + 1 if len(rows) > TASKS_PAGE else page)
+    rows = rows[:TASKS_PAGE]
+    return TasksPage(last_commit_id(), replace(search, page=page), rows,
+                     tasks.changed_at(rows), total, more, pages,
                      sorted(runtime().kernel.registry.kinds()))

@@ -170,8 +170,11 @@ def ids(found: TaskFilter, limit: int) -> list[str]:
     return list(_query(found).values_list("id", flat=True)[:limit])
 
 
-def count(found: TaskFilter) -> int:
-    return _query(found).count()
+def count(found: TaskFilter, up_to: int | None = None) -> int:
+    """How many tasks match; with ``up_to``, counting stops past it (a page says "more
+    than N" instead of reading every match of a wide filter)."""
+    rows = _query(found).order_by()
+    return rows.count() if up_to is None else rows[: up_to + 1].count()
 
 
 def get(task_id: str) -> TaskView:
