@@ -319,7 +319,7 @@ def attention() -> Attention:
 
 TASKS_PAGE = 50
 """Tasks per page of the tasks page."""
-COUNT_UP_TO = 1000
+COUNT_UP_TO = tasks.COUNT
 """The tasks page counts matches up to this many (a bulk action's most), then says "more
 than": counting every match of a wide filter would cost more than the page itself."""
 MAX_TEXT = 200

@@ -170,6 +170,10 @@ def ids(found: TaskFilter, limit: int) -> list[str]:
     return list(_query(found).values_list("id", flat=True)[:limit])
 
 
+COUNT = 1000
+"""Where a shown count stops ("more than"): a bulk action's most, too."""
+
+
 def count(found: TaskFilter, up_to: int | None = None) -> int:
     """How many tasks match; with ``up_to``, counting stops past it (a page says "more
     than N" instead of reading every match of a wide filter)."""

@@ -25,11 +25,12 @@ from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import render
 from django.template.loader import render_to_string
 
-from controlplane.reads import pages
+from controlplane.reads import charts, pages
 from controlplane.reads.snapshot import snapshot
 from kernel.records import SHOWN_STATUSES
 
 from .access import may_act, viewer_required
+from .charts import line_chart
 
 
 def _updating(can_act: bool, **more: Any) -> dict[str, Any]:
@@ -81,12 +82,27 @@ class Overview(LivePage):
     name = "overview"
     path = ""
     template = "ui/overview.html"
-    parts = ("ui/_totals.html",)
+    parts = ("ui/_totals.html", "ui/_activity.html")
     params = ("q", "status")
 
     def context(self, can_act: bool, q: str = "", status: str = "", **_: str) -> dict[str, Any]:
         found = pages.overview(q, status)
-        return {**vars(found), "q": found.query, "statuses": SHOWN_STATUSES}
+        return {**vars(found), "q": found.query, "statuses": SHOWN_STATUSES,
+                **activity_charts(charts.recent_activity())}
+
+
+def activity_charts(found: charts.Activity) -> dict[str, Any]:
+    """The overview's pictures of the last hour."""
+    at, width = found.start, found.bucket_seconds
+    return {"activity": found, "charts": [
+        line_chart("chart-phases", "Phases per second", "phases/s", at, width,
+                   [("phases", "series-phases", found.phases_per_second)]),
+        line_chart("chart-latency", "Runnable to next commit", "seconds", at, width,
+                   [("p50", "series-p50", found.latency_p50),
+                    ("p95", "series-p95", found.latency_p95)]),
+        line_chart("chart-failures", "Tasks failed or faulted", "tasks", at, width,
+                   [("failures", "series-failures", found.failures)]),
+    ]}
 
 
 class Attention(LivePage):

@@ -87,3 +87,27 @@ def test_the_workers_page_lists_an_idle_worker_then_shows_it_dead_after_a_kill(
     killed = time.monotonic()
     page.wait_for_selector(f"{row}[data-state=dead]", timeout=20_000)
     assert time.monotonic() - killed <= 15
+
+
+def test_the_overview_chart_gains_points_while_a_batch_runs(
+    stack: Stack, web: Daphne, browser: Any
+) -> None:
+    page = logged_in(browser, web, "vera", "viewer")
+    page.wait_for_selector("#conn-state.conn-live")
+    page.evaluate("window.__sameDocument = true")
+    points = "Number(document.getElementById('chart-phases').dataset.points)"
+    assert page.evaluate(points) == 0  # a fresh database: nothing ran in the last hour
+
+    stack.admin.set_faults(latency_ms=300)
+    session_id, batch_id = stack.send_batch([f"r{i:02d}@example.com" for i in range(16)])
+    stack.worker("w1")
+    stack.beat()
+    total = "Number(document.getElementById('chart-phases').dataset.total)"
+    page.wait_for_function(f"{points} >= 1", timeout=60_000)
+    during = page.evaluate(total)
+    assert not stack.task(batch_id).terminal  # seen while the batch still runs
+    stack.wait_terminal(batch_id, timeout=120)
+    page.wait_for_function(f"{total} > {during}", timeout=30_000)  # and it kept growing
+    assert page.evaluate("window.__sameDocument") is True  # live, no reload
+    assert page.locator("#chart-phases circle").count() >= 1
+    assert page.locator("#chart-latency circle").count() >= 1
