@@ -48,8 +48,10 @@ class Chart:
     width: int = WIDTH
     height: int = HEIGHT
     left: int = LEFT
-    right_edge: int = WIDTH - RIGHT
-    bottom_edge: int = HEIGHT - BOTTOM
+
+    @property
+    def right_edge(self) -> int:
+        return self.width - RIGHT
 
 
 def _nice(value: float) -> float:
@@ -72,13 +74,14 @@ def _fmt(value: float) -> str:
 def line_chart(
     id: str, title: str, unit: str, start: datetime, bucket_seconds: float,
     series: list[tuple[str, str, list[float | None] | list[float] | list[int]]],
+    width: int = WIDTH,
 ) -> Chart:
     """``series``: (name, css class, a value per bucket or None) drawn over the same
     buckets, the first at ``start``."""
     buckets = max((len(values) for _, _, values in series), default=0) or 1
     values = [v for _, _, vs in series for v in vs if v is not None]
     top = _nice(max(values, default=0.0))
-    plot_w, plot_h = WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM
+    plot_w, plot_h = width - LEFT - RIGHT, HEIGHT - TOP - BOTTOM
 
     def x(i: int) -> float:
         return round(LEFT + plot_w * (i + 0.5) / buckets, 1)
@@ -107,10 +110,12 @@ def line_chart(
         lines.append(Line(name, css, segments, dots))
     ticks = [(y(top * f), _fmt(top * f)) for f in (0, 0.5, 1)]
     end = start + timedelta(seconds=bucket_seconds * buckets)
-    times = [(LEFT, f"{start:%H:%M}"), (LEFT + plot_w / 2,
-              f"{start + (end - start) / 2:%H:%M}"), (WIDTH - RIGHT, f"{end:%H:%M}")]
+    shown = "%H:%M" if (end - start).total_seconds() >= 1800 else "%H:%M:%S"
+    times = [(LEFT, f"{start:{shown}}"), (LEFT + plot_w / 2,
+              f"{start + (end - start) / 2:{shown}}"), (width - RIGHT, f"{end:{shown}}")]
     peaks = ", ".join(f"{name} at most {_fmt(max((v for v in vs if v is not None), default=0))}"
                       for name, _, vs in series)
     summary = f"{title} from {start:%H:%M} to {end:%H:%M} UTC: {peaks} {unit}."
     total = sum(v for v in (series[0][2] if series else []) if v is not None)
-    return Chart(id, title, unit, lines, top, ticks, times, points, summary, round(total, 3))
+    return Chart(id, title, unit, lines, top, ticks, times, points, summary, round(total, 3),
+                 width)

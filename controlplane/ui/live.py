@@ -91,17 +91,21 @@ class Overview(LivePage):
                 **activity_charts(charts.recent_activity())}
 
 
+OVERVIEW_CHART = 420
+"""The overview's charts' width in SVG units (three side by side on a wide screen)."""
+
+
 def activity_charts(found: charts.Activity) -> dict[str, Any]:
     """The overview's pictures of the last hour."""
     at, width = found.start, found.bucket_seconds
     return {"activity": found, "charts": [
         line_chart("chart-phases", "Phases per second", "phases/s", at, width,
-                   [("phases", "series-phases", found.phases_per_second)]),
+                   [("phases", "series-phases", found.phases_per_second)], width=OVERVIEW_CHART),
         line_chart("chart-latency", "Runnable to next commit", "seconds", at, width,
                    [("p50", "series-p50", found.latency_p50),
-                    ("p95", "series-p95", found.latency_p95)]),
+                    ("p95", "series-p95", found.latency_p95)], width=OVERVIEW_CHART),
         line_chart("chart-failures", "Tasks failed or faulted", "tasks", at, width,
-                   [("failures", "series-failures", found.failures)]),
+                   [("failures", "series-failures", found.failures)], width=OVERVIEW_CHART),
     ]}
 
 
