@@ -385,7 +385,7 @@ def task_search(kind: str = "", status: str = "", session: str = "", q: str = ""
         q=q.strip()[:MAX_TEXT].replace("\x00", ""),
         since=since if _moment(since) else "",
         until=until if _moment(until) else "",
-        sort=sort if sort in tasks.ORDERS else "-created",
+        sort=sort if sort in tasks.ORDERS and sort != "tree" else "-created",
         page=min(int(page), 100_000) if page.isdigit() and int(page) > 0 else 1,
     )
 

@@ -90,15 +90,17 @@ def view(task: Task) -> TaskView:
 
 
 ORDERS: dict[str, tuple[str, ...]] = {
-    "created": ("session_id", "created_seq", "id"),
-    "-created": ("-session_id", "-created_seq", "-id"),
-    "kind": ("kind", "-session_id", "-created_seq", "-id"),
-    "-kind": ("-kind", "-session_id", "-created_seq", "-id"),
-    "status": ("status", "outcome__kind", "-session_id", "-created_seq", "-id"),
-    "-status": ("-status", "-outcome__kind", "-session_id", "-created_seq", "-id"),
+    "tree": ("session_id", "created_seq", "id"),
+    "created": ("id",),
+    "-created": ("-id",),
+    "kind": ("kind", "-id"),
+    "-kind": ("-kind", "-id"),
+    "status": ("status", "outcome__kind", "-id"),
+    "-status": ("-status", "-outcome__kind", "-id"),
 }
-"""How a list of tasks may be sorted: creation order (ids and seqs grow with time, so
-``-created`` is newest first across sessions), by kind, by status."""
+"""How a list of tasks may be sorted: ``tree``, a session's creation order (the tree's);
+``created``, by id, which is creation time across sessions (``new_id`` puts the time
+first), on the primary key's index; by kind; by status."""
 
 
 def like_pattern(text: str) -> str:
@@ -107,7 +109,7 @@ def like_pattern(text: str) -> str:
     return f"%{escaped}%"
 
 
-def _query(found: TaskFilter, order: str = "created") -> QuerySet[models.Task]:
+def _query(found: TaskFilter, order: str = "tree") -> QuerySet[models.Task]:
     rows = models.Task.objects.all()
     if found.session_id:
         rows = rows.filter(session_id=found.session_id)
@@ -151,7 +153,7 @@ def _records(rows: QuerySet[models.Task]) -> list[Task]:
 
 
 def find(
-    found: TaskFilter, offset: int = 0, limit: int = 200, order: str = "created"
+    found: TaskFilter, offset: int = 0, limit: int = 200, order: str = "tree"
 ) -> list[TaskView]:
     """Matching tasks in creation order (or another of :data:`ORDERS`), one page."""
     return [view(t) for t in _records(_query(found, order)[offset : offset + limit])]
