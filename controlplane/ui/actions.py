@@ -93,6 +93,7 @@ def bulk_preview(request: HttpRequest) -> HttpResponse:
     """How many tasks the tasks page's filter finds now, and the form that confirms a bulk
     cancel or retry of exactly that many (with a fresh action id)."""
     try:
+        require_operator(request.user)
         action = _bulk_action(request.GET.dict())
         search = _search(request.GET.dict())
         ids = commands.bulk_preview(request.user, search.filter())
