@@ -179,8 +179,9 @@ class Task(KernelRecord):
             ),
             GinIndex(fields=["wait_deps"], name="task_wait_deps"),
             # The tasks page's search by a word of the input, ``(input)::text ILIKE``,
-            # uses the trigram index ``task_input_trgm``: made by SQL in migration 0004,
-            # as Django cannot say an expression with an operator class here.
+            # uses the trigram index ``task_input_trgm``, and ended tasks by outcome the
+            # partial index ``task_outcome_kind``: both made by SQL in migration 0006 (Django
+            # cannot say an expression with an operator class here).
         ]
 
 
