@@ -15,6 +15,7 @@ from .errors import (
     NotRegistered,
     SessionPoisoned,
     StaleLease,
+    StorageUnavailable,
     UnknownRecord,
     WaitCycle,
 )
@@ -65,6 +66,7 @@ __all__ = [
     "Preview",
     "SessionHandle",
     "SessionPoisoned",
+    "StorageUnavailable",
     "Sleep",
     "StaleLease",
     "Status",
