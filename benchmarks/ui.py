@@ -1,5 +1,6 @@
 """Dashboard benchmark (issues 6 and 13): a session page with 10,000 tasks, and the
-timeline of a task that went through 2,000 phases.
+timeline of a task that went through 2,000 phases, and the tasks page over 100,000
+tasks in 100 sessions.
 
 - Server render time: ``GET /sessions/<id>/`` through Django's test client in this
   process (the view, its reads and the templates; no network), p50 over many runs.
@@ -12,7 +13,9 @@ children in mixed states): making them through the kernel would take minutes and
 measure nothing here. The tree shows the root collapsed with its counts; children load
 by page. The long task's commits are seeded the same way (each phase a commit that
 enters it and one mid-phase, as a phase that commits progress makes), and its page is
-measured like the session's. Run with ``python -m benchmarks.ui``
+measured like the session's. The tasks page's sessions, commits and tasks are
+copied in the same way, with inputs of a few words each (the text search reads them).
+Run with ``python -m benchmarks.ui``
 (``make bench BENCH_ARGS=ui``); it writes the section "Dashboard (issue 6)" of
 ``docs/benchmarks.md``.
 """
@@ -73,6 +76,57 @@ def seed_session(tasks: int) -> tuple[str, str]:
             for task in rows:
                 copy.write_row(TASK.values(task))
     return session_id, root
+
+
+WORDS = ["invoice", "renewal", "digest", "reminder", "receipt", "welcome", "outage", "survey"]
+KINDS = ["send-notice", "send-batch", "agent-turn", "tool-call"]
+SHOWN = [("succeeded", "terminal"), ("failed", "terminal"),
+         ("pending", None), ("running", None), ("waiting", None), ("sleeping", None)]
+TASK_QUERIES = {
+    "newest first, no filter": "",
+    "a common word of the input (1 in 4)": "?q=renewal",
+    "a rare word of the input (1 task)": "?q=r4242%40",
+    "status failed, by kind": "?status=failed&sort=kind",
+    "one kind, page 40": "?kind=agent-turn&page=40",
+}
+"""The tasks page's URLs measured (under ``/tasks/``)."""
+
+
+def seed_tasks(tasks: int, sessions: int = 100) -> list[str]:
+    """``tasks`` tasks spread over ``sessions`` sessions, each session with two commits an
+    hour apart at most; kinds, states and input words mixed. Returns the session ids."""
+    import random
+
+    from django.db import connection
+
+    from controlplane.storage.schema import COMMIT, SESSION, TASK
+    from kernel.records import Commit, SessionRecord, Status, Task, new_id
+
+    rand = random.Random(13)
+    now = datetime.now(UTC)
+    session_ids = [new_id("sess") for _ in range(sessions)]
+    connection.ensure_connection()
+    with connection.connection.cursor() as cur:
+        with cur.copy(f"COPY {SESSION.name} ({', '.join(SESSION.inserted)}) FROM STDIN") as copy:
+            for session_id in session_ids:
+                copy.write_row(SESSION.values(SessionRecord(session_id, 2, now, {"title": "b"})))
+        with cur.copy(f"COPY {COMMIT.name} ({', '.join(COMMIT.inserted)}) FROM STDIN") as copy:
+            for session_id in session_ids:
+                for seq in (1, 2):
+                    at = now - timedelta(seconds=rand.randrange(3600))
+                    copy.write_row(COMMIT.values(Commit(session_id, seq, at, "bench", [])))
+        with cur.copy(f"COPY {TASK.name} ({', '.join(TASK.inserted)}) FROM STDIN") as copy:
+            for n in range(tasks):
+                shown, terminal = SHOWN[n % len(SHOWN)]
+                words = " ".join(rand.sample(WORDS, 2))
+                copy.write_row(TASK.values(Task(
+                    f"task_find_{n:06d}", session_ids[n % sessions], KINDS[n % len(KINDS)], 1,
+                    {"to": f"r{n}@example.com", "subject": f"{words} {n}"},
+                    Status(terminal or shown), "confirm", {}, 1, 2,
+                    outcome={"kind": shown} if terminal else None, epoch=1,
+                )))
+        cur.execute(f"ANALYZE {TASK.name}; ANALYZE {COMMIT.name}")
+    return session_ids
 
 
 def seed_long_task(phases: int) -> str:
@@ -205,6 +259,10 @@ class Result:
     phases: int = 0
     cpu: dict[str, Stats] = field(default_factory=dict)
     """Server CPU time (this process) per measured page, by the row's name."""
+    found: int = 0
+    """Tasks seeded for the tasks page."""
+    tasks_page: dict[str, Stats] = field(default_factory=dict)
+    """Server render of the tasks page, by :data:`TASK_QUERIES` name."""
 
 
 def render(result: Result) -> str:
@@ -250,7 +308,29 @@ def render(result: Result) -> str:
             f"Browser: Debian chromium (headless, Playwright) against one Daphne process; "
             f"the page's HTML is {b.html_bytes:,} bytes on the wire.",
         ]
+    if result.tasks_page:
+        lines += [
+            "",
+            f"The tasks page (`/tasks/`) over {result.found:,} tasks in 100 sessions (four "
+            "kinds, six shown states, inputs of a few words; seeded in SQL), server render:",
+            "",
+            "| tasks page | runs | p50 | p90 | max |",
+            "|---|---:|---:|---:|---:|",
+        ]
+        for name, s in result.tasks_page.items():
+            lines.append(f"| {name} (`/tasks/{TASK_QUERIES.get(name, '')}`) (ms) | {s.count} "
+                         f"| {s.p50:.1f} | {s.p90:.1f} | {s.max:.1f} |")
     return "\n".join(lines) + "\n"
+
+
+def measure_url(url: str, runs: int, warmup: int = 2) -> Stats:
+    """Server-side time of a page by its URL (no id to fill in)."""
+    return measure_render("", runs, warmup, path=url.replace("{", "{{").replace("}", "}}"))
+
+
+def measure_tasks_page(runs: int, warmup: int = 2) -> dict[str, Stats]:
+    return {name: measure_url(f"/tasks/{query}", runs, warmup)
+            for name, query in TASK_QUERIES.items()}
 
 
 def run(args: argparse.Namespace, url: str) -> Result:
@@ -271,13 +351,21 @@ def run(args: argparse.Namespace, url: str) -> Result:
     if args.browser_runs and os.path.exists(CHROMIUM):
         progress(f"browser x{args.browser_runs}")
         browser = measure_browser(url, session_id, args.browser_runs)
+    progress(f"seeding {args.found} tasks for the tasks page")
+    seed_tasks(args.found)
+    tasks_page = measure_tasks_page(args.runs)
+    for name, found in tasks_page.items():
+        progress(f"  tasks page, {name}: p50 {found.p50:.1f} ms")
     return Result(datetime.now(UTC), args.tasks, stats, browser, (load_start, os.getloadavg()[0]),
-                  timeline, args.phases, {k: Stats.of(v) for k, v in used.items() if v})
+                  timeline, args.phases, {k: Stats.of(v) for k, v in used.items() if v},
+                  found=args.found, tasks_page=tasks_page)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.ui", description=__doc__)
     parser.add_argument("--tasks", type=int, default=10_000)
+    parser.add_argument("--found", type=int, default=100_000,
+                        help="tasks seeded for the tasks page")
     parser.add_argument("--runs", type=int, default=30)
     parser.add_argument("--phases", type=int, default=2_000,
                         help="phases of the long task whose timeline is measured (0: none)")

@@ -259,6 +259,13 @@ KERNEL_REDELIVER_SECONDS = float(os.environ.get("KERNEL_REDELIVER_SECONDS", "30"
 # Off only to test what happens when renewals stop (a stuck process, a long GC pause).
 KERNEL_HEARTBEAT = _env_bool("KERNEL_HEARTBEAT", True)
 
+# The worker registry (controlplane.worker_registry): each worker process writes its row
+# every WORKER_HEARTBEAT_SECONDS; one silent for WORKER_DEAD_SECONDS is shown dead, and
+# one gone for WORKER_FORGET_SECONDS is no longer listed.
+WORKER_HEARTBEAT_SECONDS = float(os.environ.get("WORKER_HEARTBEAT_SECONDS", "2"))
+WORKER_DEAD_SECONDS = float(os.environ.get("WORKER_DEAD_SECONDS", "10"))
+WORKER_FORGET_SECONDS = float(os.environ.get("WORKER_FORGET_SECONDS", "3600"))
+
 # Modules whose ``TOOLS`` (a list of kernel.agent.Tool) the assistant offers besides its
 # own, comma-separated: how a deployment adds tools, and how chaos tests put killable
 # tools into real worker processes.

@@ -9,8 +9,10 @@ a fragment older than what it shows (see ``static/ui.js``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
 from typing import Any
+from urllib.parse import urlencode
 
 from django.db.models import QuerySet
 
@@ -18,7 +20,7 @@ from controlplane import models
 from controlplane.notices.tasks import PLAN
 from controlplane.runtime import runtime
 from controlplane.storage.schema import SESSION
-from kernel import Status
+from kernel import Outcome, Status
 from kernel.agent import turn
 from kernel.commit import operations_log_id
 from kernel.records import SHOWN_STATUSES, SessionRecord
@@ -314,3 +316,112 @@ def attention() -> Attention:
                    limit=ATTENTION_ROWS),
         tasks.count(failed),
     )
+
+
+# -- finding tasks across sessions ------------------------------------------------------------
+
+TASKS_PAGE = 50
+"""Tasks per page of the tasks page."""
+COUNT_UP_TO = tasks.COUNT
+"""The tasks page counts matches up to this many (a bulk action's most), then says "more
+than": counting every match of a wide filter would cost more than the page itself."""
+MAX_TEXT = 200
+
+
+@dataclass(frozen=True)
+class TaskSearch:
+    """The tasks page's filter as its URL says it, each value checked: one that does not
+    parse is dropped (it came from a URL), so the page always shows something."""
+
+    kind: str = ""
+    status: str = ""
+    session: str = ""
+    q: str = ""
+    since: str = ""
+    until: str = ""
+    sort: str = "-created"
+    page: int = 1
+
+    def filter(self) -> TaskFilter:
+        """As a :class:`TaskFilter`: the shown status names an outcome or a status."""
+        outcome = self.status if self.status in tuple(Outcome) else None
+        return TaskFilter(
+            session_id=self.session or None,
+            kind=self.kind or None,
+            status=Status.TERMINAL if outcome else (self.status or None),
+            outcome=outcome,
+            text=self.q or None,
+            since=_moment(self.since),
+            until=_moment(self.until),
+        )
+
+    def query(self, **changed: Any) -> str:
+        """This search as a query string, with some values changed (a sort, a page)."""
+        values = {**vars(self), **changed}
+        defaults = vars(TaskSearch())
+        return urlencode({k: v for k, v in values.items() if v != defaults[k]})
+
+    @property
+    def filtered(self) -> bool:
+        return self.filter().any_set()
+
+
+def _moment(text: str) -> datetime | None:
+    """A time from a form's ``datetime-local`` (read as UTC) or ISO 8601 with an offset."""
+    if not text:
+        return None
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        return None
+    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
+
+
+def task_search(kind: str = "", status: str = "", session: str = "", q: str = "",
+                since: str = "", until: str = "", sort: str = "", page: str = "",
+                **_: str) -> TaskSearch:
+    """The filter of a URL's query: unknown or malformed values are left out."""
+    return TaskSearch(
+        kind=kind.strip()[:MAX_TEXT],
+        status=status if status in SHOWN_STATUSES else "",
+        session=session.strip()[:MAX_TEXT],
+        q=q.strip()[:MAX_TEXT].replace("\x00", ""),
+        since=since if _moment(since) else "",
+        until=until if _moment(until) else "",
+        sort=sort if sort in tasks.ORDERS and sort != "tree" else "-created",
+        page=min(int(page), 100_000) if page.isdigit() and int(page) > 0 else 1,
+    )
+
+
+SEARCHED = tuple(TaskSearch.__dataclass_fields__)
+"""The query parameters of the tasks page (and of its bulk forms)."""
+
+
+@dataclass
+class TasksPage:
+    seq: int
+    search: TaskSearch
+    rows: list[TaskView]
+    changed_at: dict[str, datetime]
+    total: int
+    """Matches, counted up to :data:`COUNT_UP_TO` (``more`` says there are more)."""
+    more: bool
+    pages: int
+    kinds: list[str]
+
+
+def tasks_page(search: TaskSearch) -> TasksPage:
+    """One page of the tasks matching ``search`` across sessions, with how many match."""
+    found = search.filter()
+    total = tasks.count(found, up_to=COUNT_UP_TO)
+    more = total > COUNT_UP_TO
+    total = min(total, COUNT_UP_TO)
+    pages = max(1, -(-total // TASKS_PAGE))
+    page = search.page if more else min(search.page, pages)
+    rows = tasks.find(found, (page - 1) * TASKS_PAGE, TASKS_PAGE + 1, order=search.sort)
+    if more:  # past the counted ones, a page more while there are rows
+        pages = max(pages, page + 1 if len(rows) > TASKS_PAGE else page)
+    rows = rows[:TASKS_PAGE]
+    return TasksPage(last_commit_id(), replace(search, page=page), rows,
+                     tasks.changed_at(rows), total, more, pages,
+                     sorted(runtime().kernel.registry.kinds()))

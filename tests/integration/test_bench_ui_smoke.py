@@ -10,12 +10,15 @@ import pytest
 from benchmarks._support import Stats
 from benchmarks.ui import (
     HEADING,
+    TASK_QUERIES,
     Browser,
     Result,
     measure_render,
+    measure_tasks_page,
     render,
     seed_long_task,
     seed_session,
+    seed_tasks,
 )
 from controlplane.reads import pages, tasks
 
@@ -42,3 +45,18 @@ def test_seed_render_and_report() -> None:
     assert "navigation to socket live" in section
     assert "| server render of the task page, a 30-phase timeline (ms) | 2 |" in section
     assert "| … its CPU time in the server process (ms) | 2 |" in section
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_tasks_page_seed_measure_and_report() -> None:
+    sessions = seed_tasks(240, sessions=4)
+    assert len(sessions) == 4
+    assert tasks.count(tasks.TaskFilter()) == 240
+    assert tasks.count(tasks.TaskFilter(outcome="failed")) == 40
+    assert tasks.count(tasks.TaskFilter(text="renewal")) > 0
+    found = measure_tasks_page(runs=2, warmup=1)
+    assert set(found) == set(TASK_QUERIES) and all(s.count == 2 for s in found.values())
+    rare = found["a rare word of the input (1 task)"]
+    section = render(Result(datetime.now(UTC), 120, rare, None, (0.5, 0.6), found=240,
+                            tasks_page=found))
+    assert "| newest first, no filter (`/tasks/`) (ms) | 2 |" in section
