@@ -19,11 +19,12 @@ BENCH_ARGS ?=
 # Sources the URLs that `make services` resolved (shared or embedded servers).
 LOAD_SERVICES := set -a; . ./$(SERVICES_ENV); set +a
 
-.PHONY: help venv services services-stop browser lint test bench screenshot demo clean distclean
+.PHONY: help venv services services-stop browser lint test bench soak screenshot demo clean distclean
 
 help:
 	@echo "make demo    set up the venv, Postgres, Redis and the database, then run the demo"
 	@echo "make test    lint + the whole test suite (what CI runs)"
+	@echo "make soak    SOAK_SECONDS (600) of seeded load and faults on the real stack"
 	@echo "other: venv services services-stop browser lint bench screenshot clean distclean"
 
 venv: $(STAMP)
@@ -71,6 +72,16 @@ test: venv services browser
 	echo "==> pytest tests/ (DATABASE_URL=$$DATABASE_URL REDIS_URL=$$REDIS_URL)"
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
 
+# The soak (tests/soak): the real stack under seeded load and faults, then the invariants.
+# SOAK_SECONDS (default 600) and SOAK_SEED (default: a fresh one, printed) reproduce a run;
+# the JSON report goes to .data/soak-report.json. `make test` runs it for 60 s.
+SOAK_SECONDS ?= 600
+soak: venv services
+	@$(LOAD_SERVICES)
+	echo "==> soak for $(SOAK_SECONDS) s (SOAK_SEED=$${SOAK_SEED:-random})"
+	SOAK_SECONDS=$(SOAK_SECONDS) SOAK_REPORT=$(CURDIR)/.data/soak-report.json \
+		$(VENV)/bin/pytest -s -q tests/soak
+
 # Benchmarks write their figures to docs/benchmarks.md. `make bench BENCH_ARGS=commit`
 # runs one module; see benchmarks/__main__.py.
 bench: venv services
@@ -89,6 +100,8 @@ screenshot: venv services browser
 demo: venv services
 	@$(LOAD_SERVICES)
 	export DEMO_PORT=$${DEMO_PORT:-8000} EMAIL_PROVIDER_PORT=$${EMAIL_PROVIDER_PORT:-8025}
+	# A laptop demo: DEBUG on (the settings' built-in secret key is refused without it).
+	export DJANGO_DEBUG=$${DJANGO_DEBUG:-1}
 	export EMAIL_PROVIDER_URL=http://127.0.0.1:$$EMAIL_PROVIDER_PORT
 	echo "==> manage.py migrate"
 	$(PY) manage.py migrate --noinput -v0

@@ -16,6 +16,7 @@ from .errors import (
     SessionPoisoned,
     StaleLease,
     StaleStep,
+    StorageUnavailable,
     UnknownRecord,
     WaitCycle,
 )
@@ -66,6 +67,7 @@ __all__ = [
     "Preview",
     "SessionHandle",
     "SessionPoisoned",
+    "StorageUnavailable",
     "Sleep",
     "StaleLease",
     "StaleStep",

@@ -56,6 +56,12 @@ class CommitUncertain(KernelError):
     """
 
 
+class StorageUnavailable(KernelError):
+    """Storage could not be reached (a lost connection, a restarting server) before
+    anything was written: nothing landed. A phase that meets it stops and is restarted,
+    as after a crash; it is never the task's failure."""
+
+
 class SessionPoisoned(KernelError):
     """The handle saw an uncertain commit: it publishes nothing and must be reopened."""
 
