@@ -123,7 +123,8 @@ API_RULES: dict[str, list[Cell]] = {
     "POST api/tasks/<task_id>/retry": [
         Cell("POST", f"/api/tasks/{NOPE}/retry", api_act(404), ACTION)],
     "POST api/tasks/<task_id>/resolve": [
-        Cell("POST", f"/api/tasks/{NOPE}/resolve", api_act(404), {**ACTION, "decision": "sent"})],
+        Cell("POST", f"/api/tasks/{NOPE}/resolve", api_act(404),
+             {**ACTION, "decision": "sent", "signal": "resolution-1", "epoch": 1})],
     "POST api/tasks/<task_id>/wake": [
         Cell("POST", f"/api/tasks/{NOPE}/wake", api_act(404), ACTION)],
     "POST api/submissions/<submission_id>/resubmit": [
@@ -133,7 +134,7 @@ API_RULES: dict[str, list[Cell]] = {
              {"action": "cancel", "session_id": NOPE})],
     "POST api/actions/bulk": [
         Cell("POST", "/api/actions/bulk", api_act(200),
-             {**ACTION, "action": "cancel", "session_id": NOPE})],
+             {**ACTION, "action": "cancel", "session_id": NOPE, "expected_count": 0})],
     "GET api/sessions/<session_id>/changes": [
         Cell("GET", "/api/sessions/{session}/changes", api_read())],
     "GET api/changes": [Cell("GET", "/api/changes", api_read())],
