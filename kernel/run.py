@@ -74,10 +74,11 @@ class Lease:
         return written
 
     def renew(self) -> bool:
-        now = self.kernel.clock.now()
-        return self.kernel.storage.renew(
-            self.task.id, self.owner, self.task.epoch, now + self.duration
-        )
+        until = self.kernel.clock.now() + self.duration
+        renewed = self.kernel.storage.renew(self.task.id, self.owner, self.task.epoch, until)
+        if renewed:
+            self.task = replace(self.task, lease_until=until)
+        return renewed
 
 
 class Run:
@@ -133,8 +134,16 @@ class Run:
         client gives up, and the server refuses what it would accept later - cannot land
         after the handler has looked. Commit the intent first: it extends the lease.
         """
-        until = self._lease.task.lease_until or (self.now + self._lease.duration)
-        return until - timedelta(seconds=margin)
+        now = self.now
+        until = self._lease.task.lease_until
+        if until is not None and until - timedelta(seconds=margin) <= now:
+            # The commit that extended the lease computed its end before it ran, and may
+            # have waited past it (on a lock): extend it again, fenced by the epoch, so a
+            # live holder's call is not refused for a lease it still holds. A lost lease
+            # stays past: the call is refused.
+            self._lease.renew()
+            until = self._lease.task.lease_until
+        return (until or now + self._lease.duration) - timedelta(seconds=margin)
 
     @property
     def revoked_until(self) -> datetime | None:

@@ -1,16 +1,19 @@
 """A lease that expires while its holder still runs (DESIGN §4.5, §6, §7).
 
-The first worker runs without its heartbeat (``KERNEL_HEARTBEAT=0``: a stuck
-process, a long GC pause) and a 3-second lease. The provider stores ben's email at
-once but answers the first worker only after a stall longer than the lease. Beat's
-sweep finds the expired lease; a second, normal worker claims the notice with the
+The first worker runs without its heartbeat (``KERNEL_HEARTBEAT=0``) and a 4-second
+lease, and is frozen (SIGSTOP: a stuck process, a long GC pause) while its call to
+the provider is in flight; the provider stores ben's email at once but answers only
+after a stall longer than the lease. (A call no longer outlives its lease by itself:
+every send carries the lease's end as its deadline, which the client and the provider
+honour; only a holder that stops running can outlive it.) Beat's sweep finds the
+expired lease; a second, normal worker claims the notice with the
 next epoch, re-enters ``confirm``, finds the stored email by its operation id and
 commits the receipt. When the first worker's call finally returns, its commit
 carries the old epoch and is rejected: it logs "lease lost, abandoning".
 
 A second variant stalls the send *before* the provider stores it: the second
 worker's lookup then finds nothing and it sends under the same operation id; the
-first worker's late request is answered as a duplicate of that message.
+first worker's late request, thawed, is answered as a duplicate of that message.
 
 What must hold either way: at most one message per idempotency key, exactly one
 commit per phase in ben's history (created, intent from the first worker, one
@@ -37,7 +40,7 @@ from .private_services import point_celery_at
 
 RECIPIENTS = [f"{name}@example.com" for name in ("ana", "ben", "cai", "dee", "eve")]
 STALLED = RECIPIENTS[1]
-STALL_MS = 15_000  # far longer than the lease (3 s) + a sweep (every 1 s) + a confirm
+STALL_MS = 15_000  # far longer than the lease (4 s) + a sweep (every 1 s) + a confirm
 LEASE_LOST = "lease lost, abandoning"
 pytestmark = [pytest.mark.chaos, pytest.mark.slow]
 
@@ -76,7 +79,7 @@ def test_lease_expires_while_the_first_worker_still_runs(stack: Stack, when: str
     point_celery_at(stack.redis_url)  # so that the batch's first dispatch reaches our Redis
     stack.admin.set_faults(stall={"to": STALLED, "ms": STALL_MS, "times": 1, "when": when})
     stack.beat()
-    first = stack.worker("w1", KERNEL_HEARTBEAT="0", KERNEL_LEASE_SECONDS="3")
+    first = stack.worker("w1", KERNEL_HEARTBEAT="0", KERNEL_LEASE_SECONDS="4")
     # The second worker starts now (a start takes seconds on a busy machine) but only
     # listens to a queue nothing is sent to, until ben's send is under way.
     second = stack.worker("w2", queues="brain")
@@ -90,6 +93,7 @@ def test_lease_expires_while_the_first_worker_still_runs(stack: Stack, when: str
     if when == "after_store":
         wait_for(lambda: any(m["to"] == STALLED for m in stack.admin.messages()),
                  "the provider to store ben's email (its answer is stalled)")
+    first.suspend()  # its call stays in flight, its lease runs out
     stalled_at = time.monotonic()
     notice = stack.notices(session_id)[STALLED]
     key = notice.input["operation_id"]
@@ -102,6 +106,7 @@ def test_lease_expires_while_the_first_worker_still_runs(stack: Stack, when: str
     assert LEASE_LOST not in first.output(), "the first worker should still be waiting"
     assert recovered.epoch == 2 and recovered.restarts == 1
     assert recovered.outcome is not None and recovered.outcome["kind"] == "succeeded"
+    first.resume()
 
     # The stall ends, the first worker's send returns a receipt, its commit is fenced off.
     wait_for(lambda: LEASE_LOST in first.output(), "the first worker to lose its lease",
@@ -122,6 +127,10 @@ def test_lease_expires_while_the_first_worker_still_runs(stack: Stack, when: str
         assert [r["outcome"] for r in stack.lookups(key)] == ["found"]
         assert plan["recipients"][STALLED]["confirmed_by"] == "lookup"
     else:
+        # The thawed worker's client gave up at its deadline; the provider still answers
+        # the stalled request when its stall ends.
+        wait_for(lambda: len(stack.posts(STALLED)) == 2, "the stalled request to be answered",
+                 timeout=STALL_MS / 1000 + 30, every=0.2)
         assert sorted(r["outcome"] for r in stack.posts(STALLED)) == ["accepted", "duplicate"]
         assert [r["outcome"] for r in stack.lookups(key)] == ["not_found"]
         assert plan["recipients"][STALLED]["confirmed_by"] == "send"
