@@ -205,6 +205,10 @@ CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 KERNEL_LEASE_SECONDS = float(os.environ.get("KERNEL_LEASE_SECONDS", "30"))
 KERNEL_SWEEP_SECONDS = float(os.environ.get("KERNEL_SWEEP_SECONDS", "1"))
 KERNEL_REDELIVER_SECONDS = float(os.environ.get("KERNEL_REDELIVER_SECONDS", "30"))
+# SIGTERM to a worker: how long its running phases may take to finish before it gives
+# their leases back and exits (controlplane.execution.drain). Keep the process manager's
+# stop timeout (compose: stop_grace_period) above it.
+KERNEL_DRAIN_SECONDS = float(os.environ.get("KERNEL_DRAIN_SECONDS", "25"))
 # Off only to test what happens when renewals stop (a stuck process, a long GC pause).
 KERNEL_HEARTBEAT = _env_bool("KERNEL_HEARTBEAT", True)
 
