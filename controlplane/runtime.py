@@ -27,6 +27,7 @@ from kernel import Kernel, SystemClock, Task, Worker
 from kernel.dispatch import Dispatcher
 
 from .celery import ADVANCE, app
+from .logs import log_commit
 from .notify import Notifier
 from .registry import build_registry
 from .storage import PostgresStorage
@@ -65,6 +66,7 @@ def runtime() -> Runtime:
     notifier = Notifier()
     kernel.after_commit(notifier.after_commit)  # live views: hints after each commit
     kernel.on_preview(notifier.preview)  # and progress that is not committed yet
+    kernel.after_commit(log_commit)  # one log line per commit: what happened, by whom
     worker = Worker(
         kernel,
         f"{socket.gethostname()}:{os.getpid()}",

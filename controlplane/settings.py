@@ -13,6 +13,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, unquote, urlsplit
 
+from controlplane import logs
+
 BASE_DIR = Path(__file__).resolve().parent.parent
 
 DEFAULT_DATABASE_URL = "postgresql://postgres@127.0.0.1:5432/durable"
@@ -185,6 +187,11 @@ STATICFILES_DIRS = [BASE_DIR / "static"]
 STATIC_ROOT = BASE_DIR / ".data" / "staticfiles"
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+# Logs: LOG_LEVEL (INFO), LOG_FORMAT=text|json; what happened at INFO, routine at DEBUG
+# (controlplane.logs). Celery's worker and beat apply the same (controlplane.celery).
+LOGGING = logs.config()
+LOGGING_CONFIG = "controlplane.logs.apply"
 
 # --------------------------------------------------------------------------- execution
 # Celery carries only "advance task X" and the sweep; Postgres decides who runs what

@@ -152,6 +152,9 @@ class Worker:
         claimed = self.kernel.storage.claim(task_id, self.id, now, now + self.lease)
         if claimed is None:
             return False
+        if claimed.restarts:
+            log.info("recovering %s (%s): phase %r was interrupted (restart %d)", claimed.id,
+                     claimed.kind, claimed.phase, claimed.restarts)
         self.run_claimed(claimed)
         return True
 
