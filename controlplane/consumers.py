@@ -30,7 +30,8 @@ Protocol, JSON text frames both ways:
    then costs a few frames instead of one per commit (per-frame overhead dominates).
 
 Other close codes: 4400 a malformed message or cursor, 4404 no such session, 1011 the
-log could not be read (reconnect). Daphne closes idle sockets after its
+log could not be read (reconnect), 4503 the server is stopping (reconnect, to another
+web process behind the same address; controlplane.shutdown). Daphne closes idle sockets after its
 ``--websocket_timeout``; clients reconnect with their cursor whatever the close code.
 
 How it stays exact: every frame comes from the commit log (the data of record), read
@@ -61,7 +62,7 @@ from channels.security.websocket import AllowedHostsOriginValidator
 from django.conf import settings
 from django.urls import path, re_path
 
-from controlplane import access, feed_subscribers
+from controlplane import access, feed_subscribers, shutdown
 from controlplane.notify import GLOBAL_GROUP, hint_hub, session_group
 from controlplane.reads.feed import (
     FRAME_COLUMNS,
@@ -199,6 +200,7 @@ class FeedConsumer(AsyncWebsocketConsumer):
         self.opening: asyncio.Task[None] | None = None
         self.closing = False
         await self.accept()
+        shutdown.track(self)  # closed with 4503 if this process stops
         query = parse_qs(self.scope.get("query_string", b"").decode("latin-1"))
         self.batched = query.get("batch", ["0"])[-1] in ("1", "true")
         user = self.scope.get("user")
@@ -263,6 +265,7 @@ class FeedConsumer(AsyncWebsocketConsumer):
 
     def stop(self) -> None:
         self.closing = True
+        shutdown.forget(self)
         for task in (getattr(self, "pump", None), getattr(self, "opening", None)):
             if task is not None and task is not asyncio.current_task():
                 task.cancel()
