@@ -67,9 +67,9 @@ from controlplane.notify import GLOBAL_GROUP, hint_hub, session_group
 from controlplane.reads.feed import (
     FRAME_COLUMNS,
     MAX_CURSOR,
+    catch_up_frames,
     frame,
     session_exists,
-    session_frames,
     settled_global,
 )
 from controlplane.ui.live import GLOBAL_PAGES, SESSION_PAGE
@@ -405,7 +405,7 @@ class SessionFeedConsumer(FeedConsumer):
         session_id = self.session_id
 
         async def query() -> Rows:
-            return await database_sync_to_async(session_frames)(session_id, after, limit)
+            return await database_sync_to_async(catch_up_frames)(session_id, after, limit)
 
         return await shared_reads.read(("session", session_id, after, limit), query)
 

@@ -127,6 +127,14 @@ TEMPLATES = [
 ]
 
 DATABASES = {"default": parse_database_url(DATABASE_URL)}
+# A streaming replica of it, optional: pages, the feeds' catch-up reads and the metrics
+# read there; commits, claims, actions and everything else stay on the primary
+# (controlplane.reads.replica). Its tests mirror the primary's database.
+DATABASE_REPLICA_URL = os.environ.get("DATABASE_REPLICA_URL", "").strip()
+if DATABASE_REPLICA_URL:
+    DATABASES["replica"] = {
+        **parse_database_url(DATABASE_REPLICA_URL), "TEST": {"MIRROR": "default"}}
+DATABASE_ROUTERS = ["controlplane.reads.replica.Router"]
 
 # Channels: live views are pushed through Redis so that events raised in Celery
 # workers reach consumers in the web process. Messages only say "commit N happened";

@@ -110,8 +110,7 @@ class SessionLivePage:
     template = "ui/session.html"
 
     def page(self, session_id: str, can_act: bool) -> dict[str, Any]:
-        with snapshot():
-            found = pages.session_page(session_id)
+        found = pages.shown_session_page(session_id)
         if found is None:
             raise Http404("no such session")
         return {**vars(found), "can_act": can_act}
@@ -119,8 +118,7 @@ class SessionLivePage:
     def update(self, session_id: str, after: int, can_act: bool) -> tuple[int, str] | None:
         """``(seq, html)``: the parts changed by the commits after ``after``, at the
         newest commit; None when there is none."""
-        with snapshot():
-            found = pages.session_changes(session_id, after)
+        found = pages.live_session_changes(session_id, after)
         if found is None:
             return None
         ctx = _updating(can_act, seq=found.seq)
