@@ -106,6 +106,17 @@ def two_phases(effects: Effects, on_first=None) -> Registry:
     return registry
 
 
+def worker_with_a_task(world: World, registry: Registry, worker_id: str, **kwargs):
+    """A worker on ``registry`` and a new "two-phases" task for it to advance."""
+    kernel = world.kernel(registry)
+    worker = Worker(kernel, worker_id, **kwargs)
+    handle = kernel.create_session()
+    draft = Draft(actor="user:ann")
+    task_id = draft.create_task("two-phases", {"name": "t"})
+    handle.commit(draft)
+    return kernel, worker, task_id
+
+
 def test_a_draining_worker_finishes_its_phase_and_hands_the_next_one_over(
     world: World,
 ) -> None:
@@ -113,13 +124,9 @@ def test_a_draining_worker_finishes_its_phase_and_hands_the_next_one_over(
     released: list[str] = []
     holder: list[Worker] = []
     registry = two_phases(effects, on_first=lambda run: holder[0].drain())
-    kernel = world.kernel(registry)
-    draining = Worker(kernel, "draining", on_release=lambda task: released.append(task.id))
+    kernel, draining, task_id = worker_with_a_task(
+        world, registry, "draining", on_release=lambda task: released.append(task.id))
     holder.append(draining)
-    handle = kernel.create_session()
-    draft = Draft(actor="user:ann")
-    task_id = draft.create_task("two-phases", {"name": "t"})
-    handle.commit(draft)
 
     assert draining.advance(task_id)  # "first" runs and commits; "second" is handed over
     task = world.storage.task(task_id)
@@ -151,13 +158,8 @@ def test_leases_released_mid_phase_are_taken_over_and_the_phase_commits_nothing(
             released.extend(t.id for t in holder[0].release_held())
 
     registry = two_phases(effects, on_first=first)
-    kernel = world.kernel(registry)
-    leaving = Worker(kernel, "leaving")
+    kernel, leaving, task_id = worker_with_a_task(world, registry, "leaving")
     holder.append(leaving)
-    handle = kernel.create_session()
-    draft = Draft(actor="user:ann")
-    task_id = draft.create_task("two-phases", {"name": "t"})
-    handle.commit(draft)
 
     leaving.advance(task_id)
     task = world.storage.task(task_id)

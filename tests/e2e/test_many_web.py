@@ -24,19 +24,20 @@ from typing import Any
 
 import pytest
 from django.conf import settings
-from django.contrib.auth.models import Group, User
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
-from controlplane.access import issue_token
 from controlplane.dev.ports import reserved_redis_url
 from controlplane.dev.processes import running
 from controlplane.runtime import runtime
 from kernel import Draft, SessionHandle
 
-from .server import Daphne, channel_layers, daphne_env, database_url_of_tests
+from .server import Daphne, daphne_env, database_url_of_tests
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+pytestmark = [
+    pytest.mark.django_db(transaction=True), pytest.mark.slow,
+    pytest.mark.usefixtures("hints_here"),
+]
 COMMITS = 60
 
 
@@ -51,19 +52,6 @@ def pair(tmp_path: Path, redis_url: str) -> Iterator[tuple[Daphne, Daphne]]:
     env = daphne_env(database_url_of_tests(), redis_url, FEED_POLL_SECONDS="0.5")
     with running(Daphne(tmp_path / "a.log", env), Daphne(tmp_path / "b.log", env)) as (a, b):
         yield a, b  # type: ignore[misc]
-
-
-@pytest.fixture(autouse=True)
-def this_process(settings: Any, redis_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    settings.CHANNEL_LAYERS = channel_layers(redis_url)
-    monkeypatch.setattr(runtime().dispatcher, "deliver", lambda task, queue: None)
-
-
-@pytest.fixture
-def token() -> str:
-    user = User.objects.create_user("vic")
-    user.groups.add(Group.objects.get_or_create(name="viewer")[0])
-    return issue_token(user, "e2e")
 
 
 def commit(handle: SessionHandle, value: int) -> Any:

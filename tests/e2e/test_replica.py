@@ -8,8 +8,9 @@ Redis, as a worker's would).
 
 - The session page is served from the replica: with replay paused
   (``pg_wal_replay_pause()``), a commit on the primary does not show on a page load.
-- A page socket that has shown seq N never shows a part older than N while the replica
-  is behind it, and still shows the commits made meanwhile (read from the primary).
+- A page socket that has shown seq N (the overview's: commit id N) never shows a part
+  older than N while the replica is behind it, and still shows the commits made
+  meanwhile (read from the primary); a page load meanwhile shows the replica's state.
 - A session feed from 0 sees every commit once, in order, whatever the replica holds.
 """
 
@@ -18,106 +19,76 @@ from __future__ import annotations
 import http.cookiejar
 import json
 import re
+import shutil
 import subprocess
 import sys
 import time
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import psycopg
 import pytest
 from django.conf import settings
 from websockets.sync.client import connect
 
-from controlplane.dev.ports import free_port, reserved_redis_url
-from controlplane.dev.processes import ROOT, Process, running, wait_for
-from tests.chaos.private_services import _postgres_bin, _server_user, private_folder
+from controlplane.dev.ports import reserved_redis_url
+from controlplane.dev.processes import ROOT, running, wait_for
+from tests.chaos.private_services import (
+    PrivatePostgres,
+    _postgres_bin,
+    _server_user,
+    create_and_migrate,
+    private_folder,
+)
 
 from .server import Daphne, daphne_env
 
 pytestmark = [pytest.mark.slow]
-DATABASE = "replicated"
 SEQ = re.compile(r'data-seq="(\d+)"')
 
 
-@dataclass
-class Cluster:
-    """A Postgres cluster in ``data`` served on ``port`` (a primary, or a hot standby)."""
+def subfolder(folder: Path, name: str, owner: str | None) -> Path:
+    path = folder / name
+    path.mkdir()
+    if owner is not None:
+        shutil.chown(path, owner, owner)
+    return path
 
-    data: Path
-    bin_dir: Path
-    user: str | None
-    port: int = field(default_factory=free_port)
-    process: Process | None = None
 
-    def url(self, database: str = DATABASE) -> str:
-        return f"postgresql://postgres@127.0.0.1:{self.port}/{database}"
-
-    def run(self, *command: str) -> None:
-        subprocess.run([str(self.bin_dir / command[0]), *command[1:]], check=True,
-                       capture_output=True, user=self.user, cwd=self.data.parent, timeout=120)
-
-    def start(self) -> None:
-        self.process = Process(
-            f"postgres:{self.port}",
-            [str(self.bin_dir / "postgres"), "-D", str(self.data), "-p", str(self.port),
-             "-k", str(self.data.parent), "-c", "listen_addresses=127.0.0.1",
-             "-c", "fsync=off", "-c", "max_connections=60"],
-            log=self.data.parent / f"postgres-{self.port}.log", cwd=self.data.parent,
-            user=self.user, ready_check=self.accepts,
-        )
-        self.process.start(timeout=60)
-
-    def accepts(self) -> bool:
-        try:
-            with psycopg.connect(self.url("postgres"), connect_timeout=2):
-                return True
-        except psycopg.OperationalError:
-            return False
-
-    def query(self, sql: str, params: Any = None) -> list[Any]:
-        with psycopg.connect(self.url(), autocommit=True, connect_timeout=5) as conn:
-            return conn.execute(sql, params).fetchall()
-
-    def stop(self) -> None:
-        if self.process is not None:
-            self.process.stop(30)
+def query(server: PrivatePostgres, sql: str, params: Any = None) -> list[dict[str, Any]]:
+    with server.connect() as conn:
+        return conn.execute(sql, params).fetchall()
 
 
 @pytest.fixture(scope="module")
-def clusters() -> Iterator[tuple[Cluster, Cluster]]:
+def clusters() -> Iterator[tuple[PrivatePostgres, PrivatePostgres]]:
     """A migrated primary and its streaming replica, each on a port of its own."""
     bin_dir = _postgres_bin()
     if bin_dir is None or not (bin_dir / "pg_basebackup").exists():
         pytest.skip("no Postgres server binaries (initdb, postgres, pg_basebackup)")
     user = _server_user()
     with private_folder("replica-test-", user) as folder:
-        primary = Cluster(folder / "primary", bin_dir, user)
-        replica = Cluster(folder / "replica", bin_dir, user)
+        # full_page_writes stays on: pg_basebackup refuses a primary without it
+        primary = PrivatePostgres(subfolder(folder, "primary", user), bin_dir, user,
+                                  settings=("fsync=off",))
+        replica = PrivatePostgres(subfolder(folder, "replica", user), bin_dir, user,
+                                  settings=("fsync=off",))
         try:
-            primary.run("initdb", "-D", str(primary.data), "-U", "postgres", "-A", "trust",
-                        "-E", "UTF8", "--no-locale", "--no-sync")
+            primary.init()
             primary.start()
-            with psycopg.connect(primary.url("postgres"), autocommit=True) as conn:
-                conn.execute(f"CREATE DATABASE {DATABASE}")
-            migrate = subprocess.run(
-                [sys.executable, "manage.py", "migrate", "--noinput", "-v", "0"], cwd=ROOT,
-                env={**_env(), "DATABASE_URL": primary.url()}, capture_output=True, text=True,
-                timeout=180)
-            assert migrate.returncode == 0, migrate.stdout + migrate.stderr
-            replica.run("pg_basebackup", "-h", "127.0.0.1", "-p", str(primary.port),
-                        "-U", "postgres", "-D", str(replica.data), "-R", "-X", "stream",
-                        "-c", "fast")
+            create_and_migrate(primary)
+            subprocess.run(
+                [str(bin_dir / "pg_basebackup"), "-h", "127.0.0.1", "-p", str(primary.port),
+                 "-U", "postgres", "-D", str(replica.data), "-R", "-X", "stream", "-c", "fast"],
+                check=True, capture_output=True, user=user, cwd=replica.folder, timeout=120)
             replica.start()
-            assert replica.query("SELECT pg_is_in_recovery()") == [(True,)]
+            assert query(replica, "SELECT pg_is_in_recovery() AS r") == [{"r": True}]
             yield primary, replica
         finally:
-            replica.stop()
-            primary.stop()
+            replica.stop("immediate")
+            primary.stop("immediate")
 
 
 def _env(**extra: str) -> dict[str, str]:
@@ -153,13 +124,13 @@ def login(base: str, username: str, password: str) -> urllib.request.OpenerDirec
     return opener
 
 
-def replica_has(replica: Cluster, session_id: str, seq: int) -> bool:
-    found = replica.query("SELECT head_seq FROM kernel_session WHERE id = %s", [session_id])
-    return bool(found) and found[0][0] >= seq
+def replica_has(replica: PrivatePostgres, session_id: str, seq: int) -> bool:
+    found = query(replica, "SELECT head_seq FROM kernel_session WHERE id = %s", [session_id])
+    return bool(found) and found[0]["head_seq"] >= seq
 
 
 def test_pages_and_feeds_read_the_replica_and_never_go_back(
-    clusters: tuple[Cluster, Cluster], tmp_path: Path
+    clusters: tuple[PrivatePostgres, PrivatePostgres], tmp_path: Path
 ) -> None:
     primary, replica = clusters
     with reserved_redis_url(settings.REDIS_URL) as redis_url:
@@ -181,7 +152,7 @@ def test_pages_and_feeds_read_the_replica_and_never_go_back(
             page = browser.open(f"{server.http}/sessions/{session}/", timeout=10).read().decode()
             assert ana in page
 
-            replica.query("SELECT pg_wal_replay_pause()")
+            query(replica, "SELECT pg_wal_replay_pause()")
             try:
                 _, ben = started(manage(env, "send_notices", "ben@example.com",
                                         "--session", session))  # seq 2
@@ -190,17 +161,27 @@ def test_pages_and_feeds_read_the_replica_and_never_go_back(
                 assert ben not in stale.read().decode(), "not read on the replica"
                 assert not replica_has(replica, session, 2)
 
-                # A page socket that showed seq 2 (say, from another web process).
+                # A page socket that showed seq 2 (say, from another web process), and
+                # the overview's socket that showed the newest commit id.
+                newest = query(primary, "SELECT max(id) AS id FROM kernel_commit")[0]["id"]
                 shown: list[int] = []
-                with connect(f"{server.ws}/ws/ui/sessions/{session}/", open_timeout=10) as ws:
+                overview: list[int] = []
+                with connect(f"{server.ws}/ws/ui/sessions/{session}/", open_timeout=10) as ws, \
+                        connect(f"{server.ws}/ws/ui/overview/", open_timeout=10) as all_ws:
                     ws.send(json.dumps({"token": token, "after": 2}))
+                    all_ws.send(json.dumps({"token": token, "after": newest}))
                     _, cai = started(manage(env, "send_notices", "cai@example.com",
                                             "--session", session))  # seq 3
                     deadline = time.monotonic() + 15
                     while 3 not in shown and time.monotonic() < deadline:
                         shown += [int(s) for s in SEQ.findall(ws.recv(timeout=15))]
+                    while not any(i > newest for i in overview) and time.monotonic() < deadline:
+                        overview += [int(s) for s in SEQ.findall(all_ws.recv(timeout=15))]
                 assert 3 in shown, "the commit made while the replica lags was not shown"
                 assert min(shown) >= 2, f"the socket went back: {shown}"
+                assert overview and min(overview) > newest, f"the overview went back: {overview}"
+                overview_page = browser.open(f"{server.http}/", timeout=10).read().decode()
+                assert max(map(int, SEQ.findall(overview_page))) < newest, "not the replica's"
 
                 # A feed from 0: the replica has seq 1 only; every commit once, in order.
                 with connect(f"{server.ws}/ws/sessions/{session}/feed/",
@@ -213,7 +194,7 @@ def test_pages_and_feeds_read_the_replica_and_never_go_back(
                             seqs.append(frame["seq"])
                 assert seqs == [1, 2, 3]
             finally:
-                replica.query("SELECT pg_wal_replay_resume()")
+                query(replica, "SELECT pg_wal_replay_resume()")
             wait_for(lambda: replica_has(replica, session, 3), "the replica to catch up")
             page = browser.open(f"{server.http}/sessions/{session}/", timeout=10).read().decode()
             assert ben in page and cai in page
