@@ -9,9 +9,13 @@ behind a dead server; what is missing is said by name.
 
 from __future__ import annotations
 
+import logging
+
 from django.conf import settings
 from django.db import DEFAULT_DB_ALIAS, connections
 from django.db.migrations.executor import MigrationExecutor
+
+log = logging.getLogger(__name__)
 
 PROBE_TIMEOUT_SECONDS = 2.0
 
@@ -54,21 +58,25 @@ def readiness() -> dict[str, str]:
 
     Keys: ``database`` (unreachable), ``migrations`` (the unapplied ones, when the
     database answers), ``broker`` (Redis, which carries both Celery and the channel
-    layer, unreachable).
+    layer, unreachable). The probe is public: what failed is logged, the answer only
+    says what is missing (an error text could name hosts and users).
     """
     missing: dict[str, str] = {}
     problem = database_problem()
     if problem is not None:
-        missing["database"] = problem
+        log.warning("not ready: database: %s", problem)
+        missing["database"] = "unreachable"
     else:
         try:
             pending = unapplied_migrations()
-        except Exception as exc:
-            missing["migrations"] = f"cannot read the migration state: {exc}"
+        except Exception:
+            log.warning("not ready: cannot read the migration state", exc_info=True)
+            missing["migrations"] = "cannot read the migration state"
         else:
             if pending:
                 missing["migrations"] = "not applied: " + ", ".join(pending)
     problem = broker_problem()
     if problem is not None:
-        missing["broker"] = problem
+        log.warning("not ready: broker: %s", problem)
+        missing["broker"] = "unreachable"
     return missing
