@@ -19,11 +19,12 @@ BENCH_ARGS ?=
 # Sources the URLs that `make services` resolved (shared or embedded servers).
 LOAD_SERVICES := set -a; . ./$(SERVICES_ENV); set +a
 
-.PHONY: help venv services services-stop browser lint test bench screenshot demo clean distclean
+.PHONY: help venv services services-stop browser lint test bench soak screenshot demo clean distclean
 
 help:
 	@echo "make demo    set up the venv, Postgres, Redis and the database, then run the demo"
 	@echo "make test    lint + the whole test suite (what CI runs)"
+	@echo "make soak    SOAK_SECONDS (600) of seeded load and faults on the real stack"
 	@echo "other: venv services services-stop browser lint bench screenshot clean distclean"
 
 venv: $(STAMP)
@@ -70,6 +71,16 @@ test: venv services browser
 	$(LOAD_SERVICES)
 	echo "==> pytest tests/ (DATABASE_URL=$$DATABASE_URL REDIS_URL=$$REDIS_URL)"
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
+
+# The soak (tests/soak): the real stack under seeded load and faults, then the invariants.
+# SOAK_SECONDS (default 600) and SOAK_SEED (default: a fresh one, printed) reproduce a run;
+# the JSON report goes to .data/soak-report.json. `make test` runs it for 60 s.
+SOAK_SECONDS ?= 600
+soak: venv services
+	@$(LOAD_SERVICES)
+	echo "==> soak for $(SOAK_SECONDS) s (SOAK_SEED=$${SOAK_SEED:-random})"
+	SOAK_SECONDS=$(SOAK_SECONDS) SOAK_REPORT=$(CURDIR)/.data/soak-report.json \
+		$(VENV)/bin/pytest -s -q tests/soak
 
 # Benchmarks write their figures to docs/benchmarks.md. `make bench BENCH_ARGS=commit`
 # runs one module; see benchmarks/__main__.py.
