@@ -89,11 +89,14 @@ bench: venv services
 	echo "==> benchmarks (python -m benchmarks $(BENCH_ARGS))"
 	exec $(PY) -m benchmarks $(BENCH_ARGS)
 
-# docs/ui-session.png: the session page at the end of the live demo-batch browser test.
+# docs/ui-session.png: the session page at the end of the live demo-batch browser test;
+# docs/screenshots/: every page, light and dark, as the accessibility test checked it.
 screenshot: venv services browser
 	@$(LOAD_SERVICES)
 	UI_SCREENSHOT=$(CURDIR)/docs/ui-session.png $(VENV)/bin/pytest -q \
 		"tests/browser/test_dashboard.py::test_the_demo_batch_goes_from_pending_to_succeeded_live"
+	UI_SCREENSHOTS=$(CURDIR)/docs/screenshots $(VENV)/bin/pytest -q \
+		"tests/browser/test_pages.py::test_every_page_passes_the_accessibility_check_in_light_and_dark_mode"
 
 # Web (daphne), a worker, beat and the local email provider under honcho (Procfile);
 # Ctrl-C stops them all. DEMO_PORT / EMAIL_PROVIDER_PORT move the ports.

@@ -18,7 +18,8 @@ ADVANCE = "controlplane.advance"
 SWEEP = "controlplane.sweep"
 """The task that re-delivers what was lost, once a second from beat."""
 
-app = Celery("controlplane", include=["controlplane.execution"])
+# The worker registry's signal handlers are connected when a worker imports its tasks.
+app = Celery("controlplane", include=["controlplane.execution", "controlplane.worker_registry"])
 app.config_from_object("django.conf:settings", namespace="CELERY")
 
 

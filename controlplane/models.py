@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import Any, NoReturn
 
 from django.contrib.postgres.fields import ArrayField
-from django.contrib.postgres.indexes import GinIndex
+from django.contrib.postgres.indexes import BrinIndex, GinIndex
 from django.db import models
 
 
@@ -178,6 +178,10 @@ class Task(KernelRecord):
                 condition=models.Q(status__in=["pending", "sleeping", "running"]),
             ),
             GinIndex(fields=["wait_deps"], name="task_wait_deps"),
+            # The tasks page's search by a word of the input, ``(input)::text ILIKE``,
+            # uses the trigram index ``task_input_trgm``, and ended tasks by outcome the
+            # partial index ``task_outcome_kind``: both made by SQL in migration 0006 (Django
+            # cannot say an expression with an operator class here).
         ]
 
 
@@ -224,6 +228,9 @@ class Commit(KernelRecord):
                 condition=models.Q(key__isnull=False),
             ),
         ]
+        # The charts read the last hour by time; commits are appended in time order, so
+        # a BRIN index (a few pages, next to nothing per insert) finds it.
+        indexes = [BrinIndex(fields=["at"], name="commit_at_brin")]
 
 
 class Dispatch(KernelRecord):
@@ -240,6 +247,34 @@ class Dispatch(KernelRecord):
     class Meta:
         db_table = "kernel_dispatch"
         indexes = [models.Index(fields=["not_before"]), models.Index(fields=["task_id"])]
+
+
+class Worker(models.Model):
+    """A Celery worker process as it last said: written by the worker itself every few
+    seconds (:mod:`controlplane.worker_registry`), read by the Workers page and the API.
+    A control-plane table, not a kernel record: no commit writes it."""
+
+    id = models.TextField(primary_key=True)
+    """``host:pid``, the kernel's lease owner for this process."""
+    name = models.TextField()
+    """Celery's node name (``name@host``)."""
+    host = models.TextField()
+    pid = models.IntegerField()
+    queues = ArrayField(models.TextField(), default=list)
+    concurrency = models.IntegerField(default=1)
+    in_flight = models.IntegerField(default=0)
+    processed_last_minute = models.IntegerField(default=0)
+    failed_last_minute = models.IntegerField(default=0)
+    processed_total = models.BigIntegerField(default=0)
+    failed_total = models.BigIntegerField(default=0)
+    started_at = models.DateTimeField()
+    last_heartbeat = models.DateTimeField()
+    stopped_at = models.DateTimeField(null=True)
+    """Set when it shut down cleanly; a killed worker just stops beating."""
+
+    class Meta:
+        db_table = "controlplane_worker"
+        indexes = [models.Index(fields=["last_heartbeat"])]
 
 
 class ApiToken(models.Model):

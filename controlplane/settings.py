@@ -10,6 +10,7 @@ limits below (docs/security.md lists them all). ``make services`` resolves the f
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -277,12 +278,24 @@ KERNEL_DRAIN_SECONDS = float(os.environ.get("KERNEL_DRAIN_SECONDS", "25"))
 # Off only to test what happens when renewals stop (a stuck process, a long GC pause).
 KERNEL_HEARTBEAT = _env_bool("KERNEL_HEARTBEAT", True)
 
+# The worker registry (controlplane.worker_registry): each worker process writes its row
+# every WORKER_HEARTBEAT_SECONDS; one silent for WORKER_DEAD_SECONDS is shown dead, and
+# one gone for WORKER_FORGET_SECONDS is no longer listed.
+WORKER_HEARTBEAT_SECONDS = float(os.environ.get("WORKER_HEARTBEAT_SECONDS", "2"))
+WORKER_DEAD_SECONDS = float(os.environ.get("WORKER_DEAD_SECONDS", "10"))
+WORKER_FORGET_SECONDS = float(os.environ.get("WORKER_FORGET_SECONDS", "3600"))
+
 # Modules whose ``TOOLS`` (a list of kernel.agent.Tool) the assistant offers besides its
 # own, comma-separated: how a deployment adds tools, and how chaos tests put killable
 # tools into real worker processes.
 ASSISTANT_TOOL_MODULES = [
     name.strip() for name in os.environ.get("ASSISTANT_TOOL_MODULES", "").split(",") if name.strip()
 ]
+
+# Model prices, per million tokens, for the cost the dashboard shows beside each model
+# call's usage: JSON such as {"remote": {"input": 0.15, "output": 0.6}}. A model without
+# prices shows its tokens only.
+MODEL_PRICES: dict[str, dict[str, float]] = json.loads(os.environ.get("MODEL_PRICES") or "{}")
 
 # --------------------------------------------------------------------------- notices
 # The HTTP provider contract is in docs/email-provider.md; any provider that keeps it

@@ -266,6 +266,8 @@ class Builder:
         self.changed: set[str] = set()
         self.finished: list[str] = []
         self.summary: list[JSON] = []
+        self.ran_by: dict[str, tuple[str | None, int]] = {}
+        """Tasks whose phase commits here: the lease holder and epoch it came through."""
 
     # -- task working set ---------------------------------------------------
 
@@ -376,6 +378,11 @@ class Builder:
             item["phase"] = task.phase
             if task.outcome and task.terminal:
                 item["outcome"] = task.outcome["kind"]
+            item.update(self._what_it_waits_for(task))
+            if task.id in self.ran_by:  # the lease this commit came through
+                item["holder"], item["epoch"] = self.ran_by[task.id]
+            if task.restarts:
+                item["restarts"] = task.restarts
             self.summary.append(item)
         dispatches = [
             Dispatch(t.id, self.session_id, t.wake_at or self.now, t.queue, self.seq)
@@ -606,6 +613,7 @@ class Builder:
         task = self.task(fenced.task_id)
         if task.epoch != fenced.epoch or task.status is not Status.RUNNING:
             raise StaleLease(fenced.task_id, fenced.epoch, task.epoch)
+        self.ran_by[task.id] = (task.lease_owner, task.epoch)
         if fenced.version is not None:
             task = replace(
                 task, version=fenced.version, input=fenced.input, checkpoint=fenced.checkpoint
@@ -621,6 +629,19 @@ class Builder:
             return
         self.put(updated)
         self._settle_wait(updated)
+
+    @staticmethod
+    def _what_it_waits_for(task: Task) -> JSON:
+        """For the commit's summary: the signal, the number of tasks or the time a
+        waiting or sleeping task waits for (so a history can say so without the task)."""
+        waits = task.waits_on
+        if waits.kind == "signal":
+            return {"signal": waits.signal}
+        if waits.kind == "tasks":
+            return {"deps": waits.count}
+        if waits.until is not None:
+            return {"until": waits.until.isoformat()}
+        return {}
 
     def _phases(self, task: Task) -> frozenset[str]:
         resolved = self.registry.resolve(task)

@@ -259,11 +259,35 @@ class LeaseOut(Schema):
 
 
 class WorkerOut(Schema):
-    worker: str
+    worker: str = Field(..., description="the lease owner name, `host:pid`")
     leases: list[LeaseOut]
     last_heartbeat: datetime | None = Field(
-        None, description="latest lease renewal seen (lease expiry minus its duration)"
+        None, description="its last registry heartbeat; for a lease holder without a "
+        "registry row, its latest lease renewal (lease expiry minus its duration)"
     )
+    state: str | None = Field(
+        None, description="`live`, `dead` (no heartbeat for WORKER_DEAD_SECONDS) or "
+        "`stopped`; null for a lease holder without a registry row"
+    )
+    name: str | None = Field(None, description="Celery node name, `name@host`")
+    host: str | None = None
+    pid: int | None = None
+    queues: list[str] = Field(default_factory=list)
+    concurrency: int | None = None
+    in_flight: int | None = Field(None, description="`advance` messages running now")
+    processed_last_minute: int | None = None
+    failed_last_minute: int | None = None
+    processed_total: int | None = None
+    failed_total: int | None = None
+    started_at: datetime | None = None
+    stopped_at: datetime | None = None
+
+
+class QueueOut(Schema):
+    queue: str
+    runnable: int = Field(..., description="tasks a worker of this queue may claim now")
+    oldest: datetime | None = Field(None, description="when the oldest of them became runnable")
+    broker: int | None = Field(None, description="messages in the broker's list (null: unknown)")
 
 
 class ErrorOut(Schema):

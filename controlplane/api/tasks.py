@@ -9,10 +9,10 @@ from ninja import Query, Router
 
 from controlplane.errors import Invalid
 from controlplane.reads import tasks as reads
+from controlplane.reads import workers as worker_reads
 from controlplane.reads.tasks import TaskFilter
-from controlplane.reads.workers import lease_holders
 
-from .schemas import OutcomeName, StatusName, TaskNode, TaskOut, WorkerOut
+from .schemas import OutcomeName, QueueOut, StatusName, TaskNode, TaskOut, WorkerOut
 from .types import DateTime, PathText, QueryBoolean, query_text, utc
 
 router = Router(tags=["tasks"])
@@ -68,5 +68,17 @@ def get_task(request: HttpRequest, task_id: PathText) -> Any:
 
 @router.get("/workers", response=list[WorkerOut], tags=["workers"])
 def list_workers(request: HttpRequest) -> Any:
-    """Who holds which leases now. A worker without a lease has nothing to show here."""
-    return lease_holders()
+    """Every worker process the registry knows (each writes a heartbeat every few seconds),
+    idle ones too, with its state (`live`, `dead` past `WORKER_DEAD_SECONDS` of silence,
+    `stopped`) and the leases it holds; then any lease holder without a registry row
+    (`state` null). `worker` is the lease owner name (`host:pid`)."""
+    return worker_reads.everyone()
+
+
+@router.get("/queues", response=list[QueueOut], tags=["workers"])
+def list_queues(request: HttpRequest) -> Any:
+    """Each queue's runnable tasks (from the task table) and when the oldest became
+    runnable, with the broker's message count beside it."""
+    live = worker_reads.registry()
+    return worker_reads.queues(consumed=sorted(
+        {q for w in live if w.state == "live" for q in w.queues}))

@@ -9,20 +9,26 @@ a fragment older than what it shows (see ``static/ui.js``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
 from typing import Any
+from urllib.parse import urlencode
+
+from django.db.models import QuerySet
 
 from controlplane import models
 from controlplane.notices.tasks import PLAN
 from controlplane.runtime import runtime
 from controlplane.storage.schema import SESSION
-from kernel import Status
+from kernel import Outcome, Status
 from kernel.agent import turn
 from kernel.commit import operations_log_id
-from kernel.records import SHOWN_STATUSES, Entry, SessionRecord, Submission
+from kernel.records import SHOWN_STATUSES, SessionRecord
 
 from . import sessions as session_reads
 from . import tasks
+from . import timeline as history
+from . import transcript as conversations
 from .replica import prefer_replica
 from .snapshot import rows as sql_rows
 from .snapshot import snapshot
@@ -121,55 +127,51 @@ def plans(session_id: str) -> list[dict[str, Any]]:
     return found
 
 
+def _streaming(session_id: str) -> QuerySet[models.Task]:
+    """The tasks whose progress documents are still being written: not ended. An ended
+    task's text is in the transcript, and a cancelled one's was never finished."""
+    keys = models.Document.objects.filter(session_id=session_id, kind=PROGRESS).values("key")
+    return models.Task.objects.filter(session_id=session_id, id__in=keys).exclude(
+        status=Status.TERMINAL)
+
+
 def progress(session_id: str) -> list[dict[str, Any]]:
-    """Streamed text and tool output still being produced (progress documents)."""
+    """Streamed text and tool output still being produced (progress documents of tasks
+    that have not ended, with something in them)."""
     kernel = runtime().kernel
     found = []
-    for key in models.Document.objects.filter(session_id=session_id, kind=PROGRESS).order_by(
-        "-updated_seq"
-    ).values_list("key", flat=True)[:5]:
+    live = _streaming(session_id).values("id")
+    for key in models.Document.objects.filter(
+        session_id=session_id, kind=PROGRESS, key__in=live
+    ).order_by("-updated_seq").values_list("key", flat=True)[:5]:
         value = kernel.document(session_id, PROGRESS, key) or {}
-        found.append({"task_id": key, "text": value.get("text", ""),
-                      "output": value.get("output", "")})
+        if value.get("text") or value.get("output"):
+            found.append({"task_id": key, "text": value.get("text", ""),
+                          "output": value.get("output", "")})
     return found
 
 
-@dataclass(frozen=True)
-class Transcript:
-    id: str
-    operations: bool
-    fork_of: str | None
-    entries: list[Entry]
-
-
-def transcript(session_id: str) -> list[Transcript]:
-    """Each conversation (the operations log last) with its last entries."""
+def transcript(session_id: str) -> list[conversations.Conversation]:
+    """Each conversation (the operations log last) with its last entries, as items."""
     kernel = runtime().kernel
     ops = operations_log_id(session_id)
-    conversations = sorted(
+    found = sorted(
         session_reads.conversations(session_id), key=lambda c: (c.id == ops, c.created_seq)
     )
     return [
-        Transcript(c.id, c.id == ops, c.fork_of, kernel.entries(c.id)[-ENTRY_TAIL:])
-        for c in conversations
+        conversations.conversation(session_id, c.id, kernel.entries(c.id), c.id == ops,
+                                   c.fork_of, ENTRY_TAIL)
+        for c in found
     ]
 
 
-def submissions(session_id: str) -> list[Submission]:
-    return session_reads.submissions(session_id)
+def submissions(session_id: str) -> list[conversations.SubmissionView]:
+    return conversations.submissions(session_id, session_reads.submissions(session_id))
 
 
-def timeline(task_id: str, session_id: str) -> list[dict[str, Any]]:
-    """The commits that touched a task, in order, with what each did to it."""
-    found = []
-    for seq, at, actor, summary in models.Commit.objects.filter(
-        session_id=session_id, summary__contains=[{"type": "task", "id": task_id}]
-    ).order_by("seq").values_list("seq", "at", "actor", "summary")[:1000]:
-        item = next(i for i in summary if i.get("type") == "task" and i["id"] == task_id)
-        found.append({"seq": seq, "at": at, "actor": actor,
-                      "status": item.get("outcome") or item.get("status"),
-                      "phase": item.get("phase")})
-    return found
+def timeline(task_id: str, session_id: str, terminal: bool) -> history.Timeline:
+    """The task's commits on a time axis: a row per phase (see :mod:`.timeline`)."""
+    return history.timeline(task_id, session_id, terminal)
 
 
 # -- the session page ---------------------------------------------------------------------------
@@ -185,8 +187,8 @@ class SessionPage:
     roots: list[Node]
     plans: list[dict[str, Any]]
     progress: list[dict[str, Any]]
-    transcript: list[Transcript]
-    submissions: list[Submission]
+    transcript: list[conversations.Conversation]
+    submissions: list[conversations.SubmissionView]
 
 
 def session_page(session_id: str) -> SessionPage | None:
@@ -215,8 +217,8 @@ class SessionChanges:
     rows: list[Node] = field(default_factory=list)
     plans: list[dict[str, Any]] | None = None
     progress: list[dict[str, Any]] | None = None
-    transcript: list[Transcript] | None = None
-    submissions: list[Submission] | None = None
+    transcript: list[conversations.Conversation] | None = None
+    submissions: list[conversations.SubmissionView] | None = None
 
 
 def shown_session_page(session_id: str) -> SessionPage | None:
@@ -270,9 +272,12 @@ def session_changes(session_id: str, after: int) -> SessionChanges | None:
     documents = models.Document.objects.filter(session_id=session_id, updated_seq__gt=after)
     if documents.filter(kind=PLAN).exists():
         changes.plans = plans(session_id)
-    if documents.filter(kind=PROGRESS).exists():
-        changes.progress = progress(session_id)
-    if models.Entry.objects.filter(session_id=session_id, seq__gt=after).exists():
+    streamers = models.Document.objects.filter(session_id=session_id, kind=PROGRESS)
+    if documents.filter(kind=PROGRESS).exists() or in_session.filter(
+            updated_seq__gt=after, id__in=streamers.values("key")).exists():
+        changes.progress = progress(session_id)  # a streaming task moved (or ended)
+    if models.Entry.objects.filter(session_id=session_id, seq__gt=after).exists() or \
+            in_session.filter(updated_seq__gt=after, kind=conversations.TOOL_KIND).exists():
         changes.transcript = transcript(session_id)
     if models.Submission.objects.filter(session_id=session_id, updated_seq__gt=after).exists():
         changes.submissions = submissions(session_id)
@@ -335,3 +340,112 @@ def attention() -> Attention:
                    limit=ATTENTION_ROWS),
         tasks.count(failed),
     )
+
+
+# -- finding tasks across sessions ------------------------------------------------------------
+
+TASKS_PAGE = 50
+"""Tasks per page of the tasks page."""
+COUNT_UP_TO = tasks.COUNT
+"""The tasks page counts matches up to this many (a bulk action's most), then says "more
+than": counting every match of a wide filter would cost more than the page itself."""
+MAX_TEXT = 200
+
+
+@dataclass(frozen=True)
+class TaskSearch:
+    """The tasks page's filter as its URL says it, each value checked: one that does not
+    parse is dropped (it came from a URL), so the page always shows something."""
+
+    kind: str = ""
+    status: str = ""
+    session: str = ""
+    q: str = ""
+    since: str = ""
+    until: str = ""
+    sort: str = "-created"
+    page: int = 1
+
+    def filter(self) -> TaskFilter:
+        """As a :class:`TaskFilter`: the shown status names an outcome or a status."""
+        outcome = self.status if self.status in tuple(Outcome) else None
+        return TaskFilter(
+            session_id=self.session or None,
+            kind=self.kind or None,
+            status=Status.TERMINAL if outcome else (self.status or None),
+            outcome=outcome,
+            text=self.q or None,
+            since=_moment(self.since),
+            until=_moment(self.until),
+        )
+
+    def query(self, **changed: Any) -> str:
+        """This search as a query string, with some values changed (a sort, a page)."""
+        values = {**vars(self), **changed}
+        defaults = vars(TaskSearch())
+        return urlencode({k: v for k, v in values.items() if v != defaults[k]})
+
+    @property
+    def filtered(self) -> bool:
+        return self.filter().any_set()
+
+
+def _moment(text: str) -> datetime | None:
+    """A time from a form's ``datetime-local`` (read as UTC) or ISO 8601 with an offset."""
+    if not text:
+        return None
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        return None
+    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
+
+
+def task_search(kind: str = "", status: str = "", session: str = "", q: str = "",
+                since: str = "", until: str = "", sort: str = "", page: str = "",
+                **_: str) -> TaskSearch:
+    """The filter of a URL's query: unknown or malformed values are left out."""
+    return TaskSearch(
+        kind=kind.strip()[:MAX_TEXT],
+        status=status if status in SHOWN_STATUSES else "",
+        session=session.strip()[:MAX_TEXT],
+        q=q.strip()[:MAX_TEXT].replace("\x00", ""),
+        since=since if _moment(since) else "",
+        until=until if _moment(until) else "",
+        sort=sort if sort in tasks.ORDERS and sort != "tree" else "-created",
+        page=min(int(page), 100_000) if page.isdigit() and int(page) > 0 else 1,
+    )
+
+
+SEARCHED = tuple(TaskSearch.__dataclass_fields__)
+"""The query parameters of the tasks page (and of its bulk forms)."""
+
+
+@dataclass
+class TasksPage:
+    seq: int
+    search: TaskSearch
+    rows: list[TaskView]
+    changed_at: dict[str, datetime]
+    total: int
+    """Matches, counted up to :data:`COUNT_UP_TO` (``more`` says there are more)."""
+    more: bool
+    pages: int
+    kinds: list[str]
+
+
+def tasks_page(search: TaskSearch) -> TasksPage:
+    """One page of the tasks matching ``search`` across sessions, with how many match."""
+    found = search.filter()
+    total = tasks.count(found, up_to=COUNT_UP_TO)
+    more = total > COUNT_UP_TO
+    total = min(total, COUNT_UP_TO)
+    pages = max(1, -(-total // TASKS_PAGE))
+    page = search.page if more else min(search.page, pages)
+    rows = tasks.find(found, (page - 1) * TASKS_PAGE, TASKS_PAGE + 1, order=search.sort)
+    if more:  # past the counted ones, a page more while there are rows
+        pages = max(pages, page + 1 if len(rows) > TASKS_PAGE else page)
+    rows = rows[:TASKS_PAGE]
+    return TasksPage(last_commit_id(), replace(search, page=page), rows,
+                     tasks.changed_at(rows), total, more, pages,
+                     sorted(runtime().kernel.registry.kinds()))

@@ -42,6 +42,8 @@ class TaskFilter:
     outcome_in: tuple[str, ...] | None = None
     changed_after: int | None = None
     """Changed by a commit after this seq (with ``session_id``)."""
+    text: str | None = None
+    """Text anywhere in the task's input (its JSON text, case-insensitive)."""
 
     def any_set(self) -> bool:
         return any(value is not None and value != "" for value in vars(self).values())
@@ -96,7 +98,27 @@ def view(task: Task) -> TaskView:
     return TaskView(task, blocked)
 
 
-def _query(found: TaskFilter) -> QuerySet[models.Task]:
+ORDERS: dict[str, tuple[str, ...]] = {
+    "tree": ("session_id", "created_seq", "id"),
+    "created": ("id",),
+    "-created": ("-id",),
+    "kind": ("kind", "-id"),
+    "-kind": ("-kind", "-id"),
+    "status": ("status", "outcome__kind", "-id"),
+    "-status": ("-status", "-outcome__kind", "-id"),
+}
+"""How a list of tasks may be sorted: ``tree``, a session's creation order (the tree's);
+``created``, by id, which is creation time across sessions (``new_id`` puts the time
+first), on the primary key's index; by kind; by status."""
+
+
+def like_pattern(text: str) -> str:
+    """``text`` as a LIKE pattern matching it anywhere (its wildcards taken literally)."""
+    escaped = text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+    return f"%{escaped}%"
+
+
+def _query(found: TaskFilter, order: str = "tree") -> QuerySet[models.Task]:
     rows = models.Task.objects.all()
     if found.session_id:
         rows = rows.filter(session_id=found.session_id)
@@ -110,6 +132,10 @@ def _query(found: TaskFilter) -> QuerySet[models.Task]:
         rows = rows.filter(status=Status.TERMINAL, outcome__kind__in=found.outcome_in)
     if found.changed_after is not None:
         rows = rows.filter(updated_seq__gt=found.changed_after)
+    if found.text:
+        # The expression of the trigram index ``task_input_trgm``, so that it is used.
+        rows = rows.extra(where=["(kernel_task.input)::text ILIKE %s"],
+                          params=[like_pattern(found.text)])
     if found.waiting_for_resolution is not None:
         waits = Q(status=Status.WAITING, wait__has_key="signal")
         rows = rows.filter(waits) if found.waiting_for_resolution else rows.exclude(waits)
@@ -128,16 +154,18 @@ def _query(found: TaskFilter) -> QuerySet[models.Task]:
         rows = rows.filter(parent_id__isnull=True)
     elif found.parent_id:
         rows = rows.filter(parent_id=found.parent_id)
-    return rows.order_by("session_id", "created_seq", "id")
+    return rows.order_by(*ORDERS[order])
 
 
 def _records(rows: QuerySet[models.Task]) -> list[Task]:
     return [TASK.record(values) for values in rows.values(*TASK.columns)]
 
 
-def find(found: TaskFilter, offset: int = 0, limit: int = 200) -> list[TaskView]:
-    """Matching tasks in creation order, one page."""
-    return [view(t) for t in _records(_query(found)[offset : offset + limit])]
+def find(
+    found: TaskFilter, offset: int = 0, limit: int = 200, order: str = "tree"
+) -> list[TaskView]:
+    """Matching tasks in creation order (or another of :data:`ORDERS`), one page."""
+    return [view(t) for t in _records(_query(found, order)[offset : offset + limit])]
 
 
 def find_ids(task_ids: list[str]) -> list[TaskView]:
@@ -153,8 +181,15 @@ def ids(found: TaskFilter, limit: int) -> list[str]:
     return list(_query(found).values_list("id", flat=True)[:limit])
 
 
-def count(found: TaskFilter) -> int:
-    return _query(found).count()
+COUNT = 1000
+"""Where a shown count stops ("more than"): a bulk action's most, too."""
+
+
+def count(found: TaskFilter, up_to: int | None = None) -> int:
+    """How many tasks match; with ``up_to``, counting stops past it (a page says "more
+    than N" instead of reading every match of a wide filter)."""
+    rows = _query(found).order_by()
+    return rows.count() if up_to is None else rows[: up_to + 1].count()
 
 
 def get(task_id: str) -> TaskView:
@@ -274,3 +309,17 @@ def sessions_having(shown_status: str) -> QuerySet[models.Task]:
     else:
         having = models.Task.objects.filter(status=shown_status)
     return having.values("session_id")
+
+
+def changed_at(found: Iterable[TaskView | Task]) -> dict[str, datetime]:
+    """When each task last changed: the time of the commit of its ``updated_seq``."""
+    keys: dict[tuple[str, int], list[str]] = defaultdict(list)
+    for task in found:
+        keys[(task.session_id, task.updated_seq)].append(task.id)
+    if not keys:
+        return {}
+    sessions, seqs = zip(*keys, strict=True)
+    return {task_id: at for s, q, at in sql_rows(
+        "SELECT c.session_id, c.seq, c.at FROM unnest(%s::text[], %s::bigint[]) AS k(s, q) "
+        "JOIN kernel_commit c ON c.session_id = k.s AND c.seq = k.q",
+        [list(sessions), list(seqs)]) for task_id in keys[(s, q)]}

@@ -1,15 +1,18 @@
-"""Who holds which leases now, and when each holder last renewed one."""
+"""The workers: who holds which leases now, every worker process by the registry it
+writes (:mod:`controlplane.worker_registry`), live or dead, and each queue's depth."""
 
 from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 from django.conf import settings
 
 from controlplane import models
 from kernel import Status
+
+from .snapshot import rows as sql_rows
 
 
 @dataclass(frozen=True)
@@ -41,3 +44,114 @@ def lease_holders() -> list[LeaseHolder]:
         LeaseHolder(owner, leases, max(x.lease_until for x in leases) - lease)
         for owner, leases in sorted(held.items())
     ]
+
+
+# -- the worker registry and the queues ----------------------------------------------------
+
+
+@dataclass(frozen=True)
+class WorkerState:
+    """A worker process as its last heartbeat said, with the leases it holds now."""
+
+    id: str
+    name: str
+    host: str
+    pid: int
+    queues: list[str]
+    concurrency: int
+    in_flight: int
+    processed_last_minute: int
+    failed_last_minute: int
+    processed_total: int
+    failed_total: int
+    started_at: datetime
+    last_heartbeat: datetime
+    stopped_at: datetime | None
+    state: str
+    """``live``; ``dead`` (no heartbeat for ``WORKER_DEAD_SECONDS``); ``stopped`` (shut
+    down cleanly)."""
+    silent_seconds: float
+    leases: list[Lease]
+
+    @property
+    def worker(self) -> str:
+        """Its lease owner name, as :class:`LeaseHolder` says it."""
+        return self.id
+
+
+def registry(now: datetime | None = None) -> list[WorkerState]:
+    """Every worker heard from within ``WORKER_FORGET_SECONDS``, live ones first, each
+    with its state and the leases it holds (by the kernel's lease owner, ``host:pid``)."""
+    now = now or datetime.now(UTC)
+    dead_after = settings.WORKER_DEAD_SECONDS
+    held = {h.worker: h.leases for h in lease_holders()}
+    found = []
+    for row in models.Worker.objects.filter(
+        last_heartbeat__gte=now - timedelta(seconds=settings.WORKER_FORGET_SECONDS)
+    ).order_by("host", "pid"):
+        silent = max(0.0, (now - row.last_heartbeat).total_seconds())
+        state = "stopped" if row.stopped_at else "dead" if silent > dead_after else "live"
+        fields = {f: getattr(row, f) for f in WorkerState.__dataclass_fields__
+                  if f not in ("state", "silent_seconds", "leases")}
+        found.append(WorkerState(**fields, state=state, silent_seconds=silent,
+                                 leases=held.get(row.id, [])))
+    return sorted(found, key=lambda w: (w.state != "live", w.host, w.pid))
+
+
+def everyone(now: datetime | None = None) -> list[WorkerState | LeaseHolder]:
+    """The registry's workers, then lease holders it does not know (a worker of an older
+    release that writes no heartbeat row)."""
+    known = registry(now)
+    ids = {w.id for w in known}
+    return [*known, *(h for h in lease_holders() if h.worker not in ids)]
+
+
+@dataclass(frozen=True)
+class QueueDepth:
+    queue: str
+    runnable: int
+    """Tasks a worker of this queue may claim now (pending, due sleepers, expired leases)."""
+    oldest: datetime | None
+    """When the oldest of them became runnable (its last commit, or its wake time)."""
+    broker: int | None
+    """Messages waiting in the broker's list for this queue (None if unknown)."""
+
+
+RUNNABLE_SQL = (
+    "(t.status = 'pending' OR (t.status = 'sleeping' AND t.wake_at <= %(now)s) "
+    "OR (t.status = 'running' AND t.lease_until < %(now)s))"
+)
+""":meth:`kernel.records.Task.runnable_at` in SQL (the partial index ``task_runnable``)."""
+
+
+def queues(now: datetime | None = None, consumed: list[str] | None = None) -> list[QueueDepth]:
+    """Each queue's runnable tasks and the age of the oldest, from ``kernel_task``, with
+    the broker's list length beside it; a queue a worker consumes is shown even if empty."""
+    now = now or datetime.now(UTC)
+    counted = {queue: (n, oldest) for queue, n, oldest in sql_rows(
+        "SELECT t.queue, count(*), min(CASE WHEN t.status = 'sleeping' THEN t.wake_at "
+        "ELSE c.at END) FROM kernel_task t LEFT JOIN kernel_commit c "
+        "ON c.session_id = t.session_id AND c.seq = t.updated_seq "
+        f"WHERE {RUNNABLE_SQL} GROUP BY t.queue", {"now": now})}
+    names = sorted(set(counted) | set(consumed or []))
+    lengths = broker_lengths(names)
+    return [QueueDepth(q, counted.get(q, (0, None))[0], counted.get(q, (0, None))[1],
+                       lengths.get(q)) for q in names]
+
+
+def broker_lengths(names: list[str]) -> dict[str, int]:
+    """The Redis list length of each queue (Celery's Redis transport keeps a queue's
+    messages in a list of its name); empty if the broker does not answer quickly."""
+    if not names or not settings.CELERY_BROKER_URL.startswith("redis"):
+        return {}
+    import redis
+
+    try:
+        client = redis.Redis.from_url(settings.CELERY_BROKER_URL, socket_timeout=0.5,
+                                      socket_connect_timeout=0.5)
+        with client.pipeline(transaction=False) as pipe:
+            for name in names:
+                pipe.llen(name)
+            return dict(zip(names, (int(n) for n in pipe.execute()), strict=True))
+    except redis.RedisError:
+        return {}

@@ -14,11 +14,12 @@ from django.contrib.auth.decorators import login_required
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import render
 from django.utils.http import url_has_allowed_host_and_scheme
-from django.views.decorators.http import require_POST
+from django.views.decorators.http import require_GET, require_POST
 
 from controlplane import commands
 from controlplane.access import require_operator
 from controlplane.errors import Invalid, http_status
+from controlplane.reads import pages
 from controlplane.reads.tasks import TaskFilter
 from kernel import Status
 
@@ -73,16 +74,68 @@ def retry_failed(request: HttpRequest) -> HttpResponse:
         )
     except Exception as exc:
         return _refused(request, exc)
+    return _answer(request, 200, _bulk_note("retry", result))
+
+
+def _search(values: dict[str, str]) -> pages.TaskSearch:
+    return pages.task_search(**{k: values.get(k, "") for k in pages.SEARCHED})
+
+
+def _bulk_action(values: dict[str, str]) -> str:
+    action = values.get("action", "")
+    if action not in tuple(commands.BulkAction):
+        raise Invalid(f"action: one of {[str(a) for a in commands.BulkAction]}")
+    return action
+
+
+@require_GET
+@login_required
+def bulk_preview(request: HttpRequest) -> HttpResponse:
+    """How many tasks the tasks page's filter finds now, and the form that confirms a bulk
+    cancel or retry of exactly that many (with a fresh action id)."""
+    try:
+        require_operator(request.user)
+        action = _bulk_action(request.GET.dict())
+        search = _search(request.GET.dict())
+        ids = commands.bulk_preview(request.user, search.filter())
+    except Exception as exc:
+        return _refused(request, exc)
+    return render(request, "ui/_bulk_confirm.html", {
+        "action": action, "count": len(ids), "search": vars(search),
+        "action_id": uuid.uuid4().hex,
+    })
+
+
+@require_POST
+@login_required
+def bulk_act(request: HttpRequest) -> HttpResponse:
+    """Cancel or retry every task of the filter, if their count is still the previewed one
+    (409 otherwise, nothing done): one commit per task, each in its session's log."""
+    try:
+        require_operator(request.user)
+        action = _bulk_action(request.POST.dict())
+        reason, action_id = _reason_and_id(request)
+        expected = request.POST.get("expected_count", "")
+        if not expected.isdigit():
+            raise Invalid("expected_count: the count the preview showed")
+        result = commands.bulk_act(request.user, action, _search(request.POST.dict()).filter(),
+                                   action_id, reason, int(expected))
+    except Exception as exc:
+        return _refused(request, exc)
+    return _answer(request, 200, _bulk_note(action, result))
+
+
+def _bulk_note(action: str, result: commands.BulkResult) -> str:
     done = [r for r in result.results if r.ok and not r.replayed]
     replayed = [r for r in result.results if r.ok and r.replayed]
     failed = [f"{r.task_id}: {r.detail}" for r in result.results if not r.ok]
-    note = f"retry: {len(done)} of {result.count} done."
+    note = f"{action}: {len(done)} of {result.count} done."
     if replayed:
         note += (f" {len(replayed)} already done earlier by this action id: "
                  "nothing ran again.")
     if failed:
         note += " Not done: " + "; ".join(failed)
-    return _answer(request, 200, note)
+    return note
 
 
 def _step(request: HttpRequest) -> commands.Step:

@@ -18,19 +18,22 @@ from __future__ import annotations
 
 import json
 import uuid
+from datetime import UTC, datetime
 from typing import Any, ClassVar
 from urllib.parse import urlencode
 
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import render
 from django.template.loader import render_to_string
+from django.urls import reverse
 
-from controlplane.reads import pages
+from controlplane.reads import charts, pages
 from controlplane.reads.replica import prefer_replica
 from controlplane.reads.snapshot import snapshot
 from kernel.records import SHOWN_STATUSES
 
 from .access import may_act, viewer_required
+from .charts import line_chart
 
 
 def _updating(can_act: bool, **more: Any) -> dict[str, Any]:
@@ -89,12 +92,31 @@ class Overview(LivePage):
     name = "overview"
     path = ""
     template = "ui/overview.html"
-    parts = ("ui/_totals.html",)
+    parts = ("ui/_totals.html", "ui/_activity.html")
     params = ("q", "status")
 
     def context(self, can_act: bool, q: str = "", status: str = "", **_: str) -> dict[str, Any]:
         found = pages.overview(q, status)
-        return {**vars(found), "q": found.query, "statuses": SHOWN_STATUSES}
+        return {**vars(found), "q": found.query, "statuses": SHOWN_STATUSES,
+                **activity_charts(charts.recent_activity())}
+
+
+OVERVIEW_CHART = 420
+"""The overview's charts' width in SVG units (three side by side on a wide screen)."""
+
+
+def activity_charts(found: charts.Activity) -> dict[str, Any]:
+    """The overview's pictures of the last hour."""
+    at, width = found.start, found.bucket_seconds
+    return {"activity": found, "charts": [
+        line_chart("chart-phases", "Phases per second", "phases/s", at, width,
+                   [("phases", "series-phases", found.phases_per_second)], width=OVERVIEW_CHART),
+        line_chart("chart-latency", "Runnable to next commit", "seconds", at, width,
+                   [("p50", "series-p50", found.latency_p50),
+                    ("p95", "series-p95", found.latency_p95)], width=OVERVIEW_CHART),
+        line_chart("chart-failures", "Tasks failed or faulted", "tasks", at, width,
+                   [("failures", "series-failures", found.failures)], width=OVERVIEW_CHART),
+    ]}
 
 
 class Attention(LivePage):
@@ -109,7 +131,65 @@ class Attention(LivePage):
         return vars(pages.attention())
 
 
-GLOBAL_PAGES: dict[str, LivePage] = {page.name: page for page in (Overview(), Attention())}
+class Tasks(LivePage):
+    """Tasks across sessions, found by kind, status, session, time and input text;
+    sorted, paged, its filter in the URL. Operators act on the filter's result in bulk
+    (a preview count, then a confirmation: :mod:`controlplane.ui.actions`)."""
+
+    name = "tasks"
+    path = "tasks/"
+    template = "ui/tasks.html"
+    parts = ("ui/_task_results.html",)
+    params = pages.SEARCHED
+
+    def context(self, can_act: bool, **params: str) -> dict[str, Any]:
+        found = pages.tasks_page(pages.task_search(**params))
+        search = found.search
+        # Plain values: a template looks each up many times per row, and a dict is the
+        # quickest thing for it to read (the benchmark's page is 50 rows of them).
+        task_url, session_url = (reverse(name, args=["~"]) for name in ("task", "session"))
+        shown = [{
+            "id": t.id, "kind": t.kind, "status": t.shown_status, "session_id": t.session_id,
+            "phase": t.phase, "seq": t.updated_seq, **_when(found.changed_at.get(t.id)),
+            "input": _preview(t.input), "url": task_url.replace("~", t.id),
+            "session_url": session_url.replace("~", t.session_id),
+        } for t in found.rows]
+        return {
+            **vars(found), **vars(search), "found": shown, "statuses": SHOWN_STATUSES,
+            "filtered": search.filtered, "query": search.query(),
+            "sorted_by": {key: _sort_link(search, key) for key in ("created", "kind", "status")},
+            "previous": search.query(page=search.page - 1) if search.page > 1 else None,
+            "next": search.query(page=search.page + 1) if search.page < found.pages else None,
+        }
+
+
+def _sort_link(search: pages.TaskSearch, key: str) -> dict[str, str]:
+    """A column header's link (sorting by it, the other way if it is the sort already)
+    and its ``aria-sort``."""
+    flipped = f"-{key}" if search.sort == key else key
+    if key == "created" and search.sort != "-created":
+        flipped = "-created"
+    state = ("ascending" if search.sort == key else
+             "descending" if search.sort == f"-{key}" else "none")
+    return {"query": search.query(sort=flipped, page=1), "aria": state}
+
+
+def _when(at: datetime | None) -> dict[str, str]:
+    """A time as the page shows it (UTC), formatted here: a template filter per row
+    costs more than the rest of the row."""
+    if at is None:
+        return {}
+    at = at.astimezone(UTC)
+    return {"at": at.isoformat(), "at_text": at.strftime("%Y-%m-%d %H:%M:%S")}
+
+
+def _preview(value: Any, limit: int = 160) -> str:
+    text = json.dumps(value, ensure_ascii=False, default=str)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+GLOBAL_PAGES: dict[str, LivePage] = {
+    page.name: page for page in (Overview(), Attention(), Tasks())
+}
 
 
 class SessionLivePage:

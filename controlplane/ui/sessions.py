@@ -5,11 +5,13 @@ from __future__ import annotations
 
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import render
+from django.utils import timezone
 
-from controlplane.reads import pages
+from controlplane.reads import charts, pages
 from controlplane.reads.snapshot import snapshot
 
 from .access import may_act, viewer_required
+from .charts import line_chart
 from .live import SESSION_PAGE
 
 
@@ -34,3 +36,24 @@ def children(request: HttpRequest, session_id: str, task_id: str) -> HttpRespons
         "seq": seq, "nodes": found, "next_page": next_page, "page": page,
         "session_id": session_id, "parent_id": task_id, "can_act": may_act(request),
     })
+
+
+HISTORY_REFRESH_SECONDS = 5
+
+
+@viewer_required
+def history(request: HttpRequest, session_id: str) -> HttpResponse:
+    """The session's tasks by status over time, as an SVG chart (loaded after the page,
+    and again every few seconds: the page itself stays as quick as it was)."""
+    with snapshot():
+        if pages.head_seq(session_id) is None:
+            raise Http404("no such session")
+        found = charts.session_history(session_id, now=timezone.now())
+    chart = None
+    if found is not None:
+        chart = line_chart(
+            "chart-session", "Tasks by status", "tasks", found.start, found.bucket_seconds,
+            [(status, f"status-{status}", counts) for status, counts in found.counts.items()],
+        )
+    return render(request, "ui/_session_history.html", {
+        "chart": chart, "session_id": session_id, "every": HISTORY_REFRESH_SECONDS})

@@ -8,6 +8,7 @@ from .live import GLOBAL_PAGES, global_view
 urlpatterns = [
     *(path(page.path, global_view(page), name=name) for name, page in GLOBAL_PAGES.items()),
     path("sessions/<str:session_id>/", sessions.session, name="session"),
+    path("sessions/<str:session_id>/history", sessions.history, name="session_history"),
     path("sessions/<str:session_id>/tasks/<str:task_id>/children", sessions.children,
          name="children"),
     path("tasks/<str:task_id>/", tasks.task, name="task"),
@@ -15,6 +16,8 @@ urlpatterns = [
             name="act"),
     re_path(r"^submissions/(?P<target>[^/]+)/(?P<action>resubmit)$", actions.act,
             name="act_on_submission"),
+    path("bulk/preview", actions.bulk_preview, name="bulk_preview"),
+    path("bulk/act", actions.bulk_act, name="bulk_act"),
     path("attention/retry-failed", actions.retry_failed, name="retry_failed"),
     path("workers/", workers.workers, name="workers"),
 ]

@@ -54,6 +54,7 @@ def long_poll(case: schemathesis.Case) -> bool:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)  # the coverage phase of a JSON-bodied operation: 2-4 min on 2 cores
 @pytest.mark.django_db(transaction=True)
 @schema.parametrize()
 @settings(

@@ -117,12 +117,14 @@ API_RULES: dict[str, list[Cell]] = {
         Cell("GET", "/api/sessions/{session}/tree", api_read())],
     "GET api/tasks/<task_id>": [Cell("GET", f"/api/tasks/{NOPE}", api_read(404))],
     "GET api/workers": [Cell("GET", "/api/workers", api_read())],
+    "GET api/queues": [Cell("GET", "/api/queues", api_read())],
     "POST api/tasks/<task_id>/cancel": [
         Cell("POST", f"/api/tasks/{NOPE}/cancel", api_act(404), ACTION)],
     "POST api/tasks/<task_id>/retry": [
         Cell("POST", f"/api/tasks/{NOPE}/retry", api_act(404), ACTION)],
     "POST api/tasks/<task_id>/resolve": [
-        Cell("POST", f"/api/tasks/{NOPE}/resolve", api_act(404), {**ACTION, "decision": "sent"})],
+        Cell("POST", f"/api/tasks/{NOPE}/resolve", api_act(404),
+             {**ACTION, "decision": "sent", "signal": "resolution-1", "epoch": 1})],
     "POST api/tasks/<task_id>/wake": [
         Cell("POST", f"/api/tasks/{NOPE}/wake", api_act(404), ACTION)],
     "POST api/submissions/<submission_id>/resubmit": [
@@ -132,7 +134,7 @@ API_RULES: dict[str, list[Cell]] = {
              {"action": "cancel", "session_id": NOPE})],
     "POST api/actions/bulk": [
         Cell("POST", "/api/actions/bulk", api_act(200),
-             {**ACTION, "action": "cancel", "session_id": NOPE})],
+             {**ACTION, "action": "cancel", "session_id": NOPE, "expected_count": 0})],
     "GET api/sessions/<session_id>/changes": [
         Cell("GET", "/api/sessions/{session}/changes", api_read())],
     "GET api/changes": [Cell("GET", "/api/changes", api_read())],
@@ -161,6 +163,16 @@ OTHER_RULES: dict[str, list[Cell]] = {
     "": [Cell("GET", "/", PAGE), Cell("GET", "/?q=x&status=failed", PAGE)],
     "attention/": [Cell("GET", "/attention/", PAGE)],
     "workers/": [Cell("GET", "/workers/", PAGE)],
+    "tasks/": [Cell("GET", "/tasks/", PAGE),
+               Cell("GET", "/tasks/?q=x&status=failed&sort=kind&page=2", PAGE)],
+    "sessions/<str:session_id>/history": [
+        Cell("GET", "/sessions/{session}/history", PAGE),
+        Cell("GET", f"/sessions/{NOPE}/history", MISSING_PAGE),
+    ],
+    # Bulk actions on the tasks page's filter: operators only; no action named is 422.
+    "bulk/preview": [Cell("GET", "/bulk/preview?q=x", UI_ACTION)],
+    "bulk/act": [Cell("POST", "/bulk/act", UI_ACTION),
+                 Cell("GET", "/bulk/act", everyone(405))],
     "sessions/<str:session_id>/": [
         Cell("GET", "/sessions/{session}/", PAGE),
         Cell("GET", f"/sessions/{NOPE}/", MISSING_PAGE),
@@ -208,7 +220,8 @@ WS_RULES: dict[str, list[str]] = {
     "ws/sessions/<str:session_id>/feed/": ["/ws/sessions/{session}/feed/"],
     "ws/feed/": ["/ws/feed/"],
     "ws/ui/sessions/<str:session_id>/": ["/ws/ui/sessions/{session}/"],
-    "^ws/ui/(?P<page>overview|attention)/$": ["/ws/ui/overview/", "/ws/ui/attention/"],
+    "^ws/ui/(?P<page>overview|attention|tasks)/$": ["/ws/ui/overview/", "/ws/ui/attention/",
+                                                     "/ws/ui/tasks/"],
 }
 
 

@@ -7,8 +7,20 @@ from datetime import UTC, datetime
 
 import pytest
 
-from benchmarks.ui import HEADING, Browser, Result, measure_render, render, seed_session
-from controlplane.reads import tasks
+from benchmarks._support import Stats
+from benchmarks.ui import (
+    HEADING,
+    TASK_QUERIES,
+    Browser,
+    Result,
+    measure_render,
+    measure_tasks_page,
+    render,
+    seed_long_task,
+    seed_session,
+    seed_tasks,
+)
+from controlplane.reads import pages, tasks
 
 
 @pytest.mark.django_db(transaction=True)
@@ -18,8 +30,33 @@ def test_seed_render_and_report() -> None:
         "succeeded": 23, "running": 24, "pending": 24, "waiting": 24, "sleeping": 24}
     stats = measure_render(session_id, runs=3, warmup=1)
     assert stats.count == 3 and stats.p50 > 0
+    long_task = seed_long_task(30)
+    timeline = pages.timeline(long_task, tasks.get(long_task).session_id, True)
+    assert [r.phase for r in timeline.rows] == [f"p{n}" for n in range(30)]
+    assert sum(r.seconds for r in timeline.rows) == timeline.seconds == 30.0
+    assert timeline.rows[0].holders == ["bench-host:1000"]
+    used: list[float] = []
+    timed = measure_render(long_task, runs=2, warmup=1, path="/tasks/{}/", cpu=used)
+    assert len(used) == 2 and all(u > 0 for u in used)
     section = render(Result(datetime.now(UTC), 120, stats, Browser([10.0], [20.0], 1000),
-                            (0.5, 0.6)))
+                            (0.5, 0.6), timed, 30, {"timeline": Stats.of(used)}))
     assert section.startswith(HEADING + "\n")
     assert "| server render of the session page (ms) | 3 |" in section
     assert "navigation to socket live" in section
+    assert "| server render of the task page, a 30-phase timeline (ms) | 2 |" in section
+    assert "| … its CPU time in the server process (ms) | 2 |" in section
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_tasks_page_seed_measure_and_report() -> None:
+    sessions = seed_tasks(240, sessions=4)
+    assert len(sessions) == 4
+    assert tasks.count(tasks.TaskFilter()) == 240
+    assert tasks.count(tasks.TaskFilter(outcome="failed")) == 40
+    assert tasks.count(tasks.TaskFilter(text="renewal")) > 0
+    found = measure_tasks_page(runs=2, warmup=1)
+    assert set(found) == set(TASK_QUERIES) and all(s.count == 2 for s in found.values())
+    rare = found["a rare word of the input (1 task)"]
+    section = render(Result(datetime.now(UTC), 120, rare, None, (0.5, 0.6), found=240,
+                            tasks_page=found))
+    assert "| newest first, no filter (`/tasks/`) (ms) | 2 |" in section

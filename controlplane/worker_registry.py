@@ -1,0 +1,163 @@
+"""The worker registry: each Celery worker process says who it is and how it is doing.
+
+Every ``WORKER_HEARTBEAT_SECONDS`` a daemon thread of the worker writes its row of
+``controlplane_worker`` (one upsert): host, pid, node name, the queues it consumes, its
+concurrency, the ``advance`` messages in flight now, those processed and failed in the
+last minute (and since it started). A clean shutdown marks the row stopped; a killed
+worker just stops beating, and the Workers page shows it dead once its heartbeat is older
+than ``WORKER_DEAD_SECONDS`` (:mod:`controlplane.reads.workers`).
+
+This is a control-plane table, not a kernel record: no commit writes it, and nothing the
+kernel decides reads it (leases stay the authority on who runs what). The handlers below
+are connected when a worker imports this module (``controlplane.celery`` includes it);
+their cost per task message is a lock and a few integer updates.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+from collections import deque
+from datetime import UTC, datetime
+from typing import Any
+
+from celery.signals import task_postrun, task_prerun, worker_ready, worker_shutdown
+from django.conf import settings
+from django.db import close_old_connections, connection
+
+from .celery import ADVANCE
+from .models import Worker
+
+log = logging.getLogger(__name__)
+WINDOW = 60.0
+"""Seconds over which processed and failed messages are counted."""
+UPDATED = ["name", "host", "pid", "queues", "concurrency", "in_flight",
+           "processed_last_minute", "failed_last_minute", "processed_total", "failed_total",
+           "last_heartbeat", "stopped_at"]
+
+
+def worker_id() -> str:
+    """``host:pid``: the same name the kernel writes as this process's lease owner."""
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+class Heartbeat:
+    """One worker process's counters and the thread that writes them."""
+
+    def __init__(self, name: str, queues: list[str], concurrency: int, every: float) -> None:
+        self.id = worker_id()
+        self.name, self.queues, self.concurrency, self.every = name, queues, concurrency, every
+        self.started_at = datetime.now(UTC)
+        self.lock = threading.Lock()
+        self.in_flight = 0
+        self.recent: deque[tuple[float, bool]] = deque()  # (monotonic end, failed)
+        self.processed_total = 0
+        self.failed_total = 0
+        self.stopping = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="worker-registry", daemon=True)
+
+    def began(self) -> None:
+        with self.lock:
+            self.in_flight += 1
+
+    def ended(self, failed: bool) -> None:
+        with self.lock:
+            self.in_flight = max(0, self.in_flight - 1)
+            self.processed_total += 1
+            self.failed_total += failed
+            self.recent.append((time.monotonic(), failed))
+
+    def row(self, stopped: bool = False) -> Worker:
+        now = datetime.now(UTC)
+        with self.lock:
+            horizon = time.monotonic() - WINDOW
+            while self.recent and self.recent[0][0] < horizon:
+                self.recent.popleft()
+            failed = sum(1 for _, f in self.recent if f)
+            return Worker(
+                id=self.id, name=self.name, host=socket.gethostname(), pid=os.getpid(),
+                queues=self.queues, concurrency=self.concurrency, in_flight=self.in_flight,
+                processed_last_minute=len(self.recent), failed_last_minute=failed,
+                processed_total=self.processed_total, failed_total=self.failed_total,
+                started_at=self.started_at, last_heartbeat=now,
+                stopped_at=now if stopped else None,
+            )
+
+    def write(self, stopped: bool = False) -> None:
+        """One upsert of this worker's row (``started_at`` is kept from the first)."""
+        Worker.objects.bulk_create([self.row(stopped)], update_conflicts=True,
+                                   unique_fields=["id"], update_fields=UPDATED)
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def stop(self) -> None:
+        self.stopping.set()
+        if self.thread.is_alive():
+            self.thread.join(timeout=self.every + 5)
+        try:
+            self.write(stopped=True)
+        except Exception:
+            log.warning("worker registry: could not mark %s stopped", self.id, exc_info=True)
+
+    def _run(self) -> None:
+        try:
+            while True:
+                try:
+                    self.write()
+                except Exception:
+                    log.warning("worker registry: heartbeat of %s not written", self.id,
+                                exc_info=True)
+                    connection.close()  # a restarted Postgres: a fresh connection next time
+                if self.stopping.wait(self.every):
+                    return
+        finally:
+            close_old_connections()
+
+
+_beat: Heartbeat | None = None
+
+
+def current() -> Heartbeat | None:
+    return _beat
+
+
+@worker_ready.connect
+def _started(sender: Any = None, **kwargs: object) -> None:
+    global _beat
+    if _beat is not None:
+        return
+    try:
+        queues = sorted(sender.app.amqp.queues.consume_from)
+    except AttributeError:
+        queues = []
+    controller = getattr(sender, "controller", None)
+    pool = getattr(controller, "pool_cls", "")
+    solo = "solo" in f"{getattr(pool, '__module__', '')} {pool}"
+    concurrency = 1 if solo else getattr(controller, "concurrency", None) or 1
+    _beat = Heartbeat(str(getattr(sender, "hostname", "") or worker_id()), queues,
+                      int(concurrency), settings.WORKER_HEARTBEAT_SECONDS)
+    _beat.start()
+
+
+@task_prerun.connect
+def _began(sender: Any = None, **kwargs: object) -> None:
+    if _beat is not None and getattr(sender, "name", None) == ADVANCE:
+        _beat.began()
+
+
+@task_postrun.connect
+def _ended(sender: Any = None, state: str | None = None, **kwargs: object) -> None:
+    if _beat is not None and getattr(sender, "name", None) == ADVANCE:
+        _beat.ended(failed=state == "FAILURE")
+
+
+@worker_shutdown.connect
+def _stopped(**kwargs: object) -> None:
+    global _beat
+    if _beat is not None:
+        _beat.stop()
+        _beat = None

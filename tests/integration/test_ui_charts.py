@@ -1,0 +1,83 @@
+"""The dashboard's pictures, read from the commit log in buckets: the overview's last
+hour (phases per second, latency, failures, attention) and a session's tasks by status
+over time, drawn as server-rendered SVG."""
+
+from __future__ import annotations
+
+import re
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from controlplane.reads import charts
+from controlplane.runtime import runtime
+from controlplane.ui.charts import line_chart
+from kernel import Draft, Scheduler
+
+from .test_ui_pages import login
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def failing_batches(n: int) -> tuple[str, list[str]]:
+    """``n`` send-batch tasks in one session, each failing in its plan (no such channel),
+    run by an in-process worker: ``n`` phase commits, ``n`` failures."""
+    kernel = runtime().kernel
+    handle = kernel.create_session()
+    ids = []
+    for _ in range(n):
+        draft = Draft(actor="user:test")
+        ids.append(draft.create_task("send-batch", {
+            "recipients": ["a@example.com"], "subject": "s", "body": "b", "channel": "pigeon"}))
+        handle.commit(draft)
+    Scheduler(kernel).run_until_idle()
+    return handle.id, ids
+
+
+def test_the_last_hour_in_buckets() -> None:
+    failing_batches(3)
+    found = charts.activity()
+    assert found.buckets == charts.WINDOW_SECONDS // charts.BUCKET_SECONDS
+    assert sum(found.phases_per_second) * found.bucket_seconds == pytest.approx(3)
+    assert sum(found.failures) == 3
+    assert [v for v in found.latency_p50 if v is not None]  # runnable -> worker commit
+    assert all(v >= 0 for v in found.latency_p95 if v is not None)
+    assert found.attention_now == 3
+    earlier = charts.activity(timezone.now() - timedelta(hours=2))
+    assert sum(earlier.failures) == 0 and not any(earlier.phases_per_second)
+
+
+def test_a_session_s_tasks_by_status_over_time() -> None:
+    session_id, ids = failing_batches(2)
+    history = charts.session_history(session_id, buckets=10)
+    assert history is not None
+    assert history.counts["failed"][-1] == 2
+    assert history.counts["pending"][-1] == 0  # each was pending, then failed
+    assert max(history.counts["pending"]) >= 1
+    assert charts.session_history("sess_nothing") is None
+
+
+def test_the_overview_and_the_session_page_draw_them() -> None:
+    session_id, _ = failing_batches(2)
+    charts.forget()  # the overview reads its activity at most every FRESH_SECONDS
+    client = login("viewer")
+    page = client.get("/").content.decode()
+    points = dict(re.findall(r'id="(chart-\w+)" data-points="(\d+)"', page))
+    assert set(points) == {"chart-phases", "chart-latency", "chart-failures"}
+    assert int(points["chart-phases"]) >= 1 and int(points["chart-failures"]) >= 1
+    assert "<svg" in page and "2 need attention" in page
+    assert 'hx-get="/sessions/' in client.get(f"/sessions/{session_id}/").content.decode()
+    drawn = client.get(f"/sessions/{session_id}/history").content.decode()
+    assert 'id="chart-session"' in drawn and "status-failed" in drawn
+    assert client.get("/sessions/sess_nothing/history").status_code == 404
+
+
+def test_a_chart_breaks_at_gaps_and_labels_its_points() -> None:
+    start = timezone.now().replace(microsecond=0)
+    chart = line_chart("c", "T", "s", start, 10, [("p50", "x", [None, 1.0, 2.0, None, 0.5])])
+    [line] = chart.lines
+    assert len(line.segments) == 2 and chart.points == 3 and chart.top == 2
+    assert line.dots[0].label.startswith("p50 1 s at ")
+    empty = line_chart("e", "T", "s", start, 10, [("n", "x", [0, 0])])
+    assert empty.points == 0 and empty.top == 1

@@ -1,0 +1,104 @@
+"""The tasks page across sessions: its filters, sort and pages in the URL, and the bulk
+actions on its result (a preview count, then a confirmation of exactly that count)."""
+
+from __future__ import annotations
+
+import re
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from controlplane.reads import pages
+from controlplane.reads import tasks as task_reads
+from controlplane.runtime import runtime
+
+from .test_ui_pages import EVIL, batch, login
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def found_ids(html: str) -> list[str]:
+    return re.findall(r'id="found-([^"]+)"', html)
+
+
+def test_search_across_sessions_by_a_word_of_the_input() -> None:
+    _, first = batch(subject="quarterly invoice")
+    _, second = batch(subject="Weekly digest")
+    _, third = batch(subject=f"{EVIL} invoice 100%_")
+    client = login("viewer")
+    page = client.get("/tasks/?q=INVOICE").content.decode()
+    assert sorted(found_ids(page)) == sorted([first, third])  # case-insensitive, 2 sessions
+    assert "&lt;script&gt;" in page and "<script>window" not in page
+    assert found_ids(client.get("/tasks/?q=100%25_").content.decode()) == [third]
+    assert found_ids(client.get("/tasks/?q=100%25x").content.decode()) == []  # % is literal
+    everything = client.get("/tasks/").content.decode()
+    assert found_ids(everything) == [third, second, first]  # newest first
+    assert found_ids(client.get("/tasks/?sort=created").content.decode()) == [first, second, third]
+    assert 'aria-sort="descending"' in everything
+
+
+def test_filters_by_kind_status_session_and_time_and_pages() -> None:
+    session_id, root = batch(recipients=2)
+    batch(recipients=1)
+    client = login("viewer")
+    assert found_ids(client.get(f"/tasks/?session={session_id}").content.decode()) == [root]
+    assert found_ids(client.get("/tasks/?kind=send-notice").content.decode()) == []
+    assert len(found_ids(client.get("/tasks/?status=pending").content.decode())) == 2
+    assert found_ids(client.get("/tasks/?status=succeeded").content.decode()) == []
+    later = (timezone.now() + timedelta(hours=1)).strftime("%Y-%m-%dT%H:%M:%S")
+    assert found_ids(client.get(f"/tasks/?since={later}").content.decode()) == []
+    assert len(found_ids(client.get(f"/tasks/?until={later}").content.decode())) == 2
+    # Malformed values from a URL are dropped, not an error.
+    answer = client.get("/tasks/?status=nope&since=yesterday&sort=evil&page=-3")
+    assert answer.status_code == 200 and len(found_ids(answer.content.decode())) == 2
+    search = pages.task_search(status="nope", since="yesterday", sort="evil", page="-3")
+    assert search == pages.TaskSearch()
+    # Pages of TASKS_PAGE, the filter kept in the links.
+    many = pages.tasks_page(pages.TaskSearch(kind="send-batch", page=1))
+    assert many.total == 2 and many.pages == 1
+
+
+def test_the_live_part_follows_the_filter() -> None:
+    _, wanted = batch(subject="alpha")
+    batch(subject="beta")
+    page = pages.task_search(q="alpha")
+    from controlplane.ui.live import GLOBAL_PAGES
+
+    html = GLOBAL_PAGES["tasks"].update(0, False, q="alpha")
+    assert found_ids(html) == [wanted] and 'hx-swap-oob="true"' in html
+    whole = GLOBAL_PAGES["tasks"].page(False, q="alpha")
+    assert whole["socket"].startswith("/ws/ui/tasks/?") and "q=alpha" in whole["socket"]
+    assert page.query() == "q=alpha"
+
+
+def test_an_operator_previews_then_cancels_exactly_the_previewed_count() -> None:
+    ids = [batch(subject=f"renewal notice {i}")[1] for i in range(3)]
+    batch(subject="something else")
+    operator = login("operator")
+    page = operator.get("/tasks/?q=renewal").content.decode()
+    assert "Preview retry…" in page
+    viewer = login("viewer")
+    assert "Preview retry…" not in viewer.get("/tasks/?q=renewal").content.decode()
+    assert "Filter first" in operator.get("/tasks/").content.decode()
+    token = operator.cookies["csrftoken"].value
+
+    preview = operator.get("/bulk/preview?action=cancel&q=renewal").content.decode()
+    assert 'data-count="3"' in preview and "Confirm cancel of 3" in preview
+    fields = dict(re.findall(r'name="(\w+)" value="([^"]*)"', preview))
+    assert fields["q"] == "renewal" and fields["expected_count"] == "3"
+    stale = {**fields, "expected_count": "2", "reason": "stale count"}
+    answer = operator.post("/bulk/act", stale, HTTP_X_CSRFTOKEN=token, HTTP_HX_REQUEST="true")
+    assert answer.status_code == 409
+    assert all(runtime().kernel.task(t).cancel is None for t in ids)  # nothing done
+    answer = operator.post("/bulk/act", {**fields, "reason": "duplicates"},
+                           HTTP_X_CSRFTOKEN=token, HTTP_HX_REQUEST="true")
+    assert answer.status_code == 200, answer.content
+    assert "cancel: 3 of 3 done." in answer.content.decode()
+    assert all(runtime().kernel.task(t).cancel is not None for t in ids)
+    # A viewer may not act, nor preview.
+    assert viewer.get("/bulk/preview?action=retry&q=renewal").status_code == 403
+    assert viewer.post("/bulk/act", {**fields, "reason": "no"},
+                       HTTP_X_CSRFTOKEN=viewer.cookies["csrftoken"].value).status_code == 403
+    assert operator.get("/bulk/preview?action=drop&q=renewal").status_code == 422
+    assert task_reads.count(task_reads.TaskFilter(text="renewal")) == 3

@@ -1,0 +1,76 @@
+"""The worker registry: a worker's heartbeat row, live then dead or stopped, shown on the
+Workers page and in the API beside the leases it holds; each queue's depth."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.contrib.auth.models import Group, User
+from django.test import Client, override_settings
+from django.utils import timezone
+
+from controlplane import worker_registry
+from controlplane.models import Worker
+from controlplane.reads import workers as reads
+from controlplane.runtime import runtime
+from kernel import Draft
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def viewer() -> Client:
+    user = User.objects.create_user("wendy")
+    user.groups.add(Group.objects.get_or_create(name="viewer")[0])
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+def test_a_heartbeat_row_is_live_then_dead_and_counts_the_last_minute() -> None:
+    beat = worker_registry.Heartbeat("w1@dev", ["default", "hands"], 4, every=60)
+    beat.began()
+    beat.ended(failed=False)
+    beat.began()
+    beat.ended(failed=True)
+    beat.began()  # one in flight
+    beat.write()
+    beat.write()  # an upsert: one row, started_at kept
+    [row] = Worker.objects.all()
+    assert (row.id, row.name, row.queues, row.concurrency) == (
+        worker_registry.worker_id(), "w1@dev", ["default", "hands"], 4)
+    assert (row.in_flight, row.processed_last_minute, row.failed_last_minute) == (1, 2, 1)
+    [shown] = reads.registry()
+    assert shown.state == "live" and shown.worker == row.id and shown.leases == []
+    later = timezone.now() + timedelta(seconds=11)
+    with override_settings(WORKER_DEAD_SECONDS=10):
+        assert reads.registry(later)[0].state == "dead"
+    with override_settings(WORKER_FORGET_SECONDS=5):
+        assert reads.registry(later) == []  # long gone: no longer listed
+    beat.stop()  # never started: stop just marks the row
+    assert reads.registry()[0].state == "stopped"
+
+
+def test_the_workers_page_and_the_api_list_an_idle_worker_and_a_queue() -> None:
+    kernel = runtime().kernel
+    handle = kernel.create_session()
+    draft = Draft(actor="user:test")
+    task_id = draft.create_task("send-batch", {"recipients": ["a@example.com"],
+                                               "subject": "s", "body": "b"})
+    handle.commit(draft)
+    worker_registry.Heartbeat("idle@dev", ["default"], 1, every=60).write()
+    client = viewer()
+    page = client.get("/workers/").content.decode()
+    assert 'data-name="idle@dev"' in page and 'data-state="live"' in page
+    assert '<span class="meta">idle</span>' in page
+    queue = kernel.task(task_id).queue
+    assert f'id="queue-{queue}" data-runnable="1"' in page
+    [found] = [q for q in reads.queues() if q.queue == queue]
+    assert found.runnable == 1 and found.oldest is not None
+    listed = client.get("/api/workers").json()
+    [mine] = [w for w in listed if w["name"] == "idle@dev"]
+    assert mine["worker"] == worker_registry.worker_id() and mine["leases"] == []
+    assert mine["state"] == "live" and mine["queues"] == ["default"]
+    assert mine["last_heartbeat"] is not None  # the old fields kept
+    queues = client.get("/api/queues").json()
+    assert {"queue": queue, "runnable": 1} == {k: queues[0][k] for k in ("queue", "runnable")}
