@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 
 from celery import Celery
+from celery.signals import setup_logging
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
 
@@ -20,6 +21,18 @@ SWEEP = "controlplane.sweep"
 # The worker registry's signal handlers are connected when a worker imports its tasks.
 app = Celery("controlplane", include=["controlplane.execution", "controlplane.worker_registry"])
 app.config_from_object("django.conf:settings", namespace="CELERY")
+
+
+@setup_logging.connect
+def configure_logging(loglevel: object = None, **kwargs: object) -> None:
+    """Worker and beat log like the web process (controlplane.logs), at ``-l``'s level;
+    connecting here keeps Celery from installing its own handlers."""
+    import logging
+
+    from controlplane import logs
+
+    level = logging.getLevelName(loglevel) if isinstance(loglevel, int) else loglevel
+    logs.apply(logs.config(level=str(level) if level else None))
 
 
 @app.on_after_configure.connect

@@ -35,8 +35,9 @@ Protocol, JSON text frames both ways:
    then costs a few frames instead of one per commit (per-frame overhead dominates).
 
 Other close codes: 4400 a malformed message or cursor (or a token in the URL), 4404 no
-such session, 1011 the
-log could not be read (reconnect). Daphne closes idle sockets after its
+such session, 1011 the log could not be read (reconnect), 4503 the server is stopping
+(reconnect, to another web process behind the same address; controlplane.shutdown).
+Daphne closes idle sockets after its
 ``--websocket_timeout``; clients reconnect with their cursor whatever the close code.
 
 How it stays exact: every frame comes from the commit log (the data of record), read
@@ -68,14 +69,14 @@ from django.conf import settings
 from django.http.request import split_domain_port, validate_host
 from django.urls import path, re_path
 
-from controlplane import access, feed_subscribers
+from controlplane import access, feed_subscribers, shutdown
 from controlplane.notify import GLOBAL_GROUP, hint_hub, session_group
 from controlplane.reads.feed import (
     FRAME_COLUMNS,
     MAX_CURSOR,
+    catch_up_frames,
     frame,
     session_exists,
-    session_frames,
     settled_global,
 )
 from controlplane.ui.live import GLOBAL_PAGES, SESSION_PAGE
@@ -219,6 +220,7 @@ class FeedConsumer(AsyncWebsocketConsumer):
         self.credential: access.Credential | None = None
         self.closing = False
         await self.accept()
+        shutdown.track(self)  # closed with 4503 if this process stops
         query = parse_qs(self.scope.get("query_string", b"").decode("latin-1"))
         if "token" in query:
             return await self.refuse(
@@ -294,6 +296,7 @@ class FeedConsumer(AsyncWebsocketConsumer):
 
     def stop(self) -> None:
         self.closing = True
+        shutdown.forget(self)
         for task in (getattr(self, "pump", None), getattr(self, "opening", None),
                      getattr(self, "watch", None)):
             if task is not None and task is not asyncio.current_task():
@@ -452,7 +455,7 @@ class SessionFeedConsumer(FeedConsumer):
         session_id = self.session_id
 
         async def query() -> Rows:
-            return await database_sync_to_async(session_frames)(session_id, after, limit)
+            return await database_sync_to_async(catch_up_frames)(session_id, after, limit)
 
         return await shared_reads.read(("session", session_id, after, limit), query)
 

@@ -10,14 +10,18 @@ The kernel they run on is the process's :func:`controlplane.runtime.runtime`.
 from __future__ import annotations
 
 import logging
+import os
+import threading
+import time
 
-from celery.signals import worker_process_shutdown, worker_ready
+from celery.signals import worker_process_shutdown, worker_ready, worker_shutting_down
+from django.conf import settings
 from django.db import close_old_connections
 
 from kernel import Blocked
 
 from .celery import ADVANCE, SWEEP, app
-from .runtime import built, runtime
+from .runtime import built, deliver, runtime
 
 log = logging.getLogger(__name__)
 
@@ -29,7 +33,15 @@ BUSY_RETRIES = 5
 def advance(task_id: str, tries: int = 0) -> bool:
     close_old_connections()  # a restarted Postgres leaves a dead connection behind
     try:
-        ran = runtime().worker.advance(task_id)
+        worker = runtime().worker
+        if worker.draining:
+            # Shutting down: claim nothing. Another worker gets the message now, not
+            # after the dispatch row's redelivery delay.
+            task = runtime().kernel.storage.task(task_id)
+            if task is not None:
+                deliver(task_id, task.queue)
+            return False
+        ran = worker.advance(task_id)
         if not ran and tries < BUSY_RETRIES and claimable_soon(task_id):
             # Runnable, yet not claimed: its row was held by a commit in progress. Look
             # again shortly rather than wait for the sweep's redelivery.
@@ -78,3 +90,31 @@ def resume(**kwargs: object) -> None:
 def stop_heartbeat(**kwargs: object) -> None:
     if built():
         runtime().worker.close()
+
+
+@worker_shutting_down.connect
+def drain(how: str = "Warm", **kwargs: object) -> None:
+    """SIGTERM (Celery's warm shutdown): stop claiming, let the running phase finish and
+    give back the lease of whatever would continue, then Celery exits 0 once the task
+    message in hand returns.
+
+    If phases are still in flight after ``KERNEL_DRAIN_SECONDS``, their leases are given
+    back (as if they had expired) and the process exits 0 at once: another worker takes
+    them over now rather than after the lease runs out. Runs in the signal handler:
+    it only sets a flag and starts a thread.
+    """
+    if how != "Warm":
+        return
+    runtime().worker.drain()
+    log.info("draining: no new claims; %.0fs for running phases", settings.KERNEL_DRAIN_SECONDS)
+    threading.Thread(target=_end_of_grace, name="drain-grace", daemon=True).start()
+
+
+def _end_of_grace() -> None:
+    time.sleep(settings.KERNEL_DRAIN_SECONDS)
+    released = runtime().worker.release_held()
+    log.warning("drain grace (%.0fs) over: released %d lease(s) mid-phase, exiting",
+                settings.KERNEL_DRAIN_SECONDS, len(released))
+    for handler in logging.getLogger().handlers:
+        handler.flush()
+    os._exit(0)

@@ -15,6 +15,7 @@ the broker by task name.
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import socket
 from dataclasses import dataclass
@@ -22,18 +23,30 @@ from datetime import timedelta
 
 from django.conf import settings
 
-from kernel import Kernel, SystemClock, Worker
+from kernel import Kernel, SystemClock, Task, Worker
 from kernel.dispatch import Dispatcher
 
 from .celery import ADVANCE, app
+from .logs import log_commit
 from .notify import Notifier
 from .registry import build_registry
 from .storage import PostgresStorage
+
+log = logging.getLogger(__name__)
 
 
 def deliver(task_id: str, queue: str) -> None:
     """Hand "advance this task" to the broker (the Dispatcher's delivery)."""
     app.send_task(ADVANCE, args=[task_id], queue=queue, retry=False)
+
+
+def hand_over(task: Task) -> None:
+    """A draining worker gave ``task`` back: tell another worker now. If the broker is
+    down, the dispatch row the release wrote is sent by the next sweep."""
+    try:
+        deliver(task.id, task.queue)
+    except Exception:
+        log.warning("could not hand %s over now; the sweep will", task.id, exc_info=True)
 
 
 @dataclass(frozen=True)
@@ -53,11 +66,13 @@ def runtime() -> Runtime:
     notifier = Notifier()
     kernel.after_commit(notifier.after_commit)  # live views: hints after each commit
     kernel.on_preview(notifier.preview)  # and progress that is not committed yet
+    kernel.after_commit(log_commit)  # one log line per commit: what happened, by whom
     worker = Worker(
         kernel,
         f"{socket.gethostname()}:{os.getpid()}",
         settings.KERNEL_LEASE_SECONDS,
         heartbeat=settings.KERNEL_HEARTBEAT,
+        on_release=hand_over,
     )
     return Runtime(kernel, dispatcher, worker)
 

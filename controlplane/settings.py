@@ -18,6 +18,8 @@ from urllib.parse import parse_qsl, unquote, urlsplit
 
 from django.core.exceptions import ImproperlyConfigured
 
+from controlplane import logs
+
 BASE_DIR = Path(__file__).resolve().parent.parent
 
 DEFAULT_DATABASE_URL = "postgresql://postgres@127.0.0.1:5432/durable"
@@ -103,7 +105,7 @@ CSRF_TRUSTED_ORIGINS = _env_list("DJANGO_CSRF_TRUSTED_ORIGINS")
 HTTPS = _env_bool("DJANGO_HTTPS", False)
 SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = HTTPS
 SECURE_SSL_REDIRECT = HTTPS
-SECURE_REDIRECT_EXEMPT = [r"^healthz$"]
+SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^readyz$"]
 SECURE_HSTS_SECONDS = int(os.environ.get("DJANGO_HSTS_SECONDS", "31536000")) if HTTPS else 0
 SECURE_HSTS_INCLUDE_SUBDOMAINS = HTTPS and _env_bool("DJANGO_HSTS_INCLUDE_SUBDOMAINS", True)
 SECURE_HSTS_PRELOAD = HTTPS and _env_bool("DJANGO_HSTS_PRELOAD", True)
@@ -173,6 +175,14 @@ TEMPLATES = [
 ]
 
 DATABASES = {"default": parse_database_url(DATABASE_URL)}
+# A streaming replica of it, optional: pages, the feeds' catch-up reads and the metrics
+# read there; commits, claims, actions and everything else stay on the primary
+# (controlplane.reads.replica). Its tests mirror the primary's database.
+DATABASE_REPLICA_URL = os.environ.get("DATABASE_REPLICA_URL", "").strip()
+if DATABASE_REPLICA_URL:
+    DATABASES["replica"] = {
+        **parse_database_url(DATABASE_REPLICA_URL), "TEST": {"MIRROR": "default"}}
+DATABASE_ROUTERS = ["controlplane.reads.replica.Router"]
 
 # Channels: live views are pushed through Redis so that events raised in Celery
 # workers reach consumers in the web process. Messages only say "commit N happened";
@@ -237,6 +247,11 @@ STATIC_ROOT = BASE_DIR / ".data" / "staticfiles"
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
+# Logs: LOG_LEVEL (INFO), LOG_FORMAT=text|json; what happened at INFO, routine at DEBUG
+# (controlplane.logs). Celery's worker and beat apply the same (controlplane.celery).
+LOGGING = logs.config()
+LOGGING_CONFIG = "controlplane.logs.apply"
+
 # --------------------------------------------------------------------------- execution
 # Celery carries only "advance task X" and the sweep; Postgres decides who runs what
 # (DESIGN §7). acks_late + prefetch 1: a killed worker's message goes back to the
@@ -256,6 +271,10 @@ CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 KERNEL_LEASE_SECONDS = float(os.environ.get("KERNEL_LEASE_SECONDS", "30"))
 KERNEL_SWEEP_SECONDS = float(os.environ.get("KERNEL_SWEEP_SECONDS", "1"))
 KERNEL_REDELIVER_SECONDS = float(os.environ.get("KERNEL_REDELIVER_SECONDS", "30"))
+# SIGTERM to a worker: how long its running phases may take to finish before it gives
+# their leases back and exits (controlplane.execution.drain). Keep the process manager's
+# stop timeout (compose: stop_grace_period) above it.
+KERNEL_DRAIN_SECONDS = float(os.environ.get("KERNEL_DRAIN_SECONDS", "25"))
 # Off only to test what happens when renewals stop (a stuck process, a long GC pause).
 KERNEL_HEARTBEAT = _env_bool("KERNEL_HEARTBEAT", True)
 

@@ -1,5 +1,5 @@
 """URL routes: the dashboard (controlplane.ui) and its login pages, the API, the read-only
-admin, a health check and the metrics."""
+admin, the probes (alive, ready) and the metrics."""
 
 from django.contrib import admin
 from django.contrib.auth import views as auth_views
@@ -7,6 +7,7 @@ from django.http import HttpRequest, JsonResponse
 from django.urls import include, path
 
 from controlplane.api import api
+from controlplane.health import readiness
 from controlplane.metrics import metrics
 from controlplane.ui.login import DashboardLogin
 
@@ -16,10 +17,20 @@ def healthz(request: HttpRequest) -> JsonResponse:
     return JsonResponse({"status": "ok"})
 
 
+def readyz(request: HttpRequest) -> JsonResponse:
+    """Readiness probe: 200 once the database and the broker answer and every migration is
+    applied; 503 naming what is missing otherwise (controlplane.health)."""
+    missing = readiness()
+    if missing:
+        return JsonResponse({"status": "unavailable", "missing": missing}, status=503)
+    return JsonResponse({"status": "ok"})
+
+
 urlpatterns = [
     path("api/", api.urls),
     path("admin/", admin.site.urls),
     path("healthz", healthz, name="healthz"),
+    path("readyz", readyz, name="readyz"),
     path("metrics", metrics, name="metrics"),
     path("accounts/login/", auth_views.LoginView.as_view(
         template_name="ui/login.html", authentication_form=DashboardLogin), name="login"),

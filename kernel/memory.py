@@ -204,6 +204,29 @@ class InMemoryStorage:
             self._tasks[task_id] = replace(task, lease_until=until)
             return True
 
+    def release(
+        self, task_id: str, owner: str, epoch: int, now: datetime, *, interrupted: bool = False
+    ) -> Task | None:
+        with self._lock:
+            task = self._tasks.get(task_id)
+            if (
+                task is None
+                or task.status is not Status.RUNNING
+                or task.epoch != epoch
+                or task.lease_owner != owner
+            ):
+                return None
+            if interrupted:
+                released = replace(task, epoch=epoch + 1, lease_until=now)
+            else:
+                released = replace(
+                    task, status=Status.PENDING, epoch=epoch + 1, lease_owner=None,
+                    lease_until=None,
+                )
+            self._tasks[task_id] = released
+            self.ensure_dispatches([released], now)
+            return released
+
     def runnable(self, now: datetime, limit: int) -> list[Task]:
         with self._lock:
             found = [t for t in self._tasks.values() if t.runnable_at(now)]

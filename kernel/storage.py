@@ -167,6 +167,22 @@ class Storage(Protocol):
         """
         ...
 
+    def release(
+        self, task_id: str, owner: str, epoch: int, now: datetime, *, interrupted: bool = False
+    ) -> Task | None:
+        """Give back a lease that ``owner`` still holds at ``epoch`` (a draining worker),
+        so that another worker may claim the task at once instead of after expiry.
+
+        Between phases (nothing in flight): the task is pending again, its owner and
+        expiry cleared, and no restart will be counted. ``interrupted`` (a phase is still
+        in flight and its process is about to exit): the lease is expired at ``now``, as
+        if it had run out, and the next claim counts a restart. Either way the epoch is
+        bumped, so that the releaser can commit nothing more, and the task gets a dispatch
+        row unless it has one. ``None`` if the lease was not held (lost, or the task
+        moved on); nothing is changed then.
+        """
+        ...
+
     def runnable(self, now: datetime, limit: int) -> list[Task]: ...
 
     def expired_leases(self, now: datetime, limit: int) -> list[Task]:

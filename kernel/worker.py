@@ -47,10 +47,12 @@ class Heartbeat:
     gone; the phase's commit will then be rejected by its epoch.
     """
 
-    def __init__(self, interval: float, on_exit: Callable[[], None]) -> None:
+    def __init__(
+        self, interval: float, on_exit: Callable[[], None], held: dict[str, Lease] | None = None
+    ) -> None:
         self.interval = interval
         self.on_exit = on_exit
-        self.held: dict[str, Lease] = {}
+        self.held: dict[str, Lease] = {} if held is None else held
         self.lost = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="lease-heartbeat", daemon=True)
@@ -74,6 +76,15 @@ class Heartbeat:
 
 
 class Worker:
+    """Claims tasks and runs their phases.
+
+    Draining (:meth:`drain`, what a worker process does on SIGTERM): no new claims; a
+    task whose phase commits and would continue inline gives its lease back instead
+    (``Storage.release``), so that another worker takes it at once; :meth:`release_held`
+    gives back the leases of phases still in flight when the process must go.
+    ``on_release`` is told each task given back (to send its dispatch now).
+    """
+
     def __init__(
         self,
         kernel: Kernel,
@@ -81,18 +92,50 @@ class Worker:
         lease_seconds: float = 30.0,
         *,
         heartbeat: bool = False,
+        on_release: Callable[[Task], None] | None = None,
     ) -> None:
         self.kernel = kernel
         self.id = worker_id or new_id("worker")
         self.lease = timedelta(seconds=lease_seconds)
         self._handles: dict[str, SessionHandle] = {}
+        self.held: dict[str, Lease] = {}
+        self.draining = False
+        self.on_release = on_release
         self.heartbeat = (
-            Heartbeat(lease_seconds / 3, kernel.storage.thread_exit) if heartbeat else None
+            Heartbeat(lease_seconds / 3, kernel.storage.thread_exit, self.held)
+            if heartbeat
+            else None
         )
 
     def close(self) -> None:
         if self.heartbeat is not None:
             self.heartbeat.stop()
+
+    def drain(self) -> None:
+        """Stop claiming; tasks running now give their lease back after their phase."""
+        self.draining = True
+
+    def release_held(self) -> list[Task]:
+        """Give back every lease held now, phases in flight included (``interrupted``):
+        only for a process that stops right after, so that nothing it still does can
+        matter more than a crash would. The tasks given back."""
+        released = []
+        for lease in list(self.held.values()):
+            task = self._release(lease, interrupted=True)
+            if task is not None:
+                released.append(task)
+        return released
+
+    def _release(self, lease: Lease, *, interrupted: bool) -> Task | None:
+        storage, now = self.kernel.storage, self.kernel.clock.now()
+        task = storage.release(lease.task.id, self.id, lease.task.epoch, now,
+                               interrupted=interrupted)
+        if task is not None:
+            log.info("released %s (%s, phase %s) for another worker%s", task.id, task.kind,
+                     task.phase, " mid-phase" if interrupted else "")
+            if self.on_release is not None:
+                self.on_release(task)
+        return task
 
     def advance(self, task_id: str) -> bool:
         """Claim ``task_id`` if it is runnable and not blocked, and run it as far as it goes.
@@ -100,6 +143,8 @@ class Worker:
         Returns whether a phase ran. Safe to call for any id at any time: a task
         that is not runnable, or that another worker holds, is left alone.
         """
+        if self.draining:
+            return False
         now = self.kernel.clock.now()
         task = self.kernel.storage.task(task_id)
         if task is None or not task.runnable_at(now):
@@ -109,6 +154,9 @@ class Worker:
         claimed = self.kernel.storage.claim(task_id, self.id, now, now + self.lease)
         if claimed is None:
             return False
+        if claimed.restarts:
+            log.info("recovering %s (%s): phase %r was interrupted (restart %d)", claimed.id,
+                     claimed.kind, claimed.phase, claimed.restarts)
         self.run_claimed(claimed)
         return True
 
@@ -127,8 +175,7 @@ class Worker:
             checkpoint=resolved.checkpoint,
             migrated=resolved.definition.version != task.version,
         )
-        if self.heartbeat is not None:
-            self.heartbeat.held[task.id] = lease
+        self.held[task.id] = lease
         try:
             conflicts = 0
             while True:
@@ -152,6 +199,9 @@ class Worker:
                     self._end(lease, Finish(Outcome.FAULTED, error=f"commit rejected: {exc}"))
                 if lease.task.status is not Status.RUNNING:
                     return
+                if self.draining:  # between phases: hand the rest to another worker
+                    self._release(lease, interrupted=False)
+                    return
         except StaleLease as exc:
             log.info("lease lost, abandoning: %s", exc)
             self._return_to_cancel(task)
@@ -164,8 +214,7 @@ class Worker:
             log.warning("storage unavailable, abandoning %s for a restart: %s", task.id, exc)
             self._handles.pop(task.session_id, None)
         finally:
-            if self.heartbeat is not None:
-                self.heartbeat.held.pop(task.id, None)
+            self.held.pop(task.id, None)
 
     def _commit(self, lease: Lease, transition: Transition, ending: bool) -> None:
         if ending:

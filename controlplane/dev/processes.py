@@ -275,10 +275,13 @@ def celery_beat(
     logs: Path, env: dict[str, str], *, name: str = "beat", ready_line: str | None = None
 ) -> Process:
     """Beat, logging to ``logs/name.log`` with its schedule file beside it; ready once
-    spawned, or once its log says ``ready_line``. Not started."""
+    spawned, or once its log says ``ready_line``. Not started.
+
+    At DEBUG: its line for each sweep it sends is routine (controlplane.logs), which the
+    tests count."""
     return Process(
         name,
-        [*CELERY, "beat", "-s", str(logs / f"{name}-schedule"), "-l", "info"],
+        [*CELERY, "beat", "-s", str(logs / f"{name}-schedule"), "-l", "debug"],
         log=logs / f"{name}.log", env=env, ready_line=ready_line,
     )
 

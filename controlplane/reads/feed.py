@@ -18,6 +18,7 @@ from asgiref.sync import sync_to_async
 
 from kernel import UnknownRecord
 
+from .replica import prefer_replica
 from .snapshot import rows as _all
 
 log = logging.getLogger(__name__)
@@ -85,6 +86,14 @@ def session_frames(session_id: str, after: int, limit: int) -> list[tuple[int, s
         [session_id, after, limit],
     )
     return [(row[2], frame(row)) for row in rows]
+
+
+def catch_up_frames(session_id: str, after: int, limit: int) -> list[tuple[int, str]]:
+    """:func:`session_frames` for a socket: from the replica while it returns full batches
+    (a replay of a long log), else from the primary (live reads, and the tail the replica
+    has not replayed yet): every commit after ``after``, in order, whatever the lag."""
+    return prefer_replica(lambda: session_frames(session_id, after, limit),
+                          fresh_enough=lambda rows: len(rows) == limit)
 
 
 # Transactions holding the lock that every INSERT into kernel_commit takes, from its

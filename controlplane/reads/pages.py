@@ -29,7 +29,9 @@ from . import sessions as session_reads
 from . import tasks
 from . import timeline as history
 from . import transcript as conversations
+from .replica import prefer_replica
 from .snapshot import rows as sql_rows
+from .snapshot import snapshot
 from .tasks import TaskFilter, TaskView
 
 CHILD_PAGE = 50
@@ -217,6 +219,28 @@ class SessionChanges:
     progress: list[dict[str, Any]] | None = None
     transcript: list[conversations.Conversation] | None = None
     submissions: list[conversations.SubmissionView] | None = None
+
+
+def shown_session_page(session_id: str) -> SessionPage | None:
+    """:func:`session_page` in one snapshot, from the replica if there is one (a page
+    load has no cursor to be behind of; a session the replica has not seen yet is read
+    from the primary)."""
+    def read() -> SessionPage | None:
+        with snapshot():
+            return session_page(session_id)
+
+    return prefer_replica(read, fresh_enough=lambda found: found is not None)
+
+
+def live_session_changes(session_id: str, after: int) -> SessionChanges | None:
+    """:func:`session_changes` in one snapshot, for a socket that has shown ``after``:
+    from the replica when it has commits past ``after``, else from the primary, so that
+    the socket never goes back and a lagging replica never holds it up."""
+    def read() -> SessionChanges | None:
+        with snapshot():
+            return session_changes(session_id, after)
+
+    return prefer_replica(read, fresh_enough=lambda found: found is not None)
 
 
 def session_changes(session_id: str, after: int) -> SessionChanges | None:

@@ -6,14 +6,19 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from django.db import connection, transaction
+from django.db import connections, transaction
+
+from .replica import alias
 
 
 @contextmanager
 def snapshot() -> Iterator[None]:
-    """One ``REPEATABLE READ`` transaction: all reads inside see the same commits."""
+    """One ``REPEATABLE READ`` transaction: all reads inside see the same commits (on the
+    primary, or on the replica inside :func:`~.replica.on_replica`)."""
+    using = alias()
+    connection = connections[using]
     outermost = not connection.in_atomic_block
-    with transaction.atomic():
+    with transaction.atomic(using=using):
         if outermost:  # inside someone else's transaction, its snapshot rules
             with connection.cursor() as cur:
                 cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
@@ -21,8 +26,8 @@ def snapshot() -> Iterator[None]:
 
 
 def rows(sql: str, params: Any = None) -> list[Any]:
-    """Every row of one statement, on the request's connection (autocommit unless a
-    snapshot is open)."""
-    with connection.cursor() as cur:
+    """Every row of one statement, on the request's connection to the database this
+    context reads (autocommit unless a snapshot is open)."""
+    with connections[alias()].cursor() as cur:
         cur.execute(sql, params or [])
         return list(cur.fetchall())

@@ -230,6 +230,16 @@ class PostgresStorage:
             connections[self.using].close()
             raise
 
+    def release(
+        self, task_id: str, owner: str, epoch: int, now: datetime, *, interrupted: bool = False
+    ) -> Task | None:
+        row = self._one(
+            sql.RELEASE,
+            {"id": task_id, "owner": owner, "epoch": epoch, "now": now,
+             "interrupted": interrupted},
+        )
+        return TASK.from_sql(row) if row else None
+
     def runnable(self, now: datetime, limit: int) -> list[Task]:
         rows = self._all(sql.RUNNABLE_TASKS, {"now": now, "limit": limit})
         return [TASK.from_sql(r) for r in rows]

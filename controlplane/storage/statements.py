@@ -139,6 +139,21 @@ RENEW = (
     "WHERE id = %s AND epoch = %s AND lease_owner = %s AND status = 'running' "
     "FOR UPDATE SKIP LOCKED)"
 )
+# A draining worker gives a lease back (kernel.storage.Storage.release): fenced by owner
+# and epoch like a renewal, the epoch bumped like a claim, and a dispatch row added in
+# the same statement so that the sweep re-sends it if the releaser's message is lost.
+RELEASE = (
+    f"WITH released AS (UPDATE {TASK.name} SET epoch = epoch + 1, "
+    "status = CASE WHEN %(interrupted)s THEN status ELSE 'pending' END, "
+    "lease_owner = CASE WHEN %(interrupted)s THEN lease_owner END, "
+    "lease_until = CASE WHEN %(interrupted)s THEN %(now)s::timestamptz END "
+    "WHERE id = %(id)s AND epoch = %(epoch)s AND lease_owner = %(owner)s "
+    f"AND status = 'running' RETURNING {TASK.select_list}), "
+    f"queued AS (INSERT INTO {DISPATCH.name} (task_id, session_id, not_before, queue, seq) "
+    "SELECT id, session_id, %(now)s, queue, 0 FROM released WHERE NOT EXISTS "
+    f"(SELECT 1 FROM {DISPATCH.name} d WHERE d.task_id = released.id)) "
+    "SELECT * FROM released"
+)
 RUNNABLE_TASKS = select(TASK, RUNNABLE, " ORDER BY updated_seq LIMIT %(limit)s")
 EXPIRED_LEASES = select(
     TASK, "status = 'running' AND lease_until < %s", " ORDER BY lease_until LIMIT %s"

@@ -28,6 +28,7 @@ from django.template.loader import render_to_string
 from django.urls import reverse
 
 from controlplane.reads import charts, pages
+from controlplane.reads.replica import prefer_replica
 from controlplane.reads.snapshot import snapshot
 from kernel.records import SHOWN_STATUSES
 
@@ -57,17 +58,24 @@ class LivePage:
     def context(self, can_act: bool, **params: str) -> dict[str, Any]:
         raise NotImplementedError
 
+    def read(self, can_act: bool, params: dict[str, str], at_least: int = 0) -> dict[str, Any]:
+        """The page's context in one snapshot: on the replica if there is one, unless it
+        has not reached commit ``at_least`` (what the socket has shown)."""
+        def read() -> dict[str, Any]:
+            with snapshot():
+                return self.context(can_act, **params)
+
+        return prefer_replica(read, fresh_enough=lambda ctx: ctx["seq"] >= at_least)
+
     def page(self, can_act: bool, **params: str) -> dict[str, Any]:
         """The whole page's context, with the socket that keeps it live."""
-        with snapshot():
-            ctx = self.context(can_act, **params)
+        ctx = self.read(can_act, params)
         query = urlencode({k: ctx.get(k, "") for k in self.params})
         return {**ctx, "can_act": can_act, "socket": f"/ws/ui/{self.name}/?{query}"}
 
     def update(self, seq: int, can_act: bool, **params: str) -> str:
         """The live parts at least as new as commit id ``seq``."""
-        with snapshot():
-            ctx = _updating(can_act, cursor="commit", **self.context(can_act, **params))
+        ctx = _updating(can_act, cursor="commit", **self.read(can_act, params, at_least=seq))
         ctx["seq"] = max(seq, ctx["seq"])
         html = "".join(render_to_string(part, ctx) for part in self.parts)
         return html + render_to_string("ui/_feed_state.html", ctx)
@@ -190,8 +198,7 @@ class SessionLivePage:
     template = "ui/session.html"
 
     def page(self, session_id: str, can_act: bool) -> dict[str, Any]:
-        with snapshot():
-            found = pages.session_page(session_id)
+        found = pages.shown_session_page(session_id)
         if found is None:
             raise Http404("no such session")
         return {**vars(found), "can_act": can_act}
@@ -199,8 +206,7 @@ class SessionLivePage:
     def update(self, session_id: str, after: int, can_act: bool) -> tuple[int, str] | None:
         """``(seq, html)``: the parts changed by the commits after ``after``, at the
         newest commit; None when there is none."""
-        with snapshot():
-            found = pages.session_changes(session_id, after)
+        found = pages.live_session_changes(session_id, after)
         if found is None:
             return None
         ctx = _updating(can_act, seq=found.seq)

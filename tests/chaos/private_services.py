@@ -100,6 +100,8 @@ class PrivatePostgres:
     user: str | None
     port: int = field(default_factory=free_port)
     process: Process | None = None
+    # Fast and unsafe by default; a primary to take a base backup of needs full pages.
+    settings: tuple[str, ...] = ("fsync=off", "synchronous_commit=off", "full_page_writes=off")
 
     @property
     def data(self) -> Path:
@@ -125,8 +127,8 @@ class PrivatePostgres:
                 "the private Postgres",
                 [str(self.bin_dir / "postgres"), "-D", str(self.data), "-p", str(self.port),
                  "-k", str(self.folder), "-c", "listen_addresses=127.0.0.1",
-                 "-c", "fsync=off", "-c", "synchronous_commit=off",
-                 "-c", "full_page_writes=off", "-c", "max_connections=50"],
+                 *[arg for setting in self.settings for arg in ("-c", setting)],
+                 "-c", "max_connections=50"],
                 log=self.log, cwd=self.folder, user=self.user, append=True,
                 ready_check=self.accepts,
             )
@@ -212,6 +214,18 @@ def private_folder(prefix: str, owner: str | None) -> Iterator[Path]:
         shutil.rmtree(folder, ignore_errors=True)
 
 
+def create_and_migrate(server: PrivatePostgres) -> None:
+    """Create the database :data:`DATABASE` on a running server and migrate it."""
+    with psycopg.connect(server.url("postgres"), autocommit=True) as conn:
+        conn.execute(f"CREATE DATABASE {DATABASE}")
+    migrate = subprocess.run(
+        [sys.executable, "manage.py", "migrate", "--noinput", "-v", "0"],
+        cwd=ROOT, capture_output=True, text=True, timeout=180,
+        env={**os.environ, "DATABASE_URL": server.url()},
+    )
+    assert migrate.returncode == 0, migrate.stdout + migrate.stderr
+
+
 @contextmanager
 def postgres_template() -> Iterator[PrivatePostgres]:
     """A stopped, migrated cluster whose data folder :func:`private_postgres` copies.
@@ -229,14 +243,7 @@ def postgres_template() -> Iterator[PrivatePostgres]:
         try:
             server.init()
             server.start()
-            with psycopg.connect(server.url("postgres"), autocommit=True) as conn:
-                conn.execute(f"CREATE DATABASE {DATABASE}")
-            migrate = subprocess.run(
-                [sys.executable, "manage.py", "migrate", "--noinput", "-v", "0"],
-                cwd=ROOT, capture_output=True, text=True, timeout=180,
-                env={**os.environ, "DATABASE_URL": server.url()},
-            )
-            assert migrate.returncode == 0, migrate.stdout + migrate.stderr
+            create_and_migrate(server)
             server.stop("fast")
             yield server
         finally:

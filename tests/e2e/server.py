@@ -41,6 +41,25 @@ class Daphne(processes.Daphne):
         super().__init__(log, env, websocket_timeout=settings.DAPHNE_WEBSOCKET_TIMEOUT)
 
 
+def hints_from_here(settings: Any, redis_url: str, monkeypatch: Any) -> None:
+    """Hints from this process's commits go to the servers' Redis database; no Celery."""
+    from controlplane.runtime import runtime
+
+    settings.CHANNEL_LAYERS = channel_layers(redis_url)
+    monkeypatch.setattr(runtime().dispatcher, "deliver", lambda task, queue: None)
+
+
+def viewer_token(username: str = "vic") -> str:
+    """An API token of a new account with the viewer role."""
+    from django.contrib.auth.models import Group, User
+
+    from controlplane.access import issue_token
+
+    user = User.objects.create_user(username)
+    user.groups.add(Group.objects.get_or_create(name="viewer")[0])
+    return issue_token(user, "e2e")
+
+
 def daphne_env(database_url: str, redis_url: str, **extra: str) -> dict[str, str]:
     return process_env(database_url, redis_url, DJANGO_DEBUG="0", **extra)
 

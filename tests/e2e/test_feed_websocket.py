@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 import redis
 from django.conf import settings
-from django.contrib.auth.models import Group, User
+from django.contrib.auth.models import User
 from django.db import connection
 from django.test import Client
 from django.utils import timezone
@@ -44,7 +44,10 @@ from .server import (
     feed,
 )
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+pytestmark = [
+    pytest.mark.django_db(transaction=True), pytest.mark.slow,
+    pytest.mark.usefixtures("hints_here"),
+]
 
 PLAN = "email-plan"  # a document kind the project registers
 # Short intervals, so that the fallbacks are exercised within the test's time.
@@ -88,20 +91,6 @@ def servers(
 @pytest.fixture
 def server(servers: tuple[Daphne, ...]) -> Daphne:
     return servers[0]
-
-
-@pytest.fixture(autouse=True)
-def this_process(settings: Any, redis_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Hints from this process's commits go to the server's Redis database; no Celery."""
-    settings.CHANNEL_LAYERS = channel_layers(redis_url)
-    monkeypatch.setattr(runtime().dispatcher, "deliver", lambda task, queue: None)
-
-
-@pytest.fixture
-def token() -> str:
-    user = User.objects.create_user("vic")
-    user.groups.add(Group.objects.get_or_create(name="viewer")[0])
-    return issue_token(user, "e2e")
 
 
 def commit(handle: SessionHandle, value: Any) -> Any:

@@ -150,6 +150,8 @@ OTHER_RULES: dict[str, list[Cell]] = {
     "api/docs": [Cell("GET", "/api/docs", PAGE)],
     "api/": [Cell("GET", "/api/", everyone(404))],  # ninja's root: nothing there
     "healthz": [Cell("GET", "/healthz", everyone(200))],
+    # The readiness probe (load balancers, compose): public, says only what is missing.
+    "readyz": [Cell("GET", "/readyz", everyone(200))],
     # Prometheus's bearer token (METRICS_TOKEN, see test_metrics_take_the_scrapers_token)
     # or an operator's login: API tokens are not metrics tokens.
     "metrics": [Cell("GET", "/metrics", row(401, 403, 200, 401, 401, 401))],

@@ -1,0 +1,82 @@
+"""Probes for a process manager or a load balancer: alive, and ready to serve.
+
+``/healthz`` (liveness) answers from the process alone: a web process that answers it
+is alive, whatever its database or broker do. ``/readyz`` (readiness) asks what serving
+needs: the database answers, every migration this code knows is applied, and the
+broker answers. Each check is bounded by a short timeout so that a probe never hangs
+behind a dead server; what is missing is said by name.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from django.conf import settings
+from django.db import DEFAULT_DB_ALIAS, connections
+from django.db.migrations.executor import MigrationExecutor
+
+log = logging.getLogger(__name__)
+
+PROBE_TIMEOUT_SECONDS = 2.0
+
+
+def database_problem(alias: str = DEFAULT_DB_ALIAS) -> str | None:
+    try:
+        with connections[alias].cursor() as cur:
+            cur.execute("SELECT 1")
+    except Exception as exc:  # any failure means "not reachable", said by its class
+        connections[alias].close()  # do not keep a broken connection for the next probe
+        return f"{type(exc).__name__}: {exc}".strip()
+    return None
+
+
+def unapplied_migrations(alias: str = DEFAULT_DB_ALIAS) -> list[str]:
+    executor = MigrationExecutor(connections[alias])
+    plan = executor.migration_plan(executor.loader.graph.leaf_nodes())
+    return [f"{migration.app_label}.{migration.name}" for migration, _backwards in plan]
+
+
+def broker_problem() -> str | None:
+    import redis
+
+    client = redis.Redis.from_url(
+        settings.CELERY_BROKER_URL,
+        socket_connect_timeout=PROBE_TIMEOUT_SECONDS,
+        socket_timeout=PROBE_TIMEOUT_SECONDS,
+    )
+    try:
+        client.ping()
+    except Exception as exc:
+        return f"{type(exc).__name__}: {exc}".strip()
+    finally:
+        client.close()
+    return None
+
+
+def readiness() -> dict[str, str]:
+    """What keeps this process from serving, by name (empty: ready).
+
+    Keys: ``database`` (unreachable), ``migrations`` (the unapplied ones, when the
+    database answers), ``broker`` (Redis, which carries both Celery and the channel
+    layer, unreachable). The probe is public: what failed is logged, the answer only
+    says what is missing (an error text could name hosts and users).
+    """
+    missing: dict[str, str] = {}
+    problem = database_problem()
+    if problem is not None:
+        log.warning("not ready: database: %s", problem)
+        missing["database"] = "unreachable"
+    else:
+        try:
+            pending = unapplied_migrations()
+        except Exception:
+            log.warning("not ready: cannot read the migration state", exc_info=True)
+            missing["migrations"] = "cannot read the migration state"
+        else:
+            if pending:
+                missing["migrations"] = "not applied: " + ", ".join(pending)
+    problem = broker_problem()
+    if problem is not None:
+        log.warning("not ready: broker: %s", problem)
+        missing["broker"] = "unreachable"
+    return missing

@@ -1,0 +1,157 @@
+"""The deployables are consistent (issue 14, point 1), checked without Docker.
+
+Where ``docker compose`` works (a Docker CLI with the compose plugin; no daemon needed),
+``docker compose config`` validates deploy/compose.yaml against the Compose
+specification. Where it does not (this CI has the Docker CLI without the plugin), the
+same file is checked here for what the deployment relies on: every service, its image
+or build, its command (a role of the one entry point), its environment, its
+dependencies, the worker pools covering every queue the registry uses, pinned images,
+the proxy's websocket upgrade; and the Dockerfile for a pinned base, pinned
+dependencies, a non-root user and the entry point.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from controlplane.roles import ROLES, command
+
+ROOT = Path(__file__).resolve().parents[2]
+COMPOSE = ROOT / "deploy" / "compose.yaml"
+APP_ENV = {"DATABASE_URL", "REDIS_URL", "DJANGO_SECRET_KEY", "DJANGO_DEBUG", "LOG_FORMAT"}
+PINNED = re.compile(r"^[\w./-]+:\d+(\.\d+)+[\w.-]*(@sha256:[0-9a-f]{64})?$")
+QUEUES = {"default", "hands", "brain"}  # every queue a registered task kind uses
+
+
+def compose() -> dict[str, Any]:
+    return dict(yaml.safe_load(COMPOSE.read_text()))  # resolves the `<<` merge keys
+
+
+def test_docker_compose_config_validates_the_file_where_it_runs() -> None:
+    docker = shutil.which("docker")
+    if docker is None or subprocess.run([docker, "compose", "version"],
+                                        capture_output=True).returncode != 0:
+        pytest.skip("no `docker compose` here: the schema check below stands in for it")
+    result = subprocess.run(
+        [docker, "compose", "-f", str(COMPOSE), "config", "--quiet"], capture_output=True,
+        text=True,
+        env={"DJANGO_SECRET_KEY": "x" * 50, "POSTGRES_PASSWORD": "p", "PATH": "/usr/bin"},
+    )
+    assert result.returncode == 0, result.stderr
+
+
+def test_the_registry_uses_only_the_queues_the_pools_consume() -> None:
+    from controlplane.registry import build_registry
+
+    registry = build_registry()
+    used = {registry.latest(kind).queue for kind in registry.kinds()}
+    assert used <= QUEUES, used
+
+
+def test_compose_has_every_role_and_the_services_they_need() -> None:
+    services = compose()["services"]
+    assert set(services) == {"postgres", "redis", "migrate", "web", "proxy", "worker-brain",
+                             "worker-hands", "beat"}
+    app = {name: s for name, s in services.items() if "build" in s}
+    assert set(app) == {"migrate", "web", "worker-brain", "worker-hands", "beat"}
+    images = {s["image"] for s in app.values()}
+    assert len(images) == 1, "one image for every role"
+    for name, service in app.items():
+        assert service["build"] == {"context": "..", "dockerfile": "Dockerfile"}, name
+        (role, *args) = service["command"]
+        assert role in ROLES and args == [], (name, service["command"])
+        env = service["environment"]
+        assert set(env) >= APP_ENV, (name, APP_ENV - set(env))
+        assert env["DJANGO_DEBUG"] == "0", name
+        assert "${DJANGO_SECRET_KEY:?" in env["DJANGO_SECRET_KEY"], "no default secret key"
+        for dependency in service["depends_on"]:
+            assert dependency in services, (name, dependency)
+    assert {s["command"][0] for s in app.values()} == set(ROLES)
+    for name, service in services.items():
+        if "build" not in service:
+            assert PINNED.match(service["image"]), (name, service["image"])
+    for name, service in services.items():
+        for dependency, condition in service.get("depends_on", {}).items():
+            assert condition["condition"] in {"service_healthy", "service_completed_successfully"}
+            if condition["condition"] == "service_healthy":
+                assert "healthcheck" in services[dependency], (name, dependency)
+
+
+def test_the_migration_runs_once_before_the_app_and_exits() -> None:
+    services = compose()["services"]
+    assert services["migrate"]["restart"] == "no"
+    for name in ("web", "worker-brain", "worker-hands", "beat"):
+        assert services[name]["depends_on"]["migrate"] == {
+            "condition": "service_completed_successfully"}
+
+
+def test_two_web_processes_behind_a_proxy_that_upgrades_websockets() -> None:
+    services = compose()["services"]
+    assert services["web"]["deploy"]["replicas"] >= 2
+    assert "readyz" in " ".join(services["web"]["healthcheck"]["test"])
+    proxy = services["proxy"]
+    mount = next(v for v in proxy["volumes"] if v.startswith("./nginx.conf:"))
+    conf = (COMPOSE.parent / mount.split(":")[0]).read_text()
+    assert "server web:8000" in conf
+    assert "proxy_set_header Upgrade $http_upgrade" in conf
+    assert "proxy_set_header Connection $connection_upgrade" in conf
+    assert "proxy_http_version 1.1" in conf
+    assert "--proxy-headers" in command("web", env={})
+
+
+def test_the_brain_and_hands_pools_scale_apart_and_cover_every_queue() -> None:
+    services = compose()["services"]
+    brain, hands = services["worker-brain"], services["worker-hands"]
+    queues = [set(s["environment"]["WORKER_QUEUES"].split(",")) for s in (brain, hands)]
+    assert queues[0] == {"brain"} and not queues[0] & queues[1]
+    assert queues[0] | queues[1] == QUEUES
+    for pool in (brain, hands):
+        drain = float(pool["environment"]["KERNEL_DRAIN_SECONDS"])
+        assert float(pool["stop_grace_period"].rstrip("s")) > drain, "drain before the kill"
+
+
+def test_the_dockerfile_is_pinned_runs_as_a_user_and_enters_by_role() -> None:
+    text = (ROOT / "Dockerfile").read_text()
+    (base,) = re.findall(r"^FROM\s+(\S+)", text, re.MULTILINE)
+    assert PINNED.match(base), base
+    assert "pip install --no-deps -r requirements.txt" in text
+    lock = (ROOT / "requirements.txt").read_text().splitlines()
+    requirements = [line for line in lock if line and not line.startswith("#")]
+    assert requirements and all(re.match(r"^[\w.\[\],-]+==[\w.+-]+$", r) for r in requirements)
+    users = re.findall(r"^USER\s+(\S+)", text, re.MULTILINE)
+    assert users and users[-1].split(":")[0] not in {"root", "0"}
+    assert 'ENTRYPOINT ["/app/deploy/entrypoint.sh"]' in text
+    assert "DJANGO_DEBUG=0" in text and "DJANGO_SECRET_KEY=" not in text
+    for path in re.findall(r"^COPY\s+(?:--\S+\s+)*(\S+)\s", text, re.MULTILINE):
+        assert (ROOT / path).exists(), path
+    entrypoint = ROOT / "deploy" / "entrypoint.sh"
+    assert entrypoint.stat().st_mode & 0o111, "the entry point is executable"
+
+
+def test_the_roles_take_their_settings_from_the_environment() -> None:
+    worker = command("worker", ["--prefetch-multiplier", "1"],
+                     {"WORKER_QUEUES": "brain", "WORKER_CONCURRENCY": "4",
+                      "WORKER_NAME": "brain", "LOG_LEVEL": "WARNING"})
+    assert worker[worker.index("-Q") + 1] == "brain"
+    assert worker[worker.index("-P") + 1] == "threads" and worker[worker.index("-c") + 1] == "4"
+    assert worker[worker.index("-n") + 1] == "brain@%h"
+    assert worker[worker.index("-l") + 1] == "warning"
+    assert worker[-2:] == ["--prefetch-multiplier", "1"]
+    solo = command("worker", env={})
+    assert solo[solo.index("-P") + 1] == "solo"
+    assert solo[solo.index("-Q") + 1] == "default,hands,brain"
+    web = command("web", env={"PORT": "9000", "WEB_BIND": "127.0.0.1"})
+    assert web[web.index("-p") + 1] == "9000" and web[web.index("-b") + 1] == "127.0.0.1"
+    assert web[-1] == "controlplane.asgi:application"
+    beat = command("beat", env={"BEAT_SCHEDULE_FILE": "/tmp/s", "LOG_FORMAT": "json"})
+    assert beat[beat.index("-s") + 1] == "/tmp/s" and "-q" in beat  # no banner among JSON
+    assert command("migrate", env={})[-2:] == ["migrate", "--noinput"]
+    with pytest.raises(ValueError, match="unknown role"):
+        command("shell", env={})
