@@ -63,13 +63,16 @@ def sweep() -> dict[str, int]:
 
 @worker_ready.connect
 def resume(**kwargs: object) -> None:
-    """A starting worker sweeps once, so recovery does not wait for beat.
+    """A starting worker sweeps once, so recovery does not wait for beat, and retries at
+    once the tasks an earlier worker found blocked that this one's registry can run.
 
     Workers run with ``--pool solo`` or ``--pool threads``: a forked pool would
     inherit this process's database connection and heartbeat thread.
     """
     try:
-        sweep()
+        close_old_connections()
+        report = runtime().dispatcher.resume()
+        log.info("resume: %s", report)
     except Exception:
         log.exception("resume sweep failed; beat will retry")
 

@@ -236,6 +236,8 @@ class Dispatch(KernelRecord):
     queue = models.TextField()
     seq = models.BigIntegerField()
     delivered_at = models.DateTimeField(null=True)
+    attempts = models.IntegerField(default=0, db_default=0)
+    blocked = models.BooleanField(default=False, db_default=False)
 
     class Meta:
         db_table = "kernel_dispatch"

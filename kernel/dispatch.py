@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from .records import Dispatch, WriteSet
+from .registry import Blocked
 from .session import Kernel
 
 Deliver = Callable[[str, str], None]
@@ -36,8 +37,10 @@ class Dispatcher:
     """Delivers dispatch rows; rows stay until their task is claimed.
 
     A row delivered but not claimed within ``redeliver_after`` is delivered again:
-    the broker may have lost the message (Redis restarted, say). Expired leases get
-    a row of their own, so their recovery follows the same path.
+    the broker may have lost the message (Redis restarted, say); each further wait
+    doubles, by the row's deliveries (see :func:`kernel.storage.redelivery_wait`).
+    Expired leases get a fresh row of their own, so their recovery follows the same
+    path and is never held back by an older row's backoff.
     """
 
     def __init__(
@@ -77,6 +80,18 @@ class Dispatcher:
         if undelivered:
             storage.release_dispatches([d.id for d in undelivered])
         return SweepReport(delivered=len(delivered), failed=len(undelivered))
+
+    def resume(self) -> SweepReport:
+        """What a starting worker runs: the sweep, after making due at once every task
+        that an earlier worker found blocked and that this kernel's registry can now
+        run (a compatible definition was deployed). Rows of tasks still blocked keep
+        their backoff."""
+        storage, registry = self.kernel.storage, self.kernel.registry
+        blocked = storage.blocked_tasks(self.batch)
+        ready = [t.id for t in blocked if not isinstance(registry.resolve(t), Blocked)]
+        if ready:
+            storage.retry_dispatches(ready)
+        return self.sweep()
 
     def _deliver(self, rows: list[Dispatch]) -> tuple[list[Dispatch], list[Dispatch]]:
         """Send rows in order until the broker fails: (delivered, not delivered)."""
