@@ -22,13 +22,14 @@ from datetime import timedelta
 
 from django.conf import settings
 
-from kernel import Kernel, SystemClock, Worker
+from kernel import Kernel, Worker
 from kernel.dispatch import Dispatcher
 
 from .celery import ADVANCE, app
 from .notify import Notifier
 from .registry import build_registry
 from .storage import PostgresStorage
+from .storage.clock import DatabaseClock
 
 
 def deliver(task_id: str, queue: str) -> None:
@@ -45,7 +46,8 @@ class Runtime:
 
 @functools.cache
 def runtime() -> Runtime:
-    kernel = Kernel(PostgresStorage(), build_registry(), SystemClock())
+    # One clock for claims, due times and lease expiry: the database's (issue 11 point 10).
+    kernel = Kernel(PostgresStorage(), build_registry(), DatabaseClock())
     dispatcher = Dispatcher(
         kernel, deliver, redeliver_after=timedelta(seconds=settings.KERNEL_REDELIVER_SECONDS)
     )
