@@ -205,6 +205,9 @@ CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 KERNEL_LEASE_SECONDS = float(os.environ.get("KERNEL_LEASE_SECONDS", "30"))
 KERNEL_SWEEP_SECONDS = float(os.environ.get("KERNEL_SWEEP_SECONDS", "1"))
 KERNEL_REDELIVER_SECONDS = float(os.environ.get("KERNEL_REDELIVER_SECONDS", "30"))
+# Dotted paths of ``register(registry)`` callables adding task kinds to the project's
+# registry (comma-separated), e.g. the no-op kind of ``benchmarks.fanout``.
+KERNEL_TASK_MODULES = [p for p in os.environ.get("KERNEL_TASK_MODULES", "").split(",") if p]
 # Off only to test what happens when renewals stop (a stuck process, a long GC pause).
 KERNEL_HEARTBEAT = _env_bool("KERNEL_HEARTBEAT", True)
 
