@@ -576,7 +576,7 @@ def measure_recovery(bench: Bench, cluster: Cluster, config: Config, redis_url: 
         [session_id],
     )
     queued = queued_tasks(broker, "hands")
-    queue_length = int(broker.llen("hands"))
+    queue_length = int(broker.llen("hands")) + int(broker.llen("hands.now"))
     unacked = int(broker.hlen("unacked"))
     spawned = cluster.spawn_workers(config.workers)
     spawn = min(w.started for w in spawned)
@@ -664,7 +664,7 @@ def queued_tasks(broker: Any, queue: str) -> set[str]:
     the encoded body, so a regular expression over the raw message finds the id.
     """
     found: set[str] = set()
-    for raw in broker.lrange(queue, 0, -1):
+    for raw in [*broker.lrange(queue, 0, -1), *broker.lrange(f"{queue}.now", 0, -1)]:
         found.update(TASK_ID.findall(raw.decode(errors="replace")))
     return found
 

@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import logging
 
-from celery.signals import worker_process_shutdown, worker_ready
+from celery.signals import celeryd_after_setup, worker_process_shutdown, worker_ready
 from django.db import close_old_connections
 
 from kernel import Blocked
+from kernel.dispatch import RECOVERY, recovery_queue
 
 from .celery import ADVANCE, SWEEP, app
 from .runtime import built, runtime
@@ -36,7 +37,7 @@ def advance(task_id: str, tries: int = 0) -> bool:
             advance.apply_async(
                 args=[task_id, tries + 1],
                 countdown=0.2 * (tries + 1),
-                queue=runtime().kernel.task(task_id).queue,
+                queue=recovery_queue(runtime().kernel.task(task_id).queue),
                 retry=False,
             )
         return ran
@@ -59,6 +60,18 @@ def sweep() -> dict[str, int]:
     if report.delivered or report.failed:
         log.info("sweep: %s", report)
     return {"delivered": report.delivered, "failed": report.failed}
+
+
+@celeryd_after_setup.connect
+def consume_recovery_queues(sender: str, instance: object, **kwargs: object) -> None:
+    """Beside each queue this worker consumes, its recovery queue (``hands.now`` for
+    ``hands``), where the sweep sends lost, due and expired work: kombu's Redis
+    transport moves the queue it just took from to the end of its round, so a message
+    there is taken within a message or two, not behind the whole backlog."""
+    queues = instance.app.amqp.queues  # type: ignore[attr-defined]
+    for name in list(queues.consume_from or {}):
+        if not name.endswith(RECOVERY):
+            queues.select_add(recovery_queue(name))
 
 
 @worker_ready.connect

@@ -24,6 +24,15 @@ from .session import Kernel
 Deliver = Callable[[str, str], None]
 """``deliver(task_id, queue)``: enqueue "advance task_id" on ``queue``; raise if it failed."""
 
+RECOVERY = ".now"
+"""What the sweep appends to a task's queue: everything it sends is late (a lost message,
+a due sleeper, an expired lease), so it goes to a queue of its own that workers consume
+beside the task's queue, instead of behind the backlog waiting there."""
+
+
+def recovery_queue(queue: str) -> str:
+    return queue + RECOVERY
+
 log = logging.getLogger(__name__)
 
 
@@ -76,7 +85,7 @@ class Dispatcher:
         if expired:
             storage.ensure_dispatches(expired, now)
         taken = storage.take_due_dispatches(now, self.redeliver_after, self.batch)
-        delivered, undelivered = self._deliver(taken)
+        delivered, undelivered = self._deliver(taken, recovery=True)
         if undelivered:
             storage.release_dispatches([d.id for d in undelivered])
         return SweepReport(delivered=len(delivered), failed=len(undelivered))
@@ -93,11 +102,13 @@ class Dispatcher:
             storage.retry_dispatches(ready)
         return self.sweep()
 
-    def _deliver(self, rows: list[Dispatch]) -> tuple[list[Dispatch], list[Dispatch]]:
+    def _deliver(
+        self, rows: list[Dispatch], *, recovery: bool = False
+    ) -> tuple[list[Dispatch], list[Dispatch]]:
         """Send rows in order until the broker fails: (delivered, not delivered)."""
         for sent, row in enumerate(rows):
             try:
-                self.deliver(row.task_id, row.queue)
+                self.deliver(row.task_id, recovery_queue(row.queue) if recovery else row.queue)
             except Exception:
                 log.warning("could not deliver %s for %s", row.id, row.task_id, exc_info=True)
                 return rows[:sent], rows[sent:]  # the broker is likely down: next sweep

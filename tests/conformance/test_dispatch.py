@@ -6,7 +6,7 @@ import threading
 from datetime import timedelta
 
 from kernel import Draft, Registry, Worker
-from kernel.dispatch import Dispatcher
+from kernel.dispatch import Dispatcher, recovery_queue
 
 from .definitions import Effects, make_registry
 from .world import World
@@ -209,3 +209,19 @@ def test_an_expired_lease_is_found_behind_a_backlog_of_pending_tasks(world: Worl
     dispatcher.sweep()
     assert stuck in broker.sent
     assert set(broker.sent) <= {stuck, *backlog}
+
+
+def test_what_the_sweep_sends_goes_to_the_recovery_queue_ahead_of_the_backlog(
+    world: World,
+) -> None:
+    kernel = world.kernel(make_registry(Effects()))
+    sent: list[tuple[str, str]] = []
+    dispatcher = Dispatcher(
+        kernel, lambda task, queue: sent.append((task, queue)), redeliver_after=timedelta(seconds=30)
+    )
+    kernel.after_commit(dispatcher.after_commit)
+    task_id = create(kernel.create_session(), "step", {"name": "s"})
+    world.clock.advance(31)
+    dispatcher.sweep()
+    queue = world.storage.task(task_id).queue
+    assert sent == [(task_id, queue), (task_id, recovery_queue(queue))]
