@@ -81,9 +81,7 @@ def profile(emails: int) -> dict[str, list[float]]:
     handle = rt.kernel.create_session()
     draft = Draft(actor="user:profile")
     recipients = [f"r{i:05d}@profile.example" for i in range(emails)]
-    draft.create_task(
-        "send-batch", {"recipients": recipients, "subject": "s", "body": "b" * 200}
-    )
+    draft.create_task("send-batch", {"recipients": recipients, "subject": "s", "body": "b" * 200})
     handle.commit(draft)
     rt.worker.advance(queue.pop(0))  # the plan phase: creates and dispatches the notices
     SPENT.clear()

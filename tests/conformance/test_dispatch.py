@@ -216,8 +216,9 @@ def test_what_the_sweep_sends_goes_to_the_recovery_queue_ahead_of_the_backlog(
 ) -> None:
     kernel = world.kernel(make_registry(Effects()))
     sent: list[tuple[str, str]] = []
+    after = timedelta(seconds=30)
     dispatcher = Dispatcher(
-        kernel, lambda task, queue: sent.append((task, queue)), redeliver_after=timedelta(seconds=30)
+        kernel, lambda task, queue: sent.append((task, queue)), redeliver_after=after
     )
     kernel.after_commit(dispatcher.after_commit)
     task_id = create(kernel.create_session(), "step", {"name": "s"})
