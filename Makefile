@@ -89,6 +89,8 @@ screenshot: venv services browser
 demo: venv services
 	@$(LOAD_SERVICES)
 	export DEMO_PORT=$${DEMO_PORT:-8000} EMAIL_PROVIDER_PORT=$${EMAIL_PROVIDER_PORT:-8025}
+	# A laptop demo: DEBUG on (the settings' built-in secret key is refused without it).
+	export DJANGO_DEBUG=$${DJANGO_DEBUG:-1}
 	export EMAIL_PROVIDER_URL=http://127.0.0.1:$$EMAIL_PROVIDER_PORT
 	echo "==> manage.py migrate"
 	$(PY) manage.py migrate --noinput -v0

@@ -84,13 +84,17 @@ def setup_django(url: str, *, migrate: bool) -> None:
     """Point Django at ``url`` and set it up; optionally bring the schema up to date.
 
     DEBUG is off unless ``DJANGO_DEBUG`` says otherwise: with DEBUG on, Django formats
-    and keeps every query, which no deployment pays for.
+    and keeps every query, which no deployment pays for. Without DEBUG the settings
+    want a real secret key: a random one for this run (the servers it starts inherit it).
     """
+    import secrets
+
     import django
 
     os.environ["DATABASE_URL"] = url
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
     os.environ.setdefault("DJANGO_DEBUG", "0")
+    os.environ.setdefault("DJANGO_SECRET_KEY", secrets.token_urlsafe(50))
     django.setup()
     if migrate:
         from django.core.management import call_command

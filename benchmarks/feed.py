@@ -71,6 +71,11 @@ class CommitClock:
         self.at[("id", commit.id)] = now
 
 
+def bearer(token: str) -> dict[str, str]:
+    """The handshake header that carries a feed socket's token (never the URL)."""
+    return {"Authorization": f"Bearer {token}"}
+
+
 def commit_one(handle: Any, value: Any) -> Any:
     from kernel import Draft
 
@@ -137,7 +142,7 @@ async def _measure(
         url, key, cursor = f"{server.ws}/ws/feed/", "id", start.id
     sockets = []
     for _ in range(clients):
-        ws = await connect(f"{url}?token={token}", max_size=None, open_timeout=30)
+        ws = await connect(url, max_size=None, open_timeout=30, additional_headers=bearer(token))
         await ws.send(json.dumps({"after": cursor}))
         sockets.append(ws)
 
@@ -253,8 +258,11 @@ async def replay_once(
     from websockets.asyncio.client import connect
 
     started = time.perf_counter()
-    url = f"{server.ws}/ws/sessions/{session_id}/feed/?token={token}"
-    async with asyncio.timeout(60), connect(url, max_size=None, open_timeout=30) as ws:
+    url = f"{server.ws}/ws/sessions/{session_id}/feed/"
+    async with (
+        asyncio.timeout(60),
+        connect(url, max_size=None, open_timeout=30, additional_headers=bearer(token)) as ws,
+    ):
         await ws.send(json.dumps({"after": 0, "batch": batched}))
         expected = 1
         async for message in ws:

@@ -2,22 +2,30 @@
 
 Two roles, as Django groups: ``viewer`` reads, ``operator`` also acts (superusers act
 too). An account without either is refused everything, reads included. Programs hold
-API tokens, of which only a digest is stored. The API (:mod:`controlplane.api.auth`),
-the pages (:mod:`controlplane.ui.access`) and the sockets (:mod:`controlplane.consumers`)
-all ask this module.
+API tokens, of which only a digest is stored; a token may expire and may be revoked
+(docs/security.md), and an open socket re-checks its credential (:func:`recheck`). The
+API (:mod:`controlplane.api.auth`), the pages (:mod:`controlplane.ui.access`) and the
+sockets (:mod:`controlplane.consumers`) all ask this module.
 """
 
 from __future__ import annotations
 
 import hashlib
 import secrets
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from importlib import import_module
 from typing import Any
 
+from django.conf import settings
+from django.contrib.auth import HASH_SESSION_KEY, SESSION_KEY
 from django.contrib.auth.models import User
+from django.db.models import Q
 from django.utils import timezone
+from django.utils.crypto import constant_time_compare
 
 from controlplane.errors import Forbidden
-from controlplane.models import ApiToken
+from controlplane.models import ApiToken, LoginFailure
 
 OPERATOR = "operator"
 VIEWER = "viewer"
@@ -27,20 +35,66 @@ def digest(key: str) -> str:
     return hashlib.sha256(key.encode()).hexdigest()
 
 
-def issue_token(user: User, name: str) -> str:
-    """Create a token for ``user`` and return its key; only the digest is kept."""
+def issue_token(user: User, name: str, expires_at: datetime | None = None) -> str:
+    """Create a token for ``user`` (valid until ``expires_at``, or until revoked if None)
+    and return its key; only the digest is kept."""
     key = f"dcp_{secrets.token_urlsafe(32)}"
-    ApiToken.objects.create(user=user, name=name, digest=digest(key))
+    ApiToken.objects.create(user=user, name=name, digest=digest(key), expires_at=expires_at)
     return key
 
 
+def usable_tokens() -> Any:
+    """Tokens that authenticate now: neither revoked nor expired."""
+    return ApiToken.objects.filter(revoked_at__isnull=True).filter(
+        Q(expires_at__isnull=True) | Q(expires_at__gt=timezone.now())
+    )
+
+
 def token_user(key: str) -> Any:
-    """The active user this API token belongs to (its use noted), or None."""
-    found = ApiToken.objects.select_related("user").filter(digest=digest(key)).first()
+    """The active user this API token belongs to (its use noted), or None if the token is
+    unknown, revoked or expired."""
+    found = usable_tokens().select_related("user").filter(digest=digest(key)).first()
     if found is None or not found.user.is_active:
         return None
     ApiToken.objects.filter(pk=found.pk).update(last_used_at=timezone.now())
     return found.user
+
+
+@dataclass(frozen=True)
+class Credential:
+    """What an open socket authenticated with, to check again while it stays open: an API
+    token (its digest) or a browser's login session (its key)."""
+
+    user_id: int
+    token_digest: str | None = None
+    session_key: str | None = None
+
+
+ENDED = "ended"
+""":func:`recheck`: the token was revoked or expired, or the login session ended (logout,
+expiry, password change)."""
+NO_ROLE = "no-role"
+""":func:`recheck`: the account lost its role (or was deactivated)."""
+
+
+def recheck(credential: Credential) -> str | None:
+    """Whether ``credential`` still stands: None if so, else :data:`ENDED` or
+    :data:`NO_ROLE`. One or two indexed reads: sockets call it every few seconds."""
+    user = User.objects.filter(pk=credential.user_id).first()
+    if credential.token_digest is not None:
+        if not usable_tokens().filter(digest=credential.token_digest).exists():
+            return ENDED
+    elif credential.session_key is not None:
+        data = import_module(settings.SESSION_ENGINE).SessionStore(credential.session_key).load()
+        if (
+            user is None
+            or data.get(SESSION_KEY) != str(user.pk)
+            or not constant_time_compare(
+                data.get(HASH_SESSION_KEY, ""), user.get_session_auth_hash()
+            )
+        ):
+            return ENDED
+    return None if may_read(user) else NO_ROLE
 
 
 def role_of(user: Any) -> str | None:
@@ -79,3 +133,43 @@ def require_operator(user: Any) -> User:
 def actor(user: User) -> str:
     """How a commit and the operations log name the person who acted."""
     return f"user:{user.get_username()}"
+
+
+# -- login throttling ----------------------------------------------------------------------
+
+
+def _login_keys(username: str, address: str | None) -> dict[str, int]:
+    keys = {f"user:{username.strip().lower()[:150]}": settings.LOGIN_FAILURES_PER_ACCOUNT}
+    if address:
+        keys[f"addr:{address[:64]}"] = settings.LOGIN_FAILURES_PER_ADDRESS
+    return keys
+
+
+def login_wait(username: str, address: str | None) -> float:
+    """Seconds before a login for ``username`` from ``address`` may be tried again: 0 if
+    now, else until the oldest counted failure of the account or the address (whichever
+    is over its limit) leaves the ``LOGIN_THROTTLE_SECONDS`` window."""
+    now = timezone.now()
+    window = timedelta(seconds=settings.LOGIN_THROTTLE_SECONDS)
+    wait = 0.0
+    for key, limit in _login_keys(username, address).items():
+        recent = LoginFailure.objects.filter(key=key, at__gt=now - window).order_by("-at")
+        times = list(recent.values_list("at", flat=True)[:limit])
+        if len(times) >= limit:
+            wait = max(wait, (times[-1] + window - now).total_seconds())
+    return wait
+
+
+def login_failed(username: str, address: str | None) -> None:
+    """Count a failed login against the account and the address (and forget the failures
+    that left the window)."""
+    now = timezone.now()
+    keys = _login_keys(username, address)
+    LoginFailure.objects.bulk_create([LoginFailure(key=key, at=now) for key in keys])
+    window = timedelta(seconds=settings.LOGIN_THROTTLE_SECONDS)
+    LoginFailure.objects.filter(key__in=list(keys), at__lte=now - window).delete()
+
+
+def login_succeeded(username: str) -> None:
+    """The account's failures are forgiven (its address's are not)."""
+    LoginFailure.objects.filter(key__in=list(_login_keys(username, None))).delete()

@@ -12,6 +12,9 @@ from django.contrib import admin
 from django.http import HttpRequest
 
 from . import models
+from .ui.login import AdminLogin
+
+admin.site.login_form = AdminLogin  # throttled like the dashboard's login
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):

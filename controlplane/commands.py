@@ -19,12 +19,15 @@ from enum import StrEnum
 from typing import Any
 
 from django.contrib.auth.models import User
+from django.utils import timezone
 
 from controlplane.access import actor, require_operator
 from controlplane.errors import Conflict, Invalid
+from controlplane.models import ApiToken
 from controlplane.reads import sessions as session_reads
 from controlplane.reads import tasks as task_reads
 from controlplane.reads.tasks import TaskFilter
+from controlplane.reads.tokens import TokenView, token_view
 from controlplane.runtime import runtime
 from kernel import (
     Blocked,
@@ -367,3 +370,21 @@ def resubmit(user: User, submission_id: str, action_id: str, reason: str) -> Act
         submitted.submission.created_seq, submitted.outcome == "duplicate",
         ["the whole request runs again: its model and tool calls may repeat"],
     )
+
+
+# -- API tokens ----------------------------------------------------------------------------
+
+
+def revoke_token(user: User | None, token_id: int) -> TokenView:
+    """Revoke a token from now on (kept, listed as revoked; idempotent). ``user`` may
+    revoke only their own (another's is "no such token"); None is the shell's authority
+    (``manage.py api_token --revoke``), over every token. Sockets opened with it close
+    within ``WEBSOCKET_RECHECK_SECONDS``."""
+    found = ApiToken.objects.filter(pk=token_id)
+    if user is not None:
+        found = found.filter(user=user)
+    found.filter(revoked_at__isnull=True).update(revoked_at=timezone.now())
+    token = found.select_related("user").first()
+    if token is None:
+        raise UnknownRecord(f"no token {token_id} of yours" if user else f"no token {token_id}")
+    return token_view(token)

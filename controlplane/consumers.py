@@ -9,9 +9,14 @@ Routes (see :data:`websocket_urlpatterns`):
 
 Protocol, JSON text frames both ways:
 
-1. Authenticate: a browser's Django session (cookie), or ``?token=<api token>`` in the
-   URL, or a first message ``{"token": "..."}``. The account needs the viewer or the
-   operator role; otherwise the socket is closed with code 4403.
+1. Authenticate: a browser's Django session (cookie), an ``Authorization: Bearer <api
+   token>`` header on the handshake, or a first message ``{"token": "..."}``. Never in
+   the URL, where proxies log it: ``?token=`` is refused with 4400. The account needs
+   the viewer or the operator role; otherwise the socket is closed with code 4403.
+   While the socket is open its credential is checked again every
+   ``WEBSOCKET_RECHECK_SECONDS`` (5 s): a revoked or expired token, or a login session
+   that ended (logout, expiry, password change), closes it with 4401; an account that
+   lost its role (or was deactivated), with 4403.
 2. Send the cursor in-band: ``{"after": N}`` (the last seq, or for ``ws/feed/`` the last
    commit id, you have; 0 for everything); it may share the first message with the
    token. ``?after=N`` in the URL is accepted too and starts the stream at once; a later
@@ -29,7 +34,8 @@ Protocol, JSON text frames both ways:
    the log, up to :data:`FRAME_COMMITS` per frame, in order. Catching up on a long log
    then costs a few frames instead of one per commit (per-frame overhead dominates).
 
-Other close codes: 4400 a malformed message or cursor, 4404 no such session, 1011 the
+Other close codes: 4400 a malformed message or cursor (or a token in the URL), 4404 no
+such session, 1011 the
 log could not be read (reconnect). Daphne closes idle sockets after its
 ``--websocket_timeout``; clients reconnect with their cursor whatever the close code.
 
@@ -53,12 +59,13 @@ from collections.abc import Awaitable, Callable, Hashable
 from contextlib import suppress
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import parse_qs
+from urllib.parse import parse_qs, urlsplit
 
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
-from channels.security.websocket import AllowedHostsOriginValidator
+from channels.security.websocket import WebsocketDenier
 from django.conf import settings
+from django.http.request import split_domain_port, validate_host
 from django.urls import path, re_path
 
 from controlplane import access, feed_subscribers
@@ -88,6 +95,7 @@ FRAME_COMMITS = 500
 OPENING_SECONDS = 10.0
 
 REFUSED = 4403
+ENDED = 4401
 BAD_REQUEST = 4400
 NOT_FOUND = 4404
 TOO_SLOW = 4408
@@ -152,6 +160,16 @@ def _token_user(key: str) -> Any:
     return user if access.may_read(user) else None
 
 
+def _bearer(scope: Any) -> str | None:
+    """The token of an ``Authorization: Bearer`` handshake header, if any."""
+    for name, value in scope.get("headers", []):
+        if name == b"authorization":
+            scheme, _, token = value.decode("latin-1").partition(" ")
+            if scheme.lower() == "bearer" and token.strip():
+                return token.strip()
+    return None
+
+
 def _commits_frame(texts: list[str]) -> str:
     """Several commit frames (JSON texts) as one ``commits`` frame, without re-encoding."""
     return '{"type":"commits","commits":[' + ",".join(texts) + "]}"
@@ -197,14 +215,27 @@ class FeedConsumer(AsyncWebsocketConsumer):
         self.wake = asyncio.Event()
         self.pump: asyncio.Task[None] | None = None
         self.opening: asyncio.Task[None] | None = None
+        self.watch: asyncio.Task[None] | None = None
+        self.credential: access.Credential | None = None
         self.closing = False
         await self.accept()
         query = parse_qs(self.scope.get("query_string", b"").decode("latin-1"))
+        if "token" in query:
+            return await self.refuse(
+                BAD_REQUEST, "never put a token in a URL: send it in the first message "
+                "or an Authorization header"
+            )
         self.batched = query.get("batch", ["0"])[-1] in ("1", "true")
         user = self.scope.get("user")
-        if user is not None and await database_sync_to_async(access.may_read)(user):
+        bearer = _bearer(self.scope)
+        if bearer is None and user is not None \
+                and await database_sync_to_async(access.may_read)(user):
             self.user = user
-        elif "token" in query and not await self.authenticate(query["token"][-1]):
+            session = self.scope.get("session")
+            self.credential = access.Credential(
+                user.pk, session_key=getattr(session, "session_key", None) or ""
+            )
+        elif bearer is not None and not await self.authenticate(bearer):
             return
         after = None
         for name in ("after", f"after_{self.cursor_name}"):
@@ -263,7 +294,8 @@ class FeedConsumer(AsyncWebsocketConsumer):
 
     def stop(self) -> None:
         self.closing = True
-        for task in (getattr(self, "pump", None), getattr(self, "opening", None)):
+        for task in (getattr(self, "pump", None), getattr(self, "opening", None),
+                     getattr(self, "watch", None)):
             if task is not None and task is not asyncio.current_task():
                 task.cancel()
         if getattr(self, "subscribed", False):
@@ -290,13 +322,31 @@ class FeedConsumer(AsyncWebsocketConsumer):
         if self.user is None:
             await self.refuse(REFUSED, "this token has no viewer or operator role")
             return False
+        self.credential = access.Credential(self.user.pk, token_digest=access.digest(token))
         return True
+
+    async def recheck(self) -> None:
+        """Close the socket soon after its credential stops standing (module docstring)."""
+        assert self.credential is not None
+        while not self.closing:
+            await asyncio.sleep(settings.WEBSOCKET_RECHECK_SECONDS)
+            try:
+                verdict = await database_sync_to_async(access.recheck)(self.credential)
+            except Exception:  # the database is away: the feed's own reads will say so
+                log.warning("feed: could not re-check a socket's credential", exc_info=True)
+                continue
+            if verdict == access.ENDED:
+                return await self.refuse(ENDED, "the token or login session has ended")
+            if verdict == access.NO_ROLE:
+                return await self.refuse(REFUSED, "this account no longer has a role")
 
     async def subscribe(self) -> bool:
         if not await self.exists():
             await self.refuse(NOT_FOUND, "no such session")
             return False
         self.subscribed = True  # failures are logged by the hub: polling serves the feed
+        if self.credential is not None and self.watch is None:
+            self.watch = asyncio.get_running_loop().create_task(self.recheck())
         feed_subscribers.joined()
         await hint_hub().follow(self.group, self.on_hint)
         return True
@@ -522,20 +572,69 @@ websocket_urlpatterns = [
 ]
 
 
+DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+def _origin(url: str) -> tuple[str, str, int] | None:
+    """(scheme, host, port) of an origin such as ``https://dcp.example.com:8443``; None if
+    it is not an http(s) origin (``null``, a file, garbage)."""
+    try:
+        parts = urlsplit(url.strip().lower())
+        port = parts.port
+    except ValueError:
+        return None
+    if parts.scheme not in DEFAULT_PORTS or not parts.hostname:
+        return None
+    return parts.scheme, parts.hostname, port or DEFAULT_PORTS[parts.scheme]
+
+
+def served_origin(scope: Any) -> tuple[str, str, int] | None:
+    """The origin this handshake was served at: its scheme (``wss`` is https; behind a
+    TLS proxy, Django's ``SECURE_PROXY_SSL_HEADER`` says) and its ``Host``, if that is
+    one of ``ALLOWED_HOSTS``."""
+    headers = {name.decode("latin-1"): value.decode("latin-1")
+               for name, value in scope.get("headers", [])}
+    host = headers.get("host", "")
+    domain, _ = split_domain_port(host)
+    if not domain or not validate_host(domain, settings.ALLOWED_HOSTS):
+        return None
+    secure = scope.get("scheme") == "wss"
+    proxy = getattr(settings, "SECURE_PROXY_SSL_HEADER", None)
+    if proxy:
+        name, value = proxy
+        header = name.removeprefix("HTTP_").replace("_", "-").lower()
+        secure = headers.get(header, "").split(",")[0].strip() == value
+    return _origin(f"{'https' if secure else 'http'}://{host}")
+
+
+def origin_allowed(scope: Any, origin: str) -> bool:
+    """Whether a browser page at ``origin`` may open a socket here: scheme, host and port
+    all equal to the served origin's, or to one of ``CSRF_TRUSTED_ORIGINS`` (exact
+    entries; the same list that lets such a page post forms)."""
+    asked = _origin(origin)
+    if asked is None:
+        return False
+    allowed = {_origin(trusted) for trusted in settings.CSRF_TRUSTED_ORIGINS}
+    return asked == served_origin(scope) or asked in allowed
+
+
 class BrowserOriginValidator:
-    """``AllowedHostsOriginValidator`` for handshakes that carry an ``Origin`` header.
+    """Handshakes that carry an ``Origin`` header must come from the dashboard's own origin.
 
     Browsers always send ``Origin`` on a websocket handshake, and it is what protects a
     cookie-authenticated socket from a hostile page (cross-site websocket hijacking).
-    Programs usually send none; they are let through to authenticate with an API token
-    like any API client (a cookie sent by a program is the program's own).
+    The match is exact (:func:`origin_allowed`): a page on another port of the same host,
+    or on a sibling subdomain, is refused with 403 before any consumer runs; Channels'
+    ``AllowedHostsOriginValidator`` compared host names only. Programs usually send no
+    ``Origin``; they are let through to authenticate with an API token like any API
+    client (a cookie sent by a program is the program's own).
     """
 
     def __init__(self, application: Any) -> None:
         self.application = application
-        self.checked = AllowedHostsOriginValidator(application)
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> Any:
-        if any(name == b"origin" for name, _ in scope.get("headers", [])):
-            return await self.checked(scope, receive, send)
+        origins = [v.decode("latin-1") for n, v in scope.get("headers", []) if n == b"origin"]
+        if origins and not (len(origins) == 1 and origin_allowed(scope, origins[0])):
+            return await WebsocketDenier()(scope, receive, send)
         return await self.application(scope, receive, send)

@@ -1,5 +1,11 @@
 """Prometheus metrics, read from the Session Store at scrape time.
 
+Not public: every scrape aggregates whole tables. Prometheus sends
+``Authorization: Bearer <METRICS_TOKEN>`` (``bearer_token`` / ``authorization`` in its
+scrape config); a logged-in operator may look too. Anyone else gets 401 (403 for a
+logged-in account that is not an operator); with no ``METRICS_TOKEN`` set, only
+operators' browsers can read them.
+
 Workers, beat and web servers are separate processes on separate machines, so
 per-process counters would each see a slice. The database sees everything: every
 figure here is one aggregate query, and therefore the same whichever web process
@@ -10,13 +16,15 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+from django.conf import settings
 from django.http import HttpRequest, HttpResponse
 from django.utils import timezone
+from django.utils.crypto import constant_time_compare
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from controlplane import feed_subscribers
+from controlplane import access, feed_subscribers
 from controlplane.reads.metrics import store_figures
 
 
@@ -62,5 +70,24 @@ REGISTRY = CollectorRegistry(auto_describe=False)
 REGISTRY.register(SessionStoreCollector())
 
 
+def scraper_or_operator(request: HttpRequest) -> int | None:
+    """None if ``request`` may read the metrics; else the status to refuse it with."""
+    token = settings.METRICS_TOKEN
+    if token and constant_time_compare(request.headers.get("Authorization", ""),
+                                       f"Bearer {token}"):
+        return None
+    if access.may_act(request.user):
+        return None
+    return 403 if request.user.is_authenticated else 401
+
+
 def metrics(request: HttpRequest) -> HttpResponse:
+    refused = scraper_or_operator(request)
+    if refused is not None:
+        answer = HttpResponse(
+            "metrics need the Prometheus bearer token (METRICS_TOKEN) or an operator login\n",
+            status=refused, content_type="text/plain",
+        )
+        answer["WWW-Authenticate"] = 'Bearer realm="metrics"'
+        return answer
     return HttpResponse(generate_latest(REGISTRY), content_type=CONTENT_TYPE_LATEST)

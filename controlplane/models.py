@@ -252,6 +252,21 @@ class ApiToken(models.Model):
     digest = models.CharField(max_length=64, unique=True)
     created_at = models.DateTimeField(auto_now_add=True)
     last_used_at = models.DateTimeField(null=True)
+    # None: never expires. A revoked token is kept (listed, refused) rather than deleted.
+    expires_at = models.DateTimeField(null=True, blank=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         db_table = "controlplane_api_token"
+
+
+class LoginFailure(models.Model):
+    """A failed login, by account (``user:<name>``) or by address (``addr:<ip>``), kept
+    for ``LOGIN_THROTTLE_SECONDS`` to throttle password guessing (controlplane.access)."""
+
+    key = models.CharField(max_length=200)
+    at = models.DateTimeField()
+
+    class Meta:
+        db_table = "controlplane_login_failure"
+        indexes = [models.Index(fields=["key", "at"])]

@@ -2,8 +2,10 @@
 
 Everything that differs between a laptop, CI and a deployment comes from the
 environment: ``DATABASE_URL``, ``REDIS_URL``, ``DJANGO_SECRET_KEY``, ``DJANGO_DEBUG``,
-``DJANGO_ALLOWED_HOSTS``. ``make services`` resolves the first two (shared servers or
-embedded ones under ``.data/``) and writes them to ``.data/services.env``.
+``DJANGO_ALLOWED_HOSTS``, ``DJANGO_CSRF_TRUSTED_ORIGINS``, ``DJANGO_HTTPS`` and the
+limits below (docs/security.md lists them all). ``make services`` resolves the first two
+(shared servers or embedded ones under ``.data/``) and writes them to
+``.data/services.env``.
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ import os
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, unquote, urlsplit
+
+from django.core.exceptions import ImproperlyConfigured
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -70,13 +74,53 @@ def _env_bool(name: str, default: bool) -> bool:
     return value.strip().lower() in {"1", "true", "yes", "on"}
 
 
-SECRET_KEY = os.environ.get(
-    "DJANGO_SECRET_KEY", "dev-insecure-secret-key-change-me-in-any-real-deployment"
-)
-DEBUG = _env_bool("DJANGO_DEBUG", True)
-ALLOWED_HOSTS = os.environ.get(
-    "DJANGO_ALLOWED_HOSTS", "localhost,127.0.0.1,[::1],testserver"
-).split(",")
+def _env_list(name: str, default: str = "") -> list[str]:
+    return [item.strip() for item in os.environ.get(name, default).split(",") if item.strip()]
+
+
+# DEBUG is for a laptop and the test suite only (`make demo` and tests/conftest.py ask for
+# it): it shows tracebacks with settings, URLs with passwords among them, to anyone.
+DEBUG = _env_bool("DJANGO_DEBUG", False)
+BUILTIN_SECRET_KEY = "dev-insecure-secret-key-change-me-in-any-real-deployment"
+SECRET_KEY = os.environ.get("DJANGO_SECRET_KEY", "").strip() or BUILTIN_SECRET_KEY
+if SECRET_KEY == BUILTIN_SECRET_KEY and not DEBUG:
+    raise ImproperlyConfigured(
+        "DJANGO_SECRET_KEY is missing (or is the built-in development key): sessions, CSRF "
+        "tokens and password resets would be forgeable. Set it to a long random value, e.g. "
+        "`python -c 'import secrets; print(secrets.token_urlsafe(50))'`, or set "
+        "DJANGO_DEBUG=1 on a development machine only."
+    )
+ALLOWED_HOSTS = _env_list("DJANGO_ALLOWED_HOSTS", "localhost,127.0.0.1,[::1],testserver")
+# Origins (scheme://host[:port]) besides the served one that may post forms and open
+# websockets: the public address(es) when a proxy serves the app under another name.
+CSRF_TRUSTED_ORIGINS = _env_list("DJANGO_CSRF_TRUSTED_ORIGINS")
+
+# Served over TLS (DJANGO_HTTPS=1): cookies only over HTTPS, HSTS, and plain HTTP
+# redirected (the health check aside, for probes). Behind a proxy that terminates TLS
+# and sets `X-Forwarded-Proto` (overwriting any the client sent), DJANGO_TLS_PROXY=1
+# lets Django trust that header.
+HTTPS = _env_bool("DJANGO_HTTPS", False)
+SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = HTTPS
+SECURE_SSL_REDIRECT = HTTPS
+SECURE_REDIRECT_EXEMPT = [r"^healthz$"]
+SECURE_HSTS_SECONDS = int(os.environ.get("DJANGO_HSTS_SECONDS", "31536000")) if HTTPS else 0
+SECURE_HSTS_INCLUDE_SUBDOMAINS = HTTPS and _env_bool("DJANGO_HSTS_INCLUDE_SUBDOMAINS", True)
+SECURE_HSTS_PRELOAD = HTTPS and _env_bool("DJANGO_HSTS_PRELOAD", True)
+if _env_bool("DJANGO_TLS_PROXY", False):
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+# A dashboard login lasts a working day, not Django's two weeks.
+SESSION_COOKIE_AGE = int(os.environ.get("DJANGO_SESSION_SECONDS", str(8 * 3600)))
+SESSION_COOKIE_SAMESITE = CSRF_COOKIE_SAMESITE = "Lax"
+# Login throttling (the dashboard's and the admin's login): after this many failed
+# logins within LOGIN_THROTTLE_SECONDS for one account, or from one address, logins
+# for it are refused until the oldest failure is that old. Behind a proxy, run Daphne
+# with --proxy-headers so that the address is the client's.
+LOGIN_FAILURES_PER_ACCOUNT = int(os.environ.get("LOGIN_FAILURES_PER_ACCOUNT", "5"))
+LOGIN_FAILURES_PER_ADDRESS = int(os.environ.get("LOGIN_FAILURES_PER_ADDRESS", "20"))
+LOGIN_THROTTLE_SECONDS = float(os.environ.get("LOGIN_THROTTLE_SECONDS", "900"))
+# What Prometheus sends as `Authorization: Bearer ...` to scrape /metrics (empty: only a
+# logged-in operator may read them).
+METRICS_TOKEN = os.environ.get("METRICS_TOKEN", "")
 
 DATABASE_URL = os.environ.get("DATABASE_URL") or DEFAULT_DATABASE_URL
 REDIS_URL = os.environ.get("REDIS_URL") or DEFAULT_REDIS_URL
@@ -91,6 +135,9 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "channels",
+    # django-ninja as an app: /api/docs loads Swagger UI from ninja's own static files
+    # (pinned with it in requirements.txt), served from this origin, not from a CDN.
+    "ninja",
     "controlplane",
 ]
 
@@ -163,6 +210,9 @@ CHANNEL_LAYERS = {
 FEED_POLL_SECONDS = float(os.environ.get("FEED_POLL_SECONDS", "1.5"))
 FEED_HEARTBEAT_SECONDS = float(os.environ.get("FEED_HEARTBEAT_SECONDS", "15"))
 FEED_LONG_POLL_SECONDS = float(os.environ.get("FEED_LONG_POLL_SECONDS", "0.2"))
+# How often an open websocket checks its credential again (a revoked or expired token, a
+# logout, a lost role close it within this time; controlplane.consumers).
+WEBSOCKET_RECHECK_SECONDS = float(os.environ.get("WEBSOCKET_RECHECK_SECONDS", "5"))
 
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},

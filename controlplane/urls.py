@@ -8,6 +8,7 @@ from django.urls import include, path
 
 from controlplane.api import api
 from controlplane.metrics import metrics
+from controlplane.ui.login import DashboardLogin
 
 
 def healthz(request: HttpRequest) -> JsonResponse:
@@ -20,8 +21,8 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("healthz", healthz, name="healthz"),
     path("metrics", metrics, name="metrics"),
-    path("accounts/login/", auth_views.LoginView.as_view(template_name="ui/login.html"),
-         name="login"),
+    path("accounts/login/", auth_views.LoginView.as_view(
+        template_name="ui/login.html", authentication_form=DashboardLogin), name="login"),
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("", include("controlplane.ui.urls")),
 ]

@@ -14,7 +14,8 @@
   var lastSeq = 0;
   var opened = false;
   var retries = 0;
-  var REFUSED = [4400, 4403, 4404];
+  // Not worth reconnecting: 4401 the login ended (logout, expiry), 4403 no role, ...
+  var REFUSED = [4400, 4401, 4403, 4404];
 
   function seqOf(el) { return el && el.dataset && el.dataset.seq ? Number(el.dataset.seq) : -1; }
   function setState(text, name) {

@@ -1,7 +1,9 @@
 """The control plane's HTTP API (django-ninja), one router per resource.
 
-OpenAPI at ``/api/openapi.json``, docs at ``/api/docs``. Every endpoint needs an
-authenticated viewer or operator; actions need an operator (see :mod:`.auth`).
+OpenAPI at ``/api/openapi.json`` (public: it holds no data), docs at ``/api/docs`` (for
+logged-in viewers and operators; Swagger UI from ninja's static files, on this origin).
+Every endpoint needs an authenticated viewer or operator; actions need an operator (see
+:mod:`.auth`).
 Routers are thin: reads come from :mod:`controlplane.reads`, changes from
 :mod:`controlplane.commands`, and their domain errors become HTTP answers here, in one
 place (:func:`controlplane.errors.http_status`): 403 for a role that does not allow it,
@@ -19,8 +21,8 @@ from ninja import NinjaAPI
 from controlplane.errors import ControlPlaneError, http_status
 from kernel import CommitRejected
 
-from . import actions, feed, sessions, tasks
-from .auth import AUTH
+from . import actions, feed, sessions, tasks, tokens
+from .auth import AUTH, docs_for_readers
 
 ERRORS = {
     "400": "The request body is not JSON",
@@ -58,12 +60,14 @@ api = ControlPlaneAPI(
     description="Observe and steer durable agent tasks: sessions, tasks, documents, "
     "submissions, the change feed, and operator actions.",
     auth=AUTH,
+    docs_decorator=docs_for_readers,
     urls_namespace="api",
 )
 api.add_router("/", sessions.router)
 api.add_router("/", tasks.router)
 api.add_router("/", actions.router)
 api.add_router("/", feed.router)
+api.add_router("/", tokens.router)
 
 
 def domain_error(request: HttpRequest, exc: Any) -> HttpResponse:

@@ -8,13 +8,16 @@ Reading never starts scheduling: read endpoints only read.
 
 from __future__ import annotations
 
+from functools import wraps
 from typing import Any
 
+from django.contrib.auth.decorators import login_required
 from django.contrib.auth.models import User
-from django.http import HttpRequest
+from django.http import HttpRequest, HttpResponseForbidden
+from ninja.openapi.views import openapi_json
 from ninja.security import HttpBearer, SessionAuth
 
-from controlplane.access import require_role, token_user
+from controlplane.access import may_read, require_role, token_user
 
 
 class TokenAuth(HttpBearer):
@@ -37,3 +40,19 @@ def caller(request: HttpRequest) -> User:
 
 
 AUTH = [TokenAuth(), RoleSessionAuth()]
+
+
+def docs_for_readers(view: Any) -> Any:
+    """``/api/docs``: for logged-in accounts with a role (anonymous: to the login page).
+    ninja passes ``/api/openapi.json`` through here too: the schema stays public (it
+    holds no data; API clients and the schema tests read it without a login)."""
+    if getattr(view, "func", None) is openapi_json:
+        return view
+
+    @wraps(view)
+    def checked(request: HttpRequest, *args: Any, **kwargs: Any) -> Any:
+        if not may_read(request.user):
+            return HttpResponseForbidden("this account has no role: ask for viewer or operator")
+        return view(request, *args, **kwargs)
+
+    return login_required(checked)

@@ -18,6 +18,7 @@ from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import ClientConnection, connect
 
 from controlplane.dev import processes
+from controlplane.dev.ports import reserved_redis_url
 from controlplane.dev.processes import process_env
 from tests.databases import url_of_test_database
 
@@ -42,6 +43,19 @@ class Daphne(processes.Daphne):
 
 def daphne_env(database_url: str, redis_url: str, **extra: str) -> dict[str, str]:
     return process_env(database_url, redis_url, DJANGO_DEBUG="0", **extra)
+
+
+@contextmanager
+def daphne_alone(log: Path, **extra: str) -> Iterator[Daphne]:
+    """A Daphne on the test database and a Redis database of its own, without workers:
+    enough to open sockets."""
+    with reserved_redis_url(settings.REDIS_URL) as redis_url:
+        server = Daphne(log, daphne_env(url_of_test_database(), redis_url, **extra))
+        server.start()
+        try:
+            yield server
+        finally:
+            server.kill()
 
 
 class Feed:
@@ -89,8 +103,15 @@ class Feed:
 
 
 @contextmanager
-def feed(url: str, *, first: dict[str, Any] | None = None, **connect_args: Any) -> Iterator[Feed]:
-    """Connect to ``url``; send ``first`` (cursor and/or token) in-band on opening."""
+def feed(
+    url: str, *, first: dict[str, Any] | None = None, token: str | None = None,
+    **connect_args: Any,
+) -> Iterator[Feed]:
+    """Connect to ``url`` (with ``token`` as an ``Authorization: Bearer`` header, never in
+    the URL); send ``first`` (cursor and/or token) in-band on opening."""
+    if token is not None:
+        headers = dict(connect_args.pop("additional_headers", None) or {})
+        connect_args["additional_headers"] = {**headers, "Authorization": f"Bearer {token}"}
     with connect(url, open_timeout=10, close_timeout=2, **connect_args) as ws:
         if first is not None:
             ws.send(json.dumps(first))

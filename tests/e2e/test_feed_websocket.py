@@ -14,6 +14,7 @@ import threading
 import time
 import urllib.request
 from collections.abc import Iterator
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -22,11 +23,14 @@ from django.conf import settings
 from django.contrib.auth.models import Group, User
 from django.db import connection
 from django.test import Client
+from django.utils import timezone
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
-from controlplane.access import issue_token
+from controlplane.access import digest, issue_token
+from controlplane.commands import revoke_token
 from controlplane.dev.ports import free_port, reserved_redis_url
 from controlplane.dev.processes import running, wait_for
+from controlplane.models import ApiToken
 from controlplane.notify import session_group
 from controlplane.runtime import runtime
 from kernel import Draft, Preview, SessionHandle
@@ -44,7 +48,9 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
 PLAN = "email-plan"  # a document kind the project registers
 # Short intervals, so that the fallbacks are exercised within the test's time.
-FAST = {"FEED_POLL_SECONDS": "0.5", "FEED_HEARTBEAT_SECONDS": "1"}
+METRICS_TOKEN = "e2e-prometheus"
+FAST = {"FEED_POLL_SECONDS": "0.5", "FEED_HEARTBEAT_SECONDS": "1",
+        "WEBSOCKET_RECHECK_SECONDS": "0.5", "METRICS_TOKEN": METRICS_TOKEN}
 # REST long-polls read the log only every 30 s: an early answer comes from a hint.
 SLOW_LONG_POLL = {"FEED_LONG_POLL_SECONDS": "30"}
 
@@ -108,8 +114,8 @@ def commits(handle: SessionHandle, count: int) -> list[Any]:
     return [commit(handle, i) for i in range(count)]
 
 
-def session_feed(server: Daphne, handle: SessionHandle, token: str) -> str:
-    return f"{server.ws}/ws/sessions/{handle.id}/feed/?token={token}"
+def session_feed(server: Daphne, handle: SessionHandle) -> str:
+    return f"{server.ws}/ws/sessions/{handle.id}/feed/"
 
 
 def seqs(frames: list[dict[str, Any]]) -> list[int]:
@@ -119,7 +125,7 @@ def seqs(frames: list[dict[str, Any]]) -> list[int]:
 def test_replay_then_live_then_resume_after_a_disconnect(server: Daphne, token: str) -> None:
     handle = runtime().kernel.create_session()
     made = commits(handle, 3)
-    with feed(session_feed(server, handle, token), first={"after": 0}) as client:
+    with feed(session_feed(server, handle), token=token, first={"after": 0}) as client:
         replayed = client.commits(3)
         assert seqs(replayed) == [1, 2, 3]
         assert [(f["id"], f["session_id"], f["actor"]) for f in replayed] == [
@@ -131,7 +137,7 @@ def test_replay_then_live_then_resume_after_a_disconnect(server: Daphne, token: 
         assert last == 8
 
     while_away = commits(handle, 200)
-    with feed(session_feed(server, handle, token), first={"after": last}) as client:
+    with feed(session_feed(server, handle), token=token, first={"after": last}) as client:
         resumed = client.commits(200)
         assert seqs(resumed) == list(range(9, 209))
         assert [f["id"] for f in resumed] == [c.id for c in while_away]
@@ -144,7 +150,8 @@ def test_replay_then_live_then_resume_after_a_disconnect(server: Daphne, token: 
 def test_a_client_may_take_its_catch_up_in_batched_frames(server: Daphne, token: str) -> None:
     handle = runtime().kernel.create_session()
     made = commits(handle, 1200)
-    with feed(session_feed(server, handle, token), first={"after": 7, "batch": True}) as client:
+    first = {"after": 7, "batch": True}
+    with feed(session_feed(server, handle), token=token, first=first) as client:
         caught_up = client.commits(1193)
         assert seqs(caught_up) == list(range(8, 1201))
         assert [f["id"] for f in caught_up] == [c.id for c in made[7:]]
@@ -152,7 +159,7 @@ def test_a_client_may_take_its_catch_up_in_batched_frames(server: Daphne, token:
         commits(handle, 2)
         assert seqs(client.commits(2)) == [1201, 1202]  # live ones too, batched or not
         assert client.heartbeat(timeout=5) == {"type": "heartbeat", "seq": 1202}
-    with feed(session_feed(server, handle, token), first={"after": 0, "batch": 1}) as client:
+    with feed(session_feed(server, handle), token=token, first={"after": 0, "batch": 1}) as client:
         assert client.closed_with() == 4400
 
 
@@ -165,8 +172,8 @@ def test_previews_reach_the_session_feed_outside_the_seq_order(
     handle = kernel.create_session()
     commit(handle, "start")
     text = "<b>partial</b> answer"
-    with feed(session_feed(server, handle, token), first={"after": 1}) as client, feed(
-        f"{server.ws}/ws/ui/sessions/{handle.id}/?token={token}", first={"after": 1}
+    with feed(session_feed(server, handle), token=token, first={"after": 1}) as client, feed(
+        f"{server.ws}/ws/ui/sessions/{handle.id}/", token=token, first={"after": 1}
     ) as page:
         assert client.heartbeat(timeout=5)["seq"] == 1  # following, nothing to replay
         kernel.publish_preview(Preview(handle.id, "task_x", "agent-progress", "task_x",
@@ -190,7 +197,9 @@ def test_previews_reach_the_session_feed_outside_the_seq_order(
 
 def test_metrics_count_the_sockets_this_server_serves(server: Daphne, token: str) -> None:
     def subscribers() -> float:
-        with urllib.request.urlopen(f"{server.http}/metrics", timeout=10) as answer:
+        scrape = urllib.request.Request(
+            f"{server.http}/metrics", headers={"Authorization": f"Bearer {METRICS_TOKEN}"})
+        with urllib.request.urlopen(scrape, timeout=10) as answer:
             text = answer.read().decode()
         found = re.search(r"^durable_feed_subscribers (\S+)$", text, re.M)
         assert found, text
@@ -198,8 +207,8 @@ def test_metrics_count_the_sockets_this_server_serves(server: Daphne, token: str
 
     handle = runtime().kernel.create_session()
     before = subscribers()
-    with feed(session_feed(server, handle, token), first={"after": 0}) as one, feed(
-        f"{server.ws}/ws/feed/?token={token}", first={"after": 0}
+    with feed(session_feed(server, handle), token=token, first={"after": 0}) as one, feed(
+        f"{server.ws}/ws/feed/", token=token, first={"after": 0}
     ):
         one.heartbeat(timeout=5)
         assert subscribers() == before + 2
@@ -211,7 +220,7 @@ def test_the_cursor_in_the_url_and_a_later_in_band_cursor(server: Daphne, token:
     it was rendered with) moves the stream forward, never back."""
     handle = runtime().kernel.create_session()
     commits(handle, 4)
-    with feed(session_feed(server, handle, token) + "&after=2") as client:
+    with feed(session_feed(server, handle) + "?after=2", token=token) as client:
         assert seqs(client.commits(2)) == [3, 4]
         client.ws.send('{"after": 6}')
         client.ws.send('{"after": 1}')
@@ -273,7 +282,7 @@ def test_who_may_subscribe(server: Daphne, token: str) -> None:
     nobody = User.objects.create_user("nora")
     with feed(url, first={"token": issue_token(nobody, "e2e"), "after": 0}) as roleless:
         assert roleless.closed_with() == 4403
-    with feed(f"{server.ws}/ws/sessions/sess_nope/feed/?token={token}&after=0") as missing:
+    with feed(f"{server.ws}/ws/sessions/sess_nope/feed/?after=0", token=token) as missing:
         assert missing.closed_with() == 4404
     with feed(url, first={"token": token, "after": "soon"}) as bad:
         assert bad.closed_with() == 4400
@@ -295,6 +304,65 @@ def test_who_may_subscribe(server: Daphne, token: str) -> None:
     assert refused.value.response.status_code == 403
 
 
+def test_a_token_is_taken_from_a_header_or_the_first_message_never_from_the_url(
+    server: Daphne, token: str
+) -> None:
+    handle = runtime().kernel.create_session()
+    commits(handle, 1)
+    url = session_feed(server, handle)
+    with feed(f"{url}?token={token}&after=0") as in_the_url:
+        assert in_the_url.closed_with() == 4400
+    with feed(url, token=token, first={"after": 0}) as header:
+        assert seqs(header.commits(1)) == [1]
+    with feed(url, first={"token": token, "after": 0}) as first_message:
+        assert seqs(first_message.commits(1)) == [1]
+
+
+def test_open_sockets_close_soon_after_a_revocation_an_expiry_a_logout_or_a_lost_role(
+    server: Daphne, token: str
+) -> None:
+    """Each socket re-checks its credential every WEBSOCKET_RECHECK_SECONDS (0.5 s here):
+    4401 when the token or the login session ended, 4403 when the role went away."""
+    handle = runtime().kernel.create_session()
+    commits(handle, 1)
+    url = session_feed(server, handle)
+
+    def closes_within(client: Feed, code: int, seconds: float = 5.0) -> None:
+        started = time.monotonic()
+        assert client.closed_with(timeout=seconds + 5) == code
+        assert time.monotonic() - started < seconds
+
+    with feed(url, token=token, first={"after": 0}) as client:
+        assert seqs(client.commits(1)) == [1]
+        revoke_token(None, ApiToken.objects.get(digest=digest(token)).pk)
+        closes_within(client, 4401)
+    with feed(url, token=token, first={"after": 0}) as again:
+        assert again.closed_with() == 4403  # a revoked token opens nothing
+
+    vic = User.objects.get(username="vic")
+    soon = issue_token(vic, "short", timezone.now() + timedelta(seconds=2))
+    with feed(url, token=soon, first={"after": 0}) as client:
+        assert seqs(client.commits(1)) == [1]
+        closes_within(client, 4401)
+
+    def browser_socket(browser: Client) -> Any:
+        cookie = {"Cookie": f"sessionid={browser.cookies['sessionid'].value}"}
+        return feed(url, first={"after": 0}, origin=server.http, additional_headers=cookie)
+
+    browser = Client()
+    browser.force_login(vic)
+    with browser_socket(browser) as page:
+        assert seqs(page.commits(1)) == [1]
+        browser.post("/accounts/logout/")
+        closes_within(page, 4401)
+
+    browser.force_login(vic)
+    with browser_socket(browser) as page:
+        assert seqs(page.commits(1)) == [1]
+        vic.groups.clear()
+        closes_within(page, 4403)
+
+
 def test_dropped_hints_are_refilled_from_the_log(
     servers: tuple[Daphne, ...],
     redis_url: str,
@@ -311,12 +379,12 @@ def test_dropped_hints_are_refilled_from_the_log(
     kernel = runtime().kernel
     handle = kernel.create_session()
     start = commit(handle, 0).id
-    url = session_feed(server, handle, token)
+    url = session_feed(server, handle)
     with (
-        feed(url, first={"after": 1}) as one,
-        feed(url, first={"after": 1}) as two,
-        feed(url, first={"after": 0}) as three,
-        feed(f"{server.ws}/ws/feed/?token={token}", first={"after": start}) as everything,
+        feed(url, token=token, first={"after": 1}) as one,
+        feed(url, token=token, first={"after": 1}) as two,
+        feed(url, token=token, first={"after": 0}) as three,
+        feed(f"{server.ws}/ws/feed/", token=token, first={"after": start}) as everything,
     ):
         assert seqs(three.commits(1)) == [1]
         commits(handle, 1)
@@ -351,7 +419,7 @@ def test_without_redis_the_feed_is_served_by_polling(
     server = servers[2]
     handle = runtime().kernel.create_session()
     commits(handle, 3)
-    with feed(session_feed(server, handle, token), first={"after": 0}) as client:
+    with feed(session_feed(server, handle), token=token, first={"after": 0}) as client:
         assert seqs(client.commits(3)) == [1, 2, 3]
         for n in range(4, 7):
             commit(handle, n)
@@ -377,7 +445,7 @@ def test_a_server_restart_mid_stream_loses_and_repeats_nothing(
         finally:
             connection.close()
 
-    with feed(session_feed(server, handle, token), first={"after": 0}) as client:
+    with feed(session_feed(server, handle), token=token, first={"after": 0}) as client:
         received += client.commits(5)
         writer = threading.Thread(target=keep_committing)
         writer.start()
@@ -389,7 +457,8 @@ def test_a_server_restart_mid_stream_loses_and_repeats_nothing(
     server.start()
     writer.join(30)
     assert committed.is_set()
-    with feed(session_feed(server, handle, token), first={"after": received[-1]["seq"]}) as client:
+    last = received[-1]["seq"]
+    with feed(session_feed(server, handle), token=token, first={"after": last}) as client:
         received += client.commits(155 - received[-1]["seq"])
         commit(handle, "after")
         received.append(client.commit())

@@ -365,10 +365,10 @@ def test_bulk_actions_preview_then_confirm_with_a_result_per_task(
     assert all("only failed tasks retry" in r["detail"] for r in retry["results"])
 
 
-def test_metrics_are_read_from_the_session_store(kernel: Kernel) -> None:
+def test_metrics_are_read_from_the_session_store(kernel: Kernel, operator: Client) -> None:
     start(kernel, "api-step", {"fail": True})
     start(kernel, "api-step", {"sleep": True})
-    text = Client().get("/metrics").content.decode()
+    text = operator.get("/metrics").content.decode()
     assert 'durable_tasks{status="sleeping"} 1.0' in text
     assert 'durable_task_outcomes_total{outcome="failed"} 1.0' in text
     assert "durable_commits_total 4.0" in text

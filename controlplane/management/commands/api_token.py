@@ -1,27 +1,73 @@
-"""Issue an API token for a user: ``manage.py api_token olga --name ci``."""
+"""API tokens from the shell: issue, list, revoke.
+
+``manage.py api_token olga --name ci [--expires-in-days 90]`` issues one (the key is
+printed once; only its digest is stored); ``manage.py api_token --list [olga]`` lists
+tokens (never keys); ``manage.py api_token --revoke ID [ID ...]`` revokes tokens, and
+sockets opened with them close within ``WEBSOCKET_RECHECK_SECONDS``.
+"""
 
 from __future__ import annotations
 
+from datetime import datetime, timedelta
+from typing import Any
+
 from django.contrib.auth.models import User
 from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.utils import timezone
 
+from controlplane import commands
 from controlplane.access import issue_token, role_of
+from controlplane.reads.tokens import TokenView, tokens
+from kernel import UnknownRecord
+
+
+def _when(at: datetime | None) -> str:
+    return at.isoformat(timespec="seconds") if at is not None else "-"
+
+
+def line(token: TokenView) -> str:
+    return (f"{token.id}\t{token.user}\t{token.name}\t{token.state}\tcreated "
+            f"{_when(token.created_at)}\tlast used {_when(token.last_used_at)}\t"
+            f"expires {_when(token.expires_at)}")
 
 
 class Command(BaseCommand):
-    help = "Create a bearer token for a user (shown once; only its digest is stored)."
+    help = "Issue a bearer token for a user (shown once), or list or revoke tokens."
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("username")
+        parser.add_argument("username", nargs="?")
         parser.add_argument("--name", default="cli", help="what the token is for")
+        parser.add_argument("--expires-in-days", type=float, default=None,
+                            help="the token stops working after this many days (default never)")
+        parser.add_argument("--list", action="store_true",
+                            help="list tokens (the user's, or everyone's)")
+        parser.add_argument("--revoke", type=int, nargs="+", metavar="ID",
+                            help="revoke these tokens (ids from --list)")
 
-    def handle(self, *args: object, **options: object) -> None:
-        user = User.objects.filter(username=str(options["username"])).first()
+    def handle(self, *args: Any, **options: Any) -> None:
+        username = options["username"]
+        if options["list"]:
+            for token in tokens(username=str(username) if username else None):
+                self.stdout.write(line(token))
+            return
+        if options["revoke"]:
+            for token_id in options["revoke"]:
+                try:
+                    self.stdout.write(line(commands.revoke_token(None, token_id)))
+                except UnknownRecord as exc:
+                    raise CommandError(str(exc)) from None
+            return
+        if not username:
+            raise CommandError("name the user to issue a token for (or --list / --revoke)")
+        user = User.objects.filter(username=str(username)).first()
         if user is None:
-            raise CommandError(f"no user {options['username']!r}")
+            raise CommandError(f"no user {username!r}")
         if role_of(user) is None:
             raise CommandError(
                 f"{user.username} has no role: add them to the 'viewer' or 'operator' group"
             )
-        key = issue_token(user, str(options["name"]))
-        self.stdout.write(key)
+        days = options["expires_in_days"]
+        if days is not None and not 0 < days <= 3650:
+            raise CommandError("--expires-in-days must be above 0 and at most 3650")
+        expires = timezone.now() + timedelta(days=days) if days is not None else None
+        self.stdout.write(issue_token(user, str(options["name"]), expires))

@@ -1,4 +1,7 @@
-"""Prepare the demo: an operator account and the five-email batch of the seed."""
+"""Prepare the demo: an operator account and the five-email batch of the seed.
+
+The demo accounts have a role but no staff rights: the admin (``/admin/``) is for staff
+accounts made with ``manage.py createsuperuser``, never for a known demo password."""
 
 from __future__ import annotations
 
@@ -7,6 +10,22 @@ from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandParser
 
 RECIPIENTS = [f"{name}@example.com" for name in ("ana", "ben", "cai", "dee", "eve")]
+
+
+def demo_accounts(password: str) -> None:
+    """``operator`` (with ``password``) and ``viewer`` / ``viewer``: roles, no staff rights."""
+    can_view = Permission.objects.filter(
+        content_type__app_label="controlplane", codename__startswith="view_"
+    )
+    for name in ("operator", "viewer"):
+        group, _ = Group.objects.get_or_create(name=name)
+        group.permissions.add(*can_view)
+        user, created = User.objects.get_or_create(username=name)
+        if created:
+            user.set_password(password if name == "operator" else "viewer")
+        user.is_staff = False  # accounts made by older demos were staff: not any more
+        user.save()
+        user.groups.add(group)
 
 
 class Command(BaseCommand):
@@ -18,20 +37,10 @@ class Command(BaseCommand):
 
     def handle(self, *args: object, **options: object) -> None:
         password = str(options["password"])
-        can_view = Permission.objects.filter(
-            content_type__app_label="controlplane", codename__startswith="view_"
-        )
-        for name in ("operator", "viewer"):
-            group, _ = Group.objects.get_or_create(name=name)
-            group.permissions.add(*can_view)
-            user, created = User.objects.get_or_create(username=name, defaults={"is_staff": True})
-            if created:
-                user.set_password(password if name == "operator" else "viewer")
-                user.save()
-            user.groups.add(group)
+        demo_accounts(password)
         call_command("send_notices", *RECIPIENTS, actor="user:operator", stdout=self.stdout)
         self.stdout.write(
-            f"\n  demo ready: {options['url']}  (dashboard; the read-only admin at /admin/)\n"
+            f"\n  demo ready: {options['url']}\n"
             f"  login: operator / {password}   (read-only: viewer / viewer)\n"
-            "  watch the batch: .venv/bin/python manage.py tasks\n"
+            "  watch the batch: DJANGO_DEBUG=1 .venv/bin/python manage.py tasks\n"
         )

@@ -1,0 +1,92 @@
+"""API tokens you can manage (issue 15, point 5): list and revoke (API and shell), an
+optional expiry, and a revoked or expired token authenticates nothing."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from io import StringIO
+
+import pytest
+from django.contrib.auth.models import Group, User
+from django.core.management import CommandError, call_command
+from django.test import Client
+from django.utils import timezone
+
+from controlplane.access import issue_token
+from controlplane.models import ApiToken
+
+pytestmark = pytest.mark.django_db
+
+
+def account(name: str, group: str) -> User:
+    user = User.objects.create_user(name)
+    user.groups.add(Group.objects.get_or_create(name=group)[0])
+    return user
+
+
+def bearer(key: str) -> Client:
+    return Client(headers={"Authorization": f"Bearer {key}"})
+
+
+def test_an_operator_lists_and_revokes_their_own_tokens_and_no_one_elses() -> None:
+    olga, vic = account("olga", "operator"), account("vic", "viewer")
+    ci = issue_token(olga, "ci")
+    old = issue_token(olga, "old", timezone.now() - timedelta(seconds=1))
+    theirs = issue_token(vic, "vic's")
+    client = bearer(ci)
+
+    listed = client.get("/api/tokens").json()
+    assert [(t["name"], t["state"]) for t in listed] == [("old", "expired"), ("ci", "active")]
+    assert all(set(t) == {"id", "name", "created_at", "last_used_at", "expires_at",
+                          "revoked_at", "state"} for t in listed)  # never the key or digest
+    assert ci not in str(listed)
+
+    vic_token = ApiToken.objects.get(user=vic).pk
+    assert client.post(f"/api/tokens/{vic_token}/revoke").status_code == 404
+    assert bearer(theirs).get("/api/sessions").status_code == 200
+
+    ci_id = next(t["id"] for t in listed if t["name"] == "ci")
+    revoked = client.post(f"/api/tokens/{ci_id}/revoke")
+    assert revoked.status_code == 200 and revoked.json()["state"] == "revoked"
+    assert client.get("/api/tokens").status_code == 401  # it was the one it used
+    assert bearer(old).get("/api/sessions").status_code == 401  # expired
+
+    # A browser session revokes too, and revoking again changes nothing.
+    browser = Client()
+    browser.force_login(olga)
+    again = browser.post(f"/api/tokens/{ci_id}/revoke")
+    assert again.status_code == 200 and again.json()["revoked_at"] == revoked.json()["revoked_at"]
+    assert browser.post("/api/tokens/99999999999999999999/revoke").status_code == 422
+
+
+def test_a_viewer_may_revoke_their_own_leaked_token() -> None:
+    vic = account("vic", "viewer")
+    key = issue_token(vic, "laptop")
+    token_id = ApiToken.objects.get(user=vic).pk
+    assert bearer(key).post(f"/api/tokens/{token_id}/revoke").status_code == 200
+    assert bearer(key).get("/api/sessions").status_code == 401
+
+
+def test_the_shell_issues_lists_and_revokes_tokens() -> None:
+    account("olga", "operator")
+    out = StringIO()
+    call_command("api_token", "olga", "--name", "ci", "--expires-in-days", "30", stdout=out)
+    key = out.getvalue().strip()
+    assert key.startswith("dcp_") and bearer(key).get("/api/sessions").status_code == 200
+    token = ApiToken.objects.get()
+    assert token.expires_at is not None
+    assert timedelta(days=29) < token.expires_at - timezone.now() <= timedelta(days=30)
+
+    listing = StringIO()
+    call_command("api_token", "--list", stdout=listing)
+    assert f"{token.pk}\tolga\tci\tactive" in listing.getvalue() and key not in listing.getvalue()
+
+    call_command("api_token", "--revoke", str(token.pk), stdout=StringIO())
+    assert bearer(key).get("/api/sessions").status_code == 401
+    listing = StringIO()
+    call_command("api_token", "--list", "olga", stdout=listing)
+    assert "\trevoked\t" in listing.getvalue()
+    with pytest.raises(CommandError, match="no token 424242"):
+        call_command("api_token", "--revoke", "424242")
+    with pytest.raises(CommandError, match="above 0"):
+        call_command("api_token", "olga", "--expires-in-days", "0")

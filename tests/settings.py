@@ -1,0 +1,18 @@
+"""The test suite's settings: the product's, with DEBUG asked for.
+
+Without ``DJANGO_DEBUG`` the product refuses to start on its built-in secret key
+(controlplane/settings.py). pytest-django imports settings before any conftest, so the
+suite asks here (pyproject.toml names this module), and gives the processes it starts
+(Daphne, Celery workers; they run with ``DJANGO_DEBUG=0`` as deployed) a secret key of
+their own. Those processes load the product's settings module, not this one.
+"""
+
+import os
+
+os.environ.setdefault("DJANGO_DEBUG", "1")
+os.environ.setdefault("DJANGO_SECRET_KEY", "test-suite-only-secret-" + "k" * 48)
+
+from controlplane.settings import *  # noqa: E402,F403
+
+# Read once by django.conf.settings already; what child processes inherit.
+os.environ["DJANGO_SETTINGS_MODULE"] = "controlplane.settings"
