@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('controlplane', '0003_api_tokens_and_resubmits'),
+        ('controlplane', '0005_login_failures'),
     ]
 
     operations = [
