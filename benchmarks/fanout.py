@@ -461,7 +461,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sequential", type=int, default=2000, help="phases of one task")
     parser.add_argument("--latency", type=int, default=200, help="tasks at 5 ms gaps")
     parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--timeout", type=float, default=120.0)
+    parser.add_argument("--timeout", type=float, default=600.0)
     parser.add_argument("--peers", action="store_true", help="run the anchors too")
     parser.add_argument("--peer-python", help="python of a venv with the peers")
     parser.add_argument("--anchors", default=str(ANCHORS), help="the anchors' folder")
