@@ -46,6 +46,7 @@ from benchmarks._support import (
     ROOT,
     Stats,
     database_url,
+    delivering_kernel,
     fresh_database,
     parse_arguments,
     progress,
@@ -98,23 +99,7 @@ class Driver:
     """Commits tasks as a client would, with deliveries to this run's Redis db."""
 
     def __init__(self, redis_url: str) -> None:
-        from kombu import Connection, Producer
-
-        from controlplane.execution import advance
-        from controlplane.registry import build_registry
-        from controlplane.storage import PostgresStorage
-        from controlplane.storage.clock import DatabaseClock
-        from kernel import Kernel
-        from kernel.dispatch import Dispatcher
-
-        self._broker = Connection(redis_url)
-        producer = Producer(self._broker)
-
-        def deliver(task_id: str, queue: str) -> None:
-            advance.apply_async(args=[task_id], queue=queue, retry=False, producer=producer)
-
-        self.kernel = Kernel(PostgresStorage(), build_registry(), DatabaseClock())
-        self.kernel.after_commit(Dispatcher(self.kernel, deliver).after_commit)
+        self.kernel, self._broker = delivering_kernel(redis_url)
         self.handle = self.kernel.create_session()
 
     def create(self, count: int, phases: int) -> list[str]:
