@@ -19,11 +19,12 @@ BENCH_ARGS ?=
 # Sources the URLs that `make services` resolved (shared or embedded servers).
 LOAD_SERVICES := set -a; . ./$(SERVICES_ENV); set +a
 
-.PHONY: help venv services services-stop browser lint test bench screenshot demo clean distclean
+.PHONY: help venv services services-stop browser lint test bench soak screenshot demo clean distclean
 
 help:
 	@echo "make demo    set up the venv, Postgres, Redis and the database, then run the demo"
 	@echo "make test    lint + the whole test suite (what CI runs)"
+	@echo "make soak    SOAK_SECONDS (600) of seeded load and faults on the real stack"
 	@echo "other: venv services services-stop browser lint bench screenshot clean distclean"
 
 venv: $(STAMP)
@@ -71,6 +72,16 @@ test: venv services browser
 	echo "==> pytest tests/ (DATABASE_URL=$$DATABASE_URL REDIS_URL=$$REDIS_URL)"
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
 
+# The soak (tests/soak): the real stack under seeded load and faults, then the invariants.
+# SOAK_SECONDS (default 600) and SOAK_SEED (default: a fresh one, printed) reproduce a run;
+# the JSON report goes to .data/soak-report.json. `make test` runs it for 60 s.
+SOAK_SECONDS ?= 600
+soak: venv services
+	@$(LOAD_SERVICES)
+	echo "==> soak for $(SOAK_SECONDS) s (SOAK_SEED=$${SOAK_SEED:-random})"
+	SOAK_SECONDS=$(SOAK_SECONDS) SOAK_REPORT=$(CURDIR)/.data/soak-report.json \
+		$(VENV)/bin/pytest -s -q tests/soak
+
 # Benchmarks write their figures to docs/benchmarks.md. `make bench BENCH_ARGS=commit`
 # runs one module; see benchmarks/__main__.py.
 bench: venv services
@@ -78,11 +89,14 @@ bench: venv services
 	echo "==> benchmarks (python -m benchmarks $(BENCH_ARGS))"
 	exec $(PY) -m benchmarks $(BENCH_ARGS)
 
-# docs/ui-session.png: the session page at the end of the live demo-batch browser test.
+# docs/ui-session.png: the session page at the end of the live demo-batch browser test;
+# docs/screenshots/: every page, light and dark, as the accessibility test checked it.
 screenshot: venv services browser
 	@$(LOAD_SERVICES)
 	UI_SCREENSHOT=$(CURDIR)/docs/ui-session.png $(VENV)/bin/pytest -q \
 		"tests/browser/test_dashboard.py::test_the_demo_batch_goes_from_pending_to_succeeded_live"
+	UI_SCREENSHOTS=$(CURDIR)/docs/screenshots $(VENV)/bin/pytest -q \
+		"tests/browser/test_pages.py::test_every_page_passes_the_accessibility_check_in_light_and_dark_mode"
 
 # Web (daphne), a worker, beat and the local email provider under honcho (Procfile);
 # Ctrl-C stops them all. DEMO_PORT / EMAIL_PROVIDER_PORT move the ports.

@@ -1,4 +1,5 @@
-"""Dashboard benchmark (issue 6): a session page with 10,000 tasks.
+"""Dashboard benchmark (issues 6 and 13): a session page with 10,000 tasks, and the
+timeline of a task that went through 2,000 phases.
 
 - Server render time: ``GET /sessions/<id>/`` through Django's test client in this
   process (the view, its reads and the templates; no network), p50 over many runs.
@@ -9,8 +10,11 @@
 The session is seeded in SQL (one ``send-batch`` root with 9,999 ``send-notice``
 children in mixed states): making them through the kernel would take minutes and
 measure nothing here. The tree shows the root collapsed with its counts; children load
-by page. Run with ``python -m benchmarks.ui`` (``make bench BENCH_ARGS=ui``); it writes
-the section "Dashboard (issue 6)" of ``docs/benchmarks.md``.
+by page. The long task's commits are seeded the same way (each phase a commit that
+enters it and one mid-phase, as a phase that commits progress makes), and its page is
+measured like the session's. Run with ``python -m benchmarks.ui``
+(``make bench BENCH_ARGS=ui``); it writes the section "Dashboard (issue 6)" of
+``docs/benchmarks.md``.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ import statistics
 import tempfile
 import time
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from benchmarks._support import (
@@ -71,6 +75,48 @@ def seed_session(tasks: int) -> tuple[str, str]:
     return session_id, root
 
 
+def seed_long_task(phases: int) -> str:
+    """A terminal task whose commit log holds ``phases`` phases: for each, the commit
+    that entered it (by its lease) and one mid-phase commit; returns its id."""
+    from django.db import connection
+
+    from controlplane.storage.schema import COMMIT, SESSION, TASK
+    from kernel.records import Commit, SessionRecord, Status, Task, new_id
+
+    session_id, task_id = new_id("sess"), new_id("task")
+    start = datetime.now(UTC) - timedelta(seconds=phases)
+    commits, seq = [], 0
+
+    def commit(at: float, **item: object) -> None:
+        nonlocal seq
+        seq += 1
+        summary = [{"type": "task", "id": task_id, "kind": "long-job", **item}]
+        commits.append(Commit(session_id, seq, start + timedelta(seconds=at),
+                              f"task:{task_id}", summary))
+
+    commit(0.0, status="pending", phase="p0")
+    for n in range(phases):
+        holder = {"holder": f"bench-host:{1000 + n % 4}", "epoch": n + 1}
+        commit(n + 0.4, status="running", phase=f"p{n}", **holder)
+        if n + 1 < phases:
+            commit(n + 1.0, status="pending", phase=f"p{n + 1}", **holder)
+    commit(float(phases), status="terminal", phase=f"p{phases - 1}", outcome="succeeded",
+           holder="bench-host:1000", epoch=phases)
+    task = Task(task_id, session_id, "long-job", 1, {"phases": phases}, Status.TERMINAL,
+                f"p{phases - 1}", {}, 1, seq, outcome={"kind": "succeeded"}, epoch=phases)
+    connection.ensure_connection()
+    with connection.connection.cursor() as cur:
+        session = SessionRecord(session_id, seq, start, {"title": "long task"})
+        cur.execute(f"INSERT INTO {SESSION.name} ({', '.join(SESSION.inserted)}) VALUES "
+                    f"({', '.join(['%s'] * len(SESSION.inserted))})", SESSION.values(session))
+        cur.execute(f"INSERT INTO {TASK.name} ({', '.join(TASK.inserted)}) VALUES "
+                    f"({', '.join(['%s'] * len(TASK.inserted))})", TASK.values(task))
+        with cur.copy(f"COPY {COMMIT.name} ({', '.join(COMMIT.inserted)}) FROM STDIN") as copy:
+            for row in commits:
+                copy.write_row(COMMIT.values(row))
+    return task_id
+
+
 def viewer_client() -> object:
     from django.contrib.auth.models import Group, User
     from django.test import Client
@@ -82,17 +128,22 @@ def viewer_client() -> object:
     return client
 
 
-def measure_render(session_id: str, runs: int, warmup: int = 2) -> Stats:
-    """Server-side time of the session page: view, reads and templates."""
+def measure_render(session_id: str, runs: int, warmup: int = 2,
+                   path: str = "/sessions/{}/", cpu: list[float] | None = None) -> Stats:
+    """Server-side time of the session page (or ``path`` of another id): view, reads and
+    templates. ``cpu`` collects this process's CPU time of each run (the database's is
+    not in it): on a busy machine it shows what the wall time hides."""
     client = viewer_client()
     samples = []
     for i in range(warmup + runs):
-        started = time.perf_counter()
-        answer = client.get(f"/sessions/{session_id}/")  # type: ignore[attr-defined]
-        elapsed = time.perf_counter() - started
+        started, used = time.perf_counter(), time.process_time()
+        answer = client.get(path.format(session_id))  # type: ignore[attr-defined]
+        elapsed, used = time.perf_counter() - started, time.process_time() - used
         assert answer.status_code == 200, answer.status_code
         if i >= warmup:
             samples.append(elapsed)
+            if cpu is not None:
+                cpu.append(used)
     return Stats.of(samples)
 
 
@@ -150,10 +201,20 @@ class Result:
     render: Stats
     browser: Browser | None
     load: tuple[float, float]
+    timeline: Stats | None = None
+    phases: int = 0
+    cpu: dict[str, Stats] = field(default_factory=dict)
+    """Server CPU time (this process) per measured page, by the row's name."""
 
 
 def render(result: Result) -> str:
     r = result.render
+
+    def cpu(name: str) -> list[str]:
+        c = result.cpu.get(name)
+        return [f"| … its CPU time in the server process (ms) | {c.count} | {c.p50:.1f} | "
+                f"{c.p90:.1f} | {c.max:.1f} |"] if c else []
+
     lines = [
         HEADING,
         "",
@@ -164,13 +225,20 @@ def render(result: Result) -> str:
         "",
         f"A session of {result.tasks:,} tasks (one `send-batch` root, {result.tasks - 1:,} "
         "`send-notice` children in five states, seeded in SQL). The page shows the root "
-        "with its children counted by status; children load by pages of 50.",
+        "with its children counted by status; children load by pages of 50. The task page "
+        "shows a timeline row per phase (seeded: two commits per phase).",
         "",
         "| measure | runs | p50 | p90 | max |",
         "|---|---:|---:|---:|---:|",
         f"| server render of the session page (ms) | {r.count} | {r.p50:.1f} | {r.p90:.1f} "
         f"| {r.max:.1f} |",
+        *cpu("session"),
     ]
+    t = result.timeline
+    if t is not None:
+        lines.append(f"| server render of the task page, a {result.phases:,}-phase timeline "
+                     f"(ms) | {t.count} | {t.p50:.1f} | {t.p90:.1f} | {t.max:.1f} |")
+        lines += cpu("timeline")
     b = result.browser
     if b is not None and b.interactive_ms:
         lines += [
@@ -190,19 +258,29 @@ def run(args: argparse.Namespace, url: str) -> Result:
     progress(f"seeding a session of {args.tasks} tasks")
     session_id, _ = seed_session(args.tasks)
     progress(f"server render x{args.runs}")
-    stats = measure_render(session_id, args.runs)
+    used: dict[str, list[float]] = {"session": [], "timeline": []}
+    stats = measure_render(session_id, args.runs, cpu=used["session"])
     progress(f"  p50 {stats.p50:.1f} ms")
+    timeline = None
+    if args.phases:
+        progress(f"seeding a task of {args.phases} phases; its page x{args.runs}")
+        timeline = measure_render(seed_long_task(args.phases), args.runs, path="/tasks/{}/",
+                                  cpu=used["timeline"])
+        progress(f"  p50 {timeline.p50:.1f} ms")
     browser = None
     if args.browser_runs and os.path.exists(CHROMIUM):
         progress(f"browser x{args.browser_runs}")
         browser = measure_browser(url, session_id, args.browser_runs)
-    return Result(datetime.now(UTC), args.tasks, stats, browser, (load_start, os.getloadavg()[0]))
+    return Result(datetime.now(UTC), args.tasks, stats, browser, (load_start, os.getloadavg()[0]),
+                  timeline, args.phases, {k: Stats.of(v) for k, v in used.items() if v})
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.ui", description=__doc__)
     parser.add_argument("--tasks", type=int, default=10_000)
     parser.add_argument("--runs", type=int, default=30)
+    parser.add_argument("--phases", type=int, default=2_000,
+                        help="phases of the long task whose timeline is measured (0: none)")
     parser.add_argument("--browser-runs", type=int, default=5)
     args, url = parse_arguments(parser, argv, DATABASE)
     fresh_database(args, url)

@@ -8,7 +8,9 @@ pages and the management commands are thin callers that translate them at their 
 
 Operator actions carry a client-chosen ``action_id`` that becomes the commit's
 idempotency key, so a retried request (a double click, a timeout) does nothing new and
-answers with the commit that did it (``replayed``).
+answers with the commit that did it (``replayed``). An id means one action on one target:
+duplicates are recognised by (action, target, id), and an id already used in the session
+for another action or target is refused (Conflict), never answered "replayed".
 """
 
 from __future__ import annotations
@@ -60,11 +62,22 @@ class ActionResult:
 
 
 @dataclass(frozen=True)
+class Step:
+    """An uncertain step an operator may resolve: the signal its task waits on, and the
+    task's epoch while it does (a later step, even under the same signal name, has
+    another epoch)."""
+
+    signal: str
+    epoch: int
+
+
+@dataclass(frozen=True)
 class BulkItem:
     task_id: str
     ok: bool
     detail: str
     seq: int | None = None
+    replayed: bool = False
 
 
 @dataclass(frozen=True)
@@ -93,13 +106,17 @@ def _commit(
     reason: str,
     build: Callable[[Draft], None],
 ) -> tuple[int, bool]:
-    """Commit one action; return its seq and whether it had been done already."""
+    """Commit one action; return its seq and whether it had been done already (the same
+    action on the same target under this id). Conflict if the id did something else."""
     draft = Draft(actor=actor(user), key=key)
     build(draft)
     _record(draft, user, key, action, target, reason)
     try:
         written = runtime().kernel.open(session_id).commit(draft)
     except DuplicateCommit as exc:
+        if not _done_before(session_id, key, action, target):
+            raise Conflict(f"action id {key!r} was used by another commit: use a fresh id"
+                           ) from exc
         return exc.existing.seq, True
     return written.commit.seq, False
 
@@ -118,9 +135,20 @@ def _act(
                         may_repeat or [])
 
 
-def _already_done(task: Task, action_id: str) -> bool:
-    """A repeated action id answers with the original commit whatever the state now."""
-    return session_reads.committed(task.session_id, action_id)
+def _done_before(session_id: str, action_id: str, action: str, target: str) -> bool:
+    """Whether ``action`` on ``target`` was done already under ``action_id``: a repeat,
+    answered with the original commit whatever the state now. An id used in the session
+    for anything else (another action, another target) is refused with Conflict."""
+    done = session_reads.actions_by_id(session_id, action_id)
+    if not done:
+        return False
+    if done == [(action_id, action, target)]:
+        return True
+    _, other, on = next((d for d in done if (d[1], d[2]) != (action, target)), done[0])
+    raise Conflict(
+        f"action id {action_id!r} was used for {other} on {on}: an action id names one "
+        "action on one target; send a fresh one"
+    )
 
 
 def _refuse_unless(condition: bool, message: str) -> None:
@@ -136,7 +164,7 @@ def cancel_task(user: User, task_id: str, action_id: str, reason: str) -> Action
     cancel handler commits its wrap-up, then the tree ends ``cancelled``."""
     require_operator(user)
     task = task_reads.record(task_id)
-    if not _already_done(task, action_id):
+    if not _done_before(task.session_id, action_id, "cancel", task_id):
         _refuse_unless(not task.terminal, f"task {task_id} already ended {task.outcome}")
     return _act(user, action_id, reason, "cancel", task, lambda d: d.cancel(task_id, reason))
 
@@ -158,11 +186,15 @@ def resolve_task(
     action_id: str,
     reason: str,
     decision: str,
+    step: Step,
     receipt: dict[str, Any] | None = None,
 ) -> ActionResult:
-    """Decide an uncertain operation with one of the decisions its task's definition
-    declares (:class:`kernel.registry.Decision`): the task finds the decision's value in
-    the signal it waits on."""
+    """Decide the uncertain step the operator saw (``step``: the signal it waits on, at
+    the task's epoch then) with one of the decisions its task's definition declares
+    (:class:`kernel.registry.Decision`): the task finds the decision's value in that
+    signal. A step answered already, or replaced by a later one, is refused (Conflict or
+    the kernel's ``StaleStep``) and nothing changes: of two operators deciding at once,
+    exactly one decision lands, checked in the commit under the session's lock."""
     require_operator(user)
     task = task_reads.record(task_id)
     offered = {d.name: d for d in _declared_decisions(task)}
@@ -170,11 +202,18 @@ def resolve_task(
     if chosen is None:
         raise Invalid(f"decision: one of {sorted(offered)}" if offered else
                       f"decision: task {task_id} ({task.kind}) offers no decisions")
-    signal = (task.wait or {}).get("signal")
-    if not _already_done(task, action_id):
+    if not _done_before(task.session_id, action_id, f"resolve:{decision}", task_id):
+        signal = task.waits_on.signal if task.status is Status.WAITING else None
         _refuse_unless(
-            task.status is Status.WAITING and signal is not None,
-            f"task {task_id} is not waiting for a resolution (it is {task.status})",
+            signal is not None,
+            f"task {task_id} is not waiting for a resolution (it is {task.shown_status})",
+        )
+        current = Step(signal or "", task.epoch)
+        _refuse_unless(
+            step == current and step.signal not in task.signals,
+            f"task {task_id} waits on {current.signal} at epoch {current.epoch}, not on "
+            f"{step.signal} at epoch {step.epoch}: the step you saw was answered or "
+            "replaced; look again",
         )
     payload: dict[str, Any] = {"decision": chosen.value, "by": actor(user), "reason": reason}
     if receipt is not None:
@@ -185,7 +224,7 @@ def resolve_task(
         reason,
         f"resolve:{decision}",
         task,
-        lambda d: d.signal(task_id, signal or "", payload),
+        lambda d: d.signal(task_id, step.signal, payload, step_epoch=step.epoch),
         [chosen.may_repeat] if chosen.may_repeat else [],
     )
 
@@ -201,7 +240,7 @@ def wake_task(user: User, task_id: str, action_id: str, reason: str) -> ActionRe
     """End a sleep early: the task runs its next phase now."""
     require_operator(user)
     task = task_reads.record(task_id)
-    if not _already_done(task, action_id):
+    if not _done_before(task.session_id, action_id, "wake", task_id):
         _refuse_unless(task.status is Status.SLEEPING, f"task {task_id} is {task.status}")
     return _act(user, action_id, reason, "wake", task, lambda d: d.wake(task_id))
 
@@ -210,8 +249,11 @@ def wake_task(user: User, task_id: str, action_id: str, reason: str) -> ActionRe
 
 
 def bulk_preview(user: User, found: TaskFilter) -> list[str]:
-    """The tasks a bulk action with this filter would touch: shown, then confirmed."""
+    """The tasks a bulk action with this filter would touch: shown, then confirmed. An
+    empty filter is refused: "every task" is never what a bulk action means by accident."""
     require_operator(user)
+    if not found.any_set():
+        raise Invalid("filter: give at least one (session_id, kind, status or outcome)")
     ids = task_reads.ids(found, MAX_BULK + 1)
     if len(ids) > MAX_BULK:
         raise Invalid(f"more than {MAX_BULK} tasks match: narrow the filter")
@@ -230,7 +272,7 @@ def bulk_act(
     found: TaskFilter,
     action_id: str,
     reason: str,
-    expected_count: int | None,
+    expected_count: int,
 ) -> BulkResult:
     """Cancel or retry every task matching the filter, one commit per task, a result each.
 
@@ -239,12 +281,22 @@ def bulk_act(
     """
     if action not in tuple(BulkAction):
         raise Invalid(f"action: one of {[str(a) for a in BulkAction]}")
+    if isinstance(expected_count, bool) or not isinstance(expected_count, int):
+        raise Invalid("expected_count: the count the preview showed")
     ids = bulk_preview(user, found)
-    if expected_count is not None and expected_count != len(ids):
+    if expected_count != len(ids):
         raise Conflict(f"{len(ids)} tasks match now, not {expected_count}: preview again")
+    tasks = [task_reads.record(task_id) for task_id in ids]
+    for session_id in dict.fromkeys(t.session_id for t in tasks):
+        for key, other, on in session_reads.actions_by_id(session_id, action_id):
+            if key == action_id or other != action:
+                raise Conflict(
+                    f"action id {action_id!r} was used for {other} on {on}: an action id "
+                    "names one action on one target; send a fresh one"
+                )
     results = []
-    for task_id in ids:
-        task = task_reads.record(task_id)
+    for task in tasks:
+        task_id = task.id
         if action == "cancel" and task.terminal:
             results.append(BulkItem(task_id, False, "already ended"))
             continue
@@ -261,7 +313,7 @@ def bulk_act(
             results.append(BulkItem(task_id, False, str(exc)))
             continue
         detail = "already done by this action id" if replayed else action
-        results.append(BulkItem(task_id, True, detail, seq))
+        results.append(BulkItem(task_id, True, detail, seq, replayed))
     return BulkResult(action_id, len(ids), results)
 
 
@@ -351,6 +403,13 @@ def resubmit(user: User, submission_id: str, action_id: str, reason: str) -> Act
     original = kernel.storage.submission(submission_id)
     if original is None:
         raise UnknownRecord(f"no submission {submission_id}")
+    if not _done_before(original.session_id, action_id, "resubmit", submission_id):
+        taken = kernel.storage.submission_by_request(original.session_id, action_id)
+        _refuse_unless(
+            taken is None,
+            f"action id {action_id!r} is the request id of submission "
+            f"{taken.id if taken else ''}: send a fresh one",
+        )
     try:
         submitted = agent.submit(
             kernel.open(original.session_id),

@@ -10,6 +10,7 @@ limits below (docs/security.md lists them all). ``make services`` resolves the f
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -270,6 +271,11 @@ KERNEL_HEARTBEAT = _env_bool("KERNEL_HEARTBEAT", True)
 ASSISTANT_TOOL_MODULES = [
     name.strip() for name in os.environ.get("ASSISTANT_TOOL_MODULES", "").split(",") if name.strip()
 ]
+
+# Model prices, per million tokens, for the cost the dashboard shows beside each model
+# call's usage: JSON such as {"remote": {"input": 0.15, "output": 0.6}}. A model without
+# prices shows its tokens only.
+MODEL_PRICES: dict[str, dict[str, float]] = json.loads(os.environ.get("MODEL_PRICES") or "{}")
 
 # --------------------------------------------------------------------------- notices
 # The HTTP provider contract is in docs/email-provider.md; any provider that keeps it

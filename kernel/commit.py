@@ -22,6 +22,7 @@ from .errors import (
     IllegalTransition,
     NotRegistered,
     StaleLease,
+    StaleStep,
     UnknownRecord,
     WaitCycle,
 )
@@ -107,8 +108,9 @@ class Draft:
     new_tasks: list[_NewTask] = field(default_factory=list)
     fenced: list[_Fenced] = field(default_factory=list)
     cancels: list[tuple[str, str]] = field(default_factory=list)
-    signals: list[tuple[str, str, JSON]] = field(default_factory=list)
+    signals: list[tuple[str, str, JSON, int | None]] = field(default_factory=list)
     wakes: list[str] = field(default_factory=list)
+    returned: list[tuple[str, int]] = field(default_factory=list)
     retries: list[str] = field(default_factory=list)
     submissions: list[tuple[str, str, str, JSON, str | None]] = field(default_factory=list)
     submission_updates: list[tuple[str, SubmissionStatus, str | None, str | None]] = field(
@@ -119,7 +121,8 @@ class Draft:
         """The records this draft will make the builder read (see :class:`Prefetch`)."""
         created = {t.id for t in self.new_tasks} | {c.id for c in self.conversations}
         tasks = [f.task_id for f in self.fenced] + [t for t, _ in self.cancels]
-        tasks += [t for t, _, _ in self.signals] + self.wakes + self.retries
+        tasks += [s[0] for s in self.signals] + self.wakes + self.retries
+        tasks += [t for t, _ in self.returned]
         tasks += [t.parent_id for t in self.new_tasks if t.parent_id]
         conversations = [c for _, c, _, _ in self.entries] + [s[1] for s in self.submissions]
         conversations += [c.fork_of for c in self.conversations if c.fork_of]
@@ -199,11 +202,24 @@ class Draft:
     def cancel(self, task_id: str, reason: str) -> None:
         self.cancels.append((task_id, reason))
 
-    def signal(self, task_id: str, name: str, payload: JSON) -> None:
-        self.signals.append((task_id, name, payload))
+    def signal(
+        self, task_id: str, name: str, payload: JSON, *, step_epoch: int | None = None
+    ) -> None:
+        """Send ``task_id`` the signal ``name``. With ``step_epoch`` it answers one step:
+        it lands only if, when this commit is built (under the session's lock), the task
+        waits on ``name`` still at that epoch and nobody answered it yet; otherwise the
+        commit is refused (:class:`StaleStep`) and writes nothing."""
+        self.signals.append((task_id, name, payload, step_epoch))
 
     def wake(self, task_id: str) -> None:
+        """End a sleep early. Refused for a task whose cancel waits for its revoked phase
+        (nobody but that phase's worker knows it has stopped calling out)."""
         self.wakes.append(task_id)
+
+    def phase_returned(self, task_id: str, epoch: int) -> None:
+        """The worker that held ``epoch`` says its phase has returned: a cancel that
+        revoked that lease need not wait for it to run out."""
+        self.returned.append((task_id, epoch))
 
     def retry(self, task_id: str) -> None:
         """Run a failed or faulted task again from its last saved phase."""
@@ -250,6 +266,8 @@ class Builder:
         self.changed: set[str] = set()
         self.finished: list[str] = []
         self.summary: list[JSON] = []
+        self.ran_by: dict[str, tuple[str | None, int]] = {}
+        """Tasks whose phase commits here: the lease holder and epoch it came through."""
 
     # -- task working set ---------------------------------------------------
 
@@ -341,10 +359,12 @@ class Builder:
             self._create_task(new)
         for fenced in self.draft.fenced:
             self._apply_fenced(fenced)
-        for task_id, name, payload in self.draft.signals:
-            self._signal(task_id, name, payload)
+        for task_id, name, payload, step_epoch in self.draft.signals:
+            self._signal(task_id, name, payload, step_epoch)
         for task_id in self.draft.wakes:
             self._wake(task_id)
+        for task_id, epoch in self.draft.returned:
+            self._phase_returned(task_id, epoch)
         for task_id in self.draft.retries:
             self._retry(task_id)
         for task_id, reason in self.draft.cancels:
@@ -358,6 +378,11 @@ class Builder:
             item["phase"] = task.phase
             if task.outcome and task.terminal:
                 item["outcome"] = task.outcome["kind"]
+            item.update(self._what_it_waits_for(task))
+            if task.id in self.ran_by:  # the lease this commit came through
+                item["holder"], item["epoch"] = self.ran_by[task.id]
+            if task.restarts:
+                item["restarts"] = task.restarts
             self.summary.append(item)
         dispatches = [
             Dispatch(t.id, self.session_id, t.wake_at or self.now, t.queue, self.seq)
@@ -536,7 +561,7 @@ class Builder:
             current = by_id.get(submission_id) or self.tx.submission(submission_id)
             if current is None or current.session_id != self.session_id:
                 raise UnknownRecord(f"no submission {submission_id} in session {self.session_id}")
-            if current.status in (SubmissionStatus.ANSWERED, SubmissionStatus.UNANSWERED):
+            if current.status.settled:
                 raise IllegalTransition(f"submission {submission_id} is already {current.status}")
             by_id[submission_id] = replace(
                 current,
@@ -588,6 +613,7 @@ class Builder:
         task = self.task(fenced.task_id)
         if task.epoch != fenced.epoch or task.status is not Status.RUNNING:
             raise StaleLease(fenced.task_id, fenced.epoch, task.epoch)
+        self.ran_by[task.id] = (task.lease_owner, task.epoch)
         if fenced.version is not None:
             task = replace(
                 task, version=fenced.version, input=fenced.input, checkpoint=fenced.checkpoint
@@ -603,6 +629,19 @@ class Builder:
             return
         self.put(updated)
         self._settle_wait(updated)
+
+    @staticmethod
+    def _what_it_waits_for(task: Task) -> JSON:
+        """For the commit's summary: the signal, the number of tasks or the time a
+        waiting or sleeping task waits for (so a history can say so without the task)."""
+        waits = task.waits_on
+        if waits.kind == "signal":
+            return {"signal": waits.signal}
+        if waits.kind == "tasks":
+            return {"deps": waits.count}
+        if waits.until is not None:
+            return {"until": waits.until.isoformat()}
+        return {}
 
     def _phases(self, task: Task) -> frozenset[str]:
         resolved = self.registry.resolve(task)
@@ -637,8 +676,17 @@ class Builder:
                         following.append(next_id)
             level = list(dict.fromkeys(following))
 
-    def _signal(self, task_id: str, name: str, payload: JSON) -> None:
+    def _signal(self, task_id: str, name: str, payload: JSON, step_epoch: int | None) -> None:
         task = self.task(task_id)
+        if step_epoch is not None:
+            waits_on = task.waits_on.signal if task.status is Status.WAITING else None
+            if waits_on != name or name in task.signals or task.epoch != step_epoch:
+                now = (f"waits on {waits_on} at epoch {task.epoch}" if waits_on
+                       else f"is {task.shown_status}")
+                raise StaleStep(
+                    f"task {task_id} no longer waits on {name} at epoch {step_epoch} (it "
+                    f"{now}): answered already, or replaced by a later step"
+                )
         if task.terminal:
             raise IllegalTransition(f"task {task_id} is terminal; signal {name!r} is refused")
         if name in task.signals:
@@ -654,6 +702,17 @@ class Builder:
         task = self.task(task_id)
         if task.status is not Status.SLEEPING:
             raise IllegalTransition(f"task {task_id} is {task.status}, not sleeping")
+        if task.cancel is not None and task.wake_at is not None and task.wake_at > self.now:
+            raise IllegalTransition(
+                f"task {task_id} is cancelling: its handler runs once the revoked phase can no "
+                f"longer call out (at {task.wake_at.isoformat()}, or when that phase returns)"
+            )
+        self.put(replace(task, status=Status.PENDING, wake_at=None, updated_seq=self.seq))
+
+    def _phase_returned(self, task_id: str, epoch: int) -> None:
+        task = self.task(task_id)
+        if task.cancel is None or task.status is not Status.SLEEPING or task.epoch != epoch + 1:
+            raise IllegalTransition(f"task {task_id} does not wait for the phase of epoch {epoch}")
         self.put(replace(task, status=Status.PENDING, wake_at=None, updated_seq=self.seq))
 
     def _retry(self, task_id: str) -> None:
@@ -698,6 +757,11 @@ class Builder:
                 and task.lease_until is not None
                 and task.lease_until > self.now
             )
+            if in_flight:
+                # Its handler may still need this bound: a phase that returned early (its
+                # worker wakes the task) may have left a call the provider takes later.
+                assert task.lease_until is not None
+                intent["revoked_until"] = task.lease_until.isoformat()
             updated = released(
                 task,
                 status=Status.SLEEPING if in_flight else Status.PENDING,

@@ -32,6 +32,11 @@ class IllegalTransition(CommitRejected):
     """A task transition that the state machine does not allow."""
 
 
+class StaleStep(IllegalTransition):
+    """A signal meant for a step (a signal name at an epoch) the task no longer waits on:
+    someone answered it first, or the task moved on to another step."""
+
+
 class DocumentConflict(CommitRejected):
     """A document was changed since the version the draft expected."""
 
@@ -49,6 +54,12 @@ class CommitUncertain(KernelError):
 
     Storage raises this; the session handle turns it into :class:`SessionPoisoned`.
     """
+
+
+class StorageUnavailable(KernelError):
+    """Storage could not be reached (a lost connection, a restarting server) before
+    anything was written: nothing landed. A phase that meets it stops and is restarted,
+    as after a crash; it is never the task's failure."""
 
 
 class SessionPoisoned(KernelError):

@@ -54,7 +54,24 @@ class SubmissionStatus(StrEnum):
     QUEUED = "queued"
     PLACED = "placed"
     ANSWERED = "answered"
-    UNANSWERED = "unanswered"
+    UNANSWERED = "unanswered"  # the model could not answer (its reason says why)
+    CANCELLED = "cancelled"  # its turn was cancelled by an operator
+    FAILED = "failed"  # its turn failed: a phase raised, hit the restart limit, faulted
+
+    @property
+    def settled(self) -> bool:
+        """No turn holds it any more: it changes no further."""
+        return self in SETTLED_SUBMISSIONS
+
+
+SETTLED_SUBMISSIONS = frozenset(
+    {
+        SubmissionStatus.ANSWERED,
+        SubmissionStatus.UNANSWERED,
+        SubmissionStatus.CANCELLED,
+        SubmissionStatus.FAILED,
+    }
+)
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,7 +24,9 @@ JSON = Any
 Handler = Callable[[Any], Transition]
 TaskMigrate = Callable[[int, JSON, JSON], tuple[JSON, JSON]]
 
-RESERVED = frozenset({"migrate", "on_cancel", "initial", "queue", "max_restarts", "decisions"})
+RESERVED = frozenset(
+    {"migrate", "on_cancel", "on_end", "initial", "queue", "max_restarts", "decisions"}
+)
 
 
 @dataclass(frozen=True)
@@ -52,6 +54,10 @@ class TaskDefinition:
     initial: str
     migrate: TaskMigrate | None = None
     on_cancel: Handler | None = None
+    on_end: Callable[[Any, Any], None] | None = None
+    """``on_end(run, finish)``: called when the kernel ends the task itself (cancelled,
+    past the restart limit, a phase that raised or faulted); its writes land in the
+    commit that ends the task. A task that ends by its own transition does not need it."""
     max_restarts: int = 3
     queue: str = "default"
     decisions: tuple[Decision, ...] = ()
@@ -101,7 +107,8 @@ class Registry:
         """Register a class whose public methods are its phases (DESIGN §12).
 
         ``initial`` names the first phase; optional ``migrate(from_version, input,
-        checkpoint)`` and ``on_cancel(run)`` methods are picked up by name, and so is
+        checkpoint)``, ``on_cancel(run)`` and ``on_end(run, finish)`` methods are picked up
+        by name, and so is
         ``decisions``: the :class:`Decision` tuple an operator answers its signals with.
         """
 
@@ -120,6 +127,7 @@ class Registry:
                     initial=cls.initial,  # type: ignore[attr-defined]
                     migrate=getattr(instance, "migrate", None),
                     on_cancel=getattr(instance, "on_cancel", None),
+                    on_end=getattr(instance, "on_end", None),
                     max_restarts=getattr(cls, "max_restarts", max_restarts),
                     queue=getattr(cls, "queue", queue),
                     decisions=tuple(getattr(cls, "decisions", ())),

@@ -124,6 +124,25 @@ class Run:
     def now(self) -> datetime:
         return self._lease.kernel.clock.now()
 
+    def deadline(self, margin: float = 1.0) -> datetime:
+        """When an external call started now must have ended, or been refused by the
+        other side: the end of the lease as last committed, less ``margin`` seconds.
+
+        A cancel revokes the lease and its handler waits until the revoked lease's end
+        (:attr:`revoked_until`), so a call bounded by this deadline - on both sides: the
+        client gives up, and the server refuses what it would accept later - cannot land
+        after the handler has looked. Commit the intent first: it extends the lease.
+        """
+        until = self._lease.task.lease_until or (self.now + self._lease.duration)
+        return until - timedelta(seconds=margin)
+
+    @property
+    def revoked_until(self) -> datetime | None:
+        """For a cancel handler: until when the phase the cancel interrupted could still
+        be calling out (the end of its revoked lease); None if no phase was running."""
+        until = (self.task.cancel or {}).get("revoked_until")
+        return datetime.fromisoformat(until) if until else None
+
     def document(self, kind: str, key: str) -> JSON:
         return self._lease.kernel.document(self.session_id, kind, key)
 
@@ -181,7 +200,9 @@ class Run:
 
         Use it to record an intent before an external call (DESIGN §8).
         """
-        self._lease.commit(Next(phase or self.phase, self._merge(checkpoint), keep_lease=True))
+        self._lease.commit(
+            Next(phase or self.phase, self._merge(checkpoint), keep_lease=True, intent=True)
+        )
 
     def heartbeat(self) -> bool:
         """Extend the lease during long external work; False means it was lost."""

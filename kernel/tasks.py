@@ -21,12 +21,16 @@ JSON = Any
 class Next:
     """Run ``phase`` next. ``keep_lease``: the same worker continues inline, and its lease
     is extended to ``lease_until`` (a commit that waited on a lock must not leave the
-    worker with a lease that ran out meanwhile)."""
+    worker with a lease that ran out meanwhile). ``intent``: committed from inside a
+    phase (``run.commit``), before its external work: the phase has not returned, so
+    the count of its interrupted runs is kept (a phase that commits its intent and then
+    dies every time still reaches the restart limit)."""
 
     phase: str
     checkpoint: JSON = None
     keep_lease: bool = False
     lease_until: datetime | None = None
+    intent: bool = False
 
 
 @dataclass(frozen=True)
@@ -91,7 +95,10 @@ def apply_transition(task: Task, transition: Transition, phases: frozenset[str])
     if isinstance(transition, Next):
         if transition.keep_lease:
             until = max(filter(None, (task.lease_until, transition.lease_until)), default=None)
-            return replace(task, phase=target, checkpoint=checkpoint, restarts=0, lease_until=until)
+            restarts = task.restarts if transition.intent else 0
+            return replace(
+                task, phase=target, checkpoint=checkpoint, restarts=restarts, lease_until=until
+            )
         return released(
             task, status=Status.PENDING, phase=target, checkpoint=checkpoint, restarts=0
         )

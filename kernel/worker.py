@@ -9,6 +9,7 @@ and the lease is held, the worker continues inline (DESIGN §7).
 
 from __future__ import annotations
 
+import copy
 import logging
 import threading
 from collections.abc import Callable
@@ -23,6 +24,7 @@ from .errors import (
     IllegalTransition,
     SessionPoisoned,
     StaleLease,
+    StorageUnavailable,
 )
 from .records import Outcome, Status, Task, new_id
 from .registry import Blocked, Resolved, TaskDefinition
@@ -133,9 +135,9 @@ class Worker:
         try:
             conflicts = 0
             while True:
-                transition = self._execute(lease)
+                transition, ending = self._execute(lease)
                 try:
-                    lease.commit(transition)
+                    self._commit(lease, transition, ending)
                 except StaleLease:
                     raise
                 except DocumentConflict:
@@ -145,12 +147,12 @@ class Worker:
                     lease.draft = Draft(actor=lease.draft.actor)
                     if conflicts <= MAX_CONFLICTS:
                         continue
-                    lease.commit(Finish(Outcome.FAULTED, error="document kept changing"))
+                    self._end(lease, Finish(Outcome.FAULTED, error="document kept changing"))
                 except CommitRejected as exc:
                     # The handler asked for something illegal: a bug in the task, not a
                     # reason to retry forever. Its writes are dropped with it.
                     lease.draft = Draft(actor=lease.draft.actor)
-                    lease.commit(Finish(Outcome.FAULTED, error=f"commit rejected: {exc}"))
+                    self._end(lease, Finish(Outcome.FAULTED, error=f"commit rejected: {exc}"))
                 if lease.task.status is not Status.RUNNING:
                     return
         except StaleLease as exc:
@@ -159,9 +161,56 @@ class Worker:
         except SessionPoisoned as exc:
             log.warning("session handle poisoned, abandoning %s: %s", task.id, exc)
             self._handles.pop(task.session_id, None)
+        except StorageUnavailable as exc:
+            # Nothing landed: the phase is interrupted, as if its worker had died. Its lease
+            # runs out and the next claim counts a restart (DESIGN §6); never `failed`.
+            log.warning("storage unavailable, abandoning %s for a restart: %s", task.id, exc)
+            self._handles.pop(task.session_id, None)
         finally:
             if self.heartbeat is not None:
                 self.heartbeat.held.pop(task.id, None)
+
+    def _commit(self, lease: Lease, transition: Transition, ending: bool) -> None:
+        if ending:
+            assert isinstance(transition, Finish)
+            self._end(lease, transition)
+        else:
+            lease.commit(transition)
+
+    def _end(self, lease: Lease, finish: Finish) -> None:
+        """Commit an ending the kernel decided (not the task's own transition) together
+        with the definition's ``on_end`` writes: what the task holds is released in the
+        commit that ends it. If those writes cannot be committed (a conflict that keeps
+        coming, a bug), the task still ends, and the reason is in its error."""
+        hook = lease.definition.on_end
+        if hook is None:
+            lease.commit(finish)
+            return
+        before = copy.deepcopy(lease.draft)  # a cancel handler's wrap-up, say
+        error = None
+        for _ in range(MAX_CONFLICTS + 1):
+            lease.draft = copy.deepcopy(before)
+            try:
+                hook(Run(lease), finish)
+                lease.commit(finish)
+                return
+            except (StaleLease, SessionPoisoned, CommitUncertain, StorageUnavailable):
+                raise
+            except DocumentConflict as exc:
+                error = f"on_end: {exc}"  # read again and retry
+            except CommitRejected as exc:
+                error = f"on_end: commit rejected: {exc}"
+                break
+            except Exception as exc:
+                error = f"on_end: {type(exc).__name__}: {exc}"
+                break
+        lease.draft = Draft(actor=lease.draft.actor)
+        if error is not None:
+            log.warning("task %s ends without its on_end writes: %s", lease.task.id, error)
+            finish = Finish(
+                finish.outcome, finish.result, "; ".join(filter(None, [finish.error, error]))
+            )
+        lease.commit(finish)
 
     def _return_to_cancel(self, task: Task) -> None:
         """If a cancel revoked this lease, say that the phase has returned.
@@ -180,7 +229,7 @@ class Worker:
         if not revoked_ours:
             return  # lost to an expiry, or the cancel revoked a later holder's lease
         draft = Draft(actor=f"worker:{self.id}")
-        draft.wake(task.id)
+        draft.phase_returned(task.id, task.epoch)
         try:
             self._handle(task.session_id).commit(draft)
         except IllegalTransition:
@@ -194,29 +243,39 @@ class Worker:
             handle = self._handles[session_id] = self.kernel.open(session_id)
         return handle
 
-    def _execute(self, lease: Lease) -> Transition:
+    def _execute(self, lease: Lease) -> tuple[Transition, bool]:
+        """Run the phase (or the cancel handler); the transition to commit, and whether
+        it is an ending the kernel decided (see :meth:`_end`)."""
         task, definition = lease.task, lease.definition
         run = Run(lease)
-        if task.cancel is not None:
-            return self._cancel(run, definition)
         if task.restarts > definition.max_restarts:
-            return Finish(
-                Outcome.FAILED,
-                error=(
-                    f"phase {task.phase!r} was interrupted {task.restarts} times; "
-                    f"restart limit is {definition.max_restarts}"
-                ),
+            limit = (
+                f"{'the cancel handler' if task.cancel is not None else f'phase {task.phase!r}'}"
+                f" was interrupted {task.restarts} times; restart limit is "
+                f"{definition.max_restarts}"
             )
+            if task.cancel is not None:
+                # The cancel path has the limit too: a handler that kills its worker
+                # every time must not loop. The task ends cancelled, without its wrap-up.
+                intent = task.cancel
+                return Finish(
+                    Outcome.CANCELLED,
+                    result={"by": intent.get("by"), "reason": intent.get("reason")},
+                    error=limit,
+                ), True
+            return Finish(Outcome.FAILED, error=limit), True
+        if task.cancel is not None:
+            return self._cancel(run, definition), True
         try:
             result = definition.phases[task.phase](run)
-        except (StaleLease, SessionPoisoned, CommitUncertain):
+        except (StaleLease, SessionPoisoned, CommitUncertain, StorageUnavailable):
             raise
         except Exception as exc:
             lease.draft = Draft(actor=lease.draft.actor)  # a failed phase writes nothing
             log.info("phase %s of %s raised", task.phase, task.id, exc_info=True)
             return Finish(
                 Outcome.FAILED, error=f"phase {task.phase!r}: {type(exc).__name__}: {exc}"
-            )
+            ), True
         if not isinstance(result, TRANSITIONS) or (
             isinstance(result, Next)
             and result.phase == lease.task.phase
@@ -224,8 +283,8 @@ class Worker:
         ):
             return Finish(
                 Outcome.FAULTED, error=NO_PROGRESS.format(phase=task.phase, result=result)
-            )
-        return result
+            ), True
+        return result, False
 
     def _cancel(self, run: Run, definition: TaskDefinition) -> Transition:
         """Let the cancel handler commit its wrap-up with the cancellation (DESIGN §6)."""
@@ -234,7 +293,7 @@ class Worker:
         if definition.on_cancel is not None:
             try:
                 definition.on_cancel(run)
-            except (StaleLease, SessionPoisoned, CommitUncertain):
+            except (StaleLease, SessionPoisoned, CommitUncertain, StorageUnavailable):
                 raise
             except Exception as exc:
                 error = f"cancel handler: {type(exc).__name__}: {exc}"

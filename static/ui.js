@@ -8,6 +8,10 @@
  *   any other close (a clean 1000 on Daphne's timeout, say) we reconnect ourselves.
  * - A page of children fetched by GET may be older than what the socket has shown since;
  *   it is fetched again until it is not.
+ * - An action id names one use of a form: after each request the form gets a fresh one
+ *   (a second use is a new action, not a repeat of the first), and a form is kept across
+ *   live updates (hx-preserve) only while it is open; a closed one takes the fresh render
+ *   (its new id, the count it confirms).
  */
 (function () {
   "use strict";
@@ -39,7 +43,30 @@
   document.addEventListener("htmx:oobBeforeSwap", function (e) {
     var incoming = e.detail.fragment && e.detail.fragment.firstElementChild;
     var seq = seqOf(incoming);
-    if (seq >= 0 && seq < seqOf(e.detail.target)) { e.detail.shouldSwap = false; }
+    if (seq >= 0 && seq < seqOf(e.detail.target)) { e.detail.shouldSwap = false; return; }
+    if (!e.detail.fragment || !e.detail.fragment.querySelectorAll) { return; }
+    e.detail.fragment.querySelectorAll("[hx-preserve]").forEach(function (form) {
+      var shown = document.getElementById(form.id);
+      if (!shown || !shown.open) { form.removeAttribute("hx-preserve"); }
+    });
+  });
+
+  function freshId() {
+    var bytes = new Uint8Array(8);
+    window.crypto.getRandomValues(bytes);  // unlike randomUUID, also on plain http
+    return Array.prototype.map.call(bytes, function (b) {
+      return ("0" + b.toString(16)).slice(-2);
+    }).join("");
+  }
+  document.addEventListener("htmx:afterRequest", function (e) {
+    var form = e.detail.elt && e.detail.elt.closest ? e.detail.elt.closest("form") : null;
+    var id = form && form.querySelector("input[name=action_id]");
+    if (!id) { return; }
+    var dash = id.value.indexOf("-");
+    id.value = freshId() + (dash >= 0 ? id.value.slice(dash) : "");
+    var done = e.detail.xhr && e.detail.xhr.status >= 200 && e.detail.xhr.status < 300;
+    var details = form.closest("details");
+    if (done && details) { details.open = false; }
   });
 
   document.addEventListener("htmx:wsOpen", function (e) {

@@ -23,6 +23,7 @@ from kernel import CommitRejected
 
 from . import actions, feed, sessions, tasks, tokens
 from .auth import AUTH, docs_for_readers
+from .types import json_components, refer_to_components
 
 ERRORS = {
     "400": "The request body is not JSON",
@@ -39,6 +40,11 @@ class ControlPlaneAPI(NinjaAPI):
 
     def get_openapi_schema(self, **kwargs: Any) -> Any:
         schema = super().get_openapi_schema(**kwargs)
+        schema["paths"] = refer_to_components(schema["paths"])
+        components = schema.setdefault("components", {})
+        components["schemas"] = {
+            **refer_to_components(components.get("schemas", {})), **json_components()
+        }
         error = {"type": "object", "properties": {"detail": {}}, "required": ["detail"]}
         for operations in schema["paths"].values():
             for operation in operations.values():

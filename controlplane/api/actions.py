@@ -17,40 +17,44 @@ from controlplane.reads.tasks import TaskFilter
 
 from .auth import caller
 from .schemas import ActionIn, ActionOut, BulkFilter, BulkIn, BulkOut, BulkPreview, ResolveIn
+from .types import PathText
 
 router = Router(tags=["actions"])
 
 
 @router.post("/tasks/{task_id}/cancel", response=ActionOut)
-def cancel(request: HttpRequest, task_id: str, body: ActionIn) -> Any:
+def cancel(request: HttpRequest, task_id: PathText, body: ActionIn) -> Any:
     """Cancel a task and its owned subtasks: the running phase cannot commit any more, each
     cancel handler commits its wrap-up, then the tree ends ``cancelled``."""
     return commands.cancel_task(caller(request), task_id, body.action_id, body.reason)
 
 
 @router.post("/tasks/{task_id}/retry", response=ActionOut)
-def retry(request: HttpRequest, task_id: str, body: ActionIn) -> Any:
+def retry(request: HttpRequest, task_id: PathText, body: ActionIn) -> Any:
     """Run a failed task again from its last saved phase."""
     return commands.retry_task(caller(request), task_id, body.action_id, body.reason)
 
 
 @router.post("/tasks/{task_id}/resolve", response=ActionOut)
-def resolve(request: HttpRequest, task_id: str, body: ResolveIn) -> Any:
+def resolve(request: HttpRequest, task_id: PathText, body: ResolveIn) -> Any:
     """Decide an uncertain operation with one of the decisions its task offers (for an
-    email: it was sent, it was not and is sent again, or give up)."""
+    email: it was sent, it was not and is sent again, or give up), naming the step you
+    saw (the task's ``step``): a step answered already or replaced since is refused
+    (409) and nothing changes."""
     return commands.resolve_task(
-        caller(request), task_id, body.action_id, body.reason, body.decision, body.receipt
+        caller(request), task_id, body.action_id, body.reason, body.decision,
+        commands.Step(body.signal, body.epoch), body.receipt,
     )
 
 
 @router.post("/tasks/{task_id}/wake", response=ActionOut)
-def wake(request: HttpRequest, task_id: str, body: ActionIn) -> Any:
+def wake(request: HttpRequest, task_id: PathText, body: ActionIn) -> Any:
     """End a sleep early: the task runs its next phase now."""
     return commands.wake_task(caller(request), task_id, body.action_id, body.reason)
 
 
 @router.post("/submissions/{submission_id}/resubmit", response=ActionOut)
-def resubmit(request: HttpRequest, submission_id: str, body: ActionIn) -> Any:
+def resubmit(request: HttpRequest, submission_id: PathText, body: ActionIn) -> Any:
     """Submit the same input again as a new submission linked to the original: it starts
     a turn, or follows the one the conversation is busy with."""
     return commands.resubmit(caller(request), submission_id, body.action_id, body.reason)

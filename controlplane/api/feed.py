@@ -35,6 +35,8 @@ from controlplane.notify import GLOBAL_GROUP, following, session_group
 from controlplane.reads import feed as log
 from controlplane.reads.feed import MAX_CURSOR
 
+from .types import PathText
+
 router = Router(tags=["changes"])
 
 DEFAULT_LIMIT = 100
@@ -116,12 +118,12 @@ WAIT_HELP = "seconds to wait for a change when none is there yet (long-poll)"
 @router.get("/sessions/{session_id}/changes", response=SessionChanges)
 async def session_changes(
     request: HttpRequest,
-    session_id: str,
+    session_id: PathText,
     after: int = Query(
         0, ge=0, le=MAX_CURSOR, description="the last seq you have; 0 for everything"
     ),
     limit: int = Query(DEFAULT_LIMIT, ge=1, le=MAX_LIMIT, description=LIMIT_HELP),
-    wait: float = Query(0.0, ge=0, le=MAX_WAIT, description=WAIT_HELP),
+    wait: float = Query(0.0, ge=0, le=MAX_WAIT, allow_inf_nan=False, description=WAIT_HELP),
 ) -> Any:
     """One session's commits after seq ``after``, in seq order (404 if no such session)."""
 
@@ -141,7 +143,7 @@ async def global_changes(
         0, ge=0, le=MAX_CURSOR, description="the last commit id you have; 0 for everything"
     ),
     limit: int = Query(DEFAULT_LIMIT, ge=1, le=MAX_LIMIT, description=LIMIT_HELP),
-    wait: float = Query(0.0, ge=0, le=MAX_WAIT, description=WAIT_HELP),
+    wait: float = Query(0.0, ge=0, le=MAX_WAIT, allow_inf_nan=False, description=WAIT_HELP),
 ) -> Any:
     """Every session's commits after commit id ``after_id``, in id order.
 

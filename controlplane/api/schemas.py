@@ -6,44 +6,35 @@ from datetime import datetime
 from typing import Any
 
 from ninja import Field, Schema
-from pydantic import model_validator
+from pydantic import ConfigDict, model_validator
 
-from controlplane.commands import BulkAction
+from controlplane.commands import MAX_BULK, BulkAction
 from kernel import Outcome, Status
 from kernel.agent import WhenBusy
 
+from .types import Integer, JsonObject, SubmissionInput, storable, text
+
 JSON = Any
-ActionId = Field(
+MAX_EPOCH = 2**63 - 1  # a bigint
+ActionId = text(
     ..., min_length=1, max_length=200, description="client-chosen id; a repeat does nothing new"
 )
-Reason = Field(..., min_length=1, max_length=2000, description="why: kept with the action")
-
-
-def storable(value: Any, where: str = "body") -> None:
-    """Refuse text that Postgres cannot store: NUL characters and lone surrogates."""
-    if isinstance(value, str):
-        if "\x00" in value:
-            raise ValueError(f"{where}: text may not contain NUL characters")
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError as exc:
-            raise ValueError(f"{where}: text is not valid Unicode") from exc
-    elif isinstance(value, dict):
-        for key, item in value.items():
-            storable(key, where)
-            storable(item, f"{where}.{key}")
-    elif isinstance(value, list):
-        for index, item in enumerate(value):
-            storable(item, f"{where}[{index}]")
+Reason = text(..., min_length=1, max_length=2000, description="why: kept with the action")
 
 
 class Input(Schema):
-    """Base of every request body: all of it must be storable as Postgres text/jsonb."""
+    """Base of every request body: a JSON object with only the fields its schema names
+    (an unknown one is refused, naming it), all of it storable as Postgres text/jsonb."""
+
+    model_config = ConfigDict(extra="forbid")
 
     @model_validator(mode="before")
     @classmethod
     def _storable(cls, data: Any) -> Any:
-        storable(getattr(data, "_obj", data))  # ninja hands validators a DjangoGetter
+        body = getattr(data, "_obj", data)  # ninja hands validators a DjangoGetter
+        if not isinstance(body, dict):
+            raise ValueError(f"body: a JSON object, not {type(body).__name__}")
+        storable(body)
         return data
 
 
@@ -55,7 +46,7 @@ class SessionOut(Schema):
 
 
 class SessionIn(Input):
-    metadata: dict[str, Any] = Field(default_factory=dict)
+    metadata: JsonObject = Field(default_factory=dict)
 
 
 class ConversationOut(Schema):
@@ -67,8 +58,8 @@ class ConversationOut(Schema):
 
 
 class ConversationIn(Input):
-    fork_of: str | None = None
-    fork_entry_id: str | None = None
+    fork_of: str | None = text(None)
+    fork_entry_id: str | None = text(None)
 
 
 class EntryOut(Schema):
@@ -102,6 +93,12 @@ class DecisionOut(Schema):
     description: str = ""
 
 
+class StepOut(Schema):
+    signal: str = Field(..., description="the signal the task waits on")
+    epoch: int = Field(..., description="the task's epoch while it waits (a later step has "
+                       "another)")
+
+
 class TaskOut(Schema):
     id: str
     session_id: str
@@ -128,6 +125,9 @@ class TaskOut(Schema):
     decisions: list[DecisionOut] = Field(
         default_factory=list, description="what an operator may answer it now (`resolve`)"
     )
+    step: StepOut | None = Field(
+        None, description="the uncertain step `resolve` answers now: send it with the decision"
+    )
 
 
 class TaskNode(Schema):
@@ -136,10 +136,10 @@ class TaskNode(Schema):
 
 
 class SubmissionIn(Input):
-    conversation_id: str = Field(..., min_length=1)
-    request_id: str = Field(..., min_length=1, max_length=200)
-    input: JSON = Field(..., description="an object with a `text` string (and optionally "
-                        "`model`, `options`)")
+    conversation_id: str = text(..., min_length=1)
+    request_id: str = text(..., min_length=1, max_length=200)
+    input: SubmissionInput = Field(..., description="an object with a `text` string (and "
+                                   "optionally `model`, `options`)")
     when_busy: WhenBusy = Field(
         WhenBusy.FOLLOW_UP,
         description="if a turn is running: `steer` joins it (its next model request sees "
@@ -168,11 +168,15 @@ class ActionIn(Input):
 
 
 class ResolveIn(ActionIn):
-    decision: str = Field(
+    decision: str = text(
         ..., min_length=1, max_length=100,
         description="one of the task's `decisions` (what its definition offers an operator)",
     )
-    receipt: dict[str, Any] | None = Field(None, description="with `sent`: what proves it")
+    receipt: JsonObject | None = Field(None, description="with `sent`: what proves it")
+    signal: str = text(..., min_length=1, max_length=200,
+                       description="the step you decide: the task's `step.signal`")
+    epoch: Integer = Field(..., ge=0, le=MAX_EPOCH,
+                           description="the step you decide: the task's `step.epoch`")
 
 
 class ActionOut(Schema):
@@ -191,19 +195,38 @@ StatusName = Status
 OutcomeName = Outcome
 
 
+FILTERS = ("session_id", "kind", "status", "outcome")
+ABSENT: Any = None
+"""Default of a field that may be left out but not sent as null (pydantic does not
+validate defaults, so an explicit null is refused while an absent field is None)."""
+
+
 class BulkFilter(Input):
+    """Which tasks a bulk action touches: at least one of the filters, each a value."""
+
+    model_config = ConfigDict(
+        json_schema_extra={"anyOf": [{"required": [name]} for name in FILTERS]}
+    )
+
     action: BulkAction
-    session_id: str | None = None
-    kind: str | None = None
-    status: StatusName | None = None
-    outcome: OutcomeName | None = None
+    session_id: str = text(ABSENT, min_length=1)
+    kind: str = text(ABSENT, min_length=1)
+    status: StatusName = Field(ABSENT)
+    outcome: OutcomeName = Field(ABSENT)
+
+    @model_validator(mode="after")
+    def _filtered(self) -> BulkFilter:
+        if all(getattr(self, name) is None for name in FILTERS):
+            raise ValueError(f"filter: give at least one of {', '.join(FILTERS)}")
+        return self
 
 
 class BulkIn(BulkFilter):
     action_id: str = ActionId
     reason: str = Reason
-    expected_count: int | None = Field(
-        None, ge=0, description="the count the preview showed; a different count is refused"
+    expected_count: Integer = Field(
+        ..., ge=0, le=MAX_BULK,
+        description="the count the preview showed; a different count is refused",
     )
 
 
@@ -217,6 +240,8 @@ class BulkResult(Schema):
     ok: bool
     detail: str
     seq: int | None = None
+    replayed: bool = Field(False, description="done before under this action id: nothing "
+                           "ran again")
 
 
 class BulkOut(Schema):

@@ -25,15 +25,18 @@ from .schemas import (
     SubmissionIn,
     SubmissionOut,
 )
+from .types import MAX_BIGINT, PathText, query_text
 
 router = Router(tags=["sessions"])
 MAX_PAGE = 500
+CURSOR = r"^[0-9]{1,18}\.[0-9]{1,9}$"
+"""An entry's position, ``seq.ordinal`` (a bigint and an int)."""
 
 
 @router.get("/sessions", response=list[SessionOut])
 def list_sessions(
     request: HttpRequest,
-    after: str | None = Query(None, description="id of the last session of the previous page"),
+    after: str | None = query_text("id of the last session of the previous page"),
     limit: int = Query(50, ge=1, le=MAX_PAGE),
 ) -> Any:
     """Newest first; ids sort by creation time."""
@@ -46,17 +49,19 @@ def create_session(request: HttpRequest, body: SessionIn) -> Any:
 
 
 @router.get("/sessions/{session_id}", response=SessionOut)
-def get_session(request: HttpRequest, session_id: str) -> Any:
+def get_session(request: HttpRequest, session_id: PathText) -> Any:
     return reads.session(session_id)
 
 
 @router.get("/sessions/{session_id}/conversations", response=list[ConversationOut])
-def list_conversations(request: HttpRequest, session_id: str) -> Any:
+def list_conversations(request: HttpRequest, session_id: PathText) -> Any:
     return reads.conversations(session_id)
 
 
 @router.post("/sessions/{session_id}/conversations", response={201: ConversationOut})
-def create_conversation(request: HttpRequest, session_id: str, body: ConversationIn) -> Any:
+def create_conversation(
+    request: HttpRequest, session_id: PathText, body: ConversationIn
+) -> Any:
     created = commands.create_conversation(
         caller(request), session_id, body.fork_of, body.fork_entry_id
     )
@@ -79,8 +84,9 @@ def _cursor(value: str) -> tuple[int, int]:
 @router.get("/conversations/{conversation_id}/entries", response=EntryPage)
 def list_entries(
     request: HttpRequest,
-    conversation_id: str,
-    after: str | None = Query(None, description="cursor of the last entry already read"),
+    conversation_id: PathText,
+    after: str | None = Query(None, pattern=CURSOR,
+                              description="cursor of the last entry already read"),
     limit: int = Query(100, ge=1, le=MAX_PAGE),
 ) -> Any:
     """A conversation's transcript in order; a fork includes its origin up to the fork."""
@@ -95,10 +101,11 @@ def list_entries(
 @router.get("/sessions/{session_id}/documents/{kind}/{key}", response=DocumentOut)
 def get_document(
     request: HttpRequest,
-    session_id: str,
-    kind: str,
-    key: str,
-    version: int | None = Query(None, ge=1, description="a past version; default: current"),
+    session_id: PathText,
+    kind: PathText,
+    key: PathText,
+    version: int | None = Query(None, ge=1, le=MAX_BIGINT,
+                                description="a past version; default: current"),
 ) -> Any:
     try:
         return reads.document(session_id, kind, key, version)
@@ -107,7 +114,7 @@ def get_document(
 
 
 @router.get("/sessions/{session_id}/submissions", response=list[SubmissionOut])
-def list_submissions(request: HttpRequest, session_id: str) -> Any:
+def list_submissions(request: HttpRequest, session_id: PathText) -> Any:
     reads.session(session_id)
     return reads.submissions(session_id)
 
@@ -115,7 +122,7 @@ def list_submissions(request: HttpRequest, session_id: str) -> Any:
 @router.post(
     "/sessions/{session_id}/submissions", response={200: SubmissionOut, 201: SubmissionOut}
 )
-def submit(request: HttpRequest, session_id: str, body: SubmissionIn) -> Any:
+def submit(request: HttpRequest, session_id: PathText, body: SubmissionIn) -> Any:
     """Accept input for a conversation once per ``request_id``: a repeat answers 200 with
     the original, whatever its body says. An idle conversation starts a turn; a busy one
     does what ``when_busy`` says (``reject``: 409 saying why, nothing written)."""
@@ -129,5 +136,5 @@ def submit(request: HttpRequest, session_id: str, body: SubmissionIn) -> Any:
 
 
 @router.get("/submissions/{submission_id}", response=SubmissionOut)
-def get_submission(request: HttpRequest, submission_id: str) -> Any:
+def get_submission(request: HttpRequest, submission_id: PathText) -> Any:
     return reads.submission(submission_id)

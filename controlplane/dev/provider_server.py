@@ -41,6 +41,7 @@ from typing import Any, NoReturn
 from urllib.parse import unquote, urlsplit
 
 IDEMPOTENCY_HEADER = "Idempotency-Key"
+DEADLINE_HEADER = "Request-Deadline"  # Unix seconds: never accept the message later
 MAX_IDEMPOTENCY_KEY_LENGTH = 255
 MESSAGE_FIELDS = ("to", "subject", "body", "metadata")
 STALL_WHEN = ("before_store", "after_store")
@@ -234,7 +235,7 @@ class SendPlan:
 
 @dataclass(frozen=True)
 class StoreResult:
-    outcome: str  # accepted | duplicate | conflict | dropped
+    outcome: str  # accepted | duplicate | conflict | dropped | expired
     record: dict[str, Any]
     created: bool
     conflicting_fields: tuple[str, ...] = ()
@@ -347,15 +348,26 @@ class ProviderState:
             return SendPlan(send_no=send_no, fail=False, stall=stall)
 
     def store(
-        self, key: str, message: dict[str, Any], send_no: int, log_entry: dict[str, Any]
+        self,
+        key: str,
+        message: dict[str, Any],
+        send_no: int,
+        log_entry: dict[str, Any],
+        deadline: float | None = None,
     ) -> StoreResult:
         """Store the message unless its key is known, and log the request, atomically.
 
         The check and the insert share the lock, which is what makes concurrent
-        sends with one key produce exactly one message.
+        sends with one key produce exactly one message. A new message whose
+        ``deadline`` has passed is not stored (outcome ``expired``): its sender has
+        stopped waiting and may already have concluded that it was never sent.
         """
         with self._lock:
             existing = self._messages.get(key)
+            if existing is None and deadline is not None and time.time() > deadline:
+                self._log_locked({**log_entry, "outcome": "expired", "status": 503,
+                                  "message_id": None, "created": False})
+                return StoreResult(outcome="expired", record={}, created=False)
             if existing is None:
                 record = {
                     "id": f"msg_{uuid.uuid4().hex}",
@@ -430,6 +442,7 @@ _SEND_STATUS: dict[str, int | None] = {
     "duplicate": 200,
     "conflict": 409,
     "dropped": None,  # the connection is closed without an answer
+    "expired": 503,  # its Request-Deadline passed before it could be stored
 }
 
 
@@ -525,6 +538,7 @@ class ProviderHandler(BaseHTTPRequestHandler):
             # a lost connection instead of our 422.
             data = self._read_json()
             key = self._idempotency_key()
+            deadline = self._deadline()
             message = parse_message(data)
         except InvalidInput as exc:
             return self._refuse_invalid(entry, exc)
@@ -542,12 +556,17 @@ class ProviderHandler(BaseHTTPRequestHandler):
             entry["faults"] = ["stall"]
             if plan.stall.when == "before_store":
                 time.sleep(plan.stall.ms / 1000)
-        result = self.state.store(key, message, plan.send_no, entry)
+        result = self.state.store(key, message, plan.send_no, entry, deadline)
         if plan.stall is not None and plan.stall.when == "after_store":
             time.sleep(plan.stall.ms / 1000)
 
         if result.outcome == "dropped":
             return self._drop_connection()
+        if result.outcome == "expired":
+            return self._respond(HTTPStatus.SERVICE_UNAVAILABLE, {
+                "error": f"{DEADLINE_HEADER} passed before the message could be stored: "
+                         "not accepted",
+            })
         if result.outcome == "conflict":
             return self._respond(HTTPStatus.CONFLICT, {
                 "error": "Idempotency-Key was already used for a different message",
@@ -590,6 +609,15 @@ class ProviderHandler(BaseHTTPRequestHandler):
             raise InvalidInput(IDEMPOTENCY_HEADER,
                                f"must be at most {MAX_IDEMPOTENCY_KEY_LENGTH} characters")
         return key
+
+    def _deadline(self) -> float | None:
+        raw = self.headers.get(DEADLINE_HEADER, "").strip()
+        if not raw:
+            return None
+        try:
+            return float(raw)
+        except ValueError:
+            raise InvalidInput(DEADLINE_HEADER, "must be a Unix time in seconds") from None
 
     def _read_json(self) -> object:
         """Read the whole request body and decode it; ValueError if it is not JSON."""

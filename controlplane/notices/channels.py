@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import smtplib
+import time
 from email.utils import make_msgid
 from typing import Protocol
 
@@ -48,7 +49,12 @@ class CannotConfirm(Exception):
 
 
 class Channel(Protocol):
-    def send(self, message: Message, operation_id: str) -> dict[str, str]: ...
+    def send(
+        self, message: Message, operation_id: str, deadline: float | None = None
+    ) -> dict[str, str]:
+        """``deadline`` (Unix time): the send ends by then; where the channel can, the
+        other side also refuses to take the message later."""
+        ...
 
     def lookup(self, operation_id: str) -> dict[str, str] | None: ...
 
@@ -57,9 +63,11 @@ class HttpChannel:
     def __init__(self, base_url: str, timeout: float = 10.0) -> None:
         self.provider = HttpEmailProvider(base_url, timeout)
 
-    def send(self, message: Message, operation_id: str) -> dict[str, str]:
+    def send(
+        self, message: Message, operation_id: str, deadline: float | None = None
+    ) -> dict[str, str]:
         try:
-            return self.provider.send(message, idempotency_key=operation_id).to_json()
+            return self.provider.send(message, operation_id, deadline).to_json()
         except ProviderUnavailable as exc:
             raise NotAccepted(str(exc)) from exc
         except DeliveryUncertain as exc:
@@ -83,8 +91,16 @@ class SmtpChannel:
     def __init__(self, host: str, port: int, sender: str, timeout: float = 10.0) -> None:
         self.host, self.port, self.sender, self.timeout = host, port, sender, timeout
 
-    def send(self, message: Message, operation_id: str) -> dict[str, str]:
+    def send(
+        self, message: Message, operation_id: str, deadline: float | None = None
+    ) -> dict[str, str]:
+        """SMTP has no deadline of its own: the socket timeout ends the call by
+        ``deadline``, but a server may still take a message whose sender gave up, which is
+        why an interrupted SMTP send goes to an operator."""
         message_id = make_msgid(domain="notices.local")
+        timeout = self.timeout if deadline is None else min(self.timeout, deadline - time.time())
+        if timeout <= 0:
+            raise NotAccepted("the send's deadline passed before it was sent")
         email = EmailMessage(
             message.subject,
             message.body,
@@ -96,7 +112,7 @@ class SmtpChannel:
             "django.core.mail.backends.smtp.EmailBackend",
             host=self.host,
             port=self.port,
-            timeout=self.timeout,
+            timeout=timeout,
             fail_silently=False,
         )
         try:

@@ -22,12 +22,16 @@ from __future__ import annotations
 
 import http.client
 import json
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote, urlsplit
 
 IDEMPOTENCY_HEADER = "Idempotency-Key"
+DEADLINE_HEADER = "Request-Deadline"
+"""Unix time (seconds) after which the provider must not accept the message
+(docs/email-provider.md): what lets a sender know that no call of its can land later."""
 # Answers meaning "not accepted, try again later" (docs/email-provider.md).
 RETRY_LATER_STATUSES = frozenset({429, 503})
 
@@ -149,11 +153,13 @@ class _Endpoint:
         path: str,
         payload: Any = None,
         headers: Mapping[str, str] | None = None,
+        timeout: float | None = None,
     ) -> _Answer:
         connection_class = (
             http.client.HTTPSConnection if self._https else http.client.HTTPConnection
         )
-        connection = connection_class(self._host, self._port, timeout=self._timeout)
+        wait = self._timeout if timeout is None else max(0.001, min(self._timeout, timeout))
+        connection = connection_class(self._host, self._port, timeout=wait)
         body = None if payload is None else json.dumps(payload).encode()
         all_headers = {"Accept": "application/json", "Connection": "close", **(headers or {})}
         if body is not None:
@@ -192,16 +198,26 @@ class HttpEmailProvider:
     def __init__(self, base_url: str, timeout: float = 10.0) -> None:
         self._endpoint = _Endpoint(base_url, timeout)
 
-    def send(self, message: Message, idempotency_key: str) -> Receipt:
+    def send(
+        self, message: Message, idempotency_key: str, deadline: float | None = None
+    ) -> Receipt:
         """Send once under ``idempotency_key``; a repeat with the same key sends nothing new.
+
+        ``deadline`` (Unix time): the call ends by then, and the provider refuses to
+        accept the message after it, so nothing sent now can land later.
 
         Returns the receipt (the original one if the key was used before). Raises
         ProviderRejected, ProviderUnavailable or DeliveryUncertain (see the module
         docstring for what each means to a durable sender).
         """
-        answer = self._endpoint.request(
-            "POST", "/messages", message.to_json(), {IDEMPOTENCY_HEADER: idempotency_key}
-        )
+        headers = {IDEMPOTENCY_HEADER: idempotency_key}
+        timeout = None
+        if deadline is not None:
+            timeout = deadline - time.time()
+            if timeout <= 0:
+                raise ProviderUnavailable("the send's deadline passed before it was sent")
+            headers[DEADLINE_HEADER] = f"{deadline:.3f}"
+        answer = self._endpoint.request("POST", "/messages", message.to_json(), headers, timeout)
         if answer.status in (200, 202):
             try:
                 return Receipt.from_json(answer.payload)

@@ -13,6 +13,7 @@ the :data:`DECISIONS` it declares.
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections import OrderedDict
 from collections.abc import Mapping
@@ -26,6 +27,7 @@ from .provider import Message
 PLAN = "email-plan"
 MAX_ATTEMPTS = 8
 MAX_BACKOFF_SECONDS = 30.0
+DEADLINE_MARGIN_SECONDS = 1.0  # clock difference allowed between workers and the provider
 
 # What an operator may answer a notice that cannot tell whether it was sent.
 SENT = Decision(
@@ -125,20 +127,25 @@ def register(registry: Registry, channels: Mapping[str, Channel]) -> None:
 
         def on_cancel(self, run: Run) -> None:
             """A cancelled notice may have been sent already (its call was in flight when
-            the cancel landed): ask before recording it as not sent."""
+            the cancel landed): ask before recording it as not sent. Every send carries
+            a deadline no later than its lease's end, which the provider honours, so
+            once the revoked lease has run out no call can still land: "not found" is
+            only believed from then on."""
             entry = run.document(PLAN, run.input["plan"])["recipients"][run.input["to"]]
             if entry.get("state") == "sent":
                 return
             channel, _ = _channel_and_message(run, channels)
-            try:
-                found = channel.lookup(run.input["operation_id"])
-            except (CannotConfirm, NotAccepted, Rejected):
-                found = None
-                if entry.get("state") in ("sending", "retrying", "uncertain"):
-                    _record(run, state="cancelled", error="cancelled; it may have been sent")
-                    return
+            found, unknown = _look_up(channel, run.input["operation_id"])
+            revoked_until = run.revoked_until
+            if found is None and not unknown and revoked_until is not None:
+                wait = (revoked_until - run.now).total_seconds()
+                if wait > 0:  # the interrupted phase's call may still be on its way
+                    time.sleep(wait)
+                    found, unknown = _look_up(channel, run.input["operation_id"])
             if found is not None:
                 _record(run, state="sent", receipt=found, confirmed_by="lookup")
+            elif unknown and entry.get("state") in ("sending", "retrying", "uncertain"):
+                _record(run, state="cancelled", error="cancelled; it may have been sent")
             else:
                 _record(run, state="cancelled")
 
@@ -198,12 +205,27 @@ def _channel_and_message(run: Run, channels: Mapping[str, Channel]) -> tuple[Cha
     return channels[channel], message
 
 
-def _deliver(run: Run, channel: Channel, message: Message) -> Transition:
+def _look_up(channel: Channel, operation_id: str) -> tuple[dict[str, str] | None, bool]:
+    """The receipt under ``operation_id`` (None: the provider holds none), and whether
+    the channel could not tell."""
     try:
-        receipt = channel.send(message, run.input["operation_id"])
-    except NotAccepted as exc:
-        return _retry_later(run, "confirm", str(exc))
-    except Uncertain as exc:
+        return channel.lookup(operation_id), False
+    except (CannotConfirm, NotAccepted, Rejected):
+        return None, True
+
+
+def _deliver(run: Run, channel: Channel, message: Message) -> Transition:
+    # Bounded by the lease: a cancel's handler looks up only after the revoked lease has
+    # run out, and by then this call has ended and the provider refuses it (on_cancel).
+    # The lease is on the kernel's clock, the provider's deadline on the wall clock:
+    # carry over what is left of the lease.
+    left = (run.deadline(DEADLINE_MARGIN_SECONDS) - run.now).total_seconds()
+    deadline = time.time() + left
+    try:
+        receipt = channel.send(message, run.input["operation_id"], deadline)
+    except NotAccepted as exc:  # certainly not sent: send again after a while
+        return _send_later(run, str(exc))
+    except Uncertain as exc:  # it may have been sent: find out before anything else
         return _retry_later(run, "confirm", str(exc))
     except Rejected as exc:
         return _give_up(run, str(exc))
@@ -217,6 +239,17 @@ def _retry_later(run: Run, phase: str, error: str) -> Transition:
         return _ask_operator(run, f"still failing after {MAX_ATTEMPTS} attempts: {error}")
     _record(run, state="retrying", error=error)
     return run.sleep(backoff(attempts), then=phase, checkpoint={"attempts": attempts})
+
+
+def _send_later(run: Run, error: str) -> Transition:
+    """The channel did not take the message (refused connection, provider down): nothing
+    was sent, so there is nothing to ask an operator; back off and send again, and past
+    :data:`MAX_ATTEMPTS` fail the notice as not sent (an operator may retry it)."""
+    attempts = run.checkpoint.get("attempts", 0) + 1
+    if attempts > MAX_ATTEMPTS:
+        return _give_up(run, f"not sent after {MAX_ATTEMPTS} attempts: {error}")
+    _record(run, state="not_sent", error=error)
+    return run.sleep(backoff(attempts), then="send", checkpoint={"attempts": attempts})
 
 
 def _ask_operator(run: Run, why: str) -> Transition:

@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from django.db.models import QuerySet
+
 from controlplane import models
 from controlplane.notices.tasks import PLAN
 from controlplane.runtime import runtime
@@ -19,10 +21,12 @@ from controlplane.storage.schema import SESSION
 from kernel import Status
 from kernel.agent import turn
 from kernel.commit import operations_log_id
-from kernel.records import SHOWN_STATUSES, Entry, SessionRecord, Submission
+from kernel.records import SHOWN_STATUSES, SessionRecord
 
 from . import sessions as session_reads
 from . import tasks
+from . import timeline as history
+from . import transcript as conversations
 from .snapshot import rows as sql_rows
 from .tasks import TaskFilter, TaskView
 
@@ -119,55 +123,51 @@ def plans(session_id: str) -> list[dict[str, Any]]:
     return found
 
 
+def _streaming(session_id: str) -> QuerySet[models.Task]:
+    """The tasks whose progress documents are still being written: not ended. An ended
+    task's text is in the transcript, and a cancelled one's was never finished."""
+    keys = models.Document.objects.filter(session_id=session_id, kind=PROGRESS).values("key")
+    return models.Task.objects.filter(session_id=session_id, id__in=keys).exclude(
+        status=Status.TERMINAL)
+
+
 def progress(session_id: str) -> list[dict[str, Any]]:
-    """Streamed text and tool output still being produced (progress documents)."""
+    """Streamed text and tool output still being produced (progress documents of tasks
+    that have not ended, with something in them)."""
     kernel = runtime().kernel
     found = []
-    for key in models.Document.objects.filter(session_id=session_id, kind=PROGRESS).order_by(
-        "-updated_seq"
-    ).values_list("key", flat=True)[:5]:
+    live = _streaming(session_id).values("id")
+    for key in models.Document.objects.filter(
+        session_id=session_id, kind=PROGRESS, key__in=live
+    ).order_by("-updated_seq").values_list("key", flat=True)[:5]:
         value = kernel.document(session_id, PROGRESS, key) or {}
-        found.append({"task_id": key, "text": value.get("text", ""),
-                      "output": value.get("output", "")})
+        if value.get("text") or value.get("output"):
+            found.append({"task_id": key, "text": value.get("text", ""),
+                          "output": value.get("output", "")})
     return found
 
 
-@dataclass(frozen=True)
-class Transcript:
-    id: str
-    operations: bool
-    fork_of: str | None
-    entries: list[Entry]
-
-
-def transcript(session_id: str) -> list[Transcript]:
-    """Each conversation (the operations log last) with its last entries."""
+def transcript(session_id: str) -> list[conversations.Conversation]:
+    """Each conversation (the operations log last) with its last entries, as items."""
     kernel = runtime().kernel
     ops = operations_log_id(session_id)
-    conversations = sorted(
+    found = sorted(
         session_reads.conversations(session_id), key=lambda c: (c.id == ops, c.created_seq)
     )
     return [
-        Transcript(c.id, c.id == ops, c.fork_of, kernel.entries(c.id)[-ENTRY_TAIL:])
-        for c in conversations
+        conversations.conversation(session_id, c.id, kernel.entries(c.id), c.id == ops,
+                                   c.fork_of, ENTRY_TAIL)
+        for c in found
     ]
 
 
-def submissions(session_id: str) -> list[Submission]:
-    return session_reads.submissions(session_id)
+def submissions(session_id: str) -> list[conversations.SubmissionView]:
+    return conversations.submissions(session_id, session_reads.submissions(session_id))
 
 
-def timeline(task_id: str, session_id: str) -> list[dict[str, Any]]:
-    """The commits that touched a task, in order, with what each did to it."""
-    found = []
-    for seq, at, actor, summary in models.Commit.objects.filter(
-        session_id=session_id, summary__contains=[{"type": "task", "id": task_id}]
-    ).order_by("seq").values_list("seq", "at", "actor", "summary")[:1000]:
-        item = next(i for i in summary if i.get("type") == "task" and i["id"] == task_id)
-        found.append({"seq": seq, "at": at, "actor": actor,
-                      "status": item.get("outcome") or item.get("status"),
-                      "phase": item.get("phase")})
-    return found
+def timeline(task_id: str, session_id: str, terminal: bool) -> history.Timeline:
+    """The task's commits on a time axis: a row per phase (see :mod:`.timeline`)."""
+    return history.timeline(task_id, session_id, terminal)
 
 
 # -- the session page ---------------------------------------------------------------------------
@@ -183,8 +183,8 @@ class SessionPage:
     roots: list[Node]
     plans: list[dict[str, Any]]
     progress: list[dict[str, Any]]
-    transcript: list[Transcript]
-    submissions: list[Submission]
+    transcript: list[conversations.Conversation]
+    submissions: list[conversations.SubmissionView]
 
 
 def session_page(session_id: str) -> SessionPage | None:
@@ -213,8 +213,8 @@ class SessionChanges:
     rows: list[Node] = field(default_factory=list)
     plans: list[dict[str, Any]] | None = None
     progress: list[dict[str, Any]] | None = None
-    transcript: list[Transcript] | None = None
-    submissions: list[Submission] | None = None
+    transcript: list[conversations.Conversation] | None = None
+    submissions: list[conversations.SubmissionView] | None = None
 
 
 def session_changes(session_id: str, after: int) -> SessionChanges | None:
@@ -246,9 +246,12 @@ def session_changes(session_id: str, after: int) -> SessionChanges | None:
     documents = models.Document.objects.filter(session_id=session_id, updated_seq__gt=after)
     if documents.filter(kind=PLAN).exists():
         changes.plans = plans(session_id)
-    if documents.filter(kind=PROGRESS).exists():
-        changes.progress = progress(session_id)
-    if models.Entry.objects.filter(session_id=session_id, seq__gt=after).exists():
+    streamers = models.Document.objects.filter(session_id=session_id, kind=PROGRESS)
+    if documents.filter(kind=PROGRESS).exists() or in_session.filter(
+            updated_seq__gt=after, id__in=streamers.values("key")).exists():
+        changes.progress = progress(session_id)  # a streaming task moved (or ended)
+    if models.Entry.objects.filter(session_id=session_id, seq__gt=after).exists() or \
+            in_session.filter(updated_seq__gt=after, kind=conversations.TOOL_KIND).exists():
         changes.transcript = transcript(session_id)
     if models.Submission.objects.filter(session_id=session_id, updated_seq__gt=after).exists():
         changes.submissions = submissions(session_id)

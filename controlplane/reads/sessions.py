@@ -5,10 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from django.db.models import Q
+
 from controlplane import models
 from controlplane.runtime import runtime
 from controlplane.storage.schema import CONVERSATION, SESSION, SUBMISSION
 from kernel import UnknownRecord
+from kernel.commit import operations_log_id
 from kernel.records import Conversation, Entry, SessionRecord, Submission
 
 
@@ -78,6 +81,15 @@ def submission(submission_id: str) -> Submission:
     return found
 
 
-def committed(session_id: str, key: str) -> bool:
-    """Whether the session has a commit with this idempotency key (an action id)."""
-    return models.Commit.objects.filter(session_id=session_id, key=key).exists()
+def actions_by_id(session_id: str, action_id: str) -> list[tuple[str, str, str]]:
+    """What was done in the session under ``action_id``: ``(recorded id, action,
+    target)`` for each operator action its operations log holds under that id, or under
+    ``action_id:TASK`` (a bulk action records one per task)."""
+    prefix = f"{action_id}:"
+    rows = models.Entry.objects.filter(
+        session_id=session_id, conversation_id=operations_log_id(session_id)
+    ).filter(Q(payload__action_id=action_id) | Q(payload__action_id__startswith=prefix))
+    return [
+        (str(payload["action_id"]), kind, str(payload.get("target", "")))
+        for kind, payload in rows.order_by("seq", "ordinal").values_list("kind", "payload")
+    ]

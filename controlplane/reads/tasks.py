@@ -74,6 +74,15 @@ class TaskView:
         return runtime().kernel.registry.decisions(self.task)
 
     @property
+    def step(self) -> dict[str, Any] | None:
+        """The uncertain step an operator may resolve now (what ``resolve`` names), or
+        None: the signal it waits on and its epoch, which no later step shares."""
+        signal = self.task.waits_on.signal
+        if signal is None or not self.decisions:
+            return None
+        return {"signal": signal, "epoch": self.task.epoch}
+
+    @property
     def attempts(self) -> int:
         checkpoint = self.task.checkpoint
         return int(checkpoint.get("attempts", 0)) if isinstance(checkpoint, dict) else 0

@@ -31,7 +31,8 @@ ACTIONS: dict[str, Action] = {
     "retry": lambda request, target, action_id, reason: commands.retry_task(
         request.user, target, action_id, reason),
     "resolve": lambda request, target, action_id, reason: commands.resolve_task(
-        request.user, target, action_id, reason, request.POST.get("decision", "")),
+        request.user, target, action_id, reason, request.POST.get("decision", ""),
+        _step(request)),
     "resubmit": lambda request, target, action_id, reason: commands.resubmit(
         request.user, target, action_id, reason),
 }
@@ -72,12 +73,25 @@ def retry_failed(request: HttpRequest) -> HttpResponse:
         )
     except Exception as exc:
         return _refused(request, exc)
-    done = [r for r in result.results if r.ok]
+    done = [r for r in result.results if r.ok and not r.replayed]
+    replayed = [r for r in result.results if r.ok and r.replayed]
     failed = [f"{r.task_id}: {r.detail}" for r in result.results if not r.ok]
     note = f"retry: {len(done)} of {result.count} done."
+    if replayed:
+        note += (f" {len(replayed)} already done earlier by this action id: "
+                 "nothing ran again.")
     if failed:
         note += " Not done: " + "; ".join(failed)
     return _answer(request, 200, note)
+
+
+def _step(request: HttpRequest) -> commands.Step:
+    """The step a resolve form was rendered for (hidden fields of the form)."""
+    epoch = request.POST.get("epoch", "")
+    signal = request.POST.get("signal", "")
+    if not signal or not epoch.isdigit():
+        raise Invalid("signal, epoch: the step the page showed")
+    return commands.Step(signal, int(epoch))
 
 
 def _reason_and_id(request: HttpRequest) -> tuple[str, str]:

@@ -1,8 +1,7 @@
-"""One task's page: its input, checkpoint, result or error, and the commits that moved it."""
+"""One task's page: its phases on a time axis (every commit, the waits, the leases, the
+operators' actions), and its input, checkpoint and result or error."""
 
 from __future__ import annotations
-
-import json
 
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import render
@@ -10,6 +9,7 @@ from django.shortcuts import render
 from controlplane.reads import pages
 from controlplane.reads import tasks as task_reads
 from controlplane.reads.snapshot import snapshot
+from controlplane.reads.transcript import pretty
 from kernel import UnknownRecord
 
 from .access import may_act, viewer_required
@@ -25,10 +25,9 @@ def task(request: HttpRequest, task_id: str) -> HttpResponse:
         return render(request, "ui/task.html", {
             "task": shown,
             # As JSON text, escaped by the template like any other text.
-            "as_json": {name: json.dumps(getattr(shown, name), indent=2, ensure_ascii=False,
-                                         default=str)
+            "as_json": {name: pretty(getattr(shown, name))
                         for name in ("input", "checkpoint", "outcome")},
-            "timeline": pages.timeline(task_id, shown.session_id),
+            "timeline": pages.timeline(task_id, shown.session_id, shown.terminal),
             "seq": pages.head_seq(shown.session_id),
             "can_act": may_act(request),
         })

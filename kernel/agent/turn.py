@@ -22,10 +22,10 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from kernel.records import SubmissionStatus
+from kernel.records import Outcome, SubmissionStatus
 from kernel.registry import Registry
 from kernel.run import Run
-from kernel.tasks import Transition
+from kernel.tasks import Finish, Transition
 
 from .context import INTERRUPTION, RESPONSE, TOOL_RESULT, USER, messages
 from .models import (
@@ -69,6 +69,9 @@ def register_agent(
     @registry.task("agent-turn", queue="brain")
     class Turn:
         initial = "prepare"
+        # A request that kills its worker is counted by the turn's own attempts (it
+        # records each interruption); the kernel's limit is the backstop past them.
+        max_restarts = MAX_ATTEMPTS
 
         def prepare(self, run: Run) -> Transition:
             model = run.input.get("model") or default_model
@@ -107,6 +110,9 @@ def register_agent(
             attempt = checkpoint.get("attempt", 0) + 1
             # Under way; this commit also holds the results answered just above.
             run.commit(checkpoint={"in_flight": attempt, "attempt": attempt, "tools": None})
+            # What this request is asked with: read before the entries, so an input steered
+            # in between counts as unseen (and is asked about again), never the reverse.
+            asked_with = seen_submissions(run, conversation)
             request = ModelRequest(
                 checkpoint["model"],
                 messages(run.entries(conversation)),
@@ -129,8 +135,12 @@ def register_agent(
             except PermanentModelError as exc:
                 return run.next("finish", {"failure": f"model refused: {exc}", "in_flight": None})
             if isinstance(answer, Pending):
-                return run.next("poll", {"handle": answer.handle, "in_flight": None, "polls": 0})
-            return respond(run, answer, stream)
+                return run.next(
+                    "poll",
+                    {"handle": answer.handle, "in_flight": None, "polls": 0,
+                     "asked_with": asked_with},
+                )
+            return respond(run, answer, stream, asked_with)
 
         def poll(self, run: Run) -> Transition:
             """A background response: the saved handle is asked again, never a new request."""
@@ -150,13 +160,27 @@ def register_agent(
                 return run.next("finish", {"failure": f"model refused: {exc}"})
             if answer is None:
                 return run.sleep(POLL_SECONDS, then="poll", checkpoint={"polls": polls})
-            return respond(run, answer, None)
+            return respond(run, answer, None, run.checkpoint.get("asked_with"))
 
         def finish(self, run: Run) -> Transition:
             """Bookkeeping only, so re-running it on a document conflict is harmless."""
             return finish_turn(run)
 
-    def respond(run: Run, answer: ModelResponse, stream: Stream | None) -> Transition:
+        def on_end(self, run: Run, finish: Finish) -> None:
+            """Cancelled, past the restart limit, a phase that raised or faulted: the turn
+            ends without answering, and releases its conversation in the same commit."""
+            if finish.outcome == Outcome.CANCELLED:
+                intent = run.task.cancel or {}
+                status = SubmissionStatus.CANCELLED
+                reason = f"the turn was cancelled by {intent.get('by')}: {intent.get('reason')}"
+            else:
+                status = SubmissionStatus.FAILED
+                reason = f"the turn {finish.outcome}: {finish.error}"
+            release(run, status, reason)
+
+    def respond(
+        run: Run, answer: ModelResponse, stream: Stream | None, asked_with: list[str] | None
+    ) -> Transition:
         conversation = run.input["conversation_id"]
         checkpoint = run.checkpoint
         entry = run.append(
@@ -172,7 +196,11 @@ def register_agent(
         if stream is not None:
             stream.fold(answer.text)
         if not answer.tool_calls:
-            return run.next("finish", {"answer_entry": entry, "in_flight": None, "handle": None})
+            return run.next(
+                "finish",
+                {"answer_entry": entry, "in_flight": None, "handle": None,
+                 "asked_with": asked_with},
+            )
         tools = {
             run.spawn("agent-tool", {"conversation_id": conversation, "call": call.to_json()}):
             [call.id, call.name]
@@ -306,19 +334,62 @@ def record_usage(run: Run, conversation: str, usage: JSON) -> None:
             )
 
 
+def seen_submissions(run: Run, conversation: str) -> list[str]:
+    """The submissions a model request made now includes: the turn's own and those
+    steered into it so far."""
+    steering = run.document(CONVERSATION, conversation).get("steering", [])
+    return [*run.input.get("submissions", []), *steering]
+
+
 def finish_turn(run: Run) -> Transition:
+    answer = run.checkpoint.get("answer_entry")
+    failure = run.checkpoint.get("failure")
+    if answer:
+        conversation = run.input["conversation_id"]
+        asked_with = run.checkpoint.get("asked_with")
+        steering = run.document(CONVERSATION, conversation).get("steering", [])
+        unseen = [s for s in steering if asked_with is not None and s not in asked_with]
+        if unseen:
+            # Steered in while the last request was in flight: that answer did not see it,
+            # so it answers nothing of it. Ask again, with it (the release below would
+            # otherwise conflict with the steer's document version and land here anyway).
+            return run.next(
+                "request", {"answer_entry": None, "asked_with": None, "attempt": 0}
+            )
+    if answer:
+        release(run, SubmissionStatus.ANSWERED, None, answer_entry=answer)
+    else:
+        release(run, SubmissionStatus.UNANSWERED, failure)
+    if failure:
+        return run.fail(failure)
+    return run.succeed({"answer_entry": answer})
+
+
+def release(
+    run: Run,
+    status: SubmissionStatus,
+    reason: str | None,
+    *,
+    answer_entry: str | None = None,
+) -> None:
+    """Settle every submission the turn holds (its own and those steered into it) and
+    hand the conversation to the next queued submission, or leave it idle. Written with
+    the version it was read at: a submission racing in makes the commit conflict, and it
+    is read again. A conversation that another turn holds now is left to that turn."""
     conversation = run.input["conversation_id"]
     state = run.document(CONVERSATION, conversation)
     version = run.document_version(CONVERSATION, conversation)
-    answer = run.checkpoint.get("answer_entry")
-    failure = run.checkpoint.get("failure")
-    for submission in [*run.input.get("submissions", []), *state.get("steering", [])]:
-        if answer:
-            run.draft.update_submission(
-                submission, SubmissionStatus.ANSWERED, answer_entry_id=answer
-            )
+    holds = state.get("active") == run.task_id
+    held = [*run.input.get("submissions", []), *(state.get("steering", []) if holds else [])]
+    for submission in dict.fromkeys(held):
+        if run.submission(submission).status.settled:
+            continue
+        if status is SubmissionStatus.ANSWERED:
+            run.draft.update_submission(submission, status, answer_entry_id=answer_entry)
         else:
-            run.draft.update_submission(submission, SubmissionStatus.UNANSWERED, reason=failure)
+            run.draft.update_submission(submission, status, reason=reason)
+    if not holds:
+        return
     queue = list(state.get("queue", []))
     following = None
     if queue:
@@ -329,9 +400,6 @@ def finish_turn(run: Run) -> Transition:
         {"op": "set", "path": [], "value": {"active": following, "queue": queue, "steering": []}},
         expected_version=version,
     )
-    if failure:
-        return run.fail(failure)
-    return run.succeed({"answer_entry": answer})
 
 
 def start_turn(run: Run, conversation: str, submission_id: str) -> str:

@@ -226,6 +226,18 @@ class Stack:
         self.provider.kill()
 
 
+def operator_client(username: str) -> Any:
+    """A Django test client logged in as a new member of the operator group."""
+    from django.contrib.auth.models import Group, User
+    from django.test import Client
+
+    client = Client()
+    account = User.objects.create_user(username)
+    account.groups.add(Group.objects.get_or_create(name="operator")[0])
+    client.force_login(account)
+    return client
+
+
 def sweeps_sent(beat: Process) -> int:
     """How many sweeps a beat process has sent so far, by its log."""
     return beat.output().count(SWEEP_SENT)

@@ -11,14 +11,12 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from django.contrib.auth.models import Group, User
-from django.test import Client
 
 from controlplane.runtime import runtime
 from kernel import Status, SubmissionStatus, Task
 from tests.model_stand_in import Completion, ModelStandIn, by_round, tool_outputs
 
-from .harness import Stack, wait_for
+from .harness import Stack, operator_client, wait_for
 
 pytestmark = [pytest.mark.chaos, pytest.mark.slow]
 
@@ -219,10 +217,7 @@ def test_submissions_after_a_crash_are_idempotent_and_reject_writes_nothing(
     nothing and says why. After recovery both accepted inputs are answered."""
     stack = agent_stack
     monkeypatch.setattr(runtime().dispatcher, "deliver", stack.deliver)
-    operator = Client()
-    account = User.objects.create_user("olga")
-    account.groups.add(Group.objects.get_or_create(name="operator")[0])
-    operator.force_login(account)
+    operator = operator_client("olga")
 
     def last_user_text(body: Any) -> str:
         return next(m["content"] for m in reversed(body["messages"]) if m["role"] == "user")

@@ -19,6 +19,7 @@ from kernel import (
     Registry,
     Run,
     StaleLease,
+    StaleStep,
     Status,
     Transition,
     WaitCycle,
@@ -133,6 +134,35 @@ def test_waiting_on_a_signal_continues_once_it_arrives(world: World) -> None:
     world.scheduler(kernel.registry).run_until_idle()
     assert outcome(world, task_id) == "succeeded"
     assert log_of(world, kernel, handle.id) == {"q": ["ask", "answer:sent"]}
+
+
+def test_a_signal_for_a_step_lands_only_while_the_task_waits_on_that_step(
+    world: World,
+) -> None:
+    """An operator's answer names the step it answers (signal and epoch): one for a step
+    answered already, or replaced, is refused and writes nothing."""
+    kernel, handle, task_id = start(world, "asker", {"name": "q"})
+    world.scheduler(kernel.registry).run_until_idle()
+    waiting = world.storage.task(task_id)
+    head = world.storage.session(handle.id).head_seq
+
+    def answer(name: str, epoch: int, decision: str = "sent") -> None:
+        draft = Draft(actor="user:olga")
+        draft.signal(task_id, name, {"decision": decision}, step_epoch=epoch)
+        world.kernel(kernel.registry).open(handle.id).commit(draft)
+
+    for name, epoch in [("resolution", waiting.epoch + 1), ("resolution", waiting.epoch - 1),
+                        ("other", waiting.epoch)]:
+        with pytest.raises(StaleStep):
+            answer(name, epoch)
+    assert world.storage.session(handle.id).head_seq == head
+    answer("resolution", waiting.epoch)
+    for decision in ("sent", "give_up"):  # a second answer to that step, even the same one
+        with pytest.raises(StaleStep, match="no longer waits on resolution"):
+            answer("resolution", waiting.epoch, decision)
+    assert world.storage.session(handle.id).head_seq == head + 1
+    world.scheduler(kernel.registry).run_until_idle()
+    assert outcome(world, task_id) == "succeeded"
 
 
 def test_sleeping_waits_for_its_time_then_runs(world: World) -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -19,7 +18,11 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 @pytest.fixture(autouse=True)
-def kernel(monkeypatch: pytest.MonkeyPatch) -> Iterator[Kernel]:
+def kernel(monkeypatch: pytest.MonkeyPatch) -> Kernel:
+    return with_test_kinds(monkeypatch)
+
+
+def with_test_kinds(monkeypatch: pytest.MonkeyPatch) -> Kernel:
     """The web process's kernel, with test task kinds and no broker (no worker runs here)."""
     built = runtime().kernel
     monkeypatch.setattr(runtime().dispatcher, "deliver", lambda task, queue: None)
@@ -55,7 +58,7 @@ def kernel(monkeypatch: pytest.MonkeyPatch) -> Iterator[Kernel]:
             def end(self, run: Run) -> Transition:
                 return run.succeed(run.outcomes())
 
-    yield built
+    return built
 
 
 def user(name: str, group: str | None) -> User:
@@ -111,17 +114,19 @@ def test_viewers_read_but_every_action_is_refused(kernel: Kernel, viewer: Client
     assert viewer.get(f"/api/sessions/{session_id}").json()["id"] == session_id
     assert viewer.get(f"/api/tasks/{task_id}").json()["status"] == "waiting"
     head = kernel.storage.session(session_id).head_seq
-    body = {"action_id": "x", "reason": "because"}
-    for url, extra in [
-        (f"/api/tasks/{task_id}/cancel", {}),
-        (f"/api/tasks/{task_id}/retry", {}),
-        (f"/api/tasks/{task_id}/wake", {}),
-        (f"/api/tasks/{task_id}/resolve", {"decision": "sent"}),
-        ("/api/actions/bulk", {"action": "cancel", "session_id": session_id}),
-        ("/api/actions/bulk/preview", {"action": "cancel"}),
+    action = {"action_id": "x", "reason": "because"}
+    for url, body in [
+        (f"/api/tasks/{task_id}/cancel", action),
+        (f"/api/tasks/{task_id}/retry", action),
+        (f"/api/tasks/{task_id}/wake", action),
+        (f"/api/tasks/{task_id}/resolve",
+         {**action, "decision": "sent", "signal": "resolution-1", "epoch": 1}),
+        ("/api/actions/bulk", {**action, "action": "cancel", "session_id": session_id,
+                               "expected_count": 1}),
+        ("/api/actions/bulk/preview", {"action": "cancel", "session_id": session_id}),
         ("/api/sessions", {}),
     ]:
-        response = post(viewer, url, {**body, **extra})
+        response = post(viewer, url, body)
         assert response.status_code == 403, url
     assert kernel.storage.session(session_id).head_seq == head
 
@@ -291,16 +296,19 @@ def test_cancel_cascades_records_the_operator_and_is_idempotent(
 
 def test_resolve_wake_retry_and_resubmit(kernel: Kernel, operator: Client) -> None:
     _, asking = start(kernel, "api-step", {"ask": True})
+    step = operator.get(f"/api/tasks/{asking}").json()["step"]
+    assert step == {"signal": "resolution-1", "epoch": kernel.task(asking).epoch}
     resolved = post(operator, f"/api/tasks/{asking}/resolve",
                     {"action_id": "r1", "reason": "checked", "decision": "sent",
-                     "receipt": {"id": "msg_1"}})
+                     "receipt": {"id": "msg_1"}, **step})
     assert resolved.status_code == 200
     Scheduler(kernel).run_until_idle()
     assert kernel.task(asking).outcome["result"]["receipt"] == {"id": "msg_1"}
     assert post(operator, f"/api/tasks/{asking}/resolve",
-                {"action_id": "r2", "reason": "x", "decision": "give_up"}).status_code == 409
+                {"action_id": "r2", "reason": "x", "decision": "give_up", **step}
+                ).status_code == 409
     bad = post(operator, f"/api/tasks/{asking}/resolve",
-               {"action_id": "r3", "reason": "x", "decision": "maybe"})
+               {"action_id": "r3", "reason": "x", "decision": "maybe", **step})
     assert bad.status_code == 422 and "decision" in bad.content.decode()
 
     _, sleeping = start(kernel, "api-step", {"sleep": True})
@@ -360,7 +368,7 @@ def test_bulk_actions_preview_then_confirm_with_a_result_per_task(
     )
     retry = post(operator, "/api/actions/bulk",
                  {"action": "retry", "session_id": session_id, "kind": "api-step",
-                  "action_id": "b2", "reason": "r"}).json()
+                  "action_id": "b2", "reason": "r", "expected_count": 3}).json()
     assert [r["ok"] for r in retry["results"]] == [False, False, False]
     assert all("only failed tasks retry" in r["detail"] for r in retry["results"])
 

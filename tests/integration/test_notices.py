@@ -4,7 +4,9 @@ with Celery workers and kills)."""
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Iterator
+from datetime import timedelta
 
 import pytest
 
@@ -93,7 +95,7 @@ def test_an_unavailable_provider_means_backoff_then_success(
     assert notice.status is Status.SLEEPING and notice.checkpoint["attempts"] == 1
     assert (
         kernel.document(handle.id, "email-plan", batch)["recipients"][RECIPIENTS[0]]["state"]
-        == "retrying"
+        == "not_sent"
     )
     admin.set_faults()
     scheduler.run_until_idle(advance_clock=True)
@@ -189,3 +191,53 @@ def test_an_operator_can_confirm_or_give_up_an_uncertain_send(
     else:
         assert outcome["kind"] == "failed"
         assert outcome["result"]["unsent"] == [RECIPIENTS[0]]
+
+
+def _refusing_port() -> int:
+    """A loopback port nothing listens on: connecting to it is refused."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def test_a_refused_smtp_connection_is_not_sent_and_retries_with_backoff(
+    provider: RunningProvider,
+) -> None:
+    """Nothing reached the server: the notice backs off and sends again, it never asks an
+    operator about an interrupted send; once the server is up, each email goes out once."""
+    port = _refusing_port()
+    kernel, handle, batch, scheduler = start(provider, port, channel="smtp")
+    scheduler.run_until_idle()
+    notice = notice_of(kernel, handle.id, RECIPIENTS[0])
+    assert (notice.status, notice.phase) == (Status.SLEEPING, "send")
+    assert notice.checkpoint["attempts"] == 1
+    entry = kernel.document(handle.id, "email-plan", batch)["recipients"][RECIPIENTS[0]]
+    assert entry["state"] == "not_sent" and "refused" in entry["error"].lower()
+
+    with start_smtp_server(port=port) as smtp:
+        scheduler.run_until_idle(advance_clock=True)
+        assert kernel.task(batch).outcome["result"]["sent"] == 3
+        assert sorted(to for m in smtp.messages() for to in m.rcpt_tos) == RECIPIENTS
+    assert all(t.wait is None for t in kernel.storage.session_tasks(handle.id))
+
+
+def test_an_smtp_server_that_stays_down_fails_the_notice_as_not_sent(
+    provider: RunningProvider,
+) -> None:
+    kernel, handle, batch, scheduler = start(provider, _refusing_port(), channel="smtp")
+    seen: set[Status] = set()
+    while True:  # step through the backoff, looking at the notices after every round
+        scheduler.run_until_idle()
+        seen |= {t.status for t in kernel.storage.session_tasks(handle.id)
+                 if t.kind == "send-notice"}
+        wake = kernel.storage.next_wake()
+        if wake is None:
+            break
+        kernel.clock.set(max(wake, kernel.clock.now()) + timedelta(microseconds=1))
+    notice = kernel.task(notice_of(kernel, handle.id, RECIPIENTS[0]).id)
+    assert Status.WAITING not in seen  # never put to an operator
+    assert notice.outcome["kind"] == "failed"
+    assert notice.outcome["error"].startswith(f"not sent after {notices.MAX_ATTEMPTS} attempts")
+    plan = kernel.document(handle.id, "email-plan", batch)
+    assert {e["state"] for e in plan["recipients"].values()} == {"failed"}
+    assert kernel.task(batch).outcome["result"]["unsent"] == RECIPIENTS

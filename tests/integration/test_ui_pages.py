@@ -242,12 +242,15 @@ def test_a_new_task_kind_brings_its_own_decisions_to_the_form_and_the_api() -> N
     answer = operator.get(f"/api/tasks/{task_id}").json()
     assert [d["name"] for d in answer["decisions"]] == ["approve", "deny"]
     token = operator.cookies["csrftoken"].value
+    step = {"signal": "approval", "epoch": str(answer["step"]["epoch"])}
+    assert answer["step"]["signal"] == "approval"
+    assert f'name="epoch" value="{step["epoch"]}"' in page
     refused = operator.post(f"/tasks/{task_id}/resolve", {"reason": "ok", "decision": "sent",
-                                                          "action_id": "r0"},
+                                                          "action_id": "r0", **step},
                             HTTP_X_CSRFTOKEN=token, HTTP_HX_REQUEST="true")
     assert refused.status_code == 422 and b"approve" in refused.content
     done = operator.post(f"/tasks/{task_id}/resolve", {"reason": "ok", "decision": "deny",
-                                                       "action_id": "r1"},
+                                                       "action_id": "r1", **step},
                          HTTP_X_CSRFTOKEN=token, HTTP_HX_REQUEST="true")
     assert done.status_code == 200, done.content
     Scheduler(kernel).run_until_idle()

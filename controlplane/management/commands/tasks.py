@@ -56,8 +56,8 @@ class Command(BaseCommand):
             if value:
                 self.stdout.write(f"{label}: {json.dumps(value, sort_keys=True)}")
         self.stdout.write("history:")
-        for step in pages.timeline(task_id, task.session_id):
+        for step in pages.timeline(task_id, task.session_id, task.terminal).commits:
             self.stdout.write(
-                f"  #{step['seq']} {step['at']:%H:%M:%S.%f} {step['actor']:<24} "
-                f"{step['status']:<10} {step['phase']}"
+                f"  #{step.seq} {step.at:%H:%M:%S.%f} {step.actor:<24} "
+                f"{step.outcome or step.status:<10} {step.phase}"
             )

@@ -1,0 +1,257 @@
+"""A session's conversations as people read them: who said what, which tools the model
+called with what and what came back, and what it cost.
+
+Entries are the record (:mod:`kernel.agent.context` names their kinds); the tool tasks
+(``agent-tool``) add what an entry does not hold: the replay policy the call was
+committed with, how long it took, whether it is still running or waits on an operator.
+Usage is per model response (its entry's ``usage``); cost only for models whose prices
+are configured (``settings.MODEL_PRICES``, per million tokens).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from datetime import datetime
+from functools import lru_cache
+from typing import Any
+
+from django.conf import settings
+
+from controlplane import models
+from kernel.agent.context import INTERRUPTION, RESPONSE, TOOL_RESULT, USER
+from kernel.records import Entry, Status, Submission
+
+from . import tasks
+
+TOOL_KIND = "agent-tool"
+TURN_KIND = "agent-turn"
+
+
+def pretty(value: Any) -> str:
+    """JSON for people: indented, keys in their order, non-ASCII kept."""
+    return json.dumps(value, indent=2, ensure_ascii=False, default=str)
+
+
+@dataclass
+class Usage:
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cost: float | None = None
+    """In the prices' currency; None when a model without prices took part."""
+
+    def add(self, other: Usage) -> None:
+        self.input_tokens += other.input_tokens
+        self.output_tokens += other.output_tokens
+        self.cost = None if self.cost is None or other.cost is None else self.cost + other.cost
+
+    @property
+    def total(self) -> int:
+        return self.input_tokens + self.output_tokens
+
+
+def usage_of(raw: Any, model: str | None) -> Usage | None:
+    if not isinstance(raw, dict) or not raw:
+        return None
+    found = Usage(int(raw.get("input_tokens") or 0), int(raw.get("output_tokens") or 0))
+    prices = settings.MODEL_PRICES.get(model or "")
+    if prices:
+        found.cost = (found.input_tokens * float(prices.get("input", 0))
+                      + found.output_tokens * float(prices.get("output", 0))) / 1_000_000
+    return found
+
+
+@dataclass
+class ToolCard:
+    """One tool call and what became of it."""
+
+    call_id: str
+    name: str
+    arguments: str
+    """Formatted JSON."""
+    state: str = "running"
+    """``running``, ``succeeded``, ``error``, ``interrupted``, ``uncertain`` (waits on an
+    operator) or ``lost`` (its task ended without a result)."""
+    result: str | None = None
+    error: str | None = None
+    partial: str | None = None
+    replay: str | None = None
+    seconds: float | None = None
+    task_id: str | None = None
+
+
+@dataclass
+class Item:
+    """One entry of a conversation, shaped for its kind."""
+
+    entry: Entry
+    kind: str
+    """``user``, ``model``, ``interruption``, ``operation`` or ``other``."""
+    text: str = ""
+    tools: list[ToolCard] = field(default_factory=list)
+    usage: Usage | None = None
+    model: str | None = None
+    raw: str = ""
+    """Formatted JSON of an entry of another kind."""
+
+
+@dataclass(frozen=True)
+class Conversation:
+    id: str
+    operations: bool
+    fork_of: str | None
+    items: list[Item]
+    usage: Usage | None
+    shown: int
+    total: int
+
+
+@lru_cache(maxsize=1)
+def _replay_policies() -> dict[str, str]:
+    """Each offered tool's replay policy (for calls that run as a task of their own kind
+    and so commit no intent)."""
+    from controlplane import assistant
+
+    return {name: str(tool.replay) for name, tool in assistant.toolbox().tools.items()}
+
+
+def _tool_tasks(session_id: str) -> dict[str, Any]:
+    """The session's tool tasks by call id (the last one, if a call was made again)."""
+    found: dict[str, Any] = {}
+    for task in tasks.find(tasks.TaskFilter(session_id=session_id, kind=TOOL_KIND), limit=2000):
+        call = (task.input or {}).get("call") or {}
+        if call.get("id"):
+            found[call["id"]] = task
+    return found
+
+
+def _commit_times(session_id: str, seqs: set[int]) -> dict[int, datetime]:
+    if not seqs:
+        return {}
+    return dict(models.Commit.objects.filter(session_id=session_id, seq__in=seqs)
+                .values_list("seq", "at"))
+
+
+def _turn_models(session_id: str) -> dict[str, str]:
+    found = models.Task.objects.filter(session_id=session_id, kind=TURN_KIND).values_list(
+        "id", "checkpoint", "input")
+    return {task_id: (checkpoint or {}).get("model") or (input or {}).get("model") or ""
+            for task_id, checkpoint, input in found}
+
+
+def _card(call: dict[str, Any], result: dict[str, Any] | None, task: Any | None,
+          times: dict[int, datetime], waiting: set[str]) -> ToolCard:
+    card = ToolCard(str(call.get("id", "")), str(call.get("name", "")),
+                    pretty(call.get("arguments")))
+    if task is not None:
+        card.task_id = task.id
+        intent = (task.checkpoint or {}).get("intent") or {}
+        card.replay = intent.get("replay")
+        if task.status is Status.TERMINAL and task.created_seq in times \
+                and task.updated_seq in times:
+            card.seconds = (times[task.updated_seq] - times[task.created_seq]).total_seconds()
+        child = (task.checkpoint or {}).get("child")
+        if task.id in waiting or child in waiting:
+            card.state = "uncertain"
+    card.replay = card.replay or _replay_policies().get(card.name)
+    if result is not None:
+        if result.get("interrupted"):
+            card.state = "interrupted"
+            card.partial = None if result.get("partial") is None else str(result["partial"])
+        elif "error" in result:
+            card.state = "error"
+            card.error = str(result["error"])
+            if result.get("result") is not None:
+                card.result = pretty(result["result"])
+        else:
+            card.state = "succeeded"
+            card.result = pretty(result.get("result"))
+    elif task is not None and task.status is Status.TERMINAL:
+        card.state = "lost"
+    return card
+
+
+def conversation(session_id: str, conversation_id: str, entries: list[Entry],
+                 operations: bool, fork_of: str | None, tail: int) -> Conversation:
+    """A conversation's last ``tail`` entries as items; its usage over all entries."""
+    shown = entries[-tail:]
+    results = {e.payload.get("call_id"): e.payload for e in entries if e.kind == TOOL_RESULT}
+    calls = {c.get("id") for e in shown if e.kind == RESPONSE
+             for c in e.payload.get("tool_calls") or []}
+    tool_tasks = {k: v for k, v in _tool_tasks(session_id).items() if k in calls} if calls \
+        else {}
+    waiting = set()
+    if tool_tasks:
+        related = [t.id for t in tool_tasks.values()] + [
+            (t.checkpoint or {}).get("child") for t in tool_tasks.values()
+            if (t.checkpoint or {}).get("child")]
+        waiting = {t.id for t in tasks.find_ids(related) if t.waits_on.startswith("signal")}
+    times = _commit_times(session_id, {s for t in tool_tasks.values()
+                                       for s in (t.created_seq, t.updated_seq)})
+    turn_models = _turn_models(session_id) if not operations else {}
+    total: Usage | None = None
+    for entry in entries:
+        if entry.kind == RESPONSE:
+            used = usage_of(entry.payload.get("usage"),
+                            turn_models.get(str(entry.payload.get("turn"))))
+            if used is not None:
+                if total is None:
+                    total = Usage(cost=0.0)
+                total.add(used)
+    items = []
+    for entry in shown:
+        payload = entry.payload if isinstance(entry.payload, dict) else {}
+        if operations:
+            items.append(Item(entry, "operation", raw=pretty(payload)))
+        elif entry.kind == USER:
+            items.append(Item(entry, "user", text=str(payload.get("text", ""))))
+        elif entry.kind == RESPONSE:
+            model = turn_models.get(str(payload.get("turn")))
+            items.append(Item(
+                entry, "model", text=str(payload.get("text") or ""), model=model,
+                usage=usage_of(payload.get("usage"), model),
+                tools=[_card(c, results.get(c.get("id")), tool_tasks.get(c.get("id")), times,
+                             waiting) for c in payload.get("tool_calls") or []],
+            ))
+        elif entry.kind == INTERRUPTION:
+            items.append(Item(entry, "interruption", text=str(payload.get("reason", ""))))
+        elif entry.kind == TOOL_RESULT:
+            continue  # shown on its call's card
+        else:
+            items.append(Item(entry, "other", raw=pretty(entry.payload)))
+    return Conversation(conversation_id, operations, fork_of, items, total, len(shown),
+                        len(entries))
+
+
+@dataclass(frozen=True)
+class SubmissionView:
+    """A submission as read: its text, where it stands, and the turn that took it."""
+
+    submission: Submission
+    text: str
+    options: str
+    turn_id: str | None
+    answer_seq: int | None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.submission, name)
+
+
+def submissions(session_id: str, found: list[Submission]) -> list[SubmissionView]:
+    turns: dict[str, str] = {}
+    for task_id, input in models.Task.objects.filter(
+        session_id=session_id, kind=TURN_KIND
+    ).order_by("created_seq").values_list("id", "input"):
+        for submission_id in (input or {}).get("submissions") or []:
+            turns[submission_id] = task_id
+    answers = {entry_id: (seq, turn) for entry_id, seq, turn in models.Entry.objects.filter(
+        id__in=[s.answer_entry_id for s in found if s.answer_entry_id]
+    ).values_list("id", "seq", "payload__turn")}
+    views = []
+    for s in found:
+        given = s.input if isinstance(s.input, dict) else {"text": s.input}
+        rest = {k: v for k, v in given.items() if k != "text"}
+        seq, turn = answers.get(s.answer_entry_id or "", (None, None))
+        views.append(SubmissionView(s, str(given.get("text", "")), pretty(rest) if rest else "",
+                                    turn or turns.get(s.id), seq))
+    return views

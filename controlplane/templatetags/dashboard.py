@@ -1,0 +1,156 @@
+"""The dashboard's template filters: model text as safe Markdown, times relative to now
+(absolute on hover), durations for people.
+
+Markdown goes through markdown-it-py with raw HTML off: any ``<`` in the text comes out
+escaped, links keep markdown-it's own check (no ``javascript:``, ``vbscript:``,
+``file:`` or ``data:`` URLs), and images are off (a model's text must not make the
+browser fetch anything). So the one ``mark_safe`` here is on markup we built.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from functools import lru_cache
+from html import escape
+from typing import Any
+
+from django import template
+from django.utils.html import format_html
+from django.utils.safestring import SafeString, mark_safe
+from markdown_it import MarkdownIt
+
+register = template.Library()
+
+
+@lru_cache(maxsize=1)
+def _markdown() -> MarkdownIt:
+    parser = MarkdownIt("commonmark", {"html": False, "linkify": False, "typographer": False})
+    parser.disable(["image", "html_block", "html_inline"])
+    return parser
+
+
+@register.filter
+def markdown(text: object) -> SafeString:
+    """Markdown to HTML, with no HTML of the text's own (see the module's note)."""
+    return mark_safe(_markdown().render(str(text or "")))  # noqa: S308 - escaped by markdown-it
+
+
+def ago_text(then: datetime, now: datetime | None = None) -> str:
+    seconds = ((now or datetime.now(UTC)) - then).total_seconds()
+    later = seconds < 0
+    seconds = abs(seconds)
+    if seconds < 1:
+        return "just now"
+    for size, unit in ((86_400, "d"), (3600, "h"), (60, "min"), (1, "s")):
+        if seconds >= size:
+            amount = f"{int(seconds // size)} {unit}"
+            return f"in {amount}" if later else f"{amount} ago"
+    return "just now"
+
+
+@register.filter
+def ago(then: datetime | None) -> SafeString | str:
+    """``<time>`` saying how long ago (kept current by ``static/time.js``), the absolute
+    UTC time on hover."""
+    if not isinstance(then, datetime):
+        return "—"
+    absolute = then.astimezone(UTC)
+    return format_html(
+        '<time datetime="{}" title="{}" data-ago>{}</time>',
+        absolute.isoformat(), absolute.strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + " UTC",
+        ago_text(absolute),
+    )
+
+
+@register.filter
+def seconds(value: float | None) -> str:
+    """A duration for people: "340 ms", "4.2 s", "3 min 5 s", "2 h 4 min"."""
+    if value is None:
+        return "—"
+    value = max(0.0, float(value))
+    if value < 1:
+        return f"{value * 1000:.0f} ms"
+    if value < 60:
+        return f"{value:.1f} s"
+    if value < 3600:
+        return f"{int(value // 60)} min {int(value % 60)} s"
+    return f"{int(value // 3600)} h {int(value % 3600 // 60)} min"
+
+
+@register.filter
+def money(value: float | None) -> str:
+    return "" if value is None else f"{value:.4f}"
+
+
+# -- a task's timeline, built in Python: a 2,000-phase task has thousands of rows and
+# commits, which Django's template engine renders ~50 times slower than string joins.
+# Every text is escaped with html.escape (quotes too); numbers are formatted here.
+# Statuses, labels and lease holders repeat: each is escaped once per render.
+
+
+def _escaper() -> Any:
+    return lru_cache(maxsize=4096)(escape)
+
+
+def _states_and_bar(row: Any, esc: Any) -> tuple[str, str]:
+    """The row's states in words, and its bar on the task's time axis (one pass)."""
+    words, rects = [], []
+    for seg in row.segments:
+        status, label = esc(seg.status), esc(seg.label)
+        words.append(f'<span class="state status-{status}">{label} {seconds(seg.seconds)}'
+                     "</span>")
+        rects.append(f'<rect class="seg status-{status}" x="{seg.left:.3f}%" y="4" '
+                     f'width="{seg.width:.3f}%" height="10"/>')
+    bar = (f'<svg class="track" aria-hidden="true" focusable="false">'
+           f'<rect class="span" x="{row.left:.3f}%" y="2" width="{row.width:.3f}%" '
+           f'height="14"/>{"".join(rects)}</svg>')
+    return "".join(words), bar
+
+
+@register.filter
+def waterfall_rows(rows: list[Any]) -> SafeString:
+    """The ``<tr>`` of each phase of :class:`controlplane.reads.timeline.Timeline`."""
+    out = []
+    esc = _escaper()
+    for row in rows:
+        phase = esc(row.phase)
+        outcome = (f' <span class="badge status-{esc(row.outcome)}">{esc(row.outcome)}'
+                   "</span>" if row.outcome else "")
+        restarts = f' <span class="warn">restarts {row.restarts}</span>' if row.restarts else ""
+        holders = ", ".join(f"<code>{esc(h)}</code>" for h in row.holders) or \
+            '<span class="meta">—</span>'
+        if len(row.epochs) > 1:
+            epochs = ", ".join(str(e) for e in row.epochs)
+            holders += (f' <span class="warn nowrap" title="epochs {epochs}">'
+                        f"{len(row.epochs)} leases</span>")
+        start = row.commits[0].offset if row.commits else 0.0
+        states, bar = _states_and_bar(row, esc)
+        out.append(
+            f'<tr class="phase-row{" open" if row.open else ""}" data-phase="{phase}" '
+            f'data-seconds="{row.seconds:.6f}"><th scope="row">{phase}{outcome}</th>'
+            f'<td class="num">+{seconds(start)}</td>'
+            f'<td class="num">{seconds(row.seconds)}{" …" if row.open else ""}</td>'
+            f'<td class="states">{states}{restarts}</td>'
+            f'<td class="holders">{holders}</td><td class="bar-cell">{bar}</td></tr>')
+    return mark_safe("".join(out))  # noqa: S308 - every text above is escaped
+
+
+@register.filter
+def commit_items(commits: list[Any]) -> SafeString:
+    """An ``<li>`` per commit of the task: seq, time since its first, who, what."""
+    out = []
+    esc = _escaper()
+    for c in commits:
+        shown = esc(c.outcome or c.status)
+        at = c.at.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
+        extra = f" · {esc(c.waits)}" if c.waits else ""
+        if c.holder:
+            extra += f" · lease <code>{esc(c.holder)}</code> (epoch {c.epoch})"
+        if c.restarts:
+            extra += f" · restarts {c.restarts}"
+        out.append(
+            f'<li><span class="meta">seq {c.seq} · <span title="{at} UTC">+{seconds(c.offset)}'
+            f"</span> · {esc(c.actor)}</span> "
+            f'<span class="badge status-{shown}">{shown}</span> phase {esc(c.phase)}{extra}'
+            "</li>")
+    return mark_safe("".join(out))  # noqa: S308 - every text above is escaped

@@ -1,0 +1,211 @@
+"""What the API refuses at its edge, with 422 naming the field and nothing changed: bulk
+actions without a filter or the previewed count, unknown fields, values of the wrong
+type, numbers and nesting beyond what the published schema allows."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from django.test import Client
+
+from kernel import Kernel, Status
+
+from .test_api import post, start
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture(autouse=True)
+def kernel(api_kernel: Kernel) -> Kernel:
+    return api_kernel
+
+
+def refused_naming(response: Any, field: str) -> None:
+    assert response.status_code == 422, response.content
+    assert field in response.content.decode(), response.content
+
+
+def head(kernel: Kernel, session_id: str) -> int:
+    return kernel.storage.session(session_id).head_seq
+
+
+# -- point 5: bulk actions cannot hit everything by accident ----------------------------
+
+
+def test_a_bulk_action_needs_a_filter_and_the_previewed_count(
+    kernel: Kernel, operator: Client
+) -> None:
+    session_id, parent = start(kernel, "api-parent", {"n": 2})
+    before = head(kernel, session_id)
+    action = {"action": "cancel", "action_id": "b1", "reason": "r"}
+
+    refused_naming(post(operator, "/api/actions/bulk/preview", {"action": "cancel"}), "filter")
+    refused_naming(post(operator, "/api/actions/bulk", {**action, "expected_count": 3}),
+                   "filter")
+    everything = post(operator, "/api/actions/bulk", action)  # what the preview showed?
+    refused_naming(everything, "expected_count")
+    refused_naming(post(operator, "/api/actions/bulk",
+                        {**action, "session_id": session_id}), "expected_count")
+    for wrong in (True, "3", 2.5, None, -1, 10**20):
+        refused_naming(post(operator, "/api/actions/bulk",
+                            {**action, "session_id": session_id, "expected_count": wrong}),
+                       "expected_count")
+    for empty in ("", None):
+        refused_naming(post(operator, "/api/actions/bulk/preview",
+                            {"action": "cancel", "session_id": empty}), "session_id")
+    assert head(kernel, session_id) == before
+    assert kernel.task(parent).status is Status.WAITING
+
+    preview = post(operator, "/api/actions/bulk/preview",
+                   {"action": "cancel", "session_id": session_id}).json()
+    done = post(operator, "/api/actions/bulk",
+                {**action, "session_id": session_id, "expected_count": preview["count"]})
+    assert done.status_code == 200 and done.json()["count"] == 3
+
+
+@pytest.mark.parametrize(
+    ("url", "body", "field"),
+    [
+        ("/api/sessions", {"metadata": {}, "titel": "typo"}, "titel"),
+        ("/api/sessions/{session}/conversations", {"fork": "x"}, "fork"),
+        ("/api/sessions/{session}/submissions",
+         {"conversation_id": "c", "request_id": "r", "input": {"text": "t"}, "when": "now"},
+         "when"),
+        ("/api/tasks/{task}/cancel", {"action_id": "a", "reason": "r", "reson": "x"}, "reson"),
+        ("/api/tasks/{task}/resolve",
+         {"action_id": "a", "reason": "r", "decision": "sent", "signal": "resolution-1",
+          "epoch": 1, "recipt": {}}, "recipt"),
+        ("/api/actions/bulk/preview", {"action": "cancel", "session": "s"}, "session"),
+        ("/api/actions/bulk",
+         {"action": "cancel", "kind": "k", "action_id": "a", "reason": "r",
+          "expected_count": 0, "dry_run": True}, "dry_run"),
+    ],
+)
+def test_unknown_fields_are_refused_naming_them(
+    kernel: Kernel, operator: Client, url: str, body: dict[str, Any], field: str
+) -> None:
+    session_id, task_id = start(kernel, "api-step", {"ask": True})
+    before = head(kernel, session_id)
+    response = post(operator, url.format(session=session_id, task=task_id), body)
+    refused_naming(response, field)
+    assert head(kernel, session_id) == before
+    assert operator.get("/api/sessions").json()[0]["id"] == session_id  # none created
+
+
+def test_a_body_that_is_not_an_object_is_refused(kernel: Kernel, operator: Client) -> None:
+    for body in ([None, None], [], "x", 1, None):
+        response = operator.post("/api/sessions", json.dumps(body),
+                                 content_type="application/json")
+        assert response.status_code in (400, 422), (body, response.content)
+    assert operator.get("/api/sessions").json() == []
+
+
+# -- the schemathesis acceptance's targeted cases: numbers, nesting, date-times ----------
+
+
+@pytest.mark.parametrize(
+    ("url", "parameter"),
+    [
+        ("/api/tasks?offset={n}", "offset"),
+        ("/api/tasks?limit={n}", "limit"),
+        ("/api/sessions?limit={n}", "limit"),
+        ("/api/sessions/{session}/documents/email-plan/p?version={n}", "version"),
+        ("/api/sessions/{session}/changes?after={n}", "after"),
+        ("/api/sessions/{session}/changes?limit={n}", "limit"),
+        ("/api/changes?after_id={n}", "after_id"),
+        ("/api/conversations/c/entries?after={n}.0", "after"),
+        ("/api/conversations/c/entries?after=1.{n}", "after"),
+    ],
+)
+@pytest.mark.parametrize("n", [10**20, -(10**20)])
+def test_huge_numbers_in_the_query_are_refused_naming_the_parameter(
+    kernel: Kernel, operator: Client, url: str, parameter: str, n: int
+) -> None:
+    session_id, _ = start(kernel, "api-step", {"sleep": True})
+    refused_naming(operator.get(url.format(session=session_id, n=n)), parameter)
+
+
+@pytest.mark.parametrize("value", ["0.5", "1700000000", "2026-01-31", "2026-01-31T12:00:00",
+                                   "tomorrow", "2026-13-01T00:00:00Z"])
+def test_date_times_in_the_query_are_rfc_3339_or_refused(operator: Client, value: str) -> None:
+    refused_naming(operator.get("/api/tasks", {"until": value}), "until")
+    refused_naming(operator.get("/api/tasks", {"since": value}), "since")
+
+
+def test_date_times_at_the_ends_of_the_calendar_are_read(operator: Client) -> None:
+    for value in ("0001-01-01T00:00:00+01:00", "9999-12-31T23:59:59-23:59",
+                  "2026-01-31T12:00:00.123456789Z", "2026-01-31t12:00:00z"):
+        assert operator.get("/api/tasks", {"since": value}).status_code == 200, value
+
+
+@pytest.mark.parametrize("value", ["yes", "1", "0", "True", "on"])
+def test_query_booleans_are_true_or_false(operator: Client, value: str) -> None:
+    refused_naming(operator.get("/api/tasks", {"blocked": value}), "blocked")
+    assert operator.get("/api/tasks", {"blocked": "false"}).status_code == 200
+
+
+def nested(depth: int) -> Any:
+    value: Any = "leaf"
+    for i in range(depth):
+        value = [value] if i % 2 else {"k": value}
+    return value
+
+
+@pytest.mark.parametrize("depth", [8, 50, 900, 100_000])
+def test_json_nested_deeper_than_the_schema_allows_is_refused(
+    operator: Client, depth: int
+) -> None:
+    deep = '{"k": ' + "[" * depth + "1" + "]" * depth + "}"  # depth + 1 levels
+    for body in ('{"metadata": ' + deep + "}", '{"metadata": {}, "other": ' + deep + "}"):
+        response = operator.post("/api/sessions", body, content_type="application/json")
+        assert response.status_code in (400, 422), (depth, response.content[:200])
+        if depth < 900:  # parsed: the schema's checks name the field
+            assert b"metadata" in response.content or b"other" in response.content
+    assert operator.get("/api/sessions").json() == []
+
+
+def test_json_as_deep_as_the_schema_allows_is_stored(operator: Client) -> None:
+    metadata = {"deep": nested(7)}  # the metadata object itself is the 8th level
+    created = post(operator, "/api/sessions", {"metadata": metadata})
+    assert created.status_code == 201 and created.json()["metadata"] == metadata
+
+
+@pytest.mark.parametrize("number", ["1e400", "-1e400", str(10**400)])
+def test_numbers_beyond_a_double_are_refused(operator: Client, number: str) -> None:
+    response = operator.post("/api/sessions", '{"metadata": {"n": ' + number + "}}",
+                             content_type="application/json")
+    assert response.status_code in (400, 422), response.content
+    assert operator.get("/api/sessions").json() == []
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"action": "retry", "kind": "k", "action_id": "a", "reason": "r",
+          "expected_count": True}, "expected_count"),
+        ({"action": "retry", "kind": "k", "action_id": "a", "reason": "r",
+          "expected_count": "0"}, "expected_count"),
+        ({"action": "retry", "kind": "k", "action_id": "a", "reason": "r",
+          "expected_count": 0.5}, "expected_count"),
+        ({"action": "retry", "kind": 7, "action_id": "a", "reason": "r",
+          "expected_count": 0}, "kind"),
+        ({"action": "retry", "kind": "k", "action_id": ["a"], "reason": "r",
+          "expected_count": 0}, "action_id"),
+    ],
+)
+def test_a_bulk_body_with_a_wrong_field_type_is_refused(
+    operator: Client, body: dict[str, Any], field: str
+) -> None:
+    refused_naming(post(operator, "/api/actions/bulk", body), field)
+
+
+def test_a_json_integer_may_be_written_with_a_fraction_of_zero(
+    kernel: Kernel, operator: Client
+) -> None:
+    session_id, _ = start(kernel, "api-step", {"sleep": True})
+    answer = post(operator, "/api/actions/bulk",
+                  {"action": "cancel", "session_id": session_id, "action_id": "a",
+                   "reason": "r", "expected_count": 1.0})
+    assert answer.status_code == 200 and answer.json()["count"] == 1

@@ -1,0 +1,143 @@
+"""A resolution names the uncertain step it decides (issue 11, point 4): the task's
+``step`` (the signal it waits on and its epoch) goes with the decision; a step answered
+already or replaced since is refused with 409 and nothing changes; of two operators
+deciding at once, exactly one decision lands."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import pytest
+from django.db import connection
+from django.test import Client
+
+from controlplane import commands
+from controlplane.errors import http_status
+from controlplane.runtime import runtime
+from kernel import Decision, Kernel, Run, Scheduler, Status, Transition
+from kernel.commit import operations_log_id
+
+from .test_api import client_for, post, start, user, with_test_kinds
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+AGAIN = Decision("again", "Not done: ask again later", "again")
+DONE = Decision("done", "It was done", "done")
+
+
+@pytest.fixture(autouse=True)
+def kernel(monkeypatch: pytest.MonkeyPatch) -> Kernel:
+    built = with_test_kinds(monkeypatch)
+    if "api-asker" not in built.registry.kinds():
+
+        @built.registry.task("api-asker")
+        class Asker:
+            """Like a notice over SMTP: each "again" is a new uncertain step."""
+
+            initial = "ask"
+            decisions = (DONE, AGAIN)
+
+            def ask(self, run: Run) -> Transition:
+                n = run.checkpoint.get("n", 0) + 1
+                return run.wait_for(f"resolution-{n}", then="resolved", checkpoint={"n": n})
+
+            def resolved(self, run: Run) -> Transition:
+                answer = run.signal(f"resolution-{run.checkpoint['n']}")
+                if answer["decision"] == AGAIN.value:
+                    return run.next("ask")
+                return run.succeed(answer)
+
+    return built
+
+
+def resolve(client: Client, task_id: str, action_id: str, step: dict[str, Any],
+            decision: str = "done", reason: str = "checked") -> Any:
+    return post(client, f"/api/tasks/{task_id}/resolve",
+                {"action_id": action_id, "reason": reason, "decision": decision, **step})
+
+
+def resolutions(kernel: Kernel, session_id: str) -> list[Any]:
+    return [e.payload for e in kernel.entries(operations_log_id(session_id))]
+
+
+def test_a_decision_for_a_replaced_step_is_refused_and_changes_nothing(
+    kernel: Kernel,
+) -> None:
+    session_id, task_id = start(kernel, "api-asker", {})
+    ann, bob = client_for("ann", "operator"), client_for("bob", "operator")
+    seen = ann.get(f"/api/tasks/{task_id}").json()["step"]  # both look at the same page
+    assert bob.get(f"/api/tasks/{task_id}").json()["step"] == seen
+    assert seen["signal"] == "resolution-1"
+
+    assert resolve(ann, task_id, "a1", seen, "again").status_code == 200
+    Scheduler(kernel).run_until_idle()
+    now = kernel.task(task_id)
+    assert (now.status, now.wait) == (Status.WAITING, {"signal": "resolution-2"})
+    head = kernel.storage.session(session_id).head_seq
+
+    late = resolve(bob, task_id, "b1", seen, "done")  # Bob decides the step he saw
+    assert late.status_code == 409, late.content
+    assert "resolution-2" in late.json()["detail"]
+    new_step = bob.get(f"/api/tasks/{task_id}").json()["step"]
+    assert new_step == {"signal": "resolution-2", "epoch": now.epoch}
+    wrong_epoch = resolve(bob, task_id, "b2", {**new_step, "epoch": seen["epoch"]})
+    assert wrong_epoch.status_code == 409
+    assert kernel.storage.session(session_id).head_seq == head  # nothing written
+    assert kernel.task(task_id).signals.keys() == {"resolution-1"}
+
+    assert resolve(bob, task_id, "b3", new_step).status_code == 200  # he looks again
+    again = resolve(bob, task_id, "b3", new_step)  # the same request repeated
+    assert again.status_code == 200 and again.json()["replayed"] is True
+    Scheduler(kernel).run_until_idle()
+    assert kernel.task(task_id).outcome["result"]["by"] == "user:bob"
+    assert [(r["action_id"], r["by"]) for r in resolutions(kernel, session_id)] == [
+        ("a1", "user:ann"), ("b3", "user:bob")
+    ]
+
+
+@pytest.mark.parametrize("same_operator", [False, True], ids=["two-operators", "two-tabs"])
+def test_two_operators_deciding_at_once_exactly_one_decision_lands(
+    kernel: Kernel, monkeypatch: pytest.MonkeyPatch, same_operator: bool
+) -> None:
+    """Both read the task waiting before either commits (a barrier after the read), then
+    both commit, each on its own Postgres connection: one lands, the other is 409."""
+    session_id, task_id = start(kernel, "api-asker", {})
+    step = commands.Step("resolution-1", kernel.task(task_id).epoch)
+    accounts = [user("ann", "operator")]
+    accounts.append(accounts[0] if same_operator else user("bob", "operator"))
+    both_read = threading.Barrier(2, timeout=10)
+    record = commands.task_reads.record
+
+    def read_then_wait(task_id: str) -> Any:
+        found = record(task_id)
+        both_read.wait()
+        return found
+
+    monkeypatch.setattr(commands.task_reads, "record", read_then_wait)
+    answers: list[Any] = [None, None]
+
+    def decide(i: int) -> None:
+        try:
+            answers[i] = commands.resolve_task(
+                accounts[i], task_id, f"decide-{i}", "checked", ("done", "again")[i], step
+            )
+        except Exception as exc:  # noqa: BLE001 - the refusal is what we look at
+            answers[i] = exc
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=decide, args=(i,)) for i in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+    landed = [a for a in answers if isinstance(a, commands.ActionResult)]
+    refused = [a for a in answers if not isinstance(a, commands.ActionResult)]
+    assert len(landed) == 1 and len(refused) == 1, answers
+    assert http_status(refused[0]) == 409 and "no longer waits" in str(refused[0])
+    assert not landed[0].replayed
+    logged = resolutions(kernel, session_id)
+    assert [r["action_id"] for r in logged] == [landed[0].action_id]
+    signal = runtime().kernel.storage.task(task_id).signals["resolution-1"]
+    assert signal["decision"] == ("done", "again")[int(landed[0].action_id[-1])]
