@@ -181,3 +181,28 @@ def write_section(heading: str, section: str, path: Path = REPORT) -> None:
     text = path.read_text() if path.exists() else "# Benchmarks\n\nWritten by `make bench`.\n"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(replace_section(text, heading, section))
+
+
+def delivering_kernel(redis_url: str) -> tuple[Any, Any]:
+    """A kernel on the project's storage, registry and clock whose commits hand their
+    dispatches to the broker at ``redis_url`` (a producer of its own, not the Celery
+    app's configured broker), as the API's commits do; and that broker connection, for
+    the caller to release."""
+    from kombu import Connection, Producer
+
+    from controlplane.execution import advance
+    from controlplane.registry import build_registry
+    from controlplane.storage import PostgresStorage
+    from controlplane.storage.clock import DatabaseClock
+    from kernel import Kernel
+    from kernel.dispatch import Dispatcher
+
+    broker = Connection(redis_url)
+    producer = Producer(broker)
+
+    def deliver(task_id: str, queue: str) -> None:
+        advance.apply_async(args=[task_id], queue=queue, retry=False, producer=producer)
+
+    kernel = Kernel(PostgresStorage(), build_registry(), DatabaseClock())
+    kernel.after_commit(Dispatcher(kernel, deliver).after_commit)
+    return kernel, broker

@@ -55,6 +55,7 @@ from benchmarks._support import (
     BENCH_DATABASE,
     ROOT,
     Stats,
+    delivering_kernel,
     fresh_database,
     parse_arguments,
     progress,
@@ -203,23 +204,9 @@ class Bench:
     """
 
     def __init__(self, redis_url: str, provider_url: str) -> None:
-        from kombu import Connection, Producer
-
         from controlplane.dev.provider_admin import ProviderAdmin
-        from controlplane.execution import advance
-        from controlplane.registry import build_registry
-        from controlplane.storage import PostgresStorage
-        from kernel import Kernel, SystemClock
-        from kernel.dispatch import Dispatcher
 
-        self._broker = Connection(redis_url)
-        producer = Producer(self._broker)
-
-        def deliver(task_id: str, queue: str) -> None:
-            advance.apply_async(args=[task_id], queue=queue, retry=False, producer=producer)
-
-        self.kernel = Kernel(PostgresStorage(), build_registry(), SystemClock())
-        self.kernel.after_commit(Dispatcher(self.kernel, deliver).after_commit)
+        self.kernel, self._broker = delivering_kernel(redis_url)
         self.admin = ProviderAdmin(provider_url)
 
     def close(self) -> None:
@@ -576,7 +563,7 @@ def measure_recovery(bench: Bench, cluster: Cluster, config: Config, redis_url: 
         [session_id],
     )
     queued = queued_tasks(broker, "hands")
-    queue_length = int(broker.llen("hands"))
+    queue_length = int(broker.llen("hands")) + int(broker.llen("hands.now"))
     unacked = int(broker.hlen("unacked"))
     spawned = cluster.spawn_workers(config.workers)
     spawn = min(w.started for w in spawned)
@@ -664,7 +651,7 @@ def queued_tasks(broker: Any, queue: str) -> set[str]:
     the encoded body, so a regular expression over the raw message finds the id.
     """
     found: set[str] = set()
-    for raw in broker.lrange(queue, 0, -1):
+    for raw in [*broker.lrange(queue, 0, -1), *broker.lrange(f"{queue}.now", 0, -1)]:
         found.update(TASK_ID.findall(raw.decode(errors="replace")))
     return found
 

@@ -14,11 +14,17 @@ import os
 import threading
 import time
 
-from celery.signals import worker_process_shutdown, worker_ready, worker_shutting_down
+from celery.signals import (
+    celeryd_after_setup,
+    worker_process_shutdown,
+    worker_ready,
+    worker_shutting_down,
+)
 from django.conf import settings
 from django.db import close_old_connections
 
 from kernel import Blocked
+from kernel.dispatch import RECOVERY, recovery_queue
 
 from .celery import ADVANCE, SWEEP, app
 from .runtime import built, deliver, runtime
@@ -48,7 +54,7 @@ def advance(task_id: str, tries: int = 0) -> bool:
             advance.apply_async(
                 args=[task_id, tries + 1],
                 countdown=0.2 * (tries + 1),
-                queue=runtime().kernel.task(task_id).queue,
+                queue=recovery_queue(runtime().kernel.task(task_id).queue),
                 retry=False,
             )
         return ran
@@ -73,15 +79,30 @@ def sweep() -> dict[str, int]:
     return {"delivered": report.delivered, "failed": report.failed}
 
 
+@celeryd_after_setup.connect
+def consume_recovery_queues(sender: str, instance: object, **kwargs: object) -> None:
+    """Beside each queue this worker consumes, its recovery queue (``hands.now`` for
+    ``hands``), where the sweep sends lost, due and expired work: kombu's Redis
+    transport moves the queue it just took from to the end of its round, so a message
+    there is taken within a message or two, not behind the whole backlog."""
+    queues = instance.app.amqp.queues  # type: ignore[attr-defined]
+    for name in list(queues.consume_from or {}):
+        if not name.endswith(RECOVERY):
+            queues.select_add(recovery_queue(name))
+
+
 @worker_ready.connect
 def resume(**kwargs: object) -> None:
-    """A starting worker sweeps once, so recovery does not wait for beat.
+    """A starting worker sweeps once, so recovery does not wait for beat, and retries at
+    once the tasks an earlier worker found blocked that this one's registry can run.
 
     Workers run with ``--pool solo`` or ``--pool threads``: a forked pool would
     inherit this process's database connection and heartbeat thread.
     """
     try:
-        sweep()
+        close_old_connections()
+        report = runtime().dispatcher.resume()
+        log.info("resume: %s", report)
     except Exception:
         log.exception("resume sweep failed; beat will retry")
 

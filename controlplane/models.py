@@ -182,6 +182,11 @@ class Task(KernelRecord):
             # uses the trigram index ``task_input_trgm``, and ended tasks by outcome the
             # partial index ``task_outcome_kind``: both made by SQL in migration 0006 (Django
             # cannot say an expression with an operator class here).
+            # A task that ends looks for its waiters in its session: only the waiting
+            # ones, so that a batch of n tasks does not scan n rows per task (issue 12).
+            models.Index(
+                fields=["session_id"], name="task_waiting", condition=models.Q(status="waiting")
+            ),
         ]
 
 
@@ -243,6 +248,8 @@ class Dispatch(KernelRecord):
     queue = models.TextField()
     seq = models.BigIntegerField()
     delivered_at = models.DateTimeField(null=True)
+    attempts = models.IntegerField(default=0, db_default=0)
+    blocked = models.BooleanField(default=False, db_default=False)
 
     class Meta:
         db_table = "kernel_dispatch"

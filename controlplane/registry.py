@@ -8,6 +8,7 @@ not lost: DESIGN §6).
 from __future__ import annotations
 
 from django.conf import settings
+from django.utils.module_loading import import_string
 
 from kernel import Registry
 from kernel.agent import register_agent
@@ -28,4 +29,6 @@ def build_registry() -> Registry:
     registry = Registry()
     notices.register(registry, channels())
     register_agent(registry, assistant.models(), assistant.toolbox(), default_model="scripted")
+    for path in settings.KERNEL_TASK_MODULES:  # more kinds, each ``register(registry)``
+        import_string(path)(registry)
     return registry

@@ -23,7 +23,7 @@ from datetime import timedelta
 
 from django.conf import settings
 
-from kernel import Kernel, SystemClock, Task, Worker
+from kernel import Kernel, Task, Worker
 from kernel.dispatch import Dispatcher
 
 from .celery import ADVANCE, app
@@ -31,6 +31,7 @@ from .logs import log_commit
 from .notify import Notifier
 from .registry import build_registry
 from .storage import PostgresStorage
+from .storage.clock import DatabaseClock
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +59,8 @@ class Runtime:
 
 @functools.cache
 def runtime() -> Runtime:
-    kernel = Kernel(PostgresStorage(), build_registry(), SystemClock())
+    # One clock for claims, due times and lease expiry: the database's (issue 11 point 10).
+    kernel = Kernel(PostgresStorage(), build_registry(), DatabaseClock())
     dispatcher = Dispatcher(
         kernel, deliver, redeliver_after=timedelta(seconds=settings.KERNEL_REDELIVER_SECONDS)
     )

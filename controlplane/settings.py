@@ -268,13 +268,19 @@ CELERY_TASK_PUBLISH_RETRY_POLICY = {"max_retries": 1, "interval_start": 0, "inte
 CELERY_BROKER_TRANSPORT_OPTIONS = {"socket_connect_timeout": 2, "socket_timeout": 5}
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 
-KERNEL_LEASE_SECONDS = float(os.environ.get("KERNEL_LEASE_SECONDS", "30"))
+# Renewed every third of it while a phase runs (KERNEL_HEARTBEAT), so a short lease costs
+# a renewal every 5 s and lets the sweep recover a dead worker's task 15 s after its
+# last renewal at most (issue 12).
+KERNEL_LEASE_SECONDS = float(os.environ.get("KERNEL_LEASE_SECONDS", "15"))
 KERNEL_SWEEP_SECONDS = float(os.environ.get("KERNEL_SWEEP_SECONDS", "1"))
 KERNEL_REDELIVER_SECONDS = float(os.environ.get("KERNEL_REDELIVER_SECONDS", "30"))
 # SIGTERM to a worker: how long its running phases may take to finish before it gives
 # their leases back and exits (controlplane.execution.drain). Keep the process manager's
 # stop timeout (compose: stop_grace_period) above it.
 KERNEL_DRAIN_SECONDS = float(os.environ.get("KERNEL_DRAIN_SECONDS", "25"))
+# Dotted paths of ``register(registry)`` callables adding task kinds to the project's
+# registry (comma-separated), e.g. the no-op kind of ``benchmarks.fanout``.
+KERNEL_TASK_MODULES = [p for p in os.environ.get("KERNEL_TASK_MODULES", "").split(",") if p]
 # Off only to test what happens when renewals stop (a stuck process, a long GC pause).
 KERNEL_HEARTBEAT = _env_bool("KERNEL_HEARTBEAT", True)
 

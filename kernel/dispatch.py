@@ -18,10 +18,20 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from .records import Dispatch, WriteSet
+from .registry import Blocked
 from .session import Kernel
 
 Deliver = Callable[[str, str], None]
 """``deliver(task_id, queue)``: enqueue "advance task_id" on ``queue``; raise if it failed."""
+
+RECOVERY = ".now"
+"""What the sweep appends to a task's queue: everything it sends is late (a lost message,
+a due sleeper, an expired lease), so it goes to a queue of its own that workers consume
+beside the task's queue, instead of behind the backlog waiting there."""
+
+
+def recovery_queue(queue: str) -> str:
+    return queue + RECOVERY
 
 log = logging.getLogger(__name__)
 
@@ -36,8 +46,10 @@ class Dispatcher:
     """Delivers dispatch rows; rows stay until their task is claimed.
 
     A row delivered but not claimed within ``redeliver_after`` is delivered again:
-    the broker may have lost the message (Redis restarted, say). Expired leases get
-    a row of their own, so their recovery follows the same path.
+    the broker may have lost the message (Redis restarted, say); each further wait
+    doubles, by the row's deliveries (see :func:`kernel.storage.redelivery_wait`).
+    Expired leases get a fresh row of their own, so their recovery follows the same
+    path and is never held back by an older row's backoff.
     """
 
     def __init__(
@@ -73,16 +85,30 @@ class Dispatcher:
         if expired:
             storage.ensure_dispatches(expired, now)
         taken = storage.take_due_dispatches(now, self.redeliver_after, self.batch)
-        delivered, undelivered = self._deliver(taken)
+        delivered, undelivered = self._deliver(taken, recovery=True)
         if undelivered:
             storage.release_dispatches([d.id for d in undelivered])
         return SweepReport(delivered=len(delivered), failed=len(undelivered))
 
-    def _deliver(self, rows: list[Dispatch]) -> tuple[list[Dispatch], list[Dispatch]]:
+    def resume(self) -> SweepReport:
+        """What a starting worker runs: the sweep, after making due at once every task
+        that an earlier worker found blocked and that this kernel's registry can now
+        run (a compatible definition was deployed). Rows of tasks still blocked keep
+        their backoff."""
+        storage, registry = self.kernel.storage, self.kernel.registry
+        blocked = storage.blocked_tasks(self.batch)
+        ready = [t.id for t in blocked if not isinstance(registry.resolve(t), Blocked)]
+        if ready:
+            storage.retry_dispatches(ready)
+        return self.sweep()
+
+    def _deliver(
+        self, rows: list[Dispatch], *, recovery: bool = False
+    ) -> tuple[list[Dispatch], list[Dispatch]]:
         """Send rows in order until the broker fails: (delivered, not delivered)."""
         for sent, row in enumerate(rows):
             try:
-                self.deliver(row.task_id, row.queue)
+                self.deliver(row.task_id, recovery_queue(row.queue) if recovery else row.queue)
             except Exception:
                 log.warning("could not deliver %s for %s", row.id, row.task_id, exc_info=True)
                 return rows[:sent], rows[sent:]  # the broker is likely down: next sweep

@@ -29,7 +29,15 @@ from .records import (
     Task,
     WriteSet,
 )
-from .storage import NO_PREFETCH, Build, FaultHook, JoinState, Prefetch
+from .storage import (
+    NO_PREFETCH,
+    Build,
+    FaultHook,
+    JoinState,
+    Prefetch,
+    expiry,
+    redelivery_wait,
+)
 from .tasks import succeeded
 
 
@@ -258,23 +266,26 @@ class InMemoryStorage:
         with self._lock:
             due = [
                 d
-                for d in self._dispatches.values()
+                for d in sorted(self._dispatches.values(), key=lambda d: d.id)
                 if d.not_before <= now
                 and (
                     d.delivered_at is None
-                    or now - d.delivered_at > max(redeliver_after, d.delivered_at - d.not_before)
+                    or now - d.delivered_at > redelivery_wait(redeliver_after, d.attempts)
                 )
             ][:limit]
-            for row in due:
-                self._dispatches[row.id] = replace(row, delivered_at=now)
-            return due
+            taken = [replace(row, delivered_at=now, attempts=row.attempts + 1) for row in due]
+            for row in taken:
+                self._dispatches[row.id] = row
+            return taken
 
     def release_dispatches(self, ids: Iterable[int]) -> None:
         with self._lock:
             for dispatch_id in ids:
                 row = self._dispatches.get(dispatch_id)
                 if row is not None:
-                    self._dispatches[dispatch_id] = replace(row, delivered_at=None)
+                    self._dispatches[dispatch_id] = replace(
+                        row, delivered_at=None, attempts=max(row.attempts - 1, 0)
+                    )
 
     def thread_exit(self) -> None:
         return None
@@ -285,18 +296,46 @@ class InMemoryStorage:
             for dispatch_id in ids:
                 row = self._dispatches.get(dispatch_id)
                 if row is not None and row.delivered_at is None:
-                    self._dispatches[dispatch_id] = replace(row, delivered_at=now)
+                    self._dispatches[dispatch_id] = replace(
+                        row, delivered_at=now, attempts=row.attempts + 1
+                    )
                     taken.add(dispatch_id)
         return taken
 
     def ensure_dispatches(self, tasks: Iterable[Task], now: datetime) -> None:
         with self._lock:
-            covered = {d.task_id for d in self._dispatches.values()}
             for task in tasks:
-                if task.id not in covered:
-                    row = Dispatch(task.id, task.session_id, now, task.queue, 0)
+                at = expiry(task, now)
+                rows = [d for d in self._dispatches.values() if d.task_id == task.id]
+                for row in rows:
+                    if row.not_before < at:
+                        self._dispatches[row.id] = replace(
+                            row, not_before=at, delivered_at=None, attempts=0, blocked=False
+                        )
+                if not rows:
                     dispatch_id = next(self._dispatch_ids)
-                    self._dispatches[dispatch_id] = replace(row, id=dispatch_id)
+                    row = Dispatch(task.id, task.session_id, at, task.queue, 0, id=dispatch_id)
+                    self._dispatches[dispatch_id] = row
+
+    def block_dispatches(self, task_id: str) -> None:
+        with self._lock:
+            for row in list(self._dispatches.values()):
+                if row.task_id == task_id:
+                    self._dispatches[row.id] = replace(row, blocked=True)
+
+    def blocked_tasks(self, limit: int) -> list[Task]:
+        with self._lock:
+            ids = dict.fromkeys(d.task_id for d in self._dispatches.values() if d.blocked)
+            return [self._tasks[i] for i in ids if i in self._tasks][:limit]
+
+    def retry_dispatches(self, task_ids: Iterable[str]) -> None:
+        wanted = set(task_ids)
+        with self._lock:
+            for row in list(self._dispatches.values()):
+                if row.task_id in wanted and row.blocked:
+                    self._dispatches[row.id] = replace(
+                        row, blocked=False, delivered_at=None, attempts=0
+                    )
 
 
 class _Transaction:

@@ -294,6 +294,11 @@ class Dispatch:
     seq: int
     id: int = 0
     delivered_at: datetime | None = None
+    attempts: int = 0
+    """Deliveries so far; each unclaimed one doubles the wait before the next."""
+    blocked: bool = False
+    """A worker found the task blocked (no compatible definition): retried at once
+    by a worker that starts with one (:meth:`~kernel.dispatch.Dispatcher.resume`)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -100,6 +100,21 @@ class Prefetch:
 
 NO_PREFETCH = Prefetch()
 
+DOUBLINGS = 5
+"""A dispatch row unclaimed after its delivery is sent again after ``redeliver_after``,
+then after twice that, ... up to 2**DOUBLINGS times it (16 minutes at 30 s)."""
+
+
+def redelivery_wait(redeliver_after: timedelta, attempts: int) -> timedelta:
+    """How long a row delivered ``attempts`` times waits, unclaimed, before the next send."""
+    doublings: int = min(max(attempts - 1, 0), DOUBLINGS)
+    return redeliver_after * (1 << doublings)
+
+
+def expiry(task: Task, now: datetime) -> datetime:
+    """When a running task's lease ran out (``now`` if it has none): its recovery's due time."""
+    return task.lease_until or now
+
 
 class Storage(Protocol):
     # -- sessions and commits ---------------------------------------------
@@ -198,18 +213,21 @@ class Storage(Protocol):
     def take_due_dispatches(
         self, now: datetime, redeliver_after: timedelta, limit: int
     ) -> list[Dispatch]:
-        """Take rows due by ``now`` and stamp them delivered at ``now``, atomically.
+        """Take rows due by ``now``, stamp them delivered at ``now`` and count the
+        delivery, atomically.
 
-        Due means never delivered, or delivered and still unclaimed after a wait that
-        doubles with each delivery: ``max(redeliver_after, delivered_at - not_before)``.
-        A lost message is sent again soon, yet a row that sits in a long but healthy
-        queue is not re-sent every ``redeliver_after``. Rows another sweep is taking
-        are skipped, so two sweeps never send the same row.
+        Due means never delivered, or delivered and still unclaimed after
+        :func:`redelivery_wait` (``redeliver_after``, doubling with each delivery: by
+        attempts, never by the row's age, so a row that waited long for another reason
+        is not held back further). A lost message is sent again soon, yet a row that
+        sits in a long but healthy queue is not re-sent every ``redeliver_after``.
+        Rows another sweep is taking are skipped, so two sweeps never send the same row.
         """
         ...
 
     def release_dispatches(self, ids: Iterable[int]) -> None:
-        """Taken rows that could not be delivered: due again at the next sweep."""
+        """Taken rows that could not be delivered: due again at the next sweep (the
+        failed delivery is not counted)."""
         ...
 
     def take_dispatches(self, ids: Iterable[int], now: datetime) -> set[int]:
@@ -224,5 +242,20 @@ class Storage(Protocol):
         ...
 
     def ensure_dispatches(self, tasks: Iterable[Task], now: datetime) -> None:
-        """Give each task a dispatch row unless it has one (recovering expired leases)."""
+        """Give each task (running, its lease expired) a row due at its :func:`expiry`,
+        delivered never. A row it already has from before that expiry is reset so (an
+        earlier run's row, backed off, must not delay this recovery); one from after it
+        is left alone, so sweeps repeating this do not re-send."""
+        ...
+
+    def block_dispatches(self, task_id: str) -> None:
+        """A worker found this task blocked: mark its rows for :meth:`retry_dispatches`."""
+        ...
+
+    def blocked_tasks(self, limit: int) -> list[Task]:
+        """Tasks whose dispatch rows are marked blocked."""
+        ...
+
+    def retry_dispatches(self, task_ids: Iterable[str]) -> None:
+        """These tasks' blocked rows: unmark, and make them due now as never delivered."""
         ...

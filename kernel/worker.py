@@ -150,6 +150,9 @@ class Worker:
         if task is None or not task.runnable_at(now):
             return False
         if isinstance(self.kernel.registry.resolve(task), Blocked):
+            # Its rows back off; a worker that starts with a compatible definition
+            # retries them at once (Dispatcher.resume).
+            self.kernel.storage.block_dispatches(task_id)
             return False
         claimed = self.kernel.storage.claim(task_id, self.id, now, now + self.lease)
         if claimed is None:

@@ -46,6 +46,12 @@ Observer = Callable[[str, float], None]
 """Receives ``(stage, seconds)`` for each timed stage of a commit (see PostgresStorage)."""
 
 
+def id_list(ids: Iterable[str]) -> str:
+    """Ids as the array literal ``statements.IDS`` takes. Every id the kernel makes is
+    ``prefix_hex``; anything else names no record, so it is left out (found: none)."""
+    return "{" + ",".join(i for i in ids if i.replace("_", "").isalnum()) + "}"
+
+
 class HotCursor:
     """A server-side-binding psycopg cursor on Django's connection, for the commit path.
 
@@ -132,7 +138,7 @@ class Transaction:
         with self.db.connection.pipeline():
             session = HotCursor(self.db).execute(sql.SESSION_ADVANCE, [self.session_id])
             tasks = (
-                HotCursor(self.db).execute(sql.TASKS_BY_ID_LOCKED, [list(prefetch.tasks)])
+                HotCursor(self.db).execute(sql.TASKS_BY_ID_LOCKED, [id_list(prefetch.tasks)])
                 if prefetch.tasks
                 else None
             )
@@ -182,18 +188,18 @@ class Transaction:
     def tasks(self, ids: Iterable[str], lock: bool = True) -> dict[str, Task]:
         wanted = list(ids)
         if not lock:
-            self.cur.execute(sql.TASKS_BY_ID, [wanted])
+            self.cur.execute(sql.TASKS_BY_ID, [id_list(wanted)])
             return {t.id: t for t in map(TASK.from_sql, self.cur.fetchall())}
         missing = [i for i in wanted if i not in self._task_cache]
         if missing:
-            self.cur.execute(sql.TASKS_BY_ID_LOCKED, [missing])
+            self.cur.execute(sql.TASKS_BY_ID_LOCKED, [id_list(missing)])
             self._task_cache.update({t.id: t for t in map(TASK.from_sql, self.cur.fetchall())})
         return {i: self._task_cache[i] for i in wanted if i in self._task_cache}
 
     def join_state(self, ids: Sequence[str]) -> JoinState:
         if not ids:
             return JoinState(0, None)
-        self.cur.execute(sql.JOIN_STATE, [list(ids)])
+        self.cur.execute(sql.JOIN_STATE, [id_list(ids)])
         open_, failed = self.cur.fetchone()
         return JoinState(open_, failed)
 

@@ -43,7 +43,7 @@ from kernel.records import (
     Task,
     WriteSet,
 )
-from kernel.storage import NO_PREFETCH, Build, FaultHook, Prefetch
+from kernel.storage import DOUBLINGS, NO_PREFETCH, Build, FaultHook, Prefetch, expiry
 
 from . import statements as sql
 from .connection import (
@@ -257,7 +257,8 @@ class PostgresStorage:
         self, now: datetime, redeliver_after: timedelta, limit: int
     ) -> list[Dispatch]:
         rows = self._all(
-            sql.TAKE_DUE_DISPATCHES, {"now": now, "after": redeliver_after, "limit": limit}
+            sql.TAKE_DUE_DISPATCHES,
+            {"now": now, "after": redeliver_after, "limit": limit, "doublings": DOUBLINGS},
         )
         return sorted(map(DISPATCH.from_sql, rows), key=lambda d: d.id)
 
@@ -274,5 +275,20 @@ class PostgresStorage:
     def ensure_dispatches(self, tasks: Iterable[Task], now: datetime) -> None:
         with self._cursor() as cur:
             cur.executemany(
-                sql.ENSURE_DISPATCH, [[t.id, t.session_id, now, t.queue, t.id] for t in tasks]
+                sql.ENSURE_DISPATCH,
+                [
+                    {"task": t.id, "session": t.session_id, "queue": t.queue, "at": expiry(t, now)}
+                    for t in tasks
+                ],
             )
+
+    def block_dispatches(self, task_id: str) -> None:
+        with self._cursor() as cur:
+            cur.execute(sql.BLOCK_DISPATCHES, [task_id])
+
+    def blocked_tasks(self, limit: int) -> list[Task]:
+        return [TASK.from_sql(r) for r in self._all(sql.BLOCKED_TASKS, [limit])]
+
+    def retry_dispatches(self, task_ids: Iterable[str]) -> None:
+        with self._cursor() as cur:
+            cur.execute(sql.RETRY_DISPATCHES, [list(task_ids)])

@@ -77,8 +77,13 @@ COMMIT_BY_KEY = select(COMMIT, "session_id = %s AND key = %s")
 # -- tasks -----------------------------------------------------------------------------
 
 TASK_BY_ID = select(TASK, "id = %s")
-TASKS_BY_ID = select(TASK, "id = ANY(%s)")
-TASKS_BY_ID_LOCKED = select(TASK, "id = ANY(%s)", " FOR UPDATE")
+# Lists of ids go as one array literal in a text parameter (:func:`.connection.id_list`):
+# psycopg dumps a list parameter element by element in Python, which for a join over
+# 1,000 tasks cost more than the query (issue 12's profile). The parameter is the
+# array itself, evaluated once whatever the plan.
+IDS = "ANY(%s::text[])"
+TASKS_BY_ID = select(TASK, f"id = {IDS}")
+TASKS_BY_ID_LOCKED = select(TASK, f"id = {IDS}", " FOR UPDATE")
 SESSION_TASKS = select(TASK, "session_id = %s", " ORDER BY created_seq, id")
 CHILDREN_LOCKED = select(TASK, "parent_id = %s AND owned", " ORDER BY created_seq, id FOR UPDATE")
 WAITERS_LOCKED = select(
@@ -89,7 +94,7 @@ WAITERS_LOCKED = select(
 JOIN_STATE = (
     "SELECT count(*) FILTER (WHERE status <> 'terminal'), min(id) FILTER "
     "(WHERE status = 'terminal' AND outcome->>'kind' <> 'succeeded') "
-    f"FROM {TASK.name} WHERE id = ANY(%s)"
+    f"FROM {TASK.name} WHERE id = {IDS}"
 )
 TASK_INSERT = insert(TASK)
 # A lease kept by a commit is extended from when the commit was built; the time the
@@ -193,22 +198,40 @@ SUBMISSION_UPDATE = update(SUBMISSION)
 
 # -- the outbox --------------------------------------------------------------------------
 
+# Due: never delivered, or delivered and still unclaimed after a wait that doubles with
+# each delivery (``attempts``), up to 2**REDELIVERY_DOUBLINGS times ``after``.
 TAKE_DUE_DISPATCHES = (
     f"WITH due AS (SELECT id FROM {DISPATCH.name} WHERE not_before <= %(now)s AND "
-    "(delivered_at IS NULL OR delivered_at < %(now)s - GREATEST(%(after)s, "
-    "delivered_at - not_before)) ORDER BY id LIMIT %(limit)s FOR UPDATE SKIP LOCKED) "
-    f"UPDATE {DISPATCH.name} d SET delivered_at = %(now)s FROM due WHERE d.id = due.id "
-    f"RETURNING {DISPATCH.qualified('d')}"
+    "(delivered_at IS NULL OR delivered_at < %(now)s - %(after)s * "
+    "power(2, LEAST(GREATEST(attempts - 1, 0), %(doublings)s))) "
+    "ORDER BY id LIMIT %(limit)s FOR UPDATE SKIP LOCKED) "
+    f"UPDATE {DISPATCH.name} d SET delivered_at = %(now)s, attempts = d.attempts + 1 "
+    f"FROM due WHERE d.id = due.id RETURNING {DISPATCH.qualified('d')}"
 )
-RELEASE_DISPATCHES = f"UPDATE {DISPATCH.name} SET delivered_at = NULL WHERE id = ANY(%s)"
+RELEASE_DISPATCHES = (
+    f"UPDATE {DISPATCH.name} SET delivered_at = NULL, attempts = GREATEST(attempts - 1, 0) "
+    "WHERE id = ANY(%s)"
+)
 TAKE_DISPATCHES = (
-    f"UPDATE {DISPATCH.name} SET delivered_at = %s "
+    f"UPDATE {DISPATCH.name} SET delivered_at = %s, attempts = attempts + 1 "
     "WHERE id = ANY(%s) AND delivered_at IS NULL RETURNING id"
 )
+# An expired lease gets a fresh row, due at the expiry. A row from before the expiry (an
+# earlier run's, backed off) is made fresh instead: it must not delay this recovery.
 ENSURE_DISPATCH = (
+    f"WITH fresh AS (UPDATE {DISPATCH.name} SET not_before = %(at)s, delivered_at = NULL, "
+    "attempts = 0, blocked = false WHERE task_id = %(task)s AND not_before < %(at)s) "
     f"INSERT INTO {DISPATCH.name} (task_id, session_id, not_before, queue, seq) "
-    f"SELECT %s, %s, %s, %s, 0 WHERE NOT EXISTS (SELECT 1 FROM {DISPATCH.name} "
-    "WHERE task_id = %s)"
+    f"SELECT %(task)s, %(session)s, %(at)s, %(queue)s, 0 WHERE NOT EXISTS "
+    f"(SELECT 1 FROM {DISPATCH.name} WHERE task_id = %(task)s)"
+)
+BLOCK_DISPATCHES = f"UPDATE {DISPATCH.name} SET blocked = true WHERE task_id = %s AND NOT blocked"
+BLOCKED_TASKS = select(
+    TASK, f"id IN (SELECT task_id FROM {DISPATCH.name} WHERE blocked)", " LIMIT %s"
+)
+RETRY_DISPATCHES = (
+    f"UPDATE {DISPATCH.name} SET blocked = false, delivered_at = NULL, attempts = 0 "
+    "WHERE task_id = ANY(%s) AND blocked"
 )
 
 

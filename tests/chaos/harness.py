@@ -35,7 +35,7 @@ from controlplane.dev.provider_admin import ProviderAdmin
 from controlplane.storage import PostgresStorage
 from kernel import Draft, Kernel, Status, SubmissionStatus, SystemClock, Task, Worker
 from kernel.agent import submit
-from kernel.dispatch import Dispatcher
+from kernel.dispatch import Dispatcher, recovery_queue
 from kernel.records import Entry, Submission
 from tests.databases import url_of_test_database
 
@@ -184,10 +184,11 @@ class Stack:
         ]
 
     def queued(self, queue: str) -> list[str]:
-        """The task ids of the "advance" messages waiting in ``queue`` (not yet taken by
-        a worker), read from this stack's Redis db."""
+        """The task ids of the "advance" messages waiting in ``queue`` and in its recovery
+        queue, where the sweep sends (not yet taken by a worker), from this stack's Redis db."""
         ids = []
-        for raw in redis.Redis.from_url(self.redis_url).lrange(queue, 0, -1):
+        broker = redis.Redis.from_url(self.redis_url)
+        for raw in [*broker.lrange(queue, 0, -1), *broker.lrange(recovery_queue(queue), 0, -1)]:
             message = json.loads(raw)
             if message["headers"]["task"] == "controlplane.advance":
                 args, _kwargs, _embed = json.loads(base64.b64decode(message["body"]))

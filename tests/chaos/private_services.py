@@ -198,7 +198,8 @@ class PrivateRedis:
     def queued(self) -> int:
         """Messages waiting in the worker queues right now."""
         client = redis.Redis.from_url(self.url, socket_connect_timeout=1)
-        return sum(int(client.llen(q)) for q in ("default", "hands", "brain"))
+        queues = ("default", "hands", "brain")
+        return sum(int(client.llen(q)) for name in queues for q in (name, name + ".now"))
 
 
 @contextmanager

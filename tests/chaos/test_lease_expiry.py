@@ -59,12 +59,14 @@ def history(session_id: str, task_id: str) -> list[tuple[str, str, str | None]]:
 
 
 def consume(stack: Stack, worker: Process, *queues: str) -> None:
-    """Make a running worker consume more queues (Celery remote control)."""
+    """Make a running worker consume more queues (Celery remote control), each with its
+    recovery queue, as a worker started on them does (``consume_recovery_queues``)."""
     from controlplane.celery import app
+    from kernel.dispatch import recovery_queue
 
     point_celery_at(stack.redis_url)  # not an earlier test's Redis database
     destination = f"{worker.name}@chaos"
-    for queue in queues:
+    for queue in [q for name in queues for q in (name, recovery_queue(name))]:
         replies = app.control.add_consumer(queue, destination=[destination], reply=True,
                                            timeout=10)
         assert replies and destination in replies[0], replies

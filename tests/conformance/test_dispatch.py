@@ -5,8 +5,8 @@ from __future__ import annotations
 import threading
 from datetime import timedelta
 
-from kernel import Draft, Worker
-from kernel.dispatch import Dispatcher
+from kernel import Draft, Registry, Worker
+from kernel.dispatch import Dispatcher, recovery_queue
 
 from .definitions import Effects, make_registry
 from .world import World
@@ -68,8 +68,8 @@ def test_a_broker_outage_loses_nothing(world: World) -> None:
 
 
 def test_redelivery_backs_off_while_a_message_waits_unclaimed(world: World) -> None:
-    """A long healthy queue must not be flooded with copies: each redelivery waits as
-    long as the row had waited before it."""
+    """A long healthy queue must not be flooded with copies: each redelivery waits
+    twice as long as the one before (by deliveries, not by the row's age)."""
     kernel, broker, dispatcher, handle = setup(world)
     task_id = create(handle, "step", {"name": "s"})
     sends = []
@@ -77,11 +77,52 @@ def test_redelivery_backs_off_while_a_message_waits_unclaimed(world: World) -> N
         world.clock.advance(15)
         sends.append(dispatcher.sweep().delivered)
     # delivered at 0; re-sent once it waited more than 30 s (at 45), then once it
-    # waited longer than the 45 s it had waited before (at 105)
-    assert sends == [0, 0, 1, 0, 0, 0, 1, 0]
-    world.clock.advance(120)
-    assert dispatcher.sweep().delivered == 1
+    # waited more than 60 s after that (at 120)
+    assert sends == [0, 0, 1, 0, 0, 0, 0, 1]
+    world.clock.advance(121)
+    assert dispatcher.sweep().delivered == 1  # waited more than 120 s
     assert broker.sent == [task_id] * 4
+
+
+def test_a_blocked_task_runs_as_soon_as_a_worker_with_its_definition_starts(
+    world: World,
+) -> None:
+    """Issue 11 point 6: blocked for an hour, it is not held back by an hour of backoff."""
+    kernel, broker, dispatcher, handle = setup(world)
+    old = Registry()  # the deployed workers do not know the kind yet
+    stale = world.kernel(old)
+    task_id = create(handle, "step", {"name": "later"})
+    for _ in range(120):  # an hour of sweeps, each message finding the task blocked
+        world.clock.advance(30)
+        dispatcher.sweep()
+        for sent in broker.sent:
+            Worker(stale, "old").advance(sent)
+        broker.sent.clear()
+    world.clock.advance(5)
+    Dispatcher(kernel, broker.deliver, redeliver_after=timedelta(seconds=30)).resume()
+    assert broker.sent == [task_id]  # a worker with the definition starts: sent at once
+    assert Worker(kernel, "new").advance(task_id)
+    assert world.storage.task(task_id).outcome["kind"] == "succeeded"
+
+
+def test_a_row_from_an_earlier_run_does_not_delay_a_later_lease_expiry(world: World) -> None:
+    """Issue 11 point 6: recovery after an expiry is due at once, whatever older row the
+    task still has."""
+    kernel, broker, dispatcher, handle = setup(world)
+    task_id = create(handle, "step", {"name": "s"})
+    now = world.clock.now()
+    claimed = world.storage.claim(task_id, "a", now, now + timedelta(seconds=10))
+    world.clock.advance(11)  # a's lease lapses (a stalls); the sweep gives it a row
+    assert dispatcher.sweep().delivered == 1
+    now = world.clock.now()  # a renews before anyone claims: the row stays behind
+    assert world.storage.renew(task_id, "a", claimed.epoch, now + timedelta(seconds=100))
+    for _ in range(5):  # the row is re-sent, backing off, while a holds the lease
+        world.clock.advance(20)
+        dispatcher.sweep()
+    world.clock.advance(2)  # a dies; its lease runs out at 111 s
+    broker.sent.clear()
+    assert dispatcher.sweep().delivered == 1
+    assert broker.sent == [task_id]
 
 
 def test_two_sweeps_at_once_send_each_row_once(world: World) -> None:
@@ -168,3 +209,20 @@ def test_an_expired_lease_is_found_behind_a_backlog_of_pending_tasks(world: Worl
     dispatcher.sweep()
     assert stuck in broker.sent
     assert set(broker.sent) <= {stuck, *backlog}
+
+
+def test_what_the_sweep_sends_goes_to_the_recovery_queue_ahead_of_the_backlog(
+    world: World,
+) -> None:
+    kernel = world.kernel(make_registry(Effects()))
+    sent: list[tuple[str, str]] = []
+    after = timedelta(seconds=30)
+    dispatcher = Dispatcher(
+        kernel, lambda task, queue: sent.append((task, queue)), redeliver_after=after
+    )
+    kernel.after_commit(dispatcher.after_commit)
+    task_id = create(kernel.create_session(), "step", {"name": "s"})
+    world.clock.advance(31)
+    dispatcher.sweep()
+    queue = world.storage.task(task_id).queue
+    assert sent == [(task_id, queue), (task_id, recovery_queue(queue))]

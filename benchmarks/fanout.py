@@ -1,0 +1,469 @@
+"""No-op fan-out beside the peers (issue 12): the engine's own cost, with nothing to do.
+
+The peers' shapes (``../shared/anchors/``), on a task kind whose phases do nothing but
+commit (``bench-noop``, registered in the workers through ``KERNEL_TASK_MODULES``):
+
+- **fan-out**: 5,000 one-phase tasks made runnable by one commit, run by 2 worker
+  processes (``celery worker -P solo``, as deployed) and beat; tasks/s from before the
+  commit until every task is terminal (polled every 10 ms), as the peers count from
+  the first submit to the last completion;
+- **two phases**: 1,000 tasks of 2 phases (2 commits each, the second inline while the
+  worker holds the lease), beside DBOS's 1,000 workflows of 2 steps;
+- **sequential**: one task of 2,000 phases, each a commit, timed inside the task (first
+  phase start to last phase end), beside DBOS's one workflow of 2,000 steps;
+- **idle dispatch**: tasks created one per commit, 200 at 5 ms gaps and 50 at 50 ms gaps;
+  from before the commit to the phase's start (read by the handler, same host clock),
+  beside Celery's and Procrastinate's send-to-start.
+
+With ``--peers`` the same run then runs the anchors (Celery prefork -c 2, Procrastinate
+-c 2, DBOS fan-out and sequential) with the anchors' own scripts and the virtualenv they
+use (``--peer-python``, default ``$ANCHORS_PYTHON`` or ``$TMPDIR/anchors-venv``, made by
+``bash ../shared/anchors/run.sh``), on this run's Postgres server (user ``postgres``,
+databases ``durable_bench_anchors_*``) and Redis db, and prints same-run ratios.
+Differences in kind: our fan-out is one commit that creates every task (the peers
+submit one by one from a client thread, which their throughput includes); our workers
+log at INFO (the launcher's readiness and activity counts read the log), the peers at
+WARNING; each of our tasks is durable with a fenced lease, and Celery's are not durable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from benchmarks._support import (
+    BENCH_DATABASE,
+    ROOT,
+    Stats,
+    database_url,
+    delivering_kernel,
+    fresh_database,
+    parse_arguments,
+    progress,
+    publish,
+    recreate_database,
+)
+from controlplane.dev.ports import reserved_redis_url
+from controlplane.dev.processes import process_env
+
+HEADING = "## No-op fan-out beside the peers (issue 12)"
+DEFAULT_DATABASE = f"{BENCH_DATABASE}_fanout"
+DEFAULT_REDIS_DB = 13
+KIND = "bench-noop"
+TASK_MODULE = "benchmarks.fanout.register"
+ANCHORS = ROOT.parent / "shared" / "anchors"
+
+
+def register(registry: Any) -> None:
+    """The no-op kind: ``input["phases"]`` phases, each committing only its checkpoint."""
+    from kernel import Run, Transition
+
+    @registry.task(KIND, queue="default")
+    class Noop:
+        initial = "step"
+
+        def step(self, run: Run) -> Transition:
+            now = time.time()
+            done = int(run.checkpoint.get("done", 0)) + 1
+            first = run.checkpoint.get("t0", now)
+            if done >= int(run.input.get("phases", 1)):
+                return run.succeed({"t0": first, "t1": time.time()})
+            return run.next("step", {"done": done, "t0": first})
+
+
+# -- our side ---------------------------------------------------------------------------
+
+
+@dataclass
+class Ours:
+    fanout: float = 0.0  # tasks/s
+    fanout_n: int = 0
+    two: float = 0.0  # tasks/s (2 phases each)
+    two_n: int = 0
+    sequential: float = 0.0  # phases/s
+    sequential_n: int = 0
+    latency: dict[str, Stats] = field(default_factory=dict)
+
+
+class Driver:
+    """Commits tasks as a client would, with deliveries to this run's Redis db."""
+
+    def __init__(self, redis_url: str) -> None:
+        self.kernel, self._broker = delivering_kernel(redis_url)
+        self.handle = self.kernel.create_session()
+
+    def create(self, count: int, phases: int) -> list[str]:
+        from kernel import Draft
+
+        draft = Draft(actor="user:bench")
+        ids = [draft.create_task(KIND, {"phases": phases}) for _ in range(count)]
+        self.handle.commit(draft)
+        return ids
+
+    def terminal(self, ids: list[str]) -> int:
+        from django.db import connection
+
+        with connection.cursor() as cur:
+            cur.execute(
+                "SELECT count(*) FROM kernel_task WHERE id = ANY(%s) AND status = 'terminal'",
+                [ids],
+            )
+            return int(cur.fetchone()[0])
+
+    def results(self, ids: list[str]) -> list[dict[str, Any]]:
+        from django.db import connection
+
+        with connection.cursor() as cur:
+            cur.execute("SELECT outcome::text FROM kernel_task WHERE id = ANY(%s)", [ids])
+            return [json.loads(row[0])["result"] for row in cur.fetchall()]
+
+    def wait(self, ids: list[str], timeout: float) -> float:
+        deadline = time.monotonic() + timeout
+        while self.terminal(ids) < len(ids):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"only {self.terminal(ids)} of {len(ids)} tasks ended")
+            time.sleep(0.01)
+        return time.time()
+
+    def burst(self, count: int, phases: int, timeout: float) -> float:
+        started = time.time()
+        ids = self.create(count, phases)
+        return count / (self.wait(ids, timeout) - started)
+
+    def sequential(self, phases: int, timeout: float) -> float:
+        ids = self.create(1, phases)
+        self.wait(ids, timeout)
+        [result] = self.results(ids)
+        return phases / (result["t1"] - result["t0"])
+
+    def latency(self, count: int, gap_ms: float, timeout: float) -> Stats:
+        sent: dict[str, float] = {}
+        next_at = time.perf_counter()
+        for _ in range(count):
+            before = time.time()
+            [task_id] = self.create(1, 1)
+            sent[task_id] = before
+            next_at += gap_ms / 1000
+            pause = next_at - time.perf_counter()
+            if pause > 0:
+                time.sleep(pause)
+        ids = list(sent)
+        self.wait(ids, timeout)
+        from django.db import connection
+
+        with connection.cursor() as cur:
+            cur.execute("SELECT id, outcome::text FROM kernel_task WHERE id = ANY(%s)", [ids])
+            return Stats.of([json.loads(o)["result"]["t0"] - sent[i] for i, o in cur.fetchall()])
+
+    def close(self) -> None:
+        self._broker.release()
+
+
+@contextlib.contextmanager
+def cluster(url: str, redis_url: str, workers: int, logs: str | None) -> Iterator[Any]:
+    import redis
+
+    from benchmarks.batch import Cluster
+
+    redis.Redis.from_url(redis_url).flushdb()
+    with contextlib.ExitStack() as stack:
+        if logs is None:
+            tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-fanout-"))
+        else:
+            tmp = logs
+            Path(tmp).mkdir(parents=True, exist_ok=True)
+        env = process_env(
+            url,
+            redis_url,
+            KERNEL_TASK_MODULES=TASK_MODULE,
+            PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+            DJANGO_DEBUG="0",
+            DJANGO_SETTINGS_MODULE="controlplane.settings",
+        )
+        running = Cluster(Path(tmp), env)
+        try:
+            running.start_beat()
+            running.wait_ready(running.spawn_workers(workers))
+            yield running
+        finally:
+            running.close()
+
+
+def measure_ours(url: str, redis_url: str, args: argparse.Namespace) -> Ours:
+    ours = Ours(fanout_n=args.tasks, two_n=args.two_phase, sequential_n=args.sequential)
+    with cluster(url, redis_url, args.workers, args.logs):
+        driver = Driver(redis_url)
+        try:
+            progress("ours: warm-up")
+            driver.burst(20, 2, args.timeout)
+            progress(f"ours: {args.tasks} one-phase tasks")
+            ours.fanout = driver.burst(args.tasks, 1, args.timeout)
+            progress(f"ours: {ours.fanout:.0f} tasks/s; {args.two_phase} two-phase tasks")
+            ours.two = driver.burst(args.two_phase, 2, args.timeout)
+            progress(f"ours: {ours.two:.0f} tasks/s; one task of {args.sequential} phases")
+            ours.sequential = driver.sequential(args.sequential, args.timeout)
+            progress(f"ours: {ours.sequential:.0f} phases/s; idle dispatch latency")
+            for count, gap in ((args.latency, 5.0), (max(args.latency // 4, 1), 50.0)):
+                ours.latency[f"{count} @ {gap:g} ms"] = driver.latency(count, gap, args.timeout)
+        finally:
+            driver.close()
+    return ours
+
+
+# -- the peers ------------------------------------------------------------------------
+
+
+PEERS = {
+    # key: (script argv, database to recreate or None)
+    "celery": (["bench_celery.py", "--pool", "prefork", "--concurrency", "2"], None),
+    "procrastinate": (["bench_procrastinate.py", "--concurrency", "2"], "proc"),
+    "dbos_fanout": (["bench_dbos.py", "fanout"], "dbos"),
+    "dbos_seq": (["bench_dbos.py", "seq"], "dbos"),
+}
+
+
+def peer_python(given: str | None) -> Path:
+    if given:
+        return Path(given)
+    if os.environ.get("ANCHORS_PYTHON"):
+        return Path(os.environ["ANCHORS_PYTHON"])
+    return Path(os.environ.get("TMPDIR", "/tmp")) / "anchors-venv" / "bin" / "python"
+
+
+def run_peer(
+    key: str, python: Path, url: str, redis_url: str, args: argparse.Namespace
+) -> dict[str, Any]:
+    """One anchor script on this run's servers: its RESULT line, or why there is none."""
+    from psycopg.conninfo import conninfo_to_dict
+
+    argv, db = PEERS[key]
+    n = {
+        "celery": args.tasks,
+        "procrastinate": args.tasks,
+        "dbos_fanout": args.two_phase,
+        "dbos_seq": args.sequential,
+    }[key]
+    names = {"proc": f"{BENCH_DATABASE}_anchors_proc", "dbos": f"{BENCH_DATABASE}_anchors_dbos"}
+    if db is not None:
+        recreate_database(database_url(names[db], url))
+    info = conninfo_to_dict(url)
+    env = {
+        **os.environ,
+        "ANCHORS_PG_HOST": str(info.get("host") or "127.0.0.1"),
+        "ANCHORS_PG_PORT": str(info.get("port") or "5432"),
+        "ANCHORS_PG_USER": str(info.get("user") or "postgres"),
+        "ANCHORS_PG_PASS": str(info.get("password") or "unused"),
+        "ANCHORS_REDIS_URL": redis_url,
+        "ANCHORS_PROC_DB": names["proc"],
+        "ANCHORS_DBOS_DB": names["dbos"],
+    }
+    progress(f"peer {key}: {' '.join(argv)} --n {n}")
+    try:
+        done = subprocess.run(
+            [str(python), *argv, "--n", str(n)],
+            cwd=args.anchors,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=args.timeout * 3,
+        )
+    except subprocess.TimeoutExpired:
+        return {"error": f"timed out after {args.timeout * 3:g} s"}
+    lines = [ln for ln in done.stdout.splitlines() if ln.startswith("RESULT ")]
+    if done.returncode != 0 or not lines:
+        tail = (done.stderr or done.stdout)[-400:].strip().replace("\n", " | ")
+        return {"error": f"exit {done.returncode}: {tail}"}
+    result: dict[str, Any] = json.loads(lines[-1][len("RESULT ") :])
+    return result
+
+
+def measure_peers(url: str, redis_url: str, args: argparse.Namespace) -> dict[str, Any]:
+    python = peer_python(args.peer_python)
+    probe = (
+        subprocess.run(
+            [str(python), "-c", "import dbos, procrastinate, celery, redis, psycopg"],
+            capture_output=True,
+            text=True,
+        )
+        if python.exists()
+        else None
+    )
+    if probe is None or probe.returncode != 0:
+        why = (
+            f"{python} does not exist"
+            if probe is None
+            else f"{python} lacks a peer: {probe.stderr.strip()[-200:]}"
+        )
+        why += "; make it with `bash ../shared/anchors/run.sh` or point --peer-python at one"
+        return {key: {"error": why} for key in PEERS}
+    import redis
+
+    peers = {}
+    for key in PEERS:
+        redis.Redis.from_url(redis_url).flushdb()
+        peers[key] = run_peer(key, python, url, redis_url, args)
+        progress(f"peer {key}: {_brief(peers[key])}")
+    return peers
+
+
+def _brief(result: dict[str, Any]) -> str:
+    if "error" in result:
+        return f"FAILED: {result['error'][-200:]}"
+    for name in ("per_s", "wf_per_s", "steps_per_s"):
+        if name in result:
+            return f"{name} {result[name]:.1f}"
+    return "?"
+
+
+# -- the report -----------------------------------------------------------------------
+
+
+def _f(value: float | None, digits: int = 1) -> str:
+    if value is None:
+        return "n/a"
+    return f"{value:,.0f}" if abs(value) >= 100 else f"{value:,.{digits}f}"
+
+
+def _ratio(ours: float, theirs: float | None) -> str:
+    return f"{ours / theirs:.2f}x" if theirs else "n/a"
+
+
+def _verdict(ok: bool | None) -> str:
+    return "n/a (peer did not run)" if ok is None else ("met" if ok else "**not met**")
+
+
+def render(
+    when: datetime,
+    facts: dict[str, str],
+    ours: Ours,
+    peers: dict[str, Any] | None,
+    command: str,
+) -> str:
+    peers = peers or {}
+
+    def peer(key: str, name: str) -> float | None:
+        result = peers.get(key) or {}
+        value = result.get(name)
+        return float(value) if value is not None else None
+
+    celery_tp, proc_tp = peer("celery", "per_s"), peer("procrastinate", "per_s")
+    dbos_wf, dbos_steps = peer("dbos_fanout", "wf_per_s"), peer("dbos_seq", "steps_per_s")
+    celery_p50, celery_p99 = peer("celery", "lat_p50_ms"), peer("celery", "lat_p99_ms")
+    fast = next(iter(ours.latency.values()))
+    seq_ok = None if dbos_steps is None else ours.sequential >= 3 * dbos_steps
+    lines = [
+        HEADING,
+        "",
+        f"Run {when:%Y-%m-%d %H:%M} UTC by `{command}` on revision `{facts['revision']}`. "
+        f"Machine: {facts['machine']}; load average {facts['load_before']} before the run "
+        f"and {facts['load_after']} after it (other engineers' tests share the 2 cores, "
+        "Postgres and Redis: compare the ratios, which come from one run). "
+        f"Ours: {facts['workers']} worker processes (`celery worker -P solo`) and beat, "
+        "`DJANGO_DEBUG=0`, default lease/redelivery settings.",
+        "",
+        "| shape | ours | Celery + Redis (prefork -c 2, not durable) | Procrastinate (-c 2) "
+        "| DBOS | ratio (ours / peer) | target | verdict |",
+        "|---|---:|---:|---:|---:|---|---|---|",
+        f"| {ours.fanout_n:,} one-phase no-op tasks, burst | {_f(ours.fanout)} tasks/s "
+        f"| {_f(celery_tp)} tasks/s | {_f(proc_tp)} jobs/s | - "
+        f"| {_ratio(ours.fanout, proc_tp)} of Procrastinate, {_ratio(ours.fanout, celery_tp)} "
+        "of Celery | >= 1.0x Procrastinate (stretch: Celery) "
+        f"| {_verdict(None if proc_tp is None else ours.fanout >= proc_tp)} |",
+        f"| {ours.two_n:,} tasks x 2 phases | {_f(ours.two)} tasks/s | - | - "
+        f"| {_f(dbos_wf)} workflows/s | {_ratio(ours.two, dbos_wf)} | >= 3x DBOS "
+        f"| {_verdict(None if dbos_wf is None else ours.two >= 3 * dbos_wf)} |",
+        f"| one task, {ours.sequential_n:,} sequential phases | {_f(ours.sequential)} phases/s "
+        f"| - | - | {_f(dbos_steps)} steps/s | {_ratio(ours.sequential, dbos_steps)} "
+        f"| >= 3x DBOS | {_verdict(seq_ok)} |",
+        f"| idle dispatch, commit to phase start, p50 (200 @ 5 ms) | {_f(fast.p50, 2)} ms "
+        f"| {_f(celery_p50, 2)} ms | {_f(peer('procrastinate', 'lat_p50_ms'), 2)} ms | - "
+        f"| {_ratio(fast.p50, celery_p50)} of Celery | <= 2x Celery "
+        f"| {_verdict(None if celery_p50 is None else fast.p50 <= 2 * celery_p50)} |",
+        f"| the same, p99 | {_f(fast.p99, 2)} ms | {_f(celery_p99, 2)} ms "
+        f"| {_f(peer('procrastinate', 'lat_p99_ms'), 2)} ms | - "
+        f"| {_ratio(fast.p99, celery_p99)} of Celery | <= 3x Celery "
+        f"| {_verdict(None if celery_p99 is None else fast.p99 <= 3 * celery_p99)} |",
+        "",
+        "| idle dispatch latency, ours (ms) | n | p50 | p90 | p99 | max |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for label, stats in ours.latency.items():
+        lines.append(
+            f"| {label} | {stats.count} | {_f(stats.p50, 2)} | {_f(stats.p90, 2)} "
+            f"| {_f(stats.p99, 2)} | {_f(stats.max, 2)} |"
+        )
+    failed = {k: v["error"] for k, v in peers.items() if "error" in v}
+    if not peers:
+        lines += ["", "Peers not run (`--peers` not given): no ratios."]
+    elif failed:
+        lines += ["", "Peers that did not run here:"]
+        lines += [f"- {key}: {why}" for key, why in failed.items()]
+    lines += [
+        "",
+        "Method: see `benchmarks/fanout.py`. Ours: one commit creates the burst (the peers "
+        "submit one by one from a client thread, and their figure includes that); the "
+        "clock runs from before that commit until every task is terminal (polled every "
+        "10 ms). Sequential phases are timed inside the task. Idle dispatch: one task per "
+        "commit, from before the commit to the phase's first line. Peers: the anchors' own "
+        "scripts (`../shared/anchors/`) on this run's Postgres and Redis db, with their "
+        "defaults (Celery: prefetch 4, acks early; Procrastinate: LISTEN/NOTIFY; DBOS: "
+        "queue polling 1 s, unbounded concurrency). Raw peer results: "
+        + (json.dumps({k: _brief(v) for k, v in peers.items()}) if peers else "none")
+        + ".",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def facts(workers: int) -> dict[str, str]:
+    from benchmarks.batch import code_revision
+
+    return {
+        "revision": code_revision()[0],
+        "machine": f"{os.cpu_count()} CPUs",
+        "load_before": " ".join(f"{x:.2f}" for x in os.getloadavg()),
+        "workers": str(workers),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.fanout",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--tasks", type=int, default=5000, help="one-phase burst")
+    parser.add_argument("--two-phase", type=int, default=1000, help="two-phase burst")
+    parser.add_argument("--sequential", type=int, default=2000, help="phases of one task")
+    parser.add_argument("--latency", type=int, default=200, help="tasks at 5 ms gaps")
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--timeout", type=float, default=600.0)
+    parser.add_argument("--peers", action="store_true", help="run the anchors too")
+    parser.add_argument("--peer-python", help="python of a venv with the peers")
+    parser.add_argument("--anchors", default=str(ANCHORS), help="the anchors' folder")
+    parser.add_argument("--logs", help="keep the worker and beat logs in this directory")
+    parser.add_argument("--redis-db", type=int, default=DEFAULT_REDIS_DB)
+    args, url = parse_arguments(parser, argv, DEFAULT_DATABASE)
+    os.environ["KERNEL_TASK_MODULES"] = TASK_MODULE  # this process commits the kind too
+    command = "make bench BENCH_ARGS='fanout" + (" -- --peers'" if args.peers else "'")
+    info = facts(args.workers)
+    when = datetime.now(UTC)
+    with reserved_redis_url(db=args.redis_db) as redis_url:
+        fresh_database(args, url, redis_url)
+        ours = measure_ours(url, redis_url, args)
+        peers = measure_peers(url, redis_url, args) if args.peers else None
+    info["load_after"] = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    return publish(HEADING, render(when, info, ours, peers, command), write=not args.no_write)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
