@@ -77,9 +77,12 @@ def test_batch_benchmark_end_to_end() -> None:
 
     stages = dict(result.activity)
     assert list(stages) == ["probes and clean batch", "recovery batch"]
-    for act in stages.values():
-        # plan, summary and every email, at least once (a killed phase runs again)
-        assert act.phases >= EMAILS + 2
+    for name, act in stages.items():
+        # plan, summary and every email, at least once (a killed phase runs again); the
+        # count comes from log lines, and a worker killed after a run's last commit but
+        # before Celery logged it leaves that one run unlogged
+        lost = config.workers if name == "recovery batch" else 0
+        assert act.phases >= EMAILS + 2 - lost
         assert min(act.idle, act.sweeps, act.sweeps_expired, act.redelivered) >= 0
 
     section = render(result)
