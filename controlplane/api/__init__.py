@@ -32,6 +32,8 @@ ERRORS = {
     "404": "No such record",
     "409": "The record's state does not allow this now",
     "422": "Invalid input; `detail` names the field",
+    "503": "The database is unavailable; retry after `Retry-After` seconds (with the "
+    "same `request_id` or `action_id`, a retry cannot apply a command twice)",
 }
 
 
