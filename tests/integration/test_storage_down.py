@@ -9,6 +9,7 @@ dead connection, as after a database restart.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import psycopg
 import pytest
@@ -41,7 +42,7 @@ def terminate_own_backend() -> None:
         other.execute("SELECT pg_terminate_backend(%s)", [pid])
 
 
-def assert_retry_later(response: object) -> None:
+def assert_retry_later(response: Any) -> None:
     assert response.status_code == 503, (response.status_code, response.content)
     assert response["Retry-After"] == "2"
 
