@@ -4,6 +4,7 @@ database cannot serve one."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 from urllib.parse import unquote
 
 from django.http import HttpRequest, HttpResponse, JsonResponse
@@ -56,12 +57,16 @@ class AnswerStorageDown:
         return self.get_response(request)
 
     def process_exception(self, request: HttpRequest, exc: Exception) -> HttpResponse | None:
-        if not isinstance(exc, STORAGE_DOWN):
-            return None
-        detail = "the database is unavailable; try again (a retry with the same id is safe)"
-        if request.path.startswith("/api/"):
-            response: HttpResponse = JsonResponse({"detail": detail}, status=503)
-        else:
-            response = HttpResponse(detail, status=503, content_type="text/plain")
-        response["Retry-After"] = str(RETRY_AFTER_SECONDS)
-        return response
+        return storage_down(request, exc) if isinstance(exc, STORAGE_DOWN) else None
+
+
+def storage_down(request: HttpRequest, exc: Any) -> HttpResponse:
+    """The 503 answer; the API registers it too, since with ``DEBUG`` on ninja answers
+    unhandled errors itself instead of passing them on to the middleware."""
+    detail = "the database is unavailable; try again (a retry with the same id is safe)"
+    if request.path.startswith("/api/"):
+        response: HttpResponse = JsonResponse({"detail": detail}, status=503)
+    else:
+        response = HttpResponse(detail, status=503, content_type="text/plain")
+    response["Retry-After"] = str(RETRY_AFTER_SECONDS)
+    return response

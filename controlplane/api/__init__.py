@@ -19,6 +19,7 @@ from django.http import HttpRequest, HttpResponse
 from ninja import NinjaAPI
 
 from controlplane.errors import ControlPlaneError, http_status
+from controlplane.middleware import STORAGE_DOWN, storage_down
 from kernel import CommitRejected
 
 from . import actions, feed, sessions, tasks, tokens
@@ -86,3 +87,5 @@ def domain_error(request: HttpRequest, exc: Any) -> HttpResponse:
 
 api.add_exception_handler(ControlPlaneError, domain_error)
 api.add_exception_handler(CommitRejected, domain_error)  # UnknownRecord among them: 404
+for unavailable in STORAGE_DOWN:
+    api.add_exception_handler(unavailable, storage_down)
