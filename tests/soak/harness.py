@@ -102,6 +102,12 @@ class Report:
         return "\n".join(lines) + "\n"
 
 
+def step_of(task: dict[str, Any]) -> dict[str, Any]:
+    """The step a resolution names: the one the operator saw the task wait on."""
+    step = task.get("step") or {}
+    return {"signal": step.get("signal", ""), "epoch": step.get("epoch", 0)}
+
+
 class Api:
     """The operator's HTTP client: a bearer token; a down server is an answer too."""
 
@@ -222,7 +228,7 @@ class Soak:
     def drive(self) -> None:
         operations = [
             (self.batch, 3), (self.agent, 5), (self.cancel, 3), (self.resolve, 2),
-            (self.resubmit, 1), (self.bulk_retry, 1),
+            (self.resubmit, 1), (self.bulk_retry, 1), (self.wake, 1), (self.retry, 1),
         ]
         choices, weights = zip(*operations, strict=True)
         end = time.monotonic() + self.seconds
@@ -335,7 +341,7 @@ class Soak:
         if code != 200 or not found:
             return
         task = self.random.choice(found)
-        body = {"decision": self.decision_for(task), "reason": "soak decides"}
+        body = {"decision": self.decision_for(task), "reason": "soak decides", **step_of(task)}
         shape = self.random.choice(["once", "twice-at-once", "stale"])
         path = f"/api/tasks/{task['id']}/resolve"
         if shape == "twice-at-once":
@@ -362,6 +368,26 @@ class Soak:
             return
         code, answer = self.act("resubmit", "POST", f"/api/submissions/{submission}/resubmit",
                                 {"action_id": self.name("s"), "reason": "soak resubmit"})
+
+    def one_task(self, query: str) -> dict[str, Any] | None:
+        code, found = self.act("find", "GET", f"/api/tasks?{query}&limit=20")
+        if code != 200 or not found:
+            return None
+        return self.random.choice(sorted(found, key=lambda t: t["id"]))
+
+    def wake(self) -> None:
+        """An operator wakes a sleeping task early (a batch's notice in its backoff)."""
+        task = self.one_task("status=sleeping")
+        if task is not None:
+            self.act("wake", "POST", f"/api/tasks/{task['id']}/wake",
+                     {"action_id": self.name("w"), "reason": "soak wakes"})
+
+    def retry(self) -> None:
+        """An operator retries one failed or cancelled task (the bulk form covers many)."""
+        task = self.one_task(f"outcome={self.random.choice(['failed', 'cancelled'])}")
+        if task is not None:
+            self.act(f"retry-{task['kind']}", "POST", f"/api/tasks/{task['id']}/retry",
+                     {"action_id": self.name("t"), "reason": "soak retries"})
 
     def bulk_retry(self) -> None:
         criteria = {"action": "retry", "kind": "send-notice", "outcome": "failed"}
@@ -460,17 +486,24 @@ class Soak:
                 if task["kind"] == "send-notice":
                     self.act("resolve-settle", "POST", f"/api/tasks/{task['id']}/resolve",
                              {"decision": self.decision_for(task), "reason": "soak settles",
-                              "action_id": self.name("z")})
+                              "action_id": self.name("z"), **step_of(task)})
             if not self.unsettled() and not waiting:
                 return
             time.sleep(2)
 
     def check(self) -> None:
+        self.check_answers()
         self.check_tasks()
         self.check_emails()
         self.check_conversations()
         self.check_submissions()
         self.check_seqs_and_feeds()
+
+    def check_answers(self) -> None:
+        """No request got a 500: while a service restarts the answer is 503 (or none)."""
+        for key, count in sorted(self.report.actions.items()):
+            if key.endswith(":500"):
+                self.report.violation(f"{count} answers of 500 to {key.rsplit(':', 1)[0]}")
 
     def check_tasks(self) -> None:
         rows = [r for r in self.query("SELECT * FROM kernel_task") if r]
