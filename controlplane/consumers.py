@@ -35,7 +35,8 @@ Protocol, JSON text frames both ways:
    then costs a few frames instead of one per commit (per-frame overhead dominates).
 
 Other close codes: 4400 a malformed message or cursor (or a token in the URL), 4404 no
-such session, 1011 the log could not be read (reconnect), 4503 the server is stopping
+such session, 4429 the account has ``USER_SOCKET_LIMIT`` sockets open already
+(:mod:`controlplane.slots`; close one, or wait for one to end), 1011 the log could not be read (reconnect), 4503 the server is stopping
 (reconnect, to another web process behind the same address; controlplane.shutdown).
 Daphne closes idle sockets after its
 ``--websocket_timeout``; clients reconnect with their cursor whatever the close code.
@@ -69,7 +70,7 @@ from django.conf import settings
 from django.http.request import split_domain_port, validate_host
 from django.urls import path, re_path
 
-from controlplane import access, feed_subscribers, shutdown
+from controlplane import access, feed_subscribers, shutdown, slots
 from controlplane.notify import GLOBAL_GROUP, hint_hub, session_group
 from controlplane.reads.feed import (
     FRAME_COLUMNS,
@@ -217,6 +218,8 @@ class FeedConsumer(AsyncWebsocketConsumer):
         self.pump: asyncio.Task[None] | None = None
         self.opening: asyncio.Task[None] | None = None
         self.watch: asyncio.Task[None] | None = None
+        self.slot: slots.Slot | None = None
+        self.keeper: asyncio.Task[None] | None = None
         self.credential: access.Credential | None = None
         self.closing = False
         await self.accept()
@@ -298,9 +301,12 @@ class FeedConsumer(AsyncWebsocketConsumer):
         self.closing = True
         shutdown.forget(self)
         for task in (getattr(self, "pump", None), getattr(self, "opening", None),
-                     getattr(self, "watch", None)):
+                     getattr(self, "watch", None), getattr(self, "keeper", None)):
             if task is not None and task is not asyncio.current_task():
                 task.cancel()
+        slot = getattr(self, "slot", None)
+        if slot is not None and not slot.released:
+            asyncio.get_running_loop().create_task(slot.release())
         if getattr(self, "subscribed", False):
             self.subscribed = False
             feed_subscribers.left()
@@ -343,7 +349,24 @@ class FeedConsumer(AsyncWebsocketConsumer):
             if verdict == access.NO_ROLE:
                 return await self.refuse(REFUSED, "this account no longer has a role")
 
+    async def hold_slot(self) -> bool:
+        """Take one of the account's socket slots for as long as the socket is open."""
+        if self.slot is not None:
+            return True
+        self.slot = await slots.take(slots.SOCKETS, self.user.pk)
+        if self.slot is None:
+            await self.refuse(slots.TOO_MANY_SOCKETS, f"this account has its "
+                              f"{slots.limit(slots.SOCKETS)} sockets open: close one")
+            return False
+        if self.closing:  # the client left while the slot was being taken
+            await self.slot.release()
+            return False
+        self.keeper = asyncio.get_running_loop().create_task(self.slot.keep())
+        return True
+
     async def subscribe(self) -> bool:
+        if not await self.hold_slot():
+            return False
         if not await self.exists():
             await self.refuse(NOT_FOUND, "no such session")
             return False

@@ -8,7 +8,8 @@ Routers are thin: reads come from :mod:`controlplane.reads`, changes from
 :mod:`controlplane.commands`, and their domain errors become HTTP answers here, in one
 place (:func:`controlplane.errors.http_status`): 403 for a role that does not allow it,
 404 for no such record, 409 when the state does not allow it, 422 for bad input (naming
-the field; nothing changed).
+the field; nothing changed), 429 with ``Retry-After`` when the account holds as many
+long-polls as it may.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import Any
 from django.http import HttpRequest, HttpResponse
 from ninja import NinjaAPI
 
-from controlplane.errors import ControlPlaneError, http_status
+from controlplane.errors import ControlPlaneError, TooBusy, http_status
 from kernel import CommitRejected
 
 from . import actions, feed, sessions, tasks, tokens
@@ -79,7 +80,10 @@ api.add_router("/", tokens.router)
 def domain_error(request: HttpRequest, exc: Any) -> HttpResponse:
     status = http_status(exc)
     assert status is not None, exc
-    return api.create_response(request, {"detail": str(exc)}, status=status)
+    response = api.create_response(request, {"detail": str(exc)}, status=status)
+    if isinstance(exc, TooBusy):
+        response["Retry-After"] = str(exc.retry_after)
+    return response
 
 
 api.add_exception_handler(ControlPlaneError, domain_error)
