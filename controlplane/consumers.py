@@ -36,9 +36,9 @@ Protocol, JSON text frames both ways:
 
 Other close codes: 4400 a malformed message or cursor (or a token in the URL), 4404 no
 such session, 4429 the account has ``USER_SOCKET_LIMIT`` sockets open already
-(:mod:`controlplane.slots`; close one, or wait for one to end), 1011 the log could not be read (reconnect), 4503 the server is stopping
-(reconnect, to another web process behind the same address; controlplane.shutdown).
-Daphne closes idle sockets after its
+(:mod:`controlplane.slots`; close one, or wait for one to end), 1011 the log could not
+be read (reconnect), 4503 the server is stopping (reconnect, to another web process
+behind the same address; controlplane.shutdown). Daphne closes idle sockets after its
 ``--websocket_timeout``; clients reconnect with their cursor whatever the close code.
 
 How it stays exact: every frame comes from the commit log (the data of record), read
