@@ -57,6 +57,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Hashable
 from contextlib import suppress
 from dataclasses import dataclass
@@ -80,6 +81,7 @@ from controlplane.reads.feed import (
     session_exists,
     settled_global,
 )
+from controlplane.reads.pages import head_seq
 from controlplane.ui.live import GLOBAL_PAGES, SESSION_PAGE
 
 log = logging.getLogger(__name__)
@@ -154,6 +156,78 @@ class SharedReads:
 
 
 shared_reads = SharedReads()
+
+
+RENDERS_KEPT = 64
+"""Page views whose latest render a process keeps (one entry per page, role and
+parameters watched, or per session page, role and cursor)."""
+
+
+class SharedRenders:
+    """One render of a live page per commit, however many sockets show it.
+
+    A render is keyed by what changes its HTML (the page, the viewer's role, the page's
+    parameters; a session page's cursor) and is good for every socket that asks for a
+    position it covers: the latest one is kept and handed to each socket that asks for
+    no more than it shows, so sockets whose reads are not simultaneous (each polls on its
+    own clock, hints get lost, a socket is busy sending) still share it; a socket asking
+    while a render for its position runs waits for that one. Other renders are shared as
+    :class:`SharedReads` are, and made for the highest position their callers asked for.
+    """
+
+    def __init__(self, kept: int = RENDERS_KEPT) -> None:
+        self.kept = kept
+        self._latest: OrderedDict[Hashable, tuple[int, Any]] = OrderedDict()
+        self._wanted: dict[Hashable, int] = {}
+        self._running: dict[Hashable, tuple[int, asyncio.Future[tuple[int, Any]]]] = {}
+        self._reads = SharedReads()
+
+    async def render(
+        self, key: Hashable, at_least: int, render: Callable[[int], Awaitable[tuple[int, Any]]]
+    ) -> tuple[int, Any]:
+        """``render(at)`` (which returns ``(position, result)``, the position at least
+        ``at`` unless the data is not there yet) or the kept render of ``key`` if it is at
+        ``at_least`` or beyond."""
+        latest = self._latest.get(key)
+        if latest is not None and latest[0] >= at_least:
+            self._latest.move_to_end(key)
+            return latest
+        running = self._running.get(key)
+        if running is not None and running[0] >= at_least:
+            return await asyncio.shield(running[1])
+        self._wanted[key] = max(self._wanted.get(key, at_least), at_least)
+
+        async def fresh() -> tuple[int, Any]:
+            target = self._wanted.pop(key, at_least)
+            done: asyncio.Future[tuple[int, Any]] = asyncio.get_running_loop().create_future()
+            done.add_done_callback(lambda f: f.cancelled() or f.exception())
+            self._running[key] = (target, done)
+            try:
+                made = await render(target)
+            except BaseException as exc:
+                done.set_exception(exc if isinstance(exc, Exception) else
+                                   RuntimeError("shared render abandoned"))
+                raise
+            finally:
+                if self._running.get(key, (0, None))[1] is done:
+                    del self._running[key]
+            done.set_result(made)
+            self.keep(key, made)
+            return made
+
+        made: tuple[int, Any] = await self._reads.read(key, fresh)
+        return made
+
+    def keep(self, key: Hashable, made: tuple[int, Any]) -> None:
+        latest = self._latest.get(key)
+        if latest is None or made[0] > latest[0]:
+            self._latest[key] = made
+            self._latest.move_to_end(key)
+            while len(self._latest) > self.kept:
+                self._latest.popitem(last=False)
+
+
+shared_renders = SharedRenders()
 
 
 def _token_user(key: str) -> Any:
@@ -507,8 +581,9 @@ class PageMode:
     The socket keeps its feed's protocol (cursor in-band, replay then live, each position
     sent once, gaps impossible), but a read returns one message per batch of commits: the
     page's parts re-rendered at the newest commit, as htmx out-of-band swaps tagged with
-    its position. Heartbeats are partials too ("caught up to seq N"). A viewer's and an
-    operator's pages differ (action buttons), so their reads are not shared.
+    its position. Heartbeats are partials too ("caught up to seq N"). Renders are shared
+    per commit across the process's sockets (:class:`SharedRenders`); a viewer's and an
+    operator's pages differ (action buttons), so theirs are not shared with each other.
     """
 
     user: Any
@@ -548,13 +623,24 @@ class SessionPageConsumer(PageMode, SessionFeedConsumer):
             await self.send(text_data=SESSION_PAGE.previews(list(self.previews.values())))
 
     async def read(self, after: int, limit: int) -> Rows:
+        """The parts changed after ``after``, at the session's head: a socket at the same
+        cursor takes the process's render of them if it shows the head already."""
         session_id, can_act = self.session_id, self.can_act
 
-        async def query() -> Rows:
-            found = await database_sync_to_async(SESSION_PAGE.update)(session_id, after, can_act)
-            return [found] if found is not None else []
+        async def head() -> int | None:
+            return await database_sync_to_async(head_seq)(session_id)
 
-        return await shared_reads.read(("session-page", session_id, after, can_act), query)
+        now = await shared_reads.read(("session-head", session_id), head)
+        if now is None or now <= after:
+            return []
+
+        async def render(_: int) -> tuple[int, str | None]:
+            found = await database_sync_to_async(SESSION_PAGE.update)(session_id, after, can_act)
+            return found if found is not None else (after, None)
+
+        seq, html = await shared_renders.render(
+            ("session-page", session_id, can_act, after), now, render)
+        return [(seq, html)] if html is not None else []
 
 
 class GlobalPageConsumer(PageMode, GlobalFeedConsumer):
@@ -578,16 +664,21 @@ class GlobalPageConsumer(PageMode, GlobalFeedConsumer):
         asked = parse_qs(self.scope.get("query_string", b"").decode("latin-1"))
         params = {name: asked.get(name, [""])[-1][:200] for name in page.params}
 
-        async def query() -> Rows:
-            rows = await settled_global(after, limit, select="c.id", run=database_sync_to_async)
-            if not rows:
-                return []
-            upto = int(rows[-1][0])
-            html = await database_sync_to_async(page.update)(upto, can_act, **params)
-            return [(upto, html)]
+        async def settled() -> Rows:
+            return await settled_global(after, limit, select="c.id", run=database_sync_to_async)
 
-        key = ("page", page.name, after, can_act, *params.values())
-        return await shared_reads.read(key, query)
+        rows = await shared_reads.read(("global-ids", after, limit), settled)
+        if not rows:
+            return []
+
+        async def render(upto: int) -> tuple[int, str]:
+            return upto, await database_sync_to_async(page.update)(upto, can_act, **params)
+
+        # Made at the highest commit id any socket asked for (settled: every commit up to
+        # it is in the render's snapshot), and good for any socket asking for no more.
+        key = ("page", page.name, can_act, *params.values())
+        upto, html = await shared_renders.render(key, int(rows[-1][0]), render)
+        return [(upto, html)]
 
 
 websocket_urlpatterns = [
