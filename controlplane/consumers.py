@@ -59,12 +59,13 @@ import json
 import logging
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Hashable
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import suppress
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from channels.db import database_sync_to_async
+from channels.db import DatabaseSyncToAsync, database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 from channels.security.websocket import WebsocketDenier
 from django.conf import settings
@@ -228,6 +229,18 @@ class SharedRenders:
 
 
 shared_renders = SharedRenders()
+
+PAGE_THREADS = 4
+"""Threads that read and render the live pages, beside Channels' one database thread
+(each with a database connection of its own): a heavy page's render holds up neither
+the feeds' reads, the sockets' sign-ins, nor the other pages' renders."""
+_page_threads = ThreadPoolExecutor(PAGE_THREADS, thread_name_prefix="live-page")
+
+
+def on_page_thread(func: Callable[..., Any]) -> Callable[..., Awaitable[Any]]:
+    """``func`` run on a live-page thread (old database connections closed around it,
+    as :func:`channels.db.database_sync_to_async` does)."""
+    return DatabaseSyncToAsync(func, thread_sensitive=False, executor=_page_threads)
 
 
 def _token_user(key: str) -> Any:
@@ -628,14 +641,14 @@ class SessionPageConsumer(PageMode, SessionFeedConsumer):
         session_id, can_act = self.session_id, self.can_act
 
         async def head() -> int | None:
-            return await database_sync_to_async(head_seq)(session_id)
+            return await on_page_thread(head_seq)(session_id)  # type: ignore[no-any-return]
 
         now = await shared_reads.read(("session-head", session_id), head)
         if now is None or now <= after:
             return []
 
         async def render(_: int) -> tuple[int, str | None]:
-            found = await database_sync_to_async(SESSION_PAGE.update)(session_id, after, can_act)
+            found = await on_page_thread(SESSION_PAGE.update)(session_id, after, can_act)
             return found if found is not None else (after, None)
 
         seq, html = await shared_renders.render(
@@ -665,14 +678,14 @@ class GlobalPageConsumer(PageMode, GlobalFeedConsumer):
         params = {name: asked.get(name, [""])[-1][:200] for name in page.params}
 
         async def settled() -> Rows:
-            return await settled_global(after, limit, select="c.id", run=database_sync_to_async)
+            return await settled_global(after, limit, select="c.id", run=on_page_thread)
 
         rows = await shared_reads.read(("global-ids", after, limit), settled)
         if not rows:
             return []
 
         async def render(upto: int) -> tuple[int, str]:
-            return upto, await database_sync_to_async(page.update)(upto, can_act, **params)
+            return upto, await on_page_thread(page.update)(upto, can_act, **params)
 
         # Made at the highest commit id any socket asked for (settled: every commit up to
         # it is in the render's snapshot), and good for any socket asking for no more.
