@@ -55,6 +55,7 @@ the cursor. Live readers of the same cursor in one process share one query
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import logging
 from collections import OrderedDict
@@ -241,6 +242,17 @@ def on_page_thread(func: Callable[..., Any]) -> Callable[..., Awaitable[Any]]:
     """``func`` run on a live-page thread (old database connections closed around it,
     as :func:`channels.db.database_sync_to_async` does)."""
     return DatabaseSyncToAsync(func, thread_sensitive=False, executor=_page_threads)
+
+
+def end_page_threads() -> None:
+    """End the live-page threads, and with them their database connections (a thread's
+    connection goes with the thread); the next read starts new ones. For whoever must
+    see the database without this process's connections: a test dropping its database."""
+    global _page_threads
+    ended, _page_threads = (
+        _page_threads, ThreadPoolExecutor(PAGE_THREADS, thread_name_prefix="live-page"))
+    ended.shutdown(wait=True)
+    gc.collect()  # a connection closes when its thread's locals are collected
 
 
 def _token_user(key: str) -> Any:
