@@ -119,11 +119,19 @@ class GlobalChanges(Schema):
     changes: list[GlobalChange]
 
 
+LONG_POLL_REFUSED = {"responses": {"429": {
+    "description": "The account has USER_LONG_POLL_LIMIT long-polls waiting already "
+                   "(only when `wait` > 0); try again after `Retry-After` seconds",
+    "headers": {"Retry-After": {"schema": {"type": "integer"}}},
+    "content": {"application/json": {"schema": {
+        "type": "object", "properties": {"detail": {}}, "required": ["detail"]}}},
+}}}
 LIMIT_HELP = "at most this many changes"
 WAIT_HELP = "seconds to wait for a change when none is there yet (long-poll)"
 
 
-@router.get("/sessions/{session_id}/changes", response=SessionChanges)
+@router.get("/sessions/{session_id}/changes", response=SessionChanges,
+            openapi_extra=LONG_POLL_REFUSED)
 async def session_changes(
     request: HttpRequest,
     session_id: PathText,
@@ -144,7 +152,7 @@ async def session_changes(
     return {"session_id": session_id, "head_seq": head_seq, "changes": changes}
 
 
-@router.get("/changes", response=GlobalChanges)
+@router.get("/changes", response=GlobalChanges, openapi_extra=LONG_POLL_REFUSED)
 async def global_changes(
     request: HttpRequest,
     after_id: int = Query(

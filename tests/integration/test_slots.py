@@ -120,3 +120,11 @@ def test_a_long_poll_past_the_accounts_limit_is_answered_429(own_redis: str) -> 
 
     asyncio.run(waiting.release())
     assert changes(client, session.id, wait=0.3).status_code == 200
+
+
+def test_the_schema_documents_the_429_of_the_long_polls() -> None:
+    paths = Client().get("/api/openapi.json").json()["paths"]
+    for path in ("/api/sessions/{session_id}/changes", "/api/changes"):
+        refused = paths[path]["get"]["responses"]["429"]
+        assert "Retry-After" in refused["headers"] and "USER_LONG_POLL_LIMIT" in \
+            refused["description"]
