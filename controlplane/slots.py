@@ -122,7 +122,8 @@ class Slot:
                 await _client().eval(_RENEW, 1, self.key, _ttl_ms(seconds), self.member)
         except Exception as exc:
             cancelled_meanwhile(exc)
-            log.warning("slots: could not renew a %s slot (%r)", self.kind, exc)
+            # Every socket would say so while Redis is away: the take's warning is enough.
+            log.debug("slots: could not renew a %s slot (%r)", self.kind, exc)
 
     async def keep(self) -> None:
         """Renew the slot until cancelled (a socket's slot lives as long as the socket)."""

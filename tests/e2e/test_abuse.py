@@ -135,7 +135,7 @@ class PageWatcher(threading.Thread):
 
 
 def test_one_viewer_past_its_limits_is_refused_while_another_is_served(
-    servers: tuple[Daphne, Daphne],
+    servers: tuple[Daphne, Daphne], redis_url: str,
 ) -> None:
     one, two = servers
     abuser, other = viewer_token("abby"), viewer_token("bert")
@@ -144,7 +144,7 @@ def test_one_viewer_past_its_limits_is_refused_while_another_is_served(
     handle = runtime().kernel.create_session()
     commit(handle, "start")
     page = f"/ws/ui/sessions/{handle.id}/"
-    pools = redis.Redis.from_url(settings.CHANNEL_LAYERS["default"]["CONFIG"]["hosts"][0])
+    pools = redis.Redis.from_url(redis_url)  # the servers' slots are there
 
     with ExitStack() as held:
         # The abuser's sockets, on both servers, up to its limit: all open.
