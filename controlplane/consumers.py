@@ -389,12 +389,14 @@ class FeedConsumer(AsyncWebsocketConsumer):
 
     async def disconnect(self, code: int) -> None:
         self.stop()
+        await self.give_slot_back()
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         try:
             await super().__call__(scope, receive, send)
         finally:  # also when the consumer dies of an error: no task or follower left behind
             self.stop()
+            await self.give_slot_back()
 
     def stop(self) -> None:
         self.closing = True
@@ -403,13 +405,15 @@ class FeedConsumer(AsyncWebsocketConsumer):
                      getattr(self, "watch", None), getattr(self, "keeper", None)):
             if task is not None and task is not asyncio.current_task():
                 task.cancel()
-        slot = getattr(self, "slot", None)
-        if slot is not None and not slot.released:
-            asyncio.get_running_loop().create_task(slot.release())
         if getattr(self, "subscribed", False):
             self.subscribed = False
             feed_subscribers.left()
             hint_hub().unfollow(self.group, self.on_hint)
+
+    async def give_slot_back(self) -> None:
+        slot = getattr(self, "slot", None)  # None too if the socket never got to connect()
+        if slot is not None:
+            await slot.release()
 
     def on_hint(self, hint: dict[str, Any]) -> None:
         """A commit happened: wake the reader unless this socket has sent it already.

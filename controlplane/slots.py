@@ -128,8 +128,10 @@ class Slot:
     async def keep(self) -> None:
         """Renew the slot until cancelled (a socket's slot lives as long as the socket)."""
         seconds = settings.USER_SLOT_SECONDS
-        while not self.released:
+        while True:
             await asyncio.sleep(seconds / 3)
+            if self.released:  # a renewal after the release would take the slot again
+                return
             await self.renew(seconds)
 
     async def release(self) -> None:

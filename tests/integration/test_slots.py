@@ -1,5 +1,6 @@
 """Per-account slots (controlplane.slots): counted in Redis, freed by their holders or by
-expiry, and a long-poll beyond its account's limit answered 429 with Retry-After."""
+expiry; a socket beyond its account's limit closed with 4429, a long-poll answered 429
+with Retry-After."""
 
 from __future__ import annotations
 
@@ -10,13 +11,19 @@ from typing import Any
 
 import pytest
 import redis
+from channels.db import database_sync_to_async
+from channels.routing import URLRouter
+from channels.testing import WebsocketCommunicator
+from django.db import connection
 from django.test import Client
 
 from controlplane import slots
+from controlplane.access import issue_token
+from controlplane.consumers import websocket_urlpatterns
 from controlplane.dev.ports import free_port, reserved_redis_url
 from controlplane.runtime import runtime
 
-from .test_feed_api import user_in
+from .test_feed_api import commit, user_in
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -128,3 +135,44 @@ def test_the_schema_documents_the_429_of_the_long_polls() -> None:
         refused = paths[path]["get"]["responses"]["429"]
         assert "Retry-After" in refused["headers"] and "USER_LONG_POLL_LIMIT" in \
             refused["description"]
+
+
+def test_sockets_past_the_accounts_limit_are_closed_with_4429_whatever_the_credential(
+    own_redis: str, settings: Any,
+) -> None:
+    settings.CHANNEL_LAYERS = {}  # no hints needed: the sockets only open
+    settings.USER_SOCKET_LIMIT = 2
+    session = runtime().kernel.create_session()
+    commit(session, "start")  # something to replay: a socket that is served says so
+    user = user_in("viewer", "vera")
+    key = issue_token(user, "sockets")
+    app = URLRouter(websocket_urlpatterns)
+    path = f"/ws/sessions/{session.id}/feed/"
+
+    async def opened(by_header: bool) -> WebsocketCommunicator:
+        headers = [(b"authorization", f"Bearer {key}".encode())] if by_header else []
+        socket = WebsocketCommunicator(app, path, headers=headers)
+        assert (await socket.connect())[0]
+        await socket.send_json_to({"after": 0} if by_header else {"token": key, "after": 0})
+        return socket
+
+    async def run() -> tuple[Any, ...]:
+        first, second = await opened(True), await opened(False)
+        for socket in (first, second):
+            assert (await socket.receive_json_from(timeout=5))["type"] == "commit"
+        third = await opened(False)
+        refused = await third.receive_output(timeout=5)
+        await first.disconnect()
+        await asyncio.sleep(0.2)  # its slot is given back as it closes
+        fourth = await opened(True)
+        served = await fourth.receive_json_from(timeout=5)
+        for socket in (second, fourth):
+            await socket.disconnect()
+        await database_sync_to_async(lambda: connection.close())()
+        return refused, served
+
+    refused, served = asyncio.run(run())
+    assert refused["type"] == "websocket.close" and refused["code"] == slots.TOO_MANY_SOCKETS
+    assert "2 sockets open" in refused["reason"]
+    assert served["type"] == "commit"
+    assert held(own_redis, slots.SOCKETS, user.pk) == 0
