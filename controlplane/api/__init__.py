@@ -19,7 +19,7 @@ from typing import Any
 from django.http import HttpRequest, HttpResponse
 from ninja import NinjaAPI
 
-from controlplane.errors import ControlPlaneError, TooBusy, http_status
+from controlplane.errors import ControlPlaneError, http_status
 from kernel import CommitRejected
 
 from . import actions, feed, sessions, tasks, tokens
@@ -81,8 +81,9 @@ def domain_error(request: HttpRequest, exc: Any) -> HttpResponse:
     status = http_status(exc)
     assert status is not None, exc
     response = api.create_response(request, {"detail": str(exc)}, status=status)
-    if isinstance(exc, TooBusy):
-        response["Retry-After"] = str(exc.retry_after)
+    retry_after = getattr(exc, "retry_after", None)  # TooBusy says when to ask again
+    if retry_after is not None:
+        response["Retry-After"] = str(retry_after)
     return response
 
 
