@@ -338,7 +338,9 @@ def run(args: argparse.Namespace, url: str, redis_url: str) -> Result:
     clock = CommitClock()
     kernel.listeners.insert(0, clock.after_commit)
     token = viewer_token()
-    env = process_env(url, redis_url, DJANGO_DEBUG=os.environ.get("DJANGO_DEBUG", "0"))
+    # Every socket is the one benchmark viewer's: lift its per-account limit above them.
+    env = process_env(url, redis_url, DJANGO_DEBUG=os.environ.get("DJANGO_DEBUG", "0"),
+                      USER_SOCKET_LIMIT=str(args.clients + 2))
     with tempfile.TemporaryDirectory() as tmp:
         server = Daphne(Path(tmp) / "daphne.log", env)
         progress("starting daphne")

@@ -35,9 +35,10 @@ Protocol, JSON text frames both ways:
    then costs a few frames instead of one per commit (per-frame overhead dominates).
 
 Other close codes: 4400 a malformed message or cursor (or a token in the URL), 4404 no
-such session, 1011 the log could not be read (reconnect), 4503 the server is stopping
-(reconnect, to another web process behind the same address; controlplane.shutdown).
-Daphne closes idle sockets after its
+such session, 4429 the account has ``USER_SOCKET_LIMIT`` sockets open already
+(:mod:`controlplane.slots`; close one, or wait for one to end), 1011 the log could not
+be read (reconnect), 4503 the server is stopping (reconnect, to another web process
+behind the same address; controlplane.shutdown). Daphne closes idle sockets after its
 ``--websocket_timeout``; clients reconnect with their cursor whatever the close code.
 
 How it stays exact: every frame comes from the commit log (the data of record), read
@@ -54,22 +55,25 @@ the cursor. Live readers of the same cursor in one process share one query
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import logging
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Hashable
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import suppress
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from channels.db import database_sync_to_async
+from channels.db import DatabaseSyncToAsync, database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 from channels.security.websocket import WebsocketDenier
 from django.conf import settings
 from django.http.request import split_domain_port, validate_host
 from django.urls import path, re_path
 
-from controlplane import access, feed_subscribers, shutdown
+from controlplane import access, feed_subscribers, shutdown, slots
 from controlplane.notify import GLOBAL_GROUP, hint_hub, session_group
 from controlplane.reads.feed import (
     FRAME_COLUMNS,
@@ -79,6 +83,7 @@ from controlplane.reads.feed import (
     session_exists,
     settled_global,
 )
+from controlplane.reads.pages import head_seq
 from controlplane.ui.live import GLOBAL_PAGES, SESSION_PAGE
 
 log = logging.getLogger(__name__)
@@ -155,6 +160,101 @@ class SharedReads:
 shared_reads = SharedReads()
 
 
+RENDERS_KEPT = 64
+"""Page views whose latest render a process keeps (one entry per page, role and
+parameters watched, or per session page, role and cursor)."""
+
+
+class SharedRenders:
+    """One render of a live page per commit, however many sockets show it.
+
+    A render is keyed by what changes its HTML (the page, the viewer's role, the page's
+    parameters; a session page's cursor) and is good for every socket that asks for a
+    position it covers: the latest one is kept and handed to each socket that asks for
+    no more than it shows, so sockets whose reads are not simultaneous (each polls on its
+    own clock, hints get lost, a socket is busy sending) still share it; a socket asking
+    while a render for its position runs waits for that one. Other renders are shared as
+    :class:`SharedReads` are, and made for the highest position their callers asked for.
+    """
+
+    def __init__(self, kept: int = RENDERS_KEPT) -> None:
+        self.kept = kept
+        self._latest: OrderedDict[Hashable, tuple[int, Any]] = OrderedDict()
+        self._wanted: dict[Hashable, int] = {}
+        self._running: dict[Hashable, tuple[int, asyncio.Future[tuple[int, Any]]]] = {}
+        self._reads = SharedReads()
+
+    async def render(
+        self, key: Hashable, at_least: int, render: Callable[[int], Awaitable[tuple[int, Any]]]
+    ) -> tuple[int, Any]:
+        """``render(at)`` (which returns ``(position, result)``, the position at least
+        ``at`` unless the data is not there yet) or the kept render of ``key`` if it is at
+        ``at_least`` or beyond."""
+        latest = self._latest.get(key)
+        if latest is not None and latest[0] >= at_least:
+            self._latest.move_to_end(key)
+            return latest
+        running = self._running.get(key)
+        if running is not None and running[0] >= at_least:
+            return await asyncio.shield(running[1])
+        self._wanted[key] = max(self._wanted.get(key, at_least), at_least)
+
+        async def fresh() -> tuple[int, Any]:
+            target = self._wanted.pop(key, at_least)
+            done: asyncio.Future[tuple[int, Any]] = asyncio.get_running_loop().create_future()
+            done.add_done_callback(lambda f: f.cancelled() or f.exception())
+            self._running[key] = (target, done)
+            try:
+                made = await render(target)
+            except BaseException as exc:
+                done.set_exception(exc if isinstance(exc, Exception) else
+                                   RuntimeError("shared render abandoned"))
+                raise
+            finally:
+                if self._running.get(key, (0, None))[1] is done:
+                    del self._running[key]
+            done.set_result(made)
+            self.keep(key, made)
+            return made
+
+        made: tuple[int, Any] = await self._reads.read(key, fresh)
+        return made
+
+    def keep(self, key: Hashable, made: tuple[int, Any]) -> None:
+        latest = self._latest.get(key)
+        if latest is None or made[0] > latest[0]:
+            self._latest[key] = made
+            self._latest.move_to_end(key)
+            while len(self._latest) > self.kept:
+                self._latest.popitem(last=False)
+
+
+shared_renders = SharedRenders()
+
+PAGE_THREADS = 4
+"""Threads that read and render the live pages, beside Channels' one database thread
+(each with a database connection of its own): a heavy page's render holds up neither
+the feeds' reads, the sockets' sign-ins, nor the other pages' renders."""
+_page_threads = ThreadPoolExecutor(PAGE_THREADS, thread_name_prefix="live-page")
+
+
+def on_page_thread(func: Callable[..., Any]) -> Callable[..., Awaitable[Any]]:
+    """``func`` run on a live-page thread (old database connections closed around it,
+    as :func:`channels.db.database_sync_to_async` does)."""
+    return DatabaseSyncToAsync(func, thread_sensitive=False, executor=_page_threads)
+
+
+def end_page_threads() -> None:
+    """End the live-page threads, and with them their database connections (a thread's
+    connection goes with the thread); the next read starts new ones. For whoever must
+    see the database without this process's connections: a test dropping its database."""
+    global _page_threads
+    ended, _page_threads = (
+        _page_threads, ThreadPoolExecutor(PAGE_THREADS, thread_name_prefix="live-page"))
+    ended.shutdown(wait=True)
+    gc.collect()  # a connection closes when its thread's locals are collected
+
+
 def _token_user(key: str) -> Any:
     """The active user with a role that this API token belongs to, or None."""
     user = access.token_user(key)
@@ -217,6 +317,8 @@ class FeedConsumer(AsyncWebsocketConsumer):
         self.pump: asyncio.Task[None] | None = None
         self.opening: asyncio.Task[None] | None = None
         self.watch: asyncio.Task[None] | None = None
+        self.slot: slots.Slot | None = None
+        self.keeper: asyncio.Task[None] | None = None
         self.credential: access.Credential | None = None
         self.closing = False
         await self.accept()
@@ -287,24 +389,31 @@ class FeedConsumer(AsyncWebsocketConsumer):
 
     async def disconnect(self, code: int) -> None:
         self.stop()
+        await self.give_slot_back()
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         try:
             await super().__call__(scope, receive, send)
         finally:  # also when the consumer dies of an error: no task or follower left behind
             self.stop()
+            await self.give_slot_back()
 
     def stop(self) -> None:
         self.closing = True
         shutdown.forget(self)
         for task in (getattr(self, "pump", None), getattr(self, "opening", None),
-                     getattr(self, "watch", None)):
+                     getattr(self, "watch", None), getattr(self, "keeper", None)):
             if task is not None and task is not asyncio.current_task():
                 task.cancel()
         if getattr(self, "subscribed", False):
             self.subscribed = False
             feed_subscribers.left()
             hint_hub().unfollow(self.group, self.on_hint)
+
+    async def give_slot_back(self) -> None:
+        slot = getattr(self, "slot", None)  # None too if the socket never got to connect()
+        if slot is not None:
+            await slot.release()
 
     def on_hint(self, hint: dict[str, Any]) -> None:
         """A commit happened: wake the reader unless this socket has sent it already.
@@ -343,7 +452,24 @@ class FeedConsumer(AsyncWebsocketConsumer):
             if verdict == access.NO_ROLE:
                 return await self.refuse(REFUSED, "this account no longer has a role")
 
+    async def hold_slot(self) -> bool:
+        """Take one of the account's socket slots for as long as the socket is open."""
+        if self.slot is not None:
+            return True
+        self.slot = await slots.take(slots.SOCKETS, self.user.pk)
+        if self.slot is None:
+            await self.refuse(slots.TOO_MANY_SOCKETS, f"this account has its "
+                              f"{slots.limit(slots.SOCKETS)} sockets open: close one")
+            return False
+        if self.closing:  # the client left while the slot was being taken
+            await self.slot.release()
+            return False
+        self.keeper = asyncio.get_running_loop().create_task(self.slot.keep())
+        return True
+
     async def subscribe(self) -> bool:
+        if not await self.hold_slot():
+            return False
         if not await self.exists():
             await self.refuse(NOT_FOUND, "no such session")
             return False
@@ -484,8 +610,9 @@ class PageMode:
     The socket keeps its feed's protocol (cursor in-band, replay then live, each position
     sent once, gaps impossible), but a read returns one message per batch of commits: the
     page's parts re-rendered at the newest commit, as htmx out-of-band swaps tagged with
-    its position. Heartbeats are partials too ("caught up to seq N"). A viewer's and an
-    operator's pages differ (action buttons), so their reads are not shared.
+    its position. Heartbeats are partials too ("caught up to seq N"). Renders are shared
+    per commit across the process's sockets (:class:`SharedRenders`); a viewer's and an
+    operator's pages differ (action buttons), so theirs are not shared with each other.
     """
 
     user: Any
@@ -525,13 +652,24 @@ class SessionPageConsumer(PageMode, SessionFeedConsumer):
             await self.send(text_data=SESSION_PAGE.previews(list(self.previews.values())))
 
     async def read(self, after: int, limit: int) -> Rows:
+        """The parts changed after ``after``, at the session's head: a socket at the same
+        cursor takes the process's render of them if it shows the head already."""
         session_id, can_act = self.session_id, self.can_act
 
-        async def query() -> Rows:
-            found = await database_sync_to_async(SESSION_PAGE.update)(session_id, after, can_act)
-            return [found] if found is not None else []
+        async def head() -> int | None:
+            return await on_page_thread(head_seq)(session_id)  # type: ignore[no-any-return]
 
-        return await shared_reads.read(("session-page", session_id, after, can_act), query)
+        now = await shared_reads.read(("session-head", session_id), head)
+        if now is None or now <= after:
+            return []
+
+        async def render(_: int) -> tuple[int, str | None]:
+            found = await on_page_thread(SESSION_PAGE.update)(session_id, after, can_act)
+            return found if found is not None else (after, None)
+
+        seq, html = await shared_renders.render(
+            ("session-page", session_id, can_act, after), now, render)
+        return [(seq, html)] if html is not None else []
 
 
 class GlobalPageConsumer(PageMode, GlobalFeedConsumer):
@@ -555,16 +693,21 @@ class GlobalPageConsumer(PageMode, GlobalFeedConsumer):
         asked = parse_qs(self.scope.get("query_string", b"").decode("latin-1"))
         params = {name: asked.get(name, [""])[-1][:200] for name in page.params}
 
-        async def query() -> Rows:
-            rows = await settled_global(after, limit, select="c.id", run=database_sync_to_async)
-            if not rows:
-                return []
-            upto = int(rows[-1][0])
-            html = await database_sync_to_async(page.update)(upto, can_act, **params)
-            return [(upto, html)]
+        async def settled() -> Rows:
+            return await settled_global(after, limit, select="c.id", run=on_page_thread)
 
-        key = ("page", page.name, after, can_act, *params.values())
-        return await shared_reads.read(key, query)
+        rows = await shared_reads.read(("global-ids", after, limit), settled)
+        if not rows:
+            return []
+
+        async def render(upto: int) -> tuple[int, str]:
+            return upto, await on_page_thread(page.update)(upto, can_act, **params)
+
+        # Made at the highest commit id any socket asked for (settled: every commit up to
+        # it is in the render's snapshot), and good for any socket asking for no more.
+        key = ("page", page.name, can_act, *params.values())
+        upto, html = await shared_renders.render(key, int(rows[-1][0]), render)
+        return [(upto, html)]
 
 
 websocket_urlpatterns = [

@@ -27,6 +27,15 @@ class Invalid(ControlPlaneError):
     """The input is wrong; the message names the field. Nothing was changed."""
 
 
+class TooBusy(ControlPlaneError):
+    """The account holds as much of this as it may at once (controlplane.slots): nothing
+    was done; try again after ``retry_after`` seconds."""
+
+    def __init__(self, message: str, retry_after: int) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
 def http_status(exc: Exception) -> int | None:
     """The HTTP status an edge answers for a domain error; None for anything else."""
     if isinstance(exc, Forbidden):
@@ -37,4 +46,6 @@ def http_status(exc: Exception) -> int | None:
         return 404
     if isinstance(exc, Conflict | CommitRejected):
         return 409
+    if isinstance(exc, TooBusy):
+        return 429
     return None

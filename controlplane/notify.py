@@ -239,7 +239,7 @@ class HintHub:
             await self.layer.group_add(group, self.channel)
             self.joined.add(group)
         except Exception as exc:
-            _cancelled_meanwhile(exc)
+            cancelled_meanwhile(exc)
             self.joined.discard(group)
             log.warning("feed hints: could not join %s (%r); polling only for now", group, exc)
 
@@ -254,7 +254,7 @@ class HintHub:
                 try:
                     await self.layer.group_discard(group, self.channel)
                 except Exception as exc:
-                    _cancelled_meanwhile(exc)
+                    cancelled_meanwhile(exc)
 
     async def _renew(self) -> None:
         while True:
@@ -267,7 +267,7 @@ class HintHub:
             try:
                 message = await self.layer.receive(self.channel)
             except Exception as exc:
-                _cancelled_meanwhile(exc)
+                cancelled_meanwhile(exc)
                 log.warning("feed hints: channel layer unavailable (%r); polling only for "
                             "%.1fs", exc, delay)
                 await asyncio.sleep(delay)
@@ -282,7 +282,7 @@ class HintHub:
                     log.exception("feed hints: a follower failed")
 
 
-def _cancelled_meanwhile(exc: Exception) -> None:
+def cancelled_meanwhile(exc: Exception) -> None:
     """Re-raise as a cancellation if this task was cancelled during the failed call.
 
     redis-py can turn the CancelledError of an interrupted read into one of its own

@@ -225,6 +225,13 @@ FEED_LONG_POLL_SECONDS = float(os.environ.get("FEED_LONG_POLL_SECONDS", "0.2"))
 # How often an open websocket checks its credential again (a revoked or expired token, a
 # logout, a lost role close it within this time; controlplane.consumers).
 WEBSOCKET_RECHECK_SECONDS = float(os.environ.get("WEBSOCKET_RECHECK_SECONDS", "5"))
+# Work one account may hold at once, counted in Redis across web processes
+# (controlplane.slots): open websockets (beyond: closed with 4429) and long-polling
+# requests (beyond: 429 with Retry-After). A slot of a web process that died is freed
+# USER_SLOT_SECONDS after its last renewal.
+USER_SOCKET_LIMIT = int(os.environ.get("USER_SOCKET_LIMIT", "20"))
+USER_LONG_POLL_LIMIT = int(os.environ.get("USER_LONG_POLL_LIMIT", "5"))
+USER_SLOT_SECONDS = float(os.environ.get("USER_SLOT_SECONDS", "30"))
 
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},

@@ -8,7 +8,8 @@ Routers are thin: reads come from :mod:`controlplane.reads`, changes from
 :mod:`controlplane.commands`, and their domain errors become HTTP answers here, in one
 place (:func:`controlplane.errors.http_status`): 403 for a role that does not allow it,
 404 for no such record, 409 when the state does not allow it, 422 for bad input (naming
-the field; nothing changed).
+the field; nothing changed), 429 with ``Retry-After`` when the account holds as many
+long-polls as it may.
 """
 
 from __future__ import annotations
@@ -82,7 +83,11 @@ api.add_router("/", tokens.router)
 def domain_error(request: HttpRequest, exc: Any) -> HttpResponse:
     status = http_status(exc)
     assert status is not None, exc
-    return api.create_response(request, {"detail": str(exc)}, status=status)
+    response = api.create_response(request, {"detail": str(exc)}, status=status)
+    retry_after = getattr(exc, "retry_after", None)  # TooBusy says when to ask again
+    if retry_after is not None:
+        response["Retry-After"] = str(retry_after)
+    return response
 
 
 api.add_exception_handler(ControlPlaneError, domain_error)

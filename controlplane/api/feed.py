@@ -9,7 +9,9 @@
     Every session's commits with ``id > N``, in id order: see :func:`settled_global` for
     why the global id needs more care than a session's seq.
 
-``wait`` (0-30 s) long-polls when nothing is after the cursor: the view is ``async``, reads
+``wait`` (0-30 s) long-polls when nothing is after the cursor; such a request holds one of
+its account's ``USER_LONG_POLL_LIMIT`` long-poll slots while it runs, and is answered 429
+with ``Retry-After`` beyond them (:mod:`controlplane.slots`). The view is ``async``, reads
 the log every ``FEED_LONG_POLL_SECONDS`` (0.2 s) and wakes earlier on a channel-layer
 hint from :mod:`controlplane.notify` (see :func:`long_poll`). The reads themselves are
 :mod:`controlplane.reads.feed`, shared with the websocket consumers.
@@ -31,10 +33,12 @@ from django.core.handlers.asgi import ASGIRequest
 from django.http import HttpRequest
 from ninja import Field, Query, Router, Schema
 
+from controlplane import slots
 from controlplane.notify import GLOBAL_GROUP, following, session_group
 from controlplane.reads import feed as log
 from controlplane.reads.feed import MAX_CURSOR
 
+from .auth import caller
 from .types import PathText
 
 router = Router(tags=["changes"])
@@ -65,12 +69,16 @@ async def long_poll(
     there would subscribe for one request and hold up the loop's shutdown (a Redis read
     in flight), so such a long-poll just polls.
     """
+    if wait <= 0:
+        return await read()
     deadline = time.monotonic() + wait
-    result = await read()
-    if found(result) or wait <= 0:
-        return result
-    hinted = asyncio.Event()  # never set without hints
     async with contextlib.AsyncExitStack() as stack:
+        # Refused (429) before any read when the account has its long-polls waiting.
+        await stack.enter_async_context(slots.long_poll_slot(caller(request).pk, wait))
+        result = await read()
+        if found(result):
+            return result
+        hinted = asyncio.Event()  # never set without hints
         if isinstance(request, ASGIRequest):
             hinted = await stack.enter_async_context(following(group))
         while True:
@@ -111,11 +119,19 @@ class GlobalChanges(Schema):
     changes: list[GlobalChange]
 
 
+LONG_POLL_REFUSED = {"responses": {"429": {
+    "description": "The account has USER_LONG_POLL_LIMIT long-polls waiting already "
+                   "(only when `wait` > 0); try again after `Retry-After` seconds",
+    "headers": {"Retry-After": {"schema": {"type": "integer"}}},
+    "content": {"application/json": {"schema": {
+        "type": "object", "properties": {"detail": {}}, "required": ["detail"]}}},
+}}}
 LIMIT_HELP = "at most this many changes"
 WAIT_HELP = "seconds to wait for a change when none is there yet (long-poll)"
 
 
-@router.get("/sessions/{session_id}/changes", response=SessionChanges)
+@router.get("/sessions/{session_id}/changes", response=SessionChanges,
+            openapi_extra=LONG_POLL_REFUSED)
 async def session_changes(
     request: HttpRequest,
     session_id: PathText,
@@ -136,7 +152,7 @@ async def session_changes(
     return {"session_id": session_id, "head_seq": head_seq, "changes": changes}
 
 
-@router.get("/changes", response=GlobalChanges)
+@router.get("/changes", response=GlobalChanges, openapi_extra=LONG_POLL_REFUSED)
 async def global_changes(
     request: HttpRequest,
     after_id: int = Query(

@@ -153,14 +153,12 @@ def progress(session_id: str) -> list[dict[str, Any]]:
 
 def transcript(session_id: str) -> list[conversations.Conversation]:
     """Each conversation (the operations log last) with its last entries, as items."""
-    kernel = runtime().kernel
     ops = operations_log_id(session_id)
     found = sorted(
         session_reads.conversations(session_id), key=lambda c: (c.id == ops, c.created_seq)
     )
     return [
-        conversations.conversation(session_id, c.id, kernel.entries(c.id), c.id == ops,
-                                   c.fork_of, ENTRY_TAIL)
+        conversations.conversation(session_id, c.id, c.id == ops, c.fork_of, ENTRY_TAIL)
         for c in found
     ]
 

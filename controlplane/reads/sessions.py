@@ -9,7 +9,7 @@ from django.db.models import Q
 
 from controlplane import models
 from controlplane.runtime import runtime
-from controlplane.storage.schema import CONVERSATION, SESSION, SUBMISSION
+from controlplane.storage.schema import CONVERSATION, ENTRY, SESSION, SUBMISSION
 from kernel import UnknownRecord
 from kernel.commit import operations_log_id
 from kernel.records import Conversation, Entry, SessionRecord, Submission
@@ -43,13 +43,69 @@ class EntryPage:
     more: bool
 
 
-def entries(conversation_id: str, after: tuple[int, int] | None, limit: int) -> EntryPage:
+Position = tuple[int, int]
+"""An entry's place in a transcript: ``(seq, ordinal)``."""
+
+
+def _after(position: Position) -> Q:
+    seq, ordinal = position
+    return Q(seq__gt=seq) | Q(seq=seq, ordinal__gt=ordinal)
+
+
+def _upto(position: Position) -> Q:
+    seq, ordinal = position
+    return Q(seq__lt=seq) | Q(seq=seq, ordinal__lte=ordinal)
+
+
+def transcript_scope(conversation_id: str) -> list[Q]:
+    """A conversation's transcript as filters on entries, one per conversation it spans:
+    its own entries, and for a fork its origin's up to the fork point (the origin's
+    origin's up to the nearer of the two fork points, and so on). A fork's own entries
+    come after its fork point, so ``(seq, ordinal)`` orders the whole transcript."""
+    found = models.Conversation.objects.filter(id=conversation_id).values_list(
+        "fork_of", "fork_entry_id").first()
+    if found is None:
+        raise UnknownRecord(f"no conversation {conversation_id}")
+    scope = [Q(conversation_id=conversation_id)]
+    bound: Position | None = None
+    origin, point = found
+    while origin is not None:
+        at = models.Entry.objects.filter(id=point).values_list("seq", "ordinal").first()
+        if at is None:
+            raise UnknownRecord(f"no entry {point} (the fork point of a fork of {origin})")
+        bound = at if bound is None else min(bound, at)
+        scope.append(Q(conversation_id=origin) & _upto(bound))
+        origin, point = models.Conversation.objects.filter(id=origin).values_list(
+            "fork_of", "fork_entry_id").get()
+    return scope
+
+
+def _ordered(scope: list[Q], where: Q, limit: int, last: bool) -> list[Entry]:
+    """The first (or, with ``last``, the last) ``limit`` entries of the scope matching
+    ``where``, in transcript order: a query per conversation, each an index range
+    (conversation, seq, ordinal) read in order and cut at ``limit`` in SQL."""
+    order = ("-seq", "-ordinal") if last else ("seq", "ordinal")
+    rows = [row for part in scope for row in models.Entry.objects.filter(part, where)
+            .order_by(*order).values(*ENTRY.columns)[:limit]]
+    rows.sort(key=lambda row: (row["seq"], row["ordinal"]), reverse=last)
+    found = [ENTRY.record(row) for row in rows[:limit]]
+    return found[::-1] if last else found
+
+
+def entries(conversation_id: str, after: Position | None, limit: int) -> EntryPage:
     """A conversation's transcript in order after the ``(seq, ordinal)`` cursor; a fork
-    includes its origin up to the fork."""
-    found = runtime().kernel.entries(conversation_id)
-    if after:
-        found = [e for e in found if (e.seq, e.ordinal) > after]
+    includes its origin up to the fork. Paged in SQL: a page reads ``limit`` + 1
+    entries per conversation it spans, however long the transcript."""
+    found = _ordered(transcript_scope(conversation_id), _after(after) if after else Q(),
+                     limit + 1, last=False)
     return EntryPage(found[:limit], len(found) > limit)
+
+
+def last_entries(conversation_id: str, count: int) -> tuple[list[Entry], int]:
+    """A conversation's last ``count`` entries, in order, and how many it has in all."""
+    scope = transcript_scope(conversation_id)
+    total = sum(models.Entry.objects.filter(part).count() for part in scope)
+    return _ordered(scope, Q(), count, last=True), total
 
 
 @dataclass(frozen=True)

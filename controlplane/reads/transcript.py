@@ -11,18 +11,23 @@ are configured (``settings.MODEL_PRICES``, per million tokens).
 from __future__ import annotations
 
 import json
+import operator
 from dataclasses import dataclass, field
 from datetime import datetime
-from functools import lru_cache
+from functools import lru_cache, reduce
 from typing import Any
 
 from django.conf import settings
+from django.db.models import FloatField, Sum
+from django.db.models.expressions import RawSQL
+from django.db.models.fields.json import KT
+from django.db.models.functions import Cast
 
 from controlplane import models
 from kernel.agent.context import INTERRUPTION, RESPONSE, TOOL_RESULT, USER
 from kernel.records import Entry, Status, Submission
 
-from . import tasks
+from . import sessions, tasks
 
 TOOL_KIND = "agent-tool"
 TURN_KIND = "agent-turn"
@@ -171,11 +176,38 @@ def _card(call: dict[str, Any], result: dict[str, Any] | None, task: Any | None,
     return card
 
 
-def conversation(session_id: str, conversation_id: str, entries: list[Entry],
-                 operations: bool, fork_of: str | None, tail: int) -> Conversation:
+def usage_total(session_id: str, conversation_id: str) -> Usage | None:
+    """The usage of every model response in the conversation's transcript, summed in SQL
+    per turn (a turn's model sets the prices): the transcript is not read for it. None
+    when no response reported usage."""
+    scope = sessions.transcript_scope(conversation_id)
+    per_turn = (
+        models.Entry.objects.filter(reduce(operator.or_, scope), kind=RESPONSE)
+        .alias(shape=RawSQL("jsonb_typeof(payload -> 'usage')", ()))
+        .filter(shape="object").exclude(payload__usage={})
+        .values(turn=KT("payload__turn"))
+        .annotate(input=Sum(Cast(KT("payload__usage__input_tokens"), FloatField())),
+                  output=Sum(Cast(KT("payload__usage__output_tokens"), FloatField())))
+    )
+    turn_models = _turn_models(session_id)
+    total: Usage | None = None
+    for row in per_turn:
+        used = usage_of({"input_tokens": int(row["input"] or 0),
+                         "output_tokens": int(row["output"] or 0)},
+                        turn_models.get(str(row["turn"])))
+        assert used is not None
+        if total is None:
+            total = Usage(cost=0.0)
+        total.add(used)
+    return total
+
+
+def conversation(session_id: str, conversation_id: str, operations: bool,
+                 fork_of: str | None, tail: int) -> Conversation:
     """A conversation's last ``tail`` entries as items; its usage over all entries."""
-    shown = entries[-tail:]
-    results = {e.payload.get("call_id"): e.payload for e in entries if e.kind == TOOL_RESULT}
+    shown, count = sessions.last_entries(conversation_id, tail)
+    # A tool's result comes after its call: a shown call's result is shown too.
+    results = {e.payload.get("call_id"): e.payload for e in shown if e.kind == TOOL_RESULT}
     calls = {c.get("id") for e in shown if e.kind == RESPONSE
              for c in e.payload.get("tool_calls") or []}
     tool_tasks = {k: v for k, v in _tool_tasks(session_id).items() if k in calls} if calls \
@@ -189,15 +221,7 @@ def conversation(session_id: str, conversation_id: str, entries: list[Entry],
     times = _commit_times(session_id, {s for t in tool_tasks.values()
                                        for s in (t.created_seq, t.updated_seq)})
     turn_models = _turn_models(session_id) if not operations else {}
-    total: Usage | None = None
-    for entry in entries:
-        if entry.kind == RESPONSE:
-            used = usage_of(entry.payload.get("usage"),
-                            turn_models.get(str(entry.payload.get("turn"))))
-            if used is not None:
-                if total is None:
-                    total = Usage(cost=0.0)
-                total.add(used)
+    total = usage_total(session_id, conversation_id) if not operations else None
     items = []
     for entry in shown:
         payload = entry.payload if isinstance(entry.payload, dict) else {}
@@ -219,8 +243,7 @@ def conversation(session_id: str, conversation_id: str, entries: list[Entry],
             continue  # shown on its call's card
         else:
             items.append(Item(entry, "other", raw=pretty(entry.payload)))
-    return Conversation(conversation_id, operations, fork_of, items, total, len(shown),
-                        len(entries))
+    return Conversation(conversation_id, operations, fork_of, items, total, len(shown), count)
 
 
 @dataclass(frozen=True)

@@ -1,11 +1,14 @@
-"""Fixtures the API tests share: the web process's kernel with the test task kinds of
-``test_api.py`` (no broker), and an operator's client."""
+"""Fixtures the integration tests share: the web process's kernel with the test task kinds of
+``test_api.py`` (no broker), an operator's client, and no live-page connection left."""
 
 from __future__ import annotations
+
+from collections.abc import Iterator
 
 import pytest
 from django.test import Client
 
+from controlplane.consumers import end_page_threads
 from kernel import Kernel
 
 from .test_api import client_for, with_test_kinds
@@ -19,3 +22,12 @@ def api_kernel(monkeypatch: pytest.MonkeyPatch) -> Kernel:
 @pytest.fixture
 def operator() -> Client:
     return client_for("olga", "operator")
+
+
+@pytest.fixture(autouse=True)
+def no_page_connections_left() -> Iterator[None]:
+    """Page sockets served in-process read on threads of their own, each with its own
+    database connection: they end with the test (the test database is dropped at the
+    end of the run, which an open connection would prevent)."""
+    yield
+    end_page_threads()

@@ -1,0 +1,113 @@
+"""Transcripts are paged in SQL: the session page's last entries, the API's pages of a
+conversation (a fork's among them) and the usage totals never read a whole transcript."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import pytest
+from django.db import connection
+from django.test import Client
+
+from controlplane.reads import pages
+from controlplane.reads import transcript as conversations
+from controlplane.runtime import runtime
+from kernel import Draft
+
+from .test_ui_conversation import login
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+ENTRIES = 260  # past the page's ENTRY_TAIL (200) and the API's pages of 100
+FORK_AT = 99
+FORK_OWN = 150
+
+
+@contextmanager
+def entry_rows() -> Iterator[list[int]]:
+    """The row count of every query on the entries table made meanwhile."""
+    counts: list[int] = []
+
+    def count(execute: Callable[..., Any], sql: str, params: Any, many: bool,
+              context: dict[str, Any]) -> Any:
+        result = execute(sql, params, many, context)
+        if "kernel_entry" in sql and sql.lstrip().upper().startswith("SELECT"):
+            counts.append(context["cursor"].rowcount)
+        return result
+
+    with connection.execute_wrapper(count):
+        yield counts
+
+
+def long_conversation() -> tuple[str, str, str]:
+    """A session with a conversation of ENTRIES model responses (response i used i input
+    tokens and 1 output token) and a fork of it at entry FORK_AT with FORK_OWN of its own."""
+    kernel = runtime().kernel
+    handle = kernel.create_session()
+    draft = Draft(actor="user:test")
+    conversation = draft.create_conversation()
+    handle.commit(draft)
+    ids = []
+    for start in range(0, ENTRIES, 20):
+        draft = Draft(actor="task:turn_x")
+        ids += [draft.append(conversation, "model_response", {
+            "text": f"answer {i}", "tool_calls": [], "turn": "turn_x",
+            "usage": {"input_tokens": i, "output_tokens": 1}}) for i in range(start, start + 20)]
+        handle.commit(draft)
+    draft = Draft(actor="user:test")
+    fork = draft.create_conversation(fork_of=conversation, fork_entry_id=ids[FORK_AT])
+    handle.commit(draft)
+    draft = Draft(actor="user:test")
+    for i in range(FORK_OWN):
+        draft.append(fork, "user_message", {"text": f"fork {i}"})
+    handle.commit(draft)
+    return handle.id, conversation, fork
+
+
+def test_the_page_shows_the_last_entries_and_the_whole_usage_reading_one_page() -> None:
+    session_id, conversation, fork = long_conversation()
+    every = runtime().kernel.entries(conversation)
+    with entry_rows() as counts:
+        found = {c.id: c for c in pages.transcript(session_id)}
+    assert counts and max(counts) <= pages.ENTRY_TAIL, counts
+    shown = found[conversation]
+    assert [item.entry.id for item in shown.items] == [e.id for e in every[-pages.ENTRY_TAIL:]]
+    assert (shown.shown, shown.total) == (pages.ENTRY_TAIL, ENTRIES)
+    assert shown.usage is not None
+    assert (shown.usage.input_tokens, shown.usage.output_tokens) == (
+        sum(range(ENTRIES)), ENTRIES)
+    forked = found[fork]
+    assert forked.total == FORK_AT + 1 + FORK_OWN
+    assert forked.usage is not None  # the responses it inherits, up to the fork point
+    assert (forked.usage.input_tokens, forked.usage.output_tokens) == (
+        sum(range(FORK_AT + 1)), FORK_AT + 1)
+    assert [item.entry.id for item in forked.items] == [
+        e.id for e in runtime().kernel.entries(fork)[-pages.ENTRY_TAIL:]]
+
+
+def test_the_usage_total_is_priced_per_turn(settings: Any) -> None:
+    session_id, conversation, _ = long_conversation()
+    settings.MODEL_PRICES = {"": {"input": 1.0, "output": 1000.0}}  # turn_x has no task
+    total = conversations.usage_total(session_id, conversation)
+    assert total is not None and total.cost == pytest.approx(
+        (sum(range(ENTRIES)) + 1000 * ENTRIES) / 1_000_000)
+
+
+def test_api_pages_of_a_fork_are_its_transcript_in_order_read_a_page_at_a_time() -> None:
+    _, _, fork = long_conversation()
+    client: Client = login("viewer")
+    read, after = [], None
+    with entry_rows() as counts:
+        while True:
+            params = {"limit": 100, **({"after": after} if after else {})}
+            page = client.get(f"/api/conversations/{fork}/entries", params).json()
+            read += [e["id"] for e in page["entries"]]
+            after = page["next"]
+            if after is None:
+                break
+    assert read == [e.id for e in runtime().kernel.entries(fork)]
+    assert len(read) == FORK_AT + 1 + FORK_OWN
+    assert counts and max(counts) <= 101, counts  # limit + 1 per conversation spanned
+    assert client.get("/api/conversations/conv_nope/entries").status_code == 404
