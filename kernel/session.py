@@ -103,7 +103,11 @@ class Kernel:
             return document_kind.upgrade(head.kind_version, value)
         if not 1 <= version <= head.version:
             raise UnknownRecord(f"document {kind}/{key} has no version {version}")
-        return replay(self.storage.document_versions(head.id, version))
+        versions = self.storage.document_versions(head.id, version)
+        if not versions or not versions[0].has_baseline:
+            # Retention removed the versions before the newest baseline (kernel.retention).
+            raise UnknownRecord(f"document {kind}/{key}: version {version} was pruned")
+        return replay(versions)
 
     def document_version(self, session_id: str, kind: str, key: str) -> int:
         head = self.storage.document_head(session_id, kind, key)
