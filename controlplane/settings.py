@@ -286,15 +286,24 @@ KERNEL_TASK_MODULES = [p for p in os.environ.get("KERNEL_TASK_MODULES", "").spli
 # than KERNEL_RETENTION_DAYS (unset: kept forever), or the days for its status in
 # KERNEL_RETENTION_DAYS_BY_STATUS ("failed=90,succeeded=7"; unset keeps the default),
 # or its own metadata["retention_days"].
+def _days(name: str, text: str) -> float:
+    try:
+        days = float(text)
+    except ValueError:
+        days = -1.0
+    if not days >= 0:  # also NaN
+        raise ImproperlyConfigured(f"{name}: {text!r} is not a number of days (0 or more)")
+    return days
+
+
 KERNEL_RETENTION_DAYS = (
-    float(os.environ["KERNEL_RETENTION_DAYS"]) if os.environ.get("KERNEL_RETENTION_DAYS")
-    else None
+    _days("KERNEL_RETENTION_DAYS", os.environ["KERNEL_RETENTION_DAYS"])
+    if os.environ.get("KERNEL_RETENTION_DAYS", "").strip() else None
 )
 KERNEL_RETENTION_DAYS_BY_STATUS = {
-    status.strip(): float(days)
+    status.strip(): _days(f"KERNEL_RETENTION_DAYS_BY_STATUS[{status.strip()}]", days)
     for status, _, days in (
-        item.partition("=") for item in os.environ.get(
-            "KERNEL_RETENTION_DAYS_BY_STATUS", "").split(",") if item.strip()
+        item.partition("=") for item in _env_list("KERNEL_RETENTION_DAYS_BY_STATUS")
     )
 }
 # The commit log is partitioned by "day" or "month" of its commits (storage.partitions);
