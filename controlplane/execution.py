@@ -28,6 +28,7 @@ from kernel.dispatch import RECOVERY, recovery_queue
 
 from . import commands
 from .celery import ADVANCE, PRUNE, SWEEP, app
+from .errors import Conflict
 from .runtime import built, deliver, runtime
 
 log = logging.getLogger(__name__)
@@ -86,6 +87,9 @@ def prune() -> dict[str, int]:
     close_old_connections()
     try:
         report = commands.prune()
+    except Conflict as exc:  # another beat's prune is running: it does the work
+        log.info("prune: %s", exc)
+        return {"sessions": 0, "partitions": 0}
     finally:
         close_old_connections()
     return {"sessions": report.sessions, "partitions": len(report.partitions)}

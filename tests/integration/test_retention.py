@@ -8,13 +8,14 @@ from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
 
+import psycopg
 import pytest
 from django.conf import settings
 from django.contrib.auth.models import Group, User
 from django.core.management import call_command
 from django.db import connection
 from django.db.migrations.executor import MigrationExecutor
-from django.test import Client
+from django.test import Client, override_settings
 
 from controlplane import commands
 from controlplane.runtime import runtime
@@ -240,6 +241,7 @@ def test_a_rest_reader_behind_retention_gets_the_snapshot_then_the_changes() -> 
     assert commands.prune().sessions >= 1
     client = Client()
     client.force_login(operator())
+    assert client.get(f"/api/sessions/{handle.id}").json()["pruned_seq"] == 3
     url = f"/api/sessions/{handle.id}/changes"
     page = client.get(url, {"after": 1, "wait": 5}).json()  # answered at once
     snapshot = page["snapshot"]
@@ -255,3 +257,29 @@ def test_a_rest_reader_behind_retention_gets_the_snapshot_then_the_changes() -> 
     assert page["snapshot"] is None and [c["seq"] for c in page["changes"]] == [4]
     assert client.get(url, {"after": 3}).json()["snapshot"] is None
     assert client.get(url, {"after": 2}).json()["snapshot"]["seq"] == 4
+
+
+def test_two_prunes_never_run_at_once() -> None:
+    """A second prune (two beats, or a manual run during beat's) finds the first's lock,
+    says so, and changes nothing; beat's task takes that as done."""
+    from controlplane import execution
+    from controlplane.errors import Conflict
+
+    db = connection.settings_dict
+    session = finished(runtime().kernel, 1, PLAN)
+    first = psycopg.connect(
+        dbname=db["NAME"], user=db["USER"] or None, host=db["HOST"] or None,
+        port=db["PORT"] or None, autocommit=True,
+    )
+    try:
+        first.execute("SELECT pg_advisory_lock(hashtext('kernel_prune'))")
+        with pytest.raises(Conflict, match="another prune is running"):
+            commands.prune()
+        with override_settings(KERNEL_RETENTION_DAYS=0):
+            assert execution.prune() == {"sessions": 0, "partitions": 0}
+        assert runtime().kernel.storage.session(session).pruned_seq == 0
+    finally:
+        first.close()
+    with override_settings(KERNEL_RETENTION_DAYS=0):
+        assert execution.prune()["sessions"] >= 1
+    assert runtime().kernel.storage.session(session).pruned_seq == 1
