@@ -283,3 +283,29 @@ def test_two_prunes_never_run_at_once() -> None:
     with override_settings(KERNEL_RETENTION_DAYS=0):
         assert execution.prune()["sessions"] >= 1
     assert runtime().kernel.storage.session(session).pruned_seq == 1
+
+
+def test_periods_by_day_or_month_in_utc() -> None:
+    late = datetime(2025, 12, 31, 23, 30, tzinfo=UTC)
+    assert partitions.period_start(late, "month") == datetime(2025, 12, 1, tzinfo=UTC)
+    assert partitions.next_start(datetime(2025, 12, 1, tzinfo=UTC), "month") == datetime(
+        2026, 1, 1, tzinfo=UTC)
+    assert partitions.next_start(partitions.period_start(late, "day"), "day") == datetime(
+        2026, 1, 1, tzinfo=UTC)
+    with pytest.raises(ValueError, match="KERNEL_COMMIT_PARTITION must be one of"):
+        partitions.period_start(late, "week")
+
+
+def test_daily_partitions_beside_monthly_ones_never_overlap() -> None:
+    """Switching to days: a day inside an existing month's partition is not made again."""
+    try:
+        assert partitions.prepare(MARCH, "month", 0) == ["kernel_commit_20250301"]
+        made = partitions.prepare(datetime(2025, 3, 31, tzinfo=UTC), "day", 2)
+        assert made == ["kernel_commit_20250401", "kernel_commit_20250402"]
+        bounds = {p.name: (p.start, p.end) for p in partitions.partitions(connection.cursor())}
+        assert bounds["kernel_commit_20250402"] == (
+            datetime(2025, 4, 2, tzinfo=UTC), datetime(2025, 4, 3, tzinfo=UTC))
+    finally:
+        with connection.cursor() as cur:
+            cur.execute("DROP TABLE IF EXISTS kernel_commit_20250301, kernel_commit_20250401, "
+                        "kernel_commit_20250402")
