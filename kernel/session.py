@@ -122,7 +122,11 @@ class Kernel:
         if conversation.fork_of is None:
             return own
         inherited = self.entries(conversation.fork_of)
-        cut = next(i for i, e in enumerate(inherited) if e.id == conversation.fork_entry_id)
+        cut = next((i for i, e in enumerate(inherited) if e.id == conversation.fork_entry_id), None)
+        if cut is None:
+            # Retention removed the fork point with everything before it: what the origin
+            # holds now came after the fork.
+            return own
         return inherited[: cut + 1] + own
 
     def blocked(self, session_id: str) -> list[tuple[Task, str]]:

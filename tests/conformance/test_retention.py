@@ -162,3 +162,23 @@ def test_a_settled_submission_does_not_hold_a_session_back(world: World) -> None
     world.clock.advance(timedelta(days=31))
     assert world.storage.prune(POLICY, world.clock.now()).sessions == 1
     assert world.storage.submission(submission.id).status is SubmissionStatus.CANCELLED
+
+
+def test_a_fork_of_a_pruned_conversation_reads_as_what_is_left(world: World) -> None:
+    registry = make_registry(Effects())
+    kernel = world.kernel(registry)
+    done, conversation, _ = finished_session(kernel)
+    world.scheduler(registry).run_until_idle()
+    (entry,) = world.storage.conversation_entries(conversation)
+    draft = Draft(actor="user:ann")
+    fork = draft.create_conversation(fork_of=conversation, fork_entry_id=entry.id)
+    draft.append(fork, "user", {"text": "and then"})
+    kernel.open(done).commit(draft)
+    assert [e.payload["text"] for e in kernel.entries(fork)] == ["hello", "and then"]
+    world.clock.advance(timedelta(days=31))
+    assert world.storage.prune(POLICY, world.clock.now()).entries == 2
+    draft = Draft(actor="user:ann")
+    draft.append(conversation, "user", {"text": "later, in the origin"})
+    draft.append(fork, "user", {"text": "later, in the fork"})
+    kernel.open(done).commit(draft)
+    assert [e.payload["text"] for e in kernel.entries(fork)] == ["later, in the fork"]
