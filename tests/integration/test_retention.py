@@ -309,3 +309,30 @@ def test_daily_partitions_beside_monthly_ones_never_overlap() -> None:
         with connection.cursor() as cur:
             cur.execute("DROP TABLE IF EXISTS kernel_commit_20250301, kernel_commit_20250401, "
                         "kernel_commit_20250402")
+
+
+def test_the_pages_of_a_pruned_session_still_render() -> None:
+    """A pruned session's page, history and task page read records whose commits and
+    entries are gone (the times of their last change among them)."""
+    kernel = runtime().kernel
+    handle = kernel.create_session(metadata={"retention_days": 0})
+    draft = Draft(actor="user:ann")
+    conversation = draft.create_conversation()
+    draft.append(conversation, "user", {"text": "hello"})
+    task_id = draft.create_task("send-batch", {"recipients": ["a@example.com"],
+                                               "subject": "s", "body": "b"})
+    handle.commit(draft)
+    draft = Draft(actor="user:ann")
+    draft.cancel(task_id, "not needed")
+    kernel.open(handle.id).commit(draft)
+    Worker(kernel, "w1").advance(task_id)  # runs the cancel through
+    assert kernel.storage.task(task_id).outcome["kind"] == "cancelled"
+    assert commands.prune().sessions >= 1
+    assert kernel.storage.session(handle.id).pruned_seq == kernel.storage.session(
+        handle.id).head_seq > 0
+    client = Client()
+    client.force_login(operator())
+    for url in (f"/sessions/{handle.id}/", f"/sessions/{handle.id}/history",
+                f"/tasks/{task_id}/", f"/api/tasks/{task_id}",
+                f"/api/conversations/{conversation}/entries"):
+        assert client.get(url).status_code == 200, url
