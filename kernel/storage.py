@@ -145,8 +145,10 @@ class Storage(Protocol):
         progress: Progress = quiet,
     ) -> PruneReport:
         """Remove the history of every finished session that ``policy`` says is due at
-        ``now`` (:mod:`kernel.retention`), and set its ``pruned_seq`` to its head, in one
-        transaction per session (a session that committed meanwhile is left alone).
+        ``now`` (:mod:`kernel.retention`), and set its ``pruned_seq`` to its head; a
+        session's marker and removals land in one transaction, so a reader sees all of
+        its history or the marker and none of it (a session that committed since it was
+        found due is left alone).
         ``dry_run`` counts what would go and changes nothing."""
         ...
 
