@@ -24,14 +24,18 @@ from kernel import Draft, Kernel, ManualClock, Status, Worker
 from kernel.retention import RetentionPolicy
 from tests.conformance.definitions import Effects, make_registry
 
-pytestmark = pytest.mark.django_db(transaction=True)
+
+def db(test: Any) -> Any:
+    """A test that commits: its own transactions, and no broker to deliver to."""
+    return pytest.mark.django_db(transaction=True)(pytest.mark.usefixtures("offline_broker")(test))
+
 
 MARCH = datetime(2025, 3, 10, tzinfo=UTC)
 APRIL = datetime(2025, 4, 10, tzinfo=UTC)
 PLAN = "email-plan"  # a document kind the project registers
 
 
-@pytest.fixture(autouse=True)
+@pytest.fixture
 def offline_broker(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(runtime().dispatcher, "deliver", lambda task, queue: None)
 
@@ -58,6 +62,7 @@ def commit_rows(table: str = "kernel_commit") -> list[tuple[Any, ...]]:
         return list(cur.fetchall())
 
 
+@db
 def test_the_commit_log_is_partitioned_by_month_with_a_default() -> None:
     with connection.cursor() as cur:
         cur.execute("SELECT partstrat FROM pg_partitioned_table "
@@ -71,6 +76,7 @@ def test_the_commit_log_is_partitioned_by_month_with_a_default() -> None:
     assert len([p for p in found if p.start and p.start > current]) >= 2  # and two ahead
 
 
+@db
 def test_a_commit_outside_every_period_lands_in_the_default_and_moves_later() -> None:
     kernel = Kernel(PostgresStorage(), make_registry(Effects()), ManualClock(MARCH))
     handle = kernel.create_session()
@@ -89,6 +95,7 @@ def test_a_commit_outside_every_period_lands_in_the_default_and_moves_later() ->
             cur.execute("DROP TABLE IF EXISTS kernel_commit_20250301, kernel_commit_20250401")
 
 
+@db
 def test_the_migration_partitions_an_existing_log_keeping_its_rows_and_ids() -> None:
     """Back to the unpartitioned table (the migration's reverse), rows written there,
     then forward: every row is kept with its id, in a partition of its month, and new
@@ -133,6 +140,7 @@ def finished(kernel: Kernel, commits: int, document: str = "plan") -> str:
     return handle.id
 
 
+@db
 @pytest.mark.usefixtures("past_partitions")
 def test_prune_drops_a_partition_of_prunable_rows_and_deletes_rows_elsewhere() -> None:
     """March holds only a finished session's commits: dropped whole. April holds a
@@ -172,6 +180,7 @@ def test_prune_drops_a_partition_of_prunable_rows_and_deletes_rows_elsewhere() -
     assert kernel.storage.task(task_id).status is Status.TERMINAL
 
 
+@db
 @pytest.mark.usefixtures("past_partitions")
 def test_a_session_that_commits_after_it_was_found_due_is_left_alone(
     monkeypatch: pytest.MonkeyPatch,
@@ -206,6 +215,7 @@ def operator() -> User:
     return user
 
 
+@db
 def test_manage_py_prune_reports_progress_and_a_summary(settings: Any) -> None:
     settings.KERNEL_RETENTION_DAYS = 0  # every finished session is due at once
     session = finished(runtime().kernel, 2, PLAN)
@@ -224,13 +234,13 @@ def test_manage_py_prune_reports_progress_and_a_summary(settings: Any) -> None:
 def test_beat_runs_the_prune_daily() -> None:
     from controlplane.celery import PRUNE, app
 
-    app.loader.import_default_modules()
     entries = [e for e in app.conf.beat_schedule.values() if e["task"] == PRUNE]
     assert len(entries) == 1
     schedule = entries[0]["schedule"]
     assert schedule.hour == {settings.KERNEL_PRUNE_HOUR} and schedule.minute == {0}
 
 
+@db
 def test_a_rest_reader_behind_retention_gets_the_snapshot_then_the_changes() -> None:
     kernel = runtime().kernel
     handle = kernel.create_session(metadata={"retention_days": 0})
@@ -259,6 +269,7 @@ def test_a_rest_reader_behind_retention_gets_the_snapshot_then_the_changes() -> 
     assert client.get(url, {"after": 2}).json()["snapshot"]["seq"] == 4
 
 
+@db
 def test_two_prunes_never_run_at_once() -> None:
     """A second prune (two beats, or a manual run during beat's) finds the first's lock,
     says so, and changes nothing; beat's task takes that as done."""
@@ -296,6 +307,7 @@ def test_periods_by_day_or_month_in_utc() -> None:
         partitions.period_start(late, "week")
 
 
+@db
 def test_daily_partitions_beside_monthly_ones_never_overlap() -> None:
     """Switching to days: a day inside an existing month's partition is not made again."""
     try:
@@ -311,6 +323,7 @@ def test_daily_partitions_beside_monthly_ones_never_overlap() -> None:
                         "kernel_commit_20250402")
 
 
+@db
 def test_the_pages_of_a_pruned_session_still_render() -> None:
     """A pruned session's page, history and task page read records whose commits and
     entries are gone (the times of their last change among them)."""
