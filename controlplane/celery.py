@@ -1,4 +1,4 @@
-"""The Celery app: carries "advance task X" and the once-a-second sweep, nothing else.
+"""The Celery app: carries "advance task X", the once-a-second sweep and the daily prune.
 
 Start a worker with ``celery -A controlplane.celery worker -Q default,hands,brain``
 and beat with ``celery -A controlplane.celery beat``.
@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 
 from celery import Celery
+from celery.schedules import crontab
 from celery.signals import setup_logging
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
@@ -17,6 +18,8 @@ ADVANCE = "controlplane.advance"
 """The task that claims a kernel task and runs its phases (controlplane.execution)."""
 SWEEP = "controlplane.sweep"
 """The task that re-delivers what was lost, once a second from beat."""
+PRUNE = "controlplane.prune"
+"""Retention: the daily prune of finished sessions' history (controlplane.commands.prune)."""
 
 # The worker registry's signal handlers are connected when a worker imports its tasks.
 app = Celery("controlplane", include=["controlplane.execution", "controlplane.worker_registry"])
@@ -45,4 +48,10 @@ def schedule_sweep(sender: Celery, **kwargs: object) -> None:
         sender.signature(SWEEP),
         name="sweep",
         expires=2 * settings.KERNEL_SWEEP_SECONDS,
+    )
+    # Daily; two beats would start two, and the second finds the first's lock and stops.
+    sender.add_periodic_task(
+        crontab(hour=settings.KERNEL_PRUNE_HOUR, minute=0),
+        sender.signature(PRUNE),
+        name="prune",
     )

@@ -15,11 +15,13 @@ for another action or target is refused (Conflict), never answered "replayed".
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from django.conf import settings
 from django.contrib.auth.models import User
 from django.utils import timezone
 
@@ -31,6 +33,8 @@ from controlplane.reads import tasks as task_reads
 from controlplane.reads.tasks import TaskFilter
 from controlplane.reads.tokens import TokenView, token_view
 from controlplane.runtime import runtime
+from controlplane.storage import partitions
+from controlplane.storage.retention import PruneRunning
 from kernel import (
     Blocked,
     CommitRejected,
@@ -44,6 +48,9 @@ from kernel import (
 )
 from kernel.agent import Submitted
 from kernel.records import Conversation, SessionRecord
+from kernel.retention import Progress, PruneReport, RetentionPolicy, quiet
+
+log = logging.getLogger(__name__)
 
 MAX_BULK = 1000
 
@@ -447,3 +454,37 @@ def revoke_token(user: User | None, token_id: int) -> TokenView:
     if token is None:
         raise UnknownRecord(f"no token {token_id} of yours" if user else f"no token {token_id}")
     return token_view(token)
+
+
+# -- retention -------------------------------------------------------------------------------
+
+
+def retention_policy() -> RetentionPolicy:
+    """The policy the settings configure (KERNEL_RETENTION_DAYS and _BY_STATUS)."""
+    try:
+        return RetentionPolicy(
+            settings.KERNEL_RETENTION_DAYS, dict(settings.KERNEL_RETENTION_DAYS_BY_STATUS)
+        )
+    except ValueError as exc:
+        raise Invalid(f"KERNEL_RETENTION_DAYS_BY_STATUS: {exc}") from exc
+
+
+def prune(*, dry_run: bool = False, progress: Progress = quiet) -> PruneReport:
+    """Make the commit log's partitions ahead, then remove the history of the finished
+    sessions the retention policy says are due (kernel.retention); ``dry_run`` only
+    counts. The shell (``manage.py prune``) and beat (daily) ask for it; no user does, so
+    it is logged rather than recorded in a session. Raises PruneRunning (errors.Conflict)
+    if another prune holds the lock."""
+    kernel = runtime().kernel
+    now = kernel.clock.now()
+    if not dry_run:
+        made = partitions.prepare(
+            now, settings.KERNEL_COMMIT_PARTITION, settings.KERNEL_COMMIT_PARTITIONS_AHEAD
+        )
+        progress(f"partitions made: {', '.join(made) or 'none needed'}")
+    try:
+        report = kernel.storage.prune(retention_policy(), now, dry_run=dry_run, progress=progress)
+    except PruneRunning as exc:
+        raise Conflict(str(exc)) from exc
+    log.info("prune: %s", report.summary())
+    return report

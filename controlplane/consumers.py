@@ -33,6 +33,11 @@ Protocol, JSON text frames both ways:
    ``{"type": "commits", "commits": [<commit frame>, ...]}``: the commits of one read of
    the log, up to :data:`FRAME_COMMITS` per frame, in order. Catching up on a long log
    then costs a few frames instead of one per commit (per-frame overhead dominates).
+   On a session feed, a cursor below the session's ``pruned_seq`` (retention removed the
+   commits after it: kernel.retention) gets one ``{"type": "snapshot", "session_id",
+   "seq", "pruned_seq", "session", "conversations", "tasks", "submissions",
+   "documents"}`` frame, the session's current state at ``seq``, and then the commits
+   after ``seq`` as usual: the cursor moves to ``seq``. Never batched.
 
 Other close codes: 4400 a malformed message or cursor (or a token in the URL), 4404 no
 such session, 4429 the account has ``USER_SOCKET_LIMIT`` sockets open already
@@ -78,6 +83,7 @@ from controlplane.notify import GLOBAL_GROUP, hint_hub, session_group
 from controlplane.reads.feed import (
     FRAME_COLUMNS,
     MAX_CURSOR,
+    SNAPSHOT_FRAME,
     catch_up_frames,
     frame,
     session_exists,
@@ -549,6 +555,10 @@ class FeedConsumer(AsyncWebsocketConsumer):
 
     async def send_rows(self, rows: Rows) -> None:
         """Send the rows after the cursor: a frame each, or batched if the client asked."""
+        if rows and rows[0][1].startswith(SNAPSHOT_FRAME):  # alone, never in a batch
+            await self.send(text_data=rows[0][1])
+            self.last = max(self.last or 0, rows[0][0])
+            rows = rows[1:]
         per_frame = FRAME_COMMITS if self.batched else 1
         for frames, start in enumerate(range(0, len(rows), per_frame), 1):
             # Filtered at the last moment: the client may have moved its cursor on.

@@ -26,7 +26,9 @@ from django.db import close_old_connections
 from kernel import Blocked
 from kernel.dispatch import RECOVERY, recovery_queue
 
-from .celery import ADVANCE, SWEEP, app
+from . import commands
+from .celery import ADVANCE, PRUNE, SWEEP, app
+from .errors import Conflict
 from .runtime import built, deliver, runtime
 
 log = logging.getLogger(__name__)
@@ -77,6 +79,20 @@ def sweep() -> dict[str, int]:
     if report.delivered or report.failed:
         log.info("sweep: %s", report)
     return {"delivered": report.delivered, "failed": report.failed}
+
+
+@app.task(name=PRUNE, ignore_result=True)
+def prune() -> dict[str, int]:
+    """Beat's daily retention run (controlplane.commands.prune); logs its summary."""
+    close_old_connections()
+    try:
+        report = commands.prune()
+    except Conflict as exc:  # another beat's prune is running: it does the work
+        log.info("prune: %s", exc)
+        return {"sessions": 0, "partitions": 0}
+    finally:
+        close_old_connections()
+    return {"sessions": report.sessions, "partitions": len(report.partitions)}
 
 
 @celeryd_after_setup.connect

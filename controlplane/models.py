@@ -75,6 +75,7 @@ class Session(KernelRecord):
     head_seq = models.BigIntegerField(default=0)
     created_at = models.DateTimeField()
     metadata = models.JSONField(default=dict)
+    pruned_seq = models.BigIntegerField(default=0, db_default=0)
 
     class Meta:
         db_table = "kernel_session"
@@ -213,10 +214,22 @@ class Submission(KernelRecord):
 
 
 class Commit(KernelRecord):
-    """The change feed: one row per commit, gapless ``seq`` per session."""
+    """The change feed: one row per commit, gapless ``seq`` per session.
+
+    The table is partitioned by ``at`` (range, by day or month: KERNEL_COMMIT_PARTITION;
+    :mod:`controlplane.storage.partitions`), so that retention drops old partitions
+    whole. Postgres requires every unique constraint of a partitioned table to contain
+    the partition key: the database's primary key is ``(id, at)`` and the constraints
+    below end with ``at``. ``id`` stays this model's primary key for the ORM: it is
+    unique all the same, drawn from one sequence. What keeps ``seq`` and ``key`` unique
+    per session is the session row lock every commit takes before it reads the head or
+    looks a key up (storage.statements.SESSION_ADVANCE); the constraints are the
+    backstop within a partition.
+    """
 
     id = models.BigAutoField(primary_key=True)
-    session = models.ForeignKey(Session, on_delete=models.CASCADE)
+    # No index of its own: the (session, seq, at) constraint's index leads with it.
+    session = models.ForeignKey(Session, on_delete=models.CASCADE, db_index=False)
     seq = models.BigIntegerField()
     at = models.DateTimeField()
     actor = models.TextField()
@@ -226,9 +239,9 @@ class Commit(KernelRecord):
     class Meta:
         db_table = "kernel_commit"
         constraints = [
-            models.UniqueConstraint(fields=["session", "seq"], name="commit_seq_once"),
+            models.UniqueConstraint(fields=["session", "seq", "at"], name="commit_seq_once"),
             models.UniqueConstraint(
-                fields=["session", "key"],
+                fields=["session", "key", "at"],
                 name="commit_key_once",
                 condition=models.Q(key__isnull=False),
             ),

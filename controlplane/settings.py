@@ -289,6 +289,37 @@ KERNEL_DRAIN_SECONDS = float(os.environ.get("KERNEL_DRAIN_SECONDS", "25"))
 # Dotted paths of ``register(registry)`` callables adding task kinds to the project's
 # registry (comma-separated), e.g. the no-op kind of ``benchmarks.fanout``.
 KERNEL_TASK_MODULES = [p for p in os.environ.get("KERNEL_TASK_MODULES", "").split(",") if p]
+# Retention (kernel.retention, `manage.py prune`, daily from beat): a finished session's
+# history (commits, entries, old document versions) goes once its last commit is older
+# than KERNEL_RETENTION_DAYS (unset: kept forever), or the days for its status in
+# KERNEL_RETENTION_DAYS_BY_STATUS ("failed=90,succeeded=7"; unset keeps the default),
+# or its own metadata["retention_days"].
+def _days(name: str, text: str) -> float:
+    try:
+        days = float(text)
+    except ValueError:
+        days = -1.0
+    if not days >= 0:  # also NaN
+        raise ImproperlyConfigured(f"{name}: {text!r} is not a number of days (0 or more)")
+    return days
+
+
+KERNEL_RETENTION_DAYS = (
+    _days("KERNEL_RETENTION_DAYS", os.environ["KERNEL_RETENTION_DAYS"])
+    if os.environ.get("KERNEL_RETENTION_DAYS", "").strip() else None
+)
+KERNEL_RETENTION_DAYS_BY_STATUS = {
+    status.strip(): _days(f"KERNEL_RETENTION_DAYS_BY_STATUS[{status.strip()}]", days)
+    for status, _, days in (
+        item.partition("=") for item in _env_list("KERNEL_RETENTION_DAYS_BY_STATUS")
+    )
+}
+# The commit log is partitioned by "day" or "month" of its commits (storage.partitions);
+# the partitions of the next KERNEL_COMMIT_PARTITIONS_AHEAD periods are made in advance.
+KERNEL_COMMIT_PARTITION = os.environ.get("KERNEL_COMMIT_PARTITION", "month")
+KERNEL_COMMIT_PARTITIONS_AHEAD = int(os.environ.get("KERNEL_COMMIT_PARTITIONS_AHEAD", "2"))
+# When beat runs the prune: once a day at this UTC hour.
+KERNEL_PRUNE_HOUR = int(os.environ.get("KERNEL_PRUNE_HOUR", "3"))
 # Off only to test what happens when renewals stop (a stuck process, a long GC pause).
 KERNEL_HEARTBEAT = _env_bool("KERNEL_HEARTBEAT", True)
 

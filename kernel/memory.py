@@ -29,6 +29,7 @@ from .records import (
     Task,
     WriteSet,
 )
+from .retention import Progress, PruneReport, RetentionPolicy, finished_status, quiet
 from .storage import (
     NO_PREFETCH,
     Build,
@@ -129,7 +130,58 @@ class InMemoryStorage:
     def commits_after(self, session_id: str, after_seq: int, limit: int) -> list[Commit]:
         with self._lock:
             commits = self._commits.get(session_id, [])
-            return commits[after_seq : after_seq + limit]
+            # Seqs are gapless from the first one kept, which follows the pruned prefix.
+            start = max(after_seq + 1 - commits[0].seq, 0) if commits else 0
+            return commits[start : start + limit]
+
+    def prune(
+        self, policy: RetentionPolicy, now: datetime, *, dry_run: bool = False,
+        progress: Progress = quiet,
+    ) -> PruneReport:
+        report = PruneReport(dry_run=dry_run)
+        with self._lock:
+            for session in list(self._sessions.values()):
+                commits = self._commits.get(session.id, [])
+                if session.head_seq <= session.pruned_seq or not commits:
+                    continue
+                tasks = self.session_tasks(session.id)
+                if not all(t.terminal for t in tasks) or not all(
+                    s.status.settled for s in self._submissions.values()
+                    if s.session_id == session.id
+                ):
+                    continue
+                status = finished_status(
+                    (t.outcome or {}).get("kind") for t in tasks if t.parent_id is None
+                )
+                if not policy.due(session.metadata, status, commits[-1].at, now):
+                    continue
+                conversations = [
+                    c for c in self._conversations.values() if c.session_id == session.id
+                ]
+                heads = [h for h in self._heads.values() if h.session_id == session.id]
+                report.sessions += 1
+                report.commits += len(commits)
+                report.entries += sum(
+                    len(self._conversation_entries.get(c.id, [])) for c in conversations
+                )
+                report.document_versions += sum(
+                    1 for h in heads for v in self._versions.get(h.id, [])
+                    if v.version < h.baseline_version
+                )
+                if dry_run:
+                    continue
+                self._sessions[session.id] = replace(session, pruned_seq=session.head_seq)
+                self._commits[session.id] = []
+                for conversation in conversations:
+                    for entry_id in self._conversation_entries.pop(conversation.id, []):
+                        del self._entries[entry_id]
+                for head in heads:
+                    self._versions[head.id] = [
+                        v for v in self._versions.get(head.id, [])
+                        if v.version >= head.baseline_version
+                    ]
+        progress(report.summary())
+        return report
 
     # -- reads ---------------------------------------------------------------
 

@@ -80,6 +80,9 @@ class SessionRecord:
     head_seq: int
     created_at: datetime
     metadata: JSON = field(default_factory=dict)
+    pruned_seq: int = 0
+    """Commits up to this seq may have been removed by retention (kernel.retention);
+    everything after it is in the log. 0: nothing was ever removed."""
 
 
 @dataclass(frozen=True, slots=True)

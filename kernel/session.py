@@ -103,7 +103,11 @@ class Kernel:
             return document_kind.upgrade(head.kind_version, value)
         if not 1 <= version <= head.version:
             raise UnknownRecord(f"document {kind}/{key} has no version {version}")
-        return replay(self.storage.document_versions(head.id, version))
+        versions = self.storage.document_versions(head.id, version)
+        if not versions or not versions[0].has_baseline:
+            # Retention removed the versions before the newest baseline (kernel.retention).
+            raise UnknownRecord(f"document {kind}/{key}: version {version} was pruned")
+        return replay(versions)
 
     def document_version(self, session_id: str, kind: str, key: str) -> int:
         head = self.storage.document_head(session_id, kind, key)
@@ -118,7 +122,11 @@ class Kernel:
         if conversation.fork_of is None:
             return own
         inherited = self.entries(conversation.fork_of)
-        cut = next(i for i, e in enumerate(inherited) if e.id == conversation.fork_entry_id)
+        cut = next((i for i, e in enumerate(inherited) if e.id == conversation.fork_entry_id), None)
+        if cut is None:
+            # Retention removed the fork point with everything before it: what the origin
+            # holds now came after the fork.
+            return own
         return inherited[: cut + 1] + own
 
     def blocked(self, session_id: str) -> list[tuple[Task, str]]:

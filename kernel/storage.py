@@ -27,6 +27,7 @@ from .records import (
     Task,
     WriteSet,
 )
+from .retention import Progress, PruneReport, RetentionPolicy, quiet
 
 JSON = Any
 FaultHook = Callable[[str], None]
@@ -133,7 +134,23 @@ class Storage(Protocol):
         """
         ...
 
-    def commits_after(self, session_id: str, after_seq: int, limit: int) -> list[Commit]: ...
+    def commits_after(self, session_id: str, after_seq: int, limit: int) -> list[Commit]:
+        """The session's commits after ``after_seq`` that are still in the log, in seq
+        order: when ``after_seq`` is below the session's ``pruned_seq``, the first one
+        returned is ``pruned_seq + 1`` (or none if the whole log was pruned)."""
+        ...
+
+    def prune(
+        self, policy: RetentionPolicy, now: datetime, *, dry_run: bool = False,
+        progress: Progress = quiet,
+    ) -> PruneReport:
+        """Remove the history of every finished session that ``policy`` says is due at
+        ``now`` (:mod:`kernel.retention`), and set its ``pruned_seq`` to its head; a
+        session's marker and removals land in one transaction, so a reader sees all of
+        its history or the marker and none of it (a session that committed since it was
+        found due is left alone).
+        ``dry_run`` counts what would go and changes nothing."""
+        ...
 
     # -- reads of committed state ------------------------------------------
 

@@ -4,7 +4,9 @@
     One session's commits with ``seq > N``, in seq order, and the session's ``head_seq``.
     A session's seq is gapless and assigned under the session's row lock, so any snapshot
     that shows seq N also shows every seq below it: ``after`` = the last seq read is an
-    exact cursor.
+    exact cursor. When retention has removed commits after N (N below the session's
+    ``pruned_seq``), the answer carries a ``snapshot`` of the session's current state at
+    ``snapshot.seq`` and the commits after that instead.
 ``GET /api/changes?after_id=N&limit=L&wait=S``
     Every session's commits with ``id > N``, in id order: see :func:`settled_global` for
     why the global id needs more care than a session's seq.
@@ -111,6 +113,12 @@ class SessionChanges(Schema):
     session_id: str
     head_seq: int = Field(..., description="the session's latest seq when this was read")
     changes: list[Change]
+    snapshot: dict[str, Any] | None = Field(
+        None,
+        description="only when retention removed commits after `after`: the session's "
+        "current state at `snapshot.seq` (records as stored); `changes` then follow "
+        "`snapshot.seq`, and the next `after` is the last of them, or `snapshot.seq`",
+    )
 
 
 class GlobalChanges(Schema):
@@ -143,13 +151,15 @@ async def session_changes(
 ) -> Any:
     """One session's commits after seq ``after``, in seq order (404 if no such session)."""
 
-    async def read() -> tuple[int, list[dict[str, Any]]]:
+    async def read() -> log.SessionPage:
         return await sync_to_async(log.session_page)(session_id, after, limit)
 
-    head_seq, changes = await long_poll(
-        request, read, lambda page: bool(page[1]), session_group(session_id), wait
+    page = await long_poll(
+        request, read, lambda page: bool(page.changes or page.snapshot),
+        session_group(session_id), wait,
     )
-    return {"session_id": session_id, "head_seq": head_seq, "changes": changes}
+    return {"session_id": session_id, "head_seq": page.head_seq, "changes": page.changes,
+            "snapshot": page.snapshot}
 
 
 @router.get("/changes", response=GlobalChanges, openapi_extra=LONG_POLL_REFUSED)

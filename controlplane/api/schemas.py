@@ -43,6 +43,10 @@ class SessionOut(Schema):
     head_seq: int
     created_at: datetime
     metadata: JSON
+    pruned_seq: int = Field(
+        0, description="retention removed the commits up to this seq (0: none); the change "
+        "feed answers a cursor below it with a snapshot"
+    )
 
 
 class SessionIn(Input):

@@ -12,14 +12,26 @@ import json
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import asdict, dataclass
 from typing import Any, TypeVar
 
 from asgiref.sync import sync_to_async
+from django.core.serializers.json import DjangoJSONEncoder
 
+from controlplane import models
+from controlplane.storage.schema import (
+    COMMIT,
+    CONVERSATION,
+    DOCUMENT_HEAD,
+    SESSION,
+    SUBMISSION,
+    TASK,
+)
 from kernel import UnknownRecord
 
 from .replica import prefer_replica
 from .snapshot import rows as _all
+from .snapshot import snapshot as consistent
 
 log = logging.getLogger(__name__)
 
@@ -50,17 +62,78 @@ def change(row: Any) -> dict[str, Any]:
     }
 
 
-def session_page(session_id: str, after: int, limit: int) -> tuple[int, list[dict[str, Any]]]:
-    """``(head_seq, changes after seq)``, both from one snapshot; UnknownRecord if no session."""
-    rows = _all(
-        f"SELECT s.head_seq, {CHANGE_COLUMNS} FROM kernel_session s LEFT JOIN LATERAL "
-        "(SELECT * FROM kernel_commit WHERE session_id = s.id AND seq > %s "
-        "ORDER BY seq LIMIT %s) c ON true WHERE s.id = %s ORDER BY c.seq",
-        [after, limit, session_id],
+def _after(columns: str) -> str:
+    """The session's head and retention marker, and its commits after a cursor (``%s``,
+    then the limit, then the session id), from one statement: a prune sets the marker
+    and deletes the commits in one transaction, so these rows are the whole log after
+    the cursor unless the marker is past it."""
+    return (
+        f"SELECT s.head_seq, s.pruned_seq, {columns} FROM {SESSION.name} s LEFT JOIN LATERAL "
+        f"(SELECT * FROM {COMMIT.name} WHERE session_id = s.id AND seq > %s "
+        "ORDER BY seq LIMIT %s) c ON true WHERE s.id = %s ORDER BY c.seq"
     )
+
+
+@dataclass(frozen=True)
+class SessionPage:
+    """What the REST feed answers: the head, and the commits after the cursor; or, when
+    retention removed commits after the cursor, the :func:`snapshot` of the session and
+    the commits after the snapshot's seq."""
+
+    head_seq: int
+    changes: list[dict[str, Any]]
+    snapshot: dict[str, Any] | None = None
+
+
+def session_page(session_id: str, after: int, limit: int) -> SessionPage:
+    """The page after ``after`` (see :class:`SessionPage`); UnknownRecord if no session."""
+    rows = _all(_after(CHANGE_COLUMNS), [after, limit, session_id])
     if not rows:
         raise UnknownRecord(f"no session {session_id}")
-    return rows[0][0], [change(r[1:]) for r in rows if r[1] is not None]
+    if rows[0][1] > after:
+        state = snapshot(session_id)
+        rest = session_page(session_id, state["seq"], limit)  # no deeper: the marker <= head
+        return SessionPage(rest.head_seq, rest.changes, rest.snapshot or state)
+    return SessionPage(rows[0][0], [change(r[2:]) for r in rows if r[2] is not None])
+
+
+SNAPSHOT_TYPE = "snapshot"
+SNAPSHOT_FRAME = '{"type": "snapshot"'
+"""How a snapshot frame's text begins (``type`` is its first key), so that a socket can
+tell it from a commit frame without parsing it."""
+
+
+def snapshot(session_id: str) -> dict[str, Any]:
+    """The session's current state at its head ``seq``, read in one snapshot: what a
+    reader whose cursor is below the session's ``pruned_seq`` is sent instead of the
+    commits retention removed (kernel.retention). Its records, as stored: the session,
+    its conversations, tasks and submissions, and its documents' versions (a value is
+    read with ``GET /api/sessions/{id}/documents/{kind}/{key}``)."""
+    with consistent():
+        session = models.Session.objects.filter(id=session_id).values(*SESSION.columns).first()
+        if session is None:
+            raise UnknownRecord(f"no session {session_id}")
+        record = SESSION.record(session)
+
+        def of(table: Any, order: str) -> list[dict[str, Any]]:
+            found = table.model.objects.filter(session_id=session_id).order_by(order, "id")
+            return [asdict(table.record(v)) for v in found.values(*table.columns)]
+
+        return {
+            "type": SNAPSHOT_TYPE,
+            "session_id": session_id,
+            "seq": record.head_seq,
+            "pruned_seq": record.pruned_seq,
+            "session": asdict(record),
+            "conversations": of(CONVERSATION, "created_seq"),
+            "tasks": of(TASK, "created_seq"),
+            "submissions": of(SUBMISSION, "created_seq"),
+            "documents": [
+                {"kind": d.kind, "key": d.key, "version": d.version, "updated_seq": d.updated_seq}
+                for d in (DOCUMENT_HEAD.record(v) for v in models.Document.objects.filter(
+                    session_id=session_id).order_by("kind", "key").values(*DOCUMENT_HEAD.columns))
+            ],
+        }
 
 
 def session_exists(session_id: str) -> bool:
@@ -79,13 +152,14 @@ def frame(row: Any) -> str:
 
 
 def session_frames(session_id: str, after: int, limit: int) -> list[tuple[int, str]]:
-    """``(seq, frame)`` of the session's commits after ``after``, in seq order."""
-    rows = _all(
-        f"SELECT {FRAME_COLUMNS} FROM kernel_commit c WHERE c.session_id = %s AND c.seq > %s "
-        "ORDER BY c.seq LIMIT %s",
-        [session_id, after, limit],
-    )
-    return [(row[2], frame(row)) for row in rows]
+    """``(seq, frame)`` of the session's commits after ``after``, in seq order; or, when
+    retention removed commits after ``after``, the one :func:`snapshot` frame at its seq
+    (the reader goes on after it)."""
+    rows = _all(_after(FRAME_COLUMNS), [after, limit, session_id])
+    if rows and rows[0][1] > after:
+        state = snapshot(session_id)
+        return [(state["seq"], json.dumps(state, cls=DjangoJSONEncoder))]
+    return [(row[4], frame(row[2:])) for row in rows if row[2] is not None]
 
 
 def catch_up_frames(session_id: str, after: int, limit: int) -> list[tuple[int, str]]:

@@ -43,8 +43,10 @@ from kernel.records import (
     Task,
     WriteSet,
 )
+from kernel.retention import Progress, PruneReport, RetentionPolicy, quiet
 from kernel.storage import DOUBLINGS, NO_PREFETCH, Build, FaultHook, Prefetch, expiry
 
+from . import retention
 from . import statements as sql
 from .connection import (
     Observer,
@@ -167,6 +169,12 @@ class PostgresStorage:
     def commits_after(self, session_id: str, after_seq: int, limit: int) -> list[Commit]:
         rows = self._all(sql.COMMITS_AFTER, [session_id, after_seq, limit])
         return [COMMIT.from_sql(r) for r in rows]
+
+    def prune(
+        self, policy: RetentionPolicy, now: datetime, *, dry_run: bool = False,
+        progress: Progress = quiet,
+    ) -> PruneReport:
+        return retention.prune(connections[self.using], policy, now, dry_run, progress)
 
     # -- reads ---------------------------------------------------------------
 

@@ -379,3 +379,18 @@ def _stack(
         finally:
             stack.close()
             connection.close()
+
+
+def consume(stack: Stack, worker: Process, *queues: str) -> None:
+    """Make a running worker consume more queues (Celery remote control), each with its
+    recovery queue, as a worker started on them does (``consume_recovery_queues``)."""
+    from controlplane.celery import app
+
+    from .private_services import point_celery_at  # it imports this module
+
+    point_celery_at(stack.redis_url)  # not an earlier test's Redis database
+    destination = f"{worker.name}@chaos"
+    for queue in [q for name in queues for q in (name, recovery_queue(name))]:
+        replies = app.control.add_consumer(queue, destination=[destination], reply=True,
+                                           timeout=10)
+        assert replies and destination in replies[0], replies

@@ -35,7 +35,7 @@ import pytest
 from controlplane import models
 from kernel import Status
 
-from .harness import Process, Stack, wait_for
+from .harness import Stack, consume, wait_for
 from .private_services import point_celery_at
 
 RECIPIENTS = [f"{name}@example.com" for name in ("ana", "ben", "cai", "dee", "eve")]
@@ -56,20 +56,6 @@ def history(session_id: str, task_id: str) -> list[tuple[str, str, str | None]]:
         for item in commit.summary
         if item.get("id") == task_id
     ]
-
-
-def consume(stack: Stack, worker: Process, *queues: str) -> None:
-    """Make a running worker consume more queues (Celery remote control), each with its
-    recovery queue, as a worker started on them does (``consume_recovery_queues``)."""
-    from controlplane.celery import app
-    from kernel.dispatch import recovery_queue
-
-    point_celery_at(stack.redis_url)  # not an earlier test's Redis database
-    destination = f"{worker.name}@chaos"
-    for queue in [q for name in queues for q in (name, recovery_queue(name))]:
-        replies = app.control.add_consumer(queue, destination=[destination], reply=True,
-                                           timeout=10)
-        assert replies and destination in replies[0], replies
 
 
 @pytest.mark.parametrize("when", ["after_store", "before_store"])

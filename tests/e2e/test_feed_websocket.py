@@ -34,6 +34,7 @@ from controlplane.models import ApiToken
 from controlplane.notify import session_group
 from controlplane.runtime import runtime
 from kernel import Draft, Preview, SessionHandle
+from kernel.retention import RetentionPolicy
 
 from .server import (
     Daphne,
@@ -150,6 +151,30 @@ def test_a_client_may_take_its_catch_up_in_batched_frames(server: Daphne, token:
         assert client.heartbeat(timeout=5) == {"type": "heartbeat", "seq": 1202}
     with feed(session_feed(server, handle), token=token, first={"after": 0, "batch": 1}) as client:
         assert client.closed_with() == 4400
+
+
+def test_a_cursor_behind_retention_gets_a_snapshot_then_live_frames(
+    server: Daphne, token: str
+) -> None:
+    """Retention removed the session's commits (kernel.retention): a socket whose cursor
+    is below the marker gets one snapshot frame of the session at its head, alone even
+    when it asked for batches, then the commits after it, live."""
+    handle = runtime().kernel.create_session(metadata={"retention_days": 0})
+    commits(handle, 3)
+    report = runtime().kernel.storage.prune(RetentionPolicy(), timezone.now())
+    assert report.sessions == 1
+    assert runtime().kernel.storage.session(handle.id).pruned_seq == 3
+    for first in ({"after": 1}, {"after": 0, "batch": True}):
+        head = runtime().kernel.storage.session(handle.id).head_seq
+        with feed(session_feed(server, handle), token=token, first=first) as client:
+            snapshot = client.frame()
+            assert snapshot["type"] == "snapshot", snapshot
+            assert (snapshot["session_id"], snapshot["seq"], snapshot["pruned_seq"]) == (
+                handle.id, head, 3)
+            assert [d["version"] for d in snapshot["documents"]] == [snapshot["seq"]]
+            made = commit(handle, "live")
+            assert [c["seq"] for c in client.commits(1)] == [made.seq]
+            assert client.batches == ([1] if first.get("batch") else [])
 
 
 def test_previews_reach_the_session_feed_outside_the_seq_order(

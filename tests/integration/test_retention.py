@@ -1,0 +1,351 @@
+"""Retention on Postgres: the partitioned commit log, its migration, ``manage.py prune``,
+whole partitions dropped, and the REST feed's snapshot for a cursor retention passed."""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from typing import Any
+
+import psycopg
+import pytest
+from django.conf import settings
+from django.contrib.auth.models import Group, User
+from django.core.management import call_command
+from django.db import connection
+from django.db.migrations.executor import MigrationExecutor
+from django.test import Client, override_settings
+
+from controlplane import commands
+from controlplane.runtime import runtime
+from controlplane.storage import PostgresStorage, partitions
+from kernel import Draft, Kernel, ManualClock, Status, Worker
+from kernel.retention import RetentionPolicy
+from tests.conformance.definitions import Effects, make_registry
+
+
+def db(test: Any) -> Any:
+    """A test that commits: its own transactions, and no broker to deliver to."""
+    return pytest.mark.django_db(transaction=True)(pytest.mark.usefixtures("offline_broker")(test))
+
+
+MARCH = datetime(2025, 3, 10, tzinfo=UTC)
+APRIL = datetime(2025, 4, 10, tzinfo=UTC)
+PLAN = "email-plan"  # a document kind the project registers
+
+
+@pytest.fixture
+def offline_broker(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(runtime().dispatcher, "deliver", lambda task, queue: None)
+
+
+@pytest.fixture
+def past_partitions() -> Iterator[None]:
+    """The partitions of March and April 2025, made for the test and gone after it."""
+    made = partitions.prepare(MARCH, "month", 1)
+    assert made == ["kernel_commit_20250301", "kernel_commit_20250401"]
+    yield
+    with connection.cursor() as cur:
+        for name in made:
+            cur.execute(f"DROP TABLE IF EXISTS {name}")
+
+
+def names() -> list[str]:
+    with connection.cursor() as cur:
+        return [p.name for p in partitions.partitions(cur)]
+
+
+def commit_rows(table: str = "kernel_commit") -> list[tuple[Any, ...]]:
+    with connection.cursor() as cur:
+        cur.execute(f"SELECT id, session_id, seq, at FROM {table} ORDER BY id")
+        return list(cur.fetchall())
+
+
+@db
+def test_the_commit_log_is_partitioned_by_month_with_a_default() -> None:
+    with connection.cursor() as cur:
+        cur.execute("SELECT partstrat FROM pg_partitioned_table "
+                    "WHERE partrelid = 'kernel_commit'::regclass")
+        assert cur.fetchone() == ("r",)
+        found = partitions.partitions(cur)
+    assert found[-1].name == partitions.DEFAULT
+    now = datetime.now(UTC)
+    current = partitions.period_start(now, "month")
+    assert any(p.start == current for p in found)  # the migration made this month's
+    assert len([p for p in found if p.start and p.start > current]) >= 2  # and two ahead
+
+
+@db
+def test_a_commit_outside_every_period_lands_in_the_default_and_moves_later() -> None:
+    kernel = Kernel(PostgresStorage(), make_registry(Effects()), ManualClock(MARCH))
+    handle = kernel.create_session()
+    draft = Draft(actor="user:ann")
+    draft.set("plan", "p", ["n"], 1)
+    handle.commit(draft)
+    assert len(commit_rows(partitions.DEFAULT)) == 1
+    try:
+        made = partitions.prepare(APRIL, "month", 0)  # April, and March for its row
+        assert made == ["kernel_commit_20250301", "kernel_commit_20250401"]
+        assert commit_rows(partitions.DEFAULT) == []
+        assert [r[1:3] for r in commit_rows("kernel_commit_20250301")] == [(handle.id, 1)]
+        assert partitions.prepare(APRIL, "month", 0) == []  # idempotent
+    finally:
+        with connection.cursor() as cur:
+            cur.execute("DROP TABLE IF EXISTS kernel_commit_20250301, kernel_commit_20250401")
+
+
+@db
+def test_the_migration_partitions_an_existing_log_keeping_its_rows_and_ids() -> None:
+    """Back to the unpartitioned table (the migration's reverse), rows written there,
+    then forward: every row is kept with its id, in a partition of its month, and new
+    ids continue after the old ones."""
+    executor = MigrationExecutor(connection)
+    before = [("controlplane", "0008_task_waiting_index")]
+    after = executor.loader.graph.leaf_nodes("controlplane")
+    executor.migrate(before)
+    try:
+        with connection.cursor() as cur:
+            cur.execute("INSERT INTO kernel_session VALUES ('sess_old', 2, now(), '{}')")
+            cur.execute(
+                "INSERT INTO kernel_commit (seq, at, actor, summary, session_id) VALUES "
+                "(1, %s, 'a', '[]', 'sess_old'), (2, %s, 'a', '[]', 'sess_old')",
+                [MARCH, APRIL],
+            )
+        old = commit_rows()
+        executor = MigrationExecutor(connection)
+        executor.loader.build_graph()
+        executor.migrate(after)
+        assert commit_rows() == old
+        assert [r[0] for r in commit_rows("kernel_commit_20250301")] == [old[0][0]]
+        assert [r[0] for r in commit_rows("kernel_commit_20250401")] == [old[1][0]]
+        with connection.cursor() as cur:
+            cur.execute("SELECT nextval('kernel_commit_id_seq')")
+            assert cur.fetchone()[0] > old[-1][0]
+            cur.execute("SELECT pruned_seq FROM kernel_session WHERE id = 'sess_old'")
+            assert cur.fetchone() == (0,)
+    finally:
+        MigrationExecutor(connection).migrate(after)
+        with connection.cursor() as cur:
+            cur.execute("DROP TABLE IF EXISTS kernel_commit_20250301, kernel_commit_20250401")
+
+
+def finished(kernel: Kernel, commits: int, document: str = "plan") -> str:
+    """A session of ``commits`` document changes and no task: finished."""
+    handle = kernel.create_session()
+    for i in range(commits):
+        draft = Draft(actor="user:ann")
+        draft.set(document, "p", ["n"], i)
+        handle.commit(draft)
+    return handle.id
+
+
+@db
+@pytest.mark.usefixtures("past_partitions")
+def test_prune_drops_a_partition_of_prunable_rows_and_deletes_rows_elsewhere() -> None:
+    """March holds only a finished session's commits: dropped whole. April holds a
+    finished session's and a live one's: the finished one's rows are deleted, the live
+    task's session keeps all of its log, and its task still runs."""
+    registry = make_registry(Effects())
+    clock = ManualClock(MARCH)
+    kernel = Kernel(PostgresStorage(), registry, clock)
+    march = finished(kernel, 3)
+    clock.set(APRIL)
+    april = finished(kernel, 2)
+    live = kernel.create_session()
+    draft = Draft(actor="user:ann")
+    task_id = draft.create_task("step", {"name": "live"})
+    live.commit(draft)
+    policy = RetentionPolicy(days=30)
+    now = datetime(2025, 6, 1, tzinfo=UTC)
+
+    dry = kernel.storage.prune(policy, now, dry_run=True)
+    assert (dry.sessions, dry.partitions, dry.partition_commits, dry.commits) == (
+        2, ["kernel_commit_20250301"], 3, 2)
+    assert "kernel_commit_20250301" in names()
+
+    lines: list[str] = []
+    report = kernel.storage.prune(policy, now, progress=lines.append)
+    assert (report.sessions, report.partitions, report.partition_commits, report.commits) == (
+        2, ["kernel_commit_20250301"], 3, 2)
+    assert "kernel_commit_20250301" not in names()
+    assert any("dropped kernel_commit_20250301" in line for line in lines)
+    assert [r[1:3] for r in commit_rows("kernel_commit_20250401")] == [(live.id, 1)]
+    assert kernel.storage.session(march).pruned_seq == 3
+    assert kernel.storage.session(april).pruned_seq == 2
+    assert kernel.storage.session(live.id).pruned_seq == 0
+    clock.set(now)
+    Worker(kernel, "w1").advance(task_id)
+    assert kernel.storage.task(task_id).outcome["kind"] == "succeeded"
+    assert kernel.storage.task(task_id).status is Status.TERMINAL
+
+
+@db
+@pytest.mark.usefixtures("past_partitions")
+def test_a_session_that_commits_after_it_was_found_due_is_left_alone(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Found due, then a commit lands before its batch locks it: its head moved, so the
+    prune leaves it (and keeps the partition its rows are in)."""
+    from controlplane.storage import retention
+
+    clock = ManualClock(MARCH)
+    kernel = Kernel(PostgresStorage(), make_registry(Effects()), clock)
+    session = finished(kernel, 2)
+    found = retention.due_sessions
+
+    def then_a_commit(*args: Any) -> Any:
+        due = found(*args)
+        draft = Draft(actor="user:ann")
+        draft.set("plan", "p", ["late"], 1)
+        kernel.open(session).commit(draft)  # still in March: into the planned partition
+        return due
+
+    monkeypatch.setattr(retention, "due_sessions", then_a_commit)
+    report = kernel.storage.prune(RetentionPolicy(days=30), datetime(2025, 6, 1, tzinfo=UTC))
+    assert (report.sessions, report.skipped) == (0, 1)
+    assert report.partitions == ["kernel_commit_20250401"]  # empty, so dropped; not March
+    assert kernel.storage.session(session).pruned_seq == 0
+    assert [c.seq for c in kernel.storage.commits_after(session, 0, 10)] == [1, 2, 3]
+
+
+def operator() -> User:
+    user = User.objects.create_user("olga")
+    user.groups.add(Group.objects.get_or_create(name="viewer")[0])
+    return user
+
+
+@db
+def test_manage_py_prune_reports_progress_and_a_summary(settings: Any) -> None:
+    settings.KERNEL_RETENTION_DAYS = 0  # every finished session is due at once
+    session = finished(runtime().kernel, 2, PLAN)
+    out = io.StringIO()
+    call_command("prune", "--dry-run", stdout=out)
+    assert "1 finished session(s) due for pruning" in out.getvalue()
+    assert "would remove the history of 1 finished session(s): 2 commit(s)" in out.getvalue()
+    assert runtime().kernel.storage.session(session).pruned_seq == 0
+    out = io.StringIO()
+    call_command("prune", stdout=out)
+    assert "partitions made:" in out.getvalue()
+    assert "removed the history of 1 finished session(s): 2 commit(s)" in out.getvalue()
+    assert runtime().kernel.storage.session(session).pruned_seq == 2
+
+
+def test_beat_runs_the_prune_daily() -> None:
+    from controlplane.celery import PRUNE, app
+
+    entries = [e for e in app.conf.beat_schedule.values() if e["task"] == PRUNE]
+    assert len(entries) == 1
+    schedule = entries[0]["schedule"]
+    assert schedule.hour == {settings.KERNEL_PRUNE_HOUR} and schedule.minute == {0}
+
+
+@db
+def test_a_rest_reader_behind_retention_gets_the_snapshot_then_the_changes() -> None:
+    kernel = runtime().kernel
+    handle = kernel.create_session(metadata={"retention_days": 0})
+    for i in range(3):
+        draft = Draft(actor="user:ann")
+        draft.set(PLAN, "doc", ["n"], i)
+        handle.commit(draft)
+    assert commands.prune().sessions >= 1
+    client = Client()
+    client.force_login(operator())
+    assert client.get(f"/api/sessions/{handle.id}").json()["pruned_seq"] == 3
+    url = f"/api/sessions/{handle.id}/changes"
+    page = client.get(url, {"after": 1, "wait": 5}).json()  # answered at once
+    snapshot = page["snapshot"]
+    assert (snapshot["seq"], snapshot["pruned_seq"], page["changes"]) == (3, 3, [])
+    assert [d["version"] for d in snapshot["documents"]] == [3]
+    assert snapshot["session"]["metadata"] == {"retention_days": 0}
+    draft = Draft(actor="user:ann")
+    draft.set(PLAN, "doc", ["n"], 9)
+    kernel.open(handle.id).commit(draft)
+    page = client.get(url, {"after": 1}).json()
+    assert page["snapshot"]["seq"] == 4 and page["changes"] == []  # the state at the head
+    page = client.get(url, {"after": snapshot["seq"]}).json()
+    assert page["snapshot"] is None and [c["seq"] for c in page["changes"]] == [4]
+    assert client.get(url, {"after": 3}).json()["snapshot"] is None
+    assert client.get(url, {"after": 2}).json()["snapshot"]["seq"] == 4
+
+
+@db
+def test_two_prunes_never_run_at_once() -> None:
+    """A second prune (two beats, or a manual run during beat's) finds the first's lock,
+    says so, and changes nothing; beat's task takes that as done."""
+    from controlplane import execution
+    from controlplane.errors import Conflict
+
+    db = connection.settings_dict
+    session = finished(runtime().kernel, 1, PLAN)
+    first = psycopg.connect(
+        dbname=db["NAME"], user=db["USER"] or None, host=db["HOST"] or None,
+        port=db["PORT"] or None, autocommit=True,
+    )
+    try:
+        first.execute("SELECT pg_advisory_lock(hashtext('kernel_prune'))")
+        with pytest.raises(Conflict, match="another prune is running"):
+            commands.prune()
+        with override_settings(KERNEL_RETENTION_DAYS=0):
+            assert execution.prune() == {"sessions": 0, "partitions": 0}
+        assert runtime().kernel.storage.session(session).pruned_seq == 0
+    finally:
+        first.close()
+    with override_settings(KERNEL_RETENTION_DAYS=0):
+        assert execution.prune()["sessions"] >= 1
+    assert runtime().kernel.storage.session(session).pruned_seq == 1
+
+
+def test_periods_by_day_or_month_in_utc() -> None:
+    late = datetime(2025, 12, 31, 23, 30, tzinfo=UTC)
+    assert partitions.period_start(late, "month") == datetime(2025, 12, 1, tzinfo=UTC)
+    assert partitions.next_start(datetime(2025, 12, 1, tzinfo=UTC), "month") == datetime(
+        2026, 1, 1, tzinfo=UTC)
+    assert partitions.next_start(partitions.period_start(late, "day"), "day") == datetime(
+        2026, 1, 1, tzinfo=UTC)
+    with pytest.raises(ValueError, match="KERNEL_COMMIT_PARTITION must be one of"):
+        partitions.period_start(late, "week")
+
+
+@db
+def test_daily_partitions_beside_monthly_ones_never_overlap() -> None:
+    """Switching to days: a day inside an existing month's partition is not made again."""
+    try:
+        assert partitions.prepare(MARCH, "month", 0) == ["kernel_commit_20250301"]
+        made = partitions.prepare(datetime(2025, 3, 31, tzinfo=UTC), "day", 2)
+        assert made == ["kernel_commit_20250401", "kernel_commit_20250402"]
+        bounds = {p.name: (p.start, p.end) for p in partitions.partitions(connection.cursor())}
+        assert bounds["kernel_commit_20250402"] == (
+            datetime(2025, 4, 2, tzinfo=UTC), datetime(2025, 4, 3, tzinfo=UTC))
+    finally:
+        with connection.cursor() as cur:
+            cur.execute("DROP TABLE IF EXISTS kernel_commit_20250301, kernel_commit_20250401, "
+                        "kernel_commit_20250402")
+
+
+@db
+def test_the_pages_of_a_pruned_session_still_render() -> None:
+    """A pruned session's page, history and task page read records whose commits and
+    entries are gone (the times of their last change among them)."""
+    kernel = runtime().kernel
+    handle = kernel.create_session(metadata={"retention_days": 0})
+    draft = Draft(actor="user:ann")
+    conversation = draft.create_conversation()
+    draft.append(conversation, "user", {"text": "hello"})
+    task_id = draft.create_task("send-batch", {"recipients": ["a@example.com"],
+                                               "subject": "s", "body": "b"})
+    handle.commit(draft)
+    draft = Draft(actor="user:ann")
+    draft.cancel(task_id, "not needed")
+    kernel.open(handle.id).commit(draft)
+    Worker(kernel, "w1").advance(task_id)  # runs the cancel through
+    assert kernel.storage.task(task_id).outcome["kind"] == "cancelled"
+    assert commands.prune().sessions >= 1
+    assert kernel.storage.session(handle.id).pruned_seq == kernel.storage.session(
+        handle.id).head_seq > 0
+    client = Client()
+    client.force_login(operator())
+    for url in (f"/sessions/{handle.id}/", f"/sessions/{handle.id}/history",
+                f"/tasks/{task_id}/", f"/api/tasks/{task_id}",
+                f"/api/conversations/{conversation}/entries"):
+        assert client.get(url).status_code == 200, url
