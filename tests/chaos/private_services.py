@@ -102,6 +102,9 @@ class PrivatePostgres:
     process: Process | None = None
     # Fast and unsafe by default; a primary to take a base backup of needs full pages.
     settings: tuple[str, ...] = ("fsync=off", "synchronous_commit=off", "full_page_writes=off")
+    # Addresses besides loopback to listen on, trusting every client that reaches them
+    # (the host ends of network namespaces' links: a throwaway cluster on this machine).
+    listen: tuple[str, ...] = ()
 
     @property
     def data(self) -> Path:
@@ -111,8 +114,8 @@ class PrivatePostgres:
     def log(self) -> Path:
         return self.folder / "postgres.log"
 
-    def url(self, database: str = DATABASE) -> str:
-        return f"postgresql://postgres@127.0.0.1:{self.port}/{database}"
+    def url(self, database: str = DATABASE, host: str = "127.0.0.1") -> str:
+        return f"postgresql://postgres@{host}:{self.port}/{database}"
 
     def init(self) -> None:
         subprocess.run(
@@ -126,13 +129,25 @@ class PrivatePostgres:
             self.process = Process(
                 "the private Postgres",
                 [str(self.bin_dir / "postgres"), "-D", str(self.data), "-p", str(self.port),
-                 "-k", str(self.folder), "-c", "listen_addresses=127.0.0.1",
-                 *[arg for setting in self.settings for arg in ("-c", setting)],
+                 "-k", str(self.folder),
+                 "-c", "listen_addresses=" + ",".join(("127.0.0.1", *self.listen)),
+                 *[arg for setting in self._settings() for arg in ("-c", setting)],
                  "-c", "max_connections=50"],
                 log=self.log, cwd=self.folder, user=self.user, append=True,
                 ready_check=self.accepts,
             )
         self.process.start(timeout=30)
+
+    def _settings(self) -> tuple[str, ...]:
+        if not self.listen:
+            return self.settings
+        hba = self.folder / "pg_hba_listen.conf"
+        hba.write_text("local all all trust\nhost all all 0.0.0.0/0 trust\n")
+        hba.chmod(0o644)
+        # A client across a link may vanish in the middle of a transaction (a cut link
+        # resets nothing): its row locks, a session's commit order among them, must not
+        # stay held until TCP gives up on it, hours later.
+        return (*self.settings, f"hba_file={hba}", "idle_in_transaction_session_timeout=5s")
 
     def accepts(self) -> bool:
         try:
@@ -163,16 +178,21 @@ class PrivateRedis:
     binary: Path
     port: int = field(default_factory=free_port)
     process: Process | None = None
+    listen: tuple[str, ...] = ()  # addresses besides loopback, as for PrivatePostgres
 
     @property
     def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
+        return self.url_at("127.0.0.1")
+
+    def url_at(self, host: str) -> str:
+        return f"redis://{host}:{self.port}/0"
 
     def start(self) -> None:
         if self.process is None:
             self.process = Process(
                 "the private Redis",
                 [str(self.binary), "--port", str(self.port), "--bind", "127.0.0.1",
+                 *self.listen, "--protected-mode", "no" if self.listen else "yes",
                  "--save", "", "--appendonly", "no", "--dir", str(self.folder),
                  "--daemonize", "no"],
                 log=self.folder / "redis.log", cwd=self.folder, append=True,
@@ -252,10 +272,11 @@ def postgres_template() -> Iterator[PrivatePostgres]:
 
 
 @contextmanager
-def private_postgres(template: PrivatePostgres) -> Iterator[PrivatePostgres]:
-    """A running copy of ``template`` in a folder of its own; stopped and deleted afterwards."""
+def private_postgres(template: PrivatePostgres, **options: Any) -> Iterator[PrivatePostgres]:
+    """A running copy of ``template`` in a folder of its own; stopped and deleted afterwards.
+    ``options``: :class:`PrivatePostgres` fields (``listen``, ``settings``)."""
     with private_folder("chaos-pg-", template.user) as folder:
-        server = PrivatePostgres(folder, template.bin_dir, template.user)
+        server = PrivatePostgres(folder, template.bin_dir, template.user, **options)
         try:
             # cp -a keeps the owner (the server user) and the 0700 mode Postgres insists on.
             subprocess.run(["cp", "-a", str(template.data), str(server.data)], check=True)
@@ -266,12 +287,12 @@ def private_postgres(template: PrivatePostgres) -> Iterator[PrivatePostgres]:
 
 
 @contextmanager
-def private_redis() -> Iterator[PrivateRedis]:
+def private_redis(listen: tuple[str, ...] = ()) -> Iterator[PrivateRedis]:
     binary = _redis_server()
     if binary is None:
         pytest.skip("no redis-server binary found")
     with private_folder("chaos-redis-", None) as folder:
-        server = PrivateRedis(folder, binary)
+        server = PrivateRedis(folder, binary, listen=listen)
         try:
             server.start()
             yield server
@@ -358,14 +379,15 @@ class PrivateStack(Stack):
 
 @contextmanager
 def private_stack(
-    tmp: Path, template: PrivatePostgres, **provider_flags: Any
+    tmp: Path, template: PrivatePostgres, *, listen: tuple[str, ...] = (), **provider_flags: Any
 ) -> Iterator[PrivateStack]:
     """Private Postgres (a copy of ``template``) + Redis + provider; the test starts
-    workers and beat."""
+    workers and beat. ``listen``: addresses besides loopback where all three answer."""
     with ExitStack() as stack:
-        postgres = stack.enter_context(private_postgres(template))
-        broker = stack.enter_context(private_redis())
-        provider = stack.enter_context(start_provider(**provider_flags))
+        postgres = stack.enter_context(private_postgres(template, listen=listen))
+        broker = stack.enter_context(private_redis(listen))
+        host = "0.0.0.0" if listen else "127.0.0.1"
+        provider = stack.enter_context(start_provider(host=host, **provider_flags))
         env = stack_env(postgres.url(), broker.url, provider)
         running = PrivateStack(tmp, provider, broker.url, env)
         running.postgres = postgres
