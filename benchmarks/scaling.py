@@ -35,6 +35,8 @@ import argparse
 import contextlib
 import os
 import shutil
+import signal
+import sys
 import tempfile
 import threading
 import time
@@ -110,8 +112,9 @@ def servers(database: str) -> Iterator[tuple[Any, Any]]:
             if user is not None:
                 shutil.chown(root / name, user, user)
             folders.append(root / name)
-        primary = PrivatePostgres(folders[0], bin_dir, user, settings=())
-        replica = PrivatePostgres(folders[1], bin_dir, user, settings=())
+        # Server defaults, as a deployment's; room for two Daphnes' thread pools.
+        primary = PrivatePostgres(folders[0], bin_dir, user, settings=(), max_connections=300)
+        replica = PrivatePostgres(folders[1], bin_dir, user, settings=(), max_connections=300)
         try:
             primary.init()
             primary.start()
@@ -216,7 +219,7 @@ def measure(args: argparse.Namespace, url: str, replica_url: str, redis_url: str
                 with cluster(url, redis_url, workers, str(logs / f"workers-{workers}")):
                     progress(f"{workers} worker(s): warm-up")
                     driver.burst(20, 2, args.timeout)
-                    for reads in args.reads:
+                    for reads in [r for _ in range(args.rounds) for r in args.reads]:
                         run = Run(workers, reads)
                         before = rows_read(replica_url)
                         with contextlib.ExitStack() as stack:
@@ -245,6 +248,12 @@ def _f(value: float) -> str:
     return f"{value:,.0f}" if value >= 100 else f"{value:,.1f}"
 
 
+def _spread(values: list[float]) -> str:
+    """The mean, and the range when there was more than one run."""
+    mean = _f(sum(values) / len(values))
+    return mean if len(values) == 1 else f"{mean} ({_f(min(values))}-{_f(max(values))})"
+
+
 def render(when: datetime, facts: dict[str, str], runs: list[Run],
            args: argparse.Namespace) -> str:
     lines = [
@@ -266,19 +275,28 @@ def render(when: datetime, facts: dict[str, str], runs: list[Run],
         "| rows read on the replica |",
         "|---:|---|---:|---:|---:|---:|---:|---:|",
     ]
+    groups: dict[tuple[int, str], list[Run]] = {}
     for run in runs:
-        if run.pages and run.pages.seconds:
-            stats = Stats.of(run.pages.seconds)
-            pages = (f"{run.pages.per_second:.1f} | {stats.p50:,.0f} / {stats.p90:,.0f} "
-                     f"| {run.pages.errors}")
+        groups.setdefault((run.workers, run.reads), []).append(run)
+    for (workers, reads), group in groups.items():
+        seen = [run.pages for run in group if run.pages is not None]
+        latencies = [second for pages in seen for second in pages.seconds]
+        if latencies:
+            stats = Stats.of(latencies)
+            rate = len(latencies) / sum(pages.elapsed for pages in seen)
+            errors = sum(pages.errors for pages in seen)
+            pages = f"{rate:.1f} | {stats.p50:,.0f} / {stats.p90:,.0f} | {errors}"
         else:
             pages = "- | - | -"
         where = {"none": "none", "primary": "on the primary",
-                 "replica": "on the replica"}[run.reads]
-        lines.append(f"| {run.workers} | {where} | {_f(run.fanout)} | {_f(run.commits)} "
-                     f"| {pages} | {run.replica_rows:,} |")
+                 "replica": "on the replica"}[reads]
+        rows = sum(run.replica_rows for run in group)
+        lines.append(f"| {workers} | {where} | {_spread([r.fanout for r in group])} "
+                     f"| {_spread([r.commits for r in group])} | {pages} | {rows:,} |")
     lines += [
         "",
+        f"Each figure is the mean of {args.rounds} run(s) (their range in brackets), the "
+        "read conditions interleaved so that a drift in the machine's load touches each. "
         "Method: see `benchmarks/scaling.py`. Fan-out: one commit makes the tasks "
         "runnable; the clock runs from before it until every task is terminal (polled every "
         "10 ms). Commits: one creating commit per session, then every phase of every task "
@@ -301,10 +319,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2, 4])
     parser.add_argument("--reads", nargs="+", choices=READS, default=list(READS))
-    parser.add_argument("--tasks", type=int, default=300, help="one-phase fan-out")
+    parser.add_argument("--tasks", type=int, default=200, help="one-phase fan-out")
     parser.add_argument("--sessions", type=int, default=8, help="sessions of the commits shape")
-    parser.add_argument("--phases", type=int, default=50, help="phases of each such task")
+    parser.add_argument("--phases", type=int, default=40, help="phases of each such task")
     parser.add_argument("--readers", type=int, default=2, help="viewer threads")
+    parser.add_argument("--rounds", type=int, default=2,
+                        help="runs of each read condition, interleaved (machine load drifts)")
     parser.add_argument("--timeout", type=float, default=600.0)
     parser.add_argument("--logs", help="keep the processes' logs in this directory")
     parser.add_argument("--redis-db", type=int, default=DEFAULT_REDIS_DB)
@@ -313,6 +333,8 @@ def main(argv: list[str] | None = None) -> int:
     from benchmarks.fanout import TASK_MODULE
 
     os.environ["KERNEL_TASK_MODULES"] = TASK_MODULE  # this process commits the kind too
+    # Stopped with SIGTERM, it still stops its servers and workers (the finally blocks).
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     facts = {
         "revision": code_revision()[0],
         "machine": f"{os.cpu_count()} CPUs",

@@ -81,6 +81,7 @@ class PrivatePostgres:
     # Addresses besides loopback to listen on, trusting every client that reaches them
     # (the host ends of network namespaces' links: a throwaway cluster on this machine).
     listen: tuple[str, ...] = ()
+    max_connections: int = 50
 
     @property
     def data(self) -> Path:
@@ -108,7 +109,7 @@ class PrivatePostgres:
                  "-k", str(self.folder),
                  "-c", "listen_addresses=" + ",".join(("127.0.0.1", *self.listen)),
                  *[arg for setting in self._settings() for arg in ("-c", setting)],
-                 "-c", "max_connections=50"],
+                 "-c", f"max_connections={self.max_connections}"],
                 log=self.log, cwd=self.folder, user=self.user, append=True,
                 ready_check=self.accepts,
             )
