@@ -16,10 +16,12 @@ Shapes, for each worker count:
   from before that commit until every task is terminal (polled every 10 ms). Each task's
   phase is one commit, and every commit of a session takes that session's row (its
   ``head_seq``): this is one session's commit rate.
-- **commits**: S sessions, each with one task of P phases (each phase a commit, the next
-  one inline while the worker holds the lease); phase commits/s over all of them, from
-  before the first creating commit until every task is terminal. Sessions do not share
-  rows: this is the primary's (and the workers') commit rate.
+- **commits**: T tasks of P phases each (each phase a commit, the next one inline while
+  the worker holds the lease, so no claim or message between them); phase commits/s
+  from before the first creating commit until every task is terminal. Twice: the T tasks
+  in **one session**, whose commits all take its row one at a time, and in **T
+  sessions**, which share no row: the difference is what one session's head row costs;
+  the second is the primary's (and the workers') commit rate.
 
 Reads: while each shape runs, reader threads of this process fetch the dashboard's pages
 (the overview, the fan-out session's page, ``/tasks/``) back to back, as a logged-in
@@ -85,7 +87,8 @@ class Run:
     workers: int
     reads: str
     fanout: float = 0.0  # tasks/s, one session
-    commits: float = 0.0  # phase commits/s, many sessions
+    one_session: float = 0.0  # phase commits/s, T tasks in one session
+    commits: float = 0.0  # phase commits/s, T tasks in T sessions
     pages: Reads | None = None
     replica_rows: int = 0  # rows the replica's server read during the run
 
@@ -175,19 +178,23 @@ def readers(server: Any, paths: list[str], threads: int) -> Iterator[Reads]:
         seen.elapsed = time.perf_counter() - began
 
 
-def commits_per_second(driver: Any, sessions: int, phases: int, timeout: float) -> float:
-    """S sessions of one P-phase task each: phase commits/s until all are terminal."""
+def commits_per_second(
+    driver: Any, tasks: int, phases: int, timeout: float, *, one_session: bool
+) -> float:
+    """``tasks`` tasks of ``phases`` phases, in one session or one session each: phase
+    commits/s until all are terminal."""
     from benchmarks.fanout import KIND
     from kernel import Draft
 
     started = time.time()
     ids = []
-    for _ in range(sessions):
-        handle = driver.kernel.create_session()
+    shared = driver.kernel.create_session() if one_session else None
+    for _ in range(tasks):
+        handle = shared or driver.kernel.create_session()
         draft = Draft(actor="user:bench")
         ids.append(draft.create_task(KIND, {"phases": phases}))
         handle.commit(draft)
-    return sessions * phases / (driver.wait(ids, timeout) - started)
+    return tasks * phases / (driver.wait(ids, timeout) - started)
 
 
 def rows_read(url: str) -> int:
@@ -227,14 +234,16 @@ def measure(args: argparse.Namespace, url: str, replica_url: str, redis_url: str
                                 run.pages = stack.enter_context(
                                     readers(daphnes[reads], paths, args.readers))
                             run.fanout = driver.burst(args.tasks, 1, args.timeout)
-                            run.commits = commits_per_second(driver, args.sessions,
-                                                             args.phases, args.timeout)
+                            for one in (True, False):
+                                rate = commits_per_second(driver, args.sessions, args.phases,
+                                                          args.timeout, one_session=one)
+                                setattr(run, "one_session" if one else "commits", rate)
                         run.replica_rows = rows_read(replica_url) - before
                         pages = (f"; {run.pages.per_second:.1f} pages/s"
                                  if run.pages else "")
                         progress(f"{workers} worker(s), reads {reads}: fan-out "
-                                 f"{run.fanout:.1f} tasks/s, {run.commits:.1f} commits/s"
-                                 + pages)
+                                 f"{run.fanout:.1f} tasks/s, commits {run.one_session:.1f} "
+                                 f"(one session) / {run.commits:.1f} commits/s" + pages)
                         runs.append(run)
         finally:
             driver.close()
@@ -270,10 +279,10 @@ def render(when: datetime, facts: dict[str, str], runs: list[Run],
         "`DJANGO_DEBUG=0`, default lease settings.",
         "",
         f"| workers | dashboard reads | fan-out: {args.tasks:,} one-phase tasks in one "
-        f"session (tasks/s = commits/s of one session) | commits: {args.sessions} sessions "
-        f"x {args.phases} phases (commits/s) | pages/s | page p50 / p90 (ms) | page errors "
-        "| rows read on the replica |",
-        "|---:|---|---:|---:|---:|---:|---:|---:|",
+        f"session (tasks/s) | commits: {args.sessions} tasks x {args.phases} phases in one "
+        f"session (commits/s) | the same in {args.sessions} sessions (commits/s) | pages/s "
+        "| page p50 / p90 (ms) | page errors | rows read on the replica |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     groups: dict[tuple[int, str], list[Run]] = {}
     for run in runs:
@@ -292,6 +301,7 @@ def render(when: datetime, facts: dict[str, str], runs: list[Run],
                  "replica": "on the replica"}[reads]
         rows = sum(run.replica_rows for run in group)
         lines.append(f"| {workers} | {where} | {_spread([r.fanout for r in group])} "
+                     f"| {_spread([r.one_session for r in group])} "
                      f"| {_spread([r.commits for r in group])} | {pages} | {rows:,} |")
     lines += [
         "",
@@ -299,8 +309,10 @@ def render(when: datetime, facts: dict[str, str], runs: list[Run],
         "read conditions interleaved so that a drift in the machine's load touches each. "
         "Method: see `benchmarks/scaling.py`. Fan-out: one commit makes the tasks "
         "runnable; the clock runs from before it until every task is terminal (polled every "
-        "10 ms). Commits: one creating commit per session, then every phase of every task "
-        "is a commit; phase commits over the same span. Reads: "
+        "10 ms). Commits: one creating commit per task, then every phase of every task "
+        "is a commit; phase commits over the same span. Rows read on the replica: from its "
+        "`pg_stat_database`, which a server's backends update up to 10 s late, so the tail "
+        "of a run with replica reads also shows in the next row's count. Reads: "
         f"{args.readers} viewer thread(s) of the benchmark process fetch `/`, the fan-out "
         "session's page and `/tasks/` in turn, back to back, from one Daphne process while "
         "both shapes run; `on the replica` is a Daphne whose `DATABASE_REPLICA_URL` names "
@@ -320,7 +332,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2, 4])
     parser.add_argument("--reads", nargs="+", choices=READS, default=list(READS))
     parser.add_argument("--tasks", type=int, default=200, help="one-phase fan-out")
-    parser.add_argument("--sessions", type=int, default=8, help="sessions of the commits shape")
+    parser.add_argument("--sessions", type=int, default=8,
+                        help="tasks of the commits shape (and its sessions, in its second run)")
     parser.add_argument("--phases", type=int, default=40, help="phases of each such task")
     parser.add_argument("--readers", type=int, default=2, help="viewer threads")
     parser.add_argument("--rounds", type=int, default=2,

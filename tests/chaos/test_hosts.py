@@ -35,7 +35,7 @@ from .private_services import PrivatePostgres, PrivateStack, postgres_template, 
 
 RECIPIENTS = [f"{name}@example.com" for name in
               ("ana", "ben", "cai", "dee", "eve", "fay", "gus", "hal")]
-LATENCY_MS = 500  # per provider request: a send is in flight long enough to cut it
+LATENCY_MS = 1000  # per provider request: a send is in flight long enough to cut it
 LEASE_LOST = "lease lost, abandoning"
 pytestmark = [pytest.mark.chaos, pytest.mark.slow]
 
@@ -78,6 +78,7 @@ def test_a_host_cut_off_mid_batch_is_taken_over_and_its_late_commit_refused(
         held = wait_for(a_sending, "host A's worker to be inside a send", every=0.02)
         a.cut()
         assert held is not None
+        assert stack.row(held["id"])["status"] == "running", "A's send ended before the cut"
         assert not a.reaches(stack.postgres.port), "the link is still up"
 
         def finished() -> dict[str, Any] | None:
