@@ -21,6 +21,8 @@ message per recipient at the provider.
 
 from __future__ import annotations
 
+import os
+import subprocess
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import ExitStack
@@ -30,7 +32,7 @@ from typing import Any
 import pytest
 
 from .harness import wait_for
-from .hosts import Host, hosts
+from .hosts import PREFIX, Host, hosts, ip
 from .private_services import PrivatePostgres, PrivateStack, postgres_template, private_stack
 
 RECIPIENTS = [f"{name}@example.com" for name in
@@ -117,3 +119,26 @@ def test_a_host_cut_off_mid_batch_is_taken_over_and_its_late_commit_refused(
         receipts = batch["outcome"]["result"]["receipts"]
         assert {to: receipts[to]["id"] for to in RECIPIENTS} == {
             m["to"]: m["id"] for m in messages}
+
+
+def test_without_root_it_skips_saying_why(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    with pytest.raises(pytest.skip.Exception, match="network namespaces need root"), hosts(2):
+        pass
+
+
+def test_namespaces_a_killed_run_left_are_removed_and_its_own_always() -> None:
+    with hosts(1) as (host,):  # skips where namespaces cannot be made
+        assert host.namespace in ip("netns", "list").stdout
+    assert host.namespace not in ip("netns", "list").stdout
+    assert ip("link", "show", host.device, check=False).returncode != 0
+
+    gone = subprocess.Popen(["true"])
+    gone.wait()  # a pid whose process has ended: a run that was killed
+    left = f"{PREFIX}{gone.pid}a"
+    ip("netns", "add", left)
+    try:
+        with hosts(1):
+            assert left not in ip("netns", "list").stdout
+    finally:
+        ip("netns", "del", left, check=False)
