@@ -3,8 +3,7 @@
 Two network namespaces on this machine stand for two hosts (``hosts.py``: a veth link
 each to this machine's namespace, where a private Postgres, Redis and the provider
 listen on the links' addresses). Each host runs a worker (a solo pool, as deployed);
-beat runs on host B.
-A worker reaches the servers only over its host's link.
+beat runs on host B. A worker reaches the servers only over its host's link.
 
 Mid-batch, while host A's worker is inside a send (its intent committed, its call to
 the provider in flight), A's link is taken down: nothing is reset, A's worker just
