@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Iterator
 from datetime import UTC, datetime
-from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -82,11 +82,10 @@ def test_broker_report_divides_the_slowest_command_by_the_commands_per_task() ->
 @pytest.mark.timeout(120)
 @pytest.mark.django_db(transaction=True)
 def test_broker_counts_redis_commands_per_task_on_real_workers(
-    private_redis_url: tuple[str, int], settings: object, monkeypatch: pytest.MonkeyPatch,
-    tmp_path: Path,
+    private_redis_url: tuple[str, int], settings: Any, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     url, port = private_redis_url
-    monkeypatch.setattr(settings, "KERNEL_TASK_MODULES", [TASK_MODULE])
+    settings.KERNEL_TASK_MODULES = [TASK_MODULE]  # this process's registry (restored after)
     monkeypatch.setenv("KERNEL_TASK_MODULES", TASK_MODULE)  # the workers' registry
     args = argparse.Namespace(tasks=10, workers=1, timeout=60.0)
     calls = broker.per_task(url_of_test_database(), url, args)
