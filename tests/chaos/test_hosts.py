@@ -2,20 +2,22 @@
 
 Two network namespaces on this machine stand for two hosts (``hosts.py``: a veth link
 each to this machine's namespace, where a private Postgres, Redis and the provider
-listen on the links' addresses). Each host runs a worker (a solo pool, as deployed);
-beat runs on host B. A worker reaches the servers only over its host's link.
+listen on the links' addresses). Each host runs a pool of two worker processes (``-P
+solo``, as deployed); beat runs on host B. A worker reaches the servers only over its
+host's link.
 
-Mid-batch, while host A's worker is inside a send (its intent committed, its call to
-the provider in flight), A's link is taken down: nothing is reset, A's worker just
-stops hearing back. Its lease (3 s) runs out, B's beat sweeps it, B's worker claims
-the notice with the next epoch, looks the message up by its operation id and commits
-the receipt. Then the link comes back: A's worker, whose call gave up at its lease's
-deadline, sends its commit late; the database refuses it (the epoch it claimed with is
-stale) and the worker logs "lease lost, abandoning".
+Mid-batch, while one of host A's workers is inside a send (its intent committed, its
+call to the provider in flight), A's link is taken down: nothing is reset, A's workers
+just stop hearing back. Their leases (3 s) run out, B's beat sweeps them, B's workers
+claim every task A held with the next epoch; the notice being sent is looked up by its
+operation id and its receipt committed. Then the link comes back: A's workers, whose
+calls gave up at their leases' deadlines, send their commits late; the database
+refuses them (the epoch they claimed with is stale) and each worker logs "lease lost,
+abandoning".
 
-What must hold: the notice A held was finished by B (epoch + 1, one restart), with one
-terminal commit; A's late commit was refused; the batch succeeded with exactly one
-message per recipient at the provider.
+What must hold: every task A held was taken over by B; the notice A was sending was
+finished by B (one restart) with one terminal commit, and A's late commit for it was
+refused; the batch succeeded with exactly one message per recipient at the provider.
 """
 
 from __future__ import annotations
@@ -37,7 +39,11 @@ from .private_services import PrivatePostgres, PrivateStack, postgres_template, 
 RECIPIENTS = [f"{name}@example.com" for name in
               ("ana", "ben", "cai", "dee", "eve", "fay", "gus", "hal")]
 LATENCY_MS = 1000  # per provider request: a send is in flight long enough to cut it
+POOL = 2  # worker processes per host
 LEASE_LOST = "lease lost, abandoning"
+# A host cut off in the middle of a commit's transaction: the server ends it (its idle
+# timeout), so the commit is known not to have landed when the link comes back.
+UNAVAILABLE = "storage unavailable, abandoning"
 pytestmark = [pytest.mark.chaos, pytest.mark.slow]
 
 
@@ -66,48 +72,66 @@ def test_a_host_cut_off_mid_batch_is_taken_over_and_its_late_commit_refused(
         assert a.reaches(stack.postgres.port) and b.reaches(stack.broker.port)
 
         stack.beat(via=b.via, **on(b, stack))
-        worker_a = stack.worker("a1", via=a.via, wait=False, **on(a, stack))
-        worker_b = stack.worker("b1", via=b.via, wait=False, **on(b, stack))
-        stack.wait_ready(worker_a, worker_b)
+        pool_a = [stack.worker(f"a{n}", via=a.via, wait=False, **on(a, stack))
+                  for n in range(1, POOL + 1)]
+        pool_b = [stack.worker(f"b{n}", via=b.via, wait=False, **on(b, stack))
+                  for n in range(1, POOL + 1)]
+        stack.wait_ready(*pool_a, *pool_b)
+        owners_a = {worker.lease_owner for worker in pool_a}
         session_id, batch_id = stack.send_batch(RECIPIENTS)
 
         def a_sending() -> dict[str, Any] | None:
             return next((row for row in stack.notice_rows(session_id).values()
                          if row["phase"] == "confirm" and row["status"] == "running"
-                         and row["lease_owner"].endswith(f":{worker_a.pid}")), None)
+                         and row["lease_owner"] in owners_a), None)
 
-        held = wait_for(a_sending, "host A's worker to be inside a send", every=0.02)
+        sending = wait_for(a_sending, "a worker of host A to be inside a send", every=0.02)
         a.cut()
-        assert held is not None
-        assert stack.row(held["id"])["status"] == "running", "A's send ended before the cut"
+        assert sending is not None
         assert not a.reaches(stack.postgres.port), "the link is still up"
+        # What host A holds now, it cannot give back or renew: every lease of its pool.
+        held = {row["id"]: row for row in stack.rows(session_id)
+                if row["status"] == "running" and row["lease_owner"] in owners_a}
+        assert sending["id"] in held, "A's send ended before the cut"
 
-        def finished() -> dict[str, Any] | None:
-            row = stack.row(held["id"])
-            return row if row["status"] == "terminal" else None
+        def taken_over() -> dict[str, dict[str, Any]] | None:
+            rows = {task_id: stack.row(task_id) for task_id in held}
+            done = all(rows[t]["epoch"] > held[t]["epoch"] for t in held)
+            return rows if done and rows[sending["id"]]["status"] == "terminal" else None
+
+        def a_said(*what: str) -> list[str]:
+            return [line for worker in pool_a for line in worker.output().splitlines()
+                    if any(text in line for text in what)]
 
         try:
-            taken = wait_for(finished, "host B to finish the notice host A held",
+            taken = wait_for(taken_over, "host B to take over every task host A held",
                              timeout=30, every=0.1)
             assert taken is not None
-            assert LEASE_LOST not in worker_a.output(), "A heard back while cut off"
+            assert not a_said(LEASE_LOST), "A heard back while cut off"
         finally:
             a.restore()
-        wait_for(lambda: LEASE_LOST in worker_a.output(), "A's late commit to be refused",
-                 timeout=30, every=0.2)
+        # Each of A's workers that held a lease commits late, once the link is back.
+        wait_for(lambda: all(any(t in line for line in a_said(LEASE_LOST, UNAVAILABLE))
+                             for t in held),
+                 "A's late commits to be refused", timeout=30, every=0.2)
         batch = stack.wait_done(batch_id, timeout=60)
 
-        # B took the notice over after A's lease expired, and finished it.
-        assert taken["epoch"] == held["epoch"] + 1 and taken["restarts"] == 1, taken
-        assert taken["outcome"]["kind"] == "succeeded", taken["outcome"]
-        assert f"recovering {held['id']}" in worker_b.output()
-        # A's commit, sent once the link was back, was refused by its stale epoch.
-        lost = [line for line in worker_a.output().splitlines() if LEASE_LOST in line]
-        assert len(lost) == 1 and held["id"] in lost[0], lost
-        ends = [item for item in stack.history(session_id, held["id"])
+        # B took every task over after A's leases expired (a claim bumps the epoch, and
+        # only B could claim), and finished the notice A was sending.
+        logs_b = "".join(worker.output() for worker in pool_b)
+        for task_id, row in held.items():
+            assert f"recovering {task_id}" in logs_b, task_id
+            assert taken[task_id]["epoch"] >= row["epoch"] + 1, taken[task_id]
+        finished = taken[sending["id"]]
+        assert finished["restarts"] == 1, finished
+        assert finished["outcome"]["kind"] == "succeeded", finished["outcome"]
+        # A's commit for it, sent once the link was back, was refused by its stale epoch.
+        lost = [line for line in a_said(LEASE_LOST) if sending["id"] in line]
+        assert len(lost) == 1, a_said(LEASE_LOST)
+        ends = [item for item in stack.history(session_id, sending["id"])
                 if item["status"] == "terminal"]
         assert len(ends) == 1, ends
-        assert stack.row(held["id"])["epoch"] == taken["epoch"], "A moved it after all"
+        assert stack.row(sending["id"])["epoch"] == finished["epoch"], "A moved it after all"
 
         # Exactly one message per recipient; the batch succeeded with those receipts.
         messages = stack.admin.messages()
