@@ -234,10 +234,9 @@ def measure(args: argparse.Namespace, url: str, replica_url: str, redis_url: str
                                 run.pages = stack.enter_context(
                                     readers(daphnes[reads], paths, args.readers))
                             run.fanout = driver.burst(args.tasks, 1, args.timeout)
-                            for one in (True, False):
-                                rate = commits_per_second(driver, args.sessions, args.phases,
-                                                          args.timeout, one_session=one)
-                                setattr(run, "one_session" if one else "commits", rate)
+                            shape = (driver, args.sessions, args.phases, args.timeout)
+                            run.one_session = commits_per_second(*shape, one_session=True)
+                            run.commits = commits_per_second(*shape, one_session=False)
                         run.replica_rows = rows_read(replica_url) - before
                         pages = (f"; {run.pages.per_second:.1f} pages/s"
                                  if run.pages else "")
