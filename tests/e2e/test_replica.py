@@ -16,15 +16,12 @@ Redis, as a worker's would).
 
 from __future__ import annotations
 
-import http.cookiejar
 import json
 import re
 import shutil
 import subprocess
 import sys
 import time
-import urllib.parse
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -34,14 +31,15 @@ from django.conf import settings
 from websockets.sync.client import connect
 
 from controlplane.dev.ports import reserved_redis_url
-from controlplane.dev.processes import ROOT, running, wait_for
-from tests.chaos.private_services import (
+from controlplane.dev.postgres import (
     PrivatePostgres,
-    _postgres_bin,
-    _server_user,
     create_and_migrate,
+    postgres_bin,
     private_folder,
+    streaming_replica,
 )
+from controlplane.dev.processes import ROOT, running, wait_for
+from tests.chaos.private_services import _server_user
 
 from .server import Daphne, daphne_env
 
@@ -65,7 +63,7 @@ def query(server: PrivatePostgres, sql: str, params: Any = None) -> list[dict[st
 @pytest.fixture(scope="module")
 def clusters() -> Iterator[tuple[PrivatePostgres, PrivatePostgres]]:
     """A migrated primary and its streaming replica, each on a port of its own."""
-    bin_dir = _postgres_bin()
+    bin_dir = postgres_bin()
     if bin_dir is None or not (bin_dir / "pg_basebackup").exists():
         pytest.skip("no Postgres server binaries (initdb, postgres, pg_basebackup)")
     user = _server_user()
@@ -79,11 +77,7 @@ def clusters() -> Iterator[tuple[PrivatePostgres, PrivatePostgres]]:
             primary.init()
             primary.start()
             create_and_migrate(primary)
-            subprocess.run(
-                [str(bin_dir / "pg_basebackup"), "-h", "127.0.0.1", "-p", str(primary.port),
-                 "-U", "postgres", "-D", str(replica.data), "-R", "-X", "stream", "-c", "fast"],
-                check=True, capture_output=True, user=user, cwd=replica.folder, timeout=120)
-            replica.start()
+            streaming_replica(primary, replica)
             assert query(replica, "SELECT pg_is_in_recovery() AS r") == [{"r": True}]
             yield primary, replica
         finally:
@@ -111,19 +105,6 @@ def started(output: str) -> tuple[str, str]:
     return found.group(1), found.group(2)
 
 
-def login(base: str, username: str, password: str) -> urllib.request.OpenerDirector:
-    jar = http.cookiejar.CookieJar()
-    opener = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(jar))
-    form = opener.open(f"{base}/accounts/login/", timeout=10).read().decode()
-    csrf = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', form)
-    assert csrf is not None
-    data = urllib.parse.urlencode({"username": username, "password": password,
-                                   "csrfmiddlewaretoken": csrf.group(1)}).encode()
-    opener.open(urllib.request.Request(f"{base}/accounts/login/", data=data), timeout=10)
-    assert any(c.name == "sessionid" for c in jar), "login failed"
-    return opener
-
-
 def replica_has(replica: PrivatePostgres, session_id: str, seq: int) -> bool:
     found = query(replica, "SELECT head_seq FROM kernel_session WHERE id = %s", [session_id])
     return bool(found) and found[0]["head_seq"] >= seq
@@ -148,7 +129,7 @@ def test_pages_and_feeds_read_the_replica_and_never_go_back(
 
         server = Daphne(tmp_path / "daphne.log", env)
         with running(server):
-            browser = login(server.http, "vic", "vic-pass-1234")
+            browser = server.login("vic", "vic-pass-1234")
             page = browser.open(f"{server.http}/sessions/{session}/", timeout=10).read().decode()
             assert ana in page
 
