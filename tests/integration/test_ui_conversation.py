@@ -196,9 +196,11 @@ def test_a_task_page_shows_a_row_per_phase_adding_up_to_its_span() -> None:
     task = kernel.task(task_id)
     found = pages.timeline(task_id, task.session_id, True)
     assert [r.phase for r in found.rows] == ["plan", "rest", "finish"]
-    assert sum(r.seconds for r in found.rows) == pytest.approx(found.seconds)
+    # Times are floats of seconds since the epoch (~1.8e9): a difference of two carries
+    # ~1e-7 s of rounding, more than approx's default relative tolerance of a short span.
+    assert sum(r.seconds for r in found.rows) == pytest.approx(found.seconds, abs=1e-5)
     assert found.seconds == pytest.approx(
-        (found.commits[-1].at - found.commits[0].at).total_seconds())
+        (found.commits[-1].at - found.commits[0].at).total_seconds(), abs=1e-5)
     labels = [s.label for r in found.rows for s in r.segments]
     assert "waits on 2 tasks" in labels and any(x.startswith("asleep until") for x in labels)
     assert all(r.holders for r in found.rows)  # every phase names the lease it ran under
