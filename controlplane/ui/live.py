@@ -115,8 +115,8 @@ def activity_charts(found: charts.Activity) -> dict[str, Any]:
                    [("p50", "series-p50", found.latency_p50),
                     ("p95", "series-p95", found.latency_p95)], width=OVERVIEW_CHART),
         line_chart("chart-failures", "Failures and attention", "tasks", at, width,
-                   [("failed or faulted", "series-failures", found.failures),
-                    ("needing attention", "series-attention", found.attention)],
+                   [("failed", "series-failures", found.failures),
+                    ("attention", "series-attention", found.attention)],
                    width=OVERVIEW_CHART),
     ]}
 
