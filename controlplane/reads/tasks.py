@@ -62,7 +62,7 @@ at read time: the list shows them, but no record or commit says so.)"""
 def needs_attention_sql(item: str) -> str:
     """:data:`NEEDS_ATTENTION` over a commit summary's task item (the JSON ``item``), which
     names the status, the outcome and, while the task waits on one, the signal
-    (``tests/integration/test_ui_charts.py`` checks that both agree)."""
+    (``tests/integration/test_reads.py`` checks that both agree)."""
     outcomes = ", ".join(f"'{o}'" for o in FAILED_OUTCOMES)
     return (f"(({item}->>'status' = '{Status.WAITING}' AND {item} ? 'signal') OR "
             f"({item}->>'status' = '{Status.TERMINAL}' AND {item}->>'outcome' IN ({outcomes})))")

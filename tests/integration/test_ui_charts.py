@@ -4,24 +4,18 @@ over time, drawn as server-rendered SVG."""
 
 from __future__ import annotations
 
-import json
 import re
-from dataclasses import replace
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 
 import pytest
 from django.db import connection
 from django.utils import timezone
 
 from controlplane import commands
-from controlplane.reads import charts, tasks
-from controlplane.reads.snapshot import rows
+from controlplane.reads import charts
 from controlplane.runtime import runtime
-from controlplane.storage.schema import SESSION, TASK
 from controlplane.ui.charts import line_chart
-from kernel import Draft, Outcome, Scheduler, Status, Task
-from kernel.commit import Builder
-from kernel.records import SessionRecord, new_id
+from kernel import Draft, Scheduler
 
 from .test_api import start, user, with_test_kinds
 from .test_ui_pages import login
@@ -79,39 +73,6 @@ def test_needing_attention_over_time_counts_a_retry_and_a_resolution_of_older_it
     assert found.attention_now == 1 and found.attention[-1] == 1
     assert found.attention[0] == 3 and found.attention[-2] == 3
     assert sum(found.failures) == 0  # the failures themselves are older than the hour
-
-
-def test_needing_attention_reads_the_same_in_summaries_as_in_task_records() -> None:
-    """The series reads commit summaries (``needs_attention_sql``), the list and its count
-    read task records (``NEEDS_ATTENTION``): for a task in every status and outcome, and
-    waiting on a signal or on tasks, both must say the same."""
-    session_id = new_id("sess")
-
-    def task(status: Status, **more: object) -> Task:
-        return Task(new_id("task"), session_id, "k", 1, {}, status, "p", {}, 1, 1,
-                    **more)  # type: ignore[arg-type]
-
-    made = [task(s) for s in Status if s not in (Status.TERMINAL, Status.WAITING)]
-    made += [task(Status.TERMINAL, outcome={"kind": str(o)}) for o in Outcome]
-    made += [task(Status.WAITING, wait={"signal": "resolution"}),
-             task(Status.WAITING, wait={"deps": ["task_a"], "policy": "all_settled"})]
-    connection.ensure_connection()
-    with connection.connection.cursor() as cur:
-        session = SessionRecord(session_id, 1, datetime.now(UTC), {})
-        cur.execute(f"INSERT INTO {SESSION.name} ({', '.join(SESSION.inserted)}) VALUES "
-                    f"({', '.join(['%s'] * len(SESSION.inserted))})", SESSION.values(session))
-        for t in made:
-            cur.execute(f"INSERT INTO {TASK.name} ({', '.join(TASK.inserted)}) VALUES "
-                        f"({', '.join(['%s'] * len(TASK.inserted))})", TASK.values(t))
-    items = [{"type": "task", "id": t.id, "status": str(t.status),
-              **({"outcome": t.outcome["kind"]} if t.outcome else {}),
-              **Builder._what_it_waits_for(t)} for t in made]
-    in_summaries = {i for (i,) in rows(
-        f"SELECT i->>'id' FROM jsonb_array_elements(%s::jsonb) i "
-        f"WHERE {tasks.needs_attention_sql('i')}", [json.dumps(items)])}
-    in_records = {i for f in tasks.NEEDS_ATTENTION
-                  for i in tasks.ids(replace(f, session_id=session_id), limit=100)}
-    assert in_summaries == in_records and len(in_records) == 3  # signal, failed, faulted
 
 
 def test_a_session_s_tasks_by_status_over_time() -> None:
