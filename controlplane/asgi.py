@@ -21,6 +21,7 @@ from controlplane.consumers import (  # noqa: E402  (needs the apps loaded)
     BrowserOriginValidator,
     websocket_urlpatterns,
 )
+from controlplane.heap import settle  # noqa: E402
 
 application = ProtocolTypeRouter(
     {
@@ -30,3 +31,6 @@ application = ProtocolTypeRouter(
         "websocket": BrowserOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
     }
 )
+
+# Everything loaded so far lives as long as the process: out of the collector's walks.
+settle()

@@ -18,7 +18,6 @@ from kernel.records import SHOWN_STATUSES
 
 from . import tasks
 from .snapshot import rows as sql_rows
-from .tasks import TaskFilter
 
 WINDOW_SECONDS = 3600
 BUCKET_SECONDS = 10
@@ -42,9 +41,12 @@ class Activity:
     wait for a worker plus the phase's own run (claims are not commits)."""
     failures: list[int]
     """Tasks that ended failed or faulted."""
+    attention: list[int]
+    """Tasks needing attention (:data:`tasks.NEEDS_ATTENTION`) at the end of the bucket."""
     attention_now: int
-    """Tasks waiting for an operator's resolution, or failed or faulted, now (at most
-    :data:`tasks.COUNT` counted)."""
+    """Tasks needing attention at the window's end, now: its last bucket (at most
+    :data:`tasks.COUNT` counted: past it, the series is counted back from that many, so
+    each bucket shows at most as many as there were)."""
 
     @property
     def buckets(self) -> int:
@@ -68,10 +70,45 @@ WITH items AS (
 )
 SELECT b, percentile_cont(0.5) WITHIN GROUP (ORDER BY wait),
        percentile_cont(0.95) WITHIN GROUP (ORDER BY wait),
-       count(*) FILTER (WHERE outcome IN ('failed', 'faulted'))
-FROM waits WHERE wait IS NOT NULL OR outcome IN ('failed', 'faulted')
+       count(*) FILTER (WHERE outcome = ANY(%(failed)s))
+FROM waits WHERE wait IS NOT NULL OR outcome = ANY(%(failed)s)
 GROUP BY b
 """
+
+LEAVES_ATTENTION = ("retry", "resolve:%")
+"""Operators' actions (``LIKE`` patterns of their operations-log kinds, ``retry`` and
+``resolve:<decision>``, see :mod:`controlplane.commands`) that
+only a task needing attention accepts: a retry needs a failed or faulted task, a
+resolution a step waiting on its signal. Such an action is how a task that came to need
+attention before the window leaves it inside the window."""
+
+ATTENTION_SQL = f"""
+WITH items AS (
+    SELECT c.at, c.session_id, c.seq, c.actor, i->>'id' AS task,
+           coalesce({tasks.needs_attention_sql("i")}, false) AS needs
+    FROM kernel_commit c CROSS JOIN LATERAL jsonb_array_elements(c.summary) AS i
+    WHERE c.at >= %(start)s AND c.at < %(end)s AND i->>'type' = 'task'
+), steps AS (
+    SELECT at, session_id, seq, actor, task, needs,
+           lag(needs) OVER (PARTITION BY task ORDER BY session_id, seq) AS before
+    FROM items
+), changes AS (
+    SELECT at, needs::int - (CASE
+        WHEN before IS NOT NULL THEN before
+        WHEN actor LIKE 'task:%%' THEN false
+        ELSE EXISTS (SELECT 1 FROM kernel_entry e
+                     WHERE e.session_id = steps.session_id AND e.seq = steps.seq
+                       AND e.kind LIKE ANY(%(leaves)s) AND e.payload->>'target' = steps.task)
+    END)::int AS d
+    FROM steps
+)
+SELECT floor(extract(epoch FROM at - %(start)s) / %(bucket)s)::int AS b, sum(d)
+FROM changes WHERE d <> 0 GROUP BY b
+"""
+"""Per bucket, tasks that came to need attention less those that stopped. A task's
+change is its item's state against its previous item in the window; before its first,
+it needed none unless that commit is one of :data:`LEAVES_ATTENTION` on it (a task's
+own commit never is: a task needing attention holds no lease)."""
 
 PHASES_SQL = """
 SELECT floor(extract(epoch FROM at - %(start)s) / %(bucket)s)::int AS b, count(*)
@@ -82,13 +119,16 @@ GROUP BY b
 
 def activity(now: datetime | None = None, window: int = WINDOW_SECONDS,
              bucket: int = BUCKET_SECONDS) -> Activity:
-    """Phases per second, runnable-to-next-commit latency and failures over the last
-    ``window`` seconds, in buckets of ``bucket`` seconds; tasks needing attention now."""
+    """Phases per second, runnable-to-next-commit latency, failures and tasks needing
+    attention over the last ``window`` seconds, in buckets of ``bucket`` seconds. (With
+    ``now`` in the past, "needing attention" is counted back from the present through
+    the commits since.)"""
     now = now or datetime.now(UTC)
     end = now.replace(microsecond=0) + timedelta(seconds=1)
     start = end - timedelta(seconds=window)
     n = -(-window // bucket)
-    params = {"start": start, "end": end, "bucket": bucket}
+    params = {"start": start, "end": end, "bucket": bucket,
+              "failed": list(tasks.FAILED_OUTCOMES), "leaves": list(LEAVES_ATTENTION)}
     phases, p50, p95, failures = [0.0] * n, [None] * n, [None] * n, [0] * n
     for b, count in sql_rows(PHASES_SQL, params):
         if 0 <= b < n:
@@ -100,10 +140,30 @@ def activity(now: datetime | None = None, window: int = WINDOW_SECONDS,
             latency_p50[b] = None if mid is None else float(mid)
             latency_p95[b] = None if high is None else float(high)
             failures[b] = int(failed)
-    attention = tasks.count(TaskFilter(waiting_for_resolution=True), up_to=tasks.COUNT) + \
-        tasks.count(TaskFilter(outcome_in=("failed", "faulted")), up_to=tasks.COUNT)
-    return Activity(start, end, bucket, phases, latency_p50, latency_p95, failures,
-                    min(attention, tasks.COUNT))
+    needing = min(sum(tasks.count(f, up_to=tasks.COUNT) for f in tasks.NEEDS_ATTENTION),
+                  tasks.COUNT)
+    since = {**params, "end": max(end, datetime.now(UTC) + timedelta(seconds=1))}
+    attention = _counted_back(needing, n, sql_rows(ATTENTION_SQL, since))
+    return Activity(start, end, bucket, phases, latency_p50, latency_p95, failures, attention,
+                    attention[-1])
+
+
+def _counted_back(now: int, buckets: int, changes: list[tuple[int, int]]) -> list[int]:
+    """How many at the end of each bucket, from how many now and each bucket's net
+    change (buckets past the last: changes since): a bucket's count is the next one's
+    less the next one's change."""
+    net = [0] * buckets
+    running = now
+    for b, change in changes:
+        if b >= buckets:
+            running -= int(change)
+        elif b >= 0:
+            net[b] += int(change)
+    counts = [0] * buckets
+    for b in range(buckets - 1, -1, -1):
+        counts[b] = max(running, 0)
+        running -= net[b]
+    return counts
 
 
 @dataclass

@@ -332,10 +332,9 @@ def attention() -> Attention:
     failed = TaskFilter(outcome="failed")
     return Attention(
         last_commit_id(),
-        tasks.find(TaskFilter(waiting_for_resolution=True), limit=ATTENTION_ROWS),
+        tasks.find(tasks.AWAITING_RESOLUTION, limit=ATTENTION_ROWS),
         [t for t in tasks.not_terminal(BLOCKED_SCAN) if t.blocked],
-        tasks.find(TaskFilter(status=Status.TERMINAL, outcome_in=("failed", "faulted")),
-                   limit=ATTENTION_ROWS),
+        tasks.find(tasks.FAILED, limit=ATTENTION_ROWS),
         tasks.count(failed),
     )
 

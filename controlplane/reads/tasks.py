@@ -49,6 +49,25 @@ class TaskFilter:
         return any(value is not None and value != "" for value in vars(self).values())
 
 
+FAILED_OUTCOMES = (str(Outcome.FAILED), str(Outcome.FAULTED))
+AWAITING_RESOLUTION = TaskFilter(waiting_for_resolution=True)
+"""Uncertain steps: tasks waiting on a signal only an operator's resolution sends."""
+FAILED = TaskFilter(status=Status.TERMINAL, outcome_in=FAILED_OUTCOMES)
+NEEDS_ATTENTION = (AWAITING_RESOLUTION, FAILED)
+"""What needs an operator, as the attention list, its count and its chart read it.
+(Blocked tasks, which no definition in this process can run, are found by the registry
+at read time: the list shows them, but no record or commit says so.)"""
+
+
+def needs_attention_sql(item: str) -> str:
+    """:data:`NEEDS_ATTENTION` over a commit summary's task item (the JSON ``item``), which
+    names the status, the outcome and, while the task waits on one, the signal
+    (``tests/integration/test_reads.py`` checks that both agree)."""
+    outcomes = ", ".join(f"'{o}'" for o in FAILED_OUTCOMES)
+    return (f"(({item}->>'status' = '{Status.WAITING}' AND {item} ? 'signal') OR "
+            f"({item}->>'status' = '{Status.TERMINAL}' AND {item}->>'outcome' IN ({outcomes})))")
+
+
 @dataclass(frozen=True)
 class TaskView:
     """A task record with what is shown beside it: why no definition can run it, what

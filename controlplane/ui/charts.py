@@ -103,6 +103,8 @@ def line_chart(
             current.append(f"{x(i)},{y(v)}")
             if v:
                 points += 1
+            if v and not (0 < i < len(vs) - 1 and vs[i - 1] == v == vs[i + 1]):
+                # A flat run (a count that holds for an hour) is dotted at its ends only.
                 at = start + timedelta(seconds=bucket_seconds * i)
                 dots.append(Dot(x(i), y(v), f"{name} {_fmt(v)} {unit} at {at:%H:%M:%S}"))
         if current:

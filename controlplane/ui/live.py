@@ -106,17 +106,29 @@ OVERVIEW_CHART = 420
 
 
 def activity_charts(found: charts.Activity) -> dict[str, Any]:
-    """The overview's pictures of the last hour."""
+    """The overview's pictures of the last hour, and how often they are fetched again."""
     at, width = found.start, found.bucket_seconds
-    return {"activity": found, "charts": [
+    return {"activity": found, "every": width, "charts": [
         line_chart("chart-phases", "Phases per second", "phases/s", at, width,
                    [("phases", "series-phases", found.phases_per_second)], width=OVERVIEW_CHART),
         line_chart("chart-latency", "Runnable to next commit", "seconds", at, width,
                    [("p50", "series-p50", found.latency_p50),
                     ("p95", "series-p95", found.latency_p95)], width=OVERVIEW_CHART),
-        line_chart("chart-failures", "Tasks failed or faulted", "tasks", at, width,
-                   [("failures", "series-failures", found.failures)], width=OVERVIEW_CHART),
+        line_chart("chart-failures", "Failures and attention", "tasks", at, width,
+                   [("failed", "series-failures", found.failures),
+                    ("attention", "series-attention", found.attention)],
+                   width=OVERVIEW_CHART),
     ]}
+
+
+@viewer_required
+def activity(request: HttpRequest) -> HttpResponse:
+    """The overview's pictures alone, fetched again every bucket: commits push them too,
+    but a quiet hour still slides, and the last of a burst of commits may have found
+    them read (at most every :data:`charts.FRESH_SECONDS`) just before it landed."""
+    with snapshot():
+        found = charts.recent_activity()
+    return render(request, "ui/_activity.html", activity_charts(found))
 
 
 class Attention(LivePage):

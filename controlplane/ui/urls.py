@@ -3,7 +3,7 @@
 from django.urls import path, re_path
 
 from . import actions, sessions, tasks, workers
-from .live import GLOBAL_PAGES, global_view
+from .live import GLOBAL_PAGES, activity, global_view
 
 urlpatterns = [
     *(path(page.path, global_view(page), name=name) for name, page in GLOBAL_PAGES.items()),
@@ -20,4 +20,5 @@ urlpatterns = [
     path("bulk/act", actions.bulk_act, name="bulk_act"),
     path("attention/retry-failed", actions.retry_failed, name="retry_failed"),
     path("workers/", workers.workers, name="workers"),
+    path("activity", activity, name="activity"),
 ]

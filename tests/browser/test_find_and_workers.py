@@ -97,6 +97,8 @@ def test_the_overview_chart_gains_points_while_a_batch_runs(
     page.evaluate("window.__sameDocument = true")
     points = "Number(document.getElementById('chart-phases').dataset.points)"
     assert page.evaluate(points) == 0  # a fresh database: nothing ran in the last hour
+    attention = "document.querySelectorAll('#chart-failures .series-attention circle').length"
+    assert page.evaluate(attention) == 0
 
     stack.admin.set_faults(latency_ms=300)
     session_id, batch_id = stack.send_batch([f"r{i:02d}@example.com" for i in range(16)])
@@ -111,3 +113,9 @@ def test_the_overview_chart_gains_points_while_a_batch_runs(
     assert page.evaluate("window.__sameDocument") is True  # live, no reload
     assert page.locator("#chart-phases circle").count() >= 1
     assert page.locator("#chart-latency circle").count() >= 1
+
+    # A task that fails comes to need attention: the series shows it, still live.
+    stack.wait_terminal(send_batch("Attention please", "nope"))
+    page.wait_for_function(f"{attention} >= 1", timeout=30_000)
+    assert "1 need attention" in page.locator("#activity h2").inner_text()
+    assert page.evaluate("window.__sameDocument") is True

@@ -18,15 +18,21 @@ import pytest
 from django.core.management import call_command
 
 from controlplane import models
+from controlplane.ui import urls as ui_urls
 from controlplane.ui.live import GLOBAL_PAGES
 from tests.chaos.harness import Stack
 from tests.e2e.server import Daphne
 
 from .conftest import PASSWORD, account, logged_in
+from .test_find_and_workers import send_batch
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser]
 AXE = Path(__file__).resolve().parents[2] / "static" / "vendor" / "axe-core" / "axe.min.js"
 SCREENSHOTS = os.environ.get("UI_SCREENSHOTS")
+NOT_PAGES = {"session_history", "children", "activity", "act", "act_on_submission",
+             "bulk_preview", "bulk_act", "retry_failed"}
+"""The dashboard's routes that are no page of their own: parts a page fetches again, and
+the actions a page posts (their confirmations and answers are checked on their pages)."""
 REQUEST = "Send the approved notice to ana@example.com and ben@example.com, then summarise."
 
 
@@ -128,9 +134,12 @@ def test_every_page_passes_the_accessibility_check_in_light_and_dark_mode(
     batch_session = models.Session.objects.get()
     (batch,) = models.Task.objects.filter(session=batch_session, kind="send-batch")
     session_id, _, submission_id = agent_demo(stack)
+    # One that fails (no such channel): the attention list and its chart have a row.
+    failing = send_batch("Notice by pigeon", "pigeon")
     stack.worker("w1")
     stack.beat()
     stack.wait_terminal(batch.id)
+    stack.wait_terminal(failing)
     stack.wait_answered(submission_id)
     turn = models.Task.objects.filter(session_id=session_id, kind="agent-turn").first()
     assert turn is not None
@@ -143,6 +152,9 @@ def test_every_page_passes_the_accessibility_check_in_light_and_dark_mode(
         "workers": "/workers/",
         **{name: f"/{page.path}" for name, page in GLOBAL_PAGES.items()},
     }
+    # Every page the dashboard routes is here (so `make screenshot` shows it too).
+    shown = {"session", "task", "workers", *GLOBAL_PAGES}
+    assert {p.name for p in ui_urls.urlpatterns} - NOT_PAGES == shown
     account("olga", "operator")
     shots = Path(SCREENSHOTS) if SCREENSHOTS else tmp_path
     shots.mkdir(parents=True, exist_ok=True)

@@ -8,13 +8,16 @@ import re
 from datetime import timedelta
 
 import pytest
+from django.db import connection
 from django.utils import timezone
 
+from controlplane import commands
 from controlplane.reads import charts
 from controlplane.runtime import runtime
 from controlplane.ui.charts import line_chart
 from kernel import Draft, Scheduler
 
+from .test_api import start, user, with_test_kinds
 from .test_ui_pages import login
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -43,9 +46,33 @@ def test_the_last_hour_in_buckets() -> None:
     assert sum(found.failures) == 3
     assert [v for v in found.latency_p50 if v is not None]  # runnable -> worker commit
     assert all(v >= 0 for v in found.latency_p95 if v is not None)
-    assert found.attention_now == 3
+    assert found.attention_now == 3 and found.attention[-1] == 3
+    assert found.attention[0] == 0  # they came to need it in the window
     earlier = charts.activity(timezone.now() - timedelta(hours=2))
     assert sum(earlier.failures) == 0 and not any(earlier.phases_per_second)
+    assert not any(earlier.attention)  # counted back through the commits since
+
+
+def test_needing_attention_over_time_counts_a_retry_and_a_resolution_of_older_items(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Two tasks failed and a step became uncertain two hours ago (before the window); an
+    operator retries one and resolves the step now: the series shows three needing
+    attention until then, one after."""
+    kernel = with_test_kinds(monkeypatch)
+    failed_in, (retried, _) = failing_batches(2)
+    uncertain_in, uncertain = start(kernel, "api-step", {"ask": True})
+    with connection.cursor() as cur:
+        cur.execute("UPDATE kernel_commit SET at = at - interval '2 hours' "
+                    "WHERE session_id IN (%s, %s)", [failed_in, uncertain_in])
+    olga = user("olga", "operator")
+    commands.retry_task(olga, retried, "retry-1", "provider fixed")
+    step = commands.Step("resolution-1", kernel.task(uncertain).epoch)
+    commands.resolve_task(olga, uncertain, "resolve-1", "checked", "sent", step)
+    found = charts.activity()
+    assert found.attention_now == 1 and found.attention[-1] == 1
+    assert found.attention[0] == 3 and found.attention[-2] == 3
+    assert sum(found.failures) == 0  # the failures themselves are older than the hour
 
 
 def test_a_session_s_tasks_by_status_over_time() -> None:
@@ -66,6 +93,10 @@ def test_the_overview_and_the_session_page_draw_them() -> None:
     points = dict(re.findall(r'id="(chart-\w+)" data-points="(\d+)"', page))
     assert set(points) == {"chart-phases", "chart-latency", "chart-failures"}
     assert int(points["chart-phases"]) >= 1 and int(points["chart-failures"]) >= 1
+    assert re.search(r'class="series series-attention">.*?<circle', page, re.S)
+    alone = client.get("/activity").content.decode()  # fetched again every bucket
+    assert alone.startswith('<section id="activity"') and 'hx-trigger="every 10s"' in alone
+    assert "2 need attention" in alone and 'id="chart-failures"' in alone
     assert "<svg" in page and "2 need attention" in page
     assert 'hx-get="/sessions/' in client.get(f"/sessions/{session_id}/").content.decode()
     drawn = client.get(f"/sessions/{session_id}/history").content.decode()
