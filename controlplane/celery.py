@@ -1,4 +1,4 @@
-"""The Celery app: carries "advance task X" and the once-a-second sweep, nothing else.
+"""The Celery app: carries "advance task X", "wake queue Q" and the once-a-second sweep.
 
 Start a worker with ``celery -A controlplane.celery worker -Q default,hands,brain``
 and beat with ``celery -A controlplane.celery beat``.
@@ -15,6 +15,9 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
 
 ADVANCE = "controlplane.advance"
 """The task that claims a kernel task and runs its phases (controlplane.execution)."""
+WAKE = "controlplane.wake"
+"""The task that claims a queue's runnable tasks from Postgres and runs them
+(controlplane.execution): what one ``advance`` message also does after its own task."""
 SWEEP = "controlplane.sweep"
 """The task that re-delivers what was lost, once a second from beat."""
 

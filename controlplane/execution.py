@@ -1,8 +1,10 @@
 """Running kernel tasks under Celery (DESIGN §7).
 
-``advance`` claims a task and runs its phases inline while it holds the lease;
-``sweep`` re-delivers what was lost. Both are safe to receive twice, late or out
-of order: the claim in Postgres decides.
+``advance`` claims a task and runs its phases inline while it holds the lease, then
+claims and runs what else is runnable on its queue (``wake`` does only the latter):
+one message can start many tasks, and a backlog waits in Postgres, not in the broker.
+``sweep`` re-delivers what was lost. All are safe to receive twice, late or out of
+order: the claim in Postgres decides.
 
 The kernel they run on is the process's :func:`controlplane.runtime.runtime`.
 """
@@ -26,8 +28,9 @@ from django.db import close_old_connections
 from kernel import Blocked
 from kernel.dispatch import RECOVERY, recovery_queue
 
-from .celery import ADVANCE, SWEEP, app
+from .celery import ADVANCE, SWEEP, WAKE, app
 from .runtime import built, deliver, runtime
+from .runtime import wake as send_wake
 
 log = logging.getLogger(__name__)
 
@@ -36,30 +39,58 @@ BUSY_RETRIES = 5
 
 
 @app.task(name=ADVANCE, ignore_result=True)
-def advance(task_id: str, tries: int = 0) -> bool:
+def advance(task_id: str, tries: int = 0, queue: str | None = None) -> bool:
     close_old_connections()  # a restarted Postgres leaves a dead connection behind
     try:
-        worker = runtime().worker
-        if worker.draining:
-            # Shutting down: claim nothing. Another worker gets the message now, not
-            # after the dispatch row's redelivery delay.
-            task = runtime().kernel.storage.task(task_id)
-            if task is not None:
-                deliver(task_id, task.queue)
-            return False
-        ran = worker.advance(task_id)
-        if not ran and tries < BUSY_RETRIES and claimable_soon(task_id):
-            # Runnable, yet not claimed: its row was held by a commit in progress. Look
-            # again shortly rather than wait for the sweep's redelivery.
-            advance.apply_async(
-                args=[task_id, tries + 1],
-                countdown=0.2 * (tries + 1),
-                queue=recovery_queue(runtime().kernel.task(task_id).queue),
-                retry=False,
-            )
+        ran = _advance(task_id, tries)
+        if queue is not None:
+            _work(queue)
         return ran
     finally:
         close_old_connections()
+
+
+@app.task(name=WAKE, ignore_result=True)
+def wake(queue: str) -> int:
+    close_old_connections()
+    try:
+        return _work(queue)
+    finally:
+        close_old_connections()
+
+
+def _work(queue: str) -> int:
+    """Run ``queue``'s runnable tasks for one claim round; if some may be left, wake a
+    worker for them behind the messages waiting now. How many ran."""
+    queue = queue.removesuffix(RECOVERY)
+    ran, more = runtime().worker.advance_queue(
+        queue, batch=settings.KERNEL_CLAIM_BATCH, budget=settings.KERNEL_CLAIM_SECONDS
+    )
+    if more and not runtime().worker.draining:
+        send_wake(queue)
+    return ran
+
+
+def _advance(task_id: str, tries: int) -> bool:
+    worker = runtime().worker
+    if worker.draining:
+        # Shutting down: claim nothing. Another worker gets the message now, not
+        # after the dispatch row's redelivery delay.
+        task = runtime().kernel.storage.task(task_id)
+        if task is not None:
+            deliver(task_id, task.queue)
+        return False
+    ran = worker.advance(task_id)
+    if not ran and tries < BUSY_RETRIES and claimable_soon(task_id):
+        # Runnable, yet not claimed: its row was held by a commit in progress. Look
+        # again shortly rather than wait for the sweep's redelivery.
+        advance.apply_async(
+            args=[task_id, tries + 1],
+            countdown=0.2 * (tries + 1),
+            queue=recovery_queue(runtime().kernel.task(task_id).queue),
+            retry=False,
+        )
+    return ran
 
 
 def claimable_soon(task_id: str) -> bool:
@@ -92,9 +123,10 @@ def consume_recovery_queues(sender: str, instance: object, **kwargs: object) -> 
 
 
 @worker_ready.connect
-def resume(**kwargs: object) -> None:
-    """A starting worker sweeps once, so recovery does not wait for beat, and retries at
-    once the tasks an earlier worker found blocked that this one's registry can run.
+def resume(sender: object = None, **kwargs: object) -> None:
+    """A starting worker sweeps once, so recovery does not wait for beat, retries at
+    once the tasks an earlier worker found blocked that this one's registry can run,
+    and wakes its queues: a backlog that dead workers left in Postgres starts now.
 
     Workers run with ``--pool solo`` or ``--pool threads``: a forked pool would
     inherit this process's database connection and heartbeat thread.
@@ -103,6 +135,10 @@ def resume(**kwargs: object) -> None:
         close_old_connections()
         report = runtime().dispatcher.resume()
         log.info("resume: %s", report)
+        queues = sender.app.amqp.queues.consume_from or {}  # type: ignore[attr-defined]
+        for name in queues:
+            if not name.endswith(RECOVERY):
+                send_wake(name)
     except Exception:
         log.exception("resume sweep failed; beat will retry")
 

@@ -253,7 +253,13 @@ class Dispatch(KernelRecord):
 
     class Meta:
         db_table = "kernel_dispatch"
-        indexes = [models.Index(fields=["not_before"]), models.Index(fields=["task_id"])]
+        indexes = [
+            models.Index(fields=["not_before"]),
+            models.Index(fields=["task_id"]),
+            # A woken worker claims its queue's oldest due rows (storage.claim_batch):
+            # an index range scan that stops after the batch, however long the backlog.
+            models.Index(fields=["queue", "not_before", "id"], name="dispatch_queue_due"),
+        ]
 
 
 class Worker(models.Model):

@@ -274,6 +274,15 @@ CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 KERNEL_LEASE_SECONDS = float(os.environ.get("KERNEL_LEASE_SECONDS", "15"))
 KERNEL_SWEEP_SECONDS = float(os.environ.get("KERNEL_SWEEP_SECONDS", "1"))
 KERNEL_REDELIVER_SECONDS = float(os.environ.get("KERNEL_REDELIVER_SECONDS", "30"))
+# A woken worker claims its queue's runnable tasks KERNEL_CLAIM_BATCH at a time in one
+# statement and runs them one after another; after KERNEL_CLAIM_SECONDS it finishes the
+# batch in hand and sends a wake for the rest, so that other queues' messages (the
+# recovery queue's among them) are not kept waiting. A commit that makes many tasks of
+# one queue runnable sends KERNEL_WAKE_MESSAGES messages for them, not one per task: set
+# it to the number of worker processes that should start on a burst (issue 12).
+KERNEL_CLAIM_BATCH = int(os.environ.get("KERNEL_CLAIM_BATCH", "10"))
+KERNEL_CLAIM_SECONDS = float(os.environ.get("KERNEL_CLAIM_SECONDS", "1"))
+KERNEL_WAKE_MESSAGES = int(os.environ.get("KERNEL_WAKE_MESSAGES", "4"))
 # SIGTERM to a worker: how long its running phases may take to finish before it gives
 # their leases back and exits (controlplane.execution.drain). Keep the process manager's
 # stop timeout (compose: stop_grace_period) above it.

@@ -50,6 +50,11 @@ class Dispatcher:
     doubles, by the row's deliveries (see :func:`kernel.storage.redelivery_wait`).
     Expired leases get a fresh row of their own, so their recovery follows the same
     path and is never held back by an older row's backoff.
+
+    ``wakes``: with workers that claim a woken queue's due rows from storage
+    (:meth:`~kernel.worker.Worker.advance_queue`), at most this many messages per queue
+    for the rows taken at once; the other rows are delivered by them. ``None``: one
+    message per row.
     """
 
     def __init__(
@@ -59,11 +64,13 @@ class Dispatcher:
         *,
         redeliver_after: timedelta = timedelta(seconds=30),
         batch: int = 500,
+        wakes: int | None = None,
     ) -> None:
         self.kernel = kernel
         self.deliver = deliver
         self.redeliver_after = redeliver_after
         self.batch = batch
+        self.wakes = wakes
 
     def after_commit(self, write_set: WriteSet) -> None:
         """Deliver the commit's due dispatches now; the sweep covers any failure."""
@@ -105,11 +112,17 @@ class Dispatcher:
     def _deliver(
         self, rows: list[Dispatch], *, recovery: bool = False
     ) -> tuple[list[Dispatch], list[Dispatch]]:
-        """Send rows in order until the broker fails: (delivered, not delivered)."""
-        for sent, row in enumerate(rows):
+        """Send rows in order until the broker fails: (delivered, not delivered). A row
+        past its queue's ``wakes`` is not sent: the messages before it wake a worker that
+        claims it, so it is delivered when they are."""
+        sent: dict[str, int] = {}
+        for index, row in enumerate(rows):
+            if self.wakes is not None and sent.get(row.queue, 0) >= self.wakes:
+                continue
             try:
                 self.deliver(row.task_id, recovery_queue(row.queue) if recovery else row.queue)
             except Exception:
                 log.warning("could not deliver %s for %s", row.id, row.task_id, exc_info=True)
-                return rows[:sent], rows[sent:]  # the broker is likely down: next sweep
+                return rows[:index], rows[index:]  # the broker is likely down: next sweep
+            sent[row.queue] = sent.get(row.queue, 0) + 1
         return rows, []

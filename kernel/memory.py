@@ -194,13 +194,35 @@ class InMemoryStorage:
             return claimed
 
     def claim_batch(
-        self, owner: str, now: datetime, until: datetime, limit: int, kinds: Sequence[str]
+        self,
+        owner: str,
+        now: datetime,
+        until: datetime,
+        limit: int,
+        kinds: Sequence[str],
+        queue: str | None = None,
     ) -> list[Task]:
         with self._lock:
             wanted = set(kinds)
-            candidates = [t.id for t in self.runnable(now, len(self._tasks)) if t.kind in wanted]
-            claimed = (self.claim(i, owner, now, until) for i in candidates[:limit])
-            return [t for t in claimed if t is not None]
+            rows = sorted(
+                (
+                    d
+                    for d in self._dispatches.values()
+                    if d.not_before <= now and not d.blocked and queue in (None, d.queue)
+                ),
+                key=lambda d: (d.not_before, d.id),
+            )
+            claimed: list[Task] = []
+            for task_id in dict.fromkeys(d.task_id for d in rows):
+                if len(claimed) >= limit:
+                    break
+                task = self._tasks.get(task_id)
+                if task is None or task.kind not in wanted:
+                    continue
+                taken = self.claim(task_id, owner, now, until)
+                if taken is not None:
+                    claimed.append(taken)
+            return claimed
 
     def renew(self, task_id: str, owner: str, epoch: int, until: datetime) -> bool:
         with self._lock:

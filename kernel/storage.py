@@ -169,9 +169,20 @@ class Storage(Protocol):
         ...
 
     def claim_batch(
-        self, owner: str, now: datetime, until: datetime, limit: int, kinds: Sequence[str]
+        self,
+        owner: str,
+        now: datetime,
+        until: datetime,
+        limit: int,
+        kinds: Sequence[str],
+        queue: str | None = None,
     ) -> list[Task]:
-        """Claim up to ``limit`` runnable tasks of ``kinds``, skipping locked rows."""
+        """Claim, as :meth:`claim` does, up to ``limit`` runnable tasks of ``kinds`` that
+        have a due dispatch row not marked blocked (on ``queue``, if given), oldest row
+        first, skipping rows another claimer holds. The outbox is the queue: a worker
+        woken by one message takes the rest from here, so a backlog lives in storage, not
+        in the broker. A runnable task without a due row (an expired lease the sweep has
+        not seen yet) is left to :meth:`claim`."""
         ...
 
     def renew(self, task_id: str, owner: str, epoch: int, until: datetime) -> bool:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import logging
 import threading
+import time
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
@@ -163,10 +164,50 @@ class Worker:
         self.run_claimed(claimed)
         return True
 
-    def run_claimed(self, task: Task) -> None:
+    def advance_queue(self, queue: str, *, batch: int, budget: float) -> tuple[int, bool]:
+        """Claim runnable tasks of ``queue`` ``batch`` at a time
+        (:meth:`~kernel.storage.Storage.claim_batch`) and run each as far as it goes,
+        until none is left or ``budget`` seconds have passed.
+
+        Returns how many were run and whether work may be left (the budget ran out, or
+        draining stopped it): the caller wakes a worker for the rest, so that one
+        queue's backlog does not keep this worker from the other queues' messages.
+        Every task of a claimed batch is held (and renewed by the heartbeat) from the
+        claim on; a drain gives back the ones not started.
+        """
+        storage, clock = self.kernel.storage, self.kernel.clock
+        deadline = time.monotonic() + budget
+        kinds = sorted(self.kernel.registry.kinds())
+        ran = 0
+        while not self.draining:
+            now = clock.now()
+            claimed = storage.claim_batch(self.id, now, now + self.lease, batch, kinds, queue)
+            if not claimed:
+                return ran, False
+            waiting = [lease for lease in map(self._hold, claimed) if lease is not None]
+            try:
+                while waiting and not self.draining:
+                    self._run(waiting.pop(0))
+                    ran += 1
+            finally:
+                # Draining, or a run raised: what has not started runs elsewhere, now.
+                for lease in waiting:
+                    if self.held.pop(lease.task.id, None) is not None:
+                        self._release(lease, interrupted=False)
+            if time.monotonic() >= deadline:
+                return ran, True
+        return ran, True
+
+    def _hold(self, task: Task) -> Lease | None:
+        """The lease of a task this worker just claimed, held (and so renewed) from now;
+        ``None`` if no registered definition can run it: it is given back at once and its
+        dispatch rows marked blocked, as :meth:`advance` leaves a blocked task."""
         resolved = self.kernel.registry.resolve(task)
         if not isinstance(resolved, Resolved):
-            return  # registry changed since the check; the lease expires and it is swept
+            storage = self.kernel.storage
+            storage.release(task.id, self.id, task.epoch, self.kernel.clock.now())
+            storage.block_dispatches(task.id)
+            return None
         lease = Lease(
             kernel=self.kernel,
             handle=self._handle(task.session_id),
@@ -179,6 +220,15 @@ class Worker:
             migrated=resolved.definition.version != task.version,
         )
         self.held[task.id] = lease
+        return lease
+
+    def run_claimed(self, task: Task) -> None:
+        lease = self._hold(task)
+        if lease is not None:
+            self._run(lease)
+
+    def _run(self, lease: Lease) -> None:
+        task = lease.task
         try:
             conflicts = 0
             while True:

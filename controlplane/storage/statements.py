@@ -132,10 +132,25 @@ CLAIM = (
     f"WITH picked AS (SELECT id FROM {TASK.name} WHERE id = %(id)s AND {RUNNABLE} "
     f"FOR UPDATE SKIP LOCKED), {_CLAIMED}"
 )
-CLAIM_BATCH = (
-    f"WITH picked AS (SELECT id FROM {TASK.name} WHERE kind = ANY(%(kinds)s) AND {RUNNABLE} "
-    f"ORDER BY updated_seq LIMIT %(limit)s FOR UPDATE SKIP LOCKED), {_CLAIMED}"
-)
+
+
+def claim_batch(of_queue: bool) -> str:
+    """Claim the runnable tasks behind the oldest due dispatch rows (of one queue, or of
+    any): the outbox is the queue, so a worker woken once takes work from Postgres
+    without a message per task, oldest due first (index ``dispatch_queue_due``). Rows
+    and tasks another claimer holds are skipped, so concurrent claimers take disjoint
+    rows instead of one of them finding nothing."""
+    queue = "d.queue = %(queue)s AND " if of_queue else ""
+    return (
+        f"WITH picked AS (SELECT t.id FROM {DISPATCH.name} d JOIN {TASK.name} t "
+        f"ON t.id = d.task_id WHERE {queue}d.not_before <= %(now)s AND NOT d.blocked "
+        f"AND t.kind = ANY(%(kinds)s) AND {RUNNABLE} ORDER BY d.not_before, d.id "
+        f"LIMIT %(limit)s FOR UPDATE OF d, t SKIP LOCKED), {_CLAIMED}"
+    )
+
+
+CLAIM_BATCH = claim_batch(of_queue=False)
+CLAIM_QUEUE_BATCH = claim_batch(of_queue=True)
 # SKIP LOCKED: while the holder's own commit has the row, a renewal would queue and
 # then write a deadline computed before it waited. Skip it; the commit extends the
 # lease itself, and the next beat renews with a fresh deadline.
