@@ -1,10 +1,10 @@
 """Running kernel tasks under Celery (DESIGN §7).
 
-``advance`` claims a task and runs its phases inline while it holds the lease, then
-claims and runs what else is runnable on its queue (``wake`` does only the latter):
-one message can start many tasks, and a backlog waits in Postgres, not in the broker.
-``sweep`` re-delivers what was lost. All are safe to receive twice, late or out of
-order: the claim in Postgres decides.
+``advance`` claims a task and runs its phases inline while it holds the lease;
+``wake`` claims and runs what is runnable on a queue, one task after another (what a
+burst sends instead of a message per task: the backlog waits in Postgres, not in the
+broker); ``sweep`` re-delivers what was lost. All are safe to receive twice, late or out
+of order: the claim in Postgres decides.
 
 The kernel they run on is the process's :func:`controlplane.runtime.runtime`.
 """
@@ -39,36 +39,30 @@ BUSY_RETRIES = 5
 
 
 @app.task(name=ADVANCE, ignore_result=True)
-def advance(task_id: str, tries: int = 0, queue: str | None = None) -> bool:
+def advance(task_id: str, tries: int = 0) -> bool:
     close_old_connections()  # a restarted Postgres leaves a dead connection behind
     try:
-        ran = _advance(task_id, tries)
-        if queue is not None:
-            _work(queue)
-        return ran
+        return _advance(task_id, tries)
     finally:
         close_old_connections()
 
 
 @app.task(name=WAKE, ignore_result=True)
 def wake(queue: str) -> int:
+    """Run ``queue``'s runnable tasks for ``KERNEL_CLAIM_SECONDS``; if some may be left,
+    wake a worker for them behind the messages waiting now. How many ran."""
     close_old_connections()
     try:
-        return _work(queue)
+        queue = queue.removesuffix(RECOVERY)  # the sweep wakes the recovery queue
+        worker = runtime().worker
+        ran, more = worker.advance_queue(
+            queue, batch=settings.KERNEL_ENDINGS_PER_COMMIT, budget=settings.KERNEL_CLAIM_SECONDS
+        )
+        if more and not worker.draining:
+            send_wake(queue)
+        return ran
     finally:
         close_old_connections()
-
-
-def _work(queue: str) -> int:
-    """Run ``queue``'s runnable tasks for one claim round; if some may be left, wake a
-    worker for them behind the messages waiting now. How many ran."""
-    queue = queue.removesuffix(RECOVERY)
-    ran, more = runtime().worker.advance_queue(
-        queue, batch=settings.KERNEL_CLAIM_BATCH, budget=settings.KERNEL_CLAIM_SECONDS
-    )
-    if more and not runtime().worker.draining:
-        send_wake(queue)
-    return ran
 
 
 def _advance(task_id: str, tries: int) -> bool:

@@ -250,15 +250,20 @@ class Dispatch(KernelRecord):
     delivered_at = models.DateTimeField(null=True)
     attempts = models.IntegerField(default=0, db_default=0)
     blocked = models.BooleanField(default=False, db_default=False)
+    woken = models.BooleanField(default=False, db_default=False)
 
     class Meta:
         db_table = "kernel_dispatch"
         indexes = [
             models.Index(fields=["not_before"]),
             models.Index(fields=["task_id"]),
-            # A woken worker claims its queue's oldest due rows (storage.claim_batch):
-            # an index range scan that stops after the batch, however long the backlog.
-            models.Index(fields=["queue", "not_before", "id"], name="dispatch_queue_due"),
+            # A woken worker claims its queue's oldest due woken row (storage.claim_woken):
+            # an index range scan that stops at the first, however long the backlog.
+            models.Index(
+                fields=["queue", "not_before", "id"],
+                name="dispatch_woken_due",
+                condition=models.Q(woken=True, blocked=False),
+            ),
         ]
 
 

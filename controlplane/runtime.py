@@ -37,13 +37,13 @@ log = logging.getLogger(__name__)
 
 
 def deliver(task_id: str, queue: str) -> None:
-    """Hand "advance this task, then what else is runnable on its queue" to the broker
-    (the Dispatcher's delivery)."""
-    app.send_task(ADVANCE, args=[task_id], kwargs={"queue": queue}, queue=queue, retry=False)
+    """Hand "advance this task" to the broker (the Dispatcher's delivery)."""
+    app.send_task(ADVANCE, args=[task_id], queue=queue, retry=False)
 
 
 def wake(queue: str) -> None:
-    """Hand "run what is runnable on ``queue``" to the broker."""
+    """Hand "run what is runnable on ``queue``" to the broker (the Dispatcher's delivery
+    of a burst)."""
     app.send_task(WAKE, args=[queue], queue=queue, retry=False)
 
 
@@ -71,7 +71,8 @@ def runtime() -> Runtime:
         kernel,
         deliver,
         redeliver_after=timedelta(seconds=settings.KERNEL_REDELIVER_SECONDS),
-        wakes=settings.KERNEL_WAKE_MESSAGES,
+        wake=wake,
+        messages=settings.KERNEL_DISPATCH_MESSAGES,
     )
     kernel.after_commit(dispatcher.after_commit)
     notifier = Notifier()

@@ -11,7 +11,7 @@ join cancels the remaining siblings, a cancel cascades to owned subtasks.
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from datetime import datetime
 from typing import Any
 
@@ -116,6 +116,24 @@ class Draft:
     submission_updates: list[tuple[str, SubmissionStatus, str | None, str | None]] = field(
         default_factory=list
     )
+
+    def absorb(self, other: Draft) -> None:
+        """Add ``other``'s writes after this draft's own: one commit for what would
+        otherwise be two in a row (a worker committing several tasks' results at once).
+        Refused when they cannot be one: either has an idempotency key (its commit must
+        stand alone), or one expects a version of a document the other writes (apart,
+        the second would be checked against the first's version)."""
+        if self.key is not None or other.key is not None:
+            raise CommitRejected("a draft with an idempotency key is a commit of its own")
+        for mine, theirs in ((self, other), (other, self)):
+            for document in mine.expected_versions:
+                if document in theirs.document_ops or document in theirs.expected_versions:
+                    raise DocumentConflict(f"both drafts depend on document {document}")
+        for document, ops in other.document_ops.items():
+            self.document_ops.setdefault(document, []).extend(ops)
+        self.expected_versions.update(other.expected_versions)
+        for name in MERGED_LISTS:
+            getattr(self, name).extend(getattr(other, name))
 
     def prefetch(self) -> Prefetch:
         """The records this draft will make the builder read (see :class:`Prefetch`)."""
@@ -248,6 +266,14 @@ class Draft:
         reason: str | None = None,
     ) -> None:
         self.submission_updates.append((submission_id, status, answer_entry_id, reason))
+
+
+MERGED_LISTS = tuple(
+    f.name for f in fields(Draft) if f.name not in ("actor", "key", "document_ops",
+                                                    "expected_versions")
+)
+"""The draft's fields that are lists of writes, in order (what :meth:`Draft.absorb`
+concatenates)."""
 
 
 class Builder:

@@ -194,35 +194,33 @@ class InMemoryStorage:
             return claimed
 
     def claim_batch(
-        self,
-        owner: str,
-        now: datetime,
-        until: datetime,
-        limit: int,
-        kinds: Sequence[str],
-        queue: str | None = None,
+        self, owner: str, now: datetime, until: datetime, limit: int, kinds: Sequence[str]
     ) -> list[Task]:
         with self._lock:
             wanted = set(kinds)
+            candidates = [t.id for t in self.runnable(now, len(self._tasks)) if t.kind in wanted]
+            claimed = (self.claim(i, owner, now, until) for i in candidates[:limit])
+            return [t for t in claimed if t is not None]
+
+    def claim_woken(
+        self, queue: str, owner: str, now: datetime, until: datetime, kinds: Sequence[str]
+    ) -> Task | None:
+        with self._lock:
             rows = sorted(
                 (
                     d
                     for d in self._dispatches.values()
-                    if d.not_before <= now and not d.blocked and queue in (None, d.queue)
+                    if d.woken and not d.blocked and d.queue == queue and d.not_before <= now
                 ),
                 key=lambda d: (d.not_before, d.id),
             )
-            claimed: list[Task] = []
-            for task_id in dict.fromkeys(d.task_id for d in rows):
-                if len(claimed) >= limit:
-                    break
-                task = self._tasks.get(task_id)
-                if task is None or task.kind not in wanted:
-                    continue
-                taken = self.claim(task_id, owner, now, until)
-                if taken is not None:
-                    claimed.append(taken)
-            return claimed
+            for row in rows:
+                task = self._tasks.get(row.task_id)
+                if task is not None and task.kind in kinds:
+                    claimed = self.claim(task.id, owner, now, until)
+                    if claimed is not None:
+                        return claimed
+            return None
 
     def renew(self, task_id: str, owner: str, epoch: int, until: datetime) -> bool:
         with self._lock:
@@ -323,6 +321,13 @@ class InMemoryStorage:
                     )
                     taken.add(dispatch_id)
         return taken
+
+    def wake_dispatches(self, ids: Iterable[int]) -> None:
+        with self._lock:
+            for dispatch_id in ids:
+                row = self._dispatches.get(dispatch_id)
+                if row is not None:
+                    self._dispatches[dispatch_id] = replace(row, woken=True)
 
     def ensure_dispatches(self, tasks: Iterable[Task], now: datetime) -> None:
         with self._lock:

@@ -14,6 +14,7 @@ they live here, below it, because a run is made of one.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
@@ -41,6 +42,9 @@ class Lease:
     input: JSON
     checkpoint: JSON
     migrated: bool
+    before_commit: Callable[[], None] | None = None
+    """Called before each commit through this lease: the worker commits the endings it
+    holds back first (see ``Worker.advance_queue``)."""
     draft: Draft = field(init=False)
     # Deferred document writes (previews): folded into the next commit, lost with the process.
     previews: dict[tuple[str, str, tuple[str, ...]], JSON] = field(default_factory=dict)
@@ -50,10 +54,23 @@ class Lease:
 
     def commit(self, transition: Transition) -> WriteSet:
         """Commit the pending writes and ``transition``, fenced by this lease's epoch."""
+        if self.before_commit is not None:
+            self.before_commit()
         draft, self.draft = self.draft, Draft(actor=f"task:{self.task.id}")
+        self.seal(draft, transition)
+        self.previews.clear()
+        written = self.handle.commit(draft)
+        self.migrated = False
+        self.task = next(t for t in written.updated_tasks if t.id == self.task.id)
+        self.checkpoint = self.task.checkpoint
+        return written
+
+    def seal(self, draft: Draft, transition: Transition) -> Draft:
+        """Add to ``draft`` what committing ``transition`` through this lease writes
+        besides the phase's own writes: the previews, and the transition fenced by this
+        lease's epoch (with a migration done at claim time). The lease is left as it is."""
         for (kind, key, path), value in self.previews.items():
             draft.set(kind, key, list(path), value)
-        self.previews.clear()
         if isinstance(transition, Next) and transition.keep_lease:
             transition = replace(transition, lease_until=self.kernel.clock.now() + self.duration)
         if self.migrated:
@@ -67,11 +84,7 @@ class Lease:
             )
         else:
             draft.transition(self.task.id, self.task.epoch, transition)
-        written = self.handle.commit(draft)
-        self.migrated = False
-        self.task = next(t for t in written.updated_tasks if t.id == self.task.id)
-        self.checkpoint = self.task.checkpoint
-        return written
+        return draft
 
     def renew(self) -> bool:
         until = self.kernel.clock.now() + self.duration

@@ -169,20 +169,18 @@ class Storage(Protocol):
         ...
 
     def claim_batch(
-        self,
-        owner: str,
-        now: datetime,
-        until: datetime,
-        limit: int,
-        kinds: Sequence[str],
-        queue: str | None = None,
+        self, owner: str, now: datetime, until: datetime, limit: int, kinds: Sequence[str]
     ) -> list[Task]:
-        """Claim, as :meth:`claim` does, up to ``limit`` runnable tasks of ``kinds`` that
-        have a due dispatch row not marked blocked (on ``queue``, if given), oldest row
-        first, skipping rows another claimer holds. The outbox is the queue: a worker
-        woken by one message takes the rest from here, so a backlog lives in storage, not
-        in the broker. A runnable task without a due row (an expired lease the sweep has
-        not seen yet) is left to :meth:`claim`."""
+        """Claim up to ``limit`` runnable tasks of ``kinds``, skipping locked rows."""
+        ...
+
+    def claim_woken(
+        self, queue: str, owner: str, now: datetime, until: datetime, kinds: Sequence[str]
+    ) -> Task | None:
+        """Claim, as :meth:`claim` does, the runnable task of ``kinds`` behind the oldest
+        due, unblocked, woken dispatch row of ``queue`` (:meth:`wake_dispatches`),
+        skipping rows another claimer holds; ``None`` if there is none. A row with a
+        message of its own is left to that message's :meth:`claim`."""
         ...
 
     def renew(self, task_id: str, owner: str, epoch: int, until: datetime) -> bool:
@@ -246,6 +244,11 @@ class Storage(Protocol):
         at ``now``; their ids. A committer takes its rows before sending them, so a sweep
         running meanwhile does not send them too; if the committer dies between taking
         and sending, the sweep sends them once ``redeliver_after`` has passed."""
+        ...
+
+    def wake_dispatches(self, ids: Iterable[int]) -> None:
+        """These rows are delivered by wake-ups of their queue, not by messages of their
+        own: a woken worker claims them (:meth:`claim_woken`)."""
         ...
 
     def thread_exit(self) -> None:

@@ -37,6 +37,9 @@ JSON = Any
 log = logging.getLogger(__name__)
 
 MAX_CONFLICTS = 5
+QUICK_SECONDS = 0.05
+"""A task whose last run in this worker took longer is not started while endings wait to
+be committed (see :meth:`Worker.advance_queue`)."""
 NO_PROGRESS = "phase {phase!r} returned {result!r}: no durable progress (same phase and checkpoint)"
 
 
@@ -102,6 +105,10 @@ class Worker:
         self.held: dict[str, Lease] = {}
         self.draining = False
         self.on_release = on_release
+        # Phases that ended their task, committed together before this worker commits
+        # anything else (:meth:`_commit_endings`); and how long each kind last ran here.
+        self._ended: list[tuple[Lease, Finish]] = []
+        self._took: dict[str, float] = {}
         self.heartbeat = (
             Heartbeat(lease_seconds / 3, kernel.storage.thread_exit, self.held)
             if heartbeat
@@ -165,38 +172,50 @@ class Worker:
         return True
 
     def advance_queue(self, queue: str, *, batch: int, budget: float) -> tuple[int, bool]:
-        """Claim runnable tasks of ``queue`` ``batch`` at a time
-        (:meth:`~kernel.storage.Storage.claim_batch`) and run each as far as it goes,
-        until none is left or ``budget`` seconds have passed.
+        """Claim the runnable tasks of ``queue`` that a wake-up delivers (oldest due
+        dispatch row first, :meth:`~kernel.storage.Storage.claim_woken`) and run each as
+        far as it goes, one after another, until none is left or ``budget`` seconds have
+        passed.
 
         Returns how many were run and whether work may be left (the budget ran out, or
         draining stopped it): the caller wakes a worker for the rest, so that one
         queue's backlog does not keep this worker from the other queues' messages.
-        Every task of a claimed batch is held (and renewed by the heartbeat) from the
-        claim on; a drain gives back the ones not started.
+
+        Each task is claimed when it starts, exactly as :meth:`advance` claims, so its
+        epoch and restart count mean what they always do. A phase that ends its task is
+        not committed at once: up to ``batch`` such endings are committed together, one
+        commit per session (:meth:`_commit_endings`), before this worker commits
+        anything else, before it starts a task of a kind that was slow here last time
+        (:data:`QUICK_SECONDS`), and when it stops.
         """
         storage, clock = self.kernel.storage, self.kernel.clock
         deadline = time.monotonic() + budget
         kinds = sorted(self.kernel.registry.kinds())
         ran = 0
-        while not self.draining:
-            now = clock.now()
-            claimed = storage.claim_batch(self.id, now, now + self.lease, batch, kinds, queue)
-            if not claimed:
-                return ran, False
-            waiting = [lease for lease in map(self._hold, claimed) if lease is not None]
-            try:
-                while waiting and not self.draining:
-                    self._run(waiting.pop(0))
-                    ran += 1
-            finally:
-                # Draining, or a run raised: what has not started runs elsewhere, now.
-                for lease in waiting:
-                    if self.held.pop(lease.task.id, None) is not None:
-                        self._release(lease, interrupted=False)
-            if time.monotonic() >= deadline:
-                return ran, True
-        return ran, True
+        try:
+            while not self.draining:
+                now = clock.now()
+                claimed = storage.claim_woken(queue, self.id, now, now + self.lease, kinds)
+                if claimed is None:
+                    return ran, False
+                lease = self._hold(claimed)
+                if lease is None:
+                    continue
+                if self._took.get(lease.task.kind, float("inf")) > QUICK_SECONDS:
+                    self._commit_endings()  # never keep endings waiting behind a slow one
+                started = time.monotonic()
+                finish = self._run(lease, defer_ending=True)
+                self._took[lease.task.kind] = time.monotonic() - started
+                if finish is not None:
+                    self._ended.append((lease, finish))
+                ran += 1
+                if len(self._ended) >= batch:
+                    self._commit_endings()
+                if time.monotonic() >= deadline:
+                    return ran, True
+            return ran, True
+        finally:
+            self._commit_endings()
 
     def _hold(self, task: Task) -> Lease | None:
         """The lease of a task this worker just claimed, held (and so renewed) from now;
@@ -218,21 +237,73 @@ class Worker:
             input=resolved.input,
             checkpoint=resolved.checkpoint,
             migrated=resolved.definition.version != task.version,
+            before_commit=self._commit_endings,
         )
         self.held[task.id] = lease
         return lease
+
+    def _commit_endings(self) -> None:
+        """Commit the results of phases that ended their tasks: one commit per session
+        for all of them (one turn of the session's lock, one flush to disk instead of
+        one per task), as if each had been committed when its phase returned. If that
+        commit is refused or fails, each is committed on its own, where its own rules
+        apply to it alone (a conflict runs its phase again, a lost lease abandons it).
+
+        Runs before any other commit of this worker (``Lease.before_commit``): an
+        intent commit, made before an external call, never leaves an ending waiting
+        behind that call."""
+        ended, self._ended = self._ended, []
+        sessions: dict[str, list[tuple[Lease, Finish]]] = {}
+        for lease, finish in ended:
+            sessions.setdefault(lease.task.session_id, []).append((lease, finish))
+        for group in sessions.values():
+            if len(group) > 1 and self._commit_together(group):
+                for lease, _ in group:
+                    self.held.pop(lease.task.id, None)
+                continue
+            for lease, finish in group:
+                self._run(lease, returned=finish)
+
+    def _commit_together(self, group: list[tuple[Lease, Finish]]) -> bool:
+        draft = Draft(actor=f"worker:{self.id}")
+        try:
+            for lease, finish in group:
+                draft.absorb(lease.seal(copy.deepcopy(lease.draft), finish))
+            group[0][0].handle.commit(draft)
+        except (CommitRejected, SessionPoisoned, StorageUnavailable) as exc:
+            log.info("committing %d endings together failed, one by one instead: %s",
+                     len(group), exc)
+            return False
+        return True
 
     def run_claimed(self, task: Task) -> None:
         lease = self._hold(task)
         if lease is not None:
             self._run(lease)
 
-    def _run(self, lease: Lease) -> None:
+    def _run(
+        self, lease: Lease, *, defer_ending: bool = False, returned: Finish | None = None
+    ) -> Finish | None:
+        """Run the lease's phases until the task stops running here.
+
+        ``defer_ending``: a phase that ends the task (its own ``Finish``) is not
+        committed; its result is returned, the lease still held, for
+        :meth:`_commit_endings`. ``returned``: the result of a phase that already ran,
+        to commit first.
+        """
         task = lease.task
+        deferred = False
+        transition: Transition
         try:
             conflicts = 0
             while True:
-                transition, ending = self._execute(lease)
+                if returned is not None:
+                    transition, ending, returned = returned, False, None
+                else:
+                    transition, ending = self._execute(lease)
+                if defer_ending and not ending and isinstance(transition, Finish):
+                    deferred = True
+                    return transition
                 try:
                     self._commit(lease, transition, ending)
                 except StaleLease:
@@ -251,10 +322,10 @@ class Worker:
                     lease.draft = Draft(actor=lease.draft.actor)
                     self._end(lease, Finish(Outcome.FAULTED, error=f"commit rejected: {exc}"))
                 if lease.task.status is not Status.RUNNING:
-                    return
+                    return None
                 if self.draining:  # between phases: hand the rest to another worker
                     self._release(lease, interrupted=False)
-                    return
+                    return None
         except StaleLease as exc:
             log.info("lease lost, abandoning: %s", exc)
             self._return_to_cancel(task)
@@ -267,7 +338,9 @@ class Worker:
             log.warning("storage unavailable, abandoning %s for a restart: %s", task.id, exc)
             self._handles.pop(task.session_id, None)
         finally:
-            self.held.pop(task.id, None)
+            if not deferred:
+                self.held.pop(task.id, None)
+        return None
 
     def _commit(self, lease: Lease, transition: Transition, ending: bool) -> None:
         if ending:

@@ -132,25 +132,24 @@ CLAIM = (
     f"WITH picked AS (SELECT id FROM {TASK.name} WHERE id = %(id)s AND {RUNNABLE} "
     f"FOR UPDATE SKIP LOCKED), {_CLAIMED}"
 )
-
-
-def claim_batch(of_queue: bool) -> str:
-    """Claim the runnable tasks behind the oldest due dispatch rows (of one queue, or of
-    any): the outbox is the queue, so a worker woken once takes work from Postgres
-    without a message per task, oldest due first (index ``dispatch_queue_due``). Rows
-    and tasks another claimer holds are skipped, so concurrent claimers take disjoint
-    rows instead of one of them finding nothing."""
-    queue = "d.queue = %(queue)s AND " if of_queue else ""
-    return (
-        f"WITH picked AS (SELECT t.id FROM {DISPATCH.name} d JOIN {TASK.name} t "
-        f"ON t.id = d.task_id WHERE {queue}d.not_before <= %(now)s AND NOT d.blocked "
-        f"AND t.kind = ANY(%(kinds)s) AND {RUNNABLE} ORDER BY d.not_before, d.id "
-        f"LIMIT %(limit)s FOR UPDATE OF d, t SKIP LOCKED), {_CLAIMED}"
-    )
-
-
-CLAIM_BATCH = claim_batch(of_queue=False)
-CLAIM_QUEUE_BATCH = claim_batch(of_queue=True)
+CLAIM_BATCH = (
+    f"WITH picked AS (SELECT id FROM {TASK.name} WHERE kind = ANY(%(kinds)s) AND {RUNNABLE} "
+    f"ORDER BY updated_seq LIMIT %(limit)s FOR UPDATE SKIP LOCKED), {_CLAIMED}"
+)
+# The outbox is the queue of a burst (DESIGN §7, issue 12): the oldest due woken row of
+# the queue (partial index ``dispatch_woken_due``, a range scan that stops at the first)
+# whose task is runnable. Rows and tasks another claimer holds are skipped, so
+# concurrent claimers take different rows instead of one of them finding none. Its own
+# commit need not wait for the disk: a claim lost in a crash of the server is lost with
+# nothing that depended on it, as every commit that could (the phase's own, an operator's
+# cancel) is flushed with the claim before it (the log is written in order).
+CLAIM_WOKEN = (
+    "WITH unflushed AS (SELECT set_config('synchronous_commit', 'off', true)), "
+    f"picked AS (SELECT t.id FROM unflushed, {DISPATCH.name} d JOIN {TASK.name} t "
+    "ON t.id = d.task_id WHERE d.queue = %(queue)s AND d.woken AND NOT d.blocked "
+    f"AND d.not_before <= %(now)s AND t.kind = ANY(%(kinds)s) AND {RUNNABLE} "
+    f"ORDER BY d.not_before, d.id LIMIT 1 FOR UPDATE OF d, t SKIP LOCKED), {_CLAIMED}"
+)
 # SKIP LOCKED: while the holder's own commit has the row, a renewal would queue and
 # then write a deadline computed before it waited. Skip it; the commit extends the
 # lease itself, and the next beat renews with a fresh deadline.
@@ -240,6 +239,7 @@ ENSURE_DISPATCH = (
     f"SELECT %(task)s, %(session)s, %(at)s, %(queue)s, 0 WHERE NOT EXISTS "
     f"(SELECT 1 FROM {DISPATCH.name} WHERE task_id = %(task)s)"
 )
+WAKE_DISPATCHES = f"UPDATE {DISPATCH.name} SET woken = true WHERE id = ANY(%s)"
 BLOCK_DISPATCHES = f"UPDATE {DISPATCH.name} SET blocked = true WHERE task_id = %s AND NOT blocked"
 BLOCKED_TASKS = select(
     TASK, f"id IN (SELECT task_id FROM {DISPATCH.name} WHERE blocked)", " LIMIT %s"
