@@ -202,9 +202,7 @@ class InMemoryStorage:
             claimed = (self.claim(i, owner, now, until) for i in candidates[:limit])
             return [t for t in claimed if t is not None]
 
-    def claim_woken(
-        self, queue: str, owner: str, now: datetime, until: datetime, kinds: Sequence[str]
-    ) -> Task | None:
+    def claim_woken(self, queue: str, owner: str, now: datetime, until: datetime) -> Task | None:
         with self._lock:
             rows = sorted(
                 (
@@ -215,11 +213,9 @@ class InMemoryStorage:
                 key=lambda d: (d.not_before, d.id),
             )
             for row in rows:
-                task = self._tasks.get(row.task_id)
-                if task is not None and task.kind in kinds:
-                    claimed = self.claim(task.id, owner, now, until)
-                    if claimed is not None:
-                        return claimed
+                claimed = self.claim(row.task_id, owner, now, until)
+                if claimed is not None:
+                    return claimed
             return None
 
     def renew(self, task_id: str, owner: str, epoch: int, until: datetime) -> bool:

@@ -174,13 +174,11 @@ class Storage(Protocol):
         """Claim up to ``limit`` runnable tasks of ``kinds``, skipping locked rows."""
         ...
 
-    def claim_woken(
-        self, queue: str, owner: str, now: datetime, until: datetime, kinds: Sequence[str]
-    ) -> Task | None:
-        """Claim, as :meth:`claim` does, the runnable task of ``kinds`` behind the oldest
-        due, unblocked, woken dispatch row of ``queue`` (:meth:`wake_dispatches`),
-        skipping rows another claimer holds; ``None`` if there is none. A row with a
-        message of its own is left to that message's :meth:`claim`."""
+    def claim_woken(self, queue: str, owner: str, now: datetime, until: datetime) -> Task | None:
+        """Claim, as :meth:`claim` does, the runnable task behind the oldest due,
+        unblocked, woken dispatch row of ``queue`` (:meth:`wake_dispatches`), skipping
+        tasks another claimer holds; ``None`` if there is none. A row with a message of
+        its own is left to that message's :meth:`claim`."""
         ...
 
     def renew(self, task_id: str, owner: str, epoch: int, until: datetime) -> bool:

@@ -190,12 +190,11 @@ class Worker:
         """
         storage, clock = self.kernel.storage, self.kernel.clock
         deadline = time.monotonic() + budget
-        kinds = sorted(self.kernel.registry.kinds())
         ran = 0
         try:
             while not self.draining:
                 now = clock.now()
-                claimed = storage.claim_woken(queue, self.id, now, now + self.lease, kinds)
+                claimed = storage.claim_woken(queue, self.id, now, now + self.lease)
                 if claimed is None:
                     return ran, False
                 lease = self._hold(claimed)

@@ -220,12 +220,9 @@ class PostgresStorage:
         )
         return [TASK.from_sql(r) for r in rows]
 
-    def claim_woken(
-        self, queue: str, owner: str, now: datetime, until: datetime, kinds: Sequence[str]
-    ) -> Task | None:
+    def claim_woken(self, queue: str, owner: str, now: datetime, until: datetime) -> Task | None:
         row = self._one(
-            sql.CLAIM_WOKEN,
-            {"queue": queue, "kinds": list(kinds), "owner": owner, "now": now, "until": until},
+            sql.CLAIM_WOKEN, {"queue": queue, "owner": owner, "now": now, "until": until}
         )
         return TASK.from_sql(row) if row else None
 

@@ -136,19 +136,26 @@ CLAIM_BATCH = (
     f"WITH picked AS (SELECT id FROM {TASK.name} WHERE kind = ANY(%(kinds)s) AND {RUNNABLE} "
     f"ORDER BY updated_seq LIMIT %(limit)s FOR UPDATE SKIP LOCKED), {_CLAIMED}"
 )
-# The outbox is the queue of a burst (DESIGN §7, issue 12): the oldest due woken row of
-# the queue (partial index ``dispatch_woken_due``, a range scan that stops at the first)
-# whose task is runnable. Rows and tasks another claimer holds are skipped, so
-# concurrent claimers take different rows instead of one of them finding none. Its own
-# commit need not wait for the disk: a claim lost in a crash of the server is lost with
-# nothing that depended on it, as every commit that could (the phase's own, an operator's
-# cancel) is flushed with the claim before it (the log is written in order).
+# The outbox is the queue of a burst (DESIGN §7, issue 12): the task behind the oldest
+# due woken row of the queue that is runnable and not locked by another claimer (who
+# then takes it). The oldest rows are picked from the dispatch table alone and only
+# they are joined with their tasks, so a claim costs the same whatever the backlog and
+# whatever plan the planner picks for it (index ``dispatch_woken_due``; with stale
+# statistics it may sort every due row, but joins only these). A woken row whose task is
+# not runnable is one a claim left behind by a race and is rare: a window of them ends
+# the woken worker's round early, and the sweep re-sends them. The claim's commit need
+# not wait for the disk: a claim lost in a crash of the server is lost with nothing that
+# depended on it, as every commit that could (the phase's own, an operator's cancel) is
+# flushed with it (the log is written in order).
+CLAIM_WINDOW = 64
 CLAIM_WOKEN = (
     "WITH unflushed AS (SELECT set_config('synchronous_commit', 'off', true)), "
-    f"picked AS (SELECT t.id FROM unflushed, {DISPATCH.name} d JOIN {TASK.name} t "
-    "ON t.id = d.task_id WHERE d.queue = %(queue)s AND d.woken AND NOT d.blocked "
-    f"AND d.not_before <= %(now)s AND t.kind = ANY(%(kinds)s) AND {RUNNABLE} "
-    f"ORDER BY d.not_before, d.id LIMIT 1 FOR UPDATE OF d, t SKIP LOCKED), {_CLAIMED}"
+    f"window_rows AS (SELECT d.id, d.task_id, d.not_before FROM {DISPATCH.name} d "
+    "WHERE d.queue = %(queue)s AND d.woken AND NOT d.blocked AND d.not_before <= %(now)s "
+    f"ORDER BY d.not_before, d.id LIMIT {CLAIM_WINDOW}), "
+    f"picked AS (SELECT t.id FROM unflushed, window_rows w JOIN {TASK.name} t "
+    f"ON t.id = w.task_id WHERE {RUNNABLE} ORDER BY w.not_before, w.id LIMIT 1 "
+    f"FOR UPDATE OF t SKIP LOCKED), {_CLAIMED}"
 )
 # SKIP LOCKED: while the holder's own commit has the row, a renewal would queue and
 # then write a deadline computed before it waited. Skip it; the commit extends the

@@ -73,8 +73,8 @@ def test_a_burst_sends_wakes_and_a_small_commit_a_message_per_task(world: World)
     assert dispatcher.sweep().delivered == 0  # every row is delivered
     now = world.clock.now()
     until = now + timedelta(seconds=30)
-    assert world.storage.claim_woken("brain", "w", now, until, ["elsewhere"]) is None
-    claimed = world.storage.claim_woken("default", "w", now, until, ["step"])
+    assert world.storage.claim_woken("brain", "w", now, until) is None
+    claimed = world.storage.claim_woken("default", "w", now, until)
     assert claimed is not None and claimed.id == burst[0] and claimed.lease_owner == "w"
 
 
@@ -103,7 +103,7 @@ def test_claim_woken_takes_due_unblocked_woken_rows_of_its_queue_oldest_first(
     until = now + timedelta(seconds=30)
 
     def claim(owner: str) -> str | None:
-        task = world.storage.claim_woken("default", owner, now, until, ["step"])
+        task = world.storage.claim_woken("default", owner, now, until)
         return None if task is None else task.id
 
     taken = [claim(f"w{i}") for i in range(6)]
@@ -224,3 +224,4 @@ def test_waiting_endings_are_committed_before_the_workers_next_commit(world: Wor
     touched = [sorted(i["id"] for i in c.summary if i["type"] == "task") for c in commits]
     assert touched == [sorted(quick), [step], [step]]
     assert commits[0].actor == "worker:w" and commits[2].actor == f"task:{step}"
+
