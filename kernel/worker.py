@@ -37,7 +37,7 @@ JSON = Any
 log = logging.getLogger(__name__)
 
 MAX_CONFLICTS = 5
-QUICK_SECONDS = 0.05
+QUICK_SECONDS = 0.25
 """A task whose last run in this worker took longer is not started while endings wait to
 be committed (see :meth:`Worker.advance_queue`)."""
 NO_PROGRESS = "phase {phase!r} returned {result!r}: no durable progress (same phase and checkpoint)"
@@ -108,6 +108,7 @@ class Worker:
         # Phases that ended their task, committed together before this worker commits
         # anything else (:meth:`_commit_endings`); and how long each kind last ran here.
         self._ended: list[tuple[Lease, Finish]] = []
+        self._boarded: list[tuple[Lease, Finish]] = []
         self._took: dict[str, float] = {}
         self.heartbeat = (
             Heartbeat(lease_seconds / 3, kernel.storage.thread_exit, self.held)
@@ -200,7 +201,7 @@ class Worker:
                 lease = self._hold(claimed)
                 if lease is None:
                     continue
-                if self._took.get(lease.task.kind, float("inf")) > QUICK_SECONDS:
+                if self._took.get(lease.task.kind, 0.0) > QUICK_SECONDS:
                     self._commit_endings()  # never keep endings waiting behind a slow one
                 started = time.monotonic()
                 finish = self._run(lease, defer_ending=True)
@@ -236,7 +237,7 @@ class Worker:
             input=resolved.input,
             checkpoint=resolved.checkpoint,
             migrated=resolved.definition.version != task.version,
-            before_commit=self._commit_endings,
+            riders=self,
         )
         self.held[task.id] = lease
         return lease
@@ -248,9 +249,9 @@ class Worker:
         commit is refused or fails, each is committed on its own, where its own rules
         apply to it alone (a conflict runs its phase again, a lost lease abandons it).
 
-        Runs before any other commit of this worker (``Lease.before_commit``): an
-        intent commit, made before an external call, never leaves an ending waiting
-        behind that call."""
+        The next commit of another lease of this worker carries those of its session
+        (:meth:`board`), so that an intent commit, made before an external call, never
+        leaves an ending waiting behind that call."""
         ended, self._ended = self._ended, []
         sessions: dict[str, list[tuple[Lease, Finish]]] = {}
         for lease, finish in ended:
@@ -261,6 +262,34 @@ class Worker:
                     self.held.pop(lease.task.id, None)
                 continue
             for lease, finish in group:
+                self._run(lease, returned=finish)
+
+    def board(self, session_id: str) -> Draft | None:
+        """The endings held back for ``session_id``, for a lease's commit to carry (the
+        other sessions' are committed now, as they would not be in that commit)."""
+        mine = [(lease, f) for lease, f in self._ended if lease.task.session_id == session_id]
+        others = [(lease, f) for lease, f in self._ended if lease.task.session_id != session_id]
+        self._ended = others
+        self._commit_endings()
+        if not mine:
+            return None
+        draft = Draft(actor=f"worker:{self.id}")
+        try:
+            for lease, finish in mine:
+                draft.absorb(lease.seal(copy.deepcopy(lease.draft), finish))
+        except CommitRejected:
+            self._ended = mine  # they cannot be one commit: each on its own, now
+            self._commit_endings()
+            return None
+        self._boarded = mine
+        return draft
+
+    def landed(self, ok: bool) -> None:
+        boarded, self._boarded = self._boarded, []
+        for lease, finish in boarded:
+            if ok:
+                self.held.pop(lease.task.id, None)
+            else:
                 self._run(lease, returned=finish)
 
     def _commit_together(self, group: list[tuple[Lease, Finish]]) -> bool:

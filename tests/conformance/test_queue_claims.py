@@ -4,10 +4,12 @@ burst needs a few messages, not one per task."""
 
 from __future__ import annotations
 
+import time
 from datetime import timedelta
 
 from kernel import Draft, Registry, Run, Status, Transition, Worker
 from kernel.dispatch import Dispatcher, recovery_queue
+from kernel.worker import QUICK_SECONDS
 
 from .definitions import Effects, make_registry
 from .test_dispatch import Broker
@@ -201,7 +203,9 @@ def test_a_draining_woken_worker_claims_nothing_more(world: World) -> None:
     assert all(tasks[i].epoch == 0 for i in ids[1:])
 
 
-def test_waiting_endings_are_committed_before_the_workers_next_commit(world: World) -> None:
+def test_waiting_endings_ride_with_the_workers_next_commit_in_their_session(
+    world: World,
+) -> None:
     registry = make_registry(Effects())
 
     @registry.task("quick")
@@ -222,6 +226,70 @@ def test_waiting_endings_are_committed_before_the_workers_next_commit(world: Wor
     assert Worker(kernel, "w").advance_queue("default", batch=10, budget=60) == (3, False)
     commits = kernel.commits_after(handle.id, head)
     touched = [sorted(i["id"] for i in c.summary if i["type"] == "task") for c in commits]
-    assert touched == [sorted(quick), [step], [step]]
-    assert commits[0].actor == "worker:w" and commits[2].actor == f"task:{step}"
+    assert touched == [sorted([*quick, step]), [step]]  # its intent carries their endings
+    assert [c.actor for c in commits] == [f"task:{step}"] * 2
+    assert all(succeeded(t) for t in tasks_of(world, handle).values())
 
+
+
+def test_endings_are_committed_before_a_task_of_a_kind_that_was_slow(world: World) -> None:
+    registry = make_registry(Effects())
+
+    @registry.task("dawdler")
+    class Dawdler:
+        initial = "go"
+
+        def go(self, run: Run) -> Transition:
+            if run.input.get("slow"):
+                time.sleep(QUICK_SECONDS * 1.5)
+            return run.succeed("ran")
+
+    kernel, _, _ = setup(world, registry)
+    handle = kernel.create_session()
+    draft = Draft()
+    quick = draft.create_task("dawdler", {})
+    slow = [draft.create_task("dawdler", {"slow": True}) for _ in range(2)]
+    handle.commit(draft)
+    head = handle.head_seq
+
+    assert Worker(kernel, "w").advance_queue("default", batch=10, budget=60) == (3, False)
+    commits = kernel.commits_after(handle.id, head)
+    touched = [sorted(i["id"] for i in c.summary if i["type"] == "task") for c in commits]
+    assert touched == [sorted([quick, slow[0]]), [slow[1]]]  # not held behind the slow one
+
+
+def test_a_refused_commit_that_carries_endings_commits_each_on_its_own(world: World) -> None:
+    registry = make_registry(Effects())
+
+    @registry.task("intender")
+    class Intender:
+        """Expires the lease of the task before it, then commits its intent: the
+        commit carrying the victim's ending is stale."""
+
+        initial = "go"
+
+        def go(self, run: Run) -> Transition:
+            victim = run.input.get("victim")
+            if victim:
+                task = world.storage.task(victim)
+                assert task is not None
+                world.storage.release(victim, "w", task.epoch, world.clock.now(),
+                                      interrupted=True)
+                run.commit(phase="go", checkpoint={"intent": True})
+            return run.succeed("done")
+
+    kernel, _, _ = setup(world, registry)
+    handle = kernel.create_session()
+    draft = Draft()
+    warm = draft.create_task("intender", {})
+    victim = draft.create_task("intender", {})
+    thief = draft.create_task("intender", {"victim": victim})
+    handle.commit(draft)
+    worker = Worker(kernel, "w")
+
+    assert worker.advance_queue("default", batch=10, budget=60) == (3, False)
+    tasks = tasks_of(world, handle)
+    assert succeeded(tasks[warm])
+    assert succeeded(tasks[thief]) and tasks[thief].checkpoint == {"intent": True}
+    assert tasks[victim].status is Status.RUNNING and tasks[victim].outcome is None
+    assert worker.held == {}
