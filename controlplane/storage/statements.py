@@ -257,6 +257,11 @@ RETRY_DISPATCHES = (
 )
 
 
+DISPATCHES_PER_INSERT = 65535 // len(DISPATCH.inserted)
+"""A statement takes at most 65,535 parameters: a burst's rows go in chunks of this many
+(a batch of 10,000 notices is 90,000 values)."""
+
+
 def dispatch_insert(count: int) -> str:
     """``count`` dispatch rows in one statement, their ids returned in order."""
     return insert_rows(DISPATCH, count, " RETURNING id")

@@ -61,6 +61,13 @@ def succeeded(task) -> bool:
     return (task.outcome or {}).get("kind") == "succeeded"
 
 
+def expire_lease(world: World, task_id: str) -> None:
+    """Take the lease of ``task_id`` from its holder ``w``, as if it had run out."""
+    task = world.storage.task(task_id)
+    assert task is not None
+    world.storage.release(task_id, "w", task.epoch, world.clock.now(), interrupted=True)
+
+
 def test_a_burst_sends_wakes_and_a_small_commit_a_message_per_task(world: World) -> None:
     kernel, broker, dispatcher = setup(world, with_other_queue(make_registry(Effects())))
     handle = kernel.create_session()
@@ -161,12 +168,8 @@ def test_a_refused_joint_commit_commits_each_ending_on_its_own(world: World) -> 
         initial = "go"
 
         def go(self, run: Run) -> Transition:
-            victim = run.input.get("victim")
-            if victim:
-                task = world.storage.task(victim)
-                assert task is not None
-                world.storage.release(victim, "w", task.epoch, world.clock.now(),
-                                      interrupted=True)
+            if run.input.get("victim"):
+                expire_lease(world, run.input["victim"])
             return run.succeed("done")
 
     draft = Draft()
@@ -269,12 +272,8 @@ def test_a_refused_commit_that_carries_endings_commits_each_on_its_own(world: Wo
         initial = "go"
 
         def go(self, run: Run) -> Transition:
-            victim = run.input.get("victim")
-            if victim:
-                task = world.storage.task(victim)
-                assert task is not None
-                world.storage.release(victim, "w", task.epoch, world.clock.now(),
-                                      interrupted=True)
+            if run.input.get("victim"):
+                expire_lease(world, run.input["victim"])
                 run.commit(phase="go", checkpoint={"intent": True})
             return run.succeed("done")
 
@@ -293,3 +292,19 @@ def test_a_refused_commit_that_carries_endings_commits_each_on_its_own(world: Wo
     assert succeeded(tasks[thief]) and tasks[thief].checkpoint == {"intent": True}
     assert tasks[victim].status is Status.RUNNING and tasks[victim].outcome is None
     assert worker.held == {}
+
+
+def test_a_burst_too_big_for_one_statement_is_written_and_woken(world: World) -> None:
+    kernel, broker, dispatcher = setup(world, with_other_queue(make_registry(Effects())))
+    handle = kernel.create_session()
+    count = 65535 // 8 + 1  # more rows than one insert statement takes parameters for
+    draft = Draft()
+    for _ in range(count):
+        draft.create_task("elsewhere", {})
+    written = handle.commit(draft)
+
+    ids = [d.id for d in written.dispatches]
+    assert len(ids) == len(set(ids)) == count and all(ids)
+    assert broker.woke == ["brain", "brain"]
+    world.clock.advance(1)
+    assert dispatcher.sweep().delivered == 0
