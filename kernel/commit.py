@@ -344,6 +344,19 @@ class Builder:
         failed = next((t.id for t in local if t.terminal and not succeeded(t)), state.failed)
         return JoinState(state.open + sum(not t.terminal for t in local), failed)
 
+    def any_open(self, ids: list[str]) -> bool:
+        """Whether a task of a join that waits for all is still open (what this commit
+        changed itself wins). Asks storage newest first: tasks are created in order and
+        mostly run in order, so the newest is the one most likely still open."""
+        unknown = []
+        for task_id in reversed(ids):
+            task = self.tasks.get(task_id) or self.seen.get(task_id)
+            if task is None:
+                unknown.append(task_id)
+            elif not task.terminal:
+                return True
+        return self.tx.any_open(unknown)
+
     def put(self, task: Task) -> None:
         previous = self.tasks.get(task.id)
         self.tasks[task.id] = task
@@ -818,13 +831,18 @@ class Builder:
         if "signal" in task.wait:
             satisfied = task.wait["signal"] in task.signals
         else:
-            join = self.join_state(task.wait_deps)
-            if task.wait.get("policy") == JoinPolicy.FAIL_FAST and join.failed is not None:
-                self.load(task.wait_deps)  # about to change them: now they must be locked
-                for dep in task.wait_deps:
-                    self._cancel(dep, f"fail_fast: sibling {join.failed} did not succeed", "kernel")
+            if task.wait.get("policy") != JoinPolicy.FAIL_FAST:
+                satisfied = not self.any_open(task.wait_deps)
+            else:
                 join = self.join_state(task.wait_deps)
-            satisfied = join.open == 0
+                if join.failed is not None:
+                    self.load(task.wait_deps)  # about to change them: now they must be locked
+                    for dep in task.wait_deps:
+                        self._cancel(
+                            dep, f"fail_fast: sibling {join.failed} did not succeed", "kernel"
+                        )
+                    join = self.join_state(task.wait_deps)
+                satisfied = join.open == 0
         if satisfied:
             self.put(replace(task, status=Status.PENDING, wait=None, updated_seq=self.seq))
 

@@ -377,6 +377,11 @@ class _Transaction:
         failed = next((t.id for t in found if t.terminal and not succeeded(t)), None)
         return JoinState(sum(not t.terminal for t in found), failed)
 
+    def any_open(self, ids: Sequence[str]) -> bool:
+        return any(
+            not t.terminal for i in ids if (t := self.storage._tasks.get(i)) is not None
+        )
+
     def children(self, task_id: str) -> list[Task]:
         return [self.storage._tasks[i] for i in self.storage._children.get(task_id, [])]
 

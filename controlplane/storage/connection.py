@@ -203,6 +203,12 @@ class Transaction:
         open_, failed = self.cur.fetchone()
         return JoinState(open_, failed)
 
+    def any_open(self, ids: Sequence[str]) -> bool:
+        if not ids:
+            return False
+        self.cur.execute(sql.ANY_OPEN, [id_list(ids)])
+        return self.cur.fetchone() is not None
+
     def _query_children(self, task_id: str) -> HotCursor:
         return HotCursor(self.db).execute(sql.CHILDREN_LOCKED, [task_id])
 

@@ -96,6 +96,13 @@ JOIN_STATE = (
     "(WHERE status = 'terminal' AND outcome->>'kind' <> 'succeeded') "
     f"FROM {TASK.name} WHERE id = {IDS}"
 )
+# One index lookup per id, in the order given, up to the first task still open: a join
+# over n tasks that asks this as each of them ends, newest first, reads about one row
+# while the batch runs, not n (issue 12: the count above made each email O(n)).
+ANY_OPEN = (
+    "SELECT 1 FROM unnest(%s::text[]) AS wanted(id) WHERE EXISTS "
+    f"(SELECT 1 FROM {TASK.name} t WHERE t.id = wanted.id AND t.status <> 'terminal') LIMIT 1"
+)
 TASK_INSERT = insert(TASK)
 # A lease kept by a commit is extended from when the commit was built; the time the
 # transaction then spent waiting for locks is added here, measured by the database,

@@ -4,6 +4,7 @@ burst needs a few messages, not one per task."""
 
 from __future__ import annotations
 
+import contextlib
 import time
 from datetime import timedelta
 
@@ -308,3 +309,22 @@ def test_a_burst_too_big_for_one_statement_is_written_and_woken(world: World) ->
     assert broker.woke == ["brain", "brain"]
     world.clock.advance(1)
     assert dispatcher.sweep().delivered == 0
+
+
+def test_any_open_says_whether_a_join_still_waits(world: World) -> None:
+    kernel, _, _ = setup(world, make_registry(Effects()))
+    handle = kernel.create_session()
+    ids = create(handle, "step", 3)
+    worker = Worker(kernel, "w")
+    for task_id in ids[:2]:
+        worker.advance(task_id)
+    seen: list[bool] = []
+
+    def peek(tx) -> None:
+        seen.extend([tx.any_open(ids), tx.any_open(ids[:2]), tx.any_open([]),
+                     tx.any_open(["task_unknown"])])
+        raise RuntimeError("read only")
+
+    with contextlib.suppress(RuntimeError):
+        world.storage.commit(handle.id, peek)
+    assert seen == [True, False, False, False]
