@@ -105,16 +105,35 @@ class Worker:
         self.held: dict[str, Lease] = {}
         self.draining = False
         self.on_release = on_release
-        # Phases that ended their task, committed together before this worker commits
-        # anything else (:meth:`_commit_endings`); and how long each kind last ran here.
-        self._ended: list[tuple[Lease, Finish]] = []
-        self._boarded: list[tuple[Lease, Finish]] = []
+        # Per thread (a threads pool runs several at once): phases that ended their task,
+        # committed together before this thread commits anything else
+        # (:meth:`_commit_endings`), and those a commit in flight carries. And how long
+        # each kind last ran here.
+        self._pending = threading.local()
         self._took: dict[str, float] = {}
         self.heartbeat = (
             Heartbeat(lease_seconds / 3, kernel.storage.thread_exit, self.held)
             if heartbeat
             else None
         )
+
+    @property
+    def _ended(self) -> list[tuple[Lease, Finish]]:
+        if not hasattr(self._pending, "ended"):
+            self._pending.ended = []
+        return self._pending.ended  # type: ignore[no-any-return]
+
+    @_ended.setter
+    def _ended(self, value: list[tuple[Lease, Finish]]) -> None:
+        self._pending.ended = value
+
+    @property
+    def _boarded(self) -> list[tuple[Lease, Finish]]:
+        return getattr(self._pending, "boarded", [])  # type: ignore[no-any-return]
+
+    @_boarded.setter
+    def _boarded(self, value: list[tuple[Lease, Finish]]) -> None:
+        self._pending.boarded = value
 
     def close(self) -> None:
         if self.heartbeat is not None:

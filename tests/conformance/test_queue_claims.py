@@ -5,6 +5,7 @@ burst needs a few messages, not one per task."""
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
 from datetime import timedelta
 
@@ -328,3 +329,38 @@ def test_any_open_says_whether_a_join_still_waits(world: World) -> None:
     with contextlib.suppress(RuntimeError):
         world.storage.commit(handle.id, peek)
     assert seen == [True, False, False, False]
+
+
+def test_a_thread_of_a_worker_never_carries_another_threads_endings(world: World) -> None:
+    """A threads pool shares one Worker: the endings one thread holds back are its own."""
+    registry = make_registry(Effects())
+    worker: Worker
+
+    @registry.task("quick")
+    class Quick:
+        initial = "go"
+
+        def go(self, run: Run) -> Transition:
+            if run.input.get("other"):
+                other = threading.Thread(target=worker.advance, args=[run.input["other"]])
+                other.start()
+                other.join()
+            return run.succeed("ran")
+
+    kernel, _, _ = setup(world, registry)
+    worker = Worker(kernel, "w")
+    handle = kernel.create_session()
+    [elsewhere] = create(handle, "quick", 1)  # a message of its own: not woken
+    draft = Draft()
+    first = draft.create_task("quick", {})
+    draft.create_task("quick", {"other": elsewhere})
+    draft.create_task("quick", {})
+    handle.commit(draft)
+    head = handle.head_seq
+
+    assert worker.advance_queue("default", batch=10, budget=60) == (3, False)
+    commits = kernel.commits_after(handle.id, head)
+    touched = [{i["id"] for i in c.summary if i["type"] == "task"} for c in commits]
+    [theirs] = [ids for ids in touched if elsewhere in ids]
+    assert theirs == {elsewhere} and any(first in ids for ids in touched)
+    assert all(succeeded(t) for t in tasks_of(world, handle).values())
