@@ -9,6 +9,8 @@ import threading
 import time
 from datetime import timedelta
 
+import pytest
+
 from kernel import Draft, Registry, Run, Status, Transition, Worker
 from kernel.dispatch import Dispatcher, recovery_queue
 from kernel.worker import QUICK_SECONDS
@@ -158,22 +160,28 @@ def test_quick_endings_of_a_woken_worker_land_in_one_commit_per_session(world: W
     assert worker.held == {}
 
 
-def test_a_refused_joint_commit_commits_each_ending_on_its_own(world: World) -> None:
+@pytest.mark.parametrize("intent", [False, True], ids=["joint-endings", "carried-by-intent"])
+def test_a_refused_commit_of_held_back_endings_commits_each_on_its_own(
+    world: World, intent: bool
+) -> None:
+    """The thief expires the lease of the task before it; then the commit that holds that
+    task's ending (the joint endings' one, or the thief's own intent commit carrying it)
+    is stale, and each is committed on its own instead."""
     registry = make_registry(Effects())
-    kernel, _, _ = setup(world, registry)
-    handle = kernel.create_session()
 
     @registry.task("stealer")
     class Stealer:
-        """Expires the lease of the task before it: their joint commit is then stale."""
-
         initial = "go"
 
         def go(self, run: Run) -> Transition:
             if run.input.get("victim"):
                 expire_lease(world, run.input["victim"])
+                if intent:
+                    run.commit(phase="go", checkpoint={"intent": True})
             return run.succeed("done")
 
+    kernel, _, _ = setup(world, registry)
+    handle = kernel.create_session()
     draft = Draft()
     warm = draft.create_task("stealer", {})
     victim = draft.create_task("stealer", {})
@@ -184,6 +192,7 @@ def test_a_refused_joint_commit_commits_each_ending_on_its_own(world: World) -> 
     assert worker.advance_queue("default", batch=10, budget=60) == (3, False)
     tasks = tasks_of(world, handle)
     assert succeeded(tasks[warm]) and succeeded(tasks[thief])
+    assert tasks[thief].checkpoint == ({"intent": True} if intent else {})
     assert tasks[victim].status is Status.RUNNING and tasks[victim].outcome is None
     assert worker.held == {}
 
@@ -261,39 +270,6 @@ def test_endings_are_committed_before_a_task_of_a_kind_that_was_slow(world: Worl
     commits = kernel.commits_after(handle.id, head)
     touched = [sorted(i["id"] for i in c.summary if i["type"] == "task") for c in commits]
     assert touched == [sorted([quick, slow[0]]), [slow[1]]]  # not held behind the slow one
-
-
-def test_a_refused_commit_that_carries_endings_commits_each_on_its_own(world: World) -> None:
-    registry = make_registry(Effects())
-
-    @registry.task("intender")
-    class Intender:
-        """Expires the lease of the task before it, then commits its intent: the
-        commit carrying the victim's ending is stale."""
-
-        initial = "go"
-
-        def go(self, run: Run) -> Transition:
-            if run.input.get("victim"):
-                expire_lease(world, run.input["victim"])
-                run.commit(phase="go", checkpoint={"intent": True})
-            return run.succeed("done")
-
-    kernel, _, _ = setup(world, registry)
-    handle = kernel.create_session()
-    draft = Draft()
-    warm = draft.create_task("intender", {})
-    victim = draft.create_task("intender", {})
-    thief = draft.create_task("intender", {"victim": victim})
-    handle.commit(draft)
-    worker = Worker(kernel, "w")
-
-    assert worker.advance_queue("default", batch=10, budget=60) == (3, False)
-    tasks = tasks_of(world, handle)
-    assert succeeded(tasks[warm])
-    assert succeeded(tasks[thief]) and tasks[thief].checkpoint == {"intent": True}
-    assert tasks[victim].status is Status.RUNNING and tasks[victim].outcome is None
-    assert worker.held == {}
 
 
 def test_a_burst_too_big_for_one_statement_is_written_and_woken(world: World) -> None:
