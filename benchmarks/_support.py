@@ -188,9 +188,10 @@ def delivering_kernel(redis_url: str) -> tuple[Any, Any]:
     dispatches to the broker at ``redis_url`` (a producer of its own, not the Celery
     app's configured broker), as the API's commits do; and that broker connection, for
     the caller to release."""
+    from django.conf import settings
     from kombu import Connection, Producer
 
-    from controlplane.execution import advance
+    from controlplane.execution import advance, wake
     from controlplane.registry import build_registry
     from controlplane.storage import PostgresStorage
     from controlplane.storage.clock import DatabaseClock
@@ -203,6 +204,12 @@ def delivering_kernel(redis_url: str) -> tuple[Any, Any]:
     def deliver(task_id: str, queue: str) -> None:
         advance.apply_async(args=[task_id], queue=queue, retry=False, producer=producer)
 
+    def wake_queue(queue: str) -> None:
+        wake.apply_async(args=[queue], queue=queue, retry=False, producer=producer)
+
     kernel = Kernel(PostgresStorage(), build_registry(), DatabaseClock())
-    kernel.after_commit(Dispatcher(kernel, deliver).after_commit)
+    dispatcher = Dispatcher(
+        kernel, deliver, wake=wake_queue, messages=settings.KERNEL_DISPATCH_MESSAGES
+    )
+    kernel.after_commit(dispatcher.after_commit)
     return kernel, broker

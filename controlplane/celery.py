@@ -1,4 +1,5 @@
-"""The Celery app: carries "advance task X", the once-a-second sweep and the daily prune.
+"""The Celery app: carries "advance task X", "wake queue Q", the once-a-second sweep and
+the daily prune.
 
 Start a worker with ``celery -A controlplane.celery worker -Q default,hands,brain``
 and beat with ``celery -A controlplane.celery beat``.
@@ -16,6 +17,9 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
 
 ADVANCE = "controlplane.advance"
 """The task that claims a kernel task and runs its phases (controlplane.execution)."""
+WAKE = "controlplane.wake"
+"""The task that claims a queue's runnable tasks from Postgres and runs them
+(controlplane.execution): what one ``advance`` message also does after its own task."""
 SWEEP = "controlplane.sweep"
 """The task that re-delivers what was lost, once a second from beat."""
 PRUNE = "controlplane.prune"

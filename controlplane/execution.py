@@ -1,7 +1,9 @@
 """Running kernel tasks under Celery (DESIGN §7).
 
 ``advance`` claims a task and runs its phases inline while it holds the lease;
-``sweep`` re-delivers what was lost. Both are safe to receive twice, late or out
+``wake`` claims and runs what is runnable on a queue, one task after another (what a
+burst sends instead of a message per task: the backlog waits in Postgres, not in the
+broker); ``sweep`` re-delivers what was lost. All are safe to receive twice, late or out
 of order: the claim in Postgres decides.
 
 The kernel they run on is the process's :func:`controlplane.runtime.runtime`.
@@ -27,9 +29,10 @@ from kernel import Blocked
 from kernel.dispatch import RECOVERY, recovery_queue
 
 from . import commands
-from .celery import ADVANCE, PRUNE, SWEEP, app
+from .celery import ADVANCE, PRUNE, SWEEP, WAKE, app
 from .errors import Conflict
 from .runtime import built, deliver, runtime
+from .runtime import wake as send_wake
 
 log = logging.getLogger(__name__)
 
@@ -41,27 +44,49 @@ BUSY_RETRIES = 5
 def advance(task_id: str, tries: int = 0) -> bool:
     close_old_connections()  # a restarted Postgres leaves a dead connection behind
     try:
+        return _advance(task_id, tries)
+    finally:
+        close_old_connections()
+
+
+@app.task(name=WAKE, ignore_result=True)
+def wake(queue: str) -> int:
+    """Run ``queue``'s runnable tasks for ``KERNEL_CLAIM_SECONDS``; if some may be left,
+    wake a worker for them behind the messages waiting now. How many ran."""
+    close_old_connections()
+    try:
+        queue = queue.removesuffix(RECOVERY)  # the sweep wakes the recovery queue
         worker = runtime().worker
-        if worker.draining:
-            # Shutting down: claim nothing. Another worker gets the message now, not
-            # after the dispatch row's redelivery delay.
-            task = runtime().kernel.storage.task(task_id)
-            if task is not None:
-                deliver(task_id, task.queue)
-            return False
-        ran = worker.advance(task_id)
-        if not ran and tries < BUSY_RETRIES and claimable_soon(task_id):
-            # Runnable, yet not claimed: its row was held by a commit in progress. Look
-            # again shortly rather than wait for the sweep's redelivery.
-            advance.apply_async(
-                args=[task_id, tries + 1],
-                countdown=0.2 * (tries + 1),
-                queue=recovery_queue(runtime().kernel.task(task_id).queue),
-                retry=False,
-            )
+        ran, more = worker.advance_queue(
+            queue, batch=settings.KERNEL_ENDINGS_PER_COMMIT, budget=settings.KERNEL_CLAIM_SECONDS
+        )
+        if more and not worker.draining:
+            send_wake(queue)
         return ran
     finally:
         close_old_connections()
+
+
+def _advance(task_id: str, tries: int) -> bool:
+    worker = runtime().worker
+    if worker.draining:
+        # Shutting down: claim nothing. Another worker gets the message now, not
+        # after the dispatch row's redelivery delay.
+        task = runtime().kernel.storage.task(task_id)
+        if task is not None:
+            deliver(task_id, task.queue)
+        return False
+    ran = worker.advance(task_id)
+    if not ran and tries < BUSY_RETRIES and claimable_soon(task_id):
+        # Runnable, yet not claimed: its row was held by a commit in progress. Look
+        # again shortly rather than wait for the sweep's redelivery.
+        advance.apply_async(
+            args=[task_id, tries + 1],
+            countdown=0.2 * (tries + 1),
+            queue=recovery_queue(runtime().kernel.task(task_id).queue),
+            retry=False,
+        )
+    return ran
 
 
 def claimable_soon(task_id: str) -> bool:
@@ -108,9 +133,10 @@ def consume_recovery_queues(sender: str, instance: object, **kwargs: object) -> 
 
 
 @worker_ready.connect
-def resume(**kwargs: object) -> None:
-    """A starting worker sweeps once, so recovery does not wait for beat, and retries at
-    once the tasks an earlier worker found blocked that this one's registry can run.
+def resume(sender: object = None, **kwargs: object) -> None:
+    """A starting worker sweeps once, so recovery does not wait for beat, retries at
+    once the tasks an earlier worker found blocked that this one's registry can run,
+    and wakes its queues: a backlog that dead workers left in Postgres starts now.
 
     Workers run with ``--pool solo`` or ``--pool threads``: a forked pool would
     inherit this process's database connection and heartbeat thread.
@@ -119,6 +145,10 @@ def resume(**kwargs: object) -> None:
         close_old_connections()
         report = runtime().dispatcher.resume()
         log.info("resume: %s", report)
+        queues = sender.app.amqp.queues.consume_from or {}  # type: ignore[attr-defined]
+        for name in queues:
+            if not name.endswith(RECOVERY):
+                send_wake(name)
     except Exception:
         log.exception("resume sweep failed; beat will retry")
 

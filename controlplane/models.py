@@ -263,10 +263,21 @@ class Dispatch(KernelRecord):
     delivered_at = models.DateTimeField(null=True)
     attempts = models.IntegerField(default=0, db_default=0)
     blocked = models.BooleanField(default=False, db_default=False)
+    woken = models.BooleanField(default=False, db_default=False)
 
     class Meta:
         db_table = "kernel_dispatch"
-        indexes = [models.Index(fields=["not_before"]), models.Index(fields=["task_id"])]
+        indexes = [
+            models.Index(fields=["not_before"]),
+            models.Index(fields=["task_id"]),
+            # A woken worker claims its queue's oldest due woken row (storage.claim_woken):
+            # an index range scan that stops at the first, however long the backlog.
+            models.Index(
+                fields=["queue", "not_before", "id"],
+                name="dispatch_woken_due",
+                condition=models.Q(woken=True, blocked=False),
+            ),
+        ]
 
 
 class Worker(models.Model):

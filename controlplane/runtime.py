@@ -26,7 +26,7 @@ from django.conf import settings
 from kernel import Kernel, Task, Worker
 from kernel.dispatch import Dispatcher
 
-from .celery import ADVANCE, app
+from .celery import ADVANCE, WAKE, app
 from .logs import log_commit
 from .notify import Notifier
 from .registry import build_registry
@@ -39,6 +39,12 @@ log = logging.getLogger(__name__)
 def deliver(task_id: str, queue: str) -> None:
     """Hand "advance this task" to the broker (the Dispatcher's delivery)."""
     app.send_task(ADVANCE, args=[task_id], queue=queue, retry=False)
+
+
+def wake(queue: str) -> None:
+    """Hand "run what is runnable on ``queue``" to the broker (the Dispatcher's delivery
+    of a burst)."""
+    app.send_task(WAKE, args=[queue], queue=queue, retry=False)
 
 
 def hand_over(task: Task) -> None:
@@ -62,7 +68,11 @@ def runtime() -> Runtime:
     # One clock for claims, due times and lease expiry: the database's (issue 11 point 10).
     kernel = Kernel(PostgresStorage(), build_registry(), DatabaseClock())
     dispatcher = Dispatcher(
-        kernel, deliver, redeliver_after=timedelta(seconds=settings.KERNEL_REDELIVER_SECONDS)
+        kernel,
+        deliver,
+        redeliver_after=timedelta(seconds=settings.KERNEL_REDELIVER_SECONDS),
+        wake=wake,
+        messages=settings.KERNEL_DISPATCH_MESSAGES,
     )
     kernel.after_commit(dispatcher.after_commit)
     notifier = Notifier()

@@ -282,6 +282,15 @@ CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 KERNEL_LEASE_SECONDS = float(os.environ.get("KERNEL_LEASE_SECONDS", "15"))
 KERNEL_SWEEP_SECONDS = float(os.environ.get("KERNEL_SWEEP_SECONDS", "1"))
 KERNEL_REDELIVER_SECONDS = float(os.environ.get("KERNEL_REDELIVER_SECONDS", "30"))
+# A commit (or sweep) that makes up to KERNEL_DISPATCH_MESSAGES tasks of one queue
+# runnable sends a message per task; a bigger burst sends that many wake-ups instead,
+# each making a worker claim and run the queue's runnable tasks one after another from
+# Postgres for KERNEL_CLAIM_SECONDS (then it wakes a worker for the rest). Such a worker
+# commits the endings of up to KERNEL_ENDINGS_PER_COMMIT quick tasks of one session in
+# one commit (issue 12).
+KERNEL_DISPATCH_MESSAGES = int(os.environ.get("KERNEL_DISPATCH_MESSAGES", "32"))
+KERNEL_CLAIM_SECONDS = float(os.environ.get("KERNEL_CLAIM_SECONDS", "1"))
+KERNEL_ENDINGS_PER_COMMIT = int(os.environ.get("KERNEL_ENDINGS_PER_COMMIT", "10"))
 # SIGTERM to a worker: how long its running phases may take to finish before it gives
 # their leases back and exits (controlplane.execution.drain). Keep the process manager's
 # stop timeout (compose: stop_grace_period) above it.

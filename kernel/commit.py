@@ -11,7 +11,7 @@ join cancels the remaining siblings, a cancel cascades to owned subtasks.
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from datetime import datetime
 from typing import Any
 
@@ -116,6 +116,24 @@ class Draft:
     submission_updates: list[tuple[str, SubmissionStatus, str | None, str | None]] = field(
         default_factory=list
     )
+
+    def absorb(self, other: Draft) -> None:
+        """Add ``other``'s writes after this draft's own: one commit for what would
+        otherwise be two in a row (a worker committing several tasks' results at once).
+        Refused when they cannot be one: either has an idempotency key (its commit must
+        stand alone), or one expects a version of a document the other writes (apart,
+        the second would be checked against the first's version)."""
+        if self.key is not None or other.key is not None:
+            raise CommitRejected("a draft with an idempotency key is a commit of its own")
+        for mine, theirs in ((self, other), (other, self)):
+            for document in mine.expected_versions:
+                if document in theirs.document_ops or document in theirs.expected_versions:
+                    raise DocumentConflict(f"both drafts depend on document {document}")
+        for document, ops in other.document_ops.items():
+            self.document_ops.setdefault(document, []).extend(ops)
+        self.expected_versions.update(other.expected_versions)
+        for name in MERGED_LISTS:
+            getattr(self, name).extend(getattr(other, name))
 
     def prefetch(self) -> Prefetch:
         """The records this draft will make the builder read (see :class:`Prefetch`)."""
@@ -250,6 +268,14 @@ class Draft:
         self.submission_updates.append((submission_id, status, answer_entry_id, reason))
 
 
+MERGED_LISTS = tuple(
+    f.name for f in fields(Draft) if f.name not in ("actor", "key", "document_ops",
+                                                    "expected_versions")
+)
+"""The draft's fields that are lists of writes, in order (what :meth:`Draft.absorb`
+concatenates)."""
+
+
 class Builder:
     """Turns one draft into a write set, inside one storage transaction."""
 
@@ -317,6 +343,19 @@ class Builder:
         state = self.tx.join_state([i for i in ids if i not in known])
         failed = next((t.id for t in local if t.terminal and not succeeded(t)), state.failed)
         return JoinState(state.open + sum(not t.terminal for t in local), failed)
+
+    def any_open(self, ids: list[str]) -> bool:
+        """Whether a task of a join that waits for all is still open (what this commit
+        changed itself wins). Asks storage newest first: tasks are created in order and
+        mostly run in order, so the newest is the one most likely still open."""
+        unknown = []
+        for task_id in reversed(ids):
+            task = self.tasks.get(task_id) or self.seen.get(task_id)
+            if task is None:
+                unknown.append(task_id)
+            elif not task.terminal:
+                return True
+        return self.tx.any_open(unknown)
 
     def put(self, task: Task) -> None:
         previous = self.tasks.get(task.id)
@@ -792,13 +831,18 @@ class Builder:
         if "signal" in task.wait:
             satisfied = task.wait["signal"] in task.signals
         else:
-            join = self.join_state(task.wait_deps)
-            if task.wait.get("policy") == JoinPolicy.FAIL_FAST and join.failed is not None:
-                self.load(task.wait_deps)  # about to change them: now they must be locked
-                for dep in task.wait_deps:
-                    self._cancel(dep, f"fail_fast: sibling {join.failed} did not succeed", "kernel")
+            if task.wait.get("policy") != JoinPolicy.FAIL_FAST:
+                satisfied = not self.any_open(task.wait_deps)
+            else:
                 join = self.join_state(task.wait_deps)
-            satisfied = join.open == 0
+                if join.failed is not None:
+                    self.load(task.wait_deps)  # about to change them: now they must be locked
+                    for dep in task.wait_deps:
+                        self._cancel(
+                            dep, f"fail_fast: sibling {join.failed} did not succeed", "kernel"
+                        )
+                    join = self.join_state(task.wait_deps)
+                satisfied = join.open == 0
         if satisfied:
             self.put(replace(task, status=Status.PENDING, wait=None, updated_seq=self.seq))
 

@@ -13,6 +13,7 @@ claim decides, so duplicate deliveries are harmless and so is running two beats.
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
@@ -23,6 +24,8 @@ from .session import Kernel
 
 Deliver = Callable[[str, str], None]
 """``deliver(task_id, queue)``: enqueue "advance task_id" on ``queue``; raise if it failed."""
+Wake = Callable[[str], None]
+"""``wake(queue)``: enqueue "run what is runnable on queue" on ``queue``; raise if it failed."""
 
 RECOVERY = ".now"
 """What the sweep appends to a task's queue: everything it sends is late (a lost message,
@@ -50,6 +53,12 @@ class Dispatcher:
     doubles, by the row's deliveries (see :func:`kernel.storage.redelivery_wait`).
     Expired leases get a fresh row of their own, so their recovery follows the same
     path and is never held back by an older row's backoff.
+
+    ``wake(queue)``, if given, wakes a worker that claims ``queue``'s due rows from
+    storage until none is left (:meth:`~kernel.worker.Worker.advance_queue`): when more
+    than ``messages`` rows of one queue are taken at once (a burst), that many wake-ups
+    deliver them all instead of a message per row, so the backlog waits in storage, not
+    in the broker. Fewer rows get a message each, as without ``wake``.
     """
 
     def __init__(
@@ -59,11 +68,15 @@ class Dispatcher:
         *,
         redeliver_after: timedelta = timedelta(seconds=30),
         batch: int = 500,
+        wake: Wake | None = None,
+        messages: int = 32,
     ) -> None:
         self.kernel = kernel
         self.deliver = deliver
         self.redeliver_after = redeliver_after
         self.batch = batch
+        self.wake = wake
+        self.messages = messages
 
     def after_commit(self, write_set: WriteSet) -> None:
         """Deliver the commit's due dispatches now; the sweep covers any failure."""
@@ -105,11 +118,25 @@ class Dispatcher:
     def _deliver(
         self, rows: list[Dispatch], *, recovery: bool = False
     ) -> tuple[list[Dispatch], list[Dispatch]]:
-        """Send rows in order until the broker fails: (delivered, not delivered)."""
-        for sent, row in enumerate(rows):
+        """Send rows in order until the broker fails: (delivered, not delivered). The
+        rows of a burst's queue are delivered by the wake-ups sent at its first row."""
+        storage = self.kernel.storage
+        counts = Counter(row.queue for row in rows)
+        burst = {q for q, n in counts.items() if n > self.messages} if self.wake else set()
+        woken: set[str] = set()
+        for index, row in enumerate(rows):
+            queue = recovery_queue(row.queue) if recovery else row.queue
             try:
-                self.deliver(row.task_id, recovery_queue(row.queue) if recovery else row.queue)
+                if row.queue not in burst:
+                    self.deliver(row.task_id, queue)
+                elif row.queue not in woken:
+                    assert self.wake is not None
+                    # Marked before any wake-up is sent, so that the woken worker finds them.
+                    storage.wake_dispatches([r.id for r in rows if r.queue == row.queue])
+                    for _ in range(self.messages):
+                        self.wake(queue)
+                    woken.add(row.queue)
             except Exception:
                 log.warning("could not deliver %s for %s", row.id, row.task_id, exc_info=True)
-                return rows[:sent], rows[sent:]  # the broker is likely down: next sweep
+                return rows[:index], rows[index:]  # the broker is likely down: next sweep
         return rows, []

@@ -254,6 +254,22 @@ class InMemoryStorage:
             claimed = (self.claim(i, owner, now, until) for i in candidates[:limit])
             return [t for t in claimed if t is not None]
 
+    def claim_woken(self, queue: str, owner: str, now: datetime, until: datetime) -> Task | None:
+        with self._lock:
+            rows = sorted(
+                (
+                    d
+                    for d in self._dispatches.values()
+                    if d.woken and not d.blocked and d.queue == queue and d.not_before <= now
+                ),
+                key=lambda d: (d.not_before, d.id),
+            )
+            for row in rows:
+                claimed = self.claim(row.task_id, owner, now, until)
+                if claimed is not None:
+                    return claimed
+            return None
+
     def renew(self, task_id: str, owner: str, epoch: int, until: datetime) -> bool:
         with self._lock:
             task = self._tasks.get(task_id)
@@ -354,6 +370,13 @@ class InMemoryStorage:
                     taken.add(dispatch_id)
         return taken
 
+    def wake_dispatches(self, ids: Iterable[int]) -> None:
+        with self._lock:
+            for dispatch_id in ids:
+                row = self._dispatches.get(dispatch_id)
+                if row is not None:
+                    self._dispatches[dispatch_id] = replace(row, woken=True)
+
     def ensure_dispatches(self, tasks: Iterable[Task], now: datetime) -> None:
         with self._lock:
             for task in tasks:
@@ -405,6 +428,11 @@ class _Transaction:
         found = [t for i in ids if (t := self.storage._tasks.get(i)) is not None]
         failed = next((t.id for t in found if t.terminal and not succeeded(t)), None)
         return JoinState(sum(not t.terminal for t in found), failed)
+
+    def any_open(self, ids: Sequence[str]) -> bool:
+        return any(
+            not t.terminal for i in ids if (t := self.storage._tasks.get(i)) is not None
+        )
 
     def children(self, task_id: str) -> list[Task]:
         return [self.storage._tasks[i] for i in self.storage._children.get(task_id, [])]

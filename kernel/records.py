@@ -302,6 +302,9 @@ class Dispatch:
     blocked: bool = False
     """A worker found the task blocked (no compatible definition): retried at once
     by a worker that starts with one (:meth:`~kernel.dispatch.Dispatcher.resume`)."""
+    woken: bool = False
+    """Delivered by a wake-up of its queue, not by a message of its own: a woken worker
+    claims it (:meth:`~kernel.storage.Storage.claim_woken`)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,16 +16,31 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, Protocol
 
 from .commit import Draft
-from .errors import UnknownRecord
+from .errors import CommitRejected, SessionPoisoned, StorageUnavailable, UnknownRecord
 from .records import Entry, JoinPolicy, Outcome, Preview, Submission, Task, WriteSet
 from .registry import TaskDefinition
 from .session import Kernel, SessionHandle
 from .tasks import Finish, Next, Sleep, Transition, WaitSignal, WaitTasks
 
 JSON = Any
+
+
+class Riders(Protocol):
+    """Results of other tasks that a lease's next commit may carry (one commit instead
+    of several in a row: one turn of the session's lock, one flush to disk)."""
+
+    def board(self, session_id: str) -> Draft | None:
+        """The held-back writes for ``session_id`` to commit before the caller's own, in
+        the same commit; ``None`` if there are none."""
+        ...
+
+    def landed(self, ok: bool) -> None:
+        """Whether the commit that carried what :meth:`board` gave landed; if not, they
+        are committed on their own."""
+        ...
 
 
 @dataclass
@@ -41,6 +56,9 @@ class Lease:
     input: JSON
     checkpoint: JSON
     migrated: bool
+    riders: Riders | None = None
+    """Other tasks' results that the worker holds back, to commit with this lease's next
+    commit (see ``Worker.advance_queue``)."""
     draft: Draft = field(init=False)
     # Deferred document writes (previews): folded into the next commit, lost with the process.
     previews: dict[tuple[str, str, tuple[str, ...]], JSON] = field(default_factory=dict)
@@ -50,10 +68,40 @@ class Lease:
 
     def commit(self, transition: Transition) -> WriteSet:
         """Commit the pending writes and ``transition``, fenced by this lease's epoch."""
+        riders = None if self.riders is None else self.riders.board(self.task.session_id)
         draft, self.draft = self.draft, Draft(actor=f"task:{self.task.id}")
+        self.seal(draft, transition)
+        self.previews.clear()
+        written = self._commit_carrying(riders, draft) if riders else self.handle.commit(draft)
+        self.migrated = False
+        self.task = next(t for t in written.updated_tasks if t.id == self.task.id)
+        self.checkpoint = self.task.checkpoint
+        return written
+
+    def _commit_carrying(self, riders: Draft, draft: Draft) -> WriteSet:
+        """Commit ``draft`` with the riders' writes before it, in one commit; if that is
+        refused or fails, the riders are committed on their own and ``draft`` alone, as
+        if they had never met."""
+        assert self.riders is not None
+        try:
+            joint = Draft(actor=draft.actor)
+            joint.absorb(riders)
+            joint.absorb(draft)
+            written = self.handle.commit(joint)
+        except (CommitRejected, StorageUnavailable, SessionPoisoned) as exc:
+            self.riders.landed(False)
+            if isinstance(exc, SessionPoisoned):
+                raise
+            return self.handle.commit(draft)
+        self.riders.landed(True)
+        return written
+
+    def seal(self, draft: Draft, transition: Transition) -> Draft:
+        """Add to ``draft`` what committing ``transition`` through this lease writes
+        besides the phase's own writes: the previews, and the transition fenced by this
+        lease's epoch (with a migration done at claim time). The lease is left as it is."""
         for (kind, key, path), value in self.previews.items():
             draft.set(kind, key, list(path), value)
-        self.previews.clear()
         if isinstance(transition, Next) and transition.keep_lease:
             transition = replace(transition, lease_until=self.kernel.clock.now() + self.duration)
         if self.migrated:
@@ -67,11 +115,7 @@ class Lease:
             )
         else:
             draft.transition(self.task.id, self.task.epoch, transition)
-        written = self.handle.commit(draft)
-        self.migrated = False
-        self.task = next(t for t in written.updated_tasks if t.id == self.task.id)
-        self.checkpoint = self.task.checkpoint
-        return written
+        return draft
 
     def renew(self) -> bool:
         until = self.kernel.clock.now() + self.duration

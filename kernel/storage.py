@@ -61,6 +61,12 @@ class Transaction(Protocol):
         succeeding, if any; unlocked. All that a join needs to know."""
         ...
 
+    def any_open(self, ids: Sequence[str]) -> bool:
+        """Whether one of these tasks is not terminal; unlocked. Looks in the order
+        given and stops at the first open one: a join that waits for all asks this each
+        time one of its tasks ends, so it names the ones most likely still open first."""
+        ...
+
     def children(self, task_id: str) -> list[Task]: ...
 
     def waiters(self, task_id: str) -> list[Task]: ...
@@ -191,6 +197,13 @@ class Storage(Protocol):
         """Claim up to ``limit`` runnable tasks of ``kinds``, skipping locked rows."""
         ...
 
+    def claim_woken(self, queue: str, owner: str, now: datetime, until: datetime) -> Task | None:
+        """Claim, as :meth:`claim` does, the runnable task behind the oldest due,
+        unblocked, woken dispatch row of ``queue`` (:meth:`wake_dispatches`), skipping
+        tasks another claimer holds; ``None`` if there is none. A row with a message of
+        its own is left to that message's :meth:`claim`."""
+        ...
+
     def renew(self, task_id: str, owner: str, epoch: int, until: datetime) -> bool:
         """Extend a lease that ``owner`` still holds at ``epoch``.
 
@@ -252,6 +265,11 @@ class Storage(Protocol):
         at ``now``; their ids. A committer takes its rows before sending them, so a sweep
         running meanwhile does not send them too; if the committer dies between taking
         and sending, the sweep sends them once ``redeliver_after`` has passed."""
+        ...
+
+    def wake_dispatches(self, ids: Iterable[int]) -> None:
+        """These rows are delivered by wake-ups of their queue, not by messages of their
+        own: a woken worker claims them (:meth:`claim_woken`)."""
         ...
 
     def thread_exit(self) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import logging
 import threading
+import time
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
@@ -36,6 +37,9 @@ JSON = Any
 log = logging.getLogger(__name__)
 
 MAX_CONFLICTS = 5
+QUICK_SECONDS = 0.25
+"""A task whose last run in this worker took longer is not started while endings wait to
+be committed (see :meth:`Worker.advance_queue`)."""
 NO_PROGRESS = "phase {phase!r} returned {result!r}: no durable progress (same phase and checkpoint)"
 
 
@@ -101,11 +105,35 @@ class Worker:
         self.held: dict[str, Lease] = {}
         self.draining = False
         self.on_release = on_release
+        # Per thread (a threads pool runs several at once): phases that ended their task,
+        # committed together before this thread commits anything else
+        # (:meth:`_commit_endings`), and those a commit in flight carries. And how long
+        # each kind last ran here.
+        self._pending = threading.local()
+        self._took: dict[str, float] = {}
         self.heartbeat = (
             Heartbeat(lease_seconds / 3, kernel.storage.thread_exit, self.held)
             if heartbeat
             else None
         )
+
+    @property
+    def _ended(self) -> list[tuple[Lease, Finish]]:
+        if not hasattr(self._pending, "ended"):
+            self._pending.ended = []
+        return self._pending.ended  # type: ignore[no-any-return]
+
+    @_ended.setter
+    def _ended(self, value: list[tuple[Lease, Finish]]) -> None:
+        self._pending.ended = value
+
+    @property
+    def _boarded(self) -> list[tuple[Lease, Finish]]:
+        return getattr(self._pending, "boarded", [])  # type: ignore[no-any-return]
+
+    @_boarded.setter
+    def _boarded(self, value: list[tuple[Lease, Finish]]) -> None:
+        self._pending.boarded = value
 
     def close(self) -> None:
         if self.heartbeat is not None:
@@ -163,10 +191,61 @@ class Worker:
         self.run_claimed(claimed)
         return True
 
-    def run_claimed(self, task: Task) -> None:
+    def advance_queue(self, queue: str, *, batch: int, budget: float) -> tuple[int, bool]:
+        """Claim the runnable tasks of ``queue`` that a wake-up delivers (oldest due
+        dispatch row first, :meth:`~kernel.storage.Storage.claim_woken`) and run each as
+        far as it goes, one after another, until none is left or ``budget`` seconds have
+        passed.
+
+        Returns how many were run and whether work may be left (the budget ran out, or
+        draining stopped it): the caller wakes a worker for the rest, so that one
+        queue's backlog does not keep this worker from the other queues' messages.
+
+        Each task is claimed when it starts, exactly as :meth:`advance` claims, so its
+        epoch and restart count mean what they always do. A phase that ends its task is
+        not committed at once: up to ``batch`` such endings are committed together, one
+        commit per session (:meth:`_commit_endings`), before this worker commits
+        anything else, before it starts a task of a kind that was slow here last time
+        (:data:`QUICK_SECONDS`), and when it stops.
+        """
+        storage, clock = self.kernel.storage, self.kernel.clock
+        deadline = time.monotonic() + budget
+        ran = 0
+        try:
+            while not self.draining:
+                now = clock.now()
+                claimed = storage.claim_woken(queue, self.id, now, now + self.lease)
+                if claimed is None:
+                    return ran, False
+                lease = self._hold(claimed)
+                if lease is None:
+                    continue
+                if self._took.get(lease.task.kind, 0.0) > QUICK_SECONDS:
+                    self._commit_endings()  # never keep endings waiting behind a slow one
+                started = time.monotonic()
+                finish = self._run(lease, defer_ending=True)
+                self._took[lease.task.kind] = time.monotonic() - started
+                if finish is not None:
+                    self._ended.append((lease, finish))
+                ran += 1
+                if len(self._ended) >= batch:
+                    self._commit_endings()
+                if time.monotonic() >= deadline:
+                    return ran, True
+            return ran, True
+        finally:
+            self._commit_endings()
+
+    def _hold(self, task: Task) -> Lease | None:
+        """The lease of a task this worker just claimed, held (and so renewed) from now;
+        ``None`` if no registered definition can run it: it is given back at once and its
+        dispatch rows marked blocked, as :meth:`advance` leaves a blocked task."""
         resolved = self.kernel.registry.resolve(task)
         if not isinstance(resolved, Resolved):
-            return  # registry changed since the check; the lease expires and it is swept
+            storage = self.kernel.storage
+            storage.release(task.id, self.id, task.epoch, self.kernel.clock.now())
+            storage.block_dispatches(task.id)
+            return None
         lease = Lease(
             kernel=self.kernel,
             handle=self._handle(task.session_id),
@@ -177,12 +256,101 @@ class Worker:
             input=resolved.input,
             checkpoint=resolved.checkpoint,
             migrated=resolved.definition.version != task.version,
+            riders=self,
         )
         self.held[task.id] = lease
+        return lease
+
+    def _commit_endings(self) -> None:
+        """Commit the results of phases that ended their tasks: one commit per session
+        for all of them (one turn of the session's lock, one flush to disk instead of
+        one per task), as if each had been committed when its phase returned. If that
+        commit is refused or fails, each is committed on its own, where its own rules
+        apply to it alone (a conflict runs its phase again, a lost lease abandons it).
+
+        The next commit of another lease of this worker carries those of its session
+        (:meth:`board`), so that an intent commit, made before an external call, never
+        leaves an ending waiting behind that call."""
+        ended, self._ended = self._ended, []
+        sessions: dict[str, list[tuple[Lease, Finish]]] = {}
+        for lease, finish in ended:
+            sessions.setdefault(lease.task.session_id, []).append((lease, finish))
+        for group in sessions.values():
+            if len(group) > 1 and self._commit_together(group):
+                for lease, _ in group:
+                    self.held.pop(lease.task.id, None)
+                continue
+            for lease, finish in group:
+                self._run(lease, returned=finish)
+
+    def board(self, session_id: str) -> Draft | None:
+        """The endings held back for ``session_id``, for a lease's commit to carry (the
+        other sessions' are committed now, as they would not be in that commit)."""
+        mine = [(lease, f) for lease, f in self._ended if lease.task.session_id == session_id]
+        others = [(lease, f) for lease, f in self._ended if lease.task.session_id != session_id]
+        self._ended = others
+        self._commit_endings()
+        if not mine:
+            return None
+        draft = Draft(actor=f"worker:{self.id}")
+        try:
+            for lease, finish in mine:
+                draft.absorb(lease.seal(copy.deepcopy(lease.draft), finish))
+        except CommitRejected:
+            self._ended = mine  # they cannot be one commit: each on its own, now
+            self._commit_endings()
+            return None
+        self._boarded = mine
+        return draft
+
+    def landed(self, ok: bool) -> None:
+        boarded, self._boarded = self._boarded, []
+        for lease, finish in boarded:
+            if ok:
+                self.held.pop(lease.task.id, None)
+            else:
+                self._run(lease, returned=finish)
+
+    def _commit_together(self, group: list[tuple[Lease, Finish]]) -> bool:
+        draft = Draft(actor=f"worker:{self.id}")
+        try:
+            for lease, finish in group:
+                draft.absorb(lease.seal(copy.deepcopy(lease.draft), finish))
+            group[0][0].handle.commit(draft)
+        except (CommitRejected, SessionPoisoned, StorageUnavailable) as exc:
+            log.info("committing %d endings together failed, one by one instead: %s",
+                     len(group), exc)
+            return False
+        return True
+
+    def run_claimed(self, task: Task) -> None:
+        lease = self._hold(task)
+        if lease is not None:
+            self._run(lease)
+
+    def _run(
+        self, lease: Lease, *, defer_ending: bool = False, returned: Finish | None = None
+    ) -> Finish | None:
+        """Run the lease's phases until the task stops running here.
+
+        ``defer_ending``: a phase that ends the task (its own ``Finish``) is not
+        committed; its result is returned, the lease still held, for
+        :meth:`_commit_endings`. ``returned``: the result of a phase that already ran,
+        to commit first.
+        """
+        task = lease.task
+        deferred = False
+        transition: Transition
         try:
             conflicts = 0
             while True:
-                transition, ending = self._execute(lease)
+                if returned is not None:
+                    transition, ending, returned = returned, False, None
+                else:
+                    transition, ending = self._execute(lease)
+                if defer_ending and not ending and isinstance(transition, Finish):
+                    deferred = True
+                    return transition
                 try:
                     self._commit(lease, transition, ending)
                 except StaleLease:
@@ -201,10 +369,10 @@ class Worker:
                     lease.draft = Draft(actor=lease.draft.actor)
                     self._end(lease, Finish(Outcome.FAULTED, error=f"commit rejected: {exc}"))
                 if lease.task.status is not Status.RUNNING:
-                    return
+                    return None
                 if self.draining:  # between phases: hand the rest to another worker
                     self._release(lease, interrupted=False)
-                    return
+                    return None
         except StaleLease as exc:
             log.info("lease lost, abandoning: %s", exc)
             self._return_to_cancel(task)
@@ -217,7 +385,9 @@ class Worker:
             log.warning("storage unavailable, abandoning %s for a restart: %s", task.id, exc)
             self._handles.pop(task.session_id, None)
         finally:
-            self.held.pop(task.id, None)
+            if not deferred:
+                self.held.pop(task.id, None)
+        return None
 
     def _commit(self, lease: Lease, transition: Transition, ending: bool) -> None:
         if ending:

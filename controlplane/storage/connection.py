@@ -203,6 +203,12 @@ class Transaction:
         open_, failed = self.cur.fetchone()
         return JoinState(open_, failed)
 
+    def any_open(self, ids: Sequence[str]) -> bool:
+        if not ids:
+            return False
+        self.cur.execute(sql.ANY_OPEN, [id_list(ids)])
+        return self.cur.fetchone() is not None
+
     def _query_children(self, task_id: str) -> HotCursor:
         return HotCursor(self.db).execute(sql.CHILDREN_LOCKED, [task_id])
 
@@ -287,14 +293,14 @@ def write(db: Any, ws: WriteSet, before_commit: Callable[[], None]) -> WriteSet:
             raise CommitUncertain(f"commit {ws.commit.session_id}#{ws.commit.seq}: {exc}") from exc
         raise
     commit = replace(ws.commit, id=head.fetchone()[0])
-    if rows is None:
+    if not rows:
         return replace(ws, commit=commit, dispatches=[])
-    ids = [r[0] for r in rows.fetchall()]
+    ids = [r[0] for chunk in rows for r in chunk.fetchall()]
     dispatches = [replace(d, id=i) for d, i in zip(ws.dispatches, ids, strict=True)]
     return replace(ws, commit=commit, dispatches=dispatches)
 
 
-def _queue_writes(db: Any, ws: WriteSet) -> tuple[HotCursor, HotCursor | None]:
+def _queue_writes(db: Any, ws: WriteSet) -> tuple[HotCursor, list[HotCursor]]:
     head = HotCursor(db).execute(sql.COMMIT_INSERT, COMMIT.values(ws.commit))
     cur = HotCursor(db)
     if ws.conversations:
@@ -326,10 +332,12 @@ def _queue_writes(db: Any, ws: WriteSet) -> tuple[HotCursor, HotCursor | None]:
             sql.SUBMISSION_UPDATE,
             [SUBMISSION.update_values(s) for s in ws.updated_submissions],
         )
-    if not ws.dispatches:
-        return head, None
-    rows = HotCursor(db).execute(
-        sql.dispatch_insert(len(ws.dispatches)),
-        [value for d in ws.dispatches for value in DISPATCH.values(d)],
-    )
-    return head, rows
+    size = sql.DISPATCHES_PER_INSERT
+    chunks = [ws.dispatches[i : i + size] for i in range(0, len(ws.dispatches), size)]
+    return head, [
+        HotCursor(db).execute(
+            sql.dispatch_insert(len(chunk)),
+            [value for d in chunk for value in DISPATCH.values(d)],
+        )
+        for chunk in chunks
+    ]

@@ -96,6 +96,13 @@ JOIN_STATE = (
     "(WHERE status = 'terminal' AND outcome->>'kind' <> 'succeeded') "
     f"FROM {TASK.name} WHERE id = {IDS}"
 )
+# One index lookup per id, in the order given, up to the first task still open: a join
+# over n tasks that asks this as each of them ends, newest first, reads about one row
+# while the batch runs, not n (issue 12: the count above made each email O(n)).
+ANY_OPEN = (
+    "SELECT 1 FROM unnest(%s::text[]) AS wanted(id) WHERE EXISTS "
+    f"(SELECT 1 FROM {TASK.name} t WHERE t.id = wanted.id AND t.status <> 'terminal') LIMIT 1"
+)
 TASK_INSERT = insert(TASK)
 # A lease kept by a commit is extended from when the commit was built; the time the
 # transaction then spent waiting for locks is added here, measured by the database,
@@ -135,6 +142,27 @@ CLAIM = (
 CLAIM_BATCH = (
     f"WITH picked AS (SELECT id FROM {TASK.name} WHERE kind = ANY(%(kinds)s) AND {RUNNABLE} "
     f"ORDER BY updated_seq LIMIT %(limit)s FOR UPDATE SKIP LOCKED), {_CLAIMED}"
+)
+# The outbox is the queue of a burst (DESIGN §7, issue 12): the task behind the oldest
+# due woken row of the queue that is runnable and not locked by another claimer (who
+# then takes it). The oldest rows are picked from the dispatch table alone and only
+# they are joined with their tasks, so a claim costs the same whatever the backlog and
+# whatever plan the planner picks for it (index ``dispatch_woken_due``; with stale
+# statistics it may sort every due row, but joins only these). A woken row whose task is
+# not runnable is one a claim left behind by a race and is rare: a window of them ends
+# the woken worker's round early, and the sweep re-sends them. The claim's commit need
+# not wait for the disk: a claim lost in a crash of the server is lost with nothing that
+# depended on it, as every commit that could (the phase's own, an operator's cancel) is
+# flushed with it (the log is written in order).
+CLAIM_WINDOW = 64
+CLAIM_WOKEN = (
+    "WITH unflushed AS (SELECT set_config('synchronous_commit', 'off', true)), "
+    f"window_rows AS (SELECT d.id, d.task_id, d.not_before FROM {DISPATCH.name} d "
+    "WHERE d.queue = %(queue)s AND d.woken AND NOT d.blocked AND d.not_before <= %(now)s "
+    f"ORDER BY d.not_before, d.id LIMIT {CLAIM_WINDOW}), "
+    f"picked AS (SELECT t.id FROM unflushed, window_rows w JOIN {TASK.name} t "
+    f"ON t.id = w.task_id WHERE {RUNNABLE} ORDER BY w.not_before, w.id LIMIT 1 "
+    f"FOR UPDATE OF t SKIP LOCKED), {_CLAIMED}"
 )
 # SKIP LOCKED: while the holder's own commit has the row, a renewal would queue and
 # then write a deadline computed before it waited. Skip it; the commit extends the
@@ -225,6 +253,7 @@ ENSURE_DISPATCH = (
     f"SELECT %(task)s, %(session)s, %(at)s, %(queue)s, 0 WHERE NOT EXISTS "
     f"(SELECT 1 FROM {DISPATCH.name} WHERE task_id = %(task)s)"
 )
+WAKE_DISPATCHES = f"UPDATE {DISPATCH.name} SET woken = true WHERE id = ANY(%s)"
 BLOCK_DISPATCHES = f"UPDATE {DISPATCH.name} SET blocked = true WHERE task_id = %s AND NOT blocked"
 BLOCKED_TASKS = select(
     TASK, f"id IN (SELECT task_id FROM {DISPATCH.name} WHERE blocked)", " LIMIT %s"
@@ -233,6 +262,11 @@ RETRY_DISPATCHES = (
     f"UPDATE {DISPATCH.name} SET blocked = false, delivered_at = NULL, attempts = 0 "
     "WHERE task_id = ANY(%s) AND blocked"
 )
+
+
+DISPATCHES_PER_INSERT = 65535 // len(DISPATCH.inserted)
+"""A statement takes at most 65,535 parameters: a burst's rows go in chunks of this many
+(a batch of 10,000 notices is 90,000 values)."""
 
 
 def dispatch_insert(count: int) -> str:
