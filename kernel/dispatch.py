@@ -133,7 +133,7 @@ class Dispatcher:
                     assert self.wake is not None
                     # Marked before any wake-up is sent, so that the woken worker finds them.
                     storage.wake_dispatches([r.id for r in rows if r.queue == row.queue])
-                    for _ in range(self.messages):
+                    for _ in range(max(1, self.messages)):  # 0 wakes every burst, once
                         self.wake(queue)
                     woken.add(row.queue)
             except Exception:
