@@ -163,6 +163,7 @@ OTHER_RULES: dict[str, list[Cell]] = {
     "": [Cell("GET", "/", PAGE), Cell("GET", "/?q=x&status=failed", PAGE)],
     "attention/": [Cell("GET", "/attention/", PAGE)],
     "workers/": [Cell("GET", "/workers/", PAGE)],
+    "activity": [Cell("GET", "/activity", PAGE)],  # the overview's charts, refetched
     "tasks/": [Cell("GET", "/tasks/", PAGE),
                Cell("GET", "/tasks/?q=x&status=failed&sort=kind&page=2", PAGE)],
     "sessions/<str:session_id>/history": [
