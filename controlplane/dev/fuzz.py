@@ -1,0 +1,204 @@
+"""Fuzz the API of a real server: ``st run --checks all``, then huge numbers and deep nesting.
+
+Usage (``make fuzz`` runs it with the services' environment loaded)::
+
+    python -m controlplane.dev.fuzz [--max-examples N] [--seed S] [--skip-st] [-- ST_ARGS...]
+
+What it does, against the database in ``DATABASE_URL`` (migrated first):
+
+1. an operator account ``fuzzer`` and a one-day API token for it;
+2. a Daphne process serving the project with production settings (``DEBUG`` off, a
+   random secret key), on a free port, its log in ``.data/fuzz/daphne.log``;
+3. targeted requests built from the published schema: every numeric query parameter
+   at ±10^30 and 10^400, every path parameter 10,000 characters long, and every JSON
+   body nested 10,000 arrays or objects deep, or holding 10^400 and ±2^64;
+4. the schemathesis CLI with every check (``schemathesis.toml`` applies: 5 s a request,
+   long-polls exempt) - the whole run's operations, checks and failures are its summary;
+5. the server's own log read for 5xx answers (a crash the CLI could not attribute).
+
+It exits non-zero if any request got a 5xx, the CLI found a failure, or the server
+logged a server error. Sessions, tasks and submissions it creates stay in the database.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import secrets
+import subprocess
+import sys
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from controlplane.dev.processes import ROOT, Daphne, process_env
+
+ST = str(Path(sys.executable).parent / "st")
+LOG_DIR = ROOT / ".data" / "fuzz"
+DEEP = 10_000
+HUGE_QUERY = ("1" + "0" * 30, "-1" + "0" * 30, "1e400", "-1e400")
+HUGE_JSON = ("1e400", "-1e400", str(2**64), str(-(2**64)), "1" + "0" * 400)
+LONG_TEXT = "9" * 10_000
+ACCESS_LINE = re.compile(r'"(GET|POST|PUT|PATCH|DELETE|HEAD|OPTIONS) (\S+)" (\d{3}) ')
+REQUEST_TIMEOUT = 40.0
+
+
+@dataclass(frozen=True)
+class Probe:
+    method: str
+    path: str
+    body: bytes | None
+    what: str
+
+
+def _token() -> str:
+    """Migrate, and a one-day token of the ``fuzzer`` operator."""
+    import django
+
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
+    os.environ.setdefault("DJANGO_DEBUG", "1")  # this process only: the server runs without
+    django.setup()
+    from django.contrib.auth.models import Group, User
+    from django.core.management import call_command
+    from django.utils import timezone
+
+    from controlplane.access import OPERATOR, issue_token
+
+    call_command("migrate", interactive=False, verbosity=0)
+    account, _ = User.objects.get_or_create(username="fuzzer")
+    account.groups.add(Group.objects.get_or_create(name=OPERATOR)[0])
+    return issue_token(account, "fuzz", timezone.now() + timedelta(days=1))
+
+
+def _schema(base: str) -> Any:
+    with urllib.request.urlopen(f"{base}/api/openapi.json", timeout=REQUEST_TIMEOUT) as answer:
+        return json.load(answer)
+
+
+def _sample(parameter: dict[str, Any]) -> str:
+    """A value the parameter accepts, so that only the probed one is out of range."""
+    schema = parameter.get("schema", {})
+    kind = schema.get("type") or next(
+        (s.get("type") for s in schema.get("anyOf", []) if s.get("type") != "null"), "string"
+    )
+    if schema.get("enum"):
+        return str(schema["enum"][0])
+    return {"integer": "1", "number": "1", "boolean": "true"}.get(kind, "x")
+
+
+def _numeric(parameter: dict[str, Any]) -> bool:
+    schema = parameter.get("schema", {})
+    kinds = {schema.get("type")} | {s.get("type") for s in schema.get("anyOf", [])}
+    return bool(kinds & {"integer", "number"})
+
+
+def probes(schema: Any) -> Iterator[Probe]:
+    """Out-of-range values for every operation the schema publishes."""
+    deep_array = "[" * DEEP + "]" * DEEP
+    deep_object = '{"a":' * DEEP + "1" + "}" * DEEP
+    for path, item in schema["paths"].items():
+        for method, operation in item.items():
+            parameters = operation.get("parameters", [])
+            in_path = {p["name"]: _sample(p) for p in parameters if p["in"] == "path"}
+            queries = [p for p in parameters if p["in"] == "query"]
+            url = path.format(**in_path)
+            body = "requestBody" in operation
+            for p in queries:
+                if not _numeric(p):
+                    continue
+                for value in HUGE_QUERY:
+                    query = urllib.parse.urlencode({p["name"]: value})
+                    yield Probe(method.upper(), f"{url}?{query}", b"{}" if body else None,
+                                f"query {p['name']}={value[:8]}")
+            for name in in_path:
+                yield Probe(method.upper(), path.format(**{**in_path, name: LONG_TEXT}),
+                            b"{}" if body else None, f"path {name} of {len(LONG_TEXT)} chars")
+            if not body:
+                continue
+            for text in (deep_array, deep_object, '{"metadata":' + deep_object + "}"):
+                yield Probe(method.upper(), url, text.encode(), f"body nested {DEEP} deep")
+            for number in HUGE_JSON:
+                for field in ("metadata", "epoch", "expected_count", "receipt", "input"):
+                    yield Probe(method.upper(), url, f'{{"{field}": {number}}}'.encode(),
+                                f"body {field}={number[:8]}")
+
+
+def send(base: str, token: str, probe: Probe) -> int:
+    request = urllib.request.Request(
+        base + probe.path, data=probe.body, method=probe.method,
+        headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=REQUEST_TIMEOUT) as answer:
+            return int(answer.status)
+    except urllib.error.HTTPError as exc:
+        return int(exc.code)
+
+
+def server_errors(log: Path) -> list[str]:
+    """The 5xx answers Daphne's access log shows."""
+    text = log.read_text(errors="replace") if log.exists() else ""
+    return [f"{m[0]} {m[1][:120]} -> {m[2]}" for m in ACCESS_LINE.findall(text)
+            if m[2].startswith("5")]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--max-examples", type=int, default=None)
+    parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--skip-st", action="store_true", help="the targeted requests only")
+    parser.add_argument("st_args", nargs="*", help="more arguments for `st run` (after --)")
+    args = parser.parse_args(argv)
+
+    token = _token()
+    LOG_DIR.mkdir(parents=True, exist_ok=True)
+    log = LOG_DIR / "daphne.log"
+    log.unlink(missing_ok=True)
+    env = process_env(DJANGO_DEBUG="0", DJANGO_SECRET_KEY=secrets.token_urlsafe(50),
+                      DJANGO_CONN_MAX_AGE="0")
+    server = Daphne(log, env)
+    failed = False
+    try:
+        server.start()
+        base = server.http
+        answers: dict[int, int] = {}
+        bad: list[str] = []
+        for probe in probes(_schema(base)):
+            status = send(base, token, probe)
+            answers[status] = answers.get(status, 0) + 1
+            if status >= 500:
+                bad.append(f"{probe.method} {probe.path[:100]} ({probe.what}) -> {status}")
+        print(f"==> targeted requests: {sum(answers.values())}, answers "
+              f"{dict(sorted(answers.items()))}, server errors {len(bad)}")
+        for line in bad:
+            print(f"    {line}")
+        failed = bool(bad)
+        if not args.skip_st:
+            command = [ST, "run", "--checks", "all", "-H", f"Authorization: Bearer {token}",
+                       "--report", "junit", "--report-dir", str(LOG_DIR)]
+            if args.max_examples is not None:
+                command += ["--max-examples", str(args.max_examples)]
+            if args.seed is not None:
+                command += ["--seed", str(args.seed)]
+            command += [*args.st_args, f"{base}/api/openapi.json"]
+            print("==> " + " ".join(c if not c.startswith("Authorization") else
+                                    "'Authorization: Bearer ...'" for c in command), flush=True)
+            failed = subprocess.run(command, cwd=ROOT, check=False).returncode != 0 or failed
+    finally:
+        server.stop()
+    logged = server_errors(log)
+    print(f"==> server errors in the server's log: {len(logged)}")
+    for line in logged[:20]:
+        print(f"    {line}")
+    return 1 if failed or logged else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
