@@ -37,6 +37,7 @@ from kernel import (
     Decision,
     Draft,
     DuplicateCommit,
+    ReservedConversation,
     Status,
     Task,
     UnknownRecord,
@@ -359,7 +360,10 @@ def create_conversation(
         conversation_id = draft.create_conversation(fork_of=fork_of, fork_entry_id=fork_entry_id)
     except ValueError as exc:
         raise Invalid(str(exc)) from exc
-    kernel.open(session_id).commit(draft)
+    try:
+        kernel.open(session_id).commit(draft)
+    except ReservedConversation as exc:
+        raise Invalid(f"fork_of: {exc}") from exc
     created = kernel.storage.conversation(conversation_id)
     assert created is not None
     return created
@@ -387,6 +391,8 @@ def submit(
         )
     except ValueError as exc:
         raise Invalid(f"input: {exc}") from exc
+    except ReservedConversation as exc:
+        raise Invalid(f"conversation_id: {exc}") from exc
     if submitted.outcome == "rejected":
         raise Conflict(
             f"{submitted.reason}; when_busy is reject, so nothing was written "

@@ -11,6 +11,7 @@ import pytest
 from django.test import Client
 
 from kernel import Kernel, Status
+from kernel.commit import operations_log_id
 
 from .test_api import post, start
 
@@ -209,3 +210,27 @@ def test_a_json_integer_may_be_written_with_a_fraction_of_zero(
                   {"action": "cancel", "session_id": session_id, "action_id": "a",
                    "reason": "r", "expected_count": 1.0})
     assert answer.status_code == 200 and answer.json()["count"] == 1
+
+
+# -- point 7: the operations log is written by operators' actions only --------------------
+
+
+def test_the_operations_log_refuses_submissions_and_forks(
+    kernel: Kernel, operator: Client
+) -> None:
+    session_id, task_id = start(kernel, "api-step", {"sleep": True})
+    woken = post(operator, f"/api/tasks/{task_id}/wake", {"action_id": "w", "reason": "now"})
+    assert woken.status_code == 200, woken.content
+    log = operations_log_id(session_id)
+    [logged] = kernel.entries(log)
+    before = head(kernel, session_id)
+    submitted = post(operator, f"/api/sessions/{session_id}/submissions",
+                     {"conversation_id": log, "request_id": "r1", "input": {"text": "forged"}})
+    refused_naming(submitted, "conversation_id")
+    assert b"operations log" in submitted.content
+    forked = post(operator, f"/api/sessions/{session_id}/conversations",
+                  {"fork_of": log, "fork_entry_id": logged.id})
+    refused_naming(forked, "fork_of")
+    assert head(kernel, session_id) == before
+    assert kernel.entries(log) == [logged]
+    assert operator.get(f"/api/sessions/{session_id}/submissions").json() == []
