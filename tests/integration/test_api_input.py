@@ -234,3 +234,42 @@ def test_the_operations_log_refuses_submissions_and_forks(
     assert head(kernel, session_id) == before
     assert kernel.entries(log) == [logged]
     assert operator.get(f"/api/sessions/{session_id}/submissions").json() == []
+
+
+# -- point 7: model options are allow-listed ----------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("input", "field"),
+    [
+        ({"text": "t", "options": {"model": "expensive"}}, "options.model"),
+        ({"text": "t", "options": {"n": 20}}, "options.n"),
+        ({"text": "t", "options": {"temperature": 9}}, "options.temperature"),
+        ({"text": "t", "options": {"max_tokens": "many"}}, "options.max_tokens"),
+        ({"text": "t", "options": ["temperature"]}, "options"),
+        ({"text": "t", "model": 7}, "model"),
+    ],
+)
+def test_model_options_outside_the_allow_list_are_refused_naming_them(
+    kernel: Kernel, operator: Client, input: dict[str, Any], field: str
+) -> None:
+    session_id = post(operator, "/api/sessions", {}).json()["id"]
+    conversation = post(operator, f"/api/sessions/{session_id}/conversations", {}).json()["id"]
+    before = head(kernel, session_id)
+    refused_naming(post(operator, f"/api/sessions/{session_id}/submissions",
+                        {"conversation_id": conversation, "request_id": "r", "input": input}),
+                   field)
+    assert head(kernel, session_id) == before
+    allowed = {"text": "t", "options": {"temperature": 0.7, "max_tokens": 100}}
+    accepted = post(operator, f"/api/sessions/{session_id}/submissions",
+                    {"conversation_id": conversation, "request_id": "r", "input": allowed})
+    assert accepted.status_code == 201, accepted.content
+    assert accepted.json()["input"] == allowed
+
+
+def test_the_schema_publishes_the_allow_list(operator: Client) -> None:
+    components = operator.get("/api/openapi.json").json()["components"]["schemas"]
+    options = components["SubmissionInput"]["properties"]["options"]
+    assert options["additionalProperties"] is False
+    assert options["properties"]["temperature"] == {
+        "type": "number", "minimum": 0, "maximum": 2, "description": "sampling temperature"}
