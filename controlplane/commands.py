@@ -193,8 +193,9 @@ def resolve_task(
     """Decide the uncertain step the operator saw (``step``: the signal it waits on, at
     the task's epoch then) with one of the decisions its task's definition declares
     (:class:`kernel.registry.Decision`): the task finds the decision's value in that
-    signal. A step answered already, or replaced by a later one, is refused (Conflict or
-    the kernel's ``StaleStep``) and nothing changes: of two operators deciding at once,
+    signal, with ``receipt`` if the decision takes one of that shape (Invalid otherwise).
+    A step answered already, or replaced by a later one, is refused (Conflict or the
+    kernel's ``StaleStep``) and nothing changes: of two operators deciding at once,
     exactly one decision lands, checked in the commit under the session's lock."""
     require_operator(user)
     task = task_reads.record(task_id)
@@ -203,6 +204,10 @@ def resolve_task(
     if chosen is None:
         raise Invalid(f"decision: one of {sorted(offered)}" if offered else
                       f"decision: task {task_id} ({task.kind}) offers no decisions")
+    try:
+        chosen.check_receipt(receipt)
+    except ValueError as exc:
+        raise Invalid(str(exc)) from exc
     if not _done_before(task.session_id, action_id, f"resolve:{decision}", task_id):
         signal = task.waits_on.signal if task.status is Status.WAITING else None
         _refuse_unless(

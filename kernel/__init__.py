@@ -32,7 +32,7 @@ from .records import (
     Task,
     WaitsOn,
 )
-from .registry import Blocked, Decision, Registry, TaskDefinition
+from .registry import Blocked, Decision, Receipt, Registry, TaskDefinition
 from .run import Run
 from .scheduler import Scheduler
 from .session import Kernel, SessionHandle
@@ -62,6 +62,7 @@ __all__ = [
     "Next",
     "NotRegistered",
     "Outcome",
+    "Receipt",
     "Registry",
     "ReservedConversation",
     "Run",
