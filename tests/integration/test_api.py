@@ -11,7 +11,17 @@ from django.test import Client
 
 from controlplane.access import issue_token
 from controlplane.runtime import runtime
-from kernel import Decision, Draft, Kernel, Registry, Run, Scheduler, Status, Transition
+from kernel import (
+    Decision,
+    Draft,
+    Kernel,
+    Receipt,
+    Registry,
+    Run,
+    Scheduler,
+    Status,
+    Transition,
+)
 from kernel.commit import operations_log_id
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -32,7 +42,8 @@ def with_test_kinds(monkeypatch: pytest.MonkeyPatch) -> Kernel:
         @registry.task("api-step")
         class Step:
             initial = "go"
-            decisions = (Decision("sent", "It was done", "sent"),
+            decisions = (Decision("sent", "It was done", "sent",
+                                  receipt=Receipt(required=("id",))),
                          Decision("give_up", "Give up", "give_up"))
 
             def go(self, run: Run) -> Transition:
