@@ -326,10 +326,24 @@ def bulk_act(
 # -- sessions, conversations, submissions ----------------------------------------------------
 
 
-def create_session(user: User, metadata: dict[str, Any]) -> SessionRecord:
+CREATE_SESSION = "create-session"
+"""The operations-log entry of a session's creation: who, and with what (``via``)."""
+
+
+def _record_creation(draft: Draft, by: str, via: str) -> None:
+    draft.record_operation(CREATE_SESSION, {"by": by, "via": via})
+
+
+def create_session(user: User, metadata: dict[str, Any], via: str) -> SessionRecord:
+    """A new session, its creation the first commit: ``user`` named as its actor and in
+    the operations log with ``via`` (the credential used, say an API token). Should that
+    commit fail, the session is left empty and unattributed (its head at 0)."""
     require_operator(user)
     kernel = runtime().kernel
     handle = kernel.create_session(metadata=metadata)
+    draft = Draft(actor=actor(user))
+    _record_creation(draft, actor(user), via)
+    handle.commit(draft)
     created = kernel.storage.session(handle.id)
     assert created is not None
     return created
@@ -348,6 +362,8 @@ def start_task(
         else kernel.create_session(metadata={"title": title})
     )
     draft = Draft(actor=actor_name)
+    if session_id is None:
+        _record_creation(draft, actor_name, "shell")
     task_id = draft.create_task(kind, input)
     handle.commit(draft)
     return handle.id, task_id
