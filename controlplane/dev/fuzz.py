@@ -11,7 +11,9 @@ What it does, against the database in ``DATABASE_URL`` (migrated first):
    random secret key), on a free port, its log in ``.data/fuzz/daphne.log``;
 3. targeted requests built from the published schema: every numeric query parameter
    at ±10^30 and 10^400, every path parameter 10,000 characters long, and every JSON
-   body nested 10,000 arrays or objects deep, or holding 10^400 and ±2^64;
+   body nested 10,000 arrays or objects deep, or holding 10^400 and ±2^64; then the
+   dashboard's pages (logged in through the login form) with every query parameter they
+   read at those values, for a session and a task that exist;
 4. the schemathesis CLI with every check (``schemathesis.toml`` applies: 5 s a request,
    long-polls exempt) - the whole run's operations, checks and failures are its summary;
 5. the server's own log read for 5xx answers (a crash the CLI could not attribute).
@@ -23,6 +25,7 @@ logged a server error. Sessions, tasks and submissions it creates stay in the da
 from __future__ import annotations
 
 import argparse
+import http.cookiejar
 import json
 import os
 import re
@@ -32,7 +35,7 @@ import sys
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -46,6 +49,12 @@ DEEP = 10_000
 HUGE_QUERY = ("1" + "0" * 30, "-1" + "0" * 30, "1e400", "-1e400")
 HUGE_JSON = ("1e400", "-1e400", str(2**64), str(-(2**64)), "1" + "0" * 400)
 LONG_TEXT = "9" * 10_000
+PAGE_VALUES = (*HUGE_QUERY, "-1", "0", "1.5", LONG_TEXT)
+PAGE_PARAMETERS = ("page", "since", "until", "sort", "q", "status", "kind", "outcome",
+                   "session_id", "part", "action", "after", "limit", "version")
+"""Every query parameter a dashboard page reads (ui/, ``pages.SEARCHED``), and some more."""
+PAGES = ("/", "/attention/", "/tasks/", "/workers/", "/bulk/preview", "/sessions/{s}/",
+         "/sessions/{s}/history", "/sessions/{s}/tasks/{t}/children", "/tasks/{t}/")
 ACCESS_LINE = re.compile(r'"(GET|POST|PUT|PATCH|DELETE|HEAD|OPTIONS) (\S+)" (\d{3}) ')
 REQUEST_TIMEOUT = 40.0
 
@@ -58,8 +67,8 @@ class Probe:
     what: str
 
 
-def _token() -> str:
-    """Migrate, and a one-day token of the ``fuzzer`` operator."""
+def _token(password: str) -> str:
+    """Migrate, and a one-day token of the ``fuzzer`` operator (its password set)."""
     import django
 
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
@@ -73,6 +82,8 @@ def _token() -> str:
 
     call_command("migrate", interactive=False, verbosity=0)
     account, _ = User.objects.get_or_create(username="fuzzer")
+    account.set_password(password)
+    account.save()
     account.groups.add(Group.objects.get_or_create(name=OPERATOR)[0])
     return issue_token(account, "fuzz", timezone.now() + timedelta(days=1))
 
@@ -130,16 +141,60 @@ def probes(schema: Any) -> Iterator[Probe]:
                                 f"body {field}={number[:8]}")
 
 
-def send(base: str, token: str, probe: Probe) -> int:
-    request = urllib.request.Request(
-        base + probe.path, data=probe.body, method=probe.method,
-        headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
-    )
+Opener = Callable[..., Any]
+
+
+def send(base: str, token: str, probe: Probe, opener: Opener | None = None) -> int:
+    """The status ``probe`` is answered with: with the token, or through ``opener`` (a
+    browser's cookies) if given."""
+    headers = {"Content-Type": "application/json"}
+    if opener is None:
+        headers["Authorization"] = f"Bearer {token}"
+    request = urllib.request.Request(base + probe.path, data=probe.body, method=probe.method,
+                                     headers=headers)
     try:
-        with urllib.request.urlopen(request, timeout=REQUEST_TIMEOUT) as answer:
+        with (opener or urllib.request.urlopen)(request, timeout=REQUEST_TIMEOUT) as answer:
             return int(answer.status)
     except urllib.error.HTTPError as exc:
         return int(exc.code)
+
+
+def _api(base: str, token: str, path: str, body: Any = None) -> Any:
+    request = urllib.request.Request(
+        base + path, data=None if body is None else json.dumps(body).encode(),
+        headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=REQUEST_TIMEOUT) as answer:
+        return json.load(answer)
+
+
+def logged_in(base: str, password: str) -> Opener:
+    """A browser's session: the login form posted with its CSRF token."""
+    opener = urllib.request.build_opener(
+        urllib.request.HTTPCookieProcessor(http.cookiejar.CookieJar()))
+    form = opener.open(f"{base}/accounts/login/", timeout=REQUEST_TIMEOUT).read().decode()
+    found = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', form)
+    assert found, "no CSRF token in the login form"
+    fields = {"username": "fuzzer", "password": password, "csrfmiddlewaretoken": found[1]}
+    opener.open(f"{base}/accounts/login/", urllib.parse.urlencode(fields).encode(),
+                timeout=REQUEST_TIMEOUT)
+    return opener.open
+
+
+def page_probes(base: str, token: str) -> Iterator[Probe]:
+    """Every page, for a session with a task (a submission's turn), with each query
+    parameter at each out-of-range value."""
+    session = _api(base, token, "/api/sessions", {"metadata": {"title": "fuzz"}})["id"]
+    conversation = _api(base, token, f"/api/sessions/{session}/conversations", {})["id"]
+    _api(base, token, f"/api/sessions/{session}/submissions",
+         {"conversation_id": conversation, "request_id": "fuzz", "input": {"text": "hi"}})
+    [task] = _api(base, token, f"/api/tasks?session_id={session}")
+    for page in PAGES:
+        path = page.format(s=session, t=task["id"])
+        for name in PAGE_PARAMETERS:
+            for value in PAGE_VALUES:
+                query = urllib.parse.urlencode({name: value})
+                yield Probe("GET", f"{path}?{query}", None, f"page {name}={value[:8]}")
 
 
 def server_errors(log: Path) -> list[str]:
@@ -154,12 +209,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-examples", type=int, default=None)
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--skip-st", action="store_true", help="the targeted requests only")
+    parser.add_argument("--log-dir", type=Path, default=LOG_DIR,
+                        help="the server's log and the CLI's report (default: .data/fuzz)")
     parser.add_argument("st_args", nargs="*", help="more arguments for `st run` (after --)")
     args = parser.parse_args(argv)
 
-    token = _token()
-    LOG_DIR.mkdir(parents=True, exist_ok=True)
-    log = LOG_DIR / "daphne.log"
+    password = secrets.token_urlsafe(16)
+    token = _token(password)
+    args.log_dir.mkdir(parents=True, exist_ok=True)
+    log = args.log_dir / "daphne.log"
     log.unlink(missing_ok=True)
     env = process_env(DJANGO_DEBUG="0", DJANGO_SECRET_KEY=secrets.token_urlsafe(50),
                       DJANGO_CONN_MAX_AGE="0")
@@ -168,21 +226,25 @@ def main(argv: list[str] | None = None) -> int:
     try:
         server.start()
         base = server.http
-        answers: dict[int, int] = {}
         bad: list[str] = []
-        for probe in probes(_schema(base)):
-            status = send(base, token, probe)
-            answers[status] = answers.get(status, 0) + 1
-            if status >= 500:
-                bad.append(f"{probe.method} {probe.path[:100]} ({probe.what}) -> {status}")
-        print(f"==> targeted requests: {sum(answers.values())}, answers "
-              f"{dict(sorted(answers.items()))}, server errors {len(bad)}")
+        browser = logged_in(base, password)
+        for what, found, opener in (("API", probes(_schema(base)), None),
+                                    ("pages", page_probes(base, token), browser)):
+            answers: dict[int, int] = {}
+            for probe in found:
+                status = send(base, token, probe, opener)
+                answers[status] = answers.get(status, 0) + 1
+                if status >= 500:
+                    bad.append(f"{probe.method} {probe.path[:100]} ({probe.what}) -> {status}")
+            print(f"==> targeted requests ({what}): {sum(answers.values())}, answers "
+                  f"{dict(sorted(answers.items()))}")
+        print(f"==> targeted requests: server errors {len(bad)}")
         for line in bad:
             print(f"    {line}")
         failed = bool(bad)
         if not args.skip_st:
             command = [ST, "run", "--checks", "all", "-H", f"Authorization: Bearer {token}",
-                       "--report", "junit", "--report-dir", str(LOG_DIR)]
+                       "--report", "junit", "--report-dir", str(args.log_dir)]
             if args.max_examples is not None:
                 command += ["--max-examples", str(args.max_examples)]
             if args.seed is not None:
