@@ -66,10 +66,7 @@ class Option:
             or not self.minimum <= value <= self.maximum
         ):
             a = "an integer" if self.kind == "integer" else "a number"
-            raise ValueError(
-                f"options.{self.name}: {a} from {self.minimum:g} to {self.maximum:g}, "
-                f"not {value!r}"[:200]
-            )
+            raise ValueError(f"options.{self.name}: {a} from {self.minimum:g} to {self.maximum:g}")
         return value
 
 
