@@ -1,10 +1,11 @@
-"""Fuzz the API of a real server: ``st run --checks all``, then huge numbers and deep nesting.
+"""Fuzz a real server: huge numbers and deep nesting, then ``st run --checks all``.
 
 Usage (``make fuzz`` runs it with the services' environment loaded)::
 
     python -m controlplane.dev.fuzz [--max-examples N] [--seed S] [--skip-st] [-- ST_ARGS...]
 
-What it does, against the database in ``DATABASE_URL`` (migrated first):
+What it does, against the database in ``DATABASE_URL`` (migrated first; a development
+database, since the account, sessions and tasks it makes stay there):
 
 1. an operator account ``fuzzer`` and a one-day API token for it;
 2. a Daphne process serving the project with production settings (``DEBUG`` off, a
@@ -21,7 +22,7 @@ What it does, against the database in ``DATABASE_URL`` (migrated first):
 5. the server's own log read for 5xx answers (a crash the CLI could not attribute).
 
 It exits non-zero if any request got a 5xx, the CLI found a failure, or the server
-logged a server error. Sessions, tasks and submissions it creates stay in the database.
+logged a server error.
 """
 
 from __future__ import annotations
