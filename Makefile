@@ -19,12 +19,13 @@ BENCH_ARGS ?=
 # Sources the URLs that `make services` resolved (shared or embedded servers).
 LOAD_SERVICES := set -a; . ./$(SERVICES_ENV); set +a
 
-.PHONY: help venv services services-stop browser lint test bench soak screenshot demo clean distclean
+.PHONY: help venv services services-stop browser lint test bench soak fuzz screenshot demo clean distclean
 
 help:
 	@echo "make demo    set up the venv, Postgres, Redis and the database, then run the demo"
 	@echo "make test    lint + the whole test suite (what CI runs)"
 	@echo "make soak    SOAK_SECONDS (600) of seeded load and faults on the real stack"
+	@echo "make fuzz    schemathesis (every check) + huge numbers and deep nesting vs a real server"
 	@echo "other: venv services services-stop browser lint bench screenshot clean distclean"
 
 venv: $(STAMP)
@@ -81,6 +82,15 @@ soak: venv services
 	echo "==> soak for $(SOAK_SECONDS) s (SOAK_SEED=$${SOAK_SEED:-random})"
 	SOAK_SECONDS=$(SOAK_SECONDS) SOAK_REPORT=$(CURDIR)/.data/soak-report.json \
 		$(VENV)/bin/pytest -s -q tests/soak
+
+# The API fuzzed on a real Daphne with production settings (controlplane/dev/fuzz.py):
+# targeted huge numbers and deep nesting, then `st run --checks all`; fails on any 5xx.
+# FUZZ_ARGS passes options, e.g. FUZZ_ARGS="--max-examples 50 --seed 1". Long: not in `make test`.
+FUZZ_ARGS ?=
+fuzz: venv services
+	@$(LOAD_SERVICES)
+	echo "==> fuzz (python -m controlplane.dev.fuzz $(FUZZ_ARGS))"
+	exec $(PY) -m controlplane.dev.fuzz $(FUZZ_ARGS)
 
 # Benchmarks write their figures to docs/benchmarks.md. `make bench BENCH_ARGS=commit`
 # runs one module; see benchmarks/__main__.py.

@@ -50,14 +50,25 @@ def usable_tokens() -> Any:
     )
 
 
-def token_user(key: str) -> Any:
-    """The active user this API token belongs to (its use noted), or None if the token is
-    unknown, revoked or expired."""
+def usable_token(key: str) -> ApiToken | None:
+    """The API token with this key (its use noted) if it authenticates now: neither
+    revoked nor expired, and its user active."""
     found = usable_tokens().select_related("user").filter(digest=digest(key)).first()
     if found is None or not found.user.is_active:
         return None
     ApiToken.objects.filter(pk=found.pk).update(last_used_at=timezone.now())
-    return found.user
+    return found  # type: ignore[no-any-return]
+
+
+def token_user(key: str) -> Any:
+    """The active user this API token belongs to, or None (see :func:`usable_token`)."""
+    found = usable_token(key)
+    return None if found is None else found.user
+
+
+def token_named(token: ApiToken) -> str:
+    """How the audit names a token someone acted with: its name and id, never its key."""
+    return f"API token {token.name!r} (#{token.pk})"
 
 
 @dataclass(frozen=True)

@@ -41,6 +41,7 @@ from kernel import (
     Decision,
     Draft,
     DuplicateCommit,
+    ReservedConversation,
     Status,
     Task,
     UnknownRecord,
@@ -199,8 +200,9 @@ def resolve_task(
     """Decide the uncertain step the operator saw (``step``: the signal it waits on, at
     the task's epoch then) with one of the decisions its task's definition declares
     (:class:`kernel.registry.Decision`): the task finds the decision's value in that
-    signal. A step answered already, or replaced by a later one, is refused (Conflict or
-    the kernel's ``StaleStep``) and nothing changes: of two operators deciding at once,
+    signal, with ``receipt`` if the decision takes one of that shape (Invalid otherwise).
+    A step answered already, or replaced by a later one, is refused (Conflict or the
+    kernel's ``StaleStep``) and nothing changes: of two operators deciding at once,
     exactly one decision lands, checked in the commit under the session's lock."""
     require_operator(user)
     task = task_reads.record(task_id)
@@ -209,6 +211,10 @@ def resolve_task(
     if chosen is None:
         raise Invalid(f"decision: one of {sorted(offered)}" if offered else
                       f"decision: task {task_id} ({task.kind}) offers no decisions")
+    try:
+        chosen.check_receipt(receipt)
+    except ValueError as exc:
+        raise Invalid(str(exc)) from exc
     if not _done_before(task.session_id, action_id, f"resolve:{decision}", task_id):
         signal = task.waits_on.signal if task.status is Status.WAITING else None
         _refuse_unless(
@@ -327,10 +333,24 @@ def bulk_act(
 # -- sessions, conversations, submissions ----------------------------------------------------
 
 
-def create_session(user: User, metadata: dict[str, Any]) -> SessionRecord:
+CREATE_SESSION = "create-session"
+"""The operations-log entry of a session's creation: who, and with what (``via``)."""
+
+
+def _record_creation(draft: Draft, by: str, via: str) -> None:
+    draft.record_operation(CREATE_SESSION, {"by": by, "via": via})
+
+
+def create_session(user: User, metadata: dict[str, Any], via: str) -> SessionRecord:
+    """A new session, its creation the first commit: ``user`` named as its actor and in
+    the operations log with ``via`` (the credential used, say an API token). Should that
+    commit fail, the session is left empty and unattributed (its head at 0)."""
     require_operator(user)
     kernel = runtime().kernel
     handle = kernel.create_session(metadata=metadata)
+    draft = Draft(actor=actor(user))
+    _record_creation(draft, actor(user), via)
+    handle.commit(draft)
     created = kernel.storage.session(handle.id)
     assert created is not None
     return created
@@ -349,6 +369,8 @@ def start_task(
         else kernel.create_session(metadata={"title": title})
     )
     draft = Draft(actor=actor_name)
+    if session_id is None:
+        _record_creation(draft, actor_name, "shell")
     task_id = draft.create_task(kind, input)
     handle.commit(draft)
     return handle.id, task_id
@@ -366,7 +388,10 @@ def create_conversation(
         conversation_id = draft.create_conversation(fork_of=fork_of, fork_entry_id=fork_entry_id)
     except ValueError as exc:
         raise Invalid(str(exc)) from exc
-    kernel.open(session_id).commit(draft)
+    try:
+        kernel.open(session_id).commit(draft)
+    except ReservedConversation as exc:
+        raise Invalid(f"fork_of: {exc}") from exc
     created = kernel.storage.conversation(conversation_id)
     assert created is not None
     return created
@@ -394,6 +419,8 @@ def submit(
         )
     except ValueError as exc:
         raise Invalid(f"input: {exc}") from exc
+    except ReservedConversation as exc:
+        raise Invalid(f"conversation_id: {exc}") from exc
     if submitted.outcome == "rejected":
         raise Conflict(
             f"{submitted.reason}; when_busy is reject, so nothing was written "

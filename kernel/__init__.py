@@ -13,6 +13,7 @@ from .errors import (
     IllegalTransition,
     KernelError,
     NotRegistered,
+    ReservedConversation,
     SessionPoisoned,
     StaleLease,
     StaleStep,
@@ -31,7 +32,7 @@ from .records import (
     Task,
     WaitsOn,
 )
-from .registry import Blocked, Decision, Registry, TaskDefinition
+from .registry import Blocked, Decision, Receipt, Registry, TaskDefinition
 from .run import Run
 from .scheduler import Scheduler
 from .session import Kernel, SessionHandle
@@ -61,7 +62,9 @@ __all__ = [
     "Next",
     "NotRegistered",
     "Outcome",
+    "Receipt",
     "Registry",
+    "ReservedConversation",
     "Run",
     "Scheduler",
     "Preview",

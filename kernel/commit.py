@@ -21,6 +21,7 @@ from .errors import (
     DocumentConflict,
     IllegalTransition,
     NotRegistered,
+    ReservedConversation,
     StaleLease,
     StaleStep,
     UnknownRecord,
@@ -55,6 +56,16 @@ OPERATIONS = "@operations"
 
 def operations_log_id(session_id: str) -> str:
     return f"conv_ops_{session_id}"
+
+
+def refuse_operations_log(session_id: str, conversation_id: str | None, use: str) -> None:
+    """:class:`ReservedConversation` if ``conversation_id`` is the session's operations
+    log: ``use`` says what the draft tried (only :meth:`Draft.record_operation` writes it)."""
+    if conversation_id == operations_log_id(session_id):
+        raise ReservedConversation(
+            f"{conversation_id} is the session's operations log: {use} is refused there "
+            "(it records operators' actions only)"
+        )
 
 
 class DuplicateCommit(CommitRejected):
@@ -449,6 +460,7 @@ class Builder:
     def _conversations(self) -> list[Conversation]:
         made = []
         for conv in self.draft.conversations:
+            refuse_operations_log(self.session_id, conv.fork_of, "a fork")
             if conv.fork_of is not None:
                 parent = self.tx.conversation(conv.fork_of)
                 entry = self.tx.entry(conv.fork_entry_id or "")
@@ -464,6 +476,7 @@ class Builder:
         fresh = {c.id for c in conversations}
         entries = []
         for ordinal, (entry_id, named, kind, payload) in enumerate(self.draft.entries):
+            refuse_operations_log(self.session_id, named, f"an entry of kind {kind!r}")
             conversation_id = (
                 self._operations_log(conversations, fresh) if named == OPERATIONS else named
             )
@@ -574,6 +587,7 @@ class Builder:
         fresh = {c.id for c in conversations}
         created = []
         for submission_id, conversation_id, request_id, payload, origin in self.draft.submissions:
+            refuse_operations_log(self.session_id, conversation_id, "a submission")
             existing = self.tx.submission_by_request(request_id)
             if existing is not None:
                 raise DuplicateRequest(existing)

@@ -45,6 +45,12 @@ class WaitCycle(CommitRejected):
     """A wait that would make tasks wait on each other forever."""
 
 
+class ReservedConversation(CommitRejected):
+    """The draft writes to the session's operations log other than by recording an
+    operation (a submission, an entry of its own, a fork of it): the log holds only what
+    operators did, written by the commits that did it."""
+
+
 class UnknownRecord(CommitRejected):
     """The draft refers to a record that does not exist in this session."""
 

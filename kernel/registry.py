@@ -30,6 +30,47 @@ RESERVED = frozenset(
 
 
 @dataclass(frozen=True)
+class Receipt:
+    """The evidence an operator may give with a decision: a JSON object of text fields,
+    ``required`` ones and ``optional`` ones, nothing else. With ``needed`` the decision
+    is refused without one."""
+
+    required: tuple[str, ...] = ()
+    optional: tuple[str, ...] = ()
+    needed: bool = False
+    max_length: int = 500
+
+    def check(self, receipt: JSON) -> None:
+        """ValueError naming the field (``receipt.<name>``) if ``receipt`` has another
+        shape; None is a receipt not given."""
+        if receipt is None:
+            if self.needed:
+                raise ValueError("receipt: this decision needs one")
+            return
+        if not isinstance(receipt, dict):
+            raise ValueError(f"receipt: an object, not {type(receipt).__name__}")
+        allowed = (*self.required, *self.optional)
+        for name in self.required:
+            if name not in receipt:
+                raise ValueError(f"receipt.{name}: required")
+        for name, value in receipt.items():
+            if name not in allowed:
+                raise ValueError(f"receipt.{str(name)[:100]}: not a field of this receipt "
+                                 f"(its fields: {', '.join(allowed)})")
+            if not isinstance(value, str) or not 1 <= len(value) <= self.max_length:
+                raise ValueError(f"receipt.{name}: text of 1 to {self.max_length} characters")
+
+    def schema(self) -> JSON:
+        """The same shape as a JSON schema, for what an API publishes."""
+        text = {"type": "string", "minLength": 1, "maxLength": self.max_length}
+        return {
+            "type": "object", "additionalProperties": False,
+            "required": list(self.required),
+            "properties": {name: text for name in (*self.required, *self.optional)},
+        }
+
+
+@dataclass(frozen=True)
 class Decision:
     """One answer an operator may give a task that waits on a signal (an uncertain step).
 
@@ -37,6 +78,8 @@ class Decision:
     ``"decision"`` in the signal's payload; ``label`` is the words on the button.
     ``may_repeat`` says what may happen twice when this answer is wrong (say "the
     operation is performed again"); None when the answer repeats no external work.
+    ``receipt`` is the evidence the answer takes (the task finds it under ``"receipt"``);
+    None: it takes none, and one sent with it is refused.
     """
 
     name: str
@@ -44,6 +87,15 @@ class Decision:
     value: str
     may_repeat: str | None = None
     description: str = ""
+    receipt: Receipt | None = None
+
+    def check_receipt(self, receipt: JSON) -> None:
+        """ValueError naming the field if ``receipt`` is not what this answer takes."""
+        if self.receipt is None:
+            if receipt is not None:
+                raise ValueError(f"receipt: the decision {self.name!r} takes none")
+            return
+        self.receipt.check(receipt)
 
 
 @dataclass(frozen=True)

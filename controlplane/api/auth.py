@@ -17,16 +17,19 @@ from django.http import HttpRequest, HttpResponseForbidden
 from ninja.openapi.views import openapi_json
 from ninja.security import HttpBearer, SessionAuth
 
-from controlplane.access import may_read, require_role, token_user
+from controlplane.access import may_read, require_role, token_named, usable_token
+
+BROWSER = "browser session"
 
 
 class TokenAuth(HttpBearer):
     def authenticate(self, request: HttpRequest, token: str) -> Any:
-        user = token_user(token)
-        if user is None:
+        found = usable_token(token)
+        if found is None:
             return None
-        request.user = user
-        return require_role(user)
+        request.user = found.user
+        request.via = token_named(found)  # type: ignore[attr-defined]
+        return require_role(found.user)
 
 
 class RoleSessionAuth(SessionAuth):
@@ -37,6 +40,12 @@ class RoleSessionAuth(SessionAuth):
 def caller(request: HttpRequest) -> User:
     """The authenticated caller (commands check what its role allows)."""
     return request.auth  # type: ignore[attr-defined,no-any-return]
+
+
+def via(request: HttpRequest) -> str:
+    """What the caller authenticated with, for the audit: a named API token, or the
+    browser's login session."""
+    return getattr(request, "via", BROWSER)
 
 
 AUTH = [TokenAuth(), RoleSessionAuth()]

@@ -9,7 +9,7 @@ from ninja import Field, Schema
 from pydantic import ConfigDict, model_validator
 
 from controlplane.commands import MAX_BULK, BulkAction
-from kernel import Outcome, Status
+from kernel import Decision, Outcome, Status
 from kernel.agent import WhenBusy
 
 from .types import Integer, JsonObject, SubmissionInput, storable, text
@@ -95,6 +95,14 @@ class DecisionOut(Schema):
     label: str
     may_repeat: str | None = Field(None, description="what may happen twice if it is wrong")
     description: str = ""
+    receipt: JSON | None = Field(
+        None, description="the `receipt` `resolve` may send with it (a JSON schema); "
+        "null: it takes none"
+    )
+
+    @staticmethod
+    def resolve_receipt(decision: Decision) -> JSON | None:
+        return decision.receipt.schema() if decision.receipt is not None else None
 
 
 class StepOut(Schema):
@@ -176,7 +184,10 @@ class ResolveIn(ActionIn):
         ..., min_length=1, max_length=100,
         description="one of the task's `decisions` (what its definition offers an operator)",
     )
-    receipt: JsonObject | None = Field(None, description="with `sent`: what proves it")
+    receipt: JsonObject | None = Field(
+        None, description="what proves it, if the decision takes a receipt (its `receipt` "
+        "says the shape)"
+    )
     signal: str = text(..., min_length=1, max_length=200,
                        description="the step you decide: the task's `step.signal`")
     epoch: Integer = Field(..., ge=0, le=MAX_EPOCH,

@@ -13,7 +13,7 @@ from controlplane.reads import sessions as reads
 from kernel import NotRegistered, UnknownRecord
 from kernel.records import Entry
 
-from .auth import caller
+from .auth import caller, via
 from .schemas import (
     ConversationIn,
     ConversationOut,
@@ -45,7 +45,9 @@ def list_sessions(
 
 @router.post("/sessions", response={201: SessionOut})
 def create_session(request: HttpRequest, body: SessionIn) -> Any:
-    return Status(201, commands.create_session(caller(request), body.metadata))
+    """A new session; its first commit records who created it and with what credential
+    (an API token or the browser session) in its operations log."""
+    return Status(201, commands.create_session(caller(request), body.metadata, via(request)))
 
 
 @router.get("/sessions/{session_id}", response=SessionOut)

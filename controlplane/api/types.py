@@ -3,6 +3,8 @@ server accepts, so that a request the schema allows is never refused and one it 
 allow is never taken (what schemathesis checks both ways).
 
 - Text: no NUL characters (Postgres cannot store them), as a ``pattern``.
+- Submission input: ``text``, a ``model`` name, and ``options`` from the kernel's
+  allow-list (:data:`kernel.agent.MODEL_OPTIONS`), nothing else in ``options``.
 - JSON values (metadata, submission input, receipts): strings and keys without NUL,
   finite numbers within a double's range, nested at most :data:`MAX_DEPTH` containers
   deep - stated as a chain of component schemas ``Json0`` ... ``Json{MAX_DEPTH}``
@@ -21,6 +23,9 @@ from typing import Annotated, Any
 
 from ninja import Field, Path, Query
 from pydantic import BeforeValidator, WithJsonSchema
+
+from kernel.agent import MODEL_OPTIONS
+from kernel.agent.models import MAX_MODEL_NAME
 
 NO_NUL = r"^[^\x00]*$"
 """Text Postgres can store: anything but NUL (a ``pattern`` in the schema)."""
@@ -99,6 +104,19 @@ def _object(children: str, **more: Any) -> dict[str, Any]:
             "additionalProperties": {"$ref": COMPONENTS + children}, **more}
 
 
+def _model_options() -> dict[str, Any]:
+    """The allow-list of model options (:data:`kernel.agent.MODEL_OPTIONS`) as a schema."""
+    return {
+        "type": "object", "additionalProperties": False,
+        "description": "model options: only these, each within its range",
+        "properties": {
+            o.name: {"type": o.kind, "minimum": o.minimum, "maximum": o.maximum,
+                     "description": o.description}
+            for o in MODEL_OPTIONS
+        },
+    }
+
+
 def json_components() -> dict[str, Any]:
     """The component schemas the JSON types refer to: ``Json{k}`` is a value nested at
     depth k, so a container there holds ``Json{k+1}`` and ``Json{MAX_DEPTH}`` is a scalar."""
@@ -113,7 +131,12 @@ def json_components() -> dict[str, Any]:
     found["JsonObject"] = _object(
         "Json1", description=f"a JSON object, nesting at most {MAX_DEPTH} levels")
     found["SubmissionInput"] = _object(
-        "Json1", required=["text"], properties={"text": {"type": "string", "pattern": NO_NUL}},
+        "Json1", required=["text"], properties={
+            "text": {"type": "string", "pattern": NO_NUL},
+            "model": {"type": "string", "pattern": NO_NUL, "minLength": 1,
+                      "maxLength": MAX_MODEL_NAME},
+            "options": _model_options(),
+        },
         description="the input of a turn: `text`, and optionally `model`, `options`",
     )
     return found

@@ -19,7 +19,7 @@ from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any
 
-from kernel import Decision, Registry, Run, Transition
+from kernel import Decision, Receipt, Registry, Run, Transition
 
 from .channels import CannotConfirm, Channel, NotAccepted, Rejected, Uncertain
 from .provider import Message
@@ -34,7 +34,9 @@ SENT = Decision(
     "sent",
     "It was sent",
     "sent",
-    description="Record it as sent (with the receipt the operator gives, if any).",
+    description="Record it as sent (with the receipt the operator gives, if any: the "
+    "message id the mail server gave, and when it accepted it).",
+    receipt=Receipt(required=("id",), optional=("accepted_at",)),
 )
 SEND_AGAIN = Decision(
     "not_sent_send_again",
@@ -153,10 +155,11 @@ def register(registry: Registry, channels: Mapping[str, Channel]) -> None:
             name = run.checkpoint["awaiting"]
             decision = run.signal(name) or {}
             if decision.get("decision") == SENT.value:
-                receipt = decision.get("receipt") or {
+                receipt = {  # what the operator gave (SENT's receipt) over what we know
                     "id": f"operator:{decision.get('by', 'unknown')}",
                     "to": run.input["to"],
                     "idempotency_key": run.input["operation_id"],
+                    **(decision.get("receipt") or {}),
                 }
                 _record(run, state="sent", receipt=receipt, confirmed_by=decision.get("by"))
                 return run.succeed(receipt)

@@ -98,6 +98,19 @@ def roots(session_id: str) -> list[Node]:
     return nodes(session_id, found)
 
 
+MAX_PAGE = 100_000
+"""The last page number a URL may ask for (of children, of tasks): past it the OFFSET
+would only cost, and far past it Postgres refuses it."""
+
+
+def page_number(text: str) -> int:
+    """A 1-based page number as a URL gives it: what is not plain digits reads as 1, a
+    number past :data:`MAX_PAGE` as that (the page shows something either way)."""
+    if not (text.isascii() and text.isdigit()):
+        return 1
+    return MAX_PAGE if len(text) > len(str(MAX_PAGE)) else min(max(int(text), 1), MAX_PAGE)
+
+
 def children_page(session_id: str, parent_id: str, page: int) -> tuple[list[Node], int | None]:
     """One page of a parent's children (1-based) and the number of the next, if any."""
     start = (page - 1) * CHILD_PAGE
@@ -410,7 +423,7 @@ def task_search(kind: str = "", status: str = "", session: str = "", q: str = ""
         since=since if _moment(since) else "",
         until=until if _moment(until) else "",
         sort=sort if sort in tasks.ORDERS and sort != "tree" else "-created",
-        page=min(int(page), 100_000) if page.isdigit() and int(page) > 0 else 1,
+        page=page_number(page),
     )
 
 

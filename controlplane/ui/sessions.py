@@ -23,10 +23,7 @@ def session(request: HttpRequest, session_id: str) -> HttpResponse:
 @viewer_required
 def children(request: HttpRequest, session_id: str, task_id: str) -> HttpResponse:
     """One page of a task's children (an htmx GET from a collapsed group)."""
-    try:
-        page = max(1, int(request.GET.get("page", "1")))
-    except ValueError:
-        page = 1
+    page = pages.page_number(request.GET.get("page", "1"))
     with snapshot():
         seq = pages.head_seq(session_id)
         if seq is None:

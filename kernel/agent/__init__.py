@@ -5,6 +5,7 @@ to a Registry; ``submit`` accepts input for a conversation.
 """
 
 from .models import (
+    MODEL_OPTIONS,
     ModelProvider,
     ModelRequest,
     ModelResponse,
@@ -13,12 +14,14 @@ from .models import (
     ScriptedProvider,
     ToolCall,
     TransientModelError,
+    check_options,
 )
 from .submissions import Submitted, WhenBusy, submit
 from .tools import Replay, Tool, Toolbox
 from .turn import register_agent
 
 __all__ = [
+    "MODEL_OPTIONS",
     "ModelProvider",
     "ModelRequest",
     "ModelResponse",
@@ -32,6 +35,7 @@ __all__ = [
     "Toolbox",
     "TransientModelError",
     "WhenBusy",
+    "check_options",
     "register_agent",
     "submit",
 ]

@@ -8,9 +8,10 @@ help (:class:`TransientModelError`) or not (:class:`PermanentModelError`).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 JSON = Any
 OnText = Callable[[str], None]
@@ -40,6 +41,71 @@ class ToolCall:
     @classmethod
     def from_json(cls, data: JSON) -> ToolCall:
         return cls(data["id"], data["name"], data["arguments"])
+
+
+@dataclass(frozen=True)
+class Option:
+    """A model option a submission may set: a number (``integer`` or any finite
+    ``number``) from ``minimum`` to ``maximum``."""
+
+    name: str
+    kind: Literal["number", "integer"]
+    minimum: float
+    maximum: float
+    description: str
+
+    def check(self, value: Any) -> int | float:
+        """``value`` as stored; ValueError naming the option if it is not allowed."""
+        if isinstance(value, float) and self.kind == "integer" and value.is_integer():
+            value = int(value)  # 3.0 is the JSON integer 3
+        wanted = int if self.kind == "integer" else int | float
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, wanted)
+            or (isinstance(value, float) and not math.isfinite(value))
+            or not self.minimum <= value <= self.maximum
+        ):
+            a = "an integer" if self.kind == "integer" else "a number"
+            raise ValueError(f"options.{self.name}: {a} from {self.minimum:g} to {self.maximum:g}")
+        return value
+
+
+MODEL_OPTIONS = (
+    Option("temperature", "number", 0, 2, "sampling temperature"),
+    Option("top_p", "number", 0, 1, "nucleus sampling: the probability mass considered"),
+    Option("max_tokens", "integer", 1, 32_768, "the most tokens the answer may have"),
+    Option("presence_penalty", "number", -2, 2, "penalty for tokens already present"),
+    Option("frequency_penalty", "number", -2, 2, "penalty by how often a token appeared"),
+    Option("seed", "integer", 0, 2**31 - 1, "ask for repeatable sampling"),
+)
+"""The options a submission may give a model, each checked by type and range. Nothing
+else passes: the request's model, messages, tools, stream or ``n`` are the turn's to set,
+never a submitter's."""
+MAX_MODEL_NAME = 200
+
+
+def check_options(options: Any) -> dict[str, int | float]:
+    """``options`` if every key is one of :data:`MODEL_OPTIONS` with a value it allows;
+    ValueError naming the first that is not."""
+    if not isinstance(options, dict):
+        raise ValueError(f"options: an object, not {type(options).__name__}")
+    allowed = {option.name: option for option in MODEL_OPTIONS}
+    checked: dict[str, int | float] = {}
+    for name, value in options.items():
+        option = allowed.get(name)
+        if option is None:
+            raise ValueError(
+                f"options.{str(name)[:100]}: not an allowed option (allowed: "
+                f"{', '.join(allowed)})"
+            )
+        checked[name] = option.check(value)
+    return checked
+
+
+def check_model(model: Any) -> None:
+    """A model name is text (which models exist is the turn's registry to say)."""
+    if not isinstance(model, str) or not 1 <= len(model) <= MAX_MODEL_NAME:
+        raise ValueError(f"model: a name of 1 to {MAX_MODEL_NAME} characters")
 
 
 @dataclass(frozen=True)

@@ -39,6 +39,8 @@ from .models import (
 JSON = Any
 RETRYABLE = frozenset({408, 409, 429, 500, 502, 503, 504})
 UNFINISHED = frozenset({"queued", "in_progress"})
+RESPONSES_NAMES = {"max_tokens": "max_output_tokens"}
+"""Model options the Responses API names otherwise than chat completions."""
 T = TypeVar("T")
 
 
@@ -169,12 +171,12 @@ class OpenAICompatibleProvider:
     def generate(self, request: ModelRequest, on_text: OnText) -> ModelResponse | Pending:
         if self.background:
             return self._start_background(request)
-        body: JSON = {
+        body: JSON = {  # options first: what the turn sets is never overridden
+            **request.options,
             "model": request.model,
             "messages": to_openai(request.messages),
             "stream": True,
             "stream_options": {"include_usage": True},
-            **request.options,
         }
         if request.tools:
             body["tools"] = request.tools
@@ -188,11 +190,11 @@ class OpenAICompatibleProvider:
 
     def _start_background(self, request: ModelRequest) -> ModelResponse | Pending:
         body: JSON = {
+            **{RESPONSES_NAMES.get(k, k): v for k, v in request.options.items()},
             "model": request.model,
             "input": to_responses(request.messages),
             "background": True,
             "store": True,  # a background response must be stored to be fetched by id
-            **request.options,
         }
         if request.tools:
             body["tools"] = response_tools(request.tools)

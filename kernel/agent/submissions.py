@@ -19,6 +19,7 @@ from kernel.records import Submission, SubmissionStatus
 from kernel.session import SessionHandle
 
 from .context import USER
+from .models import check_model, check_options
 from .turn import CONVERSATION
 
 JSON = Any
@@ -54,6 +55,10 @@ def submit(
     ``also`` adds writes to the same commit (an operator action records itself so)."""
     if not isinstance(input, dict) or not isinstance(input.get("text"), str):
         raise ValueError("input must be an object with a `text` string")
+    if "model" in input:
+        check_model(input["model"])
+    if "options" in input:
+        check_options(input["options"])
     kernel = handle.kernel
     for _ in range(RACE_RETRIES):
         existing = kernel.storage.submission_by_request(handle.id, request_id)

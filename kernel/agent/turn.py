@@ -35,6 +35,7 @@ from .models import (
     Pending,
     PermanentModelError,
     TransientModelError,
+    check_options,
 )
 from .tools import Replay, Toolbox
 
@@ -77,7 +78,10 @@ def register_agent(
             model = run.input.get("model") or default_model
             if model not in models:
                 return run.next("finish", {"failure": f"unknown model {model!r}"})
-            options = run.input.get("options", {})
+            try:  # submissions are checked; a turn made some other way is held to it too
+                options = check_options(run.input.get("options") or {})
+            except ValueError as exc:
+                return run.next("finish", {"failure": str(exc)})
             return run.next("request", {"model": model, "options": options, "round": 0})
 
         def request(self, run: Run) -> Transition:

@@ -11,6 +11,7 @@ from kernel import (
     DocumentConflict,
     Draft,
     DuplicateCommit,
+    ReservedConversation,
     SessionPoisoned,
     SubmissionStatus,
     UnknownRecord,
@@ -266,3 +267,25 @@ def test_operations_are_logged_in_a_conversation_of_their_own(world: World) -> N
         ("cancel", "user:olga", "second"),
     ]
     assert kernel.entries(conversation) == []
+
+
+def test_the_operations_log_takes_no_submission_entry_or_fork(world: World) -> None:
+    kernel, handle, _ = setup(world)
+    draft = Draft(actor="user:olga")
+    draft.record_operation("cancel", {"task": "t1", "reason": "first"})
+    handle.commit(draft)
+    log = operations_log_id(handle.id)
+    [logged] = kernel.entries(log)
+    attempts = {
+        "submission": lambda d: d.submit(log, "req-1", {"text": "forged"}),
+        "entry": lambda d: d.append(log, "cancel", {"reason": "forged"}),
+        "fork": lambda d: d.create_conversation(fork_of=log, fork_entry_id=logged.id),
+    }
+    for use, build in attempts.items():
+        draft = Draft(actor="user:mallory")
+        build(draft)
+        with pytest.raises(ReservedConversation, match="operations log"):
+            kernel.open(handle.id).commit(draft)
+        assert world.storage.session(handle.id).head_seq == 2, use
+    assert kernel.entries(log) == [logged]
+    assert world.storage.submission_by_request(handle.id, "req-1") is None

@@ -9,9 +9,20 @@ import pytest
 from django.contrib.auth.models import Group, User
 from django.test import Client
 
+from controlplane import commands
 from controlplane.access import issue_token
 from controlplane.runtime import runtime
-from kernel import Decision, Draft, Kernel, Registry, Run, Scheduler, Status, Transition
+from kernel import (
+    Decision,
+    Draft,
+    Kernel,
+    Receipt,
+    Registry,
+    Run,
+    Scheduler,
+    Status,
+    Transition,
+)
 from kernel.commit import operations_log_id
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -32,7 +43,8 @@ def with_test_kinds(monkeypatch: pytest.MonkeyPatch) -> Kernel:
         @registry.task("api-step")
         class Step:
             initial = "go"
-            decisions = (Decision("sent", "It was done", "sent"),
+            decisions = (Decision("sent", "It was done", "sent",
+                                  receipt=Receipt(required=("id",))),
                          Decision("give_up", "Give up", "give_up"))
 
             def go(self, run: Run) -> Transition:
@@ -389,3 +401,28 @@ def test_text_postgres_cannot_store_is_refused_at_the_edge(operator: Client) -> 
     assert operator.get("/api/tasks?kind=a%00b").status_code == 422
     assert operator.get("/api/tasks?kind=%ff").status_code == 422
     assert operator.get("/api/sessions").json() == []
+
+
+def test_creating_a_session_is_audited_with_its_actor_and_credential(kernel: Kernel) -> None:
+    olga = user("olga", "operator")
+    browser = Client()
+    browser.force_login(olga)
+    key = issue_token(olga, "ci")
+    program = Client(HTTP_AUTHORIZATION=f"Bearer {key}")
+    by_browser = post(browser, "/api/sessions", {"metadata": {"title": "a"}}).json()
+    by_token = post(program, "/api/sessions", {}).json()
+    token_id = olga.api_tokens.get().pk
+    for created, via in ((by_browser, "browser session"),
+                         (by_token, f"API token 'ci' (#{token_id})")):
+        assert created["head_seq"] == 1
+        [entry] = kernel.entries(operations_log_id(created["id"]))
+        assert (entry.kind, entry.actor, entry.payload) == (
+            "create-session", "user:olga", {"by": "user:olga", "via": via})
+        page = browser.get(f"/sessions/{created['id']}/").content.decode()
+        assert "create-session" in page and f"user:olga via {via}".replace("'", "&#x27;") in page
+
+
+def test_a_session_the_shell_starts_is_audited_as_the_shell(kernel: Kernel) -> None:
+    session_id, _ = commands.start_task("shell:root", "api-step", {}, None, "from the shell")
+    [entry] = kernel.entries(operations_log_id(session_id))
+    assert (entry.kind, entry.payload) == ("create-session", {"by": "shell:root", "via": "shell"})

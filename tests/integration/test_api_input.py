@@ -11,6 +11,7 @@ import pytest
 from django.test import Client
 
 from kernel import Kernel, Status
+from kernel.commit import operations_log_id
 
 from .test_api import post, start
 
@@ -209,3 +210,66 @@ def test_a_json_integer_may_be_written_with_a_fraction_of_zero(
                   {"action": "cancel", "session_id": session_id, "action_id": "a",
                    "reason": "r", "expected_count": 1.0})
     assert answer.status_code == 200 and answer.json()["count"] == 1
+
+
+# -- point 7: the operations log is written by operators' actions only --------------------
+
+
+def test_the_operations_log_refuses_submissions_and_forks(
+    kernel: Kernel, operator: Client
+) -> None:
+    session_id, task_id = start(kernel, "api-step", {"sleep": True})
+    woken = post(operator, f"/api/tasks/{task_id}/wake", {"action_id": "w", "reason": "now"})
+    assert woken.status_code == 200, woken.content
+    log = operations_log_id(session_id)
+    [logged] = kernel.entries(log)
+    before = head(kernel, session_id)
+    submitted = post(operator, f"/api/sessions/{session_id}/submissions",
+                     {"conversation_id": log, "request_id": "r1", "input": {"text": "forged"}})
+    refused_naming(submitted, "conversation_id")
+    assert b"operations log" in submitted.content
+    forked = post(operator, f"/api/sessions/{session_id}/conversations",
+                  {"fork_of": log, "fork_entry_id": logged.id})
+    refused_naming(forked, "fork_of")
+    assert head(kernel, session_id) == before
+    assert kernel.entries(log) == [logged]
+    assert operator.get(f"/api/sessions/{session_id}/submissions").json() == []
+
+
+# -- point 7: model options are allow-listed ----------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("input", "field"),
+    [
+        ({"text": "t", "options": {"model": "expensive"}}, "options.model"),
+        ({"text": "t", "options": {"n": 20}}, "options.n"),
+        ({"text": "t", "options": {"temperature": 9}}, "options.temperature"),
+        ({"text": "t", "options": {"max_tokens": "many"}}, "options.max_tokens"),
+        ({"text": "t", "options": ["temperature"]}, "options"),
+        ({"text": "t", "model": 7}, "model"),
+    ],
+)
+def test_model_options_outside_the_allow_list_are_refused_naming_them(
+    kernel: Kernel, operator: Client, input: dict[str, Any], field: str
+) -> None:
+    session_id = post(operator, "/api/sessions", {}).json()["id"]
+    conversation = post(operator, f"/api/sessions/{session_id}/conversations", {}).json()["id"]
+    before = head(kernel, session_id)
+    refused_naming(post(operator, f"/api/sessions/{session_id}/submissions",
+                        {"conversation_id": conversation, "request_id": "r", "input": input}),
+                   field)
+    assert head(kernel, session_id) == before
+    allowed = {"text": "t", "options": {"temperature": 0.7, "max_tokens": 100}}
+    accepted = post(operator, f"/api/sessions/{session_id}/submissions",
+                    {"conversation_id": conversation, "request_id": "r", "input": allowed})
+    assert accepted.status_code == 201, accepted.content
+    assert accepted.json()["input"] == allowed
+
+
+def test_the_schema_publishes_the_allow_list(operator: Client) -> None:
+    components = operator.get("/api/openapi.json").json()["components"]["schemas"]
+    options = components["SubmissionInput"]["properties"]["options"]
+    assert options["additionalProperties"] is False
+    assert options["properties"]["temperature"] == {
+        "type": "number", "minimum": 0, "maximum": 2, "description": "sampling temperature"}

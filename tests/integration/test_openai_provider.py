@@ -145,3 +145,19 @@ def test_a_background_response_that_did_not_complete_is_permanent(
         provider.poll("resp_1")
     with pytest.raises(PermanentModelError, match="404"):
         provider.poll("resp_unknown")
+
+
+def test_options_never_override_what_the_turn_sets(server: ModelStandIn) -> None:
+    """The allow-list keeps such options out of submissions; the provider holds the line
+    too, for a request built some other way."""
+    options = {"model": "expensive", "messages": [], "stream": False, "max_tokens": 9}
+    request = ModelRequest(REQUEST.model, REQUEST.messages, REQUEST.tools, options)
+    server.completions.append(Completion("ok"))
+    OpenAICompatibleProvider(server.url).generate(request, lambda text: None)
+    server.completions.append(Completion("ok"))
+    OpenAICompatibleProvider(server.url, background=True).generate(request, lambda text: None)
+    streamed, background = server.requests("POST", "")
+    assert streamed.body["model"] == background.body["model"] == "local-model"
+    assert streamed.body["stream"] is True and len(streamed.body["messages"]) == 3
+    assert streamed.body["max_tokens"] == background.body["max_output_tokens"] == 9
+    assert "max_tokens" not in background.body

@@ -15,7 +15,7 @@ from django.test import Client
 from controlplane import commands
 from controlplane.errors import http_status
 from controlplane.runtime import runtime
-from kernel import Decision, Kernel, Run, Scheduler, Status, Transition
+from kernel import Decision, Kernel, Receipt, Run, Scheduler, Status, Transition
 from kernel.commit import operations_log_id
 
 from .test_api import client_for, post, start, user, with_test_kinds
@@ -24,6 +24,8 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 AGAIN = Decision("again", "Not done: ask again later", "again")
 DONE = Decision("done", "It was done", "done")
+PROVEN = Decision("proven", "It was done: here is the proof", "proven",
+                  receipt=Receipt(required=("id",), optional=("at",), needed=True))
 
 
 @pytest.fixture(autouse=True)
@@ -36,7 +38,7 @@ def kernel(monkeypatch: pytest.MonkeyPatch) -> Kernel:
             """Like a notice over SMTP: each "again" is a new uncertain step."""
 
             initial = "ask"
-            decisions = (DONE, AGAIN)
+            decisions = (DONE, AGAIN, PROVEN)
 
             def ask(self, run: Run) -> Transition:
                 n = run.checkpoint.get("n", 0) + 1
@@ -141,3 +143,47 @@ def test_two_operators_deciding_at_once_exactly_one_decision_lands(
     assert [r["action_id"] for r in logged] == [landed[0].action_id]
     signal = runtime().kernel.storage.task(task_id).signals["resolution-1"]
     assert signal["decision"] == ("done", "again")[int(landed[0].action_id[-1])]
+
+
+@pytest.mark.parametrize(
+    ("decision", "receipt", "field"),
+    [
+        ("proven", None, "receipt"),  # it needs one
+        ("proven", {"at": "noon"}, "receipt.id"),
+        ("proven", {"id": "m-1", "to": "someone@else"}, "receipt.to"),
+        ("proven", {"id": 7}, "receipt.id"),
+        ("proven", {"id": ""}, "receipt.id"),
+        ("done", {"id": "m-1"}, "receipt"),  # "done" takes none
+    ],
+)
+def test_a_receipt_of_another_shape_than_the_decision_takes_is_refused(
+    kernel: Kernel, decision: str, receipt: Any, field: str
+) -> None:
+    session_id, task_id = start(kernel, "api-asker", {})
+    olga = client_for("olga", "operator")
+    step = olga.get(f"/api/tasks/{task_id}").json()["step"]
+    head = kernel.storage.session(session_id).head_seq
+    body = {"action_id": "a1", "reason": "checked", "decision": decision, **step}
+    if receipt is not None:
+        body["receipt"] = receipt
+    refused = post(olga, f"/api/tasks/{task_id}/resolve", body)
+    assert refused.status_code == 422, refused.content
+    assert refused.json()["detail"].startswith(f"{field}:"), refused.content
+    assert kernel.storage.session(session_id).head_seq == head
+
+
+def test_a_receipt_of_the_declared_shape_reaches_the_task(kernel: Kernel) -> None:
+    session_id, task_id = start(kernel, "api-asker", {})
+    olga = client_for("olga", "operator")
+    shown = olga.get(f"/api/tasks/{task_id}").json()
+    assert {d["name"]: d["receipt"] for d in shown["decisions"]}["proven"] == {
+        "type": "object", "additionalProperties": False, "required": ["id"],
+        "properties": {name: {"type": "string", "minLength": 1, "maxLength": 500}
+                       for name in ("id", "at")},
+    }
+    receipt = {"id": "m-1", "at": "noon"}
+    body = {"action_id": "a1", "reason": "checked", "decision": "proven",
+            "receipt": receipt, **shown["step"]}
+    assert post(olga, f"/api/tasks/{task_id}/resolve", body).status_code == 200
+    Scheduler(kernel).run_until_idle()
+    assert kernel.task(task_id).outcome["result"]["receipt"] == receipt

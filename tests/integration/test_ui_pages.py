@@ -127,6 +127,13 @@ def test_a_big_group_is_collapsed_and_paged() -> None:
     assert first.count('class="task-row') == 50 and "page=2" in first
     last = client.get(f"/sessions/{handle.id}/tasks/{parent}/children?page=3").content.decode()
     assert last.count('class="task-row') == 20 and "Show more" not in last
+    # Past the last page, or a page number that is no number: a page all the same.
+    for page, rows in ((str(10**21), 0), ("9" * 10_000, 0), ("²", 50), ("-3", 50),
+                       ("0x10", 50)):
+        answer = client.get(f"/sessions/{handle.id}/tasks/{parent}/children", {"page": page})
+        assert answer.status_code == 200, page
+        assert answer.content.decode().count('class="task-row') == rows, page
+        assert client.get("/tasks/", {"page": page}).status_code == 200, page
 
 
 def test_the_workers_table_refreshes_itself_with_who_holds_which_lease() -> None:

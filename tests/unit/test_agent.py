@@ -34,6 +34,7 @@ from kernel.agent import (
     ToolCall,
     TransientModelError,
     WhenBusy,
+    check_options,
     register_agent,
     submit,
 )
@@ -429,3 +430,74 @@ def test_a_model_request_that_kills_its_worker_every_time_ends_the_turn() -> Non
     assert stored.reason == "the model request was interrupted 6 times"
     assert kinds(kernel, conversation) == ["user"] + ["interruption"] * 6
     assert kernel.document(handle.id, "agent-conversation", conversation)["active"] is None
+
+
+# -- model options: an allow-list of keys, types and ranges -------------------------------
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{}, {"temperature": 0}, {"temperature": 2.0, "top_p": 0.5, "max_tokens": 32768},
+     {"presence_penalty": -2, "frequency_penalty": 1.5, "seed": 7}, {"max_tokens": 3.0}],
+)
+def test_options_the_allow_list_names_are_kept(options: dict[str, Any]) -> None:
+    assert check_options(options) == options
+    assert all(type(v) is int for k, v in check_options(options).items()
+               if k in ("max_tokens", "seed"))
+
+
+@pytest.mark.parametrize(
+    ("options", "named"),
+    [
+        ({"model": "other"}, "options.model"),  # the turn's model, never an option
+        ({"messages": []}, "options.messages"),
+        ({"n": 5}, "options.n"),
+        ({"stream": False}, "options.stream"),
+        ({"temperature": 2.5}, "options.temperature"),
+        ({"temperature": -0.1}, "options.temperature"),
+        ({"temperature": "1"}, "options.temperature"),
+        ({"temperature": True}, "options.temperature"),
+        ({"temperature": float("nan")}, "options.temperature"),
+        ({"max_tokens": 0}, "options.max_tokens"),
+        ({"max_tokens": 10**30}, "options.max_tokens"),
+        ({"max_tokens": 1.5}, "options.max_tokens"),
+        ({"top_p": None}, "options.top_p"),
+    ],
+)
+def test_options_outside_the_allow_list_are_refused_naming_them(
+    options: dict[str, Any], named: str
+) -> None:
+    with pytest.raises(ValueError, match=named.replace(".", r"\.")):
+        check_options(options)
+    world = World(ScriptedProvider(responses=[ModelResponse("hi")]))
+    kernel = world.kernel()
+    handle = kernel.create_session()
+    draft = Draft()
+    conversation = draft.create_conversation()
+    handle.commit(draft)
+    with pytest.raises(ValueError, match=named.replace(".", r"\.")):
+        submit(handle, conversation, {"text": "x", "options": options}, "r")
+    assert kernel.storage.session(handle.id).head_seq == 1
+
+
+def test_a_turn_with_options_outside_the_allow_list_fails_without_asking_the_model() -> None:
+    world = World(ScriptedProvider(responses=[ModelResponse("hi")]))
+    kernel = world.kernel()
+    handle = kernel.create_session()
+    draft = Draft()
+    conversation = draft.create_conversation()
+    turn = draft.create_task(
+        "agent-turn", {"conversation_id": conversation, "submissions": [],
+                       "options": {"model": "expensive", "n": 50}})
+    handle.commit(draft)
+    world.run()
+    assert world.provider.requests == []
+    assert "options.model" in kernel.task(turn).outcome["error"]
+
+
+def test_allowed_options_reach_the_model() -> None:
+    world = World(ScriptedProvider(responses=[ModelResponse("hi")]))
+    kernel, handle, conversation, _ = world.start()
+    submit(handle, conversation, {"text": "more", "options": {"temperature": 0.2}}, "r2")
+    world.run()
+    assert [r.options for r in world.provider.requests] == [{}, {"temperature": 0.2}]

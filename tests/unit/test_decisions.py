@@ -11,6 +11,7 @@ from kernel import (
     InMemoryStorage,
     Kernel,
     ManualClock,
+    Receipt,
     Registry,
     Run,
     Scheduler,
@@ -124,3 +125,21 @@ def test_a_task_no_definition_can_run_offers_no_decisions() -> None:
     waiting = kernel.task(task_id)
     assert registry.decisions(waiting) != ()
     assert Registry().decisions(waiting) == ()  # blocked: nobody knows what answers mean
+
+
+def test_a_decision_takes_the_receipt_it_declares_and_no_other() -> None:
+    proof = Decision("sent", "Sent", "sent", receipt=Receipt(required=("id",),
+                                                               optional=("at",)))
+    proof.check_receipt(None)  # not needed
+    proof.check_receipt({"id": "m-1"})
+    proof.check_receipt({"id": "m-1", "at": "noon"})
+    for receipt, named in [({}, "receipt.id"), ({"id": "m", "x": "y"}, "receipt.x"),
+                           ({"id": 1}, "receipt.id"), ({"id": "m" * 501}, "receipt.id"),
+                           (["id"], "receipt")]:
+        with pytest.raises(ValueError, match=rf"^{named}:"):
+            proof.check_receipt(receipt)
+    with pytest.raises(ValueError, match="^receipt: this decision needs one"):
+        Decision("sent", "Sent", "sent", receipt=Receipt(("id",), needed=True)).check_receipt(None)
+    with pytest.raises(ValueError, match="^receipt: the decision 'stop' takes none"):
+        STOP.check_receipt({"id": "m-1"})
+    STOP.check_receipt(None)
