@@ -34,7 +34,7 @@ def _all_checks() -> list:
 
 
 CHECKS_BUT_TIME = _all_checks()
-EXAMPLES = int(os.environ.get("ST_EXAMPLES", "12"))
+EXAMPLES = int(os.environ.get("ST_EXAMPLES", "8"))  # `make fuzz` runs the CLI at length
 
 
 @pytest.fixture

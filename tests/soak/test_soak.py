@@ -1,5 +1,6 @@
-"""The soak of issue 11 as a test: ``SOAK_SECONDS`` (60 in ``make test``, 600 in
-``make soak``) of seeded load and faults on the real stack, then zero violations.
+"""The soak of issue 11 as a test: ``SOAK_SECONDS`` (30 in ``make test``, which must
+stay under 15 minutes; 600 in ``make soak``) of seeded load and faults on the real
+stack, then zero violations.
 
 ``SOAK_SEED`` picks the mix (default: a fresh one, printed with the report); the
 report goes to stdout and, as JSON, to ``SOAK_REPORT`` when set.
@@ -16,7 +17,7 @@ import pytest
 
 from .harness import soak_stack
 
-SECONDS = float(os.environ.get("SOAK_SECONDS", "60"))
+SECONDS = float(os.environ.get("SOAK_SECONDS", "30"))
 SEED = int(os.environ.get("SOAK_SEED") or random.SystemRandom().randrange(1 << 31))
 pytestmark = [pytest.mark.soak, pytest.mark.chaos, pytest.mark.slow]
 
