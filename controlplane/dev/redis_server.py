@@ -8,6 +8,7 @@ message, as a crashed broker would. The shared Redis (6379) is never touched.
 
 from __future__ import annotations
 
+import json
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -76,8 +77,17 @@ class PrivateRedis:
         self.stop()
         self.start()
 
-    def queued(self) -> int:
-        """Messages waiting in the worker queues right now."""
+    def queued(self) -> set[str]:
+        """The ids of the messages waiting in the worker queues right now.
+
+        Ids, not a count: a message the sweep sends again after a restart is a new
+        message with a new id, so "the restart lost what was queued" is a check on
+        ids that the sweep cannot race.
+        """
         client = redis.Redis.from_url(self.url, socket_connect_timeout=1)
         queues = ("default", "hands", "brain")
-        return sum(int(client.llen(q)) for name in queues for q in (name, name + ".now"))
+        return {
+            json.loads(raw)["headers"]["id"]
+            for name in queues for q in (name, name + ".now")
+            for raw in client.lrange(q, 0, -1)
+        }

@@ -86,8 +86,9 @@ def test_redis_restarted_mid_batch(private: PrivateStack) -> None:
 
     private.broker.restart()  # no persistence: every queued message is lost
 
-    assert queued >= 1, "some notices should still have been waiting in the broker"
-    assert private.broker.queued() == 0
+    assert queued, "some notices should still have been waiting in the broker"
+    # The sweep may already have sent some of them again (new messages, new ids).
+    assert not queued & private.broker.queued(), "the restart should lose what was queued"
     assert len(unfinished(private, session_id)) >= 2, "the restart should land mid-batch"
     batch = private.wait_done(batch_id, timeout=60)
 
