@@ -1,8 +1,8 @@
 """Connection and transaction handling: the cursor the commit path uses, the builder's
 reads inside the open commit transaction, and the pipelined write + COMMIT.
 
-A commit is two round trips: :meth:`Transaction.load` (the session's head, which
-orders commits, plus every read the draft announced, pipelined) and :func:`write`
+A commit is two round trips: :meth:`Transaction.load` (BEGIN, the session's head,
+which orders commits, plus every read the draft announced, pipelined) and :func:`write`
 (every write and the COMMIT, pipelined). Everything else is Python.
 """
 
@@ -133,9 +133,13 @@ class Transaction:
         self._heads: dict[tuple[str, str], DocumentHead | None] = {}
         self._conversations = conversations
 
-    def load(self, prefetch: Prefetch) -> None:
+    def load(self, prefetch: Prefetch, *, begin: bool = False) -> None:
+        """``begin``: open the transaction here, with BEGIN in the same pipeline (the
+        connection is in autocommit mode, so psycopg sends no BEGIN of its own)."""
         wanted_conversations = [c for c in prefetch.conversations if c not in self._conversations]
         with self.db.connection.pipeline():
+            if begin:
+                HotCursor(self.db).execute("BEGIN", prepare=False)
             session = HotCursor(self.db).execute(sql.SESSION_ADVANCE, [self.session_id])
             tasks = (
                 HotCursor(self.db).execute(sql.TASKS_BY_ID_LOCKED, [id_list(prefetch.tasks)])

@@ -29,7 +29,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import psycopg
-from django.db import DatabaseError, InterfaceError, OperationalError, connections, transaction
+from django.db import DatabaseError, InterfaceError, OperationalError, connections
 
 from kernel.errors import CommitUncertain, StorageUnavailable
 from kernel.records import (
@@ -72,6 +72,24 @@ def _no_fault(point: str) -> None:
 # A lost or refused connection (Django's wrappers, or psycopg's own from the pipelined
 # writes): what a restarting server or a broken network looks like.
 UNAVAILABLE = (OperationalError, InterfaceError, psycopg.OperationalError, psycopg.InterfaceError)
+
+
+def _roll_back(db: Any) -> None:
+    """End a commit's transaction that did not reach COMMIT (or whose COMMIT failed), if
+    the server still has it open; a broken connection is marked so that Django's
+    clean-up (``close_old_connections``) closes it."""
+    raw = db.connection
+    if raw is None:
+        return
+    if raw.closed:
+        db.errors_occurred = True
+        return
+    try:
+        if raw.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+            raw.rollback()
+    except BaseException:
+        db.errors_occurred = True
+        raise
 
 
 class PostgresStorage:
@@ -134,16 +152,19 @@ class PostgresStorage:
             # would not mean durable, and listeners would publish too early (invariant 2).
             raise RuntimeError("a kernel commit must own its transaction; call it outside atomic()")
         observer = self.observer
-        atomic = transaction.atomic(using=self.using)
-        atomic.__enter__()
         try:
             db.ensure_connection()
+            if not db.get_autocommit():
+                raise RuntimeError("a kernel commit needs the connection in autocommit mode")
+            # The transaction is ours, not Django's atomic(): BEGIN goes in the pipeline of
+            # the first round trip (psycopg's implicit BEGIN costs a round trip of its own),
+            # COMMIT in that of the second.
             tx = Transaction(db, session_id, self._conversations)
             if observer is None:
-                tx.load(prefetch)
+                tx.load(prefetch, begin=True)
             else:
                 started = time.perf_counter()
-                tx.load(prefetch)
+                tx.load(prefetch, begin=True)
                 observer(READS, time.perf_counter() - started)
             write_set = build(tx)
             self.fault("before_write")
@@ -156,12 +177,11 @@ class PostgresStorage:
         except BaseException as exc:
             # Rolling back on a lost connection fails too: nothing was committed either way.
             with contextlib.suppress(*UNAVAILABLE):
-                atomic.__exit__(type(exc), exc, exc.__traceback__)
+                _roll_back(db)
             if isinstance(exc, UNAVAILABLE):
                 raise StorageUnavailable(f"database unavailable: {exc}") from exc
             raise
         try:
-            atomic.__exit__(None, None, None)  # COMMIT already ran: this only tidies up
             self.fault("after_commit")
         except Exception as exc:
             raise CommitUncertain(f"commit {session_id}#{write_set.commit.seq}: {exc}") from exc
