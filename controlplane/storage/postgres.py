@@ -50,6 +50,7 @@ from kernel.storage import DOUBLINGS, NO_PREFETCH, Build, FaultHook, Prefetch, e
 from . import retention
 from . import statements as sql
 from .connection import (
+    HotCursor,
     Observer,
     Transaction,
     read_head,
@@ -129,6 +130,18 @@ class PostgresStorage:
         with self._cursor() as cur:
             cur.execute(statement, params)
             return cur.fetchone()
+
+    def _hot_one(self, statement: str, params: Any) -> Any:
+        """One row of a statement of the hot path (claims), prepared once per connection
+        and bound server-side (:class:`.connection.HotCursor`): Django's cursors bind
+        client-side and make the server plan the statement again on every call."""
+        db = connections[self.using]
+        try:
+            db.ensure_connection()
+            return HotCursor(db).execute(statement, params).fetchone()
+        except UNAVAILABLE as exc:
+            db.errors_occurred = True  # close_old_connections then drops it if broken
+            raise StorageUnavailable(f"database unavailable: {exc}") from exc
 
     def _all(self, statement: str, params: Any) -> list[Any]:
         with self._cursor() as cur:
@@ -236,7 +249,9 @@ class PostgresStorage:
     # -- leases ----------------------------------------------------------------
 
     def claim(self, task_id: str, owner: str, now: datetime, until: datetime) -> Task | None:
-        row = self._one(sql.CLAIM, {"id": task_id, "owner": owner, "now": now, "until": until})
+        row = self._hot_one(
+            sql.CLAIM, {"id": task_id, "owner": owner, "now": now, "until": until}
+        )
         return TASK.from_sql(row) if row else None
 
     def claim_batch(
@@ -249,7 +264,7 @@ class PostgresStorage:
         return [TASK.from_sql(r) for r in rows]
 
     def claim_woken(self, queue: str, owner: str, now: datetime, until: datetime) -> Task | None:
-        row = self._one(
+        row = self._hot_one(
             sql.CLAIM_WOKEN, {"queue": queue, "owner": owner, "now": now, "until": until}
         )
         return TASK.from_sql(row) if row else None
