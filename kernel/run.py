@@ -72,7 +72,11 @@ class Lease:
         draft, self.draft = self.draft, Draft(actor=f"task:{self.task.id}")
         self.seal(draft, transition)
         self.previews.clear()
-        written = self._commit_carrying(riders, draft) if riders else self.handle.commit(draft)
+        written = (
+            self._commit_carrying(riders, draft)
+            if riders
+            else self.handle.commit(draft, known=(self.task,))
+        )
         self.migrated = False
         self.task = next(t for t in written.updated_tasks if t.id == self.task.id)
         self.checkpoint = self.task.checkpoint

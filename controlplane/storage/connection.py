@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
+from datetime import UTC, datetime
 from typing import Any
 
 import psycopg
@@ -23,6 +24,7 @@ from kernel.records import (
     DocumentVersion,
     Entry,
     SessionRecord,
+    Status,
     Submission,
     Task,
     WriteSet,
@@ -265,6 +267,49 @@ class Transaction:
         return COMMIT.from_sql(row) if row else None
 
 
+class Unforeseen(Exception):
+    """A build from the caller's copies asked for a read they do not answer."""
+
+
+class KnownTransaction:
+    """The builder's reads for a commit built from the caller's copies of its tasks
+    (``Prefetch.known``), before anything is sent: the session head is a guess that
+    :func:`write_known` replaces with the one the database gives, and any other read
+    raises :class:`Unforeseen` (the commit is then built from what the database holds)."""
+
+    def __init__(self, session_id: str, known: Sequence[Task]) -> None:
+        self.known = {t.id: t for t in known}
+        guess = max(t.updated_seq for t in known)
+        self.session = SessionRecord(session_id, guess, datetime.fromtimestamp(0, UTC))
+
+    def tasks(self, ids: Iterable[str], lock: bool = True) -> dict[str, Task]:
+        wanted = list(ids)
+        if not all(i in self.known for i in wanted):
+            raise Unforeseen(f"tasks {wanted}")
+        return {i: self.known[i] for i in wanted}
+
+    def __getattr__(self, name: str) -> Any:
+        raise Unforeseen(name)
+
+
+def continues_inline(ws: WriteSet, known: Sequence[Task]) -> bool:
+    """Whether a write set built by :class:`KnownTransaction` is one :func:`write_known`
+    writes: the commit row and the known tasks, still running, nothing else."""
+    ids = {t.id for t in known}
+    return (
+        not (ws.conversations or ws.entries or ws.document_heads or ws.document_versions)
+        and not (ws.new_tasks or ws.new_submissions or ws.updated_submissions)
+        and not ws.dispatches
+        and bool(ws.updated_tasks)
+        and all(t.id in ids and t.status is Status.RUNNING for t in ws.updated_tasks)
+        and all(t.updated_seq == ws.commit.seq for t in ws.updated_tasks)
+    )
+
+
+class Moved(Exception):
+    """A known task changed since the caller's copy: nothing was committed."""
+
+
 # -- the writes and COMMIT ---------------------------------------------------------------
 
 
@@ -302,6 +347,50 @@ def write(db: Any, ws: WriteSet, before_commit: Callable[[], None]) -> WriteSet:
     ids = [r[0] for chunk in rows for r in chunk.fetchall()]
     dispatches = [replace(d, id=i) for d, i in zip(ws.dispatches, ids, strict=True)]
     return replace(ws, commit=commit, dispatches=dispatches)
+
+
+def write_known(
+    db: Any, ws: WriteSet, known: Sequence[Task], before_commit: Callable[[], None]
+) -> WriteSet:
+    """Persist a write set built from the caller's copies (:class:`KnownTransaction`,
+    checked by :func:`continues_inline`) and COMMIT it, all in one pipelined round trip:
+    BEGIN, the session head (which orders commits, and gives the seq), each task written
+    only if unchanged since its copy, the commit row, COMMIT. :class:`Moved` if a task
+    had changed: the server skipped the rest, COMMIT included, and the caller rolls the
+    transaction back. Otherwise as :func:`write`."""
+    session_id = ws.commit.session_id
+    copies = {t.id: t for t in known}
+    commit_values = COMMIT.values(ws.commit)
+    commit_values[_COMMIT_SEQ] = session_id
+    sent = False
+    try:
+        with db.connection.pipeline():
+            HotCursor(db).execute("BEGIN", prepare=False)
+            head = HotCursor(db).execute(sql.SESSION_NEXT, [session_id])
+            for task in ws.updated_tasks:
+                values = TASK.update_values(task)
+                values[_TASK_UPDATED_SEQ] = session_id
+                copy = copies[task.id]
+                values += [copy.epoch, copy.updated_seq]
+                HotCursor(db).execute(sql.TASK_UPDATE_KNOWN, values)
+            row = HotCursor(db).execute(sql.COMMIT_INSERT_NEXT, commit_values)
+            before_commit()
+            HotCursor(db).execute("COMMIT", prepare=False)
+            sent = True
+    except psycopg.errors.DivisionByZero as exc:
+        raise Moved(str(exc)) from exc
+    except psycopg.Error as exc:
+        if sent and (db.connection.broken or db.connection.closed):
+            raise CommitUncertain(f"commit {session_id}: {exc}") from exc
+        raise
+    seq = head.fetchone()[0]
+    commit = replace(ws.commit, id=row.fetchone()[0], seq=seq)
+    tasks = [replace(t, updated_seq=seq) for t in ws.updated_tasks]
+    return replace(ws, commit=commit, updated_tasks=tasks, dispatches=[])
+
+
+_COMMIT_SEQ = COMMIT.inserted.index("seq")
+_TASK_UPDATED_SEQ = TASK.updated.index("updated_seq")
 
 
 def _queue_writes(db: Any, ws: WriteSet) -> tuple[HotCursor, list[HotCursor]]:

@@ -30,10 +30,13 @@ def select(table: Table, where: str, tail: str = "") -> str:
     return f"SELECT {table.select_list} FROM {table.name} WHERE {where}{tail}"
 
 
-def insert(table: Table, tail: str = "") -> str:
-    """One row of every column an insert writes, in :attr:`Table.inserted` order."""
+def insert(table: Table, tail: str = "", expressions: Mapping[str, str] | None = None) -> str:
+    """One row of every column an insert writes, in :attr:`Table.inserted` order.
+
+    ``expressions`` wraps a column's parameter in SQL (``{}`` marks the parameter)."""
+    wrap = expressions or {}
     columns = ", ".join(table.inserted)
-    values = ", ".join(["%s"] * len(table.inserted))
+    values = ", ".join(wrap.get(c, "{}").format("%s") for c in table.inserted)
     return f"INSERT INTO {table.name} ({columns}) VALUES ({values}){tail}"
 
 
@@ -71,6 +74,17 @@ SESSION_ADVANCE = (
     + ", ".join("head_seq - 1" if c == "head_seq" else c for c in SESSION.columns)
 )
 COMMIT_INSERT = insert(COMMIT, " RETURNING id")
+
+# A commit that only continues the lease holder's task inline, built from the holder's
+# copy of it (``Prefetch.known``), in one round trip: the seq is the one the head update
+# gives (the parameter in its place is the session id), and the task is written only if
+# no commit, claim or release changed it since that copy: ``1 / 0`` otherwise, which
+# aborts the transaction before COMMIT (nothing lands; the commit is built again from
+# what the database holds). A renewal may have moved the lease meanwhile: the later end
+# is kept, as the builder's rule for a kept lease says.
+HEAD_SEQ = f"(SELECT head_seq FROM {SESSION.name} WHERE id = {{}})"
+SESSION_NEXT = f"UPDATE {SESSION.name} SET head_seq = head_seq + 1 WHERE id = %s RETURNING head_seq"
+COMMIT_INSERT_NEXT = insert(COMMIT, " RETURNING id", {"seq": HEAD_SEQ})
 COMMITS_AFTER = select(COMMIT, "session_id = %s AND seq > %s", " ORDER BY seq LIMIT %s")
 COMMIT_BY_KEY = select(COMMIT, "session_id = %s AND key = %s")
 
@@ -110,6 +124,19 @@ TASK_INSERT = insert(TASK)
 # meanwhile (a live worker would lose its task to the sweep).
 TASK_UPDATE = update(
     TASK, {"lease_until": "{}::timestamptz + (clock_timestamp() - transaction_timestamp())"}
+)
+TASK_UPDATE_KNOWN = (
+    "WITH t AS ("
+    + update(
+        TASK,
+        {
+            "lease_until": "GREATEST(lease_until, {}::timestamptz "
+            "+ (clock_timestamp() - transaction_timestamp()))",
+            "updated_seq": HEAD_SEQ,
+        },
+    )
+    + " AND epoch = %s AND status = 'running' AND updated_seq = %s RETURNING 1) "
+    "SELECT 1 / count(*) FROM t"
 )
 
 # -- leases ----------------------------------------------------------------------------
