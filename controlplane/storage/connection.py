@@ -300,7 +300,7 @@ def continues_inline(ws: WriteSet, known: Sequence[Task]) -> bool:
         not (ws.conversations or ws.entries or ws.document_heads or ws.document_versions)
         and not (ws.new_tasks or ws.new_submissions or ws.updated_submissions)
         and not ws.dispatches
-        and bool(ws.updated_tasks)
+        and len(ws.updated_tasks) == 1
         and all(t.id in ids and t.status is Status.RUNNING for t in ws.updated_tasks)
         and all(t.updated_seq == ws.commit.seq for t in ws.updated_tasks)
     )
@@ -353,40 +353,31 @@ def write_known(
     db: Any, ws: WriteSet, known: Sequence[Task], before_commit: Callable[[], None]
 ) -> WriteSet:
     """Persist a write set built from the caller's copies (:class:`KnownTransaction`,
-    checked by :func:`continues_inline`) and COMMIT it, all in one pipelined round trip:
-    BEGIN, the session head (which orders commits, and gives the seq), each task written
-    only if unchanged since its copy, the commit row, COMMIT. :class:`Moved` if a task
-    had changed: the server skipped the rest, COMMIT included, and the caller rolls the
-    transaction back. Otherwise as :func:`write`."""
+    checked by :func:`continues_inline`) as one statement, committed on its own (the
+    connection is in autocommit mode): one round trip (``statements.INLINE_COMMIT``).
+    :class:`Moved` if the task had changed since its copy: nothing landed. Otherwise as
+    :func:`write`; ``before_commit`` runs just before the statement is sent."""
     session_id = ws.commit.session_id
-    copies = {t.id: t for t in known}
+    [task] = ws.updated_tasks
+    copy = next(t for t in known if t.id == task.id)
     commit_values = COMMIT.values(ws.commit)
-    commit_values[_COMMIT_SEQ] = session_id
-    sent = False
+    del commit_values[_COMMIT_SEQ]
+    task_values = TASK.update_values(task)
+    del task_values[_TASK_UPDATED_SEQ]
+    params = [session_id, *commit_values, *task_values, copy.epoch, copy.updated_seq]
+    before_commit()
     try:
-        with db.connection.pipeline():
-            HotCursor(db).execute("BEGIN", prepare=False)
-            head = HotCursor(db).execute(sql.SESSION_NEXT, [session_id])
-            for task in ws.updated_tasks:
-                values = TASK.update_values(task)
-                values[_TASK_UPDATED_SEQ] = session_id
-                copy = copies[task.id]
-                values += [copy.epoch, copy.updated_seq]
-                HotCursor(db).execute(sql.TASK_UPDATE_KNOWN, values)
-            row = HotCursor(db).execute(sql.COMMIT_INSERT_NEXT, commit_values)
-            before_commit()
-            HotCursor(db).execute("COMMIT", prepare=False)
-            sent = True
+        cur = HotCursor(db).execute(sql.INLINE_COMMIT, params)
+        seq, commit_id, _ = cur.fetchone()
     except psycopg.errors.DivisionByZero as exc:
         raise Moved(str(exc)) from exc
     except psycopg.Error as exc:
-        if sent and (db.connection.broken or db.connection.closed):
+        # Sent: if the connection was lost, the server may have committed it.
+        if db.connection.broken or db.connection.closed:
             raise CommitUncertain(f"commit {session_id}: {exc}") from exc
         raise
-    seq = head.fetchone()[0]
-    commit = replace(ws.commit, id=row.fetchone()[0], seq=seq)
-    tasks = [replace(t, updated_seq=seq) for t in ws.updated_tasks]
-    return replace(ws, commit=commit, updated_tasks=tasks, dispatches=[])
+    commit = replace(ws.commit, id=commit_id, seq=seq)
+    return replace(ws, commit=commit, updated_tasks=[replace(task, updated_seq=seq)])
 
 
 _COMMIT_SEQ = COMMIT.inserted.index("seq")

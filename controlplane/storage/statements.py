@@ -75,16 +75,6 @@ SESSION_ADVANCE = (
 )
 COMMIT_INSERT = insert(COMMIT, " RETURNING id")
 
-# A commit that only continues the lease holder's task inline, built from the holder's
-# copy of it (``Prefetch.known``), in one round trip: the seq is the one the head update
-# gives (the parameter in its place is the session id), and the task is written only if
-# no commit, claim or release changed it since that copy: ``1 / 0`` otherwise, which
-# aborts the transaction before COMMIT (nothing lands; the commit is built again from
-# what the database holds). A renewal may have moved the lease meanwhile: the later end
-# is kept, as the builder's rule for a kept lease says.
-HEAD_SEQ = f"(SELECT head_seq FROM {SESSION.name} WHERE id = {{}})"
-SESSION_NEXT = f"UPDATE {SESSION.name} SET head_seq = head_seq + 1 WHERE id = %s RETURNING head_seq"
-COMMIT_INSERT_NEXT = insert(COMMIT, " RETURNING id", {"seq": HEAD_SEQ})
 COMMITS_AFTER = select(COMMIT, "session_id = %s AND seq > %s", " ORDER BY seq LIMIT %s")
 COMMIT_BY_KEY = select(COMMIT, "session_id = %s AND key = %s")
 
@@ -125,18 +115,33 @@ TASK_INSERT = insert(TASK)
 TASK_UPDATE = update(
     TASK, {"lease_until": "{}::timestamptz + (clock_timestamp() - transaction_timestamp())"}
 )
-TASK_UPDATE_KNOWN = (
-    "WITH t AS ("
+# A commit that only continues the lease holder's task inline, built from the holder's
+# copy of it (``Prefetch.known``), as one statement (its own transaction, synchronously
+# committed: one round trip): the head update takes the session's commit order and gives
+# the seq; the commit row is written with it; the task is written only if no commit,
+# claim or release changed it since that copy, and ``1 / 0`` otherwise aborts the
+# statement (nothing lands; the commit is built again from what the database holds). A
+# renewal may have moved the lease meanwhile: the later end is kept, as the builder's
+# rule for a kept lease says. The head is read first, so the session row is locked
+# before the task row, as in every commit. Parameters: the session id, the commit row's
+# values but its seq, the task's updated values but its updated_seq, its id, then the
+# epoch and updated_seq of the copy.
+INLINE_COMMIT = (
+    f"WITH head AS (UPDATE {SESSION.name} SET head_seq = head_seq + 1 WHERE id = %s "
+    "RETURNING head_seq), written AS ("
+    + insert(COMMIT, " RETURNING id", {"seq": "(SELECT head_seq FROM head)"})
+    + "), moved AS ("
     + update(
         TASK,
         {
             "lease_until": "GREATEST(lease_until, {}::timestamptz "
             "+ (clock_timestamp() - transaction_timestamp()))",
-            "updated_seq": HEAD_SEQ,
+            "updated_seq": "(SELECT head_seq FROM head)",
         },
     )
     + " AND epoch = %s AND status = 'running' AND updated_seq = %s RETURNING 1) "
-    "SELECT 1 / count(*) FROM t"
+    "SELECT (SELECT head_seq FROM head), (SELECT id FROM written), "
+    "1 / (SELECT count(*) FROM moved)"
 )
 
 # -- leases ----------------------------------------------------------------------------

@@ -14,6 +14,7 @@ from typing import Any
 import psycopg
 import pytest
 from django.db import connection
+from django.test.utils import CaptureQueriesContext
 
 from controlplane.storage import PostgresStorage
 from kernel import Draft, Kernel, ManualClock, Registry, Run, Transition, Worker
@@ -57,7 +58,8 @@ def start(kernel: Kernel) -> tuple[str, str]:
 
 @contextmanager
 def counting_pipelines() -> Iterator[list[int]]:
-    """How many pipelines (each one round trip) the connection runs in the block."""
+    """How many pipelines (each one round trip) the connection runs in the block: a
+    usual commit runs two, an inline one none (it is one statement)."""
     count = [0]
     original = psycopg.Connection.pipeline
 
@@ -84,10 +86,16 @@ def log_is_whole(kernel: Kernel, session_id: str) -> list[int]:
 def test_each_inline_commit_is_one_round_trip() -> None:
     kernel = kernel_with(phases=4)
     session_id, task_id = start(kernel)
-    with counting_pipelines() as pipelines:
-        assert Worker(kernel, "w1").advance(task_id)
-    # 3 inline commits of one round trip each, and the ending's usual two.
-    assert pipelines[0] == 3 + 2
+    worker = Worker(kernel, "w1")
+    with counting_pipelines() as pipelines, CaptureQueriesContext(connection) as captured:
+        assert worker.advance(task_id)
+    statements = [q["sql"].split(" AS ")[0] for q in captured]
+    # After the claim: 3 inline commits of one statement each (nothing else: no BEGIN,
+    # no COMMIT, no read), then the ending's usual two round trips.
+    first = statements.index("WITH head")
+    assert statements[first : first + 4] == ["WITH head"] * 3 + ["BEGIN"], statements
+    assert statements.count("WITH head") == 3 and statements[-1] == "COMMIT", statements
+    assert pipelines[0] == 2
     task = kernel.task(task_id)
     assert task.status is Status.TERMINAL and task.outcome["result"] == {"done": 4}
     log_is_whole(kernel, session_id)
@@ -128,8 +136,9 @@ def test_a_task_changed_since_the_copy_is_committed_from_the_database() -> None:
     task = kernel.task(task_id)
     assert task.signals == {"approved": {"by": "ann"}}
     assert task.outcome["result"] == {"done": 4}
-    # The refused one-round-trip commit (and its roll back) cost the usual two on top.
-    assert pipelines[0] == (3 + 2) + 2 + 2  # + the signal's commit
+    # The refused one-statement commit is made again the usual way: 2 round trips, as
+    # are the ending's and the signal's own commit.
+    assert pipelines[0] == 2 + 2 + 2
     log_is_whole(kernel, session_id)
 
 
