@@ -270,7 +270,9 @@ class Worker:
 
         The next commit of another lease of this worker carries those of its session
         (:meth:`board`), so that an intent commit, made before an external call, never
-        leaves an ending waiting behind that call."""
+        leaves an ending waiting behind that call; but not a phase's plain inline
+        ``Next``, which commits alone (one round trip on Postgres: ``Prefetch.known``)
+        while the endings wait for their batch."""
         ended, self._ended = self._ended, []
         sessions: dict[str, list[tuple[Lease, Finish]]] = {}
         for lease, finish in ended:
