@@ -175,3 +175,35 @@ def test_a_lost_connection_on_the_one_round_trip_is_unavailable_not_a_fault() ->
     task = kernel.task(task_id)
     assert task.status is Status.RUNNING and task.checkpoint == {"done": 1}
     log_is_whole(kernel, session_id)
+
+
+def test_a_connection_lost_once_the_statement_was_sent_is_uncertain_and_it_landed(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The one statement is its own transaction: once sent, a lost connection leaves its
+    outcome unknown. The handle is poisoned (invariant 6) and the worker abandons the
+    task; the commit did land, and a later claim resumes after it."""
+    from controlplane.storage import statements as sql
+
+    cut = [False]
+
+    def wrapper(execute: Callable[..., Any], query: str, *args: Any) -> Any:
+        result = execute(query, *args)
+        if query == sql.INLINE_COMMIT and not cut[0]:
+            cut[0] = True
+            connection.connection.close()  # the answer never comes back
+            raise psycopg.OperationalError("server closed the connection unexpectedly")
+        return result
+
+    kernel = kernel_with(phases=4)
+    session_id, task_id = start(kernel)
+    worker = Worker(kernel, "w1")
+    with connection.execute_wrapper(wrapper):
+        worker.advance(task_id)
+    assert cut[0]
+    connection.close()
+    task = kernel.task(task_id)
+    assert task.status is Status.RUNNING and task.checkpoint == {"done": 1}  # it landed
+    assert worker._handles == {}  # the poisoned handle was dropped
+    assert "session handle poisoned" in caplog.text  # not "storage unavailable"
+    log_is_whole(kernel, session_id)
