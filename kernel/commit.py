@@ -28,6 +28,8 @@ from .errors import (
     WaitCycle,
 )
 from .records import (
+    SUBMISSION_ID,
+    TASK_ID,
     Commit,
     Conversation,
     Dispatch,
@@ -208,7 +210,7 @@ class Draft:
         parent_id: str | None = None,
         owned: bool = False,
     ) -> str:
-        task_id = new_id("task")
+        task_id = new_id(TASK_ID)
         self.new_tasks.append(_NewTask(task_id, kind, input, version, parent_id, owned))
         return task_id
 
@@ -264,7 +266,7 @@ class Draft:
     ) -> str:
         """Accept input under the caller's ``request_id``; ``resubmit_of`` links a retry
         of an earlier submission to it."""
-        submission_id = new_id("sub")
+        submission_id = new_id(SUBMISSION_ID)
         self.submissions.append((submission_id, conversation_id, request_id, input, resubmit_of))
         return submission_id
 

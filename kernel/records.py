@@ -17,9 +17,20 @@ from typing import Any, Literal
 JSON = Any
 
 
+TASK_ID = "task"
+SUBMISSION_ID = "sub"
+"""The prefixes of task and submission ids: an id alone says what it names (an operations
+log entry's target is either)."""
+
+
 def new_id(prefix: str) -> str:
     """A fresh, never-reused id, sortable by creation time (invariant 4)."""
     return f"{prefix}_{time.time_ns():x}{os.urandom(6).hex()}"
+
+
+def id_kind(record_id: str) -> str:
+    """The prefix :func:`new_id` gave ``record_id``: :data:`TASK_ID`, :data:`SUBMISSION_ID`..."""
+    return record_id.partition("_")[0]
 
 
 class Status(StrEnum):
