@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Collection, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime, timedelta
 from typing import Any
@@ -215,8 +215,17 @@ class PostgresStorage:
 
     # -- leases ----------------------------------------------------------------
 
-    def claim(self, task_id: str, owner: str, now: datetime, until: datetime) -> Task | None:
-        row = self._one(sql.CLAIM, {"id": task_id, "owner": owner, "now": now, "until": until})
+    def claim(
+        self, task_id: str, owner: str, now: datetime, until: datetime,
+        versions: Collection[tuple[str, int]] | None = None,
+    ) -> Task | None:
+        params = {"id": task_id, "owner": owner, "now": now, "until": until}
+        if versions is None:
+            row = self._one(sql.CLAIM, params)
+        else:
+            kinds, numbers = zip(*versions, strict=True) if versions else ((), ())
+            params.update(kinds=list(kinds), versions=list(numbers))
+            row = self._one(sql.CLAIM_VERSIONS, params)
         return TASK.from_sql(row) if row else None
 
     def claim_batch(

@@ -149,6 +149,15 @@ CLAIM = (
     f"WITH {UNFLUSHED}, picked AS (SELECT t.id FROM unflushed, {TASK.name} t "
     f"WHERE t.id = %(id)s AND {RUNNABLE} FOR UPDATE OF t SKIP LOCKED), {_CLAIMED}"
 )
+# The same, only for a task of one of the claimer's registered (kind, version) pairs: a
+# worker claims in one round trip what it can run as stored, and reads the task only
+# when this finds nothing (kernel.worker.Worker.advance).
+CLAIM_VERSIONS = (
+    f"WITH {UNFLUSHED}, picked AS (SELECT t.id FROM unflushed, {TASK.name} t "
+    f"WHERE t.id = %(id)s AND {RUNNABLE} AND (t.kind, t.version) IN (SELECT * FROM "
+    "unnest(%(kinds)s::text[], %(versions)s::int[])) FOR UPDATE OF t SKIP LOCKED), "
+    f"{_CLAIMED}"
+)
 CLAIM_BATCH = (
     f"WITH picked AS (SELECT id FROM {TASK.name} WHERE kind = ANY(%(kinds)s) AND {RUNNABLE} "
     f"ORDER BY updated_seq LIMIT %(limit)s FOR UPDATE SKIP LOCKED), {_CLAIMED}"
