@@ -267,9 +267,10 @@ class Storage(Protocol):
 
     def take_dispatches(self, ids: Iterable[int], now: datetime) -> set[int]:
         """Of these rows, take the ones nobody has delivered yet, stamping them delivered
-        at ``now``; their ids. A committer takes its rows before sending them, so a sweep
-        running meanwhile does not send them too; if the committer dies between taking
-        and sending, the sweep sends them once ``redeliver_after`` has passed."""
+        at ``now``; their ids. A committer takes its rows before sending them (or writes
+        them taken, :meth:`~kernel.dispatch.Dispatcher.attach`), so a sweep running
+        meanwhile does not send them too; if the committer dies between taking and
+        sending, the sweep sends them once ``redeliver_after`` has passed."""
         ...
 
     def wake_dispatches(self, ids: Iterable[int]) -> None:
