@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Collection, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime, timedelta
 from typing import Any
@@ -50,6 +50,7 @@ from kernel.storage import DOUBLINGS, NO_PREFETCH, Build, FaultHook, Prefetch, e
 from . import retention
 from . import statements as sql
 from .connection import (
+    HotCursor,
     Observer,
     Transaction,
     read_head,
@@ -111,6 +112,17 @@ class PostgresStorage:
         with self._cursor() as cur:
             cur.execute(statement, params)
             return cur.fetchone()
+
+    def _prepared_one(self, statement: str, params: Any) -> Any:
+        """One row from ``statement`` prepared once per connection (as the commit path's
+        are, :class:`.connection.HotCursor`): for a statement every message runs, the
+        claim, whose planning took longer than its execution (0.2 ms against 0.04)."""
+        db = connections[self.using]
+        try:
+            db.ensure_connection()
+            return HotCursor(db).execute(statement, params).fetchone()
+        except UNAVAILABLE as exc:
+            raise StorageUnavailable(f"database unavailable: {exc}") from exc
 
     def _all(self, statement: str, params: Any) -> list[Any]:
         with self._cursor() as cur:
@@ -215,8 +227,17 @@ class PostgresStorage:
 
     # -- leases ----------------------------------------------------------------
 
-    def claim(self, task_id: str, owner: str, now: datetime, until: datetime) -> Task | None:
-        row = self._one(sql.CLAIM, {"id": task_id, "owner": owner, "now": now, "until": until})
+    def claim(
+        self, task_id: str, owner: str, now: datetime, until: datetime,
+        versions: Collection[tuple[str, int]] | None = None,
+    ) -> Task | None:
+        params = {"id": task_id, "owner": owner, "now": now, "until": until}
+        if versions is None:
+            row = self._prepared_one(sql.CLAIM, params)
+        else:
+            kinds, numbers = zip(*versions, strict=True) if versions else ((), ())
+            params.update(kinds=list(kinds), versions=list(numbers))
+            row = self._prepared_one(sql.CLAIM_VERSIONS, params)
         return TASK.from_sql(row) if row else None
 
     def claim_batch(

@@ -592,6 +592,42 @@ def test_blocked_tasks_keep_their_state_and_run_once_a_definition_fits(world: Wo
     assert world.kernel(too_new).blocked(handle.id) == []
 
 
+def test_a_claim_for_registered_versions_leaves_other_tasks_as_they_were(
+    world: World,
+) -> None:
+    """``Storage.claim(..., versions)``, the worker's one-round-trip claim (issue 12):
+    a task stored at another (kind, version) is not claimed, nor changed in any way."""
+    old = Registry()
+    old.add(_definition("tool", 1, None))
+    kernel = world.kernel(old)
+    handle = kernel.create_session()
+    draft = Draft()
+    task_id = draft.create_task("tool", {"n": 1})
+    handle.commit(draft)
+    before = world.storage.task(task_id)
+    now = world.clock.now()
+    until = now + timedelta(seconds=30)
+    for versions in (set(), {("tool", 2)}, {("other", 1)}):
+        assert world.storage.claim(task_id, "w", now, until, versions) is None
+    assert world.storage.task(task_id) == before
+    claimed = world.storage.claim(task_id, "w", now, until, {("other", 1), ("tool", 1)})
+    assert claimed is not None and claimed.epoch == before.epoch + 1
+
+
+def test_a_worker_migrates_and_runs_a_task_stored_at_an_older_version(world: World) -> None:
+    old = Registry()
+    old.add(_definition("tool", 1, None))
+    handle = world.kernel(old).create_session()
+    draft = Draft()
+    task_id = draft.create_task("tool", {"n": 1})
+    handle.commit(draft)
+    new = Registry()
+    new.add(_definition("tool", 2, lambda v, i, c: ({**i, "n2": i["n"] * 2}, c)))
+    assert Worker(world.kernel(new), "w").advance(task_id)
+    task = world.storage.task(task_id)
+    assert task.outcome["result"] == {"n": 1, "n2": 2} and task.version == 2
+
+
 def _definition(kind: str, version: int, migrate):
     from kernel import TaskDefinition
 
