@@ -51,6 +51,7 @@ from . import retention
 from . import statements as sql
 from .connection import (
     Observer,
+    RowVersions,
     Transaction,
     read_head,
     read_submission_by_request,
@@ -90,6 +91,8 @@ class PostgresStorage:
         self.observer = observer
         # Conversations never change once created, so a cache of them is never stale.
         self._conversations: dict[str, Conversation] = {}
+        # Waiters' records by row version: a join's row is read once per version.
+        self._versions = RowVersions()
 
     @contextmanager
     def observing(self, observer: Observer) -> Iterator[None]:
@@ -138,7 +141,7 @@ class PostgresStorage:
         atomic.__enter__()
         try:
             db.ensure_connection()
-            tx = Transaction(db, session_id, self._conversations)
+            tx = Transaction(db, session_id, self._conversations, self._versions)
             if observer is None:
                 tx.load(prefetch)
             else:

@@ -86,11 +86,21 @@ TASKS_BY_ID = select(TASK, f"id = {IDS}")
 TASKS_BY_ID_LOCKED = select(TASK, f"id = {IDS}", " FOR UPDATE")
 SESSION_TASKS = select(TASK, "session_id = %s", " ORDER BY created_seq, id")
 CHILDREN_LOCKED = select(TASK, "parent_id = %s AND owned", " ORDER BY created_seq, id FOR UPDATE")
-WAITERS_LOCKED = select(
-    TASK,
-    "session_id = %s AND status = 'waiting' AND wait_deps @> ARRAY[%s]::text[]",
-    " FOR UPDATE",
+# A task's waiters, each as its row version only (id, xmin, updated_seq, epoch), locked.
+# The row of a join over n tasks holds their n ids several times (its input, checkpoint,
+# ``wait`` and ``wait_deps``): reading and decoding it each time one of them ends made
+# every ending O(n) and a batch O(n*n) (issue 12). A waiter whose dependency array is
+# large (``pg_column_size`` reads its stored size without fetching it) is returned
+# without being looked into: the caller checks it against its copy of that row version
+# (:meth:`.connection.Transaction.waiters`). Small arrays are checked here.
+WAITER_BIG_DEPS = 2048
+WAITERS_LOCKED = (
+    f"SELECT id, xmin::text, updated_seq, epoch FROM {TASK.name} WHERE session_id = %s "
+    f"AND status = 'waiting' AND (pg_column_size(wait_deps) > {WAITER_BIG_DEPS} "
+    "OR wait_deps @> ARRAY[%s]::text[]) FOR UPDATE"
 )
+# Whole rows with their version (``xmin``), for the waiters not known at that version.
+TASKS_WITH_VERSION = f"SELECT {TASK.select_list}, xmin::text FROM {TASK.name} WHERE id = {IDS}"
 JOIN_STATE = (
     "SELECT count(*) FILTER (WHERE status <> 'terminal'), min(id) FILTER "
     "(WHERE status = 'terminal' AND outcome->>'kind' <> 'succeeded') "
