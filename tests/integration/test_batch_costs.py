@@ -6,10 +6,13 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from django.db import connection
 
 from controlplane.storage import PostgresStorage
 from controlplane.storage import connection as storage_connection
+from controlplane.storage import statements as sql
 from kernel import Draft, Kernel, ManualClock, Registry, Run, Status, Transition, Worker
+from kernel.dispatch import Dispatcher
 
 
 def registry() -> Registry:
@@ -72,3 +75,32 @@ def test_the_ending_of_a_batch_member_reads_the_batch_row_whole_once_not_each_ti
     assert kernel.task(batch).status is Status.PENDING
     assert worker.advance(batch)
     assert kernel.task(batch).outcome == {"kind": "succeeded", "result": 200}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_woken_claim_reads_a_fresh_bursts_oldest_rows_in_order_not_all_sorted() -> None:
+    """On a dispatch table whose statistics say it is empty (a fresh database), the
+    claim's plan sorted every due woken row of a burst on each claim; the burst's wake
+    analyses the table, so the claim reads the oldest rows from its index in order."""
+    with connection.cursor() as cur:
+        cur.execute("ANALYZE kernel_dispatch")  # empty: what a fresh database's says
+    clock = ManualClock()
+    kernel = Kernel(PostgresStorage(), registry(), clock)
+    dispatcher = Dispatcher(kernel, lambda task_id, queue: None, wake=lambda queue: None)
+    kernel.after_commit(dispatcher.after_commit)
+    handle = kernel.create_session()
+    draft = Draft()
+    for i in range(2000):
+        draft.create_task("notice", {"to": f"r{i}@example.com"})
+    handle.commit(draft)
+    with connection.cursor() as cur:
+        cur.execute("SELECT count(*) FROM kernel_dispatch WHERE woken")
+        assert cur.fetchone()[0] == 2000
+        now = clock.now()
+        cur.execute(
+            "EXPLAIN " + sql.CLAIM_WOKEN,
+            {"queue": "hands", "owner": "w", "now": now, "until": now},
+        )
+        plan = "\n".join(row[0] for row in cur.fetchall())
+    assert "Index Scan using dispatch_woken_due" in plan, plan
+    assert "Bitmap Index Scan on dispatch_woken_due" not in plan, plan
