@@ -79,11 +79,13 @@ def test_the_ending_of_a_batch_member_reads_the_batch_row_whole_once_not_each_ti
 
 @pytest.mark.django_db(transaction=True)
 def test_the_woken_claim_reads_a_fresh_bursts_oldest_rows_in_order_not_all_sorted() -> None:
-    """On a dispatch table whose statistics say it is empty (a fresh database), the
-    claim's plan sorted every due woken row of a burst on each claim; the burst's wake
-    analyses the table, so the claim reads the oldest rows from its index in order."""
+    """On tables whose statistics say they are empty (a fresh database), the claim's
+    plan sorted every due woken row of a burst, and hashed every runnable task, on each
+    claim; the burst's wake analyses the dispatch table, so the claim reads the oldest
+    rows from its index in order, and it looks their tasks up one by one by id."""
     with connection.cursor() as cur:
-        cur.execute("ANALYZE kernel_dispatch")  # empty: what a fresh database's says
+        cur.execute("ANALYZE kernel_dispatch")  # empty: what a fresh database's say
+        cur.execute("ANALYZE kernel_task")
     clock = ManualClock()
     kernel = Kernel(PostgresStorage(), registry(), clock)
     dispatcher = Dispatcher(kernel, lambda task_id, queue: None, wake=lambda queue: None)
@@ -104,3 +106,6 @@ def test_the_woken_claim_reads_a_fresh_bursts_oldest_rows_in_order_not_all_sorte
         plan = "\n".join(row[0] for row in cur.fetchall())
     assert "Index Scan using dispatch_woken_due" in plan, plan
     assert "Bitmap Index Scan on dispatch_woken_due" not in plan, plan
+    assert "task_runnable" not in plan and "Hash" not in plan, plan  # no scan of runnables
+    claimed = kernel.storage.claim_woken("hands", "w", now, now)
+    assert claimed is not None and claimed.status is Status.RUNNING
