@@ -22,6 +22,7 @@ nothing was written, so the phase that met it is restarted, never failed.
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
 from collections.abc import Collection, Iterable, Iterator, Sequence
 from contextlib import contextmanager
@@ -52,6 +53,7 @@ from . import statements as sql
 from .connection import (
     HotCursor,
     Observer,
+    RowVersions,
     Transaction,
     read_head,
     read_submission_by_request,
@@ -59,6 +61,8 @@ from .connection import (
     write,
 )
 from .schema import COMMIT, CONVERSATION, DISPATCH, ENTRY, SESSION, SUBMISSION, TASK
+
+log = logging.getLogger(__name__)
 
 READS = "reads"
 """Observer stage: the commit's first round trip (session head + announced reads)."""
@@ -91,6 +95,8 @@ class PostgresStorage:
         self.observer = observer
         # Conversations never change once created, so a cache of them is never stale.
         self._conversations: dict[str, Conversation] = {}
+        # Waiters' records by row version: a join's row is read once per version.
+        self._versions = RowVersions()
 
     @contextmanager
     def observing(self, observer: Observer) -> Iterator[None]:
@@ -150,7 +156,7 @@ class PostgresStorage:
         atomic.__enter__()
         try:
             db.ensure_connection()
-            tx = Transaction(db, session_id, self._conversations)
+            tx = Transaction(db, session_id, self._conversations, self._versions)
             if observer is None:
                 tx.load(prefetch)
             else:
@@ -303,8 +309,27 @@ class PostgresStorage:
             cur.execute(sql.RELEASE_DISPATCHES, [list(ids)])
 
     def wake_dispatches(self, ids: Iterable[int]) -> None:
+        woken = list(ids)
         with self._cursor() as cur:
-            cur.execute(sql.WAKE_DISPATCHES, [list(ids)])
+            cur.execute(sql.WAKE_DISPATCHES, [woken])
+            if len(woken) < sql.ANALYZE_BURST:
+                return
+            cur.execute(sql.DISPATCH_ANALYZED_ROWS)
+            row = cur.fetchone()
+            if row is None or len(woken) * 2 < row[0]:
+                return
+        self._analyze_dispatches()
+
+    def _analyze_dispatches(self) -> None:
+        """Fresh statistics for the woken claim's plan (see ``statements.ANALYZE_BURST``).
+        Best effort: behind another ANALYZE or autovacuum's it gives up after a moment
+        (their statistics will do), and nothing depends on it but the claim's speed."""
+        try:
+            with transaction.atomic(using=self.using), self._cursor() as cur:
+                cur.execute("SET LOCAL lock_timeout = '200ms'")
+                cur.execute(sql.ANALYZE_DISPATCH)
+        except (DatabaseError, StorageUnavailable):
+            log.info("could not analyse the dispatch table after a burst", exc_info=True)
 
     def thread_exit(self) -> None:
         connections[self.using].close()  # Django's connections are per thread

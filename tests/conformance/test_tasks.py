@@ -737,3 +737,34 @@ def test_a_keep_lease_commit_extends_the_lease(world: World) -> None:
     [until] = seen  # Postgres adds the (tiny) time the commit spent in the database
     expected = world.clock.now() + timedelta(seconds=30)
     assert expected <= until < expected + timedelta(seconds=1)
+
+
+def test_a_large_join_sees_what_changed_on_its_waiter_and_deps_while_it_waited(
+    world: World,
+) -> None:
+    """A join over many tasks is checked at each of their endings without reading the
+    waiter anew each time (issue 12): what changes the waiter or a dependency meanwhile
+    (a signal to the waiter, a retried dependency) is still seen."""
+    children = [
+        {"kind": "step", "input": {"name": f"c{i}", "fail": i == 0}} for i in range(150)
+    ]
+    kernel, handle, task_id = start(world, "parent", {"name": "p", "children": children})
+    worker = Worker(kernel, "w1")
+    assert worker.advance(task_id)
+    deps = world.storage.task(task_id).wait_deps
+    assert len(deps) == 150
+    for dep in deps[:100]:
+        assert worker.advance(dep)
+    draft = Draft(actor="user:ann")
+    draft.signal(task_id, "note", {"n": 1})  # the waiter's row changes while it waits
+    draft.retry(deps[0])  # and a dependency that had ended is open again
+    handle.commit(draft)
+    for dep in deps[100:]:
+        assert worker.advance(dep)
+    assert world.storage.task(task_id).status is Status.WAITING  # deps[0] is open
+    assert worker.advance(deps[0])
+    parent = world.storage.task(task_id)
+    assert parent.status is Status.PENDING
+    assert parent.signals == {"note": {"n": 1}}
+    assert worker.advance(task_id)
+    assert world.storage.task(task_id).outcome["result"] == ["failed"] + ["succeeded"] * 149
