@@ -211,5 +211,5 @@ def delivering_kernel(redis_url: str) -> tuple[Any, Any]:
     dispatcher = Dispatcher(
         kernel, deliver, wake=wake_queue, messages=settings.KERNEL_DISPATCH_MESSAGES
     )
-    kernel.after_commit(dispatcher.after_commit)
+    dispatcher.attach()
     return kernel, broker

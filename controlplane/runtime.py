@@ -74,7 +74,7 @@ def runtime() -> Runtime:
         wake=wake,
         messages=settings.KERNEL_DISPATCH_MESSAGES,
     )
-    kernel.after_commit(dispatcher.after_commit)
+    dispatcher.attach()  # takes each commit's due rows in the commit, delivers after it
     notifier = Notifier()
     kernel.after_commit(notifier.after_commit)  # live views: hints after each commit
     kernel.on_preview(notifier.preview)  # and progress that is not committed yet

@@ -275,6 +275,14 @@ CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_TASK_PUBLISH_RETRY_POLICY = {"max_retries": 1, "interval_start": 0, "interval_step": 0.2}
 CELERY_BROKER_TRANSPORT_OPTIONS = {"socket_connect_timeout": 2, "socket_timeout": 5}
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
+# Celery's Django fix-up closes the database connection before and after every task
+# unless this is set: each message then paid a new connection (a backend fork, ~1.5 ms
+# idle and 6 ms on a busy machine) and lost the commit path's prepared statements
+# (issue 12's latency profile). Our tasks call close_old_connections() themselves, which
+# drops a connection that failed or is older than CONN_MAX_AGE, and the health check
+# (CONN_HEALTH_CHECKS) replaces one that died idle (a restarted Postgres). The fix-up
+# counts its calls (two a task) and closes after 2 x this many: in effect never.
+CELERY_DB_REUSE_MAX = 1_000_000_000
 
 # Renewed every third of it while a phase runs (KERNEL_HEARTBEAT), so a short lease costs
 # a renewal every 5 s and lets the sweep recover a dead worker's task 15 s after its

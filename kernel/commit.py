@@ -28,6 +28,8 @@ from .errors import (
     WaitCycle,
 )
 from .records import (
+    SUBMISSION_ID,
+    TASK_ID,
     Commit,
     Conversation,
     Dispatch,
@@ -41,6 +43,7 @@ from .records import (
     SubmissionStatus,
     Task,
     WriteSet,
+    dep_set,
     new_id,
 )
 from .registry import Blocked, Registry
@@ -221,7 +224,7 @@ class Draft:
         parent_id: str | None = None,
         owned: bool = False,
     ) -> str:
-        task_id = new_id("task")
+        task_id = new_id(TASK_ID)
         self.new_tasks.append(_NewTask(task_id, kind, input, version, parent_id, owned))
         return task_id
 
@@ -277,7 +280,7 @@ class Draft:
     ) -> str:
         """Accept input under the caller's ``request_id``; ``resubmit_of`` links a retry
         of an earlier submission to it."""
-        submission_id = new_id("sub")
+        submission_id = new_id(SUBMISSION_ID)
         self.submissions.append((submission_id, conversation_id, request_id, input, resubmit_of))
         return submission_id
 
@@ -368,18 +371,22 @@ class Builder:
         failed = next((t.id for t in local if t.terminal and not succeeded(t)), state.failed)
         return JoinState(state.open + sum(not t.terminal for t in local), failed)
 
-    def any_open(self, ids: list[str]) -> bool:
-        """Whether a task of a join that waits for all is still open (what this commit
-        changed itself wins). Asks storage newest first: tasks are created in order and
-        mostly run in order, so the newest is the one most likely still open."""
-        unknown = []
-        for task_id in reversed(ids):
-            task = self.tasks.get(task_id) or self.seen.get(task_id)
-            if task is None:
-                unknown.append(task_id)
-            elif not task.terminal:
-                return True
-        return self.tx.any_open(unknown)
+    def any_open(self, waiter: Task) -> bool:
+        """Whether a task of ``waiter``'s join (one that waits for all) is still open;
+        what this commit changed itself wins. The tasks this commit holds are looked at
+        first (a few, and with a batch's next intent among them, usually an open one);
+        then storage is asked, newest first: tasks are created in order and mostly run
+        in order, so the newest is the one most likely still open."""
+        deps = dep_set(waiter)
+        for task_id in (*self.tasks, *self.seen):
+            if task_id in deps:
+                task = self.tasks.get(task_id) or self.seen[task_id]
+                if not task.terminal:
+                    return True
+        ids: list[str] = waiter.wait["deps"] if waiter.wait else []
+        return self.tx.any_open(
+            [i for i in reversed(ids) if i not in self.tasks and i not in self.seen]
+        )
 
     def put(self, task: Task) -> None:
         previous = self.tasks.get(task.id)
@@ -401,11 +408,7 @@ class Builder:
     def waiters(self, task_id: str) -> list[Task]:
         stored = self.overlay(self.tx.waiters(task_id)) if task_id not in self.created else []
         ids = {t.id for t in stored} | {t.id for t in self.tasks.values()}
-        return [
-            self.tasks[i]
-            for i in ids
-            if self.tasks[i].status is Status.WAITING and task_id in self.tasks[i].wait_deps
-        ]
+        return [self.tasks[i] for i in ids if self.tasks[i].waits_on_task(task_id)]
 
     # -- the build ------------------------------------------------------------
 
@@ -859,7 +862,7 @@ class Builder:
             satisfied = task.wait["signal"] in task.signals
         else:
             if task.wait.get("policy") != JoinPolicy.FAIL_FAST:
-                satisfied = not self.any_open(task.wait_deps)
+                satisfied = not self.any_open(task)
             else:
                 join = self.join_state(task.wait_deps)
                 if join.failed is not None:

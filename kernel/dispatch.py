@@ -1,9 +1,10 @@
 """Dispatch: telling workers "look at task X", after commits and by the sweep.
 
 Postgres decides, the broker delivers (DESIGN §7). A commit that makes a task
-runnable writes a dispatch row in the same transaction; after the commit the
-:class:`Dispatcher` hands due rows to a ``deliver`` callable (Celery's
-``apply_async`` in production); the claim deletes them. Anything lost on the way - a
+runnable writes a dispatch row in the same transaction (taken already, when the
+process's :class:`Dispatcher` is attached to its kernel); after the commit the
+Dispatcher hands due rows to a ``deliver`` callable (Celery's ``apply_async`` in
+production); the claim deletes them. Anything lost on the way - a
 broker outage, a process dying between commit and delivery - is picked up by
 :meth:`Dispatcher.sweep`, which beat runs every second: due rows, sleepers whose
 time has come, tasks whose lease expired. A message only says "look at X"; the
@@ -15,8 +16,8 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
-from datetime import timedelta
+from dataclasses import dataclass, replace
+from datetime import datetime, timedelta
 
 from .records import Dispatch, WriteSet
 from .registry import Blocked
@@ -78,15 +79,48 @@ class Dispatcher:
         self.wake = wake
         self.messages = messages
 
+    def attach(self) -> None:
+        """Deliver after each of the kernel's commits, and take the commit's due rows in
+        the commit itself (:meth:`outgoing`): the round trip that would take them after
+        it is saved, between the commit and its messages (issue 12's dispatch latency).
+
+        What that changes if this process dies between the commit and its messages:
+        the rows are already taken, so the sweep re-sends them once ``redeliver_after``
+        has passed, not at its next pass - as when a committer dies between taking and
+        sending, the window being the time the after-commit listeners take to start.
+        A failed delivery releases the rows for the next sweep, as before."""
+        self.kernel.outbox = self.outgoing
+        self.kernel.after_commit(self.after_commit)
+
+    def outgoing(self, rows: list[Dispatch], now: datetime) -> list[Dispatch]:
+        """A commit's dispatch rows as written when this dispatcher delivers after it:
+        the rows due at ``now`` taken (delivered at ``now``, one delivery), and those of
+        a burst's queue woken (see :meth:`_deliver`)."""
+        due = [row for row in rows if row.not_before <= now]
+        if not due:
+            return rows
+        burst = self._bursts(due)
+        return [
+            replace(row, delivered_at=now, attempts=1, woken=row.queue in burst)
+            if row.not_before <= now
+            else row
+            for row in rows
+        ]
+
     def after_commit(self, write_set: WriteSet) -> None:
         """Deliver the commit's due dispatches now; the sweep covers any failure."""
         now = self.kernel.clock.now()
-        due = [d.id for d in write_set.dispatches if d.not_before <= now]
-        if not due:
-            return
+        # Taken in the commit itself (:meth:`attach`): only this dispatcher sets that.
+        taken = [d for d in write_set.dispatches if d.delivered_at is not None]
+        due = [d.id for d in write_set.dispatches
+               if d.delivered_at is None and d.not_before <= now]
         storage = self.kernel.storage
-        taken = storage.take_dispatches(due, now)
-        _, undelivered = self._deliver([d for d in write_set.dispatches if d.id in taken])
+        if due:
+            ids = storage.take_dispatches(due, now)
+            taken += [d for d in write_set.dispatches if d.id in ids]
+        if not taken:
+            return
+        _, undelivered = self._deliver(sorted(taken, key=lambda d: d.id))
         if undelivered:
             storage.release_dispatches([d.id for d in undelivered])
 
@@ -115,14 +149,20 @@ class Dispatcher:
             storage.retry_dispatches(ready)
         return self.sweep()
 
+    def _bursts(self, rows: list[Dispatch]) -> set[str]:
+        """The queues with more than ``messages`` of ``rows``: each gets wake-ups."""
+        if self.wake is None:
+            return set()
+        counts = Counter(row.queue for row in rows)
+        return {queue for queue, n in counts.items() if n > self.messages}
+
     def _deliver(
         self, rows: list[Dispatch], *, recovery: bool = False
     ) -> tuple[list[Dispatch], list[Dispatch]]:
         """Send rows in order until the broker fails: (delivered, not delivered). The
         rows of a burst's queue are delivered by the wake-ups sent at its first row."""
         storage = self.kernel.storage
-        counts = Counter(row.queue for row in rows)
-        burst = {q for q, n in counts.items() if n > self.messages} if self.wake else set()
+        burst = self._bursts(rows)
         woken: set[str] = set()
         for index, row in enumerate(rows):
             queue = recovery_queue(row.queue) if recovery else row.queue
@@ -131,8 +171,11 @@ class Dispatcher:
                     self.deliver(row.task_id, queue)
                 elif row.queue not in woken:
                     assert self.wake is not None
-                    # Marked before any wake-up is sent, so that the woken worker finds them.
-                    storage.wake_dispatches([r.id for r in rows if r.queue == row.queue])
+                    # Marked before any wake-up is sent, so that the woken worker finds
+                    # them (unless their commit marked them, :meth:`outgoing`).
+                    unmarked = [r.id for r in rows if r.queue == row.queue and not r.woken]
+                    if unmarked:
+                        storage.wake_dispatches(unmarked)
                     for _ in range(max(1, self.messages)):  # 0 wakes every burst, once
                         self.wake(queue)
                     woken.add(row.queue)

@@ -11,7 +11,7 @@ import copy
 import itertools
 import threading
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import replace
 from datetime import datetime, timedelta
 
@@ -226,10 +226,15 @@ class InMemoryStorage:
 
     # -- leases ----------------------------------------------------------------
 
-    def claim(self, task_id: str, owner: str, now: datetime, until: datetime) -> Task | None:
+    def claim(
+        self, task_id: str, owner: str, now: datetime, until: datetime,
+        versions: Collection[tuple[str, int]] | None = None,
+    ) -> Task | None:
         with self._lock:
             task = self._tasks.get(task_id)
             if task is None or not task.runnable_at(now):
+                return None
+            if versions is not None and (task.kind, task.version) not in versions:
                 return None
             claimed = replace(
                 task,

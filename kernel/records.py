@@ -8,6 +8,7 @@ fields hold plain ``dict``/``list`` values that are treated as immutable too.
 from __future__ import annotations
 
 import os
+import threading
 import time
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -17,9 +18,20 @@ from typing import Any, Literal
 JSON = Any
 
 
+TASK_ID = "task"
+SUBMISSION_ID = "sub"
+"""The prefixes of task and submission ids: an id alone says what it names (an operations
+log entry's target is either)."""
+
+
 def new_id(prefix: str) -> str:
     """A fresh, never-reused id, sortable by creation time (invariant 4)."""
     return f"{prefix}_{time.time_ns():x}{os.urandom(6).hex()}"
+
+
+def id_kind(record_id: str) -> str:
+    """The prefix :func:`new_id` gave ``record_id``: :data:`TASK_ID`, :data:`SUBMISSION_ID`..."""
+    return record_id.partition("_")[0]
 
 
 class Status(StrEnum):
@@ -170,6 +182,11 @@ class Task:
     def wait_deps(self) -> list[str]:
         return list(self.wait.get("deps", [])) if self.wait else []
 
+    def waits_on_task(self, task_id: str) -> bool:
+        """Whether it waits for ``task_id`` to end (in O(1) for a large join: see
+        :func:`dep_set`)."""
+        return self.status is Status.WAITING and task_id in dep_set(self)
+
     @property
     def shown_status(self) -> str:
         """Its status, or once terminal its outcome's kind (one of :data:`SHOWN_STATUSES`)."""
@@ -191,6 +208,40 @@ class Task:
         if self.status is Status.RUNNING:
             return self.lease_until is not None and self.lease_until < now
         return False
+
+
+_DEP_SETS: dict[int, tuple[JSON, frozenset[str]]] = {}
+_DEP_SETS_LOCK = threading.Lock()
+DEP_SET_MIN = 64
+"""Joins over at least this many tasks have their set of dependencies remembered."""
+
+
+def dep_set(task: Task) -> frozenset[str]:
+    """The ids ``task`` waits for (empty when it waits for none), as a set.
+
+    A join over n tasks is looked at each time one of them ends; building the set each
+    time would make every ending O(n) (issue 12: a batch of n emails, O(n*n)). The set
+    of a large join is remembered by the identity of the record's ``wait`` value, which
+    is never changed in place (records are immutable), for as long as storage hands out
+    the same record (the in-memory storage always, Postgres while the row is unchanged).
+    """
+    wait = task.wait
+    deps = wait.get("deps") if isinstance(wait, dict) else None
+    if not deps:
+        return frozenset()
+    if len(deps) < DEP_SET_MIN:
+        return frozenset(deps)
+    key = id(wait)
+    with _DEP_SETS_LOCK:
+        known = _DEP_SETS.get(key)
+        if known is not None and known[0] is wait:
+            return known[1]
+    found = frozenset(deps)
+    with _DEP_SETS_LOCK:
+        if len(_DEP_SETS) >= 32:
+            _DEP_SETS.clear()
+        _DEP_SETS[key] = (wait, found)  # holding ``wait`` keeps its id from being reused
+    return found
 
 
 WaitKind = Literal["signal", "tasks", "interrupted_phase", "time"]

@@ -198,6 +198,11 @@ class Registry:
     def kinds(self) -> frozenset[str]:
         return frozenset(self._tasks)
 
+    def versions(self) -> frozenset[tuple[str, int]]:
+        """The ``(kind, version)`` pairs registered: a task stored at one of them runs as
+        stored (:meth:`resolve` needs no migration and cannot find it blocked)."""
+        return frozenset((kind, v) for kind, versions in self._tasks.items() for v in versions)
+
     def resolve(self, task: Task) -> Resolved | Blocked:
         """The definition that runs ``task`` now, or why none can."""
         versions = self._tasks.get(task.kind)

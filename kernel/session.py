@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from datetime import datetime
 from typing import Any
 
 from .clock import Clock, SystemClock
@@ -19,6 +20,7 @@ from .commit import Builder, Draft, DuplicateRequest, replay
 from .errors import CommitUncertain, SessionPoisoned, UnknownRecord
 from .records import (
     Commit,
+    Dispatch,
     Entry,
     Preview,
     SessionRecord,
@@ -36,6 +38,8 @@ log = logging.getLogger(__name__)
 
 
 PreviewListener = Callable[[Preview], None]
+Outbox = Callable[[list[Dispatch], datetime], list[Dispatch]]
+"""``outbox(rows, now)``: a commit's dispatch rows as they are to be written."""
 
 
 @dataclass
@@ -45,6 +49,10 @@ class Kernel:
     clock: Clock = field(default_factory=SystemClock)
     listeners: list[Listener] = field(default_factory=list)
     preview_listeners: list[PreviewListener] = field(default_factory=list)
+    outbox: Outbox | None = None
+    """Marks each commit's dispatch rows before they are written: the
+    :class:`~kernel.dispatch.Dispatcher` that delivers after every commit takes the due
+    ones in the commit itself (:meth:`~kernel.dispatch.Dispatcher.attach`)."""
 
     def create_session(self, session_id: str | None = None, metadata: JSON = None) -> SessionHandle:
         record = SessionRecord(session_id or new_id("sess"), 0, self.clock.now(), metadata or {})
@@ -161,8 +169,13 @@ class SessionHandle:
         now = self.kernel.clock.now()
         registry = self.kernel.registry
 
+        outbox = self.kernel.outbox
+
         def build(tx: Transaction) -> WriteSet:
-            return Builder(tx, draft, registry, now).build()
+            built = Builder(tx, draft, registry, now).build()
+            if outbox is None or not built.dispatches:
+                return built
+            return replace(built, dispatches=outbox(built.dispatches, now))
 
         try:
             prefetch = draft.prefetch()

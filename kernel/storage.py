@@ -10,7 +10,7 @@ Postgres one cannot drift apart in meaning: the conformance suite checks both.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, NamedTuple, Protocol
@@ -188,13 +188,18 @@ class Storage(Protocol):
 
     # -- leases ------------------------------------------------------------
 
-    def claim(self, task_id: str, owner: str, now: datetime, until: datetime) -> Task | None:
+    def claim(
+        self, task_id: str, owner: str, now: datetime, until: datetime,
+        versions: Collection[tuple[str, int]] | None = None,
+    ) -> Task | None:
         """Take the lease of a runnable task in one conditional update.
 
         Runnable: pending; sleeping and due; running with an expired lease (a
         restart of its phase is counted). Sets owner and expiry, bumps the epoch
         and removes the task's dispatch rows: they did their job. Returns the
-        claimed task, or ``None`` if it was not runnable.
+        claimed task, or ``None`` if it was not runnable, or if ``versions`` is given
+        and the task's ``(kind, version)`` is not one of them (a task the claimer's
+        registry may not run as stored: it is left as it was).
         """
         ...
 
@@ -269,9 +274,10 @@ class Storage(Protocol):
 
     def take_dispatches(self, ids: Iterable[int], now: datetime) -> set[int]:
         """Of these rows, take the ones nobody has delivered yet, stamping them delivered
-        at ``now``; their ids. A committer takes its rows before sending them, so a sweep
-        running meanwhile does not send them too; if the committer dies between taking
-        and sending, the sweep sends them once ``redeliver_after`` has passed."""
+        at ``now``; their ids. A committer takes its rows before sending them (or writes
+        them taken, :meth:`~kernel.dispatch.Dispatcher.attach`), so a sweep running
+        meanwhile does not send them too; if the committer dies between taking and
+        sending, the sweep sends them once ``redeliver_after`` has passed."""
         ...
 
     def wake_dispatches(self, ids: Iterable[int]) -> None:

@@ -173,18 +173,24 @@ class Worker:
         """
         if self.draining:
             return False
+        storage, registry = self.kernel.storage, self.kernel.registry
         now = self.kernel.clock.now()
-        task = self.kernel.storage.task(task_id)
-        if task is None or not task.runnable_at(now):
-            return False
-        if isinstance(self.kernel.registry.resolve(task), Blocked):
-            # Its rows back off; a worker that starts with a compatible definition
-            # retries them at once (Dispatcher.resume).
-            self.kernel.storage.block_dispatches(task_id)
-            return False
-        claimed = self.kernel.storage.claim(task_id, self.id, now, now + self.lease)
+        # One round trip in the common case: claimed if it is stored at a version this
+        # registry runs as is. Otherwise (not runnable, held, unknown, or stored at another
+        # version) the task is read to tell which.
+        claimed = storage.claim(task_id, self.id, now, now + self.lease, registry.versions())
         if claimed is None:
-            return False
+            task = storage.task(task_id)
+            if task is None or not task.runnable_at(now):
+                return False
+            if isinstance(registry.resolve(task), Blocked):
+                # Its rows back off; a worker that starts with a compatible definition
+                # retries them at once (Dispatcher.resume).
+                storage.block_dispatches(task_id)
+                return False
+            claimed = storage.claim(task_id, self.id, now, now + self.lease)  # it migrates
+            if claimed is None:
+                return False
         if claimed.restarts:
             log.info("recovering %s (%s): phase %r was interrupted (restart %d)", claimed.id,
                      claimed.kind, claimed.phase, claimed.restarts)

@@ -25,7 +25,7 @@ from django.db.models.functions import Cast
 
 from controlplane import models
 from kernel.agent.context import INTERRUPTION, RESPONSE, TOOL_RESULT, USER
-from kernel.records import Entry, Status, Submission
+from kernel.records import SUBMISSION_ID, TASK_ID, Entry, Status, Submission, id_kind
 
 from . import sessions, tasks
 
@@ -98,6 +98,16 @@ class Item:
     model: str | None = None
     raw: str = ""
     """Formatted JSON of an entry of another kind."""
+    target: str | None = None
+    """An operation's target: a task, or a submission (what ``resubmit`` acts on)."""
+
+    @property
+    def targets_task(self) -> bool:
+        return self.target is not None and id_kind(self.target) == TASK_ID
+
+    @property
+    def targets_submission(self) -> bool:
+        return self.target is not None and id_kind(self.target) == SUBMISSION_ID
 
 
 @dataclass(frozen=True)
@@ -226,7 +236,9 @@ def conversation(session_id: str, conversation_id: str, operations: bool,
     for entry in shown:
         payload = entry.payload if isinstance(entry.payload, dict) else {}
         if operations:
-            items.append(Item(entry, "operation", raw=pretty(payload)))
+            target = payload.get("target")
+            items.append(Item(entry, "operation", raw=pretty(payload),
+                              target=str(target) if target else None))
         elif entry.kind == USER:
             items.append(Item(entry, "user", text=str(payload.get("text", ""))))
         elif entry.kind == RESPONSE:

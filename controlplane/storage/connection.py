@@ -9,6 +9,8 @@ which orders commits, plus every read the draft announced, pipelined) and :func:
 from __future__ import annotations
 
 import functools
+import threading
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime
@@ -117,6 +119,41 @@ def read_submission_by_request(cur: Any, session_id: str, request_id: str) -> Su
     return SUBMISSION.from_sql(row) if row else None
 
 
+Version = tuple[str, str, int, int]
+"""A task row's version: its id, ``xmin`` (the transaction that wrote it), updated_seq
+and epoch. Every update of a row writes a version with another ``xmin``."""
+
+
+class RowVersions:
+    """Task records by row version, the few most recently used (a process's waiters).
+
+    A waiter's record does not change while it waits for its join, yet each of its
+    dependencies' endings reads it; this keeps the decoded record of each version seen,
+    so that a join over n tasks is read and decoded once per version, not n times. A
+    version never changes, so an entry is never stale; records are immutable, so one
+    record can be handed to every commit that reads that version.
+    """
+
+    def __init__(self, size: int = 16) -> None:
+        self.size = size
+        self._tasks: OrderedDict[Version, Task] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, version: Version) -> Task | None:
+        with self._lock:
+            task = self._tasks.get(version)
+            if task is not None:
+                self._tasks.move_to_end(version)
+            return task
+
+    def put(self, version: Version, task: Task) -> None:
+        with self._lock:
+            self._tasks[version] = task
+            self._tasks.move_to_end(version)
+            while len(self._tasks) > self.size:
+                self._tasks.popitem(last=False)
+
+
 class Transaction:
     """The builder's reads, inside the open commit transaction.
 
@@ -125,13 +162,20 @@ class Transaction:
     it did not foresee go to the database one by one.
     """
 
-    def __init__(self, db: Any, session_id: str, conversations: dict[str, Conversation]) -> None:
+    def __init__(
+        self,
+        db: Any,
+        session_id: str,
+        conversations: dict[str, Conversation],
+        versions: RowVersions | None = None,
+    ) -> None:
         self.db = db
         self.session_id = session_id
         self.cur = HotCursor(db)
         self._task_cache: dict[str, Task] = {}
         self._children: dict[str, list[Task]] = {}
-        self._waiters: dict[str, list[Task]] = {}
+        self._waiters: dict[str, list[Any]] = {}  # their versions, as read
+        self._versions = versions if versions is not None else RowVersions()
         self._heads: dict[tuple[str, str], DocumentHead | None] = {}
         self._conversations = conversations
 
@@ -184,7 +228,7 @@ class Transaction:
             self._remember(map(CONVERSATION.from_sql, conversations.fetchall()))
         for task_id, (children, waiters) in related.items():
             self._children[task_id] = [TASK.from_sql(r) for r in children.fetchall()]
-            self._waiters[task_id] = [TASK.from_sql(r) for r in waiters.fetchall()]
+            self._waiters[task_id] = waiters.fetchall()
 
     def _remember(self, found: Iterable[Conversation]) -> None:
         if len(self._conversations) > 10_000:
@@ -227,9 +271,22 @@ class Transaction:
         return [TASK.from_sql(r) for r in self._query_children(task_id).fetchall()]
 
     def waiters(self, task_id: str) -> list[Task]:
+        """The tasks waiting for ``task_id``, locked. Read as row versions (see
+        ``statements.WAITERS_LOCKED``); only a version not seen before is read whole."""
         if task_id in self._waiters:
-            return self._waiters.pop(task_id)
-        return [TASK.from_sql(r) for r in self._query_waiters(task_id).fetchall()]
+            rows = self._waiters.pop(task_id)  # prefetched; a second ask reads again
+        else:
+            rows = self._query_waiters(task_id).fetchall()
+        versions: list[Version] = [(r[0], r[1], r[2], r[3]) for r in rows]
+        known = {v[0]: task for v in versions if (task := self._versions.get(v)) is not None}
+        missing = [v[0] for v in versions if v[0] not in known]
+        if missing:  # already locked by the query above: these are the same versions
+            self.cur.execute(sql.TASKS_WITH_VERSION, [id_list(missing)])
+            for row in self.cur.fetchall():
+                task = TASK.from_sql(row[:-1])
+                self._versions.put((task.id, row[-1], task.updated_seq, task.epoch), task)
+                known[task.id] = task
+        return [t for v in versions if (t := known.get(v[0])) and t.waits_on_task(task_id)]
 
     def document(self, kind: str, key: str) -> DocumentHead | None:
         if (kind, key) not in self._heads:

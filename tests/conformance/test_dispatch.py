@@ -5,6 +5,8 @@ from __future__ import annotations
 import threading
 from datetime import timedelta
 
+import pytest
+
 from kernel import Draft, Registry, Worker
 from kernel.dispatch import Dispatcher, recovery_queue
 
@@ -23,11 +25,29 @@ class Broker:
         self.sent.append(task_id)
 
 
+WIRING = {"attached": False}
+
+
+@pytest.fixture(autouse=True, params=["after_commit", "attached"])
+def wiring(request: pytest.FixtureRequest) -> None:
+    """Each test both ways a dispatcher delivers after commits: as a listener that takes
+    the rows after the commit, and attached (``Dispatcher.attach``: taken in the commit
+    itself, what the control plane runs)."""
+    WIRING["attached"] = request.param == "attached"
+
+
+def wire(kernel, dispatcher: Dispatcher) -> None:
+    if WIRING["attached"]:
+        dispatcher.attach()
+    else:
+        kernel.after_commit(dispatcher.after_commit)
+
+
 def setup(world: World):
     kernel = world.kernel(make_registry(Effects()))
     broker = Broker()
     dispatcher = Dispatcher(kernel, broker.deliver, redeliver_after=timedelta(seconds=30))
-    kernel.after_commit(dispatcher.after_commit)
+    wire(kernel, dispatcher)
     return kernel, broker, dispatcher, kernel.create_session()
 
 
@@ -162,7 +182,7 @@ def test_a_sweep_while_the_committer_delivers_does_not_send_its_rows(world: Worl
 
     committer = Dispatcher(kernel, deliver, redeliver_after=timedelta(seconds=30))
     sweeper = Dispatcher(kernel, deliver, redeliver_after=timedelta(seconds=30))
-    kernel.after_commit(committer.after_commit)
+    wire(kernel, committer)
     handle = kernel.create_session()
     draft = Draft()
     created = [draft.create_task("step", {"name": f"t{i}"}) for i in range(3)]
@@ -226,3 +246,45 @@ def test_what_the_sweep_sends_goes_to_the_recovery_queue_ahead_of_the_backlog(
     dispatcher.sweep()
     queue = world.storage.task(task_id).queue
     assert sent == [(task_id, queue), (task_id, recovery_queue(queue))]
+
+
+def test_an_attached_committer_that_dies_before_sending_leaves_its_rows_to_the_sweep(
+    world: World,
+) -> None:
+    """Attached, a commit writes its due rows taken: if its process dies before the
+    after-commit listeners send them, the sweep sends them once ``redeliver_after``
+    has passed (as when a committer died between taking and sending)."""
+    kernel = world.kernel(make_registry(Effects()))
+    broker = Broker()
+    dispatcher = Dispatcher(kernel, broker.deliver, redeliver_after=timedelta(seconds=30))
+    dispatcher.attach()
+    kernel.listeners.clear()  # the process dies right after COMMIT: no listener runs
+    task_id = create(kernel.create_session(), "step", {"name": "s"})
+    assert broker.sent == []
+    assert dispatcher.sweep().delivered == 0  # taken by the commit that died
+    world.clock.advance(31)
+    assert dispatcher.sweep().delivered == 1
+    assert broker.sent == [task_id]
+    assert Worker(kernel, "w").advance(task_id)
+    assert world.storage.task(task_id).outcome["kind"] == "succeeded"
+
+
+def test_attached_the_commit_writes_its_due_rows_taken_and_only_those(world: World) -> None:
+    kernel = world.kernel(make_registry(Effects()))
+    broker = Broker()
+    dispatcher = Dispatcher(kernel, broker.deliver, redeliver_after=timedelta(seconds=30))
+    dispatcher.attach()
+    handle = kernel.create_session()
+    draft = Draft()
+    now_id = draft.create_task("step", {"name": "now"})
+    written = handle.commit(draft)
+    [row] = written.dispatches
+    assert (row.delivered_at, row.attempts, row.woken) == (world.clock.now(), 1, False)
+    assert broker.sent == [now_id]
+    assert Worker(kernel, "w").advance(now_id)
+    napper = create(handle, "napper", {"name": "n", "seconds": 60})
+    assert Worker(kernel, "w").advance(napper)  # now asleep: its row is not due
+    assert dispatcher.sweep().delivered == 0
+    world.clock.advance(61)
+    broker.sent.clear()
+    assert dispatcher.sweep().delivered == 1 and broker.sent == [napper]

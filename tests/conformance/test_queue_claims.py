@@ -42,11 +42,24 @@ def with_other_queue(registry: Registry) -> Registry:
     return registry
 
 
+WIRING = {"attached": False}
+
+
+@pytest.fixture(autouse=True, params=["after_commit", "attached"])
+def wiring(request: pytest.FixtureRequest) -> None:
+    """Both ways a dispatcher delivers after commits (see test_dispatch): attached, a
+    burst's rows are written woken by their commit."""
+    WIRING["attached"] = request.param == "attached"
+
+
 def setup(world: World, registry: Registry, messages: int = 2):
     kernel = world.kernel(registry)
     broker = Waker()
     dispatcher = Dispatcher(kernel, broker.deliver, wake=broker.wake, messages=messages)
-    kernel.after_commit(dispatcher.after_commit)
+    if WIRING["attached"]:
+        dispatcher.attach()
+    else:
+        kernel.after_commit(dispatcher.after_commit)
     return kernel, broker, dispatcher
 
 

@@ -592,6 +592,42 @@ def test_blocked_tasks_keep_their_state_and_run_once_a_definition_fits(world: Wo
     assert world.kernel(too_new).blocked(handle.id) == []
 
 
+def test_a_claim_for_registered_versions_leaves_other_tasks_as_they_were(
+    world: World,
+) -> None:
+    """``Storage.claim(..., versions)``, the worker's one-round-trip claim (issue 12):
+    a task stored at another (kind, version) is not claimed, nor changed in any way."""
+    old = Registry()
+    old.add(_definition("tool", 1, None))
+    kernel = world.kernel(old)
+    handle = kernel.create_session()
+    draft = Draft()
+    task_id = draft.create_task("tool", {"n": 1})
+    handle.commit(draft)
+    before = world.storage.task(task_id)
+    now = world.clock.now()
+    until = now + timedelta(seconds=30)
+    for versions in (set(), {("tool", 2)}, {("other", 1)}):
+        assert world.storage.claim(task_id, "w", now, until, versions) is None
+    assert world.storage.task(task_id) == before
+    claimed = world.storage.claim(task_id, "w", now, until, {("other", 1), ("tool", 1)})
+    assert claimed is not None and claimed.epoch == before.epoch + 1
+
+
+def test_a_worker_migrates_and_runs_a_task_stored_at_an_older_version(world: World) -> None:
+    old = Registry()
+    old.add(_definition("tool", 1, None))
+    handle = world.kernel(old).create_session()
+    draft = Draft()
+    task_id = draft.create_task("tool", {"n": 1})
+    handle.commit(draft)
+    new = Registry()
+    new.add(_definition("tool", 2, lambda v, i, c: ({**i, "n2": i["n"] * 2}, c)))
+    assert Worker(world.kernel(new), "w").advance(task_id)
+    task = world.storage.task(task_id)
+    assert task.outcome["result"] == {"n": 1, "n2": 2} and task.version == 2
+
+
 def _definition(kind: str, version: int, migrate):
     from kernel import TaskDefinition
 
@@ -701,3 +737,34 @@ def test_a_keep_lease_commit_extends_the_lease(world: World) -> None:
     [until] = seen  # Postgres adds the (tiny) time the commit spent in the database
     expected = world.clock.now() + timedelta(seconds=30)
     assert expected <= until < expected + timedelta(seconds=1)
+
+
+def test_a_large_join_sees_what_changed_on_its_waiter_and_deps_while_it_waited(
+    world: World,
+) -> None:
+    """A join over many tasks is checked at each of their endings without reading the
+    waiter anew each time (issue 12): what changes the waiter or a dependency meanwhile
+    (a signal to the waiter, a retried dependency) is still seen."""
+    children = [
+        {"kind": "step", "input": {"name": f"c{i}", "fail": i == 0}} for i in range(150)
+    ]
+    kernel, handle, task_id = start(world, "parent", {"name": "p", "children": children})
+    worker = Worker(kernel, "w1")
+    assert worker.advance(task_id)
+    deps = world.storage.task(task_id).wait_deps
+    assert len(deps) == 150
+    for dep in deps[:100]:
+        assert worker.advance(dep)
+    draft = Draft(actor="user:ann")
+    draft.signal(task_id, "note", {"n": 1})  # the waiter's row changes while it waits
+    draft.retry(deps[0])  # and a dependency that had ended is open again
+    handle.commit(draft)
+    for dep in deps[100:]:
+        assert worker.advance(dep)
+    assert world.storage.task(task_id).status is Status.WAITING  # deps[0] is open
+    assert worker.advance(deps[0])
+    parent = world.storage.task(task_id)
+    assert parent.status is Status.PENDING
+    assert parent.signals == {"note": {"n": 1}}
+    assert worker.advance(task_id)
+    assert world.storage.task(task_id).outcome["result"] == ["failed"] + ["succeeded"] * 149

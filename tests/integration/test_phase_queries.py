@@ -46,8 +46,9 @@ def test_a_typical_phase_costs_a_fixed_set_of_statements() -> None:
         assert worker.advance(second)
     statements = [_shape(q["sql"]) for q in captured]
     assert statements == [
-        "SELECT kernel_task",  # read the task: runnable, and not blocked?
-        "WITH kernel_task",  # claim: lease + epoch (+ forget its dispatch rows), one statement
+        # claim: lease + epoch (+ forget its dispatch rows), one statement, returning the
+        # task; read first only when the claim finds nothing (issue 12's latency)
+        "WITH kernel_task",
         # the phase's commit: two round trips, each pipelined
         "BEGIN",  # 1: open the transaction (in the pipeline: no round trip of its own)
         "UPDATE kernel_session",  # ... take the session's commit order by advancing its head
@@ -70,7 +71,7 @@ def test_a_typical_phase_costs_a_fixed_set_of_statements() -> None:
         cur.execute("SELECT statement FROM pg_prepared_statements")
         prepared = {_shape(row[0]) for row in cur.fetchall()}
     assert {
-        "WITH kernel_task",  # the claim
+        "WITH kernel_task",  # the claim: its planning took longer than its execution
         "UPDATE kernel_session",
         "INSERT kernel_commit",
         "INSERT kernel_entry",

@@ -173,6 +173,11 @@ def test_an_operator_resubmits_from_the_session_page_and_a_viewer_cannot() -> No
     linked = models.Submission.objects.filter(resubmit_of=original.id)
     assert [(s.request_id, s.input) for s in linked] == [("again-1", {"text": "summarise"})]
 
+    # The operations log links the resubmitted submission on this page, not a task page.
+    page = viewer.get(f"/sessions/{handle.id}/").content.decode()
+    assert f'href="#submission-{original.id}"' in page
+    assert f"/tasks/{original.id}/" not in page
+
 
 def test_the_overview_keeps_its_filter_when_it_updates_live() -> None:
     kept, _ = batch(subject="kept")

@@ -1,0 +1,111 @@
+"""What an email of a batch costs must not grow with the batch (issue 12): pinned by
+what is read and how, not by a timing."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from django.db import connection
+
+from controlplane.storage import PostgresStorage
+from controlplane.storage import connection as storage_connection
+from controlplane.storage import statements as sql
+from kernel import Draft, Kernel, ManualClock, Registry, Run, Status, Transition, Worker
+from kernel.dispatch import Dispatcher
+
+
+def registry() -> Registry:
+    reg = Registry()
+
+    @reg.task("batch")
+    class Batch:
+        initial = "fan_out"
+
+        def fan_out(self, run: Run) -> Transition:
+            notices = [run.spawn("notice", {"to": to}) for to in run.input["recipients"]]
+            return run.wait_all(notices, then="done")
+
+        def done(self, run: Run) -> Transition:
+            return run.succeed(len(run.outcomes()))
+
+    @reg.task("notice", queue="hands")
+    class Notice:
+        initial = "send"
+
+        def send(self, run: Run) -> Transition:
+            run.commit(phase="sent")  # the intent commit
+            return run.succeed("sent")
+
+        def sent(self, run: Run) -> Transition:
+            return run.succeed("sent")
+
+    return reg
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_ending_of_a_batch_member_reads_the_batch_row_whole_once_not_each_time(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The batch's row holds every member's id several times (its input, checkpoint and
+    join): decoding it at each member's ending made each email O(n), a batch O(n*n).
+    It is read whole once per version of it; each ending reads its version only."""
+    kernel = Kernel(PostgresStorage(), registry(), ManualClock())
+    handle = kernel.create_session()
+    draft = Draft()
+    batch = draft.create_task("batch", {"recipients": [f"r{i}@example.com" for i in range(200)]})
+    handle.commit(draft)
+    worker = Worker(kernel, "w1")
+    assert worker.advance(batch)
+    notices = kernel.task(batch).wait_deps
+    decoded: list[str] = []
+    from_sql = storage_connection.TASK.from_sql
+
+    def counting(row: Any) -> Any:
+        task = from_sql(row)
+        decoded.append(task.id)
+        return task
+
+    monkeypatch.setattr(storage_connection.TASK, "from_sql", counting)
+    for notice in notices[:-1]:
+        assert worker.advance(notice)
+    assert decoded.count(batch) == 1, decoded.count(batch)
+    assert kernel.task(batch).status is Status.WAITING
+    assert worker.advance(notices[-1])
+    assert kernel.task(batch).status is Status.PENDING
+    assert worker.advance(batch)
+    assert kernel.task(batch).outcome == {"kind": "succeeded", "result": 200}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_woken_claim_reads_a_fresh_bursts_oldest_rows_in_order_not_all_sorted() -> None:
+    """On tables whose statistics say they are empty (a fresh database), the claim's
+    plan sorted every due woken row of a burst, and hashed every runnable task, on each
+    claim; the burst's wake analyses the dispatch table, so the claim reads the oldest
+    rows from its index in order, and it looks their tasks up one by one by id."""
+    with connection.cursor() as cur:
+        cur.execute("ANALYZE kernel_dispatch")  # empty: what a fresh database's say
+        cur.execute("ANALYZE kernel_task")
+    clock = ManualClock()
+    kernel = Kernel(PostgresStorage(), registry(), clock)
+    dispatcher = Dispatcher(kernel, lambda task_id, queue: None, wake=lambda queue: None)
+    kernel.after_commit(dispatcher.after_commit)
+    handle = kernel.create_session()
+    draft = Draft()
+    for i in range(2000):
+        draft.create_task("notice", {"to": f"r{i}@example.com"})
+    handle.commit(draft)
+    with connection.cursor() as cur:
+        cur.execute("SELECT count(*) FROM kernel_dispatch WHERE woken")
+        assert cur.fetchone()[0] == 2000
+        now = clock.now()
+        cur.execute(
+            "EXPLAIN " + sql.CLAIM_WOKEN,
+            {"queue": "hands", "owner": "w", "now": now, "until": now},
+        )
+        plan = "\n".join(row[0] for row in cur.fetchall())
+    assert "Index Scan using dispatch_woken_due" in plan, plan
+    assert "Bitmap Index Scan on dispatch_woken_due" not in plan, plan
+    assert "task_runnable" not in plan and "Hash" not in plan, plan  # no scan of runnables
+    claimed = kernel.storage.claim_woken("hands", "w", now, now)
+    assert claimed is not None and claimed.status is Status.RUNNING
