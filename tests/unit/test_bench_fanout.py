@@ -25,7 +25,8 @@ def test_the_no_op_kind_commits_each_phase_and_times_itself() -> None:
 
 
 def test_the_report_gives_same_run_ratios_and_says_which_peer_did_not_run() -> None:
-    ours = Ours(100.0, 5000, 90.0, 1000, 900.0, 2000, {"200 @ 5 ms": Stats.of([0.01, 0.02])})
+    ours = Ours(100.0, 5000, 90.0, 1000, 900.0, 2000, {"200 @ 5 ms": Stats.of([0.01, 0.02])},
+                {"200 @ 5 ms": Stats.of([0.004, 0.005])})
     peers = {
         "celery": {"per_s": 200.0, "lat_p50_ms": 5.0, "lat_p99_ms": 10.0},
         "procrastinate": {"per_s": 50.0},
@@ -43,3 +44,6 @@ def test_the_report_gives_same_run_ratios_and_says_which_peer_did_not_run() -> N
     assert "2.00x of Procrastinate, 0.50x of Celery" in text
     assert "| 3.00x | >= 3x DBOS | met |" in text
     assert "- dbos_fanout: exit 1: no dbos" in text
+    # Idle dispatch, both readings: from before the commit, and from its durable point.
+    assert "| 200 @ 5 ms | before the commit | 2 | 10.00 |" in text
+    assert "| 200 @ 5 ms | the durable commit | 2 | 4.00 |" in text
