@@ -118,9 +118,10 @@ def render(when: datetime, facts: dict[str, str], calls: dict[str, float],
         "Method: see `benchmarks/broker.py`. Commands are counted by the server (`INFO "
         "commandstats`) over the burst alone, after a warm-up; they include beat's sweeps "
         "and Celery's remote-control listeners during the burst, and the channel-layer "
-        "hints of each commit from the workers (the benchmark's own creating commit sends "
-        "none); no page or feed is open, so no hint is pushed to a web process's channel: "
-        "each open web process would add one push per commit of a session it follows.",
+        "hints of the workers' commits (at most one send per worker every 20 ms, "
+        "`notify.GAP_SECONDS`; the benchmark's own creating commit sends none); no page or "
+        "feed is open, so no hint is pushed to a web process's channel: each open web "
+        "process would add one push per hint of a session it follows.",
     ]
     return "\n".join(lines) + "\n"
 

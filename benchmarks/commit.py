@@ -358,16 +358,16 @@ class Profile:
     costs: list[Cost]
 
 
-READS = "round trip 1: session head + reads (pipelined)"
+READS = "round trip 1: BEGIN + session head + reads (pipelined)"
 WRITES = "round trip 2: writes + COMMIT (pipelined)"
-PYTHON = "Python (builder, adapter, Django's atomic)"
+PYTHON = "Python (builder, adapter)"
 
 
 def profile_phase_commit(storage: Storage, *, count: int) -> Profile:
     """Time the parts of ``count`` phase commits (not the timed run).
 
-    The Postgres commit is two pipelined round trips: the reads (with the session's
-    head, which orders commits) and the writes with COMMIT. Statements inside a
+    The Postgres commit is two pipelined round trips: BEGIN and the reads (with the
+    session's head, which orders commits), and the writes with COMMIT. Statements inside a
     pipeline return as soon as they are queued, so timing them one by one would say
     nothing; each round trip is timed whole, statements are only counted, and what
     is left of a commit's time is Python.
@@ -801,8 +801,8 @@ def render(result: Result) -> str:
         "",
         f"Where a phase commit's time goes ({prof.commits} profiled `Next` commits, "
         f"{prof.total_ms:.2f} ms mean with instrumentation; "
-        f"{prof.statements_per_commit:.0f} statements, COMMIT included, in two round trips; "
-        "the first statement carries psycopg's BEGIN):",
+        f"{prof.statements_per_commit:.0f} statements, BEGIN and COMMIT included, in two "
+        "round trips):",
         "",
         "| step | per commit | mean ms | ms per commit |",
         "|---|---:|---:|---:|",

@@ -11,10 +11,16 @@ expires them after a minute: DESIGN §13) is caught up within a poll interval.
 hint to a daemon thread and returns at once, so a slow or absent Redis never slows a
 commit down; the thread coalesces what queued up meanwhile (per session only the highest
 seq, globally only the highest id, per previewed path only the latest value) and sends
-it with ``group_send`` on its own event loop. A failure is logged and forgotten. The
-hint is released by ``transaction.on_commit``: immediately for the usual autocommit
-commit, and not before the outermost transaction commits when a commit runs inside an
-``atomic`` block (invariant 2: nothing is observable before its commit is durable).
+it with ``group_send`` on its own event loop. After a send it waits ``gap`` seconds
+before the next, so that a burst of commits (a task running phase after phase, 1,000
+a second) costs a send every ``gap``, not one per commit: the first hint after a quiet
+spell goes out at once, later ones at most ``gap`` late. Sending, and waking the
+thread at all, would otherwise cost the committing thread about a millisecond a commit
+in contention for the interpreter (issue 12's sequential profile). A failure is logged
+and forgotten. The hint is released at once for the usual kernel commit (it owns its
+transaction), and by ``transaction.on_commit`` not before the outermost transaction
+commits when a commit runs inside an ``atomic`` block (invariant 2: nothing is
+observable before its commit is durable).
 
 :class:`HintHub` is the receiving end in the web process: one channel per process that
 joins the groups its sockets and long-polls follow, and wakes them.
@@ -37,7 +43,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from channels.layers import get_channel_layer
-from django.db import transaction
+from django.db import connections, transaction
 
 from kernel.records import WriteSet
 from kernel.session import Preview
@@ -53,6 +59,8 @@ message may carry ``previews`` instead of (or besides) ``seq``: progress that is
 committed (:class:`kernel.Preview`), which is data, not a hint, and may be lost."""
 SEND_TIMEOUT = 5.0
 QUEUE_SIZE = 10_000
+GAP_SECONDS = 0.02
+"""Time between two sends of a notifier: what gathers a burst's hints into one send."""
 _GROUP_SAFE = re.compile(r"^[A-Za-z0-9_.-]{1,80}$")
 
 
@@ -77,9 +85,12 @@ class Hint:
 class Notifier:
     """Sends hints for durable commits to the session's group and the global group."""
 
-    def __init__(self, using: str = "default", alias: str = "default") -> None:
+    def __init__(
+        self, using: str = "default", alias: str = "default", gap: float = GAP_SECONDS
+    ) -> None:
         self.using = using
         self.alias = alias
+        self.gap = gap
         self._lock = threading.Lock()
         self._pid = 0
         self._queue: queue.Queue[Hint | Preview] = queue.Queue(QUEUE_SIZE)
@@ -90,7 +101,10 @@ class Notifier:
         """The kernel listener: queue a hint once the commit is durable."""
         commit = write_set.commit
         hint = Hint(commit.session_id, commit.seq, commit.id)
-        transaction.on_commit(lambda: self.hint(hint), using=self.using)
+        if not connections[self.using].in_atomic_block:
+            self.hint(hint)  # what on_commit would do at once, without its overhead
+        else:
+            transaction.on_commit(lambda: self.hint(hint), using=self.using)
 
     def hint(self, hint: Hint) -> None:
         self._put(hint)
@@ -128,9 +142,13 @@ class Notifier:
 
     def _run(self) -> None:
         loop = asyncio.new_event_loop()
+        sent = -float("inf")
         try:
             while True:
                 batch = [self._queue.get()]
+                pause = sent + self.gap - time.monotonic()
+                if pause > 0:
+                    time.sleep(pause)  # hints of the commits meanwhile join this send
                 while True:
                     try:
                         batch.append(self._queue.get_nowait())
@@ -140,6 +158,7 @@ class Notifier:
                     loop.run_until_complete(self._send(batch))
                 except Exception:
                     log.warning("feed hints: could not send %d hint(s)", len(batch), exc_info=True)
+                sent = time.monotonic()
         finally:  # only reached if the interpreter tears the thread down
             loop.close()
 

@@ -48,7 +48,7 @@ from .records import (
 )
 from .registry import Blocked, Registry
 from .storage import JoinState, Prefetch, Transaction
-from .tasks import Finish, Transition, WaitTasks, apply_transition, released, succeeded
+from .tasks import Finish, Next, Transition, WaitTasks, apply_transition, released, succeeded
 
 JSON = Any
 
@@ -166,6 +166,19 @@ class Draft:
             ),
             finishing=tuple(f.task_id for f in self.fenced if isinstance(f.transition, Finish)),
         )
+
+    def continues_inline(self) -> bool:
+        """Whether this draft only carries one phase's ``Next`` that keeps the lease (the
+        worker runs the next phase itself), with no other write: a commit whose builder
+        reads nothing but the session head and that task (see ``Prefetch.known``)."""
+        if len(self.fenced) != 1 or self.key is not None or self.document_ops:
+            return False
+        fenced = self.fenced[0]
+        if fenced.version is not None or not isinstance(fenced.transition, Next):
+            return False
+        if not fenced.transition.keep_lease:
+            return False
+        return not any(getattr(self, name) for name in MERGED_LISTS if name != "fenced")
 
     def create_conversation(
         self, *, fork_of: str | None = None, fork_entry_id: str | None = None

@@ -68,11 +68,21 @@ class Lease:
 
     def commit(self, transition: Transition) -> WriteSet:
         """Commit the pending writes and ``transition``, fenced by this lease's epoch."""
-        riders = None if self.riders is None else self.riders.board(self.task.session_id)
         draft, self.draft = self.draft, Draft(actor=f"task:{self.task.id}")
         self.seal(draft, transition)
         self.previews.clear()
-        written = self._commit_carrying(riders, draft) if riders else self.handle.commit(draft)
+        # A phase that returned and only continues its task inline is committed alone, in
+        # one round trip from the lease's copy of the task (Prefetch.known): the endings
+        # held back wait for their batch (Worker.advance_queue) rather than make it a
+        # commit of two. An intent commit still carries them: an external call follows.
+        intent = isinstance(transition, Next) and transition.intent
+        alone = draft.continues_inline() and not intent
+        riders = None if self.riders is None or alone else self.riders.board(self.task.session_id)
+        written = (
+            self._commit_carrying(riders, draft)
+            if riders
+            else self.handle.commit(draft, known=(self.task,))
+        )
         self.migrated = False
         self.task = next(t for t in written.updated_tasks if t.id == self.task.id)
         self.checkpoint = self.task.checkpoint

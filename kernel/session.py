@@ -159,8 +159,11 @@ class SessionHandle:
     head_seq: int
     poisoned: bool = False
 
-    def commit(self, draft: Draft) -> WriteSet:
-        """Persist ``draft`` as the session's next commit, then publish it."""
+    def commit(self, draft: Draft, known: tuple[Task, ...] = ()) -> WriteSet:
+        """Persist ``draft`` as the session's next commit, then publish it.
+
+        ``known``: the caller's copies of the tasks whose lease it holds (see
+        ``Prefetch.known``); used only if the draft just continues one inline."""
         if self.poisoned:
             raise SessionPoisoned(f"session handle {self.id} is poisoned; reopen it")
         now = self.kernel.clock.now()
@@ -175,7 +178,10 @@ class SessionHandle:
             return replace(built, dispatches=outbox(built.dispatches, now))
 
         try:
-            written = self.kernel.storage.commit(self.id, build, draft.prefetch())
+            prefetch = draft.prefetch()
+            if known and draft.continues_inline():
+                prefetch = replace(prefetch, known=known)
+            written = self.kernel.storage.commit(self.id, build, prefetch)
         except CommitUncertain as exc:
             self.poisoned = True
             raise SessionPoisoned(f"session {self.id}: commit outcome unknown ({exc})") from exc

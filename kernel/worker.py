@@ -211,8 +211,9 @@ class Worker:
         epoch and restart count mean what they always do. A phase that ends its task is
         not committed at once: up to ``batch`` such endings are committed together, one
         commit per session (:meth:`_commit_endings`), before this worker commits
-        anything else, before it starts a task of a kind that was slow here last time
-        (:data:`QUICK_SECONDS`), and when it stops.
+        anything else but a phase's plain inline ``Next`` (which commits alone, see
+        :meth:`_commit_endings`), before it starts a task of a kind that was slow here
+        last time (:data:`QUICK_SECONDS`), and when it stops.
         """
         storage, clock = self.kernel.storage, self.kernel.clock
         deadline = time.monotonic() + budget
@@ -276,7 +277,9 @@ class Worker:
 
         The next commit of another lease of this worker carries those of its session
         (:meth:`board`), so that an intent commit, made before an external call, never
-        leaves an ending waiting behind that call."""
+        leaves an ending waiting behind that call; but not a phase's plain inline
+        ``Next``, which commits alone (one round trip on Postgres: ``Prefetch.known``)
+        while the endings wait for their batch."""
         ended, self._ended = self._ended, []
         sessions: dict[str, list[tuple[Lease, Finish]]] = {}
         for lease, finish in ended:

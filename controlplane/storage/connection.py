@@ -1,8 +1,8 @@
 """Connection and transaction handling: the cursor the commit path uses, the builder's
 reads inside the open commit transaction, and the pipelined write + COMMIT.
 
-A commit is two round trips: :meth:`Transaction.load` (the session's head, which
-orders commits, plus every read the draft announced, pipelined) and :func:`write`
+A commit is two round trips: :meth:`Transaction.load` (BEGIN, the session's head,
+which orders commits, plus every read the draft announced, pipelined) and :func:`write`
 (every write and the COMMIT, pipelined). Everything else is Python.
 """
 
@@ -13,6 +13,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
+from datetime import UTC, datetime
 from typing import Any
 
 import psycopg
@@ -25,6 +26,7 @@ from kernel.records import (
     DocumentVersion,
     Entry,
     SessionRecord,
+    Status,
     Submission,
     Task,
     WriteSet,
@@ -177,9 +179,13 @@ class Transaction:
         self._heads: dict[tuple[str, str], DocumentHead | None] = {}
         self._conversations = conversations
 
-    def load(self, prefetch: Prefetch) -> None:
+    def load(self, prefetch: Prefetch, *, begin: bool = False) -> None:
+        """``begin``: open the transaction here, with BEGIN in the same pipeline (the
+        connection is in autocommit mode, so psycopg sends no BEGIN of its own)."""
         wanted_conversations = [c for c in prefetch.conversations if c not in self._conversations]
         with self.db.connection.pipeline():
+            if begin:
+                HotCursor(self.db).execute("BEGIN", prepare=False)
             session = HotCursor(self.db).execute(sql.SESSION_ADVANCE, [self.session_id])
             tasks = (
                 HotCursor(self.db).execute(sql.TASKS_BY_ID_LOCKED, [id_list(prefetch.tasks)])
@@ -318,6 +324,49 @@ class Transaction:
         return COMMIT.from_sql(row) if row else None
 
 
+class Unforeseen(Exception):
+    """A build from the caller's copies asked for a read they do not answer."""
+
+
+class KnownTransaction:
+    """The builder's reads for a commit built from the caller's copies of its tasks
+    (``Prefetch.known``), before anything is sent: the session head is a guess that
+    :func:`write_known` replaces with the one the database gives, and any other read
+    raises :class:`Unforeseen` (the commit is then built from what the database holds)."""
+
+    def __init__(self, session_id: str, known: Sequence[Task]) -> None:
+        self.known = {t.id: t for t in known}
+        guess = max(t.updated_seq for t in known)
+        self.session = SessionRecord(session_id, guess, datetime.fromtimestamp(0, UTC))
+
+    def tasks(self, ids: Iterable[str], lock: bool = True) -> dict[str, Task]:
+        wanted = list(ids)
+        if not all(i in self.known for i in wanted):
+            raise Unforeseen(f"tasks {wanted}")
+        return {i: self.known[i] for i in wanted}
+
+    def __getattr__(self, name: str) -> Any:
+        raise Unforeseen(name)
+
+
+def continues_inline(ws: WriteSet, known: Sequence[Task]) -> bool:
+    """Whether a write set built by :class:`KnownTransaction` is one :func:`write_known`
+    writes: the commit row and the known tasks, still running, nothing else."""
+    ids = {t.id for t in known}
+    return (
+        not (ws.conversations or ws.entries or ws.document_heads or ws.document_versions)
+        and not (ws.new_tasks or ws.new_submissions or ws.updated_submissions)
+        and not ws.dispatches
+        and len(ws.updated_tasks) == 1
+        and all(t.id in ids and t.status is Status.RUNNING for t in ws.updated_tasks)
+        and all(t.updated_seq == ws.commit.seq for t in ws.updated_tasks)
+    )
+
+
+class Moved(Exception):
+    """A known task changed since the caller's copy: nothing was committed."""
+
+
 # -- the writes and COMMIT ---------------------------------------------------------------
 
 
@@ -355,6 +404,41 @@ def write(db: Any, ws: WriteSet, before_commit: Callable[[], None]) -> WriteSet:
     ids = [r[0] for chunk in rows for r in chunk.fetchall()]
     dispatches = [replace(d, id=i) for d, i in zip(ws.dispatches, ids, strict=True)]
     return replace(ws, commit=commit, dispatches=dispatches)
+
+
+def write_known(
+    db: Any, ws: WriteSet, known: Sequence[Task], before_commit: Callable[[], None]
+) -> WriteSet:
+    """Persist a write set built from the caller's copies (:class:`KnownTransaction`,
+    checked by :func:`continues_inline`) as one statement, committed on its own (the
+    connection is in autocommit mode): one round trip (``statements.INLINE_COMMIT``).
+    :class:`Moved` if the task had changed since its copy: nothing landed. Otherwise as
+    :func:`write`; ``before_commit`` runs just before the statement is sent."""
+    session_id = ws.commit.session_id
+    [task] = ws.updated_tasks
+    copy = next(t for t in known if t.id == task.id)
+    commit_values = COMMIT.values(ws.commit)
+    del commit_values[_COMMIT_SEQ]
+    task_values = TASK.update_values(task)
+    del task_values[_TASK_UPDATED_SEQ]
+    params = [session_id, *commit_values, *task_values, copy.epoch, copy.updated_seq]
+    before_commit()
+    try:
+        cur = HotCursor(db).execute(sql.INLINE_COMMIT, params)
+        seq, commit_id, _ = cur.fetchone()
+    except psycopg.errors.DivisionByZero as exc:
+        raise Moved(str(exc)) from exc
+    except psycopg.Error as exc:
+        # Sent: if the connection was lost, the server may have committed it.
+        if db.connection.broken or db.connection.closed:
+            raise CommitUncertain(f"commit {session_id}: {exc}") from exc
+        raise
+    commit = replace(ws.commit, id=commit_id, seq=seq)
+    return replace(ws, commit=commit, updated_tasks=[replace(task, updated_seq=seq)])
+
+
+_COMMIT_SEQ = COMMIT.inserted.index("seq")
+_TASK_UPDATED_SEQ = TASK.updated.index("updated_seq")
 
 
 def _queue_writes(db: Any, ws: WriteSet) -> tuple[HotCursor, list[HotCursor]]:

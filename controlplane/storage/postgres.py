@@ -27,7 +27,7 @@ import time
 from collections.abc import Collection, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
 import psycopg
 from django.db import DatabaseError, InterfaceError, OperationalError, connections, transaction
@@ -52,13 +52,17 @@ from . import retention
 from . import statements as sql
 from .connection import (
     HotCursor,
+    KnownTransaction,
+    Moved,
     Observer,
     RowVersions,
     Transaction,
+    continues_inline,
     read_head,
     read_submission_by_request,
     read_versions,
     write,
+    write_known,
 )
 from .schema import COMMIT, CONVERSATION, DISPATCH, ENTRY, SESSION, SUBMISSION, TASK
 
@@ -77,6 +81,24 @@ def _no_fault(point: str) -> None:
 # A lost or refused connection (Django's wrappers, or psycopg's own from the pipelined
 # writes): what a restarting server or a broken network looks like.
 UNAVAILABLE = (OperationalError, InterfaceError, psycopg.OperationalError, psycopg.InterfaceError)
+
+
+def _roll_back(db: Any) -> None:
+    """End a commit's transaction that did not reach COMMIT (or whose COMMIT failed), if
+    the server still has it open; a broken connection is marked so that Django's
+    clean-up (``close_old_connections``) closes it."""
+    raw = db.connection
+    if raw is None:
+        return
+    if raw.closed:
+        db.errors_occurred = True
+        return
+    try:
+        if raw.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+            raw.rollback()
+    except BaseException:
+        db.errors_occurred = True
+        raise
 
 
 class PostgresStorage:
@@ -128,6 +150,7 @@ class PostgresStorage:
             db.ensure_connection()
             return HotCursor(db).execute(statement, params).fetchone()
         except UNAVAILABLE as exc:
+            db.errors_occurred = True  # close_old_connections then drops it if broken
             raise StorageUnavailable(f"database unavailable: {exc}") from exc
 
     def _all(self, statement: str, params: Any) -> list[Any]:
@@ -151,17 +174,24 @@ class PostgresStorage:
             # Inside someone else's transaction this would be a savepoint: "committed"
             # would not mean durable, and listeners would publish too early (invariant 2).
             raise RuntimeError("a kernel commit must own its transaction; call it outside atomic()")
+        if prefetch.known:
+            written = self._commit_known(db, session_id, build, prefetch)
+            if written is not None:
+                return written
         observer = self.observer
-        atomic = transaction.atomic(using=self.using)
-        atomic.__enter__()
         try:
             db.ensure_connection()
+            if not db.get_autocommit():
+                raise RuntimeError("a kernel commit needs the connection in autocommit mode")
+            # The transaction is ours, not Django's atomic(): BEGIN goes in the pipeline of
+            # the first round trip (psycopg's implicit BEGIN costs a round trip of its own),
+            # COMMIT in that of the second.
             tx = Transaction(db, session_id, self._conversations, self._versions)
             if observer is None:
-                tx.load(prefetch)
+                tx.load(prefetch, begin=True)
             else:
                 started = time.perf_counter()
-                tx.load(prefetch)
+                tx.load(prefetch, begin=True)
                 observer(READS, time.perf_counter() - started)
             write_set = build(tx)
             self.fault("before_write")
@@ -174,15 +204,59 @@ class PostgresStorage:
         except BaseException as exc:
             # Rolling back on a lost connection fails too: nothing was committed either way.
             with contextlib.suppress(*UNAVAILABLE):
-                atomic.__exit__(type(exc), exc, exc.__traceback__)
+                _roll_back(db)
             if isinstance(exc, UNAVAILABLE):
                 raise StorageUnavailable(f"database unavailable: {exc}") from exc
             raise
         try:
-            atomic.__exit__(None, None, None)  # COMMIT already ran: this only tidies up
             self.fault("after_commit")
         except Exception as exc:
             raise CommitUncertain(f"commit {session_id}#{write_set.commit.seq}: {exc}") from exc
+        return written
+
+    def _commit_known(
+        self, db: Any, session_id: str, build: Build, prefetch: Prefetch
+    ) -> WriteSet | None:
+        """A commit that only continues a lease holder's task inline, built from its copy
+        of the task (``Prefetch.known``) and written in one round trip instead of two
+        (:func:`.connection.write_known`). ``None`` if it cannot be: the build wanted
+        another read or failed, or the task changed since the copy (nothing landed);
+        the caller then commits as usual, and its build decides from what it reads."""
+        if prefetch.documents or prefetch.conversations or prefetch.finishing:
+            return None
+        known = prefetch.known
+        if not set(prefetch.tasks) <= {t.id for t in known}:
+            return None
+        try:
+            write_set = build(cast(Transaction, KnownTransaction(session_id, known)))
+        except Exception:  # Unforeseen, or a rule broken by the copy: the usual path decides
+            return None
+        if not continues_inline(write_set, known):
+            return None
+        observer = self.observer
+        started = time.perf_counter()
+        try:
+            db.ensure_connection()
+            if not db.get_autocommit():
+                raise RuntimeError("a kernel commit needs the connection in autocommit mode")
+            self.fault("before_write")
+            written = write_known(db, write_set, known, lambda: self.fault("after_write"))
+        except BaseException as exc:
+            with contextlib.suppress(*UNAVAILABLE):
+                _roll_back(db)
+            if isinstance(exc, Moved):
+                return None
+            if isinstance(exc, psycopg.Error) and not isinstance(exc, UNAVAILABLE):
+                return None  # refused, nothing landed: the usual path says why
+            if isinstance(exc, UNAVAILABLE):
+                raise StorageUnavailable(f"database unavailable: {exc}") from exc
+            raise
+        if observer is not None:
+            observer(WRITES, time.perf_counter() - started)
+        try:
+            self.fault("after_commit")
+        except Exception as exc:
+            raise CommitUncertain(f"commit {session_id}#{written.commit.seq}: {exc}") from exc
         return written
 
     def commits_after(self, session_id: str, after_seq: int, limit: int) -> list[Commit]:
@@ -256,7 +330,7 @@ class PostgresStorage:
         return [TASK.from_sql(r) for r in rows]
 
     def claim_woken(self, queue: str, owner: str, now: datetime, until: datetime) -> Task | None:
-        row = self._one(
+        row = self._prepared_one(
             sql.CLAIM_WOKEN, {"queue": queue, "owner": owner, "now": now, "until": until}
         )
         return TASK.from_sql(row) if row else None

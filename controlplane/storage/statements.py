@@ -30,10 +30,13 @@ def select(table: Table, where: str, tail: str = "") -> str:
     return f"SELECT {table.select_list} FROM {table.name} WHERE {where}{tail}"
 
 
-def insert(table: Table, tail: str = "") -> str:
-    """One row of every column an insert writes, in :attr:`Table.inserted` order."""
+def insert(table: Table, tail: str = "", expressions: Mapping[str, str] | None = None) -> str:
+    """One row of every column an insert writes, in :attr:`Table.inserted` order.
+
+    ``expressions`` wraps a column's parameter in SQL (``{}`` marks the parameter)."""
+    wrap = expressions or {}
     columns = ", ".join(table.inserted)
-    values = ", ".join(["%s"] * len(table.inserted))
+    values = ", ".join(wrap.get(c, "{}").format("%s") for c in table.inserted)
     return f"INSERT INTO {table.name} ({columns}) VALUES ({values}){tail}"
 
 
@@ -71,6 +74,7 @@ SESSION_ADVANCE = (
     + ", ".join("head_seq - 1" if c == "head_seq" else c for c in SESSION.columns)
 )
 COMMIT_INSERT = insert(COMMIT, " RETURNING id")
+
 COMMITS_AFTER = select(COMMIT, "session_id = %s AND seq > %s", " ORDER BY seq LIMIT %s")
 COMMIT_BY_KEY = select(COMMIT, "session_id = %s AND key = %s")
 
@@ -120,6 +124,34 @@ TASK_INSERT = insert(TASK)
 # meanwhile (a live worker would lose its task to the sweep).
 TASK_UPDATE = update(
     TASK, {"lease_until": "{}::timestamptz + (clock_timestamp() - transaction_timestamp())"}
+)
+# A commit that only continues the lease holder's task inline, built from the holder's
+# copy of it (``Prefetch.known``), as one statement (its own transaction, synchronously
+# committed: one round trip): the head update takes the session's commit order and gives
+# the seq; the commit row is written with it; the task is written only if no commit,
+# claim or release changed it since that copy, and ``1 / 0`` otherwise aborts the
+# statement (nothing lands; the commit is built again from what the database holds). A
+# renewal may have moved the lease meanwhile: the later end is kept, as the builder's
+# rule for a kept lease says. The head is read first, so the session row is locked
+# before the task row, as in every commit. Parameters: the session id, the commit row's
+# values but its seq, the task's updated values but its updated_seq, its id, then the
+# epoch and updated_seq of the copy.
+INLINE_COMMIT = (
+    f"WITH head AS (UPDATE {SESSION.name} SET head_seq = head_seq + 1 WHERE id = %s "
+    "RETURNING head_seq), written AS ("
+    + insert(COMMIT, " RETURNING id", {"seq": "(SELECT head_seq FROM head)"})
+    + "), moved AS ("
+    + update(
+        TASK,
+        {
+            "lease_until": "GREATEST(lease_until, {}::timestamptz "
+            "+ (clock_timestamp() - transaction_timestamp()))",
+            "updated_seq": "(SELECT head_seq FROM head)",
+        },
+    )
+    + " AND epoch = %s AND status = 'running' AND updated_seq = %s RETURNING 1) "
+    "SELECT (SELECT head_seq FROM head), (SELECT id FROM written), "
+    "1 / (SELECT count(*) FROM moved)"
 )
 
 # -- leases ----------------------------------------------------------------------------

@@ -353,3 +353,56 @@ def test_a_thread_of_a_worker_never_carries_another_threads_endings(world: World
     [theirs] = [ids for ids in touched if elsewhere in ids]
     assert theirs == {elsewhere} and any(first in ids for ids in touched)
     assert all(succeeded(t) for t in tasks_of(world, handle).values())
+
+
+@pytest.mark.parametrize("intent", [False, True], ids=["inline-next", "intent"])
+def test_held_back_endings_ride_an_intent_commit_but_not_a_plain_inline_next(
+    world: World, intent: bool
+) -> None:
+    """A woken worker holds back the ending of the first task; the second task's first
+    commit carries it only if it is an intent commit (an external call follows it). A
+    phase that returned and only continues its task inline commits alone (one round trip
+    on Postgres, from the lease's copy), and the ending waits for its batch."""
+    registry = make_registry(Effects())
+
+    @registry.task("two-step")
+    class TwoStep:
+        initial = "one"
+
+        def one(self, run: Run) -> Transition:
+            if intent:
+                run.commit(checkpoint={"intent": True})
+            return run.next("two", {"one": True})
+
+        def two(self, run: Run) -> Transition:
+            return run.succeed("done")
+
+    @registry.task("quick")
+    class Quick:
+        initial = "go"
+
+        def go(self, run: Run) -> Transition:
+            return run.succeed("ran")
+
+    kernel, _, _ = setup(world, registry, messages=1)  # two tasks are a burst: woken
+    handle = kernel.create_session()
+    draft = Draft()
+    first = draft.create_task("quick", {})
+    second = draft.create_task("two-step", {})
+    handle.commit(draft)
+    head = handle.head_seq
+    worker = Worker(kernel, "w")
+
+    assert worker.advance_queue("default", batch=10, budget=60) == (2, False)
+    commits = kernel.commits_after(handle.id, head)
+    moved = [sorted(i["id"] for i in c.summary if i["type"] == "task") for c in commits]
+    if intent:
+        # The intent commit carried the first task's ending; then the inline Next alone,
+        # then the second task's ending.
+        assert moved == [sorted([first, second]), [second], [second]]
+    else:
+        # The inline Next alone; both endings in one commit at the end of the batch.
+        assert moved == [[second], sorted([first, second])]
+    tasks = tasks_of(world, handle)
+    assert succeeded(tasks[first]) and succeeded(tasks[second])
+    assert worker.held == {}

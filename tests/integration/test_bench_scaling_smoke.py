@@ -90,10 +90,12 @@ def test_broker_counts_redis_commands_per_task_on_real_workers(
     args = argparse.Namespace(tasks=10, workers=1, timeout=60.0)
     calls = broker.per_task(url_of_test_database(), url, args)
     # Each task is one message: pushed by the committer, fetched by the worker (a fetch
-    # that began before the count may end inside it); its commit hints the channel
-    # layer's groups (channels_redis reads each group's members).
+    # that began before the count may end inside it); its commits hint the channel
+    # layer's groups (channels_redis reads each group's members), at most once per
+    # notifier gap (controlplane.notify.GAP_SECONDS): commits closer than that share a
+    # send, so there may be fewer sends than tasks.
     assert calls.get("lpush", 0) >= 1 and calls.get("brpop", 0) > 0.5, calls
-    assert calls.get("zrange", 0) >= 1, calls
+    assert calls.get("zrange", 0) > 0, calls
     assert sum(calls.values()) < 100, calls
     rps = broker.capacity(port, 1000)
     if rps:  # redis-benchmark is installed

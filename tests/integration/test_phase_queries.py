@@ -50,8 +50,8 @@ def test_a_typical_phase_costs_a_fixed_set_of_statements() -> None:
         # task; read first only when the claim finds nothing (issue 12's latency)
         "WITH kernel_task",
         # the phase's commit: two round trips, each pipelined
-        "BEGIN",
-        "UPDATE kernel_session",  # 1: take the session's commit order by advancing its head
+        "BEGIN",  # 1: open the transaction (in the pipeline: no round trip of its own)
+        "UPDATE kernel_session",  # ... take the session's commit order by advancing its head
         "SELECT kernel_task",  # ... the task, locked for the fencing check
         "SELECT kernel_document",  # ... the document head
         "SELECT kernel_task",  # ... owned children of the finishing task
@@ -62,7 +62,6 @@ def test_a_typical_phase_costs_a_fixed_set_of_statements() -> None:
         "INSERT kernel_document_version",
         "UPDATE kernel_task",  # ... the transition ...
         "COMMIT",  # ... and COMMIT itself
-        "COMMIT",  # Django's atomic() closing: nothing left to commit, no round trip
     ], "\n".join(q["sql"][:120] for q in captured)
     assert kernel.task(second).outcome["kind"] == "succeeded"
 

@@ -1,0 +1,209 @@
+"""A phase that continues inline (``Next`` keeping the lease, no other write) is
+committed in one round trip, built from the worker's copy of its task
+(``Prefetch.known``); the task row is written only if nothing changed it since that
+copy, and otherwise the commit is built again from what the database holds. These
+tests change the task, or the session, behind the worker's back between its commits.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import psycopg
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+
+from controlplane.storage import PostgresStorage
+from kernel import Draft, Kernel, ManualClock, Registry, Run, Transition, Worker
+from kernel.records import Status
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+Meddle = Callable[[Kernel, str, int], None]
+
+
+def kernel_with(meddle: Meddle | None = None, phases: int = 4) -> Kernel:
+    """A kernel whose ``steps`` task runs ``phases`` phases; ``meddle(kernel, task, n)``
+    runs inside phase ``n`` (as another process would, meanwhile)."""
+    registry = Registry()
+    holder: list[Kernel] = []
+
+    @registry.task("steps")
+    class Steps:
+        initial = "step"
+
+        def step(self, run: Run) -> Transition:
+            done = int(run.checkpoint.get("done", 0)) + 1
+            if meddle is not None:
+                meddle(holder[0], run.task_id, done)
+            if done >= phases:
+                return run.succeed({"done": done})
+            return run.next("step", {"done": done})
+
+    kernel = Kernel(PostgresStorage(), registry, ManualClock())
+    holder.append(kernel)
+    return kernel
+
+
+def start(kernel: Kernel) -> tuple[str, str]:
+    handle = kernel.create_session()
+    draft = Draft()
+    task_id = draft.create_task("steps", {})
+    handle.commit(draft)
+    return handle.id, task_id
+
+
+@contextmanager
+def counting_pipelines() -> Iterator[list[int]]:
+    """How many pipelines (each one round trip) the connection runs in the block: a
+    usual commit runs two, an inline one none (it is one statement)."""
+    count = [0]
+    original = psycopg.Connection.pipeline
+
+    def pipeline(self: Any) -> Any:
+        count[0] += 1
+        return original(self)
+
+    psycopg.Connection.pipeline = pipeline  # type: ignore[method-assign]
+    try:
+        yield count
+    finally:
+        psycopg.Connection.pipeline = original  # type: ignore[method-assign]
+
+
+def log_is_whole(kernel: Kernel, session_id: str) -> list[int]:
+    """The session's commit seqs, checked gapless and ending at its head."""
+    seqs = [c.seq for c in kernel.commits_after(session_id, 0)]
+    head = kernel.storage.session(session_id)
+    assert head is not None
+    assert seqs == list(range(1, head.head_seq + 1)), seqs
+    return seqs
+
+
+def test_each_inline_commit_is_one_round_trip() -> None:
+    kernel = kernel_with(phases=4)
+    session_id, task_id = start(kernel)
+    worker = Worker(kernel, "w1")
+    with counting_pipelines() as pipelines, CaptureQueriesContext(connection) as captured:
+        assert worker.advance(task_id)
+    statements = [q["sql"].split(" AS ")[0] for q in captured]
+    # After the claim: 3 inline commits of one statement each (nothing else: no BEGIN,
+    # no COMMIT, no read), then the ending's usual two round trips.
+    first = statements.index("WITH head")
+    assert statements[first : first + 4] == ["WITH head"] * 3 + ["BEGIN"], statements
+    assert statements.count("WITH head") == 3 and statements[-1] == "COMMIT", statements
+    assert pipelines[0] == 2
+    task = kernel.task(task_id)
+    assert task.status is Status.TERMINAL and task.outcome["result"] == {"done": 4}
+    log_is_whole(kernel, session_id)
+    # Each commit's task summary and the task's updated_seq agree with the log.
+    assert task.updated_seq == log_is_whole(kernel, session_id)[-1]
+
+
+def test_inline_commits_take_the_seq_the_database_gives() -> None:
+    """Other commits of the session land between the phases: no gap, no reuse."""
+
+    def meddle(kernel: Kernel, task_id: str, done: int) -> None:
+        task = kernel.task(task_id)
+        kernel.open(task.session_id).commit(Draft(actor="user:other"))
+
+    kernel = kernel_with(meddle, phases=4)
+    session_id, task_id = start(kernel)
+    assert Worker(kernel, "w1").advance(task_id)
+    seqs = log_is_whole(kernel, session_id)
+    actors = [c.actor for c in kernel.commits_after(session_id, 0)]
+    assert actors.count("user:other") == 4 and actors.count(f"task:{task_id}") == 4
+    assert kernel.task(task_id).updated_seq == seqs[-1]
+
+
+def test_a_task_changed_since_the_copy_is_committed_from_the_database() -> None:
+    """A signal lands on the running task during its phase: the worker's copy is stale,
+    so its inline commit must not overwrite the row with it (the signal would be lost)."""
+
+    def meddle(kernel: Kernel, task_id: str, done: int) -> None:
+        if done == 2:
+            draft = Draft(actor="user:ann")
+            draft.signal(task_id, "approved", {"by": "ann"})
+            kernel.open(kernel.task(task_id).session_id).commit(draft)
+
+    kernel = kernel_with(meddle, phases=4)
+    session_id, task_id = start(kernel)
+    with counting_pipelines() as pipelines:
+        assert Worker(kernel, "w1").advance(task_id)
+    task = kernel.task(task_id)
+    assert task.signals == {"approved": {"by": "ann"}}
+    assert task.outcome["result"] == {"done": 4}
+    # The refused one-statement commit is made again the usual way: 2 round trips, as
+    # are the ending's and the signal's own commit.
+    assert pipelines[0] == 2 + 2 + 2
+    log_is_whole(kernel, session_id)
+
+
+def test_a_lease_revoked_since_the_copy_refuses_the_commit() -> None:
+    """A cancel revokes the lease during phase 2: its Next must not land."""
+
+    def meddle(kernel: Kernel, task_id: str, done: int) -> None:
+        if done == 2:
+            draft = Draft(actor="user:ann")
+            draft.cancel(task_id, "changed my mind")
+            kernel.open(kernel.task(task_id).session_id).commit(draft)
+
+    kernel = kernel_with(meddle, phases=4)
+    session_id, task_id = start(kernel)
+    Worker(kernel, "w1").advance(task_id)
+    task = kernel.task(task_id)
+    assert task.checkpoint == {"done": 1}  # phase 2's result was refused
+    assert task.cancel is not None and task.status is not Status.RUNNING
+    log_is_whole(kernel, session_id)
+
+
+def test_a_lost_connection_on_the_one_round_trip_is_unavailable_not_a_fault() -> None:
+    """The connection drops before the inline commit is sent: nothing landed, and the
+    worker abandons the task for a restart (its lease runs out), never failing it."""
+
+    def meddle(kernel: Kernel, task_id: str, done: int) -> None:
+        if done == 2:
+            connection.connection.close()
+
+    kernel = kernel_with(meddle, phases=4)
+    session_id, task_id = start(kernel)
+    Worker(kernel, "w1").advance(task_id)
+    connection.close()
+    task = kernel.task(task_id)
+    assert task.status is Status.RUNNING and task.checkpoint == {"done": 1}
+    log_is_whole(kernel, session_id)
+
+
+def test_a_connection_lost_once_the_statement_was_sent_is_uncertain_and_it_landed(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The one statement is its own transaction: once sent, a lost connection leaves its
+    outcome unknown. The handle is poisoned (invariant 6) and the worker abandons the
+    task; the commit did land, and a later claim resumes after it."""
+    from controlplane.storage import statements as sql
+
+    cut = [False]
+
+    def wrapper(execute: Callable[..., Any], query: str, *args: Any) -> Any:
+        result = execute(query, *args)
+        if query == sql.INLINE_COMMIT and not cut[0]:
+            cut[0] = True
+            connection.connection.close()  # the answer never comes back
+            raise psycopg.OperationalError("server closed the connection unexpectedly")
+        return result
+
+    kernel = kernel_with(phases=4)
+    session_id, task_id = start(kernel)
+    worker = Worker(kernel, "w1")
+    with connection.execute_wrapper(wrapper):
+        worker.advance(task_id)
+    assert cut[0]
+    connection.close()
+    task = kernel.task(task_id)
+    assert task.status is Status.RUNNING and task.checkpoint == {"done": 1}  # it landed
+    assert worker._handles == {}  # the poisoned handle was dropped
+    assert "session handle poisoned" in caplog.text  # not "storage unavailable"
+    log_is_whole(kernel, session_id)
