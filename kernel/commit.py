@@ -105,6 +105,7 @@ class _Fenced:
     version: int | None = None
     input: JSON = None
     checkpoint: JSON = None
+    owner: str | None = None
 
 
 @dataclass
@@ -237,12 +238,18 @@ class Draft:
         version: int | None = None,
         input: JSON = None,
         checkpoint: JSON = None,
+        owner: str | None = None,
     ) -> None:
-        """A phase's result, fenced by the epoch the worker claimed with.
+        """A phase's result, fenced by the epoch the worker claimed with, and by its
+        ``owner`` when given (a worker's lease gives it): a claim is not flushed to disk
+        by itself (it needs no flush: whatever depends on it is), so a server crash can
+        lose one, and the next claim then hands out the same epoch to another owner.
 
         ``version``/``input``/``checkpoint`` persist a migration done at claim time.
         """
-        self.fenced.append(_Fenced(task_id, epoch, transition, version, input, checkpoint))
+        self.fenced.append(
+            _Fenced(task_id, epoch, transition, version, input, checkpoint, owner)
+        )
 
     def cancel(self, task_id: str, reason: str) -> None:
         self.cancels.append((task_id, reason))
@@ -680,7 +687,11 @@ class Builder:
 
     def _apply_fenced(self, fenced: _Fenced) -> None:
         task = self.task(fenced.task_id)
-        if task.epoch != fenced.epoch or task.status is not Status.RUNNING:
+        if (
+            task.epoch != fenced.epoch
+            or task.status is not Status.RUNNING
+            or (fenced.owner is not None and task.lease_owner != fenced.owner)
+        ):
             raise StaleLease(fenced.task_id, fenced.epoch, task.epoch)
         self.ran_by[task.id] = (task.lease_owner, task.epoch)
         if fenced.version is not None:

@@ -122,9 +122,10 @@ class Lease:
                 version=self.definition.version,
                 input=self.input,
                 checkpoint=self.checkpoint,
+                owner=self.owner,
             )
         else:
-            draft.transition(self.task.id, self.task.epoch, transition)
+            draft.transition(self.task.id, self.task.epoch, transition, owner=self.owner)
         return draft
 
     def renew(self) -> bool:

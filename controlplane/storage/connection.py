@@ -421,7 +421,8 @@ def write_known(
     del commit_values[_COMMIT_SEQ]
     task_values = TASK.update_values(task)
     del task_values[_TASK_UPDATED_SEQ]
-    params = [session_id, *commit_values, *task_values, copy.epoch, copy.updated_seq]
+    params = [session_id, *commit_values, *task_values, copy.epoch, copy.lease_owner,
+              copy.updated_seq]
     before_commit()
     try:
         cur = HotCursor(db).execute(sql.INLINE_COMMIT, params)

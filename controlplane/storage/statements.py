@@ -135,7 +135,8 @@ TASK_UPDATE = update(
 # rule for a kept lease says. The head is read first, so the session row is locked
 # before the task row, as in every commit. Parameters: the session id, the commit row's
 # values but its seq, the task's updated values but its updated_seq, its id, then the
-# epoch and updated_seq of the copy.
+# epoch, lease owner and updated_seq of the copy (the owner as well as the epoch: a
+# claim lost with a crashed server's unflushed log leaves its epoch to the next claim).
 INLINE_COMMIT = (
     f"WITH head AS (UPDATE {SESSION.name} SET head_seq = head_seq + 1 WHERE id = %s "
     "RETURNING head_seq), written AS ("
@@ -149,7 +150,8 @@ INLINE_COMMIT = (
             "updated_seq": "(SELECT head_seq FROM head)",
         },
     )
-    + " AND epoch = %s AND status = 'running' AND updated_seq = %s RETURNING 1) "
+    + " AND epoch = %s AND lease_owner = %s AND status = 'running' AND updated_seq = %s "
+    "RETURNING 1) "
     "SELECT (SELECT head_seq FROM head), (SELECT id FROM written), "
     "1 / (SELECT count(*) FROM moved)"
 )

@@ -240,6 +240,27 @@ def test_a_stale_lease_holder_cannot_commit(world: World) -> None:
     assert world.storage.renew(task_id, "fast", second.epoch, now + timedelta(seconds=60))
 
 
+def test_a_commit_fenced_by_another_owner_at_the_same_epoch_is_refused(world: World) -> None:
+    """A claim is not flushed by itself: if a server crash loses one, the next claim
+    hands out the same epoch to another worker. The lost claim's holder must not commit."""
+    registry = make_registry(Effects())
+    kernel, handle, task_id = start(world, "step", {"name": "s"}, registry)
+    now = world.clock.now()
+    held = world.storage.claim(task_id, "fast", now, now + timedelta(seconds=30))
+    before = (world.storage.session(handle.id).head_seq, world.storage.task(task_id))
+    from kernel import Finish
+
+    lost = Draft(actor="worker:lost")
+    lost.transition(task_id, held.epoch, Finish(Outcome.SUCCEEDED, "lost"), owner="lost")
+    with pytest.raises(StaleLease):
+        kernel.open(handle.id).commit(lost)
+    assert (world.storage.session(handle.id).head_seq, world.storage.task(task_id)) == before
+    mine = Draft(actor="worker:fast")
+    mine.transition(task_id, held.epoch, Finish(Outcome.SUCCEEDED, "ok"), owner="fast")
+    kernel.open(handle.id).commit(mine)
+    assert world.storage.task(task_id).outcome == {"kind": "succeeded", "result": "ok"}
+
+
 def test_claims_hand_out_each_runnable_task_once(world: World) -> None:
     registry = make_registry(Effects())
     kernel = world.kernel(registry)

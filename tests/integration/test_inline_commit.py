@@ -160,6 +160,25 @@ def test_a_lease_revoked_since_the_copy_refuses_the_commit() -> None:
     log_is_whole(kernel, session_id)
 
 
+def test_another_owner_at_the_same_epoch_refuses_the_commit() -> None:
+    """A server crash lost this worker's unflushed claim, and another worker's claim got
+    the same epoch (simulated by rewriting the owner): the inline commit must not land,
+    nor write this worker's name back over the other's lease."""
+
+    def meddle(kernel: Kernel, task_id: str, done: int) -> None:
+        if done == 2:
+            with connection.cursor() as cur:
+                cur.execute("UPDATE kernel_task SET lease_owner = 'w2' WHERE id = %s", [task_id])
+
+    kernel = kernel_with(meddle, phases=4)
+    session_id, task_id = start(kernel)
+    Worker(kernel, "w1").advance(task_id)
+    task = kernel.task(task_id)
+    assert task.checkpoint == {"done": 1}  # phase 2's result was refused
+    assert task.status is Status.RUNNING and task.lease_owner == "w2"
+    log_is_whole(kernel, session_id)
+
+
 def test_a_lost_connection_on_the_one_round_trip_is_unavailable_not_a_fault() -> None:
     """The connection drops before the inline commit is sent: nothing landed, and the
     worker abandons the task for a restart (its lease runs out), never failing it."""
