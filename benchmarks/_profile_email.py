@@ -8,9 +8,10 @@ For each size, a ``send-batch`` is committed as the API would, in the dedicated
 database ``durable_bench_profile``, against the local provider; its dispatches are
 collected in memory instead of going to Redis, and this process runs them in order
 with the runtime's own Worker (``Worker.advance``, what a Celery ``advance`` message
-calls), so the figures are the kernel's and the application's cost without Celery's
-receive/ack. Each step is timed inclusively (wall and this process's CPU) by wrapping
-the method that does it; the table gives milliseconds per email.
+calls; ``Worker.advance_queue`` for a burst's wake-ups, as a woken worker), so the
+figures are the kernel's and the application's cost without Celery's receive/ack.
+Each step is timed inclusively (wall and this process's CPU) by wrapping the method
+that does it; the table gives milliseconds per email.
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ def instrument() -> None:
     timed(rt.worker, "advance", "advance (all of it)")
     timed(storage, "task", "read the task row (advance's check)")
     timed(storage, "claim", "claim (UPDATE ... RETURNING)")
+    timed(storage, "claim_woken", "claim from the woken queue")
     timed(storage, "commit", "phase commits (both)")
     timed(storage, "document_head", "plan document: head read")
     timed(storage, "document_versions", "plan document: versions read")
@@ -72,12 +74,16 @@ def instrument() -> None:
 
 
 def profile(emails: int) -> dict[str, list[float]]:
+    from django.conf import settings
+
     from controlplane.runtime import runtime
     from kernel import Draft
 
     rt = runtime()
     queue: list[str] = []
+    woken: list[str] = []
     rt.dispatcher.deliver = lambda task_id, q: queue.append(task_id)
+    rt.dispatcher.wake = woken.append  # a burst's wake-ups: run below, as a woken worker
     handle = rt.kernel.create_session()
     draft = Draft(actor="user:profile")
     recipients = [f"r{i:05d}@profile.example" for i in range(emails)]
@@ -88,8 +94,11 @@ def profile(emails: int) -> dict[str, list[float]]:
     started, cpu = time.perf_counter(), time.process_time()
     notices = [t for t in queue]
     queue.clear()
-    for task_id in notices:
+    for task_id in notices:  # a burst of KERNEL_DISPATCH_MESSAGES or fewer: a message each
         rt.worker.advance(task_id)
+    for name in dict.fromkeys(woken):  # a larger one: claimed from Postgres
+        rt.worker.advance_queue(name, batch=settings.KERNEL_ENDINGS_PER_COMMIT, budget=3600)
+    woken.clear()
     total = time.perf_counter() - started, time.process_time() - cpu
     for task_id in list(queue):  # summarize
         rt.worker.advance(task_id)
