@@ -381,7 +381,7 @@ def render(
     lines = [
         HEADING,
         "",
-        f"Run {when:%Y-%m-%d %H:%M} UTC by `{command}` on revision `{facts['revision']}`. "
+        f"Run {when:%Y-%m-%d %H:%M} UTC by `{command}` on revision {facts['revision']}. "
         f"Machine: {facts['machine']}; load average {facts['load_before']} before the run "
         f"and {facts['load_after']} after it (other engineers' tests share the 2 cores, "
         "Postgres and Redis: compare the ratios, which come from one run). "

@@ -34,13 +34,14 @@ def test_the_report_gives_same_run_ratios_and_says_which_peer_did_not_run() -> N
         "dbos_seq": {"steps_per_s": 300.0},
     }
     facts = {
-        "revision": "abc",
+        "revision": "`abc`",
         "machine": "2 CPUs",
         "load_before": "1",
         "load_after": "2",
         "workers": "2",
     }
     text = render(datetime(2026, 12, 1, tzinfo=UTC), facts, ours, peers, "make bench")
+    assert "on revision `abc`." in text  # the label comes quoted (code_revision)
     assert "2.00x of Procrastinate, 0.50x of Celery" in text
     assert "| 3.00x | >= 3x DBOS | met |" in text
     assert "- dbos_fanout: exit 1: no dbos" in text
