@@ -36,17 +36,23 @@ def test_task_messages_reuse_the_connection() -> None:
     assert connection.connection is raw
 
 
-def test_a_connection_that_failed_is_still_replaced() -> None:
+def drop_this_connection() -> None:
+    """Postgres ends this thread's connection from another one, as a restarting server
+    would; Django's wrapper does not know yet."""
     with connection.cursor() as cur:
         cur.execute("SELECT pg_backend_pid()")
         [pid] = cur.fetchone()
-    raw = connection.connection
     other = connections["default"].copy()
     try:
-        with other.cursor() as cur:  # as a restarting server would
+        with other.cursor() as cur:
             cur.execute("SELECT pg_terminate_backend(%s)", [pid])
     finally:
         other.close()
+
+
+def test_a_connection_that_failed_is_still_replaced() -> None:
+    raw = connection.connection
+    drop_this_connection()
     close_old_connections()  # the next task's start: the health check finds it dead
     with connection.cursor() as cur:
         cur.execute("SELECT 1")
@@ -91,16 +97,8 @@ def test_an_advance_after_postgres_dropped_the_connection_claims_on_a_new_one(
     worker_runtime: list[Task],
 ) -> None:
     task_id = pending_task()
-    with connection.cursor() as cur:
-        cur.execute("SELECT pg_backend_pid()")
-        [pid] = cur.fetchone()
     raw = connection.connection
-    other = connections["default"].copy()
-    try:
-        with other.cursor() as cur:  # as a restarting server would, between two messages
-            cur.execute("SELECT pg_terminate_backend(%s)", [pid])
-    finally:
-        other.close()
+    drop_this_connection()  # between two messages
     assert advance(task_id)
     assert [t.id for t in worker_runtime] == [task_id]
     assert connection.connection is not raw
