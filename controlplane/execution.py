@@ -22,6 +22,7 @@ from celery.signals import (
     celeryd_after_setup,
     worker_process_shutdown,
     worker_ready,
+    worker_shutdown,
     worker_shutting_down,
 )
 from django.conf import settings
@@ -30,7 +31,7 @@ from django.db import DEFAULT_DB_ALIAS, close_old_connections, connections
 from kernel import Blocked, StorageUnavailable
 from kernel.dispatch import RECOVERY, recovery_queue
 
-from . import commands
+from . import commands, listener, worker_registry
 from .celery import ADVANCE, PRUNE, SWEEP, WAKE, app
 from .errors import Conflict
 from .runtime import built, deliver, runtime
@@ -45,7 +46,8 @@ BUSY_RETRIES = 5
 
 @app.task(name=ADVANCE, ignore_result=True)
 def advance(task_id: str, tries: int = 0) -> bool:
-    return on_a_live_connection(lambda: _advance(task_id, tries))
+    with listener.busy():
+        return on_a_live_connection(lambda: _advance(task_id, tries))
 
 
 def on_a_live_connection(run: Callable[[], T]) -> T:
@@ -82,9 +84,11 @@ def wake(queue: str) -> int:
     try:
         queue = queue.removesuffix(RECOVERY)  # the sweep wakes the recovery queue
         worker = runtime().worker
-        ran, more = worker.advance_queue(
-            queue, batch=settings.KERNEL_ENDINGS_PER_COMMIT, budget=settings.KERNEL_CLAIM_SECONDS
-        )
+        with listener.busy():
+            ran, more = worker.advance_queue(
+                queue, batch=settings.KERNEL_ENDINGS_PER_COMMIT,
+                budget=settings.KERNEL_CLAIM_SECONDS,
+            )
         if more and not worker.draining:
             send_wake(queue)
         return ran
@@ -167,6 +171,8 @@ def resume(sender: object = None, **kwargs: object) -> None:
     inherit this process's database connection and heartbeat thread.
     """
     try:
+        if settings.KERNEL_LISTEN:
+            listen(sender)
         close_old_connections()
         report = runtime().dispatcher.resume()
         log.info("resume: %s", report)
@@ -176,6 +182,48 @@ def resume(sender: object = None, **kwargs: object) -> None:
                 send_wake(name)
     except Exception:
         log.exception("resume sweep failed; beat will retry")
+
+
+_listener: listener.Listener | None = None
+
+
+def listen(sender: object) -> None:
+    """Start this worker's listener (:mod:`controlplane.listener`) on the queues it
+    consumes, with as many slots as its pool runs messages at once."""
+    global _listener
+    if _listener is not None:
+        return
+    queues, concurrency = worker_registry.shape(sender)
+
+    def advance_hinted(task_id: str) -> bool:
+        return on_a_live_connection(lambda: runtime().worker.advance(task_id, hint=True))
+
+    def began() -> None:
+        if (beat := worker_registry.current()) is not None:
+            beat.began()
+
+    def ended(failed: bool) -> None:
+        if (beat := worker_registry.current()) is not None:
+            beat.ended(failed)
+
+    _listener = listener.Listener(
+        {q for q in queues if not q.endswith(RECOVERY)},
+        listener.open_slots(concurrency),
+        advance_hinted,
+        lambda: not runtime().worker.draining,
+        began=began,
+        ended=ended,
+    )
+    _listener.start()
+
+
+@worker_shutdown.connect
+def stop_listening(**kwargs: object) -> None:
+    """Once Celery's pool has stopped (a warm shutdown waited for its message), wait for
+    a phase the listener runs: draining, it gives its lease back after the phase, and
+    the drain's grace bounds the wait (:func:`drain`)."""
+    if _listener is not None:
+        _listener.stop(timeout=settings.KERNEL_DRAIN_SECONDS)
 
 
 @worker_process_shutdown.connect

@@ -299,6 +299,9 @@ KERNEL_REDELIVER_SECONDS = float(os.environ.get("KERNEL_REDELIVER_SECONDS", "30"
 KERNEL_DISPATCH_MESSAGES = int(os.environ.get("KERNEL_DISPATCH_MESSAGES", "32"))
 KERNEL_CLAIM_SECONDS = float(os.environ.get("KERNEL_CLAIM_SECONDS", "1"))
 KERNEL_ENDINGS_PER_COMMIT = int(os.environ.get("KERNEL_ENDINGS_PER_COMMIT", "10"))
+# Idle workers LISTEN for the tasks a commit makes due and start one at once, before its
+# broker message arrives (controlplane.listener); the messages deliver as before.
+KERNEL_LISTEN = _env_bool("KERNEL_LISTEN", True)
 # SIGTERM to a worker: how long its running phases may take to finish before it gives
 # their leases back and exits (controlplane.execution.drain). Keep the process manager's
 # stop timeout (compose: stop_grace_period) above it.

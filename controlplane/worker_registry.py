@@ -130,6 +130,15 @@ def _started(sender: Any = None, **kwargs: object) -> None:
     global _beat
     if _beat is not None:
         return
+    queues, concurrency = shape(sender)
+    _beat = Heartbeat(str(getattr(sender, "hostname", "") or worker_id()), queues,
+                      concurrency, settings.WORKER_HEARTBEAT_SECONDS)
+    _beat.start()
+
+
+def shape(sender: Any) -> tuple[list[str], int]:
+    """The queues a starting worker (``worker_ready``'s sender) consumes, and how many
+    messages its pool runs at once (one for ``--pool solo``)."""
     try:
         queues = sorted(sender.app.amqp.queues.consume_from)
     except AttributeError:
@@ -138,9 +147,7 @@ def _started(sender: Any = None, **kwargs: object) -> None:
     pool = getattr(controller, "pool_cls", "")
     solo = "solo" in f"{getattr(pool, '__module__', '')} {pool}"
     concurrency = 1 if solo else getattr(controller, "concurrency", None) or 1
-    _beat = Heartbeat(str(getattr(sender, "hostname", "") or worker_id()), queues,
-                      int(concurrency), settings.WORKER_HEARTBEAT_SECONDS)
-    _beat.start()
+    return queues, int(concurrency)
 
 
 @task_prerun.connect

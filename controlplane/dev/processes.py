@@ -259,6 +259,13 @@ class CeleryWorker(Process):
         (a duplicate or late message)."""
         return [found == "True" for found in ADVANCED.findall(self.output())]
 
+    def hinted(self) -> int:
+        """How many tasks this worker's listener ran from a hint, by its log
+        (:mod:`controlplane.listener`)."""
+        from controlplane.listener import STARTED
+
+        return len(re.findall(re.escape(STARTED).replace("%s", r"\S+"), self.output()))
+
 
 def celery_worker(
     logs: Path, name: str, env: dict[str, str], *, queues: str = QUEUES, host: str = "dev",

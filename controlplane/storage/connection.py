@@ -33,6 +33,7 @@ from kernel.records import (
 )
 from kernel.storage import JoinState, Prefetch
 
+from . import due
 from . import statements as sql
 from .schema import (
     COMMIT,
@@ -474,6 +475,9 @@ def _queue_writes(db: Any, ws: WriteSet) -> tuple[HotCursor, list[HotCursor]]:
             sql.SUBMISSION_UPDATE,
             [SUBMISSION.update_values(s) for s in ws.updated_submissions],
         )
+    hint = due.payload(ws.dispatches)
+    if hint is not None:
+        HotCursor(db).execute(due.NOTIFY, [due.CHANNEL, hint])
     size = sql.DISPATCHES_PER_INSERT
     chunks = [ws.dispatches[i : i + size] for i in range(0, len(ws.dispatches), size)]
     return head, [

@@ -1,0 +1,40 @@
+"""The due channel: what a commit tells listening workers about the tasks it made due.
+
+A commit that takes a task's dispatch row to deliver it at once (``Dispatcher.attach``:
+the row is written taken, not woken) also NOTIFYs :data:`CHANNEL` with the task's queue
+and id. Postgres delivers the notification when the transaction commits, before the
+committer's broker message is even sent, so an idle worker that LISTENs
+(:mod:`controlplane.listener`) can claim the task at once. The notification is only a
+hint: the message and the sweep deliver as they always did, and the claim decides.
+
+The payload is one ``queue<TAB>task id`` line per task; a commit sends one notification
+(at most ``KERNEL_DISPATCH_MESSAGES`` lines, far below Postgres's 8,000-byte limit: a
+burst's rows are woken instead, and never hinted).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+
+from kernel.records import Dispatch
+
+CHANNEL = "kernel_due"
+NOTIFY = "SELECT pg_notify(%s, %s)"
+LISTEN = f"LISTEN {CHANNEL}"
+
+
+def payload(dispatches: Iterable[Dispatch]) -> str | None:
+    """The hint for a commit's dispatch rows: those taken for a message each. ``None``
+    if there are none (nothing to notify)."""
+    lines = [f"{d.queue}\t{d.task_id}" for d in dispatches
+             if d.delivered_at is not None and not d.woken]
+    return "\n".join(lines) if lines else None
+
+
+def parse(text: str) -> Iterator[tuple[str, str]]:
+    """``(queue, task id)`` of each line of a payload; lines not in that shape (another
+    sender on the channel) are skipped."""
+    for line in text.splitlines():
+        queue, sep, task_id = line.partition("\t")
+        if sep and queue and task_id:
+            yield queue, task_id

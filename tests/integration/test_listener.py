@@ -1,0 +1,175 @@
+"""Idle workers start a task when the commit that made it due lands (controlplane.listener).
+
+A commit whose dispatch rows are taken for a message each NOTIFYs the due channel in the
+same transaction; a worker's listener claims a hinted task when the process has a free
+slot and is not draining, and leaves it to its message otherwise. Here the messages go
+nowhere, so a task that runs was started by the listener.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+import psycopg
+import pytest
+from django.db import connection, connections
+
+from controlplane.listener import Listener
+from controlplane.storage import PostgresStorage, due
+from kernel import Draft, Kernel, ManualClock, Registry, Run, Transition, Worker
+from kernel.dispatch import Dispatcher
+from kernel.records import Status
+from tests.databases import url_of_test_database
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def world(messages: int = 32) -> tuple[Kernel, Worker, list[str]]:
+    """A kernel whose commits take their due rows (``Dispatcher.attach``) and whose
+    messages are only recorded; a worker on it."""
+    registry = Registry()
+
+    @registry.task("quick", queue="hands")
+    class Quick:
+        initial = "go"
+
+        def go(self, run: Run) -> Transition:
+            return run.succeed({"ok": True})
+
+    @registry.task("nap", queue="hands")
+    class Nap:
+        initial = "go"
+
+        def go(self, run: Run) -> Transition:
+            if run.checkpoint.get("slept"):
+                return run.succeed({})
+            return run.sleep(3600, then="go", checkpoint={"slept": True})
+
+    kernel = Kernel(PostgresStorage(), registry, ManualClock())
+    sent: list[str] = []
+    Dispatcher(kernel, lambda task_id, queue: sent.append(task_id),
+               wake=lambda queue: sent.append(f"wake:{queue}"), messages=messages).attach()
+    return kernel, Worker(kernel, "listening-worker"), sent
+
+
+def create(kernel: Kernel, count: int = 1, kind: str = "quick") -> list[str]:
+    handle = kernel.create_session()
+    draft = Draft(actor="user:test")
+    ids = [draft.create_task(kind, {}) for _ in range(count)]
+    handle.commit(draft)
+    return ids
+
+
+@pytest.fixture
+def hints() -> Iterator[Callable[[], list[tuple[str, str]]]]:
+    """The hints a LISTENing connection has received so far."""
+    conn = psycopg.connect(url_of_test_database(), autocommit=True)
+    conn.execute(due.LISTEN)
+
+    def received() -> list[tuple[str, str]]:
+        return [pair for n in conn.notifies(timeout=0.2) for pair in due.parse(n.payload)]
+
+    yield received
+    conn.close()
+
+
+def test_a_commit_hints_the_tasks_it_takes_a_message_for(hints: Callable[[], list]) -> None:
+    kernel, _, sent = world()
+    ids = create(kernel, 2)
+    assert sent == ids  # the messages still go
+    assert sorted(hints()) == sorted(("hands", i) for i in ids)
+
+
+def test_a_burst_and_a_task_not_due_are_not_hinted(hints: Callable[[], list]) -> None:
+    kernel, worker, sent = world(messages=2)
+    create(kernel, 3)  # more than `messages`: the queue is woken instead
+    assert sent == ["wake:hands", "wake:hands"]
+    assert hints() == []
+    [nap] = create(kernel, kind="nap")
+    assert hints() == [("hands", nap)]
+    assert worker.advance(nap)  # its phase sleeps: a dispatch row due in an hour
+    assert kernel.storage.task(nap).status is Status.SLEEPING
+    assert hints() == []
+
+
+def test_parse_skips_lines_of_other_senders() -> None:
+    assert list(due.parse("hands\tt1\nnoise\n\tt2\nbrain\tt3")) == [("hands", "t1"),
+                                                                    ("brain", "t3")]
+
+
+def hinted(worker: Worker) -> Callable[[str], bool]:
+    return lambda task_id: worker.advance(task_id, hint=True)
+
+
+def test_an_idle_worker_runs_a_hinted_task_without_its_message() -> None:
+    kernel, worker, _ = world()
+    listener = Listener({"hands"}, threading.Semaphore(1), hinted(worker), lambda: True)
+    listener.start()
+    try:
+        assert listener.listening.wait(10)
+        [task_id] = create(kernel)
+        assert wait_until(lambda: kernel.storage.task(task_id).status is Status.TERMINAL)
+        assert listener.ran == 1
+    finally:
+        listener.stop(timeout=10)
+
+
+@pytest.mark.parametrize("why", ["busy", "draining", "another queue"])
+def test_a_hint_is_left_to_its_message(why: str) -> None:
+    """Nothing is claimed: the task stays as its commit left it, for its message."""
+    kernel, worker, _ = world()
+    slots = threading.Semaphore(1)
+    listener = Listener({"brain" if why == "another queue" else "hands"}, slots,
+                        hinted(worker), lambda: why != "draining")
+    [task_id] = create(kernel)
+    if why == "busy":
+        slots.acquire()  # a message's phase runs
+    listener.on_hint(f"hands\t{task_id}")
+    task = kernel.storage.task(task_id)
+    assert task.status is Status.PENDING and task.epoch == 0
+    assert listener.ran == 0
+    assert worker.advance(task_id)  # what its message does
+
+
+def test_a_hint_for_a_task_already_claimed_reads_nothing_more(
+    django_assert_num_queries: Callable,
+) -> None:
+    kernel, worker, _ = world()
+    [task_id] = create(kernel)
+    assert Worker(kernel, "other").advance(task_id)
+    with django_assert_num_queries(1):  # the claim, and no read of the task after it
+        assert not worker.advance(task_id, hint=True)
+
+
+def test_the_listener_listens_again_after_its_connection_is_lost() -> None:
+    kernel, worker, _ = world()
+    listener = Listener({"hands"}, threading.Semaphore(1), hinted(worker), lambda: True)
+    import controlplane.listener as module
+
+    module.RECONNECT_SECONDS, before = 0.05, module.RECONNECT_SECONDS
+    listener.start()
+    try:
+        assert listener.listening.wait(10)
+        with connection.cursor() as cur:  # as a restarting Postgres would
+            cur.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                        "WHERE query = %s AND datname = current_database()", [due.LISTEN])
+            assert cur.rowcount == 1
+        assert wait_until(lambda: not listener.listening.is_set())
+        assert listener.listening.wait(10)
+        [task_id] = create(kernel)
+        assert wait_until(lambda: kernel.storage.task(task_id).status is Status.TERMINAL)
+    finally:
+        listener.stop(timeout=10)
+        module.RECONNECT_SECONDS = before
+    connections.close_all()
+
+
+def wait_until(check: Callable[[], bool], timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return True
+        time.sleep(0.01)
+    return False
