@@ -789,3 +789,41 @@ def test_a_large_join_sees_what_changed_on_its_waiter_and_deps_while_it_waited(
     assert parent.signals == {"note": {"n": 1}}
     assert worker.advance(task_id)
     assert world.storage.task(task_id).outcome["result"] == ["failed"] + ["succeeded"] * 149
+
+
+def test_an_ending_asks_about_the_newest_tasks_of_a_large_join_first(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While a join's newest tasks are open, each ending asks storage about
+    ``ANY_OPEN_FIRST`` of them, not about all n (issue 12: sending every id made each
+    email of a batch O(n)); once they have ended, it asks further back, in growing
+    chunks, and still finds the oldest task open."""
+    from kernel.commit import ANY_OPEN_FIRST
+
+    children = [{"kind": "step", "input": {"name": f"c{i}"}} for i in range(400)]
+    kernel, _, task_id = start(world, "parent", {"name": "p", "children": children})
+    worker = Worker(kernel, "w1")
+    assert worker.advance(task_id)
+    deps = world.storage.task(task_id).wait_deps
+    asked: list[int] = []
+    from controlplane.storage.connection import Transaction
+    from kernel.memory import _Transaction
+
+    for cls in (Transaction, _Transaction):
+        original = cls.any_open
+
+        def counted(self: Any, ids: Any, _original: Any = original) -> bool:
+            asked.append(len(ids))
+            return _original(self, ids)
+
+        monkeypatch.setattr(cls, "any_open", counted)
+    for dep in deps[1:-ANY_OPEN_FIRST]:  # oldest first, as woken workers claim
+        assert worker.advance(dep)
+    assert asked and max(asked) <= ANY_OPEN_FIRST
+    asked.clear()
+    for dep in deps[-ANY_OPEN_FIRST:]:
+        assert worker.advance(dep)
+    assert world.storage.task(task_id).status is Status.WAITING  # deps[0] is still open
+    assert max(asked) > ANY_OPEN_FIRST  # it looked further back to find it
+    assert worker.advance(deps[0])
+    assert world.storage.task(task_id).status is Status.PENDING
