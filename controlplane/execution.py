@@ -163,9 +163,10 @@ def consume_recovery_queues(sender: str, instance: object, **kwargs: object) -> 
 
 @worker_ready.connect
 def resume(sender: object = None, **kwargs: object) -> None:
-    """A starting worker sweeps once, so recovery does not wait for beat, retries at
-    once the tasks an earlier worker found blocked that this one's registry can run,
-    and wakes its queues: a backlog that dead workers left in Postgres starts now.
+    """A starting worker starts its listener (``KERNEL_LISTEN``); sweeps once, so
+    recovery does not wait for beat; retries at once the tasks an earlier worker found
+    blocked that this one's registry can run; and wakes its queues: a backlog that dead
+    workers left in Postgres starts now.
 
     Workers run with ``--pool solo`` or ``--pool threads``: a forked pool would
     inherit this process's database connection and heartbeat thread.
