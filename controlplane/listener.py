@@ -31,7 +31,9 @@ from .storage import due
 log = logging.getLogger(__name__)
 
 RECONNECT_SECONDS = 1.0
-"""How long the listener waits before it connects again after its connection failed."""
+"""How long the listener waits before it connects again after its connection failed;
+doubled after each failure to connect, up to ``RECONNECT_MAX_SECONDS``."""
+RECONNECT_MAX_SECONDS = 30.0
 STARTED = "due listener: %s started from a hint"
 """Logged for each task the listener ran (as Celery logs each message it ran)."""
 POLL_SECONDS = 1.0
@@ -75,17 +77,20 @@ class Listener:
             self._thread.join(timeout)
 
     def _loop(self) -> None:
+        wait = RECONNECT_SECONDS
         try:
             while not self._stop.is_set():
                 try:
                     self._listen()
                 except Exception:
+                    if self.listening.is_set():
+                        wait = RECONNECT_SECONDS  # it had worked: try again soon
                     self.listening.clear()
-                    log.warning("due listener: connection lost; the broker's messages "
-                                "still deliver; listening again in %.0fs", RECONNECT_SECONDS,
-                                exc_info=True)
+                    log.warning("due listener: no connection; the broker's messages still "
+                                "deliver; listening again in %.0fs", wait, exc_info=True)
                     self._close()
-                    self._stop.wait(RECONNECT_SECONDS)
+                    self._stop.wait(wait)
+                    wait = min(wait * 2, RECONNECT_MAX_SECONDS)
         finally:
             self._close()
             connections.close_all()  # this thread's: it ends with the process
