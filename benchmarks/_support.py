@@ -13,6 +13,7 @@ import math
 import os
 import re
 import sys
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -193,6 +194,7 @@ def delivering_kernel(redis_url: str) -> tuple[Any, Any]:
 
     from controlplane.execution import advance, wake
     from controlplane.registry import build_registry
+    from controlplane.runtime import hint_grace
     from controlplane.storage import PostgresStorage
     from controlplane.storage.clock import DatabaseClock
     from kernel import Kernel
@@ -200,16 +202,20 @@ def delivering_kernel(redis_url: str) -> tuple[Any, Any]:
 
     broker = Connection(redis_url)
     producer = Producer(broker)
+    sending = threading.Lock()  # held messages go out from a thread of their own
 
     def deliver(task_id: str, queue: str) -> None:
-        advance.apply_async(args=[task_id], queue=queue, retry=False, producer=producer)
+        with sending:
+            advance.apply_async(args=[task_id], queue=queue, retry=False, producer=producer)
 
     def wake_queue(queue: str) -> None:
-        wake.apply_async(args=[queue], queue=queue, retry=False, producer=producer)
+        with sending:
+            wake.apply_async(args=[queue], queue=queue, retry=False, producer=producer)
 
     kernel = Kernel(PostgresStorage(), build_registry(), DatabaseClock())
     dispatcher = Dispatcher(
-        kernel, deliver, wake=wake_queue, messages=settings.KERNEL_DISPATCH_MESSAGES
+        kernel, deliver, wake=wake_queue, messages=settings.KERNEL_DISPATCH_MESSAGES,
+        hint_grace=hint_grace(),
     )
     dispatcher.attach()
     return kernel, broker

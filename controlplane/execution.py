@@ -225,6 +225,8 @@ def stop_listening(**kwargs: object) -> None:
     the drain's grace bounds the wait (:func:`drain`)."""
     if _listener is not None:
         _listener.stop(timeout=settings.KERNEL_DRAIN_SECONDS)
+    if built():
+        runtime().dispatcher.flush()  # messages held for a hint's grace: send them now
 
 
 @worker_process_shutdown.connect

@@ -56,6 +56,14 @@ def hand_over(task: Task) -> None:
         log.warning("could not hand %s over now; the sweep will", task.id, exc_info=True)
 
 
+def hint_grace() -> timedelta | None:
+    """How long a message waits for a listening worker to claim its task from the
+    commit's hint (``KERNEL_HINT_GRACE_MS``); ``None`` where workers do not listen."""
+    if not settings.KERNEL_LISTEN:
+        return None
+    return timedelta(milliseconds=settings.KERNEL_HINT_GRACE_MS)
+
+
 @dataclass(frozen=True)
 class Runtime:
     kernel: Kernel
@@ -73,6 +81,7 @@ def runtime() -> Runtime:
         redeliver_after=timedelta(seconds=settings.KERNEL_REDELIVER_SECONDS),
         wake=wake,
         messages=settings.KERNEL_DISPATCH_MESSAGES,
+        hint_grace=hint_grace(),
     )
     dispatcher.attach()  # takes each commit's due rows in the commit, delivers after it
     notifier = Notifier()

@@ -299,9 +299,12 @@ KERNEL_REDELIVER_SECONDS = float(os.environ.get("KERNEL_REDELIVER_SECONDS", "30"
 KERNEL_DISPATCH_MESSAGES = int(os.environ.get("KERNEL_DISPATCH_MESSAGES", "32"))
 KERNEL_CLAIM_SECONDS = float(os.environ.get("KERNEL_CLAIM_SECONDS", "1"))
 KERNEL_ENDINGS_PER_COMMIT = int(os.environ.get("KERNEL_ENDINGS_PER_COMMIT", "10"))
-# Idle workers LISTEN for the tasks a commit makes due and start one at once, before its
-# broker message arrives (controlplane.listener); the messages deliver as before.
+# Idle workers LISTEN for the tasks a commit makes due and claim them at once
+# (controlplane.listener). A committer then holds each such task's message for
+# KERNEL_HINT_GRACE_MS and sends it only if no worker claimed the task meanwhile
+# (kernel.dispatch.HeldMessages). Set KERNEL_LISTEN the same for web, workers and beat.
 KERNEL_LISTEN = _env_bool("KERNEL_LISTEN", True)
+KERNEL_HINT_GRACE_MS = float(os.environ.get("KERNEL_HINT_GRACE_MS", "5"))
 # SIGTERM to a worker: how long its running phases may take to finish before it gives
 # their leases back and exits (controlplane.execution.drain). Keep the process manager's
 # stop timeout (compose: stop_grace_period) above it.

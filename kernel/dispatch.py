@@ -13,8 +13,11 @@ claim decides, so duplicate deliveries are harmless and so is running two beats.
 
 from __future__ import annotations
 
+import atexit
 import logging
-from collections import Counter
+import threading
+import time
+from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
@@ -60,6 +63,13 @@ class Dispatcher:
     than ``messages`` rows of one queue are taken at once (a burst), that many wake-ups
     deliver them all instead of a message per row, so the backlog waits in storage, not
     in the broker. Fewer rows get a message each, as without ``wake``.
+
+    ``hint_grace``: where the storage hints the rows a commit takes to listening workers
+    (Postgres's NOTIFY, ``controlplane.listener``), their messages wait that long after
+    the commit and are sent only for the rows still stored then: a row whose task an
+    idle worker claimed from the hint is gone, and a message for it would only make a
+    worker find it claimed. A process that dies meanwhile leaves its rows to the sweep
+    (after ``redeliver_after``), as one dying between a commit and its messages does.
     """
 
     def __init__(
@@ -71,6 +81,7 @@ class Dispatcher:
         batch: int = 500,
         wake: Wake | None = None,
         messages: int = 32,
+        hint_grace: timedelta | None = None,
     ) -> None:
         self.kernel = kernel
         self.deliver = deliver
@@ -78,6 +89,12 @@ class Dispatcher:
         self.batch = batch
         self.wake = wake
         self.messages = messages
+        self.held = (
+            HeldMessages(hint_grace.total_seconds(), self._deliver_unclaimed,
+                         on_exit=kernel.storage.thread_exit)
+            if hint_grace
+            else None
+        )
 
     def attach(self) -> None:
         """Deliver after each of the kernel's commits, and take the commit's due rows in
@@ -120,7 +137,36 @@ class Dispatcher:
             taken += [d for d in write_set.dispatches if d.id in ids]
         if not taken:
             return
-        _, undelivered = self._deliver(sorted(taken, key=lambda d: d.id))
+        if self.held is not None:
+            hinted = [d for d in taken if hinted_row(d)]
+            if hinted:
+                self.held.add(hinted)
+                taken = [d for d in taken if not hinted_row(d)]
+        if taken:
+            _, undelivered = self._deliver(sorted(taken, key=lambda d: d.id))
+            if undelivered:
+                storage.release_dispatches([d.id for d in undelivered])
+
+    def flush(self) -> None:
+        """Send now the messages held for ``hint_grace`` (those still wanted)."""
+        if self.held is not None:
+            self.held.flush()
+
+    def close(self) -> None:
+        """Send what is held and stop the thread that holds messages."""
+        if self.held is not None:
+            self.held.close()
+
+    def _deliver_unclaimed(self, rows: list[Dispatch]) -> None:
+        storage = self.kernel.storage
+        try:
+            left = storage.existing_dispatches([d.id for d in rows])
+        except Exception:
+            log.warning("could not tell which held dispatches were claimed; sending all",
+                        exc_info=True)
+            left = {d.id for d in rows}
+        wanted = sorted((d for d in rows if d.id in left), key=lambda d: d.id)
+        _, undelivered = self._deliver(wanted)
         if undelivered:
             storage.release_dispatches([d.id for d in undelivered])
 
@@ -183,3 +229,83 @@ class Dispatcher:
                 log.warning("could not deliver %s for %s", row.id, row.task_id, exc_info=True)
                 return rows[:index], rows[index:]  # the broker is likely down: next sweep
         return rows, []
+
+
+def hinted_row(row: Dispatch) -> bool:
+    """A row its commit wrote taken for a message of its own (:meth:`Dispatcher.outgoing`):
+    what a storage that hints tells listening workers about."""
+    return row.delivered_at is not None and not row.woken
+
+
+class HeldMessages:
+    """Rows whose messages wait ``grace`` seconds after their commit, then go to
+    ``send`` from a thread of this process's own, oldest first; what is still held when
+    the process exits is sent then."""
+
+    def __init__(
+        self, grace: float, send: Callable[[list[Dispatch]], None],
+        on_exit: Callable[[], None] = lambda: None,
+    ) -> None:
+        self.grace = grace
+        self.send = send
+        self.on_exit = on_exit
+        self._queue: deque[tuple[float, list[Dispatch]]] = deque()
+        self._ready = threading.Condition()
+        self._thread: threading.Thread | None = None
+        self._closed = False
+        self._sending = threading.Lock()  # a flush waits for a send in progress
+
+    def add(self, rows: list[Dispatch]) -> None:
+        with self._ready:
+            self._queue.append((time.monotonic() + self.grace, rows))
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._loop, name="held-messages",
+                                                daemon=True)
+                self._thread.start()
+                atexit.register(self.flush)
+            self._ready.notify()
+
+    def flush(self) -> None:
+        with self._sending:
+            self._send(self._take(everything=True))
+
+    def close(self) -> None:
+        with self._ready:
+            self._closed = True
+            self._ready.notify()
+            thread = self._thread
+        if thread is not None:
+            thread.join()
+        self.flush()
+
+    def _take(self, *, everything: bool = False) -> list[Dispatch]:
+        with self._ready:
+            due: list[Dispatch] = []
+            now = time.monotonic()
+            while self._queue and (everything or self._queue[0][0] <= now):
+                due.extend(self._queue.popleft()[1])
+            return due
+
+    def _loop(self) -> None:
+        try:
+            while True:
+                with self._ready:
+                    while not self._queue and not self._closed:
+                        self._ready.wait()
+                    if self._closed:
+                        return
+                    wait = self._queue[0][0] - time.monotonic()
+                    if wait > 0:
+                        self._ready.wait(wait)
+                with self._sending:
+                    self._send(self._take())
+        finally:
+            self.on_exit()
+
+    def _send(self, rows: list[Dispatch]) -> None:
+        if not rows:
+            return
+        try:
+            self.send(rows)
+        except Exception:  # never the thread's end: the sweep re-sends what this missed
+            log.warning("sending %d held dispatches failed", len(rows), exc_info=True)

@@ -375,6 +375,10 @@ class InMemoryStorage:
                     taken.add(dispatch_id)
         return taken
 
+    def existing_dispatches(self, ids: Iterable[int]) -> set[int]:
+        with self._lock:
+            return {i for i in ids if i in self._dispatches}
+
     def wake_dispatches(self, ids: Iterable[int]) -> None:
         with self._lock:
             for dispatch_id in ids:

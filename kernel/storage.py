@@ -280,6 +280,11 @@ class Storage(Protocol):
         sending, the sweep sends them once ``redeliver_after`` has passed."""
         ...
 
+    def existing_dispatches(self, ids: Iterable[int]) -> set[int]:
+        """Which of these rows are still stored: those whose task has not been claimed
+        since (a claim removes its task's rows)."""
+        ...
+
     def wake_dispatches(self, ids: Iterable[int]) -> None:
         """These rows are delivered by wake-ups of their queue, not by messages of their
         own: a woken worker claims them (:meth:`claim_woken`)."""

@@ -14,5 +14,11 @@ os.environ.setdefault("DJANGO_SECRET_KEY", "test-suite-only-secret-" + "k" * 48)
 
 from controlplane.settings import *  # noqa: E402,F403
 
+# This process's own commits (the API, commands and pages the tests call in-process)
+# send their messages at once, as those tests expect; the workers, web servers and
+# commands the tests start hold them for a hint's grace, as deployed
+# (kernel.dispatch.HeldMessages, tested in tests/conformance/test_dispatch.py).
+KERNEL_HINT_GRACE_MS = 0.0
+
 # Read once by django.conf.settings already; what child processes inherit.
 os.environ["DJANGO_SETTINGS_MODULE"] = "controlplane.settings"

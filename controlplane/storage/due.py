@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 
+from kernel.dispatch import hinted_row
 from kernel.records import Dispatch
 
 CHANNEL = "kernel_due"
@@ -26,8 +27,7 @@ LISTEN = f"LISTEN {CHANNEL}"
 def payload(dispatches: Iterable[Dispatch]) -> str | None:
     """The hint for a commit's dispatch rows: those taken for a message each. ``None``
     if there are none (nothing to notify)."""
-    lines = [f"{d.queue}\t{d.task_id}" for d in dispatches
-             if d.delivered_at is not None and not d.woken]
+    lines = [f"{d.queue}\t{d.task_id}" for d in dispatches if hinted_row(d)]
     return "\n".join(lines) if lines else None
 
 

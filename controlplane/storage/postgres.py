@@ -411,6 +411,9 @@ class PostgresStorage:
     def take_dispatches(self, ids: Iterable[int], now: datetime) -> set[int]:
         return {row[0] for row in self._all(sql.TAKE_DISPATCHES, [now, list(ids)])}
 
+    def existing_dispatches(self, ids: Iterable[int]) -> set[int]:
+        return {row[0] for row in self._all(sql.EXISTING_DISPATCHES, [list(ids)])}
+
     def ensure_dispatches(self, tasks: Iterable[Task], now: datetime) -> None:
         with self._cursor() as cur:
             cur.executemany(

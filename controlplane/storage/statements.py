@@ -323,6 +323,7 @@ ENSURE_DISPATCH = (
     f"SELECT %(task)s, %(session)s, %(at)s, %(queue)s, 0 WHERE NOT EXISTS "
     f"(SELECT 1 FROM {DISPATCH.name} WHERE task_id = %(task)s)"
 )
+EXISTING_DISPATCHES = f"SELECT id FROM {DISPATCH.name} WHERE id = ANY(%s)"
 WAKE_DISPATCHES = f"UPDATE {DISPATCH.name} SET woken = true WHERE id = ANY(%s)"
 # The woken claim's plan follows the table's statistics: while they say the woken rows
 # are few (a fresh database, a burst into an empty table, before autovacuum analyses

@@ -288,3 +288,63 @@ def test_attached_the_commit_writes_its_due_rows_taken_and_only_those(world: Wor
     world.clock.advance(61)
     broker.sent.clear()
     assert dispatcher.sweep().delivered == 1 and broker.sent == [napper]
+
+
+def held(world: World, grace: float = 60.0) -> tuple:
+    """Attached with a hint's grace: the messages of the rows its commits take wait
+    ``grace`` seconds (a minute here: the tests send them with ``flush``)."""
+    kernel = world.kernel(make_registry(Effects()))
+    broker = Broker()
+    dispatcher = Dispatcher(kernel, broker.deliver, redeliver_after=timedelta(seconds=30),
+                            hint_grace=timedelta(seconds=grace))
+    dispatcher.attach()
+    return kernel, broker, dispatcher, kernel.create_session()
+
+
+def test_a_held_message_is_not_sent_for_a_task_claimed_during_its_grace(world: World) -> None:
+    kernel, broker, dispatcher, handle = held(world)
+    claimed = create(handle, "step", {"name": "claimed"})
+    left = create(handle, "step", {"name": "left"})
+    assert broker.sent == []  # held
+    assert Worker(kernel, "listener").advance(claimed, hint=True)  # as a hint's listener
+    dispatcher.flush()
+    assert broker.sent == [left]
+    dispatcher.flush()
+    assert broker.sent == [left]  # sent once
+    assert dispatcher.sweep().delivered == 0  # its row counts as delivered
+
+
+def test_a_held_message_goes_when_its_grace_has_passed(world: World) -> None:
+    kernel, broker, dispatcher, handle = held(world, grace=0.05)
+    task_id = create(handle, "step", {"name": "s"})
+    try:
+        deadline = threading.Event()
+        for _ in range(500):
+            if broker.sent:
+                break
+            deadline.wait(0.01)
+        assert broker.sent == [task_id]
+    finally:
+        dispatcher.close()  # its thread's connection with it
+
+
+def test_a_held_message_that_fails_to_send_is_left_to_the_sweep(world: World) -> None:
+    kernel, broker, dispatcher, handle = held(world)
+    task_id = create(handle, "step", {"name": "s"})
+    broker.down = True
+    dispatcher.flush()
+    broker.down = False
+    assert broker.sent == []
+    assert dispatcher.sweep().delivered == 1  # released when the send failed: due now
+    assert broker.sent == [task_id]
+
+
+def test_existing_dispatches_are_those_of_tasks_not_claimed_since(world: World) -> None:
+    kernel, broker, dispatcher, handle = setup(world)
+    draft = Draft()
+    ids = [draft.create_task("step", {"name": n}) for n in ("a", "b")]
+    written = handle.commit(draft)
+    rows = {d.task_id: d.id for d in written.dispatches}
+    assert Worker(kernel, "w").advance(ids[0])
+    assert world.storage.existing_dispatches([rows[ids[0]], rows[ids[1]], 10**9]) == {
+        rows[ids[1]]}

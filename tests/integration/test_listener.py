@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import threading
 import time
+from datetime import timedelta
 from collections.abc import Callable, Iterator
 
 import psycopg
@@ -26,9 +27,11 @@ from tests.databases import url_of_test_database
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-def world(messages: int = 32) -> tuple[Kernel, Worker, list[str]]:
+def world(
+    messages: int = 32, grace: timedelta | None = None
+) -> tuple[Kernel, Worker, list[str]]:
     """A kernel whose commits take their due rows (``Dispatcher.attach``) and whose
-    messages are only recorded; a worker on it."""
+    messages are only recorded (held for ``grace``, if given); a worker on it."""
     registry = Registry()
 
     @registry.task("quick", queue="hands")
@@ -50,7 +53,8 @@ def world(messages: int = 32) -> tuple[Kernel, Worker, list[str]]:
     kernel = Kernel(PostgresStorage(), registry, ManualClock())
     sent: list[str] = []
     Dispatcher(kernel, lambda task_id, queue: sent.append(task_id),
-               wake=lambda queue: sent.append(f"wake:{queue}"), messages=messages).attach()
+               wake=lambda queue: sent.append(f"wake:{queue}"), messages=messages,
+               hint_grace=grace).attach()
     return kernel, Worker(kernel, "listening-worker"), sent
 
 
@@ -114,6 +118,26 @@ def test_an_idle_worker_runs_a_hinted_task_without_its_message() -> None:
         assert listener.ran == 1
     finally:
         listener.stop(timeout=10)
+
+
+def test_no_message_goes_for_a_task_a_listener_claimed_within_the_grace() -> None:
+    """The committer holds each message for the grace and sends it only for a task
+    still unclaimed: here the one on a queue that nobody listens to."""
+    kernel, worker, sent = world(grace=timedelta(seconds=30))
+    listener = Listener({"hands"}, threading.Semaphore(1), hinted(worker), lambda: True)
+    listener.start()
+    try:
+        assert listener.listening.wait(10)
+        [task_id] = create(kernel)
+        assert wait_until(lambda: kernel.storage.task(task_id).status is Status.TERMINAL)
+        listener.queues = {"brain"}  # now nobody listens to hands
+        [unheard] = create(kernel)
+    finally:
+        listener.stop(timeout=10)
+    dispatcher = next(f.__self__ for f in kernel.listeners
+                      if isinstance(getattr(f, "__self__", None), Dispatcher))
+    dispatcher.close()  # the grace is over: what is still wanted goes now
+    assert sent == [unheard]
 
 
 @pytest.mark.parametrize("why", ["busy", "draining", "another queue"])
