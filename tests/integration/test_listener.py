@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import threading
 import time
-from datetime import timedelta
 from collections.abc import Callable, Iterator
+from datetime import timedelta
 
 import psycopg
 import pytest
