@@ -168,6 +168,17 @@ class Stack:
         starting a worker just to plan a batch."""
         return Worker(self.kernel, "chaos-test", lease_seconds=30).advance(task_id)
 
+    def wait_inside_send(self, session_id: str, to: str, who: str) -> Task:
+        """Wait until ``to``'s notice has committed its intent and the provider holds
+        its message (a send stalled after storing it): the notice, as it is then."""
+        def inside() -> bool:
+            notice = self.notices(session_id).get(to)
+            return notice is not None and notice.phase == "confirm" and any(
+                m["to"] == to for m in self.admin.messages())
+
+        wait_for(inside, f"{who} to be inside {to}'s (stalled) send")
+        return self.notices(session_id)[to]
+
     def task(self, task_id: str) -> Task:
         found = self.kernel.storage.task(task_id)
         assert found is not None

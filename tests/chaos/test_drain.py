@@ -41,13 +41,7 @@ def test_sigterm_mid_batch_hands_the_leases_over_and_exits_0(
                             KERNEL_DRAIN_SECONDS=str(grace))
     session_id, batch_id = stack.send_batch(RECIPIENTS)
 
-    def ben_in_flight() -> bool:
-        notice = stack.notices(session_id).get(BEN)
-        return notice is not None and notice.phase == "confirm" and any(
-            m["to"] == BEN for m in stack.admin.messages())
-
-    wait_for(ben_in_flight, "the first worker to be inside ben's (stalled) send")
-    notice = stack.notices(session_id)[BEN]
+    notice = stack.wait_inside_send(session_id, BEN, "the first worker")
     assert stack.holder(notice.id) is draining
     other = stack.worker("w2", KERNEL_LEASE_SECONDS=LEASE_SECONDS)
 

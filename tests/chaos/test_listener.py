@@ -23,7 +23,7 @@ from django.conf import settings
 
 from controlplane.dev.ports import reserved_redis_url
 
-from .harness import RECIPIENTS, Stack, assert_sent_once_each, wait_for
+from .harness import RECIPIENTS, Stack, assert_sent_once_each
 from .private_services import point_celery_at
 
 BEN = RECIPIENTS[1]
@@ -57,13 +57,7 @@ def test_a_draining_worker_finishes_the_phase_its_listener_runs(
     stack.wait_ready(planner, hands)
     session_id, batch_id = stack.send_batch([BEN])
 
-    def ben_in_flight() -> bool:
-        notice = stack.notices(session_id).get(BEN)
-        return notice is not None and notice.phase == "confirm" and any(
-            m["to"] == BEN for m in stack.admin.messages())
-
-    wait_for(ben_in_flight, "w1's listener to be inside ben's (stalled) send")
-    notice = stack.notices(session_id)[BEN]
+    notice = stack.wait_inside_send(session_id, BEN, "w1's listener")
     assert stack.holder(notice.id) is hands
     hands.terminate()  # SIGTERM
     assert hands.popen.wait(timeout=30) == 0, hands.output()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import timedelta
 
 import psycopg
@@ -107,33 +108,39 @@ def hinted(worker: Worker) -> Callable[[str], bool]:
     return lambda task_id: worker.advance(task_id, hint=True)
 
 
-def test_an_idle_worker_runs_a_hinted_task_without_its_message() -> None:
-    kernel, worker, _ = world()
+@contextmanager
+def listening(worker: Worker) -> Iterator[Listener]:
+    """A listener on ``hands`` running ``worker``'s claims, listening, stopped after."""
     listener = Listener({"hands"}, threading.Semaphore(1), hinted(worker), lambda: True)
     listener.start()
     try:
         assert listener.listening.wait(10)
-        [task_id] = create(kernel)
-        assert wait_until(lambda: kernel.storage.task(task_id).status is Status.TERMINAL)
-        assert listener.ran == 1
+        yield listener
     finally:
         listener.stop(timeout=10)
+
+
+def ran_from_the_hint(kernel: Kernel) -> str:
+    [task_id] = create(kernel)
+    assert wait_until(lambda: kernel.storage.task(task_id).status is Status.TERMINAL)
+    return task_id
+
+
+def test_an_idle_worker_runs_a_hinted_task_without_its_message() -> None:
+    kernel, worker, _ = world()
+    with listening(worker) as listener:
+        ran_from_the_hint(kernel)
+        assert listener.ran == 1
 
 
 def test_no_message_goes_for_a_task_a_listener_claimed_within_the_grace() -> None:
     """The committer holds each message for the grace and sends it only for a task
     still unclaimed: here the one on a queue that nobody listens to."""
     kernel, worker, sent = world(grace=timedelta(seconds=30))
-    listener = Listener({"hands"}, threading.Semaphore(1), hinted(worker), lambda: True)
-    listener.start()
-    try:
-        assert listener.listening.wait(10)
-        [task_id] = create(kernel)
-        assert wait_until(lambda: kernel.storage.task(task_id).status is Status.TERMINAL)
+    with listening(worker) as listener:
+        ran_from_the_hint(kernel)
         listener.queues = {"brain"}  # now nobody listens to hands
         [unheard] = create(kernel)
-    finally:
-        listener.stop(timeout=10)
     dispatcher = next(f.__self__ for f in kernel.listeners
                       if isinstance(getattr(f, "__self__", None), Dispatcher))
     dispatcher.close()  # the grace is over: what is still wanted goes now
@@ -169,23 +176,19 @@ def test_a_hint_for_a_task_already_claimed_reads_nothing_more(
 
 def test_the_listener_listens_again_after_its_connection_is_lost() -> None:
     kernel, worker, _ = world()
-    listener = Listener({"hands"}, threading.Semaphore(1), hinted(worker), lambda: True)
     import controlplane.listener as module
 
     module.RECONNECT_SECONDS, before = 0.05, module.RECONNECT_SECONDS
-    listener.start()
     try:
-        assert listener.listening.wait(10)
-        with connection.cursor() as cur:  # as a restarting Postgres would
-            cur.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                        "WHERE query = %s AND datname = current_database()", [due.LISTEN])
-            assert cur.rowcount == 1
-        assert wait_until(lambda: not listener.listening.is_set())
-        assert listener.listening.wait(10)
-        [task_id] = create(kernel)
-        assert wait_until(lambda: kernel.storage.task(task_id).status is Status.TERMINAL)
+        with listening(worker) as listener:
+            with connection.cursor() as cur:  # as a restarting Postgres would
+                cur.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                            "WHERE query = %s AND datname = current_database()", [due.LISTEN])
+                assert cur.rowcount == 1
+            assert wait_until(lambda: not listener.listening.is_set())
+            assert listener.listening.wait(10)
+            ran_from_the_hint(kernel)
     finally:
-        listener.stop(timeout=10)
         module.RECONNECT_SECONDS = before
     connections.close_all()
 
