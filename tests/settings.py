@@ -12,7 +12,16 @@ import os
 os.environ.setdefault("DJANGO_DEBUG", "1")
 os.environ.setdefault("DJANGO_SECRET_KEY", "test-suite-only-secret-" + "k" * 48)
 
+from django.conf import global_settings  # noqa: E402
+
 from controlplane.settings import *  # noqa: E402,F403
+
+# Accounts made here get a quick hash (tests/hashers.py), which takes the place of the
+# default PBKDF2 hasher: a hash of either count of iterations is verified by both.
+PASSWORD_HASHERS = [
+    "tests.hashers.QuickPBKDF2PasswordHasher",
+    *(h for h in global_settings.PASSWORD_HASHERS if not h.endswith(".PBKDF2PasswordHasher")),
+]
 
 # Read once by django.conf.settings already; what child processes inherit.
 os.environ["DJANGO_SETTINGS_MODULE"] = "controlplane.settings"
