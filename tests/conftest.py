@@ -8,6 +8,7 @@ the database.
 """
 
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -22,3 +23,13 @@ def clean_slate_in_milliseconds() -> Iterator[None]:
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(TransactionTestCase, "_fixture_teardown", clean_slate.fixture_teardown)
         yield
+
+
+@pytest.fixture(scope="session")
+def postgres_cluster_template() -> Iterator[Any]:
+    """A stopped, migrated private Postgres cluster, made once a run (initdb and migrate
+    take seconds): the tests that restart Postgres, and the soak, each run a copy."""
+    from tests.chaos.private_services import postgres_template
+
+    with postgres_template() as server:
+        yield server

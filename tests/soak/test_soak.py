@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.chaos.private_services import PrivatePostgres
+
 from .harness import soak_stack
 
 SECONDS = float(os.environ.get("SOAK_SECONDS", "20"))
@@ -24,8 +26,10 @@ pytestmark = [pytest.mark.soak, pytest.mark.chaos, pytest.mark.slow]
 
 
 @pytest.mark.timeout(SECONDS + 900)
-def test_the_soak_breaks_no_invariant(tmp_path: Path) -> None:
-    with soak_stack(tmp_path, SEED, SECONDS) as soak:
+def test_the_soak_breaks_no_invariant(
+    tmp_path: Path, postgres_cluster_template: PrivatePostgres
+) -> None:
+    with soak_stack(tmp_path, postgres_cluster_template, SEED, SECONDS) as soak:
         report = soak.run()
     command = f"SOAK_SEED={SEED} SOAK_SECONDS={SECONDS:g} make soak"
     print("\n" + report.markdown(command))
