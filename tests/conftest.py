@@ -4,7 +4,7 @@ Kept deliberately minimal: kernel-only tests (tests/unit) must run without Postg
 Redis or any Django database access. pytest-django configures Django from
 ``DJANGO_SETTINGS_MODULE`` in pyproject.toml (tests/settings.py: the product's, with
 DEBUG asked for), which imports settings but opens no connection until a test asks for
-the database.
+the database. The fixtures below touch no database until a test needs them.
 """
 
 from collections.abc import Iterator
