@@ -75,7 +75,7 @@ test: venv services browser
 
 # The soak (tests/soak): the real stack under seeded load and faults, then the invariants.
 # SOAK_SECONDS (default 600) and SOAK_SEED (default: a fresh one, printed) reproduce a run;
-# the JSON report goes to .data/soak-report.json. `make test` runs it for 30 s.
+# the JSON report goes to .data/soak-report.json. `make test` runs it for 20 s.
 SOAK_SECONDS ?= 600
 soak: venv services
 	@$(LOAD_SERVICES)

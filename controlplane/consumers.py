@@ -63,6 +63,7 @@ import asyncio
 import gc
 import json
 import logging
+import threading
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Hashable
 from concurrent.futures import ThreadPoolExecutor
@@ -241,7 +242,8 @@ PAGE_THREADS = 4
 """Threads that read and render the live pages, beside Channels' one database thread
 (each with a database connection of its own): a heavy page's render holds up neither
 the feeds' reads, the sockets' sign-ins, nor the other pages' renders."""
-_page_threads = ThreadPoolExecutor(PAGE_THREADS, thread_name_prefix="live-page")
+PAGE_THREAD_PREFIX = "live-page"
+_page_threads = ThreadPoolExecutor(PAGE_THREADS, thread_name_prefix=PAGE_THREAD_PREFIX)
 
 
 def on_page_thread(func: Callable[..., Any]) -> Callable[..., Awaitable[Any]]:
@@ -255,8 +257,10 @@ def end_page_threads() -> None:
     connection goes with the thread); the next read starts new ones. For whoever must
     see the database without this process's connections: a test dropping its database."""
     global _page_threads
+    if not any(t.name.startswith(PAGE_THREAD_PREFIX) for t in threading.enumerate()):
+        return  # no page read since the last end: no thread, no connection (and no gc pass)
     ended, _page_threads = (
-        _page_threads, ThreadPoolExecutor(PAGE_THREADS, thread_name_prefix="live-page"))
+        _page_threads, ThreadPoolExecutor(PAGE_THREADS, thread_name_prefix=PAGE_THREAD_PREFIX))
     ended.shutdown(wait=True)
     gc.collect()  # a connection closes when its thread's locals are collected
 

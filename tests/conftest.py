@@ -4,5 +4,32 @@ Kept deliberately minimal: kernel-only tests (tests/unit) must run without Postg
 Redis or any Django database access. pytest-django configures Django from
 ``DJANGO_SETTINGS_MODULE`` in pyproject.toml (tests/settings.py: the product's, with
 DEBUG asked for), which imports settings but opens no connection until a test asks for
-the database.
+the database. The fixtures below touch no database until a test needs them.
 """
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+
+@pytest.fixture(scope="session", autouse=True)
+def clean_slate_in_milliseconds() -> Iterator[None]:
+    """Transactional tests end with :mod:`tests.clean_slate` instead of a full flush."""
+    from django.test import TransactionTestCase
+
+    from tests import clean_slate
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(TransactionTestCase, "_fixture_teardown", clean_slate.fixture_teardown)
+        yield
+
+
+@pytest.fixture(scope="session")
+def postgres_cluster_template() -> Iterator[Any]:
+    """A stopped, migrated private Postgres cluster, made once a run (initdb and migrate
+    take seconds): the tests that restart Postgres, and the soak, each run a copy."""
+    from tests.chaos.private_services import postgres_template
+
+    with postgres_template() as server:
+        yield server

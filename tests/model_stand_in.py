@@ -273,7 +273,9 @@ def model_stand_in(script: Script | None = None) -> Iterator[ModelStandIn]:
     stand_in = ModelStandIn(script)
     httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler(stand_in))
     httpd.daemon_threads = True  # a held request must not keep the test process alive
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    # shutdown() waits for the serving loop to look up: every 0.5 s by default.
+    thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.02},
+                              daemon=True)
     thread.start()
     stand_in.url = f"http://127.0.0.1:{httpd.server_address[1]}/v1"
     try:

@@ -12,6 +12,8 @@ import os
 os.environ.setdefault("DJANGO_DEBUG", "1")
 os.environ.setdefault("DJANGO_SECRET_KEY", "test-suite-only-secret-" + "k" * 48)
 
+from django.conf import global_settings  # noqa: E402
+
 from controlplane.settings import *  # noqa: E402,F403
 
 # This process's own commits (the API, commands and pages the tests call in-process)
@@ -19,6 +21,13 @@ from controlplane.settings import *  # noqa: E402,F403
 # commands the tests start hold them for a hint's grace, as deployed
 # (kernel.dispatch.HeldMessages, tested in tests/conformance/test_dispatch.py).
 KERNEL_HINT_GRACE_MS = 0.0
+
+# Accounts made here get a quick hash (tests/hashers.py), which takes the place of the
+# default PBKDF2 hasher: a hash of either count of iterations is verified by both.
+PASSWORD_HASHERS = [
+    "tests.hashers.QuickPBKDF2PasswordHasher",
+    *(h for h in global_settings.PASSWORD_HASHERS if not h.endswith(".PBKDF2PasswordHasher")),
+]
 
 # Read once by django.conf.settings already; what child processes inherit.
 os.environ["DJANGO_SETTINGS_MODULE"] = "controlplane.settings"

@@ -40,6 +40,43 @@ def redis_db_url(db: int, url: str | None = None) -> str:
     return urlunsplit(urlsplit(url)._replace(path=f"/{db}"))
 
 
+def own_tcp_addresses() -> set[str]:
+    """The local ``ip:port`` of this process's IPv4 TCP sockets, as a server sees its
+    clients (Redis's CLIENT LIST ``addr``); empty where ``/proc`` cannot tell (not Linux)."""
+    try:
+        inodes = set()
+        for fd in os.listdir("/proc/self/fd"):
+            try:
+                target = os.readlink(f"/proc/self/fd/{fd}")
+            except OSError:  # closed since it was listed
+                continue
+            if target.startswith("socket:["):
+                inodes.add(target[len("socket:["):-1])
+        with open("/proc/self/net/tcp") as table:
+            rows = table.read().splitlines()[1:]
+    except OSError:
+        return set()
+    own = set()
+    for row in rows:
+        fields = row.split()  # sl local_address rem_address st ... uid timeout inode
+        if len(fields) > 9 and fields[9] in inodes:
+            address, port = fields[1].split(":")
+            ip = socket.inet_ntoa(bytes.fromhex(address)[::-1])  # little-endian hex
+            own.add(f"{ip}:{int(port, 16)}")
+    return own
+
+
+def pick_order(clients: list[dict[str, str]], own: set[str]) -> list[int]:
+    """The reservable numbers to try, given Redis's CLIENT LIST: those nobody is
+    connected to, in random order, then those only this process (``own`` addresses)
+    is connected to; never one another process is connected to."""
+    busy = {int(client["db"]) for client in clients}
+    others = {int(client["db"]) for client in clients if client["addr"] not in own}
+    free = sorted(set(RESERVABLE) - busy)
+    ours = sorted((set(RESERVABLE) & busy) - others)
+    return random.sample(free, len(free)) + random.sample(ours, len(ours))
+
+
 @contextmanager
 def reserve_redis_db(url: str | None = None, db: int | None = None) -> Iterator[int]:
     """Reserve a database number (1-15) of the Redis server at ``url`` (default:
@@ -49,18 +86,17 @@ def reserve_redis_db(url: str | None = None, db: int | None = None) -> Iterator[
     Each run reserves its number with a key in database 0 (set only if absent, expiring
     on its own if the run dies), and an automatic pick skips the numbers that some
     client is connected to (a demo's workers, say), so that we never flush or consume
-    someone else's queues, nor they ours.
+    someone else's queues, nor they ours. Numbers that only this process is connected
+    to come last rather than never: a long test run keeps idle connections to the
+    numbers it reserved and released (pools of clients it made), and without them it
+    could run out of numbers by itself.
     """
     import redis
 
     registry = redis.Redis.from_url(redis_db_url(0, url))
     token = f"{os.uname().nodename}:{os.getpid()}:{uuid.uuid4().hex}"
-    if db is not None:
-        candidates = [db]
-    else:
-        busy = {int(client["db"]) for client in registry.client_list()}
-        free = sorted(set(RESERVABLE) - busy)
-        candidates = random.sample(free, len(free))
+    candidates = [db] if db is not None else pick_order(registry.client_list(),
+                                                        own_tcp_addresses())
     for number in candidates:
         key = RESERVATION_KEY.format(db=number)
         if registry.set(key, token, nx=True, ex=RESERVATION_SECONDS):

@@ -37,6 +37,10 @@ class ProviderAdmin:
         """Replace all fault knobs; knobs not given go back to "no fault"."""
         return self._call("PUT", "/faults", knobs)
 
+    def end_stalls(self) -> int:
+        """End the stalls under way now, as if their time were up; how many there were."""
+        return self._call("DELETE", "/stalls")["ended"]
+
     def reset(self) -> None:
         """Forget all messages, the request log and the fault knobs."""
         self._call("DELETE", "/state")

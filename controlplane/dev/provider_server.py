@@ -260,6 +260,8 @@ class ProviderState:
         self._messages: dict[str, dict[str, Any]] = {}
         self._requests: list[dict[str, Any]] = []
         self._set_faults_locked(faults)
+        self._stalls_end = threading.Event()  # set by end_stalls(), then replaced
+        self._stalled = 0  # sends inside a stall now
         if state_file is not None:
             if state_file.exists():
                 self._replay(state_file)
@@ -346,6 +348,25 @@ class ProviderState:
                 return SendPlan(send_no=send_no, fail=False, stall=None)
             self._fired["stall"] += 1
             return SendPlan(send_no=send_no, fail=False, stall=stall)
+
+    def stall(self, seconds: float) -> None:
+        """Sleep a send's stall: ``seconds``, or until :meth:`end_stalls` ends it."""
+        with self._lock:
+            ends = self._stalls_end
+            self._stalled += 1
+        try:
+            ends.wait(seconds)
+        finally:
+            with self._lock:
+                self._stalled -= 1
+
+    def end_stalls(self) -> int:
+        """End the stalls under way now (not later ones); how many there were."""
+        with self._lock:
+            ended, self._stalls_end = self._stalls_end, threading.Event()
+            count = self._stalled
+        ended.set()
+        return count
 
     def store(
         self,
@@ -517,6 +538,9 @@ class ProviderHandler(BaseHTTPRequestHandler):
                 return self._respond(HTTPStatus.OK, self.state.faults_json())
             if method == "PUT":
                 return self._put_faults()
+        elif path == "/stalls":
+            if method == "DELETE":
+                return self._respond(HTTPStatus.OK, {"ended": self.state.end_stalls()})
         elif path == "/state":
             if method == "DELETE":
                 self.state.reset()
@@ -555,10 +579,10 @@ class ProviderHandler(BaseHTTPRequestHandler):
         if plan.stall is not None:
             entry["faults"] = ["stall"]
             if plan.stall.when == "before_store":
-                time.sleep(plan.stall.ms / 1000)
+                self.state.stall(plan.stall.ms / 1000)
         result = self.state.store(key, message, plan.send_no, entry, deadline)
         if plan.stall is not None and plan.stall.when == "after_store":
-            time.sleep(plan.stall.ms / 1000)
+            self.state.stall(plan.stall.ms / 1000)
 
         if result.outcome == "dropped":
             return self._drop_connection()

@@ -25,7 +25,6 @@ from __future__ import annotations
 import os
 import subprocess
 from collections import Counter
-from collections.abc import Iterator
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
@@ -34,7 +33,7 @@ import pytest
 
 from .harness import wait_for
 from .hosts import PREFIX, Host, hosts, ip
-from .private_services import PrivatePostgres, PrivateStack, postgres_template, private_stack
+from .private_services import PrivatePostgres, PrivateStack, private_stack
 
 RECIPIENTS = [f"{name}@example.com" for name in
               ("ana", "ben", "cai", "dee", "eve", "fay", "gus", "hal")]
@@ -47,12 +46,6 @@ UNAVAILABLE = "storage unavailable, abandoning"
 pytestmark = [pytest.mark.chaos, pytest.mark.slow]
 
 
-@pytest.fixture(scope="module")
-def template() -> Iterator[PrivatePostgres]:
-    with postgres_template() as server:
-        yield server
-
-
 def on(host: Host, stack: PrivateStack) -> dict[str, str]:
     """The environment of a process on ``host``: every server at its link's address."""
     return {
@@ -63,12 +56,13 @@ def on(host: Host, stack: PrivateStack) -> dict[str, str]:
 
 
 def test_a_host_cut_off_mid_batch_is_taken_over_and_its_late_commit_refused(
-    template: PrivatePostgres, tmp_path: Path
+    postgres_cluster_template: PrivatePostgres, tmp_path: Path
 ) -> None:
     with ExitStack() as context:
         a, b = context.enter_context(hosts(2))
         stack = context.enter_context(private_stack(
-            tmp_path, template, listen=(a.address, b.address), latency_ms=LATENCY_MS))
+            tmp_path, postgres_cluster_template, listen=(a.address, b.address),
+            latency_ms=LATENCY_MS))
         assert a.reaches(stack.postgres.port) and b.reaches(stack.broker.port)
 
         stack.beat(via=b.via, **on(b, stack))

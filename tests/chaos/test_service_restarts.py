@@ -26,23 +26,17 @@ from typing import Any
 import pytest
 
 from .harness import wait_for
-from .private_services import PrivatePostgres, PrivateStack, postgres_template, private_stack
+from .private_services import PrivatePostgres, PrivateStack, private_stack
 
 RECIPIENTS = [f"{name}@example.com" for name in ("ana", "ben", "cai", "dee", "eve")]
 LATENCY_MS = 1000  # per provider request: five sends take five seconds and more
 pytestmark = [pytest.mark.chaos, pytest.mark.slow]
 
 
-@pytest.fixture(scope="module")
-def template() -> Iterator[PrivatePostgres]:
-    """One migrated cluster per module; each test runs on a copy of it."""
-    with postgres_template() as server:
-        yield server
-
-
 @pytest.fixture
-def private(tmp_path: Path, template: PrivatePostgres) -> Iterator[PrivateStack]:
-    with private_stack(tmp_path, template, latency_ms=LATENCY_MS) as running:
+def private(tmp_path: Path, postgres_cluster_template: PrivatePostgres
+            ) -> Iterator[PrivateStack]:
+    with private_stack(tmp_path, postgres_cluster_template, latency_ms=LATENCY_MS) as running:
         yield running
 
 

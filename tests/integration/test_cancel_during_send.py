@@ -18,7 +18,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from controlplane.dev.processes import RunningProvider, start_provider
+from controlplane.dev.processes import RunningProvider, start_provider, wait_for
 from controlplane.dev.provider_admin import ProviderAdmin
 from controlplane.notices import tasks as notices
 from controlplane.notices.channels import HttpChannel
@@ -69,7 +69,10 @@ def test_a_cancel_during_a_stalled_send_records_what_the_provider_holds(
         assert time.monotonic() < until, kernel.storage.task(notice.id)
         scheduler.run_until_idle()
         time.sleep(0.05)
-    time.sleep(stall_ms / 1000 + 0.5)  # whatever the provider was going to do, it did
+    # Whatever the provider was going to do, it did: a send stalled before storing is
+    # logged when its stall ends, stored or refused.
+    wait_for(lambda: [r for r in admin.requests() if r.get("faults") == ["stall"]],
+             "the stalled send to be decided", timeout=stall_ms / 1000 + 10)
 
     ended = kernel.storage.task(notice.id)
     assert ended.outcome["kind"] == "cancelled"

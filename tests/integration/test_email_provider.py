@@ -282,6 +282,30 @@ def test_a_stall_before_store_stores_the_message_only_when_it_ends(
     assert [m["idempotency_key"] for m in admin.messages()] == ["op-1"]
 
 
+def test_ending_the_stalls_under_way_lets_them_go_on_and_leaves_later_sends_stalled() -> None:
+    # A provider of its own: the shared one may still sleep an earlier test's stall.
+    with start_provider() as provider:
+        admin = ProviderAdmin(provider.url)
+        impatient = HttpEmailProvider(provider.url, timeout=0.2)
+        admin.set_faults(stall={"ms": 60_000, "when": "before_store"})
+        with pytest.raises(DeliveryUncertain):
+            impatient.send(notice(to="a@example.com"), "op-a")
+        assert admin.messages() == []
+
+        assert admin.end_stalls() == 1
+        deadline = time.monotonic() + 5  # far less than the stall's 60 s
+        while not admin.messages() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert [m["idempotency_key"] for m in admin.messages()] == ["op-a"]
+        assert admin.end_stalls() == 0  # none under way
+
+        with pytest.raises(DeliveryUncertain):  # a later send stalls as before
+            impatient.send(notice(to="b@example.com"), "op-b")
+        time.sleep(0.3)
+        assert [m["idempotency_key"] for m in admin.messages()] == ["op-a"]
+        assert admin.end_stalls() == 1
+
+
 def test_latency_delays_every_request(client: HttpEmailProvider, admin: ProviderAdmin) -> None:
     admin.set_faults(latency_ms=300)
 

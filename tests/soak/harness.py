@@ -49,7 +49,6 @@ from controlplane.dev.smtp_server import SmtpStandIn, start_smtp_server
 from tests.chaos.private_services import (
     PrivatePostgres,
     PrivateStack,
-    postgres_template,
     private_stack,
 )
 
@@ -665,9 +664,11 @@ class Soak:
 
 
 @contextmanager
-def soak_stack(tmp: Path, seed: int, seconds: float) -> Iterator[Soak]:
+def soak_stack(
+    tmp: Path, template: PrivatePostgres, seed: int, seconds: float
+) -> Iterator[Soak]:
+    """The soak on a copy of ``template`` (a stopped, migrated cluster)."""
     with ExitStack() as stack:
-        template: PrivatePostgres = stack.enter_context(postgres_template())
         private = stack.enter_context(private_stack(tmp, template, latency_ms=150))
         smtp = stack.enter_context(start_smtp_server())
         yield Soak(seed, seconds, tmp, private, smtp)
