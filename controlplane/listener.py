@@ -8,12 +8,13 @@ anything), the listener takes the slot, claims the task in one statement and run
 the ``advance`` message would. The Celery tasks take a slot too (:func:`busy`), so the
 process never runs more phases at once than its pool's concurrency.
 
-Only the start is hastened; delivery is what it was. The committer still sends its
-message after the commit, and the sweep still re-sends a row whose task was not claimed:
-a busy worker, a listener reconnecting after Postgres restarted, a hint that every
-listener lost to another worker's claim, all leave the task to its message, which finds
-it claimed (one statement) or claims it. Every idle worker tries each hint and the claim
-in Postgres lets one win, so N idle workers cost N - 1 claims that find nothing.
+Only the start is hastened; delivery is what it was. The committer holds the task's
+message for a short grace and sends it unless a worker claimed the task meanwhile
+(``kernel.dispatch.HeldMessages``), and the sweep still re-sends a row whose task was not
+claimed: a busy worker, a listener reconnecting after Postgres restarted, a slow claim,
+all leave the task to its message, which finds it claimed (one statement) or claims it.
+Every idle worker tries each hint and the claim in Postgres lets one win, so N idle
+workers cost N - 1 claims that find nothing.
 """
 
 from __future__ import annotations

@@ -135,17 +135,13 @@ class Dispatcher:
         if due:
             ids = storage.take_dispatches(due, now)
             taken += [d for d in write_set.dispatches if d.id in ids]
-        if not taken:
-            return
         if self.held is not None:
             hinted = [d for d in taken if hinted_row(d)]
             if hinted:
                 self.held.add(hinted)
                 taken = [d for d in taken if not hinted_row(d)]
         if taken:
-            _, undelivered = self._deliver(sorted(taken, key=lambda d: d.id))
-            if undelivered:
-                storage.release_dispatches([d.id for d in undelivered])
+            self._deliver_or_release(taken)
 
     def flush(self) -> None:
         """Send now the messages held for ``hint_grace`` (those still wanted)."""
@@ -165,10 +161,14 @@ class Dispatcher:
             log.warning("could not tell which held dispatches were claimed; sending all",
                         exc_info=True)
             left = {d.id for d in rows}
-        wanted = sorted((d for d in rows if d.id in left), key=lambda d: d.id)
-        _, undelivered = self._deliver(wanted)
+        self._deliver_or_release([d for d in rows if d.id in left])
+
+    def _deliver_or_release(self, rows: list[Dispatch]) -> None:
+        """Send ``rows`` in id order; those the broker did not take are due again at
+        the next sweep."""
+        _, undelivered = self._deliver(sorted(rows, key=lambda d: d.id))
         if undelivered:
-            storage.release_dispatches([d.id for d in undelivered])
+            self.kernel.storage.release_dispatches([d.id for d in undelivered])
 
     def sweep(self) -> SweepReport:
         """One idempotent pass over what should be running and may not be."""
