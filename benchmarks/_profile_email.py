@@ -111,6 +111,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks._profile_email")
     parser.add_argument("--emails", type=int, nargs="+", default=[100, 1000])
     args, url = parse_arguments(parser, argv, f"{BENCH_DATABASE}_profile")
+    # Dispatches are collected in memory and nothing listens: a held message would reach
+    # the collector only after the grace, when this process has already moved on.
+    os.environ["KERNEL_LISTEN"] = "0"
     from controlplane.dev.processes import start_provider
 
     with start_provider() as provider:
