@@ -466,15 +466,25 @@ def wait_batch(
     timeout: float,
     until: Callable[[Counter[str]], bool] | None = None,
 ) -> Counter[str]:
-    """Wait for the batch to end (or ``until`` to hold), with progress on stderr."""
+    """Wait for the batch to end (or ``until`` to hold), with progress on stderr.
+
+    The batch's own row is polled; its emails are counted (a scan of the session's
+    tasks, 20 ms at 10,000 on this machine) only when ``until`` needs them and for the
+    progress line, so that the poll does not take from the workers a share that grows
+    with the batch."""
     started = last = time.monotonic()
+    counts: Counter[str] = Counter()
     while True:
-        counts = bench.notice_counts(session_id)
-        done = counts["terminal"]
-        if (until is not None and until(counts)) or bench.status(task_id) == "terminal":
-            return counts
         now = time.monotonic()
-        if now - last >= 5.0:
+        report = now - last >= 5.0
+        if until is not None or report:
+            counts = bench.notice_counts(session_id)
+        if until is not None and until(counts):
+            return counts
+        if bench.status(task_id) == "terminal":
+            return bench.notice_counts(session_id)
+        done = counts["terminal"]
+        if report:
             last = now
             rate = done / (now - started)
             eta = f", ETA {(emails - done) / rate:.0f} s" if rate > 0 else ""

@@ -212,6 +212,9 @@ class PostgresStorage:
             self.fault("after_commit")
         except Exception as exc:
             raise CommitUncertain(f"commit {session_id}#{write_set.commit.seq}: {exc}") from exc
+        # Before the dispatcher's wake-ups (an after-commit listener): a burst its
+        # commit marked woken (Dispatcher.outgoing) is never passed to wake_dispatches.
+        self._analyze_burst(sum(1 for d in written.dispatches if d.woken))
         return written
 
     def _commit_known(
@@ -386,19 +389,21 @@ class PostgresStorage:
         woken = list(ids)
         with self._cursor() as cur:
             cur.execute(sql.WAKE_DISPATCHES, [woken])
-            if len(woken) < sql.ANALYZE_BURST:
-                return
-            cur.execute(sql.DISPATCH_ANALYZED_ROWS)
-            row = cur.fetchone()
-            if row is None or len(woken) * 2 < row[0]:
-                return
-        self._analyze_dispatches()
+        self._analyze_burst(len(woken))
 
-    def _analyze_dispatches(self) -> None:
-        """Fresh statistics for the woken claim's plan (see ``statements.ANALYZE_BURST``).
-        Best effort: behind another ANALYZE or autovacuum's it gives up after a moment
-        (their statistics will do), and nothing depends on it but the claim's speed."""
+    def _analyze_burst(self, woken: int) -> None:
+        """Fresh statistics for the woken claim's plan after ``woken`` rows were woken,
+        if they are a burst (see ``statements.ANALYZE_BURST``). Best effort: behind
+        another ANALYZE or autovacuum's it gives up after a moment (their statistics
+        will do), and nothing depends on it but the claim's speed."""
+        if woken < sql.ANALYZE_BURST:
+            return
         try:
+            with self._cursor() as cur:
+                cur.execute(sql.DISPATCH_ANALYZED_ROWS)
+                row = cur.fetchone()
+            if row is None or woken * 2 < row[0]:
+                return
             with transaction.atomic(using=self.using), self._cursor() as cur:
                 cur.execute("SET LOCAL lock_timeout = '200ms'")
                 cur.execute(sql.ANALYZE_DISPATCH)
