@@ -43,6 +43,8 @@ LEASE_LOST = "lease lost, abandoning"
 # A host cut off in the middle of a commit's transaction: the server ends it (its idle
 # timeout), so the commit is known not to have landed when the link comes back.
 UNAVAILABLE = "storage unavailable, abandoning"
+DISPATCHES = ("SELECT task_id, not_before, delivered_at, attempts, woken FROM kernel_dispatch "
+              "WHERE task_id = ANY(%s) ORDER BY id")
 pytestmark = [pytest.mark.chaos, pytest.mark.slow]
 
 
@@ -97,9 +99,21 @@ def test_a_host_cut_off_mid_batch_is_taken_over_and_its_late_commit_refused(
             return [line for worker in pool_a for line in worker.output().splitlines()
                     if any(text in line for text in what)]
 
+        def not_taken_over() -> str:
+            """What a timeout reports: each held task's row now, and B's last log lines."""
+            rows = [stack.row(task_id) for task_id in held]
+            fields = ("id", "kind", "phase", "status", "epoch", "lease_owner", "lease_until")
+            tail = [line for worker in pool_b for line in worker.output().splitlines()[-15:]]
+            return "\n".join([*(str({f: row[f] for f in fields}) for row in rows),
+                              f"dispatches: {stack.query(DISPATCHES, [list(held)])}",
+                              *tail])
+
         try:
-            taken = wait_for(taken_over, "host B to take over every task host A held",
-                             timeout=30, every=0.1)
+            try:
+                taken = wait_for(taken_over, "host B to take over every task host A held",
+                                 timeout=30, every=0.1)
+            except TimeoutError as exc:
+                raise AssertionError(f"{exc}\n{not_taken_over()}") from exc
             assert taken is not None
             assert not a_said(LEASE_LOST), "A heard back while cut off"
         finally:
