@@ -158,8 +158,6 @@ class Cluster:
         return Activity(
             phases=advances.count(True) + sum(worker.hinted() for worker in workers),
             idle=advances.count(False),
-            sweeps=len(re.findall(r"sweep\[[^\]]+\] succeeded", text)),
-            sweeps_expired=len(re.findall(r"Discarding revoked task: controlplane\.sweep", text)),
             redelivered=sum(int(n) for n in re.findall(r"SweepReport\(delivered=(\d+)", text)),
         )
 
@@ -176,22 +174,20 @@ class Activity:
     finished (a duplicate or re-sent dispatch), or its row locked by another commit in
     progress (the claim skips locked rows), in which case ``advance`` looks again shortly
     (``controlplane.execution.BUSY_RETRIES``) and the sweep's redelivery is the backstop.
-    Beat's sweep messages expire after two sweep periods; a worker busy with a long
-    phase takes them too late and discards them (``sweeps_expired``).
+
+    ``redelivered`` sums the dispatches that sweeps sent (a worker logs each sweep that
+    sent something, and its start's sweep). Sweeps that sent nothing are not counted:
+    Celery's lines for them are routine and dropped at INFO (:class:`controlplane.logs.Routine`).
     """
 
     phases: int
     idle: int
-    sweeps: int
-    sweeps_expired: int
     redelivered: int
 
     def __sub__(self, earlier: Activity) -> Activity:
         return Activity(
             self.phases - earlier.phases,
             self.idle - earlier.idle,
-            self.sweeps - earlier.sweeps,
-            self.sweeps_expired - earlier.sweeps_expired,
             self.redelivered - earlier.redelivered,
         )
 
@@ -944,13 +940,12 @@ def render(result: Result) -> str:
     lines += [
         "",
         "| worker logs | `advance` ran a phase | `advance` found nothing claimable "
-        "| sweeps run | sweeps expired unrun | dispatches sent by sweeps |",
-        "|---|---:|---:|---:|---:|---:|",
+        "| dispatches sent by sweeps |",
+        "|---|---:|---:|---:|",
     ]
     for stage, act in result.activity:
         lines.append(
-            f"| {stage} | {act.phases} | {act.idle} | {act.sweeps} | {act.sweeps_expired} "
-            f"| {act.redelivered} |"
+            f"| {stage} | {act.phases} | {act.idle} | {act.redelivered} |"
         )
     lines += [
         "",
@@ -958,9 +953,8 @@ def render(result: Result) -> str:
         "already claimed or finished (a duplicate or re-sent dispatch), or its row was "
         "locked by another commit in progress (the claim skips locked rows; the worker then "
         "looks again shortly, and the sweep re-sends what is still unclaimed "
-        f"{result.redeliver_seconds:g} s after a send, waiting longer after each). Beat's "
-        "sweep messages expire after two sweep periods; a worker that takes one later "
-        "discards it.",
+        f"{result.redeliver_seconds:g} s after a send, waiting longer after each). The "
+        "dispatches sent by sweeps include those of each new worker's first sweep.",
         "",
         "Method: batches are committed as the API would (a `send-batch` task, its dispatch "
         f"delivered to Redis after the commit) in the dedicated database `{result.database}` "

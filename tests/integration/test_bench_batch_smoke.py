@@ -83,7 +83,8 @@ def test_batch_benchmark_end_to_end() -> None:
         # before Celery logged it leaves that one run unlogged
         lost = config.workers if name == "recovery batch" else 0
         assert act.phases >= EMAILS + 2 - lost
-        assert min(act.idle, act.sweeps, act.sweeps_expired, act.redelivered) >= 0
+        # The emails the dead held are dispatched again by a sweep, after their leases.
+        assert act.redelivered >= (rec.orphans if name == "recovery batch" else 0)
 
     section = render(result)
     assert section.startswith(HEADING + "\n")
