@@ -18,6 +18,7 @@ from benchmarks.batch import (
     HEADING,
     CommitRow,
     Config,
+    mean_notice_phase,
     queued_tasks,
     render,
     run,
@@ -134,6 +135,19 @@ def test_scheduling_samples_pair_runnable_with_the_next_own_commit() -> None:
         ("n2", "send"): 1.5,
         ("b", "summarize"): 0.25,
     }
+
+
+def test_a_notice_whose_receipt_rides_with_the_next_intent_is_timed_to_that_commit() -> None:
+    commits = [
+        _commit(1, 10.0, "task:b", _task("n1", "pending"), _task("n2", "pending")),
+        _commit(2, 10.5, "task:n1", _task("n1", "running", phase="confirm")),
+        # n1's receipt, held back, lands with n2's intent
+        _commit(3, 11.0, "task:n2", _task("n1", "terminal", phase="confirm"),
+                _task("n2", "running", phase="confirm")),
+        _commit(4, 12.0, "task:n2", _task("n2", "terminal", phase="confirm")),
+        _commit(5, 12.5, "task:b", _task("b", "terminal", "send-batch", "summarize")),
+    ]
+    assert mean_notice_phase(commits, "b") == pytest.approx(0.75)  # (0.5 + 1.0) / 2
 
 
 def test_queued_tasks_reads_ids_from_the_raw_messages() -> None:
