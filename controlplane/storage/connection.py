@@ -3,7 +3,11 @@ reads inside the open commit transaction, and the pipelined write + COMMIT.
 
 A commit is two round trips: :meth:`Transaction.load` (BEGIN, the session's head,
 which orders commits, plus every read the draft announced, pipelined) and :func:`write`
-(every write and the COMMIT, pipelined). Everything else is Python.
+(every write and the COMMIT, pipelined). Everything else is Python. Two kinds of commit
+read nothing the caller does not already know, and are built first and written in one
+round trip: a lease holder's phase that continues inline (:class:`KnownTransaction`,
+:func:`write_known`) and a commit that only creates tasks (:class:`CreatesTransaction`,
+:func:`write` with ``at_head``).
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from kernel.errors import CommitUncertain, UnknownRecord
 from kernel.records import (
     Commit,
     Conversation,
+    Dispatch,
     DocumentHead,
     DocumentVersion,
     Entry,
@@ -350,6 +355,34 @@ class KnownTransaction:
         raise Unforeseen(name)
 
 
+class CreatesTransaction:
+    """The builder's reads for a commit whose draft announced none (``Prefetch()``),
+    before anything is sent: the session head is a guess that :func:`write` with
+    ``at_head`` replaces with the one the database gives, and any read raises
+    :class:`Unforeseen` (the commit is then built from what the database holds)."""
+
+    def __init__(self, session_id: str) -> None:
+        self.session = SessionRecord(session_id, 0, datetime.fromtimestamp(0, UTC))
+
+    def __getattr__(self, name: str) -> Any:
+        raise Unforeseen(name)
+
+
+def only_creates(ws: WriteSet) -> bool:
+    """Whether a write set built by :class:`CreatesTransaction` is one :func:`write`
+    writes ``at_head``: the commit row, new tasks with no parent, their dispatch rows,
+    nothing else."""
+    seq = ws.commit.seq
+    return (
+        bool(ws.new_tasks)
+        and not (ws.conversations or ws.entries or ws.document_heads or ws.document_versions)
+        and not (ws.updated_tasks or ws.new_submissions or ws.updated_submissions)
+        and all(t.parent_id is None and t.created_seq == t.updated_seq == seq
+                for t in ws.new_tasks)
+        and all(d.seq == seq for d in ws.dispatches)
+    )
+
+
 def continues_inline(ws: WriteSet, known: Sequence[Task]) -> bool:
     """Whether a write set built by :class:`KnownTransaction` is one :func:`write_known`
     writes: the commit row and the known tasks, still running, nothing else."""
@@ -379,17 +412,26 @@ def execute_rows(cur: Any, statement: str, rows: list[Any]) -> None:
         cur.executemany(statement, rows)
 
 
-def write(db: Any, ws: WriteSet, before_commit: Callable[[], None]) -> WriteSet:
+def write(
+    db: Any, ws: WriteSet, before_commit: Callable[[], None], *, at_head: bool = False
+) -> WriteSet:
     """Persist one write set and COMMIT it, in one pipelined round trip.
 
     A failing statement makes the server skip the rest up to the sync, COMMIT included,
     and the caller rolls the transaction back. ``before_commit`` runs once the writes
     are queued, just before COMMIT is: raising there means nothing can have landed.
+
+    ``at_head``: the write set of a commit that only creates tasks, built on a guessed
+    head (:class:`CreatesTransaction`, checked by :func:`only_creates`); BEGIN goes in
+    this round trip too, the database advances the head and gives the seq
+    (``statements.COMMIT_INSERT_AT_HEAD``), and the write set returned carries it.
     """
     sent = False
     try:
         with db.connection.pipeline():
-            head, rows = _queue_writes(db, ws)
+            if at_head:
+                HotCursor(db).execute("BEGIN", prepare=False)
+            head, rows = _queue_writes(db, ws, at_head)
             before_commit()
             HotCursor(db).execute("COMMIT", prepare=False)
             sent = True  # handed to the connection: from here on the server may act on it
@@ -399,7 +441,15 @@ def write(db: Any, ws: WriteSet, before_commit: Callable[[], None]) -> WriteSet:
         if sent and (db.connection.broken or db.connection.closed):
             raise CommitUncertain(f"commit {ws.commit.session_id}#{ws.commit.seq}: {exc}") from exc
         raise
-    commit = replace(ws.commit, id=head.fetchone()[0])
+    if at_head:
+        commit_id, seq = head.fetchone()
+        ws = replace(
+            ws, new_tasks=[replace(t, created_seq=seq, updated_seq=seq) for t in ws.new_tasks],
+            dispatches=[replace(d, seq=seq) for d in ws.dispatches],
+        )
+        commit = replace(ws.commit, id=commit_id, seq=seq)
+    else:
+        commit = replace(ws.commit, id=head.fetchone()[0])
     if not rows:
         return replace(ws, commit=commit, dispatches=[])
     ids = [r[0] for chunk in rows for r in chunk.fetchall()]
@@ -443,7 +493,9 @@ _COMMIT_SEQ = COMMIT.inserted.index("seq")
 _TASK_UPDATED_SEQ = TASK.updated.index("updated_seq")
 
 
-def _queue_writes(db: Any, ws: WriteSet) -> tuple[HotCursor, list[HotCursor]]:
+def _queue_writes(db: Any, ws: WriteSet, at_head: bool) -> tuple[HotCursor, list[HotCursor]]:
+    if at_head:
+        return _queue_creates(db, ws)
     head = HotCursor(db).execute(sql.COMMIT_INSERT, COMMIT.values(ws.commit))
     cur = HotCursor(db)
     if ws.conversations:
@@ -475,15 +527,45 @@ def _queue_writes(db: Any, ws: WriteSet) -> tuple[HotCursor, list[HotCursor]]:
             sql.SUBMISSION_UPDATE,
             [SUBMISSION.update_values(s) for s in ws.updated_submissions],
         )
-    hint = due.payload(ws.dispatches)
+    return head, _queue_dispatches(db, ws.dispatches, sql.dispatch_insert, DISPATCH.values)
+
+
+def _queue_creates(db: Any, ws: WriteSet) -> tuple[HotCursor, list[HotCursor]]:
+    """The writes of :func:`only_creates`'s commits, every seq taken at the head (the
+    parameter in a seq's place is the session id: ``statements.AT_HEAD``)."""
+    session_id = ws.commit.session_id
+    commit_values = COMMIT.values(ws.commit)
+    del commit_values[_COMMIT_SEQ]
+    head = HotCursor(db).execute(sql.COMMIT_INSERT_AT_HEAD, [session_id, *commit_values])
+
+    def at_head(values: list[Any], *slots: int) -> list[Any]:
+        for slot in slots:
+            values[slot] = session_id
+        return values
+
+    execute_rows(HotCursor(db), sql.TASK_INSERT_AT_HEAD,
+                 [at_head(TASK.values(t), *_TASK_SEQS_AT) for t in ws.new_tasks])
+    return head, _queue_dispatches(
+        db, ws.dispatches, sql.dispatch_insert_at_head,
+        lambda d: at_head(DISPATCH.values(d), _DISPATCH_SEQ_AT))
+
+
+def _queue_dispatches(
+    db: Any, dispatches: list[Dispatch], statement: Callable[[int], str],
+    values: Callable[[Dispatch], list[Any]],
+) -> list[HotCursor]:
+    """The hint for listening workers, then the rows, in chunks of at most a
+    statement's parameters."""
+    hint = due.payload(dispatches)
     if hint is not None:
         HotCursor(db).execute(due.NOTIFY, [due.CHANNEL, hint])
     size = sql.DISPATCHES_PER_INSERT
-    chunks = [ws.dispatches[i : i + size] for i in range(0, len(ws.dispatches), size)]
-    return head, [
-        HotCursor(db).execute(
-            sql.dispatch_insert(len(chunk)),
-            [value for d in chunk for value in DISPATCH.values(d)],
-        )
+    chunks = [dispatches[i : i + size] for i in range(0, len(dispatches), size)]
+    return [
+        HotCursor(db).execute(statement(len(chunk)), [v for d in chunk for v in values(d)])
         for chunk in chunks
     ]
+
+
+_TASK_SEQS_AT = (TASK.inserted.index("created_seq"), TASK.inserted.index("updated_seq"))
+_DISPATCH_SEQ_AT = DISPATCH.inserted.index("seq")

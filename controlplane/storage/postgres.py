@@ -24,7 +24,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Collection, Iterable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime, timedelta
 from typing import Any, cast
@@ -51,6 +51,7 @@ from kernel.storage import DOUBLINGS, NO_PREFETCH, Build, FaultHook, Prefetch, e
 from . import retention
 from . import statements as sql
 from .connection import (
+    CreatesTransaction,
     HotCursor,
     KnownTransaction,
     Moved,
@@ -58,6 +59,7 @@ from .connection import (
     RowVersions,
     Transaction,
     continues_inline,
+    only_creates,
     read_head,
     read_submission_by_request,
     read_versions,
@@ -178,6 +180,11 @@ class PostgresStorage:
             written = self._commit_known(db, session_id, build, prefetch)
             if written is not None:
                 return written
+        elif prefetch == NO_PREFETCH:
+            written = self._commit_creates(db, session_id, build)
+            if written is not None:
+                self._analyze_burst(sum(1 for d in written.dispatches if d.woken))
+                return written
         observer = self.observer
         try:
             db.ensure_connection()
@@ -236,6 +243,30 @@ class PostgresStorage:
             return None
         if not continues_inline(write_set, known):
             return None
+        return self._write_built(
+            db, session_id, lambda after_write: write_known(db, write_set, known, after_write))
+
+    def _commit_creates(self, db: Any, session_id: str, build: Build) -> WriteSet | None:
+        """A commit whose draft announced no read, as a client's that creates tasks:
+        built before anything is sent (:class:`.connection.CreatesTransaction`) and
+        written with its BEGIN in one round trip instead of two (:func:`.connection.write`
+        with ``at_head``). ``None`` if it cannot be: the build wanted a read, wrote more
+        than new tasks, or failed, or the write was refused (nothing landed); the caller
+        then commits as usual, and its build decides from what it reads."""
+        try:
+            write_set = build(cast(Transaction, CreatesTransaction(session_id)))
+        except Exception:  # Unforeseen, or refused: the usual path decides and says why
+            return None
+        if not only_creates(write_set):
+            return None
+        return self._write_built(
+            db, session_id, lambda after_write: write(db, write_set, after_write, at_head=True))
+
+    def _write_built(
+        self, db: Any, session_id: str, writing: Callable[[Callable[[], None]], WriteSet]
+    ) -> WriteSet | None:
+        """Write a commit built before anything was read, with the usual fault points;
+        ``None`` if the database refused it (nothing landed)."""
         observer = self.observer
         started = time.perf_counter()
         try:
@@ -243,7 +274,7 @@ class PostgresStorage:
             if not db.get_autocommit():
                 raise RuntimeError("a kernel commit needs the connection in autocommit mode")
             self.fault("before_write")
-            written = write_known(db, write_set, known, lambda: self.fault("after_write"))
+            written = writing(lambda: self.fault("after_write"))
         except BaseException as exc:
             with contextlib.suppress(*UNAVAILABLE):
                 _roll_back(db)

@@ -40,10 +40,14 @@ def insert(table: Table, tail: str = "", expressions: Mapping[str, str] | None =
     return f"INSERT INTO {table.name} ({columns}) VALUES ({values}){tail}"
 
 
-def insert_rows(table: Table, count: int, tail: str = "") -> str:
-    """``count`` rows in one statement (a single round trip, ids returned in order)."""
+def insert_rows(
+    table: Table, count: int, tail: str = "", expressions: Mapping[str, str] | None = None
+) -> str:
+    """``count`` rows in one statement (a single round trip, ids returned in order);
+    ``expressions`` as for :func:`insert`."""
+    wrap = expressions or {}
     columns = ", ".join(table.inserted)
-    row = "(" + ", ".join(["%s"] * len(table.inserted)) + ")"
+    row = "(" + ", ".join(wrap.get(c, "{}").format("%s") for c in table.inserted) + ")"
     return f"INSERT INTO {table.name} ({columns}) VALUES {', '.join([row] * count)}{tail}"
 
 
@@ -155,6 +159,27 @@ INLINE_COMMIT = (
     "SELECT (SELECT head_seq FROM head), (SELECT id FROM written), "
     "1 / (SELECT count(*) FROM moved)"
 )
+
+# A commit that only creates tasks reads nothing: it is built before anything is sent,
+# on a guessed head, and written in one pipelined round trip with its BEGIN and COMMIT
+# (:func:`.connection.write` with ``at_head``). Its first statement advances the head,
+# which takes the session's commit order as every commit's does, and writes the commit
+# row with that seq; every other seq it writes is the head as that statement left it
+# (its parameter is the session id). A session that does not exist leaves the seq null
+# and the insert fails: nothing lands, and the usual path says why.
+AT_HEAD = f"(SELECT head_seq FROM {SESSION.name} WHERE id = {{}})"
+COMMIT_INSERT_AT_HEAD = (
+    f"WITH head AS (UPDATE {SESSION.name} SET head_seq = head_seq + 1 WHERE id = %s "
+    "RETURNING head_seq) "
+    + insert(COMMIT, " RETURNING id, seq", {"seq": "(SELECT head_seq FROM head)"})
+)
+TASK_INSERT_AT_HEAD = insert(TASK, "", {"created_seq": AT_HEAD, "updated_seq": AT_HEAD})
+
+
+def dispatch_insert_at_head(count: int) -> str:
+    """:func:`dispatch_insert` for a commit written with ``COMMIT_INSERT_AT_HEAD``."""
+    return insert_rows(DISPATCH, count, " RETURNING id", {"seq": AT_HEAD})
+
 
 # -- leases ----------------------------------------------------------------------------
 
