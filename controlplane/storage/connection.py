@@ -441,20 +441,18 @@ def write(
         if sent and (db.connection.broken or db.connection.closed):
             raise CommitUncertain(f"commit {ws.commit.session_id}#{ws.commit.seq}: {exc}") from exc
         raise
-    if at_head:
-        commit_id, seq = head.fetchone()
-        ws = replace(
-            ws, new_tasks=[replace(t, created_seq=seq, updated_seq=seq) for t in ws.new_tasks],
-            dispatches=[replace(d, seq=seq) for d in ws.dispatches],
-        )
-        commit = replace(ws.commit, id=commit_id, seq=seq)
-    else:
-        commit = replace(ws.commit, id=head.fetchone()[0])
-    if not rows:
-        return replace(ws, commit=commit, dispatches=[])
     ids = [r[0] for chunk in rows for r in chunk.fetchall()]
-    dispatches = [replace(d, id=i) for d, i in zip(ws.dispatches, ids, strict=True)]
-    return replace(ws, commit=commit, dispatches=dispatches)
+    if not at_head:
+        commit = replace(ws.commit, id=head.fetchone()[0])
+        dispatches = [replace(d, id=i) for d, i in zip(ws.dispatches, ids, strict=True)]
+        return replace(ws, commit=commit, dispatches=dispatches)
+    commit_id, seq = head.fetchone()
+    return replace(
+        ws,
+        commit=replace(ws.commit, id=commit_id, seq=seq),
+        new_tasks=[replace(t, created_seq=seq, updated_seq=seq) for t in ws.new_tasks],
+        dispatches=[replace(d, id=i, seq=seq) for d, i in zip(ws.dispatches, ids, strict=True)],
+    )
 
 
 def write_known(
@@ -531,23 +529,22 @@ def _queue_writes(db: Any, ws: WriteSet, at_head: bool) -> tuple[HotCursor, list
 
 
 def _queue_creates(db: Any, ws: WriteSet) -> tuple[HotCursor, list[HotCursor]]:
-    """The writes of :func:`only_creates`'s commits, every seq taken at the head (the
-    parameter in a seq's place is the session id: ``statements.AT_HEAD``)."""
-    session_id = ws.commit.session_id
-    commit_values = COMMIT.values(ws.commit)
-    del commit_values[_COMMIT_SEQ]
-    head = HotCursor(db).execute(sql.COMMIT_INSERT_AT_HEAD, [session_id, *commit_values])
-
-    def at_head(values: list[Any], *slots: int) -> list[Any]:
-        for slot in slots:
-            values[slot] = session_id
-        return values
-
+    """The writes of :func:`only_creates`'s commits, every seq taken at the head
+    (``statements.AT_HEAD``: the statements have no parameter in a seq's place)."""
+    head = HotCursor(db).execute(
+        sql.COMMIT_INSERT_AT_HEAD,
+        [ws.commit.session_id, *_without(COMMIT.values(ws.commit), _COMMIT_SEQ)])
     execute_rows(HotCursor(db), sql.TASK_INSERT_AT_HEAD,
-                 [at_head(TASK.values(t), *_TASK_SEQS_AT) for t in ws.new_tasks])
+                 [_without(TASK.values(t), *_TASK_SEQS_AT) for t in ws.new_tasks])
     return head, _queue_dispatches(
         db, ws.dispatches, sql.dispatch_insert_at_head,
-        lambda d: at_head(DISPATCH.values(d), _DISPATCH_SEQ_AT))
+        lambda d: _without(DISPATCH.values(d), _DISPATCH_SEQ_AT))
+
+
+def _without(values: list[Any], *slots: int) -> list[Any]:
+    for slot in sorted(slots, reverse=True):
+        del values[slot]
+    return values
 
 
 def _queue_dispatches(

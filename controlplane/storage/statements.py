@@ -163,15 +163,18 @@ INLINE_COMMIT = (
 # A commit that only creates tasks reads nothing: it is built before anything is sent,
 # on a guessed head, and written in one pipelined round trip with its BEGIN and COMMIT
 # (:func:`.connection.write` with ``at_head``). Its first statement advances the head,
-# which takes the session's commit order as every commit's does, and writes the commit
-# row with that seq; every other seq it writes is the head as that statement left it
-# (its parameter is the session id). A session that does not exist leaves the seq null
-# and the insert fails: nothing lands, and the usual path says why.
-AT_HEAD = f"(SELECT head_seq FROM {SESSION.name} WHERE id = {{}})"
+# which takes the session's commit order as every commit's does, writes the commit row
+# with that seq and keeps it for the transaction (``set_config``); every other seq it
+# writes is read back from there, a function call per row (a subquery on the session
+# row per row made a 5,000-task burst's commit 2.5 times slower). A session that does
+# not exist leaves the seq null and the insert fails: nothing lands, and the usual path
+# says why.
+AT_HEAD = "current_setting('kernel.seq')::bigint"
 COMMIT_INSERT_AT_HEAD = (
     f"WITH head AS (UPDATE {SESSION.name} SET head_seq = head_seq + 1 WHERE id = %s "
     "RETURNING head_seq) "
-    + insert(COMMIT, " RETURNING id, seq", {"seq": "(SELECT head_seq FROM head)"})
+    + insert(COMMIT, " RETURNING id, seq", {
+        "seq": "(SELECT set_config('kernel.seq', head_seq::text, true)::bigint FROM head)"})
 )
 TASK_INSERT_AT_HEAD = insert(TASK, "", {"created_seq": AT_HEAD, "updated_seq": AT_HEAD})
 
