@@ -11,58 +11,39 @@ from dataclasses import replace
 
 import pytest
 
-from controlplane.storage import PostgresStorage
-from kernel import (
-    CommitRejected,
-    Draft,
-    DuplicateCommit,
-    Kernel,
-    ManualClock,
-    Registry,
-    Run,
-    SessionHandle,
-    Transition,
-    UnknownRecord,
-)
+from kernel import CommitRejected, Draft, DuplicateCommit, SessionHandle, UnknownRecord
 from kernel.records import Status
 
-from .test_inline_commit import counting_pipelines, log_is_whole
+from .test_inline_commit import counting_pipelines, kernel_with, log_is_whole
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-def a_kernel() -> Kernel:
-    registry = Registry()
-
-    @registry.task("job")
-    class Job:
-        initial = "run"
-
-        def run(self, run: Run) -> Transition:
-            return run.succeed({})
-
-    return Kernel(PostgresStorage(), registry, ManualClock())
+def head(handle: SessionHandle) -> int:
+    stored = handle.kernel.storage.session(handle.id)
+    assert stored is not None
+    return stored.head_seq
 
 
 def create(handle: SessionHandle, count: int = 1) -> list[str]:
     draft = Draft(actor="user:x")
-    ids = [draft.create_task("job", {"n": n}) for n in range(count)]
+    ids = [draft.create_task("steps", {"n": n}) for n in range(count)]
     handle.commit(draft)
     return ids
 
 
 def test_a_commit_of_new_tasks_is_one_round_trip_stamped_with_the_head() -> None:
-    kernel = a_kernel()
+    kernel = kernel_with(phases=1)
     handle = kernel.create_session()
     for _ in range(3):  # the head moves: the build's guess (0) is not it
         create(handle)
     draft = Draft(actor="user:x")
-    ids = [draft.create_task("job", {"n": n}) for n in range(3)]
+    ids = [draft.create_task("steps", {"n": n}) for n in range(3)]
     with counting_pipelines() as pipelines:
         written = handle.commit(draft)
     assert pipelines == [1]
     seq = written.commit.seq
-    assert seq == handle.head_seq == kernel.storage.session(handle.id).head_seq
+    assert seq == handle.head_seq == head(handle)
     assert written.commit.id > 0
     assert [t.id for t in written.new_tasks] == ids
     for task_id in ids:
@@ -76,42 +57,42 @@ def test_a_commit_of_new_tasks_is_one_round_trip_stamped_with_the_head() -> None
 
 
 def test_a_create_in_a_session_that_does_not_exist_lands_nothing() -> None:
-    kernel = a_kernel()
+    kernel = kernel_with(phases=1)
     handle = kernel.create_session()
     handle.id = "session_0000000000000000000000000000"
     draft = Draft(actor="user:x")
-    task_id = draft.create_task("job", {})
+    task_id = draft.create_task("steps", {})
     with pytest.raises(UnknownRecord, match="no session"):
         handle.commit(draft)
     assert kernel.storage.task(task_id) is None
 
 
 def test_a_create_whose_id_is_taken_is_refused_and_leaves_the_head() -> None:
-    kernel = a_kernel()
+    kernel = kernel_with(phases=1)
     handle = kernel.create_session()
     [task_id] = create(handle)
-    head = kernel.storage.session(handle.id).head_seq
+    before = head(handle)
     again = Draft(actor="user:x")
-    again.create_task("job", {})
+    again.create_task("steps", {})
     again.new_tasks[0] = replace(again.new_tasks[0], id=task_id)
     with pytest.raises(Exception, match="duplicate key"):
         handle.commit(again)
-    assert kernel.storage.session(handle.id).head_seq == head
-    assert log_is_whole(kernel, handle.id)[-1] == head
+    assert head(handle) == before
+    assert log_is_whole(kernel, handle.id)[-1] == before
 
 
 @pytest.mark.parametrize("what", ["a key used before", "an unknown kind", "a parent"])
 def test_a_create_that_needs_a_read_or_is_refused_takes_the_usual_path(what: str) -> None:
-    kernel = a_kernel()
+    kernel = kernel_with(phases=1)
     handle = kernel.create_session()
     [parent_id] = create(handle)
     if what == "a key used before":
         handle.commit(Draft(actor="user:x", key="k"))
     draft = Draft(actor="user:x", key="k" if what == "a key used before" else None)
     if what == "a parent":
-        child_id = draft.create_task("job", {}, parent_id=parent_id)
+        child_id = draft.create_task("steps", {}, parent_id=parent_id)
     else:
-        draft.create_task("nope" if what == "an unknown kind" else "job", {})
+        draft.create_task("nope" if what == "an unknown kind" else "steps", {})
     with counting_pipelines() as pipelines:
         if what == "a key used before":
             with pytest.raises(DuplicateCommit):
