@@ -31,7 +31,7 @@ from django.db import DEFAULT_DB_ALIAS, close_old_connections, connections
 from kernel import Blocked, StorageUnavailable
 from kernel.dispatch import RECOVERY, recovery_queue
 
-from . import commands, listener, worker_registry
+from . import commands, heap, listener, worker_registry
 from .celery import ADVANCE, PRUNE, SWEEP, WAKE, app
 from .errors import Conflict
 from .runtime import built, deliver, runtime
@@ -165,7 +165,8 @@ def consume_recovery_queues(sender: str, instance: object, **kwargs: object) -> 
 def resume(sender: object = None, **kwargs: object) -> None:
     """A starting worker starts its listener (``KERNEL_LISTEN``); sweeps once, so
     recovery does not wait for beat; retries at once the tasks an earlier worker found
-    blocked that this one's registry can run; and wakes its queues: a backlog that dead
+    blocked that this one's registry can run; freezes what its start built
+    (:func:`controlplane.heap.freeze`); and wakes its queues: a backlog that dead
     workers left in Postgres starts now.
 
     Workers run with ``--pool solo`` or ``--pool threads``: a forked pool would
@@ -176,6 +177,7 @@ def resume(sender: object = None, **kwargs: object) -> None:
             listen(sender)
         close_old_connections()
         report = runtime().dispatcher.resume()
+        heap.freeze()  # what the start built, out of the collector's walks
         log.info("resume: %s", report)
         queues = sender.app.amqp.queues.consume_from or {}  # type: ignore[attr-defined]
         for name in queues:
