@@ -439,7 +439,8 @@ def write(
         # An error the server reported means COMMIT did not run or did not succeed; a
         # connection lost once COMMIT was on its way may have committed all the same.
         if sent and (db.connection.broken or db.connection.closed):
-            raise CommitUncertain(f"commit {ws.commit.session_id}#{ws.commit.seq}: {exc}") from exc
+            seq = "(at its head)" if at_head else ws.commit.seq  # a guess, not the seq
+            raise CommitUncertain(f"commit {ws.commit.session_id}#{seq}: {exc}") from exc
         raise
     ids = [r[0] for chunk in rows for r in chunk.fetchall()]
     if not at_head:
