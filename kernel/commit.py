@@ -183,6 +183,17 @@ class Draft:
             return False
         return not any(getattr(self, name) for name in MERGED_LISTS if name != "fenced")
 
+    def ends_inline(self) -> bool:
+        """Whether this draft only carries one phase's ``Finish``, with no other write: a
+        commit whose builder reads nothing but the session head, that task, and its
+        owned children and waiters (see ``Prefetch.known``)."""
+        if len(self.fenced) != 1 or self.key is not None or self.document_ops:
+            return False
+        fenced = self.fenced[0]
+        if fenced.version is not None or not isinstance(fenced.transition, Finish):
+            return False
+        return not any(getattr(self, name) for name in MERGED_LISTS if name != "fenced")
+
     def create_conversation(
         self, *, fork_of: str | None = None, fork_entry_id: str | None = None
     ) -> str:

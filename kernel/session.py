@@ -179,7 +179,7 @@ class SessionHandle:
 
         try:
             prefetch = draft.prefetch()
-            if known and draft.continues_inline():
+            if known and (draft.continues_inline() or draft.ends_inline()):
                 prefetch = replace(prefetch, known=known)
             written = self.kernel.storage.commit(self.id, build, prefetch)
         except CommitUncertain as exc:

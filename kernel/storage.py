@@ -106,10 +106,12 @@ class Prefetch:
     known: tuple[Task, ...] = ()
     """The caller's copies of tasks whose lease it holds, as its last commit (or its
     claim) left them, given only for a draft that does nothing but continue them inline
-    (:meth:`~kernel.commit.Draft.continues_inline`). A storage may build the commit from
-    them instead of reading them, provided that the commit lands only if they are still
-    as given when it is written (besides a renewed lease); otherwise it must build again
-    from what it reads. The in-memory storage ignores them."""
+    or end them (:meth:`~kernel.commit.Draft.continues_inline`,
+    :meth:`~kernel.commit.Draft.ends_inline`). A storage may build the commit from them
+    instead of reading them, provided that the commit lands only if they are still as
+    given when it is written (besides a renewed lease), and, for an ending, only if what
+    the build assumed of their children and waiters still holds then; otherwise it must
+    build again from what it reads. The in-memory storage ignores them."""
 
 
 NO_PREFETCH = Prefetch()

@@ -340,8 +340,9 @@ class KnownTransaction:
     :func:`write_known` replaces with the one the database gives, and any other read
     raises :class:`Unforeseen` (the commit is then built from what the database holds)."""
 
-    def __init__(self, session_id: str, known: Sequence[Task]) -> None:
+    def __init__(self, session_id: str, known: Sequence[Task], *, ending: bool = False) -> None:
         self.known = {t.id: t for t in known}
+        self.ending = ending
         guess = max(t.updated_seq for t in known)
         self.session = SessionRecord(session_id, guess, datetime.fromtimestamp(0, UTC))
 
@@ -350,6 +351,19 @@ class KnownTransaction:
         if not all(i in self.known for i in wanted):
             raise Unforeseen(f"tasks {wanted}")
         return {i: self.known[i] for i in wanted}
+
+    def children(self, task_id: str) -> list[Task]:
+        return self._alone(task_id)
+
+    def waiters(self, task_id: str) -> list[Task]:
+        return self._alone(task_id)
+
+    def _alone(self, task_id: str) -> list[Task]:
+        """For an ending, a known task has no owned child and no waiter: an assumption
+        that :func:`write_known` checks (``statements.INLINE_END``)."""
+        if not self.ending or task_id not in self.known:
+            raise Unforeseen(f"children or waiters of {task_id}")
+        return []
 
     def __getattr__(self, name: str) -> Any:
         raise Unforeseen(name)
@@ -383,16 +397,18 @@ def only_creates(ws: WriteSet) -> bool:
     )
 
 
-def continues_inline(ws: WriteSet, known: Sequence[Task]) -> bool:
+def continues_inline(ws: WriteSet, known: Sequence[Task], *, ending: bool = False) -> bool:
     """Whether a write set built by :class:`KnownTransaction` is one :func:`write_known`
-    writes: the commit row and the known tasks, still running, nothing else."""
+    writes: the commit row and one known task, nothing else; the task still running, or
+    (``ending``) ended."""
     ids = {t.id for t in known}
+    status = Status.TERMINAL if ending else Status.RUNNING
     return (
         not (ws.conversations or ws.entries or ws.document_heads or ws.document_versions)
         and not (ws.new_tasks or ws.new_submissions or ws.updated_submissions)
         and not ws.dispatches
         and len(ws.updated_tasks) == 1
-        and all(t.id in ids and t.status is Status.RUNNING for t in ws.updated_tasks)
+        and all(t.id in ids and t.status is status for t in ws.updated_tasks)
         and all(t.updated_seq == ws.commit.seq for t in ws.updated_tasks)
     )
 
@@ -457,26 +473,36 @@ def write(
 
 
 def write_known(
-    db: Any, ws: WriteSet, known: Sequence[Task], before_commit: Callable[[], None]
+    db: Any, ws: WriteSet, known: Sequence[Task], before_commit: Callable[[], None],
+    *, ending: bool = False,
 ) -> WriteSet:
     """Persist a write set built from the caller's copies (:class:`KnownTransaction`,
-    checked by :func:`continues_inline`) as one statement, committed on its own (the
-    connection is in autocommit mode): one round trip (``statements.INLINE_COMMIT``).
-    :class:`Moved` if the task had changed since its copy: nothing landed. Otherwise as
-    :func:`write`; ``before_commit`` runs just before the statement is sent."""
+    checked by :func:`continues_inline`) in one round trip: as one statement, committed
+    on its own (the connection is in autocommit mode: ``statements.INLINE_COMMIT``), or,
+    for an ending, as BEGIN, the head and the ending in one pipeline
+    (``statements.INLINE_END``). :class:`Moved` if the task had changed since its copy,
+    or has a child or a waiter after all: nothing landed. Otherwise as :func:`write`;
+    ``before_commit`` runs just before the statement is sent."""
     session_id = ws.commit.session_id
     [task] = ws.updated_tasks
     copy = next(t for t in known if t.id == task.id)
-    commit_values = COMMIT.values(ws.commit)
-    del commit_values[_COMMIT_SEQ]
-    task_values = TASK.update_values(task)
-    del task_values[_TASK_UPDATED_SEQ]
-    params = [session_id, *commit_values, *task_values, copy.epoch, copy.lease_owner,
-              copy.updated_seq]
-    before_commit()
+    commit_values = _without(COMMIT.values(ws.commit), _COMMIT_SEQ)
+    task_values = _without(TASK.update_values(task), _TASK_UPDATED_SEQ)
+    guards = [copy.epoch, copy.lease_owner, copy.updated_seq]
     try:
-        cur = HotCursor(db).execute(sql.INLINE_COMMIT, params)
-        seq, commit_id, _ = cur.fetchone()
+        if ending:
+            with db.connection.pipeline():
+                HotCursor(db).execute("BEGIN", prepare=False)
+                head = HotCursor(db).execute(sql.HEAD_ADVANCE, [session_id])
+                end = HotCursor(db).execute(sql.INLINE_END, [*commit_values, *task_values, *guards])
+                before_commit()
+                HotCursor(db).execute("COMMIT", prepare=False)
+            [seq], (commit_id, _) = head.fetchone(), end.fetchone()
+        else:
+            before_commit()
+            cur = HotCursor(db).execute(
+                sql.INLINE_COMMIT, [session_id, *commit_values, *task_values, *guards])
+            seq, commit_id, _ = cur.fetchone()
     except psycopg.errors.DivisionByZero as exc:
         raise Moved(str(exc)) from exc
     except psycopg.Error as exc:

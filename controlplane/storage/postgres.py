@@ -227,24 +227,30 @@ class PostgresStorage:
     def _commit_known(
         self, db: Any, session_id: str, build: Build, prefetch: Prefetch
     ) -> WriteSet | None:
-        """A commit that only continues a lease holder's task inline, built from its copy
-        of the task (``Prefetch.known``) and written in one round trip instead of two
+        """A commit that only continues a lease holder's task inline or ends it, built
+        from its copy of the task (``Prefetch.known``; an ending assumes the task has no
+        owned child and no waiter) and written in one round trip instead of two
         (:func:`.connection.write_known`). ``None`` if it cannot be: the build wanted
-        another read or failed, or the task changed since the copy (nothing landed);
-        the caller then commits as usual, and its build decides from what it reads."""
-        if prefetch.documents or prefetch.conversations or prefetch.finishing:
-            return None
+        another read or failed, or the task changed since the copy or is not alone after
+        all (nothing landed); the caller then commits as usual, and its build decides
+        from what it reads."""
         known = prefetch.known
-        if not set(prefetch.tasks) <= {t.id for t in known}:
+        ids = {t.id for t in known}
+        ending = bool(prefetch.finishing)
+        if prefetch.documents or prefetch.conversations or not set(prefetch.finishing) <= ids:
+            return None
+        if not set(prefetch.tasks) <= ids:
             return None
         try:
-            write_set = build(cast(Transaction, KnownTransaction(session_id, known)))
+            write_set = build(cast(Transaction, KnownTransaction(session_id, known,
+                                                                 ending=ending)))
         except Exception:  # Unforeseen, or a rule broken by the copy: the usual path decides
             return None
-        if not continues_inline(write_set, known):
+        if not continues_inline(write_set, known, ending=ending):
             return None
         return self._write_built(
-            db, session_id, lambda after_write: write_known(db, write_set, known, after_write))
+            db, session_id,
+            lambda after_write: write_known(db, write_set, known, after_write, ending=ending))
 
     def _commit_creates(self, db: Any, session_id: str, build: Build) -> WriteSet | None:
         """A commit whose draft announced no read, as a client's that creates tasks:

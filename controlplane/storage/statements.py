@@ -184,6 +184,37 @@ def dispatch_insert_at_head(count: int) -> str:
     return insert_rows(DISPATCH, count, " RETURNING id", {"seq": AT_HEAD})
 
 
+# A phase that ends its task, built from the holder's copy of it as an inline commit is
+# (``Prefetch.known``), on the assumption that the task has no owned child and no waiter,
+# and written in one pipelined round trip: BEGIN; ``HEAD_ADVANCE`` (the session's commit
+# order, the seq kept for the transaction); ``INLINE_END``; COMMIT. The assumption is
+# checked in the second statement, whose snapshot is taken once the head's lock is held:
+# every commit that could have added a child or a waiter in this session is then
+# visible. The task is written only if it is still as copied and alone, and ``1 / 0``
+# otherwise aborts (nothing lands; the commit is built again from what the database
+# holds). ``HEAD_ADVANCE`` takes the session id; ``INLINE_END`` the commit row's values
+# but its seq, the task's updated values but its updated_seq, its id, then the copy's
+# epoch, lease owner and updated_seq.
+HEAD_ADVANCE = (
+    f"WITH head AS (UPDATE {SESSION.name} SET head_seq = head_seq + 1 WHERE id = %s "
+    "RETURNING head_seq) SELECT set_config('kernel.seq', head_seq::text, true)::bigint "
+    "FROM head"
+)
+INLINE_END = (
+    "WITH written AS ("
+    + insert(COMMIT, " RETURNING id", {"seq": AT_HEAD})
+    + "), moved AS ("
+    + update(TASK, {"updated_seq": AT_HEAD})
+    + " AND epoch = %s AND lease_owner = %s AND status = 'running' AND updated_seq = %s "
+    f"AND NOT EXISTS (SELECT 1 FROM {TASK.name} c WHERE c.parent_id = {TASK.name}.id "
+    "AND c.owned) "
+    f"AND NOT EXISTS (SELECT 1 FROM {TASK.name} w WHERE w.session_id = {TASK.name}.session_id "
+    f"AND w.status = 'waiting' AND (pg_column_size(w.wait_deps) > {WAITER_BIG_DEPS} "
+    f"OR w.wait_deps @> ARRAY[{TASK.name}.id]::text[])) "
+    "RETURNING 1) "
+    "SELECT (SELECT id FROM written), 1 / (SELECT count(*) FROM moved)"
+)
+
 # -- leases ----------------------------------------------------------------------------
 
 RUNNABLE = (

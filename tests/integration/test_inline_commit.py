@@ -83,7 +83,7 @@ def log_is_whole(kernel: Kernel, session_id: str) -> list[int]:
     return seqs
 
 
-def test_each_inline_commit_is_one_round_trip() -> None:
+def test_each_inline_commit_and_the_ending_are_one_round_trip() -> None:
     kernel = kernel_with(phases=4)
     session_id, task_id = start(kernel)
     worker = Worker(kernel, "w1")
@@ -91,11 +91,12 @@ def test_each_inline_commit_is_one_round_trip() -> None:
         assert worker.advance(task_id)
     statements = [q["sql"].split(" AS ")[0] for q in captured]
     # After the claim: 3 inline commits of one statement each (nothing else: no BEGIN,
-    # no COMMIT, no read), then the ending's usual two round trips.
+    # no COMMIT, no read), then the ending, one pipeline: BEGIN, the head, the ending
+    # (its task alone: no child, no waiter), COMMIT.
     first = statements.index("WITH head")
-    assert statements[first : first + 4] == ["WITH head"] * 3 + ["BEGIN"], statements
-    assert statements.count("WITH head") == 3 and statements[-1] == "COMMIT", statements
-    assert pipelines[0] == 2
+    assert statements[first:] == ["WITH head"] * 3 + [
+        "BEGIN", "WITH head", "WITH written", "COMMIT"], statements
+    assert pipelines[0] == 1
     task = kernel.task(task_id)
     assert task.status is Status.TERMINAL and task.outcome["result"] == {"done": 4}
     log_is_whole(kernel, session_id)
@@ -136,9 +137,9 @@ def test_a_task_changed_since_the_copy_is_committed_from_the_database() -> None:
     task = kernel.task(task_id)
     assert task.signals == {"approved": {"by": "ann"}}
     assert task.outcome["result"] == {"done": 4}
-    # The refused one-statement commit is made again the usual way: 2 round trips, as
-    # are the ending's and the signal's own commit.
-    assert pipelines[0] == 2 + 2 + 2
+    # The refused one-statement commit is made again the usual way: 2 round trips, as is
+    # the signal's own commit; the ending is one.
+    assert pipelines[0] == 2 + 2 + 1
     log_is_whole(kernel, session_id)
 
 
@@ -226,3 +227,83 @@ def test_a_connection_lost_once_the_statement_was_sent_is_uncertain_and_it_lande
     assert worker._handles == {}  # the poisoned handle was dropped
     assert "session handle poisoned" in caplog.text  # not "storage unavailable"
     log_is_whole(kernel, session_id)
+
+
+def ending_kernel() -> Kernel:
+    """``lone`` ends in one phase; ``joiner`` waits for the task named in its input;
+    ``owner`` spawns an owned ``sleeper`` (which sleeps) and ends in its next phase."""
+    registry = Registry()
+
+    @registry.task("lone")
+    class Lone:
+        initial = "go"
+
+        def go(self, run: Run) -> Transition:
+            return run.succeed({"lone": True})
+
+    @registry.task("joiner")
+    class Joiner:
+        initial = "wait"
+
+        def wait(self, run: Run) -> Transition:
+            return run.wait_all([run.input["on"]], then="done")
+
+        def done(self, run: Run) -> Transition:
+            return run.succeed(run.outcomes())
+
+    @registry.task("owner")
+    class Owner:
+        initial = "spawn"
+
+        def spawn(self, run: Run) -> Transition:
+            run.spawn("sleeper", {})
+            return run.next("end")
+
+        def end(self, run: Run) -> Transition:
+            return run.succeed({})
+
+    @registry.task("sleeper")
+    class Sleeper:
+        initial = "nap"
+
+        def nap(self, run: Run) -> Transition:
+            return run.sleep(3600)
+
+    return Kernel(PostgresStorage(), registry, ManualClock())
+
+
+def test_an_ending_whose_task_has_a_waiter_wakes_it_the_usual_way() -> None:
+    """An ending is built assuming its task has no waiter; a task waiting for it makes
+    the one-round-trip write refuse (nothing lands), and the usual path wakes it."""
+    kernel = ending_kernel()
+    handle = kernel.create_session()
+    draft = Draft()
+    lone = draft.create_task("lone", {})
+    joiner = draft.create_task("joiner", {"on": lone})
+    handle.commit(draft)
+    worker = Worker(kernel, "w1")
+    assert worker.advance(joiner)
+    assert kernel.task(joiner).status is Status.WAITING
+    with counting_pipelines() as pipelines:
+        assert worker.advance(lone)
+    assert pipelines[0] == 1 + 2  # refused in one, then the usual two
+    assert kernel.task(lone).status is Status.TERMINAL
+    assert kernel.task(joiner).status is Status.PENDING  # woken by the ending
+    assert worker.advance(joiner)
+    assert kernel.task(joiner).outcome["result"] == {lone: {"kind": "succeeded",
+                                                            "result": {"lone": True}}}
+    log_is_whole(kernel, handle.id)
+
+
+def test_an_ending_whose_task_owns_a_running_child_completes_the_usual_way() -> None:
+    kernel = ending_kernel()
+    handle = kernel.create_session()
+    draft = Draft()
+    owner = draft.create_task("owner", {})
+    handle.commit(draft)
+    worker = Worker(kernel, "w1")
+    assert worker.advance(owner)  # spawns the sleeper, then ends: refused, then usual
+    [child] = [t for t in kernel.storage.session_tasks(handle.id) if t.kind == "sleeper"]
+    assert kernel.task(owner).status is Status.COMPLETING
+    assert kernel.task(child.id).cancel is not None  # the owner's end cancels it
+    log_is_whole(kernel, handle.id)
