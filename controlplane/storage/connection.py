@@ -3,11 +3,11 @@ reads inside the open commit transaction, and the pipelined write + COMMIT.
 
 A commit is two round trips: :meth:`Transaction.load` (BEGIN, the session's head,
 which orders commits, plus every read the draft announced, pipelined) and :func:`write`
-(every write and the COMMIT, pipelined). Everything else is Python. Two kinds of commit
-read nothing the caller does not already know, and are built first and written in one
-round trip: a lease holder's phase that continues inline (:class:`KnownTransaction`,
-:func:`write_known`) and a commit that only creates tasks (:class:`CreatesTransaction`,
-:func:`write` with ``at_head``).
+(every write and the COMMIT, pipelined). Everything else is Python. Some commits read
+nothing the caller does not already know, and are built first and written in one round
+trip: a lease holder's phase that continues its task inline or ends it
+(:class:`KnownTransaction`, :func:`write_known`) and a commit that only creates tasks
+(:class:`CreatesTransaction`, :func:`write` with ``at_head``).
 """
 
 from __future__ import annotations
