@@ -174,25 +174,26 @@ class Draft:
         """Whether this draft only carries one phase's ``Next`` that keeps the lease (the
         worker runs the next phase itself), with no other write: a commit whose builder
         reads nothing but the session head and that task (see ``Prefetch.known``)."""
-        if len(self.fenced) != 1 or self.key is not None or self.document_ops:
-            return False
-        fenced = self.fenced[0]
-        if fenced.version is not None or not isinstance(fenced.transition, Next):
-            return False
-        if not fenced.transition.keep_lease:
-            return False
-        return not any(getattr(self, name) for name in MERGED_LISTS if name != "fenced")
+        transition = self._lone_transition()
+        return isinstance(transition, Next) and transition.keep_lease
 
     def ends_inline(self) -> bool:
         """Whether this draft only carries one phase's ``Finish``, with no other write: a
         commit whose builder reads nothing but the session head, that task, and its
         owned children and waiters (see ``Prefetch.known``)."""
+        return isinstance(self._lone_transition(), Finish)
+
+    def _lone_transition(self) -> Transition | None:
+        """The transition of the one phase this draft carries, if it carries nothing
+        else (no key, no other write, no migration of the task's version)."""
         if len(self.fenced) != 1 or self.key is not None or self.document_ops:
-            return False
+            return None
         fenced = self.fenced[0]
-        if fenced.version is not None or not isinstance(fenced.transition, Finish):
-            return False
-        return not any(getattr(self, name) for name in MERGED_LISTS if name != "fenced")
+        if fenced.version is not None:
+            return None
+        if any(getattr(self, name) for name in MERGED_LISTS if name != "fenced"):
+            return None
+        return fenced.transition
 
     def create_conversation(
         self, *, fork_of: str | None = None, fork_entry_id: str | None = None

@@ -129,6 +129,16 @@ TASK_INSERT = insert(TASK)
 TASK_UPDATE = update(
     TASK, {"lease_until": "{}::timestamptz + (clock_timestamp() - transaction_timestamp())"}
 )
+# The session's head advanced, as a CTE named ``head`` (its one column ``head_seq``, the
+# new seq): the row lock that orders a session's commits. Parameter: the session id.
+HEAD = (
+    f"WITH head AS (UPDATE {SESSION.name} SET head_seq = head_seq + 1 WHERE id = %s "
+    "RETURNING head_seq)"
+)
+# The seq kept for the rest of the transaction, read back by ``AT_HEAD``.
+KEEP_SEQ = "set_config('kernel.seq', head_seq::text, true)::bigint"
+AT_HEAD = "current_setting('kernel.seq')::bigint"
+
 # A commit that only continues the lease holder's task inline, built from the holder's
 # copy of it (``Prefetch.known``), as one statement (its own transaction, synchronously
 # committed: one round trip): the head update takes the session's commit order and gives
@@ -142,8 +152,7 @@ TASK_UPDATE = update(
 # epoch, lease owner and updated_seq of the copy (the owner as well as the epoch: a
 # claim lost with a crashed server's unflushed log leaves its epoch to the next claim).
 INLINE_COMMIT = (
-    f"WITH head AS (UPDATE {SESSION.name} SET head_seq = head_seq + 1 WHERE id = %s "
-    "RETURNING head_seq), written AS ("
+    HEAD + ", written AS ("
     + insert(COMMIT, " RETURNING id", {"seq": "(SELECT head_seq FROM head)"})
     + "), moved AS ("
     + update(
@@ -169,12 +178,8 @@ INLINE_COMMIT = (
 # row per row made a 5,000-task burst's commit 2.5 times slower). A session that does
 # not exist leaves the seq null and the insert fails: nothing lands, and the usual path
 # says why.
-AT_HEAD = "current_setting('kernel.seq')::bigint"
 COMMIT_INSERT_AT_HEAD = (
-    f"WITH head AS (UPDATE {SESSION.name} SET head_seq = head_seq + 1 WHERE id = %s "
-    "RETURNING head_seq) "
-    + insert(COMMIT, " RETURNING id, seq", {
-        "seq": "(SELECT set_config('kernel.seq', head_seq::text, true)::bigint FROM head)"})
+    HEAD + " " + insert(COMMIT, " RETURNING id, seq", {"seq": f"(SELECT {KEEP_SEQ} FROM head)"})
 )
 TASK_INSERT_AT_HEAD = insert(TASK, "", {"created_seq": AT_HEAD, "updated_seq": AT_HEAD})
 
@@ -195,11 +200,7 @@ def dispatch_insert_at_head(count: int) -> str:
 # holds). ``HEAD_ADVANCE`` takes the session id; ``INLINE_END`` the commit row's values
 # but its seq, the task's updated values but its updated_seq, its id, then the copy's
 # epoch, lease owner and updated_seq.
-HEAD_ADVANCE = (
-    f"WITH head AS (UPDATE {SESSION.name} SET head_seq = head_seq + 1 WHERE id = %s "
-    "RETURNING head_seq) SELECT set_config('kernel.seq', head_seq::text, true)::bigint "
-    "FROM head"
-)
+HEAD_ADVANCE = f"{HEAD} SELECT {KEEP_SEQ} FROM head"
 INLINE_END = (
     "WITH written AS ("
     + insert(COMMIT, " RETURNING id", {"seq": AT_HEAD})
