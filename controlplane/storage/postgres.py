@@ -113,8 +113,13 @@ class PostgresStorage:
         using: str = "default",
         fault: FaultHook = _no_fault,
         observer: Observer | None = None,
+        *,
+        fast_paths: bool = True,
     ) -> None:
         self.using = using
+        self.fast_paths = fast_paths
+        """Whether commits that read nothing the caller does not know take one round trip
+        (off: every commit takes the general path, what the differential test compares)."""
         self.fault = fault
         self.observer = observer
         # Conversations never change once created, so a cache of them is never stale.
@@ -176,11 +181,11 @@ class PostgresStorage:
             # Inside someone else's transaction this would be a savepoint: "committed"
             # would not mean durable, and listeners would publish too early (invariant 2).
             raise RuntimeError("a kernel commit must own its transaction; call it outside atomic()")
-        if prefetch.known:
+        if self.fast_paths and prefetch.known:
             written = self._commit_known(db, session_id, build, prefetch)
             if written is not None:
                 return written
-        elif prefetch == NO_PREFETCH:
+        elif self.fast_paths and prefetch == NO_PREFETCH:
             written = self._commit_creates(db, session_id, build)
             if written is not None:
                 self._analyze_burst(sum(1 for d in written.dispatches if d.woken))
