@@ -19,6 +19,7 @@ from .errors import (
     StaleStep,
     StorageUnavailable,
     UnknownRecord,
+    UnstorableValue,
     WaitCycle,
 )
 from .memory import InMemoryStorage
@@ -83,6 +84,7 @@ __all__ = [
     "Transaction",
     "Transition",
     "UnknownRecord",
+    "UnstorableValue",
     "WaitCycle",
     "WaitSignal",
     "WaitTasks",

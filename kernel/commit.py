@@ -50,6 +50,7 @@ from .records import (
 from .registry import Blocked, Registry
 from .storage import JoinState, Prefetch, Transaction
 from .tasks import Finish, Next, Transition, WaitTasks, apply_transition, released, succeeded
+from .values import storable, storable_text
 
 JSON = Any
 ANY_OPEN_FIRST = 64
@@ -207,6 +208,8 @@ class Draft:
         return conversation_id
 
     def append(self, conversation_id: str, kind: str, payload: JSON) -> str:
+        storable_text(kind, "entry kind")
+        payload = storable(payload, f"entry payload ({kind})")
         entry_id = new_id("entry")
         self.entries.append((entry_id, conversation_id, kind, payload))
         return entry_id
@@ -221,9 +224,8 @@ class Draft:
     def update_document(
         self, kind: str, key: str, *ops: JSON, expected_version: int | None = None
     ) -> None:
-        for op in ops:
-            check_op(op)
-        self.document_ops.setdefault((kind, key), []).extend(ops)
+        stored = [check_op(op, f"document {kind}/{key}") for op in ops]
+        self.document_ops.setdefault((kind, key), []).extend(stored)
         if expected_version is not None:
             self.expected_versions[(kind, key)] = expected_version
 
@@ -239,6 +241,7 @@ class Draft:
         parent_id: str | None = None,
         owned: bool = False,
     ) -> str:
+        input = storable(input, f"task input ({kind})")
         task_id = new_id(TASK_ID)
         self.new_tasks.append(_NewTask(task_id, kind, input, version, parent_id, owned))
         return task_id
@@ -261,12 +264,13 @@ class Draft:
 
         ``version``/``input``/``checkpoint`` persist a migration done at claim time.
         """
+        transition = _storable_transition(task_id, transition)
         self.fenced.append(
             _Fenced(task_id, epoch, transition, version, input, checkpoint, owner)
         )
 
     def cancel(self, task_id: str, reason: str) -> None:
-        self.cancels.append((task_id, reason))
+        self.cancels.append((task_id, storable_text(reason, f"cancel reason of {task_id}") or ""))
 
     def signal(
         self, task_id: str, name: str, payload: JSON, *, step_epoch: int | None = None
@@ -275,6 +279,8 @@ class Draft:
         it lands only if, when this commit is built (under the session's lock), the task
         waits on ``name`` still at that epoch and nobody answered it yet; otherwise the
         commit is refused (:class:`StaleStep`) and writes nothing."""
+        storable_text(name, "signal name")
+        payload = storable(payload, f"signal {name!r} payload")
         self.signals.append((task_id, name, payload, step_epoch))
 
     def wake(self, task_id: str) -> None:
@@ -301,6 +307,8 @@ class Draft:
     ) -> str:
         """Accept input under the caller's ``request_id``; ``resubmit_of`` links a retry
         of an earlier submission to it."""
+        storable_text(request_id, "submission request id")
+        input = storable(input, "submission input")
         submission_id = new_id(SUBMISSION_ID)
         self.submissions.append((submission_id, conversation_id, request_id, input, resubmit_of))
         return submission_id
@@ -313,7 +321,23 @@ class Draft:
         answer_entry_id: str | None = None,
         reason: str | None = None,
     ) -> None:
+        storable_text(reason, f"submission {submission_id} reason")
         self.submission_updates.append((submission_id, status, answer_entry_id, reason))
+
+
+def _storable_transition(task_id: str, transition: Transition) -> Transition:
+    """``transition`` with its values as a storage holds them (:mod:`kernel.values`)."""
+    if isinstance(transition, Finish):
+        return replace(
+            transition,
+            result=storable(transition.result, f"task {task_id} result"),
+            error=storable_text(transition.error, f"task {task_id} error"),
+        )
+    if transition.checkpoint is None:
+        return transition
+    return replace(
+        transition, checkpoint=storable(transition.checkpoint, f"task {task_id} checkpoint")
+    )
 
 
 MERGED_LISTS = tuple(

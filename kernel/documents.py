@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .errors import CommitRejected, NotRegistered
+from .values import storable
 
 JSON = Any
 Migrate = Callable[[int, JSON], JSON]
@@ -40,8 +41,9 @@ def encoded_size(value: JSON) -> int:
     return len(json.dumps(value, separators=(",", ":"), sort_keys=True).encode())
 
 
-def check_op(op: JSON) -> None:
-    """Reject a malformed op before it reaches storage."""
+def check_op(op: JSON, what: str = "document op") -> JSON:
+    """Reject a malformed op before it reaches storage; the op as storage holds it
+    (:func:`~kernel.values.storable`, whose error names ``what``)."""
     if not isinstance(op, dict) or op.get("op") not in OPS:
         raise CommitRejected(f"document op must be one of {OPS}: {op!r}")
     path = op.get("path")
@@ -55,10 +57,7 @@ def check_op(op: JSON) -> None:
         raise CommitRejected(f"document op 'incr' needs a number: {op!r}")
     if op["op"] != "set" and not path:
         raise CommitRejected(f"document op {op['op']!r} needs a non-empty path")
-    try:
-        encoded_size(op)
-    except (TypeError, ValueError) as exc:
-        raise CommitRejected(f"document op value is not JSON: {exc}") from exc
+    return storable(op, what)
 
 
 def apply_ops(value: JSON, ops: Iterable[JSON]) -> JSON:

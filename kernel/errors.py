@@ -51,6 +51,11 @@ class ReservedConversation(CommitRejected):
     operators did, written by the commits that did it."""
 
 
+class UnstorableValue(CommitRejected):
+    """A value no storage can hold (text with NUL, a value JSON does not encode); the
+    message names the record, the field and where in the value the problem is."""
+
+
 class UnknownRecord(CommitRejected):
     """The draft refers to a record that does not exist in this session."""
 

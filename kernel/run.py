@@ -14,12 +14,14 @@ they live here, below it, because a run is made of one.
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any, Protocol
 
 from .commit import Draft
-from .errors import CommitRejected, SessionPoisoned, StorageUnavailable, UnknownRecord
+from .errors import SessionPoisoned, UnknownRecord
 from .records import Entry, JoinPolicy, Outcome, Preview, Submission, Task, WriteSet
 from .registry import TaskDefinition
 from .session import Kernel, SessionHandle
@@ -28,19 +30,20 @@ from .tasks import Finish, Next, Sleep, Transition, WaitSignal, WaitTasks
 JSON = Any
 
 
-class Riders(Protocol):
-    """Results of other tasks that a lease's next commit may carry (one commit instead
-    of several in a row: one turn of the session's lock, one flush to disk)."""
+@dataclass
+class Carried:
+    """Other tasks' endings that a lease's next commit carries (one commit instead of
+    several in a row), and what to do once that commit landed or did not."""
 
-    def board(self, session_id: str) -> Draft | None:
-        """The held-back writes for ``session_id`` to commit before the caller's own, in
-        the same commit; ``None`` if there are none."""
-        ...
+    draft: Draft
+    settle: Callable[[bool], None]
 
-    def landed(self, ok: bool) -> None:
-        """Whether the commit that carried what :meth:`board` gave landed; if not, they
-        are committed on their own."""
-        ...
+
+class Carrier(Protocol):
+    """Gives a lease's next commit the endings held back for its session
+    (:class:`~kernel.endings.HeldEndings`)."""
+
+    def carry(self, session_id: str) -> Carried | None: ...
 
 
 @dataclass
@@ -48,7 +51,9 @@ class Lease:
     """A claimed task, held by one worker at one epoch."""
 
     kernel: Kernel
-    handle: SessionHandle
+    handles: Callable[[str], SessionHandle]
+    """A handle on a session that is not poisoned: the worker's, reopened after an
+    uncertain commit (which poisons only what that commit carried)."""
     owner: str
     duration: timedelta
     task: Task
@@ -56,8 +61,8 @@ class Lease:
     input: JSON
     checkpoint: JSON
     migrated: bool
-    riders: Riders | None = None
-    """Other tasks' results that the worker holds back, to commit with this lease's next
+    carrier: Carrier | None = None
+    """Other tasks' endings that the worker holds back, to commit with this lease's next
     commit (see ``Worker.advance_queue``)."""
     draft: Draft = field(init=False)
     # Deferred document writes (previews): folded into the next commit, lost with the process.
@@ -65,6 +70,18 @@ class Lease:
 
     def __post_init__(self) -> None:
         self.draft = Draft(actor=f"task:{self.task.id}")
+        self.key = (self.task.id, self.task.epoch)
+        """What the worker holds this lease by: a later claim of the task is another."""
+        self._spawned_owned = False
+        self._renewing = threading.Lock()
+
+    @property
+    def handle(self) -> SessionHandle:
+        return self.handles(self.task.session_id)
+
+    def spawned_owned(self) -> bool:
+        """Whether this lease committed, or its pending draft holds, an owned child."""
+        return self._spawned_owned or any(t.owned for t in self.draft.new_tasks)
 
     def commit(self, transition: Transition) -> WriteSet:
         """Commit the pending writes and ``transition``, fenced by this lease's epoch."""
@@ -77,33 +94,36 @@ class Lease:
         # commit of two. An intent commit still carries them: an external call follows.
         intent = isinstance(transition, Next) and transition.intent
         alone = draft.continues_inline() and not intent
-        riders = None if self.riders is None or alone else self.riders.board(self.task.session_id)
+        carried = None if self.carrier is None or alone else self.carrier.carry(
+            self.task.session_id)
         written = (
-            self._commit_carrying(riders, draft)
-            if riders
+            self._commit_carrying(carried, draft)
+            if carried
             else self.handle.commit(draft, known=(self.task,))
         )
+        self._spawned_owned = self._spawned_owned or any(t.owned for t in draft.new_tasks)
         self.migrated = False
-        self.task = next(t for t in written.updated_tasks if t.id == self.task.id)
+        with self._renewing:
+            self.task = next(t for t in written.updated_tasks if t.id == self.task.id)
         self.checkpoint = self.task.checkpoint
         return written
 
-    def _commit_carrying(self, riders: Draft, draft: Draft) -> WriteSet:
-        """Commit ``draft`` with the riders' writes before it, in one commit; if that is
-        refused or fails, the riders are committed on their own and ``draft`` alone, as
-        if they had never met."""
-        assert self.riders is not None
+    def _commit_carrying(self, carried: Carried, draft: Draft) -> WriteSet:
+        """Commit ``draft`` with the carried endings before it, in one commit; if that
+        fails in any way, the endings are committed on their own and ``draft`` alone, as
+        if they had never met (an outcome unknown stops this lease: its own state is
+        unknown, while the endings are fenced by their epochs)."""
         try:
             joint = Draft(actor=draft.actor)
-            joint.absorb(riders)
+            joint.absorb(carried.draft)
             joint.absorb(draft)
             written = self.handle.commit(joint)
-        except (CommitRejected, StorageUnavailable, SessionPoisoned) as exc:
-            self.riders.landed(False)
+        except Exception as exc:
+            carried.settle(False)
             if isinstance(exc, SessionPoisoned):
                 raise
             return self.handle.commit(draft)
-        self.riders.landed(True)
+        carried.settle(True)
         return written
 
     def seal(self, draft: Draft, transition: Transition) -> Draft:
@@ -129,10 +149,16 @@ class Lease:
         return draft
 
     def renew(self) -> bool:
+        """Extend the lease (from the heartbeat's thread or the phase's own). A renewal
+        never moves the lease's end backwards, nor replaces a newer copy of the task
+        that a commit made meanwhile: only the end is updated, and only if later."""
         until = self.kernel.clock.now() + self.duration
-        renewed = self.kernel.storage.renew(self.task.id, self.owner, self.task.epoch, until)
+        renewed = self.kernel.storage.renew(self.task.id, self.owner, self.key[1], until)
         if renewed:
-            self.task = replace(self.task, lease_until=until)
+            with self._renewing:
+                current = self.task
+                if current.lease_until is None or current.lease_until < until:
+                    self.task = replace(current, lease_until=until)
         return renewed
 
 

@@ -116,6 +116,11 @@ class Prefetch:
 
 NO_PREFETCH = Prefetch()
 
+CLAIM_WINDOW = 64
+"""How many of a queue's oldest due woken rows one woken claim looks at
+(:meth:`Storage.claim_woken`): a claim's cost must not grow with the backlog. Both
+storages look at this many, so that what a claim finds is the same on each."""
+
 DOUBLINGS = 5
 """A dispatch row unclaimed after its delivery is sent again after ``redeliver_after``,
 then after twice that, ... up to 2**DOUBLINGS times it (16 minutes at 30 s)."""

@@ -18,6 +18,7 @@ from datetime import timedelta
 from typing import Any
 
 from .commit import Draft
+from .endings import HeldEndings
 from .errors import (
     CommitRejected,
     CommitUncertain,
@@ -52,11 +53,12 @@ class Heartbeat:
     """
 
     def __init__(
-        self, interval: float, on_exit: Callable[[], None], held: dict[str, Lease] | None = None
+        self, interval: float, on_exit: Callable[[], None],
+        held: dict[tuple[str, int], Lease] | None = None,
     ) -> None:
         self.interval = interval
         self.on_exit = on_exit
-        self.held: dict[str, Lease] = {} if held is None else held
+        self.held: dict[tuple[str, int], Lease] = {} if held is None else held
         self.lost = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="lease-heartbeat", daemon=True)
@@ -102,13 +104,14 @@ class Worker:
         self.id = worker_id or new_id("worker")
         self.lease = timedelta(seconds=lease_seconds)
         self._handles: dict[str, SessionHandle] = {}
-        self.held: dict[str, Lease] = {}
+        self.held: dict[tuple[str, int], Lease] = {}
+        """The leases this worker holds, by task and epoch (:attr:`Lease.key`): a thread
+        whose lease lapsed and was claimed again, by another thread of this worker,
+        gives up only its own."""
         self.draining = False
         self.on_release = on_release
-        # Per thread (a threads pool runs several at once): phases that ended their task,
-        # committed together before this thread commits anything else
-        # (:meth:`_commit_endings`), and those a commit in flight carries. And how long
-        # each kind last ran here.
+        # Per thread (a threads pool runs several at once): the endings held back
+        # (kernel.endings). And how long each kind last ran here.
         self._pending = threading.local()
         self._took: dict[str, float] = {}
         self.heartbeat = (
@@ -118,22 +121,12 @@ class Worker:
         )
 
     @property
-    def _ended(self) -> list[tuple[Lease, Finish]]:
-        if not hasattr(self._pending, "ended"):
-            self._pending.ended = []
-        return self._pending.ended  # type: ignore[no-any-return]
-
-    @_ended.setter
-    def _ended(self, value: list[tuple[Lease, Finish]]) -> None:
-        self._pending.ended = value
-
-    @property
-    def _boarded(self) -> list[tuple[Lease, Finish]]:
-        return getattr(self._pending, "boarded", [])  # type: ignore[no-any-return]
-
-    @_boarded.setter
-    def _boarded(self, value: list[tuple[Lease, Finish]]) -> None:
-        self._pending.boarded = value
+    def endings(self) -> HeldEndings:
+        """This thread's held-back endings."""
+        held = getattr(self._pending, "endings", None)
+        if held is None:
+            held = self._pending.endings = HeldEndings(self)
+        return held  # type: ignore[no-any-return]
 
     def close(self) -> None:
         if self.heartbeat is not None:
@@ -215,11 +208,11 @@ class Worker:
 
         Each task is claimed when it starts, exactly as :meth:`advance` claims, so its
         epoch and restart count mean what they always do. A phase that ends its task is
-        not committed at once: up to ``batch`` such endings are committed together, one
-        commit per session (:meth:`_commit_endings`), before this worker commits
-        anything else but a phase's plain inline ``Next`` (which commits alone, see
-        :meth:`_commit_endings`), before it starts a task of a kind that was slow here
-        last time (:data:`QUICK_SECONDS`), and when it stops.
+        held back (:mod:`kernel.endings`): up to ``batch`` such endings are committed
+        together, one commit per session, or carried by this thread's next commit in
+        their session but a phase's plain inline ``Next`` (which commits alone); at once
+        if they may change other tasks; before this worker starts a task of a kind that
+        was slow here last time (:data:`QUICK_SECONDS`); and when it stops.
         """
         storage, clock = self.kernel.storage, self.kernel.clock
         deadline = time.monotonic() + budget
@@ -234,20 +227,20 @@ class Worker:
                 if lease is None:
                     continue
                 if self._took.get(lease.task.kind, 0.0) > QUICK_SECONDS:
-                    self._commit_endings()  # never keep endings waiting behind a slow one
+                    self.endings.flush()  # never keep endings waiting behind a slow one
                 started = time.monotonic()
                 finish = self._run(lease, defer_ending=True)
                 self._took[lease.task.kind] = time.monotonic() - started
                 if finish is not None:
-                    self._ended.append((lease, finish))
+                    self.endings.hold(lease, finish)
                 ran += 1
-                if len(self._ended) >= batch:
-                    self._commit_endings()
+                if len(self.endings) >= batch:
+                    self.endings.flush()
                 if time.monotonic() >= deadline:
                     return ran, True
             return ran, True
         finally:
-            self._commit_endings()
+            self.endings.flush()
 
     def _hold(self, task: Task) -> Lease | None:
         """The lease of a task this worker just claimed, held (and so renewed) from now;
@@ -261,7 +254,7 @@ class Worker:
             return None
         lease = Lease(
             kernel=self.kernel,
-            handle=self._handle(task.session_id),
+            handles=self.handle,
             owner=self.id,
             duration=self.lease,
             task=task,
@@ -269,74 +262,18 @@ class Worker:
             input=resolved.input,
             checkpoint=resolved.checkpoint,
             migrated=resolved.definition.version != task.version,
-            riders=self,
+            carrier=self.endings,
         )
-        self.held[task.id] = lease
+        self.held[lease.key] = lease
         return lease
 
-    def _commit_endings(self) -> None:
-        """Commit the results of phases that ended their tasks: one commit per session
-        for all of them (one turn of the session's lock, one flush to disk instead of
-        one per task), as if each had been committed when its phase returned. If that
-        commit is refused or fails, each is committed on its own, where its own rules
-        apply to it alone (a conflict runs its phase again, a lost lease abandons it).
+    # -- what held endings need (kernel.endings.Holder) ------------------------------
 
-        The next commit of another lease of this worker carries those of its session
-        (:meth:`board`), so that an intent commit, made before an external call, never
-        leaves an ending waiting behind that call; but not a phase's plain inline
-        ``Next``, which commits alone (one round trip on Postgres: ``Prefetch.known``)
-        while the endings wait for their batch."""
-        ended, self._ended = self._ended, []
-        sessions: dict[str, list[tuple[Lease, Finish]]] = {}
-        for lease, finish in ended:
-            sessions.setdefault(lease.task.session_id, []).append((lease, finish))
-        for group in sessions.values():
-            if len(group) > 1 and self._commit_together(group):
-                for lease, _ in group:
-                    self.held.pop(lease.task.id, None)
-                continue
-            for lease, finish in group:
-                self._run(lease, returned=finish)
+    def commit_ending(self, lease: Lease, finish: Finish) -> None:
+        self._run(lease, returned=finish)
 
-    def board(self, session_id: str) -> Draft | None:
-        """The endings held back for ``session_id``, for a lease's commit to carry (the
-        other sessions' are committed now, as they would not be in that commit)."""
-        mine = [(lease, f) for lease, f in self._ended if lease.task.session_id == session_id]
-        others = [(lease, f) for lease, f in self._ended if lease.task.session_id != session_id]
-        self._ended = others
-        self._commit_endings()
-        if not mine:
-            return None
-        draft = Draft(actor=f"worker:{self.id}")
-        try:
-            for lease, finish in mine:
-                draft.absorb(lease.seal(copy.deepcopy(lease.draft), finish))
-        except CommitRejected:
-            self._ended = mine  # they cannot be one commit: each on its own, now
-            self._commit_endings()
-            return None
-        self._boarded = mine
-        return draft
-
-    def landed(self, ok: bool) -> None:
-        boarded, self._boarded = self._boarded, []
-        for lease, finish in boarded:
-            if ok:
-                self.held.pop(lease.task.id, None)
-            else:
-                self._run(lease, returned=finish)
-
-    def _commit_together(self, group: list[tuple[Lease, Finish]]) -> bool:
-        draft = Draft(actor=f"worker:{self.id}")
-        try:
-            for lease, finish in group:
-                draft.absorb(lease.seal(copy.deepcopy(lease.draft), finish))
-            group[0][0].handle.commit(draft)
-        except (CommitRejected, SessionPoisoned, StorageUnavailable) as exc:
-            log.info("committing %d endings together failed, one by one instead: %s",
-                     len(group), exc)
-            return False
-        return True
+    def forget(self, lease: Lease) -> None:
+        self.held.pop(lease.key, None)
 
     def run_claimed(self, task: Task) -> None:
         lease = self._hold(task)
@@ -349,8 +286,8 @@ class Worker:
         """Run the lease's phases until the task stops running here.
 
         ``defer_ending``: a phase that ends the task (its own ``Finish``) is not
-        committed; its result is returned, the lease still held, for
-        :meth:`_commit_endings`. ``returned``: the result of a phase that already ran,
+        committed; its result is returned, the lease still held, for the held-back
+        endings (:mod:`kernel.endings`). ``returned``: the result of a phase that already ran,
         to commit first.
         """
         task = lease.task
@@ -401,7 +338,7 @@ class Worker:
             self._handles.pop(task.session_id, None)
         finally:
             if not deferred:
-                self.held.pop(task.id, None)
+                self.forget(lease)
         return None
 
     def _commit(self, lease: Lease, transition: Transition, ending: bool) -> None:
@@ -465,13 +402,14 @@ class Worker:
         draft = Draft(actor=f"worker:{self.id}")
         draft.phase_returned(task.id, task.epoch)
         try:
-            self._handle(task.session_id).commit(draft)
+            self.handle(task.session_id).commit(draft)
         except IllegalTransition:
             pass  # already woken: by the sweep, an operator or another worker
         except (CommitRejected, SessionPoisoned) as exc:
             log.info("could not wake cancelled %s; its lease runs out instead: %s", task.id, exc)
 
-    def _handle(self, session_id: str) -> SessionHandle:
+    def handle(self, session_id: str) -> SessionHandle:
+        """This worker's handle on a session, reopened if an uncertain commit poisoned it."""
         handle = self._handles.get(session_id)
         if handle is None or handle.poisoned:
             handle = self._handles[session_id] = self.kernel.open(session_id)

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from kernel.storage import CLAIM_WINDOW
+
 from .schema import (
     COMMIT,
     CONVERSATION,
@@ -280,7 +282,6 @@ CLAIM_BATCH = (
 # taken first is a matter of fairness only: any runnable one may be. A woken row whose
 # task is not runnable is one a claim left behind by a race and is rare: a window of them
 # ends the woken worker's round early, and the sweep re-sends them. Unflushed, as CLAIM.
-CLAIM_WINDOW = 64
 CLAIM_WOKEN = (
     f"WITH {UNFLUSHED}, "
     f"window_rows AS MATERIALIZED (SELECT d.id, d.task_id, d.not_before FROM {DISPATCH.name} d "

@@ -1,0 +1,78 @@
+"""What a storage can hold: JSON values and text without NUL.
+
+Every value a draft writes passes through here when it enters the draft, so that both
+storages refuse the same values with the same error, before anything is sent: Postgres
+cannot store ``\\u0000`` in ``jsonb`` or ``text``, nor a value JSON does not encode (a
+``datetime``, ``NaN``, a set), and the in-memory reference would otherwise keep them.
+A value that passes is returned as storage will give it back (tuples as lists, keys
+as strings), so a reader sees the same thing on either storage.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from typing import Any
+
+from .errors import UnstorableValue
+
+JSON = Any
+
+# ``\u0000`` in encoded JSON that is an escape of NUL, not an escaped backslash
+# followed by the text "u0000".
+_NUL_ESCAPE = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
+
+
+def storable(value: JSON, what: str) -> JSON:
+    """``value`` as a storage holds it, or :class:`UnstorableValue` naming ``what`` (the
+    record and its field, e.g. ``"task t1 checkpoint"``) and where in it the problem is."""
+    try:
+        encoded = json.dumps(value, ensure_ascii=False, allow_nan=False)
+    except (TypeError, ValueError, RecursionError):
+        raise UnstorableValue(_explain(value, what)) from None
+    if "\\u0000" in encoded and _NUL_ESCAPE.search(encoded):
+        raise UnstorableValue(_explain(value, what))
+    return json.loads(encoded)
+
+
+def storable_text(text: str | None, what: str) -> str | None:
+    """``text`` if a text column can hold it, or :class:`UnstorableValue` naming ``what``."""
+    if text is not None and "\x00" in text:
+        raise UnstorableValue(f"{what} cannot be stored: the text holds NUL (\\x00)")
+    return text
+
+
+def _explain(value: JSON, what: str) -> str:
+    found = _first_problem(value, [], 0)
+    where, problem = found if found is not None else ([], "it is not JSON")
+    at = f" at {where}" if where else ""
+    return f"{what} cannot be stored:{at} {problem}"
+
+
+def _first_problem(value: JSON, path: list[Any], depth: int) -> tuple[list[Any], str] | None:
+    if depth > 500:
+        return path, "it is nested too deeply"
+    if value is None or isinstance(value, bool | int):
+        return None
+    if isinstance(value, float):
+        return None if math.isfinite(value) else (path, f"{value!r} is not a JSON number")
+    if isinstance(value, str):
+        return (path, "a string holds NUL (\\x00)") if "\x00" in value else None
+    if isinstance(value, list | tuple):
+        for index, item in enumerate(value):
+            found = _first_problem(item, [*path, index], depth + 1)
+            if found is not None:
+                return found
+        return None
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if not isinstance(key, str | int | float | bool) and key is not None:
+                return path, f"the key {key!r} ({type(key).__name__}) is not a JSON key"
+            if isinstance(key, str) and "\x00" in key:
+                return path, "a key holds NUL (\\x00)"
+            found = _first_problem(item, [*path, key], depth + 1)
+            if found is not None:
+                return found
+        return None
+    return path, f"a {type(value).__name__} is not JSON"
