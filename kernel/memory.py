@@ -17,6 +17,7 @@ from datetime import datetime, timedelta
 
 from .errors import CommitUncertain, UnknownRecord
 from .records import (
+    UNDISPATCHED,
     Commit,
     Conversation,
     Dispatch,
@@ -31,6 +32,7 @@ from .records import (
 )
 from .retention import Progress, PruneReport, RetentionPolicy, finished_status, quiet
 from .storage import (
+    CLAIM_WINDOW,
     NO_PREFETCH,
     Build,
     FaultHook,
@@ -124,6 +126,7 @@ class InMemoryStorage:
             self._requests[(sub.session_id, sub.request_id)] = sub.id
         for sub in [*ws.new_submissions, *ws.updated_submissions]:
             self._submissions[sub.id] = sub
+        self._forget_rows(set(ws.undispatched()))
         for dispatch in ws.dispatches:
             self._dispatches[dispatch.id] = dispatch
 
@@ -233,6 +236,8 @@ class InMemoryStorage:
         with self._lock:
             task = self._tasks.get(task_id)
             if task is None or not task.runnable_at(now):
+                if self._dead(task_id):
+                    self._forget_rows({task_id})  # rows that outlived their task's runs
                 return None
             if versions is not None and (task.kind, task.version) not in versions:
                 return None
@@ -246,9 +251,13 @@ class InMemoryStorage:
                 wake_at=None,
             )
             self._tasks[task_id] = claimed
-            for row in [d for d in self._dispatches.values() if d.task_id == task_id]:
-                del self._dispatches[row.id]
+            self._forget_rows({task_id})
             return claimed
+
+    def _forget_rows(self, task_ids: set[str]) -> None:
+        if task_ids and self._dispatches:
+            for row in [d for d in self._dispatches.values() if d.task_id in task_ids]:
+                del self._dispatches[row.id]
 
     def claim_batch(
         self, owner: str, now: datetime, until: datetime, limit: int, kinds: Sequence[str]
@@ -261,19 +270,29 @@ class InMemoryStorage:
 
     def claim_woken(self, queue: str, owner: str, now: datetime, until: datetime) -> Task | None:
         with self._lock:
-            rows = sorted(
-                (
-                    d
-                    for d in self._dispatches.values()
-                    if d.woken and not d.blocked and d.queue == queue and d.not_before <= now
-                ),
-                key=lambda d: (d.not_before, d.id),
-            )
-            for row in rows:
-                claimed = self.claim(row.task_id, owner, now, until)
-                if claimed is not None:
-                    return claimed
-            return None
+            while True:
+                window = sorted(
+                    (
+                        d
+                        for d in self._dispatches.values()
+                        if d.woken and not d.blocked and d.queue == queue and d.not_before <= now
+                    ),
+                    key=lambda d: (d.not_before, d.id),
+                )[:CLAIM_WINDOW]
+                dead = {d.task_id for d in window if self._dead(d.task_id)}
+                self._forget_rows(dead)
+                for row in window:
+                    if row.task_id not in dead:
+                        claimed = self.claim(row.task_id, owner, now, until)
+                        if claimed is not None:
+                            return claimed
+                if not dead:
+                    return None
+
+    def _dead(self, task_id: str) -> bool:
+        """Whether a row of ``task_id`` can only have outlived its task's last run."""
+        task = self._tasks.get(task_id)
+        return task is None or task.status in UNDISPATCHED - {Status.RUNNING}
 
     def renew(self, task_id: str, owner: str, epoch: int, until: datetime) -> bool:
         with self._lock:
@@ -282,7 +301,8 @@ class InMemoryStorage:
                 return False
             if task.status is not Status.RUNNING:
                 return False
-            self._tasks[task_id] = replace(task, lease_until=until)
+            kept = until if task.lease_until is None else max(task.lease_until, until)
+            self._tasks[task_id] = replace(task, lease_until=kept)
             return True
 
     def release(
@@ -305,7 +325,10 @@ class InMemoryStorage:
                     lease_until=None,
                 )
             self._tasks[task_id] = released
-            self.ensure_dispatches([released], now)
+            if not any(d.task_id == task_id for d in self._dispatches.values()):
+                row_id = next(self._dispatch_ids)
+                self._dispatches[row_id] = Dispatch(
+                    task_id, task.session_id, now, task.queue, 0, id=row_id)
             return released
 
     def runnable(self, now: datetime, limit: int) -> list[Task]:
@@ -390,6 +413,11 @@ class InMemoryStorage:
         with self._lock:
             for task in tasks:
                 at = expiry(task, now)
+                stored = self._tasks.get(task.id)
+                if stored is None or stored.status is not Status.RUNNING or (
+                    stored.lease_until is not None and stored.lease_until > at
+                ):
+                    continue  # it moved on since it was read: its holder lives
                 rows = [d for d in self._dispatches.values() if d.task_id == task.id]
                 for row in rows:
                     if row.not_before < at:

@@ -358,6 +358,12 @@ class Dispatch:
     claims it (:meth:`~kernel.storage.Storage.claim_woken`)."""
 
 
+UNDISPATCHED = frozenset({Status.RUNNING, Status.WAITING, Status.COMPLETING, Status.TERMINAL})
+"""Statuses in which a task keeps no dispatch row: nothing will claim it from there
+until a commit makes it runnable again, and that commit writes a row of its own (a
+running task whose lease runs out gets one from the sweep)."""
+
+
 @dataclass(frozen=True, slots=True)
 class WriteSet:
     """Everything one commit writes, frozen before storage persists it in one transaction."""
@@ -372,3 +378,10 @@ class WriteSet:
     new_submissions: list[Submission]
     updated_submissions: list[Submission]
     dispatches: list[Dispatch]
+
+    def undispatched(self) -> list[str]:
+        """The tasks this commit leaves neither runnable nor due to be (running on a
+        kept lease, waiting, completing, ended): their dispatch rows go in this commit.
+        A row that outlived its task's last run would otherwise stay forever, and a
+        window of them would hide a queue's live rows from its woken claims."""
+        return [t.id for t in self.updated_tasks if t.status in UNDISPATCHED]

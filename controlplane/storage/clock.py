@@ -3,12 +3,13 @@
 Claims, due times (sleepers' ``wake_at``, dispatch ``not_before``) and lease expiry
 are all compared with times that other processes wrote. If each process used its own
 clock, a worker whose clock runs seconds ahead would take leases before they expire,
-and one running behind would leave due work waiting for a redelivery (issue 11
-point 10). So every process reads one clock, the database's: :class:`DatabaseClock`
-is the local clock plus the offset to ``clock_timestamp()`` on the server, measured
-on the calling thread's connection (half the round trip either side) and measured
-again every ``refresh`` seconds, so a local clock that is stepped is followed within
-that time. Reading it costs no round trip otherwise.
+and one running behind would leave due work waiting for a redelivery. So every process
+reads one clock, the database's: :class:`DatabaseClock` reads ``clock_timestamp()`` on
+the server (half the round trip either side) and runs on from there by the local
+*monotonic* clock, measuring again every ``refresh`` seconds. A step of the local wall
+clock (an NTP correction, a VM resumed) therefore moves nothing: lease judgments follow
+the server's time and the time that really passed here. Reading it costs no round trip
+otherwise.
 """
 
 from __future__ import annotations
@@ -16,46 +17,53 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from datetime import datetime, timedelta
 
 from django.db import connections
 
-from kernel.clock import Clock, SystemClock
+from kernel.clock import SystemClock
 
 log = logging.getLogger(__name__)
 
 
 class DatabaseClock:
     def __init__(
-        self, using: str = "default", refresh: float = 10.0, local: Clock | None = None
+        self, using: str = "default", refresh: float = 10.0,
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self.using = using
         self.refresh = refresh
-        self.local = local or SystemClock()
-        self.offset = timedelta(0)
-        self._measured = -float("inf")
+        self.monotonic = monotonic
+        self._server: datetime | None = None
+        """The server's time at :attr:`_at` on the monotonic clock."""
+        self._at = -float("inf")
         self._lock = threading.Lock()
+        self._fallback = SystemClock()
 
     def now(self) -> datetime:
-        if time.monotonic() - self._measured > self.refresh:
+        if self.monotonic() - self._at > self.refresh:
             self.measure()
-        return self.local.now() + self.offset
+        with self._lock:
+            server, at = self._server, self._at
+        if server is None:  # never measured (no database yet): the local clock
+            return self._fallback.now()
+        return server + timedelta(seconds=self.monotonic() - at)
 
     def measure(self) -> bool:
-        """Measure the offset now, if this thread may query; whether it did."""
+        """Measure the server's time now, if this thread may query; whether it did."""
         db = connections[self.using]
         if db.in_atomic_block:
             return False  # never inside a commit's transaction: the next call measures
         try:
             with db.cursor() as cur:
-                before = self.local.now()
+                before = self.monotonic()
                 cur.execute("SELECT clock_timestamp()")
                 (server,) = cur.fetchone()
-                after = self.local.now()
+                after = self.monotonic()
         except Exception:  # no connection here (async context, database down): keep the last
             log.debug("could not read the database clock", exc_info=True)
             return False
         with self._lock:
-            self.offset = server - (before + (after - before) / 2)
-            self._measured = time.monotonic()
+            self._server, self._at = server, (before + after) / 2
         return True

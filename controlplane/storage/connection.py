@@ -494,18 +494,19 @@ def write_known(
             with db.connection.pipeline():
                 HotCursor(db).execute("BEGIN", prepare=False)
                 head = HotCursor(db).execute(sql.HEAD_ADVANCE, [session_id])
-                end = HotCursor(db).execute(sql.INLINE_END, [*commit_values, *task_values, *guards])
+                end = HotCursor(db).execute(
+                    sql.INLINE_END, [*commit_values, *task_values, *guards, task.id])
                 before_commit()
                 HotCursor(db).execute("COMMIT", prepare=False)
             [seq], (commit_id, _) = head.fetchone(), end.fetchone()
         else:
             before_commit()
             cur = HotCursor(db).execute(
-                sql.INLINE_COMMIT, [session_id, *commit_values, *task_values, *guards])
+                sql.INLINE_COMMIT, [session_id, *commit_values, *task_values, *guards, task.id])
             seq, commit_id, _ = cur.fetchone()
-    except psycopg.errors.DivisionByZero as exc:
-        raise Moved(str(exc)) from exc
     except psycopg.Error as exc:
+        if exc.sqlstate == sql.MOVED:
+            raise Moved(str(exc)) from exc
         # Sent: if the connection was lost, the server may have committed it.
         if db.connection.broken or db.connection.closed:
             raise CommitUncertain(f"commit {session_id}: {exc}") from exc
@@ -542,6 +543,9 @@ def _queue_writes(db: Any, ws: WriteSet, at_head: bool) -> tuple[HotCursor, list
         execute_rows(cur, sql.TASK_INSERT, [TASK.values(t) for t in ws.new_tasks])
     if ws.updated_tasks:
         execute_rows(cur, sql.TASK_UPDATE, [TASK.update_values(t) for t in ws.updated_tasks])
+        undispatched = ws.undispatched()
+        if undispatched:
+            cur.execute(sql.FORGET_ROWS, [id_list(undispatched)])
     if ws.new_submissions:
         execute_rows(
             cur, sql.SUBMISSION_INSERT, [SUBMISSION.values(s) for s in ws.new_submissions]

@@ -375,10 +375,13 @@ class PostgresStorage:
         return [TASK.from_sql(r) for r in rows]
 
     def claim_woken(self, queue: str, owner: str, now: datetime, until: datetime) -> Task | None:
-        row = self._prepared_one(
-            sql.CLAIM_WOKEN, {"queue": queue, "owner": owner, "now": now, "until": until}
-        )
-        return TASK.from_sql(row) if row else None
+        params = {"queue": queue, "owner": owner, "now": now, "until": until}
+        while True:
+            dead, *task = self._prepared_one(sql.CLAIM_WOKEN, params)
+            if task[0] is not None:
+                return TASK.from_sql(task)
+            if not dead:
+                return None
 
     def renew(self, task_id: str, owner: str, epoch: int, until: datetime) -> bool:
         try:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from kernel.records import UNDISPATCHED, Status
 from kernel.storage import CLAIM_WINDOW
 
 from .schema import (
@@ -145,7 +146,7 @@ AT_HEAD = "current_setting('kernel.seq')::bigint"
 # copy of it (``Prefetch.known``), as one statement (its own transaction, synchronously
 # committed: one round trip): the head update takes the session's commit order and gives
 # the seq; the commit row is written with it; the task is written only if no commit,
-# claim or release changed it since that copy, and ``1 / 0`` otherwise aborts the
+# claim or release changed it since that copy, and ``kernel_unmoved`` otherwise aborts the
 # statement (nothing lands; the commit is built again from what the database holds). A
 # renewal may have moved the lease meanwhile: the later end is kept, as the builder's
 # rule for a kept lease says. The head is read first, so the session row is locked
@@ -166,9 +167,9 @@ INLINE_COMMIT = (
         },
     )
     + " AND epoch = %s AND lease_owner = %s AND status = 'running' AND updated_seq = %s "
-    "RETURNING 1) "
+    f"RETURNING 1), forgotten AS (DELETE FROM {DISPATCH.name} WHERE task_id = %s) "
     "SELECT (SELECT head_seq FROM head), (SELECT id FROM written), "
-    "1 / (SELECT count(*) FROM moved)"
+    "kernel_unmoved((SELECT count(*) FROM moved))"
 )
 
 # A commit that only creates tasks reads nothing: it is built before anything is sent,
@@ -197,7 +198,7 @@ def dispatch_insert_at_head(count: int) -> str:
 # order, the seq kept for the transaction); ``INLINE_END``; COMMIT. The assumption is
 # checked in the second statement, whose snapshot is taken once the head's lock is held:
 # every commit that could have added a child or a waiter in this session is then
-# visible. The task is written only if it is still as copied and alone, and ``1 / 0``
+# visible. The task is written only if it is still as copied and alone, and ``kernel_unmoved``
 # otherwise aborts (nothing lands; the commit is built again from what the database
 # holds). ``HEAD_ADVANCE`` takes the session id; ``INLINE_END`` the commit row's values
 # but its seq, the task's updated values but its updated_seq, its id, then the copy's
@@ -214,9 +215,24 @@ INLINE_END = (
     f"AND NOT EXISTS (SELECT 1 FROM {TASK.name} w WHERE w.session_id = {TASK.name}.session_id "
     f"AND w.status = 'waiting' AND (pg_column_size(w.wait_deps) > {WAITER_BIG_DEPS} "
     f"OR w.wait_deps @> ARRAY[{TASK.name}.id]::text[])) "
-    "RETURNING 1) "
-    "SELECT (SELECT id FROM written), 1 / (SELECT count(*) FROM moved)"
+    f"RETURNING 1), forgotten AS (DELETE FROM {DISPATCH.name} WHERE task_id = %s) "
+    "SELECT (SELECT id FROM written), kernel_unmoved((SELECT count(*) FROM moved))"
 )
+
+# -- dispatch rows that outlived their task's runs --------------------------------------
+
+# A task in one of these statuses has no use for a dispatch row (kernel.records.UNDISPATCHED
+# but running: a running task's row is for its lease's expiry). Rows of such tasks go with
+# the commit that leaves a task there (``FORGET_ROWS``, and the inline statements below);
+# a claim that meets one anyway (a row that raced that commit) removes it.
+DEAD_STATUSES = ", ".join(f"'{s}'" for s in sorted(UNDISPATCHED - {Status.RUNNING}))
+DEAD = f"status IN ({DEAD_STATUSES})"
+FORGET_ROWS = f"DELETE FROM {DISPATCH.name} WHERE task_id = {IDS}"
+
+# A commit built from a holder's copy checks that the copy is still what the database
+# holds (``kernel_unmoved``, created by migration 0011): otherwise it aborts with this
+# SQLSTATE, nothing lands, and the commit is built again from what the database holds.
+MOVED = "KR001"
 
 # -- leases ----------------------------------------------------------------------------
 
@@ -234,9 +250,15 @@ CLAIM_SET = (
 FORGET_DISPATCHES = (
     f"forgotten AS (DELETE FROM {DISPATCH.name} d USING claimed WHERE d.task_id = claimed.id)"
 )
-_CLAIMED = (
+_CLAIMING = (
     f"claimed AS (UPDATE {TASK.name} t SET {CLAIM_SET} FROM picked WHERE t.id = picked.id "
-    f"RETURNING {TASK.qualified('t')}), {FORGET_DISPATCHES} SELECT * FROM claimed"
+    f"RETURNING {TASK.qualified('t')}), {FORGET_DISPATCHES}"
+)
+_CLAIMED = f"{_CLAIMING} SELECT * FROM claimed"
+# A claim by id that finds the task ended (or waiting, or completing) removes its rows.
+FORGET_DEAD = (
+    f"dead AS (DELETE FROM {DISPATCH.name} d USING {TASK.name} dt WHERE d.task_id = %(id)s "
+    f"AND dt.id = %(id)s AND dt.{DEAD})"
 )
 # What a claim's commit need not wait for: the disk. A claim is visible at once and is
 # flushed by the next commit that could depend on it (the log is written in order): the
@@ -253,7 +275,8 @@ UNFLUSHED = "unflushed AS (SELECT set_config('synchronous_commit', 'off', true))
 # worker the moment its commit lands.
 CLAIM = (
     f"WITH {UNFLUSHED}, picked AS (SELECT t.id FROM unflushed, {TASK.name} t "
-    f"WHERE t.id = %(id)s AND {RUNNABLE} FOR UPDATE OF t SKIP LOCKED), {_CLAIMED}"
+    f"WHERE t.id = %(id)s AND {RUNNABLE} FOR UPDATE OF t SKIP LOCKED), {FORGET_DEAD}, "
+    f"{_CLAIMED}"
 )
 # The same, only for a task of one of the claimer's registered (kind, version) pairs: a
 # worker claims in one round trip what it can run as stored, and reads the task only
@@ -262,7 +285,7 @@ CLAIM_VERSIONS = (
     f"WITH {UNFLUSHED}, picked AS (SELECT t.id FROM unflushed, {TASK.name} t "
     f"WHERE t.id = %(id)s AND {RUNNABLE} AND (t.kind, t.version) IN (SELECT * FROM "
     "unnest(%(kinds)s::text[], %(versions)s::int[])) FOR UPDATE OF t SKIP LOCKED), "
-    f"{_CLAIMED}"
+    f"{FORGET_DEAD}, {_CLAIMED}"
 )
 CLAIM_BATCH = (
     f"WITH picked AS (SELECT id FROM {TASK.name} WHERE kind = ANY(%(kinds)s) AND {RUNNABLE} "
@@ -287,15 +310,25 @@ CLAIM_WOKEN = (
     f"window_rows AS MATERIALIZED (SELECT d.id, d.task_id, d.not_before FROM {DISPATCH.name} d "
     "WHERE d.queue = %(queue)s AND d.woken AND NOT d.blocked AND d.not_before <= %(now)s "
     f"ORDER BY d.not_before, d.id LIMIT {CLAIM_WINDOW}), "
+    f"dead AS (DELETE FROM {DISPATCH.name} d WHERE d.id = ANY((SELECT array_agg(w.id) FROM "
+    f"window_rows w LEFT JOIN LATERAL (SELECT t.status FROM {TASK.name} t WHERE t.id = "
+    f"w.task_id LIMIT 1) s ON true WHERE s.status IS NULL OR s.{DEAD})::bigint[]) "
+    "RETURNING 1), "
     f"picked AS (SELECT c.id FROM unflushed, window_rows w, LATERAL (SELECT t.id FROM "
     f"{TASK.name} t WHERE t.id = w.task_id AND {RUNNABLE} FOR UPDATE SKIP LOCKED) c "
-    f"LIMIT 1), {_CLAIMED}"
+    f"LIMIT 1), {_CLAIMING} "
+    "SELECT (SELECT count(*) FROM dead), claimed.* FROM (SELECT 1) one LEFT JOIN claimed ON true"
 )
+"""One row: how many dead rows of the window it removed (the rows of tasks that ended,
+wait or complete: they can only have outlived their tasks' runs), then the claimed task's
+columns, null if none was claimed. A window that held dead rows and nothing claimable is
+read again, without them (``PostgresStorage.claim_woken``)."""
 # SKIP LOCKED: while the holder's own commit has the row, a renewal would queue and
 # then write a deadline computed before it waited. Skip it; the commit extends the
 # lease itself, and the next beat renews with a fresh deadline.
 RENEW = (
-    f"UPDATE {TASK.name} SET lease_until = %s WHERE id = (SELECT id FROM {TASK.name} "
+    f"UPDATE {TASK.name} SET lease_until = GREATEST(lease_until, %s) WHERE id = (SELECT id "
+    f"FROM {TASK.name} "
     "WHERE id = %s AND epoch = %s AND lease_owner = %s AND status = 'running' "
     "FOR UPDATE SKIP LOCKED)"
 )
@@ -377,12 +410,17 @@ TAKE_DISPATCHES = (
 )
 # An expired lease gets a fresh row, due at the expiry. A row from before the expiry (an
 # earlier run's, backed off) is made fresh instead: it must not delay this recovery.
+# Only while the lease is still the expired one that was read: a holder that committed or
+# renewed since is alive, and a row for it could only outlive its run.
 ENSURE_DISPATCH = (
-    f"WITH fresh AS (UPDATE {DISPATCH.name} SET not_before = %(at)s, delivered_at = NULL, "
-    "attempts = 0, blocked = false WHERE task_id = %(task)s AND not_before < %(at)s) "
+    f"WITH still AS (SELECT 1 FROM {TASK.name} WHERE id = %(task)s AND status = 'running' "
+    "AND lease_until <= %(at)s), "
+    f"fresh AS (UPDATE {DISPATCH.name} SET not_before = %(at)s, delivered_at = NULL, "
+    "attempts = 0, blocked = false WHERE task_id = %(task)s AND not_before < %(at)s "
+    "AND EXISTS (SELECT 1 FROM still)) "
     f"INSERT INTO {DISPATCH.name} (task_id, session_id, not_before, queue, seq) "
-    f"SELECT %(task)s, %(session)s, %(at)s, %(queue)s, 0 WHERE NOT EXISTS "
-    f"(SELECT 1 FROM {DISPATCH.name} WHERE task_id = %(task)s)"
+    f"SELECT %(task)s, %(session)s, %(at)s, %(queue)s, 0 WHERE EXISTS (SELECT 1 FROM still) "
+    f"AND NOT EXISTS (SELECT 1 FROM {DISPATCH.name} WHERE task_id = %(task)s)"
 )
 EXISTING_DISPATCHES = f"SELECT id FROM {DISPATCH.name} WHERE id = ANY(%s)"
 WAKE_DISPATCHES = f"UPDATE {DISPATCH.name} SET woken = true WHERE id = ANY(%s)"

@@ -347,7 +347,7 @@ def resurrect_rows(world: World, task_ids: list[str]) -> None:
 
 
 def test_a_renewal_never_moves_a_lease_backwards(world: World) -> None:
-    registry = make_registry(Effects())
+    registry = registry_with(BAD)
     kernel = world.kernel(registry)
     handle = kernel.create_session()
     draft = Draft()

@@ -61,6 +61,7 @@ def test_a_typical_phase_costs_a_fixed_set_of_statements() -> None:
         "INSERT kernel_document",
         "INSERT kernel_document_version",
         "UPDATE kernel_task",  # ... the transition ...
+        "DELETE kernel_dispatch",  # ... the ended task's rows (one a lapsed lease left)
         "COMMIT",  # ... and COMMIT itself
     ], "\n".join(q["sql"][:120] for q in captured)
     assert kernel.task(second).outcome["kind"] == "succeeded"
