@@ -289,9 +289,9 @@ def pgserver_reaches() -> None:
                 f"closed to other users, and Postgres runs as the system user "
                 f"{PGSERVER_USER!r}, which must reach pgserver's binaries under it "
                 f"({package}). Fix one of: `chmod go+rx {' '.join(map(str, closed))}` "
-                f"(what pgserver would do by itself); create the venv (or the checkout) in "
-                f"a directory other users may enter; run as a user other than root; or set "
-                f"DATABASE_URL to a running Postgres."
+                f"(what pgserver would do by itself); clone the checkout (it holds the "
+                f"venv) into a directory other users may enter; run as a user other than "
+                f"root; or set DATABASE_URL to a running Postgres."
             )
 
 
