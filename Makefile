@@ -123,8 +123,11 @@ demo: venv services
 	echo "==> starting web, worker, beat and the email provider (Ctrl-C stops them all)"
 	exec $(VENV)/bin/honcho start -f Procfile
 
-clean: services-stop
-	@echo "==> removing .data and caches"
+# `remove` also deletes the embedded Postgres's data where it lives outside .data/ (as
+# root, when the checkout is in a directory closed to other users).
+clean:
+	@if [ -x $(PY) ]; then $(PY) -m controlplane.dev.services remove --env-file $(SERVICES_ENV); fi
+	echo "==> removing .data and caches"
 	rm -rf .data .pytest_cache .mypy_cache .ruff_cache .hypothesis
 	find . -path ./$(VENV) -prune -o -name __pycache__ -type d -prune -exec rm -rf {} +
 

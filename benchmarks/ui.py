@@ -15,9 +15,16 @@ by page. The long task's commits are seeded the same way (each phase a commit th
 enters it and one mid-phase, as a phase that commits progress makes), and its page is
 measured like the session's. The tasks page's sessions, commits and tasks are
 copied in the same way, with inputs of a few words each (the text search reads them).
-Run with ``python -m benchmarks.ui``
-(``make bench BENCH_ARGS=ui``); it writes the section "Dashboard (issue 6)" of
-``docs/benchmarks.md``.
+The tasks page is measured on the path each kind of server takes for a word of the
+input: with the trigram index where the server has ``pg_trgm``, then with that index
+dropped and the expression statistics made instead, as migration 0006 does on a server
+without ``pg_trgm`` (the embedded ``pgserver``; controlplane/storage/search.py). On a
+server without ``pg_trgm`` only the second path exists.
+
+Run with ``python -m benchmarks.ui`` (``make bench BENCH_ARGS=ui``; ``make bench
+BENCH_ARGS='ui -- --only-tasks-page'`` for the tasks page alone); it writes the sections
+"Dashboard (issue 6)" and "The tasks page ..." of ``docs/benchmarks.md`` (the second's
+heading names the server's kind).
 """
 
 from __future__ import annotations
@@ -37,9 +44,14 @@ from benchmarks._support import (
     parse_arguments,
     progress,
     publish,
+    server_facts,
 )
 
 HEADING = "## Dashboard (issue 6)"
+TASKS_HEADING = "## The tasks page, with pg_trgm and on the embedded server's path (issue 29)"
+EMBEDDED_HEADING = "## The tasks page on a server without pg_trgm (issue 29)"
+TRIGRAM_PATH = "pg_trgm's index"
+SCAN_PATH = "no index, expression statistics"
 DATABASE = "durable_bench_ui"
 CHROMIUM = "/usr/bin/chromium"
 STATES = ["succeeded", "running", "pending", "waiting", "sleeping"]
@@ -125,8 +137,37 @@ def seed_tasks(tasks: int, sessions: int = 100) -> list[str]:
                     Status(terminal or shown), "confirm", {}, 1, 2,
                     outcome={"kind": shown} if terminal else None, epoch=1,
                 )))
-        cur.execute(f"ANALYZE {TASK.name}; ANALYZE {COMMIT.name}")
+    # Settled, as a table is once autovacuum has passed (hint bits set, visibility map
+    # made): the first scans would otherwise do that work, and autovacuum would run
+    # beside the measured ones.
+    with connection.connection.cursor() as cur:
+        for table in (TASK.name, COMMIT.name):
+            cur.execute(f"VACUUM (ANALYZE) {table}")
     return session_ids
+
+
+def trigram_index() -> bool:
+    """Whether the tasks' inputs have the trigram index here (the server has pg_trgm)."""
+    from django.db import connection
+
+    from controlplane.storage import search
+
+    with connection.cursor() as cur:
+        cur.execute("SELECT to_regclass(%s) IS NOT NULL", [search.INDEX])
+        return bool(cur.fetchone()[0])
+
+
+def without_trigram_index() -> None:
+    """The tasks as a server without pg_trgm holds them: the index dropped, the
+    statistics that migration 0006 makes there instead, analysed."""
+    from django.db import connection
+
+    from controlplane.storage import search
+
+    with connection.cursor() as cur:
+        cur.execute(f"DROP INDEX {search.INDEX}")
+        cur.execute(search.CREATE_STATISTICS)
+        cur.execute("ANALYZE kernel_task")
 
 
 def seed_long_task(phases: int) -> str:
@@ -252,7 +293,7 @@ def measure_browser(url: str, session_id: str, runs: int) -> Browser:
 class Result:
     when: datetime
     tasks: int
-    render: Stats
+    render: Stats | None
     browser: Browser | None
     load: tuple[float, float]
     timeline: Stats | None = None
@@ -261,12 +302,17 @@ class Result:
     """Server CPU time (this process) per measured page, by the row's name."""
     found: int = 0
     """Tasks seeded for the tasks page."""
-    tasks_page: dict[str, Stats] = field(default_factory=dict)
-    """Server render of the tasks page, by :data:`TASK_QUERIES` name."""
+    tasks_page: dict[str, dict[str, Stats]] = field(default_factory=dict)
+    """Server render of the tasks page by path (:data:`TRIGRAM_PATH`, :data:`SCAN_PATH`),
+    then by :data:`TASK_QUERIES` name."""
+    server: str = ""
+    """The server's version and settings, as the tasks page's section names them."""
+    only_tasks_page: bool = False
 
 
 def render(result: Result) -> str:
     r = result.render
+    assert r is not None, "the session page was not measured"
 
     def cpu(name: str) -> list[str]:
         c = result.cpu.get(name)
@@ -309,18 +355,44 @@ def render(result: Result) -> str:
             f"Browser: Debian chromium (headless, Playwright) against one Daphne process; "
             f"the page's HTML is {b.html_bytes:,} bytes on the wire.",
         ]
-    if result.tasks_page:
-        lines += [
-            "",
-            f"The tasks page (`/tasks/`) over {result.found:,} tasks in 100 sessions (four "
-            "kinds, six shown states, inputs of a few words; seeded in SQL), server render:",
-            "",
-            "| tasks page | runs | p50 | p90 | max |",
-            "|---|---:|---:|---:|---:|",
-        ]
-        for name, s in result.tasks_page.items():
-            lines.append(f"| {name} (`/tasks/{TASK_QUERIES.get(name, '')}`) (ms) | {s.count} "
-                         f"| {s.p50:.1f} | {s.p90:.1f} | {s.max:.1f} |")
+    return "\n".join(lines) + "\n"
+
+
+def tasks_heading(result: Result) -> str:
+    """The tasks page's section: both paths where the server has pg_trgm, else its own."""
+    return TASKS_HEADING if TRIGRAM_PATH in result.tasks_page else EMBEDDED_HEADING
+
+
+def render_tasks_page(result: Result) -> str:
+    both = TRIGRAM_PATH in result.tasks_page
+    lines = [
+        tasks_heading(result),
+        "",
+        f"Run {result.when:%Y-%m-%d %H:%M} UTC by `make bench BENCH_ARGS="
+        + ("'ui -- --only-tasks-page'` (`python -m benchmarks.ui --only-tasks-page`)"
+           if result.only_tasks_page else "ui` (`python -m benchmarks.ui`)")
+        + f"; {os.cpu_count()} CPUs, {result.server}, `DEBUG` off. "
+        f"Load average (1 min) at start / end: {result.load[0]:.2f} / {result.load[1]:.2f}.",
+        "",
+        f"The tasks page (`/tasks/`) over {result.found:,} tasks in 100 sessions (four "
+        "kinds, six shown states, inputs of a few words; seeded in SQL), server render. "
+        "A word of the input is `(input)::text ILIKE '%word%'` on every server: "
+        + (f"\"{TRIGRAM_PATH}\" is the trigram index that migration 0006 makes where the "
+           f"server has pg_trgm; \"{SCAN_PATH}\" is the same database with that index "
+           "dropped and the statistics on the expression made and analysed, as migration "
+           "0006 does on a server without pg_trgm (the embedded pgserver)."
+           if both else
+           "this server has no pg_trgm, so migration 0006 made statistics on the "
+           "expression and no index (the embedded pgserver's path)."),
+        "",
+        "| tasks page | path | runs | p50 | p90 | max |",
+        "|---|---|---:|---:|---:|---:|",
+    ]
+    for name, query in TASK_QUERIES.items():
+        for path, found in result.tasks_page.items():
+            s = found[name]
+            lines.append(f"| {name} (`/tasks/{query}`) (ms) | {path} | {s.count} | "
+                         f"{s.p50:.1f} | {s.p90:.1f} | {s.max:.1f} |")
     return "\n".join(lines) + "\n"
 
 
@@ -336,30 +408,50 @@ def measure_tasks_page(runs: int, warmup: int = 2) -> dict[str, Stats]:
 
 def run(args: argparse.Namespace, url: str) -> Result:
     load_start = os.getloadavg()[0]
-    progress(f"seeding a session of {args.tasks} tasks")
-    session_id, _ = seed_session(args.tasks)
-    progress(f"server render x{args.runs}")
+    stats = timeline = browser = None
     used: dict[str, list[float]] = {"session": [], "timeline": []}
-    stats = measure_render(session_id, args.runs, cpu=used["session"])
-    progress(f"  p50 {stats.p50:.1f} ms")
-    timeline = None
-    if args.phases:
-        progress(f"seeding a task of {args.phases} phases; its page x{args.runs}")
-        timeline = measure_render(seed_long_task(args.phases), args.runs, path="/tasks/{}/",
-                                  cpu=used["timeline"])
-        progress(f"  p50 {timeline.p50:.1f} ms")
-    browser = None
-    if args.browser_runs and os.path.exists(CHROMIUM):
-        progress(f"browser x{args.browser_runs}")
-        browser = measure_browser(url, session_id, args.browser_runs)
+    if not args.only_tasks_page:
+        progress(f"seeding a session of {args.tasks} tasks")
+        session_id, _ = seed_session(args.tasks)
+        progress(f"server render x{args.runs}")
+        stats = measure_render(session_id, args.runs, cpu=used["session"])
+        progress(f"  p50 {stats.p50:.1f} ms")
+        if args.phases:
+            progress(f"seeding a task of {args.phases} phases; its page x{args.runs}")
+            timeline = measure_render(seed_long_task(args.phases), args.runs,
+                                      path="/tasks/{}/", cpu=used["timeline"])
+            progress(f"  p50 {timeline.p50:.1f} ms")
+        if args.browser_runs and os.path.exists(CHROMIUM):
+            progress(f"browser x{args.browser_runs}")
+            browser = measure_browser(url, session_id, args.browser_runs)
     progress(f"seeding {args.found} tasks for the tasks page")
     seed_tasks(args.found)
-    tasks_page = measure_tasks_page(args.runs)
-    for name, found in tasks_page.items():
-        progress(f"  tasks page, {name}: p50 {found.p50:.1f} ms")
+    tasks_page = {}
+    paths = [TRIGRAM_PATH, SCAN_PATH] if trigram_index() else [SCAN_PATH]
+    for path in paths:
+        if path == SCAN_PATH and TRIGRAM_PATH in tasks_page:
+            progress("dropping the trigram index, analysing the statistics instead")
+            without_trigram_index()
+        tasks_page[path] = measure_tasks_page(args.runs)
+        for name, found in tasks_page[path].items():
+            progress(f"  tasks page ({path}), {name}: p50 {found.p50:.1f} ms")
     return Result(datetime.now(UTC), args.tasks, stats, browser, (load_start, os.getloadavg()[0]),
                   timeline, args.phases, {k: Stats.of(v) for k, v in used.items() if v},
-                  found=args.found, tasks_page=tasks_page)
+                  found=args.found, tasks_page=tasks_page, server=server(),
+                  only_tasks_page=args.only_tasks_page)
+
+
+def server() -> str:
+    """The server as the tasks page's section names it."""
+    from django.db import connection
+
+    connection.ensure_connection()
+    facts = server_facts(connection.connection)
+    with connection.cursor() as cur:
+        cur.execute("SELECT count(*) FROM pg_available_extensions WHERE name = 'pg_trgm'")
+        trgm = "pg_trgm available" if cur.fetchone()[0] else "no pg_trgm"
+    return (f"PostgreSQL {facts['version']} on the same host ({trgm}; "
+            f"shared_buffers {facts['shared_buffers']})")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -371,12 +463,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--phases", type=int, default=2_000,
                         help="phases of the long task whose timeline is measured (0: none)")
     parser.add_argument("--browser-runs", type=int, default=5)
+    parser.add_argument("--only-tasks-page", action="store_true",
+                        help="measure (and write the section of) the tasks page alone")
     args, url = parse_arguments(parser, argv, DATABASE)
     fresh_database(args, url)
     from controlplane.heap import settle
 
     settle()  # as a server process does once it has started (controlplane.asgi)
-    return publish(HEADING, render(run(args, url)), write=not args.no_write)
+    result = run(args, url)
+    if not args.only_tasks_page:
+        publish(HEADING, render(result), write=not args.no_write)
+    return publish(tasks_heading(result), render_tasks_page(result), write=not args.no_write)
 
 
 if __name__ == "__main__":

@@ -180,9 +180,10 @@ class Task(KernelRecord):
             ),
             GinIndex(fields=["wait_deps"], name="task_wait_deps"),
             # The tasks page's search by a word of the input, ``(input)::text ILIKE``,
-            # uses the trigram index ``task_input_trgm``, and ended tasks by outcome the
-            # partial index ``task_outcome_kind``: both made by SQL in migration 0006 (Django
-            # cannot say an expression with an operator class here).
+            # uses the trigram index ``task_input_trgm`` where the server has pg_trgm
+            # (storage/search.py), and ended tasks by outcome the partial index
+            # ``task_outcome_kind``: both made in migration 0006 (Django cannot say an
+            # expression with an operator class here).
             # A task that ends looks for its waiters in its session: only the waiting
             # ones, so that a batch of n tasks does not scan n rows per task (issue 12).
             models.Index(

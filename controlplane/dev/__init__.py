@@ -4,7 +4,7 @@ Everything here exists for the demo, the tests and the benchmarks, never for a
 deployment (a boundary test, ``tests/unit/test_dev_boundary.py``, keeps it so):
 
 - ``services``: find or start Postgres and Redis for a checkout (``make services``,
-  ``python -m controlplane.dev.services ensure|status|stop``);
+  ``python -m controlplane.dev.services ensure|status|stop|remove``);
 - ``provider_server``: the local HTTP email provider, with fault knobs (stdlib only,
   run as a script by the demo's Procfile and by ``processes.start_provider``);
 - ``provider_admin``: ``ProviderAdmin``, the tests' access to that provider's store,

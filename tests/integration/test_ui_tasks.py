@@ -102,3 +102,32 @@ def test_an_operator_previews_then_cancels_exactly_the_previewed_count() -> None
                        HTTP_X_CSRFTOKEN=viewer.cookies["csrftoken"].value).status_code == 403
     assert operator.get("/bulk/preview?action=drop&q=renewal").status_code == 422
     assert task_reads.count(task_reads.TaskFilter(text="renewal")) == 3
+
+
+def test_the_count_and_the_pages_come_from_one_read_and_agree_past_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from benchmarks.ui import seed_tasks
+
+    monkeypatch.setattr(pages, "COUNT_UP_TO", 5)
+    monkeypatch.setattr(pages, "TASKS_PAGE", 2)
+    seed_tasks(12, sessions=2)
+    newest = [t.id for t in task_reads.find(task_reads.TaskFilter(), 0, 12, order="-created")]
+    assert len(newest) == 12
+
+    def shown(page: int, **search: str) -> tuple[list[str], int, bool, int, int]:
+        found = pages.tasks_page(pages.TaskSearch(page=page, **search))
+        return [t.id for t in found.rows], found.total, found.more, found.pages, found.search.page
+
+    # More than the count: pages within the ids read for the count, and past them.
+    assert shown(1) == (newest[0:2], 5, True, 3, 1)
+    assert shown(3) == (newest[4:6], 5, True, 4, 3)  # past the 6 ids: read on its own
+    assert shown(6) == (newest[10:12], 5, True, 6, 6)
+    assert shown(7) == ([], 5, True, 7, 7)
+    # Fewer: every match was read; a page past the last is the last.
+    kind = task_reads.find(task_reads.TaskFilter(kind="send-batch"), 0, 12, order="-created")
+    assert len(kind) == 3
+    assert shown(1, kind="send-batch") == ([t.id for t in kind[:2]], 3, False, 2, 1)
+    assert shown(9, kind="send-batch") == ([kind[2].id], 3, False, 2, 2)
+    by_kind = [t.id for t in task_reads.find(task_reads.TaskFilter(), 0, 12, order="kind")]
+    assert shown(2, sort="kind") == (by_kind[2:4], 5, True, 3, 2)
