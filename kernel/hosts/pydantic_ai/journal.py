@@ -117,14 +117,14 @@ class Journal:
 
     def record_intent(self, call_id: str, name: str, arguments: JSON) -> None:
         """Before an unsafe call starts: from this commit on, it may have taken effect."""
-        attempts = dict(self.run.checkpoint.get("attempts") or {})
+        attempts = dict(self.run.checkpoint.get("call_attempts") or {})
         attempts[call_id] = attempts.get(call_id, 0) + 1
         intents = self.intents
         intents[call_id] = {"name": name, "arguments": arguments, "replay": str(Replay.UNSAFE),
                             # what operation_id(ctx) gives the tool
                             "operation_id": f"op_{self.run.task_id}_{call_id}",
                             "attempt": attempts[call_id]}
-        self.run.commit(checkpoint={"intents": intents, "attempts": attempts})
+        self.run.commit(checkpoint={"intents": intents, "call_attempts": attempts})
 
     def record_result(self, call_id: str, name: str, payload: JSON, replay: Replay,
                       seconds: float | None, **extra: JSON) -> None:
