@@ -31,4 +31,15 @@ def build_registry() -> Registry:
     register_agent(registry, assistant.models(), assistant.toolbox(), default_model="scripted")
     for path in settings.KERNEL_TASK_MODULES:  # more kinds, each ``register(registry)``
         import_string(path)(registry)
+    if settings.KERNEL_AGENTS:
+        register_agents(registry, settings.KERNEL_AGENTS)
     return registry
+
+
+def register_agents(registry: Registry, agents: dict[str, str]) -> None:
+    """The framework agents of ``KERNEL_AGENTS``, each by its host (imported only when
+    one is configured: the framework is an optional dependency)."""
+    from kernel.hosts import pydantic_ai
+
+    for name, path in agents.items():
+        pydantic_ai.register_agent(registry, name, import_string(path))

@@ -312,6 +312,10 @@ KERNEL_DRAIN_SECONDS = float(os.environ.get("KERNEL_DRAIN_SECONDS", "25"))
 # Dotted paths of ``register(registry)`` callables adding task kinds to the project's
 # registry (comma-separated), e.g. the no-op kind of ``benchmarks.fanout``.
 KERNEL_TASK_MODULES = [p for p in os.environ.get("KERNEL_TASK_MODULES", "").split(",") if p]
+# Framework agents a submission may name ({"agent": "support"}): name -> dotted path of
+# a Pydantic AI Agent built with KernelDurability (kernel.hosts.pydantic_ai). JSON in the
+# environment, e.g. {"support": "myapp.agents.support"}.
+KERNEL_AGENTS: dict[str, str] = json.loads(os.environ.get("KERNEL_AGENTS") or "{}")
 # Retention (kernel.retention, `manage.py prune`, daily from beat): a finished session's
 # history (commits, entries, old document versions) goes once its last commit is older
 # than KERNEL_RETENTION_DAYS (unset: kept forever), or the days for its status in

@@ -18,7 +18,7 @@ from functools import lru_cache, reduce
 from typing import Any
 
 from django.conf import settings
-from django.db.models import FloatField, Sum
+from django.db.models import FloatField, Q, Sum
 from django.db.models.expressions import RawSQL
 from django.db.models.fields.json import KT
 from django.db.models.functions import Cast
@@ -31,6 +31,10 @@ from . import sessions, tasks
 
 TOOL_KIND = "agent-tool"
 TURN_KIND = "agent-turn"
+HOSTED_PREFIX = "agent:"
+"""A registered framework agent's turn (``agent:<name>``): it runs its tools itself and
+records their replay policy and duration in the result entry; a call cut mid-way makes
+the turn wait on ``resolution:<call id>:<attempt>``."""
 
 
 def pretty(value: Any) -> str:
@@ -154,10 +158,25 @@ def _turn_models(session_id: str) -> dict[str, str]:
             for task_id, checkpoint, input in found}
 
 
+def _uncertain_calls(turn_ids: set[str]) -> set[str]:
+    """The calls that hosted turns wait on an operator for, by call id."""
+    found = set()
+    for turn in tasks.find_ids(sorted(turn_ids)):
+        signal = turn.task.waits_on.signal if turn.task.status is Status.WAITING else None
+        if signal and signal.startswith("resolution:"):
+            found.add(signal.split(":")[1])
+    return found
+
+
 def _card(call: dict[str, Any], result: dict[str, Any] | None, task: Any | None,
           times: dict[int, datetime], waiting: set[str]) -> ToolCard:
     card = ToolCard(str(call.get("id", "")), str(call.get("name", "")),
                     pretty(call.get("arguments")))
+    if result is not None:  # a hosted turn's own calls record these in their result
+        card.replay = result.get("replay")
+        card.seconds = result.get("seconds")
+    if card.call_id in waiting:
+        card.state = "uncertain"
     if task is not None:
         card.task_id = task.id
         intent = (task.checkpoint or {}).get("intent") or {}
@@ -230,6 +249,10 @@ def conversation(session_id: str, conversation_id: str, operations: bool,
         waiting = {t.id for t in tasks.find_ids(related) if t.waits_on.startswith("signal")}
     times = _commit_times(session_id, {s for t in tool_tasks.values()
                                        for s in (t.created_seq, t.updated_seq)})
+    hosted = {str(e.payload.get("turn")) for e in shown if e.kind == RESPONSE
+              and "unit" in e.payload and e.payload.get("tool_calls")}
+    if hosted:
+        waiting |= _uncertain_calls(hosted)
     turn_models = _turn_models(session_id) if not operations else {}
     total = usage_total(session_id, conversation_id) if not operations else None
     items = []
@@ -275,7 +298,7 @@ class SubmissionView:
 def submissions(session_id: str, found: list[Submission]) -> list[SubmissionView]:
     turns: dict[str, str] = {}
     for task_id, input in models.Task.objects.filter(
-        session_id=session_id, kind=TURN_KIND
+        Q(kind=TURN_KIND) | Q(kind__startswith=HOSTED_PREFIX), session_id=session_id
     ).order_by("created_seq").values_list("id", "input"):
         for submission_id in (input or {}).get("submissions") or []:
             turns[submission_id] = task_id

@@ -20,7 +20,7 @@ from kernel.session import SessionHandle
 
 from .context import USER
 from .models import check_model, check_options
-from .turn import CONVERSATION
+from .turn import CONVERSATION, turn_kind
 
 JSON = Any
 RACE_RETRIES = 5
@@ -60,6 +60,12 @@ def submit(
     if "options" in input:
         check_options(input["options"])
     kernel = handle.kernel
+    kind = turn_kind(input)
+    if "agent" in input and kind not in kernel.registry.kinds():
+        agents = sorted(k.removeprefix("agent:") for k in kernel.registry.kinds()
+                        if k.startswith("agent:"))
+        raise ValueError(f"agent: no agent {str(input['agent'])[:100]!r} is registered "
+                         f"(registered: {', '.join(agents) or 'none'})")
     for _ in range(RACE_RETRIES):
         existing = kernel.storage.submission_by_request(handle.id, request_id)
         if existing is not None:
@@ -69,6 +75,13 @@ def submit(
         active = state.get("active")
         if active and when_busy is WhenBusy.REJECT:
             return Submitted(None, "rejected", f"conversation is busy with turn {active}")
+        if active and when_busy is WhenBusy.STEER and (
+            kind != "agent-turn" or kernel.task(active).kind != "agent-turn"
+        ):
+            # A hosted agent's run takes its input when it starts: steered text would
+            # never reach its model.
+            raise ValueError("when_busy: steer joins only a native turn; this conversation "
+                             "runs a registered agent (follow_up queues the input)")
         draft = Draft(actor=actor)
         submission_id = draft.submit(conversation_id, request_id, input, resubmit_of=resubmit_of)
         if also is not None:
@@ -79,7 +92,7 @@ def submit(
             )
             draft.update_submission(submission_id, SubmissionStatus.PLACED)
             turn = draft.create_task(
-                "agent-turn",
+                kind,
                 {
                     "conversation_id": conversation_id,
                     "submissions": [submission_id],

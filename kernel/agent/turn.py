@@ -49,6 +49,13 @@ POLL_SECONDS = 1.0
 PROGRESS_EVERY = 0.2  # previews cost no commit: push them often
 
 
+def turn_kind(input: JSON) -> str:
+    """The task kind that answers a submission: a native turn, or the turn of the agent
+    it names (``"agent": "support"``: kind ``agent:support``, which a host registers)."""
+    agent = input.get("agent") if isinstance(input, dict) else None
+    return "agent-turn" if agent is None else f"agent:{agent}"
+
+
 def backoff(attempt: int) -> float:
     return min(30.0, 0.5 * 2.0**attempt)
 
@@ -413,7 +420,7 @@ def start_turn(run: Run, conversation: str, submission_id: str) -> str:
     run.append(conversation, USER, {"text": submission.input["text"], "submission": submission_id})
     run.draft.update_submission(submission_id, SubmissionStatus.PLACED)
     return run.draft.create_task(
-        "agent-turn",
+        turn_kind(submission.input),
         {
             "conversation_id": conversation,
             "submissions": [submission_id],

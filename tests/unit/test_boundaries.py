@@ -41,6 +41,28 @@ def test_no_kernel_module_mentions_a_framework_import() -> None:
     assert offenders == []
 
 
+def test_only_the_pydantic_ai_host_imports_pydantic_ai() -> None:
+    """Pydantic AI is an optional dependency of the kernel: its host alone imports it,
+    and importing the rest of the kernel does not load it."""
+    host = KERNEL / "hosts" / "pydantic_ai"
+    offenders = [
+        str(path.relative_to(ROOT))
+        for path in sorted(KERNEL.rglob("*.py"))
+        if host not in path.parents
+        for line in path.read_text().splitlines()
+        if line.lstrip().startswith(("import pydantic_ai", "from pydantic_ai"))
+    ]
+    assert offenders == []
+    probe = (
+        "import sys, kernel, kernel.worker, kernel.agent, kernel.hosts\n"
+        "print(','.join(sorted(m for m in sys.modules if m.startswith('pydantic_ai'))))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, check=True
+    )
+    assert result.stdout.strip() == ""
+
+
 # -- the import graph ------------------------------------------------------------
 
 

@@ -1,0 +1,197 @@
+"""The durability capability: a Pydantic AI agent whose model requests and tool calls
+are durable units recorded in the Session Store.
+
+Built on Pydantic AI's public engine surface (``BaseDurabilityCapability`` and a
+``CallableOperationBackend``): the framework keeps its own model, toolset and output
+machinery and hands each unit to :meth:`KernelOperationBackend.execute`, which answers
+from the journal what was committed and commits what was not. Outside a kernel run
+(no task is running the agent) the capability is transparent: ``agent.run()`` is a plain
+run, as with ``DBOSDurability`` outside a workflow.
+
+A tool's replay policy is declared where the tool is defined, in its metadata under
+``"kernel"`` (:data:`SAFE`, :data:`UNSAFE`); unsafe is the default.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Literal, cast
+
+from pydantic_ai.durable_exec import (
+    JSON_CODEC,
+    BaseDurabilityCapability,
+    CallableOperationBackend,
+    DurabilityEngineSpec,
+    DurableOperationId,
+    JournalOperationNamer,
+    ModelRequestId,
+    RoleBasedOperationConfig,
+    ToolsetCallToolId,
+    conversation_id_from_run_id,
+)
+from pydantic_ai.exceptions import UserError
+from pydantic_ai.models import Model
+from pydantic_ai.tools import AgentDepsT, RunContext
+from pydantic_ai.toolsets import ToolsetTool
+
+from kernel.agent.tools import Replay
+
+from .bridge import Bridge
+from .journal import Journal
+
+JSON = Any
+CONFIG_KEY = "kernel"
+SAFE: dict[str, JSON] = {CONFIG_KEY: {"replay": str(Replay.SAFE)}}
+"""Tool metadata: the call may run again when it is not known whether it ran (it reads,
+or is idempotent by construction): ``@agent.tool_plain(metadata=SAFE)``."""
+UNSAFE: dict[str, JSON] = {CONFIG_KEY: {"replay": str(Replay.UNSAFE)}}
+"""Tool metadata: the call must never run twice (the default)."""
+
+
+def replay_of(config: JSON) -> Replay:
+    """The replay policy a tool's resolved config names (unsafe unless it says safe)."""
+    value = (config or {}).get("replay", str(Replay.UNSAFE)) if isinstance(config, dict) else None
+    if value not in (Replay.SAFE, Replay.UNSAFE):
+        raise UserError(f"a tool's {CONFIG_KEY!r} metadata has replay {value!r}: "
+                        "'safe' or 'unsafe'")
+    return Replay(value)
+
+
+@dataclass
+class Units:
+    """The kernel run the agent's loop is inside: its bridge to the phase and its journal."""
+
+    bridge: Bridge
+    journal: Journal
+    segment: int
+    run_id: str
+    started_at: datetime | None
+    requests: int = 0
+    calls: dict[str, str] = field(default_factory=dict)
+
+    async def model_request(self, body: Callable[[], Awaitable[object]]) -> object:
+        key = f"{self.segment}:model:{self.requests}"
+        self.requests += 1
+        recorded = self.journal.responses.get(key)
+        if recorded is not None:
+            return recorded  # a committed response is never requested again
+        payload = await body()
+        await self.bridge.call(lambda: self.journal.record_response(key, payload))
+        return payload
+
+    async def tool_call(self, call_id: str, name: str, arguments: JSON, replay: Replay,
+                        body: Callable[[], Awaitable[object]]) -> object:
+        recorded = self.journal.results.get(call_id)
+        if recorded is not None:
+            return recorded
+        if replay is Replay.UNSAFE:
+            await self.bridge.call(lambda: self.journal.record_intent(call_id, name, arguments))
+        started = time.monotonic()
+        payload = await body()
+        seconds = round(time.monotonic() - started, 6)
+        await self.bridge.call(
+            lambda: self.journal.record_result(call_id, name, payload, replay, seconds))
+        return payload
+
+
+_UNITS: ContextVar[Units | None] = ContextVar("kernel_hosted_run", default=None)
+
+
+def current_units() -> Units | None:
+    return _UNITS.get()
+
+
+def operation_id(ctx: RunContext[Any]) -> str:
+    """Inside a tool: an id for this call that is the same on every replay of the run
+    (the task and the model's call id), for an outside system's idempotency key."""
+    return f"op_{ctx.run_id}_{ctx.tool_call_id}"
+
+
+class KernelOperationBackend(CallableOperationBackend[dict[str, Any]]):
+    """Runs each unit through the journal of the kernel run it is inside."""
+
+    async def execute(
+        self,
+        *,
+        operation_id: DurableOperationId,
+        name: str,
+        body: Callable[[], Awaitable[object]],
+        cache_key: tuple[object, ...],
+        config: dict[str, Any],
+    ) -> object:
+        units = _UNITS.get()
+        if units is None:
+            return await body()
+        match operation_id:
+            case ModelRequestId():
+                return await units.model_request(body)
+            case ToolsetCallToolId():
+                tool_name, arguments, ctx = cache_key[0], cache_key[1], cache_key[2]
+                assert isinstance(ctx, RunContext) and ctx.tool_call_id is not None
+                return await units.tool_call(ctx.tool_call_id, str(tool_name), arguments,
+                                             replay_of(config), body)
+            case _:
+                # Argument validation, discovery, event handling, capability operations:
+                # deterministic or without effects, so they run again on replay.
+                return await body()
+
+
+@dataclass(init=False, kw_only=True)
+class KernelDurability(BaseDurabilityCapability[AgentDepsT]):
+    """Makes an agent's runs durable on the kernel: add it to ``capabilities=[...]`` and
+    register the agent (:func:`kernel.hosts.pydantic_ai.register_agent`)."""
+
+    engine_spec = DurabilityEngineSpec(
+        engine_name="the durable kernel",
+        durable_unit_noun="step",
+        durable_unit_plural="steps",
+        durable_container_noun="task",
+        codec=JSON_CODEC,  # units are journaled as JSON entries
+        wrapped_toolset_kinds=frozenset({"function", "mcp", "dynamic"}),
+        toolset_lifecycles={"function": "enter-always", "mcp": "enter-in-durable-unit",
+                            "dynamic": "enter-never"},
+        unsupported_runtime_toolset_kinds=frozenset({"function", "mcp", "dynamic"}),
+        tool_config_key=CONFIG_KEY,
+    )
+
+    def __init__(self, *, models: Mapping[str, Model] | None = None,
+                 name: str | None = None) -> None:
+        super().__init__(models=models, name=name)
+
+    @property
+    def in_durable_context(self) -> bool:
+        return _UNITS.get() is not None
+
+    def get_default_run_id(self) -> str | None:
+        units = _UNITS.get()
+        return None if units is None else units.run_id
+
+    def get_default_conversation_id(self, run_id: str) -> str | None:
+        return conversation_id_from_run_id(run_id) if self.in_durable_context else None
+
+    async def get_run_start_time(self, run_id: str) -> datetime | None:
+        units = _UNITS.get()
+        return None if units is None else units.started_at
+
+    def get_durable_operation_backend(self) -> KernelOperationBackend:
+        resolve = self._build_resolve_tool_config({})
+
+        def tool_config(operation: DurableOperationId, tool: object | None,
+                        tool_name: str) -> dict[str, Any] | Literal[False]:
+            found = resolve(cast(ToolsetTool[Any] | None, tool), tool_name)
+            return False if found is False else dict(found or {})
+
+        return KernelOperationBackend(
+            namer=JournalOperationNamer(self.name or "agent"),
+            config=RoleBasedOperationConfig(model={}, event={}, capability={}, tool={},
+                                            resolve_tool=tool_config),
+        )
+
+
+def enter(units: Units) -> None:
+    """Mark the calling context as inside ``units``' kernel run (the agent thread's)."""
+    _UNITS.set(units)

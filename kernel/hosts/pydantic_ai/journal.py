@@ -1,0 +1,144 @@
+"""What one agent run has committed, and how each durable unit is written.
+
+The journal is the conversation's entries, the same kinds native turns write
+(:mod:`kernel.agent.context`), so the transcript shows a hosted agent as it shows a
+native one. Each entry carries what the framework needs to replay the unit (its
+payload as the framework's JSON codec wrote it) beside what people read:
+
+- a model response: ``model_response`` with the unit's key (``<segment>:model:<n>``, the
+  n-th request of the run's segment; a run's model requests are sequential, so the
+  count is the same on every replay), its text, tool calls and usage;
+- a tool call: ``tool_result`` under the model's call id, with its replay policy and
+  duration. An unsafe call commits its *intent* (in the task's checkpoint) before it
+  starts, so recovery knows it may have taken effect.
+
+Everything here runs on the phase's thread (see :mod:`.bridge`).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from kernel.agent.context import RESPONSE, TOOL_RESULT
+from kernel.agent.tools import Replay
+from kernel.run import Run
+
+JSON = Any
+
+
+def _text(payload: JSON) -> str:
+    return "".join(
+        str(part.get("content") or "")
+        for part in payload.get("parts") or []
+        if part.get("part_kind") == "text"
+    )
+
+
+def _arguments(args: JSON) -> JSON:
+    if isinstance(args, str):
+        try:
+            return json.loads(args) if args else {}
+        except ValueError:
+            return args
+    return args if args is not None else {}
+
+
+def _calls(payload: JSON) -> list[JSON]:
+    return [
+        {"id": part.get("tool_call_id"), "name": part.get("tool_name"),
+         "arguments": _arguments(part.get("args"))}
+        for part in payload.get("parts") or []
+        if part.get("part_kind") == "tool-call"
+    ]
+
+
+def _usage(payload: JSON) -> JSON:
+    usage = payload.get("usage") or {}
+    return {"input_tokens": int(usage.get("input_tokens") or 0),
+            "output_tokens": int(usage.get("output_tokens") or 0)}
+
+
+def shown_result(payload: JSON) -> JSON:
+    """A tool call's recorded outcome as the transcript shows it: ``result`` or ``error``."""
+    kind = payload.get("kind")
+    if kind in ("tool_return", "tool_content_result"):
+        return {"result": payload.get("result")}
+    if kind in ("model_retry", "tool_failed", "run_cancelled"):
+        return {"error": payload.get("message")}
+    if kind == "validation_error":
+        return {"error": f"{payload.get('title')}: invalid arguments",
+                "result": payload.get("errors")}
+    return {"error": f"deferred ({kind})"}
+
+
+@dataclass
+class Journal:
+    """The committed units of one run (a task), read once when its phase starts."""
+
+    run: Run
+    responses: dict[str, JSON] = field(default_factory=dict)
+    results: dict[str, JSON] = field(default_factory=dict)
+    last_response_entry: str | None = None
+
+    @classmethod
+    def read(cls, run: Run) -> Journal:
+        journal = cls(run)
+        for entry in run.entries(run.input["conversation_id"]):
+            payload = entry.payload if isinstance(entry.payload, dict) else {}
+            if payload.get("turn") != run.task_id or "pydantic" not in payload:
+                continue
+            if entry.kind == RESPONSE:
+                journal.responses[payload["unit"]] = payload["pydantic"]
+                journal.last_response_entry = entry.id
+            elif entry.kind == TOOL_RESULT:
+                journal.results[payload["call_id"]] = payload["pydantic"]
+        return journal
+
+    @property
+    def conversation(self) -> str:
+        return str(self.run.input["conversation_id"])
+
+    @property
+    def intents(self) -> dict[str, JSON]:
+        return dict(self.run.checkpoint.get("intents") or {})
+
+    # -- writes: each one commit, keeping the lease -------------------------------------
+
+    def record_response(self, key: str, payload: JSON) -> None:
+        entry = self.run.append(self.conversation, RESPONSE, {
+            "text": _text(payload), "tool_calls": _calls(payload), "usage": _usage(payload),
+            "turn": self.run.task_id, "unit": key, "pydantic": payload,
+        })
+        self.run.commit()
+        self.responses[key] = payload
+        self.last_response_entry = entry
+
+    def record_intent(self, call_id: str, name: str, arguments: JSON) -> None:
+        """Before an unsafe call starts: from this commit on, it may have taken effect."""
+        attempts = dict(self.run.checkpoint.get("call_attempts") or {})
+        attempts[call_id] = attempts.get(call_id, 0) + 1
+        intents = self.intents
+        intents[call_id] = {"name": name, "arguments": arguments, "replay": str(Replay.UNSAFE),
+                            # what operation_id(ctx) gives the tool
+                            "operation_id": f"op_{self.run.task_id}_{call_id}",
+                            "attempt": attempts[call_id]}
+        self.run.commit(checkpoint={"intents": intents, "call_attempts": attempts})
+
+    def record_result(self, call_id: str, name: str, payload: JSON, replay: Replay,
+                      seconds: float | None, **extra: JSON) -> None:
+        self.run.append(self.conversation, TOOL_RESULT, {
+            "call_id": call_id, "name": name, **shown_result(payload), "replay": str(replay),
+            "seconds": seconds, "turn": self.run.task_id, "pydantic": payload, **extra,
+        })
+        intents = self.intents
+        intents.pop(call_id, None)
+        self.run.commit(checkpoint={"intents": intents})
+        self.results[call_id] = payload
+
+    def forget_intent(self, call_id: str) -> None:
+        """The call is to run again (a safe one, or an operator said so)."""
+        intents = self.intents
+        intents.pop(call_id, None)
+        self.run.commit(checkpoint={"intents": intents})

@@ -1,0 +1,97 @@
+"""A registered Pydantic AI agent through the product, in-process on Postgres: a
+submission names it, its turn runs on the kernel, and the session page shows its
+transcript as it shows a native turn's (tool cards with replay policy and duration)."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from django.conf import settings
+from django.contrib.auth.models import Group, User
+from django.test import Client
+
+from controlplane import commands
+from controlplane.dev.processes import start_provider
+from controlplane.errors import Invalid
+from controlplane.reads.transcript import _card
+from controlplane.runtime import runtime
+from kernel import Draft, Scheduler, SubmissionStatus, agent
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def hosted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    monkeypatch.setenv("AGENT_TOOL_DIR", str(tmp_path))
+    saved = settings.KERNEL_AGENTS
+    settings.KERNEL_AGENTS = {"support": "tests.chaos.pydantic_agent.agent"}
+    runtime.cache_clear()
+    try:
+        with start_provider() as provider:
+            monkeypatch.setenv("EMAIL_PROVIDER_URL", provider.url)
+            yield
+    finally:
+        settings.KERNEL_AGENTS = saved
+        runtime.cache_clear()
+
+
+def operator() -> User:
+    user = User.objects.create_user("olga", password="pw")
+    user.groups.add(Group.objects.get_or_create(name="operator")[0])
+    return user
+
+
+def conversation() -> tuple[str, str]:
+    handle = runtime().kernel.create_session(metadata={"title": "support"})
+    draft = Draft(actor="user:test")
+    conversation_id = draft.create_conversation()
+    handle.commit(draft)
+    return handle.id, conversation_id
+
+
+def test_a_submission_naming_the_agent_runs_it_and_the_page_shows_its_cards(hosted: None) -> None:
+    user = operator()
+    session_id, conversation_id = conversation()
+    submitted = commands.submit(user, session_id, conversation_id,
+                                {"text": "Tell ana's contacts", "agent": "support"}, "r1",
+                                agent.WhenBusy.FOLLOW_UP)
+    assert submitted.outcome == "placed" and submitted.submission is not None
+    Scheduler(runtime().kernel).run_until_idle()
+    stored = runtime().kernel.storage.submission(submitted.submission.id)
+    assert stored is not None and stored.status is SubmissionStatus.ANSWERED
+
+    client = Client()
+    client.force_login(user)
+    page = client.get(f"/sessions/{session_id}/").content.decode()
+    transcript = page[page.index('id="transcript"'):page.index('id="submissions"')]
+    assert "Tell ana&#x27;s contacts" in transcript
+    assert "<strong>Done.</strong>" in transcript  # model text as Markdown
+    cards = {}
+    for call in ("call_lookup", "call_send", "call_output_2"):
+        card = transcript[transcript.index(f'id="call-{call}"'):]
+        cards[call] = card[:card.index("</article>")]
+    assert "replay safe" in cards["call_lookup"] and "replay unsafe" in cards["call_send"]
+    assert all('data-state="succeeded"' in card for card in cards.values())
+    assert re.search(r'class="meta duration"', cards["call_send"])
+    assert "sent to 2" in cards["call_send"]
+
+
+def test_a_submission_naming_an_unknown_agent_is_refused_and_writes_nothing(
+    hosted: None,
+) -> None:
+    user = operator()
+    session_id, conversation_id = conversation()
+    head = runtime().kernel.storage.session(session_id)
+    with pytest.raises(Invalid, match="agent: no agent 'billing' is registered"):
+        commands.submit(user, session_id, conversation_id, {"text": "hi", "agent": "billing"},
+                        "r1", agent.WhenBusy.FOLLOW_UP)
+    assert runtime().kernel.storage.session(session_id) == head
+
+
+def test_a_hosted_call_waiting_on_an_operator_is_marked_uncertain() -> None:
+    call = {"id": "call_send", "name": "send_notice", "arguments": {}}
+    card = _card(call, None, None, {}, {"call_send"})
+    assert card.state == "uncertain"

@@ -1,0 +1,262 @@
+"""A Pydantic AI agent on the reference storage through the kernel's capability: every
+model request and tool call a durable unit, and crashes at the points that matter (the
+process "dies" by raising Crash; a new scheduler resumes from storage alone)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from pydantic import BaseModel
+from pydantic_ai import Agent, ModelRetry, RunContext
+from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart
+from pydantic_ai.models.function import AgentInfo, FunctionModel
+from pydantic_ai.usage import UsageLimits
+
+from kernel import (
+    Draft,
+    InMemoryStorage,
+    Kernel,
+    ManualClock,
+    Registry,
+    Scheduler,
+    Status,
+    SubmissionStatus,
+)
+from kernel.agent import submit
+from kernel.hosts.pydantic_ai import SAFE, KernelDurability, register_agent
+
+
+class Crash(BaseException):
+    pass
+
+
+class Ticket(BaseModel):
+    customer: str
+    notified: bool
+
+
+def dead(exc: BaseException) -> bool:
+    """Whether ``exc`` is a Crash, or a group the event loop wrapped one in."""
+    if isinstance(exc, Crash):
+        return True
+    return isinstance(exc, BaseExceptionGroup) and all(dead(e) for e in exc.exceptions)
+
+
+@dataclass
+class World:
+    crash_on: set[str] = field(default_factory=set)
+    model_calls: list[int] = field(default_factory=list)
+    effects: list[str] = field(default_factory=list)
+    storage: InMemoryStorage = field(default_factory=InMemoryStorage)
+    clock: ManualClock = field(default_factory=ManualClock)
+    reject_first_output: bool = False
+    limits: UsageLimits | None = None
+
+    def maybe_crash(self, point: str) -> None:
+        if point in self.crash_on:
+            self.crash_on.discard(point)
+            raise Crash()
+
+    def model(self, messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        step = sum(1 for m in messages if m.kind == "response")
+        self.model_calls.append(step)
+        self.maybe_crash(f"model:{step}")
+        usage_parts: list[Any]
+        if step == 0:
+            usage_parts = [ToolCallPart("lookup", {"customer": "ana"}, tool_call_id="c1")]
+        elif step == 1:
+            usage_parts = [ToolCallPart("notify", {"to": "ana@example.com"}, tool_call_id="c2")]
+        else:
+            usage_parts = [TextPart("Done."), ToolCallPart(
+                info.output_tools[0].name, {"customer": "ana", "notified": True},
+                tool_call_id=f"out{step}")]
+        return ModelResponse(parts=usage_parts)
+
+    def agent(self) -> Agent[None, Ticket]:
+        agent = Agent(FunctionModel(self.model), name="support", output_type=Ticket,
+                      capabilities=[KernelDurability()])
+        world = self
+
+        @agent.tool_plain(metadata=SAFE)
+        def lookup(customer: str) -> str:
+            world.effects.append(f"lookup:{customer}")
+            world.maybe_crash("lookup")
+            return f"{customer} <ana@example.com>"
+
+        @agent.tool_plain
+        def notify(to: str) -> str:
+            world.effects.append(f"notify:{to}")
+            world.maybe_crash("notify")
+            return f"sent to {to}"
+
+        @agent.output_validator
+        def check(ctx: RunContext[None], output: Ticket) -> Ticket:
+            world.effects.append("validate")
+            world.maybe_crash("validate")
+            answers = sum(1 for m in ctx.messages if m.kind == "response")
+            if world.reject_first_output and answers < 4:  # the first answer (step 2)
+                raise ModelRetry("say it again")
+            return output
+
+        return agent
+
+    def kernel(self) -> Kernel:
+        registry = Registry()
+        register_agent(registry, "support", self.agent(), usage_limits=self.limits)
+        return Kernel(self.storage, registry, self.clock)
+
+    def run(self, crashes_allowed: int = 0) -> int:
+        crashes = 0
+        while True:
+            try:
+                Scheduler(self.kernel(), f"w{crashes}").run_until_idle(advance_clock=True)
+                return crashes
+            except BaseException as exc:
+                if not dead(exc):
+                    raise
+                crashes += 1
+                if crashes > crashes_allowed:
+                    raise
+
+    def start(self, text: str = "Notify ana") -> tuple[Kernel, str, str, str]:
+        kernel = self.kernel()
+        handle = kernel.create_session()
+        draft = Draft()
+        conversation = draft.create_conversation()
+        handle.commit(draft)
+        submitted = submit(handle, conversation, {"text": text, "agent": "support"}, "req-1")
+        assert submitted.submission is not None
+        return kernel, handle.id, conversation, submitted.submission.id
+
+
+def turn_of(kernel: Kernel, session_id: str) -> Any:
+    (turn,) = [t for t in kernel.storage.session_tasks(session_id)
+               if t.kind == "agent:support"]
+    return turn
+
+
+def kinds(kernel: Kernel, conversation: str) -> list[str]:
+    return [e.kind for e in kernel.entries(conversation)]
+
+
+def test_a_run_records_each_request_and_call_and_answers_with_the_structured_output() -> None:
+    world = World()
+    kernel, session_id, conversation, submission = world.start()
+    world.run()
+    assert world.model_calls == [0, 1, 2]
+    assert world.effects == ["lookup:ana", "notify:ana@example.com", "validate"]
+    stored = kernel.storage.submission(submission)
+    assert stored is not None and stored.status is SubmissionStatus.ANSWERED
+    turn = turn_of(kernel, session_id)
+    assert turn.outcome["result"]["output"] == {"customer": "ana", "notified": True}
+    assert kinds(kernel, conversation) == [
+        "user", "model_response", "tool_result", "model_response", "tool_result",
+        "model_response", "tool_result",
+    ]
+    results = {e.payload["call_id"]: e.payload for e in kernel.entries(conversation)
+               if e.kind == "tool_result"}
+    assert results["c1"]["replay"] == "safe" and results["c2"]["replay"] == "unsafe"
+    assert results["c2"]["result"] == "sent to ana@example.com"
+    assert results["out2"]["by"] == "framework"
+    answer = next(e for e in kernel.entries(conversation) if e.id == stored.answer_entry_id)
+    assert answer.payload["text"] == "Done."
+
+
+def test_outside_a_kernel_run_the_capability_is_transparent() -> None:
+    world = World()
+    assert world.agent().run_sync("Notify ana").output == Ticket(customer="ana", notified=True)
+
+
+@pytest.mark.parametrize("point", ["model:1", "lookup", "validate"])
+def test_a_crash_never_requests_a_committed_response_again(point: str) -> None:
+    world = World(crash_on={point})
+    kernel, session_id, conversation, submission = world.start()
+    assert world.run(crashes_allowed=1) == 1
+    stored = kernel.storage.submission(submission)
+    assert stored is not None and stored.status is SubmissionStatus.ANSWERED
+    # Each step's request is made once, but the one the crash interrupted (not committed).
+    interrupted = [int(point.split(":")[1])] if point.startswith("model") else []
+    assert sorted(world.model_calls) == sorted([0, 1, 2, *interrupted])
+    assert world.effects.count("notify:ana@example.com") == 1
+    expected_lookups = 2 if point == "lookup" else 1  # a safe tool may run again
+    assert world.effects.count("lookup:ana") == expected_lookups
+
+
+def test_an_unsafe_call_cut_midway_waits_for_an_operator_and_never_runs_twice() -> None:
+    world = World(crash_on={"notify"})
+    kernel, session_id, conversation, submission = world.start()
+    world.run(crashes_allowed=1)
+    turn = turn_of(kernel, session_id)
+    assert turn.status is Status.WAITING and turn.wait == {"signal": "resolution:c2:1"}
+    assert [d.name for d in kernel.registry.decisions(turn)] == [
+        "happened", "run_again", "not_done"]
+    draft = Draft(actor="user:op")
+    draft.signal(turn.id, "resolution:c2:1",
+                 {"decision": "happened", "by": "user:op", "reason": "seen in the outbox",
+                  "receipt": {"result": "sent (checked)"}}, step_epoch=turn.epoch)
+    kernel.open(session_id).commit(draft)
+    world.run()
+    assert world.effects.count("notify:ana@example.com") == 1
+    assert world.model_calls == [0, 1, 2]
+    stored = kernel.storage.submission(submission)
+    assert stored is not None and stored.status is SubmissionStatus.ANSWERED
+    result = next(e.payload for e in kernel.entries(conversation)
+                  if e.kind == "tool_result" and e.payload["call_id"] == "c2")
+    assert result["result"] == "sent (checked)" and result["resolved"]["by"] == "user:op"
+
+
+def test_run_again_calls_the_tool_again_and_not_done_tells_the_model() -> None:
+    for decision, notifies in (("run_again", 2), ("not_done", 1)):
+        world = World(crash_on={"notify"})
+        kernel, session_id, conversation, submission = world.start()
+        world.run(crashes_allowed=1)
+        turn = turn_of(kernel, session_id)
+        draft = Draft(actor="user:op")
+        draft.signal(turn.id, "resolution:c2:1",
+                     {"decision": decision, "by": "user:op", "reason": "checked"},
+                     step_epoch=turn.epoch)
+        kernel.open(session_id).commit(draft)
+        world.run()
+        assert world.effects.count("notify:ana@example.com") == notifies, decision
+        result = next(e.payload for e in kernel.entries(conversation)
+                      if e.kind == "tool_result" and e.payload["call_id"] == "c2")
+        if decision == "not_done":
+            assert "did not take effect" in result["error"]
+        assert turn_of(kernel, session_id).outcome["kind"] == "succeeded"
+
+
+def test_an_output_validation_retry_survives_a_crash() -> None:
+    world = World(crash_on={"validate"}, reject_first_output=True)
+    kernel, session_id, conversation, submission = world.start()
+    world.run(crashes_allowed=1)
+    # The validator rejects the first answer on the replay too: one more request, once.
+    assert sorted(world.model_calls) == [0, 1, 2, 3]
+    turn = turn_of(kernel, session_id)
+    assert turn.outcome["kind"] == "succeeded"
+    retried = next(e.payload for e in kernel.entries(conversation)
+                   if e.kind == "tool_result" and e.payload["call_id"] == "out2")
+    assert "say it again" in str(retried["error"])
+
+
+def test_usage_limits_hold_across_a_crash() -> None:
+    world = World(crash_on={"lookup"}, limits=UsageLimits(request_limit=2))
+    kernel, session_id, conversation, submission = world.start()
+    world.run(crashes_allowed=1)
+    turn = turn_of(kernel, session_id)
+    assert turn.outcome["kind"] == "failed" and "request_limit" in turn.outcome["error"]
+    assert world.model_calls == [0, 1]  # the limit counted the replayed requests too
+    stored = kernel.storage.submission(submission)
+    assert stored is not None and stored.status is SubmissionStatus.UNANSWERED
+
+
+def test_a_submission_naming_no_registered_agent_is_refused() -> None:
+    world = World()
+    kernel = world.kernel()
+    handle = kernel.create_session()
+    draft = Draft()
+    conversation = draft.create_conversation()
+    handle.commit(draft)
+    with pytest.raises(ValueError, match="agent: no agent 'billing' is registered"):
+        submit(handle, conversation, {"text": "hi", "agent": "billing"}, "req-1")
