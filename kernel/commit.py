@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass, field, fields, replace
 from datetime import datetime
+from enum import StrEnum
 from itertools import islice
 from typing import Any
 
@@ -111,6 +112,25 @@ class _Fenced:
     owner: str | None = None
 
 
+class CommitKind(StrEnum):
+    """The shapes of commit a storage may write in fewer round trips than the general
+    one, each by a method of its own (:class:`~kernel.storage.Storage`). Every kind means
+    exactly what the general commit of the same draft means: a storage that cannot take
+    the short way (the task changed since the caller's copy, say) takes the general one.
+    """
+
+    GENERAL = "general"
+    """Reads what the draft announced under the session's lock, then writes."""
+    CONTINUES_INLINE = "continues inline"
+    """One phase's ``Next`` that keeps the lease and nothing else: built from the lease
+    holder's copy of its task."""
+    ENDS_ALONE = "ends alone"
+    """One phase's ``Finish`` and nothing else: built from the copy, for a task with no
+    owned child and no waiter (otherwise the general commit reads them)."""
+    CREATES_ONLY = "creates only"
+    """New tasks with no parent and nothing else: reads nothing."""
+
+
 @dataclass
 class Draft:
     """What one commit should write. Build it, then hand it to ``SessionHandle.commit``."""
@@ -171,18 +191,21 @@ class Draft:
             finishing=tuple(f.task_id for f in self.fenced if isinstance(f.transition, Finish)),
         )
 
-    def continues_inline(self) -> bool:
-        """Whether this draft only carries one phase's ``Next`` that keeps the lease (the
-        worker runs the next phase itself), with no other write: a commit whose builder
-        reads nothing but the session head and that task (see ``Prefetch.known``)."""
+    def kind(self) -> CommitKind:
+        """What shape of commit this draft makes (see :class:`CommitKind`): decided here
+        once, for every storage."""
         transition = self._lone_transition()
-        return isinstance(transition, Next) and transition.keep_lease
-
-    def ends_inline(self) -> bool:
-        """Whether this draft only carries one phase's ``Finish``, with no other write: a
-        commit whose builder reads nothing but the session head, that task, and its
-        owned children and waiters (see ``Prefetch.known``)."""
-        return isinstance(self._lone_transition(), Finish)
+        if isinstance(transition, Next) and transition.keep_lease:
+            return CommitKind.CONTINUES_INLINE
+        if isinstance(transition, Finish):
+            return CommitKind.ENDS_ALONE
+        if (
+            self.new_tasks and self.key is None and not self.document_ops
+            and all(t.parent_id is None for t in self.new_tasks)
+            and not any(getattr(self, name) for name in MERGED_LISTS if name != "new_tasks")
+        ):
+            return CommitKind.CREATES_ONLY
+        return CommitKind.GENERAL
 
     def _lone_transition(self) -> Transition | None:
         """The transition of the one phase this draft carries, if it carries nothing

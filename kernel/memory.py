@@ -96,6 +96,21 @@ class InMemoryStorage:
             raise CommitUncertain(f"commit {session_id}#{write_set.commit.seq}: {exc}") from exc
         return staged
 
+    # The reference has one way to commit: every kind is the general commit.
+
+    def commit_continuing(
+        self, session_id: str, build: Build, prefetch: Prefetch, known: Task
+    ) -> WriteSet:
+        return self.commit(session_id, build, prefetch)
+
+    def commit_ending(
+        self, session_id: str, build: Build, prefetch: Prefetch, known: Task
+    ) -> WriteSet:
+        return self.commit(session_id, build, prefetch)
+
+    def commit_creating(self, session_id: str, build: Build, prefetch: Prefetch) -> WriteSet:
+        return self.commit(session_id, build, prefetch)
+
     def _stage(self, ws: WriteSet) -> WriteSet:
         ws = copy.deepcopy(ws)
         return replace(

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any, Protocol
 
-from .commit import Draft
+from .commit import CommitKind, Draft
 from .errors import SessionPoisoned, UnknownRecord
 from .records import Entry, JoinPolicy, Outcome, Preview, Submission, Task, WriteSet
 from .registry import TaskDefinition
@@ -89,17 +89,17 @@ class Lease:
         self.seal(draft, transition)
         self.previews.clear()
         # A phase that returned and only continues its task inline is committed alone, in
-        # one round trip from the lease's copy of the task (Prefetch.known): the endings
+        # one round trip from the lease's copy of the task (CommitKind): the endings
         # held back wait for their batch (Worker.advance_queue) rather than make it a
         # commit of two. An intent commit still carries them: an external call follows.
         intent = isinstance(transition, Next) and transition.intent
-        alone = draft.continues_inline() and not intent
+        alone = draft.kind() is CommitKind.CONTINUES_INLINE and not intent
         carried = None if self.carrier is None or alone else self.carrier.carry(
             self.task.session_id)
         written = (
             self._commit_carrying(carried, draft)
             if carried
-            else self.handle.commit(draft, known=(self.task,))
+            else self.handle.commit(draft, known=self.task)
         )
         self._spawned_owned = self._spawned_owned or any(t.owned for t in draft.new_tasks)
         self.migrated = False

@@ -16,7 +16,7 @@ from datetime import datetime
 from typing import Any
 
 from .clock import Clock, SystemClock
-from .commit import Builder, Draft, DuplicateRequest, replay
+from .commit import Builder, CommitKind, Draft, DuplicateRequest, replay
 from .errors import CommitUncertain, SessionPoisoned, UnknownRecord
 from .records import (
     Commit,
@@ -159,11 +159,12 @@ class SessionHandle:
     head_seq: int
     poisoned: bool = False
 
-    def commit(self, draft: Draft, known: tuple[Task, ...] = ()) -> WriteSet:
-        """Persist ``draft`` as the session's next commit, then publish it.
+    def commit(self, draft: Draft, known: Task | None = None) -> WriteSet:
+        """Persist ``draft`` as the session's next commit, then publish it, by the
+        storage's method for the draft's kind (:meth:`Draft.kind`).
 
-        ``known``: the caller's copies of the tasks whose lease it holds (see
-        ``Prefetch.known``); used only if the draft just continues one inline."""
+        ``known``: the caller's copy of the task whose lease it holds, as its last commit
+        or claim left it; the kinds that continue or end that task are built from it."""
         if self.poisoned:
             raise SessionPoisoned(f"session handle {self.id} is poisoned; reopen it")
         now = self.kernel.clock.now()
@@ -177,11 +178,16 @@ class SessionHandle:
                 return built
             return replace(built, dispatches=outbox(built.dispatches, now))
 
+        storage, prefetch, kind = self.kernel.storage, draft.prefetch(), draft.kind()
         try:
-            prefetch = draft.prefetch()
-            if known and (draft.continues_inline() or draft.ends_inline()):
-                prefetch = replace(prefetch, known=known)
-            written = self.kernel.storage.commit(self.id, build, prefetch)
+            if kind is CommitKind.CONTINUES_INLINE and known is not None:
+                written = storage.commit_continuing(self.id, build, prefetch, known)
+            elif kind is CommitKind.ENDS_ALONE and known is not None:
+                written = storage.commit_ending(self.id, build, prefetch, known)
+            elif kind is CommitKind.CREATES_ONLY:
+                written = storage.commit_creating(self.id, build, prefetch)
+            else:
+                written = storage.commit(self.id, build, prefetch)
         except CommitUncertain as exc:
             self.poisoned = True
             raise SessionPoisoned(f"session {self.id}: commit outcome unknown ({exc})") from exc

@@ -103,15 +103,6 @@ class Prefetch:
     conversations: tuple[str, ...] = ()
     finishing: tuple[str, ...] = ()
     """Tasks that end in this commit: their owned children and waiters will be read."""
-    known: tuple[Task, ...] = ()
-    """The caller's copies of tasks whose lease it holds, as its last commit (or its
-    claim) left them, given only for a draft that does nothing but continue them inline
-    or end them (:meth:`~kernel.commit.Draft.continues_inline`,
-    :meth:`~kernel.commit.Draft.ends_inline`). A storage may build the commit from them
-    instead of reading them, provided that the commit lands only if they are still as
-    given when it is written (besides a renewed lease), and, for an ending, only if what
-    the build assumed of their children and waiters still holds then; otherwise it must
-    build again from what it reads. The in-memory storage ignores them."""
 
 
 NO_PREFETCH = Prefetch()
@@ -152,6 +143,28 @@ class Storage(Protocol):
         :class:`~kernel.errors.CommitUncertain` when it cannot tell whether the
         transaction committed. Returns the write set with storage-assigned ids.
         """
+        ...
+
+    # The named kinds of commit (kernel.commit.CommitKind): each means exactly what
+    # ``commit`` means for the same draft. A storage may write one in fewer round trips;
+    # when it cannot (the build wants a read, the task moved since ``known``), it
+    # commits the general way. ``known``: the caller's copy of the task whose lease it
+    # holds, as its last commit or claim left it.
+
+    def commit_continuing(
+        self, session_id: str, build: Build, prefetch: Prefetch, known: Task
+    ) -> WriteSet:
+        """A phase's ``Next`` that keeps the lease, and nothing else."""
+        ...
+
+    def commit_ending(
+        self, session_id: str, build: Build, prefetch: Prefetch, known: Task
+    ) -> WriteSet:
+        """A phase's ``Finish``, and nothing else."""
+        ...
+
+    def commit_creating(self, session_id: str, build: Build, prefetch: Prefetch) -> WriteSet:
+        """New tasks with no parent, and nothing else."""
         ...
 
     def commits_after(self, session_id: str, after_seq: int, limit: int) -> list[Commit]:

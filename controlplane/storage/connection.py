@@ -1,13 +1,10 @@
 """Connection and transaction handling: the cursor the commit path uses, the builder's
 reads inside the open commit transaction, and the pipelined write + COMMIT.
 
-A commit is two round trips: :meth:`Transaction.load` (BEGIN, the session's head,
-which orders commits, plus every read the draft announced, pipelined) and :func:`write`
-(every write and the COMMIT, pipelined). Everything else is Python. Some commits read
-nothing the caller does not already know, and are built first and written in one round
-trip: a lease holder's phase that continues its task inline or ends it
-(:class:`KnownTransaction`, :func:`write_known`) and a commit that only creates tasks
-(:class:`CreatesTransaction`, :func:`write` with ``at_head``).
+A general commit is two round trips: :meth:`Transaction.load` (BEGIN, the session's
+head, which orders commits, plus every read the draft announced, pipelined) and
+:func:`write` (every write and the COMMIT, pipelined). Everything else is Python. The
+kinds of commit that take one round trip are in :mod:`.fast_commits`.
 """
 
 from __future__ import annotations
@@ -17,7 +14,6 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
-from datetime import UTC, datetime
 from typing import Any
 
 import psycopg
@@ -31,7 +27,6 @@ from kernel.records import (
     DocumentVersion,
     Entry,
     SessionRecord,
-    Status,
     Submission,
     Task,
     WriteSet,
@@ -330,93 +325,6 @@ class Transaction:
         return COMMIT.from_sql(row) if row else None
 
 
-class Unforeseen(Exception):
-    """A build from the caller's copies asked for a read they do not answer."""
-
-
-class KnownTransaction:
-    """The builder's reads for a commit built from the caller's copies of its tasks
-    (``Prefetch.known``), before anything is sent: the session head is a guess that
-    :func:`write_known` replaces with the one the database gives, and any other read
-    raises :class:`Unforeseen` (the commit is then built from what the database holds)."""
-
-    def __init__(self, session_id: str, known: Sequence[Task], *, ending: bool = False) -> None:
-        self.known = {t.id: t for t in known}
-        self.ending = ending
-        guess = max(t.updated_seq for t in known)
-        self.session = SessionRecord(session_id, guess, datetime.fromtimestamp(0, UTC))
-
-    def tasks(self, ids: Iterable[str], lock: bool = True) -> dict[str, Task]:
-        wanted = list(ids)
-        if not all(i in self.known for i in wanted):
-            raise Unforeseen(f"tasks {wanted}")
-        return {i: self.known[i] for i in wanted}
-
-    def children(self, task_id: str) -> list[Task]:
-        return self._alone(task_id)
-
-    def waiters(self, task_id: str) -> list[Task]:
-        return self._alone(task_id)
-
-    def _alone(self, task_id: str) -> list[Task]:
-        """For an ending, a known task has no owned child and no waiter: an assumption
-        that :func:`write_known` checks (``statements.INLINE_END``)."""
-        if not self.ending or task_id not in self.known:
-            raise Unforeseen(f"children or waiters of {task_id}")
-        return []
-
-    def __getattr__(self, name: str) -> Any:
-        raise Unforeseen(name)
-
-
-class CreatesTransaction:
-    """The builder's reads for a commit whose draft announced none (``Prefetch()``),
-    before anything is sent: the session head is a guess that :func:`write` with
-    ``at_head`` replaces with the one the database gives, and any read raises
-    :class:`Unforeseen` (the commit is then built from what the database holds)."""
-
-    def __init__(self, session_id: str) -> None:
-        self.session = SessionRecord(session_id, 0, datetime.fromtimestamp(0, UTC))
-
-    def __getattr__(self, name: str) -> Any:
-        raise Unforeseen(name)
-
-
-def only_creates(ws: WriteSet) -> bool:
-    """Whether a write set built by :class:`CreatesTransaction` is one :func:`write`
-    writes ``at_head``: the commit row, new tasks with no parent, their dispatch rows,
-    nothing else."""
-    seq = ws.commit.seq
-    return (
-        bool(ws.new_tasks)
-        and not (ws.conversations or ws.entries or ws.document_heads or ws.document_versions)
-        and not (ws.updated_tasks or ws.new_submissions or ws.updated_submissions)
-        and all(t.parent_id is None and t.created_seq == t.updated_seq == seq
-                for t in ws.new_tasks)
-        and all(d.seq == seq for d in ws.dispatches)
-    )
-
-
-def continues_inline(ws: WriteSet, known: Sequence[Task], *, ending: bool = False) -> bool:
-    """Whether a write set built by :class:`KnownTransaction` is one :func:`write_known`
-    writes: the commit row and one known task, nothing else; the task still running, or
-    (``ending``) ended."""
-    ids = {t.id for t in known}
-    status = Status.TERMINAL if ending else Status.RUNNING
-    return (
-        not (ws.conversations or ws.entries or ws.document_heads or ws.document_versions)
-        and not (ws.new_tasks or ws.new_submissions or ws.updated_submissions)
-        and not ws.dispatches
-        and len(ws.updated_tasks) == 1
-        and all(t.id in ids and t.status is status for t in ws.updated_tasks)
-        and all(t.updated_seq == ws.commit.seq for t in ws.updated_tasks)
-    )
-
-
-class Moved(Exception):
-    """A known task changed since the caller's copy: nothing was committed."""
-
-
 # -- the writes and COMMIT ---------------------------------------------------------------
 
 
@@ -428,100 +336,53 @@ def execute_rows(cur: Any, statement: str, rows: list[Any]) -> None:
         cur.executemany(statement, rows)
 
 
-def write(
-    db: Any, ws: WriteSet, before_commit: Callable[[], None], *, at_head: bool = False
-) -> WriteSet:
-    """Persist one write set and COMMIT it, in one pipelined round trip.
+def write(db: Any, ws: WriteSet, before_commit: Callable[[], None]) -> WriteSet:
+    """Persist one write set and COMMIT it, in one pipelined round trip (the second of a
+    general commit: its transaction was opened by :meth:`Transaction.load`).
 
     A failing statement makes the server skip the rest up to the sync, COMMIT included,
     and the caller rolls the transaction back. ``before_commit`` runs once the writes
-    are queued, just before COMMIT is: raising there means nothing can have landed.
+    are queued, just before COMMIT is: raising there means nothing can have landed."""
+    head, rows = pipelined(db, ws, before_commit, queue_writes)
+    ids = [r[0] for chunk in rows for r in chunk.fetchall()]
+    commit = replace(ws.commit, id=head.fetchone()[0])
+    dispatches = [replace(d, id=i) for d, i in zip(ws.dispatches, ids, strict=True)]
+    return replace(ws, commit=commit, dispatches=dispatches)
 
-    ``at_head``: the write set of a commit that only creates tasks, built on a guessed
-    head (:class:`CreatesTransaction`, checked by :func:`only_creates`); BEGIN goes in
-    this round trip too, the database advances the head and gives the seq
-    (``statements.COMMIT_INSERT_AT_HEAD``), and the write set returned carries it.
-    """
+
+Queue = Callable[[Any, WriteSet], tuple["HotCursor", list["HotCursor"]]]
+"""Queues a write set's statements: the cursor of its commit row and those of its
+dispatch rows."""
+
+
+def pipelined(
+    db: Any, ws: WriteSet, before_commit: Callable[[], None], queue: Queue, *,
+    begin: bool = False, guess: str = "",
+) -> tuple[HotCursor, list[HotCursor]]:
+    """Queue ``ws``'s writes and COMMIT in one pipeline (``begin``: BEGIN first, for a
+    commit with no round trip before). An error the server reported means COMMIT did
+    not run or did not succeed; a connection lost once COMMIT was on its way may have
+    committed all the same (:class:`CommitUncertain`; ``guess`` says which seq that
+    names)."""
     sent = False
     try:
         with db.connection.pipeline():
-            if at_head:
+            if begin:
                 HotCursor(db).execute("BEGIN", prepare=False)
-            head, rows = _queue_writes(db, ws, at_head)
+            cursors = queue(db, ws)
             before_commit()
             HotCursor(db).execute("COMMIT", prepare=False)
             sent = True  # handed to the connection: from here on the server may act on it
     except psycopg.Error as exc:
-        # An error the server reported means COMMIT did not run or did not succeed; a
-        # connection lost once COMMIT was on its way may have committed all the same.
         if sent and (db.connection.broken or db.connection.closed):
-            seq = "(at its head)" if at_head else ws.commit.seq  # a guess, not the seq
+            seq = guess or ws.commit.seq
             raise CommitUncertain(f"commit {ws.commit.session_id}#{seq}: {exc}") from exc
         raise
-    ids = [r[0] for chunk in rows for r in chunk.fetchall()]
-    if not at_head:
-        commit = replace(ws.commit, id=head.fetchone()[0])
-        dispatches = [replace(d, id=i) for d, i in zip(ws.dispatches, ids, strict=True)]
-        return replace(ws, commit=commit, dispatches=dispatches)
-    commit_id, seq = head.fetchone()
-    return replace(
-        ws,
-        commit=replace(ws.commit, id=commit_id, seq=seq),
-        new_tasks=[replace(t, created_seq=seq, updated_seq=seq) for t in ws.new_tasks],
-        dispatches=[replace(d, id=i, seq=seq) for d, i in zip(ws.dispatches, ids, strict=True)],
-    )
+    return cursors
 
 
-def write_known(
-    db: Any, ws: WriteSet, known: Sequence[Task], before_commit: Callable[[], None],
-    *, ending: bool = False,
-) -> WriteSet:
-    """Persist a write set built from the caller's copies (:class:`KnownTransaction`,
-    checked by :func:`continues_inline`) in one round trip: as one statement, committed
-    on its own (the connection is in autocommit mode: ``statements.INLINE_COMMIT``), or,
-    for an ending, as BEGIN, the head and the ending in one pipeline
-    (``statements.INLINE_END``). :class:`Moved` if the task had changed since its copy,
-    or has a child or a waiter after all: nothing landed. Otherwise as :func:`write`;
-    ``before_commit`` runs just before the statement is sent."""
-    session_id = ws.commit.session_id
-    [task] = ws.updated_tasks
-    copy = next(t for t in known if t.id == task.id)
-    commit_values = _without(COMMIT.values(ws.commit), _COMMIT_SEQ)
-    task_values = _without(TASK.update_values(task), _TASK_UPDATED_SEQ)
-    guards = [copy.epoch, copy.lease_owner, copy.updated_seq]
-    try:
-        if ending:
-            with db.connection.pipeline():
-                HotCursor(db).execute("BEGIN", prepare=False)
-                head = HotCursor(db).execute(sql.HEAD_ADVANCE, [session_id])
-                end = HotCursor(db).execute(
-                    sql.INLINE_END, [*commit_values, *task_values, *guards, task.id])
-                before_commit()
-                HotCursor(db).execute("COMMIT", prepare=False)
-            [seq], (commit_id, _) = head.fetchone(), end.fetchone()
-        else:
-            before_commit()
-            cur = HotCursor(db).execute(
-                sql.INLINE_COMMIT, [session_id, *commit_values, *task_values, *guards, task.id])
-            seq, commit_id, _ = cur.fetchone()
-    except psycopg.Error as exc:
-        if exc.sqlstate == sql.MOVED:
-            raise Moved(str(exc)) from exc
-        # Sent: if the connection was lost, the server may have committed it.
-        if db.connection.broken or db.connection.closed:
-            raise CommitUncertain(f"commit {session_id}: {exc}") from exc
-        raise
-    commit = replace(ws.commit, id=commit_id, seq=seq)
-    return replace(ws, commit=commit, updated_tasks=[replace(task, updated_seq=seq)])
-
-
-_COMMIT_SEQ = COMMIT.inserted.index("seq")
-_TASK_UPDATED_SEQ = TASK.updated.index("updated_seq")
-
-
-def _queue_writes(db: Any, ws: WriteSet, at_head: bool) -> tuple[HotCursor, list[HotCursor]]:
-    if at_head:
-        return _queue_creates(db, ws)
+def queue_writes(db: Any, ws: WriteSet) -> tuple[HotCursor, list[HotCursor]]:
+    """The statements of a general commit's write set."""
     head = HotCursor(db).execute(sql.COMMIT_INSERT, COMMIT.values(ws.commit))
     cur = HotCursor(db)
     if ws.conversations:
@@ -556,29 +417,16 @@ def _queue_writes(db: Any, ws: WriteSet, at_head: bool) -> tuple[HotCursor, list
             sql.SUBMISSION_UPDATE,
             [SUBMISSION.update_values(s) for s in ws.updated_submissions],
         )
-    return head, _queue_dispatches(db, ws.dispatches, sql.dispatch_insert, DISPATCH.values)
+    return head, queue_dispatches(db, ws.dispatches, sql.dispatch_insert, DISPATCH.values)
 
 
-def _queue_creates(db: Any, ws: WriteSet) -> tuple[HotCursor, list[HotCursor]]:
-    """The writes of :func:`only_creates`'s commits, every seq taken at the head
-    (``statements.AT_HEAD``: the statements have no parameter in a seq's place)."""
-    head = HotCursor(db).execute(
-        sql.COMMIT_INSERT_AT_HEAD,
-        [ws.commit.session_id, *_without(COMMIT.values(ws.commit), _COMMIT_SEQ)])
-    execute_rows(HotCursor(db), sql.TASK_INSERT_AT_HEAD,
-                 [_without(TASK.values(t), *_TASK_SEQS_AT) for t in ws.new_tasks])
-    return head, _queue_dispatches(
-        db, ws.dispatches, sql.dispatch_insert_at_head,
-        lambda d: _without(DISPATCH.values(d), _DISPATCH_SEQ_AT))
-
-
-def _without(values: list[Any], *slots: int) -> list[Any]:
+def without(values: list[Any], *slots: int) -> list[Any]:
     for slot in sorted(slots, reverse=True):
         del values[slot]
     return values
 
 
-def _queue_dispatches(
+def queue_dispatches(
     db: Any, dispatches: list[Dispatch], statement: Callable[[int], str],
     values: Callable[[Dispatch], list[Any]],
 ) -> list[HotCursor]:
@@ -595,5 +443,4 @@ def _queue_dispatches(
     ]
 
 
-_TASK_SEQS_AT = (TASK.inserted.index("created_seq"), TASK.inserted.index("updated_seq"))
-_DISPATCH_SEQ_AT = DISPATCH.inserted.index("seq")
+

@@ -1,0 +1,240 @@
+"""The commits that take one round trip instead of two: built before anything is read.
+
+A general commit (:meth:`PostgresStorage.commit`) reads first (BEGIN, the session head,
+everything the draft announced) and then writes. Three kinds of draft
+(:class:`kernel.commit.CommitKind`) read nothing the caller does not already know, so
+they are built from what it knows and written at once, each by its one writer here:
+
+- **continues inline** (:func:`continuing`): a lease holder's phase that returns ``Next``
+  keeping the lease. Built from the holder's copy of its task; written as one statement
+  (``statements.INLINE_COMMIT``) that lands only if the task is still as copied.
+- **ends alone** (:func:`ending`): a lease holder's phase that ends its task. Built from
+  the copy, on the assumption that the task has no owned child and no waiter (what
+  ``kernel.commit.Builder`` would otherwise read); written as BEGIN, the head and the
+  ending in one pipeline (``statements.INLINE_END``) that lands only if the task is still
+  as copied and that assumption holds once the session's lock is held.
+- **creates only** (:func:`creating`): tasks with no parent, nothing else. Built on a
+  guessed head; written with its BEGIN in one pipeline in which the database advances
+  the head and gives every seq (``statements.COMMIT_INSERT_AT_HEAD``).
+
+Each returns ``None`` when it cannot be taken: the build wanted a read the copies do not
+answer (:class:`Unforeseen`), the write set is not of the kind after all, the task moved
+since the copy (:class:`Moved`), or the database refused the write. Nothing has landed
+then, and the caller commits the general way, whose build decides from what it reads.
+``tests/property`` holds every kind equal to the general path and to the in-memory
+reference.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import replace
+from datetime import UTC, datetime
+from typing import Any, cast
+
+import psycopg
+
+from kernel.errors import CommitUncertain
+from kernel.records import SessionRecord, Status, Task, WriteSet
+from kernel.storage import Build, Transaction
+
+from . import statements as sql
+from .connection import HotCursor, execute_rows, pipelined, queue_dispatches, without
+from .schema import COMMIT, DISPATCH, TASK
+
+Write = Callable[[Callable[[], None]], WriteSet]
+"""Writes a built commit, given the fault hook to call just before COMMIT is sent."""
+
+
+class Unforeseen(Exception):
+    """A build from the caller's copies asked for a read they do not answer."""
+
+
+class Moved(Exception):
+    """A known task changed since the caller's copy (or, for an ending, is not alone
+    after all): the database refused the commit (``statements.MOVED``), nothing landed."""
+
+
+# -- the builds -----------------------------------------------------------------------
+
+
+class KnownTransaction:
+    """The builder's reads for a commit built from the lease holder's copy of its task,
+    before anything is sent: the session head is a guess that the writer replaces with
+    the one the database gives, and any other read raises :class:`Unforeseen`."""
+
+    def __init__(self, session_id: str, known: Task, *, ending: bool) -> None:
+        self.known = known
+        self.ending = ending
+        self.session = SessionRecord(session_id, known.updated_seq,
+                                     datetime.fromtimestamp(0, UTC))
+
+    def tasks(self, ids: Iterable[str], lock: bool = True) -> dict[str, Task]:
+        wanted = list(ids)
+        if any(i != self.known.id for i in wanted):
+            raise Unforeseen(f"tasks {wanted}")
+        return {i: self.known for i in wanted}
+
+    def children(self, task_id: str) -> list[Task]:
+        return self._alone(task_id)
+
+    def waiters(self, task_id: str) -> list[Task]:
+        return self._alone(task_id)
+
+    def _alone(self, task_id: str) -> list[Task]:
+        """For an ending, the known task has no owned child and no waiter: an assumption
+        that ``statements.INLINE_END`` checks under the session's lock."""
+        if not self.ending or task_id != self.known.id:
+            raise Unforeseen(f"children or waiters of {task_id}")
+        return []
+
+    def __getattr__(self, name: str) -> Any:
+        raise Unforeseen(name)
+
+
+class CreatesTransaction:
+    """The builder's reads for a commit that only creates tasks, before anything is
+    sent: the session head is a guess that the database replaces, and any read raises
+    :class:`Unforeseen`."""
+
+    def __init__(self, session_id: str) -> None:
+        self.session = SessionRecord(session_id, 0, datetime.fromtimestamp(0, UTC))
+
+    def __getattr__(self, name: str) -> Any:
+        raise Unforeseen(name)
+
+
+def _built(build: Build, tx: object) -> WriteSet | None:
+    try:
+        return build(cast(Transaction, tx))
+    except Exception:  # Unforeseen, or a rule broken by the copy: the general path decides
+        return None
+
+
+def fits_known(ws: WriteSet, known: Task, *, ending: bool) -> bool:
+    """Whether a write set built from ``known`` is one :func:`continuing` or
+    :func:`ending` writes: the commit row and that task, nothing else; the task still
+    running, or ended."""
+    status = Status.TERMINAL if ending else Status.RUNNING
+    return (
+        not (ws.conversations or ws.entries or ws.document_heads or ws.document_versions)
+        and not (ws.new_tasks or ws.new_submissions or ws.updated_submissions)
+        and not ws.dispatches
+        and len(ws.updated_tasks) == 1
+        and all(t.id == known.id and t.status is status for t in ws.updated_tasks)
+        and all(t.updated_seq == ws.commit.seq for t in ws.updated_tasks)
+    )
+
+
+def only_creates(ws: WriteSet) -> bool:
+    """Whether a write set built by :class:`CreatesTransaction` is one :func:`creating`
+    writes: the commit row, new tasks with no parent, their dispatch rows, nothing else."""
+    seq = ws.commit.seq
+    return (
+        bool(ws.new_tasks)
+        and not (ws.conversations or ws.entries or ws.document_heads or ws.document_versions)
+        and not (ws.updated_tasks or ws.new_submissions or ws.updated_submissions)
+        and all(t.parent_id is None and t.created_seq == t.updated_seq == seq
+                for t in ws.new_tasks)
+        and all(d.seq == seq for d in ws.dispatches)
+    )
+
+
+# -- the kinds: a build and its writer, or None ---------------------------------------
+
+
+def continuing(db: Any, session_id: str, build: Build, known: Task) -> Write | None:
+    """A phase's ``Next`` that keeps the lease, as one statement; ``None`` if it is not
+    one after all."""
+    ws = _built(build, KnownTransaction(session_id, known, ending=False))
+    if ws is None or not fits_known(ws, known, ending=False):
+        return None
+    return lambda before_commit: _write_known(db, ws, known, before_commit, ending=False)
+
+
+def ending(db: Any, session_id: str, build: Build, known: Task) -> Write | None:
+    """A phase's ending of a task with no owned child and no waiter, in one pipeline;
+    ``None`` if it is not one after all."""
+    ws = _built(build, KnownTransaction(session_id, known, ending=True))
+    if ws is None or not fits_known(ws, known, ending=True):
+        return None
+    return lambda before_commit: _write_known(db, ws, known, before_commit, ending=True)
+
+
+def creating(db: Any, session_id: str, build: Build) -> Write | None:
+    """New tasks with no parent, with BEGIN in one pipeline; ``None`` if the build
+    wants a read or writes more."""
+    ws = _built(build, CreatesTransaction(session_id))
+    if ws is None or not only_creates(ws):
+        return None
+    return lambda before_commit: _write_creates(db, ws, before_commit)
+
+
+# -- the writers -----------------------------------------------------------------------
+
+_COMMIT_SEQ = COMMIT.inserted.index("seq")
+_TASK_UPDATED_SEQ = TASK.updated.index("updated_seq")
+_TASK_SEQS_AT = (TASK.inserted.index("created_seq"), TASK.inserted.index("updated_seq"))
+_DISPATCH_SEQ_AT = DISPATCH.inserted.index("seq")
+
+
+def _write_known(
+    db: Any, ws: WriteSet, known: Task, before_commit: Callable[[], None], *, ending: bool,
+) -> WriteSet:
+    """The task written only if it is still as ``known`` (its epoch, lease owner and
+    updated_seq), its dispatch rows removed; :class:`Moved` otherwise."""
+    session_id = ws.commit.session_id
+    [task] = ws.updated_tasks
+    commit_values = without(COMMIT.values(ws.commit), _COMMIT_SEQ)
+    task_values = without(TASK.update_values(task), _TASK_UPDATED_SEQ)
+    guards = [known.epoch, known.lease_owner, known.updated_seq]
+    try:
+        if ending:
+            with db.connection.pipeline():
+                HotCursor(db).execute("BEGIN", prepare=False)
+                head = HotCursor(db).execute(sql.HEAD_ADVANCE, [session_id])
+                end = HotCursor(db).execute(
+                    sql.INLINE_END, [*commit_values, *task_values, *guards, task.id])
+                before_commit()
+                HotCursor(db).execute("COMMIT", prepare=False)
+            [seq], (commit_id, _) = head.fetchone(), end.fetchone()
+        else:
+            before_commit()
+            cur = HotCursor(db).execute(
+                sql.INLINE_COMMIT, [session_id, *commit_values, *task_values, *guards, task.id])
+            seq, commit_id, _ = cur.fetchone()
+    except psycopg.Error as exc:
+        if exc.sqlstate == sql.MOVED:
+            raise Moved(str(exc)) from exc
+        # Sent: if the connection was lost, the server may have committed it.
+        if db.connection.broken or db.connection.closed:
+            raise CommitUncertain(f"commit {session_id}: {exc}") from exc
+        raise
+    commit = replace(ws.commit, id=commit_id, seq=seq)
+    return replace(ws, commit=commit, updated_tasks=[replace(task, updated_seq=seq)])
+
+
+def _queue_creates(db: Any, ws: WriteSet) -> tuple[HotCursor, list[HotCursor]]:
+    """The statements of :func:`only_creates`'s commits, every seq taken at the head
+    (``statements.AT_HEAD``: the statements have no parameter in a seq's place)."""
+    head = HotCursor(db).execute(
+        sql.COMMIT_INSERT_AT_HEAD,
+        [ws.commit.session_id, *without(COMMIT.values(ws.commit), _COMMIT_SEQ)])
+    execute_rows(HotCursor(db), sql.TASK_INSERT_AT_HEAD,
+                 [without(TASK.values(t), *_TASK_SEQS_AT) for t in ws.new_tasks])
+    return head, queue_dispatches(
+        db, ws.dispatches, sql.dispatch_insert_at_head,
+        lambda d: without(DISPATCH.values(d), _DISPATCH_SEQ_AT))
+
+
+def _write_creates(db: Any, ws: WriteSet, before_commit: Callable[[], None]) -> WriteSet:
+    head, rows = pipelined(db, ws, before_commit, _queue_creates, begin=True,
+                           guess="(at its head)")
+    ids = [r[0] for chunk in rows for r in chunk.fetchall()]
+    commit_id, seq = head.fetchone()
+    return replace(
+        ws,
+        commit=replace(ws.commit, id=commit_id, seq=seq),
+        new_tasks=[replace(t, created_seq=seq, updated_seq=seq) for t in ws.new_tasks],
+        dispatches=[replace(d, id=i, seq=seq) for d, i in zip(ws.dispatches, ids, strict=True)],
+    )
