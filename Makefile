@@ -19,13 +19,14 @@ BENCH_ARGS ?=
 # Sources the URLs that `make services` resolved (shared or embedded servers).
 LOAD_SERVICES := set -a; . ./$(SERVICES_ENV); set +a
 
-.PHONY: help venv services services-stop browser lint test bench soak fuzz screenshot demo clean distclean
+.PHONY: help venv services services-stop browser lint test bench soak fuzz property screenshot demo clean distclean
 
 help:
 	@echo "make demo    set up the venv, Postgres, Redis and the database, then run the demo"
 	@echo "make test    lint + the whole test suite (what CI runs)"
 	@echo "make soak    SOAK_SECONDS (600) of seeded load and faults on the real stack"
 	@echo "make fuzz    schemathesis (every check) + huge numbers and deep nesting vs a real server"
+	@echo "make property  PROPERTY_MINUTES (30) of the differential property test (tests/property)"
 	@echo "other: venv services services-stop browser lint bench screenshot clean distclean"
 
 venv: $(STAMP)
@@ -82,6 +83,18 @@ soak: venv services
 	echo "==> soak for $(SOAK_SECONDS) s (SOAK_SEED=$${SOAK_SEED:-random})"
 	SOAK_SECONDS=$(SOAK_SECONDS) SOAK_REPORT=$(CURDIR)/.data/soak-report.json \
 		$(VENV)/bin/pytest -s -q tests/soak
+
+# The differential property test (tests/property): Postgres with its fast paths, Postgres
+# without, and the in-memory reference, in lockstep on random programs, for
+# PROPERTY_MINUTES (default 30); it prints the seed and the example counts at the end.
+# PROPERTY_SEED reproduces a run; PROPERTY_EXCLUDE leaves families of steps out (see
+# tests/property/machine.py). Also runs the findings' regression tests (same marker).
+PROPERTY_MINUTES ?= 30
+property: venv services
+	@$(LOAD_SERVICES)
+	echo "==> differential property test for $(PROPERTY_MINUTES) minutes (PROPERTY_SEED=$${PROPERTY_SEED:-random})"
+	PROPERTY_MINUTES=$(PROPERTY_MINUTES) $(VENV)/bin/pytest -s -q \
+		-m property tests/property $(PYTEST_ARGS)
 
 # The API fuzzed on a real Daphne with production settings (controlplane/dev/fuzz.py):
 # targeted huge numbers and deep nesting, then `st run --checks all`; fails on any 5xx.

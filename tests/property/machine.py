@@ -1,0 +1,590 @@
+"""The differential state machine: one random program, three storages in lockstep.
+
+Each step is one operation through the kernel's real API - a client's commit
+(``SessionHandle.commit`` with a :class:`~kernel.Draft`), a worker's ``advance``,
+``advance_queue`` or ``run_claimed``, a claim, renewal or release through the
+``Storage`` protocol, the dispatcher's sweep - run in each world in turn:
+the in-memory reference, Postgres with every fast path on, Postgres with them off
+(:mod:`.worlds`). After each step the three must agree on the operation's outcome (its
+value, or the type of the error it raised), on every record their storages hold, on what
+their brokers were sent, on what the phases did, on the leases their workers hold and
+on the faults still armed. A disagreement raises ``<What>Disagree`` (an
+``AssertionError``; one class per kind of record, so that hypothesis tells them apart)
+naming the step and what differs.
+
+Beside the comparison, invariants that issue 30 asks of every storage
+(``InvariantViolation``): no dispatch row outlives its task's end; a phase runs under a
+lease its worker holds; a worker holds no lease once its operation has returned.
+
+The tasks are of one kind whose input is a script (:func:`script`): each phase plays it
+from its checkpoint (:meth:`.worlds.World.play`), so one program makes each world's
+phases continue inline, end, spawn and join children (``all_settled``, ``fail_fast``),
+wait on other tasks, on signals or for a time, append entries, write documents, commit
+an intent, raise, and meddle while they run: cancel or signal a task (their own too:
+a cancel racing the task's own ending), let their own lease run out and another worker
+take it, lose their database connection, take long (a woken worker then commits the
+endings it holds first), or wake a paused holder of a lease.
+
+Families of steps can be left out, to look past a disagreement already known:
+``PROPERTY_EXCLUDE`` is a comma-separated list of ``refused`` (values Postgres refuses),
+``faults`` (the fault hook, reconnects), ``lose`` (connections lost in a phase),
+``lapse`` (paused holders, leases that run out under them, stolen leases) and
+``invariants`` (only the comparison).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any, ClassVar
+
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule
+
+from kernel import Draft, Status, StorageUnavailable, Task
+from kernel.dispatch import SweepReport
+from kernel.records import Submission, WriteSet
+from tests.conformance.world import Crash
+
+from .worlds import (
+    KIND,
+    LEASE,
+    MONOTONIC,
+    QUEUE,
+    STATS,
+    WORKERS,
+    World,
+    differences,
+    empty_database,
+    memory_world,
+    postgres_world,
+    snapshot,
+)
+
+FAMILIES = frozenset({"refused", "faults", "lose", "lapse", "invariants"})
+EXCLUDED = frozenset(
+    f.strip() for f in os.environ.get("PROPERTY_EXCLUDE", "").split(",") if f.strip()
+)
+if EXCLUDED - FAMILIES:
+    raise ValueError(f"PROPERTY_EXCLUDE: no family {sorted(EXCLUDED - FAMILIES)}; "
+                     f"families: {sorted(FAMILIES)}")
+
+
+def enabled(family: str) -> bool:
+    return family not in EXCLUDED
+
+
+# -- scripts -----------------------------------------------------------------------------------
+
+REFUSED_KINDS = ("nul", "surrogate", "nan", "datetime")
+BAD = st.sampled_from((None,) * 12 + REFUSED_KINDS)
+"""Mostly an ordinary value; sometimes one Postgres refuses (:func:`.worlds.refused_value`)."""
+MEDDLES = ("cancel", "cancel", "signal", "expire", "steal", "lose", "slow", "resume")
+INDEX = st.integers(min_value=0, max_value=1000)
+
+
+def _plain_step() -> st.SearchStrategy[dict[str, Any]]:
+    return st.builds(
+        lambda op, bad: {"op": op, "bad": bad},
+        st.sampled_from(("next", "next", "next", "intent", "succeed", "succeed", "fail",
+                         "raise", "append", "doc")),
+        BAD,
+    )
+
+
+def step(depth: int) -> st.SearchStrategy[dict[str, Any]]:
+    """One step of a script. ``target``/``ids`` are indexes into the session's tasks at
+    creation (:meth:`Differential.resolve` makes them ids; a target of None is the task
+    itself)."""
+    options = [
+        _plain_step(),
+        st.builds(lambda s: {"op": "sleep", "s": s}, st.sampled_from((5, 60))),
+        st.just({"op": "signal"}),
+        st.builds(lambda what, target: {"op": "meddle", "what": what, "target": target},
+                  st.sampled_from(MEDDLES), st.one_of(st.none(), INDEX)),
+        st.builds(lambda ids: {"op": "wait_on", "ids": ids},
+                  st.lists(INDEX, min_size=1, max_size=2)),
+    ]
+    if depth == 0:
+        options.append(st.builds(
+            lambda children, wait: {"op": "spawn", "children": children, "wait": wait},
+            st.lists(script(depth + 1), min_size=1, max_size=3),
+            st.sampled_from((None, "all_settled", "all_settled", "fail_fast")),
+        ))
+    return st.one_of(options)
+
+
+def script(depth: int = 0) -> st.SearchStrategy[list[dict[str, Any]]]:
+    """A task's program; its end succeeds. A third are empty: tasks that end in their
+    first phase, the quick endings a woken worker holds back and commits together."""
+    steps = st.lists(step(depth), min_size=1, max_size=4)
+    return st.one_of(st.just([]), steps, steps)
+
+
+# -- outcomes ------------------------------------------------------------------------------------
+
+
+def normal(value: Any) -> Any:
+    """An operation's return value, as the worlds must agree on it."""
+    if isinstance(value, WriteSet):
+        return ("commit", value.commit.seq, [t.id for t in value.new_tasks])
+    if isinstance(value, Task):
+        return ("task", value.id, value.epoch, str(value.status))
+    if isinstance(value, Submission):
+        return ("submission", value.id, str(value.status))
+    if isinstance(value, SweepReport):
+        return ("sweep", value.delivered, value.failed)
+    if isinstance(value, list | tuple):
+        return [normal(v) for v in value]
+    return value
+
+
+class Disagreement(AssertionError):
+    """A world disagrees with the reference."""
+
+
+class InvariantViolation(AssertionError):
+    """A world breaks a rule every storage must keep."""
+
+
+_KINDS: dict[str, type[Disagreement]] = {}
+
+
+def disagreement(what: str) -> type[Disagreement]:
+    """One class per kind of record (``TasksDisagree``, ``OutcomeDisagree``...)."""
+    name = "".join(w.capitalize() for w in what.split()) + "Disagree"
+    if name not in _KINDS:
+        _KINDS[name] = type(name, (Disagreement,), {"__module__": __name__})
+    return _KINDS[name]
+
+
+class Differential(RuleBasedStateMachine):
+    aliases: ClassVar[tuple[str, str]] = ("default", "property_general")
+    """The databases of the fast-path world and of the general one (set by the test)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        from kernel import ManualClock
+
+        fast, general = self.aliases
+        empty_database(fast)
+        empty_database(general)
+        MONOTONIC.now = 0.0
+        self.clock = ManualClock()
+        self.worlds = [
+            memory_world(self.clock),
+            postgres_world("postgres-fast", self.clock, fast, fast_paths=True),
+            postgres_world("postgres-general", self.clock, general, fast_paths=False),
+        ]
+        for world in self.worlds:
+            world.refused = enabled("refused")
+            world.lapse = enabled("lapse")
+        self.reference = self.worlds[0]
+        self.sessions: list[tuple[str, str]] = []  # (session id, its conversation)
+        self.steps = 0
+        STATS["examples"] += 1
+
+    def teardown(self) -> None:
+        for world in self.worlds:
+            world.close()
+
+    # -- running a step in each world ------------------------------------------------------
+
+    def each(self, label: str, op: Callable[[World], Any], *, worker: str | None = None,
+             lose: bool = False) -> Any:
+        """Run ``op`` in each world, compare, and return the reference's value."""
+        self.steps += 1
+        STATS["steps"] += 1
+        values: list[Any] = []
+        outcomes: list[tuple[Any, ...]] = []
+        for world in self.worlds:
+            with world.active(lose=lose and enabled("lose")):
+                try:
+                    value = op(world)
+                    values.append(value)
+                    outcomes.append(("ok", normal(value)))
+                except Crash:
+                    values.append(None)
+                    outcomes.append(("crash",))
+                    if worker is not None:
+                        world.restart(worker)  # the process died: nothing it held survives
+                except Exception as exc:
+                    values.append(None)
+                    outcomes.append(("error", type(exc).__name__))
+        self.compare(label, outcomes)
+        return values[0]
+
+    def compare(self, label: str, outcomes: list[Any]) -> None:
+        where = f"step {self.steps} ({label})"
+        reference = self.reference
+        for outcome in outcomes[1:]:
+            if outcome != outcomes[0]:
+                STATS["disagreements"] += 1
+                raise disagreement("outcome")(
+                    f"{where}: outcomes differ: " + ", ".join(
+                        f"{w.name} {o}" for w, o in zip(self.worlds, outcomes, strict=True)))
+        shots = [snapshot(w) for w in self.worlds]
+        for world, shot in zip(self.worlds[1:], shots[1:], strict=True):
+            found = differences(shots[0], shot)
+            if found:
+                STATS["disagreements"] += 1
+                what, lines = next(iter(found.items()))
+                detail = "\n".join(f"  [{k}] {line}" for k, ls in found.items() for line in ls)
+                raise disagreement(what)(
+                    f"{where}: {world.name} disagrees with {reference.name} on {what}:\n"
+                    f"{detail}")
+        for what, view in (
+            ("broker", lambda w: w.broker.log),
+            ("effects", lambda w: w.effects),
+            ("workers", lambda w: {i: sorted((t, lease.task.epoch) for t, lease in
+                                             wk.held.items()) for i, wk in w.workers.items()}),
+            ("paused", lambda w: [(i, t.id, t.epoch) for i, t in w.paused]),
+            ("faults", lambda w: sorted(w.faults.armed)),
+        ):
+            mine = view(reference)
+            for world in self.worlds[1:]:
+                theirs = view(world)
+                if theirs != mine:
+                    STATS["disagreements"] += 1
+                    raise disagreement(what)(
+                        f"{where}: {world.name} disagrees with {reference.name} on {what}:\n"
+                        f"  reference {_tail(mine)}\n  {world.name} {_tail(theirs)}")
+        if enabled("invariants"):
+            for world, shot in zip(self.worlds, shots, strict=True):
+                broken = _broken(world, shot)
+                if broken:
+                    STATS["invariant violations"] += 1
+                    raise InvariantViolation(f"{where}: {world.name}: " + "; ".join(broken))
+
+    # -- what the reference holds, to choose from ---------------------------------------------
+
+    def tasks(self, session: str | None = None) -> list[Task]:
+        memory = self.reference.memory
+        assert memory is not None
+        if session is None:
+            return list(memory._tasks.values())
+        return [memory._tasks[i] for i in memory._session_tasks.get(session, [])]
+
+    def task_at(self, index: int, want: Callable[[Task], bool] | None = None,
+                session: str | None = None) -> Task:
+        found = self.tasks(session)
+        preferred = [t for t in found if want(t)] if want is not None else []
+        pool = preferred or found
+        return pool[index % len(pool)]
+
+    def session_at(self, index: int) -> tuple[str, str]:
+        return self.sessions[index % len(self.sessions)]
+
+    def resolve(self, program: list[dict[str, Any]], session: str) -> list[dict[str, Any]]:
+        """A script's indexes made the ids of the session's tasks (see :func:`step`)."""
+        ids = [t.id for t in self.tasks(session)]
+
+        def fix(s: dict[str, Any]) -> dict[str, Any]:
+            s = dict(s)
+            if s["op"] == "meddle":
+                target = s.get("target")
+                s["target"] = ids[target % len(ids)] if target is not None and ids else None
+            if s["op"] == "wait_on":
+                if not ids:
+                    return {"op": "next", "bad": None}
+                s["ids"] = list(dict.fromkeys(ids[i % len(ids)] for i in s["ids"]))
+            if s["op"] == "spawn":
+                s["children"] = [[fix(c) for c in child] for child in s["children"]]
+            return s
+
+        return [fix(s) for s in program]
+
+    def signal_name(self, task: Task) -> str:
+        return (task.wait or {}).get("signal", "s0")
+
+    def now_and_until(self) -> tuple[Any, Any]:
+        now = self.clock.now()
+        return now, now + timedelta(seconds=LEASE)
+
+    # -- rules: sessions and clients --------------------------------------------------------
+
+    def _new_session(self) -> None:
+        def op(world: World) -> tuple[str, str]:
+            handle = world.kernel.create_session()
+            draft = Draft(actor="user:client")
+            conversation = draft.create_conversation()
+            handle.commit(draft)
+            return handle.id, conversation
+
+        made = self.each("new session", op)
+        if made is not None:
+            self.sessions.append(made)
+
+    @initialize()
+    def start(self) -> None:
+        self._new_session()
+
+    @precondition(lambda self: len(self.sessions) < 3)
+    @rule()
+    def new_session(self) -> None:
+        self._new_session()
+
+    @precondition(lambda self: bool(self.sessions))
+    @rule(session=INDEX, programs=st.lists(script(), min_size=1, max_size=4), bad=BAD,
+          key=st.sampled_from((None,) * 5 + ("k1", "k2")), cancel_writes=st.booleans())
+    def create(self, session: int, programs: list[Any], bad: str | None, key: str | None,
+               cancel_writes: bool) -> None:
+        """A client's commit that only creates tasks (several: a burst of woken rows)."""
+        session_id, conversation = self.session_at(session)
+        resolved = [self.resolve(p, session_id) for p in programs]
+
+        def op(world: World) -> WriteSet:
+            draft = Draft(actor="user:client", key=key)
+            for program in resolved:
+                draft.create_task(KIND, {"script": program, "conv": conversation,
+                                         "cancel_writes": cancel_writes,
+                                         "note": world.value(bad, "input")})
+            return world.kernel.open(session_id).commit(draft)
+
+        self.each("create", op)
+
+    @precondition(lambda self: bool(self.sessions))
+    @rule(session=INDEX, request=st.sampled_from(("r1", "r2", "r3")), bad=BAD)
+    def submit(self, session: int, request: str, bad: str | None) -> None:
+        session_id, conversation = self.session_at(session)
+        self.each("submit", lambda w: w.kernel.open(session_id).submit(
+            conversation, request, {"text": w.value(bad, "hello")}))
+
+    def _client(self, label: str, session_id: str, fill: Callable[[World, Draft], None],
+                key: str | None = None) -> None:
+        def op(world: World) -> WriteSet:
+            draft = Draft(actor="user:op", key=key)
+            fill(world, draft)
+            return world.kernel.open(session_id).commit(draft)
+
+        self.each(label, op)
+
+    @precondition(lambda self: bool(self.tasks()))
+    @rule(task=INDEX, logged=st.booleans())
+    def cancel(self, task: int, logged: bool) -> None:
+        target = self.task_at(task, lambda t: not t.terminal)
+
+        def fill(world: World, draft: Draft) -> None:
+            draft.cancel(target.id, "operator stop")
+            if logged:
+                draft.record_operation("cancel", {"task": target.id, "reason": "stop"})
+
+        self._client("cancel", target.session_id, fill)
+
+    @precondition(lambda self: bool(self.tasks()))
+    @rule(task=INDEX, bad=BAD)
+    def signal(self, task: int, bad: str | None) -> None:
+        target = self.task_at(task, lambda t: t.status is Status.WAITING)
+        name = self.signal_name(target)
+        self._client("signal", target.session_id, lambda w, d: d.signal(
+            target.id, name, {"v": w.value(bad, "payload")}))
+
+    @precondition(lambda self: bool(self.tasks()))
+    @rule(task=INDEX, stale=st.booleans())
+    def resolve_step(self, task: int, stale: bool) -> None:
+        """A signal with the epoch of the step it answers (an operator's resolution)."""
+        target = self.task_at(task, lambda t: "signal" in (t.wait or {}))
+        name, epoch = self.signal_name(target), target.epoch - (1 if stale else 0)
+        self._client("resolve", target.session_id, lambda w, d: d.signal(
+            target.id, name, {"decision": "go"}, step_epoch=epoch))
+
+    @precondition(lambda self: bool(self.tasks()))
+    @rule(task=INDEX)
+    def retry(self, task: int) -> None:
+        target = self.task_at(task, lambda t: (t.outcome or {}).get("kind") in
+                              ("failed", "faulted"))
+        self._client("retry", target.session_id, lambda w, d: d.retry(target.id))
+
+    @precondition(lambda self: bool(self.tasks()))
+    @rule(task=INDEX)
+    def wake(self, task: int) -> None:
+        target = self.task_at(task, lambda t: t.status is Status.SLEEPING)
+        self._client("wake", target.session_id, lambda w, d: d.wake(target.id))
+
+    @precondition(lambda self: bool(self.tasks()))
+    @rule(session=INDEX, actions=st.lists(
+        st.tuples(st.sampled_from(("cancel", "retry", "signal", "wake", "create")), INDEX),
+        min_size=2, max_size=5), key=st.sampled_from((None, None, "bulk-1")))
+    def bulk(self, session: int, actions: list[tuple[str, int]], key: str | None) -> None:
+        """An operator's bulk action: one commit acting on several tasks."""
+        session_id, conversation = self.session_at(session)
+        if not self.tasks(session_id):
+            session_id = self.tasks()[0].session_id
+        targets = [(kind, self.task_at(i, session=session_id)) for kind, i in actions]
+
+        def fill(world: World, draft: Draft) -> None:
+            for kind, target in targets:
+                if kind == "cancel":
+                    draft.cancel(target.id, "bulk")
+                elif kind == "retry":
+                    draft.retry(target.id)
+                elif kind == "signal":
+                    draft.signal(target.id, self.signal_name(target), {"bulk": True})
+                elif kind == "wake":
+                    draft.wake(target.id)
+                else:
+                    draft.create_task(KIND, {"script": [], "conv": target.input.get("conv")})
+            draft.record_operation("bulk", {"count": len(targets)})
+
+        self._client("bulk", session_id, fill, key)
+
+    # -- rules: workers -------------------------------------------------------------------------
+
+    @precondition(lambda self: bool(self.tasks()))
+    @rule(worker=st.sampled_from(WORKERS), task=INDEX)
+    def advance(self, worker: str, task: int) -> None:
+        now = self.clock.now()
+        target = self.task_at(task, lambda t: t.runnable_at(now))
+        self.each("advance", lambda w: w.workers[worker].advance(target.id), worker=worker,
+                  lose=True)
+
+    @precondition(lambda self: bool(self.tasks()))
+    @rule(worker=st.sampled_from(WORKERS), most=st.integers(min_value=2, max_value=6))
+    def work(self, worker: str, most: int) -> None:
+        """A worker advances the tasks runnable now, one after another (messages that
+        arrive in a row): most steps of a program should run phases."""
+        now = self.clock.now()
+        ready = [t.id for t in self.tasks() if t.runnable_at(now)][:most]
+
+        def op(world: World) -> list[bool]:
+            return [world.workers[worker].advance(task_id) for task_id in ready]
+
+        self.each("work", op, worker=worker, lose=True)
+
+    @rule(worker=st.sampled_from(WORKERS), batch=st.sampled_from((1, 2, 3, 10)))
+    def run_queue(self, worker: str, batch: int) -> None:
+        """A woken worker: claims the queue's woken rows' tasks, holds their endings back."""
+        self.each("run queue", lambda w: w.workers[worker].advance_queue(
+            QUEUE, batch=batch, budget=1e9), worker=worker)
+
+    @precondition(lambda self: enabled("lapse") and bool(self.tasks()))
+    @rule(worker=st.sampled_from(WORKERS), task=INDEX,
+          how=st.sampled_from(("claim", "claim", "woken", "batch")))
+    def claim(self, worker: str, task: int, how: str) -> None:
+        """A worker claims and pauses before its phase (a stopped VM, SIGSTOP)."""
+        now, until = self.now_and_until()
+        target = self.task_at(task, lambda t: t.runnable_at(now))
+
+        def op(world: World) -> Any:
+            storage = world.storage
+            if how == "claim":
+                claimed = [storage.claim(target.id, worker, now, until)]
+            elif how == "woken":
+                claimed = [storage.claim_woken(QUEUE, worker, now, until)]
+            else:  # every runnable one: the order of a batch is the storage's own
+                claimed = sorted(storage.claim_batch(worker, now, until, 1000, [KIND]),
+                                 key=lambda t: t.id)
+            world.paused.extend((worker, t) for t in claimed if t is not None)
+            return claimed
+
+        self.each(f"claim ({how})", op)
+
+    @precondition(lambda self: bool(self.reference.paused))
+    @rule(slot=INDEX)
+    def resume(self, slot: int) -> None:
+        """A paused holder wakes up and runs its phase, however long it was away."""
+        index = slot % len(self.reference.paused)
+        worker = self.reference.paused[index][0]
+
+        def op(world: World) -> None:
+            owner, claimed = world.paused.pop(index)
+            world.workers[owner].run_claimed(claimed)
+
+        self.each("resume", op, worker=worker, lose=True)
+
+    @precondition(lambda self: bool(self.reference.paused))
+    @rule(slot=INDEX)
+    def renew(self, slot: int) -> None:
+        index = slot % len(self.reference.paused)
+        _, until = self.now_and_until()
+
+        def op(world: World) -> bool:
+            owner, claimed = world.paused[index]
+            return bool(world.storage.renew(claimed.id, owner, claimed.epoch, until))
+
+        self.each("renew", op)
+
+    @precondition(lambda self: bool(self.reference.paused))
+    @rule(slot=INDEX, interrupted=st.booleans())
+    def release(self, slot: int, interrupted: bool) -> None:
+        index = slot % len(self.reference.paused)
+        now = self.clock.now()
+
+        def op(world: World) -> Task | None:
+            owner, claimed = world.paused.pop(index)
+            return world.storage.release(claimed.id, owner, claimed.epoch, now,
+                                         interrupted=interrupted)
+
+        self.each("release", op)
+
+    # -- rules: time, sweeps, faults -----------------------------------------------------------
+
+    @rule(seconds=st.sampled_from((1, 5, 20, 31, 31, 61, 301, -1, -5)))
+    def clock_step(self, seconds: int) -> None:
+        """The shared clock moves (backwards too: a clock that is stepped)."""
+        self.clock.advance(seconds)
+        STATS["steps"] += 1
+        self.steps += 1
+
+    @rule()
+    def sweep(self) -> None:
+        """Beat's sweep: expired leases get rows, due rows are delivered (bursts woken)."""
+        self.each("sweep", lambda w: w.dispatcher.sweep())
+
+    @precondition(lambda self: enabled("faults"))
+    @rule(point=st.sampled_from(("before_write", "after_write", "after_commit")),
+          error=st.sampled_from(("unavailable", "crash")))
+    def fault(self, point: str, error: str) -> None:
+        """The next commit to reach ``point`` fails there: a lost connection, or the
+        process dying (``Crash``)."""
+        for world in self.worlds:
+            world.faults.armed[point] = (
+                StorageUnavailable("connection lost (injected)") if error == "unavailable"
+                else Crash())
+        STATS["steps"] += 1
+        self.steps += 1
+
+    @precondition(lambda self: enabled("faults"))
+    @rule()
+    def reconnect(self) -> None:
+        """Postgres connections are closed between operations (each reconnects)."""
+        def op(world: World) -> None:
+            if world.alias is not None:
+                from django.db import connections
+
+                connections[world.alias].close()
+
+        self.each("reconnect", op)
+
+
+    # Weights: hypothesis picks evenly among the rules an example enables; the steps
+    # that make and run work come up more often under a second name (each is one rule
+    # to the feature flags of an example, and printed under its own name).
+    create_more = create
+    work_more = work
+    work_again = work
+    run_queue_more = run_queue
+    claim_more = claim
+
+
+def _tail(value: Any, items: int = 8) -> str:
+    if isinstance(value, list) and len(value) > items:
+        return f"... {value[-items:]!r} (last {items} of {len(value)})"
+    return repr(value)
+
+
+def _broken(world: World, shot: dict[str, Any]) -> list[str]:
+    """What ``world`` breaks of the rules every storage keeps (see the module docstring)."""
+    found = list(dict.fromkeys(world.violations))
+    world.violations.clear()
+    ended = {i for i, t in shot["tasks"].items() if t["status"] == "terminal"}
+    orphans = sorted({r["task_id"] for r in shot["dispatch rows"].values()
+                      if r["task_id"] in ended})
+    if orphans:
+        found.append(f"dispatch rows outlive the end of their tasks: {orphans}")
+    for worker_id, worker in world.workers.items():
+        if worker.held:
+            found.append(f"worker {worker_id} still holds {sorted(worker.held)} with no phase "
+                         "running (a heartbeat would renew them forever)")
+    return found
