@@ -1,9 +1,10 @@
-"""What a storage can hold: JSON values and text without NUL.
+"""What a storage can hold: JSON values and text without NUL, in UTF-8.
 
 Every value a draft writes passes through here when it enters the draft, so that both
 storages refuse the same values with the same error, before anything is sent: Postgres
-cannot store ``\\u0000`` in ``jsonb`` or ``text``, nor a value JSON does not encode (a
-``datetime``, ``NaN``, a set), and the in-memory reference would otherwise keep them.
+cannot store ``\\u0000`` in ``jsonb`` or ``text``, a lone surrogate (no UTF-8 holds it),
+nor a value JSON does not encode (a ``datetime``, ``NaN``, a set), and the in-memory
+reference would otherwise keep them.
 A value that passes is returned as storage will give it back (tuples as lists, keys
 as strings), so a reader sees the same thing on either storage.
 """
@@ -33,14 +34,30 @@ def storable(value: JSON, what: str) -> JSON:
         raise UnstorableValue(_explain(value, what)) from None
     if "\\u0000" in encoded and _NUL_ESCAPE.search(encoded):
         raise UnstorableValue(_explain(value, what))
+    try:
+        encoded.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate: no UTF-8 text holds it
+        raise UnstorableValue(_explain(value, what)) from None
     return json.loads(encoded)
 
 
 def storable_text(text: str | None, what: str) -> str | None:
     """``text`` if a text column can hold it, or :class:`UnstorableValue` naming ``what``."""
-    if text is not None and "\x00" in text:
-        raise UnstorableValue(f"{what} cannot be stored: the text holds NUL (\\x00)")
+    if text is not None:
+        problem = _text_problem(text)
+        if problem is not None:
+            raise UnstorableValue(f"{what} cannot be stored: the text holds {problem}")
     return text
+
+
+def _text_problem(text: str) -> str | None:
+    if "\x00" in text:
+        return "NUL (\\x00)"
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return f"a lone surrogate ({text[exc.start]!r}), which UTF-8 cannot encode"
+    return None
 
 
 def _explain(value: JSON, what: str) -> str:
@@ -58,7 +75,8 @@ def _first_problem(value: JSON, path: list[Any], depth: int) -> tuple[list[Any],
     if isinstance(value, float):
         return None if math.isfinite(value) else (path, f"{value!r} is not a JSON number")
     if isinstance(value, str):
-        return (path, "a string holds NUL (\\x00)") if "\x00" in value else None
+        problem = _text_problem(value)
+        return None if problem is None else (path, f"a string holds {problem}")
     if isinstance(value, list | tuple):
         for index, item in enumerate(value):
             found = _first_problem(item, [*path, index], depth + 1)
@@ -69,8 +87,9 @@ def _first_problem(value: JSON, path: list[Any], depth: int) -> tuple[list[Any],
         for key, item in value.items():
             if not isinstance(key, str | int | float | bool) and key is not None:
                 return path, f"the key {key!r} ({type(key).__name__}) is not a JSON key"
-            if isinstance(key, str) and "\x00" in key:
-                return path, "a key holds NUL (\\x00)"
+            problem = _text_problem(key) if isinstance(key, str) else None
+            if problem is not None:
+                return path, f"a key holds {problem}"
             found = _first_problem(item, [*path, key], depth + 1)
             if found is not None:
                 return found

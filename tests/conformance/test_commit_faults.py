@@ -75,7 +75,7 @@ def registry_with(bad: dict[str, Any]) -> Registry:
     return registry
 
 
-BAD = {"nul": NUL, "datetime": NOT_JSON, "nan": float("nan")}
+BAD = {"nul": NUL, "datetime": NOT_JSON, "nan": float("nan"), "surrogate": "half \ud800"}
 
 
 def woken_setup(world: World, registry: Registry) -> Any:
@@ -85,7 +85,7 @@ def woken_setup(world: World, registry: Registry) -> Any:
     return kernel
 
 
-@pytest.mark.parametrize("value", ["nul", "datetime", "nan"])
+@pytest.mark.parametrize("value", ["nul", "datetime", "nan", "surrogate"])
 @pytest.mark.parametrize("where", ["result", "checkpoint", "document"])
 def test_a_value_no_storage_can_hold_faults_its_own_task_once_with_the_field_named(
     world: World, where: str, value: str

@@ -66,6 +66,7 @@ from kernel import (
     Worker,
 )
 from kernel.dispatch import Dispatcher
+from kernel.endings import HeldEndings
 from tests.conformance.world import Faults
 
 LEASE = 30.5
@@ -333,7 +334,7 @@ class World:
         """A phase runs under a lease its worker holds (and so renews, with a heartbeat)."""
         task = run.task
         worker = self.workers.get(task.lease_owner or "")
-        lease = worker.held.get(task.id) if worker is not None else None
+        lease = worker.held.get((task.id, task.epoch)) if worker is not None else None
         if lease is None or lease.task.epoch != task.epoch:
             self.violations.append(
                 f"{when} of the phase of {task.id} at epoch {task.epoch}: worker "
@@ -432,39 +433,45 @@ class World:
             self.effects.append(("meddle", what, target, type(exc).__name__))
 
 
-def _spy_worker(world: World, worker: Worker) -> None:
-    """Count the held-back endings' joint commits and the commits that carry them."""
-    together, board = worker._commit_together, worker.board
+class _SpiedEndings(HeldEndings):
+    """This thread's held-back endings, counting their joint commits and the commits
+    that carry them."""
 
-    def commit_together(group: Any) -> bool:
-        landed = together(group)
-        STATS[f"{world.name}:endings committed together"] += bool(landed)
+    def __init__(self, world: World, worker: Worker) -> None:
+        super().__init__(worker)
+        self.world = world
+
+    def _together(self, group: Any) -> bool:
+        landed = super()._together(group)
+        STATS[f"{self.world.name}:endings committed together"] += bool(landed)
         return landed
 
-    def boarded(session_id: str) -> Draft | None:
-        draft = board(session_id)
-        STATS[f"{world.name}:endings carried by an intent"] += draft is not None
-        return draft
+    def carry(self, session_id: str) -> Any:
+        carried = super().carry(session_id)
+        STATS[f"{self.world.name}:endings carried by an intent"] += carried is not None
+        return carried
 
-    worker._commit_together = commit_together  # type: ignore[method-assign]
-    worker.board = boarded  # type: ignore[method-assign]
+
+def _spy_worker(world: World, worker: Worker) -> None:
+    """Count the held-back endings' joint commits and the commits that carry them."""
+    worker._pending.endings = _SpiedEndings(world, worker)
 
 
 def _spy_fast_paths(world: World, storage: PostgresStorage) -> None:
-    """Count the commits each one-round-trip path wrote (a write set returned), and the
+    """Count the commits each one-round-trip kind wrote (a write set returned), and the
     woken claims that found a task."""
-    known, creates, woken = storage._commit_known, storage._commit_creates, storage.claim_woken
+    built, woken = storage._write_built, storage.claim_woken
 
-    def commit_known(db: Any, session_id: str, build: Any, prefetch: Any) -> Any:
-        written = known(db, session_id, build, prefetch)
+    def write_built(db: Any, session_id: str, writing: Any) -> Any:
+        written = built(db, session_id, writing)
         if written is not None:
-            path = "known ending" if prefetch.finishing else "known inline"
+            if written.new_tasks:
+                path = "creates"
+            elif written.updated_tasks[0].terminal:
+                path = "known ending"
+            else:
+                path = "known inline"
             STATS[f"{world.name}:{path}"] += 1
-        return written
-
-    def commit_creates(db: Any, session_id: str, build: Any) -> Any:
-        written = creates(db, session_id, build)
-        STATS[f"{world.name}:creates"] += written is not None
         return written
 
     def claim_woken(*args: Any, **kwargs: Any) -> Task | None:
@@ -473,8 +480,7 @@ def _spy_fast_paths(world: World, storage: PostgresStorage) -> None:
         return claimed
 
     storage.claim_woken = claim_woken  # type: ignore[method-assign]
-    storage._commit_known = commit_known  # type: ignore[method-assign]
-    storage._commit_creates = commit_creates  # type: ignore[method-assign]
+    storage._write_built = write_built  # type: ignore[method-assign]
 
 
 def memory_world(clock: ManualClock) -> World:
