@@ -1,0 +1,6 @@
+"""Adapters that host an agent framework's runs on the kernel (DESIGN §14).
+
+Each subpackage connects one framework's native state (its checkpoints, messages, tool
+calls) with the kernel's records, tasks and commits. A framework is imported only by its
+own subpackage, and only when that subpackage is imported.
+"""
