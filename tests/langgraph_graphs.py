@@ -24,7 +24,7 @@ from langgraph.prebuilt import create_react_agent
 from langgraph.types import interrupt
 
 from kernel import Kernel, Registry
-from kernel.hosts.langgraph.host import register_graph
+from kernel.hosts.langgraph.host import GraphHost, register_graph
 
 AGENT = "langgraph-notice-agent"
 APPROVAL = "langgraph-approval"
@@ -99,6 +99,11 @@ def notice_agent() -> Any:
         return create_react_agent(model, [lookup_recipients, send_notice])
 
 
+DECISION = {"type": "object", "required": ["approved"], "additionalProperties": False,
+            "properties": {"approved": {"type": "boolean"}}}
+"""The resume value the approval node declares it takes."""
+
+
 class Approval(TypedDict):
     text: str
     approved: Any
@@ -113,7 +118,7 @@ def approval_graph() -> Any:
         # LangGraph runs this node again from its start on resume: what comes before
         # interrupt() must be safe to repeat (here, a recorded line).
         record("approve")
-        answer = interrupt({"question": "publish?", "text": state["text"]})
+        answer = interrupt({"question": "publish?", "text": state["text"], "schema": DECISION})
         return {"approved": answer}
 
     def publish(state: Approval) -> dict[str, Any]:
@@ -152,10 +157,12 @@ def pipeline_graph(steps: int = 4) -> Any:
     return builder.compile()
 
 
-def register_all(registry: Registry, kernel: Callable[[], Kernel]) -> None:
-    register_graph(registry, AGENT, notice_agent(), kernel=kernel)
-    register_graph(registry, APPROVAL, approval_graph(), kernel=kernel)
-    register_graph(registry, PIPELINE, pipeline_graph(), kernel=kernel)
+def register_all(registry: Registry, kernel: Callable[[], Kernel]) -> dict[str, GraphHost]:
+    return {
+        AGENT: register_graph(registry, AGENT, notice_agent(), kernel=kernel),
+        APPROVAL: register_graph(registry, APPROVAL, approval_graph(), kernel=kernel),
+        PIPELINE: register_graph(registry, PIPELINE, pipeline_graph(), kernel=kernel),
+    }
 
 
 def register(registry: Registry) -> None:

@@ -11,7 +11,7 @@ from kernel import Draft, InMemoryStorage, Kernel, Registry, Scheduler, Status
 from kernel.hosts.langgraph import SessionStoreSaver
 from kernel.hosts.langgraph.host import fork_input, resume_signal
 from kernel.hosts.langgraph.layout import CHECKPOINT, HEAD
-from tests.langgraph_graphs import APPROVAL, PIPELINE, register_all, runs
+from tests.langgraph_graphs import APPROVAL, DECISION, PIPELINE, register_all, runs
 
 
 @pytest.fixture
@@ -65,17 +65,17 @@ def test_an_interrupt_is_a_durable_wait_and_the_resume_value_reaches_the_node(
     assert task.status is Status.WAITING and task.lease_owner is None
     waiting = task.checkpoint["interrupted"]
     assert waiting["interrupts"][0]["value"] == {"question": "publish?",
-                                                "text": "draft of notice"}
+                                                "text": "draft of notice", "schema": DECISION}
     assert task.wait == {"signal": resume_signal(waiting["checkpoint_id"])}
 
     draft = Draft(actor="user:olga")
-    draft.signal(task_id, resume_signal(waiting["checkpoint_id"]), {"value": "yes"},
+    draft.signal(task_id, resume_signal(waiting["checkpoint_id"]), {"value": {"approved": True}},
                  step_epoch=task.epoch)
     kernel.open(session).commit(draft)
     Scheduler(Kernel(kernel.storage, kernel.registry)).run_until_idle()  # a new process
     task = kernel.task(task_id)
     assert task.outcome is not None and task.outcome["kind"] == "succeeded", task.outcome
-    assert task.outcome["result"]["output"]["approved"] == "yes"
+    assert task.outcome["result"]["output"]["approved"] == {"approved": True}
     # LangGraph re-runs the interrupted node from its start on resume: "approve" twice.
     assert runs(recorded) == ["draft", "approve", "approve", "publish"]
 
