@@ -15,6 +15,7 @@ belongs to the thread that opened it.
 from __future__ import annotations
 
 import base64
+import json
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -197,13 +198,18 @@ class SessionStoreSaver(BaseCheckpointSaver[int]):
         thread_id = str(conf["thread_id"])
         ns = conf.get("checkpoint_ns", "")
         parent = conf.get("checkpoint_id")
-        stored_metadata = dict(get_serializable_checkpoint_metadata(config, metadata))
+        # As JSON reads it back (tuples become lists), whichever storage holds it.
+        stored_metadata = json.loads(json.dumps(
+            get_serializable_checkpoint_metadata(config, metadata)))
         run_id = stored_metadata.get("run_id")
         self._register_thread(thread_id, str(run_id) if run_id is not None else None)
         document = self._checkpoint_document(checkpoint, stored_metadata, parent)
         draft = Draft(actor=ACTOR)
         key = checkpoint_key(ns, checkpoint["id"])
-        draft.set(CHECKPOINT, key, [], document)
+        # Field by field: LangGraph may save a step's writes against this checkpoint
+        # before the checkpoint itself (its saves run in the background), and they stay.
+        for name in ("checkpoint", "values", "metadata", "parent"):
+            draft.set(CHECKPOINT, key, [name], document[name])
         draft.set(HEAD, ns, ["latest"], checkpoint["id"])
         draft.set(INDEX, INDEX_KEY, ["namespaces", ns, checkpoint["id"]],
                   self._index_entry(document))
