@@ -242,6 +242,29 @@ def resolve_task(
     )
 
 
+def resume_graph(
+    user: User, task_id: str, action_id: str, reason: str, checkpoint_id: str, value: Any
+) -> ActionResult:
+    """Resume a hosted LangGraph run interrupted at ``checkpoint_id`` (the interrupt the
+    operator saw) with ``value``, checked against the schema the node declared, if any:
+    one commit naming the operator. A run no longer waiting there is refused (Conflict)."""
+    from kernel.hosts.langgraph.host import check_resume, resume_signal
+
+    require_operator(user)
+    task = task_reads.record(task_id)
+    if not _done_before(task.session_id, action_id, "resume", task_id):
+        try:
+            check_resume(task, checkpoint_id, value)
+        except LookupError as exc:
+            raise Conflict(f"{exc} (it is {task.shown_status}): look again") from exc
+        except ValueError as exc:
+            raise Invalid(str(exc)) from exc
+    payload = {"value": value, "by": actor(user), "reason": reason}
+    signal = resume_signal(checkpoint_id)
+    return _act(user, action_id, reason, "resume", task,
+                lambda d: d.signal(task_id, signal, payload, step_epoch=task.epoch))
+
+
 def _declared_decisions(task: Task) -> tuple[Decision, ...]:
     """What the task's definition lets an operator answer (whatever its state now: a
     repeated action finds the task moved on)."""

@@ -16,7 +16,16 @@ from controlplane import commands
 from controlplane.reads.tasks import TaskFilter
 
 from .auth import caller
-from .schemas import ActionIn, ActionOut, BulkFilter, BulkIn, BulkOut, BulkPreview, ResolveIn
+from .schemas import (
+    ActionIn,
+    ActionOut,
+    BulkFilter,
+    BulkIn,
+    BulkOut,
+    BulkPreview,
+    ResolveIn,
+    ResumeIn,
+)
 from .types import PathText
 
 router = Router(tags=["actions"])
@@ -45,6 +54,16 @@ def resolve(request: HttpRequest, task_id: PathText, body: ResolveIn) -> Any:
         caller(request), task_id, body.action_id, body.reason, body.decision,
         commands.Step(body.signal, body.epoch), body.receipt,
     )
+
+
+@router.post("/tasks/{task_id}/resume", response=ActionOut)
+def resume(request: HttpRequest, task_id: PathText, body: ResumeIn) -> Any:
+    """Resume a hosted LangGraph run that waits on an interrupt (``interrupt(value)`` in a
+    node), naming the interrupt you saw: the node receives ``value``. An interrupt answered
+    already or replaced since is refused (409); a value that does not meet the schema
+    the interrupt declares is refused (422)."""
+    return commands.resume_graph(caller(request), task_id, body.action_id, body.reason,
+                                 body.checkpoint_id, body.value)
 
 
 @router.post("/tasks/{task_id}/wake", response=ActionOut)

@@ -179,6 +179,14 @@ class ActionIn(Input):
     reason: str = Reason
 
 
+class ResumeIn(ActionIn):
+    checkpoint_id: str = text(..., min_length=1, max_length=200,
+                              description="the interrupt you answer: the task's "
+                              "`checkpoint.interrupted.checkpoint_id`")
+    value: JsonObject = Field(..., description="the resume value the interrupted node "
+                              "receives (checked against the `schema` its interrupt declares)")
+
+
 class ResolveIn(ActionIn):
     decision: str = text(
         ..., min_length=1, max_length=100,

@@ -125,6 +125,9 @@ API_RULES: dict[str, list[Cell]] = {
     "POST api/tasks/<task_id>/resolve": [
         Cell("POST", f"/api/tasks/{NOPE}/resolve", api_act(404),
              {**ACTION, "decision": "sent", "signal": "resolution-1", "epoch": 1})],
+    "POST api/tasks/<task_id>/resume": [
+        Cell("POST", f"/api/tasks/{NOPE}/resume", api_act(404),
+             {**ACTION, "checkpoint_id": "c1", "value": {"approved": True}})],
     "POST api/tasks/<task_id>/wake": [
         Cell("POST", f"/api/tasks/{NOPE}/wake", api_act(404), ACTION)],
     "POST api/submissions/<submission_id>/resubmit": [

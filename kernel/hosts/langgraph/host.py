@@ -1,0 +1,164 @@
+"""A compiled LangGraph graph as a task definition: a graph run is a durable task.
+
+The task's session is the graph's thread. Its one phase, ``run``, invokes the graph with
+the Session Store saver bound to the run's lease, so that each super-step's checkpoint
+is committed with the task's own progress (``checkpoint["langgraph"]``: the checkpoint
+id and step) in one commit, fenced by the lease's epoch, and each finished node's
+writes are committed as soon as LangGraph saves them. A worker that dies mid-step leaves
+the lease to expire; the next worker re-enters ``run``, which resumes the thread from its
+last checkpoint: LangGraph applies the writes saved in that step instead of running
+their nodes again, and runs only the nodes whose writes were not saved.
+
+``interrupt(value)`` in a node ends the phase with a durable wait on a signal named for
+the interrupted checkpoint (no worker is held); the signal's payload ``{"value": ...}``
+is the resume value, and the task then goes on with ``Command(resume=value)``.
+A fork (:func:`fork_input`) starts a new task in the same thread from an earlier
+checkpoint: LangGraph replays from there, running nothing before it.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import jsonschema_rs
+from langgraph.types import Command
+
+from kernel.records import Status, Task
+from kernel.registry import Registry, TaskDefinition
+from kernel.run import Run
+from kernel.session import Kernel
+from kernel.tasks import Transition
+
+from .layout import register_documents
+from .saver import SessionStoreSaver
+
+JSON = Any
+RESUME = "langgraph.resume"
+"""The prefix of the signal an interrupted run waits on (``langgraph.resume:<checkpoint>``)."""
+
+
+def resume_signal(checkpoint_id: str) -> str:
+    return f"{RESUME}:{checkpoint_id}"
+
+
+def interrupted(task: Task) -> JSON:
+    """What an interrupted graph task waits for (``checkpoint_id`` and ``interrupts``,
+    each with its ``id`` and ``value``), or None."""
+    waiting = (task.checkpoint or {}).get("interrupted")
+    signal = task.waits_on.signal if task.status is Status.WAITING else None
+    if not waiting or signal != resume_signal(waiting["checkpoint_id"]):
+        return None
+    return waiting
+
+
+def check_resume(task: Task, checkpoint_id: str, value: JSON) -> None:
+    """ValueError naming the field unless ``value`` may resume ``task`` where it was
+    interrupted at ``checkpoint_id``: a node that interrupts with ``{"schema": ...}`` in
+    its value declares the JSON schema its resume value must meet."""
+    waiting = interrupted(task)
+    if waiting is None or waiting["checkpoint_id"] != checkpoint_id:
+        raise LookupError(
+            f"task {task.id} does not wait for a resume at checkpoint {checkpoint_id}"
+        )
+    for found in waiting["interrupts"]:
+        declared = found["value"].get("schema") if isinstance(found["value"], dict) else None
+        if declared is None:
+            continue
+        try:
+            jsonschema_rs.validator_for(declared).validate(value)
+        except jsonschema_rs.ValidationError as exc:
+            raise ValueError(f"value: {exc.message}") from exc
+
+
+def fork_input(checkpoint_id: str, input: JSON = None) -> JSON:
+    """The input of a graph task that goes on from ``checkpoint_id`` of its session's
+    thread (time travel): ``input`` None replays from there, a value updates the state
+    there first (LangGraph's ``update_state``), as a new branch."""
+    return {"fork": {"checkpoint_id": checkpoint_id, "values": input}}
+
+
+def to_json(value: Any) -> JSON:
+    """A graph's output as JSON: LangChain objects (messages) by their serialized form."""
+    from langchain_core.load import dumpd
+
+    return json.loads(json.dumps(dumpd(value), default=repr))
+
+
+@dataclass
+class GraphHost:
+    """Runs one compiled graph as the phases of a task kind."""
+
+    graph: Any
+    kernel: Callable[[], Kernel]
+    output: Callable[[Any], JSON] = to_json
+    _saver: SessionStoreSaver | None = field(default=None, init=False)
+    _bound_graph: Any = field(default=None, init=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, init=False)
+
+    @property
+    def saver(self) -> SessionStoreSaver:
+        with self._lock:
+            if self._saver is None:
+                self._saver = SessionStoreSaver(self.kernel())
+                self._bound_graph = self.graph.copy(update={"checkpointer": self._saver})
+            return self._saver
+
+    @property
+    def bound(self) -> Any:
+        """The graph with the Session Store saver as its checkpointer."""
+        _ = self.saver
+        return self._bound_graph
+
+    def run(self, run: Run) -> Transition:
+        config: dict[str, Any] = {"configurable": {"thread_id": run.session_id}}
+        graph = self.bound
+        progress = run.checkpoint.get("langgraph")
+        waiting = run.checkpoint.get("interrupted")
+        fork = (run.input or {}).get("fork")
+        if progress is None and fork is not None:
+            config["configurable"]["checkpoint_id"] = fork["checkpoint_id"]
+            if fork.get("values") is not None:
+                with self.saver.committing_through(run):
+                    config = graph.update_state(config, fork["values"])
+            graph_input: Any = None
+        elif progress is None:
+            graph_input = (run.input or {}).get("input")
+        elif waiting is not None and progress["checkpoint_id"] == waiting["checkpoint_id"]:
+            # Nothing committed since the interrupt: the resume has not been applied yet.
+            answer = run.signal(resume_signal(waiting["checkpoint_id"]))
+            graph_input = Command(resume=(answer or {}).get("value"))
+        else:
+            graph_input = None
+        with self.saver.committing_through(run):
+            result = graph.invoke(graph_input, config, durability="sync")
+        state = graph.get_state({"configurable": {"thread_id": run.session_id}})
+        if state.interrupts:
+            checkpoint_id = state.config["configurable"]["checkpoint_id"]
+            interrupted = {
+                "checkpoint_id": checkpoint_id,
+                "interrupts": [{"id": i.id, "value": to_json(i.value)} for i in state.interrupts],
+            }
+            return run.wait_for(resume_signal(checkpoint_id), then="run",
+                                checkpoint={"interrupted": interrupted})
+        return run.succeed({"checkpoint_id": state.config["configurable"]["checkpoint_id"],
+                            "output": self.output(result)})
+
+
+def register_graph(
+    registry: Registry, kind: str, graph: Any, *, kernel: Callable[[], Kernel],
+    version: int = 1, queue: str = "default", max_restarts: int = 3,
+    output: Callable[[Any], JSON] = to_json,
+) -> GraphHost:
+    """Register ``graph`` (compiled, with or without a checkpointer: the Session Store
+    saver replaces it) as task kind ``kind``. A task's input: ``{"input": <the graph's
+    input>}`` or :func:`fork_input`. ``kernel`` gives the process's kernel once the
+    first run starts (the registry is built before it)."""
+    register_documents(registry)  # readers (the dashboard, the API) need the kinds too
+    host = GraphHost(graph, kernel, output)
+    registry.add(TaskDefinition(kind, version, {"run": host.run}, "run", queue=queue,
+                                max_restarts=max_restarts))
+    return host

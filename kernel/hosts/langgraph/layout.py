@@ -1,0 +1,46 @@
+"""Where a LangGraph thread lives in the Session Store: documents, by kind and key.
+
+A thread is a session (its id is the thread id). In it:
+
+- ``langgraph.checkpoint`` / ``<ns>/<checkpoint id>``: one checkpoint, self-contained:
+  the checkpoint without its values, every channel value it holds (serialized by the
+  saver's serde), its metadata, its parent's id, and the pending writes saved against
+  it (``writes``, keyed ``<task id>/<idx>``, so that saving them twice changes nothing);
+- ``langgraph.head`` / ``<ns>``: the newest checkpoint of a namespace (``latest``);
+- ``langgraph.index`` / ``""``: every live checkpoint of the thread by namespace, with
+  its parent, metadata and the channels it stores (what listing, filtering and pruning
+  read without opening each checkpoint).
+
+The directory session (:data:`DIRECTORY`) knows the threads and which threads each run
+wrote to (``langgraph.threads`` / ``all`` and ``langgraph.runs`` / ``<run id>``), for what
+LangGraph asks across threads (``list(None)``, ``delete_for_runs``).
+
+A removed checkpoint's document is emptied by a commit (``{}``): the thread's current
+state shrinks at once; the rows of its history go with the session's retention.
+"""
+
+from __future__ import annotations
+
+from kernel.registry import Registry
+
+CHECKPOINT = "langgraph.checkpoint"
+HEAD = "langgraph.head"
+INDEX = "langgraph.index"
+THREADS = "langgraph.threads"
+RUNS = "langgraph.runs"
+KINDS = (CHECKPOINT, HEAD, INDEX, THREADS, RUNS)
+
+DIRECTORY = "langgraph"
+"""The session holding the directory of threads and runs."""
+INDEX_KEY = ""
+THREADS_KEY = "all"
+
+
+def checkpoint_key(ns: str, checkpoint_id: str) -> str:
+    return f"{ns}/{checkpoint_id}"
+
+
+def register_documents(registry: Registry) -> None:
+    """Register the document kinds the saver writes (idempotent)."""
+    for kind in KINDS:
+        registry.document(kind)

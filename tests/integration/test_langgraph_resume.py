@@ -1,0 +1,79 @@
+"""An interrupted LangGraph run resumed through the API, on Postgres: the interrupt's value
+is on the task, the resume value is checked against the schema the node declared, the
+resume is one commit naming the operator, and a stale or repeated resume changes nothing."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from controlplane.runtime import runtime
+from kernel import Kernel, Status, Worker
+from kernel.hosts.langgraph.host import GraphHost
+from tests.langgraph_graphs import APPROVAL, register_all, runs
+
+from .test_api import client_for, post, start
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def graphs(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Path]:
+    monkeypatch.setattr(runtime().dispatcher, "deliver", lambda task, queue: None)
+    monkeypatch.setenv("LANGGRAPH_RUNS", str(tmp_path / "runs"))
+    registry = runtime().kernel.registry
+    hosts: dict[str, GraphHost] = {}
+    if APPROVAL not in registry.kinds():
+        hosts = register_all(registry, lambda: runtime().kernel)
+    yield tmp_path / "runs"
+    for host in hosts.values():
+        if host._saver is not None:
+            host._saver.close()
+
+
+def advance(kernel: Kernel, task_id: str) -> None:
+    assert Worker(kernel, "test-worker", 30).advance(task_id)
+
+
+def resume(client: Any, task_id: str, action_id: str, checkpoint_id: str, value: Any) -> Any:
+    return post(client, f"/api/tasks/{task_id}/resume",
+                {"action_id": action_id, "reason": "read the draft", "checkpoint_id":
+                 checkpoint_id, "value": value})
+
+
+def test_an_operator_resumes_an_interrupt_through_the_api(graphs: Path) -> None:
+    kernel = runtime().kernel
+    session, task_id = start(kernel, APPROVAL, {"input": {"text": "notice"}})  # runs it
+    olga = client_for("olga", "operator")
+    shown = olga.get(f"/api/tasks/{task_id}").json()
+    assert shown["status"] == "waiting"
+    waiting = shown["checkpoint"]["interrupted"]
+    assert waiting["interrupts"][0]["value"]["text"] == "draft of notice"
+    checkpoint_id = waiting["checkpoint_id"]
+
+    assert resume(client_for("vic", "viewer"), task_id, "v1", checkpoint_id,
+                  {"approved": True}).status_code == 403
+    bad = resume(olga, task_id, "a0", checkpoint_id, {"approved": "maybe"})
+    assert bad.status_code == 422 and "value" in bad.json()["detail"], bad.json()
+    stale = resume(olga, task_id, "a1", "1f0-not-this-one", {"approved": True})
+    assert stale.status_code == 409, stale.json()
+    assert kernel.task(task_id).signals == {}  # refused ones changed nothing
+
+    done = resume(olga, task_id, "a2", checkpoint_id, {"approved": True})
+    assert done.status_code == 200, done.json()
+    again = resume(olga, task_id, "a2", checkpoint_id, {"approved": True})
+    assert again.json()["replayed"] is True and again.json()["seq"] == done.json()["seq"]
+    other = resume(client_for("ola", "operator"), task_id, "b1", checkpoint_id,
+                   {"approved": False})
+    assert other.status_code == 409  # answered already
+
+    commit = next(c for c in kernel.commits_after(session, 0) if c.seq == done.json()["seq"])
+    assert commit.actor == "user:olga"
+    advance(kernel, task_id)
+    task = kernel.task(task_id)
+    assert task.status is Status.TERMINAL and task.outcome is not None
+    assert task.outcome["result"]["output"]["approved"] == {"approved": True}
+    assert runs(graphs) == ["draft", "approve", "approve", "publish"]

@@ -1,0 +1,108 @@
+"""Hosted LangGraph graphs on the in-memory storage, run by the in-process scheduler:
+checkpoints committed with the task's progress, interrupts as durable waits, forks."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from kernel import Draft, InMemoryStorage, Kernel, Registry, Scheduler, Status
+from kernel.hosts.langgraph import SessionStoreSaver
+from kernel.hosts.langgraph.host import fork_input, resume_signal
+from kernel.hosts.langgraph.layout import CHECKPOINT, HEAD
+from tests.langgraph_graphs import APPROVAL, DECISION, PIPELINE, register_all, runs
+
+
+@pytest.fixture
+def recorded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    path = tmp_path / "runs"
+    monkeypatch.setenv("LANGGRAPH_RUNS", str(path))
+    return path
+
+
+@pytest.fixture
+def kernel() -> Kernel:
+    registry = Registry()
+    made: list[Kernel] = []
+    register_all(registry, lambda: made[0])
+    made.append(Kernel(InMemoryStorage(), registry))
+    return made[0]
+
+
+def start(kernel: Kernel, kind: str, input: object, session: str | None = None) -> tuple[str, str]:
+    handle = kernel.open(session) if session else kernel.create_session()
+    draft = Draft(actor="user:test")
+    task_id = draft.create_task(kind, input)
+    handle.commit(draft)
+    return handle.id, task_id
+
+
+def test_each_checkpoint_is_committed_with_the_tasks_progress(
+    kernel: Kernel, recorded: Path
+) -> None:
+    session, task_id = start(kernel, PIPELINE, {"input": {"messages": [("user", "go")]}})
+    Scheduler(kernel).run_until_idle()
+    task = kernel.task(task_id)
+    assert task.outcome is not None and task.outcome["kind"] == "succeeded", task.outcome
+    assert runs(recorded) == ["model"] * 4
+    puts = [c for c in kernel.commits_after(session, 0)
+            if any(i.get("type") == "document" and i["kind"] == HEAD for i in c.summary)]
+    assert len(puts) == 6  # the input, then one after each of the 4 nodes' steps, and the last
+    assert all(any(i.get("kind") == CHECKPOINT for i in c.summary) for c in puts)
+    for commit in puts:
+        assert [i["id"] for i in commit.summary if i.get("type") == "task"] == [task_id]
+        assert commit.actor == f"task:{task_id}"
+    assert task.checkpoint["langgraph"]["checkpoint_id"] == task.outcome["result"]["checkpoint_id"]
+
+
+def test_an_interrupt_is_a_durable_wait_and_the_resume_value_reaches_the_node(
+    kernel: Kernel, recorded: Path
+) -> None:
+    session, task_id = start(kernel, APPROVAL, {"input": {"text": "notice"}})
+    Scheduler(kernel).run_until_idle()
+    task = kernel.task(task_id)
+    assert task.status is Status.WAITING and task.lease_owner is None
+    waiting = task.checkpoint["interrupted"]
+    assert waiting["interrupts"][0]["value"] == {"question": "publish?",
+                                                "text": "draft of notice", "schema": DECISION}
+    assert task.wait == {"signal": resume_signal(waiting["checkpoint_id"])}
+
+    draft = Draft(actor="user:olga")
+    draft.signal(task_id, resume_signal(waiting["checkpoint_id"]), {"value": {"approved": True}},
+                 step_epoch=task.epoch)
+    kernel.open(session).commit(draft)
+    Scheduler(Kernel(kernel.storage, kernel.registry)).run_until_idle()  # a new process
+    task = kernel.task(task_id)
+    assert task.outcome is not None and task.outcome["kind"] == "succeeded", task.outcome
+    assert task.outcome["result"]["output"]["approved"] == {"approved": True}
+    # LangGraph re-runs the interrupted node from its start on resume: "approve" twice.
+    assert runs(recorded) == ["draft", "approve", "approve", "publish"]
+
+
+def test_a_fork_from_the_third_checkpoint_runs_only_the_steps_after_it(
+    kernel: Kernel, recorded: Path
+) -> None:
+    session, first = start(kernel, PIPELINE, {"input": {"messages": [("user", "go")]}})
+    Scheduler(kernel).run_until_idle()
+    assert runs(recorded) == ["model"] * 4
+    saver = SessionStoreSaver(kernel)
+    history = list(reversed(list(saver.list({"configurable": {"thread_id": session}}))))
+    third = history[2]  # the input (step -1), step0 to run (0), step0 done, step1 next (1)
+    assert third.metadata["step"] == 1
+    assert saver.get_tuple(third.config).checkpoint["versions_seen"].get("step0")
+    _, fork = start(kernel, PIPELINE, fork_input(third.config["configurable"]["checkpoint_id"]),
+                    session=session)
+    Scheduler(kernel).run_until_idle()
+    forked = kernel.task(fork)
+    assert forked.outcome is not None and forked.outcome["kind"] == "succeeded", forked.outcome
+    assert runs(recorded) == ["model"] * 7  # step1, step2 and step3 again; step0 not
+    # Both branches stay readable: the original's last checkpoint and the fork's.
+    original_end = kernel.task(first).outcome["result"]["checkpoint_id"]
+    fork_end = forked.outcome["result"]["checkpoint_id"]
+    assert original_end != fork_end
+    for checkpoint_id in (original_end, fork_end):
+        found = saver.get_tuple({"configurable": {"thread_id": session,
+                                                  "checkpoint_id": checkpoint_id}})
+        assert found is not None and len(found.checkpoint["channel_values"]["messages"]) == 5
+    saver.close()
