@@ -12,7 +12,7 @@ from django.test import Client
 
 from controlplane import models
 from controlplane.reads import tasks as task_reads
-from kernel import Draft, Kernel, Scheduler, Task
+from kernel import Draft, Kernel, Scheduler
 from kernel.commit import operations_log_id
 
 from .test_api import post, start
@@ -26,24 +26,26 @@ def kernel(api_kernel: Kernel) -> Kernel:
 
 
 def end_after_it_is_read(
-    monkeypatch: pytest.MonkeyPatch, kernel: Kernel, task_id: str
+    monkeypatch: pytest.MonkeyPatch, kernel: Kernel, task_id: str, read_name: str
 ) -> dict[str, Any]:
-    """The command's read of ``task_id`` sees it sleeping; right after that read the task
-    is woken and runs to its end (the worker's commit lands first)."""
-    read = task_reads.record
+    """The command's read of ``task_id`` (``reads.tasks.<read_name>``) sees it sleeping;
+    right after that read the task is woken and runs to its end (the worker's commit
+    lands first)."""
+    read = getattr(task_reads, read_name)
     ended: dict[str, Any] = {}
 
-    def read_then_end(wanted: str) -> Task:
-        seen = read(wanted)
-        if wanted == task_id and not ended:
+    def read_then_end(*args: Any) -> Any:
+        seen = read(*args)
+        if not ended:
+            session_id = kernel.task(task_id).session_id
             wake = Draft(actor="user:test")
             wake.wake(task_id)
-            kernel.open(seen.session_id).commit(wake)
+            kernel.open(session_id).commit(wake)
             Scheduler(kernel).run_until_idle()
-            ended["head"] = kernel.storage.session(seen.session_id).head_seq
+            ended["head"] = kernel.storage.session(session_id).head_seq
         return seen
 
-    monkeypatch.setattr(task_reads, "record", read_then_end)
+    monkeypatch.setattr(task_reads, read_name, read_then_end)
     return ended
 
 
@@ -56,7 +58,7 @@ def test_a_cancel_that_loses_the_race_to_the_ending_is_refused_and_logs_nothing(
     kernel: Kernel, operator: Client, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     session_id, task_id = start(kernel, "api-step", {"sleep": True})
-    ended = end_after_it_is_read(monkeypatch, kernel, task_id)
+    ended = end_after_it_is_read(monkeypatch, kernel, task_id, "record")
     answer = post(operator, f"/api/tasks/{task_id}/cancel", {"action_id": "c1", "reason": "r"})
     assert answer.status_code == 409, answer.content
     assert f"task {task_id} already ended succeeded" in answer.json()["detail"]
@@ -73,7 +75,7 @@ def test_a_bulk_cancel_that_loses_the_race_says_so_for_that_task_and_logs_nothin
     filters = {"action": "cancel", "session_id": session_id}
     preview = post(operator, "/api/actions/bulk/preview", filters).json()
     assert preview["task_ids"] == [task_id]
-    ended = end_after_it_is_read(monkeypatch, kernel, task_id)
+    ended = end_after_it_is_read(monkeypatch, kernel, task_id, "find_ids")
     answer = post(operator, "/api/actions/bulk",
                   {**filters, **expected(preview), "action_id": "b1", "reason": "r"})
     assert answer.status_code == 200, answer.content
@@ -86,4 +88,4 @@ def test_a_bulk_cancel_that_loses_the_race_says_so_for_that_task_and_logs_nothin
 
 def expected(preview: dict[str, Any]) -> dict[str, Any]:
     """What an apply carries from its preview."""
-    return {"expected_count": preview["count"]}
+    return {"expected_count": preview["count"], "expected_digest": preview["digest"]}
