@@ -335,3 +335,25 @@ class LoginFailure(models.Model):
     class Meta:
         db_table = "controlplane_login_failure"
         indexes = [models.Index(fields=["key", "at"])]
+
+
+class BulkAction(models.Model):
+    """An operator's bulk action under its action id: the exact set of tasks it acts on
+    (the ids its preview found, named by their digest) and, once done, what it did to
+    each. A control-plane table, not a kernel record: each task's action is its own
+    commit in its session; this row is what answers a repeat of the request
+    (:func:`controlplane.commands.bulk_act`)."""
+
+    action_id = models.TextField(primary_key=True)
+    action = models.TextField()
+    digest = models.CharField(max_length=64)
+    task_ids = ArrayField(models.TextField())
+    by = models.TextField()
+    reason = models.TextField()
+    at = models.DateTimeField()
+    results = models.JSONField(null=True)
+    """One object per task (``task_id``, ``ok``, ``detail``, ``seq``); null while it runs,
+    or if the process acting on it died: a repeat then finishes the set."""
+
+    class Meta:
+        db_table = "controlplane_bulk_action"

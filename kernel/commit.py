@@ -293,6 +293,10 @@ class Draft:
         )
 
     def cancel(self, task_id: str, reason: str) -> None:
+        """Cancel ``task_id`` and its owned subtasks. Refused (:class:`IllegalTransition`)
+        if, when this commit is built (under the session's lock), the task has ended: a
+        caller that saw it running lost the race to its ending, and nothing was cancelled.
+        A task already cancelling is left as it is."""
         self.cancels.append((task_id, storable_text(reason, f"cancel reason of {task_id}") or ""))
 
     def signal(
@@ -509,6 +513,11 @@ class Builder:
         for task_id in self.draft.retries:
             self._retry(task_id)
         for task_id, reason in self.draft.cancels:
+            asked = self.task(task_id)
+            if asked.terminal:
+                raise IllegalTransition(
+                    f"task {task_id} already ended {(asked.outcome or {}).get('kind')}"
+                )
             self._cancel(task_id, reason, self.draft.actor)
         self._settle()
         new_tasks = [self.tasks[i] for i in self.created]

@@ -87,19 +87,23 @@ def _filter(body: BulkFilter) -> TaskFilter:
 
 @router.post("/actions/bulk/preview", response=BulkPreview)
 def bulk_preview(request: HttpRequest, body: BulkFilter) -> Any:
-    """How many tasks a bulk action with this filter would touch: show it, then confirm."""
-    ids = commands.bulk_preview(caller(request), _filter(body))
-    return {"count": len(ids), "task_ids": ids}
+    """Which tasks a bulk action with this filter would touch (their ids, count and
+    digest): show them, then confirm with the count and the digest."""
+    found = commands.bulk_preview(caller(request), _filter(body))
+    return {"count": found.count, "task_ids": found.task_ids, "digest": found.digest}
 
 
 @router.post("/actions/bulk", response=BulkOut)
 def bulk(request: HttpRequest, body: BulkIn) -> Any:
-    """Cancel or retry every task matching the filter, one commit per task, a result each.
+    """Cancel or retry exactly the tasks the preview found, one commit per task, a result
+    each.
 
-    ``expected_count`` must equal what the preview showed: if the set changed since,
-    nothing is done (409) and the operator looks again.
+    ``expected_count`` and ``expected_digest`` are the preview's: if the filter finds
+    another set now, nothing is done (409) and the operator previews again. The same
+    request again (its action id) answers what the first did; the id used for another
+    action or set is refused (409).
     """
     return commands.bulk_act(
         caller(request), body.action, _filter(body), body.action_id, body.reason,
-        body.expected_count,
+        body.expected_count, body.expected_digest,
     )

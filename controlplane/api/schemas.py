@@ -251,11 +251,18 @@ class BulkIn(BulkFilter):
         ..., ge=0, le=MAX_BULK,
         description="the count the preview showed; a different count is refused",
     )
+    expected_digest: str = Field(
+        ..., pattern=r"^[0-9a-f]{64}$",
+        description="the preview's `digest`: the action applies to exactly the tasks the "
+        "preview found, and is refused (409, nothing done) if the filter finds others now",
+    )
 
 
 class BulkPreview(Schema):
     count: int
     task_ids: list[str]
+    digest: str = Field(..., description="SHA-256 (hex) of the sorted task ids, one a line: "
+                        "send it back as `expected_digest`")
 
 
 class BulkResult(Schema):
@@ -270,6 +277,7 @@ class BulkResult(Schema):
 class BulkOut(Schema):
     action_id: str
     count: int
+    digest: str = Field(..., description="the set acted on (the preview's digest)")
     results: list[BulkResult]
 
 

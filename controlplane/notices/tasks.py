@@ -8,7 +8,8 @@ recipient, waits for all of them to settle, and summarises the receipts.
 calls the channel; a crash after that point lands in ``confirm``, which asks
 the provider by operation id instead of sending blindly. Where the channel
 cannot be asked (SMTP), the notice waits for an operator's resolution: one of
-the :data:`DECISIONS` it declares.
+the :data:`DECISIONS` it declares. A notice an operator gave up on, retried later, finds
+out again (and asks on a new step) rather than taking that decision a second time.
 """
 
 from __future__ import annotations
@@ -153,6 +154,12 @@ def register(registry: Registry, channels: Mapping[str, Channel]) -> None:
 
         def resolved(self, run: Run) -> Transition:
             name = run.checkpoint["awaiting"]
+            if _given_up_then_retried(run, name):
+                # That decision ended the notice; the retry is a new attempt: find out
+                # again, asking on a fresh step if the channel cannot say.
+                asked = run.checkpoint.get("resolutions", 0) + 1
+                return run.next("confirm", {"resolutions": asked, "awaiting": None,
+                                            "attempts": 0})
             decision = run.signal(name) or {}
             if decision.get("decision") == SENT.value:
                 receipt = {  # what the operator gave (SENT's receipt) over what we know
@@ -167,7 +174,8 @@ def register(registry: Registry, channels: Mapping[str, Channel]) -> None:
                 _record(run, state="planned")
                 return run.next("send", {"resolutions": run.checkpoint.get("resolutions", 0) + 1,
                                          "awaiting": None, "attempts": 0})
-            return _give_up(run, f"operator gave up: {decision.get('reason', '')}".strip())
+            return _give_up(run, f"operator gave up: {decision.get('reason', '')}".strip(),
+                            {GIVEN_UP: name})
 
 
 class _ApprovedMessages:
@@ -261,9 +269,24 @@ def _ask_operator(run: Run, why: str) -> Transition:
     return run.wait_for(name, then="resolved", checkpoint={"awaiting": name, "why": why})
 
 
-def _give_up(run: Run, why: str) -> Transition:
+def _give_up(run: Run, why: str, result: dict[str, str] | None = None) -> Transition:
     _record(run, state="failed", error=why)
-    return run.fail(why)
+    return run.fail(why, result)
+
+
+GIVEN_UP = "given_up"
+"""In the result of a notice an operator gave up on: the step whose decision that was."""
+
+
+def _given_up_then_retried(run: Run, step: str) -> bool:
+    """Whether an operator gave up on ``step`` and the failed notice was retried since.
+    The step's decision stays among the task's signals, and a retry runs ``resolved``
+    again; the outcomes it retried (the kernel keeps them in ``_retried``) say whether
+    that decision was spent."""
+    return any(
+        ((retried.get("outcome") or {}).get("result") or {}).get(GIVEN_UP) == step
+        for retried in run.checkpoint.get("_retried", [])
+    )
 
 
 def _record(run: Run, **fields: Any) -> None:

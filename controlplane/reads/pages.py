@@ -337,18 +337,24 @@ class Attention:
     blocked: list[TaskView]
     failed: list[TaskView]
     failed_count: int
+    retry_all: tasks.TaskSet
+    """The failed tasks "retry all N failed" retries (up to a bulk action's most, and one
+    more): its form carries their digest."""
 
 
 def attention() -> Attention:
     """Tasks an operator should look at: uncertain, blocked, failed (restart-limited among
     them)."""
-    failed = TaskFilter(outcome="failed")
+    retry_all = tasks.task_set(tasks.RETRY_ALL_FAILED, tasks.COUNT + 1)
+    failed_count = (retry_all.count if retry_all.count <= tasks.COUNT
+                    else tasks.count(tasks.RETRY_ALL_FAILED))
     return Attention(
         last_commit_id(),
         tasks.find(tasks.AWAITING_RESOLUTION, limit=ATTENTION_ROWS),
         [t for t in tasks.not_terminal(BLOCKED_SCAN) if t.blocked],
         tasks.find(tasks.FAILED, limit=ATTENTION_ROWS),
-        tasks.count(failed),
+        failed_count,
+        retry_all,
     )
 
 

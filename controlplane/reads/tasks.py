@@ -3,6 +3,7 @@ counted by shown status, and who holds their leases."""
 
 from __future__ import annotations
 
+import hashlib
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -54,6 +55,9 @@ FAILED_OUTCOMES = (str(Outcome.FAILED), str(Outcome.FAULTED))
 AWAITING_RESOLUTION = TaskFilter(waiting_for_resolution=True)
 """Uncertain steps: tasks waiting on a signal only an operator's resolution sends."""
 FAILED = TaskFilter(status=Status.TERMINAL, outcome_in=FAILED_OUTCOMES)
+RETRY_ALL_FAILED = TaskFilter(status=Status.TERMINAL, outcome=str(Outcome.FAILED))
+"""What the attention list's "retry all N failed" retries: failed tasks (a faulted one is
+looked at and retried on its own)."""
 NEEDS_ATTENTION = (AWAITING_RESOLUTION, FAILED)
 """What needs an operator, as the attention list, its count and its chart read it.
 (Blocked tasks, which no definition in this process can run, are found by the registry
@@ -201,6 +205,33 @@ def listed(task_ids: list[str]) -> list[TaskView]:
         return []
     found = {t.id: t for t in _records(models.Task.objects.filter(id__in=task_ids))}
     return [view(found[i]) for i in task_ids if i in found]
+
+
+@dataclass(frozen=True)
+class TaskSet:
+    """Tasks a filter found, named: their ids (a session's creation order) and the digest
+    of the set, which an operator's confirmation carries back so that a bulk action acts
+    on exactly the tasks its preview showed."""
+
+    task_ids: list[str]
+
+    @property
+    def count(self) -> int:
+        return len(self.task_ids)
+
+    @property
+    def digest(self) -> str:
+        return digest(self.task_ids)
+
+
+def digest(task_ids: Iterable[str]) -> str:
+    """SHA-256 (hex) of the ids, sorted and one a line: the same set, the same digest."""
+    return hashlib.sha256("\n".join(sorted(task_ids)).encode()).hexdigest()
+
+
+def task_set(found: TaskFilter, limit: int) -> TaskSet:
+    """The first ``limit`` matching tasks, as a named set."""
+    return TaskSet(ids(found, limit))
 
 
 COUNT = 1000

@@ -230,7 +230,7 @@ DEAD = f"status IN ({DEAD_STATUSES})"
 FORGET_ROWS = f"DELETE FROM {DISPATCH.name} WHERE task_id = {IDS}"
 
 # A commit built from a holder's copy checks that the copy is still what the database
-# holds (``kernel_unmoved``, created by migration 0011): otherwise it aborts with this
+# holds (``kernel_unmoved``, created by migration 0012): otherwise it aborts with this
 # SQLSTATE, nothing lands, and the commit is built again from what the database holds.
 MOVED = "KR001"
 

@@ -20,8 +20,6 @@ from controlplane import commands
 from controlplane.access import require_operator
 from controlplane.errors import Invalid, http_status
 from controlplane.reads import pages
-from controlplane.reads.tasks import TaskFilter
-from kernel import Status
 
 MAX_REASON = 2000
 
@@ -60,18 +58,14 @@ def act(request: HttpRequest, target: str, action: str) -> HttpResponse:
 @require_POST
 @login_required
 def retry_failed(request: HttpRequest) -> HttpResponse:
-    """Retry every failed task at once: the form carries the count the page showed, and a
-    different count now is refused (409), so the operator confirms what they saw."""
+    """Retry every failed task at once: the form carries the count and the digest of the
+    set the page showed, and another set now is refused (409), so the operator confirms
+    what they saw."""
     try:
         require_operator(request.user)
         reason, action_id = _reason_and_id(request)
-        expected = request.POST.get("expected_count", "")
-        if not expected.isdigit():
-            raise Invalid("expected_count: the count the page showed")
-        result = commands.bulk_act(
-            request.user, "retry", TaskFilter(status=Status.TERMINAL, outcome="failed"),
-            action_id, reason, int(expected),
-        )
+        count, digest = _expected(request, "the page")
+        result = commands.retry_all_failed(request.user, action_id, reason, count, digest)
     except Exception as exc:
         return _refused(request, exc)
     return _answer(request, 200, _bulk_note("retry", result))
@@ -91,17 +85,17 @@ def _bulk_action(values: dict[str, str]) -> str:
 @require_GET
 @login_required
 def bulk_preview(request: HttpRequest) -> HttpResponse:
-    """How many tasks the tasks page's filter finds now, and the form that confirms a bulk
-    cancel or retry of exactly that many (with a fresh action id)."""
+    """Which tasks the tasks page's filter finds now, and the form that confirms a bulk
+    cancel or retry of exactly those (their count and digest, a fresh action id)."""
     try:
         require_operator(request.user)
         action = _bulk_action(request.GET.dict())
         search = _search(request.GET.dict())
-        ids = commands.bulk_preview(request.user, search.filter())
+        found = commands.bulk_preview(request.user, search.filter())
     except Exception as exc:
         return _refused(request, exc)
     return render(request, "ui/_bulk_confirm.html", {
-        "action": action, "count": len(ids), "search": vars(search),
+        "action": action, "found": found, "count": found.count, "search": vars(search),
         "action_id": uuid.uuid4().hex,
     })
 
@@ -109,20 +103,29 @@ def bulk_preview(request: HttpRequest) -> HttpResponse:
 @require_POST
 @login_required
 def bulk_act(request: HttpRequest) -> HttpResponse:
-    """Cancel or retry every task of the filter, if their count is still the previewed one
-    (409 otherwise, nothing done): one commit per task, each in its session's log."""
+    """Cancel or retry the tasks of the filter, if they are still the previewed ones (409
+    otherwise, nothing done): one commit per task, each in its session's log."""
     try:
         require_operator(request.user)
         action = _bulk_action(request.POST.dict())
         reason, action_id = _reason_and_id(request)
-        expected = request.POST.get("expected_count", "")
-        if not expected.isdigit():
-            raise Invalid("expected_count: the count the preview showed")
+        count, digest = _expected(request, "the preview")
         result = commands.bulk_act(request.user, action, _search(request.POST.dict()).filter(),
-                                   action_id, reason, int(expected))
+                                   action_id, reason, count, digest)
     except Exception as exc:
         return _refused(request, exc)
     return _answer(request, 200, _bulk_note(action, result))
+
+
+def _expected(request: HttpRequest, shown: str) -> tuple[int, str]:
+    """A bulk form's hidden ``expected_count`` and ``expected_digest``: the set it showed."""
+    count = request.POST.get("expected_count", "")
+    if not count.isdigit():
+        raise Invalid(f"expected_count: the count {shown} showed")
+    digest = request.POST.get("expected_digest", "")
+    if not digest:
+        raise Invalid(f"expected_digest: the digest of the tasks {shown} showed")
+    return int(count), digest
 
 
 def _bulk_note(action: str, result: commands.BulkResult) -> str:

@@ -60,6 +60,9 @@ def test_a_search_across_sessions_finds_tasks_by_a_word_and_retries_the_previewe
     page.get_by_role("button", name="Preview retry…").click()
     page.wait_for_selector("#preview-count")
     assert page.locator("#preview-count").inner_text() == "2"
+    page.locator("#preview-tasks summary").click()  # the preview names the set it acts on
+    listed = page.eval_on_selector_all("#preview-tasks li", "els => els.map(e => e.innerText)")
+    assert sorted(listed) == sorted(wanted)
     page.get_by_label("Why retry them?").fill("the channel is configured now")
     page.get_by_role("button", name="Confirm retry of 2").click()
     page.wait_for_selector("#action-result .ok")

@@ -490,6 +490,25 @@ def test_cancel_is_durable_cascades_and_revokes_the_running_lease(world: World) 
     assert log["p"] == ["fan_out", "cancelled"] and log["kid1"] == ["ask", "cancelled"]
 
 
+def test_a_cancel_of_a_task_that_has_ended_is_refused_and_writes_nothing(
+    world: World,
+) -> None:
+    """Checked when the commit is built, under the session's lock: a caller that read the
+    task before it ended (an operator's cancel racing the task's own ending) is refused,
+    and nothing of its commit (the operations-log entry beside the cancel) lands."""
+    kernel, handle, task_id = start(world, "step", {"name": "s"})
+    world.scheduler(kernel.registry).run_until_idle()
+    assert outcome(world, task_id) == "succeeded"
+    head = world.storage.session(handle.id).head_seq
+    late = Draft(actor="user:olga", key="late-cancel")
+    late.cancel(task_id, "too late")
+    late.record_operation("cancel", {"target": task_id, "reason": "too late"})
+    with pytest.raises(IllegalTransition, match=f"task {task_id} already ended succeeded"):
+        kernel.open(handle.id).commit(late)
+    assert world.storage.session(handle.id).head_seq == head
+    assert world.storage.task(task_id).cancel is None
+
+
 def test_cancel_while_a_phase_runs_rejects_its_commit(world: World) -> None:
     effects = Effects()
     registry = make_registry(effects)

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from django.test import Client
 
+from controlplane.reads.tasks import digest
 from controlplane.runtime import runtime
 from kernel import Draft, Kernel, Scheduler, Status
 from kernel.commit import operations_log_id
@@ -68,7 +69,8 @@ def test_a_bulk_id_reused_for_another_action_is_refused_and_a_repeat_says_so(
     kernel: Kernel, operator: Client
 ) -> None:
     session_id, ids = tasks_in_one_session(kernel, {"fail": True}, {"fail": True})
-    bulk = {"session_id": session_id, "action_id": "b", "reason": "r", "expected_count": 2}
+    bulk = {"session_id": session_id, "action_id": "b", "reason": "r", "expected_count": 2,
+            "expected_digest": digest(ids)}
     first = post(operator, "/api/actions/bulk", {**bulk, "action": "retry"}).json()
     assert [(r["ok"], r["replayed"]) for r in first["results"]] == [(True, False)] * 2
     again = post(operator, "/api/actions/bulk", {**bulk, "action": "retry"}).json()
@@ -115,7 +117,8 @@ def test_retry_all_again_after_they_failed_again_retries_them_again() -> None:
     token = operator.cookies["csrftoken"].value
 
     def retry_all(action_id: str) -> str:
-        form = {"reason": "fixed", "action_id": action_id, "expected_count": "3"}
+        form = {"reason": "fixed", "action_id": action_id, "expected_count": "3",
+                "expected_digest": digest(failing)}
         answer = operator.post("/attention/retry-failed", form, HTTP_X_CSRFTOKEN=token,
                                HTTP_HX_REQUEST="true")
         assert answer.status_code == 200, answer.content

@@ -11,6 +11,7 @@ from django.test import Client
 
 from controlplane import commands
 from controlplane.access import issue_token
+from controlplane.reads.tasks import digest
 from controlplane.runtime import runtime
 from kernel import (
     Decision,
@@ -134,7 +135,7 @@ def test_viewers_read_but_every_action_is_refused(kernel: Kernel, viewer: Client
         (f"/api/tasks/{task_id}/resolve",
          {**action, "decision": "sent", "signal": "resolution-1", "epoch": 1}),
         ("/api/actions/bulk", {**action, "action": "cancel", "session_id": session_id,
-                               "expected_count": 1}),
+                               "expected_count": 1, "expected_digest": digest([task_id])}),
         ("/api/actions/bulk/preview", {"action": "cancel", "session_id": session_id}),
         ("/api/sessions", {}),
     ]:
@@ -367,11 +368,10 @@ def test_bulk_actions_preview_then_confirm_with_a_result_per_task(
                "status": "waiting"}
     preview = post(operator, "/api/actions/bulk/preview", filters).json()
     assert preview["count"] == 3
-    stale = post(operator, "/api/actions/bulk",
-                 {**filters, "action_id": "b1", "reason": "r", "expected_count": 2})
+    confirm = {**filters, "action_id": "b1", "reason": "r", "expected_digest": preview["digest"]}
+    stale = post(operator, "/api/actions/bulk", {**confirm, "expected_count": 2})
     assert stale.status_code == 409
-    done = post(operator, "/api/actions/bulk",
-                {**filters, "action_id": "b1", "reason": "r", "expected_count": 3}).json()
+    done = post(operator, "/api/actions/bulk", {**confirm, "expected_count": 3}).json()
     assert done["count"] == 3 and all(r["ok"] for r in done["results"])
     assert sorted(r["task_id"] for r in done["results"]) == sorted(preview["task_ids"])
     Scheduler(kernel).run_until_idle()
@@ -380,7 +380,8 @@ def test_bulk_actions_preview_then_confirm_with_a_result_per_task(
     )
     retry = post(operator, "/api/actions/bulk",
                  {"action": "retry", "session_id": session_id, "kind": "api-step",
-                  "action_id": "b2", "reason": "r", "expected_count": 3}).json()
+                  "action_id": "b2", "reason": "r", "expected_count": 3,
+                  "expected_digest": preview["digest"]}).json()
     assert [r["ok"] for r in retry["results"]] == [False, False, False]
     assert all("only failed tasks retry" in r["detail"] for r in retry["results"])
 

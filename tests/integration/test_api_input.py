@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from django.test import Client
 
+from controlplane.reads.tasks import digest
 from kernel import Kernel, Status
 from kernel.commit import operations_log_id
 
@@ -28,6 +29,9 @@ def refused_naming(response: Any, field: str) -> None:
     assert field in response.content.decode(), response.content
 
 
+NO_TASKS = digest([])
+
+
 def head(kernel: Kernel, session_id: str) -> int:
     return kernel.storage.session(session_id).head_seq
 
@@ -35,12 +39,13 @@ def head(kernel: Kernel, session_id: str) -> int:
 # -- point 5: bulk actions cannot hit everything by accident ----------------------------
 
 
-def test_a_bulk_action_needs_a_filter_and_the_previewed_count(
+def test_a_bulk_action_needs_a_filter_and_the_previewed_count_and_digest(
     kernel: Kernel, operator: Client
 ) -> None:
     session_id, parent = start(kernel, "api-parent", {"n": 2})
     before = head(kernel, session_id)
-    action = {"action": "cancel", "action_id": "b1", "reason": "r"}
+    some = "0" * 64
+    action = {"action": "cancel", "action_id": "b1", "reason": "r", "expected_digest": some}
 
     refused_naming(post(operator, "/api/actions/bulk/preview", {"action": "cancel"}), "filter")
     refused_naming(post(operator, "/api/actions/bulk", {**action, "expected_count": 3}),
@@ -53,6 +58,17 @@ def test_a_bulk_action_needs_a_filter_and_the_previewed_count(
         refused_naming(post(operator, "/api/actions/bulk",
                             {**action, "session_id": session_id, "expected_count": wrong}),
                        "expected_count")
+    for wrong in ("", "0" * 63, "A" * 64, "g" * 64, 7, None):
+        refused_naming(post(operator, "/api/actions/bulk",
+                            {**action, "session_id": session_id, "expected_count": 3,
+                             "expected_digest": wrong}), "expected_digest")
+    bare = {k: v for k, v in action.items() if k != "expected_digest"}
+    refused_naming(post(operator, "/api/actions/bulk",
+                        {**bare, "session_id": session_id, "expected_count": 3}),
+                   "expected_digest")
+    unlike = post(operator, "/api/actions/bulk",  # well formed, not the preview's: 409
+                  {**action, "session_id": session_id, "expected_count": 3})
+    assert unlike.status_code == 409, unlike.content
     for empty in ("", None):
         refused_naming(post(operator, "/api/actions/bulk/preview",
                             {"action": "cancel", "session_id": empty}), "session_id")
@@ -62,7 +78,8 @@ def test_a_bulk_action_needs_a_filter_and_the_previewed_count(
     preview = post(operator, "/api/actions/bulk/preview",
                    {"action": "cancel", "session_id": session_id}).json()
     done = post(operator, "/api/actions/bulk",
-                {**action, "session_id": session_id, "expected_count": preview["count"]})
+                {**action, "session_id": session_id, "expected_count": preview["count"],
+                 "expected_digest": preview["digest"]})
     assert done.status_code == 200 and done.json()["count"] == 3
 
 
@@ -81,7 +98,7 @@ def test_a_bulk_action_needs_a_filter_and_the_previewed_count(
         ("/api/actions/bulk/preview", {"action": "cancel", "session": "s"}, "session"),
         ("/api/actions/bulk",
          {"action": "cancel", "kind": "k", "action_id": "a", "reason": "r",
-          "expected_count": 0, "dry_run": True}, "dry_run"),
+          "expected_count": 0, "expected_digest": digest([]), "dry_run": True}, "dry_run"),
     ],
 )
 def test_unknown_fields_are_refused_naming_them(
@@ -185,15 +202,15 @@ def test_numbers_beyond_a_double_are_refused(operator: Client, number: str) -> N
     ("body", "field"),
     [
         ({"action": "retry", "kind": "k", "action_id": "a", "reason": "r",
-          "expected_count": True}, "expected_count"),
+          "expected_digest": NO_TASKS, "expected_count": True}, "expected_count"),
         ({"action": "retry", "kind": "k", "action_id": "a", "reason": "r",
-          "expected_count": "0"}, "expected_count"),
+          "expected_digest": NO_TASKS, "expected_count": "0"}, "expected_count"),
         ({"action": "retry", "kind": "k", "action_id": "a", "reason": "r",
-          "expected_count": 0.5}, "expected_count"),
+          "expected_digest": NO_TASKS, "expected_count": 0.5}, "expected_count"),
         ({"action": "retry", "kind": 7, "action_id": "a", "reason": "r",
-          "expected_count": 0}, "kind"),
+          "expected_digest": NO_TASKS, "expected_count": 0}, "kind"),
         ({"action": "retry", "kind": "k", "action_id": ["a"], "reason": "r",
-          "expected_count": 0}, "action_id"),
+          "expected_digest": NO_TASKS, "expected_count": 0}, "action_id"),
     ],
 )
 def test_a_bulk_body_with_a_wrong_field_type_is_refused(
@@ -205,10 +222,10 @@ def test_a_bulk_body_with_a_wrong_field_type_is_refused(
 def test_a_json_integer_may_be_written_with_a_fraction_of_zero(
     kernel: Kernel, operator: Client
 ) -> None:
-    session_id, _ = start(kernel, "api-step", {"sleep": True})
+    session_id, task_id = start(kernel, "api-step", {"sleep": True})
     answer = post(operator, "/api/actions/bulk",
                   {"action": "cancel", "session_id": session_id, "action_id": "a",
-                   "reason": "r", "expected_count": 1.0})
+                   "reason": "r", "expected_count": 1.0, "expected_digest": digest([task_id])})
     assert answer.status_code == 200 and answer.json()["count"] == 1
 
 

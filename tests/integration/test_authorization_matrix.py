@@ -39,6 +39,7 @@ from controlplane.access import issue_token
 from controlplane.api import api
 from controlplane.consumers import websocket_urlpatterns
 from controlplane.models import ApiToken
+from controlplane.reads.tasks import digest
 from controlplane.runtime import runtime
 from kernel import Draft
 from tests.e2e.server import Daphne, daphne_alone, feed
@@ -137,7 +138,8 @@ API_RULES: dict[str, list[Cell]] = {
              {"action": "cancel", "session_id": NOPE})],
     "POST api/actions/bulk": [
         Cell("POST", "/api/actions/bulk", api_act(200),
-             {**ACTION, "action": "cancel", "session_id": NOPE, "expected_count": 0})],
+             {**ACTION, "action": "cancel", "session_id": NOPE, "expected_count": 0,
+              "expected_digest": digest([])})],
     "GET api/sessions/<session_id>/changes": [
         Cell("GET", "/api/sessions/{session}/changes", api_read())],
     "GET api/changes": [Cell("GET", "/api/changes", api_read())],

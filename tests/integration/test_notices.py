@@ -168,9 +168,15 @@ def test_a_notice_declares_the_decisions_the_api_and_the_form_offer() -> None:
     ]  # fmt: skip
 
 
-def resolve(handle, notice_id: str, decision: str) -> None:
+def resolve(handle, notice_id: str, decision: str, step: str = "resolution-1") -> None:
     draft = Draft(actor="user:olga")
-    draft.signal(notice_id, "resolution-1", {"decision": decision, "by": "user:olga"})
+    draft.signal(notice_id, step, {"decision": decision, "by": "user:olga"})
+    handle.commit(draft)
+
+
+def retry(handle, task_id: str) -> None:
+    draft = Draft(actor="user:olga")
+    draft.retry(task_id)
     handle.commit(draft)
 
 
@@ -191,6 +197,37 @@ def test_an_operator_can_confirm_or_give_up_an_uncertain_send(
     else:
         assert outcome["kind"] == "failed"
         assert outcome["result"]["unsent"] == [RECIPIENTS[0]]
+
+
+def test_a_notice_retried_after_an_operator_gave_up_asks_again_on_a_fresh_step(
+    provider: RunningProvider, smtp: SmtpStandIn
+) -> None:
+    """The operator's "give up" decided one step; a retry of the failed notice is a new
+    attempt, not that decision again: it finds out first (SMTP cannot say, so it asks an
+    operator on a step of its own), sends nothing blindly, and the new answer counts."""
+    smtp.drop_after_data(to=RECIPIENTS[0])
+    kernel, handle, batch, scheduler = start(provider, smtp.port, channel="smtp")
+    scheduler.run_until_idle(advance_clock=True)
+    notice = notice_of(kernel, handle.id, RECIPIENTS[0]).id
+    resolve(handle, notice, notices.GIVE_UP.value)
+    scheduler.run_until_idle(advance_clock=True)
+    assert kernel.task(notice).outcome["kind"] == "failed"
+    assert kernel.task(batch).outcome["result"]["unsent"] == [RECIPIENTS[0]]
+
+    retry(handle, notice)
+    scheduler.run_until_idle(advance_clock=True)
+    again = kernel.task(notice)
+    assert (again.status, again.wait) == (Status.WAITING, {"signal": "resolution-2"})
+    entry = kernel.document(handle.id, "email-plan", batch)["recipients"][RECIPIENTS[0]]
+    assert entry["state"] == "uncertain"
+    assert len([m for m in smtp.messages() if RECIPIENTS[0] in m.rcpt_tos]) == 1
+
+    resolve(handle, notice, notices.SENT.value, step="resolution-2")
+    scheduler.run_until_idle(advance_clock=True)
+    assert kernel.task(notice).outcome["kind"] == "succeeded"
+    retry(handle, batch)  # its summary is read from the plan again
+    scheduler.run_until_idle(advance_clock=True)
+    assert kernel.task(batch).outcome["result"]["sent"] == 3
 
 
 def _refusing_port() -> int:

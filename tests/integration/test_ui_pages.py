@@ -15,6 +15,7 @@ from django.test import Client
 from django.utils import timezone
 
 from controlplane import models
+from controlplane.reads.tasks import digest
 from controlplane.runtime import runtime
 from controlplane.ui.live import GLOBAL_PAGES, SESSION_PAGE
 from kernel import Decision, Draft, Scheduler, Status, agent
@@ -204,7 +205,8 @@ def test_an_operator_retries_every_failed_task_at_the_count_the_page_showed() ->
 
     viewer = login("viewer")
     assert "Retry all" not in viewer.get("/attention/").content.decode()
-    form = {"reason": "channel fixed", "action_id": "bulk-1", "expected_count": "2"}
+    form = {"reason": "channel fixed", "action_id": "bulk-1", "expected_count": "2",
+            "expected_digest": digest(failing)}
     assert viewer.post("/attention/retry-failed", form,
                        HTTP_X_CSRFTOKEN=viewer.cookies["csrftoken"].value).status_code == 403
     operator = login("operator")

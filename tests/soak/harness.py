@@ -394,7 +394,8 @@ class Soak:
         if code != 200:
             return
         self.act("bulk-retry", "POST", "/api/actions/bulk",
-                 {**criteria, "expected_count": preview["count"], "action_id": self.name("k"),
+                 {**criteria, "expected_count": preview["count"],
+                  "expected_digest": preview["digest"], "action_id": self.name("k"),
                   "reason": "soak bulk retry"})
 
     # -- the faults ---------------------------------------------------------------------

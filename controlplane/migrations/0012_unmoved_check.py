@@ -22,7 +22,7 @@ $$
 class Migration(migrations.Migration):
 
     dependencies = [
-        ("controlplane", "0010_dispatch_woken"),
+        ("controlplane", "0011_bulk_action"),
     ]
 
     operations = [
