@@ -100,6 +100,8 @@ TARGETS = {
     "connection kill": 5,
 }
 TARGET_SECONDS = 600.0
+# The fields a refused value can be in: an error refusing one names its field.
+VALUE_FIELDS = ("result", "checkpoint", "payload", "entry", "receipt", "outcome")
 
 
 def optional_faults(spec: str | None = None) -> frozenset[str]:
@@ -294,6 +296,9 @@ class Soak:
     report: Report = field(init=False)
     sessions: list[tuple[str, str]] = field(default_factory=list)  # agent (session, conv)
     tool_sessions: list[tuple[str, str]] = field(default_factory=list)  # remote-model turns
+    # Turns whose tools return values Postgres refuses: never a cancel's target, so that a
+    # task those values wedge stays wedged for the checks to see.
+    value_sessions: list[tuple[str, str]] = field(default_factory=list)
     batches: list[tuple[str, str, str]] = field(default_factory=list)  # session, task, chan
     submissions: list[str] = field(default_factory=list)
     feeds: list[FeedClient] = field(default_factory=list)
@@ -467,14 +472,21 @@ class Soak:
                                    ("soak_job", "fail"), ("soak_job", "fail"),
                                    ("soak_stamp", "ok")])
 
-    def tool_turn(self, call: tuple[str, str] | None = None, seconds: float | None = None) -> None:
+    def tool_turn(
+        self, call: tuple[str, str] | None = None, seconds: float | None = None,
+        session: tuple[str, str] | None = None,
+    ) -> None:
         """A submission to the remote model, which calls one soak tool and then answers."""
-        if len(self.tool_sessions) < TOOL_SESSIONS:
-            self.new_conversation(self.tool_sessions)
-        if not self.tool_sessions:
-            return
-        session_id, conversation = self.random.choice(self.tool_sessions)
         tool, mode = call or self.tool_call()
+        if mode in tools.VALUE_MODES:  # a conversation of its own: a wedged turn blocks it
+            session = self.new_conversation(self.value_sessions)
+            if session is None:
+                return
+        elif len(self.tool_sessions) < TOOL_SESSIONS:
+            self.new_conversation(self.tool_sessions)
+        if session is None and not self.tool_sessions:
+            return
+        session_id, conversation = session or self.random.choice(self.tool_sessions)
         tag = self.name("u")
         hold = self.random.uniform(1.0, 6.0) if seconds is None else seconds
         status, answer = self.act(
@@ -486,13 +498,18 @@ class Soak:
             self.submissions.append(answer["id"])
             self.report.checked[f"tool calls asked: {tool} {mode}"] += 1
 
+    def targets(self, found: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """What an operator action may aim at: not the value-fault sessions' tasks."""
+        spared = {session_id for session_id, _ in self.value_sessions}
+        return [t for t in found if t["session_id"] not in spared]
+
     def running_now(self) -> list[dict[str, Any]]:
         """Tasks whose phase runs right now: status running, a lease that has not ended."""
         code, found = self.act("find", "GET", "/api/tasks?status=running&limit=100")
         if code != 200:
             return []
         now = datetime.now().astimezone()
-        return [t for t in found if t["lease_until"] is not None
+        return [t for t in self.targets(found) if t["lease_until"] is not None
                 and datetime.fromisoformat(t["lease_until"]) > now]
 
     def cancel(self) -> None:
@@ -502,7 +519,7 @@ class Soak:
         if not found:
             for status in ("waiting", "sleeping", "pending"):
                 code, tasks = self.act("find", "GET", f"/api/tasks?status={status}&limit=20")
-                found += [t for t in tasks or [] if code == 200 and not (
+                found += [t for t in self.targets(tasks or []) if code == 200 and not (
                     status == "waiting" and (t.get("wait") or {}).get("signal"))]
         if not found:
             return
@@ -585,7 +602,8 @@ class Soak:
 
     def one_task(self, query: str) -> dict[str, Any] | None:
         code, found = self.act("find", "GET", f"/api/tasks?{query}&limit=20")
-        if code != 200 or not found:
+        found = self.targets(found) if code == 200 else []
+        if not found:
             return None
         return self.random.choice(sorted(found, key=lambda t: t["id"]))
 
@@ -610,16 +628,23 @@ class Soak:
         """A bulk retry of failed jobs or notices, or a bulk cancel of running jobs, while
         new failures arrive: preview, a pause in which more may fail or end, then the
         action with the count the preview showed; now and then the same request again."""
+        if not self.tool_sessions:
+            self.new_conversation(self.tool_sessions)
+        if not self.tool_sessions:
+            return
+        session = self.random.choice(self.tool_sessions)  # never a value-fault session
+        criteria = {"action": "cancel", "kind": tools.JOB_KIND, "status": "running",
+                    "session_id": session[0]}
         if self.random.random() < 0.65:
-            criteria = {"action": "retry", "outcome": "failed",
-                        "kind": self.random.choice([tools.JOB_KIND, tools.JOB_KIND, "send-notice"])}
-        else:
-            criteria = {"action": "cancel", "kind": tools.JOB_KIND, "status": "running"}
+            criteria = {"action": "retry", "outcome": "failed", "kind": tools.JOB_KIND,
+                        "session_id": session[0]}
+            if self.random.random() < 0.3:
+                criteria = {"action": "retry", "outcome": "failed", "kind": "send-notice"}
         what = f"bulk-{criteria['action']}"
         code, preview = self.act(f"{what}-preview", "POST", "/api/actions/bulk/preview", criteria)
         if code != 200:
             return
-        self.tool_turn(("soak_job", "fail"), seconds=0.2)  # a new failure on its way
+        self.tool_turn(("soak_job", "fail"), seconds=0.2, session=session)  # a new failure
         time.sleep(self.random.uniform(0.0, 1.5))
         body = {**criteria, "expected_count": preview["count"], "action_id": self.name("k"),
                 "reason": f"soak {what}"}
@@ -642,7 +667,7 @@ class Soak:
 
     def inject(self, stop: threading.Event) -> None:
         faults = [
-            (self.kill_worker, 8), (self.stop_worker, 4), (self.kill_connection, 2),
+            (self.kill_worker, 10), (self.stop_worker, 4), (self.kill_connection, 2),
             (self.step_clock, 2), (self.kill_beat, 1), (self.kill_web, 1),
             (self.restart_redis, 1), (self.restart_postgres, 1), (self.provider_fault, 2),
             (self.smtp_fault, 1),
@@ -663,11 +688,12 @@ class Soak:
                 self.report.faults["threads worker samples: up"] += 1
 
     def kill_worker(self) -> None:
-        worker = self.fault_random.choice(self.workers)
+        """SIGKILL a solo worker: the threads-pool one stays up throughout (its start-up
+        takes 10-15 s on a busy machine); it is stopped, cut off and stepped instead."""
+        worker = self.fault_random.choice(
+            [w for w in self.workers if w is not self.threads_worker])
         worker.kill()
         self.report.faults["worker SIGKILL"] += 1
-        if worker is self.threads_worker:
-            self.report.faults["worker SIGKILL: the threads pool"] += 1
         worker.spawn()  # the replacement's resume sweep and the beat recover its leases
 
     def leases(self) -> tuple[dict[str, list[datetime]], datetime] | None:
@@ -727,7 +753,9 @@ class Soak:
         if not backends:
             self.report.faults["connection kill: no backend found"] += 1
             return
-        backend = self.fault_random.choice(backends)
+        busy = [b for b in backends if b["state"] != "idle"]
+        backend = self.fault_random.choice(
+            busy if busy and self.fault_random.random() < 0.5 else backends)
         done = self._query("SELECT pg_terminate_backend(%s) AS done", [backend["pid"]])
         if done and done[0].get("done"):
             self.report.faults["connection kill"] += 1
@@ -924,15 +952,6 @@ class Soak:
         if len(rows) > 20:
             self.report.violation(f"... {len(rows) - 20} more dispatch rows of ended tasks")
 
-    def tool_tasks(self) -> list[dict[str, Any]]:
-        """The tool tasks that called a soak tool, with the call's name and mode."""
-        rows = self.query(
-            "SELECT id, status, outcome, input FROM kernel_task WHERE kind = 'agent-tool'")
-        names = {t.name for t in tools.TOOLS}
-        return [{**r, "tool": r["input"]["call"]["name"],
-                 "mode": (r["input"]["call"].get("arguments") or {}).get("mode")}
-                for r in rows if r and r["input"]["call"]["name"] in names]
-
     def check_tool_runs(self) -> None:
         """An unsafe tool runs at most once per call, whatever was killed or stopped."""
         runs = self.tmp / "soak-runs"
@@ -945,30 +964,44 @@ class Soak:
                 self.report.violation(f"unsafe tool {tool} ran {count} times for task {task_id}")
 
     def check_values(self) -> None:
-        """Results Postgres refuses end their own task, with an error; no other task
-        records such an error as its own."""
+        """Results Postgres refuses end their own task failed, with an error that names
+        the record and the field (one of :data:`VALUE_FIELDS`), not a restart limit; no
+        other task records such an error as its own. (A tool task whose job was refused
+        succeeds: its result tells the model the job failed.)"""
         rows = [r for r in self.query(
             "SELECT id, kind, status, outcome, input, parent_id FROM kernel_task") if r]
-        faulty: set[str] = set()
+        carriers: set[str] = set()  # tasks whose own result holds the value
+        callers: set[str] = set()  # tool tasks that spawned such a job
         for row in rows:
-            mode = (row["input"] or {}).get("mode") if row["kind"] == tools.JOB_KIND else None
-            if row["kind"] == "agent-tool":
+            if row["kind"] == tools.JOB_KIND and (row["input"] or {}).get("mode") in \
+                    tools.VALUE_MODES:
+                carriers.add(row["id"])
+            elif row["kind"] == "agent-tool":
                 call = row["input"]["call"]
-                if call["name"] in {t.name for t in tools.TOOLS}:
-                    mode = (call.get("arguments") or {}).get("mode")
-            if mode in tools.VALUE_MODES:
-                faulty.add(row["id"])
-        faulty |= {r["id"] for r in rows if r["kind"] == "agent-tool" and any(
-            c["parent_id"] == r["id"] and c["id"] in faulty for c in rows)}
+                if (call.get("arguments") or {}).get("mode") not in tools.VALUE_MODES:
+                    continue
+                if call["name"] == "soak_job":
+                    callers.add(row["id"])
+                elif call["name"] in {t.name for t in tools.TOOLS}:
+                    carriers.add(row["id"])
+        faulty = carriers | callers
         markers = ("\\u0000", "\x00", "NUL", "datetime", "JSON serializable", "Unicode")
         for row in rows:
             outcome = row["outcome"] or {}
             error = outcome.get("error") or ""
             if row["id"] in faulty:
-                self.report.checked[f"values refused: {row['kind']} {row['status']} "
+                self.report.checked[f"value tasks: {row['kind']} {row['status']} "
                                     f"{outcome.get('kind')}"] += 1
-                if outcome.get("kind") == "failed" and not error:
-                    self.report.violation(f"task {row['id']} ({row['kind']}) failed, no error")
+                if error:
+                    self.report.checked[f"value task error: {error[:120]}"] += 1
+                clear = any(f in error for f in VALUE_FIELDS) and "interrupted" not in error
+                if row["id"] in carriers and row["status"] == "terminal" and (
+                    outcome.get("kind") != "failed" or not clear
+                ):
+                    self.report.violation(
+                        f"task {row['id']} ({row['kind']}) holding a value Postgres refuses "
+                        f"ended {outcome.get('kind')} ({error[:120] or 'no error'}), not "
+                        "failed naming the record and the field")
             elif any(m in error for m in markers):
                 self.report.violation(
                     f"task {row['id']} ({row['kind']}) records another task's value error: "
