@@ -952,12 +952,20 @@ class Soak:
         if len(rows) > 20:
             self.report.violation(f"... {len(rows) - 20} more dispatch rows of ended tasks")
 
-    def check_tool_runs(self) -> None:
-        """An unsafe tool runs at most once per call, whatever was killed or stopped."""
+    def tool_runs(self) -> Counter[tuple[str, str] | str]:
+        """How often each soak tool's function started, by (tool, task) and by task."""
         runs = self.tmp / "soak-runs"
         lines = runs.read_text().splitlines() if runs.exists() else []
-        started = Counter((t, task) for t, task, _pid, what in (ln.split() for ln in lines)
-                          if what == "started")
+        started: Counter[tuple[str, str] | str] = Counter()
+        for tool, task_id, _pid, what in (line.split() for line in lines):
+            if what == "started":
+                started[tool, task_id] += 1
+                started[task_id] += 1
+        return started
+
+    def check_tool_runs(self) -> None:
+        """An unsafe tool runs at most once per call, whatever was killed or stopped."""
+        started = {k: v for k, v in self.tool_runs().items() if isinstance(k, tuple)}
         self.report.checked["soak tool runs"] = sum(started.values())
         for (tool, task_id), count in sorted(started.items()):
             if tool in tools.UNSAFE_TOOLS and count > 1:
@@ -998,10 +1006,18 @@ class Soak:
                 if row["id"] in carriers and row["status"] == "terminal" and (
                     outcome.get("kind") != "failed" or not clear
                 ):
+                    told = (outcome.get("result") or {}).get("interrupted")
+                    ran = self.tool_runs().get(row["id"])
                     self.report.violation(
-                        f"task {row['id']} ({row['kind']}) holding a value Postgres refuses "
-                        f"ended {outcome.get('kind')} ({error[:120] or 'no error'}), not "
-                        "failed naming the record and the field")
+                        f"task {row['id']} ({row['kind']}"
+                        + (f", {row['input']['call']['name']}" if row["kind"] == "agent-tool"
+                           else "")
+                        + f") holding a value Postgres refuses ended {outcome.get('kind')} "
+                        f"({error[:120] or 'no error'})"
+                        + (", its result telling the model the call was interrupted" if told
+                           else "")
+                        + (f", its tool ran {ran} times" if ran else "")
+                        + ": not failed naming the record and the field")
             elif any(m in error for m in markers):
                 self.report.violation(
                     f"task {row['id']} ({row['kind']}) records another task's value error: "
