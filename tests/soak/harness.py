@@ -329,6 +329,8 @@ class Soak:
             self.workers.append(self.stack.worker(f"w{n}", **self.worker_env(f"w{n}")))
         self.threads_worker = self.start_threads_worker("t1")
         self.workers.append(self.threads_worker)
+        for worker in self.workers:
+            worker.append = True  # a respawn keeps what the killed process logged
         self.beat = self.stack.beat()
         self.stack.manage(
             "shell", "-c",
@@ -681,11 +683,20 @@ class Soak:
                 self.report.faults[f"{fault.__name__}:error:{type(exc).__name__}"] += 1
 
     def watch_threads_worker(self, stop: threading.Event) -> None:
-        """Sample, every second, whether the threads-pool worker is up and consuming."""
+        """Sample, every second, whether the threads-pool worker is up and consuming; if
+        it ended by itself (nothing here kills it), count it and start it again, as the
+        compose file's ``restart: unless-stopped`` would. (Celery's threads pool exits
+        with "Unrecoverable error" when a Redis restart catches it restoring unacked
+        messages, ``kombu`` 5.7.0.)"""
+        worker = self.threads_worker
         while not stop.wait(1.0):
             self.report.faults["threads worker samples"] += 1
-            if self.threads_worker.alive and self.threads_worker.ready():
+            if worker.alive and worker.ready():
                 self.report.faults["threads worker samples: up"] += 1
+            elif not worker.alive:
+                self.report.faults["threads worker exited by itself (restarted)"] += 1
+                self.report.checked[f"threads worker exit codes: {worker.popen.returncode}"] += 1
+                worker.spawn()
 
     def kill_worker(self) -> None:
         """SIGKILL a solo worker: the threads-pool one stays up throughout (its start-up
