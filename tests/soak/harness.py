@@ -1015,8 +1015,10 @@ class Soak:
                 if error:
                     self.report.checked[f"value task error: {error[:120]}"] += 1
                 clear = any(f in error for f in VALUE_FIELDS) and "interrupted" not in error
+                # Refused when the phase returns it (faulted: its commit was rejected) or
+                # at the phase's own call (failed): either way at once, naming the field.
                 if row["id"] in carriers and row["status"] == "terminal" and (
-                    outcome.get("kind") != "failed" or not clear
+                    outcome.get("kind") not in ("failed", "faulted") or not clear
                 ):
                     told = (outcome.get("result") or {}).get("interrupted")
                     ran = self.tool_runs().get(row["id"])
@@ -1029,7 +1031,7 @@ class Soak:
                         + (", its result telling the model the call was interrupted" if told
                            else "")
                         + (f", its tool ran {ran} times" if ran else "")
-                        + ": not failed naming the record and the field")
+                        + ": not refused at once naming the record and the field")
             elif any(m in error for m in markers):
                 self.report.violation(
                     f"task {row['id']} ({row['kind']}) records another task's value error: "
@@ -1077,7 +1079,9 @@ class Soak:
                     self.report.violation(
                         f"{what} acted on {outside[:5]}, which its preview did not show")
             again = entry["again"]
-            if again is not None and (again[0] != entry["code"] or again[1] != entry["answer"]):
+            if again is not None and (
+                again[0] != entry["code"] or _unreplayed(again[1]) != _unreplayed(entry["answer"])
+            ):
                 self.report.violation(
                     f"{what} again under the same action id answered {again[0]}, the first "
                     f"{entry['code']}")
@@ -1273,3 +1277,12 @@ def soak_stack(
         finally:
             if soak.stopped is not None:  # never leave a stopped process behind
                 soak.stopped.resume()
+
+
+def _unreplayed(answer: Any) -> Any:
+    """An action's answer without its ``replayed`` mark: a repeat says it is one."""
+    if isinstance(answer, dict):
+        return {k: _unreplayed(v) for k, v in answer.items() if k != "replayed"}
+    if isinstance(answer, list):
+        return [_unreplayed(v) for v in answer]
+    return answer
