@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import secrets
+import unicodedata
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from importlib import import_module
@@ -149,17 +150,27 @@ def actor(user: User) -> str:
 # -- login throttling ----------------------------------------------------------------------
 
 
+def login_name(username: str) -> str:
+    """The account a login names, as the failure count keys it: NFKC-normalised, as
+    Django's login form and ``createsuperuser`` normalise a username (so ``ｏｌｇａ``,
+    ``𝐨𝐥𝐠𝐚`` and ``𝕠𝕝𝕘𝕒`` all log in as ``olga``), stripped, and in any case (one
+    budget for ``olga`` and ``OLGA``, whichever of them exists)."""
+    folded = unicodedata.normalize("NFKC", username).strip().casefold()
+    return unicodedata.normalize("NFKC", folded)
+
+
 def _login_keys(username: str, address: str | None) -> dict[str, int]:
-    keys = {f"user:{username.strip().lower()[:150]}": settings.LOGIN_FAILURES_PER_ACCOUNT}
+    keys = {f"user:{login_name(username)[:150]}": settings.LOGIN_FAILURES_PER_ACCOUNT}
     if address:
         keys[f"addr:{address[:64]}"] = settings.LOGIN_FAILURES_PER_ADDRESS
     return keys
 
 
 def login_wait(username: str, address: str | None) -> float:
-    """Seconds before a login for ``username`` from ``address`` may be tried again: 0 if
-    now, else until the oldest counted failure of the account or the address (whichever
-    is over its limit) leaves the ``LOGIN_THROTTLE_SECONDS`` window."""
+    """Seconds before a login for ``username`` from ``address`` (a
+    :func:`controlplane.client_address.bucket`) may be tried again: 0 if now, else until
+    the oldest counted failure of the account or the address (whichever is over its
+    limit) leaves the ``LOGIN_THROTTLE_SECONDS`` window."""
     now = timezone.now()
     window = timedelta(seconds=settings.LOGIN_THROTTLE_SECONDS)
     wait = 0.0
@@ -172,13 +183,14 @@ def login_wait(username: str, address: str | None) -> float:
 
 
 def login_failed(username: str, address: str | None) -> None:
-    """Count a failed login against the account and the address (and forget the failures
-    that left the window)."""
+    """Count a failed login against the account and the address, and forget every
+    failure that left the window (so the table holds one window's failures, at most
+    ``LOGIN_FAILURES_PER_ADDRESS`` per address)."""
     now = timezone.now()
     keys = _login_keys(username, address)
     LoginFailure.objects.bulk_create([LoginFailure(key=key, at=now) for key in keys])
     window = timedelta(seconds=settings.LOGIN_THROTTLE_SECONDS)
-    LoginFailure.objects.filter(key__in=list(keys), at__lte=now - window).delete()
+    LoginFailure.objects.filter(at__lte=now - window).delete()
 
 
 def login_succeeded(username: str) -> None:

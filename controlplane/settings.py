@@ -18,7 +18,7 @@ from urllib.parse import parse_qsl, unquote, urlsplit
 
 from django.core.exceptions import ImproperlyConfigured
 
-from controlplane import logs
+from controlplane import client_address, logs
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -114,10 +114,18 @@ if _env_bool("DJANGO_TLS_PROXY", False):
 # A dashboard login lasts a working day, not Django's two weeks.
 SESSION_COOKIE_AGE = int(os.environ.get("DJANGO_SESSION_SECONDS", str(8 * 3600)))
 SESSION_COOKIE_SAMESITE = CSRF_COOKIE_SAMESITE = "Lax"
+# The proxies whose X-Forwarded-For is believed (addresses or networks, comma-separated;
+# none by default: the TCP peer is the client). Behind nginx, its address, with nginx
+# setting `X-Forwarded-For $remote_addr` (controlplane.client_address).
+try:
+    TRUSTED_PROXIES = [
+        str(net) for net in client_address.parse_networks(_env_list("DJANGO_TRUSTED_PROXIES"))]
+except ValueError as bad:
+    raise ImproperlyConfigured(str(bad)) from None
 # Login throttling (the dashboard's and the admin's login): after this many failed
-# logins within LOGIN_THROTTLE_SECONDS for one account, or from one address, logins
-# for it are refused until the oldest failure is that old. Behind a proxy, run Daphne
-# with --proxy-headers so that the address is the client's.
+# logins within LOGIN_THROTTLE_SECONDS for one account (its name as Django compares it:
+# NFKC, any case), or from one address (an IPv6 /64), logins for it are refused until
+# the oldest failure is that old.
 LOGIN_FAILURES_PER_ACCOUNT = int(os.environ.get("LOGIN_FAILURES_PER_ACCOUNT", "5"))
 LOGIN_FAILURES_PER_ADDRESS = int(os.environ.get("LOGIN_FAILURES_PER_ADDRESS", "20"))
 LOGIN_THROTTLE_SECONDS = float(os.environ.get("LOGIN_THROTTLE_SECONDS", "900"))

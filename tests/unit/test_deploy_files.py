@@ -12,6 +12,7 @@ dependencies, a non-root user and the entry point.
 
 from __future__ import annotations
 
+import ipaddress
 import re
 import shutil
 import subprocess
@@ -103,7 +104,29 @@ def test_two_web_processes_behind_a_proxy_that_upgrades_websockets() -> None:
     assert "proxy_set_header Upgrade $http_upgrade" in conf
     assert "proxy_set_header Connection $connection_upgrade" in conf
     assert "proxy_http_version 1.1" in conf
-    assert "--proxy-headers" in command("web", env={})
+
+
+
+def test_the_client_address_is_the_one_nginx_saw_and_believed_from_nginx_only() -> None:
+    """nginx overwrites X-Forwarded-For (appending would pass on what the client wrote
+    first); Daphne does not parse it (it would believe the first entry from anyone); the
+    web processes trust the proxy's fixed address and nothing else."""
+    services = compose()["services"]
+    conf = (COMPOSE.parent / "nginx.conf").read_text()
+    assert "proxy_set_header X-Forwarded-For $remote_addr;" in conf
+    assert "$proxy_add_x_forwarded_for" not in conf
+    assert "--proxy-headers" not in command("web", env={})
+    proxy_address = services["proxy"]["networks"]["default"]["ipv4_address"]
+    assert services["web"]["environment"]["DJANGO_TRUSTED_PROXIES"] == proxy_address
+    for name, service in services.items():
+        if name != "web":
+            assert "DJANGO_TRUSTED_PROXIES" not in service.get("environment", {}), name
+    subnet = compose()["networks"]["default"]["ipam"]["config"][0]
+    default = re.compile(r"\$\{\w+:-([^}]+)\}")
+    ip_range = ipaddress.ip_network(default.sub(r"\1", subnet["ip_range"]))
+    fixed = ipaddress.ip_address(default.sub(r"\1", proxy_address))
+    assert fixed in ipaddress.ip_network(default.sub(r"\1", subnet["subnet"]))
+    assert fixed not in ip_range, "the proxy's address is never given to another container"
 
 
 def test_the_brain_and_hands_pools_scale_apart_and_cover_every_queue() -> None:
