@@ -9,61 +9,23 @@ from __future__ import annotations
 
 import http.cookiejar
 import re
-import sys
 import urllib.error
 import urllib.parse
 import urllib.request
-import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from django.conf import settings
 from django.contrib.auth.models import Group, User
 
-from controlplane.dev.ports import free_port, reserved_redis_url
-from controlplane.dev.processes import Process, process_env
-from controlplane.roles import command
-from tests.databases import url_of_test_database
+from .server import web_role
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
 PER_ACCOUNT, PER_ADDRESS = 3, 5
 THROTTLED = "Too many failed logins for this account or from this address"
+LIMITS = {"LOGIN_FAILURES_PER_ACCOUNT": str(PER_ACCOUNT),
+          "LOGIN_FAILURES_PER_ADDRESS": str(PER_ADDRESS), "LOGIN_THROTTLE_SECONDS": "600"}
 FORMS = ["ｏｌｇａ", "𝐨𝐥𝐠𝐚", "𝕠𝕝𝕘𝕒", "ⓞⓛⓖⓐ", "ᵒˡᵍᵃ"]
-
-
-@contextmanager
-def web_role(tmp_path: Path, **extra: str) -> Iterator[str]:
-    port = free_port()
-    with reserved_redis_url(settings.REDIS_URL) as redis_url:
-        env = process_env(
-            url_of_test_database(), redis_url, DJANGO_DEBUG="0",
-            DJANGO_SECRET_KEY="bypass-test-" + uuid.uuid4().hex * 2,
-            DJANGO_ALLOWED_HOSTS="127.0.0.1", WEB_BIND="127.0.0.1", PORT=str(port),
-            LOGIN_FAILURES_PER_ACCOUNT=str(PER_ACCOUNT),
-            LOGIN_FAILURES_PER_ADDRESS=str(PER_ADDRESS), LOGIN_THROTTLE_SECONDS="600",
-            **extra,
-        )
-        env.pop("DJANGO_SETTINGS_MODULE", None)  # the product's settings, as deployed
-        base = f"http://127.0.0.1:{port}"
-
-        def alive() -> bool:
-            try:
-                with urllib.request.urlopen(f"{base}/healthz", timeout=1) as answer:
-                    return bool(answer.status == 200)
-            except OSError:
-                return False
-
-        argv = command("web", env=env)
-        web = Process("web", [sys.executable, *argv[1:]], log=tmp_path / "web.log", env=env,
-                      ready_check=alive)
-        web.start()
-        try:
-            yield base
-        finally:
-            web.stop()
 
 
 class NoRedirect(urllib.request.HTTPRedirectHandler):
@@ -72,10 +34,11 @@ class NoRedirect(urllib.request.HTTPRedirectHandler):
 
 
 def log_in(base: str, username: str, password: str, forwarded: str,
-           path: str = "/accounts/login/") -> str:
+           path: str = "/accounts/login/", *handlers: urllib.request.BaseHandler) -> str:
     """One try from a fresh browser: "in", "throttled" or "refused"."""
     jar = http.cookiejar.CookieJar()
-    opener = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(jar), NoRedirect)
+    opener = urllib.request.build_opener(
+        urllib.request.HTTPCookieProcessor(jar), NoRedirect, *handlers)
     headers = {"X-Forwarded-For": forwarded}
     form = opener.open(urllib.request.Request(base + path, headers=headers), timeout=10)
     csrf = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', form.read().decode())
@@ -83,8 +46,8 @@ def log_in(base: str, username: str, password: str, forwarded: str,
     data = urllib.parse.urlencode({"username": username, "password": password,
                                    "csrfmiddlewaretoken": csrf.group(1)}).encode()
     try:
-        answer = opener.open(urllib.request.Request(base + path, data=data, headers=headers),
-                             timeout=10)
+        answer = opener.open(urllib.request.Request(
+            base + path, data=data, headers={**headers, "Origin": base}), timeout=10)
     except urllib.error.HTTPError as redirected:
         assert redirected.code == 302, redirected.code
         return "in"
@@ -101,7 +64,7 @@ def test_new_forwarded_addresses_and_unicode_forms_of_the_name_share_one_budget(
     tmp_path: Path,
 ) -> None:
     account("olga", is_staff=True)
-    with web_role(tmp_path) as base:
+    with web_role(tmp_path, **LIMITS) as base:
         # No proxy is trusted: each try names another client address, and the peer's
         # address is counted all the same. Each try names olga in another form.
         tries = [log_in(base, name, "guess", f"203.0.113.{n}, 198.51.100.{n}",
@@ -121,7 +84,7 @@ def test_a_trusted_proxy_tells_the_address_and_only_its_own_entry_is_believed(
         account(name)
     # 127.0.0.1 plays nginx here; the client puts whatever it likes before nginx's entry
     # (what `$proxy_add_x_forwarded_for` would pass on).
-    with web_role(tmp_path, DJANGO_TRUSTED_PROXIES="127.0.0.1") as base:
+    with web_role(tmp_path, DJANGO_TRUSTED_PROXIES="127.0.0.1", **LIMITS) as base:
         for n in range(PER_ADDRESS):
             assert log_in(base, f"guess{n}", "guess", f"10.{n}.0.1, 192.0.2.7") == "refused"
         assert log_in(base, "vic", "right-pw", "10.9.9.9, 192.0.2.7") == "throttled"
