@@ -1,5 +1,5 @@
-"""Request hygiene that must hold before any view runs, and the answer when the
-database cannot serve one."""
+"""Request hygiene that must hold before any view runs (storable text, request rates), and
+the answer when the database cannot serve one."""
 
 from __future__ import annotations
 
@@ -9,6 +9,8 @@ from urllib.parse import unquote
 
 from django.http import HttpRequest, HttpResponse, JsonResponse
 
+from controlplane import rates
+from controlplane.client_address import client_bucket
 from controlplane.storage.postgres import UNAVAILABLE
 from kernel import SessionPoisoned, StorageUnavailable
 
@@ -33,6 +35,39 @@ class RejectUnstorableText:
         if "\x00" in raw:
             return JsonResponse({"detail": "the URL may not contain NUL characters"}, status=422)
         return self.get_response(request)
+
+
+class LimitRequestRates:
+    """Count each request against its client's address and, for a browser's login, its
+    account (:mod:`controlplane.rates`; an API token's account is counted when the API
+    authenticates it); over either rate, answer 429 with ``Retry-After`` before any view
+    runs. The probes are not counted: an orchestrator's checks must always get through."""
+
+    EXEMPT = ("/healthz", "/readyz")
+
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        if request.path in self.EXEMPT:
+            return self.get_response(request)
+        user = getattr(request, "user", None)
+        refused = rates.take(
+            rates.address(client_bucket(request.META)),
+            rates.account(user.pk) if user is not None and user.is_authenticated else None,
+        )
+        if refused is not None:
+            return too_many_requests(request, refused.detail(), refused.retry_after)
+        return self.get_response(request)
+
+
+def too_many_requests(request: HttpRequest, detail: str, retry_after: int) -> HttpResponse:
+    if request.path.startswith("/api/"):
+        response: HttpResponse = JsonResponse({"detail": detail}, status=429)
+    else:
+        response = HttpResponse(detail, status=429, content_type="text/plain")
+    response["Retry-After"] = str(retry_after)
+    return response
 
 
 # What a restarting or unreachable Postgres raises: the kernel's own errors (from a

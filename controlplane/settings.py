@@ -159,6 +159,7 @@ MIDDLEWARE = [
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "controlplane.middleware.LimitRequestRates",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "controlplane.middleware.AnswerStorageDown",
@@ -240,6 +241,13 @@ WEBSOCKET_RECHECK_SECONDS = float(os.environ.get("WEBSOCKET_RECHECK_SECONDS", "5
 USER_SOCKET_LIMIT = int(os.environ.get("USER_SOCKET_LIMIT", "20"))
 USER_LONG_POLL_LIMIT = int(os.environ.get("USER_LONG_POLL_LIMIT", "5"))
 USER_SLOT_SECONDS = float(os.environ.get("USER_SLOT_SECONDS", "30"))
+# Request rates, counted in Redis across web processes (controlplane.rates): per account
+# and per client address, requests per second on average and in a burst; beyond them
+# 429 with Retry-After. 0 requests per second: not counted.
+USER_REQUESTS_PER_SECOND = float(os.environ.get("USER_REQUESTS_PER_SECOND", "10"))
+USER_REQUEST_BURST = int(os.environ.get("USER_REQUEST_BURST", "50"))
+ADDRESS_REQUESTS_PER_SECOND = float(os.environ.get("ADDRESS_REQUESTS_PER_SECOND", "30"))
+ADDRESS_REQUEST_BURST = int(os.environ.get("ADDRESS_REQUEST_BURST", "150"))
 
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},

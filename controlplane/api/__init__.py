@@ -9,7 +9,8 @@ Routers are thin: reads come from :mod:`controlplane.reads`, changes from
 place (:func:`controlplane.errors.http_status`): 403 for a role that does not allow it,
 404 for no such record, 409 when the state does not allow it, 422 for bad input (naming
 the field; nothing changed), 429 with ``Retry-After`` when the account holds as many
-long-polls as it may.
+long-polls as it may or asks faster than its rate (or its address does:
+:mod:`controlplane.rates`).
 """
 
 from __future__ import annotations
@@ -34,6 +35,8 @@ ERRORS = {
     "404": "No such record",
     "409": "The record's state does not allow this now",
     "422": "Invalid input; `detail` names the field",
+    "429": "Too many requests from this account or this address (USER_REQUESTS_PER_SECOND, "
+    "ADDRESS_REQUESTS_PER_SECOND); try again after `Retry-After` seconds, nothing was done",
     "503": "The database is unavailable; retry after `Retry-After` seconds (with the "
     "same `request_id` or `action_id`, a retry cannot apply a command twice)",
 }
@@ -54,13 +57,13 @@ class ControlPlaneAPI(NinjaAPI):
             for operation in operations.values():
                 responses = operation.setdefault("responses", {})
                 for code, description in ERRORS.items():
-                    responses.setdefault(
-                        code,
-                        {
-                            "description": description,
-                            "content": {"application/json": {"schema": error}},
-                        },
-                    )
+                    answer: dict[str, Any] = {
+                        "description": description,
+                        "content": {"application/json": {"schema": error}},
+                    }
+                    if code in ("429", "503"):
+                        answer["headers"] = {"Retry-After": {"schema": {"type": "integer"}}}
+                    responses.setdefault(code, answer)
         return schema
 
 
