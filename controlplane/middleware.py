@@ -7,6 +7,8 @@ from collections.abc import Callable
 from typing import Any
 from urllib.parse import unquote
 
+import psycopg
+from django.conf import settings
 from django.http import HttpRequest, HttpResponse, JsonResponse
 
 from controlplane import rates
@@ -99,6 +101,11 @@ def storage_down(request: HttpRequest, exc: Any) -> HttpResponse:
     """The 503 answer; the API registers it too, since with ``DEBUG`` on ninja answers
     unhandled errors itself instead of passing them on to the middleware."""
     detail = "the database is unavailable; try again (a retry with the same id is safe)"
+    if isinstance(exc.__cause__, psycopg.errors.QueryCanceled) or isinstance(
+            exc, psycopg.errors.QueryCanceled):
+        detail = (f"this took longer than WEB_STATEMENT_TIMEOUT_SECONDS "
+                  f"({settings.WEB_STATEMENT_TIMEOUT_SECONDS:g} s) and was cancelled: "
+                  "narrow the filter, or try again")
     if request.path.startswith("/api/"):
         response: HttpResponse = JsonResponse({"detail": detail}, status=503)
     else:

@@ -241,6 +241,10 @@ WEBSOCKET_RECHECK_SECONDS = float(os.environ.get("WEBSOCKET_RECHECK_SECONDS", "5
 USER_SOCKET_LIMIT = int(os.environ.get("USER_SOCKET_LIMIT", "20"))
 USER_LONG_POLL_LIMIT = int(os.environ.get("USER_LONG_POLL_LIMIT", "5"))
 USER_SLOT_SECONDS = float(os.environ.get("USER_SLOT_SECONDS", "30"))
+# How long one statement of a web process may run before Postgres cancels it (the request
+# is answered 503 saying so); 0: unbounded. Workers and commands are not bounded
+# (controlplane.request_connections).
+WEB_STATEMENT_TIMEOUT_SECONDS = float(os.environ.get("WEB_STATEMENT_TIMEOUT_SECONDS", "5"))
 # Request rates, counted in Redis across web processes (controlplane.rates): per account
 # and per client address, requests per second on average and in a burst; beyond them
 # 429 with Retry-After. 0 requests per second: not counted.

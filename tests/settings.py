@@ -37,3 +37,8 @@ PASSWORD_HASHERS = [
 
 # Read once by django.conf.settings already; what child processes inherit.
 os.environ["DJANGO_SETTINGS_MODULE"] = "controlplane.settings"
+
+# This process is not a web process, whatever it imports (the schema tests load
+# controlplane.wsgi): its statements are not bounded in time. The web processes the tests
+# start are (tests/integration/test_request_connections.py sets it here for itself).
+WEB_STATEMENT_TIMEOUT_SECONDS = 0.0
