@@ -274,8 +274,9 @@ class SubmissionView:
 
 def submissions(session_id: str, found: list[Submission]) -> list[SubmissionView]:
     turns: dict[str, str] = {}
-    for task_id, input in models.Task.objects.filter(
-        session_id=session_id, kind=TURN_KIND
+    for task_id, input in models.Task.objects.filter(  # the turns that took these only
+        session_id=session_id, kind=TURN_KIND,
+        input__submissions__has_any_keys=[s.id for s in found],
     ).order_by("created_seq").values_list("id", "input"):
         for submission_id in (input or {}).get("submissions") or []:
             turns[submission_id] = task_id

@@ -102,3 +102,28 @@ def test_an_operator_previews_then_cancels_exactly_the_previewed_count() -> None
                        HTTP_X_CSRFTOKEN=viewer.cookies["csrftoken"].value).status_code == 403
     assert operator.get("/bulk/preview?action=drop&q=renewal").status_code == 422
     assert task_reads.count(task_reads.TaskFilter(text="renewal")) == 3
+
+
+def test_a_word_too_short_for_the_index_searches_nothing_and_acts_on_nothing() -> None:
+    batch(subject="ab cd")
+    operator = login("operator")
+    page = operator.get("/tasks/?q=ab").content.decode()
+    assert found_ids(page) == [] and 'id="short-word"' in page
+    assert "at least 3 characters" in page
+    preview = operator.get("/bulk/preview?action=cancel&q=ab")
+    assert preview.status_code == 422 and b"at least 3 characters" in preview.content
+    assert len(found_ids(operator.get("/tasks/?q=ab%20").content.decode())) == 0
+
+
+def test_pages_stop_at_the_last_page_and_say_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(pages, "TASKS_PAGE", 2)
+    monkeypatch.setattr(pages, "COUNT_UP_TO", 3)
+    monkeypatch.setattr(pages, "MAX_TASKS_PAGES", 2)
+    made = [batch(subject=f"notice {i}")[1] for i in range(7)]
+    viewer = login("viewer")
+    for asked in ("2", "3", "100000"):
+        page = viewer.get(f"/tasks/?page={asked}").content.decode()
+        assert found_ids(page) == made[::-1][2:4], asked
+        assert 'id="last-page"' in page and "Pages stop at 2" in page
+        assert 'rel="next"' not in page
+    assert 'id="last-page"' not in viewer.get("/tasks/?page=1").content.decode()
