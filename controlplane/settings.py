@@ -93,6 +93,15 @@ if SECRET_KEY == BUILTIN_SECRET_KEY and not DEBUG:
         "`python -c 'import secrets; print(secrets.token_urlsafe(50))'`, or set "
         "DJANGO_DEBUG=1 on a development machine only."
     )
+# A key anyone could guess is as good as none: held to Django's own rule for a deployment
+# (`check --deploy`, security.W009), at start-up rather than in a check nobody runs.
+if not DEBUG and (len(SECRET_KEY) < 50 or len(set(SECRET_KEY)) < 5
+                  or SECRET_KEY.startswith("django-insecure-")):
+    raise ImproperlyConfigured(
+        "DJANGO_SECRET_KEY is too weak: it needs 50 or more characters, 5 or more of them "
+        "different, and no 'django-insecure-' prefix. Make one with "
+        "`python -c 'import secrets; print(secrets.token_urlsafe(50))'`."
+    )
 ALLOWED_HOSTS = _env_list("DJANGO_ALLOWED_HOSTS", "localhost,127.0.0.1,[::1],testserver")
 # Origins (scheme://host[:port]) besides the served one that may post forms and open
 # websockets: the public address(es) when a proxy serves the app under another name.

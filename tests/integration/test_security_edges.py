@@ -9,7 +9,6 @@ from __future__ import annotations
 import re
 
 import pytest
-from django.test import Client
 
 from controlplane.runtime import runtime
 from kernel import Draft, Scheduler
