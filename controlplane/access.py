@@ -10,7 +10,10 @@ sockets (:mod:`controlplane.consumers`) all ask this module.
 
 from __future__ import annotations
 
+import getpass
 import hashlib
+import logging
+import os
 import secrets
 import unicodedata
 from dataclasses import dataclass
@@ -30,18 +33,34 @@ from controlplane.models import ApiToken, LoginFailure
 
 OPERATOR = "operator"
 VIEWER = "viewer"
+audit = logging.getLogger("controlplane.audit")
+"""Who did what to accounts and credentials (tokens issued and revoked, roles given)."""
 
 
 def digest(key: str) -> str:
     return hashlib.sha256(key.encode()).hexdigest()
 
 
-def issue_token(user: User, name: str, expires_at: datetime | None = None) -> str:
+def issue_token(user: User, name: str, expires_at: datetime | None = None, *,
+                issued_by: str = "") -> str:
     """Create a token for ``user`` (valid until ``expires_at``, or until revoked if None)
-    and return its key; only the digest is kept."""
+    and return its key; only the digest is kept, with who issued it (``issued_by``, as
+    the audit names people: ``shell:root``)."""
     key = f"dcp_{secrets.token_urlsafe(32)}"
-    ApiToken.objects.create(user=user, name=name, digest=digest(key), expires_at=expires_at)
+    token = ApiToken.objects.create(user=user, name=name, digest=digest(key),
+                                    expires_at=expires_at, issued_by=issued_by)
+    audit.info("API token %r (#%s) of %s issued by %s", name, token.pk, user.get_username(),
+               issued_by or "(not recorded)",
+               extra={"token": token.pk, "user": user.get_username(), "by": issued_by})
     return key
+
+
+def shell_actor() -> str:
+    """How the audit names whoever runs a management command: the machine's user."""
+    try:
+        return f"shell:{getpass.getuser()}"
+    except (KeyError, OSError):  # no passwd entry for this uid (some containers)
+        return f"shell:uid {os.getuid()}"
 
 
 def usable_tokens() -> Any:

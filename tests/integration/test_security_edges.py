@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 
 import pytest
+from django.test import Client
 
 from controlplane.runtime import runtime
 from kernel import Draft, Scheduler
@@ -52,3 +53,54 @@ def test_the_retry_all_and_bulk_confirm_forms_post_without_script() -> None:
     assert fields.get("csrfmiddlewaretoken"), fields
     acted = operator.post("/bulk/act", {**fields, "reason": "tidy"})
     assert acted.status_code in (200, 302), acted.content
+
+
+def test_the_admin_is_read_only_for_accounts_and_roles_too() -> None:
+    from django.contrib.auth.models import Group, Permission, User
+
+    staff = User.objects.create_user("stan", password="pw", is_staff=True)
+    staff.user_permissions.add(*Permission.objects.filter(
+        content_type__app_label="auth"))  # change_user, change_group, add_...: all of them
+    root = User.objects.create_superuser("root", password="pw")
+    group = Group.objects.create(name="operator")
+    for who in (staff, root):
+        client = Client()
+        client.force_login(who)
+        shown = client.get(f"/admin/auth/user/{staff.pk}/change/")
+        assert shown.status_code == 200
+        assert "pbkdf2" not in shown.content.decode()  # no password hash, even read-only
+        assert 'name="_save"' not in shown.content.decode()
+        made_super = client.post(f"/admin/auth/user/{staff.pk}/change/", {
+            "username": "stan", "is_staff": "on", "is_superuser": "on", "is_active": "on"})
+        assert made_super.status_code == 403
+        assert client.get("/admin/auth/user/add/").status_code == 403
+        assert client.post(f"/admin/auth/group/{group.pk}/delete/",
+                           {"post": "yes"}).status_code == 403
+    staff.refresh_from_db()
+    assert not staff.is_superuser and Group.objects.filter(pk=group.pk).exists()
+
+
+def test_roles_are_given_and_taken_from_the_shell_and_logged(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from io import StringIO
+
+    from django.contrib.auth.models import User
+    from django.core.management import CommandError, call_command
+
+    from controlplane.access import role_of
+
+    vic = User.objects.create_user("vic")
+    caplog.set_level("INFO", logger="controlplane.audit")
+    call_command("role", "vic", "viewer", stdout=StringIO())
+    assert role_of(vic) == "viewer"
+    call_command("role", "vic", "operator", stdout=StringIO())
+    assert role_of(User.objects.get(pk=vic.pk)) == "operator"
+    assert "role of vic: viewer -> operator, by shell:" in caplog.text
+    call_command("role", "vic", "none", stdout=StringIO())
+    assert role_of(User.objects.get(pk=vic.pk)) is None
+    listed = StringIO()
+    call_command("role", "--list", stdout=listed)
+    assert "vic\t-" in listed.getvalue()
+    with pytest.raises(CommandError, match="no user 'nobody'"):
+        call_command("role", "nobody", "viewer")
