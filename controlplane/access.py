@@ -16,6 +16,9 @@ import logging
 import os
 import secrets
 import unicodedata
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from importlib import import_module
@@ -164,6 +167,30 @@ def require_operator(user: Any) -> User:
 def actor(user: User) -> str:
     """How a commit and the operations log name the person who acted."""
     return f"user:{user.get_username()}"
+
+
+BROWSER = "browser session"
+_request: ContextVar[Any] = ContextVar("controlplane.access.request", default=None)
+
+
+@contextmanager
+def serving(request: Any) -> Iterator[None]:
+    """While a request is served: :func:`credential` names what it authenticated with."""
+    token = _request.set(request)
+    try:
+        yield
+    finally:
+        _request.reset(token)
+
+
+def credential() -> str | None:
+    """What the request being served authenticated with, as the audit names it: an API
+    token (its name and id, set by the API's authentication) or the browser's login
+    session; None outside a request (the shell, a worker)."""
+    request = _request.get()
+    if request is None:
+        return None
+    return str(getattr(request, "via", BROWSER))
 
 
 # -- login throttling ----------------------------------------------------------------------

@@ -25,7 +25,7 @@ from django.conf import settings
 from django.contrib.auth.models import User
 from django.utils import timezone
 
-from controlplane.access import actor, audit, require_operator
+from controlplane.access import actor, audit, credential, require_operator
 from controlplane.errors import Conflict, Invalid
 from controlplane.models import ApiToken
 from controlplane.reads import sessions as session_reads
@@ -99,10 +99,13 @@ class BulkResult:
 
 
 def _record(draft: Draft, user: User, key: str, action: str, target: str, reason: str) -> None:
-    """The action's entry in the session's operations log: what, on what, who and why."""
-    draft.record_operation(
-        action, {"target": target, "reason": reason, "by": actor(user), "action_id": key}
-    )
+    """The action's entry in the session's operations log: what, on what, who, why, and
+    through which credential (an API token by name and id, or the browser session)."""
+    entry = {"target": target, "reason": reason, "by": actor(user), "action_id": key}
+    via = credential()
+    if via is not None:
+        entry["via"] = via
+    draft.record_operation(action, entry)
 
 
 def _commit(

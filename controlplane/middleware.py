@@ -11,7 +11,7 @@ import psycopg
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse, JsonResponse
 
-from controlplane import rates
+from controlplane import access, rates
 from controlplane.client_address import client_bucket
 from controlplane.storage.postgres import UNAVAILABLE
 from kernel import SessionPoisoned, StorageUnavailable
@@ -61,6 +61,18 @@ class LimitRequestRates:
         if refused is not None:
             return too_many_requests(request, refused.detail(), refused.retry_after)
         return self.get_response(request)
+
+
+class NameTheCredential:
+    """Let the commands name the credential each action came through (an API token, a
+    browser session) in the operations log: :func:`controlplane.access.credential`."""
+
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        with access.serving(request):
+            return self.get_response(request)
 
 
 def too_many_requests(request: HttpRequest, detail: str, retry_after: int) -> HttpResponse:

@@ -169,6 +169,7 @@ MIDDLEWARE = [
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "controlplane.middleware.LimitRequestRates",
+    "controlplane.middleware.NameTheCredential",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "controlplane.middleware.AnswerStorageDown",

@@ -18,10 +18,8 @@ from ninja.openapi.views import openapi_json
 from ninja.security import HttpBearer, SessionAuth
 
 from controlplane import rates
-from controlplane.access import may_read, require_role, token_named, usable_token
+from controlplane.access import BROWSER, may_read, require_role, token_named, usable_token
 from controlplane.errors import TooBusy
-
-BROWSER = "browser session"
 
 
 class TokenAuth(HttpBearer):

@@ -104,3 +104,33 @@ def test_roles_are_given_and_taken_from_the_shell_and_logged(
     assert "vic\t-" in listed.getvalue()
     with pytest.raises(CommandError, match="no user 'nobody'"):
         call_command("role", "nobody", "viewer")
+
+
+def test_each_action_records_the_credential_it_came_through(api_kernel: object) -> None:
+    from django.contrib.auth.models import Group, User
+
+    from controlplane import commands
+    from controlplane.access import issue_token
+    from kernel.commit import operations_log_id
+
+    from .test_api import post, start
+
+    kernel = runtime().kernel
+    olga = User.objects.create_user("olga")
+    olga.groups.add(Group.objects.get_or_create(name="operator")[0])
+    key = issue_token(olga, "ci")
+    token_id = olga.api_tokens.get().pk
+    tasks = [start(kernel, "api-step", {"sleep": True}) for _ in range(3)]
+    by_token = Client(headers={"Authorization": f"Bearer {key}"})
+    assert post(by_token, f"/api/tasks/{tasks[0][1]}/wake",
+                {"action_id": "w1", "reason": "now"}).status_code == 200
+    browser = Client()
+    browser.force_login(olga)
+    assert post(browser, f"/api/tasks/{tasks[1][1]}/wake",
+                {"action_id": "w2", "reason": "now"}).status_code == 200
+    commands.wake_task(olga, tasks[2][1], "w3", "from the shell")
+    logged = {e.payload["action_id"]: e.payload for session_id, _ in tasks
+              for e in kernel.entries(operations_log_id(session_id))}
+    assert logged["w1"]["via"] == f"API token 'ci' (#{token_id})"
+    assert logged["w2"]["via"] == "browser session"
+    assert "via" not in logged["w3"]  # no request: the shell names itself as the actor
