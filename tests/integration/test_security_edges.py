@@ -134,3 +134,32 @@ def test_each_action_records_the_credential_it_came_through(api_kernel: object) 
     assert logged["w1"]["via"] == f"API token 'ci' (#{token_id})"
     assert logged["w2"]["via"] == "browser session"
     assert "via" not in logged["w3"]  # no request: the shell names itself as the actor
+
+
+def test_one_operators_action_id_is_never_answered_for_another() -> None:
+    """Both pages got the same live render, so the same action id in the retry form;
+    the second operator's retry runs instead of being told it was done already."""
+    (task_id,) = failed_batches(1)
+    kernel = runtime().kernel
+    form = {"action_id": "shared-nonce-retry", "reason": "provider back"}
+    for name in ("olga", "omar"):
+        client = _operator(name)
+        done = client.post(f"/tasks/{task_id}/retry", form,
+                           HTTP_X_CSRFTOKEN=client.cookies["csrftoken"].value,
+                           HTTP_HX_REQUEST="true")
+        assert done.status_code == 200, done.content
+        assert b"already" not in done.content
+        assert kernel.task(task_id).status == "pending"
+        Scheduler(kernel).run_until_idle()  # the unknown channel fails it again
+        assert kernel.task(task_id).outcome["kind"] == "failed"
+
+
+def _operator(name: str) -> Client:
+    from django.contrib.auth.models import Group, User
+
+    user = User.objects.create_user(name, password="pw")
+    user.groups.add(Group.objects.get_or_create(name="operator")[0])
+    client = Client(enforce_csrf_checks=True)
+    client.force_login(user)
+    client.get("/")  # its CSRF cookie
+    return client
