@@ -75,6 +75,29 @@ class NameTheCredential:
             return self.get_response(request)
 
 
+class ContentSecurityPolicy:
+    """Every answer says what a page may load: scripts, styles, images and sockets from
+    this origin only, no plugin, no framing, forms posted here only. The dashboard has
+    no inline script or style (htmx is told to add none); Swagger UI at ``/api/docs``
+    sets styles inline, so its page alone allows them. (Django has a CSP of its own
+    from 6.0; this stands in for it on 5.2.)"""
+
+    POLICY = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+              "connect-src 'self'; font-src 'self'; object-src 'none'; base-uri 'none'; "
+              "form-action 'self'; frame-ancestors 'none'")
+    DOCS_POLICY = POLICY.replace("style-src 'self'", "style-src 'self' 'unsafe-inline'")
+
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        response = self.get_response(request)
+        if "Content-Security-Policy" not in response:
+            docs = request.path.startswith("/api/docs")
+            response["Content-Security-Policy"] = self.DOCS_POLICY if docs else self.POLICY
+        return response
+
+
 def too_many_requests(request: HttpRequest, detail: str, retry_after: int) -> HttpResponse:
     if request.path.startswith("/api/"):
         response: HttpResponse = JsonResponse({"detail": detail}, status=429)

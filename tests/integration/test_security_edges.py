@@ -163,3 +163,20 @@ def _operator(name: str) -> Client:
     client.force_login(user)
     client.get("/")  # its CSRF cookie
     return client
+
+
+def test_every_page_says_its_content_security_policy() -> None:
+    from controlplane.middleware import ContentSecurityPolicy
+
+    operator = login("operator")
+    for path in ("/", "/tasks/", "/attention/", "/workers/", "/accounts/login/",
+                 "/api/sessions", "/admin/login/"):
+        policy = operator.get(path)["Content-Security-Policy"]
+        assert policy == ContentSecurityPolicy.POLICY, path
+        assert "script-src 'self';" in policy and "unsafe" not in policy
+        assert "frame-ancestors 'none'" in policy
+    docs = operator.get("/api/docs")["Content-Security-Policy"]
+    assert "style-src 'self' 'unsafe-inline'" in docs and "script-src 'self';" in docs
+    page = operator.get("/").content.decode()
+    assert "<script>" not in page and " style=" not in page  # nothing inline to allow
+    assert '"includeIndicatorStyles": false' in page
