@@ -43,9 +43,22 @@ ERRORS = {
 
 
 class ControlPlaneAPI(NinjaAPI):
-    """Documents the error answers every operation can give, once, for all of them."""
+    """Documents the error answers every operation can give, once, for all of them; the
+    schema is built once per process (it is public, and building it takes tens of ms)."""
+
+    _schemas: dict[str, Any]
+
+    def forget_schema(self) -> None:
+        self._schemas = {}
 
     def get_openapi_schema(self, **kwargs: Any) -> Any:
+        key = repr(sorted(kwargs.items()))
+        cached = getattr(self, "_schemas", {})
+        if key not in cached:
+            self._schemas = {**cached, key: self._build_schema(**kwargs)}
+        return self._schemas[key]
+
+    def _build_schema(self, **kwargs: Any) -> Any:
         schema = super().get_openapi_schema(**kwargs)
         schema["paths"] = refer_to_components(schema["paths"])
         components = schema.setdefault("components", {})

@@ -180,3 +180,45 @@ def test_every_page_says_its_content_security_policy() -> None:
     page = operator.get("/").content.decode()
     assert "<script>" not in page and " style=" not in page  # nothing inline to allow
     assert '"includeIndicatorStyles": false' in page
+
+
+def test_the_readiness_probe_reuses_its_answer_and_names_no_migration(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from controlplane import health
+
+    asked: list[int] = []
+    real = health._readiness
+    monkeypatch.setattr(health, "_readiness", lambda: asked.append(1) or real())
+    monkeypatch.setattr(health, "_last", None)
+    for _ in range(20):
+        assert Client().get("/readyz").status_code == 200
+    assert len(asked) == 1  # one check, then its answer for READINESS_SECONDS
+    monkeypatch.setattr(health, "_last", None)
+    monkeypatch.setattr(health, "_migrated", False)
+    monkeypatch.setattr(health, "unapplied_migrations",
+                        lambda alias="default": ["controlplane.0099_next"])
+    answer = Client().get("/readyz")
+    assert answer.status_code == 503
+    assert answer.json()["missing"] == {"migrations": "1 not applied"}
+    assert "controlplane.0099_next" in caplog.text
+
+
+def test_the_api_schema_is_built_once_per_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    from ninja import NinjaAPI
+
+    from controlplane.api import api
+
+    built: list[int] = []
+    real = NinjaAPI.get_openapi_schema
+
+    def counting(self: NinjaAPI, **kwargs: object) -> object:
+        built.append(1)
+        return real(self, **kwargs)
+
+    monkeypatch.setattr(NinjaAPI, "get_openapi_schema", counting)
+    api.forget_schema()
+    first = Client().get("/api/openapi.json").json()
+    for _ in range(5):
+        assert Client().get("/api/openapi.json").json() == first
+    assert len(built) == 1
