@@ -349,20 +349,3 @@ def test_the_pages_of_a_pruned_session_still_render() -> None:
                 f"/tasks/{task_id}/", f"/api/tasks/{task_id}",
                 f"/api/conversations/{conversation}/entries"):
         assert client.get(url).status_code == 200, url
-
-
-@db
-def test_a_session_keeping_its_history_beyond_any_date_does_not_stop_the_prune() -> None:
-    """Written before the API bounded it (or by a trusted caller): a prune, dry or not,
-    still runs for everyone, and that session is kept."""
-    kernel = runtime().kernel
-    forever = kernel.create_session(metadata={"retention_days": 1e6})
-    due = kernel.create_session(metadata={"retention_days": 0})
-    for handle in (forever, due):
-        draft = Draft(actor="user:ann")
-        draft.set(PLAN, "doc", ["n"], 1)
-        handle.commit(draft)
-    assert commands.prune(dry_run=True).sessions == 1
-    assert commands.prune().sessions == 1
-    assert kernel.storage.session(forever.id).pruned_seq == 0
-    assert kernel.storage.session(due.id).pruned_seq == 1
