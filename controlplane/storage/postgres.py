@@ -233,9 +233,7 @@ class PostgresStorage:
         return self._fast(session_id, build, prefetch, fast_commits.ending, known)
 
     def commit_creating(self, session_id: str, build: Build, prefetch: Prefetch) -> WriteSet:
-        written = self._fast(session_id, build, prefetch, fast_commits.creating)
-        self._analyze_burst(sum(1 for d in written.dispatches if d.woken))
-        return written
+        return self._fast(session_id, build, prefetch, fast_commits.creating)
 
     def _fast(
         self, session_id: str, build: Build, prefetch: Prefetch,
@@ -277,6 +275,7 @@ class PostgresStorage:
             self.fault("after_commit")
         except Exception as exc:
             raise CommitUncertain(f"commit {session_id}#{written.commit.seq}: {exc}") from exc
+        self._analyze_burst(sum(1 for d in written.dispatches if d.woken))  # as commit does
         return written
 
     def commits_after(self, session_id: str, after_seq: int, limit: int) -> list[Commit]:
