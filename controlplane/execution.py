@@ -52,8 +52,8 @@ def advance(task_id: str, tries: int = 0) -> bool:
 
 def on_a_live_connection(run: Callable[[], T]) -> T:
     """``run()`` on this thread's connection as the last message left it, checked by use
-    rather than by Django's health check (a ``SELECT 1`` round trip per message, 0.3 ms
-    idle and up to 2 ms on a busy machine: issue 12's dispatch latency).
+    rather than by Django's health check (a ``SELECT 1`` round trip per message, on the
+    path between a commit and the task it wakes).
 
     A connection that died since (a restarted Postgres) fails the first statement,
     :meth:`Worker.advance`'s claim, with StorageUnavailable: nothing was claimed then,

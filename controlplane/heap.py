@@ -5,12 +5,11 @@ A Django process holds a few hundred thousand long-lived objects after start-up
 the runtime too). CPython's cyclic collector walks every one of them on each full
 collection. In a web process, a page that allocates many containers (the timeline of a
 task with thousands of phases reads thousands of rows) sets one off every few requests:
-measured, that walk turned a 42 ms render into 110 ms of CPU for one request in four
-(``make bench BENCH_ARGS=ui``). In a worker, a full collection during a run took 70-130
-ms, a stall of the phase it was running and of every hint meanwhile (issue 12's idle
-dispatch p99). Frozen objects (:func:`gc.freeze`) are left out of every collection; the
-garbage a request or a phase makes is still collected, now by walking only what came
-after start-up.
+that walk can cost more CPU than the render itself (``make bench BENCH_ARGS=ui``
+shows it). In a worker, a full collection during a run stalls the phase it was running
+and every hint meanwhile (the idle dispatch's tail). Frozen objects (:func:`gc.freeze`)
+are left out of every collection; the garbage a request or a phase makes is still
+collected, now by walking only what came after start-up.
 """
 
 from __future__ import annotations

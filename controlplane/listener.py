@@ -1,5 +1,5 @@
 """The listener: an idle worker starts a task the moment the commit that made it due
-lands, not when the broker's message for it arrives (issue 12's idle dispatch).
+lands, not when the broker's message for it arrives.
 
 Each worker process LISTENs on the due channel (:mod:`controlplane.storage.due`) on a
 connection of its own, from a thread of its own. For each task hinted there on a queue

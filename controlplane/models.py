@@ -185,7 +185,7 @@ class Task(KernelRecord):
             # ``task_outcome_kind``: both made in migration 0006 (Django cannot say an
             # expression with an operator class here).
             # A task that ends looks for its waiters in its session: only the waiting
-            # ones, so that a batch of n tasks does not scan n rows per task (issue 12).
+            # ones, so that a batch of n tasks does not scan n rows per task.
             models.Index(
                 fields=["session_id"], name="task_waiting", condition=models.Q(status="waiting")
             ),

@@ -16,7 +16,7 @@ before the next, so that a burst of commits (a task running phase after phase, 1
 a second) costs a send every ``gap``, not one per commit: the first hint after a quiet
 spell goes out at once, later ones at most ``gap`` late. Sending, and waking the
 thread at all, would otherwise cost the committing thread about a millisecond a commit
-in contention for the interpreter (issue 12's sequential profile). A failure is logged
+in contention for the interpreter. A failure is logged
 and forgotten. The hint is released at once for the usual kernel commit (it owns its
 transaction), and by ``transaction.on_commit`` not before the outermost transaction
 commits when a commit runs inside an ``atomic`` block (invariant 2: nothing is

@@ -73,7 +73,8 @@ class Runtime:
 
 @functools.cache
 def runtime() -> Runtime:
-    # One clock for claims, due times and lease expiry: the database's (issue 11 point 10).
+    # One clock for claims, due times and lease expiry: the database's, so that workers
+    # whose own clocks disagree still judge a lease the same way.
     kernel = Kernel(PostgresStorage(), build_registry(), DatabaseClock())
     dispatcher = Dispatcher(
         kernel,

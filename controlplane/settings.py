@@ -276,17 +276,17 @@ CELERY_TASK_PUBLISH_RETRY_POLICY = {"max_retries": 1, "interval_start": 0, "inte
 CELERY_BROKER_TRANSPORT_OPTIONS = {"socket_connect_timeout": 2, "socket_timeout": 5}
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 # Celery's Django fix-up closes the database connection before and after every task
-# unless this is set: each message then paid a new connection (a backend fork, ~1.5 ms
-# idle and 6 ms on a busy machine) and lost the commit path's prepared statements
-# (issue 12's latency profile). Our tasks call close_old_connections() themselves, which
-# drops a connection that failed or is older than CONN_MAX_AGE, and the health check
-# (CONN_HEALTH_CHECKS) replaces one that died idle (a restarted Postgres). The fix-up
-# counts its calls (two a task) and closes after 2 x this many: in effect never.
+# unless this is set: each message then paid a new connection (a backend fork) and
+# lost the commit path's prepared statements. Our tasks call close_old_connections()
+# themselves, which drops a connection that failed or is older than CONN_MAX_AGE, and
+# the health check (CONN_HEALTH_CHECKS) replaces one that died idle (a restarted
+# Postgres). The fix-up counts its calls (two a task) and closes after 2 x this many:
+# in effect never.
 CELERY_DB_REUSE_MAX = 1_000_000_000
 
 # Renewed every third of it while a phase runs (KERNEL_HEARTBEAT), so a short lease costs
 # a renewal every 5 s and lets the sweep recover a dead worker's task 15 s after its
-# last renewal at most (issue 12).
+# last renewal at most.
 KERNEL_LEASE_SECONDS = float(os.environ.get("KERNEL_LEASE_SECONDS", "15"))
 KERNEL_SWEEP_SECONDS = float(os.environ.get("KERNEL_SWEEP_SECONDS", "1"))
 KERNEL_REDELIVER_SECONDS = float(os.environ.get("KERNEL_REDELIVER_SECONDS", "30"))
@@ -295,7 +295,7 @@ KERNEL_REDELIVER_SECONDS = float(os.environ.get("KERNEL_REDELIVER_SECONDS", "30"
 # each making a worker claim and run the queue's runnable tasks one after another from
 # Postgres for KERNEL_CLAIM_SECONDS (then it wakes a worker for the rest). Such a worker
 # commits the endings of up to KERNEL_ENDINGS_PER_COMMIT quick tasks of one session in
-# one commit (issue 12).
+# one commit.
 KERNEL_DISPATCH_MESSAGES = int(os.environ.get("KERNEL_DISPATCH_MESSAGES", "32"))
 KERNEL_CLAIM_SECONDS = float(os.environ.get("KERNEL_CLAIM_SECONDS", "1"))
 KERNEL_ENDINGS_PER_COMMIT = int(os.environ.get("KERNEL_ENDINGS_PER_COMMIT", "10"))

@@ -458,7 +458,7 @@ class Builder:
         ids: list[str] = waiter.wait["deps"] if waiter.wait else []
         # In chunks that grow from the newest: while a batch runs, its newest tasks are
         # open and the first chunk answers, so an ending costs the same at 10,000 tasks as
-        # at 100 (sending every id each time made each email O(n): issue 12).
+        # at 100 (sending every id each time would make each email O(n)).
         newest_first = (i for i in reversed(ids) if i not in self.tasks and i not in self.seen)
         size = ANY_OPEN_FIRST
         while chunk := list(islice(newest_first, size)):

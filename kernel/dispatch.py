@@ -99,7 +99,7 @@ class Dispatcher:
     def attach(self) -> None:
         """Deliver after each of the kernel's commits, and take the commit's due rows in
         the commit itself (:meth:`outgoing`): the round trip that would take them after
-        it is saved, between the commit and its messages (issue 12's dispatch latency).
+        it is saved, between the commit and its messages, is not paid.
 
         What that changes if this process dies between the commit and its messages:
         the rows are already taken, so the sweep re-sends them once ``redeliver_after``

@@ -220,7 +220,7 @@ def dep_set(task: Task) -> frozenset[str]:
     """The ids ``task`` waits for (empty when it waits for none), as a set.
 
     A join over n tasks is looked at each time one of them ends; building the set each
-    time would make every ending O(n) (issue 12: a batch of n emails, O(n*n)). The set
+    time would make every ending O(n) (a batch of n emails, O(n*n)). The set
     of a large join is remembered by the identity of the record's ``wait`` value, which
     is never changed in place (records are immutable), for as long as storage hands out
     the same record (the in-memory storage always, Postgres while the row is unchanged).

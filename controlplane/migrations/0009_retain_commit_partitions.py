@@ -1,4 +1,4 @@
-"""The commit log partitioned by time, and each session's retention marker (issue 14.5).
+"""The commit log partitioned by time, and each session's retention marker.
 
 ``kernel_commit`` becomes a table partitioned by range of ``at`` (its rows kept): a new
 partitioned table takes the rows, the old table goes, and the new one takes its name,

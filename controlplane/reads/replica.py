@@ -1,4 +1,4 @@
-"""Reads on a Postgres streaming replica, where a stale answer cannot show (issue 14, point 4).
+"""Reads on a Postgres streaming replica, where a stale answer cannot show.
 
 With ``DATABASE_REPLICA_URL`` set, the settings add a second database alias,
 :data:`REPLICA`, that only this package reads from: pages, the feeds' catch-up reads

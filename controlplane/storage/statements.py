@@ -90,7 +90,7 @@ COMMIT_BY_KEY = select(COMMIT, "session_id = %s AND key = %s")
 TASK_BY_ID = select(TASK, "id = %s")
 # Lists of ids go as one array literal in a text parameter (:func:`.connection.id_list`):
 # psycopg dumps a list parameter element by element in Python, which for a join over
-# 1,000 tasks cost more than the query (issue 12's profile). The parameter is the
+# 1,000 tasks cost more than the query. The parameter is the
 # array itself, evaluated once whatever the plan.
 IDS = "ANY(%s::text[])"
 TASKS_BY_ID = select(TASK, f"id = {IDS}")
@@ -100,7 +100,7 @@ CHILDREN_LOCKED = select(TASK, "parent_id = %s AND owned", " ORDER BY created_se
 # A task's waiters, each as its row version only (id, xmin, updated_seq, epoch), locked.
 # The row of a join over n tasks holds their n ids several times (its input, checkpoint,
 # ``wait`` and ``wait_deps``): reading and decoding it each time one of them ends made
-# every ending O(n) and a batch O(n*n) (issue 12). A waiter whose dependency array is
+# every ending O(n) and a batch O(n*n). A waiter whose dependency array is
 # large (``pg_column_size`` reads its stored size without fetching it) is returned
 # without being looked into: the caller checks it against its copy of that row version
 # (:meth:`.connection.Transaction.waiters`). Small arrays are checked here.
@@ -119,7 +119,7 @@ JOIN_STATE = (
 )
 # One index lookup per id, in the order given, up to the first task still open: a join
 # over n tasks that asks this as each of them ends, newest first, reads about one row
-# while the batch runs, not n (issue 12: the count above made each email O(n)).
+# while the batch runs, not n (a count over them would make each email O(n)).
 ANY_OPEN = (
     "SELECT 1 FROM unnest(%s::text[]) AS wanted(id) WHERE EXISTS "
     f"(SELECT 1 FROM {TASK.name} t WHERE t.id = wanted.id AND t.status <> 'terminal') LIMIT 1"
@@ -268,7 +268,7 @@ FORGET_DEAD = (
 # claim may hand out again, because its connection died with the server (a failed
 # statement ends its phase as StorageUnavailable; nothing reconnects mid-task) and its
 # renewals are fenced by owner as well. What the holder's phase did outside is then done
-# again, as after any crash. Saves the claim's fsync: ~0.7 ms idle, 2 ms on a busy disk.
+# again, as after any crash. Saves the claim's fsync.
 UNFLUSHED = "unflushed AS (SELECT set_config('synchronous_commit', 'off', true))"
 # SKIP LOCKED: a row locked by its holder's commit in progress is not claimable now,
 # whatever its lease says - queueing behind it would take the task from a live
@@ -291,7 +291,7 @@ CLAIM_BATCH = (
     f"WITH picked AS (SELECT id FROM {TASK.name} WHERE kind = ANY(%(kinds)s) AND {RUNNABLE} "
     f"ORDER BY updated_seq LIMIT %(limit)s FOR UPDATE SKIP LOCKED), {_CLAIMED}"
 )
-# The outbox is the queue of a burst (DESIGN §7, issue 12): the task behind one of the
+# The outbox is the queue of a burst (DESIGN §7): the task behind one of the
 # oldest due woken rows of the queue that is runnable and not locked by another claimer
 # (who then takes it). The oldest rows are picked from the dispatch table alone (index
 # ``dispatch_woken_due``; a large burst is analysed when it is woken, see
@@ -300,7 +300,7 @@ CLAIM_BATCH = (
 # LATERAL subquery that locks it (SKIP LOCKED) if it is runnable: that subquery cannot be
 # flattened into a join, so no plan can read every runnable task. (Joined, with the task
 # table's statistics from before the burst, the planner hashed every runnable task on
-# each claim: 12 ms at 5,000 left of a 10,000-email batch, against 0.3 ms now.) The
+# each claim, a cost that grew with what was left of a batch.) The
 # first task locked ends the scan, so one task is locked. Which of the window's tasks is
 # taken first is a matter of fairness only: any runnable one may be. A woken row whose
 # task is not runnable is one a claim left behind by a race and is rare: a window of them
@@ -428,7 +428,7 @@ WAKE_DISPATCHES = f"UPDATE {DISPATCH.name} SET woken = true WHERE id = ANY(%s)"
 # are few (a fresh database, a burst into an empty table, before autovacuum analyses
 # it), the planner sorts every due woken row on each claim instead of reading the
 # first 64 from ``dispatch_woken_due`` in order, and a claim grows with the backlog
-# (issue 12: ~4 ms at 7,600 rows). A burst at least half as large as the table was when
+# A burst at least half as large as the table was when
 # last analysed is analysed at once, before its wake-ups are sent (a few ms, once).
 ANALYZE_BURST = 256
 DISPATCH_ANALYZED_ROWS = f"SELECT reltuples FROM pg_class WHERE oid = '{DISPATCH.name}'::regclass"

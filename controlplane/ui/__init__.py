@@ -1,4 +1,4 @@
-"""The browser dashboard (issue 6): server-rendered pages, kept live by the change feeds.
+"""The browser dashboard: server-rendered pages, kept live by the change feeds.
 
 Pages are Django templates (``templates/ui/``) with htmx; a page opens a websocket
 (:mod:`controlplane.consumers`, the page modes) that sends re-rendered partials for
