@@ -239,6 +239,11 @@ class Run:
     def document_version(self, kind: str, key: str) -> int:
         return self._lease.kernel.document_version(self.session_id, kind, key)
 
+    def versioned_document(self, kind: str, key: str) -> tuple[JSON, int]:
+        """A document's value and its version from one read (see
+        :meth:`Kernel.versioned_document`): use it for a write with ``expected_version``."""
+        return self._lease.kernel.versioned_document(self.session_id, kind, key)
+
     def entries(self, conversation_id: str) -> list[Entry]:
         return self._lease.kernel.entries(conversation_id)
 

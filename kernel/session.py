@@ -100,15 +100,13 @@ class Kernel:
     def document(self, session_id: str, kind: str, key: str, version: int | None = None) -> JSON:
         """The value of a document now (migrated to the registered kind) or at ``version``
         (as it was stored then). A document never written reads as its kind's initial value."""
-        document_kind = self.registry.document_kind(kind)
+        if version is None:
+            return self.versioned_document(session_id, kind, key)[0]
         head = self.storage.document_head(session_id, kind, key)
         if head is None:
-            if version not in (None, 0):
+            if version != 0:
                 raise UnknownRecord(f"document {kind}/{key} has no version {version}")
-            return document_kind.initial_value()
-        if version is None:
-            value = replay(self.storage.document_versions(head.id, head.version))
-            return document_kind.upgrade(head.kind_version, value)
+            return self.registry.document_kind(kind).initial_value()
         if not 1 <= version <= head.version:
             raise UnknownRecord(f"document {kind}/{key} has no version {version}")
         versions = self.storage.document_versions(head.id, version)
@@ -116,6 +114,17 @@ class Kernel:
             # Retention removed the versions before the newest baseline (kernel.retention).
             raise UnknownRecord(f"document {kind}/{key}: version {version} was pruned")
         return replay(versions)
+
+    def versioned_document(self, session_id: str, kind: str, key: str) -> tuple[JSON, int]:
+        """The value of a document now and the version it is at, from one read of its
+        head: what a write with ``expected_version`` must be computed from (a value and
+        a version read apart may straddle another commit, which the check then misses)."""
+        document_kind = self.registry.document_kind(kind)
+        head = self.storage.document_head(session_id, kind, key)
+        if head is None:
+            return document_kind.initial_value(), 0
+        value = replay(self.storage.document_versions(head.id, head.version))
+        return document_kind.upgrade(head.kind_version, value), head.version
 
     def document_version(self, session_id: str, kind: str, key: str) -> int:
         head = self.storage.document_head(session_id, kind, key)

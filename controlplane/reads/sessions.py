@@ -120,9 +120,10 @@ def document(session_id: str, kind: str, key: str, version: int | None) -> Docum
     """A document's value now or at a past version (NotRegistered for an unknown kind)."""
     kernel = runtime().kernel
     session(session_id)
-    value = kernel.document(session_id, kind, key, version)
-    current = kernel.document_version(session_id, kind, key)
-    return DocumentView(kind, key, version or current, value)
+    if version is None:
+        value, current = kernel.versioned_document(session_id, kind, key)
+        return DocumentView(kind, key, current, value)
+    return DocumentView(kind, key, version, kernel.document(session_id, kind, key, version))
 
 
 def submissions(session_id: str) -> list[Submission]:

@@ -70,8 +70,7 @@ def submit(
         existing = kernel.storage.submission_by_request(handle.id, request_id)
         if existing is not None:
             return Submitted(existing, "duplicate")
-        state = kernel.document(handle.id, CONVERSATION, conversation_id)
-        version = kernel.document_version(handle.id, CONVERSATION, conversation_id)
+        state, version = kernel.versioned_document(handle.id, CONVERSATION, conversation_id)
         active = state.get("active")
         if active and when_busy is WhenBusy.REJECT:
             return Submitted(None, "rejected", f"conversation is busy with turn {active}")

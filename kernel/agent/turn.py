@@ -388,8 +388,7 @@ def release(
     the version it was read at: a submission racing in makes the commit conflict, and it
     is read again. A conversation that another turn holds now is left to that turn."""
     conversation = run.input["conversation_id"]
-    state = run.document(CONVERSATION, conversation)
-    version = run.document_version(CONVERSATION, conversation)
+    state, version = run.versioned_document(CONVERSATION, conversation)
     holds = state.get("active") == run.task_id
     held = [*run.input.get("submissions", []), *(state.get("steering", []) if holds else [])]
     for submission in dict.fromkeys(held):

@@ -4,6 +4,7 @@ resumes from storage alone)."""
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -501,3 +502,39 @@ def test_allowed_options_reach_the_model() -> None:
     submit(handle, conversation, {"text": "more", "options": {"temperature": 0.2}}, "r2")
     world.run()
     assert [r.options for r in world.provider.requests] == [{}, {"temperature": 0.2}]
+
+
+def test_a_follow_up_queued_while_the_turn_reads_its_conversation_is_placed() -> None:
+    """A turn that ends reads its conversation and writes it back checked against the
+    version it read. A follow-up committed between that read and the turn's release
+    must make the release conflict and read again: were the value and the version read
+    apart, the version would already count the follow-up while the value (an empty
+    queue) did not, and the follow-up would stay queued on an idle conversation."""
+    world = World(ScriptedProvider(lambda r: ModelResponse(f"answer {len(r.messages)}")))
+    kernel, handle, conversation, first = world.start(request_id="a")
+    storage = world.storage
+    real = storage.document_head
+    raced: list[Any] = []
+    racing: list[bool] = []
+
+    def in_release() -> bool:
+        frame = sys._getframe(2)
+        while frame is not None:
+            if frame.f_code.co_name == "release":
+                return True
+            frame = frame.f_back  # type: ignore[assignment]
+        return False
+
+    def document_head(session_id: str, kind: str, key: str) -> Any:
+        head = real(session_id, kind, key)
+        if not racing and kind == "agent-conversation" and in_release():
+            racing.append(True)
+            raced.append(submit(handle, conversation, {"text": "then this"}, "b"))
+        return head
+
+    storage.document_head = document_head  # type: ignore[method-assign]
+    world.run()
+    assert [r.outcome for r in raced] == ["queued"]
+    follow_up = kernel.storage.submission_by_request(handle.id, "b")
+    assert follow_up.status is SubmissionStatus.ANSWERED, follow_up
+    assert kernel.document(handle.id, "agent-conversation", conversation)["active"] is None
