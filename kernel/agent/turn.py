@@ -180,14 +180,7 @@ def register_agent(
         def on_end(self, run: Run, finish: Finish) -> None:
             """Cancelled, past the restart limit, a phase that raised or faulted: the turn
             ends without answering, and releases its conversation in the same commit."""
-            if finish.outcome == Outcome.CANCELLED:
-                intent = run.task.cancel or {}
-                status = SubmissionStatus.CANCELLED
-                reason = f"the turn was cancelled by {intent.get('by')}: {intent.get('reason')}"
-            else:
-                status = SubmissionStatus.FAILED
-                reason = f"the turn {finish.outcome}: {finish.error}"
-            release(run, status, reason)
+            release_unanswered(run, finish, "turn")
 
     def respond(
         run: Run, answer: ModelResponse, stream: Stream | None, asked_with: list[str] | None
@@ -410,6 +403,19 @@ def release(
         {"op": "set", "path": [], "value": {"active": following, "queue": queue, "steering": []}},
         expected_version=version,
     )
+
+
+def release_unanswered(run: Run, finish: Finish, what: str) -> None:
+    """:func:`release` for a ``what`` (a turn, a hosted agent's run) that the kernel
+    ended: its submissions are cancelled or failed, with who and why."""
+    if finish.outcome == Outcome.CANCELLED:
+        intent = run.task.cancel or {}
+        status = SubmissionStatus.CANCELLED
+        reason = f"the {what} was cancelled by {intent.get('by')}: {intent.get('reason')}"
+    else:
+        status = SubmissionStatus.FAILED
+        reason = f"the {what} {finish.outcome}: {finish.error}"
+    release(run, status, reason)
 
 
 def start_turn(run: Run, conversation: str, submission_id: str) -> str:

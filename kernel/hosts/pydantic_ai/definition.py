@@ -26,8 +26,8 @@ from pydantic_core import to_jsonable_python
 
 from kernel.agent.context import TOOL_RESULT
 from kernel.agent.tools import Replay
-from kernel.agent.turn import CONVERSATION, release, turn_kind
-from kernel.records import Outcome, SubmissionStatus
+from kernel.agent.turn import CONVERSATION, release, release_unanswered, turn_kind
+from kernel.records import SubmissionStatus
 from kernel.registry import Decision, Receipt, Registry
 from kernel.run import Run
 from kernel.tasks import Finish, Transition
@@ -113,14 +113,7 @@ def register_agent(
             return run_turn(run, hosted)
 
         def on_end(self, run: Run, finish: Finish) -> None:
-            if finish.outcome == Outcome.CANCELLED:
-                intent = run.task.cancel or {}
-                status = SubmissionStatus.CANCELLED
-                reason = f"the run was cancelled by {intent.get('by')}: {intent.get('reason')}"
-            else:
-                status = SubmissionStatus.FAILED
-                reason = f"the run {finish.outcome}: {finish.error}"
-            release(run, status, reason)
+            release_unanswered(run, finish, "run")
 
     return hosted
 
