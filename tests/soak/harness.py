@@ -521,7 +521,9 @@ class Soak:
         if not found:
             for status in ("waiting", "sleeping", "pending"):
                 code, tasks = self.act("find", "GET", f"/api/tasks?status={status}&limit=20")
-                found += [t for t in self.targets(tasks or []) if code == 200 and not (
+                if code != 200:  # an error's body (a 503 while Postgres restarts) is no list
+                    continue
+                found += [t for t in self.targets(tasks) if not (
                     status == "waiting" and (t.get("wait") or {}).get("signal"))]
         if not found:
             return
