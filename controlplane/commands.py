@@ -428,8 +428,7 @@ def _carry_out(user: User, done: bulk_reads.BulkRecord) -> BulkResult:
         except CommitRejected as exc:
             results.append(BulkItem(task_id, False, str(exc)))
             continue
-        detail = "already done by this action id" if replayed else action
-        results.append(BulkItem(task_id, True, detail, seq, replayed))
+        results.append(BulkItem(task_id, True, action, seq, replayed))
     BulkActionRow.objects.filter(action_id=done.action_id).update(
         results=[asdict(r) for r in results]
     )
@@ -437,12 +436,12 @@ def _carry_out(user: User, done: bulk_reads.BulkRecord) -> BulkResult:
 
 
 def _answered_before(done: bulk_reads.BulkRecord) -> BulkResult:
-    """A repeat of a bulk request that was carried out: what it did, nothing run again."""
+    """A repeat of a bulk request that was carried out: the first's answer, word for
+    word, each item done marked ``replayed``; nothing is run again."""
     assert done.results is not None
     items = [BulkItem(**r) for r in done.results]
     return BulkResult(done.action_id, len(done.task_ids), [
-        replace(i, detail="already done by this action id", replayed=True) if i.ok else i
-        for i in items
+        replace(i, replayed=True) if i.ok else i for i in items
     ], done.digest)
 
 

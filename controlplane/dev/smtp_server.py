@@ -35,14 +35,17 @@ class ReceivedMessage(NamedTuple):
 class DropAfterData:
     """Which messages to record and then leave unanswered; every criterion given must hold.
 
-    ``nth`` counts messages received since the rule was armed (1-based).
+    ``nth`` counts messages received since the rule was armed (1-based); ``to_prefix``
+    matches every recipient that starts with it (a batch's addresses share their tag).
     """
 
     to: str | None = None
     nth: int | None = None
+    to_prefix: str | None = None
 
     def matches(self, rcpt_tos: tuple[str, ...], message_no: int) -> bool:
-        return _matches(self.to, self.nth, rcpt_tos, message_no)
+        return _matches(self.to, self.nth, rcpt_tos, message_no) and (
+            self.to_prefix is None or any(r.startswith(self.to_prefix) for r in rcpt_tos))
 
 
 @dataclass(frozen=True)
@@ -141,9 +144,11 @@ class SmtpStandIn:
         """A snapshot of every message received so far (dropped ones included)."""
         return self._handler.messages()
 
-    def drop_after_data(self, *, to: str | None = None, nth: int | None = None) -> None:
+    def drop_after_data(
+        self, *, to: str | None = None, nth: int | None = None, to_prefix: str | None = None
+    ) -> None:
         """Record matching messages, then close the connection without answering."""
-        self._handler.arm(DropAfterData(to=to, nth=nth))
+        self._handler.arm(DropAfterData(to=to, nth=nth, to_prefix=to_prefix))
 
     def stall_after_data(
         self, *, seconds: float, to: str | None = None, nth: int | None = None

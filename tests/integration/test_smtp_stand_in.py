@@ -67,6 +67,17 @@ def test_messages_to_a_recipient_are_left_unanswered_until_cleared(smtp: SmtpSta
     ]
 
 
+def test_messages_to_every_address_with_a_prefix_are_left_unanswered(smtp: SmtpStandIn) -> None:
+    smtp.drop_after_data(to_prefix="b-7-")
+
+    for to in ("b-7-0@example.com", "b-7-1@example.com"):
+        with pytest.raises(smtplib.SMTPServerDisconnected):
+            send(smtp, to, "uncertain")
+    send(smtp, "b-70-0@example.com", "another batch's")
+
+    assert len(smtp.messages()) == 3
+
+
 def test_a_stalled_message_is_recorded_at_once_and_answered_late(smtp: SmtpStandIn) -> None:
     smtp.stall_after_data(to="b@example.com", seconds=1.0)
     outcome: list[BaseException | None] = []

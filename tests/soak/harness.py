@@ -91,6 +91,14 @@ OPTIONAL = {
     "bulk-set": "check: a bulk action acts only on tasks its preview showed, and the same "
                 "request again answers what the first did",
 }
+# What the web server answers while it or Postgres is down: a client tries again later, so
+# such an answer says nothing of what the request did.
+NO_ANSWER = (0, 502, 503)
+# The sends of the SMTP batch a resolve starts when too few wait for an operator: each one's
+# connection is dropped after DATA (a batch starts slowly: a Django start-up).
+UNCERTAIN_PER_BATCH = 3
+# How long after a tool returns its result may still be on its way to a commit.
+COMMIT_GRACE = 5.0
 # What a 10-minute run (``make soak``) must have done; shorter runs report them scaled.
 TARGETS = {
     "cancels of running work landed": 50,
@@ -311,6 +319,8 @@ class Soak:
     clock_offsets: dict[str, float] = field(default_factory=dict)
     stopped: CeleryWorker | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
+    # When a fault could cut a phase short: (from, to, the worker's pid, or None for all).
+    cuts: list[tuple[float, float, int | None]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.report = Report(self.seed, self.seconds, self.enabled)
@@ -387,14 +397,16 @@ class Soak:
             operation()
             time.sleep(self.random.uniform(0.05, 0.4))
 
-    def batch(self, channel: str | None = None, size: int | None = None) -> None:
+    def batch(
+        self, channel: str | None = None, size: int | None = None, tag: str | None = None
+    ) -> None:
         """Queue a batch for the starter thread: one ``manage.py`` at a time (each is a
         Django start-up; a crowd of them would starve the stack on two cores)."""
         if self.batch_queue.full():
             self.report.actions["batch:skipped, one is starting"] += 1
             return
         channel = channel or self.random.choice(["http", "http", "smtp"])
-        tag = self.name("b")
+        tag = tag or self.name("b")
         count = size or self.random.randint(1, 4)
         self.batch_queue.put((channel, [f"{tag}-{i}@example.com" for i in range(count)]))
 
@@ -555,12 +567,13 @@ class Soak:
     def resolve(self) -> None:
         code, found = self.act("find", "GET", "/api/tasks?waiting_for_resolution=true&limit=20")
         found = [t for t in found or [] if code == 200 and t["kind"] == "send-notice"]
-        if len(found) < 2:
-            # Too few sends wait for an operator: make the next SMTP send uncertain (the
-            # connection dropped after DATA) and start one, so the next resolve has one.
-            self.smtp.drop_after_data(nth=1)
+        if len(found) < 2 and not self.batch_queue.full():
+            # Too few sends wait for an operator: start an SMTP batch whose every send is
+            # uncertain (the connection dropped after DATA), so the next resolves have some.
+            tag = self.name("b")
+            self.smtp.drop_after_data(to_prefix=f"{tag}-")
             self.report.faults["smtp drop after DATA (to be resolved)"] += 1
-            self.batch("smtp", 1)
+            self.batch("smtp", UNCERTAIN_PER_BATCH, tag=tag)
         if not found:
             return
         task = self.random.choice(found)
@@ -697,6 +710,7 @@ class Soak:
             if worker.alive and worker.ready():
                 self.report.faults["threads worker samples: up"] += 1
             elif not worker.alive:
+                self.cuts.append((time.time(), time.time(), worker.pid))
                 self.report.faults["threads worker exited by itself (restarted)"] += 1
                 self.report.checked[f"threads worker exit codes: {worker.popen.returncode}"] += 1
                 worker.spawn()
@@ -706,6 +720,7 @@ class Soak:
         takes 10-15 s on a busy machine); it is stopped, cut off and stepped instead."""
         worker = self.fault_random.choice(
             [w for w in self.workers if w is not self.threads_worker])
+        self.cuts.append((time.time(), time.time(), worker.pid))
         worker.kill()
         self.report.faults["worker SIGKILL"] += 1
         worker.spawn()  # the replacement's resume sweep and the beat recover its leases
@@ -745,11 +760,13 @@ class Soak:
         pause = min(pause, STOP_LIMIT)
         worker.suspend()
         self.stopped = worker
+        began = time.time()
         try:
             time.sleep(pause)
         finally:
             worker.resume()
             self.stopped = None
+            self.cuts.append((began, time.time(), worker.pid))
         past = ends and found and (max(ends) - found[1]).total_seconds() < pause
         self.report.faults["worker SIGSTOP past a lease" if past
                            else "worker SIGSTOP (held no lease)"] += 1
@@ -772,6 +789,7 @@ class Soak:
             busy if busy and self.fault_random.random() < 0.5 else backends)
         done = self._query("SELECT pg_terminate_backend(%s) AS done", [backend["pid"]])
         if done and done[0].get("done"):
+            self.cuts.append((time.time(), time.time(), worker.pid))
             self.report.faults["connection kill"] += 1
             self.report.faults[f"connection kill: {backend['state']}"] += 1
 
@@ -808,7 +826,9 @@ class Soak:
         self.report.faults["Redis restart"] += 1
 
     def restart_postgres(self) -> None:
+        began = time.time()
         self.stack.postgres.restart(self.fault_random.choice(["fast", "immediate"]))
+        self.cuts.append((began, time.time(), None))
         self.report.faults["Postgres restart"] += 1
 
     def provider_fault(self) -> None:
@@ -971,11 +991,29 @@ class Soak:
         runs = self.tmp / "soak-runs"
         lines = runs.read_text().splitlines() if runs.exists() else []
         started: Counter[tuple[str, str] | str] = Counter()
-        for tool, task_id, _pid, what in (line.split() for line in lines):
+        for tool, task_id, _pid, what, *_at in (line.split() for line in lines):
             if what == "started":
                 started[tool, task_id] += 1
                 started[task_id] += 1
         return started
+
+    def cut_short(self, task_id: str) -> bool:
+        """Whether a fault (:attr:`cuts`) met a run of ``task_id``'s tool: its worker was
+        killed, paused or cut off, or Postgres restarted, between the tool's start and a
+        moment after it returned (its result's commit), or it never returned."""
+        runs = self.tmp / "soak-runs"
+        lines = runs.read_text().splitlines() if runs.exists() else []
+        windows: dict[int, list[float]] = defaultdict(list)
+        for _tool, task, pid, _what, *at in (line.split() for line in lines):
+            if task == task_id and at:
+                windows[int(pid)].append(float(at[0]))
+        for pid, marks in windows.items():
+            began = min(marks)
+            ended = max(marks) + COMMIT_GRACE if len(marks) > 1 else float("inf")
+            if any(start <= ended and end >= began and who in (None, pid)
+                   for start, end, who in self.cuts):
+                return True
+        return False
 
     def check_tool_runs(self) -> None:
         """An unsafe tool runs at most once per call, whatever was killed or stopped."""
@@ -1023,6 +1061,12 @@ class Soak:
                     outcome.get("kind") not in ("failed", "faulted") or not clear
                 ):
                     told = (outcome.get("result") or {}).get("interrupted")
+                    if told and self.cut_short(row["id"]):
+                        # The phase never got to hand the value to its kernel: its worker
+                        # was killed, paused past its lease or cut off while the tool ran,
+                        # so the next claim finds the call in flight, as the policy says.
+                        self.report.checked["value tasks whose tool a fault cut short"] += 1
+                        continue
                     ran = self.tool_runs().get(row["id"])
                     self.report.violation(
                         f"task {row['id']} ({row['kind']}"
@@ -1081,6 +1125,9 @@ class Soak:
                     self.report.violation(
                         f"{what} acted on {outside[:5]}, which its preview did not show")
             again = entry["again"]
+            if again is not None and again[0] in NO_ANSWER:
+                self.report.checked["bulk repeats with no answer (web down)"] += 1
+                continue
             if again is not None and (
                 again[0] != entry["code"] or _unreplayed(again[1]) != _unreplayed(entry["answer"])
             ):

@@ -56,7 +56,7 @@ def record(tool: str, task_id: str, what: str) -> None:
     folder = os.environ.get("AGENT_TOOL_DIR")
     if folder:
         with (Path(folder) / "soak-runs").open("a") as runs:
-            runs.write(f"{tool} {task_id} {os.getpid()} {what}\n")
+            runs.write(f"{tool} {task_id} {os.getpid()} {what} {time.time():.3f}\n")
 
 
 def hold(seconds: float) -> None:
