@@ -38,20 +38,8 @@ import kernel.commit
 import kernel.records
 import kernel.session
 import kernel.worker
-from controlplane.storage import PostgresStorage
+from controlplane.storage import PostgresStorage, schema
 from controlplane.storage import statements as sql
-from controlplane.storage.schema import (
-    COMMIT,
-    CONVERSATION,
-    DISPATCH,
-    DOCUMENT_HEAD,
-    DOCUMENT_VERSION,
-    ENTRY,
-    SESSION,
-    SUBMISSION,
-    TASK,
-    Table,
-)
 from kernel import (
     Draft,
     InMemoryStorage,
@@ -497,8 +485,9 @@ def postgres_world(name: str, clock: ManualClock, alias: str, *, fast_paths: boo
     return world
 
 
-KERNEL_TABLES = (DISPATCH, COMMIT, SUBMISSION, DOCUMENT_VERSION, DOCUMENT_HEAD, ENTRY, TASK,
-                 CONVERSATION, SESSION)
+KERNEL_TABLES = (schema.DISPATCH, schema.COMMIT, schema.SUBMISSION, schema.DOCUMENT_VERSION,
+                 schema.DOCUMENT_HEAD, schema.ENTRY, schema.TASK, schema.CONVERSATION,
+                 schema.SESSION)
 
 
 def empty_database(alias: str) -> None:
@@ -553,10 +542,11 @@ def snapshot(world: World) -> Snapshot:
             "submissions": list(m._submissions.values()),
         }
     else:
-        tables: dict[str, Table[Any]] = {
-            "sessions": SESSION, "tasks": TASK, "dispatch rows": DISPATCH, "commits": COMMIT,
-            "conversations": CONVERSATION, "entries": ENTRY, "documents": DOCUMENT_HEAD,
-            "document versions": DOCUMENT_VERSION, "submissions": SUBMISSION,
+        tables: dict[str, schema.Table[Any]] = {
+            "sessions": schema.SESSION, "tasks": schema.TASK, "dispatch rows": schema.DISPATCH,
+            "commits": schema.COMMIT, "conversations": schema.CONVERSATION,
+            "entries": schema.ENTRY, "documents": schema.DOCUMENT_HEAD,
+            "document versions": schema.DOCUMENT_VERSION, "submissions": schema.SUBMISSION,
         }
         rows = {}
         with connections[world.alias or ""].cursor() as cur:
