@@ -19,7 +19,7 @@ BENCH_ARGS ?=
 # Sources the URLs that `make services` resolved (shared or embedded servers).
 LOAD_SERVICES := set -a; . ./$(SERVICES_ENV); set +a
 
-.PHONY: help venv services services-stop browser lint test bench soak fuzz property screenshot demo clean distclean
+.PHONY: help venv services services-stop browser nginx lint test bench soak fuzz property screenshot demo clean distclean
 
 help:
 	@echo "make demo    set up the venv, Postgres, Redis and the database, then run the demo"
@@ -62,13 +62,27 @@ browser:
 		echo "!! Install it as root: apt-get install chromium chromium-driver" >&2
 	fi
 
+# The proxy tests (tests/unit/test_deploy_files.py, tests/e2e/test_proxy.py) run
+# deploy/nginx.conf with Debian's nginx; installed with apt-get when missing and we are
+# root, otherwise they are skipped saying so.
+nginx:
+	@if command -v nginx >/dev/null || [ -x /usr/sbin/nginx ]; then exit 0; fi
+	if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+		echo "==> installing nginx-light (apt-get)"
+		apt-get update -qq
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx-light
+	else
+		echo "!! nginx is missing: the proxy tests will be skipped." >&2
+		echo "!! Install it as root: apt-get install nginx-light" >&2
+	fi
+
 lint: venv
 	@echo "==> ruff check"
 	$(VENV)/bin/ruff check .
 	echo "==> mypy $(wildcard kernel controlplane)"
 	$(VENV)/bin/mypy $(wildcard kernel controlplane)
 
-test: venv services browser
+test: venv services browser nginx
 	@$(MAKE) --no-print-directory lint
 	$(LOAD_SERVICES)
 	echo "==> pytest tests/ (DATABASE_URL=$$DATABASE_URL REDIS_URL=$$REDIS_URL)"

@@ -10,8 +10,15 @@ sockets (:mod:`controlplane.consumers`) all ask this module.
 
 from __future__ import annotations
 
+import getpass
 import hashlib
+import logging
+import os
 import secrets
+import unicodedata
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from importlib import import_module
@@ -29,18 +36,34 @@ from controlplane.models import ApiToken, LoginFailure
 
 OPERATOR = "operator"
 VIEWER = "viewer"
+audit = logging.getLogger("controlplane.audit")
+"""Who did what to accounts and credentials (tokens issued and revoked, roles given)."""
 
 
 def digest(key: str) -> str:
     return hashlib.sha256(key.encode()).hexdigest()
 
 
-def issue_token(user: User, name: str, expires_at: datetime | None = None) -> str:
+def issue_token(user: User, name: str, expires_at: datetime | None = None, *,
+                issued_by: str = "") -> str:
     """Create a token for ``user`` (valid until ``expires_at``, or until revoked if None)
-    and return its key; only the digest is kept."""
+    and return its key; only the digest is kept, with who issued it (``issued_by``, as
+    the audit names people: ``shell:root``)."""
     key = f"dcp_{secrets.token_urlsafe(32)}"
-    ApiToken.objects.create(user=user, name=name, digest=digest(key), expires_at=expires_at)
+    token = ApiToken.objects.create(user=user, name=name, digest=digest(key),
+                                    expires_at=expires_at, issued_by=issued_by)
+    audit.info("API token %r (#%s) of %s issued by %s", name, token.pk, user.get_username(),
+               issued_by or "(not recorded)",
+               extra={"token": token.pk, "user": user.get_username(), "by": issued_by})
     return key
+
+
+def shell_actor() -> str:
+    """How the audit names whoever runs a management command: the machine's user."""
+    try:
+        return f"shell:{getpass.getuser()}"
+    except (KeyError, OSError):  # no passwd entry for this uid (some containers)
+        return f"shell:uid {os.getuid()}"
 
 
 def usable_tokens() -> Any:
@@ -146,20 +169,54 @@ def actor(user: User) -> str:
     return f"user:{user.get_username()}"
 
 
+BROWSER = "browser session"
+_request: ContextVar[Any] = ContextVar("controlplane.access.request", default=None)
+
+
+@contextmanager
+def serving(request: Any) -> Iterator[None]:
+    """While a request is served: :func:`credential` names what it authenticated with."""
+    token = _request.set(request)
+    try:
+        yield
+    finally:
+        _request.reset(token)
+
+
+def credential() -> str | None:
+    """What the request being served authenticated with, as the audit names it: an API
+    token (its name and id, set by the API's authentication) or the browser's login
+    session; None outside a request (the shell, a worker)."""
+    request = _request.get()
+    if request is None:
+        return None
+    return str(getattr(request, "via", BROWSER))
+
+
 # -- login throttling ----------------------------------------------------------------------
 
 
+def login_name(username: str) -> str:
+    """The account a login names, as the failure count keys it: NFKC-normalised, as
+    Django's login form and ``createsuperuser`` normalise a username (so ``ｏｌｇａ``,
+    ``𝐨𝐥𝐠𝐚`` and ``𝕠𝕝𝕘𝕒`` all log in as ``olga``), stripped, and in any case (one
+    budget for ``olga`` and ``OLGA``, whichever of them exists)."""
+    folded = unicodedata.normalize("NFKC", username).strip().casefold()
+    return unicodedata.normalize("NFKC", folded)
+
+
 def _login_keys(username: str, address: str | None) -> dict[str, int]:
-    keys = {f"user:{username.strip().lower()[:150]}": settings.LOGIN_FAILURES_PER_ACCOUNT}
+    keys = {f"user:{login_name(username)[:150]}": settings.LOGIN_FAILURES_PER_ACCOUNT}
     if address:
         keys[f"addr:{address[:64]}"] = settings.LOGIN_FAILURES_PER_ADDRESS
     return keys
 
 
 def login_wait(username: str, address: str | None) -> float:
-    """Seconds before a login for ``username`` from ``address`` may be tried again: 0 if
-    now, else until the oldest counted failure of the account or the address (whichever
-    is over its limit) leaves the ``LOGIN_THROTTLE_SECONDS`` window."""
+    """Seconds before a login for ``username`` from ``address`` (a
+    :func:`controlplane.client_address.bucket`) may be tried again: 0 if now, else until
+    the oldest counted failure of the account or the address (whichever is over its
+    limit) leaves the ``LOGIN_THROTTLE_SECONDS`` window."""
     now = timezone.now()
     window = timedelta(seconds=settings.LOGIN_THROTTLE_SECONDS)
     wait = 0.0
@@ -172,13 +229,14 @@ def login_wait(username: str, address: str | None) -> float:
 
 
 def login_failed(username: str, address: str | None) -> None:
-    """Count a failed login against the account and the address (and forget the failures
-    that left the window)."""
+    """Count a failed login against the account and the address, and forget every
+    failure that left the window (so the table holds one window's failures, at most
+    ``LOGIN_FAILURES_PER_ADDRESS`` per address)."""
     now = timezone.now()
     keys = _login_keys(username, address)
     LoginFailure.objects.bulk_create([LoginFailure(key=key, at=now) for key in keys])
     window = timedelta(seconds=settings.LOGIN_THROTTLE_SECONDS)
-    LoginFailure.objects.filter(key__in=list(keys), at__lte=now - window).delete()
+    LoginFailure.objects.filter(at__lte=now - window).delete()
 
 
 def login_succeeded(username: str) -> None:

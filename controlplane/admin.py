@@ -1,7 +1,11 @@
-"""A read-only admin over every record of the Session Store.
+"""A read-only admin over every record of the Session Store, and over the accounts.
 
 State changes only through commits (DESIGN §5); the admin is for looking, so it
-refuses add, change and delete for everyone, superusers included.
+refuses add, change and delete for everyone, superusers included. Accounts and their
+roles too: Django's own user and group admins would let staff holding ``change_user``
+make themselves superusers. Accounts are made and changed from the shell
+(``manage.py createsuperuser``, ``changepassword``, ``manage.py role``), where the
+person is known to the machine.
 """
 
 from __future__ import annotations
@@ -9,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.contrib import admin
+from django.contrib.auth.models import Group, User
 from django.http import HttpRequest
 
 from . import models
@@ -58,3 +63,22 @@ class DocumentAdmin(ReadOnlyAdmin):
 
 for model in (models.Conversation, models.DocumentVersion, models.Submission, models.Dispatch):
     admin.site.register(model, ReadOnlyAdmin)
+
+
+admin.site.unregister(User)
+admin.site.unregister(Group)
+
+
+@admin.register(User)
+class UserAdmin(ReadOnlyAdmin):
+    list_display = ("username", "is_active", "is_staff", "is_superuser", "last_login")
+    list_filter = ("is_active", "is_staff", "is_superuser", "groups")
+    search_fields = ("username", "email")
+    # Never the password hash, not even read-only.
+    fields = ("username", "email", "is_active", "is_staff", "is_superuser", "groups",
+              "last_login", "date_joined")
+
+
+@admin.register(Group)
+class GroupAdmin(ReadOnlyAdmin):
+    list_display = ("name",)

@@ -22,6 +22,9 @@ from controlplane.consumers import (  # noqa: E402  (needs the apps loaded)
     websocket_urlpatterns,
 )
 from controlplane.heap import settle  # noqa: E402
+from controlplane.request_connections import bound  # noqa: E402
+
+bound()  # a web process: every statement of a request bounded in time
 
 application = ProtocolTypeRouter(
     {

@@ -27,7 +27,11 @@ from kernel.agent import (
 )
 from kernel.agent.openai import OpenAICompatibleProvider
 
-EMAIL = re.compile(r"[\w.+-]+@[\w-]+\.[\w.-]+")
+# Linear in the text, whatever it holds: an address starts only where no address
+# character precedes it (the lookbehind), and each run is taken whole, never given back
+# (possessive quantifiers, which cannot backtrack). With plain `+` and no lookbehind, a
+# run of n word characters without an `@` was scanned from each of its n starts.
+EMAIL = re.compile(r"(?<![\w.+-])[\w.+-]++@[\w-]++\.[\w.-]++")
 SUBJECT = "Service notice"
 BODY = "Please read the approved notice."
 

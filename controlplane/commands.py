@@ -27,7 +27,7 @@ from django.contrib.auth.models import User
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from controlplane.access import actor, require_operator
+from controlplane.access import actor, audit, credential, require_operator
 from controlplane.errors import Conflict, Invalid
 from controlplane.models import ApiToken
 from controlplane.models import BulkAction as BulkActionRow
@@ -105,10 +105,13 @@ class BulkResult:
 
 
 def _record(draft: Draft, user: User, key: str, action: str, target: str, reason: str) -> None:
-    """The action's entry in the session's operations log: what, on what, who and why."""
-    draft.record_operation(
-        action, {"target": target, "reason": reason, "by": actor(user), "action_id": key}
-    )
+    """The action's entry in the session's operations log: what, on what, who, why, and
+    through which credential (an API token by name and id, or the browser session)."""
+    entry = {"target": target, "reason": reason, "by": actor(user), "action_id": key}
+    via = credential()
+    if via is not None:
+        entry["via"] = via
+    draft.record_operation(action, entry)
 
 
 def _commit(
@@ -583,18 +586,25 @@ def resubmit(user: User, submission_id: str, action_id: str, reason: str) -> Act
 # -- API tokens ----------------------------------------------------------------------------
 
 
-def revoke_token(user: User | None, token_id: int) -> TokenView:
-    """Revoke a token from now on (kept, listed as revoked; idempotent). ``user`` may
-    revoke only their own (another's is "no such token"); None is the shell's authority
-    (``manage.py api_token --revoke``), over every token. Sockets opened with it close
-    within ``WEBSOCKET_RECHECK_SECONDS``."""
+def revoke_token(user: User | None, token_id: int, by: str | None = None) -> TokenView:
+    """Revoke a token from now on (kept, listed as revoked, with who revoked it;
+    idempotent: the first revocation is the one kept). ``user`` may revoke only their
+    own (another's is "no such token"); None is the shell's authority (``manage.py
+    api_token --revoke``, naming itself in ``by``), over every token. Sockets opened with
+    it close within ``WEBSOCKET_RECHECK_SECONDS``."""
     found = ApiToken.objects.filter(pk=token_id)
     if user is not None:
         found = found.filter(user=user)
-    found.filter(revoked_at__isnull=True).update(revoked_at=timezone.now())
+    who = actor(user) if user is not None else (by or "shell")
+    revoked = found.filter(revoked_at__isnull=True).update(
+        revoked_at=timezone.now(), revoked_by=who)
     token = found.select_related("user").first()
     if token is None:
         raise UnknownRecord(f"no token {token_id} of yours" if user else f"no token {token_id}")
+    if revoked:
+        audit.info("API token %r (#%s) of %s revoked by %s", token.name, token.pk,
+                   token.user.get_username(), who,
+                   extra={"token": token.pk, "user": token.user.get_username(), "by": who})
     return token_view(token)
 
 

@@ -10,6 +10,8 @@ behind a dead server; what is missing is said by name.
 from __future__ import annotations
 
 import logging
+import threading
+import time
 
 from django.conf import settings
 from django.db import DEFAULT_DB_ALIAS, connections
@@ -53,20 +55,42 @@ def broker_problem() -> str | None:
     return None
 
 
-def readiness() -> dict[str, str]:
-    """What keeps this process from serving, by name (empty: ready).
+READINESS_SECONDS = 2.0
+"""How long one process reuses its last readiness answer: a probe that anyone may send
+as often as they like costs a database round trip and a broker ping at most this often."""
+_last: tuple[float, dict[str, str]] | None = None
+_last_lock = threading.Lock()
+_migrated = False
+"""Once every migration this code knows is applied, they stay so: not read again."""
 
-    Keys: ``database`` (unreachable), ``migrations`` (the unapplied ones, when the
+
+def readiness() -> dict[str, str]:
+    """What keeps this process from serving, by name (empty: ready), as found at most
+    :data:`READINESS_SECONDS` ago.
+
+    Keys: ``database`` (unreachable), ``migrations`` (how many are not applied, when the
     database answers), ``broker`` (Redis, which carries both Celery and the channel
-    layer, unreachable). The probe is public: what failed is logged, the answer only
-    says what is missing (an error text could name hosts and users).
+    layer, unreachable). The probe is public: what failed, and which migrations are
+    missing, is logged; the answer only says what is missing (an error text could name
+    hosts and users, a migration's name the version deployed).
     """
+    global _last
+    with _last_lock:
+        if _last is not None and time.monotonic() - _last[0] < READINESS_SECONDS:
+            return dict(_last[1])
+        found = _readiness()
+        _last = (time.monotonic(), found)
+        return dict(found)
+
+
+def _readiness() -> dict[str, str]:
+    global _migrated
     missing: dict[str, str] = {}
     problem = database_problem()
     if problem is not None:
         log.warning("not ready: database: %s", problem)
         missing["database"] = "unreachable"
-    else:
+    elif not _migrated:
         try:
             pending = unapplied_migrations()
         except Exception:
@@ -74,7 +98,9 @@ def readiness() -> dict[str, str]:
             missing["migrations"] = "cannot read the migration state"
         else:
             if pending:
-                missing["migrations"] = "not applied: " + ", ".join(pending)
+                log.warning("not ready: migrations not applied: %s", ", ".join(pending))
+                missing["migrations"] = f"{len(pending)} not applied"
+            _migrated = not pending
     problem = broker_problem()
     if problem is not None:
         log.warning("not ready: broker: %s", problem)

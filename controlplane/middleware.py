@@ -1,5 +1,5 @@
-"""Request hygiene that must hold before any view runs, and the answer when the
-database cannot serve one."""
+"""Request hygiene that must hold before any view runs (storable text, request rates), and
+the answer when the database cannot serve one."""
 
 from __future__ import annotations
 
@@ -7,8 +7,12 @@ from collections.abc import Callable
 from typing import Any
 from urllib.parse import unquote
 
+import psycopg
+from django.conf import settings
 from django.http import HttpRequest, HttpResponse, JsonResponse
 
+from controlplane import access, rates
+from controlplane.client_address import client_bucket
 from controlplane.storage.postgres import UNAVAILABLE
 from kernel import SessionPoisoned, StorageUnavailable
 
@@ -35,6 +39,78 @@ class RejectUnstorableText:
         return self.get_response(request)
 
 
+class LimitRequestRates:
+    """Count each request against its client's address and, for a browser's login, its
+    account (:mod:`controlplane.rates`; an API token's account is counted when the API
+    authenticates it); over either rate, answer 429 with ``Retry-After`` before any view
+    runs. The probes are not counted: an orchestrator's checks must always get through."""
+
+    EXEMPT = ("/healthz", "/readyz")
+
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        if request.path in self.EXEMPT:
+            return self.get_response(request)
+        user = getattr(request, "user", None)
+        try:  # the request's first read (its session and user), before any view
+            user_id = user.pk if user is not None and user.is_authenticated else None
+        except STORAGE_DOWN as exc:  # AnswerStorageDown sees only what views raise
+            return storage_down(request, exc)
+        refused = rates.take(
+            rates.address(client_bucket(request.META)),
+            rates.account(user_id) if user_id is not None else None,
+        )
+        if refused is not None:
+            return too_many_requests(request, refused.detail(), refused.retry_after)
+        return self.get_response(request)
+
+
+class NameTheCredential:
+    """Let the commands name the credential each action came through (an API token, a
+    browser session) in the operations log: :func:`controlplane.access.credential`."""
+
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        with access.serving(request):
+            return self.get_response(request)
+
+
+class ContentSecurityPolicy:
+    """Every answer says what a page may load: scripts, styles, images and sockets from
+    this origin only, no plugin, no framing, forms posted here only. The dashboard has
+    no inline script or style (htmx is told to add none); Swagger UI at ``/api/docs``
+    sets styles inline, so its page alone allows them. (Django has a CSP of its own
+    from 6.0; this stands in for it on 5.2.)"""
+
+    POLICY = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+              "connect-src 'self'; font-src 'self'; object-src 'none'; base-uri 'none'; "
+              "form-action 'self'; frame-ancestors 'none'")
+    DOCS_POLICY = POLICY.replace("style-src 'self'", "style-src 'self' 'unsafe-inline'")
+
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        response = self.get_response(request)
+        if "Content-Security-Policy" not in response:
+            docs = request.path.startswith("/api/docs")
+            response["Content-Security-Policy"] = self.DOCS_POLICY if docs else self.POLICY
+        return response
+
+
+def too_many_requests(request: HttpRequest, detail: str, retry_after: int) -> HttpResponse:
+    if request.path.startswith("/api/"):
+        response: HttpResponse = JsonResponse({"detail": detail}, status=429)
+    else:
+        response = HttpResponse(detail, status=429, content_type="text/plain")
+    response["Retry-After"] = str(retry_after)
+    return response
+
+
 # What a restarting or unreachable Postgres raises: the kernel's own errors (from a
 # command's commit) and the drivers' (from a read or a session lookup).
 STORAGE_DOWN = (StorageUnavailable, SessionPoisoned, *UNAVAILABLE)
@@ -47,7 +123,10 @@ class AnswerStorageDown:
     A 500 says "the server is broken, do not retry"; a restarting database is a wait.
     Retrying is safe: every command carries its id (``request_id``, ``action_id``), so a
     commit whose outcome was unknown is not applied twice. Views raise; this turns the
-    exception into the answer, after ninja has passed on what it does not handle.
+    exception into the answer, after ninja has passed on what it does not handle. A
+    middleware that reads the database before the view (:class:`LimitRequestRates`, for
+    the session's user) answers with :func:`storage_down` itself: Django makes what a
+    middleware raises a 500 on the spot, and this never sees it.
     """
 
     def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
@@ -64,6 +143,11 @@ def storage_down(request: HttpRequest, exc: Any) -> HttpResponse:
     """The 503 answer; the API registers it too, since with ``DEBUG`` on ninja answers
     unhandled errors itself instead of passing them on to the middleware."""
     detail = "the database is unavailable; try again (a retry with the same id is safe)"
+    if isinstance(exc.__cause__, psycopg.errors.QueryCanceled) or isinstance(
+            exc, psycopg.errors.QueryCanceled):
+        detail = (f"this took longer than WEB_STATEMENT_TIMEOUT_SECONDS "
+                  f"({settings.WEB_STATEMENT_TIMEOUT_SECONDS:g} s) and was cancelled: "
+                  "narrow the filter, or try again")
     if request.path.startswith("/api/"):
         response: HttpResponse = JsonResponse({"detail": detail}, status=503)
     else:

@@ -320,6 +320,10 @@ class ApiToken(models.Model):
     # None: never expires. A revoked token is kept (listed, refused) rather than deleted.
     expires_at = models.DateTimeField(null=True, blank=True)
     revoked_at = models.DateTimeField(null=True, blank=True)
+    # Who issued and who revoked it, as the audit names people (``user:olga``,
+    # ``shell:root``); empty: not recorded (issued before this was kept).
+    issued_by = models.TextField(default="", blank=True)
+    revoked_by = models.TextField(default="", blank=True)
 
     class Meta:
         db_table = "controlplane_api_token"

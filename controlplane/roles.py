@@ -3,9 +3,11 @@
 come from the environment (docs/deploy.md lists them); ``ARGS`` are appended to the
 program's own (a later option wins), e.g. ``worker --concurrency 8``.
 
-- ``web``: Daphne (HTTP + websockets) on ``WEB_BIND``:``PORT`` (``0.0.0.0:8000``), proxy
-  headers trusted (it sits behind the proxy), ``DAPHNE_WEBSOCKET_TIMEOUT``; its access
-  log only with ``WEB_ACCESS_LOG=1``.
+- ``web``: Daphne (HTTP + websockets) on ``WEB_BIND``:``PORT`` (``0.0.0.0:8000``),
+  ``DAPHNE_WEBSOCKET_TIMEOUT``; its access log only with ``WEB_ACCESS_LOG=1``. Without
+  Daphne's ``--proxy-headers``, which would believe the first ``X-Forwarded-For`` entry
+  (the client's choice) from any peer: the app reads that header only from the proxies
+  in ``DJANGO_TRUSTED_PROXIES`` (controlplane.client_address).
 - ``worker``: a Celery worker on ``WORKER_QUEUES`` (``default,hands,brain``) with
   ``WORKER_CONCURRENCY`` phases at once (``1``: the solo pool; more: threads, one kernel
   runtime per process either way), named ``WORKER_NAME@hostname``. Run one pool per
@@ -41,7 +43,7 @@ def command(role: str, args: Sequence[str] = (), env: Mapping[str, str] = os.env
     if role == "web":
         return [
             python, "-m", "daphne", "-b", env.get("WEB_BIND", "0.0.0.0"),
-            "-p", env.get("PORT", "8000"), "--proxy-headers",
+            "-p", env.get("PORT", "8000"),
             "--websocket_timeout", env.get("DAPHNE_WEBSOCKET_TIMEOUT", "86400"),
             "--application-close-timeout", env.get("WEB_CLOSE_TIMEOUT", "10"),
             # Daphne's access log (plain text, every probe included) only when asked:

@@ -18,7 +18,7 @@ from urllib.parse import parse_qsl, unquote, urlsplit
 
 from django.core.exceptions import ImproperlyConfigured
 
-from controlplane import logs
+from controlplane import client_address, logs
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -93,6 +93,15 @@ if SECRET_KEY == BUILTIN_SECRET_KEY and not DEBUG:
         "`python -c 'import secrets; print(secrets.token_urlsafe(50))'`, or set "
         "DJANGO_DEBUG=1 on a development machine only."
     )
+# A key anyone could guess is as good as none: held to Django's own rule for a deployment
+# (`check --deploy`, security.W009), at start-up rather than in a check nobody runs.
+if not DEBUG and (len(SECRET_KEY) < 50 or len(set(SECRET_KEY)) < 5
+                  or SECRET_KEY.startswith("django-insecure-")):
+    raise ImproperlyConfigured(
+        "DJANGO_SECRET_KEY is too weak: it needs 50 or more characters, 5 or more of them "
+        "different, and no 'django-insecure-' prefix. Make one with "
+        "`python -c 'import secrets; print(secrets.token_urlsafe(50))'`."
+    )
 ALLOWED_HOSTS = _env_list("DJANGO_ALLOWED_HOSTS", "localhost,127.0.0.1,[::1],testserver")
 # Origins (scheme://host[:port]) besides the served one that may post forms and open
 # websockets: the public address(es) when a proxy serves the app under another name.
@@ -114,10 +123,18 @@ if _env_bool("DJANGO_TLS_PROXY", False):
 # A dashboard login lasts a working day, not Django's two weeks.
 SESSION_COOKIE_AGE = int(os.environ.get("DJANGO_SESSION_SECONDS", str(8 * 3600)))
 SESSION_COOKIE_SAMESITE = CSRF_COOKIE_SAMESITE = "Lax"
+# The proxies whose X-Forwarded-For is believed (addresses or networks, comma-separated;
+# none by default: the TCP peer is the client). Behind nginx, its address, with nginx
+# setting `X-Forwarded-For $remote_addr` (controlplane.client_address).
+try:
+    TRUSTED_PROXIES = [
+        str(net) for net in client_address.parse_networks(_env_list("DJANGO_TRUSTED_PROXIES"))]
+except ValueError as bad:
+    raise ImproperlyConfigured(str(bad)) from None
 # Login throttling (the dashboard's and the admin's login): after this many failed
-# logins within LOGIN_THROTTLE_SECONDS for one account, or from one address, logins
-# for it are refused until the oldest failure is that old. Behind a proxy, run Daphne
-# with --proxy-headers so that the address is the client's.
+# logins within LOGIN_THROTTLE_SECONDS for one account (its name as Django compares it:
+# NFKC, any case), or from one address (an IPv6 /64), logins for it are refused until
+# the oldest failure is that old.
 LOGIN_FAILURES_PER_ACCOUNT = int(os.environ.get("LOGIN_FAILURES_PER_ACCOUNT", "5"))
 LOGIN_FAILURES_PER_ADDRESS = int(os.environ.get("LOGIN_FAILURES_PER_ADDRESS", "20"))
 LOGIN_THROTTLE_SECONDS = float(os.environ.get("LOGIN_THROTTLE_SECONDS", "900"))
@@ -146,11 +163,14 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    "controlplane.middleware.ContentSecurityPolicy",
     "controlplane.middleware.RejectUnstorableText",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "controlplane.middleware.LimitRequestRates",
+    "controlplane.middleware.NameTheCredential",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "controlplane.middleware.AnswerStorageDown",
@@ -232,6 +252,17 @@ WEBSOCKET_RECHECK_SECONDS = float(os.environ.get("WEBSOCKET_RECHECK_SECONDS", "5
 USER_SOCKET_LIMIT = int(os.environ.get("USER_SOCKET_LIMIT", "20"))
 USER_LONG_POLL_LIMIT = int(os.environ.get("USER_LONG_POLL_LIMIT", "5"))
 USER_SLOT_SECONDS = float(os.environ.get("USER_SLOT_SECONDS", "30"))
+# How long one statement of a web process may run before Postgres cancels it (the request
+# is answered 503 saying so); 0: unbounded. Workers and commands are not bounded
+# (controlplane.request_connections).
+WEB_STATEMENT_TIMEOUT_SECONDS = float(os.environ.get("WEB_STATEMENT_TIMEOUT_SECONDS", "5"))
+# Request rates, counted in Redis across web processes (controlplane.rates): per account
+# and per client address, requests per second on average and in a burst; beyond them
+# 429 with Retry-After. 0 requests per second: not counted.
+USER_REQUESTS_PER_SECOND = float(os.environ.get("USER_REQUESTS_PER_SECOND", "10"))
+USER_REQUEST_BURST = int(os.environ.get("USER_REQUEST_BURST", "50"))
+ADDRESS_REQUESTS_PER_SECOND = float(os.environ.get("ADDRESS_REQUESTS_PER_SECOND", "30"))
+ADDRESS_REQUEST_BURST = int(os.environ.get("ADDRESS_REQUEST_BURST", "150"))
 
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},

@@ -9,3 +9,7 @@ from django.core.wsgi import get_wsgi_application
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
 
 application = get_wsgi_application()
+
+from controlplane.request_connections import bound  # noqa: E402  (needs the apps loaded)
+
+bound()  # a web process: every statement of a request bounded in time

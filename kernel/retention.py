@@ -19,6 +19,7 @@ is the default: retention is off until configured.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -28,6 +29,10 @@ from .records import Outcome
 
 SESSION_RETENTION_KEY = "retention_days"
 """The session metadata key that overrides the policy for that session (days, a number)."""
+MAX_RETENTION_DAYS = 36_525
+"""The most days a session's own retention may ask for where it is written (a century):
+:func:`check_retention_days`. A stored value beyond it (or beyond any date) keeps the
+session, and never stops a prune."""
 
 _WORST_FIRST = (Outcome.FAULTED, Outcome.FAILED, Outcome.CANCELLED, Outcome.SUCCEEDED)
 
@@ -47,11 +52,28 @@ def finished_status(outcomes: Iterable[str | None]) -> str:
     return str(next((o for o in _WORST_FIRST if o in found), Outcome.SUCCEEDED))
 
 
-def _days(value: Any) -> float | None:
-    """A retention in days from configuration or metadata; None (keep) for anything else."""
-    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
-        return None
+def check_retention_days(value: Any) -> float:
+    """A session's own retention as written (its ``metadata["retention_days"]``): a
+    number of days from 0 to :data:`MAX_RETENTION_DAYS`; ValueError saying so otherwise."""
+    if (
+        isinstance(value, bool) or not isinstance(value, int | float)
+        or not 0 <= value <= MAX_RETENTION_DAYS
+    ):
+        raise ValueError(
+            f"{SESSION_RETENTION_KEY}: a number of days from 0 to {MAX_RETENTION_DAYS}")
     return float(value)
+
+
+def _days(value: Any) -> float | None:
+    """A retention in days from configuration or metadata; None (keep) for anything else,
+    a number no float holds or infinity among them."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    try:
+        days = float(value)
+    except OverflowError:
+        return None
+    return days if 0 <= days < math.inf else None
 
 
 @dataclass(frozen=True)
@@ -81,7 +103,13 @@ class RetentionPolicy:
     ) -> bool:
         """Whether a finished session whose last commit was at ``last_commit`` is pruned now."""
         days = self.days_for(metadata, status)
-        return days is not None and last_commit < now - timedelta(days=days)
+        if days is None:
+            return False
+        try:
+            cutoff = now - timedelta(days=days)
+        except OverflowError:
+            return False  # before the first representable date: nothing is that old
+        return last_commit < cutoff
 
 
 @dataclass

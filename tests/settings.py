@@ -4,13 +4,19 @@ Without ``DJANGO_DEBUG`` the product refuses to start on its built-in secret key
 (controlplane/settings.py). pytest-django imports settings before any conftest, so the
 suite asks here (pyproject.toml names this module), and gives the processes it starts
 (Daphne, Celery workers; they run with ``DJANGO_DEBUG=0`` as deployed) a secret key of
-their own. Those processes load the product's settings module, not this one.
+their own, and turns the request rates off. Those processes load the product's settings
+module, not this one.
 """
 
 import os
 
 os.environ.setdefault("DJANGO_DEBUG", "1")
 os.environ.setdefault("DJANGO_SECRET_KEY", "test-suite-only-secret-" + "k" * 48)
+# Request rates are not counted (0) here or in the processes the tests start: the suite
+# asks faster than anyone should, from one address. tests/integration/test_request_rates.py
+# and tests/e2e/test_request_rates.py turn them on.
+os.environ.setdefault("USER_REQUESTS_PER_SECOND", "0")
+os.environ.setdefault("ADDRESS_REQUESTS_PER_SECOND", "0")
 
 from django.conf import global_settings  # noqa: E402
 
@@ -31,3 +37,8 @@ PASSWORD_HASHERS = [
 
 # Read once by django.conf.settings already; what child processes inherit.
 os.environ["DJANGO_SETTINGS_MODULE"] = "controlplane.settings"
+
+# This process is not a web process, whatever it imports (the schema tests load
+# controlplane.wsgi): its statements are not bounded in time. The web processes the tests
+# start are (tests/integration/test_request_connections.py sets it here for itself).
+WEB_STATEMENT_TIMEOUT_SECONDS = 0.0

@@ -9,7 +9,8 @@ Routers are thin: reads come from :mod:`controlplane.reads`, changes from
 place (:func:`controlplane.errors.http_status`): 403 for a role that does not allow it,
 404 for no such record, 409 when the state does not allow it, 422 for bad input (naming
 the field; nothing changed), 429 with ``Retry-After`` when the account holds as many
-long-polls as it may.
+long-polls as it may or asks faster than its rate (or its address does:
+:mod:`controlplane.rates`).
 """
 
 from __future__ import annotations
@@ -34,15 +35,30 @@ ERRORS = {
     "404": "No such record",
     "409": "The record's state does not allow this now",
     "422": "Invalid input; `detail` names the field",
+    "429": "Too many requests from this account or this address (USER_REQUESTS_PER_SECOND, "
+    "ADDRESS_REQUESTS_PER_SECOND); try again after `Retry-After` seconds, nothing was done",
     "503": "The database is unavailable; retry after `Retry-After` seconds (with the "
     "same `request_id` or `action_id`, a retry cannot apply a command twice)",
 }
 
 
 class ControlPlaneAPI(NinjaAPI):
-    """Documents the error answers every operation can give, once, for all of them."""
+    """Documents the error answers every operation can give, once, for all of them; the
+    schema is built once per process (it is public, and building it takes tens of ms)."""
+
+    _schemas: dict[str, Any]
+
+    def forget_schema(self) -> None:
+        self._schemas = {}
 
     def get_openapi_schema(self, **kwargs: Any) -> Any:
+        key = repr(sorted(kwargs.items()))
+        cached = getattr(self, "_schemas", {})
+        if key not in cached:
+            self._schemas = {**cached, key: self._build_schema(**kwargs)}
+        return self._schemas[key]
+
+    def _build_schema(self, **kwargs: Any) -> Any:
         schema = super().get_openapi_schema(**kwargs)
         schema["paths"] = refer_to_components(schema["paths"])
         components = schema.setdefault("components", {})
@@ -54,13 +70,13 @@ class ControlPlaneAPI(NinjaAPI):
             for operation in operations.values():
                 responses = operation.setdefault("responses", {})
                 for code, description in ERRORS.items():
-                    responses.setdefault(
-                        code,
-                        {
-                            "description": description,
-                            "content": {"application/json": {"schema": error}},
-                        },
-                    )
+                    answer: dict[str, Any] = {
+                        "description": description,
+                        "content": {"application/json": {"schema": error}},
+                    }
+                    if code in ("429", "503"):
+                        answer["headers"] = {"Retry-After": {"schema": {"type": "integer"}}}
+                    responses.setdefault(code, answer)
         return schema
 
 

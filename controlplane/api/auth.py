@@ -17,9 +17,9 @@ from django.http import HttpRequest, HttpResponseForbidden
 from ninja.openapi.views import openapi_json
 from ninja.security import HttpBearer, SessionAuth
 
-from controlplane.access import may_read, require_role, token_named, usable_token
-
-BROWSER = "browser session"
+from controlplane import rates
+from controlplane.access import BROWSER, may_read, require_role, token_named, usable_token
+from controlplane.errors import TooBusy
 
 
 class TokenAuth(HttpBearer):
@@ -27,6 +27,9 @@ class TokenAuth(HttpBearer):
         found = usable_token(token)
         if found is None:
             return None
+        refused = rates.take(rates.account(found.user.pk))
+        if refused is not None:
+            raise TooBusy(refused.detail(), refused.retry_after)
         request.user = found.user
         request.via = token_named(found)  # type: ignore[attr-defined]
         return require_role(found.user)

@@ -12,14 +12,23 @@ from controlplane.commands import MAX_BULK, BulkAction
 from kernel import Decision, Outcome, Status
 from kernel.agent import WhenBusy
 
-from .types import Integer, JsonObject, SubmissionInput, storable, text
+from .types import (
+    NOT_BLANK,
+    Integer,
+    JsonObject,
+    SessionMetadata,
+    SubmissionInput,
+    storable,
+    text,
+)
 
 JSON = Any
 MAX_EPOCH = 2**63 - 1  # a bigint
 ActionId = text(
     ..., min_length=1, max_length=200, description="client-chosen id; a repeat does nothing new"
 )
-Reason = text(..., min_length=1, max_length=2000, description="why: kept with the action")
+Reason = text(..., min_length=1, max_length=2000, pattern=NOT_BLANK,
+              description="why: kept with the action (not only white space)")
 
 
 class Input(Schema):
@@ -50,7 +59,7 @@ class SessionOut(Schema):
 
 
 class SessionIn(Input):
-    metadata: JsonObject = Field(default_factory=dict)
+    metadata: SessionMetadata = Field(default_factory=dict)
 
 
 class ConversationOut(Schema):

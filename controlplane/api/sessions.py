@@ -56,8 +56,14 @@ def get_session(request: HttpRequest, session_id: PathText) -> Any:
 
 
 @router.get("/sessions/{session_id}/conversations", response=list[ConversationOut])
-def list_conversations(request: HttpRequest, session_id: PathText) -> Any:
-    return reads.conversations(session_id)
+def list_conversations(
+    request: HttpRequest,
+    session_id: PathText,
+    after: str | None = query_text("id of the last conversation of the previous page"),
+    limit: int = Query(100, ge=1, le=MAX_PAGE),
+) -> Any:
+    """In creation order, a page at a time."""
+    return reads.conversations(session_id, after, limit)
 
 
 @router.post("/sessions/{session_id}/conversations", response={201: ConversationOut})
@@ -116,9 +122,15 @@ def get_document(
 
 
 @router.get("/sessions/{session_id}/submissions", response=list[SubmissionOut])
-def list_submissions(request: HttpRequest, session_id: PathText) -> Any:
+def list_submissions(
+    request: HttpRequest,
+    session_id: PathText,
+    after: str | None = query_text("id of the last submission of the previous page"),
+    limit: int = Query(100, ge=1, le=MAX_PAGE),
+) -> Any:
+    """In creation order, a page at a time."""
     reads.session(session_id)
-    return reads.submissions(session_id)
+    return reads.submissions(session_id, after, limit)
 
 
 @router.post(

@@ -11,7 +11,7 @@ from datetime import datetime
 from typing import Any
 
 from django.http import HttpRequest
-from ninja import Path, Router, Schema
+from ninja import Field, Path, Router, Schema
 
 from controlplane import commands
 from controlplane.reads import tokens as reads
@@ -29,6 +29,8 @@ class TokenOut(Schema):
     expires_at: datetime | None
     revoked_at: datetime | None
     state: str
+    issued_by: str = Field("", description="who issued it (`shell:NAME`; empty: not recorded)")
+    revoked_by: str = Field("", description="who revoked it (`user:NAME` or `shell:NAME`)")
 
 
 @router.get("/tokens", response=list[TokenOut])

@@ -2,9 +2,14 @@
 server accepts, so that a request the schema allows is never refused and one it does not
 allow is never taken (what schemathesis checks both ways).
 
-- Text: no NUL characters (Postgres cannot store them), as a ``pattern``.
-- Submission input: ``text``, a ``model`` name, and ``options`` from the kernel's
-  allow-list (:data:`kernel.agent.MODEL_OPTIONS`), nothing else in ``options``.
+- Text: no NUL characters (Postgres cannot store them), as a ``pattern``; ids and names
+  at most :data:`MAX_NAME` characters, JSON strings at most :data:`MAX_TEXT`, keys
+  :data:`MAX_NAME` (each a ``maxLength``).
+- Submission input: ``text`` (at most :data:`kernel.agent.MAX_TEXT` characters), a
+  ``model`` name, and ``options`` from the kernel's allow-list
+  (:data:`kernel.agent.MODEL_OPTIONS`), nothing else in ``options``.
+- Session metadata: JSON, and its ``retention_days`` (which the prune reads) a number of
+  days within :data:`kernel.retention.MAX_RETENTION_DAYS`.
 - JSON values (metadata, submission input, receipts): strings and keys without NUL,
   finite numbers within a double's range, nested at most :data:`MAX_DEPTH` containers
   deep - stated as a chain of component schemas ``Json0`` ... ``Json{MAX_DEPTH}``
@@ -24,11 +29,22 @@ from typing import Annotated, Any
 from ninja import Field, Path, Query
 from pydantic import BeforeValidator, WithJsonSchema
 
+from kernel.agent import MAX_TEXT as MAX_SUBMISSION_TEXT
 from kernel.agent import MODEL_OPTIONS
 from kernel.agent.models import MAX_MODEL_NAME
+from kernel.retention import MAX_RETENTION_DAYS, SESSION_RETENTION_KEY, check_retention_days
 
 NO_NUL = r"^[^\x00]*$"
 """Text Postgres can store: anything but NUL (a ``pattern`` in the schema)."""
+NOT_BLANK = r"^[^\x00]*[^\x00\t\n\v\f\r ][^\x00]*$"
+"""Text with something in it besides spaces, tabs and line breaks (and no NUL). The
+characters are named rather than written as a white-space class, since Python's class
+and the validator's differ (on ``chr(0x1c)``) and the schema must say exactly what is
+taken."""
+MAX_NAME = 200
+"""The longest id, name or key: what a text field or a query word may be unless it says."""
+MAX_TEXT = MAX_SUBMISSION_TEXT
+"""The longest string in a JSON value (metadata, a receipt, a submission's input)."""
 MAX_DEPTH = 8
 """How deep a JSON value may nest containers (objects and arrays)."""
 MAX_NUMBER = 1.7976931348623157e308
@@ -39,22 +55,27 @@ COMPONENTS = "#/components/schemas/"
 
 
 def text(default: Any = ..., **constraints: Any) -> Any:
-    """A body field of text (``Field`` with the NUL-free pattern)."""
-    return Field(default, pattern=NO_NUL, **constraints)
+    """A body field of text (``Field`` with the NUL-free pattern, at most
+    :data:`MAX_NAME` characters unless it says)."""
+    constraints.setdefault("pattern", NO_NUL)
+    constraints.setdefault("max_length", MAX_NAME)
+    return Field(default, **constraints)
 
 
 def query_text(description: str | None = None) -> Any:
-    return Query(None, pattern=NO_NUL, description=description)
+    return Query(None, pattern=NO_NUL, max_length=MAX_NAME, description=description)
 
 
-PathText = Annotated[str, Path(..., pattern=NO_NUL)]
+PathText = Annotated[str, Path(..., pattern=NO_NUL, max_length=MAX_NAME)]
 """A path parameter: an id, a kind, a key."""
 
 
 # -- JSON values -------------------------------------------------------------------------
 
 
-def _check_text(value: str, where: str) -> None:
+def _check_text(value: str, where: str, longest: int = MAX_TEXT) -> None:
+    if len(value) > longest:
+        raise ValueError(f"{where}: text of at most {longest} characters, not {len(value)}")
     if "\x00" in value:
         raise ValueError(f"{where}: text may not contain NUL characters")
     try:
@@ -84,7 +105,7 @@ def storable(body: Any) -> None:
                 raise ValueError(f"{where}: JSON values nest at most {MAX_DEPTH} levels deep")
             if isinstance(item, dict):
                 for key, child in item.items():
-                    _check_text(str(key), where)
+                    _check_text(str(key), f"{where} (a key)", MAX_NAME)
                     stack.append((child, f"{where}.{key}", depth + 1))
             else:
                 stack += [(child, f"{where}[{i}]", depth + 1) for i, child in enumerate(item)]
@@ -92,7 +113,7 @@ def storable(body: Any) -> None:
 
 def _scalars() -> list[dict[str, Any]]:
     return [
-        {"type": "string", "pattern": NO_NUL},
+        {"type": "string", "pattern": NO_NUL, "maxLength": MAX_TEXT},
         {"type": "number", "minimum": -MAX_NUMBER, "maximum": MAX_NUMBER},
         {"type": "boolean"},
         {"type": "null"},
@@ -100,7 +121,7 @@ def _scalars() -> list[dict[str, Any]]:
 
 
 def _object(children: str, **more: Any) -> dict[str, Any]:
-    return {"type": "object", "propertyNames": {"pattern": NO_NUL},
+    return {"type": "object", "propertyNames": {"pattern": NO_NUL, "maxLength": MAX_NAME},
             "additionalProperties": {"$ref": COMPONENTS + children}, **more}
 
 
@@ -132,12 +153,18 @@ def json_components() -> dict[str, Any]:
         "Json1", description=f"a JSON object, nesting at most {MAX_DEPTH} levels")
     found["SubmissionInput"] = _object(
         "Json1", required=["text"], properties={
-            "text": {"type": "string", "pattern": NO_NUL},
+            "text": {"type": "string", "pattern": NO_NUL, "maxLength": MAX_SUBMISSION_TEXT},
             "model": {"type": "string", "pattern": NO_NUL, "minLength": 1,
                       "maxLength": MAX_MODEL_NAME},
             "options": _model_options(),
         },
         description="the input of a turn: `text`, and optionally `model`, `options`",
+    )
+    found["SessionMetadata"] = _object(
+        "Json1", properties={SESSION_RETENTION_KEY: {
+            "type": "number", "minimum": 0, "maximum": MAX_RETENTION_DAYS,
+            "description": "days its history is kept once it is finished (retention)"}},
+        description=f"a JSON object, nesting at most {MAX_DEPTH} levels",
     )
     return found
 
@@ -147,6 +174,18 @@ PLACEHOLDER = "x-component"
 under this key, and :func:`refer_to_components` turns it into a ``$ref``."""
 JsonObject = Annotated[dict[str, Any], WithJsonSchema({PLACEHOLDER: "JsonObject"})]
 SubmissionInput = Annotated[Any, WithJsonSchema({PLACEHOLDER: "SubmissionInput"})]
+
+
+def _session_metadata(value: Any) -> Any:
+    if isinstance(value, dict) and SESSION_RETENTION_KEY in value:
+        check_retention_days(value[SESSION_RETENTION_KEY])
+    return value
+
+
+SessionMetadata = Annotated[
+    dict[str, Any], BeforeValidator(_session_metadata),
+    WithJsonSchema({PLACEHOLDER: "SessionMetadata"}),
+]
 
 
 def refer_to_components(schema: Any) -> Any:
@@ -219,7 +258,7 @@ def utc(value: datetime | None) -> datetime | None:
 
 
 __all__ = [
-    "MAX_BIGINT", "MAX_DEPTH", "NO_NUL", "DateTime", "Integer", "JsonObject", "PathText",
-    "QueryBoolean", "SubmissionInput", "json_components", "query_text", "refer_to_components",
-    "storable", "text", "utc",
+    "MAX_BIGINT", "MAX_DEPTH", "MAX_NAME", "MAX_TEXT", "NOT_BLANK", "NO_NUL", "DateTime",
+    "Integer", "JsonObject", "PathText", "QueryBoolean", "SessionMetadata", "SubmissionInput",
+    "json_components", "query_text", "refer_to_components", "storable", "text", "utc",
 ]

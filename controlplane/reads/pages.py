@@ -17,6 +17,7 @@ from urllib.parse import urlencode
 from django.db.models import QuerySet
 
 from controlplane import models
+from controlplane.errors import Invalid
 from controlplane.notices.tasks import PLAN
 from controlplane.runtime import runtime
 from controlplane.storage.schema import SESSION
@@ -164,20 +165,39 @@ def progress(session_id: str) -> list[dict[str, Any]]:
     return found
 
 
-def transcript(session_id: str) -> list[conversations.Conversation]:
-    """Each conversation (the operations log last) with its last entries, as items."""
+CONVERSATIONS_SHOWN = 10
+"""The session page shows the last this many conversations (and the operations log);
+the API pages through all of them."""
+SUBMISSIONS_SHOWN = 50
+"""The session page shows the last this many submissions; the API pages through all."""
+
+
+@dataclass(frozen=True)
+class Shown:
+    """The last items of a list a page shows, and how many there are in all."""
+
+    items: list[Any]
+    total: int
+
+    @property
+    def earlier(self) -> int:
+        return self.total - len(self.items)
+
+
+def transcript(session_id: str) -> Shown:
+    """The last conversations (the operations log last) with their last entries, as
+    items; ``total`` counts the conversations besides the operations log."""
     ops = operations_log_id(session_id)
-    found = sorted(
-        session_reads.conversations(session_id), key=lambda c: (c.id == ops, c.created_seq)
-    )
-    return [
+    found, total = session_reads.last_conversations(session_id, CONVERSATIONS_SHOWN, ops)
+    return Shown([
         conversations.conversation(session_id, c.id, c.id == ops, c.fork_of, ENTRY_TAIL)
         for c in found
-    ]
+    ], total + sum(c.id == ops for c in found))
 
 
-def submissions(session_id: str) -> list[conversations.SubmissionView]:
-    return conversations.submissions(session_id, session_reads.submissions(session_id))
+def submissions(session_id: str) -> Shown:
+    found, total = session_reads.last_submissions(session_id, SUBMISSIONS_SHOWN)
+    return Shown(conversations.submissions(session_id, found), total)
 
 
 def timeline(task_id: str, session_id: str, terminal: bool) -> history.Timeline:
@@ -198,8 +218,8 @@ class SessionPage:
     roots: list[Node]
     plans: list[dict[str, Any]]
     progress: list[dict[str, Any]]
-    transcript: list[conversations.Conversation]
-    submissions: list[conversations.SubmissionView]
+    transcript: Shown
+    submissions: Shown
 
 
 def session_page(session_id: str) -> SessionPage | None:
@@ -228,8 +248,8 @@ class SessionChanges:
     rows: list[Node] = field(default_factory=list)
     plans: list[dict[str, Any]] | None = None
     progress: list[dict[str, Any]] | None = None
-    transcript: list[conversations.Conversation] | None = None
-    submissions: list[conversations.SubmissionView] | None = None
+    transcript: Shown | None = None
+    submissions: Shown | None = None
 
 
 def shown_session_page(session_id: str) -> SessionPage | None:
@@ -366,6 +386,12 @@ COUNT_UP_TO = tasks.COUNT
 """The tasks page counts matches up to this many (a bulk action's most), then says "more
 than": counting every match of a wide filter would cost more than the page itself."""
 MAX_TEXT = 200
+MIN_WORD = 3
+"""The shortest word the tasks page searches task input for: what the trigram index
+(``task_input_trgm``) can answer; a shorter word would read every task's input."""
+MAX_TASKS_PAGES = 100
+"""The tasks page's last page (the first 5,000 matches in the chosen order): past it, the
+OFFSET alone would read that many rows per page; narrow the filter instead."""
 
 
 @dataclass(frozen=True)
@@ -382,8 +408,17 @@ class TaskSearch:
     sort: str = "-created"
     page: int = 1
 
+    @property
+    def short_word(self) -> bool:
+        """A word too short to search by (:data:`MIN_WORD`): nothing is searched."""
+        return 0 < len(self.q) < MIN_WORD
+
     def filter(self) -> TaskFilter:
-        """As a :class:`TaskFilter`: the shown status names an outcome or a status."""
+        """As a :class:`TaskFilter`: the shown status names an outcome or a status.
+        Invalid for a :attr:`short_word` (a bulk action must never act on a wider set
+        than the word would have found)."""
+        if self.short_word:
+            raise Invalid(f"q: a word of at least {MIN_WORD} characters")
         outcome = self.status if self.status in tuple(Outcome) else None
         return TaskFilter(
             session_id=self.session or None,
@@ -403,7 +438,7 @@ class TaskSearch:
 
     @property
     def filtered(self) -> bool:
-        return self.filter().any_set()
+        return self.short_word or self.filter().any_set()
 
 
 def _moment(text: str) -> datetime | None:
@@ -448,6 +483,10 @@ class TasksPage:
     more: bool
     pages: int
     kinds: list[str]
+    last_page: bool = False
+    """The page is :data:`MAX_TASKS_PAGES` and more tasks match beyond it."""
+    short_word: bool = False
+    """The word was too short to search by: nothing was searched."""
 
 
 def tasks_page(search: TaskSearch) -> TasksPage:
@@ -457,12 +496,16 @@ def tasks_page(search: TaskSearch) -> TasksPage:
     order, up to one past :data:`COUNT_UP_TO`): a filter that no index serves, a word of
     the input where the server has no trigram index, then scans the tasks once, not
     once to count and again for the page. A page past those ids is read on its own."""
+    kinds = sorted(runtime().kernel.registry.kinds())
+    if search.short_word:
+        return TasksPage(last_commit_id(), replace(search, page=1), [], {}, 0, False, 1,
+                         kinds, short_word=True)
     found = search.filter()
     head = tasks.ids(found, COUNT_UP_TO + 1, order=search.sort)
     more = len(head) > COUNT_UP_TO
     total = min(len(head), COUNT_UP_TO)
     pages = max(1, -(-total // TASKS_PAGE))
-    page = search.page if more else min(search.page, pages)
+    page = min(search.page if more else min(search.page, pages), MAX_TASKS_PAGES)
     start = (page - 1) * TASKS_PAGE
     if more and start + TASKS_PAGE + 1 > len(head):
         rows = tasks.find(found, start, TASKS_PAGE + 1, order=search.sort)
@@ -470,7 +513,8 @@ def tasks_page(search: TaskSearch) -> TasksPage:
         rows = tasks.listed(head[start : start + TASKS_PAGE + 1])
     if more:  # past the counted ones, a page more while there are rows
         pages = max(pages, page + 1 if len(rows) > TASKS_PAGE else page)
+    last_page = page == MAX_TASKS_PAGES and len(rows) > TASKS_PAGE
+    pages = min(pages, MAX_TASKS_PAGES)
     rows = rows[:TASKS_PAGE]
     return TasksPage(last_commit_id(), replace(search, page=page), rows,
-                     tasks.changed_at(rows), total, more, pages,
-                     sorted(runtime().kernel.registry.kinds()))
+                     tasks.changed_at(rows), total, more, pages, kinds, last_page)

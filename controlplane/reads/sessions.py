@@ -8,6 +8,7 @@ from typing import Any
 from django.db.models import Q
 
 from controlplane import models
+from controlplane.errors import Invalid
 from controlplane.runtime import runtime
 from controlplane.storage.schema import CONVERSATION, ENTRY, SESSION, SUBMISSION
 from kernel import UnknownRecord
@@ -31,10 +32,39 @@ def session(session_id: str) -> SessionRecord:
     return found
 
 
-def conversations(session_id: str) -> list[Conversation]:
+def _keyset(rows: Any, model: Any, session_id: str, after: str | None, what: str) -> Any:
+    """``rows`` (ordered by ``created_seq``, then id) after the one whose id is ``after``;
+    Invalid if the session has no such record."""
+    if after is None:
+        return rows
+    seq = model.objects.filter(session_id=session_id, id=after).values_list(
+        "created_seq", flat=True).first()
+    if seq is None:
+        raise Invalid(f"after: no {what} {after} in session {session_id}")
+    return rows.filter(Q(created_seq__gt=seq) | Q(created_seq=seq, id__gt=after))
+
+
+def conversations(session_id: str, after: str | None = None,
+                  limit: int | None = None) -> list[Conversation]:
+    """In creation order, ``limit`` of them after the one whose id is ``after``."""
     session(session_id)
-    rows = models.Conversation.objects.filter(session_id=session_id).order_by("created_seq")
-    return [CONVERSATION.record(v) for v in rows.values(*CONVERSATION.columns)]
+    rows = models.Conversation.objects.filter(session_id=session_id).order_by(
+        "created_seq", "id")
+    rows = _keyset(rows, models.Conversation, session_id, after, "conversation")
+    return [CONVERSATION.record(v) for v in rows.values(*CONVERSATION.columns)[:limit]]
+
+
+def last_conversations(session_id: str, count: int, besides: str
+                       ) -> tuple[list[Conversation], int]:
+    """``besides`` (if the session has it) and the last ``count`` other conversations, in
+    creation order, and how many others there are."""
+    rows = models.Conversation.objects.filter(session_id=session_id)
+    others = rows.exclude(id=besides)
+    last = list(others.order_by("-created_seq", "-id").values(*CONVERSATION.columns)[:count])
+    found = [CONVERSATION.record(v) for v in [*reversed(last),
+                                              *rows.filter(id=besides).values(
+                                                  *CONVERSATION.columns)]]
+    return found, others.count()
 
 
 @dataclass(frozen=True)
@@ -126,9 +156,20 @@ def document(session_id: str, kind: str, key: str, version: int | None) -> Docum
     return DocumentView(kind, key, version, kernel.document(session_id, kind, key, version))
 
 
-def submissions(session_id: str) -> list[Submission]:
-    rows = models.Submission.objects.filter(session_id=session_id).order_by("created_seq")
-    return [SUBMISSION.record(v) for v in rows.values(*SUBMISSION.columns)]
+def submissions(session_id: str, after: str | None = None,
+                limit: int | None = None) -> list[Submission]:
+    """In creation order, ``limit`` of them after the one whose id is ``after``."""
+    rows = models.Submission.objects.filter(session_id=session_id).order_by(
+        "created_seq", "id")
+    rows = _keyset(rows, models.Submission, session_id, after, "submission")
+    return [SUBMISSION.record(v) for v in rows.values(*SUBMISSION.columns)[:limit]]
+
+
+def last_submissions(session_id: str, count: int) -> tuple[list[Submission], int]:
+    """The session's last ``count`` submissions, in creation order, and how many it has."""
+    rows = models.Submission.objects.filter(session_id=session_id)
+    last = rows.order_by("-created_seq", "-id").values(*SUBMISSION.columns)[:count]
+    return [SUBMISSION.record(v) for v in reversed(last)], rows.count()
 
 
 def submission(submission_id: str) -> Submission:

@@ -20,6 +20,8 @@ class TokenView:
     expires_at: datetime | None
     revoked_at: datetime | None
     state: str  # "active", "expired" or "revoked"
+    issued_by: str = ""
+    revoked_by: str = ""
 
 
 def token_view(token: ApiToken) -> TokenView:
@@ -33,6 +35,7 @@ def token_view(token: ApiToken) -> TokenView:
         id=token.pk, user=token.user.get_username(), name=token.name,
         created_at=token.created_at, last_used_at=token.last_used_at,
         expires_at=token.expires_at, revoked_at=token.revoked_at, state=state,
+        issued_by=token.issued_by, revoked_by=token.revoked_by,
     )
 
 

@@ -297,8 +297,9 @@ class SubmissionView:
 
 def submissions(session_id: str, found: list[Submission]) -> list[SubmissionView]:
     turns: dict[str, str] = {}
-    for task_id, input in models.Task.objects.filter(
-        Q(kind=TURN_KIND) | Q(kind__startswith=HOSTED_PREFIX), session_id=session_id
+    for task_id, input in models.Task.objects.filter(  # the turns that took these only
+        Q(kind=TURN_KIND) | Q(kind__startswith=HOSTED_PREFIX), session_id=session_id,
+        input__submissions__has_any_keys=[s.id for s in found],
     ).order_by("created_seq").values_list("id", "input"):
         for submission_id in (input or {}).get("submissions") or []:
             turns[submission_id] = task_id

@@ -151,11 +151,15 @@ def _step(request: HttpRequest) -> commands.Step:
 
 
 def _reason_and_id(request: HttpRequest) -> tuple[str, str]:
-    """An action form's reason (required, as the API wants it) and its action id."""
+    """An action form's reason (required, as the API wants it) and its action id, the
+    operator's own: live parts are rendered once per commit for every operator watching
+    (controlplane.consumers), so the ids in their forms are the same, and one operator's
+    action must not answer another's "already done" when nothing ran for them."""
     reason = request.POST.get("reason", "").strip()
     if not reason or len(reason) > MAX_REASON or "\x00" in reason:
         raise Invalid(f"give a reason (at most {MAX_REASON} characters)")
-    return reason, request.POST.get("action_id", "").strip()[:200] or uuid.uuid4().hex
+    form_id = request.POST.get("action_id", "").strip()[:180] or uuid.uuid4().hex
+    return reason, f"u{request.user.pk}-{form_id}"
 
 
 def _refused(request: HttpRequest, exc: Exception) -> HttpResponse:

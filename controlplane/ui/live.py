@@ -168,6 +168,7 @@ class Tasks(LivePage):
         } for t in found.rows]
         return {
             **vars(found), **vars(search), "found": shown, "statuses": SHOWN_STATUSES,
+            "min_word": pages.MIN_WORD,
             "filtered": search.filtered, "query": search.query(),
             "sorted_by": {key: _sort_link(search, key) for key in ("created", "kind", "status")},
             "previous": search.query(page=search.page - 1) if search.page > 1 else None,
@@ -221,7 +222,7 @@ class SessionLivePage:
         found = pages.live_session_changes(session_id, after)
         if found is None:
             return None
-        ctx = _updating(can_act, seq=found.seq)
+        ctx = _updating(can_act, seq=found.seq, session={"id": session_id})
         parts = [render_to_string("ui/_counts.html", {**ctx, "counts": found.counts})]
         if found.roots is not None:
             parts.append(render_to_string("ui/_roots.html", {**ctx, "roots": found.roots}))

@@ -4,7 +4,9 @@ Too many failed logins (``LOGIN_FAILURES_PER_ACCOUNT`` for one account,
 ``LOGIN_FAILURES_PER_ADDRESS`` from one address, within ``LOGIN_THROTTLE_SECONDS``)
 and the form refuses every login for them, the right password included, saying how long
 to wait; the counting is :mod:`controlplane.access`'s (a table, so every web process
-sees the same counts).
+sees the same counts). The account is the username as Django authenticates it
+(:func:`controlplane.access.login_name`), the address the client's as a trusted proxy
+tells it (:mod:`controlplane.client_address`).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from django.contrib.admin.forms import AdminAuthenticationForm
 from django.contrib.auth.forms import AuthenticationForm
 
 from controlplane import access
+from controlplane.client_address import client_bucket
 
 
 def _later(seconds: float) -> str:
@@ -34,7 +37,7 @@ class Throttled:
 
     def clean(self) -> dict[str, Any]:
         username = str(self.data.get("username") or "")
-        address = self.request.META.get("REMOTE_ADDR") if self.request is not None else None
+        address = client_bucket(self.request.META) if self.request is not None else None
         wait = access.login_wait(username, address)
         if wait > 0:
             raise forms.ValidationError(

@@ -16,11 +16,12 @@ from .models import (
     TransientModelError,
     check_options,
 )
-from .submissions import Submitted, WhenBusy, submit
+from .submissions import MAX_TEXT, Submitted, WhenBusy, submit
 from .tools import Replay, Tool, Toolbox
 from .turn import register_agent
 
 __all__ = [
+    "MAX_TEXT",
     "MODEL_OPTIONS",
     "ModelProvider",
     "ModelRequest",

@@ -20,7 +20,9 @@ Configured by ``OpenAICompatibleProvider.from_env()``: ``MODEL_BASE_URL``,
 from __future__ import annotations
 
 import json
+import logging
 import os
+import re
 import urllib.error
 import urllib.request
 from collections.abc import Callable
@@ -38,6 +40,27 @@ from .models import (
 
 JSON = Any
 RETRYABLE = frozenset({408, 409, 429, 500, 502, 503, 504})
+log = logging.getLogger(__name__)
+_CODE = re.compile(r"[\w.:-]{1,64}")
+
+
+def error_codes(error: Any) -> str:
+    """The machine-readable part of an OpenAI-style error (its ``type`` and ``code``),
+    never its message. What a provider raises is kept in the turn's checkpoint, outcome
+    and submission, which every viewer reads, and a server's error text can quote the
+    request, name internal hosts or echo a key; that text goes to the worker's log."""
+    if isinstance(error, str):
+        try:
+            error = json.loads(error)
+        except ValueError:
+            return ""
+    if isinstance(error, dict) and isinstance(error.get("error"), dict):
+        error = error["error"]
+    if not isinstance(error, dict):
+        return ""
+    codes = [str(error[k]) for k in ("type", "code")
+             if isinstance(error.get(k), str | int) and _CODE.fullmatch(str(error[k]))]
+    return f" ({', '.join(codes)})" if codes else ""
 UNFINISHED = frozenset({"queued", "in_progress"})
 RESPONSES_NAMES = {"max_tokens": "max_output_tokens"}
 """Model options the Responses API names otherwise than chat completions."""
@@ -120,7 +143,11 @@ def from_responses(data: JSON) -> ModelResponse | None:
         return None
     if status != "completed":
         reason = data.get("error") or data.get("incomplete_details") or "no reason given"
-        raise PermanentModelError(f"background response {data.get('id')} ended {status}: {reason}")
+        log.warning("background response %s ended %s: %s", data.get("id"), status,
+                    str(reason)[:500])
+        raise PermanentModelError(
+            f"background response {str(data.get('id'))[:100]} ended {str(status)[:40]}"
+            f"{error_codes(reason)} (the server's reason is in the worker's log)")
     text: list[str] = []
     calls: list[ToolCall] = []
     for item in data.get("output", []):
@@ -200,7 +227,9 @@ class OpenAICompatibleProvider:
             body["tools"] = response_tools(request.tools)
         data = self._call("/responses", body, json.load)
         if not data.get("id"):
-            raise PermanentModelError(f"background request answered without an id: {data}")
+            log.warning("background request answered without an id: %s", str(data)[:500])
+            raise PermanentModelError("background request answered without an id (what it "
+                                      "answered is in the worker's log)")
         return from_responses(data) or Pending(data["id"])
 
     def _call(self, path: str, body: JSON, read: Callable[[Any], T]) -> T:
@@ -218,7 +247,9 @@ class OpenAICompatibleProvider:
         except urllib.error.HTTPError as exc:
             detail = exc.read().decode(errors="replace")[:500]
             error = TransientModelError if exc.code in RETRYABLE else PermanentModelError
-            raise error(f"model server answered {exc.code}: {detail}") from exc
+            log.warning("model server answered %s to %s: %s", exc.code, path, detail)
+            raise error(f"model server answered {exc.code}{error_codes(detail)} (its message "
+                        "is in the worker's log)") from exc
         except (urllib.error.URLError, TimeoutError, ConnectionError) as exc:
             raise TransientModelError(f"model server unreachable: {exc}") from exc
         except json.JSONDecodeError as exc:

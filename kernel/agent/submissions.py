@@ -24,6 +24,9 @@ from .turn import CONVERSATION, turn_kind
 
 JSON = Any
 RACE_RETRIES = 5
+MAX_TEXT = 100_000
+"""The most characters a submission's text may have: enough for a pasted document, and
+a bound on what every model request of its turn carries and every tool parses."""
 
 
 class WhenBusy(StrEnum):
@@ -55,6 +58,8 @@ def submit(
     ``also`` adds writes to the same commit (an operator action records itself so)."""
     if not isinstance(input, dict) or not isinstance(input.get("text"), str):
         raise ValueError("input must be an object with a `text` string")
+    if len(input["text"]) > MAX_TEXT:
+        raise ValueError(f"text: at most {MAX_TEXT} characters, not {len(input['text'])}")
     if "model" in input:
         check_model(input["model"])
     if "options" in input:

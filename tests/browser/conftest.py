@@ -69,12 +69,17 @@ def account(name: str, role: str) -> User:
 
 
 def logged_in(
-    browser: Any, web: Daphne, name: str, role: str, viewport: tuple[int, int] = (1280, 900)
+    browser: Any, web: Daphne, name: str, role: str, viewport: tuple[int, int] = (1280, 900),
+    *, bypass_csp: bool = True,
 ) -> Any:
-    """A new page of a new browser context, logged in through the login form."""
+    """A new page of a new browser context, logged in through the login form. The
+    context bypasses the pages' Content-Security-Policy unless asked not to: Playwright's
+    own waits evaluate strings in the page, which the policy refuses (test_security.py
+    checks the policy with it on)."""
     account(name, role)
     width, height = viewport
-    page = browser.new_context(viewport={"width": width, "height": height}).new_page()
+    page = browser.new_context(viewport={"width": width, "height": height},
+                               bypass_csp=bypass_csp).new_page()
     page.set_default_timeout(30_000)
     page.on("console", lambda m: print(f"[{name} console] {m.type}: {m.text}"))
     page.goto(f"{web.http}/accounts/login/")

@@ -54,7 +54,7 @@ def wait_rows(page: Any, status: str, count: int, timeout: float = 60) -> None:
 def test_the_demo_batch_goes_from_pending_to_succeeded_live(
     stack: Stack, web: Daphne, browser: Any, tmp_path: Path
 ) -> None:
-    call_command("demo", url=f"{web.http}/")  # the accounts and the five-email batch
+    call_command("demo", url=f"{web.http}/", force=True)  # the accounts and the five-email batch
     session = models.Session.objects.get()
     page = logged_in(browser, web, "operator", "operator")
     page.goto(f"{web.http}/sessions/{session.id}/")

@@ -9,6 +9,7 @@ check let the first through.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -99,3 +100,40 @@ def test_logging_out_in_one_tab_closes_the_other_tabs_live_socket(
         watching.wait_for_function(
             "document.documentElement.dataset.connection === 'refused'", timeout=5000)
         assert "refused (4401)" in watching.locator("#conn-state").inner_text()
+
+
+def until(page: Any, expression: str, timeout: float = 10.0) -> Any:
+    """Poll ``expression`` from here: Playwright's wait_for_function evaluates its
+    predicate with eval() in the page, which the policy refuses (as it should)."""
+    deadline = time.monotonic() + timeout
+    while not (value := page.evaluate(expression)):
+        assert time.monotonic() < deadline, f"timed out waiting for {expression}"
+        time.sleep(0.05)
+    return value
+
+
+WATCH_VIOLATIONS = """() => { window.__violations = [];
+    document.addEventListener('securitypolicyviolation',
+        (e) => window.__violations.push(e.violatedDirective + ' ' + e.blockedURI)); }"""
+
+
+def test_the_content_security_policy_lets_the_live_dashboard_work_and_refuses_inline_script(
+    web: Daphne, browser: Any
+) -> None:
+    """Under the policy every answer carries, the pages go live and refuse nothing of
+    their own; a script injected inline is refused (the browser reports it)."""
+    page = logged_in(browser, web, "olga", "operator", bypass_csp=False)
+    for path in ("/", "/tasks/", "/attention/"):
+        page.goto(f"{web.http}{path}")
+        page.evaluate(WATCH_VIOLATIONS)
+        until(page, "document.documentElement.dataset.connection === 'live'")
+        assert page.evaluate("window.__violations") == [], path
+    page.goto(f"{web.http}/workers/")  # not live: refreshed by htmx every 2 s
+    page.evaluate(WATCH_VIOLATIONS)
+    page.wait_for_timeout(2500)
+    assert page.evaluate("window.__violations") == []
+    page.evaluate("""() => { const s = document.createElement('script');
+        s.textContent = 'window.__pwned = 1'; document.body.appendChild(s); }""")
+    until(page, "window.__violations.length > 0")
+    assert page.evaluate("window.__pwned") is None
+    assert page.evaluate("window.__violations")[0].startswith("script-src")

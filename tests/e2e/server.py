@@ -8,6 +8,9 @@ database and at a Redis database of its own for the channel layer.
 from __future__ import annotations
 
 import json
+import sys
+import urllib.request
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -18,8 +21,9 @@ from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import ClientConnection, connect
 
 from controlplane.dev import processes
-from controlplane.dev.ports import reserved_redis_url
-from controlplane.dev.processes import process_env
+from controlplane.dev.ports import free_port, reserved_redis_url
+from controlplane.dev.processes import Process, process_env
+from controlplane.roles import command
 from tests.databases import url_of_test_database
 
 database_url_of_tests = url_of_test_database
@@ -135,3 +139,35 @@ def feed(
         if first is not None:
             ws.send(json.dumps(first))
         yield Feed(ws)
+
+
+@contextmanager
+def web_role(tmp_path: Path, port: int | None = None, **extra: str) -> Iterator[str]:
+    """The image's web role (controlplane.roles: Daphne, production settings) on the test
+    database and a Redis database of its own; its base URL."""
+    port = port or free_port()
+    with reserved_redis_url(settings.REDIS_URL) as redis_url:
+        env = process_env(
+            url_of_test_database(), redis_url, DJANGO_DEBUG="0",
+            DJANGO_SECRET_KEY="web-role-test-" + uuid.uuid4().hex * 2,
+            DJANGO_ALLOWED_HOSTS="127.0.0.1", WEB_BIND="127.0.0.1", PORT=str(port),
+            **extra,
+        )
+        env.pop("DJANGO_SETTINGS_MODULE", None)  # the product's settings, as deployed
+        base = f"http://127.0.0.1:{port}"
+
+        def alive() -> bool:
+            try:
+                with urllib.request.urlopen(f"{base}/healthz", timeout=1) as answer:
+                    return bool(answer.status == 200)
+            except OSError:
+                return False
+
+        argv = command("web", env=env)
+        web = Process("web", [sys.executable, *argv[1:]], log=tmp_path / "web.log", env=env,
+                      ready_check=alive)
+        web.start()
+        try:
+            yield base
+        finally:
+            web.stop()

@@ -302,7 +302,7 @@ def test_cancel_cascades_records_the_operator_and_is_idempotent(
     [entry] = kernel.entries(operations_log_id(session_id))
     assert entry.actor == "user:olga"
     assert entry.payload == {"target": parent, "reason": "wrong list", "by": "user:olga",
-                             "action_id": "cancel-1"}
+                             "action_id": "cancel-1", "via": "browser session"}
     late = post(operator, f"/api/tasks/{parent}/cancel", {"action_id": "c2", "reason": "again"})
     assert late.status_code == 409
 
@@ -357,7 +357,7 @@ def test_resolve_wake_retry_and_resubmit(kernel: Kernel, operator: Client) -> No
     logged = [e.payload for e in kernel.entries(operations_log_id(session_id))
               if e.payload.get("action_id") == "re-1"]
     assert logged == [{"target": original.json()["id"], "reason": "model was down",
-                       "by": "user:olga", "action_id": "re-1"}]
+                       "by": "user:olga", "action_id": "re-1", "via": "browser session"}]
 
 
 def test_bulk_actions_preview_then_confirm_with_a_result_per_task(

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from django.test import Client
 
+from controlplane.api.types import NOT_BLANK
 from controlplane.reads.tasks import digest
 from kernel import Kernel, Status
 from kernel.commit import operations_log_id
@@ -290,3 +291,87 @@ def test_the_schema_publishes_the_allow_list(operator: Client) -> None:
     assert options["additionalProperties"] is False
     assert options["properties"]["temperature"] == {
         "type": "number", "minimum": 0, "maximum": 2, "description": "sampling temperature"}
+
+
+# -- issue 26: text lengths and the numbers code uses are bounded where they enter --------
+
+
+def conversation_in(operator: Client) -> tuple[str, str]:
+    session_id = post(operator, "/api/sessions", {}).json()["id"]
+    return session_id, post(operator, f"/api/sessions/{session_id}/conversations",
+                            {}).json()["id"]
+
+
+def test_a_submission_text_beyond_its_length_is_refused_naming_it(
+    kernel: Kernel, operator: Client
+) -> None:
+    from kernel.agent import MAX_TEXT
+
+    session_id, conversation = conversation_in(operator)
+    before = head(kernel, session_id)
+    for size in (MAX_TEXT + 1, 2_000_000):
+        refused = post(operator, f"/api/sessions/{session_id}/submissions",
+                       {"conversation_id": conversation, "request_id": f"r{size}",
+                        "input": {"text": "a" * size}})
+        refused_naming(refused, "input.text")
+        assert f"at most {MAX_TEXT} characters" in refused.content.decode()
+    assert head(kernel, session_id) == before
+    accepted = post(operator, f"/api/sessions/{session_id}/submissions",
+                    {"conversation_id": conversation, "request_id": "fits",
+                     "input": {"text": "a" * MAX_TEXT}})
+    assert accepted.status_code == 201, accepted.content[:300]
+
+
+def test_the_kernel_refuses_a_long_submission_from_any_caller(kernel: Kernel) -> None:
+    from kernel import Draft
+    from kernel.agent import MAX_TEXT, submit
+
+    handle = kernel.create_session()
+    draft = Draft()
+    conversation = draft.create_conversation()
+    handle.commit(draft)
+    with pytest.raises(ValueError, match=f"text: at most {MAX_TEXT} characters"):
+        submit(handle, conversation, {"text": "a" * (MAX_TEXT + 1)}, "r")
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "field"),
+    [
+        ("/api/sessions", {"metadata": {"note": "n" * 100_001}}, "metadata.note"),
+        ("/api/sessions", {"metadata": {"k" * 201: 1}}, "metadata (a key)"),
+        ("/api/sessions", {"metadata": {"retention_days": 1e6}}, "retention_days"),
+        ("/api/sessions", {"metadata": {"retention_days": -1}}, "retention_days"),
+        ("/api/sessions", {"metadata": {"retention_days": "forever"}}, "retention_days"),
+        ("/api/actions/bulk", {"action": "retry", "kind": "k" * 201, "action_id": "a",
+                               "reason": "r", "expected_count": 0}, "kind"),
+        ("/api/actions/bulk", {"action": "retry", "kind": "k", "action_id": "a",
+                               "reason": " \t\n", "expected_count": 0}, "reason"),
+    ],
+)
+def test_text_and_numbers_beyond_the_schema_are_refused_naming_them(
+    operator: Client, path: str, body: dict[str, Any], field: str
+) -> None:
+    refused_naming(post(operator, path, body), field)
+    assert operator.get("/api/sessions").json() == []
+
+
+def test_a_retention_within_a_century_is_taken(operator: Client) -> None:
+    created = post(operator, "/api/sessions", {"metadata": {"retention_days": 36_525}})
+    assert created.status_code == 201, created.content
+
+
+def test_the_schema_states_the_lengths_and_the_retention_bound(operator: Client) -> None:
+    from kernel.agent import MAX_TEXT
+
+    schema = operator.get("/api/openapi.json").json()
+    components = schema["components"]["schemas"]
+    assert components["SubmissionInput"]["properties"]["text"]["maxLength"] == MAX_TEXT
+    assert components["Json1"]["anyOf"][0]["maxLength"] == MAX_TEXT
+    assert components["JsonObject"]["propertyNames"]["maxLength"] == 200
+    retention = components["SessionMetadata"]["properties"]["retention_days"]
+    assert (retention["minimum"], retention["maximum"]) == (0, 36_525)
+    assert components["SessionIn"]["properties"]["metadata"] == {
+        "$ref": "#/components/schemas/SessionMetadata"}
+    submission = components["SubmissionIn"]["properties"]
+    assert submission["conversation_id"]["maxLength"] == 200
+    assert components["ActionIn"]["properties"]["reason"]["pattern"] == NOT_BLANK

@@ -71,3 +71,37 @@ def test_send_the_approved_notice_to_five_customers_and_summarise(
         "tool_result",
         "model_response",
     ]
+
+
+def _repeats(pattern: str) -> list[str]:
+    """The kinds of repetition in a compiled-pattern parse tree (re's own parser)."""
+    import re._constants as c
+    import re._parser as parser
+
+    found: list[str] = []
+
+    def walk(items: object) -> None:
+        for op, arg in items:  # type: ignore[attr-defined]
+            if op in (c.MAX_REPEAT, c.MIN_REPEAT, c.POSSESSIVE_REPEAT):
+                found.append(str(op))
+            for part in arg if isinstance(arg, tuple | list) else ():
+                if isinstance(part, parser.SubPattern):
+                    walk(part)
+
+    walk(parser.parse(pattern))
+    return found
+
+
+def test_the_demo_models_address_pattern_cannot_backtrack() -> None:
+    """Every repetition possessive, and a start only where no address character
+    precedes: each character is read by a bounded number of attempts, so a text of 2 MB
+    (the proxy's limit) is one pass, not hours (the old pattern was quadratic)."""
+    pattern = assistant.EMAIL.pattern
+    assert _repeats(pattern) == ["POSSESSIVE_REPEAT"] * 3
+    assert pattern.startswith(r"(?<![\w.+-])")
+    text = "Notify " + ", ".join(CUSTOMERS) + "; (ops+alerts@mail.example.org) and x@y."
+    assert assistant.EMAIL.findall(text) == [*CUSTOMERS, "ops+alerts@mail.example.org"]
+    # The shapes that made the old pattern quadratic, at 2 MB: read once each.
+    for text in ("a" * 2_000_000, "x@" + "b" * 2_000_000, "a." * 1_000_000,
+                 "a@b." * 500_000):
+        assistant.EMAIL.findall(text)

@@ -210,7 +210,7 @@ def admin_rule(route: str) -> list[Cell]:
     """Any other admin route: staff only, everyone here goes to the admin's login."""
     if route in ADMIN_OPEN:
         return ADMIN_OPEN[route]
-    path = "/" + route.replace("^(?P<app_label>auth|controlplane)/$", "auth/")
+    path = "/" + re.sub(r"\^\(\?P<app_label>[\w|]+\)/\$", "auth/", route)  # in any order
     path = path.replace("(?P<url>.*)$", "no-such-page/")
     path = re.sub(r"<[^>]+>", "1", path)
     assert "(" not in path and "^" not in path, f"no concrete path for {route}: add a rule"

@@ -70,7 +70,7 @@ def test_the_page_shows_the_last_entries_and_the_whole_usage_reading_one_page() 
     session_id, conversation, fork = long_conversation()
     every = runtime().kernel.entries(conversation)
     with entry_rows() as counts:
-        found = {c.id: c for c in pages.transcript(session_id)}
+        found = {c.id: c for c in pages.transcript(session_id).items}
     assert counts and max(counts) <= pages.ENTRY_TAIL, counts
     shown = found[conversation]
     assert [item.entry.id for item in shown.items] == [e.id for e in every[-pages.ENTRY_TAIL:]]

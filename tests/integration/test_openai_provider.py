@@ -161,3 +161,24 @@ def test_options_never_override_what_the_turn_sets(server: ModelStandIn) -> None
     assert streamed.body["stream"] is True and len(streamed.body["messages"]) == 3
     assert streamed.body["max_tokens"] == background.body["max_output_tokens"] == 9
     assert "max_tokens" not in background.body
+
+
+def test_a_model_servers_error_text_stays_in_the_log_not_in_what_viewers_read(
+    server: ModelStandIn, caplog: pytest.LogCaptureFixture
+) -> None:
+    """What a provider raises ends up in the turn's checkpoint, outcome and submission
+    (every viewer reads them); the server's message may quote the prompt or a key."""
+    body = ('{"error": {"message": "key sk-live-SECRET is invalid for host '
+            'llm.internal:8443", "type": "invalid_request_error", "code": "invalid_api_key"}}')
+    server.completions.append(Completion(body, status=401))
+    with pytest.raises(PermanentModelError) as refused:
+        OpenAICompatibleProvider(server.url).generate(REQUEST, lambda text: None)
+    said = str(refused.value)
+    assert said == ("model server answered 401 (invalid_request_error, invalid_api_key) "
+                    "(its message is in the worker's log)")
+    assert "SECRET" in caplog.text and "llm.internal" in caplog.text
+    server.completions.append(Completion("plain text: user olga's prompt was ...",
+                                         status=503))
+    with pytest.raises(TransientModelError) as busy:
+        OpenAICompatibleProvider(server.url).generate(REQUEST, lambda text: None)
+    assert "olga" not in str(busy.value) and "503" in str(busy.value)

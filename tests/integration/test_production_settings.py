@@ -87,3 +87,19 @@ def test_demo_accounts_have_roles_but_no_staff_rights() -> None:
         user = User.objects.get(username=name)
         assert not user.is_staff and not user.is_superuser
         assert user.groups.filter(name=name).exists()
+
+
+@pytest.mark.parametrize("key", ["x", "short-but-not-empty", "a" * 60, "abcd" * 20,
+                                 "django-insecure-" + secrets.token_urlsafe(50)])
+def test_a_weak_secret_key_is_refused_at_start_up(key: str) -> None:
+    done = manage("check", **{**PRODUCTION, "DJANGO_SECRET_KEY": key})
+    assert done.returncode != 0
+    assert "DJANGO_SECRET_KEY is too weak" in done.stderr, done.stderr[-500:]
+
+
+@pytest.mark.django_db
+def test_the_demo_accounts_are_refused_outside_a_laptop() -> None:
+    done = manage("demo", **PRODUCTION)
+    assert done.returncode != 0
+    assert "known passwords" in done.stderr and "DJANGO_DEBUG=1" in done.stderr
+    assert not User.objects.filter(username__in=["operator", "viewer"]).exists()

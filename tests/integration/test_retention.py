@@ -289,6 +289,9 @@ def test_two_prunes_never_run_at_once() -> None:
         with override_settings(KERNEL_RETENTION_DAYS=0):
             assert execution.prune() == {"sessions": 0, "partitions": 0}
         assert runtime().kernel.storage.session(session).pruned_seq == 0
+        # Released here, not by closing: a closed connection's backend lets go of its
+        # locks when it gets to exit, which can be after the next prune has looked.
+        first.execute("SELECT pg_advisory_unlock(hashtext('kernel_prune'))")
     finally:
         first.close()
     with override_settings(KERNEL_RETENTION_DAYS=0):
@@ -349,3 +352,20 @@ def test_the_pages_of_a_pruned_session_still_render() -> None:
                 f"/tasks/{task_id}/", f"/api/tasks/{task_id}",
                 f"/api/conversations/{conversation}/entries"):
         assert client.get(url).status_code == 200, url
+
+
+@db
+def test_a_session_keeping_its_history_beyond_any_date_does_not_stop_the_prune() -> None:
+    """Written before the API bounded it (or by a trusted caller): a prune, dry or not,
+    still runs for everyone, and that session is kept."""
+    kernel = runtime().kernel
+    forever = kernel.create_session(metadata={"retention_days": 1e6})
+    due = kernel.create_session(metadata={"retention_days": 0})
+    for handle in (forever, due):
+        draft = Draft(actor="user:ann")
+        draft.set(PLAN, "doc", ["n"], 1)
+        handle.commit(draft)
+    assert commands.prune(dry_run=True).sessions == 1
+    assert commands.prune().sessions == 1
+    assert kernel.storage.session(forever.id).pruned_seq == 0
+    assert kernel.storage.session(due.id).pruned_seq == 1

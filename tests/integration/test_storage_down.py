@@ -16,6 +16,7 @@ import pytest
 from django.db import close_old_connections, connection
 from django.test import Client
 
+from controlplane import request_connections
 from tests.databases import url_of_test_database
 
 from .test_api import post
@@ -76,3 +77,28 @@ def test_a_page_answers_503_as_text(operator: Client) -> None:
     down = operator.get("/tasks/")
     assert_retry_later(down)
     assert down["Content-Type"].startswith("text/plain")
+
+
+def test_a_web_process_answers_503_then_bounds_its_new_connection(
+    operator: Client, settings: Any
+) -> None:
+    """As deployed (controlplane.asgi): every connection the process opens gets its
+    statement bound on opening. A browser's request is answered 503 while its connection
+    is dead (its first read, the session's user, is made before any view, for the request
+    rates), and the next request's new connection is bounded again."""
+    settings.WEB_STATEMENT_TIMEOUT_SECONDS = 7
+    connection.close()
+    request_connections.bound()
+    try:
+        assert operator.get("/tasks/").status_code == 200
+        terminate_own_backend()
+        assert_retry_later(operator.get("/tasks/"))
+        assert_retry_later(operator.get("/api/sessions?limit=5"))
+        next_request()
+        assert operator.get("/tasks/").status_code == 200
+        with connection.cursor() as cur:
+            cur.execute("SHOW statement_timeout")
+            assert cur.fetchone()[0] == "7s"
+    finally:
+        request_connections.unbound()
+        connection.close()

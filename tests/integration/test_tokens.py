@@ -38,7 +38,8 @@ def test_an_operator_lists_and_revokes_their_own_tokens_and_no_one_elses() -> No
     listed = client.get("/api/tokens").json()
     assert [(t["name"], t["state"]) for t in listed] == [("old", "expired"), ("ci", "active")]
     assert all(set(t) == {"id", "name", "created_at", "last_used_at", "expires_at",
-                          "revoked_at", "state"} for t in listed)  # never the key or digest
+                          "revoked_at", "state", "issued_by", "revoked_by"}
+               for t in listed)  # never the key or digest
     assert ci not in str(listed)
 
     vic_token = ApiToken.objects.get(user=vic).pk
@@ -90,3 +91,29 @@ def test_the_shell_issues_lists_and_revokes_tokens() -> None:
         call_command("api_token", "--revoke", "424242")
     with pytest.raises(CommandError, match="above 0"):
         call_command("api_token", "olga", "--expires-in-days", "0")
+
+
+def test_issuing_and_revoking_a_token_records_who_did_it(caplog: pytest.LogCaptureFixture
+                                                         ) -> None:
+    import getpass
+
+    olga = account("olga", "operator")
+    caplog.set_level("INFO", logger="controlplane.audit")
+    out = StringIO()
+    call_command("api_token", "olga", "--name", "ci", stdout=out)
+    key = out.getvalue().strip()
+    token = ApiToken.objects.get(user=olga)
+    shell = f"shell:{getpass.getuser()}"
+    assert token.issued_by == shell
+    assert f"API token 'ci' (#{token.pk}) of olga issued by {shell}" in caplog.text
+    listed = bearer(key).get("/api/tokens").json()
+    assert listed[0]["issued_by"] == shell and listed[0]["revoked_by"] == ""
+    revoked = bearer(key).post(f"/api/tokens/{token.pk}/revoke").json()
+    assert revoked["revoked_by"] == "user:olga"
+    assert f"API token 'ci' (#{token.pk}) of olga revoked by user:olga" in caplog.text
+    # A second revocation keeps the first's name, and logs nothing new.
+    other = ApiToken.objects.create(user=olga, name="old", digest="1" * 64)
+    call_command("api_token", "--revoke", str(other.pk), str(token.pk), stdout=StringIO())
+    assert ApiToken.objects.get(pk=token.pk).revoked_by == "user:olga"
+    assert ApiToken.objects.get(pk=other.pk).revoked_by == shell
+    assert caplog.text.count("revoked by") == 2

@@ -93,7 +93,7 @@ def test_the_transcript_reads_as_a_conversation_with_tool_cards_and_usage() -> N
 @override_settings(MODEL_PRICES={"": {"input": 1.0, "output": 2.0}})
 def test_cost_shows_when_the_model_has_prices() -> None:
     session_id, _ = conversation_with_a_tool_call()  # its turn names no model: priced as ""
-    (conv,) = [c for c in pages.transcript(session_id) if not c.operations]
+    (conv,) = [c for c in pages.transcript(session_id).items if not c.operations]
     assert conv.usage is not None
     assert (conv.usage.input_tokens, conv.usage.output_tokens) == (70, 30)
     assert conv.usage.cost == pytest.approx((70 * 1.0 + 30 * 2.0) / 1_000_000)
@@ -107,7 +107,7 @@ def test_submissions_show_their_text_status_and_turn() -> None:
     subs = page[page.index('id="submissions"'):]
     assert "Send the notice to ana" in subs and "{&#x27;text" not in subs
     assert 'data-status="placed"' in subs
-    (view,) = pages.submissions(session_id)
+    (view,) = pages.submissions(session_id).items
     assert view.turn_id is not None and f"/tasks/{view.turn_id}/" in subs
 
 

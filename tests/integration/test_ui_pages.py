@@ -172,7 +172,10 @@ def test_an_operator_resubmits_from_the_session_page_and_a_viewer_cannot() -> No
         answer = operator.post(url, form, HTTP_X_CSRFTOKEN=token, HTTP_HX_REQUEST="true")
         assert answer.status_code == 200, answer.content
     linked = models.Submission.objects.filter(resubmit_of=original.id)
-    assert [(s.request_id, s.input) for s in linked] == [("again-1", {"text": "summarise"})]
+    # The form's id, made the operator's own (u<their id>-...).
+    olga = User.objects.get(username="operator-user")
+    assert [(s.request_id, s.input) for s in linked] == [
+        (f"u{olga.pk}-again-1", {"text": "summarise"})]
 
     # The operations log links the resubmitted submission on this page, not a task page.
     page = viewer.get(f"/sessions/{handle.id}/").content.decode()

@@ -131,3 +131,28 @@ def test_the_count_and_the_pages_come_from_one_read_and_agree_past_it(
     assert shown(9, kind="send-batch") == ([kind[2].id], 3, False, 2, 2)
     by_kind = [t.id for t in task_reads.find(task_reads.TaskFilter(), 0, 12, order="kind")]
     assert shown(2, sort="kind") == (by_kind[2:4], 5, True, 3, 2)
+
+
+def test_a_word_too_short_for_the_index_searches_nothing_and_acts_on_nothing() -> None:
+    batch(subject="ab cd")
+    operator = login("operator")
+    page = operator.get("/tasks/?q=ab").content.decode()
+    assert found_ids(page) == [] and 'id="short-word"' in page
+    assert "at least 3 characters" in page
+    preview = operator.get("/bulk/preview?action=cancel&q=ab")
+    assert preview.status_code == 422 and b"at least 3 characters" in preview.content
+    assert len(found_ids(operator.get("/tasks/?q=ab%20").content.decode())) == 0
+
+
+def test_pages_stop_at_the_last_page_and_say_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(pages, "TASKS_PAGE", 2)
+    monkeypatch.setattr(pages, "COUNT_UP_TO", 3)
+    monkeypatch.setattr(pages, "MAX_TASKS_PAGES", 2)
+    made = [batch(subject=f"notice {i}")[1] for i in range(7)]
+    viewer = login("viewer")
+    for asked in ("2", "3", "100000"):
+        page = viewer.get(f"/tasks/?page={asked}").content.decode()
+        assert found_ids(page) == made[::-1][2:4], asked
+        assert 'id="last-page"' in page and "Pages stop at 2" in page
+        assert 'rel="next"' not in page
+    assert 'id="last-page"' not in viewer.get("/tasks/?page=1").content.decode()

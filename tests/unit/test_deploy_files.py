@@ -12,6 +12,7 @@ dependencies, a non-root user and the entry point.
 
 from __future__ import annotations
 
+import ipaddress
 import re
 import shutil
 import subprocess
@@ -103,7 +104,29 @@ def test_two_web_processes_behind_a_proxy_that_upgrades_websockets() -> None:
     assert "proxy_set_header Upgrade $http_upgrade" in conf
     assert "proxy_set_header Connection $connection_upgrade" in conf
     assert "proxy_http_version 1.1" in conf
-    assert "--proxy-headers" in command("web", env={})
+
+
+
+def test_the_client_address_is_the_one_nginx_saw_and_believed_from_nginx_only() -> None:
+    """nginx overwrites X-Forwarded-For (appending would pass on what the client wrote
+    first); Daphne does not parse it (it would believe the first entry from anyone); the
+    web processes trust the proxy's fixed address and nothing else."""
+    services = compose()["services"]
+    conf = (COMPOSE.parent / "nginx.conf").read_text()
+    assert "proxy_set_header X-Forwarded-For $remote_addr;" in conf
+    assert "$proxy_add_x_forwarded_for" not in conf
+    assert "--proxy-headers" not in command("web", env={})
+    proxy_address = services["proxy"]["networks"]["default"]["ipv4_address"]
+    assert services["web"]["environment"]["DJANGO_TRUSTED_PROXIES"] == proxy_address
+    for name, service in services.items():
+        if name != "web":
+            assert "DJANGO_TRUSTED_PROXIES" not in service.get("environment", {}), name
+    subnet = compose()["networks"]["default"]["ipam"]["config"][0]
+    default = re.compile(r"\$\{\w+:-([^}]+)\}")
+    ip_range = ipaddress.ip_network(default.sub(r"\1", subnet["ip_range"]))
+    fixed = ipaddress.ip_address(default.sub(r"\1", proxy_address))
+    assert fixed in ipaddress.ip_network(default.sub(r"\1", subnet["subnet"]))
+    assert fixed not in ip_range, "the proxy's address is never given to another container"
 
 
 def test_the_brain_and_hands_pools_scale_apart_and_cover_every_queue() -> None:
@@ -155,3 +178,82 @@ def test_the_roles_take_their_settings_from_the_environment() -> None:
     assert command("migrate", env={})[-2:] == ["migrate", "--noinput"]
     with pytest.raises(ValueError, match="unknown role"):
         command("shell", env={})
+
+
+NGINX = COMPOSE.parent / "nginx.conf"
+CERTIFICATE_SCRIPT = COMPOSE.parent / "tls-certificate.sh"
+
+
+def nginx_servers(conf: str) -> list[str]:
+    """The text of each ``server { ... }`` block (braces balanced)."""
+    found = []
+    for start in (m.end() for m in re.finditer(r"^\s*server\s*\{", conf, re.MULTILINE)):
+        depth, at = 1, start
+        while depth:
+            depth += {"{": 1, "}": -1}.get(conf[at], 0)
+            at += 1
+        found.append(conf[start:at - 1])
+    return found
+
+
+def test_the_stack_serves_https_redirects_http_and_tells_the_app() -> None:
+    services = compose()["services"]
+    proxy = services["proxy"]
+    assert sorted(p.rsplit(":", 1)[1] for p in proxy["ports"]) == ["443", "80"]
+    mounts = dict(reversed(v.removesuffix(":ro").rsplit(":", 1)) for v in proxy["volumes"])
+    assert mounts["/docker-entrypoint.d/40-tls-certificate.sh"] == "./tls-certificate.sh"
+    assert mounts["/etc/nginx/certs"] == "${TLS_CERT_DIR:-tls}"  # a volume unless mounted
+    assert "tls" in compose()["volumes"]
+    assert CERTIFICATE_SCRIPT.stat().st_mode & 0o111, "the image runs executable hooks only"
+    plain, tls = nginx_servers(NGINX.read_text())
+    assert re.search(r"listen 80;", plain) and "proxy_pass" not in plain
+    assert "return 301 https://$host$request_uri;" in plain
+    assert "listen 443 ssl;" in tls and "proxy_pass http://web;" in tls
+    assert "ssl_certificate /etc/nginx/certs/tls.crt;" in tls
+    assert "ssl_certificate_key /etc/nginx/certs/tls.key;" in tls
+    assert "proxy_set_header X-Forwarded-Proto $scheme;" in tls
+    for name, service in services.items():
+        if "build" in service:
+            env = service["environment"]
+            assert env["DJANGO_HTTPS"] == "1" and env["DJANGO_TLS_PROXY"] == "1", name
+            assert int(re.sub(r"\$\{\w+:-(\d+)\}", r"\1", env["DJANGO_HSTS_SECONDS"])) > 0
+            assert "https://" in env["DJANGO_CSRF_TRUSTED_ORIGINS"], name
+
+
+def test_the_certificate_hook_makes_a_self_signed_one_once_and_keeps_a_mounted_one(
+    tmp_path: Path,
+) -> None:
+    if shutil.which("openssl") is None:
+        pytest.skip("no openssl here to make the certificate with (the nginx image has it)")
+    env = {"PATH": "/usr/bin:/bin", "TLS_DIR": str(tmp_path), "PUBLIC_HOST": "ops.example"}
+    made = subprocess.run([str(CERTIFICATE_SCRIPT)], env=env, capture_output=True, text=True)
+    assert made.returncode == 0, made.stderr
+    assert "self-signed certificate for ops.example" in made.stdout
+    crt = (tmp_path / "tls.crt").read_bytes()
+    assert (tmp_path / "tls.key").stat().st_mode & 0o077 == 0, "the key is the owner's only"
+    shown = subprocess.run(["openssl", "x509", "-noout", "-text"], input=crt,
+                           capture_output=True, check=True).stdout.decode()
+    assert "DNS:ops.example" in shown
+    again = subprocess.run([str(CERTIFICATE_SCRIPT)], env=env, capture_output=True, text=True)
+    assert again.returncode == 0 and "using" in again.stdout
+    assert (tmp_path / "tls.crt").read_bytes() == crt, "made once, kept across restarts"
+
+
+def test_nginx_accepts_the_proxy_config(tmp_path: Path) -> None:
+    """``nginx -t`` on deploy/nginx.conf, with the compose network's name of the web
+    service and the certificate's place pointed at this machine."""
+    nginx = shutil.which("nginx") or ("/usr/sbin/nginx" if Path("/usr/sbin/nginx").exists()
+                                      else None)
+    if nginx is None or shutil.which("openssl") is None:
+        pytest.skip("nginx (or openssl) is not installed here: apt-get install nginx-light")
+    subprocess.run([str(CERTIFICATE_SCRIPT)], env={"PATH": "/usr/bin:/bin",
+                   "TLS_DIR": str(tmp_path)}, check=True, capture_output=True)
+    conf = NGINX.read_text().replace("server web:8000;", "server 127.0.0.1:8000;")
+    conf = conf.replace("/etc/nginx/certs/", f"{tmp_path}/")
+    (tmp_path / "nginx.conf").write_text(conf)
+    checked = subprocess.run(
+        [nginx, "-t", "-p", str(tmp_path), "-c", str(tmp_path / "nginx.conf"),
+         "-e", str(tmp_path / "error.log"), "-g", f"pid {tmp_path}/nginx.pid;"],
+        capture_output=True, text=True)
+    assert checked.returncode == 0, checked.stderr
+    assert "test is successful" in checked.stderr

@@ -62,3 +62,22 @@ def test_settings_refuse_days_that_are_not_days(name: str, value: str, message: 
     assert found.returncode != 0
     assert "ImproperlyConfigured" in found.stderr
     assert re.search(message, found.stderr), found.stderr[-500:]
+
+
+@pytest.mark.parametrize("days", [1e6, 1e300, 10**400, float("inf"), float("nan"), 2e9])
+def test_a_stored_retention_beyond_any_date_keeps_the_session_and_raises_nothing(
+    days: float,
+) -> None:
+    policy = RetentionPolicy(days=1)
+    long_ago = datetime.min.replace(tzinfo=UTC)
+    assert not policy.due({"retention_days": days}, "succeeded", long_ago, NOW)
+    assert not RetentionPolicy(days=days).due({}, "succeeded", long_ago, NOW)
+
+
+def test_a_sessions_own_retention_is_checked_where_it_is_written() -> None:
+    from kernel.retention import MAX_RETENTION_DAYS, check_retention_days
+
+    assert check_retention_days(0) == 0 and check_retention_days(MAX_RETENTION_DAYS) == 36_525
+    for bad in (-1, MAX_RETENTION_DAYS + 1, 1e6, True, "7", None, float("inf")):
+        with pytest.raises(ValueError, match="retention_days: a number of days from 0"):
+            check_retention_days(bad)

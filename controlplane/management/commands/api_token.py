@@ -16,7 +16,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils import timezone
 
 from controlplane import commands
-from controlplane.access import issue_token, role_of
+from controlplane.access import issue_token, role_of, shell_actor
 from controlplane.reads.tokens import TokenView, tokens
 from kernel import UnknownRecord
 
@@ -28,7 +28,8 @@ def _when(at: datetime | None) -> str:
 def line(token: TokenView) -> str:
     return (f"{token.id}\t{token.user}\t{token.name}\t{token.state}\tcreated "
             f"{_when(token.created_at)}\tlast used {_when(token.last_used_at)}\t"
-            f"expires {_when(token.expires_at)}")
+            f"expires {_when(token.expires_at)}\tissued by {token.issued_by or '-'}"
+            + (f"\trevoked by {token.revoked_by or '-'}" if token.revoked_at else ""))
 
 
 class Command(BaseCommand):
@@ -53,7 +54,8 @@ class Command(BaseCommand):
         if options["revoke"]:
             for token_id in options["revoke"]:
                 try:
-                    self.stdout.write(line(commands.revoke_token(None, token_id)))
+                    self.stdout.write(line(commands.revoke_token(None, token_id,
+                                                                 by=shell_actor())))
                 except UnknownRecord as exc:
                     raise CommandError(str(exc)) from None
             return
@@ -70,4 +72,5 @@ class Command(BaseCommand):
         if days is not None and not 0 < days <= 3650:
             raise CommandError("--expires-in-days must be above 0 and at most 3650")
         expires = timezone.now() + timedelta(days=days) if days is not None else None
-        self.stdout.write(issue_token(user, str(options["name"]), expires))
+        self.stdout.write(issue_token(user, str(options["name"]), expires,
+                                      issued_by=shell_actor()))

@@ -5,9 +5,10 @@ accounts made with ``manage.py createsuperuser``, never for a known demo passwor
 
 from __future__ import annotations
 
+from django.conf import settings
 from django.contrib.auth.models import Group, Permission, User
 from django.core.management import call_command
-from django.core.management.base import BaseCommand, CommandParser
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 RECIPIENTS = [f"{name}@example.com" for name in ("ana", "ben", "cai", "dee", "eve")]
 
@@ -34,8 +35,17 @@ class Command(BaseCommand):
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--url", default="http://127.0.0.1:8000/", help="printed for you")
         parser.add_argument("--password", default="operator", help="demo operator password")
+        parser.add_argument(
+            "--force", action="store_true",
+            help="make the demo accounts without DJANGO_DEBUG=1 (a throwaway database only)")
 
     def handle(self, *args: object, **options: object) -> None:
+        if not settings.DEBUG and not options["force"]:
+            raise CommandError(
+                "the demo makes accounts with known passwords (operator / operator, viewer / "
+                "viewer): refused without DJANGO_DEBUG=1, which only a laptop sets. On a "
+                "throwaway database, --force makes them anyway."
+            )
         password = str(options["password"])
         demo_accounts(password)
         call_command("send_notices", *RECIPIENTS, actor="user:operator", stdout=self.stdout)

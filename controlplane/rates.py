@@ -1,0 +1,151 @@
+"""Request rates: how fast one account, and one client address, may ask.
+
+Slots (:mod:`controlplane.slots`) bound what an account holds open at once; this bounds
+how often it asks. Every HTTP request but the probes counts against its client's address
+(:mod:`controlplane.client_address`) and, once the caller is known, its account: a
+browser's in the middleware (:class:`controlplane.middleware.LimitRequestRates`), a
+token's when the API authenticates it. Each allows ``*_REQUESTS_PER_SECOND`` on average
+and bursts of ``*_REQUEST_BURST`` (settings); past that the request is answered 429 with
+``Retry-After`` before anything else is read.
+
+The counts are in Redis so that every web process behind one address shares them, one
+key per subject holding its next free time (the generic cell rate algorithm: a token
+bucket kept as one number). The script checks every subject of a request and takes from
+all or none, on Redis's clock. As with slots, a Redis that cannot be reached grants the
+request (and the failure is logged): a limit that refused everyone while Redis restarts
+would do more harm than the load it keeps out.
+
+Written here rather than taken from django-ninja's throttles or django-ratelimit: those
+keep their counts in Django's cache with a read, then a write (two processes both take
+the last request), cover the API or single views only, not the pages and the login, read
+the address from ``X-Forwarded-For`` without knowing which proxy wrote it, and do not
+always say when to come back.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+from django.conf import settings
+
+log = logging.getLogger(__name__)
+
+KEY_PREFIX = "dcp:rate"
+REDIS_TIMEOUT = 0.5
+"""Seconds a rate check waits for Redis before it gives up (and grants the request)."""
+
+# Each subject: ARGV[2i-1] the ms between requests on average, ARGV[2i] the ms the next
+# free time may run ahead of now (the burst). Returns {0, 0} when taken, else {ms to
+# wait, the index of the subject that refused}; nothing is taken from anyone then.
+_TAKE = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local wait, who = 0, 0
+local next_free = {}
+for i, key in ipairs(KEYS) do
+  local interval = tonumber(ARGV[2 * i - 1])
+  local ahead = tonumber(ARGV[2 * i])
+  local free = tonumber(redis.call('GET', key) or now)
+  if free < now then free = now end
+  if free - ahead - now > wait then
+    wait, who = free - ahead - now, i
+  end
+  next_free[i] = free + interval
+end
+if wait > 0 then return {wait, who} end
+for i, key in ipairs(KEYS) do
+  redis.call('SET', key, next_free[i], 'PX', math.max(1, next_free[i] - now))
+end
+return {0, 0}
+"""
+
+
+@dataclass(frozen=True)
+class Rate:
+    per_second: float
+    burst: int
+
+    def argv(self) -> list[int]:
+        interval = max(1, round(1000 / self.per_second))
+        return [interval, interval * max(0, self.burst - 1)]
+
+
+@dataclass(frozen=True)
+class Subject:
+    """Who a request counts against: ``what`` for the message, ``key`` in Redis."""
+
+    what: str
+    key: str
+    rate: Rate
+
+
+@dataclass(frozen=True)
+class Refusal:
+    subject: Subject
+    wait: float
+
+    @property
+    def retry_after(self) -> int:
+        """Whole seconds, as ``Retry-After`` says them (at least 1)."""
+        return max(1, math.ceil(self.wait))
+
+    def detail(self) -> str:
+        return (f"too many requests from {self.subject.what}: try again in "
+                f"{self.retry_after} s")
+
+
+def account(user_id: Any) -> Subject | None:
+    rate = Rate(settings.USER_REQUESTS_PER_SECOND, settings.USER_REQUEST_BURST)
+    if rate.per_second <= 0:
+        return None
+    return Subject("this account (USER_REQUESTS_PER_SECOND)", f"{KEY_PREFIX}:user:{user_id}",
+                   rate)
+
+
+def address(bucket: str | None) -> Subject | None:
+    rate = Rate(settings.ADDRESS_REQUESTS_PER_SECOND, settings.ADDRESS_REQUEST_BURST)
+    if bucket is None or rate.per_second <= 0:
+        return None
+    return Subject("this address (ADDRESS_REQUESTS_PER_SECOND)",
+                   f"{KEY_PREFIX}:addr:{bucket}", rate)
+
+
+_clients: dict[str, Any] = {}
+_clients_lock = threading.Lock()
+_warned_at = 0.0
+
+
+def _client() -> Any:
+    url = settings.REDIS_URL
+    with _clients_lock:
+        client = _clients.get(url)
+        if client is None:
+            client = _clients[url] = redis.Redis.from_url(
+                url, socket_timeout=REDIS_TIMEOUT, socket_connect_timeout=REDIS_TIMEOUT)
+        return client
+
+
+def take(*subjects: Subject | None) -> Refusal | None:
+    """Count one request against every subject given, or against none of them if one is
+    over its rate: then the refusal (who, and how long to wait)."""
+    counted = [s for s in subjects if s is not None]
+    if not counted:
+        return None
+    argv = [n for s in counted for n in s.rate.argv()]
+    try:
+        wait_ms, who = _client().eval(_TAKE, len(counted), *(s.key for s in counted), *argv)
+    except redis.RedisError as exc:
+        global _warned_at
+        if time.monotonic() - _warned_at > 60:  # once a minute, not once a request
+            _warned_at = time.monotonic()
+            log.warning("request rates are not counted: Redis is unavailable (%s)", exc)
+        return None
+    if not wait_ms:
+        return None
+    return Refusal(counted[int(who) - 1], int(wait_ms) / 1000)

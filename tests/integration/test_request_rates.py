@@ -1,0 +1,119 @@
+"""Request rates (controlplane.rates): one account, or one client address, asking faster
+than its rate is answered 429 with ``Retry-After`` before anything is read, whether it
+comes with a token, a browser's login or nothing at all; others are not held up; the
+probes always get through; the schema says so; a Redis that is down counts nothing."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+import pytest
+from django.contrib.auth.models import Group, User
+from django.test import Client
+
+from controlplane import rates
+from controlplane.access import issue_token
+from controlplane.dev.ports import free_port
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture(autouse=True)
+def counted(settings: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rates on, in keys of this test's own (Redis is shared by every run here). One
+    request's worth comes back every ``SLOW`` seconds, far longer than a test's requests
+    take however loaded the machine: a burst is used up by the requests a test makes, not
+    by how fast it makes them."""
+    monkeypatch.setattr(rates, "KEY_PREFIX", f"test:rate:{uuid.uuid4().hex}")
+    settings.USER_REQUESTS_PER_SECOND = 1 / SLOW
+    settings.USER_REQUEST_BURST = 3
+    settings.ADDRESS_REQUESTS_PER_SECOND = 1 / SLOW
+    settings.ADDRESS_REQUEST_BURST = 6
+
+
+SLOW = 30
+
+
+def account(name: str, group: str = "viewer") -> User:
+    user = User.objects.create_user(name)
+    user.groups.add(Group.objects.get_or_create(name=group)[0])
+    return user
+
+
+def bearer(user: User, address: str) -> Client:
+    return Client(REMOTE_ADDR=address,
+                  headers={"Authorization": f"Bearer {issue_token(user, 't')}"})
+
+
+def test_a_token_past_its_accounts_rate_is_answered_429_then_served_again(
+    settings: Any,
+) -> None:
+    settings.USER_REQUESTS_PER_SECOND = 1  # so that waiting a second serves one more
+    client = bearer(account("vic"), "10.0.0.1")
+    assert [client.get("/api/sessions").status_code for _ in range(3)] == [200] * 3
+    refused = client.get("/api/sessions")
+    assert refused.status_code == 429
+    assert refused["Retry-After"] == "1"
+    assert "too many requests from this account (USER_REQUESTS_PER_SECOND)" in (
+        refused.json()["detail"])
+    # Another account from another address is not held up; the refusal took nothing.
+    assert bearer(account("ann"), "10.0.0.2").get("/api/sessions").status_code == 200
+    time.sleep(1.1)  # one request's worth at 1 a second
+    assert client.get("/api/sessions").status_code == 200
+    assert client.get("/api/sessions").status_code == 429
+
+
+def test_a_browser_past_its_accounts_rate_is_refused_on_pages_and_actions() -> None:
+    user = account("olga", "operator")
+    tabs = [Client(REMOTE_ADDR=f"10.1.0.{n}") for n in range(2)]
+    for tab in tabs:
+        tab.force_login(user)
+    assert tabs[0].get("/").status_code == 200
+    assert tabs[1].get("/tasks/").status_code == 200
+    assert tabs[0].get("/workers/").status_code == 200
+    refused = tabs[1].post("/tasks/t1/cancel", {"reason": "r"})
+    assert refused.status_code == 429
+    assert 1 <= int(refused["Retry-After"]) <= SLOW  # when the next request's worth is due
+    assert b"this account" in refused.content
+    assert tabs[0].get("/api/sessions").status_code == 429
+
+
+def test_an_address_past_its_rate_is_refused_before_anyone_logs_in() -> None:
+    guesser = Client(REMOTE_ADDR="10.2.0.1")
+    answers = [guesser.get("/accounts/login/").status_code for _ in range(7)]
+    assert answers == [200] * 6 + [429]
+    refused = guesser.post("/accounts/login/", {"username": "x", "password": "y"})
+    assert refused.status_code == 429 and b"this address" in refused.content
+    assert guesser.get("/api/openapi.json").status_code == 429
+    assert guesser.get("/healthz").status_code == 200  # probes are never counted
+    assert guesser.get("/readyz").status_code == 200
+    assert Client(REMOTE_ADDR="10.2.0.2").get("/accounts/login/").status_code == 200
+    # An IPv6 client's whole /64 is one address.
+    for n in range(6):
+        Client(REMOTE_ADDR=f"2001:db8:5:6::{n + 1}").get("/accounts/login/")
+    assert Client(REMOTE_ADDR="2001:db8:5:6::ff").get("/accounts/login/").status_code == 429
+
+
+def test_a_token_counts_against_its_address_too() -> None:
+    vic = account("vic")
+    for n in range(6):
+        assert bearer(account(f"user{n}"), "10.3.0.1").get("/api/sessions").status_code == 200
+    refused = bearer(vic, "10.3.0.1").get("/api/sessions")
+    assert refused.status_code == 429 and "this address" in refused.json()["detail"]
+
+
+def test_every_operation_documents_the_429_and_its_retry_after() -> None:
+    schema = Client().get("/api/openapi.json").json()
+    for path, operations in schema["paths"].items():
+        for method, operation in operations.items():
+            answer = operation["responses"]["429"]
+            assert answer["headers"]["Retry-After"]["schema"] == {"type": "integer"}, (
+                path, method)
+
+
+def test_without_redis_requests_are_not_counted(settings: Any) -> None:
+    settings.REDIS_URL = f"redis://127.0.0.1:{free_port()}/0"
+    client = bearer(account("vic"), "10.4.0.1")
+    assert {client.get("/api/sessions").status_code for _ in range(8)} == {200}
