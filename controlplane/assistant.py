@@ -77,7 +77,9 @@ def notices_script(request: ModelRequest) -> ModelResponse:
 def summarise(content: Any) -> str:
     content = content if isinstance(content, dict) else {}
     stopped = content.get("cancelled") or content.get("interrupted")
-    summary = (content.get("partial") if stopped else content.get("result")) or {}
+    summary = (
+        content.get("partial") if stopped else content.get("result") or content.get("partial")
+    ) or {}
     receipts = summary.get("receipts", {})
     lines = [f"- {to}: {receipt['id']}" for to, receipt in sorted(receipts.items())]
     if content.get("cancelled"):
@@ -87,11 +89,10 @@ def summarise(content: Any) -> str:
     else:
         problem = content.get("error")
     head = f"Sent {summary.get('sent', 0)} notices." + (f" Problem: {problem}" if problem else "")
-    if stopped:
-        lines += [f"Not sent: {', '.join(summary['unsent'])}"] if summary.get("unsent") else []
-        lines += [
-            f"Uncertain (may have been sent): {', '.join(summary['uncertain'])}"
-        ] if summary.get("uncertain") else []
+    if summary.get("unsent"):
+        lines.append(f"Not sent: {', '.join(summary['unsent'])}")
+    if summary.get("uncertain"):
+        lines.append(f"Uncertain (may have been sent): {', '.join(summary['uncertain'])}")
     return "\n".join([head, *lines])
 
 

@@ -69,6 +69,9 @@ def tool_message(call: JSON, result: JSON | None) -> JSON:
             content["error"] = result["error"]
     elif "error" in result:
         content = {"error": result["error"]}
+        for known in ("result", "partial"):  # what a failed call did report, if anything
+            if result.get(known) is not None:
+                content[known] = result[known]
     else:
         content = {"result": result.get("result")}
     return {"role": "tool", "tool_call_id": call["id"], "name": call["name"], "content": content}

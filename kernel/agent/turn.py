@@ -287,10 +287,16 @@ def register_agent(
             outcome = run.outcomes([run.checkpoint["child"]])[run.checkpoint["child"]] or {}
             if outcome.get("kind") == "succeeded":
                 return tool_result(run, result=outcome.get("result"))
+            if outcome.get("kind") == "cancelled":  # its task, cancelled on its own
+                intent = outcome.get("result") or {}
+                return tool_result(run, cancelled=True, by=intent.get("by"),
+                                   reason=intent.get("reason"), **partial_output(run))
+            reported = partial_output(run) if outcome.get("result") is None else {}
             return tool_result(
                 run,
                 error=f"{outcome.get('kind')}: {outcome.get('error')}",
                 result=outcome.get("result"),
+                **{k: v for k, v in reported.items() if v is not None},
             )
 
         def on_end(self, run: Run, finish: Finish) -> None:

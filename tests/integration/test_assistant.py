@@ -162,14 +162,17 @@ def test_a_cancelled_turn_leaves_its_partial_result_and_the_next_message_sends_a
     }
 
 
+@pytest.mark.parametrize("cancelled", ["agent-tool", "send-batch"])
 def test_a_cancelled_tool_call_is_summarised_with_what_went_out_and_what_did_not(
-    provider: RunningProvider,
+    provider: RunningProvider, cancelled: str
 ) -> None:
+    """The tool call's task or the batch it runs, cancelled on its own (the turn goes on):
+    the model answers with what the batch's plan says went out."""
     kernel, _ = app(provider)
     handle, conversation, first = start(kernel, "Notify " + ", ".join(FIRST))
     first_sent_then_stopped(kernel, handle)
-    tool = next(t.id for t in kernel.storage.session_tasks(handle.id) if t.kind == "agent-tool")
-    cancel(handle, tool, "wrong list")
+    task = next(t.id for t in kernel.storage.session_tasks(handle.id) if t.kind == cancelled)
+    cancel(handle, task, "wrong list")
     Scheduler(kernel).run_until_idle(advance_clock=True)
 
     stored = kernel.storage.submission(first)

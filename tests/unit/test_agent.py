@@ -586,20 +586,18 @@ def each_message_calls_the_tool(request: ModelRequest) -> ModelResponse:
     return ModelResponse("", (ToolCall(f"call_{asked}", "send_slowly", SLOW.arguments),))
 
 
-def tool_task(kernel: Kernel, handle: Any, *, open_only: bool = True) -> Any:
-    return next(
-        t for t in kernel.storage.session_tasks(handle.id)
-        if t.kind == "agent-tool" and (not open_only or not t.terminal)
-    )
-
-
-def test_a_cancelled_tool_call_gives_the_model_its_committed_partial_output() -> None:
+@pytest.mark.parametrize("cancelled", ["agent-tool", "slow-batch"])
+def test_a_cancelled_tool_call_gives_the_model_its_committed_partial_output(
+    cancelled: str,
+) -> None:
+    """The call's tool task, or the task it runs, is cancelled (the turn goes on)."""
     world = World(ScriptedProvider(each_message_calls_the_tool))
     kernel, handle, conversation, submitted = world.start()
     world.run()  # the batch sent to the first recipient and waits
     assert world.effects == [f"sent:{RECIPIENTS[0]}"]
     cancel = Draft(actor="user:op")
-    cancel.cancel(tool_task(kernel, handle).id, "wrong list")
+    task = next(t for t in kernel.storage.session_tasks(handle.id) if t.kind == cancelled)
+    cancel.cancel(task.id, "wrong list")
     handle.commit(cancel)
     world.run()
 
@@ -656,3 +654,21 @@ def tool_child(kernel: Kernel, handle: Any) -> str:
         t.id for t in kernel.storage.session_tasks(handle.id)
         if t.kind == "slow-batch" and not t.terminal
     )
+
+
+def test_a_failed_call_gives_the_model_what_it_did_report() -> None:
+    def entry(kind: str, payload: dict[str, Any], seq: int) -> Entry:
+        return Entry(f"e{seq}", "s", "c", seq, 0, kind, payload, "a", None)  # type: ignore[arg-type]
+
+    calls = [{"id": "1", "name": "a", "arguments": {}}, {"id": "2", "name": "b", "arguments": {}}]
+    built = messages([
+        entry("user", {"text": "go"}, 1),
+        entry("model_response", {"text": "", "tool_calls": calls}, 2),
+        entry("tool_result", {"call_id": "1", "name": "a", "error": "failed: 1 of 2 not sent",
+                              "result": {"sent": 1, "unsent": ["b"]}}, 3),
+        entry("tool_result", {"call_id": "2", "name": "b", "error": "faulted: stuck",
+                              "result": None, "partial": {"sent": 0}}, 4),
+    ])
+    assert built[2]["content"] == {"error": "failed: 1 of 2 not sent",
+                                   "result": {"sent": 1, "unsent": ["b"]}}
+    assert built[3]["content"] == {"error": "faulted: stuck", "partial": {"sent": 0}}

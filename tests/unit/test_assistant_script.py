@@ -72,3 +72,18 @@ def test_the_partial_summary_reads_each_notice_state() -> None:
     }
     assert partial_summary({}, ["a@x.io"]) == {  # not planned yet: nothing went out
         "sent": 0, "receipts": {}, "unsent": ["a@x.io"], "uncertain": []}
+
+
+def test_a_failed_batch_is_summarised_with_its_receipts_and_what_was_not_sent() -> None:
+    content = {"error": "failed: 1 of 2 not sent", "result": {
+        "sent": 1, "receipts": {"ana@example.com": {"id": "m1"}}, "unsent": ["ben@example.com"]}}
+    answer = ask(
+        {"role": "user", "content": "notify ana@example.com, ben@example.com"},
+        {"role": "assistant", "content": "", "tool_calls": [CALL]},
+        {"role": "tool", "tool_call_id": CALL["id"], "name": CALL["name"], "content": content},
+    )
+    assert answer.text.splitlines() == [
+        "Sent 1 notices. Problem: failed: 1 of 2 not sent",
+        "- ana@example.com: m1",
+        "Not sent: ben@example.com",
+    ]
