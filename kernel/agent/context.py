@@ -74,4 +74,6 @@ def tool_message(call: JSON, result: JSON | None) -> JSON:
                 content[known] = result[known]
     else:
         content = {"result": result.get("result")}
+    if result is not None and result.get("partial_error"):  # its partial could not be read
+        content["partial_error"] = result["partial_error"]
     return {"role": "tool", "tool_call_id": call["id"], "name": call["name"], "content": content}

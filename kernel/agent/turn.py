@@ -13,7 +13,9 @@ queued one.
 ``agent-tool``: ``call`` validates the arguments and commits the intent (fixed
 arguments, replay policy, operation id) before running; ``execute`` is reached
 only by recovery and runs again only if both the saved and the current policy
-say ``safe`` - otherwise the model gets an ``interrupted`` result.
+say ``safe`` - otherwise the model gets an ``interrupted`` result. A tool task that is
+cancelled, or that the kernel ends, answers its call as it ends (``on_end``): the
+mark, and the partial output committed so far (``Tool.partial``).
 """
 
 from __future__ import annotations

@@ -59,6 +59,7 @@ class World:
     storage: InMemoryStorage = field(default_factory=InMemoryStorage)
     clock: ManualClock = field(default_factory=ManualClock)
     previews: list[Preview] = field(default_factory=list)
+    partial_fails: bool = False
 
     def maybe_crash(self, point: str) -> None:
         if point in self.crash_on:
@@ -94,6 +95,8 @@ class World:
                 return run.succeed({"sent": run.input["recipients"]})
 
         def slow_partial(run: Run, task_id: str | None, args: dict[str, Any]) -> Any:
+            if world.partial_fails:
+                raise RuntimeError("the plan cannot be read")
             sent = run.document("slow-plan", task_id).get("sent", []) if task_id else []
             return {"sent": sent, "unsent": [to for to in args["recipients"] if to not in sent]}
 
@@ -672,3 +675,20 @@ def test_a_failed_call_gives_the_model_what_it_did_report() -> None:
     assert built[2]["content"] == {"error": "failed: 1 of 2 not sent",
                                    "result": {"sent": 1, "unsent": ["b"]}}
     assert built[3]["content"] == {"error": "faulted: stuck", "partial": {"sent": 0}}
+
+
+def test_a_partial_that_cannot_be_read_still_answers_the_cancelled_call() -> None:
+    world = World(ScriptedProvider(each_message_calls_the_tool), partial_fails=True)
+    kernel, handle, conversation, submitted = world.start()
+    world.run()
+    cancel = Draft(actor="user:op")
+    cancel.cancel(next(t.id for t in kernel.storage.session_tasks(handle.id)
+                       if t.kind == "agent-tool"), "stop")
+    handle.commit(cancel)
+    world.run()
+    [result] = [e.payload for e in kernel.entries(conversation) if e.kind == "tool_result"]
+    assert result["cancelled"] is True and result["partial"] is None
+    assert result["partial_error"] == "RuntimeError: the plan cannot be read"
+    told = next(m for m in world.provider.requests[-1].messages if m["role"] == "tool")
+    assert told["content"]["partial_error"] == result["partial_error"]
+    assert kernel.storage.submission(submitted.submission.id).status is SubmissionStatus.ANSWERED
