@@ -27,6 +27,8 @@ from kernel.agent import (
 )
 from kernel.agent.openai import OpenAICompatibleProvider
 
+from .notices.tasks import batch_partial
+
 # Linear in the text, whatever it holds: an address starts only where no address
 # character precedes it (the lookbehind), and each run is taken whole, never given back
 # (possessive quantifiers, which cannot backtrack). With plain `+` and no lookbehind, a
@@ -50,35 +52,52 @@ SEND_NOTICES = Tool(
         "additionalProperties": False,
     },
     task_kind="send-batch",
+    partial=batch_partial,
 )
 
 
 def notices_script(request: ModelRequest) -> ModelResponse:
-    """Round 1: call ``send_notices`` for the addresses in the last user message.
-    Round 2: summarise the receipts the tool returned."""
-    results = [m for m in request.messages if m["role"] == "tool"]
+    """Each user message on its own: with no tool result since it, call ``send_notices``
+    for the addresses it names; with one, summarise that result (receipts, and for a
+    call that stopped part-way what was sent, what was not and what is uncertain)."""
+    asked = max(i for i, m in enumerate(request.messages) if m["role"] == "user")
+    since = request.messages[asked + 1:]
+    results = [m for m in since if m["role"] == "tool"]
     if results:
-        content: Any = results[-1]["content"]
-        summary = (content.get("result") or {}) if isinstance(content, dict) else {}
-        receipts = summary.get("receipts", {})
-        lines = [f"- {to}: {receipt['id']}" for to, receipt in sorted(receipts.items())]
-        problem = content.get("error") if isinstance(content, dict) else None
-        head = f"Sent {summary.get('sent', 0)} notices." + (
-            f" Problem: {problem}" if problem else ""
-        )
         return ModelResponse(
-            "\n".join([head, *lines]), usage={"input_tokens": 40, "output_tokens": 20}
+            summarise(results[-1]["content"]), usage={"input_tokens": 40, "output_tokens": 20}
         )
-    last = next(m["content"] for m in reversed(request.messages) if m["role"] == "user")
-    recipients = list(dict.fromkeys(EMAIL.findall(last)))
+    recipients = list(dict.fromkeys(EMAIL.findall(request.messages[asked]["content"])))
     if not recipients:
         return ModelResponse("Which customers? I found no email addresses.")
-    call = ToolCall(
-        "call_send_notices",
+    call = ToolCall(  # one id per user message: a conversation holds many calls
+        f"call_send_notices_{asked}",
         "send_notices",
         {"recipients": recipients, "subject": SUBJECT, "body": BODY},
     )
     return ModelResponse("", (call,), {"input_tokens": 30, "output_tokens": 10})
+
+
+def summarise(content: Any) -> str:
+    content = content if isinstance(content, dict) else {}
+    stopped = content.get("cancelled") or content.get("interrupted")
+    summary = (
+        content.get("partial") if stopped else content.get("result") or content.get("partial")
+    ) or {}
+    receipts = summary.get("receipts", {})
+    lines = [f"- {to}: {receipt['id']}" for to, receipt in sorted(receipts.items())]
+    if content.get("cancelled"):
+        problem = f"the sending was {content.get('reason', 'cancelled')}"
+    elif content.get("interrupted"):
+        problem = "the sending was interrupted"
+    else:
+        problem = content.get("error")
+    head = f"Sent {summary.get('sent', 0)} notices." + (f" Problem: {problem}" if problem else "")
+    if summary.get("unsent"):
+        lines.append(f"Not sent: {', '.join(summary['unsent'])}")
+    if summary.get("uncertain"):
+        lines.append(f"Uncertain (may have been sent): {', '.join(summary['uncertain'])}")
+    return "\n".join([head, *lines])
 
 
 def models() -> dict[str, ModelProvider]:

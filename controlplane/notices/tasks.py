@@ -147,8 +147,8 @@ def register(registry: Registry, channels: Mapping[str, Channel]) -> None:
                     found, unknown = _look_up(channel, run.input["operation_id"])
             if found is not None:
                 _record(run, state="sent", receipt=found, confirmed_by="lookup")
-            elif unknown and entry.get("state") in ("sending", "retrying", "uncertain"):
-                _record(run, state="cancelled", error="cancelled; it may have been sent")
+            elif unknown and entry.get("state") in UNCERTAIN_STATES:
+                _record(run, state="cancelled_uncertain", error="cancelled; it may have been sent")
             else:
                 _record(run, state="cancelled")
 
@@ -176,6 +176,38 @@ def register(registry: Registry, channels: Mapping[str, Channel]) -> None:
                                          "awaiting": None, "attempts": 0})
             return _give_up(run, f"operator gave up: {decision.get('reason', '')}".strip(),
                             {GIVEN_UP: name})
+
+
+UNCERTAIN_STATES = frozenset({"sending", "retrying", "uncertain", "cancelled_uncertain"})
+"""Plan states of a notice that may have reached the provider without being confirmed
+either way: a send under way, a confirm backing off, one waiting on an operator, one
+cancelled while the channel could not say."""
+
+
+def batch_partial(run: Run, batch_id: str | None, arguments: Mapping[str, Any]) -> Any:
+    """What a batch stopped part-way (its tool call cancelled or interrupted) had done,
+    from its plan as committed: the ``partial`` of the ``send_notices`` tool."""
+    plan = run.document(PLAN, batch_id) if batch_id is not None else {}
+    return partial_summary(plan, list(arguments.get("recipients", [])))
+
+
+def partial_summary(plan: Mapping[str, Any], recipients: list[str]) -> dict[str, Any]:
+    """Sent (with receipts), not sent, and uncertain recipients of a plan; a recipient
+    the plan does not hold yet (nothing planned) was not sent."""
+    entries = plan.get("recipients") or {}
+    receipts: dict[str, Any] = {}
+    unsent: list[str] = []
+    uncertain: list[str] = []
+    for to in dict.fromkeys([*entries, *recipients]):
+        entry = entries.get(to) or {}
+        if entry.get("receipt"):
+            receipts[to] = entry["receipt"]
+        elif entry.get("state") in UNCERTAIN_STATES:
+            uncertain.append(to)
+        else:
+            unsent.append(to)
+    return {"sent": len(receipts), "receipts": receipts, "unsent": unsent,
+            "uncertain": uncertain}
 
 
 class _ApprovedMessages:

@@ -79,8 +79,9 @@ class ToolCard:
     arguments: str
     """Formatted JSON."""
     state: str = "running"
-    """``running``, ``succeeded``, ``error``, ``interrupted``, ``uncertain`` (waits on an
-    operator) or ``lost`` (its task ended without a result)."""
+    """``running``, ``succeeded``, ``error``, ``interrupted``, ``cancelled`` (with what it
+    had done by then), ``uncertain`` (waits on an operator) or ``lost`` (its task ended
+    without a result)."""
     result: str | None = None
     error: str | None = None
     partial: str | None = None
@@ -189,9 +190,15 @@ def _card(call: dict[str, Any], result: dict[str, Any] | None, task: Any | None,
             card.state = "uncertain"
     card.replay = card.replay or _replay_policies().get(card.name)
     if result is not None:
-        if result.get("interrupted"):
+        if result.get("cancelled"):
+            card.state = "cancelled"
+            card.error = f"cancelled by {result.get('by')}: {result.get('reason')}"
+            card.partial = None if result.get("partial") is None else pretty(result["partial"])
+        elif result.get("interrupted"):
             card.state = "interrupted"
             card.partial = None if result.get("partial") is None else str(result["partial"])
+            if result.get("error"):
+                card.error = str(result["error"])
         elif "error" in result:
             card.state = "error"
             card.error = str(result["error"])

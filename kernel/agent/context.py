@@ -4,7 +4,8 @@ Entries are the record; the context is derived, every time, so a restarted
 worker sends the model exactly what the transcript says - no in-memory history.
 Rules (DESIGN §8, Pi Durable spec): a tool result follows its call, whatever
 order the entries landed in; a call without a result gets a synthetic error
-result (the model must not wait forever for it); partial or aborted responses
+result (the model must not wait forever for it); a cancelled or interrupted call
+says so beside the partial output it had committed; partial or aborted responses
 are not entries at all, so they never reach the model or drive a tool.
 """
 
@@ -21,6 +22,14 @@ RESPONSE = "model_response"
 TOOL_RESULT = "tool_result"
 INTERRUPTION = "interruption"
 LOST_RESULT = "no result was recorded for this call (interrupted or lost); do not assume it ran"
+CANCELLED_NOTE = (
+    "the call was cancelled before it finished; `partial` is what it had committed by then "
+    "(what it reports as uncertain may or may not have taken effect)"
+)
+INTERRUPTED_NOTE = (
+    "the call was interrupted and may or may not have taken effect; `partial` is what it "
+    "had committed by then"
+)
 
 
 def messages(entries: list[Entry]) -> list[JSON]:
@@ -43,14 +52,28 @@ def messages(entries: list[Entry]) -> list[JSON]:
 def tool_message(call: JSON, result: JSON | None) -> JSON:
     if result is None:
         content: JSON = {"error": LOST_RESULT}
+    elif result.get("cancelled"):
+        content = {
+            "cancelled": True,
+            "reason": f"cancelled by {result.get('by')}: {result.get('reason')}",
+            "partial": result.get("partial"),
+            "note": CANCELLED_NOTE,
+        }
     elif result.get("interrupted"):
         content = {
             "interrupted": True,
             "partial": result.get("partial"),
-            "note": "the call was interrupted and may or may not have taken effect",
+            "note": INTERRUPTED_NOTE,
         }
+        if result.get("error"):
+            content["error"] = result["error"]
     elif "error" in result:
         content = {"error": result["error"]}
+        for known in ("result", "partial"):  # what a failed call did report, if anything
+            if result.get(known) is not None:
+                content[known] = result[known]
     else:
         content = {"result": result.get("result")}
+    if result is not None and result.get("partial_error"):  # its partial could not be read
+        content["partial_error"] = result["partial_error"]
     return {"role": "tool", "tool_call_id": call["id"], "name": call["name"], "content": content}

@@ -7,6 +7,11 @@ with an effect that must not repeat; an interrupted unsafe call becomes an
 
 A tool is either a function run inside the tool task, or an application task
 kind (say ``send-batch``) that the tool task spawns and waits for.
+
+A call that is cancelled, or that the kernel ends (restart limit), is still answered:
+with that mark and the call's committed partial output. For a function tool that is
+what it saved to its progress document; a task-kind tool names ``partial``, which reads
+it from the records of the tool's own task (the application knows where they are).
 """
 
 from __future__ import annotations
@@ -37,6 +42,10 @@ class Tool:
     replay: Replay = Replay.UNSAFE
     run: Callable[[Run, JSON], JSON] | None = None
     task_kind: str | None = None
+    partial: Callable[[Run, str | None, JSON], JSON] | None = None
+    """``partial(run, task_id, arguments)``: what a call stopped part-way had done, from
+    committed state only; ``task_id`` is the ``task_kind`` task the call spawned (None if
+    it had not spawned one yet)."""
 
     def __post_init__(self) -> None:
         if (self.run is None) == (self.task_kind is None):

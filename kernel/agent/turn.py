@@ -13,7 +13,9 @@ queued one.
 ``agent-tool``: ``call`` validates the arguments and commits the intent (fixed
 arguments, replay policy, operation id) before running; ``execute`` is reached
 only by recovery and runs again only if both the saved and the current policy
-say ``safe`` - otherwise the model gets an ``interrupted`` result.
+say ``safe`` - otherwise the model gets an ``interrupted`` result. A tool task that is
+cancelled, or that the kernel ends, answers its call as it ends (``on_end``): the
+mark, and the partial output committed so far (``Tool.partial``).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+from kernel.errors import KernelError
 from kernel.records import Outcome, SubmissionStatus
 from kernel.registry import Registry
 from kernel.run import Run
@@ -273,18 +276,57 @@ def register_agent(
             saved = run.checkpoint["intent"]["replay"]
             if tool is not None and saved == Replay.SAFE and tool.replay is Replay.SAFE:
                 return execute_tool(run)
-            partial = run.document(PROGRESS, run.task_id).get("output")
-            return tool_result(run, interrupted=True, partial=partial)
+            return tool_result(run, interrupted=True, **partial_output(run))
 
         def collect(self, run: Run) -> Transition:
             outcome = run.outcomes([run.checkpoint["child"]])[run.checkpoint["child"]] or {}
             if outcome.get("kind") == "succeeded":
                 return tool_result(run, result=outcome.get("result"))
+            if outcome.get("kind") == "cancelled":  # its task, cancelled on its own
+                intent = outcome.get("result") or {}
+                return tool_result(run, cancelled=True, by=intent.get("by"),
+                                   reason=intent.get("reason"), **partial_output(run))
+            reported = partial_output(run) if outcome.get("result") is None else {}
             return tool_result(
                 run,
                 error=f"{outcome.get('kind')}: {outcome.get('error')}",
                 result=outcome.get("result"),
+                **{k: v for k, v in reported.items() if v is not None},
             )
+
+        def on_end(self, run: Run, finish: Finish) -> None:
+            """Cancelled, or ended by the kernel (restart limit, a phase that raised): the
+            call is answered in the commit that ends its task, with what it had committed
+            so far beside why it stopped, so the model can tell what did and did not happen
+            instead of being told only that a result is missing."""
+            if finish.outcome == Outcome.CANCELLED:
+                intent = run.task.cancel or {}
+                mark: JSON = {"cancelled": True, "by": intent.get("by"),
+                              "reason": intent.get("reason")}
+            else:
+                mark = {"interrupted": True, "error": f"the tool task {finish.outcome}: "
+                                                      f"{finish.error}"}
+            call = run.input["call"]
+            run.append(run.input["conversation_id"], TOOL_RESULT, {
+                "call_id": call["id"], "name": call["name"], **mark,
+                **partial_output(run),
+            })
+
+    def partial_output(run: Run) -> JSON:
+        """The committed partial output of the tool task's call: the tool's own account
+        (``Tool.partial``) for a task-kind tool, else what its progress document holds."""
+        call = run.input["call"]
+        tool = toolbox.get(call["name"])
+        if tool is not None and tool.partial is not None:
+            try:
+                return {"partial": tool.partial(run, run.checkpoint.get("child"),
+                                                call["arguments"])}
+            except KernelError:
+                raise
+            except Exception as exc:  # the call is answered all the same, saying so
+                return {"partial": None,
+                        "partial_error": f"{type(exc).__name__}: {exc}"}
+        return {"partial": run.document(PROGRESS, run.task_id).get("output")}
 
     def execute_tool(run: Run) -> Transition:
         call = run.input["call"]

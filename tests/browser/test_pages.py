@@ -56,9 +56,9 @@ def test_the_agent_demo_shows_a_tool_call_card_and_the_token_totals(
     stack.worker("w1")
     stack.beat()
 
-    card = page.locator("#call-call_send_notices")
+    card = page.locator("#call-call_send_notices_0")
     card.wait_for(timeout=60_000)
-    page.wait_for_selector("#call-call_send_notices[data-state=succeeded]", timeout=60_000)
+    page.wait_for_selector("#call-call_send_notices_0[data-state=succeeded]", timeout=60_000)
     page.wait_for_selector(f"#submission-{submission_id}[data-status=answered]")
     assert card.locator(".tool-name").inner_text() == "send_notices"
     arguments = card.locator("pre.arguments").inner_text()

@@ -239,13 +239,13 @@ def test_filters_for_people() -> None:
     assert "<script>" not in rendered and "<img" not in rendered
 
 
-def test_interrupted_failed_and_uncertain_calls_are_marked() -> None:
+def test_interrupted_failed_cancelled_and_uncertain_calls_are_marked() -> None:
     kernel = runtime().kernel
     handle = kernel.create_session()
     draft = Draft(actor="user:test")
     conversation = draft.create_conversation()
     handle.commit(draft)
-    calls = [{"id": f"call_{n}", "name": "charge", "arguments": {"n": n}} for n in "abc"]
+    calls = [{"id": f"call_{n}", "name": "charge", "arguments": {"n": n}} for n in "abcd"]
     draft = Draft(actor="task:turn_y")
     draft.append(conversation, "interruption", {
         "turn": "turn_y", "attempt": 1, "reason": "the worker stopped during the model request"})
@@ -255,10 +255,15 @@ def test_interrupted_failed_and_uncertain_calls_are_marked() -> None:
                                                "interrupted": True, "partial": "charging…"})
     draft.append(conversation, "tool_result", {"call_id": "call_b", "name": "charge",
                                                "error": "ValueError: no card"})
+    draft.append(conversation, "tool_result", {
+        "call_id": "call_d", "name": "charge", "cancelled": True, "by": "user:ann",
+        "reason": "wrong list", "partial": {"sent": 1, "unsent": ["ben@example.com"]}})
     handle.commit(draft)
     page = login("viewer").get(f"/sessions/{handle.id}/").content.decode()
     states = dict(re.findall(r'id="call-(call_\w)" data-state="(\w+)"', page))
-    assert states == {"call_a": "interrupted", "call_b": "error", "call_c": "running"}
+    assert states == {"call_a": "interrupted", "call_b": "error", "call_c": "running",
+                      "call_d": "cancelled"}
+    assert "cancelled by user:ann: wrong list" in page and "ben@example.com" in page
     assert "interrupted: may or may not have run" in page and "charging…" in page
     assert "ValueError: no card" in page
     assert "the worker stopped during the model request" in page and "(attempt 1;" in page

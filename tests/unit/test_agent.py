@@ -39,7 +39,7 @@ from kernel.agent import (
     register_agent,
     submit,
 )
-from kernel.agent.context import LOST_RESULT, messages
+from kernel.agent.context import CANCELLED_NOTE, INTERRUPTED_NOTE, LOST_RESULT, messages
 from kernel.records import Entry
 
 
@@ -59,6 +59,7 @@ class World:
     storage: InMemoryStorage = field(default_factory=InMemoryStorage)
     clock: ManualClock = field(default_factory=ManualClock)
     previews: list[Preview] = field(default_factory=list)
+    partial_fails: bool = False
 
     def maybe_crash(self, point: str) -> None:
         if point in self.crash_on:
@@ -78,6 +79,28 @@ class World:
                     {"receipts": {to: f"msg-{to}" for to in run.input["recipients"]}}
                 )
 
+        @registry.task("slow-batch")
+        class SlowBatch:
+            """Sends to the first recipient, records it, then waits to be let go on."""
+
+            initial = "first"
+
+            def first(self, run: Run) -> Transition:
+                first = run.input["recipients"][0]
+                world.effects.append(f"sent:{first}")
+                run.set("slow-plan", run.task_id, [], {"sent": [first]})
+                return run.wait_for("go", then="rest")
+
+            def rest(self, run: Run) -> Transition:
+                return run.succeed({"sent": run.input["recipients"]})
+
+        def slow_partial(run: Run, task_id: str | None, args: dict[str, Any]) -> Any:
+            if world.partial_fails:
+                raise RuntimeError("the plan cannot be read")
+            sent = run.document("slow-plan", task_id).get("sent", []) if task_id else []
+            return {"sent": sent, "unsent": [to for to in args["recipients"] if to not in sent]}
+
+        registry.document("slow-plan")
         world = self
         toolbox = Toolbox()
         toolbox.add(
@@ -110,6 +133,15 @@ class World:
             world.effects.append("die")
             raise Crash()
 
+        toolbox.add(
+            Tool(
+                "send_slowly",
+                "Send the approved notice, one by one",
+                {"type": "object", "properties": {"recipients": {"type": "array"}}},
+                task_kind="slow-batch",
+                partial=slow_partial,
+            )
+        )
         number = {"type": "object", "properties": {"amount": {"type": "number"}}}
         toolbox.add(Tool("lookup", "Read", {"type": "object"}, Replay.SAFE, run=lookup))
         toolbox.add(Tool("charge", "Pay", number, Replay.UNSAFE, run=charge))
@@ -264,7 +296,12 @@ def test_a_tool_that_kills_its_worker_every_time_fails_at_the_restart_limit() ->
     assert "restart limit is 3" in tool.outcome["error"]
     assert world.effects.count("die") == 4
     told = next(m for m in world.provider.requests[-1].messages if m["role"] == "tool")
-    assert told["content"] == {"error": f"the tool task failed: {tool.outcome['error']}"}
+    assert told["content"] == {
+        "interrupted": True,
+        "partial": None,
+        "note": INTERRUPTED_NOTE,
+        "error": f"the tool task failed: {tool.outcome['error']}",
+    }
 
 
 def test_a_background_response_is_polled_by_its_handle_after_a_restart() -> None:
@@ -538,3 +575,120 @@ def test_a_follow_up_queued_while_the_turn_reads_its_conversation_is_placed() ->
     follow_up = kernel.storage.submission_by_request(handle.id, "b")
     assert follow_up.status is SubmissionStatus.ANSWERED, follow_up
     assert kernel.document(handle.id, "agent-conversation", conversation)["active"] is None
+
+
+SLOW = ToolCall("call_slow", "send_slowly", {"recipients": RECIPIENTS})
+
+
+def each_message_calls_the_tool(request: ModelRequest) -> ModelResponse:
+    """Calls ``send_slowly`` for each user message, then answers with the result it got."""
+    asked = max(i for i, m in enumerate(request.messages) if m["role"] == "user")
+    results = [m for m in request.messages[asked + 1:] if m["role"] == "tool"]
+    if results:
+        return ModelResponse(f"got {results[-1]['content']}")
+    return ModelResponse("", (ToolCall(f"call_{asked}", "send_slowly", SLOW.arguments),))
+
+
+@pytest.mark.parametrize("cancelled", ["agent-tool", "slow-batch"])
+def test_a_cancelled_tool_call_gives_the_model_its_committed_partial_output(
+    cancelled: str,
+) -> None:
+    """The call's tool task, or the task it runs, is cancelled (the turn goes on)."""
+    world = World(ScriptedProvider(each_message_calls_the_tool))
+    kernel, handle, conversation, submitted = world.start()
+    world.run()  # the batch sent to the first recipient and waits
+    assert world.effects == [f"sent:{RECIPIENTS[0]}"]
+    cancel = Draft(actor="user:op")
+    task = next(t for t in kernel.storage.session_tasks(handle.id) if t.kind == cancelled)
+    cancel.cancel(task.id, "wrong list")
+    handle.commit(cancel)
+    world.run()
+
+    [result] = [e.payload for e in kernel.entries(conversation) if e.kind == "tool_result"]
+    partial = {"sent": RECIPIENTS[:1], "unsent": RECIPIENTS[1:]}
+    assert result == {
+        "call_id": "call_0", "name": "send_slowly", "cancelled": True,
+        "by": "user:op", "reason": "wrong list", "partial": partial,
+    }
+    told = next(m for m in world.provider.requests[-1].messages if m["role"] == "tool")
+    assert told["content"] == {
+        "cancelled": True,
+        "reason": "cancelled by user:op: wrong list",
+        "partial": partial,
+        "note": CANCELLED_NOTE,
+    }
+    assert kernel.storage.submission(submitted.submission.id).status is SubmissionStatus.ANSWERED
+    assert world.effects == [f"sent:{RECIPIENTS[0]}"]
+
+
+def test_after_a_cancelled_turn_the_next_message_calls_the_tool_again_knowing_what_went_out(
+) -> None:
+    world = World(ScriptedProvider(each_message_calls_the_tool))
+    kernel, handle, conversation, first = world.start()
+    world.run()
+    turn = kernel.document(handle.id, "agent-conversation", conversation)["active"]
+    cancel = Draft(actor="user:ann")
+    cancel.cancel(turn, "stop")
+    handle.commit(cancel)
+    world.run()
+    assert kernel.storage.submission(first.submission.id).status is SubmissionStatus.CANCELLED
+    [cancelled] = [e.payload for e in kernel.entries(conversation) if e.kind == "tool_result"]
+    assert cancelled["cancelled"] is True
+    assert cancelled["partial"] == {"sent": RECIPIENTS[:1], "unsent": RECIPIENTS[1:]}
+
+    second = submit(handle, conversation, {"text": "try again"}, "req-2")
+    world.run()  # the tool is called again, and waits again
+    asked = world.provider.requests[-1].messages
+    assert [m["role"] for m in asked] == ["user", "assistant", "tool", "user"]
+    assert asked[2]["content"]["cancelled"] is True
+    assert asked[2]["content"]["partial"] == cancelled["partial"]
+    assert world.effects == [f"sent:{RECIPIENTS[0]}"] * 2
+    go = Draft(actor="user:ann")
+    go.signal(tool_child(kernel, handle), "go", {})
+    handle.commit(go)
+    world.run()
+    assert kernel.storage.submission(second.submission.id).status is SubmissionStatus.ANSWERED
+    answer = [e for e in kernel.entries(conversation) if e.kind == "model_response"][-1]
+    assert answer.payload["text"] == f"got {{'result': {{'sent': {RECIPIENTS!r}}}}}"
+
+
+def tool_child(kernel: Kernel, handle: Any) -> str:
+    return next(
+        t.id for t in kernel.storage.session_tasks(handle.id)
+        if t.kind == "slow-batch" and not t.terminal
+    )
+
+
+def test_a_failed_call_gives_the_model_what_it_did_report() -> None:
+    def entry(kind: str, payload: dict[str, Any], seq: int) -> Entry:
+        return Entry(f"e{seq}", "s", "c", seq, 0, kind, payload, "a", None)  # type: ignore[arg-type]
+
+    calls = [{"id": "1", "name": "a", "arguments": {}}, {"id": "2", "name": "b", "arguments": {}}]
+    built = messages([
+        entry("user", {"text": "go"}, 1),
+        entry("model_response", {"text": "", "tool_calls": calls}, 2),
+        entry("tool_result", {"call_id": "1", "name": "a", "error": "failed: 1 of 2 not sent",
+                              "result": {"sent": 1, "unsent": ["b"]}}, 3),
+        entry("tool_result", {"call_id": "2", "name": "b", "error": "faulted: stuck",
+                              "result": None, "partial": {"sent": 0}}, 4),
+    ])
+    assert built[2]["content"] == {"error": "failed: 1 of 2 not sent",
+                                   "result": {"sent": 1, "unsent": ["b"]}}
+    assert built[3]["content"] == {"error": "faulted: stuck", "partial": {"sent": 0}}
+
+
+def test_a_partial_that_cannot_be_read_still_answers_the_cancelled_call() -> None:
+    world = World(ScriptedProvider(each_message_calls_the_tool), partial_fails=True)
+    kernel, handle, conversation, submitted = world.start()
+    world.run()
+    cancel = Draft(actor="user:op")
+    cancel.cancel(next(t.id for t in kernel.storage.session_tasks(handle.id)
+                       if t.kind == "agent-tool"), "stop")
+    handle.commit(cancel)
+    world.run()
+    [result] = [e.payload for e in kernel.entries(conversation) if e.kind == "tool_result"]
+    assert result["cancelled"] is True and result["partial"] is None
+    assert result["partial_error"] == "RuntimeError: the plan cannot be read"
+    told = next(m for m in world.provider.requests[-1].messages if m["role"] == "tool")
+    assert told["content"]["partial_error"] == result["partial_error"]
+    assert kernel.storage.submission(submitted.submission.id).status is SubmissionStatus.ANSWERED
