@@ -17,11 +17,12 @@ from .models import (
     check_options,
 )
 from .submissions import Submitted, WhenBusy, submit
-from .tools import Replay, Tool, Toolbox
+from .tools import Gate, Replay, Tool, Toolbox, digest
 from .turn import register_agent
 
 __all__ = [
     "MODEL_OPTIONS",
+    "Gate",
     "ModelProvider",
     "ModelRequest",
     "ModelResponse",
@@ -36,6 +37,7 @@ __all__ = [
     "TransientModelError",
     "WhenBusy",
     "check_options",
+    "digest",
     "register_agent",
     "submit",
 ]
