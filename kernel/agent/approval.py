@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import jsonschema_rs
+
 from kernel.commit import Draft
 from kernel.records import Status, Task
 
@@ -37,6 +39,17 @@ def pending(task: Task) -> JSON | None:
     if SIGNAL in task.signals:
         return None
     return (task.checkpoint or {}).get("approval")
+
+
+def check_arguments(requested: JSON, arguments: JSON) -> str | None:
+    """Why edited ``arguments`` do not fit the parameters the gated tool declared when
+    it asked (``requested["parameters"]``), or None when they do."""
+    try:
+        jsonschema_rs.validator_for(requested.get("parameters") or {}).validate(arguments)
+    except jsonschema_rs.ValidationError as exc:
+        where = "/".join(str(p) for p in exc.instance_path)
+        return f"arguments{'/' + where if where else ''}: {exc.message}"
+    return None
 
 
 def decide(

@@ -270,6 +270,7 @@ def register_agent(
                     "name": call["name"],
                     "arguments": call["arguments"],
                     "digest": digest(call["arguments"]),
+                    "parameters": tool.parameters,  # what edited arguments must fit
                     "why": why,
                     "timeout": tool.gate.timeout,
                     "until": until.isoformat(),
