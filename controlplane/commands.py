@@ -54,8 +54,10 @@ from kernel import (
 )
 from kernel.agent import Submitted
 from kernel.agent import approval as approvals
+from kernel.errors import UnstorableValue
 from kernel.records import Conversation, SessionRecord
 from kernel.retention import Progress, PruneReport, RetentionPolicy, quiet
+from kernel.values import storable
 
 log = logging.getLogger(__name__)
 
@@ -672,6 +674,10 @@ def decide_call(
             f"{seen}: the arguments you saw are not those waiting; look again",
         )
         if arguments is not None:
+            try:
+                storable(arguments, "arguments")
+            except UnstorableValue as exc:
+                raise Invalid(str(exc)) from exc
             problem = approvals.check_arguments(requested, arguments)
             if problem is not None:
                 raise Invalid(problem)

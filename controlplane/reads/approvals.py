@@ -37,7 +37,7 @@ class PendingApproval:
     requested_seq: int
 
 
-def _shown(task: Task) -> PendingApproval | None:
+def shown(task: Task) -> PendingApproval | None:
     requested = pending(task)
     if requested is None:
         return None
@@ -54,7 +54,7 @@ def _waiting(session_id: str | None) -> list[PendingApproval]:
     rows = models.Task.objects.filter(kind=TOOL_KIND, status=Status.SLEEPING, phase=PHASE)
     if session_id is not None:
         rows = rows.filter(session_id=session_id)
-    found = [_shown(TASK.record(v)) for v in
+    found = [shown(TASK.record(v)) for v in
              rows.order_by("session_id", "created_seq")[:MAX_PENDING].values(*TASK.columns)]
     return [p for p in found if p is not None]
 

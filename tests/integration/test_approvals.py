@@ -216,3 +216,69 @@ def test_two_operators_deciding_at_once_exactly_one_decision_lands(
     assert len(landed) == 1 and len(refused) == 1, answers
     assert http_status(refused[0]) == 409
     assert len(log(kernel, session_id)) == 1
+
+
+# -- the dashboard ----------------------------------------------------------------------------
+
+
+def test_the_session_page_shows_the_pending_call_with_its_form(kernel: Kernel) -> None:
+    session_id, _ = gated_call(kernel)
+    page = client_for("olga", "operator").get(f"/sessions/{session_id}/").content.decode()
+    [pending] = commands.approval_reads.pending_in(session_id)
+    card = page.split('id="call-call_send_notices"')[1].split("</article>")[0]
+    assert 'data-state="approval"' in card and "waits for approval" in card
+    assert "3 recipients, more than 2" in card
+    assert f'name="digest" value="{pending.digest}"' in card
+    assert 'name="csrfmiddlewaretoken"' in card and 'name="reason" required' in card
+    assert 'value="approve"' in card and 'value="deny"' in card
+    viewed = client_for("vic", "viewer").get(f"/sessions/{session_id}/").content.decode()
+    assert "waits for approval" in viewed and 'name="digest"' not in viewed  # no form
+
+
+def test_the_pending_call_is_pushed_live_to_the_session_page(kernel: Kernel) -> None:
+    from controlplane.ui.live import SESSION_PAGE
+
+    handle = kernel.create_session()
+    draft = Draft(actor="user:test")
+    conversation = draft.create_conversation()
+    handle.commit(draft)
+    seen = kernel.storage.session(handle.id).head_seq
+    submit(handle, conversation, {"text": "to " + ", ".join(CUSTOMERS)}, "r", actor="user:a")
+    Scheduler(kernel).run_until_idle()
+    found = SESSION_PAGE.update(handle.id, seen, True)
+    assert found is not None and 'data-state="approval"' in found[1]
+    assert 'class="approval-form"' in found[1]
+
+
+def test_needs_attention_lists_the_pending_call_with_its_form(kernel: Kernel) -> None:
+    session_id, _ = gated_call(kernel)
+    page = client_for("olga", "operator").get("/attention/").content.decode()
+    section = page.split('id="approvals-h"')[1].split("</section>")[0]
+    assert "(1)" in section and "send_notices" in section and session_id in section
+    assert "ana@example.com" in section and 'class="approval-form"' in section
+
+
+def test_approving_from_the_page_records_who_and_the_card_says_so(kernel: Kernel) -> None:
+    session_id, _ = gated_call(kernel)
+    [pending] = commands.approval_reads.pending_in(session_id)
+    olga = client_for("olga", "operator")
+    url = f"/sessions/{session_id}/calls/{pending.call_id}/decide"
+    form = {"action_id": "p1", "reason": "the list is right", "digest": pending.digest,
+            "decision": "approve", "arguments": ""}
+    strict = Client(enforce_csrf_checks=True)
+    strict.force_login(user("oscar", "operator"))
+    assert strict.post(url, form).status_code == 403  # no CSRF token: refused
+    bad = olga.post(url, {**form, "arguments": "[1"}, HTTP_HX_REQUEST="true")
+    assert bad.status_code == 422 and "arguments" in bad.content.decode()
+    stale = olga.post(url, {**form, "digest": digest({})}, HTTP_HX_REQUEST="true")
+    assert stale.status_code == 409
+    done = olga.post(url, form, HTTP_HX_REQUEST="true")
+    assert done.status_code == 200 and "approve done" in done.content.decode()
+    assert log(kernel, session_id)[0][1]["by"] == "user:olga"
+
+    Worker(kernel, "w").advance(pending.task_id)  # the batch starts; no email sent here
+    page = olga.get(f"/sessions/{session_id}/").content.decode()
+    card = page.split('id="call-call_send_notices"')[1].split("</article>")[0]
+    assert 'data-state="approval"' not in card
+    assert "Approved by <strong class=\"approved-by\">user:olga</strong>" in card
+    assert "the list is right" in card

@@ -204,6 +204,9 @@ OTHER_RULES: dict[str, list[Cell]] = {
     "^submissions/(?P<target>[^/]+)/(?P<action>resubmit)$": [
         Cell("POST", f"/submissions/{NOPE}/resubmit", UI_ACTION)],
     "attention/retry-failed": [Cell("POST", "/attention/retry-failed", UI_ACTION)],
+    "sessions/<str:session_id>/calls/<str:call_id>/decide": [
+        Cell("POST", f"/sessions/{{session}}/calls/{NOPE}/decide", UI_ACTION),
+        Cell("GET", f"/sessions/{{session}}/calls/{NOPE}/decide", everyone(405))],
 }
 
 # The admin: for staff accounts only (the demo's accounts are not staff, nor are the
