@@ -3,8 +3,10 @@
 The model is scripted (deterministic, no network) unless ``MODEL_BASE_URL`` points
 at an OpenAI-compatible server, which is then offered as model ``remote``. The own
 tool, ``send_notices``, runs the durable ``send-batch`` task: a tool call is just
-another task, with all its recovery. More tools come from the modules named in
-``settings.ASSISTANT_TOOL_MODULES`` (each exposes ``TOOLS``).
+another task, with all its recovery. A call to more recipients than
+``settings.NOTICE_APPROVAL_ABOVE`` waits for an operator's approval first. More tools
+come from the modules named in ``settings.ASSISTANT_TOOL_MODULES`` (each exposes
+``TOOLS``).
 """
 
 from __future__ import annotations
@@ -12,11 +14,13 @@ from __future__ import annotations
 import importlib
 import os
 import re
+from dataclasses import replace
 from typing import Any
 
 from django.conf import settings
 
 from kernel.agent import (
+    Gate,
     ModelProvider,
     ModelRequest,
     ModelResponse,
@@ -37,6 +41,13 @@ EMAIL = re.compile(r"(?<![\w.+-])[\w.+-]++@[\w-]++\.[\w.-]++")
 SUBJECT = "Service notice"
 BODY = "Please read the approved notice."
 
+def many_recipients(arguments: Any) -> str | None:
+    """Whether a send_notices call needs an operator's approval first (and why)."""
+    count = len(arguments.get("recipients") or [])
+    above = settings.NOTICE_APPROVAL_ABOVE
+    return f"{count} recipients, more than {above}" if count > above else None
+
+
 SEND_NOTICES = Tool(
     name="send_notices",
     description="Send the approved notice by email to each recipient, once each.",
@@ -54,6 +65,13 @@ SEND_NOTICES = Tool(
     task_kind="send-batch",
     partial=batch_partial,
 )
+
+
+def send_notices() -> Tool:
+    """``send_notices`` behind its gate (read when the toolbox is built: the settings
+    are loaded by then)."""
+    return replace(SEND_NOTICES, gate=Gate(many_recipients,
+                                           timeout=settings.NOTICE_APPROVAL_TIMEOUT))
 
 
 def notices_script(request: ModelRequest) -> ModelResponse:
@@ -109,7 +127,7 @@ def models() -> dict[str, ModelProvider]:
 
 def toolbox() -> Toolbox:
     tools = Toolbox()
-    tools.add(SEND_NOTICES)
+    tools.add(send_notices())
     for module in settings.ASSISTANT_TOOL_MODULES:
         for tool in importlib.import_module(module).TOOLS:
             tools.add(tool)

@@ -31,6 +31,7 @@ from controlplane.access import actor, audit, credential, require_operator
 from controlplane.errors import Conflict, Invalid
 from controlplane.models import ApiToken
 from controlplane.models import BulkAction as BulkActionRow
+from controlplane.reads import approvals as approval_reads
 from controlplane.reads import bulk_actions as bulk_reads
 from controlplane.reads import sessions as session_reads
 from controlplane.reads import tasks as task_reads
@@ -52,8 +53,11 @@ from kernel import (
     agent,
 )
 from kernel.agent import Submitted
+from kernel.agent import approval as approvals
+from kernel.errors import UnstorableValue
 from kernel.records import Conversation, SessionRecord
 from kernel.retention import Progress, PruneReport, RetentionPolicy, quiet
+from kernel.values import storable
 
 log = logging.getLogger(__name__)
 
@@ -640,3 +644,54 @@ def prune(*, dry_run: bool = False, progress: Progress = quiet) -> PruneReport:
         raise Conflict(str(exc)) from exc
     log.info("prune: %s", report.summary())
     return report
+
+
+# -- the approval gate ---------------------------------------------------------------------
+
+
+def decide_call(
+    user: User,
+    session_id: str,
+    call_id: str,
+    action_id: str,
+    reason: str,
+    decision: str,
+    seen: str,
+    arguments: Any = None,
+) -> ActionResult:
+    """Approve or deny a gated tool call (:mod:`kernel.agent.approval`) that the operator
+    saw with arguments of digest ``seen``; an approval may carry edited ``arguments``
+    (checked against the tool's parameters: Invalid naming the field), which then run
+    instead, both versions kept. A call no longer waiting, or waiting with other
+    arguments, is refused (Conflict) and nothing changes; of two decisions at once,
+    exactly one lands (checked in the commit, under the session's lock)."""
+    require_operator(user)
+    if decision not in (approvals.APPROVE, approvals.DENY):
+        raise Invalid(f"decision: {approvals.APPROVE!r} or {approvals.DENY!r}")
+    task = approval_reads.call_task(session_id, call_id)
+    if not _done_before(session_id, action_id, decision, task.id):
+        requested = approvals.pending(task)
+        _refuse_unless(
+            requested is not None,
+            f"call {call_id} waits for no approval (its task {task.id} is "
+            f"{task.shown_status} in phase {task.phase!r}): decided already, or timed out",
+        )
+        assert requested is not None
+        _refuse_unless(
+            seen == requested["digest"],
+            f"call {call_id} waits with arguments of digest {requested['digest']}, not "
+            f"{seen}: the arguments you saw are not those waiting; look again",
+        )
+        if arguments is not None:
+            try:
+                storable(arguments, "arguments")
+            except UnstorableValue as exc:
+                raise Invalid(str(exc)) from exc
+            problem = approvals.check_arguments(requested, arguments)
+            if problem is not None:
+                raise Invalid(problem)
+    return _act(
+        user, action_id, reason, decision, task,
+        lambda d: approvals.decide(d, task.id, decision, by=actor(user), reason=reason,
+                                   seen=seen, arguments=arguments),
+    )

@@ -395,6 +395,12 @@ ASSISTANT_TOOL_MODULES = [
     name.strip() for name in os.environ.get("ASSISTANT_TOOL_MODULES", "").split(",") if name.strip()
 ]
 
+# The assistant's send_notices asks an operator to approve a call to more than this many
+# recipients before it sends anything (0: every call); a call nobody decides on within
+# NOTICE_APPROVAL_TIMEOUT seconds is denied. See docs/agents.md, "The approval gate".
+NOTICE_APPROVAL_ABOVE = int(os.environ.get("NOTICE_APPROVAL_ABOVE", "10"))
+NOTICE_APPROVAL_TIMEOUT = float(os.environ.get("NOTICE_APPROVAL_TIMEOUT", "86400"))
+
 # Model prices, per million tokens, for the cost the dashboard shows beside each model
 # call's usage: JSON such as {"remote": {"input": 0.15, "output": 0.6}}. A model without
 # prices shows its tokens only.

@@ -19,10 +19,12 @@ from .auth import caller
 from .schemas import (
     ActionIn,
     ActionOut,
+    ApproveIn,
     BulkFilter,
     BulkIn,
     BulkOut,
     BulkPreview,
+    DenyIn,
     ResolveIn,
     ResumeIn,
 )
@@ -70,6 +72,28 @@ def resume(request: HttpRequest, task_id: PathText, body: ResumeIn) -> Any:
 def wake(request: HttpRequest, task_id: PathText, body: ActionIn) -> Any:
     """End a sleep early: the task runs its next phase now."""
     return commands.wake_task(caller(request), task_id, body.action_id, body.reason)
+
+
+@router.post("/sessions/{session_id}/calls/{call_id}/approve", response=ActionOut)
+def approve_call(
+    request: HttpRequest, session_id: PathText, call_id: PathText, body: ApproveIn
+) -> Any:
+    """Approve a tool call that waits for approval (`GET /sessions/{id}/approvals`),
+    naming the `digest` of the arguments you saw: it runs on a worker with exactly those
+    arguments, or with the edited `arguments` you send (both kept). A call decided
+    already, timed out, or waiting with other arguments is refused (409)."""
+    return commands.decide_call(caller(request), session_id, call_id, body.action_id,
+                                body.reason, "approve", body.digest, body.arguments)
+
+
+@router.post("/sessions/{session_id}/calls/{call_id}/deny", response=ActionOut)
+def deny_call(
+    request: HttpRequest, session_id: PathText, call_id: PathText, body: DenyIn
+) -> Any:
+    """Deny a tool call that waits for approval: it does not run, and the model is told
+    it was denied, with your reason. Refused (409) as `approve` is."""
+    return commands.decide_call(caller(request), session_id, call_id, body.action_id,
+                                body.reason, "deny", body.digest)
 
 
 @router.post("/submissions/{submission_id}/resubmit", response=ActionOut)

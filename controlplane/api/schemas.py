@@ -225,12 +225,44 @@ class ActionOut(Schema):
 
 StatusName = Status
 OutcomeName = Outcome
-
-
-FILTERS = ("session_id", "kind", "status", "outcome")
 ABSENT: Any = None
 """Default of a field that may be left out but not sent as null (pydantic does not
 validate defaults, so an explicit null is refused while an absent field is None)."""
+
+
+class ApprovalOut(Schema):
+    """A tool call waiting for an operator's approval (the approval gate)."""
+
+    call_id: str = Field(..., description="what `approve` and `deny` are addressed by")
+    task_id: str = Field(..., description="the call's tool task")
+    session_id: str
+    conversation_id: str
+    name: str = Field(..., description="the tool")
+    arguments: JSON = Field(..., description="what the call would run with")
+    digest: str = Field(..., description="of those arguments: send it with the decision")
+    why: str = Field(..., description="why the tool's gate holds this call")
+    until: datetime = Field(..., description="when it is denied if nobody decides")
+    parameters: JSON = Field(None, description="the JSON schema edited arguments must fit")
+    requested_seq: int
+
+
+DIGEST = r"^sha256:[0-9a-f]{64}$"
+
+
+class DenyIn(ActionIn):
+    digest: str = Field(..., pattern=DIGEST,
+                        description="the `digest` of the arguments you saw (the pending "
+                        "approval's): other arguments waiting now are refused (409)")
+
+
+class ApproveIn(DenyIn):
+    arguments: JsonObject = Field(
+        ABSENT, description="edited arguments to run instead (they must fit the tool's "
+        "`parameters`); leave out to run the call as it is"
+    )
+
+
+FILTERS = ("session_id", "kind", "status", "outcome")
 
 
 class BulkFilter(Input):

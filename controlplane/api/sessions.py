@@ -9,12 +9,14 @@ from ninja import Query, Router, Status
 
 from controlplane import commands
 from controlplane.errors import Invalid
+from controlplane.reads import approvals
 from controlplane.reads import sessions as reads
 from kernel import NotRegistered, UnknownRecord
 from kernel.records import Entry
 
 from .auth import caller, via
 from .schemas import (
+    ApprovalOut,
     ConversationIn,
     ConversationOut,
     DocumentOut,
@@ -147,6 +149,13 @@ def submit(request: HttpRequest, session_id: PathText, body: SubmissionIn) -> An
     assert submitted.submission is not None
     created = 200 if submitted.outcome == "duplicate" else 201
     return Status(created, reads.submission(submitted.submission.id))
+
+
+@router.get("/sessions/{session_id}/approvals", response=list[ApprovalOut])
+def list_approvals(request: HttpRequest, session_id: PathText) -> Any:
+    """The session's tool calls waiting for an operator's approval, oldest first: decide
+    each with `POST /sessions/{id}/calls/{call_id}/approve` or `deny`."""
+    return approvals.pending_in(session_id)
 
 
 @router.get("/submissions/{submission_id}", response=SubmissionOut)

@@ -26,6 +26,7 @@ from kernel.agent import turn
 from kernel.commit import operations_log_id
 from kernel.records import SHOWN_STATUSES, SessionRecord
 
+from . import approvals as approval_reads
 from . import sessions as session_reads
 from . import tasks
 from . import timeline as history
@@ -360,6 +361,8 @@ class Attention:
     retry_all: tasks.TaskSet
     """The failed tasks "retry all N failed" retries (up to a bulk action's most, and one
     more): its form carries their digest."""
+    approvals: list[approval_reads.PendingApproval]
+    """Tool calls waiting for an operator's approval, in every session."""
 
 
 def attention() -> Attention:
@@ -375,6 +378,7 @@ def attention() -> Attention:
         tasks.find(tasks.FAILED, limit=ATTENTION_ROWS),
         failed_count,
         retry_all,
+        approval_reads.pending_anywhere(),
     )
 
 

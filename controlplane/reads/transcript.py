@@ -27,7 +27,7 @@ from controlplane import models
 from kernel.agent.context import INTERRUPTION, RESPONSE, TOOL_RESULT, USER
 from kernel.records import SUBMISSION_ID, TASK_ID, Entry, Status, Submission, id_kind
 
-from . import sessions, tasks
+from . import approvals, sessions, tasks
 
 TOOL_KIND = "agent-tool"
 TURN_KIND = "agent-turn"
@@ -79,15 +79,19 @@ class ToolCard:
     arguments: str
     """Formatted JSON."""
     state: str = "running"
-    """``running``, ``succeeded``, ``error``, ``interrupted``, ``cancelled`` (with what it
-    had done by then), ``uncertain`` (waits on an operator) or ``lost`` (its task ended
-    without a result)."""
+    """``running``, ``approval`` (waits for an operator's approval), ``succeeded``,
+    ``error``, ``interrupted``, ``cancelled`` (with what it had done by then),
+    ``uncertain`` (waits on an operator) or ``lost`` (its task ended without a result)."""
     result: str | None = None
     error: str | None = None
     partial: str | None = None
     replay: str | None = None
     seconds: float | None = None
     task_id: str | None = None
+    pending: approvals.PendingApproval | None = None
+    """The approval it waits for (state ``approval``): what the operator decides on."""
+    decided: dict[str, Any] | None = None
+    """The decision its gate recorded: who, why, approve/deny/timeout, edited or not."""
 
 
 @dataclass
@@ -188,8 +192,13 @@ def _card(call: dict[str, Any], result: dict[str, Any] | None, task: Any | None,
         child = (task.checkpoint or {}).get("child")
         if task.id in waiting or child in waiting:
             card.state = "uncertain"
+        card.pending = approvals.shown(task)
+        if card.pending is not None:
+            card.state = "approval"
+        card.decided = (task.checkpoint or {}).get("approved")
     card.replay = card.replay or _replay_policies().get(card.name)
     if result is not None:
+        card.decided = result.get("approval") or card.decided
         if result.get("cancelled"):
             card.state = "cancelled"
             card.error = f"cancelled by {result.get('by')}: {result.get('reason')}"

@@ -9,6 +9,7 @@ browser fetch anything). So the one ``mark_safe`` here is on markup we built.
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime
 from functools import lru_cache
 from html import escape
@@ -154,3 +155,9 @@ def commit_items(commits: list[Any]) -> SafeString:
             f'<span class="badge status-{shown}">{shown}</span> phase {esc(c.phase)}{extra}'
             "</li>")
     return mark_safe("".join(out))  # noqa: S308 - every text above is escaped
+
+
+@register.filter
+def pretty(value: object) -> str:
+    """JSON for people: indented, keys in their order, non-ASCII kept."""
+    return json.dumps(value, indent=2, ensure_ascii=False, default=str)

@@ -6,8 +6,10 @@ when the page was rendered), so a double submit or a retried request does nothin
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Callable
+from typing import Any
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
@@ -69,6 +71,44 @@ def retry_failed(request: HttpRequest) -> HttpResponse:
     except Exception as exc:
         return _refused(request, exc)
     return _answer(request, 200, _bulk_note("retry", result))
+
+
+@require_POST
+@login_required
+def decide_call(request: HttpRequest, session_id: str, call_id: str) -> HttpResponse:
+    """Approve or deny a tool call waiting for approval (the button pressed says which):
+    the form carries the digest of the arguments the page showed, and, to run other
+    ones, edited arguments as JSON. Refused (409) when the call no longer waits with
+    those arguments."""
+    try:
+        require_operator(request.user)
+        reason, action_id = _reason_and_id(request)
+        decision = request.POST.get("decision", "")
+        seen = request.POST.get("digest", "")
+        if not seen:
+            raise Invalid("digest: the digest of the arguments the page showed")
+        result = commands.decide_call(request.user, session_id, call_id, action_id, reason,
+                                      decision, seen, _edited(request, decision))
+    except Exception as exc:
+        return _refused(request, exc)
+    done = "already done" if result.replayed else "done"
+    return _answer(request, 200, f"{result.action} {done}: commit seq {result.seq}.")
+
+
+def _edited(request: HttpRequest, decision: str) -> Any:
+    """The edited arguments a form sent (JSON), or None to run the call as shown."""
+    text = request.POST.get("arguments", "").strip()
+    if not text:
+        return None
+    if decision != "approve":
+        raise Invalid("arguments: only an approval runs edited arguments")
+    try:
+        value = json.loads(text)
+        if not isinstance(value, dict):
+            raise ValueError("a JSON object")
+    except ValueError as exc:
+        raise Invalid(f"arguments: {exc}") from exc
+    return value
 
 
 def _search(values: dict[str, str]) -> pages.TaskSearch:

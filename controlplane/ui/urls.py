@@ -16,6 +16,8 @@ urlpatterns = [
             name="act"),
     re_path(r"^submissions/(?P<target>[^/]+)/(?P<action>resubmit)$", actions.act,
             name="act_on_submission"),
+    path("sessions/<str:session_id>/calls/<str:call_id>/decide", actions.decide_call,
+         name="decide_call"),
     path("bulk/preview", actions.bulk_preview, name="bulk_preview"),
     path("bulk/act", actions.bulk_act, name="bulk_act"),
     path("attention/retry-failed", actions.retry_failed, name="retry_failed"),

@@ -17,12 +17,13 @@ from .models import (
     check_options,
 )
 from .submissions import MAX_TEXT, Submitted, WhenBusy, submit
-from .tools import Replay, Tool, Toolbox
+from .tools import Gate, Replay, Tool, Toolbox, digest
 from .turn import register_agent
 
 __all__ = [
     "MAX_TEXT",
     "MODEL_OPTIONS",
+    "Gate",
     "ModelProvider",
     "ModelRequest",
     "ModelResponse",
@@ -37,6 +38,7 @@ __all__ = [
     "TransientModelError",
     "WhenBusy",
     "check_options",
+    "digest",
     "register_agent",
     "submit",
 ]

@@ -76,4 +76,8 @@ def tool_message(call: JSON, result: JSON | None) -> JSON:
         content = {"result": result.get("result")}
     if result is not None and result.get("partial_error"):  # its partial could not be read
         content["partial_error"] = result["partial_error"]
+    approval = result.get("approval") if result is not None else None
+    if isinstance(approval, dict) and approval.get("edited"):
+        content["note"] = "an operator edited the arguments: the call ran with these"
+        content["arguments"] = approval.get("arguments")
     return {"role": "tool", "tool_call_id": call["id"], "name": call["name"], "content": content}

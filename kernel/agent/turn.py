@@ -13,15 +13,18 @@ queued one.
 ``agent-tool``: ``call`` validates the arguments and commits the intent (fixed
 arguments, replay policy, operation id) before running; ``execute`` is reached
 only by recovery and runs again only if both the saved and the current policy
-say ``safe`` - otherwise the model gets an ``interrupted`` result. A tool task that is
-cancelled, or that the kernel ends, answers its call as it ends (``on_end``): the
-mark, and the partial output committed so far (``Tool.partial``).
+say ``safe`` - otherwise the model gets an ``interrupted`` result. A call its tool's
+gate holds sleeps in ``approval`` first (:mod:`kernel.agent.approval`); approved, it
+goes on as any call does, with the approved arguments. A tool task that is cancelled,
+or that the kernel ends, answers its call as it ends (``on_end``): the mark, and the
+partial output committed so far (``Tool.partial``).
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Mapping
+from datetime import datetime, timedelta
 from typing import Any
 
 from kernel.errors import KernelError
@@ -30,6 +33,7 @@ from kernel.registry import Registry
 from kernel.run import Run
 from kernel.tasks import Finish, Transition
 
+from .approval import APPROVAL_PHASE, APPROVE, SIGNAL, TIMED_OUT
 from .context import INTERRUPTION, RESPONSE, TOOL_RESULT, USER, messages
 from .models import (
     ModelProvider,
@@ -40,7 +44,7 @@ from .models import (
     TransientModelError,
     check_options,
 )
-from .tools import Replay, Toolbox
+from .tools import Replay, Tool, Toolbox, digest
 
 JSON = Any
 CONVERSATION = "agent-conversation"
@@ -255,20 +259,57 @@ def register_agent(
             problem = tool.check(call["arguments"])
             if problem is not None:
                 return tool_result(run, error=f"invalid arguments: {problem}")
-            if tool.task_kind is not None:
-                child = run.spawn(tool.task_kind, call["arguments"])
-                return run.wait_all([child], then="collect", checkpoint={"child": child})
-            run.commit(
-                phase="execute",
-                checkpoint={
-                    "intent": {
-                        "arguments": call["arguments"],
-                        "replay": str(tool.replay),
-                        "operation_id": f"op_{run.task_id}",
-                    }
-                },
-            )
-            return execute_tool(run)
+            why = tool.gate.needed(call["arguments"]) if tool.gate is not None else None
+            if tool.gate is not None and why is not None:
+                until = run.now + timedelta(seconds=tool.gate.timeout)
+                requested = {
+                    "name": call["name"],
+                    "arguments": call["arguments"],
+                    "digest": digest(call["arguments"]),
+                    "parameters": tool.parameters,  # what edited arguments must fit
+                    "why": why,
+                    "timeout": tool.gate.timeout,
+                    "until": until.isoformat(),
+                }
+                # Committed as awaiting approval: the task sleeps (no worker held) until
+                # a decision wakes it or the time is up.
+                return run.sleep(until=until, then=APPROVAL_PHASE,
+                                 checkpoint={"approval": requested})
+            return start_tool(run, tool, call["arguments"], None)
+
+        def approval(self, run: Run) -> Transition:
+            """Woken by a decision, or by the timeout: nothing of the call has run yet."""
+            requested = run.checkpoint["approval"]
+            decision = run.signal(SIGNAL)
+            if decision is None:
+                until = datetime.fromisoformat(requested["until"])
+                if run.now < until:  # woken early without a decision: wait on
+                    return run.sleep(until=until, then=APPROVAL_PHASE)
+                decision = {
+                    "decision": TIMED_OUT, "by": "kernel",
+                    "reason": f"no operator decided within {requested['timeout']:g} s",
+                    "digest": requested["digest"],
+                }
+            record = {**decision, "proposed_digest": requested["digest"]}
+            record.pop("arguments", None)
+            if decision["decision"] != APPROVE:
+                return tool_result(
+                    run, error=f"the call was denied: {decision['reason']}", denied=True,
+                    approval=record,
+                )
+            tool = toolbox.get(run.input["call"]["name"])
+            if tool is None:
+                return tool_result(run, error=f"unknown tool {run.input['call']['name']!r}",
+                                   approval=record)
+            arguments = decision.get("arguments", requested["arguments"])
+            problem = tool.check(arguments)
+            if problem is not None:
+                return tool_result(run, error=f"invalid approved arguments: {problem}",
+                                   approval=record)
+            if "arguments" in decision:
+                record["edited"] = True
+                record["arguments"] = arguments
+            return start_tool(run, tool, arguments, record)
 
         def execute(self, run: Run) -> Transition:
             """Reached only by recovery: the call may already have taken effect."""
@@ -317,10 +358,11 @@ def register_agent(
         (``Tool.partial``) for a task-kind tool, else what its progress document holds."""
         call = run.input["call"]
         tool = toolbox.get(call["name"])
+        # An operator may have approved the call with edited arguments: those are what ran.
+        arguments = (run.checkpoint.get("approved") or {}).get("arguments", call["arguments"])
         if tool is not None and tool.partial is not None:
             try:
-                return {"partial": tool.partial(run, run.checkpoint.get("child"),
-                                                call["arguments"])}
+                return {"partial": tool.partial(run, run.checkpoint.get("child"), arguments)}
             except KernelError:
                 raise
             except Exception as exc:  # the call is answered all the same, saying so
@@ -328,12 +370,32 @@ def register_agent(
                         "partial_error": f"{type(exc).__name__}: {exc}"}
         return {"partial": run.document(PROGRESS, run.task_id).get("output")}
 
+    def start_tool(run: Run, tool: Tool, arguments: JSON, approved: JSON) -> Transition:
+        """Run the call with ``arguments`` (the approved ones, for a gated call): a task of
+        its own kind, or the tool's function after its intent is committed."""
+        kept = {"approved": approved} if approved is not None else {}
+        if tool.task_kind is not None:
+            child = run.spawn(tool.task_kind, arguments)
+            return run.wait_all([child], then="collect", checkpoint={"child": child, **kept})
+        run.commit(
+            phase="execute",
+            checkpoint={
+                "intent": {
+                    "arguments": arguments,
+                    "replay": str(tool.replay),
+                    "operation_id": f"op_{run.task_id}",
+                },
+                **kept,
+            },
+        )
+        return execute_tool(run)
+
     def execute_tool(run: Run) -> Transition:
         call = run.input["call"]
         tool = toolbox.get(call["name"])
         assert tool is not None and tool.run is not None
         try:
-            result = tool.run(run, call["arguments"])
+            result = tool.run(run, run.checkpoint["intent"]["arguments"])
         except Exception as exc:  # the model sees the failure and decides what to do
             return tool_result(run, error=f"{type(exc).__name__}: {exc}")
         return tool_result(run, result=result)
@@ -361,6 +423,9 @@ class Stream:
 
 def tool_result(run: Run, **outcome: JSON) -> Transition:
     call = run.input["call"]
+    approved = (run.checkpoint or {}).get("approved")
+    if approved is not None and "approval" not in outcome:
+        outcome["approval"] = approved  # who let it run, on what (its card shows it)
     payload = {"call_id": call["id"], "name": call["name"], **outcome}
     run.append(run.input["conversation_id"], TOOL_RESULT, payload)
     return run.succeed(payload)  # a failed call is a result too: the model decides what next

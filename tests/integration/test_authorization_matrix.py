@@ -111,6 +111,16 @@ API_RULES: dict[str, list[Cell]] = {
     "POST api/sessions/<session_id>/submissions": [
         Cell("POST", f"/api/sessions/{NOPE}/submissions", api_act(404),
              {"conversation_id": NOPE, "request_id": "r1", "input": {"text": "hi"}})],
+    "GET api/sessions/<session_id>/approvals": [
+        Cell("GET", "/api/sessions/{session}/approvals", api_read()),
+        Cell("GET", f"/api/sessions/{NOPE}/approvals", api_read(404)),
+    ],
+    "POST api/sessions/<session_id>/calls/<call_id>/approve": [
+        Cell("POST", f"/api/sessions/{{session}}/calls/{NOPE}/approve", api_act(404),
+             {**ACTION, "digest": "sha256:" + "0" * 64})],
+    "POST api/sessions/<session_id>/calls/<call_id>/deny": [
+        Cell("POST", f"/api/sessions/{{session}}/calls/{NOPE}/deny", api_act(404),
+             {**ACTION, "digest": "sha256:" + "0" * 64})],
     "GET api/submissions/<submission_id>": [
         Cell("GET", f"/api/submissions/{NOPE}", api_read(404))],
     "GET api/tasks": [Cell("GET", "/api/tasks", api_read())],
@@ -194,6 +204,9 @@ OTHER_RULES: dict[str, list[Cell]] = {
     "^submissions/(?P<target>[^/]+)/(?P<action>resubmit)$": [
         Cell("POST", f"/submissions/{NOPE}/resubmit", UI_ACTION)],
     "attention/retry-failed": [Cell("POST", "/attention/retry-failed", UI_ACTION)],
+    "sessions/<str:session_id>/calls/<str:call_id>/decide": [
+        Cell("POST", f"/sessions/{{session}}/calls/{NOPE}/decide", UI_ACTION),
+        Cell("GET", f"/sessions/{{session}}/calls/{NOPE}/decide", everyone(405))],
 }
 
 # The admin: for staff accounts only (the demo's accounts are not staff, nor are the

@@ -1,0 +1,82 @@
+"""Tool calls waiting for an operator's approval (the approval gate,
+:mod:`kernel.agent.approval`): per session for the API and the session page, across
+sessions for Needs attention, and the one tool task a call id names."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from controlplane import models
+from controlplane.storage.schema import TASK
+from kernel import Status, Task, UnknownRecord
+from kernel.agent.approval import PHASE, pending
+
+from . import sessions
+
+TOOL_KIND = "agent-tool"
+MAX_PENDING = 200
+
+
+@dataclass(frozen=True)
+class PendingApproval:
+    """A gated call as the operator decides on it: what it would do, and the digest of
+    those arguments (what a decision names)."""
+
+    task_id: str
+    session_id: str
+    conversation_id: str
+    call_id: str
+    name: str
+    arguments: Any
+    digest: str
+    why: str
+    until: datetime
+    parameters: Any
+    requested_seq: int
+
+
+def shown(task: Task) -> PendingApproval | None:
+    requested = pending(task)
+    if requested is None:
+        return None
+    return PendingApproval(
+        task.id, task.session_id, task.input.get("conversation_id", ""),
+        str(task.input["call"].get("id", "")), requested["name"], requested["arguments"],
+        requested["digest"], requested.get("why", ""),
+        datetime.fromisoformat(requested["until"]), requested.get("parameters"),
+        task.updated_seq,
+    )
+
+
+def _waiting(session_id: str | None) -> list[PendingApproval]:
+    rows = models.Task.objects.filter(kind=TOOL_KIND, status=Status.SLEEPING, phase=PHASE)
+    if session_id is not None:
+        rows = rows.filter(session_id=session_id)
+    found = [shown(TASK.record(v)) for v in
+             rows.order_by("session_id", "created_seq")[:MAX_PENDING].values(*TASK.columns)]
+    return [p for p in found if p is not None]
+
+
+def pending_in(session_id: str) -> list[PendingApproval]:
+    """The session's calls waiting for a decision, oldest first."""
+    sessions.session(session_id)
+    return _waiting(session_id)
+
+
+def pending_anywhere() -> list[PendingApproval]:
+    """Every session's calls waiting for a decision (Needs attention)."""
+    return _waiting(None)
+
+
+def call_task(session_id: str, call_id: str) -> Task:
+    """The tool task of call ``call_id`` in the session: the one waiting for approval if
+    there is one (a model may reuse a call id in a later turn), else the newest."""
+    sessions.session(session_id)
+    rows = models.Task.objects.filter(session_id=session_id, kind=TOOL_KIND,
+                                      input__call__id=call_id).order_by("-created_seq")
+    found = [TASK.record(v) for v in rows[:20].values(*TASK.columns)]
+    if not found:
+        raise UnknownRecord(f"no tool call {call_id} in session {session_id}")
+    return next((t for t in found if pending(t) is not None), found[0])

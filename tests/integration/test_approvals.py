@@ -1,0 +1,284 @@
+"""The approval gate over the API, on Postgres: the reference assistant's ``send_notices``
+to more than ``NOTICE_APPROVAL_ABOVE`` recipients waits for an operator; the session
+lists it; approve (perhaps with edited arguments) or deny name the digest of what the
+operator saw; a stale decision is 409 and changes nothing; bad input is 422 naming the
+field; each decision is in the operations log with who and why."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import pytest
+from django.db import connection
+from django.test import Client
+
+from controlplane import commands
+from controlplane.errors import http_status
+from kernel import Draft, Kernel, Scheduler, Status, Worker
+from kernel.agent import digest, submit
+from kernel.commit import operations_log_id
+
+from .test_api import client_for, post, user, with_test_kinds
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+CUSTOMERS = ["ana@example.com", "ben@example.com", "cai@example.com"]
+
+
+@pytest.fixture(autouse=True)
+def kernel(monkeypatch: pytest.MonkeyPatch, settings: Any) -> Kernel:
+    settings.NOTICE_APPROVAL_ABOVE = 2
+    return with_test_kinds(monkeypatch)
+
+
+def gated_call(kernel: Kernel, recipients: list[str] = CUSTOMERS) -> tuple[str, str]:
+    """A session whose assistant turn called send_notices and waits for its approval."""
+    handle = kernel.create_session()
+    draft = Draft(actor="user:test")
+    conversation = draft.create_conversation()
+    handle.commit(draft)
+    submit(handle, conversation, {"text": "Send the notice to " + ", ".join(recipients)},
+           "req-1", actor="user:ann")
+    Scheduler(kernel).run_until_idle()
+    return handle.id, conversation
+
+
+def approvals(client: Client, session_id: str) -> Any:
+    answer = client.get(f"/api/sessions/{session_id}/approvals")
+    assert answer.status_code == 200, answer.content
+    return answer.json()
+
+
+def decide(client: Client, session_id: str, decision: str, body: dict[str, Any],
+           call_id: str = "call_send_notices") -> Any:
+    return post(client, f"/api/sessions/{session_id}/calls/{call_id}/{decision}", body)
+
+
+def log(kernel: Kernel, session_id: str) -> list[Any]:
+    return [(e.kind, e.payload) for e in kernel.entries(operations_log_id(session_id))
+            if e.kind in ("approve", "deny")]
+
+
+def test_the_pending_call_is_listed_with_its_arguments_and_digest(kernel: Kernel) -> None:
+    session_id, _ = gated_call(kernel)
+    [pending] = approvals(client_for("vic", "viewer"), session_id)
+    assert pending["call_id"] == "call_send_notices" and pending["name"] == "send_notices"
+    assert pending["arguments"]["recipients"] == CUSTOMERS
+    assert pending["digest"] == digest(pending["arguments"])
+    assert pending["why"] == "3 recipients, more than 2"
+    assert pending["parameters"]["required"] == ["recipients", "subject", "body"]
+    task = kernel.task(pending["task_id"])
+    assert task.status is Status.SLEEPING and task.lease_owner is None
+    assert kernel.task(task.parent_id or "").status is Status.WAITING  # the turn holds none
+
+
+def test_a_call_below_the_threshold_is_not_gated(kernel: Kernel) -> None:
+    session_id, _ = gated_call(kernel, CUSTOMERS[:2])
+    assert approvals(client_for("vic", "viewer"), session_id) == []
+
+
+def test_approve_with_edited_arguments_runs_exactly_those(kernel: Kernel) -> None:
+    session_id, _ = gated_call(kernel)
+    olga = client_for("olga", "operator")
+    [pending] = approvals(olga, session_id)
+    edited = {**pending["arguments"], "recipients": CUSTOMERS[:1]}
+    answer = decide(olga, session_id, "approve", {
+        "action_id": "a1", "reason": "only Ana asked", "digest": pending["digest"],
+        "arguments": edited})
+    assert answer.status_code == 200, answer.content
+    assert answer.json()["replayed"] is False
+    again = decide(olga, session_id, "approve", {
+        "action_id": "a1", "reason": "only Ana asked", "digest": pending["digest"],
+        "arguments": edited})
+    assert again.status_code == 200 and again.json()["replayed"] is True
+    assert approvals(olga, session_id) == []
+    assert log(kernel, session_id) == [("approve", {
+        "target": pending["task_id"], "reason": "only Ana asked", "by": "user:olga",
+        "action_id": "a1"})]
+
+    Worker(kernel, "w").advance(pending["task_id"])  # the tool task alone: no email here
+    tool = kernel.task(pending["task_id"])
+    child = kernel.task(tool.checkpoint["child"])
+    assert child.kind == "send-batch" and child.input == edited
+    assert tool.checkpoint["approved"]["by"] == "user:olga"
+    assert tool.checkpoint["approved"]["arguments_digest"] == digest(edited)
+    assert tool.checkpoint["approval"]["arguments"] == pending["arguments"]  # both kept
+
+
+def test_deny_tells_the_model_why_and_sends_nothing(kernel: Kernel) -> None:
+    session_id, conversation = gated_call(kernel)
+    olga = client_for("olga", "operator")
+    [pending] = approvals(olga, session_id)
+    answer = decide(olga, session_id, "deny", {
+        "action_id": "d1", "reason": "not these customers", "digest": pending["digest"]})
+    assert answer.status_code == 200, answer.content
+    Scheduler(kernel).run_until_idle()
+    entries = kernel.entries(conversation)
+    result = next(e.payload for e in entries if e.kind == "tool_result")
+    assert result["denied"] is True and "not these customers" in result["error"]
+    assert result["approval"]["by"] == "user:olga"
+    assert "not these customers" in entries[-1].payload["text"]  # the model's answer
+    assert not [t for t in kernel.storage.session_tasks(session_id) if t.kind == "send-batch"]
+    assert log(kernel, session_id)[0][1]["reason"] == "not these customers"
+
+
+def test_stale_decisions_are_409_and_change_nothing(kernel: Kernel) -> None:
+    session_id, _ = gated_call(kernel)
+    olga = client_for("olga", "operator")
+    [pending] = approvals(olga, session_id)
+    head = kernel.storage.session(session_id).head_seq
+    other = digest({"recipients": ["someone@else.example"]})
+    wrong = decide(olga, session_id, "approve",
+                   {"action_id": "a0", "reason": "ok", "digest": other})
+    assert wrong.status_code == 409 and "look again" in wrong.json()["detail"]
+    assert kernel.storage.session(session_id).head_seq == head
+
+    assert decide(olga, session_id, "deny", {
+        "action_id": "d1", "reason": "no", "digest": pending["digest"]}).status_code == 200
+    late = decide(olga, session_id, "approve",
+                  {"action_id": "a1", "reason": "yes", "digest": pending["digest"]})
+    assert late.status_code == 409 and "waits for no approval" in late.json()["detail"]
+    used = decide(olga, session_id, "approve",
+                  {"action_id": "d1", "reason": "yes", "digest": pending["digest"]})
+    assert used.status_code == 409  # an action id names one action
+
+
+@pytest.mark.parametrize("body, field", [
+    ({"digest": "abc"}, "digest"),
+    ({"arguments": {"recipients": [], "subject": "s", "body": "b"}}, "arguments/recipients"),
+    ({"arguments": {"recipients": ["a@b.c"], "subject": "s", "body": "b", "cc": 1}},
+     "arguments"),
+    ({"arguments": None}, "arguments"),
+    ({"extra": 1}, "extra"),
+    ({"reason": ""}, "reason"),
+])
+def test_bad_input_is_422_naming_the_field_and_changes_nothing(
+    kernel: Kernel, body: dict[str, Any], field: str
+) -> None:
+    session_id, _ = gated_call(kernel)
+    olga = client_for("olga", "operator")
+    [pending] = approvals(olga, session_id)
+    head = kernel.storage.session(session_id).head_seq
+    full = {"action_id": "a1", "reason": "ok", "digest": pending["digest"], **body}
+    answer = decide(olga, session_id, "approve", full)
+    assert answer.status_code == 422, answer.content
+    assert field in answer.content.decode()
+    assert kernel.storage.session(session_id).head_seq == head
+    assert approvals(olga, session_id) == [pending]
+
+
+def test_only_operators_decide_and_an_unknown_call_is_404(kernel: Kernel) -> None:
+    session_id, _ = gated_call(kernel)
+    vic = client_for("vic", "viewer")
+    [pending] = approvals(vic, session_id)
+    body = {"action_id": "a1", "reason": "ok", "digest": pending["digest"]}
+    assert decide(vic, session_id, "approve", body).status_code == 403
+    assert decide(client_for("olga", "operator"), session_id, "approve", body,
+                  call_id="call_nope").status_code == 404
+    assert approvals(vic, session_id) == [pending]
+
+
+def test_two_operators_deciding_at_once_exactly_one_decision_lands(
+    kernel: Kernel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    session_id, _ = gated_call(kernel)
+    [pending] = commands.approval_reads.pending_in(session_id)
+    accounts = [user("ann", "operator"), user("bob", "operator")]
+    both_read = threading.Barrier(2, timeout=10)
+    read = commands.approval_reads.call_task
+
+    def read_then_wait(session_id: str, call_id: str) -> Any:
+        found = read(session_id, call_id)
+        both_read.wait()
+        return found
+
+    monkeypatch.setattr(commands.approval_reads, "call_task", read_then_wait)
+    answers: list[Any] = [None, None]
+
+    def decide_one(i: int) -> None:
+        try:
+            answers[i] = commands.decide_call(
+                accounts[i], session_id, pending.call_id, f"decide-{i}", "checked",
+                ("approve", "deny")[i], pending.digest)
+        except Exception as exc:  # noqa: BLE001 - the refusal is what we look at
+            answers[i] = exc
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=decide_one, args=(i,)) for i in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+    landed = [a for a in answers if isinstance(a, commands.ActionResult)]
+    refused = [a for a in answers if not isinstance(a, commands.ActionResult)]
+    assert len(landed) == 1 and len(refused) == 1, answers
+    assert http_status(refused[0]) == 409
+    assert len(log(kernel, session_id)) == 1
+
+
+# -- the dashboard ----------------------------------------------------------------------------
+
+
+def test_the_session_page_shows_the_pending_call_with_its_form(kernel: Kernel) -> None:
+    session_id, _ = gated_call(kernel)
+    page = client_for("olga", "operator").get(f"/sessions/{session_id}/").content.decode()
+    [pending] = commands.approval_reads.pending_in(session_id)
+    card = page.split('id="call-call_send_notices"')[1].split("</article>")[0]
+    assert 'data-state="approval"' in card and "waits for approval" in card
+    assert "3 recipients, more than 2" in card
+    assert f'name="digest" value="{pending.digest}"' in card
+    assert 'name="csrfmiddlewaretoken"' in card and 'name="reason" required' in card
+    assert 'value="approve"' in card and 'value="deny"' in card
+    viewed = client_for("vic", "viewer").get(f"/sessions/{session_id}/").content.decode()
+    assert "waits for approval" in viewed and 'name="digest"' not in viewed  # no form
+
+
+def test_the_pending_call_is_pushed_live_to_the_session_page(kernel: Kernel) -> None:
+    from controlplane.ui.live import SESSION_PAGE
+
+    handle = kernel.create_session()
+    draft = Draft(actor="user:test")
+    conversation = draft.create_conversation()
+    handle.commit(draft)
+    seen = kernel.storage.session(handle.id).head_seq
+    submit(handle, conversation, {"text": "to " + ", ".join(CUSTOMERS)}, "r", actor="user:a")
+    Scheduler(kernel).run_until_idle()
+    found = SESSION_PAGE.update(handle.id, seen, True)
+    assert found is not None and 'data-state="approval"' in found[1]
+    assert 'class="approval-form"' in found[1]
+
+
+def test_needs_attention_lists_the_pending_call_with_its_form(kernel: Kernel) -> None:
+    session_id, _ = gated_call(kernel)
+    page = client_for("olga", "operator").get("/attention/").content.decode()
+    section = page.split('id="approvals-h"')[1].split("</section>")[0]
+    assert "(1)" in section and "send_notices" in section and session_id in section
+    assert "ana@example.com" in section and 'class="approval-form"' in section
+
+
+def test_approving_from_the_page_records_who_and_the_card_says_so(kernel: Kernel) -> None:
+    session_id, _ = gated_call(kernel)
+    [pending] = commands.approval_reads.pending_in(session_id)
+    olga = client_for("olga", "operator")
+    url = f"/sessions/{session_id}/calls/{pending.call_id}/decide"
+    form = {"action_id": "p1", "reason": "the list is right", "digest": pending.digest,
+            "decision": "approve", "arguments": ""}
+    strict = Client(enforce_csrf_checks=True)
+    strict.force_login(user("oscar", "operator"))
+    assert strict.post(url, form).status_code == 403  # no CSRF token: refused
+    bad = olga.post(url, {**form, "arguments": "[1"}, HTTP_HX_REQUEST="true")
+    assert bad.status_code == 422 and "arguments" in bad.content.decode()
+    stale = olga.post(url, {**form, "digest": digest({})}, HTTP_HX_REQUEST="true")
+    assert stale.status_code == 409
+    done = olga.post(url, form, HTTP_HX_REQUEST="true")
+    assert done.status_code == 200 and "approve done" in done.content.decode()
+    assert log(kernel, session_id)[0][1]["by"] == "user:olga"
+
+    Worker(kernel, "w").advance(pending.task_id)  # the batch starts; no email sent here
+    page = olga.get(f"/sessions/{session_id}/").content.decode()
+    card = page.split('id="call-call_send_notices"')[1].split("</article>")[0]
+    assert 'data-state="approval"' not in card
+    assert "Approved by <strong class=\"approved-by\">user:olga</strong>" in card
+    assert "the list is right" in card
