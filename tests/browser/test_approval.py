@@ -33,8 +33,8 @@ def test_a_pending_approval_appears_live_and_is_approved_from_the_page(
 
     stack.worker("w1", NOTICE_APPROVAL_ABOVE="1")
     stack.beat()
-    card = page.locator("#call-call_send_notices")
-    page.wait_for_selector("#call-call_send_notices[data-state=approval]", timeout=60_000)
+    card = page.locator("#call-call_send_notices_0")
+    page.wait_for_selector("#call-call_send_notices_0[data-state=approval]", timeout=60_000)
     assert "2 recipients, more than 1" in card.inner_text()
     attention.wait_for_selector(".pending-approval", timeout=60_000)  # pushed live there too
     assert "send_notices" in attention.locator(".pending-approval").inner_text()
@@ -43,7 +43,7 @@ def test_a_pending_approval_appears_live_and_is_approved_from_the_page(
     card.locator("input[name=reason]").fill("both asked for it")
     card.locator("button[value=approve]").click()
     page.wait_for_selector("#action-result:has-text('approve done')")
-    page.wait_for_selector("#call-call_send_notices[data-state=succeeded]", timeout=60_000)
+    page.wait_for_selector("#call-call_send_notices_0[data-state=succeeded]", timeout=60_000)
     decided = card.locator(".approval-decided").inner_text()
     assert "Approved by user:olga" in decided and "both asked for it" in decided
     stack.wait_answered(submission.id)

@@ -51,7 +51,7 @@ def approvals(client: Client, session_id: str) -> Any:
 
 
 def decide(client: Client, session_id: str, decision: str, body: dict[str, Any],
-           call_id: str = "call_send_notices") -> Any:
+           call_id: str = "call_send_notices_0") -> Any:
     return post(client, f"/api/sessions/{session_id}/calls/{call_id}/{decision}", body)
 
 
@@ -63,7 +63,7 @@ def log(kernel: Kernel, session_id: str) -> list[Any]:
 def test_the_pending_call_is_listed_with_its_arguments_and_digest(kernel: Kernel) -> None:
     session_id, _ = gated_call(kernel)
     [pending] = approvals(client_for("vic", "viewer"), session_id)
-    assert pending["call_id"] == "call_send_notices" and pending["name"] == "send_notices"
+    assert pending["call_id"] == "call_send_notices_0" and pending["name"] == "send_notices"
     assert pending["arguments"]["recipients"] == CUSTOMERS
     assert pending["digest"] == digest(pending["arguments"])
     assert pending["why"] == "3 recipients, more than 2"
@@ -95,6 +95,7 @@ def test_approve_with_edited_arguments_runs_exactly_those(kernel: Kernel) -> Non
     assert approvals(olga, session_id) == []
     assert log(kernel, session_id) == [("approve", {
         "target": pending["task_id"], "reason": "only Ana asked", "by": "user:olga",
+        "via": "browser session",
         "action_id": "a1"})]
 
     Worker(kernel, "w").advance(pending["task_id"])  # the tool task alone: no email here
@@ -225,7 +226,7 @@ def test_the_session_page_shows_the_pending_call_with_its_form(kernel: Kernel) -
     session_id, _ = gated_call(kernel)
     page = client_for("olga", "operator").get(f"/sessions/{session_id}/").content.decode()
     [pending] = commands.approval_reads.pending_in(session_id)
-    card = page.split('id="call-call_send_notices"')[1].split("</article>")[0]
+    card = page.split('id="call-call_send_notices_0"')[1].split("</article>")[0]
     assert 'data-state="approval"' in card and "waits for approval" in card
     assert "3 recipients, more than 2" in card
     assert f'name="digest" value="{pending.digest}"' in card
@@ -278,7 +279,7 @@ def test_approving_from_the_page_records_who_and_the_card_says_so(kernel: Kernel
 
     Worker(kernel, "w").advance(pending.task_id)  # the batch starts; no email sent here
     page = olga.get(f"/sessions/{session_id}/").content.decode()
-    card = page.split('id="call-call_send_notices"')[1].split("</article>")[0]
+    card = page.split('id="call-call_send_notices_0"')[1].split("</article>")[0]
     assert 'data-state="approval"' not in card
     assert "Approved by <strong class=\"approved-by\">user:olga</strong>" in card
     assert "the list is right" in card
