@@ -102,13 +102,19 @@ class ContentSecurityPolicy:
         return response
 
 
-def too_many_requests(request: HttpRequest, detail: str, retry_after: int) -> HttpResponse:
+def try_later(request: HttpRequest, status: int, detail: str, retry_after: int) -> HttpResponse:
+    """An answer that asks the client to come back in ``retry_after`` seconds: JSON with
+    its ``detail`` for the API, plain text for pages."""
     if request.path.startswith("/api/"):
-        response: HttpResponse = JsonResponse({"detail": detail}, status=429)
+        response: HttpResponse = JsonResponse({"detail": detail}, status=status)
     else:
-        response = HttpResponse(detail, status=429, content_type="text/plain")
+        response = HttpResponse(detail, status=status, content_type="text/plain")
     response["Retry-After"] = str(retry_after)
     return response
+
+
+def too_many_requests(request: HttpRequest, detail: str, retry_after: int) -> HttpResponse:
+    return try_later(request, 429, detail, retry_after)
 
 
 # What a restarting or unreachable Postgres raises: the kernel's own errors (from a
@@ -148,9 +154,4 @@ def storage_down(request: HttpRequest, exc: Any) -> HttpResponse:
         detail = (f"this took longer than WEB_STATEMENT_TIMEOUT_SECONDS "
                   f"({settings.WEB_STATEMENT_TIMEOUT_SECONDS:g} s) and was cancelled: "
                   "narrow the filter, or try again")
-    if request.path.startswith("/api/"):
-        response: HttpResponse = JsonResponse({"detail": detail}, status=503)
-    else:
-        response = HttpResponse(detail, status=503, content_type="text/plain")
-    response["Retry-After"] = str(RETRY_AFTER_SECONDS)
-    return response
+    return try_later(request, 503, detail, RETRY_AFTER_SECONDS)

@@ -6,11 +6,9 @@ field; each decision is in the operations log with who and why."""
 
 from __future__ import annotations
 
-import threading
 from typing import Any
 
 import pytest
-from django.db import connection
 from django.test import Client
 
 from controlplane import commands
@@ -19,6 +17,7 @@ from kernel import Draft, Kernel, Scheduler, Status, Worker
 from kernel.agent import digest, submit
 from kernel.commit import operations_log_id
 
+from .racing import both_read_first, decide_at_once
 from .test_api import client_for, post, user, with_test_kinds
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -186,36 +185,11 @@ def test_two_operators_deciding_at_once_exactly_one_decision_lands(
     session_id, _ = gated_call(kernel)
     [pending] = commands.approval_reads.pending_in(session_id)
     accounts = [user("ann", "operator"), user("bob", "operator")]
-    both_read = threading.Barrier(2, timeout=10)
-    read = commands.approval_reads.call_task
-
-    def read_then_wait(session_id: str, call_id: str) -> Any:
-        found = read(session_id, call_id)
-        both_read.wait()
-        return found
-
-    monkeypatch.setattr(commands.approval_reads, "call_task", read_then_wait)
-    answers: list[Any] = [None, None]
-
-    def decide_one(i: int) -> None:
-        try:
-            answers[i] = commands.decide_call(
-                accounts[i], session_id, pending.call_id, f"decide-{i}", "checked",
-                ("approve", "deny")[i], pending.digest)
-        except Exception as exc:  # noqa: BLE001 - the refusal is what we look at
-            answers[i] = exc
-        finally:
-            connection.close()
-
-    threads = [threading.Thread(target=decide_one, args=(i,)) for i in range(2)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=30)
-    landed = [a for a in answers if isinstance(a, commands.ActionResult)]
-    refused = [a for a in answers if not isinstance(a, commands.ActionResult)]
-    assert len(landed) == 1 and len(refused) == 1, answers
-    assert http_status(refused[0]) == 409
+    both_read_first(monkeypatch, commands.approval_reads, "call_task")
+    _, refused = decide_at_once(lambda i: commands.decide_call(
+        accounts[i], session_id, pending.call_id, f"decide-{i}", "checked",
+        ("approve", "deny")[i], pending.digest))
+    assert http_status(refused) == 409
     assert len(log(kernel, session_id)) == 1
 
 

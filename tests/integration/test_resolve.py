@@ -5,11 +5,9 @@ deciding at once, exactly one decision lands."""
 
 from __future__ import annotations
 
-import threading
 from typing import Any
 
 import pytest
-from django.db import connection
 from django.test import Client
 
 from controlplane import commands
@@ -18,6 +16,7 @@ from controlplane.runtime import runtime
 from kernel import Decision, Kernel, Receipt, Run, Scheduler, Status, Transition
 from kernel.commit import operations_log_id
 
+from .racing import both_read_first, decide_at_once
 from .test_api import client_for, post, start, user, with_test_kinds
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -108,41 +107,15 @@ def test_two_operators_deciding_at_once_exactly_one_decision_lands(
     step = commands.Step("resolution-1", kernel.task(task_id).epoch)
     accounts = [user("ann", "operator")]
     accounts.append(accounts[0] if same_operator else user("bob", "operator"))
-    both_read = threading.Barrier(2, timeout=10)
-    record = commands.task_reads.record
-
-    def read_then_wait(task_id: str) -> Any:
-        found = record(task_id)
-        both_read.wait()
-        return found
-
-    monkeypatch.setattr(commands.task_reads, "record", read_then_wait)
-    answers: list[Any] = [None, None]
-
-    def decide(i: int) -> None:
-        try:
-            answers[i] = commands.resolve_task(
-                accounts[i], task_id, f"decide-{i}", "checked", ("done", "again")[i], step
-            )
-        except Exception as exc:  # noqa: BLE001 - the refusal is what we look at
-            answers[i] = exc
-        finally:
-            connection.close()
-
-    threads = [threading.Thread(target=decide, args=(i,)) for i in range(2)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=30)
-    landed = [a for a in answers if isinstance(a, commands.ActionResult)]
-    refused = [a for a in answers if not isinstance(a, commands.ActionResult)]
-    assert len(landed) == 1 and len(refused) == 1, answers
-    assert http_status(refused[0]) == 409 and "no longer waits" in str(refused[0])
-    assert not landed[0].replayed
+    both_read_first(monkeypatch, commands.task_reads, "record")
+    landed, refused = decide_at_once(lambda i: commands.resolve_task(
+        accounts[i], task_id, f"decide-{i}", "checked", ("done", "again")[i], step))
+    assert http_status(refused) == 409 and "no longer waits" in str(refused)
+    assert not landed.replayed
     logged = resolutions(kernel, session_id)
-    assert [r["action_id"] for r in logged] == [landed[0].action_id]
+    assert [r["action_id"] for r in logged] == [landed.action_id]
     signal = runtime().kernel.storage.task(task_id).signals["resolution-1"]
-    assert signal["decision"] == ("done", "again")[int(landed[0].action_id[-1])]
+    assert signal["decision"] == ("done", "again")[int(landed.action_id[-1])]
 
 
 @pytest.mark.parametrize(
