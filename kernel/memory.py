@@ -294,15 +294,18 @@ class InMemoryStorage:
                     ),
                     key=lambda d: (d.not_before, d.id),
                 )[:CLAIM_WINDOW]
-                dead = {d.task_id for d in window if self._dead(d.task_id)}
-                self._forget_rows(dead)
                 for row in window:
-                    if row.task_id not in dead:
+                    if not self._dead(row.task_id):
                         claimed = self.claim(row.task_id, owner, now, until)
                         if claimed is not None:
                             return claimed
+                # Nothing claimable: the window's rows that outlived their tasks' runs
+                # go, and the claim looks again (as the Postgres storage does).
+                dead = [row.id for row in window if self._dead(row.task_id)]
                 if not dead:
                     return None
+                for row_id in dead:
+                    del self._dispatches[row_id]
 
     def _dead(self, task_id: str) -> bool:
         """Whether a row of ``task_id`` can only have outlived its task's last run."""

@@ -233,7 +233,11 @@ class Storage(Protocol):
         """Claim, as :meth:`claim` does, the runnable task behind the oldest due,
         unblocked, woken dispatch row of ``queue`` (:meth:`wake_dispatches`), skipping
         tasks another claimer holds; ``None`` if there is none. A row with a message of
-        its own is left to that message's :meth:`claim`."""
+        its own is left to that message's :meth:`claim`. It looks at the
+        :data:`CLAIM_WINDOW` oldest such rows; when none of their tasks can be claimed,
+        the window's rows whose tasks are not runnable and not running (ended, waiting,
+        completing, or gone) are removed and it looks again, so that such rows cannot
+        starve the queue, and a claim that finds work reads no other row's status."""
         ...
 
     def renew(self, task_id: str, owner: str, epoch: int, until: datetime) -> bool:

@@ -351,11 +351,13 @@ class PostgresStorage:
     def claim_woken(self, queue: str, owner: str, now: datetime, until: datetime) -> Task | None:
         params = {"queue": queue, "owner": owner, "now": now, "until": until}
         while True:
-            dead, *task = self._prepared_one(sql.CLAIM_WOKEN, params)
-            if task[0] is not None:
-                return TASK.from_sql(task)
-            if not dead:
-                return None
+            row = self._prepared_one(sql.CLAIM_WOKEN, params)
+            if row:
+                return TASK.from_sql(row)
+            with self._cursor() as cur:
+                cur.execute(sql.FORGET_DEAD_WOKEN, params)
+                if not cur.rowcount:
+                    return None
 
     def renew(self, task_id: str, owner: str, epoch: int, until: datetime) -> bool:
         try:

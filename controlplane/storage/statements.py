@@ -302,27 +302,29 @@ CLAIM_BATCH = (
 # table's statistics from before the burst, the planner hashed every runnable task on
 # each claim, a cost that grew with what was left of a batch.) The
 # first task locked ends the scan, so one task is locked. Which of the window's tasks is
-# taken first is a matter of fairness only: any runnable one may be. A woken row whose
-# task is not runnable is one a claim left behind by a race and is rare: a window of them
-# ends the woken worker's round early, and the sweep re-sends them. Unflushed, as CLAIM.
-CLAIM_WOKEN = (
-    f"WITH {UNFLUSHED}, "
+# taken first is a matter of fairness only: any runnable one may be. Unflushed, as CLAIM.
+_WOKEN_WINDOW = (
     f"window_rows AS MATERIALIZED (SELECT d.id, d.task_id, d.not_before FROM {DISPATCH.name} d "
     "WHERE d.queue = %(queue)s AND d.woken AND NOT d.blocked AND d.not_before <= %(now)s "
-    f"ORDER BY d.not_before, d.id LIMIT {CLAIM_WINDOW}), "
-    f"dead AS (DELETE FROM {DISPATCH.name} d WHERE d.id = ANY((SELECT array_agg(w.id) FROM "
-    f"window_rows w LEFT JOIN LATERAL (SELECT t.status FROM {TASK.name} t WHERE t.id = "
-    f"w.task_id LIMIT 1) s ON true WHERE s.status IS NULL OR s.{DEAD})::bigint[]) "
-    "RETURNING 1), "
+    f"ORDER BY d.not_before, d.id LIMIT {CLAIM_WINDOW})"
+)
+CLAIM_WOKEN = (
+    f"WITH {UNFLUSHED}, {_WOKEN_WINDOW}, "
     f"picked AS (SELECT c.id FROM unflushed, window_rows w, LATERAL (SELECT t.id FROM "
     f"{TASK.name} t WHERE t.id = w.task_id AND {RUNNABLE} FOR UPDATE SKIP LOCKED) c "
-    f"LIMIT 1), {_CLAIMING} "
-    "SELECT (SELECT count(*) FROM dead), claimed.* FROM (SELECT 1) one LEFT JOIN claimed ON true"
+    f"LIMIT 1), {_CLAIMED}"
 )
-"""One row: how many dead rows of the window it removed (the rows of tasks that ended,
-wait or complete: they can only have outlived their tasks' runs), then the claimed task's
-columns, null if none was claimed. A window that held dead rows and nothing claimable is
-read again, without them (``PostgresStorage.claim_woken``)."""
+# A window in which CLAIM_WOKEN found nothing may hold rows that outlived their tasks'
+# runs (a lapsed lease's sweep row whose holder then ended the task, a row that raced its
+# task's ending). Those of the window are removed, and the claim looks again
+# (``PostgresStorage.claim_woken``): a window of them cannot starve the queue. Only then,
+# so that a claim that finds work pays for no status look-ups of its window.
+FORGET_DEAD_WOKEN = (
+    f"WITH {_WOKEN_WINDOW} DELETE FROM {DISPATCH.name} d WHERE d.id = ANY((SELECT "
+    f"array_agg(w.id) FROM window_rows w LEFT JOIN LATERAL (SELECT t.status FROM {TASK.name} "
+    f"t WHERE t.id = w.task_id LIMIT 1) s ON true WHERE s.status IS NULL OR s.{DEAD})"
+    "::bigint[])"
+)
 # SKIP LOCKED: while the holder's own commit has the row, a renewal would queue and
 # then write a deadline computed before it waited. Skip it; the commit extends the
 # lease itself, and the next beat renews with a fresh deadline.

@@ -132,7 +132,8 @@ def claim_window(rows: int | None) -> Iterator[int]:
         yield window or 0
         return
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(sql, "CLAIM_WOKEN", sql.CLAIM_WOKEN.replace(limit, f"LIMIT {rows}"))
+        for name in ("CLAIM_WOKEN", "FORGET_DEAD_WOKEN"):
+            patch.setattr(sql, name, getattr(sql, name).replace(limit, f"LIMIT {rows}"))
         yield rows
 
 
