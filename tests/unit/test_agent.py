@@ -18,7 +18,6 @@ from kernel import (
     Preview,
     Registry,
     Run,
-    Scheduler,
     SubmissionStatus,
     Transition,
     Worker,
@@ -41,11 +40,7 @@ from kernel.agent import (
 )
 from kernel.agent.context import CANCELLED_NOTE, INTERRUPTED_NOTE, LOST_RESULT, messages
 from kernel.records import Entry
-
-
-class Crash(BaseException):
-    pass
-
+from tests.unit.crashes import Crash, run_across_crashes
 
 RECIPIENTS = ["ana@example.com", "ben@example.com", "cai@example.com"]
 NOTICE = ToolCall("call_1", "send_notices", {"recipients": RECIPIENTS, "subject": "S"})
@@ -153,15 +148,8 @@ class World:
 
     def run(self, crashes_allowed: int = 0, advance_clock: bool = True) -> int:
         """Run to idle; a Crash is a dead process: start a fresh one, as often as allowed."""
-        crashes = 0
-        while True:
-            try:
-                Scheduler(self.kernel(), f"w{crashes}").run_until_idle(advance_clock=advance_clock)
-                return crashes
-            except Crash:
-                crashes += 1
-                if crashes > crashes_allowed:
-                    raise
+        return run_across_crashes(self.kernel, self.clock, crashes_allowed=crashes_allowed,
+                                  advance_clock=advance_clock)
 
     def start(self, text: str = "Send the approved notice and summarise", **kw: Any) -> Any:
         kernel = self.kernel()

@@ -20,7 +20,6 @@ from kernel import (
     ManualClock,
     Registry,
     Run,
-    Scheduler,
     Status,
     SubmissionStatus,
     Task,
@@ -41,11 +40,7 @@ from kernel.agent import (
 )
 from kernel.agent import approval as approvals
 from kernel.run import Lease
-
-
-class Crash(BaseException):
-    pass
-
+from tests.unit.crashes import Crash, run_across_crashes
 
 RECIPIENTS = ["ana@example.com", "ben@example.com", "cai@example.com"]
 NUMBER = {"type": "object", "properties": {"amount": {"type": "number"}},
@@ -117,17 +112,10 @@ class World:
         return Kernel(self.storage, registry, self.clock)
 
     def run(self, crashes_allowed: int = 0, advance_clock: bool = False) -> int:
-        crashes = 0
-        while True:
-            try:
-                Scheduler(self.kernel(), f"w{crashes}").run_until_idle(advance_clock=advance_clock)
-                return crashes
-            except Crash:
-                crashes += 1
-                if crashes > crashes_allowed:
-                    raise
-                # the dead worker's lease runs out before anyone else may claim its task
-                self.clock.advance(timedelta(minutes=5))
+        # the dead worker's lease runs out before anyone else may claim its task
+        return run_across_crashes(self.kernel, self.clock, crashes_allowed=crashes_allowed,
+                                  advance_clock=advance_clock,
+                                  lease_lapse=timedelta(minutes=5))
 
     def start(self) -> Any:
         kernel = self.kernel()

@@ -1,0 +1,40 @@
+"""Dead processes for kernel tests on the in-memory storage.
+
+A handler raises :class:`Crash` where a real process would be SIGKILLed: it is a
+``BaseException``, so no kernel code catches it, and the test starts a fresh worker
+(a fresh kernel over the same storage and clock) as a restarted process would.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import timedelta
+
+from kernel import Kernel, ManualClock, Scheduler
+
+
+class Crash(BaseException):
+    pass
+
+
+def run_across_crashes(
+    make_kernel: Callable[[], Kernel],
+    clock: ManualClock,
+    *,
+    crashes_allowed: int,
+    advance_clock: bool,
+    lease_lapse: timedelta | None = None,
+) -> int:
+    """Run to idle; after each Crash start a fresh worker, as often as allowed, after
+    ``lease_lapse`` (the dead worker's lease running out) when given. The crash count."""
+    crashes = 0
+    while True:
+        try:
+            Scheduler(make_kernel(), f"w{crashes}").run_until_idle(advance_clock=advance_clock)
+            return crashes
+        except Crash:
+            crashes += 1
+            if crashes > crashes_allowed:
+                raise
+            if lease_lapse is not None:
+                clock.advance(lease_lapse)
