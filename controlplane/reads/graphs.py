@@ -169,11 +169,12 @@ def runs(session_id: str) -> list[Task]:
 
 
 def thread(session_id: str) -> Thread | None:
-    """The session's thread, or None when the session holds no graph thread."""
+    """The session's thread, or None when the session holds no graph thread (its
+    saver has written no index: a first run shows once it has its first checkpoint)."""
+    if not _holds_thread(session_id):
+        return None
     namespaces, _ = versioned_index(session_id)
     tasks = runs(session_id)
-    if not namespaces and not tasks:
-        return None
     listed = checkpoints(namespaces.get(ROOT, {}))
     shown = [Run(t.id, t.kind, t.shown_status,
                  ((t.input or {}).get("fork") or {}).get("checkpoint_id")
@@ -187,10 +188,17 @@ def thread(session_id: str) -> Thread | None:
     )
 
 
+def _holds_thread(session_id: str) -> bool:
+    """One indexed probe: what a session page pays for not being a thread."""
+    return models.Document.objects.filter(session_id=session_id, kind=INDEX,
+                                          key=INDEX_KEY).exists()
+
+
 def changed(session_id: str, after: int) -> bool:
     """Whether the commits after ``after`` may have changed what :func:`thread` shows:
-    the index, or a task of the session (a graph run's status, its wait)."""
-    return (models.Document.objects.filter(session_id=session_id, kind=INDEX,
-                                           updated_seq__gt=after).exists()
-            or models.Task.objects.filter(session_id=session_id,
-                                          updated_seq__gt=after).exists())
+    the index, or, in a thread, a task of the session (a graph run's status, its wait)."""
+    index = models.Document.objects.filter(session_id=session_id, kind=INDEX, key=INDEX_KEY)
+    found = index.values_list("updated_seq", flat=True).first()
+    return found is not None and (
+        found > after
+        or models.Task.objects.filter(session_id=session_id, updated_seq__gt=after).exists())

@@ -171,3 +171,18 @@ def test_two_operators_forking_at_once_one_fork_lands(
     assert http_status(refused) == 409
     assert len(log(kernel, session_id, "fork")) == 1
     assert len(kernel.storage.session_tasks(session_id)) == 2
+
+
+def test_a_session_that_holds_no_thread_shows_no_graph_section(graphs: Path) -> None:
+    from controlplane.ui.live import SESSION_PAGE
+
+    kernel = runtime().kernel
+    handle = kernel.create_session()
+    seen = handle.head_seq
+    draft = Draft(actor="user:test")
+    draft.create_conversation()
+    handle.commit(draft)
+    page = client_for("olga", "operator").get(f"/sessions/{handle.id}/").content.decode()
+    assert '<div id="graph" data-seq=' in page and "Graph thread" not in page
+    found = SESSION_PAGE.update(handle.id, seen, True)
+    assert found is not None and 'id="graph"' not in found[1]  # not re-rendered
