@@ -26,7 +26,7 @@ JSON = Any
 ROOT = ""
 """The root namespace: the graph's own checkpoints (a subgraph's have a namespace)."""
 CHECKPOINTS_SHOWN = 100
-"""The page lists the thread's newest checkpoints; retention keeps a thread short anyway."""
+"""The page lists the thread's newest checkpoints: a long thread's older ones are counted."""
 
 
 @dataclass(frozen=True)
