@@ -33,6 +33,7 @@ from controlplane.models import ApiToken
 from controlplane.models import BulkAction as BulkActionRow
 from controlplane.reads import approvals as approval_reads
 from controlplane.reads import bulk_actions as bulk_reads
+from controlplane.reads import graphs as graph_reads
 from controlplane.reads import sessions as session_reads
 from controlplane.reads import tasks as task_reads
 from controlplane.reads.tasks import TaskFilter, TaskSet
@@ -55,6 +56,8 @@ from kernel import (
 from kernel.agent import Submitted
 from kernel.agent import approval as approvals
 from kernel.errors import UnstorableValue
+from kernel.hosts.langgraph.interrupts import check_resume, resume_signal
+from kernel.hosts.langgraph.layout import INDEX, INDEX_KEY
 from kernel.records import Conversation, SessionRecord
 from kernel.retention import Progress, PruneReport, RetentionPolicy, quiet
 from kernel.values import storable
@@ -262,8 +265,6 @@ def resume_graph(
     """Resume a hosted LangGraph run interrupted at ``checkpoint_id`` (the interrupt the
     operator saw) with ``value``, checked against the schema the node declared, if any:
     one commit naming the operator. A run no longer waiting there is refused (Conflict)."""
-    from kernel.hosts.langgraph.host import check_resume, resume_signal
-
     require_operator(user)
     task = task_reads.record(task_id)
     if not _done_before(task.session_id, action_id, "resume", task_id):
@@ -277,6 +278,59 @@ def resume_graph(
     signal = resume_signal(checkpoint_id)
     return _act(user, action_id, reason, "resume", task,
                 lambda d: d.signal(task_id, signal, payload, step_epoch=task.epoch))
+
+
+def fork_graph(
+    user: User, session_id: str, action_id: str, reason: str, checkpoint_id: str,
+    values: Any = None,
+) -> ActionResult:
+    """Start a new run of the session's graph from its thread's checkpoint
+    ``checkpoint_id`` (time travel): nothing before that checkpoint runs again; with
+    ``values`` (a JSON object) the state there is updated first (LangGraph's
+    ``update_state``). The fork is a new branch of the thread: the checkpoints after the
+    fork point stay readable. One commit naming the operator, which creates the run.
+
+    Refused (Conflict) when the checkpoint is no longer in the thread (pruned, deleted)
+    or a run of the thread has not ended: each run goes on from the thread's newest
+    checkpoint, which the fork's run would move under it."""
+    from kernel.hosts.langgraph.host import fork_input
+
+    require_operator(user)
+    session_reads.session(session_id)  # UnknownRecord: 404
+    if values is not None:
+        if not isinstance(values, dict):
+            raise Invalid("values: a JSON object (the state's channels to update), or none")
+        try:
+            storable(values, "values")
+        except UnstorableValue as exc:
+            raise Invalid(str(exc)) from exc
+    thread = graph_reads.thread(session_id)
+    if thread is None or thread.kind is None:
+        raise Conflict(f"session {session_id} holds no graph run to fork")
+    kind = thread.kind
+    expected: int | None = None  # a repeat is answered with the first commit, as it is
+    if not _done_before(session_id, action_id, "fork", checkpoint_id):
+        namespaces, expected = graph_reads.versioned_index(session_id)
+        _refuse_unless(checkpoint_id in namespaces.get(graph_reads.ROOT, {}),
+                       f"checkpoint {checkpoint_id} is not in the thread (any more): look again")
+        _refuse_unless(not thread.open_runs,
+                       f"run {', '.join(r.task_id for r in thread.open_runs)} of this thread "
+                       "has not ended: fork once it has (or cancel it)")
+
+    def build(draft: Draft) -> None:
+        run = draft.create_task(kind, fork_input(checkpoint_id, values))
+        # The fork names its run in the thread's index, at the version the checks above
+        # read: a checkpoint written or pruned meanwhile (a run went on, another fork
+        # started) refuses this commit, so two forks never share the thread's head.
+        draft.update_document(
+            INDEX, INDEX_KEY,
+            {"op": "set", "path": ["forks", run],
+             "value": {"checkpoint_id": checkpoint_id, "by": actor(user), "reason": reason}},
+            expected_version=expected)
+
+    seq, replayed = _commit(user, session_id, action_id, "fork", checkpoint_id, reason, build)
+    return ActionResult(action_id, "fork", checkpoint_id, session_id, seq, replayed,
+                        ["the nodes after the fork point run again, with their side effects"])
 
 
 def _declared_decisions(task: Task) -> tuple[Decision, ...]:

@@ -233,6 +233,13 @@ class InMemoryStorage:
             start = max((i for i, v in enumerate(history) if v.has_baseline), default=0)
             return history[start:]
 
+    def document_now(
+        self, session_id: str, kind: str, key: str
+    ) -> tuple[DocumentHead, list[DocumentVersion]] | None:
+        with self._lock:
+            head = self.document_head(session_id, kind, key)
+            return None if head is None else (head, self.document_versions(head.id, head.version))
+
     def submission(self, submission_id: str) -> Submission | None:
         with self._lock:
             return self._submissions.get(submission_id)

@@ -120,11 +120,11 @@ class Kernel:
         head: what a write with ``expected_version`` must be computed from (a value and
         a version read apart may straddle another commit, which the check then misses)."""
         document_kind = self.registry.document_kind(kind)
-        head = self.storage.document_head(session_id, kind, key)
-        if head is None:
+        found = self.storage.document_now(session_id, kind, key)
+        if found is None:
             return document_kind.initial_value(), 0
-        value = replay(self.storage.document_versions(head.id, head.version))
-        return document_kind.upgrade(head.kind_version, value), head.version
+        head, versions = found
+        return document_kind.upgrade(head.kind_version, replay(versions)), head.version
 
     def document_version(self, session_id: str, kind: str, key: str) -> int:
         head = self.storage.document_head(session_id, kind, key)

@@ -202,6 +202,14 @@ class Storage(Protocol):
         or before it, in order."""
         ...
 
+    def document_now(
+        self, session_id: str, kind: str, key: str
+    ) -> tuple[DocumentHead, list[DocumentVersion]] | None:
+        """The document's head and the versions that rebuild its current value
+        (:meth:`document_versions` up to the head's version), read together: what a read
+        of a document's current value needs, in one round trip where the storage can."""
+        ...
+
     def submission(self, submission_id: str) -> Submission | None: ...
 
     def submission_by_request(self, session_id: str, request_id: str) -> Submission | None: ...

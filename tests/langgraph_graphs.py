@@ -174,3 +174,25 @@ def register(registry: Registry) -> None:
         return runtime().kernel
 
     register_all(registry, kernel)
+
+
+_ON_RUNTIME: dict[str, GraphHost] = {}
+
+
+def on_runtime() -> dict[str, GraphHost]:
+    """The graphs registered (once per process) on the control plane's kernel, for the
+    tests that run them in-process."""
+    from controlplane.runtime import runtime
+
+    registry = runtime().kernel.registry
+    if not _ON_RUNTIME and APPROVAL not in registry.kinds():
+        _ON_RUNTIME.update(register_all(registry, lambda: runtime().kernel))
+    return _ON_RUNTIME
+
+
+def release(hosts: dict[str, GraphHost]) -> None:
+    """Close the hosts' savers (their thread and connection); the next run opens one."""
+    for host in hosts.values():
+        if host._saver is not None:
+            host._saver.close()
+            host._saver = None

@@ -27,8 +27,8 @@ from kernel.commit import operations_log_id
 from kernel.records import SHOWN_STATUSES, SessionRecord
 
 from . import approvals as approval_reads
+from . import graphs, tasks
 from . import sessions as session_reads
-from . import tasks
 from . import timeline as history
 from . import transcript as conversations
 from .replica import prefer_replica
@@ -221,6 +221,8 @@ class SessionPage:
     progress: list[dict[str, Any]]
     transcript: Shown
     submissions: Shown
+    graph: graphs.Thread | None
+    """The session's LangGraph thread, when it holds one."""
 
 
 def session_page(session_id: str) -> SessionPage | None:
@@ -232,6 +234,7 @@ def session_page(session_id: str) -> SessionPage | None:
         session_reads.session(session_id), head,
         tasks.ordered(tasks.status_counts(session_id)), roots(session_id), plans(session_id),
         progress(session_id), transcript(session_id), submissions(session_id),
+        graphs.thread(session_id),
     )
 
 
@@ -251,6 +254,7 @@ class SessionChanges:
     progress: list[dict[str, Any]] | None = None
     transcript: Shown | None = None
     submissions: Shown | None = None
+    graph: graphs.Thread | None = None
 
 
 def shown_session_page(session_id: str) -> SessionPage | None:
@@ -313,6 +317,8 @@ def session_changes(session_id: str, after: int) -> SessionChanges | None:
         changes.transcript = transcript(session_id)
     if models.Submission.objects.filter(session_id=session_id, updated_seq__gt=after).exists():
         changes.submissions = submissions(session_id)
+    if graphs.changed(session_id, after):
+        changes.graph = graphs.thread(session_id)
     return changes
 
 

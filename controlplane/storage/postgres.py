@@ -62,7 +62,17 @@ from .connection import (
     read_versions,
     write,
 )
-from .schema import COMMIT, CONVERSATION, DISPATCH, ENTRY, SESSION, SUBMISSION, TASK
+from .schema import (
+    COMMIT,
+    CONVERSATION,
+    DISPATCH,
+    DOCUMENT_HEAD,
+    DOCUMENT_VERSION,
+    ENTRY,
+    SESSION,
+    SUBMISSION,
+    TASK,
+)
 
 log = logging.getLogger(__name__)
 
@@ -315,6 +325,17 @@ class PostgresStorage:
     def document_versions(self, document_id: str, upto: int) -> list[DocumentVersion]:
         with self._cursor() as cur:
             return read_versions(cur, document_id, upto)
+
+    def document_now(
+        self, session_id: str, kind: str, key: str
+    ) -> tuple[DocumentHead, list[DocumentVersion]] | None:
+        rows = self._all(sql.DOCUMENT_NOW, [session_id, kind, key])
+        if not rows:
+            return None
+        width = len(DOCUMENT_HEAD.columns)
+        head = DOCUMENT_HEAD.from_sql(rows[0][:width])
+        return head, [DOCUMENT_VERSION.from_sql(r[width:]) for r in rows
+                      if r[width] is not None]
 
     def submission(self, submission_id: str) -> Submission | None:
         row = self._one(sql.SUBMISSION_BY_ID, [submission_id])

@@ -380,6 +380,17 @@ DOCUMENT_VERSIONS = select(
     "AND has_baseline AND version <= %(upto)s)",
     " ORDER BY version",
 )
+# A document's head and the versions that rebuild its current value, in one statement
+# (one snapshot): no version row for a head (a document with no versions) reads as
+# versions of NULLs, which the reader drops.
+DOCUMENT_NOW = (
+    f"SELECT {DOCUMENT_HEAD.qualified('d')}, {DOCUMENT_VERSION.qualified('v')} "
+    f"FROM {DOCUMENT_HEAD.name} d LEFT JOIN {DOCUMENT_VERSION.name} v "
+    "ON v.document_id = d.id AND v.version <= d.version AND v.version >= (SELECT "
+    f"coalesce(max(b.version), 0) FROM {DOCUMENT_VERSION.name} b WHERE b.document_id = d.id "
+    "AND b.has_baseline AND b.version <= d.version) "
+    "WHERE d.session_id = %s AND d.kind = %s AND d.key = %s ORDER BY v.version"
+)
 DOCUMENT_VERSION_INSERT = insert(DOCUMENT_VERSION)
 SUBMISSION_BY_ID = select(SUBMISSION, "id = %s")
 SUBMISSION_BY_REQUEST = select(SUBMISSION, "session_id = %s AND request_id = %s")

@@ -111,6 +111,61 @@ def _edited(request: HttpRequest, decision: str) -> Any:
     return value
 
 
+@require_POST
+@login_required
+def resume_graph(request: HttpRequest, task_id: str) -> HttpResponse:
+    """Resume a graph run waiting at an interrupt with a JSON value: the form carries the
+    checkpoint the page showed it waiting at (409 when it no longer waits there), and a
+    value that does not meet the schema the node declared is refused (422)."""
+    try:
+        require_operator(request.user)
+        reason, action_id = _reason_and_id(request)
+        checkpoint_id = request.POST.get("checkpoint_id", "").strip()
+        if not checkpoint_id:
+            raise Invalid("checkpoint_id: the checkpoint the page showed the run waiting at")
+        value = _json_field(request, "value", required=True)
+        result = commands.resume_graph(request.user, task_id, action_id, reason,
+                                       checkpoint_id, value)
+    except Exception as exc:
+        return _refused(request, exc)
+    done = "already done" if result.replayed else "done"
+    return _answer(request, 200, f"resume {done}: commit seq {result.seq}.")
+
+
+@require_POST
+@login_required
+def fork_graph(request: HttpRequest, session_id: str) -> HttpResponse:
+    """Start a new run of the session's graph from one of its thread's checkpoints,
+    optionally updating the state there first (a JSON object)."""
+    try:
+        require_operator(request.user)
+        reason, action_id = _reason_and_id(request)
+        checkpoint_id = request.POST.get("checkpoint_id", "").strip()
+        if not checkpoint_id:
+            raise Invalid("checkpoint_id: the checkpoint to fork from")
+        values = _json_field(request, "values", required=False)
+        result = commands.fork_graph(request.user, session_id, action_id, reason,
+                                     checkpoint_id, values)
+    except Exception as exc:
+        return _refused(request, exc)
+    done = "already done" if result.replayed else "done"
+    return _answer(request, 200, f"fork {done}: commit seq {result.seq}. May repeat: "
+                   + "; ".join(result.may_repeat))
+
+
+def _json_field(request: HttpRequest, name: str, *, required: bool) -> Any:
+    """A form's JSON field, parsed (None when empty and not required)."""
+    text = request.POST.get(name, "").strip()
+    if not text:
+        if required:
+            raise Invalid(f"{name}: a JSON value")
+        return None
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        raise Invalid(f"{name}: not JSON ({exc})") from exc
+
+
 def _search(values: dict[str, str]) -> pages.TaskSearch:
     return pages.task_search(**{k: values.get(k, "") for k in pages.SEARCHED})
 

@@ -230,7 +230,7 @@ class SessionLivePage:
                   for group in found.groups]
         parts += [render_to_string("ui/_row.html", {**ctx, "node": node})
                   for node in found.rows]
-        for name in ("plans", "progress", "transcript", "submissions"):
+        for name in ("plans", "progress", "transcript", "submissions", "graph"):
             if getattr(found, name) is not None:
                 parts.append(render_to_string(f"ui/_{name}.html",
                                               {**ctx, name: getattr(found, name)}))

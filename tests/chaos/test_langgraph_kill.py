@@ -1,5 +1,6 @@
-"""A hosted LangGraph agent (``create_react_agent`` with langchain_core's fake chat model)
-whose worker is SIGKILLed in the middle of a super-step.
+"""Hosted LangGraph graphs with real workers: an agent (``create_react_agent`` with
+langchain_core's fake chat model) whose worker is SIGKILLed in the middle of a super-step,
+and an interrupt that waits across a restart of every process.
 
 The model asks for two tools at once, so the tools step runs two nodes side by side:
 ``lookup_recipients`` returns at once and its writes are committed; ``send_notice`` is
@@ -12,6 +13,7 @@ is asked twice in all: once before the kill, once after the tools.
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,9 +23,9 @@ from django.conf import settings
 
 from kernel import Draft, Status
 from kernel.hosts.langgraph import SessionStoreSaver
-from tests.langgraph_graphs import AGENT, RECIPIENTS, runs
+from tests.langgraph_graphs import AGENT, APPROVAL, RECIPIENTS, runs
 
-from .harness import Stack, chaos_stack, wait_for
+from .harness import Stack, chaos_stack, operator_client, wait_for
 
 MODULE = "tests.langgraph_graphs.register"
 STALLED = RECIPIENTS[2]
@@ -89,3 +91,44 @@ def test_an_agent_killed_mid_step_resumes_on_another_worker_and_sends_once_each(
                          and r["outcome"] == "duplicate" for r in stack.admin.requests()),
              "the stalled request to reach the store")
     assert len(stack.admin.messages()) == len(RECIPIENTS)
+
+
+def test_an_interrupt_waits_across_a_restart_of_every_process_and_resumes_from_the_api(
+    graph_stack: Stack, tmp_path: Path
+) -> None:
+    """The interrupted run holds no worker while it waits: every process (workers, beat)
+    is killed and new ones started, and it still waits, with nothing run again; a resume
+    through the API then lets a new worker finish it, with the operator's value."""
+    stack = graph_stack
+    recorded = tmp_path / "graph-runs"
+    stack.worker("w1")
+    stack.beat()
+    handle = stack.kernel.create_session(metadata={"title": "langgraph interrupt"})
+    draft = Draft(actor="user:chaos")
+    task_id = draft.create_task(APPROVAL, {"input": {"text": "notice"}})
+    handle.commit(draft)
+    task = wait_for(lambda: (t := stack.task(task_id)).status is Status.WAITING and t,
+                    "the graph to stop at its interrupt", timeout=60)
+    assert task.lease_owner is None
+    waiting = task.checkpoint["interrupted"]
+    assert waiting["interrupts"][0]["value"]["text"] == "draft of notice"
+
+    for process in list(stack.processes):  # every process restarts
+        process.kill()
+    stack.worker("w2")
+    stack.beat("beat2")
+    time.sleep(2)  # a chance for a wrong claim to happen before we look
+    assert stack.task(task_id).status is Status.WAITING
+    assert runs(recorded) == ["draft", "approve"]
+
+    answer = operator_client("olga").post(
+        f"/api/tasks/{task_id}/resume",
+        {"action_id": "r1", "reason": "read the draft", "checkpoint_id":
+         waiting["checkpoint_id"], "value": {"approved": True}},
+        content_type="application/json")
+    assert answer.status_code == 200, answer.content
+    done = stack.wait_terminal(task_id, timeout=90)
+    assert done.outcome is not None and done.outcome["kind"] == "succeeded", done.outcome
+    assert done.outcome["result"]["output"]["approved"] == {"approved": True}
+    # The interrupted node runs again from its start on resume; nothing else does.
+    assert runs(recorded) == ["draft", "approve", "approve", "publish"]

@@ -70,6 +70,12 @@ def test_every_version_reads_as_its_history_replayed(world: World) -> None:
         written = handle.commit(draft)
         baselines += sum(v.has_baseline for v in written.document_versions)
         history.append(apply_ops(history[-1], [op]))
+        if i % 17 == 0:  # the current value's read in one go: the same records
+            head = kernel.storage.document_head(handle.id, "notes", "n")
+            assert head is not None and kernel.storage.document_now(
+                handle.id, "notes", "n") == (head, kernel.storage.document_versions(
+                    head.id, head.version))
+    assert kernel.storage.document_now(handle.id, "notes", "missing") is None
     assert baselines >= 3  # the small document is re-baselined as ops accumulate
     for version in range(1, 241):
         assert kernel.document(handle.id, "notes", "n", version=version) == history[version]

@@ -207,6 +207,11 @@ OTHER_RULES: dict[str, list[Cell]] = {
     "sessions/<str:session_id>/calls/<str:call_id>/decide": [
         Cell("POST", f"/sessions/{{session}}/calls/{NOPE}/decide", UI_ACTION),
         Cell("GET", f"/sessions/{{session}}/calls/{NOPE}/decide", everyone(405))],
+    "tasks/<str:task_id>/resume": [Cell("POST", f"/tasks/{NOPE}/resume", UI_ACTION),
+                                   Cell("GET", f"/tasks/{NOPE}/resume", everyone(405))],
+    "sessions/<str:session_id>/graph/fork": [
+        Cell("POST", "/sessions/{session}/graph/fork", UI_ACTION),
+        Cell("GET", "/sessions/{session}/graph/fork", everyone(405))],
 }
 
 # The admin: for staff accounts only (the demo's accounts are not staff, nor are the

@@ -12,8 +12,7 @@ import pytest
 
 from controlplane.runtime import runtime
 from kernel import Kernel, Status, Worker
-from kernel.hosts.langgraph.host import GraphHost
-from tests.langgraph_graphs import APPROVAL, register_all, runs
+from tests.langgraph_graphs import APPROVAL, on_runtime, release, runs
 
 from .test_api import client_for, post, start
 
@@ -24,14 +23,9 @@ pytestmark = pytest.mark.django_db(transaction=True)
 def graphs(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Path]:
     monkeypatch.setattr(runtime().dispatcher, "deliver", lambda task, queue: None)
     monkeypatch.setenv("LANGGRAPH_RUNS", str(tmp_path / "runs"))
-    registry = runtime().kernel.registry
-    hosts: dict[str, GraphHost] = {}
-    if APPROVAL not in registry.kinds():
-        hosts = register_all(registry, lambda: runtime().kernel)
+    hosts = on_runtime()
     yield tmp_path / "runs"
-    for host in hosts.values():
-        if host._saver is not None:
-            host._saver.close()
+    release(hosts)
 
 
 def advance(kernel: Kernel, task_id: str) -> None:

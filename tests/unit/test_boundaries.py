@@ -63,6 +63,31 @@ def test_only_the_pydantic_ai_host_imports_pydantic_ai() -> None:
     assert result.stdout.strip() == ""
 
 
+def test_only_the_langgraph_host_imports_langgraph() -> None:
+    """LangGraph is imported by its host alone (nothing else in the kernel or the
+    control plane); reading a thread (its layout, an interrupt) loads none of it, so a
+    process that only shows threads never does."""
+    host = KERNEL / "hosts" / "langgraph"
+    offenders = [
+        str(path.relative_to(ROOT))
+        for tree in (KERNEL, ROOT / "controlplane")
+        for path in sorted(tree.rglob("*.py"))
+        if host not in path.parents
+        for line in path.read_text().splitlines()
+        if line.lstrip().startswith(("import langgraph", "from langgraph"))
+    ]
+    assert offenders == []
+    probe = (
+        "import sys, kernel, kernel.worker, kernel.agent, kernel.hosts\n"
+        "import kernel.hosts.langgraph.layout, kernel.hosts.langgraph.interrupts\n"
+        "print(','.join(sorted(m for m in sys.modules if m.startswith('langgraph'))))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, check=True
+    )
+    assert result.stdout.strip() == ""
+
+
 # -- the import graph ------------------------------------------------------------
 
 

@@ -4,12 +4,14 @@ checkpoints committed with the task's progress, interrupts as durable waits, for
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any, TypedDict
 
 import pytest
 
 from kernel import Draft, InMemoryStorage, Kernel, Registry, Scheduler, Status
 from kernel.hosts.langgraph import SessionStoreSaver
-from kernel.hosts.langgraph.host import fork_input, resume_signal
+from kernel.hosts.langgraph.host import fork_input
+from kernel.hosts.langgraph.interrupts import resume_signal
 from kernel.hosts.langgraph.layout import CHECKPOINT, HEAD
 from tests.langgraph_graphs import APPROVAL, DECISION, PIPELINE, register_all, runs
 
@@ -106,3 +108,52 @@ def test_a_fork_from_the_third_checkpoint_runs_only_the_steps_after_it(
                                                   "checkpoint_id": checkpoint_id}})
         assert found is not None and len(found.checkpoint["channel_values"]["messages"]) == 5
     saver.close()
+
+
+class Asked(TypedDict):
+    answer: Any
+
+
+def test_what_a_node_does_before_interrupt_happens_again_unless_it_is_keyed(
+    recorded: Path,
+) -> None:
+    """LangGraph re-runs an interrupted node from its start on resume: an effect before
+    ``interrupt()`` happens once per run of the node (twice here) unless it is keyed by
+    something the re-run repeats, such as the node's task namespace in the thread
+    (``checkpoint_ns``: the node's name and LangGraph's task id, the same on resume)."""
+    from langgraph.config import get_config
+    from langgraph.graph import END, START, StateGraph
+    from langgraph.types import interrupt
+
+    from kernel.hosts.langgraph.host import register_graph
+
+    unguarded: list[str] = []
+    provider: dict[str, int] = {}  # keyed sends: a key seen before is not sent again
+
+    def ask(state: Asked) -> dict[str, Any]:
+        unguarded.append("sent")
+        conf = get_config()["configurable"]
+        provider.setdefault(f"{conf['thread_id']}:{conf['checkpoint_ns']}", len(provider))
+        return {"answer": interrupt({"question": "go?"})}
+
+    builder = StateGraph(Asked)
+    builder.add_node("ask", ask)
+    builder.add_edge(START, "ask")
+    builder.add_edge("ask", END)
+    registry = Registry()
+    made: list[Kernel] = []
+    register_graph(registry, "guarded", builder.compile(), kernel=lambda: made[0])
+    made.append(Kernel(InMemoryStorage(), registry))
+    kernel = made[0]
+    session, task_id = start(kernel, "guarded", {"input": {"answer": None}})
+    Scheduler(kernel).run_until_idle()
+    waiting = kernel.task(task_id).checkpoint["interrupted"]
+    draft = Draft(actor="user:olga")
+    draft.signal(task_id, resume_signal(waiting["checkpoint_id"]), {"value": "yes"},
+                 step_epoch=kernel.task(task_id).epoch)
+    kernel.open(session).commit(draft)
+    Scheduler(kernel).run_until_idle()
+    task = kernel.task(task_id)
+    assert task.outcome is not None and task.outcome["result"]["output"] == {"answer": "yes"}
+    assert unguarded == ["sent", "sent"]  # before interrupt(): again on resume
+    assert len(provider) == 1  # keyed by the node's task namespace: once

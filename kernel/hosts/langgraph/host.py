@@ -24,54 +24,18 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import jsonschema_rs
 from langgraph.types import Command
 
-from kernel.records import Status, Task
 from kernel.registry import Registry, TaskDefinition
 from kernel.run import Run
 from kernel.session import Kernel
 from kernel.tasks import Transition
 
+from .interrupts import resume_signal
 from .layout import register_documents
 from .saver import SessionStoreSaver
 
 JSON = Any
-RESUME = "langgraph.resume"
-"""The prefix of the signal an interrupted run waits on (``langgraph.resume:<checkpoint>``)."""
-
-
-def resume_signal(checkpoint_id: str) -> str:
-    return f"{RESUME}:{checkpoint_id}"
-
-
-def interrupted(task: Task) -> JSON:
-    """What an interrupted graph task waits for (``checkpoint_id`` and ``interrupts``,
-    each with its ``id`` and ``value``), or None."""
-    waiting = (task.checkpoint or {}).get("interrupted")
-    signal = task.waits_on.signal if task.status is Status.WAITING else None
-    if not waiting or signal != resume_signal(waiting["checkpoint_id"]):
-        return None
-    return waiting
-
-
-def check_resume(task: Task, checkpoint_id: str, value: JSON) -> None:
-    """ValueError naming the field unless ``value`` may resume ``task`` where it was
-    interrupted at ``checkpoint_id``: a node that interrupts with ``{"schema": ...}`` in
-    its value declares the JSON schema its resume value must meet."""
-    waiting = interrupted(task)
-    if waiting is None or waiting["checkpoint_id"] != checkpoint_id:
-        raise LookupError(
-            f"task {task.id} does not wait for a resume at checkpoint {checkpoint_id}"
-        )
-    for found in waiting["interrupts"]:
-        declared = found["value"].get("schema") if isinstance(found["value"], dict) else None
-        if declared is None:
-            continue
-        try:
-            jsonschema_rs.validator_for(declared).validate(value)
-        except jsonschema_rs.ValidationError as exc:
-            raise ValueError(f"value: {exc.message}") from exc
 
 
 def fork_input(checkpoint_id: str, input: JSON = None) -> JSON:

@@ -1,0 +1,204 @@
+"""A LangGraph thread as the session page shows it: the thread's checkpoints in order
+(a timeline of the graph's super-steps, with the branches that forks started), the
+interrupts that wait for a resume value, and the graph runs of the session.
+
+A session is a thread when the saver has written its index document
+(``kernel.hosts.langgraph.layout``); everything here reads documents and task records,
+never LangGraph itself.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from django.db.models import Q
+
+from controlplane import models
+from controlplane.runtime import runtime
+from controlplane.storage.schema import TASK
+from kernel.hosts.langgraph.interrupts import declared_schema, interrupted
+from kernel.hosts.langgraph.layout import INDEX, INDEX_KEY, register_documents
+from kernel.records import Task
+
+JSON = Any
+ROOT = ""
+"""The root namespace: the graph's own checkpoints (a subgraph's have a namespace)."""
+CHECKPOINTS_SHOWN = 100
+"""The page lists the thread's newest checkpoints: a long thread's older ones are counted."""
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """One checkpoint of the thread's root namespace."""
+
+    id: str
+    step: int | None
+    source: str
+    parent: str | None
+    at: datetime | None
+    branch: int
+    """Which branch it is on: 0 the first run's, n the n-th fork's."""
+    fork_of: str | None
+    """The checkpoint a fork went on from, when this one starts a branch."""
+    latest: bool
+    """The thread's newest (what a run with no checkpoint id goes on from)."""
+    ends_branch: bool
+    """No checkpoint follows it."""
+
+    @property
+    def short(self) -> str:
+        return self.id[-12:]
+
+
+@dataclass(frozen=True)
+class Interrupt:
+    """A graph run waiting for a resume value at ``checkpoint_id``."""
+
+    task_id: str
+    kind: str
+    checkpoint_id: str
+    values: list[JSON]
+    """Each interrupt's value, as the node gave it."""
+    schema: JSON
+    """The JSON schema a resume value must meet, when a node declared one."""
+
+
+@dataclass(frozen=True)
+class Run:
+    task_id: str
+    kind: str
+    shown_status: str
+    fork_of: str | None
+    """The checkpoint a forked run went on from."""
+
+
+@dataclass(frozen=True)
+class Thread:
+    checkpoints: list[Checkpoint]
+    """The newest :data:`CHECKPOINTS_SHOWN`, oldest first."""
+    total: int
+    branches: int
+    namespaces: int
+    """Subgraph namespaces besides the root (their checkpoints are not listed)."""
+    interrupts: list[Interrupt]
+    runs: list[Run]
+    kind: str | None
+    """The task kind a fork runs (the thread's newest run's)."""
+
+    @property
+    def earlier(self) -> int:
+        return self.total - len(self.checkpoints)
+
+    @property
+    def open_runs(self) -> list[Run]:
+        """Runs not ended: a fork waits for them (each goes on from the thread's newest
+        checkpoint, which a fork's run would move)."""
+        return [r for r in self.runs if r.shown_status not in ("succeeded", "failed",
+                                                               "cancelled")]
+
+
+def versioned_index(session_id: str) -> tuple[dict[str, dict[str, JSON]], int]:
+    """The thread's live checkpoints by namespace (the saver's index; empty when the
+    session holds no thread) and the index's version."""
+    kernel = runtime().kernel
+    register_documents(kernel.registry)  # this process may host no graph itself
+    found, version = kernel.versioned_document(session_id, INDEX, INDEX_KEY)
+    return (found.get("namespaces", {}) if isinstance(found, dict) else {}), version
+
+
+def _moment(text: Any) -> datetime | None:
+    try:
+        return datetime.fromisoformat(text) if isinstance(text, str) else None
+    except ValueError:
+        return None
+
+
+def checkpoints(entries: dict[str, JSON]) -> list[Checkpoint]:
+    """Every checkpoint of a namespace, oldest first (checkpoint ids sort by time), each
+    on its branch: a checkpoint whose parent already has an earlier child starts one."""
+    ordered = sorted(entries)
+    latest = ordered[-1] if ordered else None
+    parents = {entries[cid].get("parent") for cid in ordered}
+    branch_of: dict[str, int] = {}
+    has_child: set[str] = set()
+    branches = 0
+    found = []
+    for cid in ordered:
+        entry = entries[cid]
+        parent = entry.get("parent")
+        fork_of = None
+        if parent in has_child:
+            branches += 1
+            branch = branches
+            fork_of = parent
+        else:
+            branch = branch_of.get(parent, 0) if parent is not None else 0
+        if parent is not None:
+            has_child.add(parent)
+        branch_of[cid] = branch
+        metadata = entry.get("metadata") or {}
+        step = metadata.get("step")
+        found.append(Checkpoint(
+            cid, step if isinstance(step, int) else None, str(metadata.get("source", "")),
+            parent, _moment(entry.get("ts")), branch, fork_of, cid == latest,
+            cid not in parents))
+    return found
+
+
+def _interrupt(task: Task) -> Interrupt | None:
+    waiting = interrupted(task)
+    if waiting is None:
+        return None
+    values = [i.get("value") for i in waiting.get("interrupts", [])]
+    schema = next((s for s in map(declared_schema, values) if s is not None), None)
+    return Interrupt(task.id, task.kind, waiting["checkpoint_id"], values, schema)
+
+
+def runs(session_id: str) -> list[Task]:
+    """The session's graph runs (task records), oldest first: tasks of the kinds that
+    have committed a checkpoint of the thread or were started as a fork of it."""
+    in_session = models.Task.objects.filter(session_id=session_id)
+    kinds = set(in_session.filter(Q(checkpoint__has_key="langgraph") | Q(input__has_key="fork"))
+                .values_list("kind", flat=True).distinct())
+    if not kinds:
+        return []
+    rows = in_session.filter(kind__in=kinds).order_by("created_seq", "id")
+    return [TASK.record(values) for values in rows.values(*TASK.columns)]
+
+
+def thread(session_id: str) -> Thread | None:
+    """The session's thread, or None when the session holds no graph thread (its
+    saver has written no index: a first run shows once it has its first checkpoint)."""
+    if not _holds_thread(session_id):
+        return None
+    namespaces, _ = versioned_index(session_id)
+    tasks = runs(session_id)
+    listed = checkpoints(namespaces.get(ROOT, {}))
+    shown = [Run(t.id, t.kind, t.shown_status,
+                 ((t.input or {}).get("fork") or {}).get("checkpoint_id")
+                 if isinstance(t.input, dict) else None) for t in tasks]
+    waiting = [i for i in map(_interrupt, tasks) if i is not None]
+    return Thread(
+        listed[-CHECKPOINTS_SHOWN:], len(listed),
+        1 + max((c.branch for c in listed), default=0),
+        len([ns for ns in namespaces if ns != ROOT]),
+        waiting, shown, tasks[-1].kind if tasks else None,
+    )
+
+
+def _holds_thread(session_id: str) -> bool:
+    """One indexed probe: what a session page pays for not being a thread."""
+    return models.Document.objects.filter(session_id=session_id, kind=INDEX,
+                                          key=INDEX_KEY).exists()
+
+
+def changed(session_id: str, after: int) -> bool:
+    """Whether the commits after ``after`` may have changed what :func:`thread` shows:
+    the index, or, in a thread, a task of the session (a graph run's status, its wait)."""
+    index = models.Document.objects.filter(session_id=session_id, kind=INDEX, key=INDEX_KEY)
+    found = index.values_list("updated_seq", flat=True).first()
+    return found is not None and (
+        found > after
+        or models.Task.objects.filter(session_id=session_id, updated_seq__gt=after).exists())

@@ -1,0 +1,188 @@
+"""A LangGraph thread on the session page, on Postgres: its checkpoints on a timeline, an
+interrupt's value with a form that resumes it (JSON, CSRF, a reason; 422 naming the field
+for a value that does not meet the node's schema, 409 for a stale one), and a fork from
+any checkpoint (one commit naming who and why; both branches stay readable; refused
+while a run of the thread is open, or when two operators fork at once)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from html import unescape
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.test import Client
+
+from controlplane import commands
+from controlplane.errors import http_status
+from controlplane.runtime import runtime
+from kernel import Draft, Kernel, Status, Worker
+from kernel.commit import operations_log_id
+from tests.langgraph_graphs import APPROVAL, PIPELINE, on_runtime, release, runs
+
+from .racing import both_read_first, decide_at_once
+from .test_api import client_for, start, user
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def graphs(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Path]:
+    monkeypatch.setattr(runtime().dispatcher, "deliver", lambda task, queue: None)
+    monkeypatch.setenv("LANGGRAPH_RUNS", str(tmp_path / "runs"))
+    hosts = on_runtime()
+    yield tmp_path / "runs"
+    release(hosts)
+
+
+def section(page: str) -> str:
+    return page.split('id="graph"')[1].split("</section>")[0]
+
+
+def log(kernel: Kernel, session_id: str, kind: str) -> list[Any]:
+    return [e.payload for e in kernel.entries(operations_log_id(session_id)) if e.kind == kind]
+
+
+def test_the_session_page_lists_the_checkpoints_and_the_interrupt_with_its_form(
+    graphs: Path,
+) -> None:
+    session_id, task_id = start(runtime().kernel, APPROVAL, {"input": {"text": "notice"}})
+    waiting = runtime().kernel.task(task_id).checkpoint["interrupted"]
+    olga = client_for("olga", "operator")
+    shown = section(olga.get(f"/sessions/{session_id}/").content.decode())
+    assert "(3 checkpoints)" in shown  # the input (step -1), draft next (0), approve next (1)
+    assert shown.count('<li class="checkpoint') == 3
+    card = shown.split(f'id="interrupt-{task_id}"')[1].split("</article>")[0]
+    assert f'data-checkpoint="{waiting["checkpoint_id"]}"' in shown
+    assert "draft of notice" in card and "publish?" in card  # the interrupt's value
+    assert "&quot;approved&quot;" in card  # the schema the node declared
+    assert 'class="resume-form"' in card and 'name="csrfmiddlewaretoken"' in card
+    assert f'name="checkpoint_id" value="{waiting["checkpoint_id"]}"' in card
+    assert 'name="reason" required' in card and '<textarea name="value"' in card
+    assert "A fork waits until run" in shown and 'class="fork-form"' not in shown
+    viewed = section(client_for("vic", "viewer").get(f"/sessions/{session_id}/")
+                     .content.decode())
+    assert "draft of notice" in viewed and "resume-form" not in viewed  # no form
+
+
+def test_the_interrupt_is_pushed_live_to_the_session_page(graphs: Path) -> None:
+    from controlplane.ui.live import SESSION_PAGE
+
+    kernel = runtime().kernel
+    handle = kernel.create_session()
+    seen = handle.head_seq
+    draft = Draft(actor="user:test")
+    task_id = draft.create_task(APPROVAL, {"input": {"text": "notice"}})
+    handle.commit(draft)
+    assert Worker(kernel, "w", 30).advance(task_id)
+    found = SESSION_PAGE.update(handle.id, seen, True)
+    assert found is not None and f'id="interrupt-{task_id}"' in found[1]
+    assert 'id="graph"' in found[1] and 'hx-swap-oob="true"' in found[1]
+
+
+def test_an_operator_resumes_the_interrupt_from_the_page(graphs: Path) -> None:
+    kernel = runtime().kernel
+    session_id, task_id = start(kernel, APPROVAL, {"input": {"text": "notice"}})
+    checkpoint_id = kernel.task(task_id).checkpoint["interrupted"]["checkpoint_id"]
+    olga = client_for("olga", "operator")
+    url = f"/tasks/{task_id}/resume"
+    form = {"action_id": "r1", "reason": "read the draft", "checkpoint_id": checkpoint_id,
+            "value": '{"approved": true}'}
+    head = kernel.storage.session(session_id).head_seq
+    strict = Client(enforce_csrf_checks=True)
+    strict.force_login(user("oscar", "operator"))
+    assert strict.post(url, form).status_code == 403  # no CSRF token: refused
+    assert client_for("vic", "viewer").post(url, form).status_code == 403
+    for value, field in (('{"approved": "yes"}', "value['approved']"), ("[1", "value"),
+                         ('{"approved": true, "also": 1}', "value"), ("", "value")):
+        bad = olga.post(url, {**form, "value": value}, HTTP_HX_REQUEST="true")
+        assert bad.status_code == 422 and field in unescape(bad.content.decode()), bad.content
+    stale = olga.post(url, {**form, "checkpoint_id": "1f0-not-it"}, HTTP_HX_REQUEST="true")
+    assert stale.status_code == 409, stale.content
+    assert olga.post(url, {**form, "reason": ""}).status_code == 422
+    assert kernel.storage.session(session_id).head_seq == head  # refusals changed nothing
+
+    done = olga.post(url, form, HTTP_HX_REQUEST="true")
+    assert done.status_code == 200 and "resume done" in done.content.decode()
+    [entry] = log(kernel, session_id, "resume")
+    assert entry["by"] == "user:olga" and entry["reason"] == "read the draft"
+    assert Worker(kernel, "w", 30).advance(task_id)
+    task = kernel.task(task_id)
+    assert task.status is Status.TERMINAL and task.outcome is not None
+    assert task.outcome["result"]["output"]["approved"] == {"approved": True}
+    assert runs(graphs) == ["draft", "approve", "approve", "publish"]
+    page = section(olga.get(f"/sessions/{session_id}/").content.decode())
+    assert "interrupt-" not in page and "Fork from here" in page
+
+
+def test_an_operator_forks_from_the_third_checkpoint_and_both_branches_stay(
+    graphs: Path,
+) -> None:
+    kernel = runtime().kernel
+    session_id, first = start(kernel, PIPELINE, {"input": {"messages": [("user", "go")]}})
+    assert runs(graphs) == ["model"] * 4
+    olga = client_for("olga", "operator")
+    page = section(olga.get(f"/sessions/{session_id}/").content.decode())
+    ids = [p.split('data-checkpoint="')[1].split('"')[0]
+           for p in page.split('<li class="checkpoint')[1:]]
+    assert len(ids) == 6  # the input, then one per node's step, and the last
+    third = ids[2]
+    url = f"/sessions/{session_id}/graph/fork"
+    form = {"action_id": "f1", "reason": "try step1 again", "checkpoint_id": third}
+    head = kernel.storage.session(session_id).head_seq
+    assert olga.post(url, {**form, "values": "[1]"}).status_code == 422
+    assert olga.post(url, {**form, "checkpoint_id": "1f0-gone"}).status_code == 409
+    assert client_for("vic", "viewer").post(url, form).status_code == 403
+    assert kernel.storage.session(session_id).head_seq == head
+
+    done = olga.post(url, form, HTTP_HX_REQUEST="true")
+    assert done.status_code == 200 and "fork done" in done.content.decode(), done.content
+    again = olga.post(url, form, HTTP_HX_REQUEST="true")
+    assert "fork already done" in again.content.decode()
+    [entry] = log(kernel, session_id, "fork")
+    assert entry["by"] == "user:olga" and entry["reason"] == "try step1 again"
+    assert entry["target"] == third
+    [fork] = [t for t in kernel.storage.session_tasks(session_id) if t.id != first]
+    assert fork.input == {"fork": {"checkpoint_id": third, "values": None}}
+    assert olga.post(url, {**form, "action_id": "f2"}).status_code == 409  # the fork is open
+    assert Worker(kernel, "w", 30).advance(fork.id)
+    assert kernel.task(fork.id).outcome["kind"] == "succeeded"
+    assert runs(graphs) == ["model"] * 7  # step1..step3 again, step0 not
+
+    page = section(olga.get(f"/sessions/{session_id}/").content.decode())
+    assert "2 branches" in page and 'data-branch="1"' in page
+    for task_id in (first, fork.id):  # each branch's last checkpoint is on the page
+        end = kernel.task(task_id).outcome["result"]["checkpoint_id"]
+        assert f'id="checkpoint-{end}"' in page
+    assert f'forked from <a href="#checkpoint-{third}"' in page
+
+
+def test_two_operators_forking_at_once_one_fork_lands(
+    graphs: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    kernel = runtime().kernel
+    session_id, _ = start(kernel, PIPELINE, {"input": {"messages": [("user", "go")]}})
+    [checkpoint_id, *_] = sorted(commands.graph_reads.versioned_index(session_id)[0][""])
+    accounts = [user("ann", "operator"), user("bob", "operator")]
+    both_read_first(monkeypatch, commands.graph_reads, "versioned_index")
+    _, refused = decide_at_once(lambda i: commands.fork_graph(
+        accounts[i], session_id, f"fork-{i}", "again", checkpoint_id))
+    assert http_status(refused) == 409
+    assert len(log(kernel, session_id, "fork")) == 1
+    assert len(kernel.storage.session_tasks(session_id)) == 2
+
+
+def test_a_session_that_holds_no_thread_shows_no_graph_section(graphs: Path) -> None:
+    from controlplane.ui.live import SESSION_PAGE
+
+    kernel = runtime().kernel
+    handle = kernel.create_session()
+    seen = handle.head_seq
+    draft = Draft(actor="user:test")
+    draft.create_conversation()
+    handle.commit(draft)
+    page = client_for("olga", "operator").get(f"/sessions/{handle.id}/").content.decode()
+    assert '<div id="graph" data-seq=' in page and "Graph thread" not in page
+    found = SESSION_PAGE.update(handle.id, seen, True)
+    assert found is not None and 'id="graph"' not in found[1]  # not re-rendered
