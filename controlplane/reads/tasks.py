@@ -19,6 +19,7 @@ from controlplane.storage.schema import TASK
 from kernel import Blocked, Decision, Outcome, Status, Task, UnknownRecord
 from kernel.records import SHOWN_STATUSES
 
+from . import environments
 from .snapshot import rows as sql_rows
 
 SHOWN_STATUS_SQL = (
@@ -81,6 +82,9 @@ class TaskView:
 
     task: Task
     blocked: str | None = None
+    environment: dict[str, Any] | None = None
+    """A worker's current report that it does not offer the run's environment
+    (:mod:`controlplane.reads.environments`): read for one task's page, not for lists."""
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.task, name)
@@ -249,7 +253,11 @@ def get(task_id: str) -> TaskView:
     found = _records(models.Task.objects.filter(id=task_id))
     if not found:
         raise UnknownRecord(f"no task {task_id}")
-    return view(found[0])
+    shown = view(found[0])
+    report = environments.report(found[0])
+    if report is None:
+        return shown
+    return TaskView(shown.task, shown.blocked or environments.reason(report), report)
 
 
 def record(task_id: str) -> Task:
