@@ -96,3 +96,48 @@ def test_a_worker_with_a_changed_tool_schema_blocks_only_the_run_that_needs_it(
     assert "tool pay: " not in (olga.get(f"/api/tasks/{pay.id}").json()["blocked"] or "")
     results = [e.payload for e in stack.entries(conversation) if e.kind == "tool_result"]
     assert sorted(r["name"] for r in results) == ["pay", "refund"]
+
+
+def test_a_fork_starts_the_blocked_call_again_under_the_new_environment(
+    stack: Stack, model: ModelStandIn
+) -> None:
+    model.script = by_round(Completion("", (PAY,)), Completion("Paid."))
+    first = stack.worker("w1")
+    stack.beat()
+    session_id, _, submission = stack.converse("Pay the supplier")
+    task = wait_for(
+        lambda: any(t.kind == "agent-tool" for t in stack.tasks(session_id))
+        and (t := tool_task(stack, session_id, "pay")).status is Status.SLEEPING
+        and t.phase == "approval" and t, "the pay call to wait for approval")
+    first.kill()
+    stack.worker("w2", PAY_SCHEMA="2")
+    olga = operator_client("olga")
+    approve(olga, session_id, task, "call_pay")
+    wait_for(lambda: stack.task(task.id).lease_owner is None
+             and stack.kernel.document(session_id, BLOCKED_DOCUMENT, task.id) or None,
+             "the worker to report the pay call blocked and give it back")
+    blocked = stack.task(task.id)
+
+    points = olga.get(f"/api/tasks/{task.id}/restarts").json()
+    assert [p["phase"] for p in points] == ["call", "approval"]
+    answer = olga.post(f"/api/tasks/{task.id}/restart",
+                       {"action_id": "f1", "reason": "ask again under the new schema",
+                        "seq": points[0]["seq"], "expected_seq": blocked.updated_seq},
+                       content_type="application/json")
+    assert answer.status_code == 200, answer.content
+    # The fork runs under the new environment, from the call: it asks for approval anew
+    # (the approval given to the old run does not let it through).
+    again = wait_for(
+        lambda: (t := stack.task(task.id)).status is Status.SLEEPING
+        and t.phase == "approval" and t.updated_seq > blocked.updated_seq and t,
+        "the forked call to wait for a new approval")
+    assert again.checkpoint["_environment"]["tool pay"] != \
+        blocked.checkpoint["_environment"]["tool pay"]
+    assert stack.tool_runs() == []
+    second = olga.post(f"/api/sessions/{session_id}/calls/call_pay/approve",
+                       {"action_id": "a2", "reason": "checked again",
+                        "digest": again.checkpoint["approval"]["digest"]},
+                       content_type="application/json")
+    assert second.status_code == 200, second.content
+    stack.wait_answered(submission.id)
+    assert stack.tool_runs() == ["pay"]
