@@ -56,7 +56,10 @@ def offered(kind: str, version: int, needs: Needs | None, input: JSON,
     checkpoint: the kernel, the definition, and what the definition says it needs."""
     found: dict[str, JSON] = {"kernel": KERNEL_VERSION, "definition": f"{kind} v{version}"}
     if needs is not None:
-        found.update(needs(input, checkpoint))
+        try:
+            found.update(needs(input, checkpoint))
+        except Exception as exc:  # input its phases will refuse: they say why, not this
+            found["needs"] = f"unreadable ({type(exc).__name__})"
     return found
 
 
