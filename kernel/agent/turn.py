@@ -91,10 +91,18 @@ def register_agent(
         max_restarts = MAX_ATTEMPTS
 
         def needs(self, input: JSON, checkpoint: JSON) -> dict[str, JSON]:
-            """Its model, configured here (the tools it offers the model are read anew for
-            each request: a tool added or changed meanwhile is what the model sees)."""
+            """Its model, configured here, and its options, accepted here (the tools it
+            offers the model are read anew for each request: a tool added or changed
+            meanwhile is what the model sees)."""
             model = checkpoint.get("model") or input.get("model") or default_model
-            return {f"model {model}": "configured" if model in models else None}
+            options = checkpoint.get("options") or input.get("options") or {}
+            try:
+                check_options(options)
+                accepted: str | None = f"accepted ({fingerprint(options)})"
+            except ValueError:
+                accepted = None
+            return {f"model {model}": "configured" if model in models else None,
+                    "model options": accepted}
 
         def prepare(self, run: Run) -> Transition:
             model = run.input.get("model") or default_model

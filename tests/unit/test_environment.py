@@ -44,3 +44,36 @@ def test_a_task_whose_needs_cannot_be_read_is_created_and_its_phase_says_why() -
     Scheduler(kernel).run_until_idle()
     assert kernel.task(task_id).outcome["error"] == "no call in the input"
     assert offered("reader", 1, None, {}, {}) == {"kernel": "1", "definition": "reader v1"}
+
+
+def test_a_turn_whose_model_is_not_configured_on_the_worker_is_blocked_there() -> None:
+    from kernel import Worker
+    from kernel.agent import ModelResponse, ScriptedProvider, Toolbox, register_agent, submit
+    from kernel.environment import BLOCKED_DOCUMENT
+
+    storage = InMemoryStorage()
+    provider = ScriptedProvider(responses=[ModelResponse("Hello.")])
+
+    def kernel_with(models: dict) -> Kernel:
+        registry = Registry()
+        register_agent(registry, models, Toolbox(), "scripted")
+        return Kernel(storage, registry)
+
+    before = kernel_with({"scripted": provider})
+    handle = before.create_session()
+    draft = Draft()
+    conversation = draft.create_conversation()
+    handle.commit(draft)
+    submitted = submit(handle, conversation, {"text": "hi"}, "req-1")
+    turn = before.document(handle.id, "agent-conversation", conversation)["active"]
+
+    without = kernel_with({"other": provider})
+    assert not Worker(without, "w2").advance(turn)
+    report = without.document(handle.id, BLOCKED_DOCUMENT, turn)
+    assert report["differences"] == [
+        "model scripted: missing here (it was started with configured)"]
+    assert provider.requests == []
+
+    assert Worker(before, "w1").advance(turn)  # a worker that has it runs it
+    assert before.storage.submission(submitted.submission.id).status.settled
+    assert len(provider.requests) == 1
