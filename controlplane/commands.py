@@ -33,7 +33,9 @@ from controlplane.models import ApiToken
 from controlplane.models import BulkAction as BulkActionRow
 from controlplane.reads import approvals as approval_reads
 from controlplane.reads import bulk_actions as bulk_reads
+from controlplane.reads import environments as environment_reads
 from controlplane.reads import graphs as graph_reads
+from controlplane.reads import restarts as restart_reads
 from controlplane.reads import sessions as session_reads
 from controlplane.reads import tasks as task_reads
 from controlplane.reads.tasks import TaskFilter, TaskSet
@@ -55,6 +57,8 @@ from kernel import (
 )
 from kernel.agent import Submitted
 from kernel.agent import approval as approvals
+from kernel.agent import branches as agent_branches
+from kernel.commit import operations_log_id
 from kernel.errors import UnstorableValue
 from kernel.hosts.langgraph.interrupts import check_resume, resume_signal
 from kernel.hosts.langgraph.layout import INDEX, INDEX_KEY
@@ -111,10 +115,13 @@ class BulkResult:
 # -- how an action is committed ------------------------------------------------------------
 
 
-def _record(draft: Draft, user: User, key: str, action: str, target: str, reason: str) -> None:
+def _record(draft: Draft, user: User, key: str, action: str, target: str, reason: str,
+            detail: dict[str, Any] | None = None) -> None:
     """The action's entry in the session's operations log: what, on what, who, why, and
-    through which credential (an API token by name and id, or the browser session)."""
-    entry = {"target": target, "reason": reason, "by": actor(user), "action_id": key}
+    through which credential (an API token by name and id, or the browser session);
+    ``detail``: what the action chose (say, the commit a restart starts from)."""
+    entry = {"target": target, "reason": reason, "by": actor(user), "action_id": key,
+             **(detail or {})}
     via = credential()
     if via is not None:
         entry["via"] = via
@@ -129,12 +136,13 @@ def _commit(
     target: str,
     reason: str,
     build: Callable[[Draft], None],
+    detail: dict[str, Any] | None = None,
 ) -> tuple[int, bool]:
     """Commit one action; return its seq and whether it had been done already (the same
     action on the same target under this id). Conflict if the id did something else."""
     draft = Draft(actor=actor(user), key=key)
     build(draft)
-    _record(draft, user, key, action, target, reason)
+    _record(draft, user, key, action, target, reason, detail)
     try:
         written = runtime().kernel.open(session_id).commit(draft)
     except DuplicateCommit as exc:
@@ -153,8 +161,10 @@ def _act(
     task: Task,
     build: Callable[[Draft], None],
     may_repeat: list[str] | None = None,
+    detail: dict[str, Any] | None = None,
 ) -> ActionResult:
-    seq, replayed = _commit(user, task.session_id, action_id, action, task.id, reason, build)
+    seq, replayed = _commit(user, task.session_id, action_id, action, task.id, reason, build,
+                            detail)
     return ActionResult(action_id, action, task.id, task.session_id, seq, replayed,
                         may_repeat or [])
 
@@ -203,6 +213,85 @@ def retry_task(user: User, task_id: str, action_id: str, reason: str) -> ActionR
         "makes before its next commit may happen again"
     ]
     return _act(user, action_id, reason, "retry", task, lambda d: d.retry(task_id), repeat)
+
+
+def restart_preview(user: User, task_id: str, seq: int) -> restart_reads.RestartPreview:
+    """What starting ``task_id`` again from the phase it entered at commit ``seq`` would
+    do: the phases that stay and those that run again, the external calls made after that
+    point (made again as new calls, under new operation ids), and whether the task's state
+    allows it now. Show it, then confirm with :func:`restart_task`."""
+    require_operator(user)
+    return restart_reads.preview(task_reads.record(task_id), seq)
+
+
+def restart_task(
+    user: User, task_id: str, action_id: str, reason: str, seq: int, expected_seq: int
+) -> ActionResult:
+    """Start ``task_id`` again from the phase it entered at commit ``seq``, with the
+    checkpoint it entered it with (read from the commit log): what it committed before
+    stays, no phase before it runs again. ``expected_seq`` is the task's ``updated_seq`` as
+    the operator saw it: a task that changed since is refused (Conflict), as is one whose
+    state does not allow it (see :mod:`controlplane.reads.restarts`). One commit, naming
+    who and why, with the restart point in the operations log."""
+    require_operator(user)
+    task = task_reads.record(task_id)
+    try:
+        chosen = restart_reads.point(task, seq)
+    except UnknownRecord as exc:
+        raise Invalid(f"seq: {exc}") from exc
+    if not _done_before(task.session_id, action_id, "restart", task_id):
+        refused = restart_reads.refusal(task)
+        _refuse_unless(refused is None, refused or "")
+        _refuse_unless(
+            task.updated_seq == expected_seq,
+            f"task {task_id} changed at #{task.updated_seq} after the #{expected_seq} you saw: "
+            "look again",
+        )
+    said = restart_reads.preview(task, seq).may_repeat()
+    # A worker found the run's environment different: the fork runs under what it offers.
+    report = environment_reads.report(task)
+    offered = report.get("offered") if report is not None else None
+    detail: dict[str, Any] = {"restart": {"from_seq": seq, "phase": chosen.phase}}
+    if report is not None:
+        detail["environment"] = {"worker": report.get("worker"),
+                                 "differences": report.get("differences")}
+    return _act(
+        user, action_id, reason, "restart", task,
+        lambda d: d.restart(task_id, chosen.entry(task_id), expected_seq=expected_seq,
+                            environment=offered),
+        said, detail,
+    )
+
+
+def migrate_environment(
+    user: User, task_id: str, action_id: str, reason: str, expected_seq: int
+) -> ActionResult:
+    """Let a task that a worker found blocked by its environment (a tool removed or
+    changed, a model no longer configured: :mod:`kernel.environment`) continue, from
+    where it stands, under the environment that worker offers. ``expected_seq`` is the
+    task's ``updated_seq`` the operator saw; refused (Conflict) when it changed or when no
+    worker reports a difference for the task as it is now. One commit naming who and why,
+    with the differences accepted in the operations log."""
+    require_operator(user)
+    task = task_reads.record(task_id)
+    report = environment_reads.report(task)
+    if not _done_before(task.session_id, action_id, "migrate", task_id):
+        _refuse_unless(report is not None,
+                       f"no worker reports task {task_id}'s environment different as it is "
+                       f"now (it is {task.shown_status}): nothing to migrate")
+        _refuse_unless(
+            task.updated_seq == expected_seq,
+            f"task {task_id} changed at #{task.updated_seq} after the #{expected_seq} you saw: "
+            "look again",
+        )
+    offered = (report or {}).get("offered") or {}
+    detail = {"environment": {"worker": (report or {}).get("worker"),
+                              "differences": (report or {}).get("differences")}}
+    return _act(
+        user, action_id, reason, "migrate", task,
+        lambda d: d.migrate_environment(task_id, offered, expected_seq=expected_seq),
+        [], detail,
+    )
 
 
 def resolve_task(
@@ -571,6 +660,49 @@ def create_conversation(
     created = kernel.storage.conversation(conversation_id)
     assert created is not None
     return created
+
+
+@dataclass(frozen=True)
+class BranchResult:
+    """A turn branched from a model response: the new conversation and turn, the commit."""
+
+    action_id: str
+    session_id: str
+    entry_id: str
+    conversation_id: str
+    turn_id: str
+    seq: int
+    replayed: bool
+
+
+def branch_turn(
+    user: User, session_id: str, entry_id: str, action_id: str, reason: str
+) -> BranchResult:
+    """Branch the turn that committed the model response ``entry_id``: a new conversation
+    forked at that entry and a new turn on it that starts from the response as committed
+    (the model is asked only from there; its tool calls are made anew, under new operation
+    ids). One commit naming who and why; the original conversation and turn stay."""
+    require_operator(user)
+    kernel = runtime().kernel
+    conversation_id = session_reads.entry_conversation(session_id, entry_id)
+    key = action_id
+    try:
+        made = agent_branches.branch_turn(
+            kernel.open(session_id), conversation_id, entry_id, actor=actor(user), key=key,
+            also=lambda d: _record(d, user, key, "branch", entry_id, reason),
+        )
+    except DuplicateCommit as exc:
+        if not _done_before(session_id, key, "branch", entry_id):
+            raise Conflict(f"action id {key!r} was used by another commit: use a fresh id"
+                           ) from exc
+        log_id = operations_log_id(session_id)
+        made_before = {i.get("type"): i.get("id") for i in exc.existing.summary
+                       if i.get("type") in ("conversation", "task") and i.get("id") != log_id}
+        return BranchResult(action_id, session_id, entry_id,
+                            str(made_before.get("conversation")), str(made_before.get("task")),
+                            exc.existing.seq, True)
+    return BranchResult(action_id, session_id, entry_id, made.conversation_id, made.turn_id,
+                        made.seq, False)
 
 
 def submit(

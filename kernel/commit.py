@@ -18,6 +18,7 @@ from itertools import islice
 from typing import Any
 
 from .documents import apply_ops, check_op, encoded_size, needs_baseline
+from .environment import ENVIRONMENT, offered
 from .errors import (
     CommitRejected,
     DocumentConflict,
@@ -29,6 +30,7 @@ from .errors import (
     UnknownRecord,
     WaitCycle,
 )
+from .forks import RESTARTED, PhaseEntry, Restart
 from .records import (
     SUBMISSION_ID,
     TASK_ID,
@@ -150,6 +152,8 @@ class Draft:
     wakes: list[str] = field(default_factory=list)
     returned: list[tuple[str, int]] = field(default_factory=list)
     retries: list[str] = field(default_factory=list)
+    restarts: list[Restart] = field(default_factory=list)
+    migrations: list[tuple[str, JSON, int]] = field(default_factory=list)
     submissions: list[tuple[str, str, str, JSON, str | None]] = field(default_factory=list)
     submission_updates: list[tuple[str, SubmissionStatus, str | None, str | None]] = field(
         default_factory=list
@@ -178,6 +182,7 @@ class Draft:
         created = {t.id for t in self.new_tasks} | {c.id for c in self.conversations}
         tasks = [f.task_id for f in self.fenced] + [t for t, _ in self.cancels]
         tasks += [s[0] for s in self.signals] + self.wakes + self.retries
+        tasks += [r.task_id for r in self.restarts] + [m[0] for m in self.migrations]
         tasks += [t for t, _ in self.returned]
         tasks += [t.parent_id for t in self.new_tasks if t.parent_id]
         conversations = [c for _, c, _, _ in self.entries] + [s[1] for s in self.submissions]
@@ -324,6 +329,38 @@ class Draft:
         """Run a failed or faulted task again from its last saved phase."""
         self.retries.append(task_id)
 
+    def migrate_environment(
+        self, task_id: str, environment: JSON, *, expected_seq: int
+    ) -> None:
+        """Let ``task_id`` continue under ``environment`` (what a worker that found its
+        recorded one different offers: :mod:`kernel.environment`), from where it stands.
+        Refused (:class:`StaleStep`) when the task changed after ``expected_seq``, and
+        (:class:`IllegalTransition`) while it is running."""
+        if not isinstance(environment, dict):
+            raise CommitRejected("an environment is a JSON object")
+        environment = storable(environment, f"task {task_id} environment")
+        self.migrations.append((task_id, environment, expected_seq))
+
+    def restart(
+        self, task_id: str, entry: PhaseEntry, *, expected_seq: int,
+        environment: JSON = None,
+    ) -> None:
+        """Run ``task_id`` again from the phase it entered at ``entry`` (read from the
+        commit log: :func:`kernel.forks.phase_entries`), with the checkpoint it entered
+        that phase with. Refused (:class:`StaleStep`) when the task changed after
+        ``expected_seq``, and (:class:`IllegalTransition`) while a phase of it may be
+        running or winding down (running, completing, cancelling), while subtasks it owns
+        are open, or when it is owned by a task that has ended. With ``environment`` it
+        runs from there under that environment (:mod:`kernel.environment`), not the one
+        it recorded."""
+        if entry.task_id != task_id:
+            raise CommitRejected(f"entry #{entry.seq} is of task {entry.task_id}, not {task_id}")
+        checkpoint = storable(entry.checkpoint, f"task {task_id} checkpoint")
+        if environment is not None:
+            checkpoint = {**checkpoint, ENVIRONMENT: storable(environment, "environment")}
+        self.restarts.append(Restart(task_id, replace(entry, checkpoint=checkpoint),
+                                     expected_seq))
+
     def submit(
         self,
         conversation_id: str,
@@ -393,6 +430,10 @@ class Builder:
         self.summary: list[JSON] = []
         self.ran_by: dict[str, tuple[str | None, int]] = {}
         """Tasks whose phase commits here: the lease holder and epoch it came through."""
+        self.phases_before: dict[str, str] = {}
+        """The phase each task this commit changes was in before it."""
+        self.restarted: dict[str, int] = {}
+        """Tasks restarted here, with the seq of the phase entry they restart from."""
 
     # -- task working set ---------------------------------------------------
 
@@ -469,6 +510,8 @@ class Builder:
 
     def put(self, task: Task) -> None:
         previous = self.tasks.get(task.id)
+        if previous is not None and task.id not in self.created:
+            self.phases_before.setdefault(task.id, previous.phase)
         self.tasks[task.id] = task
         self.changed.add(task.id)
         if task.status is Status.TERMINAL and (previous is None or not previous.terminal):
@@ -512,6 +555,10 @@ class Builder:
             self._phase_returned(task_id, epoch)
         for task_id in self.draft.retries:
             self._retry(task_id)
+        for restart in self.draft.restarts:
+            self._restart(restart)
+        for task_id, environment, expected_seq in self.draft.migrations:
+            self._migrate(task_id, environment, expected_seq)
         for task_id, reason in self.draft.cancels:
             asked = self.task(task_id)
             if asked.terminal:
@@ -533,6 +580,11 @@ class Builder:
                 item["holder"], item["epoch"] = self.ran_by[task.id]
             if task.restarts:
                 item["restarts"] = task.restarts
+            if self._entered(task):  # where it stood as the phase began (kernel.forks)
+                item["checkpoint"] = task.checkpoint
+                item["version"] = task.version
+            if task.id in self.restarted:
+                item["restart_of"] = self.restarted[task.id]
             self.summary.append(item)
         dispatches = [
             Dispatch(t.id, self.session_id, t.wake_at or self.now, t.queue, self.seq)
@@ -744,6 +796,10 @@ class Builder:
             )
         if new.parent_id is not None and new.parent_id not in self.created:
             self.task(new.parent_id)
+        checkpoint = {}
+        if definition.needs is not None:  # what it is started under (kernel.environment)
+            checkpoint[ENVIRONMENT] = offered(new.kind, definition.version, definition.needs,
+                                              new.input, {})
         task = Task(
             id=new.id,
             session_id=self.session_id,
@@ -752,7 +808,7 @@ class Builder:
             input=copy.deepcopy(new.input),
             status=Status.PENDING,
             phase=definition.initial,
-            checkpoint={},
+            checkpoint=checkpoint,
             created_seq=self.seq,
             updated_seq=self.seq,
             parent_id=new.parent_id,
@@ -892,6 +948,90 @@ class Builder:
                 updated_seq=self.seq,
             )
         )
+
+    def _entered(self, task: Task) -> bool:
+        """Whether this commit moved ``task`` into its phase (created it, moved it to
+        another phase, restarted it), and is not ending it."""
+        if task.status in (Status.TERMINAL, Status.COMPLETING):
+            return False
+        if task.id in self.created or task.id in self.restarted:
+            return True
+        return self.phases_before.get(task.id, task.phase) != task.phase
+
+    def _migrate(self, task_id: str, environment: JSON, expected_seq: int) -> None:
+        task = self.task(task_id)
+        if task.updated_seq != expected_seq:
+            raise StaleStep(f"task {task_id} changed at #{task.updated_seq} after the "
+                            f"#{expected_seq} you saw: look again")
+        if task.terminal or task.status is Status.RUNNING:
+            raise IllegalTransition(f"task {task_id} is {task.shown_status}: only a task "
+                                    "waiting to run again is migrated")
+        checkpoint = {**task.checkpoint, ENVIRONMENT: environment}
+        self.put(replace(task, checkpoint=checkpoint, updated_seq=self.seq))
+
+    def _restart(self, restart: Restart) -> None:
+        task = self.task(restart.task_id)
+        entry = restart.entry
+        if task.updated_seq != restart.expected_seq:
+            raise StaleStep(
+                f"task {task.id} changed at #{task.updated_seq} after the #"
+                f"{restart.expected_seq} you saw: look again"
+            )
+        if task.status in (Status.RUNNING, Status.COMPLETING) or (
+            task.cancel is not None and not task.terminal
+        ):
+            state = "cancelling" if task.cancel is not None else str(task.status)
+            raise IllegalTransition(
+                f"task {task.id} is {state}: a phase of it may be running; cancel it and "
+                "wait for it to end first"
+            )
+        open_children = [c.id for c in self.children(task.id) if not c.terminal]
+        if open_children:
+            raise IllegalTransition(
+                f"task {task.id} owns subtasks still open ({', '.join(open_children[:3])}): "
+                "cancel it and wait for them to end first"
+            )
+        if task.owned and task.parent_id is not None:
+            owner = self.task(task.parent_id)
+            if owner.terminal or owner.status is Status.COMPLETING or owner.cancel is not None:
+                raise IllegalTransition(
+                    f"task {task.id} is owned by {owner.id}, which has ended or is ending: "
+                    "start its owner again instead"
+                )
+        if entry.version is not None and entry.version != task.version:
+            raise IllegalTransition(
+                f"task {task.id} entered {entry.phase!r} at #{entry.seq} as version "
+                f"{entry.version}; it is version {task.version} now"
+            )
+        record = {"from_seq": entry.seq, "phase": entry.phase, "seq": self.seq,
+                  "by": self.draft.actor, "was": task.shown_status}
+        checkpoint = dict(entry.checkpoint) if isinstance(entry.checkpoint, dict) else {}
+        checkpoint[RESTARTED] = [*task.checkpoint.get(RESTARTED, []), record]
+        candidate = replace(task, phase=entry.phase, checkpoint=checkpoint)
+        resolved = self.registry.resolve(candidate)
+        if isinstance(resolved, Blocked):
+            raise IllegalTransition(f"task {task.id} is blocked: {resolved.reason}")
+        if entry.phase not in resolved.definition.phases:
+            raise IllegalTransition(
+                f"task {task.id} ({task.kind}) has no phase {entry.phase!r} any more"
+            )
+        # Signals it received are dropped: a phase that runs again waits for its answer
+        # again (an approval given to the old run must not let the new one through).
+        self.put(
+            released(
+                candidate,
+                status=Status.PENDING,
+                outcome=None,
+                cancel=None,
+                wait=None,
+                wake_at=None,
+                signals={},
+                restarts=0,
+                epoch=task.epoch + 1,
+                updated_seq=self.seq,
+            )
+        )
+        self.restarted[task.id] = entry.seq
 
     def _cancel(self, task_id: str, reason: str, actor: str) -> None:
         """Record the intent and revoke the lease of ``task_id`` and its owned subtasks.

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .documents import DocumentKind, Migrate
+from .environment import BLOCKED_DOCUMENT, Needs
 from .errors import NotRegistered
 from .records import Status, Task
 from .tasks import Transition
@@ -25,7 +26,8 @@ Handler = Callable[[Any], Transition]
 TaskMigrate = Callable[[int, JSON, JSON], tuple[JSON, JSON]]
 
 RESERVED = frozenset(
-    {"migrate", "on_cancel", "on_end", "initial", "queue", "max_restarts", "decisions"}
+    {"migrate", "on_cancel", "on_end", "initial", "queue", "max_restarts", "decisions",
+     "needs"}
 )
 
 
@@ -113,6 +115,9 @@ class TaskDefinition:
     max_restarts: int = 3
     queue: str = "default"
     decisions: tuple[Decision, ...] = ()
+    needs: Needs | None = None
+    """``needs(input, checkpoint)``: what of this process's environment a task needs
+    (:mod:`kernel.environment`); None: nothing beyond its definition and the kernel."""
 
     def __post_init__(self) -> None:
         if self.initial not in self.phases:
@@ -143,6 +148,9 @@ class Blocked:
 class Registry:
     _tasks: dict[str, dict[int, TaskDefinition]] = field(default_factory=dict)
     _documents: dict[str, DocumentKind] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.document(BLOCKED_DOCUMENT)  # where workers report environments that differ
 
     # -- tasks -------------------------------------------------------------
 
@@ -183,6 +191,7 @@ class Registry:
                     max_restarts=getattr(cls, "max_restarts", max_restarts),
                     queue=getattr(cls, "queue", queue),
                     decisions=tuple(getattr(cls, "decisions", ())),
+                    needs=getattr(instance, "needs", None),
                 )
             )
             return cls

@@ -22,6 +22,7 @@ from typing import Any, Protocol
 
 from .commit import CommitKind, Draft
 from .errors import SessionPoisoned, UnknownRecord
+from .forks import operation_id
 from .records import Entry, JoinPolicy, Outcome, Preview, Submission, Task, WriteSet
 from .registry import TaskDefinition
 from .session import Kernel, SessionHandle
@@ -205,6 +206,13 @@ class Run:
     @property
     def now(self) -> datetime:
         return self._lease.kernel.clock.now()
+
+    def operation_id(self, name: str = "") -> str:
+        """The id an external call ``name`` of this task goes out under (the other side
+        deduplicates by it): the same each time the phase is re-entered, another one
+        once the task was restarted from a phase (:mod:`kernel.forks`), whose calls are
+        new calls."""
+        return operation_id(self.task_id, self.checkpoint, name)
 
     def deadline(self, margin: float = 1.0) -> datetime:
         """When an external call started now must have ended, or been refused by the

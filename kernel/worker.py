@@ -19,11 +19,13 @@ from typing import Any
 
 from .commit import Draft
 from .endings import HeldEndings
+from .environment import BLOCKED_DOCUMENT, differences, offered, recorded
 from .errors import (
     CommitRejected,
     CommitUncertain,
     DocumentConflict,
     IllegalTransition,
+    KernelError,
     SessionPoisoned,
     StaleLease,
     StorageUnavailable,
@@ -193,8 +195,7 @@ class Worker:
         if claimed.restarts:
             log.info("recovering %s (%s): phase %r was interrupted (restart %d)", claimed.id,
                      claimed.kind, claimed.phase, claimed.restarts)
-        self.run_claimed(claimed)
-        return True
+        return self.run_claimed(claimed)
 
     def advance_queue(self, queue: str, *, batch: int, budget: float) -> tuple[int, bool]:
         """Claim the runnable tasks of ``queue`` that a wake-up delivers (oldest due
@@ -247,7 +248,7 @@ class Worker:
         ``None`` if no registered definition can run it: it is given back at once and its
         dispatch rows marked blocked, as :meth:`advance` leaves a blocked task."""
         resolved = self.kernel.registry.resolve(task)
-        if not isinstance(resolved, Resolved):
+        if not isinstance(resolved, Resolved) or self._environment_differs(task, resolved):
             storage = self.kernel.storage
             storage.release(task.id, self.id, task.epoch, self.kernel.clock.now())
             storage.block_dispatches(task.id)
@@ -267,6 +268,36 @@ class Worker:
         self.held[lease.key] = lease
         return lease
 
+    def _environment_differs(self, task: Task, resolved: Resolved) -> bool:
+        """Whether this worker lacks, or offers otherwise, something of the environment
+        ``task`` was started under (:mod:`kernel.environment`). If so it reports the
+        differences in the task's environment document, unless it said so already for
+        this state of the task: the task is then left blocked, as for a missing
+        definition, until an operator migrates or restarts it."""
+        was = recorded(resolved.checkpoint)
+        if was is None:
+            return False
+        definition = resolved.definition
+        now = offered(task.kind, definition.version, definition.needs,
+                                  resolved.input, resolved.checkpoint)
+        found = differences(was, now)
+        if not found:
+            return False
+        report = {"task_seq": task.updated_seq, "differences": found, "offered": now,
+                  "worker": self.id}
+        kernel = self.kernel
+        said = kernel.document(task.session_id, BLOCKED_DOCUMENT, task.id)
+        if {k: v for k, v in said.items() if k != "worker"} != {
+                k: v for k, v in report.items() if k != "worker"}:
+            draft = Draft(actor=f"worker:{self.id}")
+            draft.set(BLOCKED_DOCUMENT, task.id, [], report)
+            try:
+                self.handle(task.session_id).commit(draft)
+            except KernelError:
+                log.exception("could not report the environment of %s", task.id)
+        log.warning("%s (%s) is blocked here: %s", task.id, task.kind, "; ".join(found))
+        return True
+
     # -- what held endings need (kernel.endings.Holder) ------------------------------
 
     def commit_ending(self, lease: Lease, finish: Finish) -> None:
@@ -275,10 +306,13 @@ class Worker:
     def forget(self, lease: Lease) -> None:
         self.held.pop(lease.key, None)
 
-    def run_claimed(self, task: Task) -> None:
+    def run_claimed(self, task: Task) -> bool:
+        """Run a task this worker claimed; False if it is blocked here (given back)."""
         lease = self._hold(task)
-        if lease is not None:
-            self._run(lease)
+        if lease is None:
+            return False
+        self._run(lease)
+        return True
 
     def _run(
         self, lease: Lease, *, defer_ending: bool = False, returned: Finish | None = None

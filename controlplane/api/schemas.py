@@ -211,6 +211,66 @@ class ResolveIn(ActionIn):
                            description="the step you decide: the task's `step.epoch`")
 
 
+class MigrateIn(ActionIn):
+    expected_seq: Integer = Field(..., ge=0, le=MAX_EPOCH,
+                                  description="the task's `updated_seq` as you saw it: a task "
+                                  "changed since is refused (409)")
+
+
+class RestartIn(ActionIn):
+    seq: Integer = Field(..., ge=1, le=MAX_EPOCH,
+                         description="the restart point you chose: the commit at which the "
+                         "task entered that phase (`GET /tasks/{id}/restarts`)")
+    expected_seq: Integer = Field(..., ge=0, le=MAX_EPOCH,
+                                  description="the task's `updated_seq` as you saw it: a task "
+                                  "changed since is refused (409)")
+
+
+class BranchOut(Schema):
+    action_id: str
+    session_id: str
+    entry_id: str = Field(..., description="the model response branched from")
+    conversation_id: str = Field(..., description="the new conversation, forked at the entry")
+    turn_id: str = Field(..., description="the new turn, which starts from that response")
+    seq: int = Field(..., description="the commit that recorded the branch")
+    replayed: bool = Field(..., description="true when this action id was already done")
+
+
+class RestartPointOut(Schema):
+    seq: int = Field(..., description="the commit at which the task entered the phase")
+    at: datetime
+    actor: str
+    phase: str
+    checkpoint: JSON = Field(..., description="what the task entered the phase with")
+    version: int | None
+    restart_of: int | None = Field(None, description="for a phase entered by a restart: the "
+                                   "seq it restarted from")
+
+
+class CallOut(Schema):
+    task_id: str
+    kind: str
+    name: str
+    operation_id: str | None
+    replay: str = Field(..., description="`safe`, `unsafe`, or `unknown`")
+    new_operation_id: str | None = Field(
+        None, description="the id the task's own call goes out under after the restart (a "
+        "subtask's call is made by a new subtask, with an id of its own)")
+
+
+class RestartPreviewOut(Schema):
+    task_id: str
+    expected_seq: int = Field(..., description="send it back with the restart")
+    point: RestartPointOut
+    stays: list[RestartPointOut] = Field(..., description="phases kept as they are")
+    runs_again: list[RestartPointOut] = Field(
+        ..., description="phases entered from the point on (history; they run anew)")
+    calls: list[CallOut] = Field(..., description="external calls made after the point: "
+                                 "a restart makes them again as new calls")
+    may_repeat: list[str]
+    refused: str | None = Field(None, description="why the task's state refuses it now")
+
+
 class ActionOut(Schema):
     action_id: str
     action: str

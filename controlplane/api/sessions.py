@@ -16,7 +16,9 @@ from kernel.records import Entry
 
 from .auth import caller, via
 from .schemas import (
+    ActionIn,
     ApprovalOut,
+    BranchOut,
     ConversationIn,
     ConversationOut,
     DocumentOut,
@@ -76,6 +78,19 @@ def create_conversation(
         caller(request), session_id, body.fork_of, body.fork_entry_id
     )
     return Status(201, created)
+
+
+@router.post("/sessions/{session_id}/entries/{entry_id}/branch", response=BranchOut)
+def branch_turn(
+    request: HttpRequest, session_id: PathText, entry_id: PathText, body: ActionIn
+) -> Any:
+    """Branch the turn that committed the model response `entry_id`: a new conversation
+    forked at that entry, and a new turn on it that starts from the response as committed.
+    The model is asked only from there on; the response's tool calls are made anew, as new
+    calls under new operation ids. The original conversation and turn stay as they are.
+    Operators only; one commit naming who and why."""
+    return commands.branch_turn(caller(request), session_id, entry_id, body.action_id,
+                                body.reason)
 
 
 def _entry_out(entry: Entry) -> dict[str, Any]:

@@ -7,12 +7,27 @@ from typing import Any
 from django.http import HttpRequest
 from ninja import Query, Router
 
+from controlplane import commands
 from controlplane.errors import Invalid
+from controlplane.reads import restarts as restart_reads
 from controlplane.reads import tasks as reads
 from controlplane.reads import workers as worker_reads
 from controlplane.reads.tasks import TaskFilter
 
-from .schemas import OutcomeName, QueueOut, StatusName, TaskNode, TaskOut, WorkerOut
+from .auth import caller
+from .schemas import (
+    ActionOut,
+    MigrateIn,
+    OutcomeName,
+    QueueOut,
+    RestartIn,
+    RestartPointOut,
+    RestartPreviewOut,
+    StatusName,
+    TaskNode,
+    TaskOut,
+    WorkerOut,
+)
 from .types import DateTime, PathText, QueryBoolean, query_text, utc
 
 router = Router(tags=["tasks"])
@@ -64,6 +79,46 @@ def task_tree(request: HttpRequest, session_id: PathText) -> Any:
 @router.get("/tasks/{task_id}", response=TaskOut)
 def get_task(request: HttpRequest, task_id: PathText) -> Any:
     return reads.get(task_id)
+
+
+@router.get("/tasks/{task_id}/restarts", response=list[RestartPointOut])
+def restart_points(request: HttpRequest, task_id: PathText) -> Any:
+    """The phases the task entered, oldest first, each with the checkpoint it entered it
+    with: the points it may start again from (`POST /tasks/{id}/restart`)."""
+    return restart_reads.points(reads.record(task_id))
+
+
+@router.get("/tasks/{task_id}/restarts/{seq}", response=RestartPreviewOut)
+def restart_preview(request: HttpRequest, task_id: PathText, seq: int) -> Any:
+    """What starting the task again from the phase it entered at commit `seq` would do:
+    the phases that stay and those that run again, and the external calls made after that
+    point, which it makes again as new calls under new operation ids. Operators only."""
+    found = commands.restart_preview(caller(request), task_id, seq)
+    return {"task_id": found.task.id, "expected_seq": found.expected_seq,
+            "point": found.point, "stays": found.stays, "runs_again": found.runs_again,
+            "calls": found.calls, "may_repeat": found.may_repeat(), "refused": found.refused}
+
+
+@router.post("/tasks/{task_id}/restart", response=ActionOut)
+def restart(request: HttpRequest, task_id: PathText, body: RestartIn) -> Any:
+    """Start the task again from the phase it entered at commit `seq`, with what it
+    entered it with: what it committed before stays, no phase before it runs again. Send
+    the task's `updated_seq` you saw as `expected_seq`: a task changed since (409), one
+    running, completing or being cancelled (409: cancel it first), one owning open
+    subtasks or owned by an ended task (409) is refused and nothing changes."""
+    return commands.restart_task(caller(request), task_id, body.action_id, body.reason,
+                                 body.seq, body.expected_seq)
+
+
+@router.post("/tasks/{task_id}/migrate", response=ActionOut)
+def migrate(request: HttpRequest, task_id: PathText, body: MigrateIn) -> Any:
+    """Let a task that a worker found blocked by its environment (its `blocked` says the
+    differences: a tool removed or changed, a model no longer configured) continue from
+    where it stands under the environment that worker offers. Refused (409) when the task
+    changed since `expected_seq` or no worker reports a difference for it now. To run it
+    from an earlier phase under that environment instead, restart it (a fork)."""
+    return commands.migrate_environment(caller(request), task_id, body.action_id,
+                                        body.reason, body.expected_seq)
 
 
 @router.get("/workers", response=list[WorkerOut], tags=["workers"])

@@ -75,12 +75,13 @@ FROM waits WHERE wait IS NOT NULL OR outcome = ANY(%(failed)s)
 GROUP BY b
 """
 
-LEAVES_ATTENTION = ("retry", "resolve:%")
-"""Operators' actions (``LIKE`` patterns of their operations-log kinds, ``retry`` and
-``resolve:<decision>``, see :mod:`controlplane.commands`) that
+LEAVES_ATTENTION = ("retry", "resolve:%", "approve", "deny")
+"""Operators' actions (``LIKE`` patterns of their operations-log kinds, ``retry``,
+``resolve:<decision>``, ``approve`` and ``deny``, see :mod:`controlplane.commands`) that
 only a task needing attention accepts: a retry needs a failed or faulted task, a
-resolution a step waiting on its signal. Such an action is how a task that came to need
-attention before the window leaves it inside the window."""
+resolution a step waiting on its signal, a decision a call waiting for approval. Such an
+action is how a task that came to need attention before the window leaves it inside the
+window."""
 
 ATTENTION_SQL = f"""
 WITH items AS (

@@ -191,3 +191,12 @@ def actions_by_id(session_id: str, action_id: str) -> list[tuple[str, str, str]]
         (str(payload["action_id"]), kind, str(payload.get("target", "")))
         for kind, payload in rows.order_by("seq", "ordinal").values_list("kind", "payload")
     ]
+
+
+def entry_conversation(session_id: str, entry_id: str) -> str:
+    """The conversation that ``entry_id`` of ``session_id`` was appended to."""
+    found = models.Entry.objects.filter(session_id=session_id, id=entry_id).values_list(
+        "conversation_id", flat=True).first()
+    if found is None:
+        raise UnknownRecord(f"no entry {entry_id} in session {session_id}")
+    return str(found)

@@ -17,8 +17,11 @@ from controlplane.runtime import runtime
 from controlplane.storage import search
 from controlplane.storage.schema import TASK
 from kernel import Blocked, Decision, Outcome, Status, Task, UnknownRecord
+from kernel.agent.approval import PHASE as APPROVAL_PHASE
 from kernel.records import SHOWN_STATUSES
 
+from . import environments
+from .approvals import TOOL_KIND
 from .snapshot import rows as sql_rows
 
 SHOWN_STATUS_SQL = (
@@ -46,6 +49,7 @@ class TaskFilter:
     """Changed by a commit after this seq (with ``session_id``)."""
     text: str | None = None
     """Text anywhere in the task's input (its JSON text, case-insensitive)."""
+    phase: str | None = None
 
     def any_set(self) -> bool:
         return any(value is not None and value != "" for value in vars(self).values())
@@ -58,7 +62,10 @@ FAILED = TaskFilter(status=Status.TERMINAL, outcome_in=FAILED_OUTCOMES)
 RETRY_ALL_FAILED = TaskFilter(status=Status.TERMINAL, outcome=str(Outcome.FAILED))
 """What the attention list's "retry all N failed" retries: failed tasks (a faulted one is
 looked at and retried on its own)."""
-NEEDS_ATTENTION = (AWAITING_RESOLUTION, FAILED)
+AWAITING_APPROVAL = TaskFilter(kind=TOOL_KIND, status=Status.SLEEPING,
+                               phase=APPROVAL_PHASE)
+"""Tool calls asleep until an operator approves or denies them (the approval gate)."""
+NEEDS_ATTENTION = (AWAITING_RESOLUTION, FAILED, AWAITING_APPROVAL)
 """What needs an operator, as the attention list, its count and its chart read it.
 (Blocked tasks, which no definition in this process can run, are found by the registry
 at read time: the list shows them, but no record or commit says so.)"""
@@ -70,7 +77,9 @@ def needs_attention_sql(item: str) -> str:
     (``tests/integration/test_reads.py`` checks that both agree)."""
     outcomes = ", ".join(f"'{o}'" for o in FAILED_OUTCOMES)
     return (f"(({item}->>'status' = '{Status.WAITING}' AND {item} ? 'signal') OR "
-            f"({item}->>'status' = '{Status.TERMINAL}' AND {item}->>'outcome' IN ({outcomes})))")
+            f"({item}->>'status' = '{Status.TERMINAL}' AND {item}->>'outcome' IN ({outcomes}))"
+            f" OR ({item}->>'kind' = '{TOOL_KIND}' AND {item}->>'status' = "
+            f"'{Status.SLEEPING}' AND {item}->>'phase' = '{APPROVAL_PHASE}'))")
 
 
 @dataclass(frozen=True)
@@ -81,6 +90,9 @@ class TaskView:
 
     task: Task
     blocked: str | None = None
+    environment: dict[str, Any] | None = None
+    """A worker's current report that it does not offer the run's environment
+    (:mod:`controlplane.reads.environments`): read for one task's page, not for lists."""
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.task, name)
@@ -144,6 +156,8 @@ def _query(found: TaskFilter, order: str = "tree") -> QuerySet[models.Task]:
         rows = rows.filter(kind=found.kind)
     if found.status:
         rows = rows.filter(status=found.status)
+    if found.phase:
+        rows = rows.filter(phase=found.phase)
     if found.outcome:
         rows = rows.filter(status=Status.TERMINAL, outcome__kind=found.outcome)
     if found.outcome_in:
@@ -249,7 +263,11 @@ def get(task_id: str) -> TaskView:
     found = _records(models.Task.objects.filter(id=task_id))
     if not found:
         raise UnknownRecord(f"no task {task_id}")
-    return view(found[0])
+    shown = view(found[0])
+    report = environments.report(found[0])
+    if report is None:
+        return shown
+    return TaskView(shown.task, shown.blocked or environments.reason(report), report)
 
 
 def record(task_id: str) -> Task:

@@ -47,6 +47,10 @@ class Mark:
     waits: str = ""
     label: str = ""
     """What the commit left the task doing: what it waits for, or its status in words."""
+    entered: bool = False
+    """It moved the task into its phase, recording where it stood (a restart point)."""
+    restart_of: int | None = None
+    """A restart's commit: the seq of the phase entry it started again from."""
     offset: float = 0.0
     """Seconds since the task's first commit."""
 
@@ -82,6 +86,10 @@ class PhaseRow:
     open: bool = False
     """Still under way (the task has not left it)."""
     outcome: str | None = None
+    entered_seq: int | None = None
+    """The commit that entered the phase, if it recorded where the task stood then: the
+    point "start again from here" starts from (:mod:`controlplane.reads.restarts`)."""
+    restart_of: int | None = None
 
 
 @dataclass
@@ -116,7 +124,7 @@ class Timeline:
 MARKS_SQL = """
 SELECT c.seq, extract(epoch FROM c.at)::float8, c.actor, i->>'status', i->>'phase',
        i->>'outcome', i->>'holder', (i->>'epoch')::int, coalesce((i->>'restarts')::int, 0),
-       i->>'signal', (i->>'deps')::int, i->>'until'
+       i->>'signal', (i->>'deps')::int, i->>'until', i ? 'checkpoint', (i->>'restart_of')::int
 FROM kernel_commit c CROSS JOIN LATERAL jsonb_array_elements(c.summary) i
 WHERE c.session_id = %s AND c.summary @> %s::jsonb
   AND i->>'type' = 'task' AND i->>'id' = %s
@@ -143,11 +151,13 @@ def marks(task_id: str, session_id: str) -> list[Mark]:
     """The commits that touched the task, in order."""
     contains = json.dumps([{"type": "task", "id": task_id}])
     found = []
-    for seq, t, actor, status, phase, outcome, holder, epoch, restarts, signal, deps, until \
-            in sql_rows(MARKS_SQL, [session_id, contains, task_id, MAX_COMMITS]):
+    for seq, t, actor, status, phase, outcome, holder, epoch, restarts, signal, deps, until, \
+            entered, restart_of in sql_rows(MARKS_SQL, [session_id, contains, task_id,
+                                                        MAX_COMMITS]):
         waits = _waits(status, signal, deps, until)
         found.append(Mark(seq, t, actor, status, phase, outcome, holder, epoch, restarts,
-                          waits, waits or LABELS.get(status, status)))
+                          waits, waits or LABELS.get(status, status), bool(entered),
+                          restart_of))
     return found
 
 
@@ -183,8 +193,10 @@ def timeline(task_id: str, session_id: str, terminal: bool,
             row.outcome = mark.outcome
             row.commits.append(mark)
             continue  # the last commit closes the last phase
-        if row is None or row.phase != mark.phase:
-            row = PhaseRow(mark.phase, mark.t, mark.t, 0.0, 0.0, 0.0)
+        if row is None or row.phase != mark.phase or mark.restart_of is not None:
+            row = PhaseRow(mark.phase, mark.t, mark.t, 0.0, 0.0, 0.0,
+                           entered_seq=mark.seq if mark.entered else None,
+                           restart_of=mark.restart_of)
             rows.append(row)
         row.commits.append(mark)
         if mark.restarts > row.restarts:
@@ -205,7 +217,7 @@ def timeline(task_id: str, session_id: str, terminal: bool,
             row.segments.append(Segment(mark.status, mark.label, (mark.t - start) * scale,
                                         (until - mark.t) * scale, until - mark.t))
     done = [Action(kind, at, str(p.get("by", "")), str(p.get("reason", "")), seq,
-                   (at.timestamp() - start) * scale, p.get("decision"))
+                   (at.timestamp() - start) * scale, p.get("decision") or p.get("restart"))
             for seq, at, kind, p in actions(task_id, session_id)]
     return Timeline(datetime.fromtimestamp(start, UTC), datetime.fromtimestamp(end, UTC),
                     span, not terminal, rows, commits, done)

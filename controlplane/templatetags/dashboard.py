@@ -16,6 +16,7 @@ from html import escape
 from typing import Any
 
 from django import template
+from django.urls import reverse
 from django.utils.html import format_html
 from django.utils.safestring import SafeString, mark_safe
 from markdown_it import MarkdownIt
@@ -109,12 +110,22 @@ def _states_and_bar(row: Any, esc: Any) -> tuple[str, str]:
 
 
 @register.filter
-def waterfall_rows(rows: list[Any]) -> SafeString:
-    """The ``<tr>`` of each phase of :class:`controlplane.reads.timeline.Timeline`."""
+def waterfall_rows(rows: list[Any], restart_task: str = "") -> SafeString:
+    """The ``<tr>`` of each phase of :class:`controlplane.reads.timeline.Timeline`; with
+    ``restart_task`` (the task's id, for an operator), each phase that recorded where the
+    task stood as it entered offers "start again from here" (a preview, then a form)."""
     out = []
     esc = _escaper()
     for row in rows:
         phase = esc(row.phase)
+        again = ""
+        if row.restart_of is not None:
+            again = f' <span class="meta">started again from seq {row.restart_of:d}</span>'
+        if restart_task and row.entered_seq is not None:
+            url = esc(reverse("restart_preview", args=[restart_task])) + f"?seq={row.entered_seq:d}"
+            again += (f' <a class="restart" href="{url}" hx-get="{url}" '
+                      f'hx-target="#restart-preview" data-seq="{row.entered_seq:d}">'
+                      "Start again from here…</a>")
         outcome = (f' <span class="badge status-{esc(row.outcome)}">{esc(row.outcome)}'
                    "</span>" if row.outcome else "")
         restarts = f' <span class="warn">restarts {row.restarts}</span>' if row.restarts else ""
@@ -128,7 +139,7 @@ def waterfall_rows(rows: list[Any]) -> SafeString:
         states, bar = _states_and_bar(row, esc)
         out.append(
             f'<tr class="phase-row{" open" if row.open else ""}" data-phase="{phase}" '
-            f'data-seconds="{row.seconds:.6f}"><th scope="row">{phase}{outcome}</th>'
+            f'data-seconds="{row.seconds:.6f}"><th scope="row">{phase}{outcome}{again}</th>'
             f'<td class="num">+{seconds(start)}</td>'
             f'<td class="num">{seconds(row.seconds)}{" …" if row.open else ""}</td>'
             f'<td class="states">{states}{restarts}</td>'

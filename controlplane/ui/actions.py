@@ -15,6 +15,7 @@ from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import render
+from django.urls import reverse
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_GET, require_POST
 
@@ -22,6 +23,7 @@ from controlplane import commands
 from controlplane.access import require_operator
 from controlplane.errors import Invalid, http_status
 from controlplane.reads import pages
+from controlplane.reads.transcript import pretty
 
 MAX_REASON = 2000
 
@@ -93,6 +95,66 @@ def decide_call(request: HttpRequest, session_id: str, call_id: str) -> HttpResp
         return _refused(request, exc)
     done = "already done" if result.replayed else "done"
     return _answer(request, 200, f"{result.action} {done}: commit seq {result.seq}.")
+
+
+@require_GET
+@login_required
+def restart_preview(request: HttpRequest, task_id: str) -> HttpResponse:
+    """What "start again from here" on a phase row would do (the phases that stay, those
+    that run again, the calls made again as new ones), and the form that confirms it with
+    the restart point and the task's seq the page showed."""
+    try:
+        require_operator(request.user)
+        found = commands.restart_preview(request.user, task_id, _seq(request.GET, "seq"))
+    except Exception as exc:
+        return _refused(request, exc)
+    page = "ui/_restart_confirm.html" if request.headers.get("HX-Request") else "ui/restart.html"
+    return render(request, page, {"found": found, "action_id": uuid.uuid4().hex,
+                                  "checkpoint": pretty(found.point.checkpoint),
+                                  "back": reverse("task", args=[task_id])})
+
+
+@require_POST
+@login_required
+def restart(request: HttpRequest, task_id: str) -> HttpResponse:
+    """Start the task again from the previewed phase, if the task is still as the preview
+    showed it (409 otherwise, nothing done)."""
+    try:
+        require_operator(request.user)
+        reason, action_id = _reason_and_id(request)
+        result = commands.restart_task(request.user, task_id, action_id, reason,
+                                       _seq(request.POST, "seq"),
+                                       _seq(request.POST, "expected_seq"))
+    except Exception as exc:
+        return _refused(request, exc)
+    done = "already done" if result.replayed else "done"
+    note = f"restart {done}: commit seq {result.seq}."
+    if result.may_repeat:
+        note += " Made again: " + "; ".join(result.may_repeat)
+    return _answer(request, 200, note)
+
+
+@require_POST
+@login_required
+def migrate(request: HttpRequest, task_id: str) -> HttpResponse:
+    """Let a task blocked by its environment continue under the one the reporting worker
+    offers, if the task is still as the page showed it (409 otherwise)."""
+    try:
+        require_operator(request.user)
+        reason, action_id = _reason_and_id(request)
+        result = commands.migrate_environment(request.user, task_id, action_id, reason,
+                                              _seq(request.POST, "expected_seq"))
+    except Exception as exc:
+        return _refused(request, exc)
+    done = "already done" if result.replayed else "done"
+    return _answer(request, 200, f"migrate {done}: commit seq {result.seq}.")
+
+
+def _seq(values: Any, name: str) -> int:
+    text = str(values.get(name, ""))
+    if not text.isdigit() or len(text) > 18:
+        raise Invalid(f"{name}: the commit seq the page showed")
+    return int(text)
 
 
 def _edited(request: HttpRequest, decision: str) -> Any:

@@ -27,6 +27,7 @@ from collections.abc import Mapping
 from datetime import datetime, timedelta
 from typing import Any
 
+from kernel.environment import fingerprint
 from kernel.errors import KernelError
 from kernel.records import Outcome, SubmissionStatus
 from kernel.registry import Registry
@@ -41,6 +42,7 @@ from .models import (
     ModelResponse,
     Pending,
     PermanentModelError,
+    ToolCall,
     TransientModelError,
     check_options,
 )
@@ -88,6 +90,20 @@ def register_agent(
         # records each interruption); the kernel's limit is the backstop past them.
         max_restarts = MAX_ATTEMPTS
 
+        def needs(self, input: JSON, checkpoint: JSON) -> dict[str, JSON]:
+            """Its model, configured here, and its options, accepted here (the tools it
+            offers the model are read anew for each request: a tool added or changed
+            meanwhile is what the model sees)."""
+            model = checkpoint.get("model") or input.get("model") or default_model
+            options = checkpoint.get("options") or input.get("options") or {}
+            try:
+                check_options(options)
+                accepted: str | None = f"accepted ({fingerprint(options)})"
+            except ValueError:
+                accepted = None
+            return {f"model {model}": "configured" if model in models else None,
+                    "model options": accepted}
+
         def prepare(self, run: Run) -> Transition:
             model = run.input.get("model") or default_model
             if model not in models:
@@ -96,7 +112,27 @@ def register_agent(
                 options = check_options(run.input.get("options") or {})
             except ValueError as exc:
                 return run.next("finish", {"failure": str(exc)})
-            return run.next("request", {"model": model, "options": options, "round": 0})
+            first = "branch" if run.input.get("from_response") else "request"
+            return run.next(first, {"model": model, "options": options, "round": 0})
+
+        def branch(self, run: Run) -> Transition:
+            """A turn branched from a committed model response (:mod:`kernel.agent.branches`):
+            that response is taken as it was committed, never asked for again; its tool
+            calls are made anew (new tool tasks, new operation ids), then the model is
+            asked from there."""
+            conversation = run.input["conversation_id"]
+            entry_id = run.input["from_response"]
+            entry = next((e for e in run.entries(conversation) if e.id == entry_id), None)
+            if entry is None or entry.kind != RESPONSE:
+                return run.next("finish", {"failure": f"no model response {entry_id} in "
+                                                      f"conversation {conversation}"})
+            answer = ModelResponse(
+                entry.payload.get("text", ""),
+                tuple(ToolCall.from_json(c) for c in entry.payload.get("tool_calls") or []),
+            )
+            if not answer.tool_calls:
+                return run.next("finish", {"answer_entry": entry_id, "asked_with": []})
+            return call_tools(run, answer)
 
         def request(self, run: Run) -> Transition:
             conversation = run.input["conversation_id"]
@@ -212,6 +248,12 @@ def register_agent(
                 {"answer_entry": entry, "in_flight": None, "handle": None,
                  "asked_with": asked_with},
             )
+        return call_tools(run, answer)
+
+    def call_tools(run: Run, answer: ModelResponse) -> Transition:
+        """A tool task for each call of ``answer``, and the wait for them all."""
+        conversation = run.input["conversation_id"]
+        checkpoint = run.checkpoint
         tools = {
             run.spawn("agent-tool", {"conversation_id": conversation, "call": call.to_json()}):
             [call.id, call.name]
@@ -250,6 +292,13 @@ def register_agent(
     @registry.task("agent-tool", queue="hands")
     class ToolTask:
         initial = "call"
+
+        def needs(self, input: JSON, checkpoint: JSON) -> dict[str, JSON]:
+            """Its tool as the call was made for: its parameter schema and replay policy."""
+            name = input["call"]["name"]
+            tool = toolbox.get(name)
+            return {f"tool {name}": None if tool is None else {
+                "parameters": fingerprint(tool.parameters), "replay": str(tool.replay)}}
 
         def call(self, run: Run) -> Transition:
             call = run.input["call"]
@@ -383,7 +432,7 @@ def register_agent(
                 "intent": {
                     "arguments": arguments,
                     "replay": str(tool.replay),
-                    "operation_id": f"op_{run.task_id}",
+                    "operation_id": run.operation_id(),
                 },
                 **kept,
             },

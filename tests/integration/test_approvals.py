@@ -257,3 +257,17 @@ def test_approving_from_the_page_records_who_and_the_card_says_so(kernel: Kernel
     assert 'data-state="approval"' not in card
     assert "Approved by <strong class=\"approved-by\">user:olga</strong>" in card
     assert "the list is right" in card
+
+
+def test_a_pending_approval_counts_as_needing_attention_until_decided(kernel: Kernel) -> None:
+    from controlplane.reads import charts
+
+    before = charts.activity().attention_now
+    session_id, _ = gated_call(kernel)
+    found = charts.activity()
+    assert found.attention_now == before + 1 and found.attention[-1] == before + 1
+    olga = client_for("olga", "operator")
+    [pending] = approvals(olga, session_id)
+    assert decide(olga, session_id, "deny", {
+        "action_id": "d1", "reason": "no", "digest": pending["digest"]}).status_code == 200
+    assert charts.activity().attention_now == before

@@ -141,6 +141,17 @@ API_RULES: dict[str, list[Cell]] = {
              {**ACTION, "checkpoint_id": "c1", "value": {"approved": True}})],
     "POST api/tasks/<task_id>/wake": [
         Cell("POST", f"/api/tasks/{NOPE}/wake", api_act(404), ACTION)],
+    "GET api/tasks/<task_id>/restarts": [
+        Cell("GET", f"/api/tasks/{NOPE}/restarts", api_read(404))],
+    "GET api/tasks/<task_id>/restarts/<seq>": [  # a preview of an action: operators only
+        Cell("GET", f"/api/tasks/{NOPE}/restarts/1", api_act(404))],
+    "POST api/tasks/<task_id>/restart": [
+        Cell("POST", f"/api/tasks/{NOPE}/restart", api_act(404),
+             {**ACTION, "seq": 1, "expected_seq": 1})],
+    "POST api/tasks/<task_id>/migrate": [
+        Cell("POST", f"/api/tasks/{NOPE}/migrate", api_act(404), {**ACTION, "expected_seq": 1})],
+    "POST api/sessions/<session_id>/entries/<entry_id>/branch": [
+        Cell("POST", f"/api/sessions/{{session}}/entries/{NOPE}/branch", api_act(404), ACTION)],
     "POST api/submissions/<submission_id>/resubmit": [
         Cell("POST", f"/api/submissions/{NOPE}/resubmit", api_act(404), ACTION)],
     "POST api/actions/bulk/preview": [
@@ -204,6 +215,14 @@ OTHER_RULES: dict[str, list[Cell]] = {
     "^submissions/(?P<target>[^/]+)/(?P<action>resubmit)$": [
         Cell("POST", f"/submissions/{NOPE}/resubmit", UI_ACTION)],
     "attention/retry-failed": [Cell("POST", "/attention/retry-failed", UI_ACTION)],
+    # Start again from a phase (a preview, then the form) and migrate: operators only; an
+    # empty form (no seq, no reason) is 422.
+    "tasks/<str:task_id>/restart/preview": [
+        Cell("GET", f"/tasks/{NOPE}/restart/preview", UI_ACTION)],
+    "tasks/<str:task_id>/restart": [Cell("POST", f"/tasks/{NOPE}/restart", UI_ACTION),
+                                    Cell("GET", f"/tasks/{NOPE}/restart", everyone(405))],
+    "tasks/<str:task_id>/migrate": [Cell("POST", f"/tasks/{NOPE}/migrate", UI_ACTION),
+                                    Cell("GET", f"/tasks/{NOPE}/migrate", everyone(405))],
     "sessions/<str:session_id>/calls/<str:call_id>/decide": [
         Cell("POST", f"/sessions/{{session}}/calls/{NOPE}/decide", UI_ACTION),
         Cell("GET", f"/sessions/{{session}}/calls/{NOPE}/decide", everyone(405))],

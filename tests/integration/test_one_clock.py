@@ -60,7 +60,7 @@ def worker_with(clock_skew: timedelta, monkeypatch: pytest.MonkeyPatch) -> list[
     runtime.cache_clear()
     monkeypatch.setattr(runtime().dispatcher, "deliver", lambda task, queue: None)
     claimed: list[Task] = []
-    monkeypatch.setattr(runtime().worker, "run_claimed", claimed.append)
+    monkeypatch.setattr(runtime().worker, "run_claimed", lambda task: claimed.append(task) or True)
     return claimed
 
 

@@ -61,8 +61,12 @@ def test_needing_attention_reads_the_same_in_summaries_as_in_task_records() -> N
     made += [task(Status.TERMINAL, outcome={"kind": str(o)}) for o in Outcome]
     made += [task(Status.WAITING, wait={"signal": "resolution"}),
              task(Status.WAITING, wait={"deps": ["task_a"], "policy": "all_settled"})]
+    made += [replace(task(Status.SLEEPING), kind="agent-tool", phase="approval"),  # gated
+             replace(task(Status.SLEEPING), kind="agent-tool", phase="call"),
+             replace(task(Status.SLEEPING), kind="k", phase="approval")]
     stored(session_id, made)
-    items = [{"type": "task", "id": t.id, "status": str(t.status),
+    items = [{"type": "task", "id": t.id, "kind": t.kind, "phase": t.phase,
+              "status": str(t.status),
               **({"outcome": t.outcome["kind"]} if t.outcome else {}),
               **Builder._what_it_waits_for(t)} for t in made]
     in_summaries = {i for (i,) in rows(
@@ -70,4 +74,5 @@ def test_needing_attention_reads_the_same_in_summaries_as_in_task_records() -> N
         f"WHERE {tasks.needs_attention_sql('i')}", [json.dumps(items)])}
     in_records = {i for f in tasks.NEEDS_ATTENTION
                   for i in tasks.ids(replace(f, session_id=session_id), limit=100)}
-    assert in_summaries == in_records and len(in_records) == 3  # signal, failed, faulted
+    # signal, failed, faulted, and the call waiting for approval
+    assert in_summaries == in_records and len(in_records) == 4

@@ -65,7 +65,7 @@ def worker_runtime(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[Task]]:
     runtime.cache_clear()
     monkeypatch.setattr(runtime().dispatcher, "deliver", lambda task, queue: None)
     claimed: list[Task] = []
-    monkeypatch.setattr(runtime().worker, "run_claimed", claimed.append)
+    monkeypatch.setattr(runtime().worker, "run_claimed", lambda task: claimed.append(task) or True)
     yield claimed
     runtime().worker.close()
     runtime.cache_clear()
