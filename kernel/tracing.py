@@ -17,7 +17,7 @@ every function here returns at once (:func:`active`) and no span object is made.
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 
 try:
@@ -32,6 +32,7 @@ Carrier = dict[str, str]
 SCOPE = "kernel"
 _provider: Any = None
 """A tracer provider of our own (tests); None: the global one."""
+_UNKNOWN = object()
 
 
 def use(provider: Any) -> None:
@@ -41,13 +42,25 @@ def use(provider: Any) -> None:
     _provider = provider
 
 
+_global = False
+"""Whether a global tracer provider has been seen installed (it cannot be removed)."""
+
+
 def active() -> bool:
-    """Whether spans are recorded anywhere: a tracer provider has been installed."""
+    """Whether spans are recorded anywhere: a tracer provider has been installed.
+
+    Asked before every commit and phase, so it is one attribute read while tracing is
+    off: the API's own ``get_tracer_provider()`` reads the environment on each call."""
+    global _global
+    if _provider is not None or _global:
+        return True
     if trace is None:
         return False
-    if _provider is not None:
-        return True
-    return not isinstance(trace.get_tracer_provider(), ProxyTracerProvider)
+    installed = getattr(trace, "_TRACER_PROVIDER", _UNKNOWN)
+    if installed is _UNKNOWN:  # an API that keeps it elsewhere: ask it
+        installed = not isinstance(trace.get_tracer_provider(), ProxyTracerProvider) or None
+    _global = installed is not None
+    return _global
 
 
 def _tracer() -> Any:
@@ -104,10 +117,16 @@ def _clean(attributes: Mapping[str, Any]) -> dict[str, Any]:
 
 class Recorder:
     """The open span, for attributes known only once the work is done (no-op when
-    spans are off)."""
+    spans are off: then it is also the context manager :func:`span` returns)."""
 
     def __init__(self, span: Any = None) -> None:
         self.span = span
+
+    def __enter__(self) -> Recorder:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
 
     def set(self, attributes: Mapping[str, Any]) -> None:
         if self.span is not None:
@@ -123,20 +142,26 @@ class Recorder:
 OFF = Recorder()
 
 
-@contextmanager
 def span(
     name: str,
     attributes: Mapping[str, Any] | None = None,
     *,
     parent: Any = None,
     client: bool = False,
-) -> Iterator[Recorder]:
+) -> AbstractContextManager[Recorder]:
     """A span around the block, child of the current span, or of ``parent`` (a kept
     context: a task's :attr:`trace`) when given. ``client``: a call out to another
-    service (a model server). An exception leaving the block marks it failed."""
+    service (a model server). An exception leaving the block marks it failed. While
+    spans are off, the shared no-op :data:`OFF`."""
     if not active():
-        yield OFF
-        return
+        return OFF
+    return _recorded(name, attributes, parent, client)
+
+
+@contextmanager
+def _recorded(
+    name: str, attributes: Mapping[str, Any] | None, parent: Any, client: bool
+) -> Iterator[Recorder]:
     context = None
     if isinstance(parent, Mapping) and parent:
         context = propagate.extract(dict(parent), context=otel_context.Context())

@@ -135,3 +135,13 @@ def test_what_anyone_may_see_of_a_model_holds_no_address_or_key_variable() -> No
     assert shown == {"name": "mini", "provider": "openai", "model": "gpt-4o-mini",
                      "context_window": 128000, "prices": {"input": 0.15, "output": 0.6},
                      "background": False}
+
+
+def test_the_documented_example_is_a_valid_configuration(tmp_path: Path) -> None:
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "models.md").read_text()
+    example = doc.split("```toml\n", 1)[1].split("```", 1)[0]
+    path = tmp_path / "models.toml"
+    path.write_text(example)
+    models = load({"MODELS_FILE": str(path)})
+    assert [(m.name, m.model) for m in models.values()] == [
+        (SCRIPTED, SCRIPTED), ("mini", "gpt-4o-mini"), ("local", "qwen2.5-7b-instruct")]
