@@ -88,10 +88,11 @@ def test_one_turn_is_one_trace_across_the_workers_that_ran_it(
     def spans() -> list:
         return [s for s in receiver.received() if s.trace_id == trace_id]
 
-    # The turn's last phase and the tool's span are exported in batches: wait for both.
-    wait_for(lambda: any(s.name == "phase agent-turn.finish" for s in spans())
-             and any(s.name == "execute_tool probe" for s in spans()),
-             "the workers' spans of the turn", timeout=30)
+    # Each worker exports in batches: wait for the last spans of each (a span is
+    # exported once it ends, and these end last on their worker).
+    last = {"phase agent-turn.finish", "execute_tool probe", "phase agent-tool.call"}
+    wait_for(lambda: last <= {s.name for s in spans()}, "the workers' spans of the turn",
+             timeout=30)
     found = spans()
     by_id = {s.span_id: s for s in found}
 
