@@ -1,7 +1,7 @@
 """The demo assistant: the agent loop wired to the notice tasks.
 
-The model is scripted (deterministic, no network) unless ``MODEL_BASE_URL`` points
-at an OpenAI-compatible server, which is then offered as model ``remote``. The own
+The models are those ``settings.MODELS`` configures by name (:mod:`model_catalog`):
+the scripted one (deterministic, no network) and any OpenAI-compatible servers. The own
 tool, ``send_notices``, runs the durable ``send-batch`` task: a tool call is just
 another task, with all its recovery. A call to more recipients than
 ``settings.NOTICE_APPROVAL_ABOVE`` waits for an operator's approval first. More tools
@@ -12,7 +12,6 @@ come from the modules named in ``settings.ASSISTANT_TOOL_MODULES`` (each exposes
 from __future__ import annotations
 
 import importlib
-import os
 import re
 from dataclasses import replace
 from typing import Any
@@ -24,13 +23,17 @@ from kernel.agent import (
     ModelProvider,
     ModelRequest,
     ModelResponse,
+    Pending,
+    PermanentModelError,
     ScriptedProvider,
     Tool,
     Toolbox,
     ToolCall,
 )
+from kernel.agent.models import OnText
 from kernel.agent.openai import OpenAICompatibleProvider
 
+from . import model_catalog
 from .notices.tasks import batch_partial
 
 # Linear in the text, whatever it holds: an address starts only where no address
@@ -118,11 +121,38 @@ def summarise(content: Any) -> str:
     return "\n".join([head, *lines])
 
 
+class MissingKey:
+    """A model whose key variable is not set in this process: each request is refused,
+    naming the variable (a process that asks no model, such as the web role, needs no
+    key)."""
+
+    def __init__(self, entry: model_catalog.ModelEntry) -> None:
+        self.problem = (f"model {entry.name!r}: its key variable {entry.api_key_env} is not "
+                        "set in the worker's environment")
+
+    def generate(self, request: ModelRequest, on_text: OnText) -> ModelResponse | Pending:
+        raise PermanentModelError(self.problem)
+
+    def poll(self, handle: str) -> ModelResponse | None:
+        raise PermanentModelError(self.problem)
+
+
+def provider(entry: model_catalog.ModelEntry) -> ModelProvider:
+    """The provider of one configured model."""
+    if entry.provider == model_catalog.SCRIPTED:
+        return ScriptedProvider(notices_script)
+    key = model_catalog.api_key(entry)
+    if entry.api_key_env is not None and not key:
+        return MissingKey(entry)
+    assert entry.base_url is not None  # the catalog requires one for a server's model
+    return OpenAICompatibleProvider(entry.base_url, entry.model, key, timeout=entry.timeout,
+                                    background=entry.background, stream=entry.stream,
+                                    max_retries=entry.max_retries)
+
+
 def models() -> dict[str, ModelProvider]:
-    available: dict[str, ModelProvider] = {"scripted": ScriptedProvider(notices_script)}
-    if os.environ.get("MODEL_BASE_URL"):
-        available["remote"] = OpenAICompatibleProvider.from_env()
-    return available
+    """Every configured model's provider, by the name a submission gives."""
+    return {name: provider(entry) for name, entry in settings.MODELS.items()}
 
 
 def toolbox() -> Toolbox:

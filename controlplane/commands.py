@@ -27,6 +27,7 @@ from django.contrib.auth.models import User
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
+from controlplane import model_catalog
 from controlplane.access import actor, audit, credential, require_operator
 from controlplane.errors import Conflict, Invalid
 from controlplane.models import ApiToken
@@ -721,6 +722,7 @@ def submit(
     if kernel.storage.session(session_id) is None:
         raise UnknownRecord(f"no session {session_id}")
     try:
+        model_catalog.check_choice(settings.MODELS, input)
         submitted = agent.submit(
             kernel.open(session_id), conversation_id, input, request_id, when_busy,
             actor=actor(user),

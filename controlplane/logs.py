@@ -10,6 +10,8 @@ applies the same with the level given by ``-l``):
 - What happened is logged at INFO: each commit, one line naming its actor and the tasks
   it moved (batches planned, phases committed, recoveries, operator actions;
   :func:`log_commit`), a draining worker's hand-overs, sweeps that delivered something.
+- A line logged inside a span names its trace: ``trace=<id>`` in text, ``trace_id`` in
+  JSON (:class:`TraceIds`; only where traces are on, ``controlplane.telemetry``).
 - Routine is DEBUG: Celery's lines for each once-a-second sweep (beat "Sending due
   task sweep", the worker's "received" and "succeeded" for it) are demoted by
   :class:`Routine`, so an idle worker and beat write nothing per sweep. ``-l debug``
@@ -24,13 +26,15 @@ import os
 from datetime import UTC, datetime
 from typing import Any
 
+from kernel import tracing
 from kernel.records import WriteSet
 
 ROUTINE_TASKS = ("controlplane.sweep",)
 """Celery tasks whose per-run lines are routine (they run whether or not anything happens)."""
 
-_STANDARD = set(vars(logging.makeLogRecord({}))) | {"message", "asctime", "taskName"}
-TEXT_FORMAT = "%(asctime)s %(levelname)s %(processName)s %(name)s: %(message)s"
+_STANDARD = set(vars(logging.makeLogRecord({}))) | {"message", "asctime", "taskName",
+                                                    "trace"}
+TEXT_FORMAT = "%(asctime)s %(levelname)s %(processName)s %(name)s%(trace)s: %(message)s"
 
 commits = logging.getLogger("controlplane.commits")
 
@@ -46,6 +50,18 @@ class Routine(logging.Filter):
             return True
         record.levelno, record.levelname = logging.DEBUG, "DEBUG"
         return logging.getLogger().isEnabledFor(logging.DEBUG)
+
+
+class TraceIds(logging.Filter):
+    """Name the trace a line was logged in: ``trace`` (`` trace=<id>`` or empty, for the
+    text format) and, in a span, ``trace_id`` (a field of the JSON format)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        found = tracing.current_trace_id()
+        record.trace = f" trace={found}" if found else ""
+        if found:
+            record.trace_id = found
+        return True
 
 
 class JsonFormatter(logging.Formatter):
@@ -77,13 +93,13 @@ def config(level: str | None = None, fmt: str | None = None) -> dict[str, Any]:
     return {
         "version": 1,
         "disable_existing_loggers": False,
-        "filters": {"routine": {"()": Routine}},
+        "filters": {"routine": {"()": Routine}, "trace": {"()": TraceIds}},
         "formatters": {"main": formatter},
         "handlers": {
             "stderr": {
                 "class": "logging.StreamHandler",
                 "formatter": "main",
-                "filters": ["routine"],
+                "filters": ["routine", "trace"],
             },
         },
         "root": {"handlers": ["stderr"], "level": level},

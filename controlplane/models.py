@@ -167,6 +167,7 @@ class Task(KernelRecord):
     lease_owner = models.TextField(null=True)
     lease_until = models.DateTimeField(null=True)
     queue = models.TextField(default="default")
+    trace = models.JSONField(null=True)
 
     class Meta:
         db_table = "kernel_task"

@@ -28,7 +28,8 @@ def channels() -> dict[str, Channel]:
 def build_registry() -> Registry:
     registry = Registry()
     notices.register(registry, channels())
-    register_agent(registry, assistant.models(), assistant.toolbox(), default_model="scripted")
+    register_agent(registry, assistant.models(), assistant.toolbox(),
+                   default_model=settings.DEFAULT_MODEL)
     for path in settings.KERNEL_TASK_MODULES:  # more kinds, each ``register(registry)``
         import_string(path)(registry)
     if settings.KERNEL_AGENTS:

@@ -18,7 +18,7 @@ from urllib.parse import parse_qsl, unquote, urlsplit
 
 from django.core.exceptions import ImproperlyConfigured
 
-from controlplane import client_address, logs
+from controlplane import client_address, logs, model_catalog
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -401,10 +401,25 @@ ASSISTANT_TOOL_MODULES = [
 NOTICE_APPROVAL_ABOVE = int(os.environ.get("NOTICE_APPROVAL_ABOVE", "10"))
 NOTICE_APPROVAL_TIMEOUT = float(os.environ.get("NOTICE_APPROVAL_TIMEOUT", "86400"))
 
-# Model prices, per million tokens, for the cost the dashboard shows beside each model
-# call's usage: JSON such as {"remote": {"input": 0.15, "output": 0.6}}. A model without
-# prices shows its tokens only.
-MODEL_PRICES: dict[str, dict[str, float]] = json.loads(os.environ.get("MODEL_PRICES") or "{}")
+# The models a submission may name (controlplane/model_catalog.py, docs/models.md): MODELS
+# (JSON) or MODELS_FILE (TOML or JSON), each model by name with its provider, server,
+# key variable, the model name the server expects, context window and prices. The demo's
+# "scripted" model is always there; DEFAULT_MODEL answers a submission that names none.
+MODELS = model_catalog.load(os.environ)
+DEFAULT_MODEL = os.environ.get("DEFAULT_MODEL", model_catalog.SCRIPTED)
+if DEFAULT_MODEL not in MODELS:
+    raise ImproperlyConfigured(
+        f"DEFAULT_MODEL: {DEFAULT_MODEL!r} is not a configured model ({', '.join(MODELS)})")
+# Prices per million tokens by model name, for the cost the dashboard shows beside each
+# model call's usage (a model without prices shows its tokens only).
+MODEL_PRICES: dict[str, dict[str, float]] = {
+    name: model.prices for name, model in MODELS.items() if model.prices}
+
+# Traces (controlplane/telemetry.py, docs/models.md): spans are exported with OTLP/HTTP
+# when OTEL_EXPORTER_OTLP_ENDPOINT is set (the standard OTEL_* variables apply), off
+# otherwise. TRACE_URL, such as https://jaeger.example/trace/{trace_id}, links a task's
+# trace id on its page.
+TRACE_URL = os.environ.get("TRACE_URL", "")
 
 # --------------------------------------------------------------------------- notices
 # The HTTP provider contract is in docs/email-provider.md; any provider that keeps it

@@ -53,6 +53,7 @@ from .records import (
 from .registry import Blocked, Registry
 from .storage import JoinState, Prefetch, Transaction
 from .tasks import Finish, Next, Transition, WaitTasks, apply_transition, released, succeeded
+from .tracing import carrier as trace_carrier
 from .values import storable, storable_text
 
 JSON = Any
@@ -101,6 +102,7 @@ class _NewTask:
     version: int | None
     parent_id: str | None
     owned: bool
+    trace: JSON | None = None
 
 
 @dataclass
@@ -271,7 +273,10 @@ class Draft:
     ) -> str:
         input = storable(input, f"task input ({kind})")
         task_id = new_id(TASK_ID)
-        self.new_tasks.append(_NewTask(task_id, kind, input, version, parent_id, owned))
+        # The span this is created in (a submission, the phase that spawns it) is the
+        # parent of its phases' spans, on whichever worker runs them.
+        self.new_tasks.append(
+            _NewTask(task_id, kind, input, version, parent_id, owned, trace_carrier()))
         return task_id
 
     def transition(
@@ -814,6 +819,7 @@ class Builder:
             parent_id=new.parent_id,
             owned=new.owned and new.parent_id is not None,
             queue=definition.queue,
+            trace=new.trace,
         )
         self.created[task.id] = task
         self.put(task)

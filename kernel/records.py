@@ -173,6 +173,9 @@ class Task:
     lease_owner: str | None = None
     lease_until: datetime | None = None
     queue: str = "default"
+    trace: JSON | None = None
+    """The trace context it was created in (W3C ``traceparent``; :mod:`kernel.tracing`):
+    its phases' spans are children of it, on whichever worker. Never changes."""
 
     @property
     def terminal(self) -> bool:

@@ -31,6 +31,7 @@ from .records import (
 )
 from .registry import Blocked, Registry
 from .storage import Storage, Transaction
+from .tracing import span as traced
 
 JSON = Any
 Listener = Callable[[WriteSet], None]
@@ -188,18 +189,23 @@ class SessionHandle:
             return replace(built, dispatches=outbox(built.dispatches, now))
 
         storage, prefetch, kind = self.kernel.storage, draft.prefetch(), draft.kind()
-        try:
-            if kind is CommitKind.CONTINUES_INLINE and known is not None:
-                written = storage.commit_continuing(self.id, build, prefetch, known)
-            elif kind is CommitKind.ENDS_ALONE and known is not None:
-                written = storage.commit_ending(self.id, build, prefetch, known)
-            elif kind is CommitKind.CREATES_ONLY:
-                written = storage.commit_creating(self.id, build, prefetch)
-            else:
-                written = storage.commit(self.id, build, prefetch)
-        except CommitUncertain as exc:
-            self.poisoned = True
-            raise SessionPoisoned(f"session {self.id}: commit outcome unknown ({exc})") from exc
+        with traced("commit", {"kernel.session.id": self.id, "kernel.actor": draft.actor,
+                                     "kernel.commit.kind": str(kind)}) as span:
+            try:
+                if kind is CommitKind.CONTINUES_INLINE and known is not None:
+                    written = storage.commit_continuing(self.id, build, prefetch, known)
+                elif kind is CommitKind.ENDS_ALONE and known is not None:
+                    written = storage.commit_ending(self.id, build, prefetch, known)
+                elif kind is CommitKind.CREATES_ONLY:
+                    written = storage.commit_creating(self.id, build, prefetch)
+                else:
+                    written = storage.commit(self.id, build, prefetch)
+            except CommitUncertain as exc:
+                self.poisoned = True
+                raise SessionPoisoned(
+                    f"session {self.id}: commit outcome unknown ({exc})") from exc
+            span.set({"kernel.commit.seq": written.commit.seq,
+                      "kernel.commit.tasks_created": len(written.new_tasks)})
         self.head_seq = written.commit.seq
         self.kernel.publish(written)
         return written

@@ -35,6 +35,7 @@ from .registry import Blocked, Resolved, TaskDefinition
 from .run import Lease, Run
 from .session import Kernel, SessionHandle
 from .tasks import TRANSITIONS, Finish, Next, Transition
+from .tracing import span as traced
 
 JSON = Any
 log = logging.getLogger(__name__)
@@ -44,6 +45,14 @@ QUICK_SECONDS = 0.25
 """A task whose last run in this worker took longer is not started while endings wait to
 be committed (see :meth:`Worker.advance_queue`)."""
 NO_PROGRESS = "phase {phase!r} returned {result!r}: no durable progress (same phase and checkpoint)"
+
+
+def phase_attributes(task: Task) -> dict[str, Any]:
+    """What a phase's span says about the task it runs."""
+    return {"kernel.task.id": task.id, "kernel.task.kind": task.kind,
+            "kernel.session.id": task.session_id, "kernel.phase": task.phase,
+            "kernel.task.epoch": task.epoch, "kernel.task.restarts": task.restarts,
+            "kernel.task.queue": task.queue}
 
 
 class Heartbeat:
@@ -330,30 +339,43 @@ class Worker:
         try:
             conflicts = 0
             while True:
-                if returned is not None:
-                    transition, ending, returned = returned, False, None
-                else:
-                    transition, ending = self._execute(lease)
-                if defer_ending and not ending and isinstance(transition, Finish):
-                    deferred = True
-                    return transition
-                try:
-                    self._commit(lease, transition, ending)
-                except StaleLease:
-                    raise
-                except DocumentConflict:
-                    # Optimistic concurrency: someone changed a document this phase read.
-                    # Run the phase again on fresh state; past a few tries it is a fault.
-                    conflicts += 1
-                    lease.draft = Draft(actor=lease.draft.actor)
-                    if conflicts <= MAX_CONFLICTS:
-                        continue
-                    self._end(lease, Finish(Outcome.FAULTED, error="document kept changing"))
-                except CommitRejected as exc:
-                    # The handler asked for something illegal: a bug in the task, not a
-                    # reason to retry forever. Its writes are dropped with it.
-                    lease.draft = Draft(actor=lease.draft.actor)
-                    self._end(lease, Finish(Outcome.FAULTED, error=f"commit rejected: {exc}"))
+                # One span per phase run, the commit that ends it inside: a child of the
+                # context the task was created in, whichever worker runs it.
+                with traced(f"phase {lease.task.kind}.{lease.task.phase}",
+                                  phase_attributes(lease.task), parent=lease.task.trace) as span:
+                    if returned is not None:
+                        transition, ending, returned = returned, False, None
+                    else:
+                        transition, ending = self._execute(lease)
+                    if defer_ending and not ending and isinstance(transition, Finish):
+                        deferred = True
+                        return transition
+                    try:
+                        self._commit(lease, transition, ending)
+                    except StaleLease:
+                        raise
+                    except DocumentConflict:
+                        # Optimistic concurrency: someone changed a document this phase
+                        # read. Run the phase again on fresh state; past a few tries it is
+                        # a fault.
+                        conflicts += 1
+                        lease.draft = Draft(actor=lease.draft.actor)
+                        if conflicts <= MAX_CONFLICTS:
+                            span.set({"kernel.phase.result": "document conflict"})
+                            continue
+                        self._end(lease, Finish(Outcome.FAULTED, error="document kept changing"))
+                    except CommitRejected as exc:
+                        # The handler asked for something illegal: a bug in the task, not a
+                        # reason to retry forever. Its writes are dropped with it.
+                        lease.draft = Draft(actor=lease.draft.actor)
+                        self._end(lease, Finish(Outcome.FAULTED, error=f"commit rejected: {exc}"))
+                    span.set({"kernel.phase.result": lease.task.status.value,
+                              "kernel.phase.next": lease.task.phase,
+                              "kernel.task.outcome": (lease.task.outcome or {}).get("kind")})
+                    if lease.task.outcome and lease.task.outcome.get("kind") in (
+                            Outcome.FAILED, Outcome.FAULTED):
+                        span.error(str(lease.task.outcome.get("kind")),
+                                   str(lease.task.outcome.get("error"))[:500])
                 if lease.task.status is not Status.RUNNING:
                     return None
                 if self.draining:  # between phases: hand the rest to another worker

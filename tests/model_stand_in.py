@@ -5,8 +5,10 @@ background requests (``POST /responses`` then ``GET /responses/{id}``) from a
 script the test gives, and records every request it gets, so tests assert on what
 the provider really sent. It can hold a request open - the model "thinking" -
 until the test releases it, so a chaos test can kill a worker while its request is
-in flight. It runs in the test process; workers in other processes reach it by URL
-(``MODEL_BASE_URL``).
+in flight (the PyPI ``fakellm`` server cannot hold a request, nor answer Responses
+background requests: ``tests/integration/test_openai_provider.py`` says which behaviour
+each server is used for). It runs in the test process; workers in other processes reach
+it by URL, configured as model ``remote`` (:func:`models_env`).
 """
 
 from __future__ import annotations
@@ -21,7 +23,18 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 JSON = Any
+NAME = "remote"
+SERVED = "stand-in-model"
+"""The model name the stand-in is configured with: what the server is asked for."""
 HOLD_LIMIT = 120.0  # a held request gives up on its own, so a failed test cannot hang
+
+
+def models_env(url: str, timeout: float = 30, background: bool = False) -> dict[str, str]:
+    """The ``MODELS`` setting of a process whose model ``remote`` is the stand-in at
+    ``url``, asked for :data:`SERVED`."""
+    return {"MODELS": json.dumps({NAME: {
+        "provider": "openai", "base_url": url, "model": SERVED, "timeout": timeout,
+        "background": background}})}
 
 
 @dataclass(frozen=True)
@@ -32,6 +45,7 @@ class Completion:
     tool_calls: tuple[JSON, ...] = ()  # {"id", "name", "arguments"}
     usage: tuple[int, int] = (10, 5)  # input, output tokens
     status: int = 200  # anything else: an HTTP error with ``text`` as its body
+    headers: tuple[tuple[str, str], ...] = ()  # sent with an error (``Retry-After``)
     hold: bool = False  # chat: stream half the text, then hold until released;
     # background: hold the poll that would answer "completed" until released
     cut: bool = False  # chat: stream half the text, then close without [DONE]
@@ -184,6 +198,8 @@ def chat_chunks(completion: Completion) -> tuple[list[JSON], list[JSON]]:
         after.append(
             delta(tool_calls=[{"index": index, "function": {"arguments": arguments[middle:]}}])
         )
+    finished = "tool_calls" if completion.tool_calls else "stop"
+    after.append({"choices": [{"index": 0, "delta": {}, "finish_reason": finished}]})
     after.append(
         {
             "choices": [],
@@ -208,7 +224,8 @@ def handler(stand_in: ModelStandIn) -> type[BaseHTTPRequestHandler]:
             completion = stand_in.answer(body)
             try:
                 if completion.status != 200:
-                    self.reply(completion.status, completion.text.encode(), "text/plain")
+                    self.reply(completion.status, completion.text.encode(), "text/plain",
+                               completion.headers)
                 elif self.path == "/v1/chat/completions":
                     self.stream(completion)
                 elif self.path == "/v1/responses" and body.get("background"):
@@ -257,8 +274,11 @@ def handler(stand_in: ModelStandIn) -> type[BaseHTTPRequestHandler]:
         def json(self, data: JSON) -> None:
             self.reply(200, json.dumps(data).encode(), "application/json")
 
-        def reply(self, status: int, body: bytes, content_type: str) -> None:
+        def reply(self, status: int, body: bytes, content_type: str,
+                  headers: tuple[tuple[str, str], ...] = ()) -> None:
             self.send_response(status)
+            for name, value in headers:
+                self.send_header(name, value)
             self.send_header("Content-Type", content_type)
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()

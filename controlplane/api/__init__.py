@@ -48,6 +48,11 @@ class ControlPlaneAPI(NinjaAPI):
 
     _schemas: dict[str, Any]
 
+    def get_openapi_operation_id(self, operation: Any) -> str:
+        """The view's own name (``create_session``; unique across the routers), so that a
+        client generated from the schema names its calls so, not by module path."""
+        return str(operation.view_func.__name__)
+
     def forget_schema(self) -> None:
         self._schemas = {}
 
@@ -65,7 +70,13 @@ class ControlPlaneAPI(NinjaAPI):
         components["schemas"] = {
             **refer_to_components(components.get("schemas", {})), **json_components()
         }
-        error = {"type": "object", "properties": {"detail": {}}, "required": ["detail"]}
+        # One component for every error answer: a client generated from the schema gets
+        # one error type, not one per operation and status.
+        components["schemas"]["Error"] = {
+            "type": "object", "properties": {"detail": {}}, "required": ["detail"],
+            "description": "why the request was refused; `detail` names the field for 422",
+        }
+        error = {"$ref": "#/components/schemas/Error"}
         for operations in schema["paths"].values():
             for operation in operations.values():
                 responses = operation.setdefault("responses", {})

@@ -149,6 +149,8 @@ class TaskOut(Schema):
     step: StepOut | None = Field(
         None, description="the uncertain step `resolve` answers now: send it with the decision"
     )
+    trace_id: str | None = Field(
+        None, description="the OpenTelemetry trace its phases' spans are in (32 hex digits)")
 
 
 class TaskNode(Schema):
@@ -388,6 +390,23 @@ class LeaseOut(Schema):
     phase: str
     epoch: int
     lease_until: datetime
+
+
+class PricesOut(Schema):
+    input: float | None = Field(None, description="per million input tokens")
+    output: float | None = Field(None, description="per million output tokens")
+
+
+class ModelOut(Schema):
+    name: str = Field(..., description="what a submission's `input.model` names")
+    provider: str = Field(..., description="`scripted` (the demo's) or `openai` "
+                          "(an OpenAI-compatible server)")
+    model: str = Field(..., description="the model name the server is asked for")
+    context_window: int | None = Field(
+        None, description="tokens; a submission's `options.max_tokens` may not exceed it")
+    prices: PricesOut | None = None
+    background: bool = Field(False, description="asked in background mode (polled)")
+    default: bool = Field(..., description="answers a submission that names no model")
 
 
 class WorkerOut(Schema):

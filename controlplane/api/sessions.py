@@ -9,7 +9,7 @@ from ninja import Query, Router, Status
 
 from controlplane import commands
 from controlplane.errors import Invalid
-from controlplane.reads import approvals
+from controlplane.reads import approvals, models_configured
 from controlplane.reads import sessions as reads
 from kernel import NotRegistered, UnknownRecord
 from kernel.records import Entry
@@ -24,6 +24,7 @@ from .schemas import (
     DocumentOut,
     EntryOut,
     EntryPage,
+    ModelOut,
     SessionIn,
     SessionOut,
     SubmissionIn,
@@ -164,6 +165,12 @@ def submit(request: HttpRequest, session_id: PathText, body: SubmissionIn) -> An
     assert submitted.submission is not None
     created = 200 if submitted.outcome == "duplicate" else 201
     return Status(created, reads.submission(submitted.submission.id))
+
+
+@router.get("/models", response=list[ModelOut])
+def list_models(request: HttpRequest) -> Any:
+    """The models a submission may name in `input.model` (configured by name: MODELS)."""
+    return models_configured.configured()
 
 
 @router.get("/sessions/{session_id}/approvals", response=list[ApprovalOut])

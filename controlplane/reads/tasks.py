@@ -10,13 +10,14 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from django.conf import settings
 from django.db.models import Exists, OuterRef, Q, QuerySet
 
 from controlplane import models
 from controlplane.runtime import runtime
 from controlplane.storage import search
 from controlplane.storage.schema import TASK
-from kernel import Blocked, Decision, Outcome, Status, Task, UnknownRecord
+from kernel import Blocked, Decision, Outcome, Status, Task, UnknownRecord, tracing
 from kernel.agent.approval import PHASE as APPROVAL_PHASE
 from kernel.records import SHOWN_STATUSES
 
@@ -119,6 +120,19 @@ class TaskView:
         if signal is None or not self.decisions:
             return None
         return {"signal": signal, "epoch": self.task.epoch}
+
+    @property
+    def trace_id(self) -> str | None:
+        """The trace its phases' spans are in (OpenTelemetry), when it was created in one."""
+        return tracing.trace_id(self.task.trace)
+
+    @property
+    def trace_url(self) -> str | None:
+        """Where the trace is shown (``settings.TRACE_URL`` with ``{trace_id}``), if set."""
+        found = self.trace_id
+        if found is None or not settings.TRACE_URL:
+            return None
+        return settings.TRACE_URL.replace("{trace_id}", found)
 
     @property
     def attempts(self) -> int:

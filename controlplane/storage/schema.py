@@ -229,7 +229,7 @@ DOCUMENT_VERSION = Table(records.DocumentVersion, tables.DocumentVersion)
 TASK = Table(
     records.Task,
     tables.Task,
-    fixed=("session_id", "kind", "created_seq", "parent_id", "owned", "queue"),
+    fixed=("session_id", "kind", "created_seq", "parent_id", "owned", "queue", "trace"),
 )
 SUBMISSION = Table(
     records.Submission,

@@ -22,7 +22,14 @@ class ModelError(Exception):
 
 
 class TransientModelError(ModelError):
-    """Rate limits, timeouts, 5xx: the same request may succeed later."""
+    """Rate limits, timeouts, 5xx: the same request may succeed later.
+
+    ``retry_after``: how many seconds the server asked us to wait (its ``Retry-After``),
+    when it said; the turn waits at least that long before it asks again."""
+
+    def __init__(self, message: str, retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
 
 
 class PermanentModelError(ModelError):
@@ -121,13 +128,18 @@ class ModelResponse:
     text: str
     tool_calls: tuple[ToolCall, ...] = ()
     usage: JSON = field(default_factory=dict)
+    model: str | None = None
+    """The model that answered, as the server named it (when it said)."""
 
     def to_json(self) -> JSON:
-        return {
+        found: JSON = {
             "text": self.text,
             "tool_calls": [c.to_json() for c in self.tool_calls],
             "usage": dict(self.usage),
         }
+        if self.model is not None:
+            found["model"] = self.model
+        return found
 
 
 @dataclass(frozen=True)

@@ -1,34 +1,41 @@
-"""An OpenAI-compatible model provider over plain HTTP (standard library only).
+"""An OpenAI-compatible model provider on the official ``openai`` client.
 
-Two ways to ask. By default, chat completions streamed as server-sent events:
-text and tool calls are collected, the text handed to ``on_text`` as it arrives
-(for the progress document). In *background* mode, a Responses-style request
-(``POST /responses`` with ``background: true``) answers at once with an id; the
-agent turn commits that id and polls ``GET /responses/{id}`` until it is
-completed, so a worker that dies while waiting costs no second request - the next
+Two ways to ask. By default, chat completions streamed: text and tool calls are
+collected, the text handed to ``on_text`` as it arrives (for the progress document);
+``stream=False`` asks for the whole completion at once (for servers that stream badly).
+In *background* mode, a Responses request with ``background: true`` answers at once
+with an id; the agent turn commits that id and polls ``responses.retrieve`` until it
+is completed, so a worker that dies while waiting costs no second request - the next
 worker polls the same id.
 
 Errors are sorted by what retrying can do: 408/409/429/5xx, timeouts and dropped
-connections are transient; other 4xx, and a background response that ended
-failed, cancelled or incomplete, are permanent.
+connections are transient (carrying the server's ``Retry-After``, which the turn
+honours); other 4xx, and a background response that ended failed, cancelled or
+incomplete, are permanent. A stream that ends before the model said it finished (no
+``finish_reason``) is a partial answer: transient, and it never drives a tool.
 
-Configured by ``OpenAICompatibleProvider.from_env()``: ``MODEL_BASE_URL``,
-``MODEL_API_KEY`` (optional for local servers), ``MODEL_TIMEOUT``, and
-``MODEL_BACKGROUND`` (``1``/``true``: use background responses).
+This module is the only one that imports ``openai``. It reads no environment of its
+own: whoever builds the provider (the control plane's model configuration) gives it
+the server, the key and the model name the server expects. A turn's request names the
+model by its configured name; the server is asked for :attr:`model`.
 """
 
 from __future__ import annotations
 
+import email.utils
 import json
 import logging
-import os
 import re
-import urllib.error
-import urllib.request
-from collections.abc import Callable
-from typing import Any, TypeVar
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import httpx2
+import openai
 
 from .models import (
+    MODEL_OPTIONS,
     ModelRequest,
     ModelResponse,
     OnText,
@@ -42,6 +49,11 @@ JSON = Any
 RETRYABLE = frozenset({408, 409, 429, 500, 502, 503, 504})
 log = logging.getLogger(__name__)
 _CODE = re.compile(r"[\w.:-]{1,64}")
+UNFINISHED = frozenset({"queued", "in_progress"})
+OPTIONS = frozenset(option.name for option in MODEL_OPTIONS)
+"""What a request's options may add to the body: nothing the turn sets itself."""
+RESPONSES_NAMES = {"max_tokens": "max_output_tokens"}
+"""Model options the Responses API names otherwise than chat completions."""
 
 
 def error_codes(error: Any) -> str:
@@ -61,10 +73,24 @@ def error_codes(error: Any) -> str:
     codes = [str(error[k]) for k in ("type", "code")
              if isinstance(error.get(k), str | int) and _CODE.fullmatch(str(error[k]))]
     return f" ({', '.join(codes)})" if codes else ""
-UNFINISHED = frozenset({"queued", "in_progress"})
-RESPONSES_NAMES = {"max_tokens": "max_output_tokens"}
-"""Model options the Responses API names otherwise than chat completions."""
-T = TypeVar("T")
+
+
+def retry_after(headers: httpx2.Headers) -> float | None:
+    """Seconds the server asked us to wait: ``retry-after-ms``, or ``Retry-After`` as
+    seconds or as an HTTP date; None when it said nothing usable."""
+    try:
+        if "retry-after-ms" in headers:
+            return max(0.0, float(headers["retry-after-ms"]) / 1000)
+        value = headers.get("retry-after")
+        if value is None:
+            return None
+        try:
+            return max(0.0, float(value))
+        except ValueError:
+            at = email.utils.parsedate_to_datetime(value)
+            return max(0.0, at.timestamp() - time.time())
+    except (TypeError, ValueError, OverflowError):
+        return None
 
 
 def to_openai(messages: list[JSON]) -> list[JSON]:
@@ -103,8 +129,8 @@ def to_openai(messages: list[JSON]) -> list[JSON]:
 
 
 def to_responses(messages: list[JSON]) -> list[JSON]:
-    """Our context messages as Responses-style input items: a tool call and its result
-    are items of their own, linked by ``call_id``."""
+    """Our context messages as Responses input items: a tool call and its result are
+    items of their own, linked by ``call_id``."""
     items: list[JSON] = []
     for message in messages:
         if message["role"] == "tool":
@@ -136,172 +162,228 @@ def response_tools(tools: list[JSON]) -> list[JSON]:
     return [{"type": "function", **t["function"]} if "function" in t else t for t in tools]
 
 
-def from_responses(data: JSON) -> ModelResponse | None:
-    """A Responses-style object as our response; None while it is still being generated."""
-    status = data.get("status")
+def arguments_of(text: str | None, error: type[Exception]) -> JSON:
+    try:
+        return json.loads(text or "{}")
+    except json.JSONDecodeError as exc:
+        raise error(f"tool call arguments are not JSON: {exc}") from exc
+
+
+def from_response(response: Any) -> ModelResponse | None:
+    """A Responses object as our response; None while it is still being generated."""
+    status = getattr(response, "status", None)
     if status in UNFINISHED:
         return None
+    identifier = str(getattr(response, "id", None))[:100]
     if status != "completed":
-        reason = data.get("error") or data.get("incomplete_details") or "no reason given"
-        log.warning("background response %s ended %s: %s", data.get("id"), status,
-                    str(reason)[:500])
+        reason = (getattr(response, "error", None) or getattr(response, "incomplete_details", None)
+                  or "no reason given")
+        if hasattr(reason, "model_dump"):
+            reason = reason.model_dump()
+        log.warning("background response %s ended %s: %s", identifier, status, str(reason)[:500])
         raise PermanentModelError(
-            f"background response {str(data.get('id'))[:100]} ended {str(status)[:40]}"
+            f"background response {identifier} ended {str(status)[:40]}"
             f"{error_codes(reason)} (the server's reason is in the worker's log)")
     text: list[str] = []
     calls: list[ToolCall] = []
-    for item in data.get("output", []):
-        if item.get("type") == "message":
-            text.extend(p.get("text", "") for p in item.get("content", []) if "text" in p)
-        elif item.get("type") == "function_call":
-            try:
-                arguments = json.loads(item.get("arguments") or "{}")
-            except json.JSONDecodeError as exc:
-                raise PermanentModelError(f"tool call arguments are not JSON: {exc}") from exc
-            calls.append(ToolCall(item["call_id"], item["name"], arguments))
-    usage = data.get("usage") or {}
+    for item in getattr(response, "output", None) or []:
+        kind = getattr(item, "type", None)
+        if kind == "message":
+            text.extend(getattr(part, "text", None) or ""
+                        for part in getattr(item, "content", None) or [])
+        elif kind == "function_call":
+            calls.append(ToolCall(item.call_id, item.name,
+                                  arguments_of(item.arguments, PermanentModelError)))
+    usage = getattr(response, "usage", None)
     return ModelResponse(
         "".join(text),
         tuple(calls),
         {
-            "input_tokens": usage.get("input_tokens", 0),
-            "output_tokens": usage.get("output_tokens", 0),
+            "input_tokens": getattr(usage, "input_tokens", 0) or 0,
+            "output_tokens": getattr(usage, "output_tokens", 0) or 0,
         },
+        getattr(response, "model", None),
+    )
+
+
+def from_completion(completion: Any, on_text: OnText) -> ModelResponse:
+    """A whole (not streamed) chat completion as our response; its text is handed to
+    ``on_text`` at once."""
+    choices = getattr(completion, "choices", None) or []
+    if not choices or not getattr(choices[0], "finish_reason", None):
+        raise TransientModelError("the completion came without a finished choice")
+    message = choices[0].message
+    if message.content:
+        on_text(message.content)
+    calls = tuple(
+        ToolCall(call.id, call.function.name,
+                 arguments_of(call.function.arguments, TransientModelError))
+        for call in message.tool_calls or [] if getattr(call, "function", None) is not None
+    )
+    usage = getattr(completion, "usage", None)
+    return ModelResponse(
+        message.content or "",
+        calls,
+        {"input_tokens": getattr(usage, "prompt_tokens", 0) or 0,
+         "output_tokens": getattr(usage, "completion_tokens", 0) or 0} if usage else {},
+        getattr(completion, "model", None),
     )
 
 
 class OpenAICompatibleProvider:
+    """Asks the server at ``base_url`` for ``model``.
+
+    ``max_retries`` is the client's own retries (with backoff and ``Retry-After``, in
+    this process, holding the worker); 0 by default, since the turn retries durably,
+    holding no worker while it waits."""
+
+    system = "openai"
+    """The GenAI semantic conventions' provider name, for the request's span."""
+
     def __init__(
         self,
         base_url: str,
+        model: str,
         api_key: str | None = None,
         timeout: float = 60.0,
         background: bool = False,
+        max_retries: int = 0,
+        stream: bool = True,
     ) -> None:
         self.base_url = base_url.rstrip("/")
-        self.api_key = api_key
-        self.timeout = timeout
+        self.model = model
         self.background = background
-
-    @classmethod
-    def from_env(cls) -> OpenAICompatibleProvider:
-        base = os.environ.get("MODEL_BASE_URL")
-        if not base:
-            raise ValueError("MODEL_BASE_URL is not set (e.g. http://127.0.0.1:8080/v1)")
-        return cls(
-            base,
-            os.environ.get("MODEL_API_KEY"),
-            float(os.environ.get("MODEL_TIMEOUT", "60")),
-            background=os.environ.get("MODEL_BACKGROUND", "").lower() in {"1", "true", "yes"},
+        self.stream = stream
+        # Only what the configuration says is sent: never an organization or project the
+        # client would read from OPENAI_* variables, and without a key no Authorization
+        # header at all (the client insists on a key, so it gets a placeholder it never
+        # sends).
+        self.headers: dict[str, Any] = {"OpenAI-Organization": openai.Omit(),
+                                        "OpenAI-Project": openai.Omit()}
+        if not api_key:
+            self.headers["Authorization"] = openai.Omit()
+        self.client = openai.OpenAI(
+            base_url=self.base_url,
+            api_key=api_key or "no-key",
+            timeout=timeout,
+            max_retries=max_retries,
         )
 
     def generate(self, request: ModelRequest, on_text: OnText) -> ModelResponse | Pending:
         if self.background:
             return self._start_background(request)
-        body: JSON = {  # options first: what the turn sets is never overridden
-            **request.options,
-            "model": request.model,
-            "messages": to_openai(request.messages),
-            "stream": True,
-            "stream_options": {"include_usage": True},
-        }
+        extra: JSON = {}
         if request.tools:
-            body["tools"] = request.tools
-        return self._call(
-            "/chat/completions", body, lambda answer: self._read_stream(answer, on_text)
-        )
+            extra["tools"] = request.tools
+        if self.stream:
+            extra["stream_options"] = {"include_usage": True}
+        with sorted_errors("/chat/completions"):
+            answer = self.client.chat.completions.create(
+                model=self.model,
+                messages=to_openai(request.messages),
+                stream=self.stream,
+                extra_body=self._options(request, {}),
+                extra_headers=self.headers,
+                **extra,
+            )
+            if isinstance(answer, openai.Stream):
+                with answer:  # closes the connection, however the reading ends
+                    return self._read_stream(answer, on_text)
+            return from_completion(answer, on_text)
 
     def poll(self, handle: str) -> ModelResponse | None:
         """Ask for a background response by its id: None while it is not finished."""
-        return from_responses(self._call(f"/responses/{handle}", None, json.load))
+        with sorted_errors(f"/responses/{handle}"):
+            response = self.client.responses.retrieve(handle, extra_headers=self.headers)
+        return from_response(response)
 
     def _start_background(self, request: ModelRequest) -> ModelResponse | Pending:
-        body: JSON = {
-            **{RESPONSES_NAMES.get(k, k): v for k, v in request.options.items()},
-            "model": request.model,
-            "input": to_responses(request.messages),
-            "background": True,
-            "store": True,  # a background response must be stored to be fetched by id
-        }
+        extra: JSON = {}
         if request.tools:
-            body["tools"] = response_tools(request.tools)
-        data = self._call("/responses", body, json.load)
-        if not data.get("id"):
-            log.warning("background request answered without an id: %s", str(data)[:500])
+            extra["tools"] = response_tools(request.tools)
+        with sorted_errors("/responses"):
+            response = self.client.responses.create(
+                model=self.model,
+                input=to_responses(request.messages),
+                background=True,
+                store=True,  # a background response must be stored to be fetched by id
+                extra_body=self._options(request, RESPONSES_NAMES),
+                extra_headers=self.headers,
+                **extra,
+            )
+        if not getattr(response, "id", None):
+            log.warning("background request answered without an id: %s", str(response)[:500])
             raise PermanentModelError("background request answered without an id (what it "
                                       "answered is in the worker's log)")
-        return from_responses(data) or Pending(data["id"])
+        return from_response(response) or Pending(response.id)
 
-    def _call(self, path: str, body: JSON, read: Callable[[Any], T]) -> T:
-        """POST ``body`` (GET when None) and ``read`` the answer; errors sorted by what a
-        retry can do."""
-        http = urllib.request.Request(
-            f"{self.base_url}{path}",
-            data=None if body is None else json.dumps(body).encode(),
-            headers=self._headers(streamed=path == "/chat/completions"),
-            method="GET" if body is None else "POST",
-        )
-        try:
-            with urllib.request.urlopen(http, timeout=self.timeout) as answer:
-                return read(answer)
-        except urllib.error.HTTPError as exc:
-            detail = exc.read().decode(errors="replace")[:500]
-            error = TransientModelError if exc.code in RETRYABLE else PermanentModelError
-            log.warning("model server answered %s to %s: %s", exc.code, path, detail)
-            raise error(f"model server answered {exc.code}{error_codes(detail)} (its message "
-                        "is in the worker's log)") from exc
-        except (urllib.error.URLError, TimeoutError, ConnectionError) as exc:
-            raise TransientModelError(f"model server unreachable: {exc}") from exc
-        except json.JSONDecodeError as exc:
-            raise TransientModelError(f"model server answered with broken JSON: {exc}") from exc
+    @staticmethod
+    def _options(request: ModelRequest, names: dict[str, str]) -> JSON:
+        """The request's model options, by the API's names; nothing the turn sets (model,
+        messages, stream...) passes, however the request was built."""
+        return {names.get(k, k): v for k, v in request.options.items() if k in OPTIONS}
 
-    def _headers(self, streamed: bool) -> dict[str, str]:
-        headers = {
-            "Content-Type": "application/json",
-            "Accept": "text/event-stream" if streamed else "application/json",
-        }
-        if self.api_key:
-            headers["Authorization"] = f"Bearer {self.api_key}"
-        return headers
-
-    def _read_stream(self, answer: Any, on_text: OnText) -> ModelResponse:
+    def _read_stream(self, stream: Any, on_text: OnText) -> ModelResponse:
         text: list[str] = []
         calls: dict[int, dict[str, Any]] = {}
         usage: JSON = {}
         finished = False
-        for raw in answer:
-            line = raw.decode().strip()
-            if not line.startswith("data:"):
-                continue
-            data = line[len("data:") :].strip()
-            if data == "[DONE]":
-                finished = True
-                break
-            chunk = json.loads(data)
-            if chunk.get("usage"):
+        model = None
+        for chunk in stream:
+            # Parsed without validation: a field a server left out is absent, not None.
+            model = getattr(chunk, "model", None) or model
+            if getattr(chunk, "usage", None):
                 usage = {
-                    "input_tokens": chunk["usage"].get("prompt_tokens", 0),
-                    "output_tokens": chunk["usage"].get("completion_tokens", 0),
+                    "input_tokens": chunk.usage.prompt_tokens or 0,
+                    "output_tokens": chunk.usage.completion_tokens or 0,
                 }
-            for choice in chunk.get("choices", []):
-                delta = choice.get("delta", {})
-                if delta.get("content"):
-                    text.append(delta["content"])
-                    on_text(delta["content"])
-                for part in delta.get("tool_calls", []) or []:
-                    call = calls.setdefault(part["index"], {"id": "", "name": "", "arguments": ""})
-                    call["id"] = part.get("id") or call["id"]
-                    function = part.get("function", {})
-                    call["name"] += function.get("name") or ""
-                    call["arguments"] += function.get("arguments") or ""
+            for choice in getattr(chunk, "choices", None) or []:
+                delta = getattr(choice, "delta", None)
+                if delta is not None and delta.content:
+                    text.append(delta.content)
+                    on_text(delta.content)
+                for part in (delta.tool_calls if delta is not None else None) or []:
+                    index = getattr(part, "index", 0)
+                    call = calls.setdefault(index, {"id": "", "name": "", "arguments": ""})
+                    call["id"] = part.id or call["id"]
+                    if part.function is not None:
+                        call["name"] += part.function.name or ""
+                        call["arguments"] += part.function.arguments or ""
+                if getattr(choice, "finish_reason", None):
+                    finished = True
         if not finished:
             # A stream cut short is a partial answer: it must never drive a tool.
-            raise TransientModelError("the response stream ended before [DONE]")
-        try:
-            tool_calls = tuple(
-                ToolCall(c["id"], c["name"], json.loads(c["arguments"] or "{}"))
-                for _, c in sorted(calls.items())
-            )
-        except json.JSONDecodeError as exc:
-            raise TransientModelError(f"tool call arguments are not JSON: {exc}") from exc
-        return ModelResponse("".join(text), tool_calls, usage)
+            raise TransientModelError("the response stream ended before the model finished")
+        tool_calls = tuple(
+            ToolCall(c["id"], c["name"], arguments_of(c["arguments"], TransientModelError))
+            for _, c in sorted(calls.items())
+        )
+        return ModelResponse("".join(text), tool_calls, usage, model)
+
+
+@contextmanager
+def sorted_errors(path: str) -> Iterator[None]:
+    """The client's exceptions as ours, sorted by what a retry can do; a server's own
+    words go to the log, never into what viewers read."""
+    try:
+        yield
+    except (TransientModelError, PermanentModelError):
+        raise
+    except openai.APIStatusError as exc:
+        status = exc.status_code
+        log.warning("model server answered %s to %s: %s", status, path, str(exc.body)[:500])
+        message = (f"model server answered {status}{error_codes(exc.body)} (its message "
+                   "is in the worker's log)")
+        if status in RETRYABLE:
+            raise TransientModelError(message, retry_after(exc.response.headers)) from exc
+        raise PermanentModelError(message) from exc
+    except openai.APITimeoutError as exc:
+        raise TransientModelError(f"model server timed out: {exc}") from exc
+    except (openai.APIConnectionError, httpx2.TransportError) as exc:
+        raise TransientModelError(f"model server unreachable: {exc}") from exc
+    except openai.APIError as exc:  # an error event inside the stream, a broken body
+        log.warning("model server failed %s: %s", path, str(exc)[:500])
+        raise TransientModelError("the model server's answer broke off (what it said is in "
+                                  "the worker's log)") from exc
+    except json.JSONDecodeError as exc:
+        raise TransientModelError(f"model server answered with broken JSON: {exc}") from exc

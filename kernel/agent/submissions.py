@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
+from kernel import tracing
 from kernel.commit import Draft, DuplicateRequest
 from kernel.errors import DocumentConflict
 from kernel.records import Submission, SubmissionStatus
@@ -55,7 +56,33 @@ def submit(
 ) -> Submitted:
     """Accept ``input`` once per ``request_id``: start a turn on an idle conversation, or
     do what ``when_busy`` says. ``resubmit_of`` links a retry of an earlier submission;
-    ``also`` adds writes to the same commit (an operator action records itself so)."""
+    ``also`` adds writes to the same commit (an operator action records itself so).
+
+    In a span of its own (``submit``): the turn it starts is created in it, so the turn's
+    phases, its model requests and its tools are in the submission's trace."""
+    with tracing.span("submit", {
+        "kernel.session.id": handle.id, "kernel.conversation.id": conversation_id,
+        "kernel.submission.request_id": request_id, "kernel.submission.when_busy": when_busy,
+        "kernel.actor": actor,
+    }) as span:
+        submitted = _submit(handle, conversation_id, input, request_id, when_busy, actor,
+                            resubmit_of, also)
+        span.set({"kernel.submission.outcome": submitted.outcome,
+                  "kernel.submission.id": submitted.submission.id
+                  if submitted.submission is not None else None})
+        return submitted
+
+
+def _submit(
+    handle: SessionHandle,
+    conversation_id: str,
+    input: JSON,
+    request_id: str,
+    when_busy: WhenBusy,
+    actor: str,
+    resubmit_of: str | None,
+    also: Callable[[Draft], None] | None,
+) -> Submitted:
     if not isinstance(input, dict) or not isinstance(input.get("text"), str):
         raise ValueError("input must be an object with a `text` string")
     if len(input["text"]) > MAX_TEXT:

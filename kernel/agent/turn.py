@@ -24,9 +24,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
+from contextlib import AbstractContextManager
 from datetime import datetime, timedelta
 from typing import Any
 
+from kernel import tracing
 from kernel.environment import fingerprint
 from kernel.errors import KernelError
 from kernel.records import Outcome, SubmissionStatus
@@ -56,6 +58,9 @@ MAX_ATTEMPTS = 6
 MAX_ROUNDS = 12
 POLL_SECONDS = 1.0
 PROGRESS_EVERY = 0.2  # previews cost no commit: push them often
+LONGEST_RETRY_AFTER = 900.0
+"""A server's Retry-After is honoured up to this many seconds (the wait holds no worker,
+but a turn that sleeps for hours looks dead)."""
 
 
 def turn_kind(input: JSON) -> str:
@@ -65,8 +70,14 @@ def turn_kind(input: JSON) -> str:
     return "agent-turn" if agent is None else f"agent:{agent}"
 
 
-def backoff(attempt: int) -> float:
-    return min(30.0, 0.5 * 2.0**attempt)
+def backoff(attempt: int, error: TransientModelError | None = None) -> float:
+    """Seconds to wait before the ``attempt``-th retry: doubling up to 30 s, and never
+    less than the server asked for (``Retry-After``, up to :data:`LONGEST_RETRY_AFTER`)."""
+    wait = min(30.0, 0.5 * 2.0**attempt)
+    asked = error.retry_after if error is not None else None
+    if asked is not None and asked > 0:
+        wait = max(wait, min(asked, LONGEST_RETRY_AFTER))
+    return wait
 
 
 def register_agent(
@@ -174,15 +185,18 @@ def register_agent(
                 checkpoint["options"],
             )
             stream = Stream(run)
+            chosen = provider(run)
             try:
-                answer = provider(run).generate(request, stream.text)
+                with model_span(chosen, request) as span:
+                    answer = chosen.generate(request, stream.text)
+                    record_answer(span, answer)
             except TransientModelError as exc:
                 if attempt >= MAX_ATTEMPTS:
                     return run.next(
                         "finish", {"failure": f"model kept failing: {exc}", "in_flight": None}
                     )
                 return run.sleep(
-                    backoff(attempt),
+                    backoff(attempt, exc),
                     then="request",
                     checkpoint={"in_flight": None, "last_error": str(exc)},
                 )
@@ -199,14 +213,19 @@ def register_agent(
         def poll(self, run: Run) -> Transition:
             """A background response: the saved handle is asked again, never a new request."""
             polls = run.checkpoint.get("polls", 0) + 1
+            chosen = provider(run)
             try:
-                answer = provider(run).poll(run.checkpoint["handle"])
+                with model_span(chosen, ModelRequest(run.checkpoint["model"], [], [],
+                                                     run.checkpoint["options"]),
+                                {"gen_ai.response.id": run.checkpoint["handle"]}) as span:
+                    answer = chosen.poll(run.checkpoint["handle"])
+                    record_answer(span, answer)
             except TransientModelError as exc:
                 errors = run.checkpoint.get("poll_errors", 0) + 1
                 if errors >= MAX_ATTEMPTS:
                     return run.next("finish", {"failure": f"polling kept failing: {exc}"})
                 return run.sleep(
-                    backoff(errors),
+                    backoff(errors, exc),
                     then="poll",
                     checkpoint={"polls": polls, "poll_errors": errors, "last_error": str(exc)},
                 )
@@ -424,7 +443,11 @@ def register_agent(
         its own kind, or the tool's function after its intent is committed."""
         kept = {"approved": approved} if approved is not None else {}
         if tool.task_kind is not None:
-            child = run.spawn(tool.task_kind, arguments)
+            # The tool runs as a task of its own, created in the call's span: its phases
+            # are that span's children in the trace.
+            with tool_span(run, tool) as span:
+                child = run.spawn(tool.task_kind, arguments)
+                span.set({"kernel.tool.task.id": child})
             return run.wait_all([child], then="collect", checkpoint={"child": child, **kept})
         run.commit(
             phase="execute",
@@ -443,11 +466,58 @@ def register_agent(
         call = run.input["call"]
         tool = toolbox.get(call["name"])
         assert tool is not None and tool.run is not None
-        try:
-            result = tool.run(run, run.checkpoint["intent"]["arguments"])
-        except Exception as exc:  # the model sees the failure and decides what to do
-            return tool_result(run, error=f"{type(exc).__name__}: {exc}")
+        with tool_span(run, tool) as span:
+            try:
+                result = tool.run(run, run.checkpoint["intent"]["arguments"])
+            except Exception as exc:  # the model sees the failure and decides what to do
+                span.error(type(exc).__name__, str(exc)[:500])
+                return tool_result(run, error=f"{type(exc).__name__}: {exc}")
         return tool_result(run, result=result)
+
+
+def model_span(
+    chosen: ModelProvider, request: ModelRequest, more: JSON = None
+) -> AbstractContextManager[tracing.Recorder]:
+    """A model request's span, with the GenAI semantic conventions' attributes: the model
+    the server is asked for (the provider's, when it names one) and the options."""
+    served = getattr(chosen, "model", None) or request.model
+    options = request.options or {}
+    return tracing.span(f"chat {served}", {
+        "gen_ai.operation.name": "chat",
+        "gen_ai.provider.name": getattr(chosen, "system", None),
+        "gen_ai.request.model": served,
+        "gen_ai.request.temperature": options.get("temperature"),
+        "gen_ai.request.top_p": options.get("top_p"),
+        "gen_ai.request.max_tokens": options.get("max_tokens"),
+        "gen_ai.request.seed": options.get("seed"),
+        "kernel.model.name": request.model,
+        **(more or {}),
+    }, client=True)
+
+
+def record_answer(span: tracing.Recorder, answer: ModelResponse | Pending | None) -> None:
+    if isinstance(answer, Pending):
+        span.set({"gen_ai.response.id": answer.handle})
+    elif isinstance(answer, ModelResponse):
+        usage = answer.usage or {}
+        span.set({
+            "gen_ai.response.model": answer.model,
+            "gen_ai.usage.input_tokens": usage.get("input_tokens"),
+            "gen_ai.usage.output_tokens": usage.get("output_tokens"),
+            "gen_ai.response.finish_reasons": ["tool_calls" if answer.tool_calls else "stop"],
+        })
+
+
+def tool_span(run: Run, tool: Tool) -> AbstractContextManager[tracing.Recorder]:
+    """A tool call's span (GenAI semantic conventions: ``execute_tool``)."""
+    call = run.input["call"]
+    return tracing.span(f"execute_tool {tool.name}", {
+        "gen_ai.operation.name": "execute_tool",
+        "gen_ai.tool.name": tool.name,
+        "gen_ai.tool.call.id": call["id"],
+        "gen_ai.tool.type": "function",
+        "kernel.tool.replay": str(tool.replay),
+    })
 
 
 class Stream:

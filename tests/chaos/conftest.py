@@ -6,8 +6,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from pytest_django.fixtures import Settings
 
-from tests.model_stand_in import ModelStandIn, model_stand_in
+from controlplane import model_catalog
+from tests.model_stand_in import ModelStandIn, model_stand_in, models_env
 
 from .harness import Stack, chaos_stack
 
@@ -19,9 +21,11 @@ def stack(tmp_path: Path, transactional_db: None) -> Iterator[Stack]:
 
 
 @pytest.fixture
-def model() -> Iterator[ModelStandIn]:
-    """A loopback model server the workers use as model ``remote``."""
+def model(settings: Settings) -> Iterator[ModelStandIn]:
+    """A loopback model server the workers use as model ``remote`` (configured in this
+    process too: submissions through the API name it)."""
     with model_stand_in() as stand_in:
+        settings.MODELS = model_catalog.load(models_env(stand_in.url))
         yield stand_in
 
 
@@ -30,8 +34,7 @@ def agent_stack(tmp_path: Path, transactional_db: None, model: ModelStandIn) -> 
     """A stack whose workers ask ``model`` and offer the killable tools of
     ``tests.chaos.agent_tools``."""
     env = {
-        "MODEL_BASE_URL": model.url,
-        "MODEL_TIMEOUT": "30",
+        **models_env(model.url),
         "ASSISTANT_TOOL_MODULES": "tests.chaos.agent_tools",
         "AGENT_TOOL_DIR": str(tmp_path),
     }

@@ -14,7 +14,13 @@ import pytest
 
 from controlplane.runtime import runtime
 from kernel import Status, SubmissionStatus, Task
-from tests.model_stand_in import Completion, ModelStandIn, by_round, tool_outputs
+from tests.model_stand_in import (
+    Completion,
+    ModelStandIn,
+    by_round,
+    models_env,
+    tool_outputs,
+)
 
 from .harness import Stack, operator_client, wait_for
 
@@ -155,7 +161,7 @@ def test_killed_while_polling_a_background_response_the_same_handle_is_polled(
     poll for it is held open. The next worker polls the same id; no second request."""
     stack = agent_stack
     model.completions.append(Completion("Answered in the background.", polls=1, hold=True))
-    w1 = stack.worker("w1", MODEL_BACKGROUND="1")
+    w1 = stack.worker("w1", **models_env(model.url, background=True))
     stack.beat()
     session_id, conversation, submission = stack.converse("Take your time")
     wait_for(lambda: model.held == 1, "a poll to be held")
@@ -166,7 +172,7 @@ def test_killed_while_polling_a_background_response_the_same_handle_is_polled(
     w1.kill()
     model.release()
 
-    stack.worker("w2", MODEL_BACKGROUND="1")
+    stack.worker("w2", **models_env(model.url, background=True))
     stack.wait_answered(submission.id)
     requests = model.requests("POST", "")
     assert [r.path for r in requests] == ["/v1/responses"] and requests[0].body["background"]

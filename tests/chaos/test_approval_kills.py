@@ -13,7 +13,13 @@ from typing import Any
 import pytest
 
 from kernel import Status, Task
-from tests.model_stand_in import Completion, ModelStandIn, by_round, tool_outputs
+from tests.model_stand_in import (
+    Completion,
+    ModelStandIn,
+    by_round,
+    models_env,
+    tool_outputs,
+)
 
 from .harness import (
     Stack,
@@ -31,7 +37,7 @@ PAY = {"id": "call_pay", "name": "pay", "arguments": {"value": "5"}}
 
 def gated_stack(tmp: Path, model: ModelStandIn, **env: str) -> Iterator[Stack]:
     with chaos_stack(tmp, env={
-        "MODEL_BASE_URL": model.url, "MODEL_TIMEOUT": "30",
+        **models_env(model.url),
         "ASSISTANT_TOOL_MODULES": "tests.chaos.agent_tools,tests.chaos.gated_tools",
         "AGENT_TOOL_DIR": str(tmp), **env,
     }) as running:

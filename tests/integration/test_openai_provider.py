@@ -1,10 +1,22 @@
-"""The OpenAI-compatible provider over real HTTP, against a local stand-in server."""
+"""The OpenAI-compatible provider (on the official ``openai`` client) over real HTTP.
+
+Against ``fakellm`` from PyPI, started as a process (:mod:`tests.fakellm_server`):
+streamed text, streamed tool calls, usage, a 429, a 500, a refusal, the client's own
+retries, and the request asking for the configured model name. fakellm cannot do the
+rest, so those run against the project's stand-in (:mod:`tests.model_stand_in`): it
+streams no usage (``stream_options.include_usage``), answers errors only to requests
+that are not streamed and never with a ``Retry-After`` header, never cuts a stream
+short, and has no Responses API (background mode).
+"""
 
 from __future__ import annotations
 
+import email.utils
+import time
 from collections.abc import Iterator
 
 import pytest
+from fakellm._util import approx_tokens
 
 from kernel.agent import (
     ModelRequest,
@@ -15,7 +27,30 @@ from kernel.agent import (
     TransientModelError,
 )
 from kernel.agent.openai import OpenAICompatibleProvider
-from tests.model_stand_in import Completion, ModelStandIn, model_stand_in
+from tests.fakellm_server import FakeLLM, fakellm
+from tests.model_stand_in import SERVED, Completion, ModelStandIn, model_stand_in
+
+CONFIGURED = "configured-name"
+"""What the turn calls the model (its configuration's name): never sent to the server."""
+PROBE_ARGUMENTS = {"target": "db-1", "depth": 3, "tags": ["a", "b"]}
+RULES = [
+    {"name": "probe", "when": {"model_matches": SERVED, "messages_contain": "probe"},
+     "respond": {"tool_calls": [{"name": "probe", "arguments": PROBE_ARGUMENTS}]}},
+    {"name": "too-fast", "when": {"messages_contain": "too fast"},
+     "respond": {"status": 429, "error": "rate limited: key sk-SECRET"}},
+    {"name": "broken", "when": {"messages_contain": "break"},
+     "respond": {"status": 500, "error": "internal"}},
+    {"name": "refused", "when": {"messages_contain": "refuse"},
+     "respond": {"status": 400, "error": "bad request"}},
+    {"name": "hello", "when": {"model_matches": SERVED},
+     "respond": {"content": "Hello from the configured model"}},
+]
+
+
+@pytest.fixture(scope="module")
+def mock(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FakeLLM]:
+    with fakellm(tmp_path_factory.mktemp("fakellm"), RULES) as running:
+        yield running
 
 
 @pytest.fixture
@@ -24,8 +59,87 @@ def server() -> Iterator[ModelStandIn]:
         yield stand_in
 
 
+def asking(text: str) -> ModelRequest:
+    return ModelRequest(CONFIGURED, [{"role": "user", "content": text}])
+
+
+def test_fakellm_streamed_text_arrives_in_pieces_from_the_configured_model(
+    mock: FakeLLM,
+) -> None:
+    chunks: list[str] = []
+    answer = OpenAICompatibleProvider(mock.url, SERVED).generate(asking("hi"), chunks.append)
+    assert isinstance(answer, ModelResponse)
+    assert answer.text == "Hello from the configured model" and answer.tool_calls == ()
+    assert chunks == ["Hello", " from", " the", " configured", " model"]
+    assert answer.model == SERVED
+    last = mock.requests()[-1]
+    assert (last["model"], last["stream"], last["matched_rule"]) == (SERVED, True, "hello")
+    # Asked for anything else, the server does not answer as the configured model does:
+    other = OpenAICompatibleProvider(mock.url, CONFIGURED).generate(asking("hi"), chunks.append)
+    assert isinstance(other, ModelResponse) and other.text.startswith(
+        f"[mock response for {CONFIGURED}")
+    assert CONFIGURED not in {r["model"] for r in mock.requests()[:-1]}
+
+
+def test_fakellm_streamed_tool_calls_are_assembled_from_their_parts(mock: FakeLLM) -> None:
+    chunks: list[str] = []
+    answer = OpenAICompatibleProvider(mock.url, SERVED).generate(asking("probe it"),
+                                                                chunks.append)
+    assert isinstance(answer, ModelResponse)
+    (call,) = answer.tool_calls
+    assert (call.name, call.arguments) == ("probe", PROBE_ARGUMENTS)
+    assert call.id.startswith("call_") and answer.text == "" and chunks == []
+
+
+def test_fakellm_usage_of_a_whole_completion(mock: FakeLLM) -> None:
+    """fakellm counts usage only in answers that are not streamed (``stream = false``);
+    streamed usage is checked against the stand-in below."""
+    chunks: list[str] = []
+    provider = OpenAICompatibleProvider(mock.url, SERVED, stream=False)
+    answer = provider.generate(asking("how are you today?"), chunks.append)
+    assert isinstance(answer, ModelResponse)
+    assert answer.text == "Hello from the configured model" == "".join(chunks)
+    assert answer.usage == {"input_tokens": approx_tokens("how are you today?"),
+                            "output_tokens": approx_tokens(answer.text)}
+    assert answer.usage["input_tokens"] > 0 and answer.usage["output_tokens"] > 0
+    assert mock.requests()[-1]["stream"] is False
+    probed = provider.generate(asking("probe"), chunks.append)
+    assert isinstance(probed, ModelResponse)
+    assert [(c.name, c.arguments) for c in probed.tool_calls] == [("probe", PROBE_ARGUMENTS)]
+
+
+@pytest.mark.parametrize("text, status, error", [
+    ("too fast", 429, TransientModelError),
+    ("break", 500, TransientModelError),
+    ("refuse", 400, PermanentModelError),
+])
+def test_fakellm_errors_are_sorted_by_what_a_retry_can_do(
+    mock: FakeLLM, text: str, status: int, error: type[Exception],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    before = len(mock.requests())
+    with pytest.raises(error) as raised:
+        OpenAICompatibleProvider(mock.url, SERVED, stream=False).generate(
+            asking(text), lambda chunk: None)
+    assert str(raised.value) == (f"model server answered {status} (mock_error) (its message "
+                                 "is in the worker's log)")
+    assert len(mock.requests()) == before + 1  # no retries of the client's own by default
+    if status == 429:
+        assert isinstance(raised.value, TransientModelError)
+        assert raised.value.retry_after is None  # fakellm sends no Retry-After
+        assert "sk-SECRET" in caplog.text and "sk-SECRET" not in str(raised.value)
+
+
+def test_fakellm_the_clients_own_retries_when_configured(mock: FakeLLM) -> None:
+    before = len(mock.requests())
+    with pytest.raises(TransientModelError, match="500"):
+        OpenAICompatibleProvider(mock.url, SERVED, stream=False, max_retries=1).generate(
+            asking("break"), lambda chunk: None)
+    assert [r["matched_rule"] for r in mock.requests()[before:]] == ["broken", "broken"]
+
+
 REQUEST = ModelRequest(
-    "local-model",
+    CONFIGURED,
     [
         {"role": "user", "content": "send it"},
         {
@@ -39,11 +153,29 @@ REQUEST = ModelRequest(
 )
 
 
+@pytest.mark.parametrize("header", ["7", "date"])
+def test_a_429_says_how_long_the_server_asked_to_wait(
+    server: ModelStandIn, header: str
+) -> None:
+    """The stand-in: fakellm cannot send a Retry-After header."""
+    value = header if header != "date" else email.utils.formatdate(time.time() + 60,
+                                                                    usegmt=True)
+    server.completions.append(Completion("slow down", status=429,
+                                         headers=(("Retry-After", value),)))
+    with pytest.raises(TransientModelError) as raised:
+        OpenAICompatibleProvider(server.url, SERVED).generate(REQUEST, lambda text: None)
+    assert raised.value.retry_after is not None
+    if header == "7":
+        assert raised.value.retry_after == 7
+    else:
+        assert 50 < raised.value.retry_after <= 60
+
+
 def test_streams_text_and_assembles_tool_calls(server: ModelStandIn) -> None:
     call = {"id": "call_1", "name": "send", "arguments": {"to": ["a@x"]}}
     server.completions.append(Completion("Sending now.", (call,), usage=(12, 5)))
     chunks: list[str] = []
-    answer = OpenAICompatibleProvider(server.url, "secret").generate(REQUEST, chunks.append)
+    answer = OpenAICompatibleProvider(server.url, SERVED, "secret").generate(REQUEST, chunks.append)
     assert isinstance(answer, ModelResponse)
     assert chunks == ["Sending ", "now."]
     assert answer.text == "Sending now."
@@ -69,8 +201,8 @@ def test_a_cut_stream_is_transient_and_never_a_response(server: ModelStandIn) ->
     call = {"id": "call_1", "name": "send", "arguments": {}}
     server.completions.append(Completion("half an answer, then", (call,), cut=True))
     chunks: list[str] = []
-    with pytest.raises(TransientModelError, match="before \\[DONE\\]"):
-        OpenAICompatibleProvider(server.url).generate(REQUEST, chunks.append)
+    with pytest.raises(TransientModelError, match="ended before the model finished"):
+        OpenAICompatibleProvider(server.url, SERVED).generate(REQUEST, chunks.append)
     assert "".join(chunks) == "half an answer, "
 
 
@@ -83,12 +215,12 @@ def test_errors_are_sorted_by_what_a_retry_can_do(
 ) -> None:
     server.completions.append(Completion("nope", status=status))
     with pytest.raises(error, match=str(status)):
-        OpenAICompatibleProvider(server.url).generate(REQUEST, lambda text: None)
+        OpenAICompatibleProvider(server.url, SERVED).generate(REQUEST, lambda text: None)
 
 
 def test_an_unreachable_server_is_transient() -> None:
     with pytest.raises(TransientModelError, match="unreachable"):
-        OpenAICompatibleProvider("http://127.0.0.1:9/v1", timeout=2).generate(
+        OpenAICompatibleProvider("http://127.0.0.1:9/v1", SERVED, timeout=2).generate(
             REQUEST, lambda text: None
         )
 
@@ -98,7 +230,7 @@ def test_a_background_response_is_requested_once_then_polled_by_its_id(
 ) -> None:
     call = {"id": "call_9", "name": "send", "arguments": {"to": ["b@x"]}}
     server.completions.append(Completion("Done.", (call,), usage=(30, 7), polls=2))
-    provider = OpenAICompatibleProvider(server.url, "secret", background=True)
+    provider = OpenAICompatibleProvider(server.url, SERVED, "secret", background=True)
     streamed: list[str] = []
     pending = provider.generate(REQUEST, streamed.append)
     assert pending == Pending("resp_1")
@@ -124,22 +256,12 @@ def test_a_background_response_is_requested_once_then_polled_by_its_id(
     assert [g.path for g in server.requests("GET", "")] == ["/v1/responses/resp_1"] * 3
 
 
-def test_background_mode_is_configured_by_environment(
-    server: ModelStandIn, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setenv("MODEL_BASE_URL", server.url)
-    monkeypatch.setenv("MODEL_BACKGROUND", "true")
-    assert OpenAICompatibleProvider.from_env().background is True
-    monkeypatch.setenv("MODEL_BACKGROUND", "0")
-    assert OpenAICompatibleProvider.from_env().background is False
-
-
 @pytest.mark.parametrize("ends", ["failed", "cancelled", "incomplete"])
 def test_a_background_response_that_did_not_complete_is_permanent(
     server: ModelStandIn, ends: str
 ) -> None:
     server.completions.append(Completion("the model crashed", ends=ends))
-    provider = OpenAICompatibleProvider(server.url, background=True)
+    provider = OpenAICompatibleProvider(server.url, SERVED, background=True)
     assert provider.generate(REQUEST, lambda text: None) == Pending("resp_1")
     with pytest.raises(PermanentModelError, match=f"resp_1 ended {ends}"):
         provider.poll("resp_1")
@@ -153,11 +275,12 @@ def test_options_never_override_what_the_turn_sets(server: ModelStandIn) -> None
     options = {"model": "expensive", "messages": [], "stream": False, "max_tokens": 9}
     request = ModelRequest(REQUEST.model, REQUEST.messages, REQUEST.tools, options)
     server.completions.append(Completion("ok"))
-    OpenAICompatibleProvider(server.url).generate(request, lambda text: None)
+    OpenAICompatibleProvider(server.url, SERVED).generate(request, lambda text: None)
     server.completions.append(Completion("ok"))
-    OpenAICompatibleProvider(server.url, background=True).generate(request, lambda text: None)
+    OpenAICompatibleProvider(server.url, SERVED, background=True).generate(
+        request, lambda text: None)
     streamed, background = server.requests("POST", "")
-    assert streamed.body["model"] == background.body["model"] == "local-model"
+    assert streamed.body["model"] == background.body["model"] == SERVED
     assert streamed.body["stream"] is True and len(streamed.body["messages"]) == 3
     assert streamed.body["max_tokens"] == background.body["max_output_tokens"] == 9
     assert "max_tokens" not in background.body
@@ -172,7 +295,7 @@ def test_a_model_servers_error_text_stays_in_the_log_not_in_what_viewers_read(
             'llm.internal:8443", "type": "invalid_request_error", "code": "invalid_api_key"}}')
     server.completions.append(Completion(body, status=401))
     with pytest.raises(PermanentModelError) as refused:
-        OpenAICompatibleProvider(server.url).generate(REQUEST, lambda text: None)
+        OpenAICompatibleProvider(server.url, SERVED).generate(REQUEST, lambda text: None)
     said = str(refused.value)
     assert said == ("model server answered 401 (invalid_request_error, invalid_api_key) "
                     "(its message is in the worker's log)")
@@ -180,5 +303,5 @@ def test_a_model_servers_error_text_stays_in_the_log_not_in_what_viewers_read(
     server.completions.append(Completion("plain text: user olga's prompt was ...",
                                          status=503))
     with pytest.raises(TransientModelError) as busy:
-        OpenAICompatibleProvider(server.url).generate(REQUEST, lambda text: None)
+        OpenAICompatibleProvider(server.url, SERVED).generate(REQUEST, lambda text: None)
     assert "olga" not in str(busy.value) and "503" in str(busy.value)

@@ -71,7 +71,7 @@ from tests.chaos.private_services import (
     PrivateStack,
     private_stack,
 )
-from tests.model_stand_in import ModelStandIn, model_stand_in
+from tests.model_stand_in import ModelStandIn, model_stand_in, models_env
 
 from . import model, tools
 
@@ -327,8 +327,8 @@ class Soak:
         self.random = random.Random(self.seed)
         self.fault_random = random.Random(self.seed + 1)
         env = {**self.stack.env, "SMTP_HOST": "127.0.0.1", "SMTP_PORT": str(self.smtp.port),
-               "EMAIL_PROVIDER_TIMEOUT": "5", "MODEL_BASE_URL": self.model.url,
-               "MODEL_TIMEOUT": "10", "ASSISTANT_TOOL_MODULES": "tests.soak.tools",
+               "EMAIL_PROVIDER_TIMEOUT": "5", **models_env(self.model.url, timeout=10),
+               "ASSISTANT_TOOL_MODULES": "tests.soak.tools",
                "KERNEL_TASK_MODULES": "tests.soak.tools.register",
                "AGENT_TOOL_DIR": str(self.tmp)}
         self.stack.env = env

@@ -330,6 +330,37 @@ def test_transient_errors_back_off_and_permanent_ones_leave_the_input_unanswered
     assert "context too long" in stored.reason
 
 
+def test_a_turn_waits_at_least_as_long_as_the_server_asked() -> None:
+    """A 429's Retry-After outlasts the turn's own backoff: the turn sleeps that long
+    (holding no worker), then asks again."""
+    failures = [TransientModelError("429", retry_after=120)]
+
+    def limited(request: ModelRequest) -> ModelResponse:
+        if failures:
+            raise failures.pop(0)
+        return ModelResponse("fine")
+
+    world = World(ScriptedProvider(limited))
+    kernel, handle, conversation, submitted = world.start()
+    world.run(advance_clock=False)
+    turn = kernel.task(kernel.document(handle.id, "agent-conversation", conversation)["active"])
+    assert (turn.phase, turn.status.value) == ("request", "sleeping")
+    assert turn.wake_at is not None
+    assert (turn.wake_at - world.clock.now()).total_seconds() == pytest.approx(120)
+    assert turn.checkpoint["last_error"] == "429"
+    world.run()
+    assert kernel.storage.submission(submitted.submission.id).status is SubmissionStatus.ANSWERED
+
+
+def test_a_servers_retry_after_is_honoured_up_to_a_limit() -> None:
+    from kernel.agent.turn import LONGEST_RETRY_AFTER, backoff
+
+    assert backoff(1) == 1.0 and backoff(1, TransientModelError("x")) == 1.0
+    assert backoff(1, TransientModelError("x", retry_after=0.2)) == 1.0  # never shorter
+    assert backoff(1, TransientModelError("x", retry_after=45)) == 45
+    assert backoff(1, TransientModelError("x", retry_after=10**6)) == LONGEST_RETRY_AFTER
+
+
 def test_submissions_are_idempotent_and_respect_when_busy() -> None:
     world = World(ScriptedProvider(lambda r: ModelResponse(f"answer {len(r.messages)}")))
     kernel, handle, conversation, first = world.start(request_id="a")

@@ -83,3 +83,36 @@ def test_json_lines_carry_exceptions_and_text_is_the_default() -> None:
     assert logs.config(fmt=None)["formatters"]["main"] == {"format": logs.TEXT_FORMAT}
     with pytest.raises(ValueError, match="LOG_FORMAT"):
         logs.config(fmt="xml")
+
+
+def test_a_line_logged_in_a_span_names_its_trace() -> None:
+    from opentelemetry.sdk.trace import TracerProvider
+
+    from kernel import tracing
+
+    for fmt in ("json", "text"):
+        root = logging.getLogger()
+        saved = (root.handlers[:], root.level)
+        stream = io.StringIO()
+        config = logs.config(level="INFO", fmt=fmt)
+        config["handlers"]["stderr"]["stream"] = stream
+        logging.config.dictConfig(config)
+        provider = TracerProvider()
+        tracing.use(provider)
+        try:
+            logging.getLogger("controlplane.test").info("outside")
+            with tracing.span("phase x.y"):
+                trace_id = tracing.current_trace_id()
+                logging.getLogger("controlplane.test").info("inside")
+        finally:
+            tracing.use(None)
+            root.handlers[:] = saved[0]
+            root.setLevel(saved[1])
+        assert trace_id is not None and len(trace_id) == 32
+        outside, inside = stream.getvalue().splitlines()
+        if fmt == "json":
+            assert "trace_id" not in json.loads(outside) and "trace" not in json.loads(outside)
+            assert json.loads(inside)["trace_id"] == trace_id
+        else:
+            assert "trace=" not in outside and "controlplane.test: outside" in outside
+            assert f"controlplane.test trace={trace_id}: inside" in inside
