@@ -247,6 +247,10 @@ class Run:
     def entries(self, conversation_id: str) -> list[Entry]:
         return self._lease.kernel.entries(conversation_id)
 
+    def context(self, conversation_id: str) -> list[Entry]:
+        """The entries a model request is built from (:meth:`Kernel.context`)."""
+        return self._lease.kernel.context(conversation_id)
+
     def submission(self, submission_id: str) -> Submission:
         found = self._lease.kernel.storage.submission(submission_id)
         if found is None:
