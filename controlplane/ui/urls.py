@@ -16,6 +16,8 @@ urlpatterns = [
             name="act"),
     re_path(r"^submissions/(?P<target>[^/]+)/(?P<action>resubmit)$", actions.act,
             name="act_on_submission"),
+    re_path(r"^conversations/(?P<target>[^/]+)/(?P<action>compact)$", actions.act,
+            name="act_on_conversation"),
     path("sessions/<str:session_id>/calls/<str:call_id>/decide", actions.decide_call,
          name="decide_call"),
     path("bulk/preview", actions.bulk_preview, name="bulk_preview"),

@@ -29,6 +29,8 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from .models import (
+    ContextOverflowError,
+    ModelError,
     ModelRequest,
     ModelResponse,
     OnText,
@@ -246,9 +248,14 @@ class OpenAICompatibleProvider:
                 return read(answer)
         except urllib.error.HTTPError as exc:
             detail = exc.read().decode(errors="replace")[:500]
-            error = TransientModelError if exc.code in RETRYABLE else PermanentModelError
+            codes = error_codes(detail)
+            error: type[ModelError] = (
+                TransientModelError if exc.code in RETRYABLE
+                else ContextOverflowError if "context_length_exceeded" in codes
+                else PermanentModelError
+            )
             log.warning("model server answered %s to %s: %s", exc.code, path, detail)
-            raise error(f"model server answered {exc.code}{error_codes(detail)} (its message "
+            raise error(f"model server answered {exc.code}{codes} (its message "
                         "is in the worker's log)") from exc
         except (urllib.error.URLError, TimeoutError, ConnectionError) as exc:
             raise TransientModelError(f"model server unreachable: {exc}") from exc

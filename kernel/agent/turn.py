@@ -10,6 +10,11 @@ request); a response is committed together with its tool tasks and the wait for
 them; ``finish`` answers the submissions and hands the conversation to the next
 queued one.
 
+A request is built from the conversation's context (the latest summary and what came
+after it, :meth:`kernel.session.Kernel.context`); one that would pass its model's
+threshold, or that the model answers is too long, first waits for an
+``agent-compaction`` task (:mod:`kernel.agent.compaction`), then asks (again, once).
+
 ``agent-tool``: ``call`` validates the arguments and commits the intent (fixed
 arguments, replay policy, operation id) before running; ``execute`` is reached
 only by recovery and runs again only if both the saved and the current policy
@@ -34,8 +39,10 @@ from kernel.run import Run
 from kernel.tasks import Finish, Transition
 
 from .approval import APPROVAL_PHASE, APPROVE, SIGNAL, TIMED_OUT
+from .compaction import COMPACTION, Compaction, register_compaction
 from .context import INTERRUPTION, RESPONSE, TOOL_RESULT, USER, messages
 from .models import (
+    ContextOverflowError,
     ModelProvider,
     ModelRequest,
     ModelResponse,
@@ -44,13 +51,12 @@ from .models import (
     TransientModelError,
     check_options,
 )
+from .requests import MAX_ATTEMPTS, USAGE, backoff, record_usage
 from .tools import Replay, Tool, Toolbox, digest
 
 JSON = Any
 CONVERSATION = "agent-conversation"
 PROGRESS = "agent-progress"
-USAGE = "agent-usage"
-MAX_ATTEMPTS = 6
 MAX_ROUNDS = 12
 POLL_SECONDS = 1.0
 PROGRESS_EVERY = 0.2  # previews cost no commit: push them often
@@ -63,17 +69,18 @@ def turn_kind(input: JSON) -> str:
     return "agent-turn" if agent is None else f"agent:{agent}"
 
 
-def backoff(attempt: int) -> float:
-    return min(30.0, 0.5 * 2.0**attempt)
-
-
 def register_agent(
     registry: Registry,
     models: Mapping[str, ModelProvider],
     toolbox: Toolbox,
     default_model: str,
+    compaction: Compaction | None = None,
 ) -> None:
-    """Add the agent's task kinds and documents to ``registry``."""
+    """Add the agent's task kinds and documents to ``registry``. ``compaction``: when a
+    conversation's older part is summarized (:mod:`.compaction`); by default only when
+    a model answers that the context is too long."""
+    compacting = compaction or Compaction()
+    register_compaction(registry, models, compacting, default_model)
     registry.document(CONVERSATION)
     registry.document(PROGRESS)
     registry.document(USAGE)
@@ -131,15 +138,25 @@ def register_agent(
             # What this request is asked with: read before the entries, so an input steered
             # in between counts as unseen (and is asked about again), never the reverse.
             asked_with = seen_submissions(run, conversation)
-            request = ModelRequest(
-                checkpoint["model"],
-                messages(run.entries(conversation)),
-                toolbox.schemas(),
-                checkpoint["options"],
-            )
+            context, tools = messages(run.context(conversation)), toolbox.schemas()
+            if checkpoint.get("compacted_round") != checkpoint["round"] and compacting.due(
+                checkpoint["model"], context, tools
+            ):
+                return compact(run, "threshold",
+                               {"compacted_round": checkpoint["round"], "attempt": attempt - 1})
+            request = ModelRequest(checkpoint["model"], context, tools, checkpoint["options"])
             stream = Stream(run)
             try:
                 answer = provider(run).generate(request, stream.text)
+            except ContextOverflowError as exc:
+                if not checkpoint.get("overflow_compacted"):  # compact, then ask once more
+                    return compact(run, "overflow",
+                                   {"overflow_compacted": True, "attempt": attempt - 1})
+                return run.next("finish", {
+                    "failure": f"the context is too long for the model even after "
+                               f"compaction: {exc}",
+                    "in_flight": None,
+                })
             except TransientModelError as exc:
                 if attempt >= MAX_ATTEMPTS:
                     return run.next(
@@ -189,6 +206,17 @@ def register_agent(
             ends without answering, and releases its conversation in the same commit."""
             release_unanswered(run, finish, "turn")
 
+    def compact(run: Run, reason: str, state: JSON) -> Transition:
+        """Summarize the older part of the conversation first (a task of its own, which
+        the turn waits for), then ask again."""
+        child = run.spawn(COMPACTION, {
+            "conversation_id": run.input["conversation_id"],
+            "model": run.checkpoint["model"],
+            "reason": reason,
+            "by": run.task_id,
+        })
+        return run.wait_all([child], then="request", checkpoint={"in_flight": None, **state})
+
     def respond(
         run: Run, answer: ModelResponse, stream: Stream | None, asked_with: list[str] | None
     ) -> Transition:
@@ -222,6 +250,7 @@ def register_agent(
             then="request",
             checkpoint={
                 "round": checkpoint["round"] + 1,
+                "overflow_compacted": False,
                 "in_flight": None,
                 "handle": None,
                 "attempt": 0,
@@ -237,7 +266,7 @@ def register_agent(
         if not tools:
             return
         answered = {
-            e.payload["call_id"] for e in run.entries(conversation) if e.kind == TOOL_RESULT
+            e.payload["call_id"] for e in run.context(conversation) if e.kind == TOOL_RESULT
         }
         for task_id, outcome in run.outcomes(list(tools)).items():
             call_id, name = tools[task_id]
@@ -429,20 +458,6 @@ def tool_result(run: Run, **outcome: JSON) -> Transition:
     payload = {"call_id": call["id"], "name": call["name"], **outcome}
     run.append(run.input["conversation_id"], TOOL_RESULT, payload)
     return run.succeed(payload)  # a failed call is a result too: the model decides what next
-
-
-def record_usage(run: Run, conversation: str, usage: JSON) -> None:
-    """Tokens per request, and running totals per conversation and session (counters)."""
-    key = f"{run.task_id}:{run.checkpoint.get('attempt', 1)}"
-    run.set(USAGE, "session", ["requests", key], {"conversation": conversation, **usage})
-    for name, count in usage.items():
-        if isinstance(count, int | float):
-            run.update(
-                USAGE,
-                "session",
-                {"op": "incr", "path": ["total", name], "value": count},
-                {"op": "incr", "path": ["conversations", conversation, name], "value": count},
-            )
 
 
 def seen_submissions(run: Run, conversation: str) -> list[str]:

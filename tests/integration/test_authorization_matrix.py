@@ -143,6 +143,9 @@ API_RULES: dict[str, list[Cell]] = {
         Cell("POST", f"/api/tasks/{NOPE}/wake", api_act(404), ACTION)],
     "POST api/submissions/<submission_id>/resubmit": [
         Cell("POST", f"/api/submissions/{NOPE}/resubmit", api_act(404), ACTION)],
+    "POST api/conversations/<conversation_id>/compact": [
+        Cell("POST", f"/api/conversations/{NOPE}/compact", api_act(404),
+             {**ACTION, "last_entry_id": NOPE})],
     "POST api/actions/bulk/preview": [
         Cell("POST", "/api/actions/bulk/preview", api_act(200),
              {"action": "cancel", "session_id": NOPE})],
@@ -203,6 +206,8 @@ OTHER_RULES: dict[str, list[Cell]] = {
     ] + [Cell("GET", f"/tasks/{NOPE}/cancel", everyone(405))],
     "^submissions/(?P<target>[^/]+)/(?P<action>resubmit)$": [
         Cell("POST", f"/submissions/{NOPE}/resubmit", UI_ACTION)],
+    "^conversations/(?P<target>[^/]+)/(?P<action>compact)$": [
+        Cell("POST", f"/conversations/{NOPE}/compact", UI_ACTION)],
     "attention/retry-failed": [Cell("POST", "/attention/retry-failed", UI_ACTION)],
     "sessions/<str:session_id>/calls/<str:call_id>/decide": [
         Cell("POST", f"/sessions/{{session}}/calls/{NOPE}/decide", UI_ACTION),

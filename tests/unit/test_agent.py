@@ -24,6 +24,7 @@ from kernel import (
     Worker,
 )
 from kernel.agent import (
+    Compaction,
     ModelRequest,
     ModelResponse,
     Pending,
@@ -60,6 +61,7 @@ class World:
     clock: ManualClock = field(default_factory=ManualClock)
     previews: list[Preview] = field(default_factory=list)
     partial_fails: bool = False
+    compaction: Compaction | None = None
 
     def maybe_crash(self, point: str) -> None:
         if point in self.crash_on:
@@ -146,7 +148,10 @@ class World:
         toolbox.add(Tool("lookup", "Read", {"type": "object"}, Replay.SAFE, run=lookup))
         toolbox.add(Tool("charge", "Pay", number, Replay.UNSAFE, run=charge))
         toolbox.add(Tool("die", "Crashes", {"type": "object"}, Replay.SAFE, run=always_dies))
-        register_agent(registry, {"scripted": self.provider}, toolbox, "scripted")
+        toolbox.add(Tool("page", "Read a page", {"type": "object"}, Replay.SAFE,
+                         run=lambda run, args: {"text": f"{args.get('n')}:" + "p" * 5000}))
+        register_agent(registry, {"scripted": self.provider}, toolbox, "scripted",
+                       self.compaction)
         kernel = Kernel(self.storage, registry, self.clock)
         kernel.on_preview(self.previews.append)
         return kernel
