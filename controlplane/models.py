@@ -119,6 +119,20 @@ class Entry(KernelRecord):
         ]
 
 
+class Artifact(KernelRecord):
+    """A large value stored once, named by its content's hash (:mod:`kernel.artifacts`);
+    records hold references to it. Written in one statement, complete or not at all."""
+
+    digest = models.TextField(primary_key=True)
+    data = models.BinaryField()
+    media_type = models.TextField()
+    size = models.BigIntegerField()
+    created_at = models.DateTimeField()
+
+    class Meta:
+        db_table = "kernel_artifact"
+
+
 class Document(KernelRecord):
     id = models.TextField(primary_key=True)
     session = models.ForeignKey(Session, on_delete=models.CASCADE)

@@ -31,6 +31,7 @@ from .logs import log_commit
 from .notify import Notifier
 from .registry import build_registry
 from .storage import PostgresStorage
+from .storage.artifacts import PostgresArtifacts
 from .storage.clock import DatabaseClock
 
 log = logging.getLogger(__name__)
@@ -75,7 +76,8 @@ class Runtime:
 def runtime() -> Runtime:
     # One clock for claims, due times and lease expiry: the database's, so that workers
     # whose own clocks disagree still judge a lease the same way.
-    kernel = Kernel(PostgresStorage(), build_registry(), DatabaseClock())
+    kernel = Kernel(PostgresStorage(), build_registry(), DatabaseClock(),
+                    artifacts=PostgresArtifacts())
     dispatcher = Dispatcher(
         kernel,
         deliver,

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
+from .artifacts import ArtifactStore, InMemoryArtifacts
 from .clock import Clock, SystemClock
 from .commit import Builder, CommitKind, Draft, DuplicateRequest, replay
 from .errors import CommitUncertain, SessionPoisoned, UnknownRecord
@@ -59,6 +60,12 @@ class Kernel:
     """Marks each commit's dispatch rows before they are written: the
     :class:`~kernel.dispatch.Dispatcher` that delivers after every commit takes the due
     ones in the commit itself (:meth:`~kernel.dispatch.Dispatcher.attach`)."""
+    artifacts: ArtifactStore | None = None
+    """Where large values are stored (:mod:`kernel.artifacts`); in memory if not given."""
+
+    def __post_init__(self) -> None:
+        if self.artifacts is None:
+            self.artifacts = InMemoryArtifacts(self.clock.now)
 
     def create_session(self, session_id: str | None = None, metadata: JSON = None) -> SessionHandle:
         record = SessionRecord(session_id or new_id("sess"), 0, self.clock.now(), metadata or {})

@@ -26,6 +26,7 @@ from django.db.models.functions import Cast, Coalesce
 from controlplane import models
 from kernel.agent.compaction import COMPACTION
 from kernel.agent.context import INTERRUPTION, RESPONSE, TOOL_RESULT, USER
+from kernel.artifacts import is_reference
 from kernel.records import SUBMISSION_ID, SUMMARY, TASK_ID, Entry, Status, Submission, id_kind
 
 from . import approvals, sessions, tasks
@@ -93,6 +94,8 @@ class ToolCard:
     """The approval it waits for (state ``approval``): what the operator decides on."""
     decided: dict[str, Any] | None = None
     """The decision its gate recorded: who, why, approve/deny/timeout, edited or not."""
+    artifact: dict[str, Any] | None = None
+    """Its result stored as an artifact: the reference (digest, bytes, excerpt)."""
 
 
 @dataclass
@@ -220,6 +223,9 @@ def _card(call: dict[str, Any], result: dict[str, Any] | None, task: Any | None,
         else:
             card.state = "succeeded"
             card.result = pretty(result.get("result"))
+            if is_reference(result.get("result")):
+                card.artifact = result["result"]
+                card.result = str(result["result"].get("excerpt", ""))
     elif task is not None and task.status is Status.TERMINAL:
         card.state = "lost"
     return card

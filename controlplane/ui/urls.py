@@ -9,6 +9,8 @@ urlpatterns = [
     *(path(page.path, global_view(page), name=name) for name, page in GLOBAL_PAGES.items()),
     path("sessions/<str:session_id>/", sessions.session, name="session"),
     path("sessions/<str:session_id>/history", sessions.history, name="session_history"),
+    path("sessions/<str:session_id>/artifacts/<str:digest>", sessions.artifact,
+         name="artifact"),
     path("sessions/<str:session_id>/tasks/<str:task_id>/children", sessions.children,
          name="children"),
     path("tasks/<str:task_id>/", tasks.task, name="task"),

@@ -351,7 +351,7 @@ def register_agent(
         def collect(self, run: Run) -> Transition:
             outcome = run.outcomes([run.checkpoint["child"]])[run.checkpoint["child"]] or {}
             if outcome.get("kind") == "succeeded":
-                return tool_result(run, result=outcome.get("result"))
+                return tool_result(run, result=kept(run, outcome.get("result")))
             if outcome.get("kind") == "cancelled":  # its task, cancelled on its own
                 intent = outcome.get("result") or {}
                 return tool_result(run, cancelled=True, by=intent.get("by"),
@@ -427,7 +427,15 @@ def register_agent(
             result = tool.run(run, run.checkpoint["intent"]["arguments"])
         except Exception as exc:  # the model sees the failure and decides what to do
             return tool_result(run, error=f"{type(exc).__name__}: {exc}")
-        return tool_result(run, result=result)
+        return tool_result(run, result=kept(run, result))
+
+    def kept(run: Run, result: JSON) -> JSON:
+        """The result as the transcript keeps it: a large one stored as an artifact
+        first, the entry holding its reference and an excerpt."""
+        tool = toolbox.get(run.input["call"]["name"])
+        if tool is None or tool.artifact_above is None:
+            return result
+        return run.store_large(result, tool.artifact_above)
 
 
 class Stream:

@@ -200,6 +200,8 @@ OTHER_RULES: dict[str, list[Cell]] = {
         # A fragment of children: none for a task that is not there (an empty list).
         Cell("GET", f"/sessions/{{session}}/tasks/{NOPE}/children", PAGE)],
     "tasks/<str:task_id>/": [Cell("GET", f"/tasks/{NOPE}/", MISSING_PAGE)],
+    "sessions/<str:session_id>/artifacts/<str:digest>": [
+        Cell("GET", "/sessions/{session}/artifacts/sha256:" + "0" * 64, MISSING_PAGE)],
     "^tasks/(?P<target>[^/]+)/(?P<action>cancel|retry|resolve)$": [
         Cell("POST", f"/tasks/{NOPE}/{action}", UI_ACTION) for action in
         ("cancel", "retry", "resolve")
