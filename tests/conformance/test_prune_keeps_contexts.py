@@ -1,4 +1,4 @@
-"""Retention keeps what recovery needs, checked at random on the reference storage:
+"""Retention keeps what recovery needs, checked at random on both storages:
 sessions with summaries, forks (after a summary, before it, with summaries of their
 own), large results stored as artifacts and live tasks are pruned by a random policy
 at a random time; then every kept conversation's context is what it was, every
@@ -10,14 +10,16 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
-from hypothesis import given, settings
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from kernel import Draft, InMemoryStorage, Kernel, ManualClock
+from kernel import Draft, Kernel, ManualClock
 from kernel.artifacts import GRACE, InMemoryArtifacts, load, offload, references
 from kernel.records import SUMMARY, Entry
 from kernel.retention import RetentionPolicy
-from tests.conformance.definitions import Effects, make_registry
+
+from .definitions import Effects, make_registry
+from .world import World
 
 session_plan = st.fixed_dictionaries({
     "entries": st.integers(min_value=1, max_value=8),
@@ -77,14 +79,17 @@ def build(kernel: Kernel, clock: ManualClock, plan: dict[str, Any], index: int) 
     return conversations
 
 
-@settings(max_examples=60, deadline=None)
+# Examples share the world's storage: each checks only the sessions it built (an earlier
+# example's sessions may be pruned by a later one's prune, as any other session).
+@settings(max_examples=25, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(plans=st.lists(session_plan, min_size=1, max_size=4),
        days=st.floats(min_value=0, max_value=5), later=st.floats(min_value=0, max_value=10))
 def test_pruning_at_random_keeps_every_kept_context_and_reference(
-    plans: list[dict[str, Any]], days: float, later: float
+    world: World, plans: list[dict[str, Any]], days: float, later: float
 ) -> None:
     clock = ManualClock()
-    kernel = Kernel(InMemoryStorage(), make_registry(Effects()), clock,
+    kernel = Kernel(world.storage, make_registry(Effects()), clock,
                     artifacts=InMemoryArtifacts(clock.now))
     store = kernel.artifacts
     assert store is not None
@@ -96,7 +101,8 @@ def test_pruning_at_random_keeps_every_kept_context_and_reference(
         clock.advance(timedelta(days=plan["age_days"]))
     before = {c: kernel.context(c) for cs in built.values() for c in cs}
     clock.advance(timedelta(days=later))
-    kernel.storage.prune(RetentionPolicy(days=days), clock.now())
+    report = kernel.storage.prune(RetentionPolicy(days=days), clock.now())
+    event("some sessions pruned" if report.sessions else "nothing pruned")
 
     kept_references: set[str] = set()
     for session_id, conversations in built.items():
