@@ -80,7 +80,17 @@ def send_notices() -> Tool:
 def notices_script(request: ModelRequest) -> ModelResponse:
     """Each user message on its own: with no tool result since it, call ``send_notices``
     for the addresses it names; with one, summarise that result (receipts, and for a
-    call that stopped part-way what was sent, what was not and what is uncertain)."""
+    call that stopped part-way what was sent, what was not and what is uncertain). A
+    summary request (compaction) is answered with the requests and results it covers."""
+    if request.purpose == "compaction":
+        questions = [str(m["content"])[:200] for m in request.messages[1:-1]
+                     if m["role"] == "user"]
+        sent = [summarise(m["content"]) for m in request.messages if m["role"] == "tool"]
+        return ModelResponse(
+            "Earlier in this conversation:\n" + "\n".join(
+                [*(f"- asked: {q}" for q in questions), *(f"- {s}" for s in sent)]),
+            usage={"input_tokens": 60, "output_tokens": 25},
+        )
     asked = max(i for i, m in enumerate(request.messages) if m["role"] == "user")
     since = request.messages[asked + 1:]
     results = [m for m in since if m["role"] == "tool"]

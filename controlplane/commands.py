@@ -775,6 +775,38 @@ def resubmit(user: User, submission_id: str, action_id: str, reason: str) -> Act
     )
 
 
+def compact_conversation(
+    user: User, conversation_id: str, action_id: str, reason: str, last_entry_id: str
+) -> ActionResult:
+    """Summarize the older part of a conversation now (an ``agent-compaction`` task,
+    :mod:`kernel.agent.compaction`): later model requests see the summary in place of
+    the entries it covers; the transcript keeps them. ``last_entry_id``: the newest entry
+    the operator saw; a conversation that has moved on since is refused (Conflict)."""
+    require_operator(user)
+    kernel = runtime().kernel
+    conversation = kernel.storage.conversation(conversation_id)
+    if conversation is None:
+        raise UnknownRecord(f"no conversation {conversation_id}")
+    if conversation_id == operations_log_id(conversation.session_id):
+        raise Invalid("conversation: the operations log is not a model's conversation")
+    session_id = conversation.session_id
+    if not _done_before(session_id, action_id, "compact", conversation_id):
+        newest, _ = session_reads.last_entries(conversation_id, 1)
+        _refuse_unless(
+            bool(newest) and newest[-1].id == last_entry_id,
+            f"the newest entry of {conversation_id} is "
+            f"{newest[-1].id if newest else 'none'}, not {last_entry_id}: look again",
+        )
+    task_input = {"conversation_id": conversation_id, "reason": "operator", "by": actor(user)}
+
+    def build(draft: Draft) -> None:
+        draft.create_task(agent.COMPACTION, task_input)
+
+    seq, replayed = _commit(user, session_id, action_id, "compact", conversation_id, reason,
+                            build)
+    return ActionResult(action_id, "compact", conversation_id, session_id, seq, replayed, [])
+
+
 # -- API tokens ----------------------------------------------------------------------------
 
 

@@ -95,7 +95,10 @@ class Conversation(KernelRecord):
 class Entry(KernelRecord):
     id = models.TextField(primary_key=True)
     session = models.ForeignKey(Session, on_delete=models.CASCADE)
-    conversation = models.ForeignKey(Conversation, on_delete=models.CASCADE)
+    # No index of its own: the (conversation, seq, ordinal) index leads with it, and one
+    # on the conversation alone tempts the planner to filter a whole conversation where
+    # a context read wants the range after its latest summary.
+    conversation = models.ForeignKey(Conversation, on_delete=models.CASCADE, db_index=False)
     seq = models.BigIntegerField()
     ordinal = models.IntegerField()
     kind = models.TextField()
@@ -105,7 +108,29 @@ class Entry(KernelRecord):
 
     class Meta:
         db_table = "kernel_entry"
-        indexes = [models.Index(fields=["conversation", "seq", "ordinal"])]
+        indexes = [
+            models.Index(fields=["conversation", "seq", "ordinal"]),
+            # A context starts at its conversation's latest summary: one probe of this.
+            models.Index(
+                fields=["conversation", "seq", "ordinal"],
+                condition=models.Q(kind="summary"),
+                name="kernel_entry_summaries",
+            ),
+        ]
+
+
+class Artifact(KernelRecord):
+    """A large value stored once, named by its content's hash (:mod:`kernel.artifacts`);
+    records hold references to it. Written in one statement, complete or not at all."""
+
+    digest = models.TextField(primary_key=True)
+    data = models.BinaryField()
+    media_type = models.TextField()
+    size = models.BigIntegerField()
+    created_at = models.DateTimeField()
+
+    class Meta:
+        db_table = "kernel_artifact"
 
 
 class Document(KernelRecord):

@@ -24,6 +24,7 @@ from datetime import timedelta
 from django.conf import settings
 
 from kernel import Kernel, Task, Worker
+from kernel.artifacts import ArtifactStore
 from kernel.dispatch import Dispatcher
 
 from .celery import ADVANCE, WAKE, app
@@ -31,7 +32,9 @@ from .logs import log_commit
 from .notify import Notifier
 from .registry import build_registry
 from .storage import PostgresStorage
+from .storage.artifacts import PostgresArtifacts
 from .storage.clock import DatabaseClock
+from .storage.s3_artifacts import S3Artifacts
 
 log = logging.getLogger(__name__)
 
@@ -71,11 +74,19 @@ class Runtime:
     worker: Worker
 
 
+def artifact_store() -> ArtifactStore:
+    """Postgres, or the S3-compatible store the settings name (ARTIFACT_S3_ENDPOINT)."""
+    if settings.ARTIFACT_S3_ENDPOINT:
+        return S3Artifacts.connect(settings.ARTIFACT_S3_ENDPOINT, settings.ARTIFACT_S3_BUCKET)
+    return PostgresArtifacts()
+
+
 @functools.cache
 def runtime() -> Runtime:
     # One clock for claims, due times and lease expiry: the database's, so that workers
     # whose own clocks disagree still judge a lease the same way.
-    kernel = Kernel(PostgresStorage(), build_registry(), DatabaseClock())
+    kernel = Kernel(PostgresStorage(), build_registry(), DatabaseClock(),
+                    artifacts=artifact_store())
     dispatcher = Dispatcher(
         kernel,
         deliver,

@@ -388,6 +388,12 @@ WORKER_HEARTBEAT_SECONDS = float(os.environ.get("WORKER_HEARTBEAT_SECONDS", "2")
 WORKER_DEAD_SECONDS = float(os.environ.get("WORKER_DEAD_SECONDS", "10"))
 WORKER_FORGET_SECONDS = float(os.environ.get("WORKER_FORGET_SECONDS", "3600"))
 
+# Where large values (kernel.artifacts) are stored: Postgres (table kernel_artifact) unless
+# ARTIFACT_S3_ENDPOINT names an S3-compatible store, whose bucket ARTIFACT_S3_BUCKET must
+# exist; its credentials come from the usual AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY.
+ARTIFACT_S3_ENDPOINT = os.environ.get("ARTIFACT_S3_ENDPOINT", "")
+ARTIFACT_S3_BUCKET = os.environ.get("ARTIFACT_S3_BUCKET", "artifacts")
+
 # Modules whose ``TOOLS`` (a list of kernel.agent.Tool) the assistant offers besides its
 # own, comma-separated: how a deployment adds tools, and how chaos tests put killable
 # tools into real worker processes.

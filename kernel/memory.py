@@ -17,6 +17,8 @@ from datetime import datetime, timedelta
 
 from .errors import CommitUncertain, UnknownRecord
 from .records import (
+    LAST_POSITION,
+    SUMMARY,
     UNDISPATCHED,
     Commit,
     Conversation,
@@ -24,11 +26,14 @@ from .records import (
     DocumentHead,
     DocumentVersion,
     Entry,
+    Position,
     SessionRecord,
     Status,
     Submission,
     Task,
     WriteSet,
+    covered_last,
+    position,
 )
 from .retention import Progress, PruneReport, RetentionPolicy, finished_status, quiet
 from .storage import (
@@ -218,6 +223,22 @@ class InMemoryStorage:
     def conversation_entries(self, conversation_id: str) -> list[Entry]:
         with self._lock:
             return [self._entries[i] for i in self._conversation_entries.get(conversation_id, [])]
+
+    def context_entries(
+        self, conversation_id: str, upto: Position = LAST_POSITION,
+        after: Position | None = None,
+    ) -> list[Entry]:
+        with self._lock:
+            entries = self.conversation_entries(conversation_id)
+        summary = None
+        if after is None:
+            summary = max(
+                (e for e in entries if e.kind == SUMMARY and covered_last(e) <= upto),
+                key=position, default=None,
+            )
+            after = covered_last(summary) if summary is not None else (-1, -1)
+        kept = [e for e in entries if e.kind != SUMMARY and after < position(e) <= upto]
+        return [summary, *kept] if summary is not None else kept
 
     def entry(self, entry_id: str) -> Entry | None:
         with self._lock:

@@ -121,6 +121,29 @@ class Entry:
     created_at: datetime
 
 
+SUMMARY = "summary"
+"""The kind of entry that stands for the entries of its conversation up to one it names:
+``payload["covers"]`` holds ``first`` and ``last``, each ``{"id", "seq", "ordinal"}``
+of an entry. A model's context is the latest summary and the entries after what it
+covers (:meth:`kernel.storage.Storage.context_entries`), never the whole history."""
+
+Position = tuple[int, int]
+"""Where an entry stands in its session: ``(seq, ordinal)``, the order of entries."""
+
+LAST_POSITION: Position = (2**62, 0)
+"""After every entry: a range that ends here is not bounded above."""
+
+
+def position(entry: Entry) -> Position:
+    return (entry.seq, entry.ordinal)
+
+
+def covered_last(summary: Entry) -> Position:
+    """The position of the last entry a summary entry covers."""
+    last = summary.payload["covers"]["last"]
+    return (int(last["seq"]), int(last["ordinal"]))
+
+
 @dataclass(frozen=True, slots=True)
 class DocumentHead:
     """Where a document stands; its value lives in its versions (ops + baselines)."""

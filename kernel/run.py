@@ -20,6 +20,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any, Protocol
 
+from .artifacts import offload
 from .commit import CommitKind, Draft
 from .errors import SessionPoisoned, UnknownRecord
 from .forks import operation_id
@@ -254,6 +255,18 @@ class Run:
 
     def entries(self, conversation_id: str) -> list[Entry]:
         return self._lease.kernel.entries(conversation_id)
+
+    def store_large(self, value: JSON, threshold: int) -> JSON:
+        """``value``, or a reference to it stored as an artifact when its JSON passes
+        ``threshold`` bytes (:func:`kernel.artifacts.offload`): stored completely before
+        this returns, so the commit that holds the reference comes after it."""
+        store = self._lease.kernel.artifacts
+        assert store is not None
+        return offload(store, value, threshold)
+
+    def context(self, conversation_id: str) -> list[Entry]:
+        """The entries a model request is built from (:meth:`Kernel.context`)."""
+        return self._lease.kernel.context(conversation_id)
 
     def submission(self, submission_id: str) -> Submission:
         found = self._lease.kernel.storage.submission(submission_id)

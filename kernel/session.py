@@ -15,19 +15,26 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
+from .artifacts import ArtifactStore, InMemoryArtifacts
 from .clock import Clock, SystemClock
 from .commit import Builder, CommitKind, Draft, DuplicateRequest, replay
 from .errors import CommitUncertain, SessionPoisoned, UnknownRecord
 from .records import (
+    LAST_POSITION,
+    SUMMARY,
     Commit,
+    Conversation,
     Dispatch,
     Entry,
+    Position,
     Preview,
     SessionRecord,
     Submission,
     Task,
     WriteSet,
+    covered_last,
     new_id,
+    position,
 )
 from .registry import Blocked, Registry
 from .storage import Storage, Transaction
@@ -54,6 +61,12 @@ class Kernel:
     """Marks each commit's dispatch rows before they are written: the
     :class:`~kernel.dispatch.Dispatcher` that delivers after every commit takes the due
     ones in the commit itself (:meth:`~kernel.dispatch.Dispatcher.attach`)."""
+    artifacts: ArtifactStore | None = None
+    """Where large values are stored (:mod:`kernel.artifacts`); in memory if not given."""
+
+    def __post_init__(self) -> None:
+        if self.artifacts is None:
+            self.artifacts = InMemoryArtifacts(self.clock.now)
 
     def create_session(self, session_id: str | None = None, metadata: JSON = None) -> SessionHandle:
         record = SessionRecord(session_id or new_id("sess"), 0, self.clock.now(), metadata or {})
@@ -146,6 +159,33 @@ class Kernel:
             # holds now came after the fork.
             return own
         return inherited[: cut + 1] + own
+
+    def context(self, conversation_id: str) -> list[Entry]:
+        """What a model request is built from: the latest summary entry and the entries
+        after what it covers, a fork's inherited part the same way (DESIGN §8). Its cost
+        is a few reads of the recent range, whatever the length of the history; the
+        transcript (:meth:`entries`) still holds every entry."""
+        conversation = self.storage.conversation(conversation_id)
+        if conversation is None:
+            raise UnknownRecord(f"no conversation {conversation_id}")
+        return self._context(conversation, LAST_POSITION, None)
+
+    def _context(
+        self, conversation: Conversation, upto: Position, after: Position | None
+    ) -> list[Entry]:
+        own = self.storage.context_entries(conversation.id, upto, after)
+        if conversation.fork_of is None:
+            return own
+        summary = own[0] if own and own[0].kind == SUMMARY else None
+        fork_point = self.storage.entry(conversation.fork_entry_id or "")
+        origin = self.storage.conversation(conversation.fork_of)
+        if fork_point is None or origin is None:
+            return own  # retention removed the fork point with everything before it
+        floor = covered_last(summary) if summary is not None else after
+        if floor is not None and floor >= position(fork_point):
+            return own  # what it covers reaches past the fork point
+        inherited = self._context(origin, min(position(fork_point), upto), floor)
+        return [summary, *inherited, *own[1:]] if summary is not None else inherited + own
 
     def blocked(self, session_id: str) -> list[tuple[Task, str]]:
         """Unfinished tasks that no registered definition can run, with the reason."""

@@ -16,12 +16,14 @@ from datetime import datetime, timedelta
 from typing import Any, NamedTuple, Protocol
 
 from .records import (
+    LAST_POSITION,
     Commit,
     Conversation,
     Dispatch,
     DocumentHead,
     DocumentVersion,
     Entry,
+    Position,
     SessionRecord,
     Submission,
     Task,
@@ -194,6 +196,20 @@ class Storage(Protocol):
     def conversation(self, conversation_id: str) -> Conversation | None: ...
 
     def conversation_entries(self, conversation_id: str) -> list[Entry]: ...
+
+    def context_entries(
+        self, conversation_id: str, upto: Position = LAST_POSITION,
+        after: Position | None = None,
+    ) -> list[Entry]:
+        """What a model's context is rebuilt from, within the conversation's own entries
+        at or before ``upto``: the latest :data:`~kernel.records.SUMMARY` entry that
+        covers nothing after ``upto``, then the entries (summaries left out) after the
+        last one it covers, up to ``upto``; all of them when there is no such summary.
+        ``after``: no summary, the entries after that position. Reads only that range,
+        whatever the length of the history before it."""
+        ...
+
+    def entry(self, entry_id: str) -> Entry | None: ...
 
     def document_head(self, session_id: str, kind: str, key: str) -> DocumentHead | None: ...
 

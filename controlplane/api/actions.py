@@ -24,6 +24,7 @@ from .schemas import (
     BulkIn,
     BulkOut,
     BulkPreview,
+    CompactIn,
     DenyIn,
     ResolveIn,
     ResumeIn,
@@ -101,6 +102,16 @@ def resubmit(request: HttpRequest, submission_id: PathText, body: ActionIn) -> A
     """Submit the same input again as a new submission linked to the original: it starts
     a turn, or follows the one the conversation is busy with."""
     return commands.resubmit(caller(request), submission_id, body.action_id, body.reason)
+
+
+@router.post("/conversations/{conversation_id}/compact", response=ActionOut)
+def compact(request: HttpRequest, conversation_id: PathText, body: CompactIn) -> Any:
+    """Summarize the older part of a conversation now, naming the newest entry you saw
+    (`last_entry_id`): later model requests see the summary instead of the entries it
+    covers; the transcript keeps every entry. A conversation with a newer entry is
+    refused (409)."""
+    return commands.compact_conversation(caller(request), conversation_id, body.action_id,
+                                         body.reason, body.last_entry_id)
 
 
 def _filter(body: BulkFilter) -> TaskFilter:

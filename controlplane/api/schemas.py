@@ -190,6 +190,12 @@ class ActionIn(Input):
     reason: str = Reason
 
 
+class CompactIn(ActionIn):
+    last_entry_id: str = text(..., min_length=1, max_length=200,
+                              description="the newest entry of the conversation you saw: "
+                              "a conversation that has a newer one is refused (409)")
+
+
 class ResumeIn(ActionIn):
     checkpoint_id: str = text(..., min_length=1, max_length=200,
                               description="the interrupt you answer: the task's "

@@ -21,11 +21,13 @@ from django.conf import settings
 from django.db.models import FloatField, Q, Sum
 from django.db.models.expressions import RawSQL
 from django.db.models.fields.json import KT
-from django.db.models.functions import Cast
+from django.db.models.functions import Cast, Coalesce
 
 from controlplane import models
+from kernel.agent.compaction import COMPACTION
 from kernel.agent.context import INTERRUPTION, RESPONSE, TOOL_RESULT, USER
-from kernel.records import SUBMISSION_ID, TASK_ID, Entry, Status, Submission, id_kind
+from kernel.artifacts import is_reference
+from kernel.records import SUBMISSION_ID, SUMMARY, TASK_ID, Entry, Status, Submission, id_kind
 
 from . import approvals, sessions, tasks
 
@@ -92,6 +94,8 @@ class ToolCard:
     """The approval it waits for (state ``approval``): what the operator decides on."""
     decided: dict[str, Any] | None = None
     """The decision its gate recorded: who, why, approve/deny/timeout, edited or not."""
+    artifact: dict[str, Any] | None = None
+    """Its result stored as an artifact: the reference (digest, bytes, excerpt)."""
 
 
 @dataclass
@@ -100,7 +104,7 @@ class Item:
 
     entry: Entry
     kind: str
-    """``user``, ``model``, ``interruption``, ``operation`` or ``other``."""
+    """``user``, ``model``, ``summary``, ``interruption``, ``operation`` or ``other``."""
     text: str = ""
     tools: list[ToolCard] = field(default_factory=list)
     usage: Usage | None = None
@@ -128,6 +132,8 @@ class Conversation:
     usage: Usage | None
     shown: int
     total: int
+    newest: str | None = None
+    """The id of its newest entry: what an operator's compaction names as seen."""
 
 
 @lru_cache(maxsize=1)
@@ -157,7 +163,8 @@ def _commit_times(session_id: str, seqs: set[int]) -> dict[int, datetime]:
 
 
 def _turn_models(session_id: str) -> dict[str, str]:
-    found = models.Task.objects.filter(session_id=session_id, kind=TURN_KIND).values_list(
+    found = models.Task.objects.filter(
+        session_id=session_id, kind__in=[TURN_KIND, COMPACTION]).values_list(
         "id", "checkpoint", "input")
     return {task_id: (checkpoint or {}).get("model") or (input or {}).get("model") or ""
             for task_id, checkpoint, input in found}
@@ -216,21 +223,24 @@ def _card(call: dict[str, Any], result: dict[str, Any] | None, task: Any | None,
         else:
             card.state = "succeeded"
             card.result = pretty(result.get("result"))
+            if is_reference(result.get("result")):
+                card.artifact = result["result"]
+                card.result = str(result["result"].get("excerpt", ""))
     elif task is not None and task.status is Status.TERMINAL:
         card.state = "lost"
     return card
 
 
 def usage_total(session_id: str, conversation_id: str) -> Usage | None:
-    """The usage of every model response in the conversation's transcript, summed in SQL
-    per turn (a turn's model sets the prices): the transcript is not read for it. None
-    when no response reported usage."""
+    """The usage of every model response and summary in the conversation's transcript,
+    summed in SQL per turn or compaction task (a turn's model sets the prices): the
+    transcript is not read for it. None when no response reported usage."""
     scope = sessions.transcript_scope(conversation_id)
     per_turn = (
-        models.Entry.objects.filter(reduce(operator.or_, scope), kind=RESPONSE)
+        models.Entry.objects.filter(reduce(operator.or_, scope), kind__in=[RESPONSE, SUMMARY])
         .alias(shape=RawSQL("jsonb_typeof(payload -> 'usage')", ()))
         .filter(shape="object").exclude(payload__usage={})
-        .values(turn=KT("payload__turn"))
+        .values(turn=Coalesce(KT("payload__turn"), KT("payload__task")))
         .annotate(input=Sum(Cast(KT("payload__usage__input_tokens"), FloatField())),
                   output=Sum(Cast(KT("payload__usage__output_tokens"), FloatField())))
     )
@@ -290,11 +300,15 @@ def conversation(session_id: str, conversation_id: str, operations: bool,
             ))
         elif entry.kind == INTERRUPTION:
             items.append(Item(entry, "interruption", text=str(payload.get("reason", ""))))
+        elif entry.kind == SUMMARY and not operations:
+            items.append(Item(entry, "summary", text=str(payload.get("text") or ""),
+                              usage=usage_of(payload.get("usage"), None)))
         elif entry.kind == TOOL_RESULT:
             continue  # shown on its call's card
         else:
             items.append(Item(entry, "other", raw=pretty(entry.payload)))
-    return Conversation(conversation_id, operations, fork_of, items, total, len(shown), count)
+    return Conversation(conversation_id, operations, fork_of, items, total, len(shown), count,
+                        shown[-1].id if shown else None)
 
 
 @dataclass(frozen=True)

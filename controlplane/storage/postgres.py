@@ -36,16 +36,19 @@ from django.db import DatabaseError, InterfaceError, OperationalError, connectio
 
 from kernel.errors import CommitUncertain, StorageUnavailable
 from kernel.records import (
+    LAST_POSITION,
     Commit,
     Conversation,
     Dispatch,
     DocumentHead,
     DocumentVersion,
     Entry,
+    Position,
     SessionRecord,
     Submission,
     Task,
     WriteSet,
+    covered_last,
 )
 from kernel.retention import Progress, PruneReport, RetentionPolicy, quiet
 from kernel.storage import DOUBLINGS, NO_PREFETCH, Build, FaultHook, Prefetch, expiry
@@ -313,6 +316,22 @@ class PostgresStorage:
 
     def conversation_entries(self, conversation_id: str) -> list[Entry]:
         return [ENTRY.from_sql(r) for r in self._all(sql.CONVERSATION_ENTRIES, [conversation_id])]
+
+    def context_entries(
+        self, conversation_id: str, upto: Position = LAST_POSITION,
+        after: Position | None = None,
+    ) -> list[Entry]:
+        params = {"conversation": conversation_id, "upto_seq": upto[0],
+                  "upto_ordinal": upto[1]}
+        summary = None
+        if after is None:
+            row = self._one(sql.CONTEXT_SUMMARY, params)
+            summary = ENTRY.from_sql(row) if row else None
+            after = covered_last(summary) if summary is not None else (-1, -1)
+        rows = self._all(sql.CONTEXT_RANGE,
+                         {**params, "after_seq": after[0], "after_ordinal": after[1]})
+        entries = [ENTRY.from_sql(r) for r in rows]
+        return [summary, *entries] if summary is not None else entries
 
     def entry(self, entry_id: str) -> Entry | None:
         row = self._one(sql.ENTRY_BY_ID, [entry_id])

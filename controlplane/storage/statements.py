@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from kernel.records import UNDISPATCHED, Status
+from kernel.records import SUMMARY, UNDISPATCHED, Status
 from kernel.storage import CLAIM_WINDOW
 
 from .schema import (
@@ -366,6 +366,23 @@ CONVERSATION_INSERT = insert(CONVERSATION)
 ENTRY_BY_ID = select(ENTRY, "id = %s")
 CONVERSATION_ENTRIES = select(ENTRY, "conversation_id = %s", " ORDER BY seq, ordinal")
 ENTRY_INSERT = insert(ENTRY)
+# A context's range (Storage.context_entries), in two statements whose bounds the planner
+# sees: the latest summary covering nothing past ``upto``, found on the partial index of
+# summaries (newest first); then the entries after the last one it covers, a range scan
+# of the (conversation, seq, ordinal) index. Neither reads older entries.
+CONTEXT_SUMMARY = select(
+    ENTRY,
+    f"conversation_id = %(conversation)s AND kind = '{SUMMARY}' "
+    "AND ((payload->'covers'->'last'->>'seq')::bigint, "
+    "(payload->'covers'->'last'->>'ordinal')::int) <= (%(upto_seq)s, %(upto_ordinal)s)",
+    " ORDER BY seq DESC, ordinal DESC LIMIT 1",
+)
+CONTEXT_RANGE = select(
+    ENTRY,
+    "conversation_id = %(conversation)s AND (seq, ordinal) > (%(after_seq)s, %(after_ordinal)s) "
+    f"AND (seq, ordinal) <= (%(upto_seq)s, %(upto_ordinal)s) AND kind <> '{SUMMARY}'",
+    " ORDER BY seq, ordinal",
+)
 DOCUMENT_HEAD_BY_KEY = select(DOCUMENT_HEAD, "session_id = %s AND kind = %s AND key = %s")
 DOCUMENT_HEADS_BY_KEY = select(
     DOCUMENT_HEAD,

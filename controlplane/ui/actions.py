@@ -38,13 +38,16 @@ ACTIONS: dict[str, Action] = {
         _step(request)),
     "resubmit": lambda request, target, action_id, reason: commands.resubmit(
         request.user, target, action_id, reason),
+    "compact": lambda request, target, action_id, reason: commands.compact_conversation(
+        request.user, target, action_id, reason, request.POST.get("last_entry_id", "")),
 }
 
 
 @require_POST
 @login_required
 def act(request: HttpRequest, target: str, action: str) -> HttpResponse:
-    """POST an action on a task (or, for ``resubmit``, a submission): operators only (403
+    """POST an action on a task (``resubmit``: a submission; ``compact``: a
+    conversation): operators only (403
     for anyone else, nothing changed)."""
     try:
         require_operator(request.user)

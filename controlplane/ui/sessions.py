@@ -7,8 +7,10 @@ from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import render
 from django.utils import timezone
 
-from controlplane.reads import charts, pages
+from controlplane.reads import artifacts, charts, pages
 from controlplane.reads.snapshot import snapshot
+from kernel.artifacts import CorruptArtifact
+from kernel.errors import UnknownRecord
 
 from .access import may_act, viewer_required
 from .charts import line_chart
@@ -18,6 +20,23 @@ from .live import SESSION_PAGE
 @viewer_required
 def session(request: HttpRequest, session_id: str) -> HttpResponse:
     return render(request, SESSION_PAGE.template, SESSION_PAGE.page(session_id, may_act(request)))
+
+
+@viewer_required
+def artifact(request: HttpRequest, session_id: str, digest: str) -> HttpResponse:
+    """Download an artifact an entry of the session references, its hash checked: for
+    whoever may read the session. A corrupt one is refused (500, saying so)."""
+    try:
+        found = artifacts.artifact(session_id, digest)
+    except UnknownRecord as exc:
+        raise Http404(str(exc)) from exc
+    except CorruptArtifact as exc:
+        return HttpResponse(f"refused: {exc}", status=500, content_type="text/plain")
+    answer = HttpResponse(found.data, content_type=found.media_type)
+    name = found.digest.replace(":", "-") + (".json" if "json" in found.media_type else "")
+    answer["Content-Disposition"] = f'attachment; filename="{name}"'
+    answer["X-Content-Type-Options"] = "nosniff"
+    return answer
 
 
 @viewer_required

@@ -4,8 +4,10 @@ Framework-free like the rest of the kernel. ``register_agent`` adds its task kin
 to a Registry; ``submit`` accepts input for a conversation.
 """
 
+from .compaction import COMPACTION, Compaction
 from .models import (
     MODEL_OPTIONS,
+    ContextOverflowError,
     ModelProvider,
     ModelRequest,
     ModelResponse,
@@ -21,8 +23,11 @@ from .tools import Gate, Replay, Tool, Toolbox, digest
 from .turn import register_agent
 
 __all__ = [
+    "COMPACTION",
     "MAX_TEXT",
     "MODEL_OPTIONS",
+    "Compaction",
+    "ContextOverflowError",
     "Gate",
     "ModelProvider",
     "ModelRequest",

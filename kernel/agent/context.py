@@ -6,14 +6,16 @@ Rules (DESIGN §8, Pi Durable spec): a tool result follows its call, whatever
 order the entries landed in; a call without a result gets a synthetic error
 result (the model must not wait forever for it); a cancelled or interrupted call
 says so beside the partial output it had committed; partial or aborted responses
-are not entries at all, so they never reach the model or drive a tool.
+are not entries at all, so they never reach the model or drive a tool. A summary
+entry (compaction, :mod:`kernel.agent.compaction`) opens the context, standing for the
+entries it covers, which the model no longer sees.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from kernel.records import Entry
+from kernel.records import SUMMARY, Entry
 
 JSON = Any
 
@@ -21,6 +23,10 @@ USER = "user"
 RESPONSE = "model_response"
 TOOL_RESULT = "tool_result"
 INTERRUPTION = "interruption"
+SUMMARY_INTRO = (
+    "A summary of the earlier part of this conversation, which is no longer shown "
+    "in full:\n\n"
+)
 LOST_RESULT = "no result was recorded for this call (interrupted or lost); do not assume it ran"
 CANCELLED_NOTE = (
     "the call was cancelled before it finished; `partial` is what it had committed by then "
@@ -38,6 +44,8 @@ def messages(entries: list[Entry]) -> list[JSON]:
     for entry in entries:
         if entry.kind == USER:
             out.append({"role": "user", "content": entry.payload["text"]})
+        elif entry.kind == SUMMARY:
+            out.append({"role": "user", "content": SUMMARY_INTRO + entry.payload["text"]})
         elif entry.kind == RESPONSE:
             calls = entry.payload.get("tool_calls", [])
             message: JSON = {"role": "assistant", "content": entry.payload.get("text", "")}

@@ -36,6 +36,11 @@ class PermanentModelError(ModelError):
     """The request itself is wrong (or refused for good): retrying cannot help."""
 
 
+class ContextOverflowError(PermanentModelError):
+    """The request's context is longer than the model's window: the same request cannot
+    succeed, a shorter one (after compaction) may."""
+
+
 @dataclass(frozen=True)
 class ToolCall:
     id: str
@@ -121,6 +126,9 @@ class ModelRequest:
     messages: list[JSON]
     tools: list[JSON] = field(default_factory=list)
     options: JSON = field(default_factory=dict)
+    purpose: Literal["turn", "compaction"] = "turn"
+    """What the request is for: a turn's next message, or a summary of the earlier part
+    of the conversation (never sent to the model; a scripted one may tell them apart)."""
 
 
 @dataclass(frozen=True)

@@ -36,6 +36,7 @@ import openai
 
 from .models import (
     MODEL_OPTIONS,
+    ContextOverflowError,
     ModelRequest,
     ModelResponse,
     OnText,
@@ -372,10 +373,12 @@ def sorted_errors(path: str) -> Iterator[None]:
     except openai.APIStatusError as exc:
         status = exc.status_code
         log.warning("model server answered %s to %s: %s", status, path, str(exc.body)[:500])
-        message = (f"model server answered {status}{error_codes(exc.body)} (its message "
-                   "is in the worker's log)")
+        codes = error_codes(exc.body)
+        message = f"model server answered {status}{codes} (its message is in the worker's log)"
         if status in RETRYABLE:
             raise TransientModelError(message, retry_after(exc.response.headers)) from exc
+        if "context_length_exceeded" in codes:
+            raise ContextOverflowError(message) from exc
         raise PermanentModelError(message) from exc
     except openai.APITimeoutError as exc:
         raise TransientModelError(f"model server timed out: {exc}") from exc

@@ -29,6 +29,8 @@ from typing import TYPE_CHECKING, Any
 
 import jsonschema_rs
 
+from kernel.artifacts import DEFAULT_THRESHOLD
+
 if TYPE_CHECKING:
     from kernel.run import Run
 
@@ -94,6 +96,10 @@ class Tool:
     it had not spawned one yet)."""
     gate: Gate | None = None
     """None: calls run as soon as they are committed."""
+    artifact_above: int | None = DEFAULT_THRESHOLD
+    """A result whose JSON passes this many bytes is stored as an artifact
+    (:mod:`kernel.artifacts`) and the model gets its reference with an excerpt; None:
+    results are kept whole in the transcript."""
 
     def __post_init__(self) -> None:
         if (self.run is None) == (self.task_kind is None):

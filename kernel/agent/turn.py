@@ -10,6 +10,11 @@ request); a response is committed together with its tool tasks and the wait for
 them; ``finish`` answers the submissions and hands the conversation to the next
 queued one.
 
+A request is built from the conversation's context (the latest summary and what came
+after it, :meth:`kernel.session.Kernel.context`); one that would pass its model's
+threshold, or that the model answers is too long, first waits for an
+``agent-compaction`` task (:mod:`kernel.agent.compaction`), then asks (again, once).
+
 ``agent-tool``: ``call`` validates the arguments and commits the intent (fixed
 arguments, replay policy, operation id) before running; ``execute`` is reached
 only by recovery and runs again only if both the saved and the current policy
@@ -37,8 +42,10 @@ from kernel.run import Run
 from kernel.tasks import Finish, Transition
 
 from .approval import APPROVAL_PHASE, APPROVE, SIGNAL, TIMED_OUT
+from .compaction import COMPACTION, Compaction, register_compaction
 from .context import INTERRUPTION, RESPONSE, TOOL_RESULT, USER, messages
 from .models import (
+    ContextOverflowError,
     ModelProvider,
     ModelRequest,
     ModelResponse,
@@ -48,19 +55,15 @@ from .models import (
     TransientModelError,
     check_options,
 )
+from .requests import MAX_ATTEMPTS, USAGE, backoff, record_usage
 from .tools import Replay, Tool, Toolbox, digest
 
 JSON = Any
 CONVERSATION = "agent-conversation"
 PROGRESS = "agent-progress"
-USAGE = "agent-usage"
-MAX_ATTEMPTS = 6
 MAX_ROUNDS = 12
 POLL_SECONDS = 1.0
 PROGRESS_EVERY = 0.2  # previews cost no commit: push them often
-LONGEST_RETRY_AFTER = 900.0
-"""A server's Retry-After is honoured up to this many seconds (the wait holds no worker,
-but a turn that sleeps for hours looks dead)."""
 
 
 def turn_kind(input: JSON) -> str:
@@ -70,23 +73,18 @@ def turn_kind(input: JSON) -> str:
     return "agent-turn" if agent is None else f"agent:{agent}"
 
 
-def backoff(attempt: int, error: TransientModelError | None = None) -> float:
-    """Seconds to wait before the ``attempt``-th retry: doubling up to 30 s, and never
-    less than the server asked for (``Retry-After``, up to :data:`LONGEST_RETRY_AFTER`)."""
-    wait = min(30.0, 0.5 * 2.0**attempt)
-    asked = error.retry_after if error is not None else None
-    if asked is not None and asked > 0:
-        wait = max(wait, min(asked, LONGEST_RETRY_AFTER))
-    return wait
-
-
 def register_agent(
     registry: Registry,
     models: Mapping[str, ModelProvider],
     toolbox: Toolbox,
     default_model: str,
+    compaction: Compaction | None = None,
 ) -> None:
-    """Add the agent's task kinds and documents to ``registry``."""
+    """Add the agent's task kinds and documents to ``registry``. ``compaction``: when a
+    conversation's older part is summarized (:mod:`.compaction`); by default only when
+    a model answers that the context is too long."""
+    compacting = compaction or Compaction()
+    register_compaction(registry, models, compacting, default_model)
     registry.document(CONVERSATION)
     registry.document(PROGRESS)
     registry.document(USAGE)
@@ -178,18 +176,28 @@ def register_agent(
             # What this request is asked with: read before the entries, so an input steered
             # in between counts as unseen (and is asked about again), never the reverse.
             asked_with = seen_submissions(run, conversation)
-            request = ModelRequest(
-                checkpoint["model"],
-                messages(run.entries(conversation)),
-                toolbox.schemas(),
-                checkpoint["options"],
-            )
+            context, tools = messages(run.context(conversation)), toolbox.schemas()
+            if checkpoint.get("compacted_round") != checkpoint["round"] and compacting.due(
+                checkpoint["model"], context, tools
+            ):
+                return compact(run, "threshold",
+                               {"compacted_round": checkpoint["round"], "attempt": attempt - 1})
+            request = ModelRequest(checkpoint["model"], context, tools, checkpoint["options"])
             stream = Stream(run)
             chosen = provider(run)
             try:
                 with model_span(chosen, request) as span:
                     answer = chosen.generate(request, stream.text)
                     record_answer(span, answer)
+            except ContextOverflowError as exc:
+                if not checkpoint.get("overflow_compacted"):  # compact, then ask once more
+                    return compact(run, "overflow",
+                                   {"overflow_compacted": True, "attempt": attempt - 1})
+                return run.next("finish", {
+                    "failure": f"the context is too long for the model even after "
+                               f"compaction: {exc}",
+                    "in_flight": None,
+                })
             except TransientModelError as exc:
                 if attempt >= MAX_ATTEMPTS:
                     return run.next(
@@ -244,6 +252,17 @@ def register_agent(
             ends without answering, and releases its conversation in the same commit."""
             release_unanswered(run, finish, "turn")
 
+    def compact(run: Run, reason: str, state: JSON) -> Transition:
+        """Summarize the older part of the conversation first (a task of its own, which
+        the turn waits for), then ask again."""
+        child = run.spawn(COMPACTION, {
+            "conversation_id": run.input["conversation_id"],
+            "model": run.checkpoint["model"],
+            "reason": reason,
+            "by": run.task_id,
+        })
+        return run.wait_all([child], then="request", checkpoint={"in_flight": None, **state})
+
     def respond(
         run: Run, answer: ModelResponse, stream: Stream | None, asked_with: list[str] | None
     ) -> Transition:
@@ -283,6 +302,7 @@ def register_agent(
             then="request",
             checkpoint={
                 "round": checkpoint["round"] + 1,
+                "overflow_compacted": False,
                 "in_flight": None,
                 "handle": None,
                 "attempt": 0,
@@ -298,7 +318,7 @@ def register_agent(
         if not tools:
             return
         answered = {
-            e.payload["call_id"] for e in run.entries(conversation) if e.kind == TOOL_RESULT
+            e.payload["call_id"] for e in run.context(conversation) if e.kind == TOOL_RESULT
         }
         for task_id, outcome in run.outcomes(list(tools)).items():
             call_id, name = tools[task_id]
@@ -390,7 +410,7 @@ def register_agent(
         def collect(self, run: Run) -> Transition:
             outcome = run.outcomes([run.checkpoint["child"]])[run.checkpoint["child"]] or {}
             if outcome.get("kind") == "succeeded":
-                return tool_result(run, result=outcome.get("result"))
+                return tool_result(run, result=kept(run, outcome.get("result")))
             if outcome.get("kind") == "cancelled":  # its task, cancelled on its own
                 intent = outcome.get("result") or {}
                 return tool_result(run, cancelled=True, by=intent.get("by"),
@@ -472,7 +492,15 @@ def register_agent(
             except Exception as exc:  # the model sees the failure and decides what to do
                 span.error(type(exc).__name__, str(exc)[:500])
                 return tool_result(run, error=f"{type(exc).__name__}: {exc}")
-        return tool_result(run, result=result)
+        return tool_result(run, result=kept(run, result))
+
+    def kept(run: Run, result: JSON) -> JSON:
+        """The result as the transcript keeps it: a large one stored as an artifact
+        first, the entry holding its reference and an excerpt."""
+        tool = toolbox.get(run.input["call"]["name"])
+        if tool is None or tool.artifact_above is None:
+            return result
+        return run.store_large(result, tool.artifact_above)
 
 
 def model_span(
@@ -548,20 +576,6 @@ def tool_result(run: Run, **outcome: JSON) -> Transition:
     payload = {"call_id": call["id"], "name": call["name"], **outcome}
     run.append(run.input["conversation_id"], TOOL_RESULT, payload)
     return run.succeed(payload)  # a failed call is a result too: the model decides what next
-
-
-def record_usage(run: Run, conversation: str, usage: JSON) -> None:
-    """Tokens per request, and running totals per conversation and session (counters)."""
-    key = f"{run.task_id}:{run.checkpoint.get('attempt', 1)}"
-    run.set(USAGE, "session", ["requests", key], {"conversation": conversation, **usage})
-    for name, count in usage.items():
-        if isinstance(count, int | float):
-            run.update(
-                USAGE,
-                "session",
-                {"op": "incr", "path": ["total", name], "value": count},
-                {"op": "incr", "path": ["conversations", conversation, name], "value": count},
-            )
 
 
 def seen_submissions(run: Run, conversation: str) -> list[str]:

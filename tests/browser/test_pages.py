@@ -30,10 +30,12 @@ pytestmark = [pytest.mark.slow, pytest.mark.browser]
 AXE = Path(__file__).resolve().parents[2] / "static" / "vendor" / "axe-core" / "axe.min.js"
 SCREENSHOTS = os.environ.get("UI_SCREENSHOTS")
 NOT_PAGES = {"session_history", "children", "activity", "act", "act_on_submission",
-             "bulk_preview", "bulk_act", "retry_failed", "decide_call",
-             "resume_graph", "fork_graph", "restart_preview", "restart", "migrate"}
-"""The dashboard's routes that are no page of their own: parts a page fetches again, and
-the actions a page posts (their confirmations and answers are checked on their pages)."""
+             "act_on_conversation", "bulk_preview", "bulk_act", "retry_failed",
+             "decide_call", "resume_graph", "fork_graph", "restart_preview", "restart",
+             "migrate", "artifact"}
+"""The dashboard's routes that are no page of their own: parts a page fetches again, the
+actions a page posts (their confirmations and answers are checked on their pages), and
+a download (an artifact)."""
 REQUEST = "Send the approved notice to ana@example.com and ben@example.com, then summarise."
 
 

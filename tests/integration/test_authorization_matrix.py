@@ -154,6 +154,9 @@ API_RULES: dict[str, list[Cell]] = {
         Cell("POST", f"/api/sessions/{{session}}/entries/{NOPE}/branch", api_act(404), ACTION)],
     "POST api/submissions/<submission_id>/resubmit": [
         Cell("POST", f"/api/submissions/{NOPE}/resubmit", api_act(404), ACTION)],
+    "POST api/conversations/<conversation_id>/compact": [
+        Cell("POST", f"/api/conversations/{NOPE}/compact", api_act(404),
+             {**ACTION, "last_entry_id": NOPE})],
     "POST api/actions/bulk/preview": [
         Cell("POST", "/api/actions/bulk/preview", api_act(200),
              {"action": "cancel", "session_id": NOPE})],
@@ -208,12 +211,16 @@ OTHER_RULES: dict[str, list[Cell]] = {
         # A fragment of children: none for a task that is not there (an empty list).
         Cell("GET", f"/sessions/{{session}}/tasks/{NOPE}/children", PAGE)],
     "tasks/<str:task_id>/": [Cell("GET", f"/tasks/{NOPE}/", MISSING_PAGE)],
+    "sessions/<str:session_id>/artifacts/<str:digest>": [
+        Cell("GET", "/sessions/{session}/artifacts/sha256:" + "0" * 64, MISSING_PAGE)],
     "^tasks/(?P<target>[^/]+)/(?P<action>cancel|retry|resolve)$": [
         Cell("POST", f"/tasks/{NOPE}/{action}", UI_ACTION) for action in
         ("cancel", "retry", "resolve")
     ] + [Cell("GET", f"/tasks/{NOPE}/cancel", everyone(405))],
     "^submissions/(?P<target>[^/]+)/(?P<action>resubmit)$": [
         Cell("POST", f"/submissions/{NOPE}/resubmit", UI_ACTION)],
+    "^conversations/(?P<target>[^/]+)/(?P<action>compact)$": [
+        Cell("POST", f"/conversations/{NOPE}/compact", UI_ACTION)],
     "attention/retry-failed": [Cell("POST", "/attention/retry-failed", UI_ACTION)],
     # Start again from a phase (a preview, then the form) and migrate: operators only; an
     # empty form (no seq, no reason) is 422.

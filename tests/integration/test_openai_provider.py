@@ -19,6 +19,7 @@ import pytest
 from fakellm._util import approx_tokens
 
 from kernel.agent import (
+    ContextOverflowError,
     ModelRequest,
     ModelResponse,
     Pending,
@@ -305,3 +306,16 @@ def test_a_model_servers_error_text_stays_in_the_log_not_in_what_viewers_read(
     with pytest.raises(TransientModelError) as busy:
         OpenAICompatibleProvider(server.url, SERVED).generate(REQUEST, lambda text: None)
     assert "olga" not in str(busy.value) and "503" in str(busy.value)
+
+
+def test_a_context_too_long_for_the_model_is_said_so(server: ModelStandIn) -> None:
+    """The turn compacts and asks once more on this error, not on any other 400."""
+    body = ('{"error": {"message": "This model\'s maximum context length is 8192 tokens",'
+            ' "type": "invalid_request_error", "code": "context_length_exceeded"}}')
+    server.completions.append(Completion(body, status=400))
+    with pytest.raises(ContextOverflowError, match="context_length_exceeded"):
+        OpenAICompatibleProvider(server.url, SERVED).generate(REQUEST, lambda text: None)
+    server.completions.append(Completion('{"error": {"code": "invalid_value"}}', status=400))
+    with pytest.raises(PermanentModelError) as other:
+        OpenAICompatibleProvider(server.url, SERVED).generate(REQUEST, lambda text: None)
+    assert not isinstance(other.value, ContextOverflowError)

@@ -23,6 +23,7 @@ from kernel import (
     Worker,
 )
 from kernel.agent import (
+    Compaction,
     ModelRequest,
     ModelResponse,
     Pending,
@@ -55,6 +56,7 @@ class World:
     clock: ManualClock = field(default_factory=ManualClock)
     previews: list[Preview] = field(default_factory=list)
     partial_fails: bool = False
+    compaction: Compaction | None = None
 
     def maybe_crash(self, point: str) -> None:
         if point in self.crash_on:
@@ -141,7 +143,10 @@ class World:
         toolbox.add(Tool("lookup", "Read", {"type": "object"}, Replay.SAFE, run=lookup))
         toolbox.add(Tool("charge", "Pay", number, Replay.UNSAFE, run=charge))
         toolbox.add(Tool("die", "Crashes", {"type": "object"}, Replay.SAFE, run=always_dies))
-        register_agent(registry, {"scripted": self.provider}, toolbox, "scripted")
+        toolbox.add(Tool("page", "Read a page", {"type": "object"}, Replay.SAFE,
+                         run=lambda run, args: {"text": f"{args.get('n')}:" + "p" * 5000}))
+        register_agent(registry, {"scripted": self.provider}, toolbox, "scripted",
+                       self.compaction)
         kernel = Kernel(self.storage, registry, self.clock)
         kernel.on_preview(self.previews.append)
         return kernel
@@ -353,7 +358,7 @@ def test_a_turn_waits_at_least_as_long_as_the_server_asked() -> None:
 
 
 def test_a_servers_retry_after_is_honoured_up_to_a_limit() -> None:
-    from kernel.agent.turn import LONGEST_RETRY_AFTER, backoff
+    from kernel.agent.requests import LONGEST_RETRY_AFTER, backoff
 
     assert backoff(1) == 1.0 and backoff(1, TransientModelError("x")) == 1.0
     assert backoff(1, TransientModelError("x", retry_after=0.2)) == 1.0  # never shorter

@@ -11,7 +11,10 @@ from kernel.documents import apply_ops, check_op, needs_baseline
 
 keys = st.sampled_from(["a", "b", "c"])
 paths = st.lists(keys, min_size=1, max_size=3)
-values = st.one_of(st.integers(), st.text(max_size=5), st.none())
+# Text a storage can hold: NUL and lone surrogates are refused by check_op (below).
+storable_text = st.text(st.characters(exclude_categories=["Cs"], exclude_characters="\x00"),
+                        max_size=5)
+values = st.one_of(st.integers(), storable_text, st.none())
 ops = st.one_of(
     st.builds(lambda p, v: {"op": "set", "path": p, "value": v}, paths, values),
     st.builds(lambda p: {"op": "remove", "path": p}, paths),
@@ -28,6 +31,12 @@ def test_ops_apply_to_any_value_without_touching_it(sequence: list[dict]) -> Non
     assert isinstance(result, dict)
     for op in sequence:
         check_op(op)
+
+
+@pytest.mark.parametrize("text", ["a\x00b", "\ud800"])
+def test_an_op_holding_text_no_storage_can_hold_is_refused(text: str) -> None:
+    with pytest.raises(CommitRejected, match="document op"):
+        check_op({"op": "set", "path": ["a"], "value": text})
 
 
 @given(st.lists(ops, max_size=20), st.integers(min_value=0, max_value=20))

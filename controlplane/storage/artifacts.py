@@ -1,0 +1,86 @@
+"""Artifacts in Postgres (:mod:`kernel.artifacts`): one row per digest, its bytes in a
+``bytea`` column (TOASTed, compressed), written by one ``INSERT``, so an artifact is
+stored completely or not at all; the hash is checked on every read.
+
+A sweep removes artifacts older than the grace period that no entry references. Finding
+references reads the entries' payloads as text (no index holds them): a maintenance
+job's cost, proportional to the entries, run rarely and in batches.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from datetime import datetime, timedelta
+
+from django.db import connections
+
+from kernel.artifacts import GRACE, MissingArtifact, check, digest_of
+
+ARTIFACT_INSERT = (
+    "INSERT INTO kernel_artifact (digest, data, media_type, size, created_at) "
+    "VALUES (%s, %s, %s, %s, now()) "
+    # Stored again: whole (over any bytes that no longer match, should a row be damaged),
+    # and the grace period starts over, so a sweep cannot remove it before the record
+    # about to reference it commits.
+    "ON CONFLICT (digest) DO UPDATE SET data = EXCLUDED.data, created_at = now()"
+)
+ARTIFACT_DATA = "SELECT data FROM kernel_artifact WHERE digest = %s"
+ARTIFACT_MEDIA_TYPE = "SELECT media_type FROM kernel_artifact WHERE digest = %s"
+ARTIFACTS_OLDER = (
+    "SELECT digest FROM kernel_artifact WHERE created_at < %s ORDER BY created_at LIMIT %s"
+)
+ARTIFACTS_REFERENCED = (
+    "SELECT d FROM unnest(%s::text[]) AS d WHERE EXISTS "
+    "(SELECT 1 FROM kernel_entry e WHERE strpos(e.payload::text, d) > 0)"
+)
+ARTIFACTS_DELETE = "DELETE FROM kernel_artifact WHERE digest = ANY(%s) AND created_at < %s"
+SWEEP_BATCH = 500
+
+
+class PostgresArtifacts:
+    def __init__(self, using: str = "default") -> None:
+        self.using = using
+
+    def put(self, data: bytes, media_type: str) -> str:
+        digest = digest_of(data)
+        with connections[self.using].cursor() as cur:
+            cur.execute(ARTIFACT_INSERT, [digest, data, media_type, len(data)])
+        return digest
+
+    def get(self, digest: str) -> bytes:
+        with connections[self.using].cursor() as cur:
+            cur.execute(ARTIFACT_DATA, [digest])
+            row = cur.fetchone()
+        if row is None:
+            raise MissingArtifact(f"no artifact {digest}")
+        return check(digest, bytes(row[0]))
+
+    def media_type(self, digest: str) -> str:
+        with connections[self.using].cursor() as cur:
+            cur.execute(ARTIFACT_MEDIA_TYPE, [digest])
+            row = cur.fetchone()
+        if row is None:
+            raise MissingArtifact(f"no artifact {digest}")
+        return str(row[0])
+
+    def sweep(self, referenced: Callable[[Iterable[str]], set[str]], now: datetime,
+              grace: timedelta = GRACE) -> int:
+        before = now - grace
+        removed = 0
+        with connections[self.using].cursor() as cur:
+            cur.execute(ARTIFACTS_OLDER, [before, SWEEP_BATCH])
+            old = [row[0] for row in cur.fetchall()]
+            if not old:
+                return 0
+            kept = referenced(old)
+            gone = [d for d in old if d not in kept]
+            if gone:
+                cur.execute(ARTIFACTS_DELETE, [gone, before])
+                removed = cur.rowcount
+        return removed
+
+    def referenced(self, digests: Iterable[str]) -> set[str]:
+        """Which of ``digests`` some entry's payload names."""
+        with connections[self.using].cursor() as cur:
+            cur.execute(ARTIFACTS_REFERENCED, [list(digests)])
+            return {row[0] for row in cur.fetchall()}

@@ -1,0 +1,185 @@
+"""Artifacts: large values stored once, immutable, named by their content's hash.
+
+A tool result (or any value a record would hold) larger than a threshold is stored as
+an artifact, and the record holds a *reference* instead: the artifact's digest
+(``sha256:<hex>``), its size and media type, and an excerpt for readers (a model) that
+need only the gist. The same bytes are stored once, whoever stores them.
+
+Order is what makes a reference safe: the artifact is stored completely (its store
+says so) before the commit that writes the reference is built, so a committed record
+never references half a file. A process that dies between the two leaves an artifact
+that nothing references; :meth:`ArtifactStore.sweep` removes such objects once they are
+older than a grace period longer than any phase (a phase that stored one and is still
+about to commit its reference keeps it). Reading checks the hash: stored bytes that do
+not hash to their name are refused (:class:`CorruptArtifact`), never returned.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any, Protocol
+
+from .errors import KernelError
+
+JSON = Any
+REFERENCE = "artifact"
+"""The key that marks a value as a reference to an artifact (its digest)."""
+DEFAULT_THRESHOLD = 16_384
+"""Bytes of JSON above which a tool's result is stored as an artifact."""
+EXCERPT = 1_000
+"""Characters of a large value's JSON that its reference keeps for readers."""
+GRACE = timedelta(hours=1)
+"""How old an unreferenced artifact must be before a sweep removes it."""
+
+
+class ArtifactError(KernelError):
+    pass
+
+
+class MissingArtifact(ArtifactError):
+    """No artifact has this digest (it was never stored, or it was swept)."""
+
+
+class CorruptArtifact(ArtifactError):
+    """The stored bytes do not hash to the artifact's name: refused, never returned."""
+
+
+def digest_of(data: bytes) -> str:
+    return "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+def check(digest: str, data: bytes) -> bytes:
+    """``data`` if it hashes to ``digest``; CorruptArtifact naming both otherwise."""
+    found = digest_of(data)
+    if found != digest:
+        raise CorruptArtifact(
+            f"artifact {digest} is corrupt: its {len(data)} stored bytes hash to {found}"
+        )
+    return data
+
+
+class ArtifactStore(Protocol):
+    def put(self, data: bytes, media_type: str) -> str:
+        """Store ``data`` completely, once, and return its digest; storing the same bytes
+        again changes nothing. Returns only once the whole object is durable."""
+        ...
+
+    def get(self, digest: str) -> bytes:
+        """The bytes named ``digest``, their hash checked (CorruptArtifact,
+        MissingArtifact)."""
+        ...
+
+    def media_type(self, digest: str) -> str: ...
+
+    def sweep(self, referenced: Callable[[Iterable[str]], set[str]], now: datetime,
+              grace: timedelta = GRACE) -> int:
+        """Remove the artifacts stored before ``now - grace`` that ``referenced`` (given
+        candidates, answering which of them some record references) does not keep;
+        how many were removed."""
+        ...
+
+
+@dataclass(frozen=True)
+class _Stored:
+    data: bytes
+    media_type: str
+    at: datetime
+
+
+class InMemoryArtifacts:
+    """The reference store: a dict under a lock. ``clock`` dates each object."""
+
+    def __init__(self, clock: Callable[[], datetime]) -> None:
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._objects: dict[str, _Stored] = {}
+
+    def put(self, data: bytes, media_type: str) -> str:
+        digest = digest_of(data)
+        with self._lock:
+            # Stored again: whole (over whatever a dead writer left), and the grace period
+            # starts over, so a sweep cannot remove it before its reference commits.
+            self._objects[digest] = _Stored(bytes(data), media_type, self._clock())
+        return digest
+
+    def get(self, digest: str) -> bytes:
+        with self._lock:
+            found = self._objects.get(digest)
+        if found is None:
+            raise MissingArtifact(f"no artifact {digest}")
+        return check(digest, found.data)
+
+    def media_type(self, digest: str) -> str:
+        with self._lock:
+            found = self._objects.get(digest)
+        if found is None:
+            raise MissingArtifact(f"no artifact {digest}")
+        return found.media_type
+
+    def sweep(self, referenced: Callable[[Iterable[str]], set[str]], now: datetime,
+              grace: timedelta = GRACE) -> int:
+        with self._lock:
+            old = [d for d, o in self._objects.items() if o.at < now - grace]
+        kept = referenced(old)
+        removed = 0
+        with self._lock:
+            for digest in old:
+                found = self._objects.get(digest)
+                if digest not in kept and found is not None and found.at < now - grace:
+                    del self._objects[digest]
+                    removed += 1
+        return removed
+
+    def corrupt(self, digest: str, data: bytes) -> None:
+        """Replace an object's bytes behind the store's back (what a test simulates)."""
+        with self._lock:
+            stored = self._objects[digest]
+            self._objects[digest] = _Stored(data, stored.media_type, stored.at)
+
+
+def is_reference(value: JSON) -> bool:
+    return isinstance(value, dict) and isinstance(value.get(REFERENCE), str) and \
+        value[REFERENCE].startswith("sha256:")
+
+
+def offload(store: ArtifactStore, value: JSON, threshold: int) -> JSON:
+    """``value`` itself when its JSON is at most ``threshold`` bytes; otherwise stored as
+    an artifact (completely, before this returns) and a reference in its place."""
+    text = json.dumps(value, ensure_ascii=False, separators=(",", ":"), sort_keys=True)
+    data = text.encode()
+    if len(data) <= threshold:
+        return value
+    digest = store.put(data, "application/json")
+    return {
+        REFERENCE: digest,
+        "bytes": len(data),
+        "media_type": "application/json",
+        "excerpt": text[:EXCERPT],
+        "note": f"the full value ({len(data):,} bytes) is stored as artifact {digest}; "
+                "this is its beginning",
+    }
+
+
+def load(store: ArtifactStore, reference: JSON) -> JSON:
+    """The value a reference stands for, its hash checked."""
+    return json.loads(store.get(reference[REFERENCE]))
+
+
+def references(value: JSON) -> list[str]:
+    """The digests of every artifact referenced anywhere inside ``value``."""
+    found: list[str] = []
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if is_reference(item):
+            found.append(item[REFERENCE])
+        elif isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return found

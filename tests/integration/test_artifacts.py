@@ -1,0 +1,98 @@
+"""Artifacts in Postgres: stored whole by one statement, read with their hash checked, a
+damaged row refused with a clear error, old unreferenced ones swept; the dashboard shows
+a large result's reference on its card and downloads it for whoever may read the
+session, and refuses a corrupt one."""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+
+import pytest
+from django.db import connection
+from django.test import Client
+
+from controlplane.runtime import runtime
+from controlplane.storage.artifacts import PostgresArtifacts
+from kernel import Draft
+from kernel.artifacts import REFERENCE, CorruptArtifact, MissingArtifact, load, offload
+
+from .test_compaction_api import client_for
+
+pytestmark = pytest.mark.django_db(transaction=True)
+REPORT = {"rows": [{"n": n, "text": f"row {n} <b>bold</b>"} for n in range(2000)]}
+
+
+def session_with_a_large_result() -> tuple[str, str, dict]:
+    kernel = runtime().kernel
+    assert isinstance(kernel.artifacts, PostgresArtifacts)
+    reference = offload(kernel.artifacts, REPORT, 4_096)
+    handle = kernel.create_session()
+    draft = Draft(actor="user:test")
+    conversation = draft.create_conversation()
+    handle.commit(draft)
+    draft = Draft(actor="task:turn_x")
+    draft.append(conversation, "user", {"text": "the report"})
+    draft.append(conversation, "model_response", {
+        "text": "", "tool_calls": [{"id": "c1", "name": "report", "arguments": {}}],
+        "turn": "turn_x", "attempt": 1})
+    draft.append(conversation, "tool_result", {"call_id": "c1", "name": "report",
+                                               "result": reference})
+    handle.commit(draft)
+    return handle.id, conversation, reference
+
+
+def test_an_artifact_round_trips_with_its_hash_checked_and_a_damaged_one_is_refused() -> None:
+    store = PostgresArtifacts()
+    reference = offload(store, REPORT, 4_096)
+    assert load(store, reference) == REPORT
+    again = offload(store, REPORT, 4_096)
+    assert again[REFERENCE] == reference[REFERENCE]
+    with connection.cursor() as cur:
+        cur.execute("SELECT count(*) FROM kernel_artifact")
+        assert cur.fetchone()[0] == 1  # stored once
+        cur.execute("UPDATE kernel_artifact SET data = %s WHERE digest = %s",
+                    [b'{"rows": []}', reference[REFERENCE]])
+    with pytest.raises(CorruptArtifact, match=f"artifact {reference[REFERENCE]} is corrupt"):
+        load(store, reference)
+    offload(store, REPORT, 4_096)  # stored again, whole
+    assert load(store, reference) == REPORT
+    with pytest.raises(MissingArtifact):
+        store.get("sha256:" + "1" * 64)
+
+
+def test_the_sweep_keeps_referenced_and_young_artifacts() -> None:
+    session_id, conversation, reference = session_with_a_large_result()
+    store = PostgresArtifacts()
+    orphan = store.put(b"a dead writer's", "text/plain")
+    with connection.cursor() as cur:
+        cur.execute("SELECT now()")
+        now = cur.fetchone()[0]
+    assert store.sweep(store.referenced, now) == 0  # both too young
+    later = now + timedelta(hours=2)
+    assert store.sweep(store.referenced, later) == 1
+    with pytest.raises(MissingArtifact):
+        store.get(orphan)
+    assert load(store, reference) == REPORT
+
+
+def test_the_dashboard_shows_and_downloads_an_artifact_for_readers_only() -> None:
+    session_id, conversation, reference = session_with_a_large_result()
+    digest = reference[REFERENCE]
+    url = f"/sessions/{session_id}/artifacts/{digest}"
+    viewer = client_for("vic", "viewer")
+    page = viewer.get(f"/sessions/{session_id}/").content.decode()
+    assert f'href="{url}"' in page and "&lt;b&gt;bold" in page  # the excerpt, escaped
+    answer = viewer.get(url)
+    assert answer.status_code == 200
+    assert answer["Content-Type"] == "application/json"
+    assert "attachment" in answer["Content-Disposition"]
+    assert json.loads(b"".join(answer)) == REPORT
+    assert Client().get(url).status_code == 302  # to the login page
+    other, _, _ = session_with_a_large_result()
+    assert viewer.get(f"/sessions/{other}/artifacts/{'sha256:' + '2' * 64}").status_code == 404
+    with connection.cursor() as cur:
+        cur.execute("UPDATE kernel_artifact SET data = %s WHERE digest = %s",
+                    [b"{}", digest])
+    refused = viewer.get(url)
+    assert refused.status_code == 500 and b"is corrupt" in refused.content

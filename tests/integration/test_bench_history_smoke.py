@@ -1,0 +1,27 @@
+"""The long-histories benchmark, run small against the test database: its code must not
+rot between runs of ``make bench BENCH_ARGS=history``. Checks shapes, never speed."""
+
+from __future__ import annotations
+
+import pytest
+
+from benchmarks import history
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def test_the_workload_and_the_rebuilds_run_and_render(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(history, "MESSAGES", 2)
+    monkeypatch.setattr(history, "CALLS_PER_MESSAGE", 2)
+    monkeypatch.setattr(history, "WINDOW", 6_000)  # small enough to be compacted
+    persisted = history.run_workload()
+    assert persisted.model_calls == 2 * 3
+    assert persisted.summaries >= 1 and persisted.summary_calls >= persisted.summaries
+    assert persisted.grown["kernel_entry"] > 0 and persisted.logical["entry payloads"] > 0
+    monkeypatch.setattr(history, "RECENT_TURNS", 5)
+    rebuilds, whole, size = history.run_rebuilds(3, lengths=(30, 60))
+    assert {turns: len(s) for turns, s in rebuilds.items()} == {30: 3, 60: 3}
+    assert size == 1 + 5 * 3  # the summary, then the newest turns' three messages each
+    section = history.render(persisted, rebuilds, whole, size, ("1.0", "1.0"))
+    assert section.startswith(history.HEADING) and "loaded by other engineers" in section
+    assert "60 against 30 turns" in section

@@ -1,0 +1,174 @@
+"""Artifacts on the reference store: a large tool result stored once, content-addressed,
+its reference in the transcript and an excerpt for the model; a corrupt one refused; a
+writer that dies mid-write never leaves a reference to half a file; the sweep removes
+only old unreferenced objects."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import pytest
+
+from kernel import Draft, InMemoryStorage, Kernel, ManualClock, Registry, Scheduler
+from kernel.agent import (
+    ModelRequest,
+    ModelResponse,
+    Replay,
+    ScriptedProvider,
+    Tool,
+    Toolbox,
+    ToolCall,
+    register_agent,
+    submit,
+)
+from kernel.artifacts import (
+    GRACE,
+    REFERENCE,
+    CorruptArtifact,
+    InMemoryArtifacts,
+    MissingArtifact,
+    digest_of,
+    is_reference,
+    load,
+    offload,
+    references,
+)
+
+REPORT = {"rows": [{"n": n, "text": f"row {n} " + "abc" * 20} for n in range(400)]}
+
+
+class Crash(BaseException):
+    pass
+
+
+def reader(request: ModelRequest) -> ModelResponse:
+    asked = max(i for i, m in enumerate(request.messages) if m["role"] == "user")
+    tools = [m for m in request.messages[asked + 1:] if m["role"] == "tool"]
+    if not tools:
+        return ModelResponse("", (ToolCall(f"c{asked}", "report", {}),))
+    return ModelResponse(f"saw {tools[-1]['content']['result'].get('bytes')} bytes")
+
+
+def world(store: Any, clock: ManualClock) -> tuple[Kernel, ScriptedProvider]:
+    provider = ScriptedProvider(reader)
+    toolbox = Toolbox()
+    toolbox.add(Tool("report", "A large report", {"type": "object"}, Replay.SAFE,
+                     run=lambda run, args: REPORT, artifact_above=4_096))
+    registry = Registry()
+    register_agent(registry, {"scripted": provider}, toolbox, "scripted")
+    return Kernel(InMemoryStorage(), registry, clock, artifacts=store), provider
+
+
+def ask(kernel: Kernel, text: str = "the report") -> tuple[Any, str]:
+    handle = kernel.create_session()
+    draft = Draft()
+    conversation = draft.create_conversation()
+    handle.commit(draft)
+    submit(handle, conversation, {"text": text}, "r1")
+    return handle, conversation
+
+
+def result_of(kernel: Kernel, conversation: str) -> Any:
+    [entry] = [e for e in kernel.entries(conversation) if e.kind == "tool_result"]
+    return entry.payload["result"]
+
+
+def test_a_large_result_is_stored_once_and_the_model_gets_its_reference_and_excerpt() -> None:
+    clock = ManualClock()
+    store = InMemoryArtifacts(clock.now)
+    kernel, provider = world(store, clock)
+    handle, conversation = ask(kernel)
+    Scheduler(kernel, "w").run_until_idle()
+    reference = result_of(kernel, conversation)
+    assert is_reference(reference)
+    assert reference[REFERENCE] == digest_of(store.get(reference[REFERENCE]))
+    assert load(store, reference) == REPORT  # round trip, its hash checked on the way
+    assert reference["bytes"] > 4_096 and len(reference["excerpt"]) == 1_000
+    told = [m for m in provider.requests[-1].messages if m["role"] == "tool"][-1]
+    assert told["content"]["result"]["excerpt"] == reference["excerpt"]
+    assert told["content"]["result"][REFERENCE] == reference[REFERENCE]
+    assert "rows" not in told["content"]["result"]  # the whole value is not sent
+    # The same bytes from another session are the same artifact, stored once.
+    other, again = ask(kernel, "again")
+    Scheduler(kernel, "w").run_until_idle()
+    assert result_of(kernel, again)[REFERENCE] == reference[REFERENCE]
+    assert len(store._objects) == 1
+
+
+def test_a_value_at_or_below_the_threshold_stays_in_the_record() -> None:
+    clock = ManualClock()
+    store = InMemoryArtifacts(clock.now)
+    assert offload(store, {"ok": 1}, 4_096) == {"ok": 1}
+    assert offload(store, REPORT, 10**9) is REPORT
+    assert not store._objects
+
+
+def test_a_corrupt_artifact_is_refused_with_a_clear_error() -> None:
+    clock = ManualClock()
+    store = InMemoryArtifacts(clock.now)
+    digest = store.put(b'{"a":1}', "application/json")
+    store.corrupt(digest, b'{"a":2}')
+    with pytest.raises(CorruptArtifact) as refused:
+        store.get(digest)
+    found = digest_of(b'{"a":2}')
+    assert str(refused.value) == f"artifact {digest} is corrupt: its 7 stored bytes hash to {found}"
+    with pytest.raises(MissingArtifact, match="no artifact sha256:00"):
+        store.get("sha256:" + "0" * 64)
+
+
+class DiesMidWrite(InMemoryArtifacts):
+    """Its first put leaves half the bytes under the name, then the process dies."""
+
+    def __init__(self, clock: ManualClock) -> None:
+        super().__init__(clock.now)
+        self.died = False
+
+    def put(self, data: bytes, media_type: str) -> str:
+        if not self.died:
+            self.died = True
+            digest = super().put(data, media_type)
+            self.corrupt(digest, data[: len(data) // 2])
+            raise Crash()
+        return super().put(data, media_type)
+
+
+def test_a_writer_that_dies_mid_write_leaves_no_reference_and_the_retry_stores_it_whole(
+) -> None:
+    clock = ManualClock()
+    store = DiesMidWrite(clock)
+    kernel, _ = world(store, clock)
+    handle, conversation = ask(kernel)
+    with pytest.raises(Crash):
+        Scheduler(kernel, "w0").run_until_idle()
+    [half] = list(store._objects)
+    with pytest.raises(CorruptArtifact):
+        store.get(half)
+    # What the dead process left is referenced by nothing.
+    assert all(half not in references(e.payload) for e in kernel.entries(conversation))
+    Scheduler(kernel, "w1").run_until_idle(advance_clock=True)  # a new process: runs again
+    reference = result_of(kernel, conversation)
+    assert reference[REFERENCE] == half
+    assert load(store, reference) == REPORT
+
+
+def test_the_sweep_removes_only_old_unreferenced_artifacts() -> None:
+    clock = ManualClock()
+    store = InMemoryArtifacts(clock.now)
+    kernel, _ = world(store, clock)
+    handle, conversation = ask(kernel)
+    Scheduler(kernel, "w").run_until_idle()
+    kept = result_of(kernel, conversation)[REFERENCE]
+    orphan = store.put(b"left by a dead writer", "text/plain")
+
+    def referenced(digests: Any) -> set[str]:
+        named = {d for e in kernel.entries(conversation) for d in references(e.payload)}
+        return {d for d in digests if d in named}
+
+    assert store.sweep(referenced, clock.now()) == 0  # too young: its reference may come
+    clock.advance(GRACE + timedelta(seconds=1))
+    assert store.sweep(referenced, clock.now()) == 1
+    assert load(store, result_of(kernel, conversation)) == REPORT
+    with pytest.raises(MissingArtifact):
+        store.get(orphan)
+    assert store.get(kept)
