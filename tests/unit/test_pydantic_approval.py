@@ -11,7 +11,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from pydantic_ai import Agent, ApprovalRequired, RunContext
+from pydantic_ai import Agent, ApprovalRequired, CallDeferred, RunContext
 from pydantic_ai.messages import (
     ModelMessage,
     ModelRequest,
@@ -235,3 +235,56 @@ def test_the_timeout_denies_a_deferred_call() -> None:
 def test_an_approval_timeout_must_be_positive() -> None:
     with pytest.raises(ValueError, match="approval_timeout"):
         register_agent(Registry(), "billing", World().agent(), approval_timeout=0)
+
+
+@pytest.mark.parametrize(("decision", "receipt", "told"), [
+    ("happened", {"result": "shipped by the warehouse"}, "shipped by the warehouse"),
+    ("not_done", None, "The call did not take effect: the warehouse is closed"),
+])
+def test_a_call_deferred_outside_waits_for_its_result_as_a_resolution(
+    decision: str, receipt: Any, told: str
+) -> None:
+    """``CallDeferred``: the turn waits, holding no worker (after the approvals), on the
+    call's resolution; what the operator (or a program) records reaches the model as
+    the call's result, as Pydantic AI's ``DeferredToolResults.calls`` carries it."""
+    world = World()
+
+    def ship(parcel: str) -> str:
+        raise CallDeferred(metadata={"parcel": parcel})
+
+    def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        world.requests.append(list(messages))
+        if sum(1 for m in messages if m.kind == "response") == 0:
+            return ModelResponse(parts=[ToolCallPart("ship", {"parcel": "p1"},
+                                                     tool_call_id="c9")])
+        return ModelResponse(parts=[TextPart("Done.")])
+
+    registry = Registry()
+    register_agent(registry, "billing",
+                   Agent(FunctionModel(model), name="billing", output_type=[str,
+                         DeferredToolRequests], capabilities=[KernelDurability()],
+                         tools=[ship]))
+    kernel = Kernel(world.storage, registry, world.clock)
+    handle = kernel.create_session()
+    draft = Draft()
+    conversation = draft.create_conversation()
+    handle.commit(draft)
+    submitted = submit(handle, conversation, {"text": "Ship p1", "agent": "billing"}, "r")
+    assert submitted.submission is not None
+    Scheduler(kernel, "w").run_until_idle()
+    (turn,) = tasks(kernel, handle.id, "agent:billing")
+    assert turn.status is Status.WAITING and turn.lease_owner is None
+    assert turn.wait == {"signal": "resolution:c9:external"}
+    draft = Draft(actor="user:olga")
+    payload: dict[str, Any] = {"decision": decision, "by": "user:olga",
+                               "reason": "the warehouse is closed"}
+    if receipt is not None:
+        payload["receipt"] = receipt
+    draft.signal(turn.id, "resolution:c9:external", payload, step_epoch=turn.epoch)
+    kernel.open(handle.id).commit(draft)
+    Scheduler(kernel, "w").run_until_idle()
+    assert returns(world.requests[-1])["c9"] == told
+    (turn,) = tasks(kernel, handle.id, "agent:billing")
+    assert turn.outcome is not None and turn.outcome["result"]["output"] == "Done."
+    shown = results(kernel, conversation)["c9"]
+    assert shown["resolved"]["by"] == "user:olga"

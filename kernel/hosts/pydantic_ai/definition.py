@@ -9,15 +9,16 @@ retries, usage limits) over the recorded units. An unsafe call whose intent is
 committed but whose result is not is an uncertain step: the turn waits, holding no
 worker, for an operator's decision (:data:`DECISIONS`), and applies it when it runs again.
 
-Deferred tools (``requires_approval=True``, ``ApprovalRequired``) end a run with
-``DeferredToolRequests``, as in Pydantic AI: the turn commits the run's messages and
+Deferred tools (``requires_approval=True``, ``ApprovalRequired``, ``CallDeferred``) end
+a run with ``DeferredToolRequests``, as in Pydantic AI: the turn commits the run's messages and
 asks the kernel's approval gate about each call (a task of kind
 :data:`kernel.agent.approval.TASK_KIND` each, which the API and the dashboard list
 and decide like a native gated call), and waits for them holding no worker. The
 decisions start the run's next *segment*: ``agent.run`` again over the committed
 messages with ``DeferredToolResults`` (``ToolApproved``, with the operator's edited
 arguments if any, or ``ToolDenied`` with their reason, which the framework hands the
-model as the call's return).
+model as the call's return). A call deferred to the outside (``CallDeferred``) waits,
+holding no worker, for its result as a resolution of the turn (:func:`external`).
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from pydantic_ai import Agent
+from pydantic_ai import Agent, ModelRetry
+from pydantic_ai.exceptions import ToolFailed
 from pydantic_ai.messages import ModelMessagesTypeAdapter
 from pydantic_ai.tools import DeferredToolRequests, DeferredToolResults, ToolApproved, ToolDenied
 from pydantic_ai.toolsets import FunctionToolset
@@ -172,8 +174,10 @@ def run_turn(run: Run, hosted: HostedAgent) -> Transition:
     waiting = settle_uncertain(run, journal)
     if waiting is not None:
         return waiting
-    if run.checkpoint.get("asked"):
-        take_decisions(run)
+    if run.checkpoint.get("suspended"):
+        waiting = take_decisions(run)
+        if waiting is not None:
+            return waiting
     checkpoint = run.checkpoint
     segment = checkpoint.get("segment", 0)
     conversation = run.input["conversation_id"]
@@ -227,16 +231,17 @@ def parameters_of(agent: Agent[Any, Any], name: str) -> JSON:
     return {}
 
 
+def external(call_id: str) -> str:
+    """The signal a call deferred to the outside (``CallDeferred``) waits on: a
+    resolution of the turn (``happened`` with the result, ``not_done``, ``run_again``)."""
+    return f"resolution:{call_id}:external"
+
+
 def ask(run: Run, hosted: HostedAgent, requests: DeferredToolRequests, messages: list[JSON],
         segment: int, usage: RunUsage) -> Transition:
-    """The run ended with deferred calls: one approval task per call, and the wait for
-    them, in one commit with the messages the next segment goes on from."""
-    if requests.calls:
-        names = ", ".join(sorted({c.tool_name for c in requests.calls}))
-        reason = (f"tools {names} deferred their calls to an outside executor (CallDeferred), "
-                  "which this host does not run yet; only approvals are waited for")
-        release(run, SubmissionStatus.UNANSWERED, reason)
-        return run.fail(reason)
+    """The run ended with deferred calls: one approval task per call that needs approval,
+    and the wait for them; then (:func:`take_decisions`) a wait for each call deferred to
+    the outside. One commit, with the messages the next segment goes on from."""
     conversation = run.input["conversation_id"]
     asked: dict[str, str] = {}
     for call in requests.approvals:
@@ -251,36 +256,63 @@ def ask(run: Run, hosted: HostedAgent, requests: DeferredToolRequests, messages:
             "call": {"id": call.tool_call_id, "name": call.tool_name, "arguments": arguments},
         })
         asked[task] = call.tool_call_id
-    return run.wait_all(list(asked), then="run", checkpoint={
-        "asked": asked, "resume": messages, "segment": segment,
-        "usage": to_jsonable_python(usage)})
+    kept = {"suspended": True, "asked": asked, "resume": messages, "segment": segment,
+            "usage": to_jsonable_python(usage),
+            "external": [c.tool_call_id for c in requests.calls]}
+    if asked:
+        return run.wait_all(list(asked), then="run", checkpoint=kept)
+    return run.next("run", kept)
 
 
-def take_decisions(run: Run) -> None:
-    """The approval tasks the turn waited for have ended: their decisions, committed with
-    the start of the next segment (a crash from here on replays that segment)."""
-    asked: dict[str, str] = run.checkpoint["asked"]
-    decisions = dict(run.checkpoint.get("decisions") or {})
-    for task_id, outcome in run.outcomes(list(asked)).items():
+def take_decisions(run: Run) -> Transition | None:
+    """The decisions on a suspended segment's calls: the approval tasks' (ended by now),
+    then the result of each call deferred to the outside, waiting (holding no worker) for
+    the first that has none. With all in, they are committed with the start of the next
+    segment (a crash from there on replays that segment), and None is returned."""
+    checkpoint = run.checkpoint
+    asked: dict[str, str] = checkpoint.get("asked") or {}
+    decisions = dict(checkpoint.get("decisions") or {})
+    for task_id, outcome in run.outcomes(list(asked)).items() if asked else ():
         outcome = outcome or {}
         decided = outcome.get("result") if outcome.get("kind") == "succeeded" else None
         decisions[asked[task_id]] = decided or {
             "decision": approvals.DENY, "by": "kernel",
             "reason": f"its approval task {outcome.get('kind')}: {outcome.get('error')}"}
-    run.commit(checkpoint={"asked": None, "decisions": decisions,
-                           "segment": run.checkpoint.get("segment", 0) + 1})
+    for call_id in checkpoint.get("external") or []:
+        if call_id in decisions:
+            continue
+        said = run.signal(external(call_id))
+        if said is None:
+            return run.wait_for(external(call_id), then="run",
+                                checkpoint={"asked": None, "decisions": decisions})
+        decisions[call_id] = {**said, "external": True}
+    run.commit(checkpoint={"suspended": None, "asked": None, "external": None,
+                           "decisions": decisions,
+                           "segment": checkpoint.get("segment", 0) + 1})
+    return None
 
 
 def deferred_results(decisions: dict[str, JSON]) -> DeferredToolResults:
     """The operators' decisions as the framework takes them: a denial's reason is what
-    the model is told in place of the call's return."""
+    the model is told in place of the call's return; an outside call's result is its
+    return (``happened``), a failure (``not_done``) or a request to call again."""
     results = DeferredToolResults()
     for call_id, decided in decisions.items():
-        if decided.get("decision") == approvals.APPROVE:
+        reason = decided.get("reason")
+        if decided.get("external"):
+            if decided.get("decision") == HAPPENED.value:
+                results.calls[call_id] = (decided.get("receipt") or {}).get("result") or \
+                    "An operator recorded that this call took effect."
+            elif decided.get("decision") == RUN_AGAIN.value:
+                results.calls[call_id] = ModelRetry(
+                    f"The call did not take effect; make it again ({reason}).")
+            else:
+                results.calls[call_id] = ToolFailed(
+                    f"The call did not take effect: {reason}")
+        elif decided.get("decision") == approvals.APPROVE:
             results.approvals[call_id] = ToolApproved(override_args=decided.get("arguments"))
         else:
-            results.approvals[call_id] = ToolDenied(
-                f"The tool call was denied: {decided.get('reason')}")
+            results.approvals[call_id] = ToolDenied(f"The tool call was denied: {reason}")
     return results
 
 
@@ -303,7 +335,9 @@ def record_framework_returns(run: Run, journal: Journal, new_messages: list[JSON
             else:
                 continue
             decided = decisions.get(call_id)
-            if decided is not None:
+            if decided is not None and decided.get("external"):
+                shown["resolved"] = {k: decided.get(k) for k in ("decision", "by", "reason")}
+            elif decided is not None:
                 shown["approval"] = decided
                 shown["denied"] = decided.get("decision") != approvals.APPROVE
             run.append(conversation, TOOL_RESULT, {
