@@ -77,11 +77,10 @@ class Steps:
 
         return FunctionModel(respond)
 
-    def durations(self, started: float, ended: float) -> list[float]:
+    def durations(self, ended: float) -> list[float]:
         """The run's steps: request to request, the last to the run's end."""
         marks = [*self.marks, ended]
         assert len(self.marks) == STEPS, f"{len(self.marks)} requests, not {STEPS}"
-        del started
         return [b - a for a, b in zip(marks, marks[1:], strict=False)]
 
 
@@ -105,9 +104,8 @@ def bare_runner() -> Callable[[], list[float]]:
 
     def run() -> list[float]:
         steps.marks.clear()
-        started = time.perf_counter()
         assert agent.run_sync("go").output == "done"
-        return steps.durations(started, time.perf_counter())
+        return steps.durations(time.perf_counter())
 
     return run
 
@@ -134,12 +132,11 @@ def kernel_runner(safe: bool) -> Callable[[], list[float]]:
         submitted = submit(handle, conversation, {"text": "go", "agent": name}, "req")
         assert submitted.submission is not None
         steps.marks.clear()
-        started = time.perf_counter()
         scheduler.run_until_idle()
         ended = time.perf_counter()
         stored = kernel.storage.submission(submitted.submission.id)
         assert stored is not None and stored.status is SubmissionStatus.ANSWERED
-        return steps.durations(started, ended)
+        return steps.durations(ended)
 
     return run
 
@@ -162,9 +159,8 @@ def dbos_runner(url: str) -> tuple[Callable[[], list[float]], Callable[[], None]
 
     def run() -> list[float]:
         steps.marks.clear()
-        started = time.perf_counter()
         assert loop.run_until_complete(workflow("go")) == "done"
-        return steps.durations(started, time.perf_counter())
+        return steps.durations(time.perf_counter())
 
     def close() -> None:
         loop.close()
