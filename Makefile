@@ -145,6 +145,9 @@ demo: venv services
 	# A laptop demo: DEBUG on (the settings' built-in secret key is refused without it).
 	export DJANGO_DEBUG=$${DJANGO_DEBUG:-1}
 	export EMAIL_PROVIDER_URL=http://127.0.0.1:$$EMAIL_PROVIDER_PORT
+	# The demo's Pydantic AI agent (offline), unless KERNEL_AGENTS names others.
+	export KERNEL_AGENTS="$${KERNEL_AGENTS:-}"
+	[ -n "$$KERNEL_AGENTS" ] || KERNEL_AGENTS='{"helpdesk": "kernel.hosts.pydantic_ai.demo.agent"}'
 	echo "==> manage.py migrate"
 	$(PY) manage.py migrate --noinput -v0
 	echo "==> demo accounts and the five-email batch"

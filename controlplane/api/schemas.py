@@ -302,7 +302,8 @@ class ApprovalOut(Schema):
     """A tool call waiting for an operator's approval (the approval gate)."""
 
     call_id: str = Field(..., description="what `approve` and `deny` are addressed by")
-    task_id: str = Field(..., description="the call's tool task")
+    task_id: str = Field(..., description="the task that waits: the call's tool task, or "
+                         "the approval task of a hosted agent's deferred call")
     session_id: str
     conversation_id: str
     name: str = Field(..., description="the tool")
@@ -312,6 +313,7 @@ class ApprovalOut(Schema):
     until: datetime = Field(..., description="when it is denied if nobody decides")
     parameters: JSON = Field(None, description="the JSON schema edited arguments must fit")
     requested_seq: int
+    who: str = Field(..., description="who may decide (`operators`: the operator role)")
 
 
 DIGEST = r"^sha256:[0-9a-f]{64}$"

@@ -11,11 +11,13 @@ from typing import Any
 from controlplane import models
 from controlplane.storage.schema import TASK
 from kernel import Status, Task, UnknownRecord
-from kernel.agent.approval import PHASE, pending
+from kernel.agent.approval import PHASE, TASK_KIND, WHO, pending
 
 from . import sessions
 
 TOOL_KIND = "agent-tool"
+KINDS = (TOOL_KIND, TASK_KIND)
+"""A native call's tool task, or the approval task of an agent that runs its own tools."""
 MAX_PENDING = 200
 
 
@@ -35,6 +37,8 @@ class PendingApproval:
     until: datetime
     parameters: Any
     requested_seq: int
+    who: str = WHO
+    """Who may decide."""
 
 
 def shown(task: Task) -> PendingApproval | None:
@@ -46,12 +50,12 @@ def shown(task: Task) -> PendingApproval | None:
         str(task.input["call"].get("id", "")), requested["name"], requested["arguments"],
         requested["digest"], requested.get("why", ""),
         datetime.fromisoformat(requested["until"]), requested.get("parameters"),
-        task.updated_seq,
+        task.updated_seq, requested.get("who") or WHO,
     )
 
 
 def _waiting(session_id: str | None) -> list[PendingApproval]:
-    rows = models.Task.objects.filter(kind=TOOL_KIND, status=Status.SLEEPING, phase=PHASE)
+    rows = models.Task.objects.filter(kind__in=KINDS, status=Status.SLEEPING, phase=PHASE)
     if session_id is not None:
         rows = rows.filter(session_id=session_id)
     found = [shown(TASK.record(v)) for v in
@@ -71,10 +75,11 @@ def pending_anywhere() -> list[PendingApproval]:
 
 
 def call_task(session_id: str, call_id: str) -> Task:
-    """The tool task of call ``call_id`` in the session: the one waiting for approval if
-    there is one (a model may reuse a call id in a later turn), else the newest."""
+    """The task of call ``call_id`` in the session that approvals address (its tool task,
+    or its approval task): the one waiting for approval if there is one (a model may
+    reuse a call id in a later turn), else the newest."""
     sessions.session(session_id)
-    rows = models.Task.objects.filter(session_id=session_id, kind=TOOL_KIND,
+    rows = models.Task.objects.filter(session_id=session_id, kind__in=KINDS,
                                       input__call__id=call_id).order_by("-created_seq")
     found = [TASK.record(v) for v in rows[:20].values(*TASK.columns)]
     if not found:

@@ -313,7 +313,7 @@ def session_changes(session_id: str, after: int) -> SessionChanges | None:
             updated_seq__gt=after, id__in=streamers.values("key")).exists():
         changes.progress = progress(session_id)  # a streaming task moved (or ended)
     if models.Entry.objects.filter(session_id=session_id, seq__gt=after).exists() or \
-            in_session.filter(updated_seq__gt=after, kind=conversations.TOOL_KIND).exists():
+            in_session.filter(updated_seq__gt=after, kind__in=approval_reads.KINDS).exists():
         changes.transcript = transcript(session_id)
     if models.Submission.objects.filter(session_id=session_id, updated_seq__gt=after).exists():
         changes.submissions = submissions(session_id)

@@ -146,12 +146,15 @@ def _replay_policies() -> dict[str, str]:
 
 
 def _tool_tasks(session_id: str) -> dict[str, Any]:
-    """The session's tool tasks by call id (the last one, if a call was made again)."""
+    """The session's tool tasks, and the approval tasks of hosted agents' calls, by call
+    id (the last one, if a call was made again)."""
     found: dict[str, Any] = {}
-    for task in tasks.find(tasks.TaskFilter(session_id=session_id, kind=TOOL_KIND), limit=2000):
-        call = (task.input or {}).get("call") or {}
-        if call.get("id"):
-            found[call["id"]] = task
+    for kind in approvals.KINDS:
+        for task in tasks.find(tasks.TaskFilter(session_id=session_id, kind=kind), limit=2000):
+            call = (task.input or {}).get("call") or {}
+            if call.get("id") and (call["id"] not in found
+                                   or found[call["id"]].created_seq < task.created_seq):
+                found[call["id"]] = task
     return found
 
 
@@ -203,6 +206,8 @@ def _card(call: dict[str, Any], result: dict[str, Any] | None, task: Any | None,
         if card.pending is not None:
             card.state = "approval"
         card.decided = (task.checkpoint or {}).get("approved")
+        if task.kind == approvals.TASK_KIND and task.status is Status.TERMINAL:
+            card.decided = task.outcome.get("result") if task.outcome else None
     card.replay = card.replay or _replay_policies().get(card.name)
     if result is not None:
         card.decided = result.get("approval") or card.decided
@@ -226,7 +231,8 @@ def _card(call: dict[str, Any], result: dict[str, Any] | None, task: Any | None,
             if is_reference(result.get("result")):
                 card.artifact = result["result"]
                 card.result = str(result["result"].get("excerpt", ""))
-    elif task is not None and task.status is Status.TERMINAL:
+    elif task is not None and task.status is Status.TERMINAL \
+            and task.kind != approvals.TASK_KIND:  # decided: the turn goes on with it
         card.state = "lost"
     return card
 

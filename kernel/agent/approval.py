@@ -10,18 +10,27 @@ session's lock if the task no longer sleeps there, so of two decisions exactly o
 lands. The task then runs the call with exactly the approved arguments (committing its
 intent first, as every call does), or gives the model a denial with the reason. When
 the time runs out first, it denies the call itself.
+
+An agent that runs its tools itself (a framework's agent on a host) asks through a task
+of its own, :data:`TASK_KIND`: it holds the same record in the same phase and takes the
+same decisions, and its result is the decision, which the agent's turn (waiting for it,
+holding no worker) applies as its framework says.
 """
 
 from __future__ import annotations
 
+from datetime import datetime, timedelta
 from typing import Any
 
 import jsonschema_rs
 
 from kernel.commit import Draft
 from kernel.records import Status, Task
+from kernel.registry import Registry
+from kernel.run import Run
+from kernel.tasks import Transition
 
-from .tools import digest
+from .tools import DAY, digest
 
 JSON = Any
 SIGNAL = "approval"
@@ -30,10 +39,76 @@ APPROVAL_PHASE = PHASE
 APPROVE = "approve"
 DENY = "deny"
 TIMED_OUT = "timeout"
+TASK_KIND = "agent-approval"
+"""A call that an agent running its own tools asks an operator about: input ``call``
+(``id``, ``name``, ``arguments``), ``conversation_id`` and ``approval`` (what
+:func:`requested` builds but ``until``); its result is the decision."""
+WHO = "operators"
+"""Who may decide, as the pending call shows it: people with the operator role."""
+
+
+def requested(name: str, arguments: JSON, *, why: str, timeout: float = DAY,
+              parameters: JSON = None, who: str = WHO) -> JSON:
+    """The record of a call waiting for approval, without its deadline (set when the
+    wait starts): what an operator is shown and what a decision must name."""
+    if not timeout > 0:
+        raise ValueError("an approval's timeout is a positive number of seconds")
+    return {"name": name, "arguments": arguments, "digest": digest(arguments),
+            "parameters": parameters or {}, "why": why, "timeout": timeout, "who": who}
+
+
+def wait(run: Run, record: JSON, checkpoint: JSON = None) -> Transition:
+    """Commit ``record`` as awaiting approval: the task sleeps in :data:`PHASE` (holding
+    no worker) until a decision wakes it or its timeout is up."""
+    until = run.now + timedelta(seconds=record["timeout"])
+    return run.sleep(until=until, then=PHASE, checkpoint={
+        **(checkpoint or {}), "approval": {**record, "until": until.isoformat()}})
+
+
+def decision(run: Run) -> JSON | None:
+    """In :data:`PHASE`: the operator's decision, the timeout's denial once the time is
+    up, or None when neither is there yet (woken early: sleep on, :func:`wait_on`)."""
+    record = run.checkpoint["approval"]
+    decided = run.signal(SIGNAL)
+    if decided is not None:
+        return dict(decided)
+    if run.now < datetime.fromisoformat(record["until"]):
+        return None
+    return {"decision": TIMED_OUT, "by": "kernel",
+            "reason": f"no operator decided within {record['timeout']:g} s",
+            "digest": record["digest"]}
+
+
+def wait_on(run: Run) -> Transition:
+    return run.sleep(until=datetime.fromisoformat(run.checkpoint["approval"]["until"]),
+                     then=PHASE)
+
+
+def register_approvals(registry: Registry, queue: str = "brain") -> None:
+    """Add :data:`TASK_KIND` to ``registry`` (once, whoever asks first)."""
+    if TASK_KIND in registry.kinds():
+        return
+
+    @registry.task(TASK_KIND, queue=queue)
+    class Approval:
+        initial = "ask"
+
+        def ask(self, run: Run) -> Transition:
+            return wait(run, run.input["approval"])
+
+        def approval(self, run: Run) -> Transition:
+            decided = decision(run)
+            if decided is None:
+                return wait_on(run)
+            record = {**decided, "proposed_digest": run.checkpoint["approval"]["digest"]}
+            if "arguments" in decided:
+                record["edited"] = True
+            return run.succeed(record)
 
 
 def pending(task: Task) -> JSON | None:
-    """The approval ``task`` (an ``agent-tool`` task) waits for now, or None."""
+    """The approval ``task`` (an ``agent-tool`` or :data:`TASK_KIND` task) waits for now,
+    or None."""
     if task.status is not Status.SLEEPING or task.phase != PHASE or task.cancel is not None:
         return None
     if SIGNAL in task.signals:

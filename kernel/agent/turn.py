@@ -30,7 +30,6 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 from contextlib import AbstractContextManager
-from datetime import datetime, timedelta
 from typing import Any
 
 from kernel import tracing
@@ -41,7 +40,8 @@ from kernel.registry import Registry
 from kernel.run import Run
 from kernel.tasks import Finish, Transition
 
-from .approval import APPROVAL_PHASE, APPROVE, SIGNAL, TIMED_OUT
+from .approval import APPROVE, requested, wait, wait_on
+from .approval import decision as decision_on
 from .compaction import COMPACTION, Compaction, register_compaction
 from .context import INTERRUPTION, RESPONSE, TOOL_RESULT, USER, messages
 from .models import (
@@ -56,7 +56,7 @@ from .models import (
     check_options,
 )
 from .requests import MAX_ATTEMPTS, USAGE, backoff, record_usage
-from .tools import Replay, Tool, Toolbox, digest
+from .tools import Replay, Tool, Toolbox
 
 JSON = Any
 CONVERSATION = "agent-conversation"
@@ -349,36 +349,20 @@ def register_agent(
                 return tool_result(run, error=f"invalid arguments: {problem}")
             why = tool.gate.needed(call["arguments"]) if tool.gate is not None else None
             if tool.gate is not None and why is not None:
-                until = run.now + timedelta(seconds=tool.gate.timeout)
-                requested = {
-                    "name": call["name"],
-                    "arguments": call["arguments"],
-                    "digest": digest(call["arguments"]),
-                    "parameters": tool.parameters,  # what edited arguments must fit
-                    "why": why,
-                    "timeout": tool.gate.timeout,
-                    "until": until.isoformat(),
-                }
                 # Committed as awaiting approval: the task sleeps (no worker held) until
                 # a decision wakes it or the time is up.
-                return run.sleep(until=until, then=APPROVAL_PHASE,
-                                 checkpoint={"approval": requested})
+                return wait(run, requested(
+                    call["name"], call["arguments"], why=why, timeout=tool.gate.timeout,
+                    parameters=tool.parameters))  # what edited arguments must fit
             return start_tool(run, tool, call["arguments"], None)
 
         def approval(self, run: Run) -> Transition:
             """Woken by a decision, or by the timeout: nothing of the call has run yet."""
-            requested = run.checkpoint["approval"]
-            decision = run.signal(SIGNAL)
-            if decision is None:
-                until = datetime.fromisoformat(requested["until"])
-                if run.now < until:  # woken early without a decision: wait on
-                    return run.sleep(until=until, then=APPROVAL_PHASE)
-                decision = {
-                    "decision": TIMED_OUT, "by": "kernel",
-                    "reason": f"no operator decided within {requested['timeout']:g} s",
-                    "digest": requested["digest"],
-                }
-            record = {**decision, "proposed_digest": requested["digest"]}
+            asked = run.checkpoint["approval"]
+            decision = decision_on(run)
+            if decision is None:  # woken early without a decision: wait on
+                return wait_on(run)
+            record = {**decision, "proposed_digest": asked["digest"]}
             record.pop("arguments", None)
             if decision["decision"] != APPROVE:
                 return tool_result(
@@ -389,7 +373,7 @@ def register_agent(
             if tool is None:
                 return tool_result(run, error=f"unknown tool {run.input['call']['name']!r}",
                                    approval=record)
-            arguments = decision.get("arguments", requested["arguments"])
+            arguments = decision.get("arguments", asked["arguments"])
             problem = tool.check(arguments)
             if problem is not None:
                 return tool_result(run, error=f"invalid approved arguments: {problem}",

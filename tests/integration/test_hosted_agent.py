@@ -4,6 +4,7 @@ transcript as it shows a native turn's (tool cards with replay policy and durati
 
 from __future__ import annotations
 
+import io
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -95,3 +96,41 @@ def test_a_hosted_call_waiting_on_an_operator_is_marked_uncertain() -> None:
     call = {"id": "call_send", "name": "send_notice", "arguments": {}}
     card = _card(call, None, None, {}, {"call_send"})
     assert card.state == "uncertain"
+
+
+def test_the_demo_starts_a_session_its_pydantic_ai_agent_answers_up_to_an_approval(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``make demo`` registers the offline demo agent; ``manage.py demo`` then starts a
+    session it answers: run here in-process, it looks the customer up and waits for an
+    operator to approve its notice; approved, it answers with what the tool returned."""
+    from django.core.management import call_command
+
+    from controlplane.management.commands.demo import DEMO_AGENT
+    from controlplane.reads import approvals
+    from kernel.agent import approval
+    from kernel.hosts.pydantic_ai import demo
+
+    monkeypatch.setattr(demo, "WORD_PAUSE", 0.0)
+    monkeypatch.setattr(settings, "KERNEL_AGENTS",
+                        {DEMO_AGENT: "kernel.hosts.pydantic_ai.demo.agent"})
+    runtime.cache_clear()
+    try:  # the demo's batch sends its five notices to a provider of the test's own
+        with start_provider() as provider:
+            monkeypatch.setenv("EMAIL_PROVIDER_URL", provider.url)
+            call_command("demo", force=True, stdout=io.StringIO())
+            kernel = runtime().kernel
+            Scheduler(kernel, "demo-test").run_until_idle()
+        (pending,) = approvals.pending_anywhere()
+        assert (pending.name, pending.arguments) == ("send_notice", {"to": "ana@example.com"})
+        draft = Draft(actor="user:operator")
+        approval.decide(draft, pending.task_id, approval.APPROVE, by="user:operator",
+                        reason="demo", seen=pending.digest)
+        kernel.open(pending.session_id).commit(draft)
+        Scheduler(kernel, "demo-test").run_until_idle()
+        (turn,) = [t for t in kernel.storage.session_tasks(pending.session_id)
+                   if t.kind == f"agent:{DEMO_AGENT}"]
+        assert turn.outcome is not None and turn.outcome["kind"] == "succeeded", turn.outcome
+        assert "the notice to ana@example.com is queued" in turn.outcome["result"]["output"]
+    finally:
+        runtime.cache_clear()

@@ -269,7 +269,7 @@ def test_interrupted_failed_cancelled_and_uncertain_calls_are_marked() -> None:
     assert "the worker stopped during the model request" in page and "(attempt 1;" in page
 
     class Waiting:  # a tool task that waits on an operator's resolution
-        id, checkpoint, status = "task_w", {}, None
+        id, kind, checkpoint, status = "task_w", "agent-tool", {}, None
 
     card = _card(calls[2], None, Waiting(), {}, {"task_w"})
     assert (card.state, card.task_id) == ("uncertain", "task_w")

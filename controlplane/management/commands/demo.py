@@ -1,4 +1,6 @@
-"""Prepare the demo: an operator account and the five-email batch of the seed.
+"""Prepare the demo: an operator account, the five-email batch of the seed, and (when
+the demo's Pydantic AI agent is registered, as ``make demo`` does) a session that it
+answers.
 
 The demo accounts have a role but no staff rights: the admin (``/admin/``) is for staff
 accounts made with ``manage.py createsuperuser``, never for a known demo password."""
@@ -10,7 +12,26 @@ from django.contrib.auth.models import Group, Permission, User
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from controlplane import commands
+from kernel.agent import WhenBusy
+
 RECIPIENTS = [f"{name}@example.com" for name in ("ana", "ben", "cai", "dee", "eve")]
+DEMO_AGENT = "helpdesk"
+"""``KERNEL_AGENTS`` name of the demo's Pydantic AI agent (kernel.hosts.pydantic_ai.demo)."""
+DEMO_REQUEST = "Please send the notice to ana@example.com."
+
+
+def agent_session(operator: User) -> str | None:
+    """A session whose conversation the demo agent answers, started by ``operator``;
+    None when the agent is not registered."""
+    if DEMO_AGENT not in settings.KERNEL_AGENTS:
+        return None
+    session = commands.create_session(operator, {"title": "Pydantic AI helpdesk"}, "demo")
+    conversation = commands.create_conversation(operator, session.id, None, None)
+    commands.submit(operator, session.id, conversation.id,
+                    {"text": DEMO_REQUEST, "agent": DEMO_AGENT}, "demo-helpdesk",
+                    WhenBusy.FOLLOW_UP)
+    return session.id
 
 
 def demo_accounts(password: str) -> None:
@@ -49,6 +70,10 @@ class Command(BaseCommand):
         password = str(options["password"])
         demo_accounts(password)
         call_command("send_notices", *RECIPIENTS, actor="user:operator", stdout=self.stdout)
+        helpdesk = agent_session(User.objects.get(username="operator"))
+        if helpdesk is not None:
+            self.stdout.write(f"  the Pydantic AI helpdesk answers in session {helpdesk}: "
+                              "approve its notice on the session page\n")
         self.stdout.write(
             f"\n  demo ready: {options['url']}\n"
             f"  login: operator / {password}   (read-only: viewer / viewer)\n"

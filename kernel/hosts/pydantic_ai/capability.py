@@ -10,12 +10,16 @@ run, as with ``DBOSDurability`` outside a workflow.
 
 A tool's replay policy is declared where the tool is defined, in its metadata under
 ``"kernel"`` (:data:`SAFE`, :data:`UNSAFE`); unsafe is the default.
+
+With ``KernelDurability(stream=True)`` model requests stream (the model must support
+it), and their text is shown live as previews: progress that costs no commit and that
+recovery never reads.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import AsyncIterable, Awaitable, Callable, Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -34,11 +38,20 @@ from pydantic_ai.durable_exec import (
     conversation_id_from_run_id,
 )
 from pydantic_ai.exceptions import UserError
+from pydantic_ai.messages import (
+    AgentStreamEvent,
+    PartDeltaEvent,
+    PartStartEvent,
+    TextPart,
+    TextPartDelta,
+)
 from pydantic_ai.models import Model
 from pydantic_ai.tools import AgentDepsT, RunContext
 from pydantic_ai.toolsets import ToolsetTool
 
 from kernel.agent.tools import Replay
+from kernel.agent.turn import PROGRESS, PROGRESS_EVERY
+from kernel.run import Run
 
 from .bridge import Bridge
 from .journal import Journal
@@ -61,6 +74,39 @@ def replay_of(config: JSON) -> Replay:
     return Replay(value)
 
 
+DEFERRED = ("approval_required", "call_deferred")
+"""Payload kinds of a tool call the framework defers (it ends the run's segment): not a
+result, so the call runs when the next segment brings its approval."""
+
+
+class Preview:
+    """A model request's streamed text, pushed as previews of the turn's progress
+    document (often, but not at every token: each one is a hop to the phase's thread)."""
+
+    def __init__(self, run: Run) -> None:
+        self.run = run
+        self.text = ""
+        self.pushed = 0.0
+
+    def add(self, delta: str) -> bool:
+        """Add ``delta``; True when it is time to push."""
+        self.text += delta
+        now = time.monotonic()
+        if now - self.pushed < PROGRESS_EVERY:
+            return False
+        self.pushed = now
+        return True
+
+    def push(self) -> None:
+        self.run.preview(PROGRESS, self.run.task_id, ["text"], self.text)
+
+    def fold(self) -> None:
+        """The response is committed: its text is in the transcript now."""
+        if self.text:
+            self.run.set(PROGRESS, self.run.task_id, ["text"], self.text)
+        self.text, self.pushed = "", 0.0
+
+
 @dataclass
 class Units:
     """The kernel run the agent's loop is inside: its bridge to the phase and its journal."""
@@ -68,10 +114,29 @@ class Units:
     bridge: Bridge
     journal: Journal
     segment: int
-    run_id: str
+    task_id: str
     started_at: datetime | None
+    decisions: dict[str, JSON] = field(default_factory=dict)
+    """Operators' decisions on deferred calls, by call id (shown with their results)."""
+    stream: Preview | None = None
     requests: int = 0
     calls: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def run_id(self) -> str:
+        """The framework's id of this segment's run: each ``agent.run`` needs its own."""
+        return self.task_id if self.segment == 0 else f"{self.task_id}.{self.segment}"
+
+    async def streamed(self, events: Any) -> None:
+        """The event stream handler's side: text deltas of the request under way."""
+        async for event in events:
+            delta = None
+            if isinstance(event, PartStartEvent) and isinstance(event.part, TextPart):
+                delta = event.part.content
+            elif isinstance(event, PartDeltaEvent) and isinstance(event.delta, TextPartDelta):
+                delta = event.delta.content_delta
+            if delta and self.stream is not None and self.stream.add(delta):
+                await self.bridge.call(self.stream.push)
 
     async def model_request(self, body: Callable[[], Awaitable[object]]) -> object:
         key = f"{self.segment}:model:{self.requests}"
@@ -80,7 +145,14 @@ class Units:
         if recorded is not None:
             return recorded  # a committed response is never requested again
         payload = await body()
-        await self.bridge.call(lambda: self.journal.record_response(key, payload))
+        stream = self.stream
+
+        def commit() -> None:
+            if stream is not None:
+                stream.fold()
+            self.journal.record_response(key, payload)
+
+        await self.bridge.call(commit)
         return payload
 
     async def tool_call(self, call_id: str, name: str, arguments: JSON, replay: Replay,
@@ -93,8 +165,15 @@ class Units:
         started = time.monotonic()
         payload = await body()
         seconds = round(time.monotonic() - started, 6)
+        if isinstance(payload, dict) and payload.get("kind") in DEFERRED:
+            if replay is Replay.UNSAFE:  # asked instead of running: nothing took effect
+                await self.bridge.call(lambda: self.journal.forget_intent(call_id))
+            return payload
+        decided = self.decisions.get(call_id)
+        extra = {} if decided is None else {"approval": decided}
         await self.bridge.call(
-            lambda: self.journal.record_result(call_id, name, payload, replay, seconds))
+            lambda: self.journal.record_result(call_id, name, payload, replay, seconds,
+                                               **extra))
         return payload
 
 
@@ -108,7 +187,8 @@ def current_units() -> Units | None:
 def operation_id(ctx: RunContext[Any]) -> str:
     """Inside a tool: an id for this call that is the same on every replay of the run
     (the task and the model's call id), for an outside system's idempotency key."""
-    return f"op_{ctx.run_id}_{ctx.tool_call_id}"
+    units = _UNITS.get()
+    return f"op_{ctx.run_id if units is None else units.task_id}_{ctx.tool_call_id}"
 
 
 class KernelOperationBackend(CallableOperationBackend[dict[str, Any]]):
@@ -159,8 +239,9 @@ class KernelDurability(BaseDurabilityCapability[AgentDepsT]):
     )
 
     def __init__(self, *, models: Mapping[str, Model] | None = None,
-                 name: str | None = None) -> None:
-        super().__init__(models=models, name=name)
+                 name: str | None = None, stream: bool = False) -> None:
+        super().__init__(models=models, name=name,
+                         event_stream_handler=previews if stream else None)
 
     @property
     def in_durable_context(self) -> bool:
@@ -171,7 +252,8 @@ class KernelDurability(BaseDurabilityCapability[AgentDepsT]):
         return None if units is None else units.run_id
 
     def get_default_conversation_id(self, run_id: str) -> str | None:
-        return conversation_id_from_run_id(run_id) if self.in_durable_context else None
+        units = _UNITS.get()  # one conversation over the turn's segments
+        return None if units is None else conversation_id_from_run_id(units.task_id)
 
     async def get_run_start_time(self, run_id: str) -> datetime | None:
         units = _UNITS.get()
@@ -190,6 +272,17 @@ class KernelDurability(BaseDurabilityCapability[AgentDepsT]):
             config=RoleBasedOperationConfig(model={}, event={}, capability={}, tool={},
                                             resolve_tool=tool_config),
         )
+
+
+async def previews(ctx: RunContext[Any], events: AsyncIterable[AgentStreamEvent]) -> None:
+    """The event stream handler ``stream=True`` installs: in a kernel run, the model's
+    text as previews; outside one, nothing."""
+    units = _UNITS.get()
+    if units is not None:
+        await units.streamed(events)
+    else:
+        async for _ in events:
+            pass
 
 
 def enter(units: Units) -> None:

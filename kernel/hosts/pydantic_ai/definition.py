@@ -8,6 +8,17 @@ from its last commit: the framework replays its own loop (output validation and 
 retries, usage limits) over the recorded units. An unsafe call whose intent is
 committed but whose result is not is an uncertain step: the turn waits, holding no
 worker, for an operator's decision (:data:`DECISIONS`), and applies it when it runs again.
+
+Deferred tools (``requires_approval=True``, ``ApprovalRequired``, ``CallDeferred``) end
+a run with ``DeferredToolRequests``, as in Pydantic AI: the turn commits the run's messages and
+asks the kernel's approval gate about each call (a task of kind
+:data:`kernel.agent.approval.TASK_KIND` each, which the API and the dashboard list
+and decide like a native gated call), and waits for them holding no worker. The
+decisions start the run's next *segment*: ``agent.run`` again over the committed
+messages with ``DeferredToolResults`` (``ToolApproved``, with the operator's edited
+arguments if any, or ``ToolDenied`` with their reason, which the framework hands the
+model as the call's return). A call deferred to the outside (``CallDeferred``) waits,
+holding no worker, for its result as a resolution of the turn (:func:`external`).
 """
 
 from __future__ import annotations
@@ -18,22 +29,25 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from pydantic_ai import Agent
+from pydantic_ai import Agent, ModelRetry
+from pydantic_ai.exceptions import ToolFailed
 from pydantic_ai.messages import ModelMessagesTypeAdapter
+from pydantic_ai.tools import DeferredToolRequests, DeferredToolResults, ToolApproved, ToolDenied
 from pydantic_ai.toolsets import FunctionToolset
-from pydantic_ai.usage import UsageLimits
+from pydantic_ai.usage import RunUsage, UsageLimits
 from pydantic_core import to_jsonable_python
 
+from kernel.agent import approval as approvals
 from kernel.agent.context import TOOL_RESULT
-from kernel.agent.tools import Replay
-from kernel.agent.turn import CONVERSATION, release, release_unanswered, turn_kind
+from kernel.agent.tools import DAY, Replay
+from kernel.agent.turn import CONVERSATION, PROGRESS, release, release_unanswered, turn_kind
 from kernel.records import SubmissionStatus
 from kernel.registry import Decision, Receipt, Registry
 from kernel.run import Run
 from kernel.tasks import Finish, Transition
 
 from .bridge import Bridge
-from .capability import CONFIG_KEY, KernelDurability, Units, enter, replay_of
+from .capability import CONFIG_KEY, KernelDurability, Preview, Units, enter, replay_of
 from .journal import Journal
 
 JSON = Any
@@ -67,6 +81,8 @@ class HostedAgent:
     agent: Agent[Any, Any]
     deps: Any = None
     usage_limits: UsageLimits | None = None
+    approval_timeout: float = DAY
+    """Seconds a deferred call waits for an operator's decision; then it is denied."""
 
 
 def resolution(call_id: str, attempt: int) -> str:
@@ -93,16 +109,21 @@ def register_agent(
     deps: Any = None,
     usage_limits: UsageLimits | None = None,
     queue: str = "brain",
+    approval_timeout: float = DAY,
 ) -> HostedAgent:
-    """Register ``agent`` as the task kind a submission naming ``name`` starts."""
+    """Register ``agent`` as the task kind a submission naming ``name`` starts (and the
+    approval gate's task kind, which its deferred calls wait in)."""
     if not NAME.fullmatch(name):
         raise ValueError(f"agent name {name!r}: 1-64 of a-z, 0-9, '_' and '-'")
     if KernelDurability.from_agent(agent) is None:
         raise ValueError(f"agent {name!r}: add capabilities=[KernelDurability()] to it")
     check_tools(agent)
-    hosted = HostedAgent(name, agent, deps, usage_limits)
-    registry.document(CONVERSATION)
-    registry.document(HISTORY)
+    if not approval_timeout > 0:
+        raise ValueError("approval_timeout: a positive number of seconds")
+    hosted = HostedAgent(name, agent, deps, usage_limits, approval_timeout)
+    for kind in (CONVERSATION, HISTORY, PROGRESS):
+        registry.document(kind)
+    approvals.register_approvals(registry)
 
     @registry.task(turn_kind({"agent": name}), queue=queue)
     class HostedTurn:
@@ -153,15 +174,29 @@ def run_turn(run: Run, hosted: HostedAgent) -> Transition:
     waiting = settle_uncertain(run, journal)
     if waiting is not None:
         return waiting
+    if run.checkpoint.get("suspended"):
+        waiting = take_decisions(run)
+        if waiting is not None:
+            return waiting
+    checkpoint = run.checkpoint
+    segment = checkpoint.get("segment", 0)
     conversation = run.input["conversation_id"]
-    history_json = run.document(HISTORY, conversation).get("messages")
+    decisions: dict[str, JSON] = checkpoint.get("decisions") or {}
+    if segment == 0:
+        history_json = run.document(HISTORY, conversation).get("messages")
+        text: str | None = prompt(run)
+        deferred = None
+    else:  # the run goes on from where its last segment stopped, with the decisions
+        history_json, text, deferred = checkpoint["resume"], None, deferred_results(decisions)
     history = ModelMessagesTypeAdapter.validate_python(history_json) if history_json else None
-    units = Units(Bridge(), journal, segment=0, run_id=run.task_id, started_at=None)
-    text = prompt(run)
+    used = RunUsage(**checkpoint["usage"]) if checkpoint.get("usage") else None
+    units = Units(Bridge(), journal, segment=segment, task_id=run.task_id, started_at=None,
+                  decisions=decisions, stream=Preview(run))
 
     async def main() -> Any:
         return await hosted.agent.run(text, message_history=history, deps=hosted.deps,
-                                      usage_limits=hosted.usage_limits)
+                                      usage_limits=hosted.usage_limits, usage=used,
+                                      deferred_tool_results=deferred)
 
     context = contextvars.copy_context()
     context.run(enter, units)
@@ -174,10 +209,12 @@ def run_turn(run: Run, hosted: HostedAgent) -> Transition:
         release(run, SubmissionStatus.UNANSWERED, reason)
         return run.fail(reason)
     messages = json.loads(result.all_messages_json())
-    record_framework_returns(run, journal, json.loads(result.new_messages_json()))
+    record_framework_returns(run, journal, json.loads(result.new_messages_json()), decisions)
+    usage = result.usage
+    if isinstance(result.output, DeferredToolRequests):
+        return ask(run, hosted, result.output, messages, segment, usage)
     run.set(HISTORY, conversation, ["messages"], messages)
     release(run, SubmissionStatus.ANSWERED, None, answer_entry=journal.last_response_entry)
-    usage = result.usage
     return run.succeed({
         "output": to_jsonable_python(result.output),
         "answer_entry": journal.last_response_entry,
@@ -186,9 +223,104 @@ def run_turn(run: Run, hosted: HostedAgent) -> Transition:
     })
 
 
-def record_framework_returns(run: Run, journal: Journal, new_messages: list[JSON]) -> None:
+def parameters_of(agent: Agent[Any, Any], name: str) -> JSON:
+    """The JSON schema of a function tool's parameters (what edited arguments must fit)."""
+    for toolset in agent.toolsets:
+        if isinstance(toolset, FunctionToolset) and name in toolset.tools:
+            return toolset.tools[name].function_schema.json_schema
+    return {}
+
+
+def external(call_id: str) -> str:
+    """The signal a call deferred to the outside (``CallDeferred``) waits on: a
+    resolution of the turn (``happened`` with the result, ``not_done``, ``run_again``)."""
+    return f"resolution:{call_id}:external"
+
+
+def ask(run: Run, hosted: HostedAgent, requests: DeferredToolRequests, messages: list[JSON],
+        segment: int, usage: RunUsage) -> Transition:
+    """The run ended with deferred calls: one approval task per call that needs approval,
+    and the wait for them; then (:func:`take_decisions`) a wait for each call deferred to
+    the outside. One commit, with the messages the next segment goes on from."""
+    conversation = run.input["conversation_id"]
+    asked: dict[str, str] = {}
+    for call in requests.approvals:
+        arguments = call.args_as_dict()
+        said = (requests.metadata.get(call.tool_call_id) or {}).get("reason")
+        record = approvals.requested(
+            call.tool_name, arguments, timeout=hosted.approval_timeout,
+            why=str(said) if said else "the tool asks for approval before it runs",
+            parameters=parameters_of(hosted.agent, call.tool_name))
+        task = run.spawn(approvals.TASK_KIND, {
+            "conversation_id": conversation, "approval": record,
+            "call": {"id": call.tool_call_id, "name": call.tool_name, "arguments": arguments},
+        })
+        asked[task] = call.tool_call_id
+    kept = {"suspended": True, "asked": asked, "resume": messages, "segment": segment,
+            "usage": to_jsonable_python(usage),
+            "external": [c.tool_call_id for c in requests.calls]}
+    if asked:
+        return run.wait_all(list(asked), then="run", checkpoint=kept)
+    return run.next("run", kept)
+
+
+def take_decisions(run: Run) -> Transition | None:
+    """The decisions on a suspended segment's calls: the approval tasks' (ended by now),
+    then the result of each call deferred to the outside, waiting (holding no worker) for
+    the first that has none. With all in, they are committed with the start of the next
+    segment (a crash from there on replays that segment), and None is returned."""
+    checkpoint = run.checkpoint
+    asked: dict[str, str] = checkpoint.get("asked") or {}
+    decisions = dict(checkpoint.get("decisions") or {})
+    for task_id, outcome in run.outcomes(list(asked)).items() if asked else ():
+        outcome = outcome or {}
+        decided = outcome.get("result") if outcome.get("kind") == "succeeded" else None
+        decisions[asked[task_id]] = decided or {
+            "decision": approvals.DENY, "by": "kernel",
+            "reason": f"its approval task {outcome.get('kind')}: {outcome.get('error')}"}
+    for call_id in checkpoint.get("external") or []:
+        if call_id in decisions:
+            continue
+        said = run.signal(external(call_id))
+        if said is None:
+            return run.wait_for(external(call_id), then="run",
+                                checkpoint={"asked": None, "decisions": decisions})
+        decisions[call_id] = {**said, "external": True}
+    run.commit(checkpoint={"suspended": None, "asked": None, "external": None,
+                           "decisions": decisions,
+                           "segment": checkpoint.get("segment", 0) + 1})
+    return None
+
+
+def deferred_results(decisions: dict[str, JSON]) -> DeferredToolResults:
+    """The operators' decisions as the framework takes them: a denial's reason is what
+    the model is told in place of the call's return; an outside call's result is its
+    return (``happened``), a failure (``not_done``) or a request to call again."""
+    results = DeferredToolResults()
+    for call_id, decided in decisions.items():
+        reason = decided.get("reason")
+        if decided.get("external"):
+            if decided.get("decision") == HAPPENED.value:
+                results.calls[call_id] = (decided.get("receipt") or {}).get("result") or \
+                    "An operator recorded that this call took effect."
+            elif decided.get("decision") == RUN_AGAIN.value:
+                results.calls[call_id] = ModelRetry(
+                    f"The call did not take effect; make it again ({reason}).")
+            else:
+                results.calls[call_id] = ToolFailed(
+                    f"The call did not take effect: {reason}")
+        elif decided.get("decision") == approvals.APPROVE:
+            results.approvals[call_id] = ToolApproved(override_args=decided.get("arguments"))
+        else:
+            results.approvals[call_id] = ToolDenied(f"The tool call was denied: {reason}")
+    return results
+
+
+def record_framework_returns(run: Run, journal: Journal, new_messages: list[JSON],
+                             decisions: dict[str, JSON]) -> None:
     """What the framework answered a call with itself (an output tool's "final result",
-    a validation retry): a result entry, so the transcript's card is not left open."""
+    a validation retry, a denial): a result entry, so the transcript's card is not left
+    open."""
     conversation = run.input["conversation_id"]
     for message in new_messages:
         for part in message.get("parts") or []:
@@ -202,6 +334,12 @@ def record_framework_returns(run: Run, journal: Journal, new_messages: list[JSON
                 shown = {"error": to_jsonable_python(part.get("content"))}
             else:
                 continue
+            decided = decisions.get(call_id)
+            if decided is not None and decided.get("external"):
+                shown["resolved"] = {k: decided.get(k) for k in ("decision", "by", "reason")}
+            elif decided is not None:
+                shown["approval"] = decided
+                shown["denied"] = decided.get("decision") != approvals.APPROVE
             run.append(conversation, TOOL_RESULT, {
                 "call_id": call_id, "name": part.get("tool_name"), **shown,
                 "turn": run.task_id, "by": "framework",
