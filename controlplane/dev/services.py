@@ -600,10 +600,24 @@ def write_env_file(path: Path, values: dict[str, str]) -> None:
     tmp.replace(path)
 
 
+def read_env_file(path: Path) -> dict[str, str]:
+    """The ``KEY=VALUE`` lines :func:`write_env_file` wrote; empty if there is no file."""
+    if not path.exists():
+        return {}
+    pairs = (line.split("=", 1) for line in path.read_text().splitlines() if "=" in line)
+    return {key.strip(): value.strip() for key, value in pairs}
+
+
 def ensure(env_file: Path, data_dir: Path) -> dict[str, str]:
-    """Make Postgres and Redis available and write their URLs to ``env_file``."""
-    db_url = os.environ.get("DATABASE_URL") or DEFAULT_DATABASE_URL
-    redis_url = os.environ.get("REDIS_URL") or DEFAULT_REDIS_URL
+    """Make Postgres and Redis available and write their URLs to ``env_file``.
+
+    A URL not given in the environment is the one ``env_file`` already names, then the
+    default: every ``make`` target runs this first, and a checkout pointed once at its
+    own database (``DATABASE_URL=... make services``) must not be moved back to the
+    shared default by the next ``make bench`` or ``make fuzz``."""
+    before = read_env_file(env_file)
+    db_url = os.environ.get("DATABASE_URL") or before.get("DATABASE_URL") or DEFAULT_DATABASE_URL
+    redis_url = os.environ.get("REDIS_URL") or before.get("REDIS_URL") or DEFAULT_REDIS_URL
     with _locked(data_dir):
         pg = resolve_postgres(db_url, data_dir)
         print(pg.description, flush=True)
