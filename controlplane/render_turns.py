@@ -1,0 +1,120 @@
+"""Live-page renders taken in turns by account.
+
+A process renders its live pages on a few threads (``consumers.PAGE_THREADS``). Renders
+are shared per page view (page, role, parameters), so an account that opens many
+sockets on distinct filters asks for as many renders per commit; taken first come,
+first served, they would hold every thread and queue every other account's page
+behind them. Here a render waits for its turn:
+
+- at most ``per_account`` renders of one account run at once (``RENDERS_PER_ACCOUNT``,
+  2 of the 4 threads), so one account never holds more than that many threads and
+  the others always have the rest;
+- when a thread frees, it goes to the waiting account whose last turn is the oldest
+  (an account that had none goes first), that account's oldest waiting render: with
+  several accounts waiting, a render waits behind at most one render of each other
+  account, however many sockets those accounts hold.
+
+A render shared by several accounts waits in each of their queues and is made at the
+first turn any of them gets, charged to that account.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter, OrderedDict, deque
+from collections.abc import Awaitable, Callable, Hashable
+from typing import TypeVar
+
+T = TypeVar("T")
+
+RENDERS_PER_ACCOUNT = 2
+"""Renders one account may have running at once in a process."""
+
+
+class Turn:
+    """One render waiting for a thread, for the accounts that asked for it."""
+
+    def __init__(self, accounts: set[Hashable]) -> None:
+        self.accounts = set(accounts)
+        self.granted: asyncio.Future[Hashable] = asyncio.get_running_loop().create_future()
+        self.left = False  # its caller stopped waiting
+
+    @property
+    def waiting(self) -> bool:
+        return not self.left and not self.granted.done()
+
+
+class RenderTurns:
+    """Hands the render threads out fairly between accounts (module docstring)."""
+
+    def __init__(self, threads: int, per_account: int = RENDERS_PER_ACCOUNT) -> None:
+        self.threads = threads
+        self.per_account = per_account
+        self.running: Counter[Hashable] = Counter()
+        self._busy = 0
+        # Accounts with renders waiting, the one whose last turn is the oldest first.
+        self._queues: OrderedDict[Hashable, deque[Turn]] = OrderedDict()
+
+    def ask(self, accounts: set[Hashable]) -> Turn:
+        turn = Turn(accounts)
+        for account in turn.accounts:
+            self._enqueue(account, turn)
+        self._hand_out()
+        return turn
+
+    def join(self, turn: Turn, account: Hashable) -> None:
+        """Another account wants what ``turn`` renders: it waits in its queue too."""
+        if turn.waiting and account not in turn.accounts:
+            turn.accounts.add(account)
+            self._enqueue(account, turn)
+            self._hand_out()
+
+    async def run(self, turn: Turn, work: Callable[[], Awaitable[T]]) -> T:
+        """``work()`` once ``turn`` is granted; its thread handed on when it ends."""
+        try:
+            account = await asyncio.shield(turn.granted)
+        except asyncio.CancelledError:
+            turn.left = True
+            if turn.granted.done():  # granted just as the caller left: hand it on
+                self._finish(turn.granted.result())
+            raise
+        try:
+            return await work()
+        finally:
+            self._finish(account)
+
+    def _enqueue(self, account: Hashable, turn: Turn) -> None:
+        queue = self._queues.get(account)
+        if queue is None:
+            queue = self._queues[account] = deque()
+            self._queues.move_to_end(account, last=False)  # never served lately: first
+        queue.append(turn)
+
+    def _finish(self, account: Hashable) -> None:
+        self._busy -= 1
+        self.running[account] -= 1
+        if self.running[account] <= 0:
+            del self.running[account]
+        self._hand_out()
+
+    def _hand_out(self) -> None:
+        while self._busy < self.threads:
+            for account, queue in list(self._queues.items()):
+                while queue and not queue[0].waiting:
+                    queue.popleft()
+                if not queue:
+                    del self._queues[account]
+                    continue
+                if self.running[account] >= self.per_account:
+                    continue
+                turn = queue.popleft()
+                if queue:
+                    self._queues.move_to_end(account)  # its turn is taken: last in line
+                else:
+                    del self._queues[account]
+                self._busy += 1
+                self.running[account] += 1
+                turn.granted.set_result(account)
+                break
+            else:
+                return
