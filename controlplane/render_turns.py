@@ -10,7 +10,8 @@ behind them. Here a render waits for its turn:
   2 of the 4 threads), so one account never holds more than that many threads and
   the others always have the rest;
 - when a thread frees, it goes to the waiting account whose last turn is the oldest
-  (an account that had none goes first), that account's oldest waiting render: with
+  (accounts with no render running that had no turn since they began waiting go
+  first, in the order they came), to that account's oldest waiting render: with
   several accounts waiting, a render waits behind at most one render of each other
   account, however many sockets those accounts hold.
 
@@ -21,7 +22,7 @@ first turn any of them gets, charged to that account.
 from __future__ import annotations
 
 import asyncio
-from collections import Counter, OrderedDict, deque
+from collections import Counter, deque
 from collections.abc import Awaitable, Callable, Hashable
 from typing import TypeVar
 
@@ -52,8 +53,12 @@ class RenderTurns:
         self.per_account = per_account
         self.running: Counter[Hashable] = Counter()
         self._busy = 0
-        # Accounts with renders waiting, the one whose last turn is the oldest first.
-        self._queues: OrderedDict[Hashable, deque[Turn]] = OrderedDict()
+        self._queues: dict[Hashable, deque[Turn]] = {}
+        # Accounts with renders waiting, in the order they get turns: those that have had
+        # none since they began waiting first (in the order they came), then the others,
+        # the one whose last turn is the oldest first.
+        self._order: list[Hashable] = []
+        self._unserved: set[Hashable] = set()
 
     def ask(self, accounts: set[Hashable]) -> Turn:
         turn = Turn(accounts)
@@ -87,7 +92,11 @@ class RenderTurns:
         queue = self._queues.get(account)
         if queue is None:
             queue = self._queues[account] = deque()
-            self._queues.move_to_end(account, last=False)  # never served lately: first
+            if self.running[account]:  # it has a turn under way: last in line
+                self._order.append(account)
+            else:
+                self._order.insert(len(self._unserved), account)
+                self._unserved.add(account)
         queue.append(turn)
 
     def _finish(self, account: Hashable) -> None:
@@ -99,17 +108,20 @@ class RenderTurns:
 
     def _hand_out(self) -> None:
         while self._busy < self.threads:
-            for account, queue in list(self._queues.items()):
+            for account in list(self._order):
+                queue = self._queues[account]
                 while queue and not queue[0].waiting:
                     queue.popleft()
+                if queue and self.running[account] >= self.per_account:
+                    continue
+                self._order.remove(account)
+                self._unserved.discard(account)
                 if not queue:
                     del self._queues[account]
                     continue
-                if self.running[account] >= self.per_account:
-                    continue
                 turn = queue.popleft()
                 if queue:
-                    self._queues.move_to_end(account)  # its turn is taken: last in line
+                    self._order.append(account)  # its turn is taken: last in line
                 else:
                     del self._queues[account]
                 self._busy += 1
