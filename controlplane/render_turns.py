@@ -7,8 +7,10 @@ first served, they would hold every thread and queue every other account's page
 behind them. Here a render waits for its turn:
 
 - at most ``per_account`` renders of one account run at once (``RENDERS_PER_ACCOUNT``,
-  2 of the 4 threads), so one account never holds more than that many threads and
-  the others always have the rest;
+  1 of the 4 threads), so one account never holds more than that many threads and
+  the others always have the rest (and the CPU it would take: a heavy render is mostly
+  the database's work, and two cores shared by two heavy renders of one account left
+  another account's page four times slower than one did);
 - when a thread frees, it goes to the waiting account whose last turn is the oldest
   (accounts with no render running that had no turn since they began waiting go
   first, in the order they came), to that account's oldest waiting render: with
@@ -28,7 +30,7 @@ from typing import TypeVar
 
 T = TypeVar("T")
 
-RENDERS_PER_ACCOUNT = 2
+RENDERS_PER_ACCOUNT = 1
 """Renders one account may have running at once in a process."""
 
 
