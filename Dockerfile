@@ -1,8 +1,10 @@
 # One image, every role: `docker run IMAGE web|worker|beat|migrate [ARGS]`
 # (deploy/entrypoint.sh -> controlplane/roles.py; docs/deploy.md).
-# Pinned base (Python 3.11, as the lock was made with) and pinned dependencies (the full
-# lock, requirements.txt); runs as an unprivileged user with production settings
-# (DJANGO_DEBUG off unless asked; DJANGO_SECRET_KEY must be given at run time).
+# Pinned base (Python 3.11, as the lock was made with) and the product's dependencies
+# only, each file checked against its hash (requirements-image.txt; the test toolchain
+# stays in requirements.txt, for `make venv`); runs as an unprivileged user with
+# production settings (DJANGO_DEBUG off unless asked; DJANGO_SECRET_KEY must be given at
+# run time).
 FROM python:3.11.7-slim-bookworm
 
 ENV PYTHONDONTWRITEBYTECODE=1 \
@@ -18,8 +20,8 @@ RUN groupadd --system --gid 10001 app \
        --shell /usr/sbin/nologin app
 
 WORKDIR /app
-COPY requirements.txt ./
-RUN pip install --no-deps -r requirements.txt && pip check
+COPY requirements-image.txt ./
+RUN pip install --no-deps --require-hashes -r requirements-image.txt && pip check
 
 # The code, owned by root and read-only to the app user; it writes only under /tmp.
 COPY manage.py pyproject.toml ./

@@ -91,6 +91,7 @@ from controlplane.reads.feed import (
     settled_global,
 )
 from controlplane.reads.pages import head_seq
+from controlplane.render_turns import RenderTurns, Turn
 from controlplane.ui.live import GLOBAL_PAGES, SESSION_PAGE
 
 log = logging.getLogger(__name__)
@@ -167,6 +168,11 @@ class SharedReads:
 shared_reads = SharedReads()
 
 
+PAGE_THREADS = 4
+"""Threads that read and render the live pages, beside Channels' one database thread
+(each with a database connection of its own): a heavy page's render holds up neither
+the feeds' reads, the sockets' sign-ins, nor the other pages' renders."""
+
 RENDERS_KEPT = 64
 """Page views whose latest render a process keeps (one entry per page, role and
 parameters watched, or per session page, role and cursor)."""
@@ -182,21 +188,30 @@ class SharedRenders:
     own clock, hints get lost, a socket is busy sending) still share it; a socket asking
     while a render for its position runs waits for that one. Other renders are shared as
     :class:`SharedReads` are, and made for the highest position their callers asked for.
+
+    A render waits for its turn on the page threads (:mod:`controlplane.render_turns`:
+    a few at once per account, accounts in turn), and is made, once it has its turn, for
+    the highest position asked for while it waited: a page view's re-renders coalesce
+    while they wait, so however many commits pass, one render brings it up to date.
     """
 
-    def __init__(self, kept: int = RENDERS_KEPT) -> None:
+    def __init__(self, kept: int = RENDERS_KEPT, turns: RenderTurns | None = None) -> None:
         self.kept = kept
+        self.turns = turns if turns is not None else RenderTurns(PAGE_THREADS)
         self._latest: OrderedDict[Hashable, tuple[int, Any]] = OrderedDict()
         self._wanted: dict[Hashable, int] = {}
         self._running: dict[Hashable, tuple[int, asyncio.Future[tuple[int, Any]]]] = {}
+        self._askers: dict[Hashable, set[Hashable]] = {}
+        self._waiting: dict[Hashable, Turn] = {}
         self._reads = SharedReads()
 
     async def render(
-        self, key: Hashable, at_least: int, render: Callable[[int], Awaitable[tuple[int, Any]]]
+        self, key: Hashable, at_least: int, render: Callable[[int], Awaitable[tuple[int, Any]]],
+        account: Hashable = None,
     ) -> tuple[int, Any]:
         """``render(at)`` (which returns ``(position, result)``, the position at least
         ``at`` unless the data is not there yet) or the kept render of ``key`` if it is at
-        ``at_least`` or beyond."""
+        ``at_least`` or beyond; ``account`` is whose turn the render waits for."""
         latest = self._latest.get(key)
         if latest is not None and latest[0] >= at_least:
             self._latest.move_to_end(key)
@@ -205,9 +220,28 @@ class SharedRenders:
         if running is not None and running[0] >= at_least:
             return await asyncio.shield(running[1])
         self._wanted[key] = max(self._wanted.get(key, at_least), at_least)
+        waiting = self._waiting.get(key)
+        if waiting is not None:
+            self.turns.join(waiting, account)  # the waiting render will cover this ask
+        else:
+            self._askers.setdefault(key, set()).add(account)
 
         async def fresh() -> tuple[int, Any]:
             target = self._wanted.pop(key, at_least)
+            latest = self._latest.get(key)
+            if latest is not None and latest[0] >= target:
+                self._askers.pop(key, None)
+                return latest  # a render made while this one was queued covers it
+            turn = self._waiting[key] = self.turns.ask(self._askers.pop(key, {account}))
+            try:
+                return await self.turns.run(turn, lambda: made_at(target))
+            finally:
+                if self._waiting.get(key) is turn:
+                    del self._waiting[key]
+
+        async def made_at(target: int) -> tuple[int, Any]:
+            del self._waiting[key]
+            target = max(target, self._wanted.pop(key, target))  # asked while it waited
             done: asyncio.Future[tuple[int, Any]] = asyncio.get_running_loop().create_future()
             done.add_done_callback(lambda f: f.cancelled() or f.exception())
             self._running[key] = (target, done)
@@ -238,10 +272,6 @@ class SharedRenders:
 
 shared_renders = SharedRenders()
 
-PAGE_THREADS = 4
-"""Threads that read and render the live pages, beside Channels' one database thread
-(each with a database connection of its own): a heavy page's render holds up neither
-the feeds' reads, the sockets' sign-ins, nor the other pages' renders."""
 PAGE_THREAD_PREFIX = "live-page"
 _page_threads = ThreadPoolExecutor(PAGE_THREADS, thread_name_prefix=PAGE_THREAD_PREFIX)
 
@@ -682,7 +712,7 @@ class SessionPageConsumer(PageMode, SessionFeedConsumer):
             return found if found is not None else (after, None)
 
         seq, html = await shared_renders.render(
-            ("session-page", session_id, can_act, after), now, render)
+            ("session-page", session_id, can_act, after), now, render, self.user.pk)
         return [(seq, html)] if html is not None else []
 
 
@@ -707,20 +737,28 @@ class GlobalPageConsumer(PageMode, GlobalFeedConsumer):
         asked = parse_qs(self.scope.get("query_string", b"").decode("latin-1"))
         params = {name: asked.get(name, [""])[-1][:200] for name in page.params}
 
-        async def settled() -> Rows:
-            return await settled_global(after, limit, select="c.id", run=on_page_thread)
+        async def settled_after(position: int) -> Rows:
+            async def settled() -> Rows:
+                return await settled_global(position, limit, select="c.id", run=on_page_thread)
 
-        rows = await shared_reads.read(("global-ids", after, limit), settled)
+            return await shared_reads.read(("global-ids", position, limit), settled)  # type: ignore[no-any-return]
+
+        rows = await settled_after(after)
         if not rows:
             return []
 
         async def render(upto: int) -> tuple[int, str]:
+            # Run once its turn came (it may have waited): made at the newest settled
+            # commit by then, so the commits that passed meanwhile need no render of
+            # their own.
+            newer = await settled_after(upto)
+            upto = int(newer[-1][0]) if newer else upto
             return upto, await on_page_thread(page.update)(upto, can_act, **params)
 
         # Made at the highest commit id any socket asked for (settled: every commit up to
         # it is in the render's snapshot), and good for any socket asking for no more.
         key = ("page", page.name, can_act, *params.values())
-        upto, html = await shared_renders.render(key, int(rows[-1][0]), render)
+        upto, html = await shared_renders.render(key, int(rows[-1][0]), render, self.user.pk)
         return [(upto, html)]
 
 

@@ -44,8 +44,8 @@ def list_sessions(
     after: str | None = query_text("id of the last session of the previous page"),
     limit: int = Query(50, ge=1, le=MAX_PAGE),
 ) -> Any:
-    """Newest first; ids sort by creation time."""
-    return reads.sessions(after, limit)
+    """Newest first; ids sort by creation time; an empty ``after`` is the first page."""
+    return reads.sessions(after or None, limit)
 
 
 @router.post("/sessions", response={201: SessionOut})
@@ -67,8 +67,8 @@ def list_conversations(
     after: str | None = query_text("id of the last conversation of the previous page"),
     limit: int = Query(100, ge=1, le=MAX_PAGE),
 ) -> Any:
-    """In creation order, a page at a time."""
-    return reads.conversations(session_id, after, limit)
+    """In creation order, a page at a time; an empty ``after`` is the first page."""
+    return reads.conversations(session_id, after or None, limit)
 
 
 @router.post("/sessions/{session_id}/conversations", response={201: ConversationOut})
@@ -146,9 +146,9 @@ def list_submissions(
     after: str | None = query_text("id of the last submission of the previous page"),
     limit: int = Query(100, ge=1, le=MAX_PAGE),
 ) -> Any:
-    """In creation order, a page at a time."""
+    """In creation order, a page at a time; an empty ``after`` is the first page."""
     reads.session(session_id)
-    return reads.submissions(session_id, after, limit)
+    return reads.submissions(session_id, after or None, limit)
 
 
 @router.post(

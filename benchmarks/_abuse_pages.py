@@ -1,0 +1,188 @@
+"""The operator's live tasks page while a viewer does its worst (part of ``abuse``).
+
+On a database of ``--tasks`` (300,000) tasks copied in with COPY (``benchmarks.ui``'s
+seeding), one real Daphne with the request rates on per account (the defaults, 10 a
+second, bursts of 50; per address off, since both accounts come from 127.0.0.1):
+
+1. quiet: an operator follows ``/ws/ui/tasks/`` (no filter, newest first) while
+   ``--commits`` commits are made ``--interval`` apart; the latency of each is from the
+   commit's return to the first frame showing it;
+2. abused: the same, while one viewer holds twenty sockets on the tasks page, each with
+   a filter of its own (a common 3-letter word of the inputs, a sort, ``page=100000``),
+   and keeps asking ``/tasks/`` for the review's search (a 2-character word, a sort,
+   ``page=100000``) and for a 3-letter word with a sort and a deep page, from two
+   threads, as fast as it is answered (429s included).
+
+Both phases run in the same process on the same server, one after the other.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from benchmarks._support import Stats, progress
+
+SHOWN = re.compile(r'id="feed-state" data-seq="(\d+)"')
+SOCKET_WORDS = ["ren", "inv", "dig", "rem", "rec", "wel", "out", "sur", "new", "voi",
+                "ges", "ind", "cei", "lco", "tag", "rve", "ewa", "nvo", "emi", "eip"]
+SORTS = ["kind", "-kind", "status", "-status", "created"]
+SEARCHES = ["/tasks/?q=re&sort=kind&page=100000", "/tasks/?q=ren&sort=-status&page=100000"]
+
+
+@dataclass
+class Phase:
+    name: str
+    samples: Stats
+    missing: int
+    requests: int = 0
+    refused: int = 0
+
+
+def accounts() -> tuple[str, str, str]:
+    """(operator token, viewer token, viewer session cookie)."""
+    from django.conf import settings
+    from django.contrib.auth.models import Group, User
+    from django.test import Client
+
+    from controlplane.access import issue_token
+
+    operator = User.objects.create_user("bench-operator")
+    operator.groups.add(Group.objects.get_or_create(name="operator")[0])
+    viewer = User.objects.create_user("bench-viewer")
+    viewer.groups.add(Group.objects.get_or_create(name="viewer")[0])
+    client = Client()
+    client.force_login(viewer)
+    cookie = f"{settings.SESSION_COOKIE_NAME}={client.cookies[settings.SESSION_COOKIE_NAME].value}"
+    return issue_token(operator, "bench"), issue_token(viewer, "bench"), cookie
+
+
+async def follow(ws: Any, seen: list[tuple[float, int]]) -> None:
+    async for message in ws:
+        for shown in SHOWN.findall(message):
+            seen.append((time.perf_counter(), int(shown)))
+
+
+async def drain(ws: Any) -> None:
+    async for _ in ws:
+        pass
+
+
+def hammer(base: str, cookie: str, stop: threading.Event, counts: list[int]) -> None:
+    n = 0
+    while not stop.is_set():
+        request = urllib.request.Request(base + SEARCHES[n % len(SEARCHES)],
+                                         headers={"Cookie": cookie})
+        n += 1
+        try:
+            with urllib.request.urlopen(request, timeout=30) as answer:
+                answer.read()
+            counts[0] += 1
+        except urllib.error.HTTPError as exc:
+            counts[0] += 1
+            counts[1] += exc.code == 429
+            if exc.code == 429:
+                stop.wait(float(exc.headers.get("Retry-After", "1")))
+        except OSError:
+            stop.wait(0.5)
+
+
+async def phase(name: str, server: Any, operator: str, viewer: str, cookie: str,
+                commits: int, interval: float, abuse: bool, viewer_does: str = "both") -> Phase:
+    from websockets.asyncio.client import connect
+
+    from benchmarks.feed import commit_one
+    from controlplane.reads.pages import last_commit_id
+    from controlplane.runtime import runtime
+
+    run = asyncio.to_thread
+    handle = await run(runtime().kernel.create_session, metadata={"benchmark": "abuse"})
+    await run(commit_one, handle, "start")
+    start = await run(last_commit_id)
+    auth = {"Authorization": f"Bearer {operator}"}
+    watcher = await connect(f"{server.ws}/ws/ui/tasks/", max_size=None, open_timeout=60,
+                            additional_headers=auth)
+    await watcher.send(json.dumps({"after": start}))
+    seen: list[tuple[float, int]] = []
+    tasks = [asyncio.create_task(follow(watcher, seen))]
+    sockets, stop, counts, threads = [], threading.Event(), [0, 0], []
+    if abuse and viewer_does in ("both", "sockets"):
+        for i, word in enumerate(SOCKET_WORDS):
+            query = f"q={word}&sort={SORTS[i % len(SORTS)]}&page=100000"
+            ws = await connect(f"{server.ws}/ws/ui/tasks/?{query}", max_size=None,
+                               open_timeout=60,
+                               additional_headers={"Authorization": f"Bearer {viewer}"})
+            await ws.send(json.dumps({"after": start}))
+            sockets.append(ws)
+            tasks.append(asyncio.create_task(drain(ws)))
+    if abuse and viewer_does in ("both", "requests"):
+        threads = [threading.Thread(target=hammer, args=(server.http, cookie, stop, counts))
+                   for _ in range(2)]
+        for thread in threads:
+            thread.start()
+    if abuse:
+        await asyncio.sleep(2)  # the viewer's load under way before the first commit
+    made: list[tuple[float, int]] = []
+    for i in range(commits):
+        await run(commit_one, handle, i)
+        made.append((time.perf_counter(), await run(last_commit_id)))
+        await asyncio.sleep(interval)
+    deadline = time.perf_counter() + 30
+    while (not seen or seen[-1][1] < made[-1][1]) and time.perf_counter() < deadline:
+        await asyncio.sleep(0.1)
+    stop.set()
+    for thread in threads:
+        thread.join()
+    for ws in [watcher, *sockets]:
+        await ws.close()
+    for task in tasks:
+        task.cancel()
+    latencies, missing = [], 0
+    for at, position in made:
+        shown = [t for t, p in seen if p >= position]
+        if shown:
+            latencies.append(shown[0] - at)
+        else:
+            missing += 1
+    return Phase(name, Stats.of(latencies), missing, counts[0], counts[1])
+
+
+def run(url: str, redis_url: str, tasks: int, commits: int, interval: float,
+        viewer_does: str = "both") -> list[Phase]:
+    from benchmarks.ui import seed_tasks
+    from controlplane.dev.processes import Daphne, process_env
+
+    progress(f"seeding {tasks} tasks (COPY)")
+    started = time.perf_counter()
+    seed_tasks(tasks)
+    progress(f"  {time.perf_counter() - started:.0f} s")
+    operator, viewer, cookie = accounts()
+    env = process_env(url, redis_url, DJANGO_DEBUG="0",
+                      USER_REQUESTS_PER_SECOND="10", USER_REQUEST_BURST="50",
+                      ADDRESS_REQUESTS_PER_SECOND="0")
+    phases = []
+    with tempfile.TemporaryDirectory() as tmp:
+        server = Daphne(Path(tmp) / "daphne.log", env)
+        progress("starting daphne")
+        server.start()
+        try:
+            for name, abuse in (("quiet", False), ("a viewer at its worst", True)):
+                progress(f"{name}: {commits} commits {interval * 1000:.0f} ms apart")
+                found = asyncio.run(phase(name, server, operator, viewer, cookie,
+                                          commits, interval, abuse, viewer_does))
+                progress(f"  p50 {found.samples.p50:.0f} ms, p99 {found.samples.p99:.0f} ms,"
+                         f" missing {found.missing}, viewer's requests {found.requests}"
+                         f" ({found.refused} refused 429)")
+                phases.append(found)
+        finally:
+            server.stop()
+    return phases

@@ -1,0 +1,165 @@
+"""One account's many live-page sockets cannot keep another account's page waiting.
+
+One viewer opens twenty tasks-page sockets, each with a filter of its own (twenty page
+views, twenty renders a commit); another account follows the tasks page too. The
+viewer's renders are held on their threads until the test lets them go, so what each
+account gets is decided by the order renders are given threads, not by how fast they
+are: the other account's frame must come while the viewer's renders are still held,
+the viewer must never hold more than its share of the threads, and the renders it asked
+for while it waited must coalesce into one per page view at the newest commit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from channels.db import database_sync_to_async
+from channels.routing import URLRouter
+from channels.testing import WebsocketCommunicator
+from django.contrib.auth.models import Group, User
+from django.db import connection
+
+from controlplane import consumers
+from controlplane.access import issue_token
+from controlplane.consumers import PAGE_THREADS, SharedRenders, websocket_urlpatterns
+from controlplane.dev.ports import reserved_redis_url
+from controlplane.reads.pages import last_commit_id
+from controlplane.render_turns import RENDERS_PER_ACCOUNT
+from controlplane.runtime import runtime
+from controlplane.ui import live
+from kernel import Draft
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+HEAVY_SOCKETS = 20
+SHOWN = re.compile(r'id="feed-state" data-seq="(\d+)"')
+
+
+@pytest.fixture(autouse=True)
+def isolated(settings: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    settings.CHANNEL_LAYERS = {}  # no hints: each socket reads on its own poll clock
+    settings.FEED_POLL_SECONDS = 0.1
+    settings.FEED_HEARTBEAT_SECONDS = 600
+    settings.USER_SOCKET_LIMIT = HEAVY_SOCKETS
+    monkeypatch.setattr(runtime().dispatcher, "deliver", lambda task, queue: None)
+    monkeypatch.setattr(consumers, "shared_renders", SharedRenders())  # none kept from before
+    with reserved_redis_url(settings.REDIS_URL) as url:  # the sockets' slots
+        settings.REDIS_URL = url
+        yield
+
+
+def token(name: str, role: str) -> str:
+    user = User.objects.create_user(name)
+    user.groups.add(Group.objects.get_or_create(name=role)[0])
+    return issue_token(user, "turns")
+
+
+def commit(value: Any) -> int:
+    handle = runtime().kernel.create_session()
+    draft = Draft(actor="user:ann")
+    draft.set("email-plan", "doc", ["n"], value)
+    handle.commit(draft)
+    return last_commit_id()
+
+
+class HeldRenders:
+    """The tasks page's renders, the heavy viewer's held until :meth:`release`."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.lock = threading.Lock()
+        self.released = threading.Event()
+        self.held_now = 0
+        self.most_held = 0
+        self.made: list[tuple[str, int]] = []  # (filter, commit id) of each render made
+        original = live.Tasks.update
+
+        def update(this: Any, seq: int, can_act: bool, **params: str) -> str:
+            heavy = params.get("q", "").startswith("heavy")
+            if heavy:
+                with self.lock:
+                    self.held_now += 1
+                    self.most_held = max(self.most_held, self.held_now)
+                try:
+                    assert self.released.wait(60), "the test never released the renders"
+                finally:
+                    with self.lock:
+                        self.held_now -= 1
+            html = original(this, seq, can_act, **params)
+            with self.lock:
+                self.made.append((params.get("q", ""), seq))
+            return html
+
+        monkeypatch.setattr(live.Tasks, "update", update)
+
+    def release(self) -> None:
+        self.released.set()
+
+
+async def opened(app: Any, key: str, query: str, after: int) -> WebsocketCommunicator:
+    socket = WebsocketCommunicator(app, f"/ws/ui/tasks/?{query}", headers=[
+        (b"authorization", f"Bearer {key}".encode())])
+    connected, _ = await socket.connect()
+    assert connected
+    await socket.send_json_to({"after": after})
+    return socket
+
+
+async def shown(socket: WebsocketCommunicator, target: int) -> int:
+    """Frames read until one shows ``target`` (or later); the position shown."""
+    position = 0
+    while position < target:
+        text = (await socket.receive_output(timeout=20))["text"]
+        position = max([position, *map(int, SHOWN.findall(text))])
+    return position
+
+
+def test_one_accounts_sockets_do_not_keep_another_accounts_page_waiting(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    held = HeldRenders(monkeypatch)
+    heavy, other = token("heavy", "viewer"), token("other", "operator")
+    start = commit("start")
+
+    async def scenario() -> tuple[int, int]:
+        app = URLRouter(websocket_urlpatterns)
+        sockets = [await opened(app, heavy, f"q=heavy{i:02}", start)
+                   for i in range(HEAVY_SOCKETS)]
+        watcher = await opened(app, other, "q=other", start)
+        try:
+            first = await database_sync_to_async(commit)("one")
+            # The heavy viewer's renders hold threads (and never let go until released);
+            # the other account's page gets its frame meanwhile.
+            assert await shown(watcher, first) == first
+            assert held.most_held <= RENDERS_PER_ACCOUNT < PAGE_THREADS
+            # Commits while the viewer's renders wait: its page views do not queue one
+            # render per commit, and the other account keeps getting its frames.
+            for value in ("two", "three"):
+                newest = await database_sync_to_async(commit)(value)
+                assert await shown(watcher, newest) == newest
+            assert held.most_held <= RENDERS_PER_ACCOUNT
+            held.release()
+            for socket in sockets:
+                assert await shown(socket, newest) == newest
+        finally:
+            held.release()
+            for socket in [*sockets, watcher]:
+                await socket.disconnect()
+            await database_sync_to_async(lambda: connection.close())()
+        consumers.end_page_threads()
+        return first, newest
+
+    first, newest = asyncio.run(scenario())
+    made = [(q, seq) for q, seq in held.made if q.startswith("heavy")]
+    views = {q for q, _ in made}
+    assert len(views) == HEAVY_SOCKETS
+    # Only the renders that were holding threads when the later commits came were made
+    # at the first commit; every other page view was rendered once, at the newest.
+    at_first = [q for q, seq in made if seq == first]
+    assert len(at_first) == RENDERS_PER_ACCOUNT
+    for view in views - set(at_first):
+        assert [seq for q, seq in made if q == view] == [newest]
