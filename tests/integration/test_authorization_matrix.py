@@ -93,6 +93,7 @@ ACTION = {"action_id": "matrix-1", "reason": "authorization matrix"}
 
 API_RULES: dict[str, list[Cell]] = {
     "GET api/sessions": [Cell("GET", "/api/sessions", api_read())],
+    "GET api/models": [Cell("GET", "/api/models", api_read())],
     "POST api/sessions": [Cell("POST", "/api/sessions", api_act(201), {"metadata": {}})],
     "GET api/sessions/<session_id>": [
         Cell("GET", "/api/sessions/{session}", api_read()),
