@@ -1,6 +1,7 @@
 # Durable control plane: set-up, services, lint, tests.
 #   make demo   - venv + services + migrations (+ the demo processes, later)
-#   make test   - venv + services + lint + pytest   (what .ci/run runs)
+#   make test   - venv + services + lint + pytest but the whole-stack suites (.ci/run runs
+#                 it, then make test-stack)
 # GNU make 4.3; each recipe runs as one bash script (.ONESHELL) with -euo pipefail.
 
 SHELL := /bin/bash
@@ -19,11 +20,12 @@ BENCH_ARGS ?=
 # Sources the URLs that `make services` resolved (shared or embedded servers).
 LOAD_SERVICES := set -a; . ./$(SERVICES_ENV); set +a
 
-.PHONY: help venv services services-stop browser nginx lint test bench soak fuzz property screenshot demo clean distclean
+.PHONY: help venv services services-stop browser nginx lint test test-stack bench soak fuzz property screenshot demo clean distclean
 
 help:
 	@echo "make demo    set up the venv, Postgres, Redis and the database, then run the demo"
-	@echo "make test    lint + the whole test suite (what CI runs)"
+	@echo "make test    lint + the test suite but the whole-stack suites (under 15 minutes)"
+	@echo "make test-stack  the whole-stack suites: killed workers, the browser, the soak"
 	@echo "make soak    SOAK_SECONDS (600) of seeded load and faults on the real stack"
 	@echo "make fuzz    schemathesis (every check) + huge numbers and deep nesting vs a real server"
 	@echo "make property  PROPERTY_MINUTES (30) of the differential property test (tests/property)"
@@ -82,17 +84,27 @@ lint: venv
 	echo "==> mypy $(wildcard kernel controlplane)"
 	$(VENV)/bin/mypy $(wildcard kernel controlplane)
 
-test: venv services browser nginx
+# `make test` is the inner loop and stays under 15 minutes: lint, then every test but the
+# three suites that run the whole stack for minutes (Celery workers killed and waited
+# out, Chromium against real servers, the soak). `make test-stack` runs those;
+# CI (.ci/run) runs both.
+STACK_SUITES := tests/chaos tests/browser tests/soak
+test: venv services nginx
 	@$(MAKE) --no-print-directory lint
 	$(LOAD_SERVICES)
-	echo "==> pytest tests/ (DATABASE_URL=$$DATABASE_URL REDIS_URL=$$REDIS_URL)"
-	$(VENV)/bin/pytest $(PYTEST_ARGS)
+	echo "==> pytest tests/ but $(STACK_SUITES) (DATABASE_URL=$$DATABASE_URL REDIS_URL=$$REDIS_URL)"
+	$(VENV)/bin/pytest $(addprefix --ignore=,$(STACK_SUITES)) $(PYTEST_ARGS)
+
+test-stack: venv services browser
+	@$(LOAD_SERVICES)
+	echo "==> pytest $(STACK_SUITES) (DATABASE_URL=$$DATABASE_URL REDIS_URL=$$REDIS_URL)"
+	$(VENV)/bin/pytest $(STACK_SUITES) $(PYTEST_ARGS)
 
 # The soak (tests/soak): the real stack under seeded load and faults, then the invariants.
 # SOAK_SECONDS (default 600) and SOAK_SEED (default: a fresh one, printed) reproduce a run;
 # SOAK_FAULTS=all (or some of values,orphans,cancel-truth,bulk-set) adds the faults and
 # checks today's kernel cannot survive yet (docs/reliability.md);
-# the JSON report goes to .data/soak-report.json. `make test` runs it for 20 s.
+# the JSON report goes to .data/soak-report.json. `make test-stack` runs it for 20 s.
 SOAK_SECONDS ?= 600
 soak: venv services
 	@$(LOAD_SERVICES)

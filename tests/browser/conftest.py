@@ -28,7 +28,7 @@ def browser() -> Iterator[Any]:
     this thread while it is started, which Django's sync-only calls (and the async
     views that the test client runs through ``async_to_sync``) must not see later."""
     if not os.path.exists(CHROMIUM):
-        pytest.fail(f"{CHROMIUM} is missing: `make test` installs Debian's chromium as root")
+        pytest.fail(f"{CHROMIUM} is missing: `make test-stack` installs Debian's chromium as root")
     from playwright.sync_api import sync_playwright
 
     # The test's own ORM calls between browser steps are plain synchronous calls.
