@@ -26,9 +26,10 @@ Protocol, JSON text frames both ways:
    every commit after the cursor, in order, each exactly once on this socket; and
    ``{"type": "heartbeat", "seq": last}`` (``"id"`` on ``ws/feed/``) when nothing was sent
    for ``FEED_HEARTBEAT_SECONDS``. Reconnect at any time with the last seq/id you saw.
-   On a session feed, ``{"type": "preview", "task_id", "kind", "key", "path", "value"}``
-   frames carry progress that is not committed yet (streamed model text, tool output):
-   outside the seq order, latest value wins, possibly lost; a later commit holds it.
+   On a session feed, ``{"type": "preview", "task_id", "kind", "key", "path", "value",
+   "after"}`` frames carry progress that is not committed yet (streamed model text, tool
+   output): outside the seq order, latest value wins, possibly lost; a commit after seq
+   ``after`` (the task's last commit before the preview) holds it.
    A client that asks for it with ``"batch": true`` (or ``?batch=1``) receives instead
    ``{"type": "commits", "commits": [<commit frame>, ...]}``: the commits of one read of
    the log, up to :data:`FRAME_COMMITS` per frame, in order. Catching up on a long log
@@ -685,11 +686,17 @@ class SessionPageConsumer(PageMode, SessionFeedConsumer):
         await self.send_shown_previews()
 
     async def send_rows(self, rows: Rows) -> None:
-        """A commit holds the previews before it: they leave the page with its update."""
+        """A commit holds the previews before it: they leave the page with its update.
+        Only those made before it: a render that reaches the page late (it waited for
+        its turn) shows a commit the preview came after, which does not hold it."""
         await super().send_rows(rows)
         if rows and self.previews:
-            self.previews.clear()
-            await self.send_shown_previews()
+            upto = max(seq for seq, _ in rows)
+            held = [k for k, p in self.previews.items() if int(p.get("after") or 0) < upto]
+            for key in held:
+                del self.previews[key]
+            if held:
+                await self.send_shown_previews()
 
     async def send_shown_previews(self) -> None:
         with suppress(Exception):  # the socket may be closing: a preview may be lost

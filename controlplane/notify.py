@@ -186,6 +186,7 @@ class Notifier:
             message.setdefault("previews", []).append({
                 "task_id": preview.task_id, "kind": preview.kind, "key": preview.key,
                 "path": list(preview.path), "value": preview.value,
+                "after": preview.after_seq,
             })
         sends = [
             layer.group_send(group, {"type": HINT, "group": group, **message})

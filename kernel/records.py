@@ -333,6 +333,9 @@ class Preview:
     key: str
     path: tuple[str, ...]
     value: JSON
+    after_seq: int = 0
+    """The seq of the task's last commit before it: only a later commit holds its value,
+    so a view that shows commits late must not let an earlier one take it away."""
 
 
 @dataclass(frozen=True, slots=True)

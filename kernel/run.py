@@ -304,7 +304,8 @@ class Run:
         before that loses it, so recovery never depends on it."""
         self._lease.previews[(kind, key, tuple(path))] = value
         self._lease.kernel.publish_preview(
-            Preview(self.task.session_id, self.task_id, kind, key, tuple(path), value)
+            Preview(self.task.session_id, self.task_id, kind, key, tuple(path), value,
+                    self.task.updated_seq)
         )
 
     def spawn(self, kind: str, input: JSON, *, owned: bool = True) -> str:

@@ -198,7 +198,7 @@ def test_previews_reach_the_session_feed_outside_the_seq_order(
         while previews[-1]["value"] != text:
             previews.append(client.frame(timeout=5))
         assert previews[-1] == {"type": "preview", "task_id": "task_x", "kind": "agent-progress",
-                                "key": "task_x", "path": ["text"], "value": text}
+                                "key": "task_x", "path": ["text"], "value": text, "after": 0}
         shown = page.ws.recv(timeout=5)
         while "&lt;b&gt;partial&lt;/b&gt; answer" not in shown:
             shown = page.ws.recv(timeout=5)
