@@ -185,9 +185,8 @@ def resume_graph(request: HttpRequest, task_id: str) -> HttpResponse:
     try:
         require_operator(request.user)
         reason, action_id = _reason_and_id(request)
-        checkpoint_id = request.POST.get("checkpoint_id", "").strip()
-        if not checkpoint_id:
-            raise Invalid("checkpoint_id: the checkpoint the page showed the run waiting at")
+        checkpoint_id = _required_text(
+            request, "checkpoint_id", "the checkpoint the page showed the run waiting at")
         value = _json_field(request, "value", required=True)
         result = commands.resume_graph(request.user, task_id, action_id, reason,
                                        checkpoint_id, value)
@@ -205,9 +204,7 @@ def fork_graph(request: HttpRequest, session_id: str) -> HttpResponse:
     try:
         require_operator(request.user)
         reason, action_id = _reason_and_id(request)
-        checkpoint_id = request.POST.get("checkpoint_id", "").strip()
-        if not checkpoint_id:
-            raise Invalid("checkpoint_id: the checkpoint to fork from")
+        checkpoint_id = _required_text(request, "checkpoint_id", "the checkpoint to fork from")
         values = _json_field(request, "values", required=False)
         result = commands.fork_graph(request.user, session_id, action_id, reason,
                                      checkpoint_id, values)
@@ -216,6 +213,14 @@ def fork_graph(request: HttpRequest, session_id: str) -> HttpResponse:
     done = "already done" if result.replayed else "done"
     return _answer(request, 200, f"fork {done}: commit seq {result.seq}. May repeat: "
                    + "; ".join(result.may_repeat))
+
+
+def _required_text(request: HttpRequest, name: str, what: str) -> str:
+    """A form's text field that must be given: 422 naming it and what it is otherwise."""
+    text = request.POST.get(name, "").strip()
+    if not text:
+        raise Invalid(f"{name}: {what}")
+    return text
 
 
 def _json_field(request: HttpRequest, name: str, *, required: bool) -> Any:
