@@ -363,6 +363,10 @@ class Recovery:
 
     killed_after: int
     orphans: int
+    # Orphans with an ``advance`` message still queued (a duplicate the dispatcher sent):
+    # a live worker that takes it claims the task once its lease has lapsed, no sweep
+    # needed.
+    orphans_queued: int
     pending_at_kill: int
     queue_at_kill: int  # messages in the ``hands`` queue, duplicates included
     unacked_at_kill: int
@@ -643,6 +647,7 @@ def measure_recovery(bench: Bench, cluster: Cluster, config: Config, redis_url: 
     return Recovery(
         killed_after=done_at_kill,
         orphans=len(orphans),
+        orphans_queued=len(set(orphans) & queued),
         pending_at_kill=len(pending),
         queue_at_kill=queue_length,
         unacked_at_kill=unacked,

@@ -84,8 +84,10 @@ def test_batch_benchmark_end_to_end() -> None:
         # before Celery logged it leaves that one run unlogged
         lost = config.workers if name == "recovery batch" else 0
         assert act.phases >= EMAILS + 2 - lost
-        # The emails the dead held are dispatched again by a sweep, after their leases.
-        assert act.redelivered >= (rec.orphans if name == "recovery batch" else 0)
+        # The emails the dead held are dispatched again by a sweep, after their leases,
+        # unless a message for them was still queued (a live worker's claim takes them).
+        swept = rec.orphans - rec.orphans_queued if name == "recovery batch" else 0
+        assert act.redelivered >= swept, (act, rec)
 
     section = render(result)
     assert section.startswith(HEADING + "\n")
