@@ -55,11 +55,7 @@ def act(request: HttpRequest, target: str, action: str) -> HttpResponse:
         result = ACTIONS[action](request, target, action_id, reason)
     except Exception as exc:
         return _refused(request, exc)
-    done = "already done" if result.replayed else "done"
-    note = f"{result.action} {done}: commit seq {result.seq}."
-    if result.may_repeat:
-        note += " May repeat: " + "; ".join(result.may_repeat)
-    return _answer(request, 200, note)
+    return _done(request, result)
 
 
 @require_POST
@@ -96,8 +92,7 @@ def decide_call(request: HttpRequest, session_id: str, call_id: str) -> HttpResp
                                       decision, seen, _edited(request, decision))
     except Exception as exc:
         return _refused(request, exc)
-    done = "already done" if result.replayed else "done"
-    return _answer(request, 200, f"{result.action} {done}: commit seq {result.seq}.")
+    return _done(request, result)
 
 
 @require_GET
@@ -130,11 +125,7 @@ def restart(request: HttpRequest, task_id: str) -> HttpResponse:
                                        _seq(request.POST, "expected_seq"))
     except Exception as exc:
         return _refused(request, exc)
-    done = "already done" if result.replayed else "done"
-    note = f"restart {done}: commit seq {result.seq}."
-    if result.may_repeat:
-        note += " Made again: " + "; ".join(result.may_repeat)
-    return _answer(request, 200, note)
+    return _done(request, result, "restart", repeated="Made again")
 
 
 @require_POST
@@ -149,8 +140,19 @@ def migrate(request: HttpRequest, task_id: str) -> HttpResponse:
                                               _seq(request.POST, "expected_seq"))
     except Exception as exc:
         return _refused(request, exc)
+    return _done(request, result, "migrate")
+
+
+def _done(request: HttpRequest, result: commands.ActionResult, action: str = "",
+          repeated: str = "May repeat") -> HttpResponse:
+    """The note an action that landed answers with: what it did (or that an earlier
+    request under the same action id already did it), its commit, and what may run
+    again because of it."""
     done = "already done" if result.replayed else "done"
-    return _answer(request, 200, f"migrate {done}: commit seq {result.seq}.")
+    note = f"{action or result.action} {done}: commit seq {result.seq}."
+    if result.may_repeat:
+        note += f" {repeated}: " + "; ".join(result.may_repeat)
+    return _answer(request, 200, note)
 
 
 def _seq(values: Any, name: str) -> int:
@@ -192,8 +194,7 @@ def resume_graph(request: HttpRequest, task_id: str) -> HttpResponse:
                                        checkpoint_id, value)
     except Exception as exc:
         return _refused(request, exc)
-    done = "already done" if result.replayed else "done"
-    return _answer(request, 200, f"resume {done}: commit seq {result.seq}.")
+    return _done(request, result, "resume")
 
 
 @require_POST
@@ -210,9 +211,7 @@ def fork_graph(request: HttpRequest, session_id: str) -> HttpResponse:
                                      checkpoint_id, values)
     except Exception as exc:
         return _refused(request, exc)
-    done = "already done" if result.replayed else "done"
-    return _answer(request, 200, f"fork {done}: commit seq {result.seq}. May repeat: "
-                   + "; ".join(result.may_repeat))
+    return _done(request, result, "fork")
 
 
 def _required_text(request: HttpRequest, name: str, what: str) -> str:
