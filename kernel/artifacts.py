@@ -25,6 +25,7 @@ from datetime import datetime, timedelta
 from typing import Any, Protocol
 
 from .errors import KernelError
+from .values import storable
 
 JSON = Any
 REFERENCE = "artifact"
@@ -147,9 +148,13 @@ def is_reference(value: JSON) -> bool:
         value[REFERENCE].startswith("sha256:")
 
 
-def offload(store: ArtifactStore, value: JSON, threshold: int) -> JSON:
+def offload(store: ArtifactStore, value: JSON, threshold: int, what: str = "value") -> JSON:
     """``value`` itself when its JSON is at most ``threshold`` bytes; otherwise stored as
-    an artifact (completely, before this returns) and a reference in its place."""
+    an artifact (completely, before this returns) and a reference in its place.
+
+    A value no storage holds is refused first, naming ``what`` (the record and its field),
+    as the record would refuse it: measuring it must not fail otherwise, nor store it."""
+    value = storable(value, what)
     text = json.dumps(value, ensure_ascii=False, separators=(",", ":"), sort_keys=True)
     data = text.encode()
     if len(data) <= threshold:

@@ -256,13 +256,14 @@ class Run:
     def entries(self, conversation_id: str) -> list[Entry]:
         return self._lease.kernel.entries(conversation_id)
 
-    def store_large(self, value: JSON, threshold: int) -> JSON:
+    def store_large(self, value: JSON, threshold: int, what: str) -> JSON:
         """``value``, or a reference to it stored as an artifact when its JSON passes
         ``threshold`` bytes (:func:`kernel.artifacts.offload`): stored completely before
-        this returns, so the commit that holds the reference comes after it."""
+        this returns, so the commit that holds the reference comes after it. A value no
+        storage holds is refused naming ``what`` (the record and its field)."""
         store = self._lease.kernel.artifacts
         assert store is not None
-        return offload(store, value, threshold)
+        return offload(store, value, threshold, what)
 
     def context(self, conversation_id: str) -> list[Entry]:
         """The entries a model request is built from (:meth:`Kernel.context`)."""

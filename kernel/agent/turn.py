@@ -484,7 +484,8 @@ def register_agent(
         tool = toolbox.get(run.input["call"]["name"])
         if tool is None or tool.artifact_above is None:
             return result
-        return run.store_large(result, tool.artifact_above)
+        return run.store_large(result, tool.artifact_above,
+                               f"task {run.task.id} tool {tool.name!r} result")
 
 
 def model_span(

@@ -100,7 +100,7 @@ def test_a_value_at_or_below_the_threshold_stays_in_the_record() -> None:
     clock = ManualClock()
     store = InMemoryArtifacts(clock.now)
     assert offload(store, {"ok": 1}, 4_096) == {"ok": 1}
-    assert offload(store, REPORT, 10**9) is REPORT
+    assert offload(store, REPORT, 10**9) == REPORT
     assert not store._objects
 
 
@@ -172,3 +172,42 @@ def test_the_sweep_removes_only_old_unreferenced_artifacts() -> None:
     with pytest.raises(MissingArtifact):
         store.get(orphan)
     assert store.get(kept)
+
+
+def test_a_value_storage_refuses_is_refused_naming_its_field_before_any_offload() -> None:
+    """A tool that stores large results returning a value no storage holds (a datetime)
+    is refused as every record's value is, naming the record and the field: not a
+    TypeError from measuring it, and nothing stored."""
+    from datetime import UTC, datetime
+
+    from kernel import UnstorableValue
+
+    clock = ManualClock()
+    store = InMemoryArtifacts(clock.now)
+    with pytest.raises(UnstorableValue, match=r"task t1 result cannot be stored: at \['at'\]"):
+        offload(store, {"at": datetime(2026, 12, 3, tzinfo=UTC)}, 4_096, "task t1 result")
+    with pytest.raises(UnstorableValue, match="NUL"):
+        offload(store, {"text": "a\x00b" * 5_000}, 4_096, "task t1 result")
+    assert not store._objects
+
+
+def test_a_tool_whose_large_result_storage_refuses_ends_naming_the_result() -> None:
+    from datetime import UTC, datetime
+
+    clock = ManualClock()
+    store = InMemoryArtifacts(clock.now)
+    provider = ScriptedProvider(reader)
+    toolbox = Toolbox()
+    toolbox.add(Tool("report", "A large report", {"type": "object"}, Replay.SAFE,
+                     run=lambda run, args: {"at": datetime(2026, 12, 3, tzinfo=UTC)},
+                     artifact_above=4_096))
+    registry = Registry()
+    register_agent(registry, {"scripted": provider}, toolbox, "scripted")
+    kernel = Kernel(InMemoryStorage(), registry, clock, artifacts=store)
+    handle, conversation = ask(kernel)
+    Scheduler(kernel, "w").run_until_idle()
+    told = [e.payload for e in kernel.entries(conversation) if e.kind == "tool_result"]
+    [payload] = told
+    assert "tool 'report' result cannot be stored: at ['at'] a datetime" in payload["error"]
+    assert "TypeError" not in payload["error"]
+    assert not store._objects
