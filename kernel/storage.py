@@ -10,7 +10,7 @@ Postgres one cannot drift apart in meaning: the conformance suite checks both.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, NamedTuple, Protocol
@@ -29,7 +29,7 @@ from .records import (
     Task,
     WriteSet,
 )
-from .retention import Progress, PruneReport, RetentionPolicy, quiet
+from .retention import Progress, PruneReport, RetentionPolicy, TrimReport, quiet
 
 JSON = Any
 FaultHook = Callable[[str], None]
@@ -172,7 +172,8 @@ class Storage(Protocol):
     def commits_after(self, session_id: str, after_seq: int, limit: int) -> list[Commit]:
         """The session's commits after ``after_seq`` that are still in the log, in seq
         order: when ``after_seq`` is below the session's ``pruned_seq``, the first one
-        returned is ``pruned_seq + 1`` (or none if the whole log was pruned)."""
+        returned is ``pruned_seq + 1`` (or none if the whole log was pruned). Rows kept
+        at or below ``pruned_seq`` (keyed ones, by :meth:`trim`) are never returned."""
         ...
 
     def prune(
@@ -185,6 +186,19 @@ class Storage(Protocol):
         its history or the marker and none of it (a session that committed since it was
         found due is left alone).
         ``dry_run`` counts what would go and changes nothing."""
+        ...
+
+    def trim(
+        self, session_id: str, upto_seq: int, forget: Mapping[str, int] | None = None
+    ) -> TrimReport:
+        """Remove a live (or any) session's history up to ``upto_seq`` (at most its head)
+        as :mod:`kernel.retention` says: unkeyed commit rows at or below it, document
+        versions before each document's newest baseline at or before it, and the
+        documents of the kinds in ``forget`` (kind -> its registered version) whose
+        current version, at that kind version, is a baseline holding ``{}`` written at
+        or before it. ``pruned_seq`` becomes ``upto_seq`` if that is higher. It holds
+        the session's commit order meanwhile, so no commit lands halfway through it.
+        Raises :class:`~kernel.errors.UnknownRecord` for an unknown session."""
         ...
 
     # -- reads of committed state ------------------------------------------

@@ -26,7 +26,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import datetime, timedelta
 from typing import Any
@@ -50,7 +50,7 @@ from kernel.records import (
     WriteSet,
     covered_last,
 )
-from kernel.retention import Progress, PruneReport, RetentionPolicy, quiet
+from kernel.retention import Progress, PruneReport, RetentionPolicy, TrimReport, quiet
 from kernel.storage import DOUBLINGS, NO_PREFETCH, Build, FaultHook, Prefetch, expiry
 
 from . import fast_commits, retention
@@ -292,7 +292,8 @@ class PostgresStorage:
         return written
 
     def commits_after(self, session_id: str, after_seq: int, limit: int) -> list[Commit]:
-        rows = self._all(sql.COMMITS_AFTER, [session_id, after_seq, limit])
+        rows = self._all(
+            sql.COMMITS_AFTER, {"session": session_id, "after": after_seq, "limit": limit})
         return [COMMIT.from_sql(r) for r in rows]
 
     def prune(
@@ -300,6 +301,11 @@ class PostgresStorage:
         progress: Progress = quiet,
     ) -> PruneReport:
         return retention.prune(connections[self.using], policy, now, dry_run, progress)
+
+    def trim(
+        self, session_id: str, upto_seq: int, forget: Mapping[str, int] | None = None
+    ) -> TrimReport:
+        return retention.trim(connections[self.using], session_id, upto_seq, forget or {})
 
     # -- reads ---------------------------------------------------------------
 

@@ -82,7 +82,13 @@ SESSION_ADVANCE = (
 )
 COMMIT_INSERT = insert(COMMIT, " RETURNING id")
 
-COMMITS_AFTER = select(COMMIT, "session_id = %s AND seq > %s", " ORDER BY seq LIMIT %s")
+# Rows a trim kept at or below pruned_seq (keyed ones) are not the feed's.
+COMMITS_AFTER = select(
+    COMMIT,
+    f"session_id = %(session)s AND seq > greatest(%(after)s, (SELECT pruned_seq FROM "
+    f"{SESSION.name} WHERE id = %(session)s))",
+    " ORDER BY seq LIMIT %(limit)s",
+)
 COMMIT_BY_KEY = select(COMMIT, "session_id = %s AND key = %s")
 
 # -- tasks -----------------------------------------------------------------------------

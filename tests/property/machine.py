@@ -19,10 +19,11 @@ lease its worker holds; a worker holds no lease once its operation has returned.
 The tasks are of one kind whose input is a script (:func:`script`): each phase plays it
 from its checkpoint (:meth:`.worlds.World.play`), so one program makes each world's
 phases continue inline, end, spawn and join children (``all_settled``, ``fail_fast``),
-wait on other tasks, on signals or for a time, append entries, write documents, commit
-an intent, raise, and meddle while they run: cancel or signal a task (their own too:
-a cancel racing the task's own ending), let their own lease run out and another worker
-take it, lose their database connection, take long (a woken worker then commits the
+wait on other tasks, on signals or for a time, append entries, write documents (and
+empty them, which a trim of the session's history then removes), commit an intent,
+raise, and meddle while they run: cancel or signal a task (their own too: a cancel
+racing the task's own ending), let their own lease run out and another worker take it,
+lose their database connection, take long (a woken worker then commits the
 endings it holds first), or wake a paused holder of a lease.
 
 Families of steps can be left out, to look past a disagreement already known:
@@ -48,6 +49,7 @@ from kernel.records import Submission, WriteSet
 from tests.conformance.world import Crash
 
 from .worlds import (
+    DOCUMENT,
     KIND,
     LEASE,
     MONOTONIC,
@@ -88,7 +90,7 @@ def _plain_step() -> st.SearchStrategy[dict[str, Any]]:
     return st.builds(
         lambda op, bad: {"op": op, "bad": bad},
         st.sampled_from(("next", "next", "next", "intent", "succeed", "succeed", "fail",
-                         "raise", "append", "doc")),
+                         "raise", "append", "doc", "empty")),
         BAD,
     )
 
@@ -517,6 +519,21 @@ class Differential(RuleBasedStateMachine):
                                          interrupted=interrupted)
 
         self.each("release", op)
+
+    @precondition(lambda self: bool(self.sessions))
+    @rule(session=INDEX, back=st.integers(min_value=0, max_value=4))
+    def trim(self, session: int, back: int) -> None:
+        """A live session's history is trimmed up to a few commits before its head
+        (kernel.retention): its keyed commits are still refused after it, and its tasks
+        go on from what is left."""
+        session_id, _ = self.session_at(session)
+
+        def op(world: World) -> Any:
+            head = world.kernel.storage.session(session_id)
+            assert head is not None
+            return world.kernel.trim(session_id, head.head_seq - back, forget=[DOCUMENT])
+
+        self.each("trim", op)
 
     # -- rules: time, sweeps, faults -----------------------------------------------------------
 
