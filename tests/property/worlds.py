@@ -372,9 +372,6 @@ class World:
                     run.append(run.input["conv"], "note", {"v": value})
                 elif op == "doc":
                     run.set(DOCUMENT, "n", [task.id], value)
-                elif op == "empty":  # a document of its own, then emptied (trim forgets it)
-                    run.set(DOCUMENT, task.id, ["v"], value)
-                    run.set(DOCUMENT, task.id, [], {})
                 elif op == "meddle":
                     self.meddle(run, step)
                 else:
