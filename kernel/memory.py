@@ -51,6 +51,7 @@ from .storage import (
     FaultHook,
     JoinState,
     Prefetch,
+    emptied,
     expiry,
     redelivery_wait,
 )
@@ -238,8 +239,7 @@ class InMemoryStorage:
                 if (
                     forget.get(head.kind) == head.kind_version
                     and head.updated_seq <= upto
-                    and head.baseline_version == head.version
-                    and versions and versions[-1].baseline == {}
+                    and emptied(head, versions[-1] if versions else None)
                 ):
                     del self._heads[place]
                     self._versions.pop(head.id, None)
@@ -308,6 +308,23 @@ class InMemoryStorage:
         with self._lock:
             head = self.document_head(session_id, kind, key)
             return None if head is None else (head, self.document_versions(head.id, head.version))
+
+    def newest_document(
+        self, session_id: str, kind: str, prefix: str
+    ) -> tuple[DocumentHead, list[DocumentVersion]] | None:
+        with self._lock:
+            found = sorted(
+                (
+                    head for (session, of_kind, key), head in self._heads.items()
+                    if session == session_id and of_kind == kind and key.startswith(prefix)
+                ),
+                key=lambda head: head.key, reverse=True,
+            )
+            for head in found:
+                versions = self._versions.get(head.id, [])
+                if not emptied(head, versions[-1] if versions else None):
+                    return head, self.document_versions(head.id, head.version)
+            return None
 
     def submission(self, submission_id: str) -> Submission | None:
         with self._lock:

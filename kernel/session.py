@@ -141,6 +141,17 @@ class Kernel:
         head, versions = found
         return document_kind.upgrade(head.kind_version, replay(versions)), head.version
 
+    def newest_document(self, session_id: str, kind: str, prefix: str) -> tuple[str, JSON] | None:
+        """The key and value now of the session's document of ``kind`` with the greatest
+        key that starts with ``prefix``, passing over emptied ones; one read
+        (:meth:`~kernel.storage.Storage.newest_document`). None if there is none."""
+        found = self.storage.newest_document(session_id, kind, prefix)
+        if found is None:
+            return None
+        head, versions = found
+        value = self.registry.document_kind(kind).upgrade(head.kind_version, replay(versions))
+        return head.key, value
+
     def document_version(self, session_id: str, kind: str, key: str) -> int:
         head = self.storage.document_head(session_id, kind, key)
         return head.version if head else 0

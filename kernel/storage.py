@@ -125,6 +125,16 @@ def redelivery_wait(redeliver_after: timedelta, attempts: int) -> timedelta:
     return redeliver_after * (1 << doublings)
 
 
+def emptied(head: DocumentHead, newest: DocumentVersion | None) -> bool:
+    """Whether a document was emptied: its current version (``newest``) is a baseline
+    holding ``{}`` (a commit that replaced its whole value with it). What
+    :meth:`Storage.trim` may forget and :meth:`Storage.newest_document` passes over."""
+    return (
+        newest is not None and head.baseline_version == head.version == newest.version
+        and newest.has_baseline and newest.baseline == {}
+    )
+
+
 def expiry(task: Task, now: datetime) -> datetime:
     """When a running task's lease ran out (``now`` if it has none): its recovery's due time."""
     return task.lease_until or now
@@ -238,6 +248,16 @@ class Storage(Protocol):
         """The document's head and the versions that rebuild its current value
         (:meth:`document_versions` up to the head's version), read together: what a read
         of a document's current value needs, in one round trip where the storage can."""
+        ...
+
+    def newest_document(
+        self, session_id: str, kind: str, prefix: str
+    ) -> tuple[DocumentHead, list[DocumentVersion]] | None:
+        """Of the session's documents of ``kind`` whose key starts with ``prefix``, the
+        one with the greatest key that is not emptied (:func:`emptied`), read as
+        :meth:`document_now` reads it: one round trip where the storage can. ``None``
+        when there is none. Keys compare by code point (the Postgres one, by the
+        database's collation: the same for keys of one shape, such as fixed-length ids)."""
         ...
 
     def submission(self, submission_id: str) -> Submission | None: ...

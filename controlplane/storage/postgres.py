@@ -351,16 +351,17 @@ class PostgresStorage:
         with self._cursor() as cur:
             return read_versions(cur, document_id, upto)
 
+    def newest_document(
+        self, session_id: str, kind: str, prefix: str
+    ) -> tuple[DocumentHead, list[DocumentVersion]] | None:
+        rows = self._all(sql.NEWEST_DOCUMENT,
+                         {"session": session_id, "kind": kind, "prefix": prefix})
+        return _head_and_versions(rows)
+
     def document_now(
         self, session_id: str, kind: str, key: str
     ) -> tuple[DocumentHead, list[DocumentVersion]] | None:
-        rows = self._all(sql.DOCUMENT_NOW, [session_id, kind, key])
-        if not rows:
-            return None
-        width = len(DOCUMENT_HEAD.columns)
-        head = DOCUMENT_HEAD.from_sql(rows[0][:width])
-        return head, [DOCUMENT_VERSION.from_sql(r[width:]) for r in rows
-                      if r[width] is not None]
+        return _head_and_versions(self._all(sql.DOCUMENT_NOW, [session_id, kind, key]))
 
     def submission(self, submission_id: str) -> Submission | None:
         row = self._one(sql.SUBMISSION_BY_ID, [submission_id])
@@ -506,3 +507,12 @@ class PostgresStorage:
     def retry_dispatches(self, task_ids: Iterable[str]) -> None:
         with self._cursor() as cur:
             cur.execute(sql.RETRY_DISPATCHES, [list(task_ids)])
+
+
+def _head_and_versions(rows: list[Any]) -> tuple[DocumentHead, list[DocumentVersion]] | None:
+    """A document's head and its versions from rows of both (DOCUMENT_NOW's shape)."""
+    if not rows:
+        return None
+    width = len(DOCUMENT_HEAD.columns)
+    head = DOCUMENT_HEAD.from_sql(rows[0][:width])
+    return head, [DOCUMENT_VERSION.from_sql(r[width:]) for r in rows if r[width] is not None]

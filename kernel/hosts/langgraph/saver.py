@@ -271,6 +271,13 @@ class SessionStoreSaver(BaseCheckpointSaver[int]):
         ns = conf.get("checkpoint_ns", "")
         checkpoint_id = get_checkpoint_id(config)
         if checkpoint_id is None:
+            # The newest checkpoint is the one with the greatest id (LangGraph's ids grow
+            # with time; LangGraph's own savers read it so), in one read. A newest document
+            # with no checkpoint (writes saved against a checkpoint already removed) sends
+            # the read to the namespace's head.
+            newest = self.kernel.newest_document(thread_id, CHECKPOINT, checkpoint_key(ns, ""))
+            if newest is not None and "checkpoint" in newest[1]:
+                return self._tuple(thread_id, ns, newest[1])
             checkpoint_id = self._document(thread_id, HEAD, ns).get("latest")
             if checkpoint_id is None:
                 return None
