@@ -17,7 +17,7 @@ from enum import StrEnum
 from itertools import islice
 from typing import Any
 
-from .documents import apply_ops, check_op, encoded_size, needs_baseline
+from .documents import apply_ops, check_op, encoded_size, needs_baseline, replacing
 from .environment import ENVIRONMENT, offered
 from .errors import (
     CommitRejected,
@@ -685,12 +685,17 @@ class Builder:
                     f"document {kind_name}/{key} is at version {current}, draft expected {expected}"
                 )
             ops_bytes = encoded_size(ops)
+            replaced = replacing(ops)
             if head is None:
                 value = apply_ops(kind.initial_value(), ops)
                 head = DocumentHead(
                     new_id("doc"), self.session_id, kind_name, key, kind.version, 0, 0, 0, 0, 0
                 )
                 baseline: JSON = value
+            elif replaced is not None:
+                # The value is known without a read: storing it lets retention drop what
+                # came before (and an emptied document whole: kernel.retention).
+                baseline = apply_ops({}, ops[replaced:])
             elif head.kind_version != kind.version or needs_baseline(
                 head.ops_bytes_since_baseline + ops_bytes, head.baseline_bytes
             ):

@@ -101,6 +101,12 @@ def _apply(value: JSON, op: JSON) -> JSON:
     return root
 
 
+def replacing(ops: list[JSON]) -> int | None:
+    """The index of the last op that replaces the whole value (a ``set`` at the root),
+    or None: from there on, the ops make the value without the one before them."""
+    return next((i for i in range(len(ops) - 1, -1, -1) if not ops[i]["path"]), None)
+
+
 def needs_baseline(ops_bytes_since_baseline: int, baseline_bytes: int) -> bool:
     """Write a full value once the ops since the last one outweigh it."""
     return ops_bytes_since_baseline > max(baseline_bytes, MIN_BASELINE_BYTES)

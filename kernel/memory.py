@@ -7,11 +7,12 @@ hook lets tests fail it before, during or after that point.
 
 from __future__ import annotations
 
+import bisect
 import copy
 import itertools
 import threading
 from collections import defaultdict
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import replace
 from datetime import datetime, timedelta
 
@@ -35,7 +36,14 @@ from .records import (
     covered_last,
     position,
 )
-from .retention import Progress, PruneReport, RetentionPolicy, finished_status, quiet
+from .retention import (
+    Progress,
+    PruneReport,
+    RetentionPolicy,
+    TrimReport,
+    finished_status,
+    quiet,
+)
 from .storage import (
     CLAIM_WINDOW,
     NO_PREFETCH,
@@ -43,6 +51,7 @@ from .storage import (
     FaultHook,
     JoinState,
     Prefetch,
+    emptied,
     expiry,
     redelivery_wait,
 )
@@ -153,8 +162,10 @@ class InMemoryStorage:
     def commits_after(self, session_id: str, after_seq: int, limit: int) -> list[Commit]:
         with self._lock:
             commits = self._commits.get(session_id, [])
-            # Seqs are gapless from the first one kept, which follows the pruned prefix.
-            start = max(after_seq + 1 - commits[0].seq, 0) if commits else 0
+            session = self._sessions.get(session_id)
+            after = max(after_seq, session.pruned_seq if session else 0)
+            # In seq order; gapless above pruned_seq (below it, only keyed rows a trim kept).
+            start = bisect.bisect_right(commits, after, key=lambda c: c.seq)
             return commits[start : start + limit]
 
     def prune(
@@ -205,6 +216,43 @@ class InMemoryStorage:
                     ]
         progress(report.summary())
         return report
+
+    def trim(
+        self, session_id: str, upto_seq: int, forget: Mapping[str, int] | None = None
+    ) -> TrimReport:
+        with self._lock:
+            session = self._sessions.get(session_id)
+            if session is None:
+                raise UnknownRecord(f"no session {session_id}")
+            upto = min(upto_seq, session.head_seq)
+            report = TrimReport(pruned_seq=max(session.pruned_seq, upto))
+            commits = self._commits.get(session_id, [])
+            kept = [c for c in commits if c.seq > upto or c.key is not None]
+            report.commits = len(commits) - len(kept)
+            self._commits[session_id] = kept
+            self._sessions[session_id] = replace(session, pruned_seq=report.pruned_seq)
+            forget = forget or {}
+            for place, head in list(self._heads.items()):
+                if head.session_id != session_id:
+                    continue
+                versions = self._versions.get(head.id, [])
+                if (
+                    forget.get(head.kind) == head.kind_version
+                    and head.updated_seq <= upto
+                    and emptied(head, versions[-1] if versions else None)
+                ):
+                    del self._heads[place]
+                    self._versions.pop(head.id, None)
+                    report.documents += 1
+                    continue
+                baseline = max(
+                    (v.version for v in versions if v.has_baseline and v.seq <= upto),
+                    default=0,
+                )
+                left = [v for v in versions if v.version >= baseline]
+                report.document_versions += len(versions) - len(left)
+                self._versions[head.id] = left
+            return report
 
     # -- reads ---------------------------------------------------------------
 
@@ -260,6 +308,23 @@ class InMemoryStorage:
         with self._lock:
             head = self.document_head(session_id, kind, key)
             return None if head is None else (head, self.document_versions(head.id, head.version))
+
+    def newest_document(
+        self, session_id: str, kind: str, prefix: str
+    ) -> tuple[DocumentHead, list[DocumentVersion]] | None:
+        with self._lock:
+            found = sorted(
+                (
+                    head for (session, of_kind, key), head in self._heads.items()
+                    if session == session_id and of_kind == kind and key.startswith(prefix)
+                ),
+                key=lambda head: head.key, reverse=True,
+            )
+            for head in found:
+                versions = self._versions.get(head.id, [])
+                if not emptied(head, versions[-1] if versions else None):
+                    return head, self.document_versions(head.id, head.version)
+            return None
 
     def submission(self, submission_id: str) -> Submission | None:
         with self._lock:

@@ -11,6 +11,18 @@ current value. A finished session that gets new work later (a resubmission) goes
 ``head_seq + 1``; a feed reader whose cursor is below ``pruned_seq`` is sent the current
 state instead of the missing commits (docs: the change feed's ``snapshot`` frame).
 
+A *live* session's history is trimmed instead (:class:`TrimReport`, the storages'
+``trim``): up to a seq its owner chooses, what no read of the current state and of the
+later history needs goes, and the session goes on as it was. Kept: every commit row
+with an idempotency key (a later commit with that key must still be refused as a
+duplicate, for the life of the session), every document version from the newest
+baseline at or before that seq on (so each version after it still reads), entries
+(conversations keep their own retention: summaries), tasks and submissions. Removed:
+the other commit rows up to that seq (``pruned_seq`` moves there, as a prune sets it),
+the versions before those baselines, and, of the kinds the caller names, the
+documents whose whole value was replaced by an empty object at or before that seq
+(they read as absent: their kind's initial value).
+
 Whether a finished session is due: its last commit is older than its retention, the
 first of ``metadata["retention_days"]`` (this session), the days for its status
 (:func:`finished_status`), the default days. ``None`` everywhere keeps it forever, which
@@ -110,6 +122,19 @@ class RetentionPolicy:
         except OverflowError:
             return False  # before the first representable date: nothing is that old
         return last_commit < cutoff
+
+
+@dataclass
+class TrimReport:
+    """What trimming a live session's history removed."""
+
+    pruned_seq: int = 0
+    """The session's ``pruned_seq`` after the trim."""
+    commits: int = 0
+    document_versions: int = 0
+    documents: int = 0
+    """Emptied documents removed whole (head and versions; their versions are not
+    counted in ``document_versions``)."""
 
 
 @dataclass

@@ -10,7 +10,7 @@ leaves the outcome unknown poisons the handle (invariant 6).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
@@ -37,6 +37,7 @@ from .records import (
     position,
 )
 from .registry import Blocked, Registry
+from .retention import TrimReport
 from .storage import Storage, Transaction
 from .tracing import span as traced
 
@@ -140,6 +141,17 @@ class Kernel:
         head, versions = found
         return document_kind.upgrade(head.kind_version, replay(versions)), head.version
 
+    def newest_document(self, session_id: str, kind: str, prefix: str) -> tuple[str, JSON] | None:
+        """The key and value now of the session's document of ``kind`` with the greatest
+        key that starts with ``prefix``, passing over emptied ones; one read
+        (:meth:`~kernel.storage.Storage.newest_document`). None if there is none."""
+        found = self.storage.newest_document(session_id, kind, prefix)
+        if found is None:
+            return None
+        head, versions = found
+        value = self.registry.document_kind(kind).upgrade(head.kind_version, replay(versions))
+        return head.key, value
+
     def document_version(self, session_id: str, kind: str, key: str) -> int:
         head = self.storage.document_head(session_id, kind, key)
         return head.version if head else 0
@@ -200,6 +212,24 @@ class Kernel:
 
     def commits_after(self, session_id: str, after_seq: int, limit: int = 1000) -> list[Commit]:
         return self.storage.commits_after(session_id, after_seq, limit)
+
+    def trim(
+        self, session_id: str, upto_seq: int, forget: Iterable[str] = ()
+    ) -> TrimReport:
+        """Remove ``session_id``'s history up to ``upto_seq`` while it lives on
+        (:mod:`kernel.retention`): what recovery, keyed commits and the current state
+        need stays. ``forget``: document kinds whose emptied documents go whole; each
+        must read as ``{}`` when absent (its initial value), so that going changes no
+        read."""
+        kinds = {}
+        for name in forget:
+            kind = self.registry.document_kind(name)
+            if kind.initial_value() != {}:
+                raise ValueError(
+                    f"document kind {name!r}: an emptied document cannot go, as an absent "
+                    "one reads as its initial value, not {}")
+            kinds[name] = kind.version
+        return self.storage.trim(session_id, upto_seq, kinds)
 
 
 @dataclass

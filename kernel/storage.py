@@ -10,7 +10,7 @@ Postgres one cannot drift apart in meaning: the conformance suite checks both.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, NamedTuple, Protocol
@@ -29,7 +29,7 @@ from .records import (
     Task,
     WriteSet,
 )
-from .retention import Progress, PruneReport, RetentionPolicy, quiet
+from .retention import Progress, PruneReport, RetentionPolicy, TrimReport, quiet
 
 JSON = Any
 FaultHook = Callable[[str], None]
@@ -125,6 +125,16 @@ def redelivery_wait(redeliver_after: timedelta, attempts: int) -> timedelta:
     return redeliver_after * (1 << doublings)
 
 
+def emptied(head: DocumentHead, newest: DocumentVersion | None) -> bool:
+    """Whether a document was emptied: its current version (``newest``) is a baseline
+    holding ``{}`` (a commit that replaced its whole value with it). What
+    :meth:`Storage.trim` may forget and :meth:`Storage.newest_document` passes over."""
+    return (
+        newest is not None and head.baseline_version == head.version == newest.version
+        and newest.has_baseline and newest.baseline == {}
+    )
+
+
 def expiry(task: Task, now: datetime) -> datetime:
     """When a running task's lease ran out (``now`` if it has none): its recovery's due time."""
     return task.lease_until or now
@@ -172,7 +182,8 @@ class Storage(Protocol):
     def commits_after(self, session_id: str, after_seq: int, limit: int) -> list[Commit]:
         """The session's commits after ``after_seq`` that are still in the log, in seq
         order: when ``after_seq`` is below the session's ``pruned_seq``, the first one
-        returned is ``pruned_seq + 1`` (or none if the whole log was pruned)."""
+        returned is ``pruned_seq + 1`` (or none if the whole log was pruned). Rows kept
+        at or below ``pruned_seq`` (keyed ones, by :meth:`trim`) are never returned."""
         ...
 
     def prune(
@@ -185,6 +196,19 @@ class Storage(Protocol):
         its history or the marker and none of it (a session that committed since it was
         found due is left alone).
         ``dry_run`` counts what would go and changes nothing."""
+        ...
+
+    def trim(
+        self, session_id: str, upto_seq: int, forget: Mapping[str, int] | None = None
+    ) -> TrimReport:
+        """Remove a live (or any) session's history up to ``upto_seq`` (at most its head)
+        as :mod:`kernel.retention` says: unkeyed commit rows at or below it, document
+        versions before each document's newest baseline at or before it, and the
+        documents of the kinds in ``forget`` (kind -> its registered version) whose
+        current version, at that kind version, is a baseline holding ``{}`` written at
+        or before it. ``pruned_seq`` becomes ``upto_seq`` if that is higher. It holds
+        the session's commit order meanwhile, so no commit lands halfway through it.
+        Raises :class:`~kernel.errors.UnknownRecord` for an unknown session."""
         ...
 
     # -- reads of committed state ------------------------------------------
@@ -224,6 +248,16 @@ class Storage(Protocol):
         """The document's head and the versions that rebuild its current value
         (:meth:`document_versions` up to the head's version), read together: what a read
         of a document's current value needs, in one round trip where the storage can."""
+        ...
+
+    def newest_document(
+        self, session_id: str, kind: str, prefix: str
+    ) -> tuple[DocumentHead, list[DocumentVersion]] | None:
+        """Of the session's documents of ``kind`` whose key starts with ``prefix``, the
+        one with the greatest key that is not emptied (:func:`emptied`), read as
+        :meth:`document_now` reads it: one round trip where the storage can. ``None``
+        when there is none. Keys compare by code point (the Postgres one, by the
+        database's collation: the same for keys of one shape, such as fixed-length ids)."""
         ...
 
     def submission(self, submission_id: str) -> Submission | None: ...

@@ -26,7 +26,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import datetime, timedelta
 from typing import Any
@@ -50,7 +50,7 @@ from kernel.records import (
     WriteSet,
     covered_last,
 )
-from kernel.retention import Progress, PruneReport, RetentionPolicy, quiet
+from kernel.retention import Progress, PruneReport, RetentionPolicy, TrimReport, quiet
 from kernel.storage import DOUBLINGS, NO_PREFETCH, Build, FaultHook, Prefetch, expiry
 
 from . import fast_commits, retention
@@ -292,7 +292,8 @@ class PostgresStorage:
         return written
 
     def commits_after(self, session_id: str, after_seq: int, limit: int) -> list[Commit]:
-        rows = self._all(sql.COMMITS_AFTER, [session_id, after_seq, limit])
+        rows = self._all(
+            sql.COMMITS_AFTER, {"session": session_id, "after": after_seq, "limit": limit})
         return [COMMIT.from_sql(r) for r in rows]
 
     def prune(
@@ -300,6 +301,11 @@ class PostgresStorage:
         progress: Progress = quiet,
     ) -> PruneReport:
         return retention.prune(connections[self.using], policy, now, dry_run, progress)
+
+    def trim(
+        self, session_id: str, upto_seq: int, forget: Mapping[str, int] | None = None
+    ) -> TrimReport:
+        return retention.trim(connections[self.using], session_id, upto_seq, forget or {})
 
     # -- reads ---------------------------------------------------------------
 
@@ -345,16 +351,17 @@ class PostgresStorage:
         with self._cursor() as cur:
             return read_versions(cur, document_id, upto)
 
+    def newest_document(
+        self, session_id: str, kind: str, prefix: str
+    ) -> tuple[DocumentHead, list[DocumentVersion]] | None:
+        rows = self._all(sql.NEWEST_DOCUMENT,
+                         {"session": session_id, "kind": kind, "prefix": prefix})
+        return _head_and_versions(rows)
+
     def document_now(
         self, session_id: str, kind: str, key: str
     ) -> tuple[DocumentHead, list[DocumentVersion]] | None:
-        rows = self._all(sql.DOCUMENT_NOW, [session_id, kind, key])
-        if not rows:
-            return None
-        width = len(DOCUMENT_HEAD.columns)
-        head = DOCUMENT_HEAD.from_sql(rows[0][:width])
-        return head, [DOCUMENT_VERSION.from_sql(r[width:]) for r in rows
-                      if r[width] is not None]
+        return _head_and_versions(self._all(sql.DOCUMENT_NOW, [session_id, kind, key]))
 
     def submission(self, submission_id: str) -> Submission | None:
         row = self._one(sql.SUBMISSION_BY_ID, [submission_id])
@@ -500,3 +507,12 @@ class PostgresStorage:
     def retry_dispatches(self, task_ids: Iterable[str]) -> None:
         with self._cursor() as cur:
             cur.execute(sql.RETRY_DISPATCHES, [list(task_ids)])
+
+
+def _head_and_versions(rows: list[Any]) -> tuple[DocumentHead, list[DocumentVersion]] | None:
+    """A document's head and its versions from rows of both (DOCUMENT_NOW's shape)."""
+    if not rows:
+        return None
+    width = len(DOCUMENT_HEAD.columns)
+    head = DOCUMENT_HEAD.from_sql(rows[0][:width])
+    return head, [DOCUMENT_VERSION.from_sql(r[width:]) for r in rows if r[width] is not None]

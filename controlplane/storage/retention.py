@@ -15,19 +15,29 @@
    below its session's marker, under a lock that keeps rows out and a short lock
    timeout (a drop that must wait is left for the next run). A planned partition that
    cannot be dropped has its pruned rows deleted instead.
+
+Trimming a live session (:func:`trim`) is one transaction that holds the session row's
+lock, as a commit does: it deletes that session's rows only, by index.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 from django.db import OperationalError, transaction
 
+from kernel.errors import UnknownRecord
 from kernel.records import SETTLED_SUBMISSIONS, Status
-from kernel.retention import Progress, PruneReport, RetentionPolicy, finished_status
+from kernel.retention import (
+    Progress,
+    PruneReport,
+    RetentionPolicy,
+    TrimReport,
+    finished_status,
+)
 
 from .partitions import Partition, partitions
 from .schema import (
@@ -214,3 +224,58 @@ def _drop(db: Any, cur: Any, part: Partition, size: tuple[int, int]) -> bool:
             return True
     except OperationalError:  # the lock timeout: leave it for the next run
         return False
+
+
+TRIM_LOCK = (
+    f"UPDATE {SESSION.name} SET pruned_seq = greatest(pruned_seq, least(%(upto)s, head_seq)) "
+    "WHERE id = %(session)s RETURNING pruned_seq, least(%(upto)s, head_seq)"
+)
+TRIM_COMMITS = (
+    f"DELETE FROM {COMMIT.name} WHERE session_id = %(session)s AND seq <= %(upto)s "
+    "AND key IS NULL"
+)
+# Emptied documents of the named kinds: their current version is a baseline of {} at
+# the kind's registered version, written at or before the trim's seq.
+EMPTIED = (
+    f"SELECT d.id FROM {DOCUMENT_HEAD.name} d "
+    "JOIN unnest(%(kinds)s::text[], %(versions)s::int[]) AS f(kind, version) "
+    "ON f.kind = d.kind AND f.version = d.kind_version "
+    f"JOIN {DOCUMENT_VERSION.name} v ON v.document_id = d.id AND v.version = d.version "
+    "WHERE d.session_id = %(session)s AND d.updated_seq <= %(upto)s "
+    "AND d.baseline_version = d.version AND v.has_baseline AND v.baseline = '{}'::jsonb"
+)
+FORGET_VERSIONS = f"DELETE FROM {DOCUMENT_VERSION.name} WHERE document_id = ANY(%(ids)s)"
+FORGET_HEADS = f"DELETE FROM {DOCUMENT_HEAD.name} WHERE id = ANY(%(ids)s)"
+SUPERSEDED = (
+    f"DELETE FROM {DOCUMENT_VERSION.name} v USING ("
+    f"SELECT b.document_id, max(b.version) AS version FROM {DOCUMENT_VERSION.name} b "
+    f"JOIN {DOCUMENT_HEAD.name} d ON d.id = b.document_id "
+    "WHERE d.session_id = %(session)s AND b.has_baseline AND b.seq <= %(upto)s "
+    "GROUP BY b.document_id) newest "
+    "WHERE v.document_id = newest.document_id AND v.version < newest.version"
+)
+
+
+def trim(db: Any, session_id: str, upto_seq: int, forget: Mapping[str, int]) -> TrimReport:
+    """:meth:`kernel.storage.Storage.trim` in one transaction."""
+    with transaction.atomic(using=db.alias), db.cursor() as cur:
+        cur.execute(TRIM_LOCK, {"session": session_id, "upto": upto_seq})
+        row = cur.fetchone()
+        if row is None:
+            raise UnknownRecord(f"no session {session_id}")
+        report = TrimReport(pruned_seq=row[0])
+        params = {"session": session_id, "upto": row[1]}
+        cur.execute(TRIM_COMMITS, params)
+        report.commits = cur.rowcount
+        if forget:
+            kinds = sorted(forget)
+            cur.execute(EMPTIED, {**params, "kinds": kinds,
+                                  "versions": [forget[k] for k in kinds]})
+            ids = [r[0] for r in cur.fetchall()]
+            if ids:
+                cur.execute(FORGET_VERSIONS, {"ids": ids})
+                cur.execute(FORGET_HEADS, {"ids": ids})
+                report.documents = cur.rowcount
+        cur.execute(SUPERSEDED, params)
+        report.document_versions = cur.rowcount
+        return report

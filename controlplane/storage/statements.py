@@ -82,7 +82,13 @@ SESSION_ADVANCE = (
 )
 COMMIT_INSERT = insert(COMMIT, " RETURNING id")
 
-COMMITS_AFTER = select(COMMIT, "session_id = %s AND seq > %s", " ORDER BY seq LIMIT %s")
+# Rows a trim kept at or below pruned_seq (keyed ones) are not the feed's.
+COMMITS_AFTER = select(
+    COMMIT,
+    f"session_id = %(session)s AND seq > greatest(%(after)s, (SELECT pruned_seq FROM "
+    f"{SESSION.name} WHERE id = %(session)s))",
+    " ORDER BY seq LIMIT %(limit)s",
+)
 COMMIT_BY_KEY = select(COMMIT, "session_id = %s AND key = %s")
 
 # -- tasks -----------------------------------------------------------------------------
@@ -407,6 +413,22 @@ DOCUMENT_NOW = (
     f"coalesce(max(b.version), 0) FROM {DOCUMENT_VERSION.name} b WHERE b.document_id = d.id "
     "AND b.has_baseline AND b.version <= d.version) "
     "WHERE d.session_id = %s AND d.kind = %s AND d.key = %s ORDER BY v.version"
+)
+# The greatest key of a kind with a prefix, passing over emptied documents (their current
+# version a baseline of {}: kernel.storage.emptied), and its versions as DOCUMENT_NOW
+# reads them. The range on key lets the (session, kind, key) index find the prefix.
+NEWEST_DOCUMENT = (
+    f"SELECT {DOCUMENT_HEAD.qualified('d')}, {DOCUMENT_VERSION.qualified('v')} FROM ("
+    f"SELECT * FROM {DOCUMENT_HEAD.name} n WHERE n.session_id = %(session)s "
+    "AND n.kind = %(kind)s AND n.key >= %(prefix)s AND n.key < %(prefix)s || chr(1114111) "
+    "AND left(n.key, length(%(prefix)s)) = %(prefix)s AND NOT (n.baseline_version = n.version "
+    f"AND EXISTS (SELECT FROM {DOCUMENT_VERSION.name} e WHERE e.document_id = n.id "
+    "AND e.version = n.version AND e.has_baseline AND e.baseline = '{}'::jsonb)) "
+    "ORDER BY n.key DESC LIMIT 1) d "
+    f"LEFT JOIN {DOCUMENT_VERSION.name} v "
+    "ON v.document_id = d.id AND v.version <= d.version AND v.version >= (SELECT "
+    f"coalesce(max(b.version), 0) FROM {DOCUMENT_VERSION.name} b WHERE b.document_id = d.id "
+    "AND b.has_baseline AND b.version <= d.version) ORDER BY v.version"
 )
 DOCUMENT_VERSION_INSERT = insert(DOCUMENT_VERSION)
 SUBMISSION_BY_ID = select(SUBMISSION, "id = %s")

@@ -110,3 +110,62 @@ def test_document_kinds_migrate_and_refuse_what_they_cannot_read(world: World) -
         world.kernel(v1).document(handle.id, "plan", "p")
     with pytest.raises(NotRegistered):
         world.kernel(Registry()).document(handle.id, "plan", "p")
+
+
+def test_a_commit_that_replaces_the_whole_value_stores_it_as_a_baseline(world: World) -> None:
+    registry = Registry()
+    registry.document("plan")
+    kernel = world.kernel(registry)
+    handle = kernel.create_session()
+    for value in ({"a": 1}, {"a": 2}):
+        draft = Draft()
+        draft.set("plan", "p", ["item"], value)
+        handle.commit(draft)
+    draft = Draft()
+    draft.set("plan", "p", ["item"], 3)
+    draft.set("plan", "p", [], {"b": 1})
+    draft.set("plan", "p", ["c"], 2)
+    (version,) = handle.commit(draft).document_versions
+    assert version.has_baseline and version.baseline == {"b": 1, "c": 2}
+    head = world.storage.document_head(handle.id, "plan", "p")
+    assert head.baseline_version == head.version == 3
+    assert kernel.document(handle.id, "plan", "p") == {"b": 1, "c": 2}
+    assert kernel.document(handle.id, "plan", "p", version=2) == {"item": {"a": 2}}
+
+
+def test_the_newest_document_of_a_prefix_passes_over_emptied_ones(world: World) -> None:
+    registry = Registry()
+    registry.document("plan")
+    kernel = world.kernel(registry)
+    handle = kernel.create_session()
+    other = kernel.create_session()
+    draft = Draft()
+    for key in ("a/1", "a/3", "a/2", "b/9", "a", "ab/7"):
+        draft.set("plan", key, ["key"], key)
+    handle.commit(draft)
+    draft = Draft()
+    draft.set("plan", "a/9", ["key"], "elsewhere")
+    other.commit(draft)
+    assert kernel.newest_document(handle.id, "plan", "a/") == ("a/3", {"key": "a/3"})
+    assert kernel.newest_document(handle.id, "plan", "b/") == ("b/9", {"key": "b/9"})
+    assert kernel.newest_document(handle.id, "plan", "c/") is None
+    assert kernel.newest_document(handle.id, "log", "a/") is None
+    draft = Draft()
+    draft.set("plan", "a/4", ["key"], "a/4")
+    draft.set("plan", "a/4", ["more"], "x" * 5000)  # read from its versions, not one row
+    handle.commit(draft)
+    draft = Draft()
+    draft.set("plan", "a/4", ["later"], 1)
+    handle.commit(draft)
+    key, value = kernel.newest_document(handle.id, "plan", "a/")
+    assert (key, value["key"], value["later"], len(value["more"])) == ("a/4", "a/4", 1, 5000)
+    for emptied in ("a/4", "a/3"):
+        draft = Draft()
+        draft.set("plan", emptied, [], {})
+        handle.commit(draft)
+    assert kernel.newest_document(handle.id, "plan", "a/") == ("a/2", {"key": "a/2"})
+    # A document emptied and then written again is not empty.
+    draft = Draft()
+    draft.set("plan", "a/4", ["again"], True)
+    handle.commit(draft)
+    assert kernel.newest_document(handle.id, "plan", "a/") == ("a/4", {"again": True})

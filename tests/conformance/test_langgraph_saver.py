@@ -83,3 +83,55 @@ def test_the_saver_passes_every_capability_of_langgraphs_conformance_suite(
     assert report.conformance_level() == "FULL"
     assert sum(r.tests_passed for r in report.results.values()) == every_test_of_the_suite()
     assert len(savers) == len(ALL_CAPABILITIES)  # a fresh saver per capability, as the suite asks
+
+
+def held(storage: Storage, session_id: str) -> tuple[int, int, int]:
+    """What a session holds in storage: (commit rows, documents, document versions)."""
+    if isinstance(storage, InMemoryStorage):
+        heads = [h for h in storage._heads.values() if h.session_id == session_id]
+        return (len(storage._commits.get(session_id, [])), len(heads),
+                sum(len(storage._versions.get(h.id, [])) for h in heads))
+    from django.db import connection
+
+    with connection.cursor() as cur:
+        cur.execute(
+            "SELECT (SELECT count(*) FROM kernel_commit WHERE session_id = %(s)s), "
+            "(SELECT count(*) FROM kernel_document WHERE session_id = %(s)s), "
+            "(SELECT count(*) FROM kernel_document_version v JOIN kernel_document d "
+            "ON d.id = v.document_id WHERE d.session_id = %(s)s)", {"s": session_id})
+        return tuple(cur.fetchone())
+
+
+def test_a_thread_pruned_as_it_grows_holds_rows_bounded_by_the_policy(
+    storage: Callable[[], Storage],
+) -> None:
+    """The same rows after every prune, at 100 checkpoints as at 600, on both storages;
+    the newest checkpoint reads back with its writes (the 10,000-checkpoint run:
+    tests/unit/test_langgraph_prune.py)."""
+    from langgraph.checkpoint.conformance.test_utils import generate_checkpoint, generate_metadata
+
+    from kernel.hosts.langgraph import KeepLatest
+
+    store = storage()
+    saver = SessionStoreSaver(Kernel(store, Registry()))
+    try:
+        config: dict = {"configurable": {"thread_id": "grows", "checkpoint_ns": ""}}
+        after = []
+        for n in range(600):
+            checkpoint = generate_checkpoint(channel_values={"n": n}, channel_versions={"n": n})
+            config = saver.put(config, checkpoint, generate_metadata(step=n), {"n": n})
+            saver.put_writes(config, [("n", n + 1)], f"task-{n}")
+            if n % 100 == 99:
+                saver.prune_by(["grows"], KeepLatest(5))
+                after.append(held(store, "grows"))
+        commits, documents, versions = zip(*after, strict=True)
+        assert set(commits) == {0} and set(documents) == {7}  # 5 kept, the head, the index
+        # The index writes a baseline once the ops since its last one outweigh 4 kB: a
+        # few dozen of its versions come and go; the kept checkpoints have one or two.
+        assert max(versions) <= 100, after
+        newest = saver.get_tuple({"configurable": {"thread_id": "grows"}})
+        assert newest is not None and newest.checkpoint["channel_values"] == {"n": 599}
+        assert [w[2] for w in newest.pending_writes] == [600]
+        assert len(list(saver.list({"configurable": {"thread_id": "grows"}}))) == 5
+    finally:
+        saver.close()

@@ -7,7 +7,7 @@ from datetime import timedelta
 
 import pytest
 
-from kernel import Draft, Kernel, Status, SubmissionStatus, UnknownRecord, Worker
+from kernel import Draft, DuplicateCommit, Kernel, Status, SubmissionStatus, UnknownRecord, Worker
 from kernel.retention import RetentionPolicy
 
 from .definitions import Effects, make_registry
@@ -182,3 +182,103 @@ def test_a_fork_of_a_pruned_conversation_reads_as_what_is_left(world: World) -> 
     draft.append(fork, "user", {"text": "later, in the fork"})
     kernel.open(done).commit(draft)
     assert [e.payload["text"] for e in kernel.entries(fork)] == ["later, in the fork"]
+
+
+def live_session_with_history(kernel: Kernel) -> tuple[str, str]:
+    """A session whose task is pending (never run), with a keyed commit, a document
+    with versions before its newest baseline and a ``scratch`` document emptied by a
+    commit: (session, task)."""
+    handle = kernel.create_session()
+    draft = Draft(actor="user:ann")
+    task_id = draft.create_task("step", {"name": "live"})
+    handle.commit(draft)
+    draft = Draft(actor="user:olga", key="op-1")
+    draft.set("plan", "p", ["approved"], True)
+    handle.commit(draft)
+    for i in range(4):
+        draft = Draft(actor="user:ann")
+        draft.set("plan", "p", ["big"], f"{i}{BIG}")
+        draft.set("scratch", "s", ["n"], i)
+        handle.commit(draft)
+    draft = Draft(actor="user:ann")
+    draft.set("scratch", "s", [], {})
+    draft.set("plan", "p", ["after"], 1)
+    handle.commit(draft)
+    return handle.id, task_id
+
+
+def test_a_trim_keeps_what_reads_keyed_commits_and_live_work_need(world: World) -> None:
+    registry = make_registry(Effects())
+    registry.document("scratch")
+    kernel = world.kernel(registry)
+    session, task_id = live_session_with_history(kernel)
+    head_seq = world.storage.session(session).head_seq
+    head = world.storage.document_head(session, "plan", "p")
+    assert 1 < head.baseline_version < head.version  # versions before and after it
+    value = kernel.document(session, "plan", "p")
+
+    report = kernel.trim(session, head_seq, forget=["scratch"])
+
+    assert report.pruned_seq == head_seq
+    assert report.commits == head_seq - 1  # all but the keyed one
+    assert report.document_versions == head.baseline_version - 1
+    assert report.documents == 1
+    world.reopen()
+    kernel = world.kernel(registry)
+    assert world.storage.session(session).pruned_seq == head_seq
+    assert world.storage.commits_after(session, 0, 100) == []
+    assert kernel.document(session, "plan", "p") == value
+    assert kernel.document(session, "plan", "p", version=head.baseline_version) != {}
+    with pytest.raises(UnknownRecord, match="pruned"):
+        kernel.document(session, "plan", "p", version=1)
+    assert world.storage.document_head(session, "scratch", "s") is None
+    assert kernel.document(session, "scratch", "s") == {}
+    # The keyed commit's row stayed: its key is still refused, however late.
+    draft = Draft(actor="user:olga", key="op-1")
+    draft.set("plan", "p", ["approved"], False)
+    with pytest.raises(DuplicateCommit):
+        kernel.open(session).commit(draft)
+    # The session goes on after its head, and its pending task runs to its end.
+    world.scheduler(registry).run_until_idle()
+    assert world.storage.task(task_id).outcome["kind"] == "succeeded"
+    after = [c.seq for c in world.storage.commits_after(session, 0, 100)]
+    assert after and after[0] == head_seq + 1
+    assert after == list(range(head_seq + 1, world.storage.session(session).head_seq + 1))
+    # A trim below the marker changes nothing.
+    again = kernel.trim(session, 1)
+    assert (again.pruned_seq, again.commits, again.document_versions) == (head_seq, 0, 0)
+
+
+def test_a_trim_up_to_a_seq_leaves_every_later_version_readable(world: World) -> None:
+    registry = make_registry(Effects())
+    registry.document("scratch")
+    kernel = world.kernel(registry)
+    session, _ = live_session_with_history(kernel)
+    head_seq = world.storage.session(session).head_seq
+    head = world.storage.document_head(session, "plan", "p")
+    versions = {v: kernel.document(session, "plan", "p", version=v)
+                for v in range(1, head.version + 1)}
+    at = {v.version: v.seq for v in world.storage.document_versions(head.id, head.version)}
+    cutoff = at[head.baseline_version] - 1  # before the newest baseline
+
+    report = kernel.trim(session, cutoff, forget=["scratch"])
+
+    assert report.pruned_seq == cutoff
+    assert report.documents == 0  # emptied after the cutoff: it stays
+    assert kernel.document(session, "scratch", "s") == {}
+    for version, value in versions.items():
+        if at.get(version, 0) > cutoff:
+            assert kernel.document(session, "plan", "p", version=version) == value
+    assert [c.seq for c in world.storage.commits_after(session, 0, 100)] == list(
+        range(cutoff + 1, head_seq + 1))
+
+
+def test_a_trim_may_forget_only_kinds_that_read_as_empty_when_absent(world: World) -> None:
+    registry = make_registry(Effects())
+    registry.document("counted", initial={"n": 0})
+    kernel = world.kernel(registry)
+    handle = kernel.create_session()
+    with pytest.raises(ValueError, match="initial value"):
+        kernel.trim(handle.id, 1, forget=["counted"])
+    with pytest.raises(UnknownRecord):
+        kernel.trim("no-such-session", 1)

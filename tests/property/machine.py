@@ -20,15 +20,16 @@ The tasks are of one kind whose input is a script (:func:`script`): each phase p
 from its checkpoint (:meth:`.worlds.World.play`), so one program makes each world's
 phases continue inline, end, spawn and join children (``all_settled``, ``fail_fast``),
 wait on other tasks, on signals or for a time, append entries, write documents, commit
-an intent, raise, and meddle while they run: cancel or signal a task (their own too:
-a cancel racing the task's own ending), let their own lease run out and another worker
+an intent, raise, and meddle while they run: cancel or signal a task (their own too: a
+cancel racing the task's own ending), let their own lease run out and another worker
 take it, lose their database connection, take long (a woken worker then commits the
 endings it holds first), or wake a paused holder of a lease.
 
 Families of steps can be left out, to look past a disagreement already known:
 ``PROPERTY_EXCLUDE`` is a comma-separated list of ``refused`` (values Postgres refuses),
 ``faults`` (the fault hook, reconnects), ``lose`` (connections lost in a phase),
-``lapse`` (paused holders, leases that run out under them, stolen leases) and
+``lapse`` (paused holders, leases that run out under them, stolen leases),
+``trim`` (trims of a session's history, with a document emptied first) and
 ``invariants`` (only the comparison).
 """
 
@@ -48,6 +49,7 @@ from kernel.records import Submission, WriteSet
 from tests.conformance.world import Crash
 
 from .worlds import (
+    DOCUMENT,
     KIND,
     LEASE,
     MONOTONIC,
@@ -62,7 +64,7 @@ from .worlds import (
     snapshot,
 )
 
-FAMILIES = frozenset({"refused", "faults", "lose", "lapse", "invariants"})
+FAMILIES = frozenset({"refused", "faults", "lose", "lapse", "trim", "invariants"})
 EXCLUDED = frozenset(
     f.strip() for f in os.environ.get("PROPERTY_EXCLUDE", "").split(",") if f.strip()
 )
@@ -517,6 +519,28 @@ class Differential(RuleBasedStateMachine):
                                          interrupted=interrupted)
 
         self.each("release", op)
+
+    @precondition(lambda self: bool(self.sessions) and enabled("trim"))
+    @rule(session=INDEX, back=st.integers(min_value=0, max_value=4), empty=st.booleans())
+    def trim(self, session: int, back: int, empty: bool) -> None:
+        """A live session's history is trimmed up to a few commits before its head
+        (kernel.retention), after a client's commit that writes a document and empties
+        it (``empty``): its keyed commits are still refused after it, and its tasks go on
+        from what is left."""
+        session_id, _ = self.session_at(session)
+        emptied = f"emptied-{self.steps}"
+
+        def op(world: World) -> Any:
+            if empty:
+                draft = Draft(actor="user:client")
+                draft.set(DOCUMENT, emptied, ["v"], 1)
+                draft.set(DOCUMENT, emptied, [], {})
+                world.kernel.open(session_id).commit(draft)
+            head = world.kernel.storage.session(session_id)
+            assert head is not None
+            return world.kernel.trim(session_id, head.head_seq - back, forget=[DOCUMENT])
+
+        self.each("trim", op)
 
     # -- rules: time, sweeps, faults -----------------------------------------------------------
 

@@ -16,8 +16,9 @@ from langgraph.channels.delta import DeltaChannel
 from langgraph.graph import END, START, StateGraph
 
 from kernel import InMemoryStorage, Kernel, Registry
+from kernel.documents import encoded_size
 from kernel.hosts.langgraph import KeepLatest, KeepSince, SessionStoreSaver
-from kernel.hosts.langgraph.layout import CHECKPOINT, INDEX, INDEX_KEY
+from kernel.hosts.langgraph.layout import INDEX, INDEX_KEY
 
 
 def extend(state: list[int], writes: list[list[int]]) -> list[int]:
@@ -86,10 +87,20 @@ def test_every_kept_checkpoint_restores_byte_for_byte_after_random_prunes(
         saver.close()
 
 
-def test_a_10000_checkpoint_thread_keeps_a_current_state_bounded_by_the_policy() -> None:
-    """What the thread holds now (its listed checkpoints and the checkpoint documents not
-    emptied) stays within the policy. The rows of its history (each emptied document's
-    versions) stay until the session's retention removes them."""
+def stored(storage: InMemoryStorage, session_id: str) -> tuple[int, int, int, int]:
+    """What a session holds in storage: (commit rows, document heads, document version
+    rows, bytes of those versions as stored)."""
+    heads = [h for h in storage._heads.values() if h.session_id == session_id]
+    versions = [v for h in heads for v in storage._versions.get(h.id, [])]
+    size = sum(encoded_size([v.ops, v.baseline]) for v in versions)
+    return len(storage._commits.get(session_id, [])), len(heads), len(versions), size
+
+
+def test_a_10000_checkpoint_thread_stays_bounded_by_the_policy_and_resumable() -> None:
+    """A thread pruned by keep-latest-10 every 500 checkpoints: after each prune its
+    storage (commit rows, documents, versions, bytes) is what the kept checkpoints and
+    the thread's few documents hold, the same at 10,000 checkpoints as at 1,000; its
+    newest checkpoint and the kept history read back and the thread goes on from it."""
     from langgraph.checkpoint.conformance.test_utils import generate_checkpoint, generate_metadata
 
     storage = InMemoryStorage()
@@ -97,20 +108,39 @@ def test_a_10000_checkpoint_thread_keeps_a_current_state_bounded_by_the_policy()
     saver = SessionStoreSaver(kernel)
     try:
         config: dict[str, Any] = {"configurable": {"thread_id": "long", "checkpoint_ns": ""}}
-        listed = []
+        listed, sizes = [], []
         for n in range(10_000):
             checkpoint = generate_checkpoint(channel_values={"n": n}, channel_versions={"n": n})
             config = saver.put(config, checkpoint, generate_metadata(step=n), {"n": n})
+            saver.put_writes(config, [("n", n + 1)], f"task-{n}")
             if n % 500 == 499:
                 saver.prune_by(["long"], KeepLatest(10))
                 index = kernel.document("long", INDEX, INDEX_KEY)
                 listed.append(len(index["namespaces"][""]))
+                sizes.append(stored(storage, "long"))
         assert listed == [10] * 20
-        kept = [key for (session, kind, key) in storage._heads
-                if session == "long" and kind == CHECKPOINT
-                and kernel.document("long", CHECKPOINT, key)]
-        assert len(kept) == 10
+        commits, heads, versions, size = zip(*sizes, strict=True)
+        assert set(commits) == {0}, "no commit row up to the prune stays (none has a key)"
+        assert set(heads) == {12}, "the 10 kept checkpoints, the head and the index"
+        # The index's versions since its newest baseline come and go with its baseline
+        # cadence (a few dozen rows). The first prunes keep a baseline written while the
+        # index still listed the 500 checkpoints before them; from the third on, each
+        # leaves a baseline of the index as the policy keeps it.
+        assert max(versions) <= 200 and max(size) <= 200_000
+        assert max(versions[2:]) <= 80 and max(size[2:]) <= 60_000
+        assert storage.session("long").head_seq == 20_020  # put, writes, each prune
+        assert storage.session("long").pruned_seq == 20_020
+
         newest = saver.get_tuple({"configurable": {"thread_id": "long"}})
         assert newest is not None and newest.checkpoint["channel_values"] == {"n": 9999}
+        assert [w[2] for w in newest.pending_writes] == [10_000]
+        kept = list(saver.list({"configurable": {"thread_id": "long"}}))
+        assert [t.checkpoint["channel_values"]["n"] for t in kept] == list(range(9999, 9989, -1))
+        assert all(t.parent_config is not None for t in kept)
+        # It goes on from its newest checkpoint, and that reads back too.
+        checkpoint = generate_checkpoint(channel_values={"n": 10_000})
+        resumed = saver.put(newest.config, checkpoint, generate_metadata(step=10_000), {})
+        after = saver.get_tuple(resumed)
+        assert after is not None and after.parent_config == newest.config
     finally:
         saver.close()

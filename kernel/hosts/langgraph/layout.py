@@ -15,8 +15,10 @@ The directory session (:data:`DIRECTORY`) knows the threads and which threads ea
 wrote to (``langgraph.threads`` / ``all`` and ``langgraph.runs`` / ``<run id>``), for what
 LangGraph asks across threads (``list(None)``, ``delete_for_runs``).
 
-A removed checkpoint's document is emptied by a commit (``{}``): the thread's current
-state shrinks at once; the rows of its history go with the session's retention.
+A removed checkpoint's document is emptied by a commit (``{}``), and the session's
+history is then trimmed up to that commit (``Kernel.trim``): the emptied documents, the
+commit rows and the superseded document versions before it go, so a live thread's
+storage stays within what its kept checkpoints hold plus what came since.
 """
 
 from __future__ import annotations

@@ -154,17 +154,20 @@ class SessionStoreSaver(BaseCheckpointSaver[int]):
         self._handles[thread_id] = handle
         return handle
 
-    def _commit(self, thread_id: str, draft: Draft, progress: JSON = None) -> None:
+    def _commit(self, thread_id: str, draft: Draft, progress: JSON = None) -> int:
+        """Commit ``draft`` to the thread's session; the seq it landed at (or a later one)."""
         bound = _BOUND.get()
         if bound is not None and bound.thread_id == thread_id:
             with bound.lock:
                 for (kind, key), ops in draft.document_ops.items():
                     bound.run.update(kind, key, *ops)
                 bound.run.commit(checkpoint=progress)
-            return
+            session = self.kernel.storage.session(thread_id)
+            assert session is not None
+            return session.head_seq
         handle = self._handle(thread_id, create=True)
         assert handle is not None
-        handle.commit(draft)
+        return handle.commit(draft).commit.seq
 
     def _register_thread(self, thread_id: str, run_id: str | None) -> None:
         """Record the thread (and the run that writes it) in the directory, before the
@@ -268,6 +271,13 @@ class SessionStoreSaver(BaseCheckpointSaver[int]):
         ns = conf.get("checkpoint_ns", "")
         checkpoint_id = get_checkpoint_id(config)
         if checkpoint_id is None:
+            # The newest checkpoint is the one with the greatest id (LangGraph's ids grow
+            # with time; LangGraph's own savers read it so), in one read. A newest document
+            # with no checkpoint (writes saved against a checkpoint already removed) sends
+            # the read to the namespace's head.
+            newest = self.kernel.newest_document(thread_id, CHECKPOINT, checkpoint_key(ns, ""))
+            if newest is not None and "checkpoint" in newest[1]:
+                return self._tuple(thread_id, ns, newest[1])
             checkpoint_id = self._document(thread_id, HEAD, ns).get("latest")
             if checkpoint_id is None:
                 return None
@@ -348,7 +358,9 @@ class SessionStoreSaver(BaseCheckpointSaver[int]):
 
     def _remove(self, thread_id: str, keep: dict[str, set[str]] | None) -> None:
         """Empty the documents of every checkpoint of ``thread_id`` not in ``keep``
-        (by namespace; None: keep none), in one commit of the thread's session."""
+        (by namespace; None: keep none), in one commit of the thread's session, then trim
+        the session's history up to that commit: the emptied documents go whole, and so
+        do the commit rows and superseded document versions before it."""
         if self._handle(thread_id, create=False) is None:
             return
         index = self._document(thread_id, INDEX, INDEX_KEY)
@@ -368,7 +380,10 @@ class SessionStoreSaver(BaseCheckpointSaver[int]):
             else:
                 draft.set(HEAD, ns, ["latest"], max(kept))
         if draft.document_ops:
-            self._commit(thread_id, draft)
+            seq = self._commit(thread_id, draft)
+            # What the removed checkpoints were is history now: it goes at once, with the
+            # commits that wrote it (those with an idempotency key stay: kernel.retention).
+            self.kernel.trim(thread_id, seq, forget=(CHECKPOINT, HEAD))
 
     def _delete_thread(self, thread_id: str) -> None:
         self._remove(str(thread_id), None)
