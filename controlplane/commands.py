@@ -791,7 +791,7 @@ def compact_conversation(
         raise Invalid("conversation: the operations log is not a model's conversation")
     session_id = conversation.session_id
     if not _done_before(session_id, action_id, "compact", conversation_id):
-        newest, _ = session_reads.last_entries(conversation_id, 1)
+        newest = session_reads.last_entries(conversation_id, 1, 0).entries
         _refuse_unless(
             bool(newest) and newest[-1].id == last_entry_id,
             f"the newest entry of {conversation_id} is "
