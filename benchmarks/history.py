@@ -192,8 +192,11 @@ def run_workload() -> Persisted:
     )
 
 
-def build_conversation(kernel: Any, handle: Any, turns: int) -> str:
+def build_conversation(kernel: Any, handle: Any, turns: int, usage: bool = False) -> str:
+    """``turns`` turns, then a summary of all but the newest :data:`RECENT_TURNS`; with
+    ``usage``, each response reports tokens as a model's does (the page totals them)."""
     from kernel import Draft
+    from kernel.agent.requests import USAGE, conversation_key
     from kernel.records import SUMMARY
 
     draft = Draft()
@@ -206,11 +209,16 @@ def build_conversation(kernel: Any, handle: Any, turns: int) -> str:
         for turn in range(start, min(start + per_commit, turns)):
             call = {"id": f"c{turn}", "name": "fetch_page", "arguments": {"page": turn}}
             draft.append(conversation, "user", {"text": f"question {turn}"})
+            used = {"input_tokens": 900 + turn, "output_tokens": 40} if usage else {}
             draft.append(conversation, "model_response",
-                         {"text": "", "tool_calls": [call], "usage": {}})
+                         {"text": "", "tool_calls": [call], "usage": used, "turn": f"t{turn}"})
             draft.append(conversation, "tool_result",
                          {"call_id": f"c{turn}", "name": "fetch_page",
                           "result": {"text": "r" * 1000}})
+            if usage:  # the running totals a turn adds its response's usage to
+                draft.update_document(USAGE, conversation_key(conversation), *(
+                    {"op": "incr", "path": ["models", "scripted", name], "value": count}
+                    for name, count in used.items()))
         written = handle.commit(draft).entries
         for index, entry in enumerate(written):
             if start + index // 3 == turns - RECENT_TURNS - 1 and entry.kind == "tool_result":
@@ -257,8 +265,52 @@ def run_rebuilds(
     return samples, Stats.of(whole), size
 
 
+def run_pages(runs: int, lengths: tuple[int, int] = (1000, 10_000)) -> dict[int, Stats]:
+    """The dashboard's session page of a session holding one conversation of each
+    length (with usage on every response), server render as ``benchmarks.ui`` times it."""
+    from django.db import connection
+
+    from benchmarks.ui import measure_render
+    from controlplane.storage import PostgresStorage
+    from kernel import Kernel, Registry
+    from kernel.agent.requests import USAGE
+
+    registry = Registry()
+    registry.document(USAGE)
+    kernel = Kernel(PostgresStorage(), registry)
+    sessions = {}
+    for turns in lengths:
+        handle = kernel.create_session()
+        build_conversation(kernel, handle, turns, usage=True)
+        sessions[turns] = handle.id
+    with connection.cursor() as cur:
+        cur.execute("VACUUM ANALYZE kernel_entry")
+    found = {}
+    for turns, session_id in sessions.items():
+        found[turns] = measure_render(session_id, runs)
+        progress(f"session page, {turns:,} turns: p50 {found[turns].p50:.1f} ms")
+    return found
+
+
+def render_pages(pages: dict[int, Stats]) -> list[str]:
+    return [
+        "",
+        "### The session page of a long conversation",
+        "",
+        "A session holding one conversation (turns as above, a summary of all but the "
+        f"newest {RECENT_TURNS} turns, usage on every response); `GET /sessions/<id>/` "
+        "rendered by Django's test client in the benchmark process, as `benchmarks.ui` "
+        "times the 10,000-task session page (its section \"Dashboard (issue 6)\"):",
+        "",
+        "| turns | runs | p50 ms | p90 ms | max ms |",
+        "|---:|---:|---:|---:|---:|",
+        *(f"| {turns:,} | {s.count} | {s.p50:.1f} | {s.p90:.1f} | {s.max:.1f} |"
+          for turns, s in pages.items()),
+    ]
+
+
 def render(persisted: Persisted, rebuilds: dict[int, list[float]], whole: Stats, size: int,
-           load: tuple[str, str]) -> str:
+           load: tuple[str, str], pages: dict[int, Stats]) -> str:
     total = sum(persisted.grown.values())
     mb = total / 1_000_000
     lines = [
@@ -319,6 +371,7 @@ def render(persisted: Persisted, rebuilds: dict[int, list[float]], whole: Stats,
         f"For reference, rebuilding from every entry of the {long:,}-turn conversation (what "
         f"each request read before summaries): p50 {whole.p50:.0f} ms over {whole.count} "
         "runs.",
+        *render_pages(pages),
     ]
     return "\n".join(lines) + "\n"
 
@@ -326,14 +379,21 @@ def render(persisted: Persisted, rebuilds: dict[int, list[float]], whole: Stats,
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.history", description=__doc__)
     parser.add_argument("--repeat", type=int, default=400, help="rebuilds timed per length")
+    parser.add_argument("--page-runs", type=int, default=30, help="session page renders")
+    parser.add_argument("--only-page", action="store_true",
+                        help="only the session page (prints it; docs/benchmarks.md untouched)")
     args, url = parse_arguments(parser, argv, DATABASE)
     fresh_database(args, url)
+    if args.only_page:
+        print("\n".join(render_pages(run_pages(args.page_runs))))
+        return 0
     load_before = " ".join(f"{x:.2f}" for x in os.getloadavg())
     persisted = run_workload()
     rebuilds, whole, size = run_rebuilds(args.repeat)
+    pages = run_pages(args.page_runs)
     load_after = " ".join(f"{x:.2f}" for x in os.getloadavg())
     return publish(HEADING, render(persisted, rebuilds, whole, size,
-                                   (load_before, load_after)), write=not args.no_write)
+                                   (load_before, load_after), pages), write=not args.no_write)
 
 
 if __name__ == "__main__":
