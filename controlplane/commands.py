@@ -43,6 +43,7 @@ from controlplane.reads.tasks import TaskFilter, TaskSet
 from controlplane.reads.tokens import TokenView, token_view
 from controlplane.runtime import runtime
 from controlplane.storage import partitions
+from controlplane.storage.artifacts import referenced_artifacts
 from controlplane.storage.retention import PruneRunning
 from kernel import (
     Blocked,
@@ -864,6 +865,16 @@ def prune(*, dry_run: bool = False, progress: Progress = quiet) -> PruneReport:
         raise Conflict(str(exc)) from exc
     log.info("prune: %s", report.summary())
     return report
+
+
+def sweep_artifacts() -> int:
+    """Remove the artifacts older than the grace period (kernel.artifacts.GRACE) that no
+    entry references, from the store the settings name; how many. Beat asks for it daily
+    (controlplane.celery.ARTIFACT_SWEEP); it is logged, as the prune is."""
+    kernel = runtime().kernel
+    removed = kernel.artifacts.sweep(referenced_artifacts, kernel.clock.now())
+    log.info("artifact sweep: %d unreferenced artifact(s) removed", removed)
+    return removed
 
 
 # -- the approval gate ---------------------------------------------------------------------
