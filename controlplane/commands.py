@@ -872,6 +872,7 @@ def sweep_artifacts() -> int:
     entry references, from the store the settings name; how many. Beat asks for it daily
     (controlplane.celery.ARTIFACT_SWEEP); it is logged, as the prune is."""
     kernel = runtime().kernel
+    assert kernel.artifacts is not None  # set by the kernel when not given
     removed = kernel.artifacts.sweep(referenced_artifacts, kernel.clock.now())
     log.info("artifact sweep: %d unreferenced artifact(s) removed", removed)
     return removed
