@@ -150,16 +150,20 @@ def _replay_policies() -> dict[str, str]:
     return {name: str(tool.replay) for name, tool in assistant.toolbox().tools.items()}
 
 
-def _tool_tasks(session_id: str) -> dict[str, Any]:
-    """The session's tool tasks, and the approval tasks of hosted agents' calls, by call
-    id (the last one, if a call was made again)."""
+def _tool_tasks(session_id: str, calls: set[str], since: int) -> dict[str, Any]:
+    """The tool tasks of these calls, and the approval tasks of hosted agents' calls, by
+    call id (the last one, if a call was made again). A call's task is made after the
+    response that asked for it, at seq ``since`` or later: the read is a range of the
+    session's newest tasks, however many calls came before."""
+    ids = models.Task.objects.filter(
+        session_id=session_id, created_seq__gte=since, kind__in=approvals.KINDS,
+        input__call__id__in=sorted(calls)).values_list("id", flat=True)
     found: dict[str, Any] = {}
-    for kind in approvals.KINDS:
-        for task in tasks.find(tasks.TaskFilter(session_id=session_id, kind=kind), limit=2000):
-            call = (task.input or {}).get("call") or {}
-            if call.get("id") and (call["id"] not in found
-                                   or found[call["id"]].created_seq < task.created_seq):
-                found[call["id"]] = task
+    for task in tasks.find_ids(list(ids)):
+        call = (task.input or {}).get("call") or {}
+        if call.get("id") and (call["id"] not in found
+                               or found[call["id"]].created_seq < task.created_seq):
+            found[call["id"]] = task
     return found
 
 
@@ -308,10 +312,9 @@ def conversation(session_id: str, conversation_id: str, operations: bool,
     shown = found.entries
     # A tool's result comes after its call: a shown call's result is shown too.
     results = {e.payload.get("call_id"): e.payload for e in shown if e.kind == TOOL_RESULT}
-    calls = {c.get("id") for e in shown if e.kind == RESPONSE
-             for c in e.payload.get("tool_calls") or []}
-    tool_tasks = {k: v for k, v in _tool_tasks(session_id).items() if k in calls} if calls \
-        else {}
+    asking = [e for e in shown if e.kind == RESPONSE and e.payload.get("tool_calls")]
+    calls = {str(c.get("id")) for e in asking for c in e.payload["tool_calls"]}
+    tool_tasks = _tool_tasks(session_id, calls, min(e.seq for e in asking)) if asking else {}
     waiting = set()
     if tool_tasks:
         related = [t.id for t in tool_tasks.values()] + [

@@ -185,3 +185,38 @@ def test_api_pages_of_a_fork_are_its_transcript_in_order_read_a_page_at_a_time()
     assert len(read) == FORK_AT + 1 + FORK_OWN
     assert counts and max(counts) <= 101, counts  # limit + 1 per conversation spanned
     assert client.get("/api/conversations/conv_nope/entries").status_code == 404
+
+
+def test_the_tool_cards_read_the_tasks_of_the_shown_calls_only() -> None:
+    """A call's card reads its tool task; the page reads the tasks of the calls it shows,
+    not every tool task the session ever made."""
+    kernel = runtime().kernel
+    handle = kernel.create_session()
+    draft = Draft(actor="user:test")
+    conversation = draft.create_conversation()
+    handle.commit(draft)
+    turns = 300
+    for start in range(0, turns, 50):
+        draft = Draft(actor="task:turn_x")
+        for i in range(start, start + 50):
+            call = {"id": f"c{i}", "name": "lookup", "arguments": {}}
+            draft.append(conversation, "model_response", {
+                "text": "", "tool_calls": [call], "turn": "turn_x", "attempt": 1})
+            draft.create_task("agent-tool", {"call": call, "conversation_id": conversation})
+            draft.append(conversation, "tool_result", {"call_id": f"c{i}", "name": "lookup",
+                                                       "result": {"n": i}})
+        handle.commit(draft)
+    rows: list[int] = []
+
+    def count(execute: Callable[..., Any], sql: str, params: Any, many: bool,
+              context: dict[str, Any]) -> Any:
+        result = execute(sql, params, many, context)
+        if '"kernel_task"' in sql and sql.lstrip().upper().startswith("SELECT"):
+            rows.append(context["cursor"].rowcount)
+        return result
+
+    with connection.execute_wrapper(count):
+        (shown,) = [c for c in pages.transcript(handle.id).items if c.id == conversation]
+    cards = [card for item in shown.items for card in item.tools]
+    assert len(cards) == pages.ENTRY_TAIL // 2 and all(card.task_id for card in cards)
+    assert max(rows) <= len(cards), rows
