@@ -265,8 +265,11 @@ def run_rebuilds(
     return samples, Stats.of(whole), size
 
 
-def run_pages(runs: int, lengths: tuple[int, int] = (1000, 10_000)
-              ) -> dict[int, tuple[Stats, Stats]]:
+Pages = dict[int, tuple[Stats, Stats]]
+"""The session page's wall and CPU time by the conversation's turns."""
+
+
+def run_pages(runs: int, lengths: tuple[int, int] = (1000, 10_000)) -> tuple[Pages, Stats]:
     """The dashboard's session page of a session holding one conversation of each
     length (with usage on every response), server render as ``benchmarks.ui`` times it."""
     from django.db import connection
@@ -291,10 +294,29 @@ def run_pages(runs: int, lengths: tuple[int, int] = (1000, 10_000)
         cpu: list[float] = []
         found[turns] = (measure_render(session_id, runs, cpu=cpu), Stats.of(cpu))
         progress(f"session page, {turns:,} turns: p50 {found[turns][0].p50:.1f} ms")
-    return found
+    return found, summed_usage(sessions[lengths[-1]], max(3, runs // 3))
 
 
-def render_pages(pages: dict[int, tuple[Stats, Stats]]) -> list[str]:
+def summed_usage(session_id: str, runs: int) -> Stats:
+    """For reference: the longer conversation's usage summed over every response in SQL,
+    what the page read before running totals (still the path of a conversation without
+    them)."""
+    from controlplane import models
+    from controlplane.reads import sessions, transcript
+
+    conversation = models.Conversation.objects.filter(session_id=session_id).exclude(
+        id__startswith="conv_ops").values_list("id", flat=True).get()
+    scope = sessions.transcript_scope(conversation)
+    samples = []
+    for _ in range(runs):
+        started = time.perf_counter()
+        transcript._summed(session_id, scope)
+        samples.append(time.perf_counter() - started)
+    return Stats.of(samples)
+
+
+def render_pages(pages: Pages, summed: Stats) -> list[str]:
+    long = max(pages)
     return [
         "",
         "### The session page of a long conversation",
@@ -308,11 +330,17 @@ def render_pages(pages: dict[int, tuple[Stats, Stats]]) -> list[str]:
         "|---:|---:|---:|---:|---:|---:|",
         *(f"| {turns:,} | {s.count} | {s.p50:.1f} | {s.p90:.1f} | {s.max:.1f} | {cpu.p50:.1f} |"
           for turns, (s, cpu) in pages.items()),
+        "",
+        "The page reads the last 200 entries, counts up to 1,000, reads the tool tasks of "
+        "the calls it shows and the conversation's running usage totals (docs/agents.md, "
+        "\"In the dashboard\"). For reference, the usage of the "
+        f"{long:,}-turn conversation summed over every response in SQL (what the page read "
+        f"before running totals): p50 {summed.p50:.0f} ms over {summed.count} runs.",
     ]
 
 
 def render(persisted: Persisted, rebuilds: dict[int, list[float]], whole: Stats, size: int,
-           load: tuple[str, str], pages: dict[int, tuple[Stats, Stats]]) -> str:
+           load: tuple[str, str], pages: tuple[Pages, Stats]) -> str:
     total = sum(persisted.grown.values())
     mb = total / 1_000_000
     lines = [
@@ -373,7 +401,7 @@ def render(persisted: Persisted, rebuilds: dict[int, list[float]], whole: Stats,
         f"For reference, rebuilding from every entry of the {long:,}-turn conversation (what "
         f"each request read before summaries): p50 {whole.p50:.0f} ms over {whole.count} "
         "runs.",
-        *render_pages(pages),
+        *render_pages(*pages),
     ]
     return "\n".join(lines) + "\n"
 
@@ -387,7 +415,7 @@ def main(argv: list[str] | None = None) -> int:
     args, url = parse_arguments(parser, argv, DATABASE)
     fresh_database(args, url)
     if args.only_page:
-        print("\n".join(render_pages(run_pages(args.page_runs))))
+        print("\n".join(render_pages(*run_pages(args.page_runs))))
         return 0
     load_before = " ".join(f"{x:.2f}" for x in os.getloadavg())
     persisted = run_workload()

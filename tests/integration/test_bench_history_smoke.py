@@ -23,8 +23,9 @@ def test_the_workload_and_the_rebuilds_run_and_render(monkeypatch: pytest.Monkey
     assert {turns: len(s) for turns, s in rebuilds.items()} == {30: 3, 60: 3}
     assert size == 1 + 5 * 3  # the summary, then the newest turns' three messages each
     pages = history.run_pages(2, lengths=(30, 60))
-    assert {turns: (page.count, cpu.count) for turns, (page, cpu) in pages.items()} == {
+    assert {turns: (page.count, cpu.count) for turns, (page, cpu) in pages[0].items()} == {
         30: (2, 2), 60: (2, 2)}
+    assert pages[1].count == 3
     section = history.render(persisted, rebuilds, whole, size, ("1.0", "1.0"), pages)
     assert section.startswith(history.HEADING) and "loaded by other engineers" in section
     assert "60 against 30 turns" in section and "| 60 | 2 |" in section
