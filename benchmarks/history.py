@@ -192,8 +192,11 @@ def run_workload() -> Persisted:
     )
 
 
-def build_conversation(kernel: Any, handle: Any, turns: int) -> str:
+def build_conversation(kernel: Any, handle: Any, turns: int, usage: bool = False) -> str:
+    """``turns`` turns, then a summary of all but the newest :data:`RECENT_TURNS`; with
+    ``usage``, each response reports tokens as a model's does (the page totals them)."""
     from kernel import Draft
+    from kernel.agent.requests import USAGE, conversation_key
     from kernel.records import SUMMARY
 
     draft = Draft()
@@ -206,11 +209,16 @@ def build_conversation(kernel: Any, handle: Any, turns: int) -> str:
         for turn in range(start, min(start + per_commit, turns)):
             call = {"id": f"c{turn}", "name": "fetch_page", "arguments": {"page": turn}}
             draft.append(conversation, "user", {"text": f"question {turn}"})
+            used = {"input_tokens": 900 + turn, "output_tokens": 40} if usage else {}
             draft.append(conversation, "model_response",
-                         {"text": "", "tool_calls": [call], "usage": {}})
+                         {"text": "", "tool_calls": [call], "usage": used, "turn": f"t{turn}"})
             draft.append(conversation, "tool_result",
                          {"call_id": f"c{turn}", "name": "fetch_page",
                           "result": {"text": "r" * 1000}})
+            if usage:  # the running totals a turn adds its response's usage to
+                draft.update_document(USAGE, conversation_key(conversation), *(
+                    {"op": "incr", "path": ["models", "scripted", name], "value": count}
+                    for name, count in used.items()))
         written = handle.commit(draft).entries
         for index, entry in enumerate(written):
             if start + index // 3 == turns - RECENT_TURNS - 1 and entry.kind == "tool_result":
@@ -257,8 +265,106 @@ def run_rebuilds(
     return samples, Stats.of(whole), size
 
 
+Pages = dict[str, tuple[Stats, Stats]]
+"""The session page's wall and CPU time, by what the session holds."""
+TASKS_PAGE = "10,000 tasks (`benchmarks.ui`'s page)"
+
+
+def run_pages(runs: int, lengths: tuple[int, int] = (1000, 10_000),
+              tasks: int = 10_000) -> tuple[Pages, Stats]:
+    """The dashboard's session page of a session holding one conversation of each
+    length (with usage on every response), server render as ``benchmarks.ui`` times it,
+    interleaved with that benchmark's page of a session of ``tasks`` tasks: on a busy
+    machine the ratio between them says more than either time."""
+    from django.contrib.auth.models import Group, User
+    from django.db import connection
+    from django.test import Client
+
+    from benchmarks.ui import seed_session
+    from controlplane.storage import PostgresStorage
+    from kernel import Kernel, Registry
+    from kernel.agent.requests import USAGE
+
+    registry = Registry()
+    registry.document(USAGE)
+    kernel = Kernel(PostgresStorage(), registry)
+    sessions = {}
+    for turns in lengths:
+        handle = kernel.create_session()
+        build_conversation(kernel, handle, turns, usage=True)
+        sessions[f"a conversation of {turns:,} turns"] = handle.id
+    long = sessions[f"a conversation of {lengths[-1]:,} turns"]
+    sessions[TASKS_PAGE.replace("10,000", f"{tasks:,}")] = seed_session(tasks)[0]
+    with connection.cursor() as cur:
+        cur.execute("VACUUM ANALYZE")
+    user = User.objects.create_user(f"bench-history-{time.monotonic_ns()}", password="bench")
+    user.groups.add(Group.objects.get_or_create(name="viewer")[0])
+    client = Client()
+    client.force_login(user)
+    wall: dict[str, list[float]] = {name: [] for name in sessions}
+    cpu: dict[str, list[float]] = {name: [] for name in sessions}
+    rounds = max(1, runs // 5)
+    for lap in range(rounds + 1):  # the first lap warms up
+        for name, session_id in sessions.items():  # interleaved: noise hits each
+            for _ in range(min(5, runs)):
+                started, used = time.perf_counter(), time.process_time()
+                answer = client.get(f"/sessions/{session_id}/")
+                elapsed, used = time.perf_counter() - started, time.process_time() - used
+                assert answer.status_code == 200, answer.status_code
+                if lap:
+                    wall[name].append(elapsed)
+                    cpu[name].append(used)
+    found = {name: (Stats.of(wall[name]), Stats.of(cpu[name])) for name in sessions}
+    for name, (page, _) in found.items():
+        progress(f"session page, {name}: p50 {page.p50:.1f} ms")
+    return found, summed_usage(long, max(3, runs // 3))
+
+
+def summed_usage(session_id: str, runs: int) -> Stats:
+    """For reference: the longer conversation's usage summed over every response in SQL,
+    what the page read before running totals (still the path of a conversation without
+    them)."""
+    from controlplane import models
+    from controlplane.reads import sessions, transcript
+
+    conversation = models.Conversation.objects.filter(session_id=session_id).exclude(
+        id__startswith="conv_ops").values_list("id", flat=True).get()
+    scope = sessions.transcript_scope(conversation)
+    samples = []
+    for _ in range(runs):
+        started = time.perf_counter()
+        transcript._summed(session_id, scope)
+        samples.append(time.perf_counter() - started)
+    return Stats.of(samples)
+
+
+def render_pages(pages: Pages, summed: Stats) -> list[str]:
+    return [
+        "",
+        "### The session page of a long conversation",
+        "",
+        "A session holding one conversation (turns as above, a summary of all but the "
+        f"newest {RECENT_TURNS} turns, usage on every response); `GET /sessions/<id>/` "
+        "rendered by Django's test client in the benchmark process, as `benchmarks.ui` "
+        "times its page of a session of 10,000 tasks (section \"Dashboard (issue 6)\"), "
+        "which is measured here too, interleaved with them, for reference:",
+        "",
+        "| the session holds | runs | p50 ms | p90 ms | max ms | CPU in the server "
+        "process, p50 ms |",
+        "|---|---:|---:|---:|---:|---:|",
+        *(f"| {name} | {s.count} | {s.p50:.1f} | {s.p90:.1f} | {s.max:.1f} | {cpu.p50:.1f} |"
+          for name, (s, cpu) in pages.items()),
+        "",
+        "The page reads the last 200 entries, counts up to 1,000, reads the tool tasks of "
+        "the calls it shows and the conversation's running usage totals (docs/agents.md, "
+        "\"In the dashboard\"). For reference, the usage of the longer conversation summed "
+        "over every response in SQL (what the page read before running totals): p50 "
+        f"{summed.p50:.0f} ms over {summed.count} runs.",
+    ]
+
+
 def render(persisted: Persisted, rebuilds: dict[int, list[float]], whole: Stats, size: int,
-           load: tuple[str, str]) -> str:
+           load: tuple[str, str], pages: tuple[Pages, Stats]) -> str:
     total = sum(persisted.grown.values())
     mb = total / 1_000_000
     lines = [
@@ -319,6 +425,7 @@ def render(persisted: Persisted, rebuilds: dict[int, list[float]], whole: Stats,
         f"For reference, rebuilding from every entry of the {long:,}-turn conversation (what "
         f"each request read before summaries): p50 {whole.p50:.0f} ms over {whole.count} "
         "runs.",
+        *render_pages(*pages),
     ]
     return "\n".join(lines) + "\n"
 
@@ -326,14 +433,21 @@ def render(persisted: Persisted, rebuilds: dict[int, list[float]], whole: Stats,
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.history", description=__doc__)
     parser.add_argument("--repeat", type=int, default=400, help="rebuilds timed per length")
+    parser.add_argument("--page-runs", type=int, default=30, help="session page renders")
+    parser.add_argument("--only-page", action="store_true",
+                        help="only the session page (prints it; docs/benchmarks.md untouched)")
     args, url = parse_arguments(parser, argv, DATABASE)
     fresh_database(args, url)
+    if args.only_page:
+        print("\n".join(render_pages(*run_pages(args.page_runs))))
+        return 0
     load_before = " ".join(f"{x:.2f}" for x in os.getloadavg())
     persisted = run_workload()
     rebuilds, whole, size = run_rebuilds(args.repeat)
+    pages = run_pages(args.page_runs)
     load_after = " ".join(f"{x:.2f}" for x in os.getloadavg())
     return publish(HEADING, render(persisted, rebuilds, whole, size,
-                                   (load_before, load_after)), write=not args.no_write)
+                                   (load_before, load_after), pages), write=not args.no_write)
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
-"""The Celery app: carries "advance task X", "wake queue Q", the once-a-second sweep and
-the daily prune.
+"""The Celery app: carries "advance task X", "wake queue Q", the once-a-second sweep, the
+daily prune and the daily sweep of unreferenced artifacts.
 
 Start a worker with ``celery -A controlplane.celery worker -Q default,hands,brain``
 and beat with ``celery -A controlplane.celery beat``.
@@ -24,6 +24,10 @@ SWEEP = "controlplane.sweep"
 """The task that re-delivers what was lost, once a second from beat."""
 PRUNE = "controlplane.prune"
 """Retention: the daily prune of finished sessions' history (controlplane.commands.prune)."""
+ARTIFACT_SWEEP = "controlplane.sweep_artifacts"
+"""The daily removal of artifacts no record references (controlplane.commands.sweep_artifacts):
+what a writer that died between storing an artifact and committing its reference left,
+and what the prune's removals left."""
 
 # The worker registry's signal handlers are connected when a worker imports its tasks.
 app = Celery("controlplane", include=["controlplane.execution", "controlplane.worker_registry"])
@@ -58,4 +62,11 @@ def schedule_sweep(sender: Celery, **kwargs: object) -> None:
         crontab(hour=settings.KERNEL_PRUNE_HOUR, minute=0),
         sender.signature(PRUNE),
         name="prune",
+    )
+    # Daily, after the prune (whose removed entries may leave artifacts unreferenced); two
+    # beats' sweeps remove the same rows, which changes nothing.
+    sender.add_periodic_task(
+        crontab(hour=settings.KERNEL_PRUNE_HOUR, minute=30),
+        sender.signature(ARTIFACT_SWEEP),
+        name="sweep_artifacts",
     )

@@ -43,6 +43,7 @@ from controlplane.reads.tasks import TaskFilter, TaskSet
 from controlplane.reads.tokens import TokenView, token_view
 from controlplane.runtime import runtime
 from controlplane.storage import partitions
+from controlplane.storage.artifacts import referenced_artifacts
 from controlplane.storage.retention import PruneRunning
 from kernel import (
     Blocked,
@@ -791,7 +792,7 @@ def compact_conversation(
         raise Invalid("conversation: the operations log is not a model's conversation")
     session_id = conversation.session_id
     if not _done_before(session_id, action_id, "compact", conversation_id):
-        newest, _ = session_reads.last_entries(conversation_id, 1)
+        newest = session_reads.last_entries(conversation_id, 1, 0).entries
         _refuse_unless(
             bool(newest) and newest[-1].id == last_entry_id,
             f"the newest entry of {conversation_id} is "
@@ -864,6 +865,17 @@ def prune(*, dry_run: bool = False, progress: Progress = quiet) -> PruneReport:
         raise Conflict(str(exc)) from exc
     log.info("prune: %s", report.summary())
     return report
+
+
+def sweep_artifacts() -> int:
+    """Remove the artifacts older than the grace period (kernel.artifacts.GRACE) that no
+    entry references, from the store the settings name; how many. Beat asks for it daily
+    (controlplane.celery.ARTIFACT_SWEEP); it is logged, as the prune is."""
+    kernel = runtime().kernel
+    assert kernel.artifacts is not None  # set by the kernel when not given
+    removed = kernel.artifacts.sweep(referenced_artifacts, kernel.clock.now())
+    log.info("artifact sweep: %d unreferenced artifact(s) removed", removed)
+    return removed
 
 
 # -- the approval gate ---------------------------------------------------------------------

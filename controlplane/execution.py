@@ -32,7 +32,7 @@ from kernel import Blocked, StorageUnavailable
 from kernel.dispatch import RECOVERY, recovery_queue
 
 from . import commands, heap, listener, worker_registry
-from .celery import ADVANCE, PRUNE, SWEEP, WAKE, app
+from .celery import ADVANCE, ARTIFACT_SWEEP, PRUNE, SWEEP, WAKE, app
 from .errors import Conflict
 from .runtime import built, deliver, runtime
 from .runtime import wake as send_wake
@@ -147,6 +147,17 @@ def prune() -> dict[str, int]:
     finally:
         close_old_connections()
     return {"sessions": report.sessions, "partitions": len(report.partitions)}
+
+
+@app.task(name=ARTIFACT_SWEEP, ignore_result=True)
+def sweep_artifacts() -> dict[str, int]:
+    """Beat's daily sweep of unreferenced artifacts (controlplane.commands.sweep_artifacts)."""
+    close_old_connections()
+    try:
+        removed = commands.sweep_artifacts()
+    finally:
+        close_old_connections()
+    return {"removed": removed}
 
 
 @celeryd_after_setup.connect

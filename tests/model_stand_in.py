@@ -90,7 +90,9 @@ class ModelStandIn:
     url: str = ""
     _background: dict[str, JSON] = field(default_factory=dict)
     _ids: Iterator[int] = field(default_factory=lambda: itertools.count(1))
-    _released: threading.Event = field(default_factory=threading.Event)
+    _releases: int = 0  # how many times release() was called
+    _released_all: bool = False
+    _changed: threading.Condition = field(default_factory=threading.Condition)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def answer(self, body: JSON) -> Completion:
@@ -98,9 +100,14 @@ class ModelStandIn:
             return self.script(body)
         return self.completions.pop(0)
 
-    def release(self) -> None:
-        """Let every held request (and every later one) go on."""
-        self._released.set()
+    def release(self, later: bool = True) -> None:
+        """Let every held request go on, and with ``later`` every later one too; without
+        it a later request is held until the next release (a test that kills a worker
+        in each of two held requests)."""
+        with self._changed:
+            self._releases += 1
+            self._released_all = self._released_all or later
+            self._changed.notify_all()
 
     def requests(self, method: str, path: str) -> list[Received]:
         """The requests received so far whose path starts with ``/v1`` + ``path``."""
@@ -109,7 +116,10 @@ class ModelStandIn:
     def hold(self) -> None:
         with self._lock:
             self.held += 1
-        self._released.wait(HOLD_LIMIT)
+        with self._changed:
+            before = self._releases
+            self._changed.wait_for(lambda: self._released_all or self._releases > before,
+                                   HOLD_LIMIT)
 
     def record(self, method: str, path: str, body: JSON, auth: str | None) -> None:
         with self._lock:

@@ -44,6 +44,9 @@ shows its counts and loads its children by page."""
 ROOT_PAGE = 200
 ENTRY_TAIL = 200
 """The transcript shows the last entries of each conversation."""
+ENTRIES_COUNTED = 1000
+"""How many entries of a conversation the transcript counts at most (past it, "more
+than"): counting them all would read them all."""
 PROGRESS = turn.PROGRESS  # the agent turn streams its text into these documents
 MAX_CHANGED_ROWS = 500
 """Changed task rows re-rendered in one live update; past this an update re-renders the
@@ -191,7 +194,8 @@ def transcript(session_id: str) -> Shown:
     ops = operations_log_id(session_id)
     found, total = session_reads.last_conversations(session_id, CONVERSATIONS_SHOWN, ops)
     return Shown([
-        conversations.conversation(session_id, c.id, c.id == ops, c.fork_of, ENTRY_TAIL)
+        conversations.conversation(session_id, c.id, c.id == ops, c.fork_of, ENTRY_TAIL,
+                                   ENTRIES_COUNTED)
         for c in found
     ], total + sum(c.id == ops for c in found))
 

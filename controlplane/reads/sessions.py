@@ -131,11 +131,25 @@ def entries(conversation_id: str, after: Position | None, limit: int) -> EntryPa
     return EntryPage(found[:limit], len(found) > limit)
 
 
-def last_entries(conversation_id: str, count: int) -> tuple[list[Entry], int]:
-    """A conversation's last ``count`` entries, in order, and how many it has in all."""
+@dataclass(frozen=True)
+class Tail:
+    """A conversation's last entries, and how many it has, counted up to a bound."""
+
+    entries: list[Entry]
+    total: int
+    """How many entries the transcript has, or the bound when it has more."""
+    more: bool
+    """It has more than ``total`` entries (not counted: a count would read them all)."""
+
+
+def last_entries(conversation_id: str, count: int, counted: int) -> Tail:
+    """A conversation's last ``count`` entries, in order, and how many it has, counting
+    at most ``counted``: each read is an index range cut by a LIMIT in SQL, so a page
+    of a long conversation costs what a page of a short one does."""
     scope = transcript_scope(conversation_id)
-    total = sum(models.Entry.objects.filter(part).count() for part in scope)
-    return _ordered(scope, Q(), count, last=True), total
+    total = sum(models.Entry.objects.filter(part).order_by().values("seq")[:counted + 1].count()
+                for part in scope)
+    return Tail(_ordered(scope, Q(), count, last=True), min(total, counted), total > counted)
 
 
 @dataclass(frozen=True)

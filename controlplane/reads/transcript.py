@@ -24,9 +24,12 @@ from django.db.models.fields.json import KT
 from django.db.models.functions import Cast, Coalesce
 
 from controlplane import models
+from controlplane.runtime import runtime
 from kernel.agent.compaction import COMPACTION
 from kernel.agent.context import INTERRUPTION, RESPONSE, TOOL_RESULT, USER
+from kernel.agent.requests import USAGE, conversation_key
 from kernel.artifacts import is_reference
+from kernel.commit import replay as replay_document
 from kernel.records import SUBMISSION_ID, SUMMARY, TASK_ID, Entry, Status, Submission, id_kind
 
 from . import approvals, sessions, tasks
@@ -132,6 +135,8 @@ class Conversation:
     usage: Usage | None
     shown: int
     total: int
+    """How many entries its transcript has, counted up to a bound (``more``: past it)."""
+    more: bool = False
     newest: str | None = None
     """The id of its newest entry: what an operator's compaction names as seen."""
 
@@ -145,16 +150,20 @@ def _replay_policies() -> dict[str, str]:
     return {name: str(tool.replay) for name, tool in assistant.toolbox().tools.items()}
 
 
-def _tool_tasks(session_id: str) -> dict[str, Any]:
-    """The session's tool tasks, and the approval tasks of hosted agents' calls, by call
-    id (the last one, if a call was made again)."""
+def _tool_tasks(session_id: str, calls: set[str], since: int) -> dict[str, Any]:
+    """The tool tasks of these calls, and the approval tasks of hosted agents' calls, by
+    call id (the last one, if a call was made again). A call's task is made after the
+    response that asked for it, at seq ``since`` or later: the read is a range of the
+    session's newest tasks, however many calls came before."""
+    ids = models.Task.objects.filter(
+        session_id=session_id, created_seq__gte=since, kind__in=approvals.KINDS,
+        input__call__id__in=sorted(calls)).values_list("id", flat=True)
     found: dict[str, Any] = {}
-    for kind in approvals.KINDS:
-        for task in tasks.find(tasks.TaskFilter(session_id=session_id, kind=kind), limit=2000):
-            call = (task.input or {}).get("call") or {}
-            if call.get("id") and (call["id"] not in found
-                                   or found[call["id"]].created_seq < task.created_seq):
-                found[call["id"]] = task
+    for task in tasks.find_ids(list(ids)):
+        call = (task.input or {}).get("call") or {}
+        if call.get("id") and (call["id"] not in found
+                               or found[call["id"]].created_seq < task.created_seq):
+            found[call["id"]] = task
     return found
 
 
@@ -165,10 +174,11 @@ def _commit_times(session_id: str, seqs: set[int]) -> dict[int, datetime]:
                 .values_list("seq", "at"))
 
 
-def _turn_models(session_id: str) -> dict[str, str]:
+def _turn_models(session_id: str, task_ids: set[str]) -> dict[str, str]:
+    """The model of each of these turns and compaction tasks."""
     found = models.Task.objects.filter(
-        session_id=session_id, kind__in=[TURN_KIND, COMPACTION]).values_list(
-        "id", "checkpoint", "input")
+        session_id=session_id, id__in=sorted(task_ids), kind__in=[TURN_KIND, COMPACTION]
+    ).values_list("id", "checkpoint", "input")
     return {task_id: (checkpoint or {}).get("model") or (input or {}).get("model") or ""
             for task_id, checkpoint, input in found}
 
@@ -237,11 +247,10 @@ def _card(call: dict[str, Any], result: dict[str, Any] | None, task: Any | None,
     return card
 
 
-def usage_total(session_id: str, conversation_id: str) -> Usage | None:
-    """The usage of every model response and summary in the conversation's transcript,
-    summed in SQL per turn or compaction task (a turn's model sets the prices): the
-    transcript is not read for it. None when no response reported usage."""
-    scope = sessions.transcript_scope(conversation_id)
+def _summed(session_id: str, scope: list[Q]) -> Usage | None:
+    """The usage of every model response and summary the scope holds, summed in SQL per
+    turn or compaction task (a turn's model sets the prices). None when none reported
+    usage. Reads every response in the scope: for what no running total covers."""
     per_turn = (
         models.Entry.objects.filter(reduce(operator.or_, scope), kind__in=[RESPONSE, SUMMARY])
         .alias(shape=RawSQL("jsonb_typeof(payload -> 'usage')", ()))
@@ -250,9 +259,10 @@ def usage_total(session_id: str, conversation_id: str) -> Usage | None:
         .annotate(input=Sum(Cast(KT("payload__usage__input_tokens"), FloatField())),
                   output=Sum(Cast(KT("payload__usage__output_tokens"), FloatField())))
     )
-    turn_models = _turn_models(session_id)
+    rows = list(per_turn)
+    turn_models = _turn_models(session_id, {str(row["turn"]) for row in rows})
     total: Usage | None = None
-    for row in per_turn:
+    for row in rows:
         used = usage_of({"input_tokens": int(row["input"] or 0),
                          "output_tokens": int(row["output"] or 0)},
                         turn_models.get(str(row["turn"])))
@@ -263,16 +273,48 @@ def usage_total(session_id: str, conversation_id: str) -> Usage | None:
     return total
 
 
+def _per_model(session_id: str, conversation_id: str) -> dict[str, Any] | None:
+    """The conversation's own running totals per model (the ``agent-usage`` document its
+    requests add to): one read, however long the conversation. None when it has no such
+    document (nothing was counted there)."""
+    found = runtime().kernel.storage.document_now(
+        session_id, USAGE, conversation_key(conversation_id))
+    if found is None:
+        return None
+    return dict((replay_document(found[1]) or {}).get("models") or {})
+
+
+def usage_total(session_id: str, conversation_id: str) -> Usage | None:
+    """The usage of every model response and summary in the conversation's transcript:
+    its own from its running totals, and for a fork its origin's up to the fork point
+    summed from those entries (bounded by the fork point, not by the origin's growth
+    since). None when no response reported usage."""
+    scope = sessions.transcript_scope(conversation_id)
+    per_model = _per_model(session_id, conversation_id)
+    if per_model is None:  # written before running totals were kept, or no usage yet
+        return _summed(session_id, scope)
+    total = _summed(session_id, scope[1:]) if len(scope) > 1 else None
+    for model, counts in sorted(per_model.items()):
+        used = usage_of(counts, model or None)
+        if used is None:
+            continue
+        if total is None:
+            total = Usage(cost=0.0)
+        total.add(used)
+    return total
+
+
 def conversation(session_id: str, conversation_id: str, operations: bool,
-                 fork_of: str | None, tail: int) -> Conversation:
-    """A conversation's last ``tail`` entries as items; its usage over all entries."""
-    shown, count = sessions.last_entries(conversation_id, tail)
+                 fork_of: str | None, tail: int, counted: int) -> Conversation:
+    """A conversation's last ``tail`` entries as items, how many it has (up to
+    ``counted``); its usage over all entries."""
+    found = sessions.last_entries(conversation_id, tail, counted)
+    shown = found.entries
     # A tool's result comes after its call: a shown call's result is shown too.
     results = {e.payload.get("call_id"): e.payload for e in shown if e.kind == TOOL_RESULT}
-    calls = {c.get("id") for e in shown if e.kind == RESPONSE
-             for c in e.payload.get("tool_calls") or []}
-    tool_tasks = {k: v for k, v in _tool_tasks(session_id).items() if k in calls} if calls \
-        else {}
+    asking = [e for e in shown if e.kind == RESPONSE and e.payload.get("tool_calls")]
+    calls = {str(c.get("id")) for e in asking for c in e.payload["tool_calls"]}
+    tool_tasks = _tool_tasks(session_id, calls, min(e.seq for e in asking)) if asking else {}
     waiting = set()
     if tool_tasks:
         related = [t.id for t in tool_tasks.values()] + [
@@ -285,7 +327,9 @@ def conversation(session_id: str, conversation_id: str, operations: bool,
               and "unit" in e.payload and e.payload.get("tool_calls")}
     if hosted:
         waiting |= _uncertain_calls(hosted)
-    turn_models = _turn_models(session_id) if not operations else {}
+    turn_models = _turn_models(session_id, {
+        str(e.payload.get("turn")) for e in shown if e.kind == RESPONSE
+        and isinstance(e.payload, dict)}) if not operations else {}
     total = usage_total(session_id, conversation_id) if not operations else None
     items = []
     for entry in shown:
@@ -313,7 +357,8 @@ def conversation(session_id: str, conversation_id: str, operations: bool,
             continue  # shown on its call's card
         else:
             items.append(Item(entry, "other", raw=pretty(entry.payload)))
-    return Conversation(conversation_id, operations, fork_of, items, total, len(shown), count,
+    return Conversation(conversation_id, operations, fork_of, items, total, len(shown),
+                        found.total, found.more,
                         shown[-1].id if shown else None)
 
 

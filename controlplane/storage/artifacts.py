@@ -81,6 +81,12 @@ class PostgresArtifacts:
 
     def referenced(self, digests: Iterable[str]) -> set[str]:
         """Which of ``digests`` some entry's payload names."""
-        with connections[self.using].cursor() as cur:
-            cur.execute(ARTIFACTS_REFERENCED, [list(digests)])
-            return {row[0] for row in cur.fetchall()}
+        return referenced_artifacts(digests, self.using)
+
+
+def referenced_artifacts(digests: Iterable[str], using: str = "default") -> set[str]:
+    """Which of ``digests`` some entry's payload names (the records are in Postgres
+    whichever store holds the artifacts' bytes)."""
+    with connections[using].cursor() as cur:
+        cur.execute(ARTIFACTS_REFERENCED, [list(digests)])
+        return {row[0] for row in cur.fetchall()}

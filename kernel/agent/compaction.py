@@ -259,7 +259,7 @@ def register_compaction(
             "reason": run.input.get("reason", "operator"),
             "usage": dict(answer.usage),
         })
-        record_usage(run, conversation, answer.usage)
+        record_usage(run, conversation, answer.usage, run.input.get("model") or default_model)
         made = [*checkpoint.get("summaries", []), entry]
         passes = checkpoint.get("passes", 0) + 1
         state = {"summaries": made, "passes": passes, "in_flight": None, "attempt": 0,

@@ -29,15 +29,33 @@ def backoff(attempt: int, error: TransientModelError | None = None) -> float:
     return wait
 
 
-def record_usage(run: Run, conversation: str, usage: JSON) -> None:
-    """Tokens per request, and running totals per conversation and session (counters)."""
+def conversation_key(conversation: str) -> str:
+    """The key of a conversation's own usage document: its running totals per model."""
+    return f"conversation:{conversation}"
+
+
+def record_usage(run: Run, conversation: str, usage: JSON, model: str | None) -> None:
+    """Tokens per request, and running totals per conversation and session (counters);
+    and per model in the conversation's own document (:func:`conversation_key`), which a
+    reader of the conversation's total reads in place of every response it made."""
     key = f"{run.task_id}:{run.checkpoint.get('attempt', 1)}"
     run.set(USAGE, "session", ["requests", key], {"conversation": conversation, **usage})
     for name, count in usage.items():
-        if isinstance(count, int | float):
-            run.update(
-                USAGE,
-                "session",
-                {"op": "incr", "path": ["total", name], "value": count},
-                {"op": "incr", "path": ["conversations", conversation, name], "value": count},
-            )
+        if not isinstance(count, int | float):
+            continue
+        run.update(
+            USAGE,
+            "session",
+            {"op": "incr", "path": ["total", name], "value": count},
+            {"op": "incr", "path": ["conversations", conversation, name], "value": count},
+        )
+    count_in_conversation(run, conversation, usage, model)
+
+
+def count_in_conversation(run: Run, conversation: str, usage: JSON, model: str | None) -> None:
+    """Add a response's tokens to its conversation's running totals, per model (``""``
+    for a model the kernel does not name, such as a hosted agent's)."""
+    ops = [{"op": "incr", "path": ["models", model or "", name], "value": count}
+           for name, count in (usage or {}).items() if isinstance(count, int | float)]
+    if ops:
+        run.update(USAGE, conversation_key(conversation), *ops)

@@ -277,7 +277,7 @@ def register_agent(
                 "attempt": checkpoint.get("attempt", 1),
             },
         )
-        record_usage(run, conversation, answer.usage)
+        record_usage(run, conversation, answer.usage, checkpoint["model"])
         if stream is not None:
             stream.fold(answer.text)
         if not answer.tool_calls:

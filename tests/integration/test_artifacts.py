@@ -76,6 +76,26 @@ def test_the_sweep_keeps_referenced_and_young_artifacts() -> None:
     assert load(store, reference) == REPORT
 
 
+def test_beat_sweeps_the_unreferenced_artifacts_daily(settings: object) -> None:
+    from controlplane.celery import ARTIFACT_SWEEP, app
+    from controlplane.execution import sweep_artifacts
+
+    (entry,) = [e for e in app.conf.beat_schedule.values() if e["task"] == ARTIFACT_SWEEP]
+    assert entry["schedule"].hour == {settings.KERNEL_PRUNE_HOUR}  # type: ignore[attr-defined]
+    _, _, reference = session_with_a_large_result()
+    store = runtime().kernel.artifacts
+    orphan = store.put(b"what a writer that died before its commit left", "text/plain")
+    young = store.put(b"stored a moment ago: its reference may be coming", "text/plain")
+    with connection.cursor() as cur:  # both stored before the grace period
+        cur.execute("UPDATE kernel_artifact SET created_at = now() - interval '2 hours' "
+                    "WHERE digest = ANY(%s)", [[orphan, reference[REFERENCE]]])
+    assert sweep_artifacts() == {"removed": 1}  # what beat's message runs
+    with pytest.raises(MissingArtifact):
+        store.get(orphan)
+    assert load(store, reference) == REPORT
+    assert store.get(young).startswith(b"stored")
+
+
 def test_the_dashboard_shows_and_downloads_an_artifact_for_readers_only() -> None:
     session_id, conversation, reference = session_with_a_large_result()
     digest = reference[REFERENCE]

@@ -22,6 +22,11 @@ def test_the_workload_and_the_rebuilds_run_and_render(monkeypatch: pytest.Monkey
     rebuilds, whole, size = history.run_rebuilds(3, lengths=(30, 60))
     assert {turns: len(s) for turns, s in rebuilds.items()} == {30: 3, 60: 3}
     assert size == 1 + 5 * 3  # the summary, then the newest turns' three messages each
-    section = history.render(persisted, rebuilds, whole, size, ("1.0", "1.0"))
+    pages = history.run_pages(2, lengths=(30, 60), tasks=20)
+    assert {name: (page.count, cpu.count) for name, (page, cpu) in pages[0].items()} == {
+        "a conversation of 30 turns": (2, 2), "a conversation of 60 turns": (2, 2),
+        "20 tasks (`benchmarks.ui`'s page)": (2, 2)}
+    assert pages[1].count == 3
+    section = history.render(persisted, rebuilds, whole, size, ("1.0", "1.0"), pages)
     assert section.startswith(history.HEADING) and "loaded by other engineers" in section
-    assert "60 against 30 turns" in section
+    assert "60 against 30 turns" in section and "| a conversation of 60 turns | 2 |" in section

@@ -10,11 +10,13 @@ from typing import Any
 import pytest
 from django.db import connection
 from django.test import Client
+from django.test.utils import CaptureQueriesContext
 
 from controlplane.reads import pages
 from controlplane.reads import transcript as conversations
 from controlplane.runtime import runtime
 from kernel import Draft
+from kernel.agent.requests import USAGE, conversation_key
 
 from .test_ui_conversation import login
 
@@ -87,6 +89,78 @@ def test_the_page_shows_the_last_entries_and_the_whole_usage_reading_one_page() 
         e.id for e in runtime().kernel.entries(fork)[-pages.ENTRY_TAIL:]]
 
 
+def counted_conversation(responses: int, fork: bool) -> tuple[str, str, str | None]:
+    """A session with a conversation of ``responses`` model responses whose usage its
+    running totals hold, as a turn's commits leave them (response i: i input tokens, 1
+    output token, model ``m``); with ``fork``, a fork of it at its 10th response with 3
+    responses of its own."""
+    kernel = runtime().kernel
+    handle = kernel.create_session()
+    draft = Draft(actor="user:test")
+    conversation = draft.create_conversation()
+    handle.commit(draft)
+    ids: list[str] = []
+
+    def respond(draft: Draft, into: str, i: int) -> str:
+        draft.update_document(USAGE, conversation_key(into),
+                              {"op": "incr", "path": ["models", "m", "input_tokens"], "value": i},
+                              {"op": "incr", "path": ["models", "m", "output_tokens"], "value": 1})
+        return draft.append(into, "model_response", {
+            "text": f"answer {i}", "tool_calls": [], "turn": "turn_x",
+            "usage": {"input_tokens": i, "output_tokens": 1}})
+
+    for start in range(0, responses, 100):
+        draft = Draft(actor="task:turn_x")
+        ids += [respond(draft, conversation, i) for i in range(start, min(start + 100, responses))]
+        handle.commit(draft)
+    if not fork:
+        return handle.id, conversation, None
+    draft = Draft(actor="user:test")
+    forked = draft.create_conversation(fork_of=conversation, fork_entry_id=ids[9])
+    handle.commit(draft)
+    draft = Draft(actor="task:turn_y")
+    for _ in range(3):
+        respond(draft, forked, 1000)
+    handle.commit(draft)
+    return handle.id, conversation, forked
+
+
+def test_the_page_reads_the_same_whatever_the_length_of_the_conversation(settings: Any) -> None:
+    """The transcript of a long conversation costs what a short one's does: the same
+    queries, each read of the entries cut by a LIMIT in SQL (the count too), and the
+    usage total from the running totals, not from every response."""
+    settings.MODEL_PRICES = {"m": {"input": 1.0, "output": 1000.0}}
+    read = {}
+    for responses in (pages.ENTRIES_COUNTED + 100, 3 * pages.ENTRIES_COUNTED):
+        session_id, conversation, _ = counted_conversation(responses, fork=False)
+        with CaptureQueriesContext(connection) as queries, entry_rows() as counts:
+            (shown,) = [c for c in pages.transcript(session_id).items if c.id == conversation]
+        on_entries = [q["sql"] for q in queries.captured_queries if "kernel_entry" in q["sql"]]
+        unbounded = [sql for sql in on_entries if " LIMIT " not in sql]
+        assert on_entries and not unbounded, unbounded
+        assert max(counts) <= pages.ENTRY_TAIL, counts
+        read[responses] = len(queries.captured_queries)
+        assert (shown.shown, shown.total, shown.more) == (
+            pages.ENTRY_TAIL, pages.ENTRIES_COUNTED, True)
+        assert shown.usage is not None
+        assert (shown.usage.input_tokens, shown.usage.output_tokens) == (
+            sum(range(responses)), responses)
+        assert shown.usage.cost == pytest.approx((sum(range(responses)) + 1000 * responses) / 1e6)
+    assert len(set(read.values())) == 1, read
+
+
+def test_a_forks_usage_is_its_running_totals_and_its_origins_up_to_the_fork() -> None:
+    session_id, conversation, fork = counted_conversation(50, fork=True)
+    found = {c.id: c for c in pages.transcript(session_id).items}
+    forked = found[fork]
+    assert (forked.shown, forked.total, forked.more) == (13, 13, False)
+    assert forked.usage is not None
+    assert (forked.usage.input_tokens, forked.usage.output_tokens) == (
+        sum(range(10)) + 3000, 13)
+    assert found[conversation].usage is not None
+    assert found[conversation].usage.input_tokens == sum(range(50))
+
+
 def test_the_usage_total_is_priced_per_turn(settings: Any) -> None:
     session_id, conversation, _ = long_conversation()
     settings.MODEL_PRICES = {"": {"input": 1.0, "output": 1000.0}}  # turn_x has no task
@@ -111,3 +185,38 @@ def test_api_pages_of_a_fork_are_its_transcript_in_order_read_a_page_at_a_time()
     assert len(read) == FORK_AT + 1 + FORK_OWN
     assert counts and max(counts) <= 101, counts  # limit + 1 per conversation spanned
     assert client.get("/api/conversations/conv_nope/entries").status_code == 404
+
+
+def test_the_tool_cards_read_the_tasks_of_the_shown_calls_only() -> None:
+    """A call's card reads its tool task; the page reads the tasks of the calls it shows,
+    not every tool task the session ever made."""
+    kernel = runtime().kernel
+    handle = kernel.create_session()
+    draft = Draft(actor="user:test")
+    conversation = draft.create_conversation()
+    handle.commit(draft)
+    turns = 300
+    for start in range(0, turns, 50):
+        draft = Draft(actor="task:turn_x")
+        for i in range(start, start + 50):
+            call = {"id": f"c{i}", "name": "lookup", "arguments": {}}
+            draft.append(conversation, "model_response", {
+                "text": "", "tool_calls": [call], "turn": "turn_x", "attempt": 1})
+            draft.create_task("agent-tool", {"call": call, "conversation_id": conversation})
+            draft.append(conversation, "tool_result", {"call_id": f"c{i}", "name": "lookup",
+                                                       "result": {"n": i}})
+        handle.commit(draft)
+    rows: list[int] = []
+
+    def count(execute: Callable[..., Any], sql: str, params: Any, many: bool,
+              context: dict[str, Any]) -> Any:
+        result = execute(sql, params, many, context)
+        if '"kernel_task"' in sql and sql.lstrip().upper().startswith("SELECT"):
+            rows.append(context["cursor"].rowcount)
+        return result
+
+    with connection.execute_wrapper(count):
+        (shown,) = [c for c in pages.transcript(handle.id).items if c.id == conversation]
+    cards = [card for item in shown.items for card in item.tools]
+    assert len(cards) == pages.ENTRY_TAIL // 2 and all(card.task_id for card in cards)
+    assert max(rows) <= len(cards), rows

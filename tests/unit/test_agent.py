@@ -203,6 +203,9 @@ def test_the_model_calls_the_batch_tool_and_answers_with_the_receipts() -> None:
     usage = kernel.document(handle.id, "agent-usage", "session")
     assert usage["total"] == {"input_tokens": 30, "output_tokens": 12}
     assert usage["conversations"][conversation]["input_tokens"] == 30
+    # The conversation's own running totals, per model: what its transcript's total reads.
+    own = kernel.document(handle.id, "agent-usage", f"conversation:{conversation}")
+    assert own == {"models": {"scripted": {"input_tokens": 30, "output_tokens": 12}}}
     assert kernel.document(handle.id, "agent-conversation", conversation)["active"] is None
 
 

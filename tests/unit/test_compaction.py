@@ -99,6 +99,8 @@ def test_a_context_past_the_threshold_is_summarized_and_later_requests_start_wit
     # The summary requests' tokens are counted with the conversation's.
     usage = kernel.document(handle.id, "agent-usage", "session")
     assert usage["total"]["input_tokens"] == 10 * len(sent) + 50 * len(made)
+    own = kernel.document(handle.id, "agent-usage", f"conversation:{conversation}")
+    assert own["models"]["scripted"]["input_tokens"] == 10 * len(sent) + 50 * len(made)
 
 
 def overflowing(limit: int, always: bool = False) -> ScriptedProvider:

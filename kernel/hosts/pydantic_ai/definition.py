@@ -39,6 +39,7 @@ from pydantic_core import to_jsonable_python
 
 from kernel.agent import approval as approvals
 from kernel.agent.context import TOOL_RESULT
+from kernel.agent.requests import USAGE
 from kernel.agent.tools import DAY, Replay
 from kernel.agent.turn import CONVERSATION, PROGRESS, release, release_unanswered, turn_kind
 from kernel.records import SubmissionStatus
@@ -121,7 +122,7 @@ def register_agent(
     if not approval_timeout > 0:
         raise ValueError("approval_timeout: a positive number of seconds")
     hosted = HostedAgent(name, agent, deps, usage_limits, approval_timeout)
-    for kind in (CONVERSATION, HISTORY, PROGRESS):
+    for kind in (CONVERSATION, HISTORY, PROGRESS, USAGE):
         registry.document(kind)
     approvals.register_approvals(registry)
 

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kernel.agent.context import RESPONSE, TOOL_RESULT
+from kernel.agent.requests import count_in_conversation
 from kernel.agent.tools import Replay
 from kernel.run import Run
 
@@ -107,10 +108,12 @@ class Journal:
     # -- writes: each one commit, keeping the lease -------------------------------------
 
     def record_response(self, key: str, payload: JSON) -> None:
+        usage = _usage(payload)
         entry = self.run.append(self.conversation, RESPONSE, {
-            "text": _text(payload), "tool_calls": _calls(payload), "usage": _usage(payload),
+            "text": _text(payload), "tool_calls": _calls(payload), "usage": usage,
             "turn": self.run.task_id, "unit": key, "pydantic": payload,
         })
+        count_in_conversation(self.run, self.conversation, usage, None)
         self.run.commit()
         self.responses[key] = payload
         self.last_response_entry = entry
