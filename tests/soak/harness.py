@@ -775,15 +775,23 @@ class Soak:
 
     def kill_connection(self) -> None:
         """Terminate one database connection of one worker (``pg_terminate_backend``),
-        found by the application name the worker's connections carry."""
-        worker = self.fault_random.choice([w for w in self.workers if w.alive] or self.workers)
+        found by the application name the worker's connections carry. The worker is chosen
+        among those that have one: a worker just started again (after a kill) has not
+        connected yet, and choosing it would make the fault a no-op."""
         rows = self._query(
-            "SELECT pid, state FROM pg_stat_activity WHERE application_name = %s "
-            "ORDER BY pid", [f"soak-{worker.name}"])
-        backends = [r for r in rows or [] if r]
-        if not backends:
+            "SELECT pid, state, application_name FROM pg_stat_activity "
+            "WHERE left(application_name, 5) = 'soak-' ORDER BY pid", [])
+        connected = {w.name: w for w in self.workers if w.alive}
+        by_worker: dict[str, list[dict[str, Any]]] = {}
+        for row in rows or []:
+            name = str(row.get("application_name", "")).removeprefix("soak-")
+            if name in connected:
+                by_worker.setdefault(name, []).append(row)
+        if not by_worker:
             self.report.faults["connection kill: no backend found"] += 1
             return
+        worker = connected[self.fault_random.choice(sorted(by_worker))]
+        backends = by_worker[worker.name]
         busy = [b for b in backends if b["state"] != "idle"]
         backend = self.fault_random.choice(
             busy if busy and self.fault_random.random() < 0.5 else backends)
