@@ -83,6 +83,7 @@ class HostedAgent:
     usage_limits: UsageLimits | None = None
     approval_timeout: float = DAY
     """Seconds a deferred call waits for an operator's decision; then it is denied."""
+    unsafe_tools: frozenset[str] = frozenset()
 
 
 def resolution(call_id: str, attempt: int) -> str:
@@ -99,6 +100,17 @@ def check_tools(agent: Agent[Any, Any]) -> None:
                 metadata = tool.metadata or {}
                 if CONFIG_KEY in metadata and metadata[CONFIG_KEY] is not False:
                     replay_of(metadata[CONFIG_KEY])
+
+
+def unsafe_tools(agent: Agent[Any, Any]) -> frozenset[str]:
+    """The agent's function tools that are unsafe (commit an intent before each call)."""
+    return frozenset(
+        name
+        for toolset in agent.toolsets if isinstance(toolset, FunctionToolset)
+        for name, tool in toolset.tools.items()
+        if (tool.metadata or {}).get(CONFIG_KEY) is not False
+        and replay_of((tool.metadata or {}).get(CONFIG_KEY) or {}) is Replay.UNSAFE
+    )
 
 
 def register_agent(
@@ -120,7 +132,8 @@ def register_agent(
     check_tools(agent)
     if not approval_timeout > 0:
         raise ValueError("approval_timeout: a positive number of seconds")
-    hosted = HostedAgent(name, agent, deps, usage_limits, approval_timeout)
+    hosted = HostedAgent(name, agent, deps, usage_limits, approval_timeout,
+                         unsafe_tools(agent))
     for kind in (CONVERSATION, HISTORY, PROGRESS):
         registry.document(kind)
     approvals.register_approvals(registry)
@@ -191,7 +204,7 @@ def run_turn(run: Run, hosted: HostedAgent) -> Transition:
     history = ModelMessagesTypeAdapter.validate_python(history_json) if history_json else None
     used = RunUsage(**checkpoint["usage"]) if checkpoint.get("usage") else None
     units = Units(Bridge(), journal, segment=segment, task_id=run.task_id, started_at=None,
-                  decisions=decisions, stream=Preview(run))
+                  decisions=decisions, stream=Preview(run), unsafe_tools=hosted.unsafe_tools)
 
     async def main() -> Any:
         return await hosted.agent.run(text, message_history=history, deps=hosted.deps,
@@ -205,9 +218,13 @@ def run_turn(run: Run, hosted: HostedAgent) -> Transition:
     except Exception as exc:
         if units.bridge.failure is not None:
             raise  # the kernel's own (a lost lease, a lost connection): the worker's to handle
+        for stage in units.take_staged():  # what the run did before it failed
+            stage()
         reason = f"{type(exc).__name__}: {exc}"
         release(run, SubmissionStatus.UNANSWERED, reason)
         return run.fail(reason)
+    for stage in units.take_staged():  # they join the commit that ends the segment
+        stage()
     messages = json.loads(result.all_messages_json())
     record_framework_returns(run, journal, json.loads(result.new_messages_json()), decisions)
     usage = result.usage
