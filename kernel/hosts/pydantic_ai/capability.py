@@ -245,6 +245,19 @@ def operation_id(ctx: RunContext[Any]) -> str:
     return f"op_{ctx.run_id if units is None else units.task_id}_{ctx.tool_call_id}"
 
 
+def save_partial(ctx: RunContext[Any], value: JSON) -> None:
+    """Inside a tool: commit ``value`` (JSON) as what this call has done so far, say the
+    recipients a notice already went to. If the turn is cancelled before the call
+    returns, the next turn's model is told the call was cancelled, with this value as
+    its partial result. Each call is a commit (it blocks until committed); outside a
+    kernel run it does nothing."""
+    units = _UNITS.get()
+    if units is None or ctx.tool_call_id is None:
+        return
+    call_id = ctx.tool_call_id
+    units.bridge.call_sync(lambda: units.journal.save_partial(call_id, value))
+
+
 class KernelOperationBackend(CallableOperationBackend[dict[str, Any]]):
     """Runs each unit through the journal of the kernel run it is inside."""
 

@@ -31,24 +31,32 @@ from typing import Any
 
 from pydantic_ai import Agent, ModelRetry
 from pydantic_ai.exceptions import ToolFailed
-from pydantic_ai.messages import ModelMessagesTypeAdapter
+from pydantic_ai.messages import (
+    ModelMessage,
+    ModelMessagesTypeAdapter,
+    ModelRequest,
+    ModelResponse,
+    ToolCallPart,
+    ToolReturnPart,
+    UserPromptPart,
+)
 from pydantic_ai.tools import DeferredToolRequests, DeferredToolResults, ToolApproved, ToolDenied
 from pydantic_ai.toolsets import FunctionToolset
 from pydantic_ai.usage import RunUsage, UsageLimits
 from pydantic_core import to_jsonable_python
 
 from kernel.agent import approval as approvals
-from kernel.agent.context import TOOL_RESULT
+from kernel.agent.context import CANCELLED_NOTE, TOOL_RESULT
 from kernel.agent.tools import DAY, Replay
 from kernel.agent.turn import CONVERSATION, PROGRESS, release, release_unanswered, turn_kind
-from kernel.records import SubmissionStatus
+from kernel.records import Outcome, SubmissionStatus
 from kernel.registry import Decision, Receipt, Registry
 from kernel.run import Run
 from kernel.tasks import Finish, Transition
 
 from .bridge import Bridge
 from .capability import CONFIG_KEY, KernelDurability, Preview, Units, enter, replay_of
-from .journal import Journal
+from .journal import Journal, shown_result
 
 JSON = Any
 HISTORY = "agent-history"
@@ -147,6 +155,8 @@ def register_agent(
             return run_turn(run, hosted)
 
         def on_end(self, run: Run, finish: Finish) -> None:
+            if finish.outcome == Outcome.CANCELLED:
+                leave_cancelled(run)
             release_unanswered(run, finish, "run")
 
     return hosted
@@ -361,3 +371,62 @@ def record_framework_returns(run: Run, journal: Journal, new_messages: list[JSON
                 "call_id": call_id, "name": part.get("tool_name"), **shown,
                 "turn": run.task_id, "by": "framework",
             })
+
+
+def leave_cancelled(run: Run) -> None:
+    """A cancelled turn leaves the conversation what it did, as native turns do: each call
+    of its committed responses that has no committed result is answered as cancelled
+    (who, why, and the partial result the call had committed with :func:`save_partial`),
+    in the transcript and in the messages the next turn continues from, so its model
+    knows what did and did not happen rather than that the turn vanished."""
+    journal = Journal.read(run)
+    conversation = run.input["conversation_id"]
+    cancel = run.task.cancel or {}
+    partials = run.document(PROGRESS, run.task_id).get("partials") or {}
+    checkpoint = run.checkpoint
+    segment = checkpoint.get("segment", 0)
+    if segment == 0:
+        before = run.document(HISTORY, conversation).get("messages")
+        messages: list[ModelMessage] = (
+            ModelMessagesTypeAdapter.validate_python(before) if before else [])
+        messages.append(ModelRequest(parts=[UserPromptPart(prompt(run))]))
+    else:  # what the segments before this one said, up to their deferred calls
+        messages = ModelMessagesTypeAdapter.validate_python(checkpoint["resume"])
+    ours = sorted((int(key.rsplit(":", 1)[1]), payload)
+                  for key, payload in journal.responses.items()
+                  if key.startswith(f"{segment}:model:"))
+    messages.extend(ModelMessagesTypeAdapter.validate_python([p for _, p in ours]))
+
+    def answer(call: ToolCallPart) -> ToolReturnPart:
+        recorded = journal.results.get(call.tool_call_id)
+        if recorded is not None:
+            content = shown_result(recorded)
+        else:
+            content = {"cancelled": True,
+                       "reason": f"cancelled by {cancel.get('by')}: {cancel.get('reason')}",
+                       "partial": partials.get(call.tool_call_id), "note": CANCELLED_NOTE}
+            run.append(conversation, TOOL_RESULT, {
+                "call_id": call.tool_call_id, "name": call.tool_name, "cancelled": True,
+                "by": cancel.get("by"), "reason": cancel.get("reason"),
+                "partial": partials.get(call.tool_call_id), "turn": run.task_id,
+            })
+        return ToolReturnPart(call.tool_name, content, tool_call_id=call.tool_call_id)
+
+    left: list[ModelMessage] = []
+    for index, message in enumerate(messages):
+        left.append(message)
+        if not isinstance(message, ModelResponse):
+            continue
+        after = messages[index + 1] if index + 1 < len(messages) else None
+        answered = {getattr(p, "tool_call_id", None) for p in after.parts} \
+            if isinstance(after, ModelRequest) else set()
+        missing = [answer(p) for p in message.parts
+                   if isinstance(p, ToolCallPart) and p.tool_call_id not in answered]
+        if not missing:
+            continue
+        if isinstance(after, ModelRequest):
+            messages[index + 1] = ModelRequest(parts=[*missing, *after.parts])
+        else:
+            left.append(ModelRequest(parts=missing))
+    run.set(HISTORY, conversation, ["messages"],
+            ModelMessagesTypeAdapter.dump_python(left, mode="json"))

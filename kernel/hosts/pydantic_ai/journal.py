@@ -24,6 +24,7 @@ from typing import Any
 
 from kernel.agent.context import RESPONSE, TOOL_RESULT
 from kernel.agent.tools import Replay
+from kernel.agent.turn import PROGRESS
 from kernel.run import Run
 
 JSON = Any
@@ -146,6 +147,12 @@ class Journal:
             intents = self.intents
             intents.pop(call_id, None)
             self.run.commit(checkpoint={"intents": intents})
+
+    def save_partial(self, call_id: str, value: JSON) -> None:
+        """What a call under way has done so far, committed (the turn's progress document,
+        under ``partials``): a cancelled turn tells the next one about it."""
+        self.run.set(PROGRESS, self.run.task_id, ["partials", call_id], value)
+        self.run.commit()
 
     def forget_intent(self, call_id: str) -> None:
         """The call is to run again (a safe one, or an operator said so)."""
