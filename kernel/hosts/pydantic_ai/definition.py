@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextvars
 import json
+import logging
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -62,6 +63,7 @@ JSON = Any
 HISTORY = "agent-history"
 """Per conversation: the framework's messages after the last turn that answered, which
 the next turn's run continues from (``message_history``)."""
+log = logging.getLogger(__name__)
 NAME = re.compile(r"[a-z0-9][a-z0-9_-]{0,63}")
 
 HAPPENED = Decision(
@@ -156,7 +158,11 @@ def register_agent(
 
         def on_end(self, run: Run, finish: Finish) -> None:
             if finish.outcome == Outcome.CANCELLED:
-                leave_cancelled(run)
+                try:
+                    leave_cancelled(run)
+                except Exception:  # its submissions are released all the same
+                    log.warning("cancelled %s leaves no account of its calls", run.task_id,
+                                exc_info=True)
             release_unanswered(run, finish, "run")
 
     return hosted
@@ -397,6 +403,8 @@ def leave_cancelled(run: Run) -> None:
                   if key.startswith(f"{segment}:model:"))
     messages.extend(ModelMessagesTypeAdapter.validate_python([p for _, p in ours]))
 
+    cards: list[JSON] = []  # written once everything is built
+
     def answer(call: ToolCallPart) -> ToolReturnPart:
         recorded = journal.results.get(call.tool_call_id)
         if recorded is not None:
@@ -405,7 +413,7 @@ def leave_cancelled(run: Run) -> None:
             content = {"cancelled": True,
                        "reason": f"cancelled by {cancel.get('by')}: {cancel.get('reason')}",
                        "partial": partials.get(call.tool_call_id), "note": CANCELLED_NOTE}
-            run.append(conversation, TOOL_RESULT, {
+            cards.append({
                 "call_id": call.tool_call_id, "name": call.tool_name, "cancelled": True,
                 "by": cancel.get("by"), "reason": cancel.get("reason"),
                 "partial": partials.get(call.tool_call_id), "turn": run.task_id,
@@ -428,5 +436,7 @@ def leave_cancelled(run: Run) -> None:
             messages[index + 1] = ModelRequest(parts=[*missing, *after.parts])
         else:
             left.append(ModelRequest(parts=missing))
-    run.set(HISTORY, conversation, ["messages"],
-            ModelMessagesTypeAdapter.dump_python(left, mode="json"))
+    dumped = ModelMessagesTypeAdapter.dump_python(left, mode="json")
+    for card in cards:
+        run.append(conversation, TOOL_RESULT, card)
+    run.set(HISTORY, conversation, ["messages"], dumped)
