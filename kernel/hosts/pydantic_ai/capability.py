@@ -117,7 +117,8 @@ class Units:
     starts, and nothing runs between them); a safe call's result waits for the next
     commit (usually the next response), since losing it only makes the call run again.
     A response is still committed before any tool starts, before the next request and
-    before the run ends.
+    before the run ends. An unsafe call's result is committed as soon as the call returns,
+    without waiting for it: the model's next request is made meanwhile.
     """
 
     bridge: Bridge
@@ -158,6 +159,19 @@ class Units:
             fn()
 
         await self.bridge.call(on_phase)
+
+    def post(self, fn: Callable[[], None]) -> None:
+        """:meth:`write` without waiting for the commit: the run goes on while it is
+        written, and every later write is committed after it."""
+        staged = self.take_staged()
+        self.holding_response = False
+
+        def on_phase() -> None:
+            for stage in staged:
+                stage()
+            fn()
+
+        self.bridge.post(on_phase)
 
     async def flush(self) -> None:
         """Commit a held response (its calls did not all reach their intents)."""
@@ -226,7 +240,10 @@ class Units:
             self.staged.append(lambda: self.journal.record_result(
                 call_id, name, payload, replay, seconds, commit=False, **extra))
         else:
-            await self.write(lambda: self.journal.record_result(
+            # Not awaited: the next model request is made while the result is committed
+            # (a crash before it lands leaves the call uncertain, as it would during an
+            # awaited commit), and the phase's thread commits it before anything after.
+            self.post(lambda: self.journal.record_result(
                 call_id, name, payload, replay, seconds, **extra))
         return payload
 
