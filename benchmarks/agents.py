@@ -7,11 +7,12 @@ It runs
 - bare: ``agent.run_sync`` with no durability;
 - on this kernel: the agent with ``KernelDurability()``, registered, started by a
   submission and run by an in-process worker (``kernel.Scheduler``, the kernel's own
-  loop, on ``PostgresStorage``: no broker hop, no Celery). Each step then includes the
-  response's commit (the transcript entry) and, for the tool (unsafe, the default),
-  the commit of its intent and of its result; the first step includes claiming the turn
-  and reading its journal, the last the commit that answers the submission. Run also
-  with the tool declared safe (no intent commit);
+  loop, on ``PostgresStorage``: no broker hop, no Celery). Each step then includes,
+  for the tool (unsafe, the default), the commit of the response with the call's
+  intent and the commit of its result; the first step includes claiming the turn and
+  reading its journal, the last the commit that answers the submission. Run also with
+  the tool declared safe (one commit a step: the response, with the previous call's
+  result);
 - on DBOS: the agent with Pydantic AI's ``DBOSDurability()`` inside a ``@DBOS.workflow``,
   DBOS's system database on the same Postgres server.
 
@@ -204,16 +205,22 @@ def render(when: datetime, info: dict[str, str], stats: dict[str, Stats], runs: 
             f"{s.p50 - bare.p50:+.2f} | {s.p99 - bare.p99:+.2f}")
         rows.append(f"| {variant} | {s.count} | {s.p50:.2f} | {s.p90:.2f} | {s.p99:.2f} | "
                     f"{s.mean:.2f} | {added or '- | -'} |")
-    kernel, dbos = stats["kernel"], stats["dbos"]
+    kernel, safe, dbos = stats["kernel"], stats["kernel-safe"], stats["dbos"]
     kernel_added = kernel.p50 - bare.p50
+    safe_added = safe.p50 - bare.p50
     dbos_added = dbos.p50 - bare.p50
+
+    def met(added: float) -> str:
+        return "met" if added <= TARGET_MS and added < dbos_added else "not met"
+
     verdict = (
         f"The kernel (unsafe tool, the default) adds {kernel_added:.2f} ms per step at p50 "
-        f"({kernel.p99 - bare.p99:.2f} ms at p99); DBOS adds {dbos_added:.2f} ms at p50 "
-        f"({dbos.p99 - bare.p99:.2f} ms at p99). Target (at most {TARGET_MS:g} ms added per "
-        f"step, and below DBOS in the same run): "
-        f"{'met' if kernel_added <= TARGET_MS and kernel_added < dbos_added else 'not met'} "
-        f"at p50; at p99 {'met' if kernel.p99 - bare.p99 <= TARGET_MS else 'not met'}."
+        f"({kernel.p99 - bare.p99:.2f} ms at p99); with the tool declared safe "
+        f"{safe_added:.2f} ms ({safe.p99 - bare.p99:.2f} ms at p99); DBOS adds "
+        f"{dbos_added:.2f} ms at p50 ({dbos.p99 - bare.p99:.2f} ms at p99). Target (at most "
+        f"{TARGET_MS:g} ms added per step, and below DBOS in the same run): "
+        f"{met(kernel_added)} at p50 with the unsafe tool, {met(safe_added)} with the safe "
+        f"one; at p99 {'met' if kernel.p99 - bare.p99 <= TARGET_MS else 'not met'}."
     )
     return f"""{HEADING}
 
@@ -226,11 +233,12 @@ the variants with each other, not with figures from another run.
 - bare: `agent.run_sync`, no durability.
 - kernel: `KernelDurability()`, the run started by a submission and advanced by an
   in-process worker (`kernel.Scheduler` on `PostgresStorage`: the phase runs as in a
-  Celery worker, without the broker hop that starts it). A step includes the model
-  response's commit and the tool's intent and result commits (the tool is unsafe, the
-  default); the first step also claiming the turn and reading its journal, the last
-  the commit that answers the submission.
-- kernel-safe: the same with the tool declared safe (no intent commit).
+  Celery worker, without the broker hop that starts it). A step is two commits: the
+  model response with the tool's intent, then the tool's result (the tool is unsafe,
+  the default); the first step also claims the turn and reads its journal, the last
+  commits the answer to the submission.
+- kernel-safe: the same with the tool declared safe: one commit a step (the response,
+  with the previous call's result, which a safe call may leave to the next commit).
 - dbos: `DBOSDurability()` in a `@DBOS.workflow`, DBOS's system database on the same
   Postgres server (function tools run in the workflow, model requests are steps).
 
@@ -246,14 +254,15 @@ Milliseconds per step:
 
 {verdict}
 
-Where the difference comes from: per step the kernel writes three commits for an unsafe
-tool (the response, the call's intent before it runs, its result) and two for a safe
-one; the response and the result carry an entry and so take the storage's general,
-two-round-trip commit (the intent, a checkpoint only, takes one round trip). DBOS
-writes one step per model request (it runs function tools in the workflow without
-recording them, so a tool that crashed mid-way is run again whatever it does). Meeting
-the target needs fewer commits per step (a response committed with the first call's
-intent, a safe result with the next response) or a one-round-trip commit for entries.
+Where the difference comes from: each commit waits for its WAL flush (fsync on), and
+that wait, not the round trips, is most of a commit's cost on this machine. The kernel
+writes two commits per step for an unsafe tool (the response with the call's intent,
+which must be durable before the call starts; then its result, which must be durable
+before the next model request, or a crash during that request would leave the call
+uncertain) and one for a safe tool (its result rides with the next response: losing it
+only makes the call run again). DBOS writes one step per model request and does not
+record function tools at all (a tool that crashed mid-way is run again whatever it
+does), so an unsafe tool's two commits cannot match its one at equal cost per commit.
 """
 
 

@@ -104,6 +104,9 @@ def assert_completed(stack: Stack, session_id: str, submission: str) -> Task:
     [
         # the request in flight was never committed: asked again, the others once
         ("model:0", [0, 0, 1, 2], {"lookup": 1, "send_notice": 1, "validate": 1}),
+        # the safe tool's result was to ride with response 1, which the kill cut short:
+        # the tool runs again (a safe tool may), request 1 is asked again
+        ("model:1", [0, 1, 1, 2], {"lookup": 2, "send_notice": 1, "validate": 1}),
         # response 0 committed, its (safe) tool not started: not asked again
         ("before:lookup", [0, 1, 2], {"lookup": 1, "send_notice": 1, "validate": 1}),
         # the safe tool runs again; no committed response is asked again

@@ -134,3 +134,73 @@ def test_the_demo_starts_a_session_its_pydantic_ai_agent_answers_up_to_an_approv
         assert "the notice to ana@example.com is queued" in turn.outcome["result"]["output"]
     finally:
         runtime.cache_clear()
+
+
+@pytest.fixture
+def mailer() -> Iterator[None]:
+    from tests.integration import pydantic_mailer
+
+    saved = settings.KERNEL_AGENTS
+    settings.KERNEL_AGENTS = {"mailer": "tests.integration.pydantic_mailer.agent"}
+    runtime.cache_clear()
+    pydantic_mailer.asked.clear()
+    try:
+        yield
+    finally:
+        pydantic_mailer.cancel.clear()
+        settings.KERNEL_AGENTS = saved
+        runtime.cache_clear()
+
+
+def test_a_turn_cancelled_mid_call_tells_the_next_request_the_call_s_partial_result(
+    mailer: None,
+) -> None:
+    from pydantic_ai.messages import ToolReturnPart
+
+    from kernel.agent.context import CANCELLED_NOTE
+    from tests.integration.pydantic_mailer import RECIPIENTS, asked, cancel
+
+    user = operator()
+    session_id, conversation_id = conversation()
+    kernel = runtime().kernel
+
+    def turn() -> str:
+        return next(t.id for t in kernel.storage.session_tasks(session_id)
+                    if t.kind == "agent:mailer" and not t.terminal)
+
+    cancel.update(user="olga", task=turn)
+    first = commands.submit(user, session_id, conversation_id,
+                            {"text": "Send the notice", "agent": "mailer"}, "r1",
+                            agent.WhenBusy.FOLLOW_UP)
+    assert first.submission is not None
+    for _ in range(3):  # the cancelled phase's next commit is refused: its worker moves on
+        try:
+            Scheduler(kernel).run_until_idle(advance_clock=True)
+            break
+        except Exception:
+            continue
+    stored = kernel.storage.submission(first.submission.id)
+    assert stored is not None and stored.status is SubmissionStatus.CANCELLED
+    [card] = [e.payload for e in kernel.entries(conversation_id) if e.kind == "tool_result"]
+    assert card["cancelled"] is True and card["by"] == "user:olga"
+    assert card["partial"] == {"sent": RECIPIENTS[:1]}
+
+    cancel.clear()
+    second = commands.submit(user, session_id, conversation_id,
+                             {"text": "Did it go out?", "agent": "mailer"}, "r2",
+                             agent.WhenBusy.FOLLOW_UP)
+    assert second.submission is not None
+    Scheduler(kernel).run_until_idle()
+    stored = kernel.storage.submission(second.submission.id)
+    assert stored is not None and stored.status is SubmissionStatus.ANSWERED
+    told = [p for m in asked[-1] for p in m.parts if isinstance(p, ToolReturnPart)]
+    assert [(p.tool_call_id, p.content) for p in told] == [("call_send", {
+        "cancelled": True, "reason": "cancelled by user:olga: wrong list",
+        "partial": {"sent": RECIPIENTS[:1]}, "note": CANCELLED_NOTE,
+    })]
+
+    client = Client()
+    client.force_login(user)
+    page = client.get(f"/sessions/{session_id}/").content.decode()
+    shown = page[page.index('id="call-call_send"'):]
+    assert 'data-state="cancelled"' in shown[:shown.index("</article>")]

@@ -164,6 +164,30 @@ def test_a_run_records_each_request_and_call_and_answers_with_the_structured_out
     assert answer.payload["text"] == "Done."
 
 
+def turn_commits(kernel: Kernel, session_id: str) -> list[Any]:
+    turn = turn_of(kernel, session_id)
+    return [c for c in kernel.storage.commits_after(session_id, 0, 1000)
+            if c.actor == f"task:{turn.id}"]
+
+
+def test_a_safe_step_costs_one_commit_and_an_unsafe_one_two() -> None:
+    """Response 0 (its safe call's result waits for the next commit); response 1 with
+    lookup's result and the intent of its unsafe call; that call's result; response 2
+    (the answer, committed before its output is validated); the turn's end."""
+    world = World()
+    kernel, session_id, conversation, submission = world.start()
+    world.run()
+    written = [sorted(e.kind for e in kernel.entries(conversation) if e.seq == c.seq)
+               for c in turn_commits(kernel, session_id)]
+    assert written == [
+        ["model_response"],
+        ["model_response", "tool_result"],
+        ["tool_result"],
+        ["model_response"],
+        ["tool_result"],  # the output tool's result, with the end
+    ], written
+
+
 def test_outside_a_kernel_run_the_capability_is_transparent() -> None:
     world = World()
     assert world.agent().run_sync("Notify ana").output == Ticket(customer="ana", notified=True)
@@ -180,7 +204,9 @@ def test_a_crash_never_requests_a_committed_response_again(point: str) -> None:
     interrupted = [int(point.split(":")[1])] if point.startswith("model") else []
     assert sorted(world.model_calls) == sorted([0, 1, 2, *interrupted])
     assert world.effects.count("notify:ana@example.com") == 1
-    expected_lookups = 2 if point == "lookup" else 1  # a safe tool may run again
+    # A safe tool may run again: when it was cut, or when its result was still waiting
+    # for the next commit (the response of request 1) that the crash prevented.
+    expected_lookups = 2 if point in ("lookup", "model:1") else 1
     assert world.effects.count("lookup:ana") == expected_lookups
 
 

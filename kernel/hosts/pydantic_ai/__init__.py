@@ -15,7 +15,7 @@ plane, or :func:`register_agent` on a Registry): a submission naming ``"agent":
 This package is the only part of the kernel that imports Pydantic AI.
 """
 
-from .capability import SAFE, UNSAFE, KernelDurability, operation_id
+from .capability import SAFE, UNSAFE, KernelDurability, operation_id, save_partial
 from .definition import DECISIONS, HISTORY, HostedAgent, register_agent
 
 __all__ = [
@@ -27,4 +27,5 @@ __all__ = [
     "KernelDurability",
     "operation_id",
     "register_agent",
+    "save_partial",
 ]

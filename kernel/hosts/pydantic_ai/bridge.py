@@ -36,6 +36,19 @@ class Bridge:
         self._requests.put((fn, future))
         return await asyncio.wrap_future(future)
 
+    def post(self, fn: Callable[[], Any]) -> None:
+        """Run ``fn`` on the phase's thread without waiting for it: it runs before any
+        later call (the phase's thread takes them in order), and if it fails, every
+        later call fails and :meth:`serve` raises its error."""
+        self._requests.put((fn, concurrent.futures.Future()))
+
+    def call_sync(self, fn: Callable[[], T]) -> T:
+        """Run ``fn`` on the phase's thread and block until it answers (from a tool that
+        runs in a thread of its own, or any thread but the phase's)."""
+        future: concurrent.futures.Future[T] = concurrent.futures.Future()
+        self._requests.put((fn, future))
+        return future.result()
+
     def serve(self, main: Callable[[], Coroutine[Any, Any, T]],
               context: contextvars.Context) -> T:
         """Run ``main()`` on a loop of its own thread (in ``context``), answering its calls

@@ -109,7 +109,17 @@ class Preview:
 
 @dataclass
 class Units:
-    """The kernel run the agent's loop is inside: its bridge to the phase and its journal."""
+    """The kernel run the agent's loop is inside: its bridge to the phase and its journal.
+
+    A unit's writes join the run's next commit rather than each making one where that
+    keeps every promise (fewer commits per step): a response whose calls are all unsafe
+    is committed with the first call's intent (both must be durable before the call
+    starts, and nothing runs between them); a safe call's result waits for the next
+    commit (usually the next response), since losing it only makes the call run again.
+    A response is still committed before any tool starts, before the next request and
+    before the run ends. An unsafe call's result is committed as soon as the call returns,
+    without waiting for it: the model's next request is made meanwhile.
+    """
 
     bridge: Bridge
     journal: Journal
@@ -119,13 +129,61 @@ class Units:
     decisions: dict[str, JSON] = field(default_factory=dict)
     """Operators' decisions on deferred calls, by call id (shown with their results)."""
     stream: Preview | None = None
+    unsafe_tools: frozenset[str] = frozenset()
+    """The function tools whose calls commit an intent: what a held response may name."""
     requests: int = 0
     calls: dict[str, str] = field(default_factory=dict)
+    staged: list[Callable[[], None]] = field(default_factory=list)
+    """Writes waiting for the run's next commit, run on the phase's thread before it."""
+    holding_response: bool = False
+    """A response is staged, not committed: only an unsafe call's intent may follow it."""
 
     @property
     def run_id(self) -> str:
         """The framework's id of this segment's run: each ``agent.run`` needs its own."""
         return self.task_id if self.segment == 0 else f"{self.task_id}.{self.segment}"
+
+    def take_staged(self) -> list[Callable[[], None]]:
+        staged, self.staged = self.staged, []
+        return staged
+
+    async def write(self, fn: Callable[[], None]) -> None:
+        """Run ``fn``, which commits, on the phase's thread, after the staged writes (so
+        they join its commit)."""
+        staged = self.take_staged()
+        self.holding_response = False
+
+        def on_phase() -> None:
+            for stage in staged:
+                stage()
+            fn()
+
+        await self.bridge.call(on_phase)
+
+    def post(self, fn: Callable[[], None]) -> None:
+        """:meth:`write` without waiting for the commit: the run goes on while it is
+        written, and every later write is committed after it."""
+        staged = self.take_staged()
+        self.holding_response = False
+
+        def on_phase() -> None:
+            for stage in staged:
+                stage()
+            fn()
+
+        self.bridge.post(on_phase)
+
+    async def flush(self) -> None:
+        """Commit a held response (its calls did not all reach their intents)."""
+        if self.holding_response:
+            await self.write(self.journal.commit)
+
+    def holds(self, payload: JSON) -> bool:
+        """Whether a response may wait for its first call's intent: it calls tools, and
+        only unsafe function tools (each commits an intent before it starts)."""
+        names = [part.get("tool_name") for part in payload.get("parts") or []
+                 if part.get("part_kind") == "tool-call"] if isinstance(payload, dict) else []
+        return bool(names) and all(name in self.unsafe_tools for name in names)
 
     async def streamed(self, events: Any) -> None:
         """The event stream handler's side: text deltas of the request under way."""
@@ -144,15 +202,20 @@ class Units:
         recorded = self.journal.responses.get(key)
         if recorded is not None:
             return recorded  # a committed response is never requested again
+        await self.flush()
         payload = await body()
         stream = self.stream
 
-        def commit() -> None:
+        def stage() -> None:
             if stream is not None:
                 stream.fold()
             self.journal.record_response(key, payload)
 
-        await self.bridge.call(commit)
+        self.staged.append(stage)
+        if self.holds(payload):
+            self.holding_response = True
+        else:
+            await self.write(self.journal.commit)
         return payload
 
     async def tool_call(self, call_id: str, name: str, arguments: JSON, replay: Replay,
@@ -161,19 +224,27 @@ class Units:
         if recorded is not None:
             return recorded
         if replay is Replay.UNSAFE:
-            await self.bridge.call(lambda: self.journal.record_intent(call_id, name, arguments))
+            await self.write(lambda: self.journal.record_intent(call_id, name, arguments))
+        else:
+            await self.flush()
         started = time.monotonic()
         payload = await body()
         seconds = round(time.monotonic() - started, 6)
         if isinstance(payload, dict) and payload.get("kind") in DEFERRED:
             if replay is Replay.UNSAFE:  # asked instead of running: nothing took effect
-                await self.bridge.call(lambda: self.journal.forget_intent(call_id))
+                await self.write(lambda: self.journal.forget_intent(call_id))
             return payload
         decided = self.decisions.get(call_id)
         extra = {} if decided is None else {"approval": decided}
-        await self.bridge.call(
-            lambda: self.journal.record_result(call_id, name, payload, replay, seconds,
-                                               **extra))
+        if replay is Replay.SAFE:
+            self.staged.append(lambda: self.journal.record_result(
+                call_id, name, payload, replay, seconds, commit=False, **extra))
+        else:
+            # Not awaited: the next model request is made while the result is committed
+            # (a crash before it lands leaves the call uncertain, as it would during an
+            # awaited commit), and the phase's thread commits it before anything after.
+            self.post(lambda: self.journal.record_result(
+                call_id, name, payload, replay, seconds, **extra))
         return payload
 
 
@@ -189,6 +260,19 @@ def operation_id(ctx: RunContext[Any]) -> str:
     (the task and the model's call id), for an outside system's idempotency key."""
     units = _UNITS.get()
     return f"op_{ctx.run_id if units is None else units.task_id}_{ctx.tool_call_id}"
+
+
+def save_partial(ctx: RunContext[Any], value: JSON) -> None:
+    """Inside a tool: commit ``value`` (JSON) as what this call has done so far, say the
+    recipients a notice already went to. If the turn is cancelled before the call
+    returns, the next turn's model is told the call was cancelled, with this value as
+    its partial result. Each call is a commit (it blocks until committed); outside a
+    kernel run it does nothing."""
+    units = _UNITS.get()
+    if units is None or ctx.tool_call_id is None:
+        return
+    call_id = ctx.tool_call_id
+    units.bridge.call_sync(lambda: units.journal.save_partial(call_id, value))
 
 
 class KernelOperationBackend(CallableOperationBackend[dict[str, Any]]):

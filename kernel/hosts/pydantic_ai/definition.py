@@ -25,36 +25,46 @@ from __future__ import annotations
 
 import contextvars
 import json
+import logging
 import re
 from dataclasses import dataclass
 from typing import Any
 
 from pydantic_ai import Agent, ModelRetry
 from pydantic_ai.exceptions import ToolFailed
-from pydantic_ai.messages import ModelMessagesTypeAdapter
+from pydantic_ai.messages import (
+    ModelMessage,
+    ModelMessagesTypeAdapter,
+    ModelRequest,
+    ModelResponse,
+    ToolCallPart,
+    ToolReturnPart,
+    UserPromptPart,
+)
 from pydantic_ai.tools import DeferredToolRequests, DeferredToolResults, ToolApproved, ToolDenied
 from pydantic_ai.toolsets import FunctionToolset
 from pydantic_ai.usage import RunUsage, UsageLimits
 from pydantic_core import to_jsonable_python
 
 from kernel.agent import approval as approvals
-from kernel.agent.context import TOOL_RESULT
+from kernel.agent.context import CANCELLED_NOTE, TOOL_RESULT
 from kernel.agent.requests import USAGE
 from kernel.agent.tools import DAY, Replay
 from kernel.agent.turn import CONVERSATION, PROGRESS, release, release_unanswered, turn_kind
-from kernel.records import SubmissionStatus
+from kernel.records import Outcome, SubmissionStatus
 from kernel.registry import Decision, Receipt, Registry
 from kernel.run import Run
 from kernel.tasks import Finish, Transition
 
 from .bridge import Bridge
 from .capability import CONFIG_KEY, KernelDurability, Preview, Units, enter, replay_of
-from .journal import Journal
+from .journal import Journal, shown_result
 
 JSON = Any
 HISTORY = "agent-history"
 """Per conversation: the framework's messages after the last turn that answered, which
 the next turn's run continues from (``message_history``)."""
+log = logging.getLogger(__name__)
 NAME = re.compile(r"[a-z0-9][a-z0-9_-]{0,63}")
 
 HAPPENED = Decision(
@@ -84,6 +94,7 @@ class HostedAgent:
     usage_limits: UsageLimits | None = None
     approval_timeout: float = DAY
     """Seconds a deferred call waits for an operator's decision; then it is denied."""
+    unsafe_tools: frozenset[str] = frozenset()
 
 
 def resolution(call_id: str, attempt: int) -> str:
@@ -100,6 +111,17 @@ def check_tools(agent: Agent[Any, Any]) -> None:
                 metadata = tool.metadata or {}
                 if CONFIG_KEY in metadata and metadata[CONFIG_KEY] is not False:
                     replay_of(metadata[CONFIG_KEY])
+
+
+def unsafe_tools(agent: Agent[Any, Any]) -> frozenset[str]:
+    """The agent's function tools that are unsafe (commit an intent before each call)."""
+    return frozenset(
+        name
+        for toolset in agent.toolsets if isinstance(toolset, FunctionToolset)
+        for name, tool in toolset.tools.items()
+        if (tool.metadata or {}).get(CONFIG_KEY) is not False
+        and replay_of((tool.metadata or {}).get(CONFIG_KEY) or {}) is Replay.UNSAFE
+    )
 
 
 def register_agent(
@@ -121,7 +143,8 @@ def register_agent(
     check_tools(agent)
     if not approval_timeout > 0:
         raise ValueError("approval_timeout: a positive number of seconds")
-    hosted = HostedAgent(name, agent, deps, usage_limits, approval_timeout)
+    hosted = HostedAgent(name, agent, deps, usage_limits, approval_timeout,
+                         unsafe_tools(agent))
     for kind in (CONVERSATION, HISTORY, PROGRESS, USAGE):
         registry.document(kind)
     approvals.register_approvals(registry)
@@ -135,6 +158,12 @@ def register_agent(
             return run_turn(run, hosted)
 
         def on_end(self, run: Run, finish: Finish) -> None:
+            if finish.outcome == Outcome.CANCELLED:
+                try:
+                    leave_cancelled(run)
+                except Exception:  # its submissions are released all the same
+                    log.warning("cancelled %s leaves no account of its calls", run.task_id,
+                                exc_info=True)
             release_unanswered(run, finish, "run")
 
     return hosted
@@ -192,7 +221,7 @@ def run_turn(run: Run, hosted: HostedAgent) -> Transition:
     history = ModelMessagesTypeAdapter.validate_python(history_json) if history_json else None
     used = RunUsage(**checkpoint["usage"]) if checkpoint.get("usage") else None
     units = Units(Bridge(), journal, segment=segment, task_id=run.task_id, started_at=None,
-                  decisions=decisions, stream=Preview(run))
+                  decisions=decisions, stream=Preview(run), unsafe_tools=hosted.unsafe_tools)
 
     async def main() -> Any:
         return await hosted.agent.run(text, message_history=history, deps=hosted.deps,
@@ -206,9 +235,13 @@ def run_turn(run: Run, hosted: HostedAgent) -> Transition:
     except Exception as exc:
         if units.bridge.failure is not None:
             raise  # the kernel's own (a lost lease, a lost connection): the worker's to handle
+        for stage in units.take_staged():  # what the run did before it failed
+            stage()
         reason = f"{type(exc).__name__}: {exc}"
         release(run, SubmissionStatus.UNANSWERED, reason)
         return run.fail(reason)
+    for stage in units.take_staged():  # they join the commit that ends the segment
+        stage()
     messages = json.loads(result.all_messages_json())
     record_framework_returns(run, journal, json.loads(result.new_messages_json()), decisions)
     usage = result.usage
@@ -345,3 +378,66 @@ def record_framework_returns(run: Run, journal: Journal, new_messages: list[JSON
                 "call_id": call_id, "name": part.get("tool_name"), **shown,
                 "turn": run.task_id, "by": "framework",
             })
+
+
+def leave_cancelled(run: Run) -> None:
+    """A cancelled turn leaves the conversation what it did, as native turns do: each call
+    of its committed responses that has no committed result is answered as cancelled
+    (who, why, and the partial result the call had committed with :func:`save_partial`),
+    in the transcript and in the messages the next turn continues from, so its model
+    knows what did and did not happen rather than that the turn vanished."""
+    journal = Journal.read(run)
+    conversation = run.input["conversation_id"]
+    cancel = run.task.cancel or {}
+    partials = run.document(PROGRESS, run.task_id).get("partials") or {}
+    checkpoint = run.checkpoint
+    segment = checkpoint.get("segment", 0)
+    if segment == 0:
+        before = run.document(HISTORY, conversation).get("messages")
+        messages: list[ModelMessage] = (
+            ModelMessagesTypeAdapter.validate_python(before) if before else [])
+        messages.append(ModelRequest(parts=[UserPromptPart(prompt(run))]))
+    else:  # what the segments before this one said, up to their deferred calls
+        messages = ModelMessagesTypeAdapter.validate_python(checkpoint["resume"])
+    ours = sorted((int(key.rsplit(":", 1)[1]), payload)
+                  for key, payload in journal.responses.items()
+                  if key.startswith(f"{segment}:model:"))
+    messages.extend(ModelMessagesTypeAdapter.validate_python([p for _, p in ours]))
+
+    cards: list[JSON] = []  # written once everything is built
+
+    def answer(call: ToolCallPart) -> ToolReturnPart:
+        recorded = journal.results.get(call.tool_call_id)
+        if recorded is not None:
+            content = shown_result(recorded)
+        else:
+            content = {"cancelled": True,
+                       "reason": f"cancelled by {cancel.get('by')}: {cancel.get('reason')}",
+                       "partial": partials.get(call.tool_call_id), "note": CANCELLED_NOTE}
+            cards.append({
+                "call_id": call.tool_call_id, "name": call.tool_name, "cancelled": True,
+                "by": cancel.get("by"), "reason": cancel.get("reason"),
+                "partial": partials.get(call.tool_call_id), "turn": run.task_id,
+            })
+        return ToolReturnPart(call.tool_name, content, tool_call_id=call.tool_call_id)
+
+    left: list[ModelMessage] = []
+    for index, message in enumerate(messages):
+        left.append(message)
+        if not isinstance(message, ModelResponse):
+            continue
+        after = messages[index + 1] if index + 1 < len(messages) else None
+        answered = {getattr(p, "tool_call_id", None) for p in after.parts} \
+            if isinstance(after, ModelRequest) else set()
+        missing = [answer(p) for p in message.parts
+                   if isinstance(p, ToolCallPart) and p.tool_call_id not in answered]
+        if not missing:
+            continue
+        if isinstance(after, ModelRequest):
+            messages[index + 1] = ModelRequest(parts=[*missing, *after.parts])
+        else:
+            left.append(ModelRequest(parts=missing))
+    dumped = ModelMessagesTypeAdapter.dump_python(left, mode="json")
+    for card in cards:
+        run.append(conversation, TOOL_RESULT, card)
+    run.set(HISTORY, conversation, ["messages"], dumped)

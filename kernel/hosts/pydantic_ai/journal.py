@@ -10,7 +10,8 @@ payload as the framework's JSON codec wrote it) beside what people read:
   count is the same on every replay), its text, tool calls and usage;
 - a tool call: ``tool_result`` under the model's call id, with its replay policy and
   duration. An unsafe call commits its *intent* (in the task's checkpoint) before it
-  starts, so recovery knows it may have taken effect.
+  starts, so recovery knows it may have taken effect; a response whose calls are all
+  unsafe is committed with the first one's intent.
 
 Everything here runs on the phase's thread (see :mod:`.bridge`).
 """
@@ -24,6 +25,7 @@ from typing import Any
 from kernel.agent.context import RESPONSE, TOOL_RESULT
 from kernel.agent.requests import count_in_conversation
 from kernel.agent.tools import Replay
+from kernel.agent.turn import PROGRESS
 from kernel.run import Run
 
 JSON = Any
@@ -105,16 +107,22 @@ class Journal:
     def intents(self) -> dict[str, JSON]:
         return dict(self.run.checkpoint.get("intents") or {})
 
-    # -- writes: each one commit, keeping the lease -------------------------------------
+    # -- writes: each joins the run's draft; ``commit`` (or the phase's end) commits it,
+    # keeping the lease --------------------------------------------------------------
+
+    def commit(self) -> None:
+        self.run.commit()
 
     def record_response(self, key: str, payload: JSON) -> None:
+        """The response's entry, and its tokens in the conversation's running totals, in
+        the draft: committed by the caller (with the intent of its first unsafe call, when
+        that is what follows it)."""
         usage = _usage(payload)
         entry = self.run.append(self.conversation, RESPONSE, {
             "text": _text(payload), "tool_calls": _calls(payload), "usage": usage,
             "turn": self.run.task_id, "unit": key, "pydantic": payload,
         })
         count_in_conversation(self.run, self.conversation, usage, None)
-        self.run.commit()
         self.responses[key] = payload
         self.last_response_entry = entry
 
@@ -130,15 +138,25 @@ class Journal:
         self.run.commit(checkpoint={"intents": intents, "call_attempts": attempts})
 
     def record_result(self, call_id: str, name: str, payload: JSON, replay: Replay,
-                      seconds: float | None, **extra: JSON) -> None:
+                      seconds: float | None, *, commit: bool = True, **extra: JSON) -> None:
+        """The call's result entry; committed now (dropping its intent) unless ``commit``
+        is False: a safe call's result may wait for the run's next commit, since losing
+        it only makes the call run again."""
         self.run.append(self.conversation, TOOL_RESULT, {
             "call_id": call_id, "name": name, **shown_result(payload), "replay": str(replay),
             "seconds": seconds, "turn": self.run.task_id, "pydantic": payload, **extra,
         })
-        intents = self.intents
-        intents.pop(call_id, None)
-        self.run.commit(checkpoint={"intents": intents})
         self.results[call_id] = payload
+        if commit:
+            intents = self.intents
+            intents.pop(call_id, None)
+            self.run.commit(checkpoint={"intents": intents})
+
+    def save_partial(self, call_id: str, value: JSON) -> None:
+        """What a call under way has done so far, committed (the turn's progress document,
+        under ``partials``): a cancelled turn tells the next one about it."""
+        self.run.set(PROGRESS, self.run.task_id, ["partials", call_id], value)
+        self.run.commit()
 
     def forget_intent(self, call_id: str) -> None:
         """The call is to run again (a safe one, or an operator said so)."""
