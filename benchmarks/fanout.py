@@ -55,6 +55,7 @@ from benchmarks._support import (
     publish,
     recreate_database,
 )
+from benchmarks.commit import WaitSampler
 from controlplane.dev.ports import reserved_redis_url
 from controlplane.dev.processes import process_env
 
@@ -96,6 +97,8 @@ class Submitted:
     per_s: float
     submit_per_s: float
     delivery_errors: int = 0
+    waits: dict[str, float] = field(default_factory=dict)
+    """Where the database's backends were meanwhile (``benchmarks.commit.WaitSampler``)."""
 
 
 @dataclass
@@ -121,7 +124,8 @@ class Ours:
 class Driver:
     """Commits tasks as a client would, with deliveries to this run's Redis db."""
 
-    def __init__(self, redis_url: str) -> None:
+    def __init__(self, redis_url: str, url: str | None = None) -> None:
+        self.url = url
         self.kernel, self._broker = delivering_kernel(redis_url)
         self.handle = self.kernel.create_session()
         self.durable_at = 0.0
@@ -196,18 +200,21 @@ class Driver:
         errors_before = self.failures.count
         for thread in clients:
             thread.start()
-        started = time.time()
-        go.wait()
-        for thread in clients:
-            thread.join()
-        submitted = time.time()
-        if failures:
-            raise failures[0]
-        ended = self.wait([i for ids in made for i in ids], timeout)
+        sampler = WaitSampler(self.url) if self.url else None
+        with sampler or contextlib.nullcontext():
+            started = time.time()
+            go.wait()
+            for thread in clients:
+                thread.join()
+            submitted = time.time()
+            if failures:
+                raise failures[0]
+            ended = self.wait([i for ids in made for i in ids], timeout)
         return Submitted(
             count / (ended - started),
             count / max(submitted - started, 1e-9),
             self.failures.count - errors_before,
+            sampler.averages() if sampler else {},
         )
 
     def burst(self, count: int, phases: int, timeout: float) -> float:
@@ -295,7 +302,7 @@ def cluster(url: str, redis_url: str, workers: int, logs: str | None) -> Iterato
 def measure_ours(url: str, redis_url: str, args: argparse.Namespace) -> Ours:
     ours = Ours(fanout_n=args.tasks, two_n=args.two_phase, sequential_n=args.sequential)
     with cluster(url, redis_url, args.workers, args.logs):
-        driver = Driver(redis_url)
+        driver = Driver(redis_url, url)
         try:
             progress("ours: warm-up")
             driver.burst(20, 2, args.timeout)
@@ -448,6 +455,30 @@ def _ratio(ours: float | None, theirs: float | None) -> str:
     return f"{ours / theirs:.2f}x" if ours and theirs else "n/a"
 
 
+def _wait_table(ours: Ours, top: int = 6) -> list[str]:
+    """Where the database's backends (our client threads' and the workers') were during
+    the one-phase per-item runs, sampled every 5 ms: a lock that serializes commits
+    shows here."""
+    runs = [(n, s) for n, s in sorted(ours.per_item.items()) if s.waits]
+    if not runs:
+        return []
+    keys: list[str] = []
+    for _, shown in runs:
+        keys += [k for k in list(shown.waits)[:top] if k not in keys]
+    lines = [
+        "Where the database's backends (client threads' and workers') were during the "
+        "one-phase per-item rows, sampled from `pg_stat_activity` every 5 ms (average "
+        "number of backends; `Lock: object` is the lock every notifying transaction "
+        "takes at commit):",
+        "",
+        "| state, wait event | " + " | ".join(f"per item, {n} thread(s)" for n, _ in runs) + " |",
+        "|---|" + "---:|" * len(runs),
+    ]
+    lines += [f"| {key} | " + " | ".join(f"{s.waits.get(key, 0.0):.2f}" for _, s in runs) + " |"
+              for key in keys]
+    return [*lines, ""]
+
+
 def _per_s(shown: Submitted | None) -> float | None:
     return None if shown is None else shown.per_s
 
@@ -570,6 +601,7 @@ def render(
         f"| {_ratio(fast_durable.p99, celery_p99)} of Celery | <= 3x Celery "
         f"| {_verdict(None if celery_p99 is None else fast_durable.p99 <= 3 * celery_p99)} |",
         "",
+        *_wait_table(ours),
         "| idle dispatch latency, ours (ms) | measured from | n | p50 | p90 | p99 | max |",
         "|---|---|---:|---:|---:|---:|---:|",
     ]

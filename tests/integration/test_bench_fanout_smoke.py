@@ -40,6 +40,7 @@ def test_every_shape_runs_and_client_threads_deliver_without_error(
     for shown in [*ours.per_item.values(), *ours.two_per_item.values()]:
         assert shown.per_s > 0 and shown.submit_per_s >= shown.per_s
         assert shown.delivery_errors == 0, shown
+        assert shown.waits, "the sampler saw the database's backends meanwhile"
     assert ours.fanout > 0 and ours.two > 0 and ours.sequential > 0
 
     text = fanout.render(datetime(2026, 12, 3, tzinfo=UTC), FACTS, ours, None, "make bench")
@@ -48,3 +49,4 @@ def test_every_shape_runs_and_client_threads_deliver_without_error(
     assert shapes[:3] == ["per item, 1 client thread", "per item, 4 client threads",
                           "batch: one call"], shapes
     assert all(shapes), table
+    assert "| state, wait event | per item, 1 thread(s) | per item, 4 thread(s) |" in text
