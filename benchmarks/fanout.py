@@ -396,6 +396,8 @@ def run_peer(
         )
     except subprocess.TimeoutExpired:
         return {"error": f"timed out after {args.timeout * 3:g} s"}
+    except OSError as exc:  # no such interpreter or folder: this peer did not run
+        return {"error": f"could not start: {exc}"}
     lines = [ln for ln in done.stdout.splitlines() if ln.startswith("RESULT ")]
     if done.returncode != 0 or not lines:
         tail = (done.stderr or done.stdout)[-400:].strip().replace("\n", " | ")
