@@ -679,7 +679,7 @@ def measure_throughput(
         latency=Stats.of([s for r in results for s in r.samples]),
         client_ms=per_commit([r.client_cpu for r in results]),
         server_ms=per_commit([r.server_cpu for r in results]),
-        waits=sampler.averages(),
+        waits=sampler.averages(started, ended),  # the timed window, not the set-up
     )
 
 
@@ -701,8 +701,7 @@ class WaitSampler:
         self.url = url
         self.database = str(psycopg.conninfo.conninfo_to_dict(url).get("dbname") or "")
         self.every = every
-        self.counts: defaultdict[str, int] = defaultdict(int)
-        self.samples = 0
+        self.samples: list[tuple[float, list[str]]] = []  # (time.monotonic(), where)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -725,25 +724,33 @@ class WaitSampler:
                 except psycopg.Error:  # a terminated sampler misses samples, no more
                     conn = None
                     continue
-                self.samples += 1
+                seen = []
                 for kind, state, wait_type, wait, query in rows:
                     if kind != "client backend":
                         if wait_type not in ("Activity", "-"):
-                            self.counts[f"[{kind}] {wait_type}: {wait}"] += 1
+                            seen.append(f"[{kind}] {wait_type}: {wait}")
                         continue
                     where = f"{state}, {wait_type}: {wait}"
                     if state == "active":
                         where += f" ({query.strip()})"
-                    self.counts[where] += 1
+                    seen.append(where)
+                self.samples.append((time.monotonic(), seen))
         finally:
             if conn is not None:
                 conn.close()
 
-    def averages(self) -> dict[str, float]:
-        if not self.samples:
+    def averages(self, start: float | None = None, end: float | None = None) -> dict[str, float]:
+        """Average backends in each state over the samples taken between ``start`` and
+        ``end`` (``time.monotonic()``; default: all), most first."""
+        taken = [seen for at, seen in self.samples
+                 if (start is None or at >= start) and (end is None or at <= end)]
+        if not taken:
             return {}
-        return {k: v / self.samples for k, v in
-                sorted(self.counts.items(), key=lambda kv: -kv[1])}
+        counts: defaultdict[str, int] = defaultdict(int)
+        for seen in taken:
+            for where in seen:
+                counts[where] += 1
+        return {k: v / len(taken) for k, v in sorted(counts.items(), key=lambda kv: -kv[1])}
 
 
 def _run_concurrently(

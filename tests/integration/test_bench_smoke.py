@@ -84,8 +84,11 @@ def test_latency_profile_and_report() -> None:
     assert alone.client_ms is not None and alone.client_ms >= 0
     assert alone.server_ms is not None and alone.server_ms >= 0
     assert throughput[1].client_ms is None
-    # The sampler saw the sessions' backends (a state and wait event each).
-    assert alone.waits and all(", " in key or key.startswith("[") for key in alone.waits)
+    # What the sampler saw in the timed window (0.1 s: perhaps nothing): a state and wait
+    # event per backend, averaged over the samples, so at most the sessions and the
+    # server's own processes.
+    assert all(", " in key or key.startswith("[") for key in alone.waits)
+    assert sum(alone.waits.values()) < 20
 
     cpu = measure_cpu(storage, url, count=5)
     assert set(cpu) == {"phase", "raw"}
@@ -96,7 +99,8 @@ def test_latency_profile_and_report() -> None:
     assert section.startswith(HEADING + "\n")
     assert "| phase commit: entry + doc set + `Next` (keep lease) | 20 |" in section
     assert section.count("| phase commit (`Next`, keep lease) |") == 4  # 3 throughput + CPU
-    assert "| phase commit (`Next`, keep lease), 1 processes |" in section  # the waits
+    if alone.waits:
+        assert "| phase commit (`Next`, keep lease), 1 processes |" in section  # the waits
 
 
 def test_percentile_is_nearest_rank() -> None:
