@@ -1,29 +1,37 @@
 """No-op fan-out beside the peers (issue 12): the engine's own cost, with nothing to do.
 
-The peers' shapes (``../shared/anchors/``), on a task kind whose phases do nothing but
-commit (``bench-noop``, registered in the workers through ``KERNEL_TASK_MODULES``):
+The peers' workloads (``../shared/anchors/``), on a task kind whose phases do nothing but
+commit (``bench-noop``, registered in the workers through ``KERNEL_TASK_MODULES``), each
+in the shape it is compared with, named in every row of the report:
 
-- **fan-out**: 5,000 one-phase tasks made runnable by one commit, run by 2 worker
-  processes (``celery worker -P solo``, as deployed) and beat; tasks/s from before the
-  commit until every task is terminal (polled every 10 ms), as the peers count from
-  the first submit to the last completion;
-- **two phases**: 1,000 tasks of 2 phases (2 commits each, the second inline while the
-  worker holds the lease), beside DBOS's 1,000 workflows of 2 steps;
-- **sequential**: one task of 2,000 phases, each a commit, timed inside the task (first
-  phase start to last phase end), beside DBOS's one workflow of 2,000 steps;
-- **idle dispatch**: tasks created one per commit, 200 at 5 ms gaps and 50 at 50 ms gaps;
-  from before the commit to the phase's start (read by the handler, same host clock),
-  beside Celery's and Procrastinate's send-to-start.
+- **per item**: one client call per task, from 1 and from 4 client threads started
+  together. Ours: a commit that creates one task, each client thread in a session of its
+  own (one session's commits take turns), delivering its message as the API's commits do
+  (a broker producer per sending thread). The peers: Celery ``apply_async``,
+  Procrastinate ``defer``, DBOS ``enqueue``;
+- **batch**: one call for the whole burst. Ours: one commit creating every task. The
+  peers: Procrastinate ``batch_defer``, Celery ``group(...).apply_async()``.
 
-With ``--peers`` the same run then runs the anchors (Celery prefork -c 2, Procrastinate
--c 2, DBOS fan-out and sequential) with the anchors' own scripts and the virtualenv they
-use (``--peer-python``, default ``$ANCHORS_PYTHON`` or ``$TMPDIR/anchors-venv``, made by
-``bash ../shared/anchors/run.sh``), on this run's Postgres server (user ``postgres``,
-databases ``durable_bench_anchors_*``) and Redis db, and prints same-run ratios.
-Differences in kind: our fan-out is one commit that creates every task (the peers
-submit one by one from a client thread, which their throughput includes); our workers
-log at INFO (the launcher's readiness and activity counts read the log), the peers at
-WARNING; each of our tasks is durable with a fenced lease, and Celery's are not durable.
+Workloads: 5,000 one-phase tasks (per item and batch) and 1,000 tasks of 2 phases (2
+commits each, the second inline while the worker holds the lease; beside DBOS's workflows
+of 2 steps), run by 2 worker processes (``celery worker -P solo``, as deployed) and beat;
+tasks/s from the first submit until every task is terminal (polled every 10 ms), as the
+peers count from the first submit to the last completion. Also **sequential**: one task of
+2,000 phases, timed inside the task, beside DBOS's one workflow of 2,000 steps; and
+**idle dispatch**: tasks created one per commit, 200 at 5 ms gaps and 50 at 50 ms gaps,
+from before the commit to the phase's start (read by the handler, same host clock),
+beside Celery's and Procrastinate's send-to-start. During the one-phase per-item rows,
+``pg_stat_activity`` is sampled (``benchmarks.commit.WaitSampler``): where the database's
+backends wait.
+
+With ``--peers`` the same run then runs the peers with the virtualenv the anchors use
+(``--peer-python``, default ``$ANCHORS_PYTHON`` or ``$TMPDIR/anchors-venv``, made by
+``bash ../shared/anchors/run.sh``): the anchors' own scripts for one client thread, and
+``benchmarks/_fanout_peers.py`` (which imports the anchors' modules) for the other shapes;
+on this run's Postgres server (user ``postgres``, databases named after ``--database``)
+and Redis db, and prints same-run ratios. Differences in kind: our workers log at INFO
+(the launcher's readiness and activity counts read the log), the peers at WARNING; each
+of our tasks is durable with a fenced lease, and Celery's are not durable.
 """
 
 from __future__ import annotations
