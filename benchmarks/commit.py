@@ -499,6 +499,11 @@ class WorkerResult:
     started: float
     ended: float
     samples: list[float]
+    client_cpu: float | None = None
+    """CPU seconds of this worker's process in the timed window (``None`` for a thread:
+    its process's counter is shared)."""
+    server_cpu: float | None = None
+    """CPU seconds of its server backend in the timed window (``None`` for a remote server)."""
 
 
 @dataclass(frozen=True)
@@ -509,6 +514,13 @@ class Throughput:
     commits: int
     seconds: float
     latency: Stats
+    client_ms: float | None = None
+    """Client CPU per commit in the timed window (processes and sequential only)."""
+    server_ms: float | None = None
+    """Server backend CPU per commit in the timed window (a local server only)."""
+    waits: dict[str, float] = field(default_factory=dict)
+    """Where the sessions' backends were, sampled: state and wait event -> average number
+    of backends in it; the server's own processes' waits (WAL writer, checkpointer) too."""
 
     @property
     def per_second(self) -> float:
@@ -521,6 +533,7 @@ def _worker(
     seconds: float,
     ready: Callable[[], None],
     go: Callable[[], float],
+    own_process: bool = True,
 ) -> WorkerResult:
     """One session committing back to back from the common start for ``seconds``.
 
@@ -530,12 +543,18 @@ def _worker(
     """
     step: Callable[[], Any]
     raw: RawSession | None = None
+    host = str(psycopg.conninfo.conninfo_to_dict(url).get("host") or "")
     try:
         if workload == "phase":
+            from django.db import connection
+
             from controlplane.storage import PostgresStorage
 
             session = new_session(Kernel(PostgresStorage(), make_registry()), 1)
             task = claim_next(session)[0]
+            with connection.cursor() as cur:
+                cur.execute("SELECT pg_backend_pid()")
+                backend = int(cur.fetchone()[0])
 
             def commit_next() -> None:
                 nonlocal task
@@ -544,6 +563,7 @@ def _worker(
             step = commit_next
         else:
             raw = RawSession(url)
+            backend = raw.conn.info.backend_pid
             step = raw.commit
         ready()
         started = go()
@@ -551,13 +571,19 @@ def _worker(
             time.sleep(0.001)
         deadline = started + seconds
         samples: list[float] = []
+        client_before = time.process_time()
+        server_before = backend_cpu_seconds(backend, host)
         while True:
             before = time.perf_counter()
             step()
             samples.append(time.perf_counter() - before)
             if time.monotonic() >= deadline:
                 break
-        return WorkerResult(len(samples), started, time.monotonic(), samples)
+        client = time.process_time() - client_before if own_process else None
+        server_after = backend_cpu_seconds(backend, host)
+        server = (None if server_before is None or server_after is None
+                  else server_after - server_before)
+        return WorkerResult(len(samples), started, time.monotonic(), samples, client, server)
     finally:
         if raw is not None:
             raw.close()
@@ -609,7 +635,8 @@ def _thread_main(
             go.wait()
             return start[0]
 
-        results.put(_worker(workload, url, seconds, lambda: ready.put("ready"), wait_go))
+        results.put(_worker(workload, url, seconds, lambda: ready.put("ready"), wait_go,
+                            own_process=False))
     except BaseException as exc:
         message = f"worker thread: {type(exc).__name__}: {exc}"
         ready.put(message)
@@ -628,22 +655,102 @@ def measure_throughput(
     """
     if workload == "raw":
         create_raw_tables(url)
-    if mode == "sequential":
-        if sessions != 1:
-            raise ValueError("sequential mode runs exactly one session")
-        results = [_worker(workload, url, seconds, lambda: None, time.monotonic)]
-    else:
-        results = _run_concurrently(url, workload, sessions, seconds, mode)
+    sampler = WaitSampler(url)
+    with sampler:
+        if mode == "sequential":
+            if sessions != 1:
+                raise ValueError("sequential mode runs exactly one session")
+            results = [_worker(workload, url, seconds, lambda: None, time.monotonic)]
+        else:
+            results = _run_concurrently(url, workload, sessions, seconds, mode)
     started = min(r.started for r in results)
     ended = max(r.ended for r in results)
+    commits = sum(r.commits for r in results)
+
+    def per_commit(values: list[float | None]) -> float | None:
+        return None if None in values else sum(v for v in values if v) * 1000.0 / commits
+
     return Throughput(
         workload=workload,
         sessions=sessions,
         mode=mode,
-        commits=sum(r.commits for r in results),
+        commits=commits,
         seconds=ended - started,
         latency=Stats.of([s for r in results for s in r.samples]),
+        client_ms=per_commit([r.client_cpu for r in results]),
+        server_ms=per_commit([r.server_cpu for r in results]),
+        waits=sampler.averages(started, ended),  # the timed window, not the set-up
     )
+
+
+class WaitSampler:
+    """Samples ``pg_stat_activity`` every few milliseconds while it is entered: where the
+    benchmark database's backends are (state, wait event, and the statement of an active
+    one) and what the server's own processes wait on, as average numbers of backends.
+    Whatever serializes commits across sessions shows here as a wait many backends share
+    (a lock, the WAL write lock, the WAL flush), or as backends waiting on their clients."""
+
+    QUERY = (
+        "SELECT backend_type, state, coalesce(wait_event_type, '-'), "
+        "coalesce(wait_event, '-'), split_part(left(query, 40), ' (', 1) "
+        "FROM pg_stat_activity WHERE pid <> pg_backend_pid() "
+        "AND (datname = %s OR backend_type <> 'client backend')"
+    )
+
+    def __init__(self, url: str, every: float = 0.005) -> None:
+        self.url = url
+        self.database = str(psycopg.conninfo.conninfo_to_dict(url).get("dbname") or "")
+        self.every = every
+        self.samples: list[tuple[float, list[str]]] = []  # (time.monotonic(), where)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> WaitSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        conn: psycopg.Connection[Any] | None = None
+        try:
+            while not self._stop.wait(self.every):
+                try:
+                    if conn is None:
+                        conn = psycopg.connect(self.url, autocommit=True)
+                    rows = conn.execute(self.QUERY, [self.database]).fetchall()
+                except psycopg.Error:  # a terminated sampler misses samples, no more
+                    conn = None
+                    continue
+                seen = []
+                for kind, state, wait_type, wait, query in rows:
+                    if kind != "client backend":
+                        if wait_type not in ("Activity", "-"):
+                            seen.append(f"[{kind}] {wait_type}: {wait}")
+                        continue
+                    where = f"{state}, {wait_type}: {wait}"
+                    if state == "active":
+                        where += f" ({query.strip()})"
+                    seen.append(where)
+                self.samples.append((time.monotonic(), seen))
+        finally:
+            if conn is not None:
+                conn.close()
+
+    def averages(self, start: float | None = None, end: float | None = None) -> dict[str, float]:
+        """Average backends in each state over the samples taken between ``start`` and
+        ``end`` (``time.monotonic()``; default: all), most first."""
+        taken = [seen for at, seen in self.samples
+                 if (start is None or at >= start) and (end is None or at <= end)]
+        if not taken:
+            return {}
+        counts: defaultdict[str, int] = defaultdict(int)
+        for seen in taken:
+            for where in seen:
+                counts[where] += 1
+        return {k: v / len(taken) for k, v in sorted(counts.items(), key=lambda kv: -kv[1])}
 
 
 def _run_concurrently(
@@ -744,6 +851,36 @@ def _row(name: str, s: Stats) -> str:
     )
 
 
+def _ms(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.2f}"
+
+
+def _wait_tables(runs: list[Throughput], names: dict[str, str], top: int = 8) -> list[str]:
+    """The sampled waits of the concurrent process rows, side by side."""
+    shown = [t for t in runs if t.mode == "processes" and t.waits]
+    if not shown:
+        return []
+    keys: list[str] = []
+    for t in shown:
+        keys += [k for k in list(t.waits)[:top] if k not in keys]
+    lines = [
+        "",
+        "Where the concurrent sessions' backends were, sampled from `pg_stat_activity` every "
+        "5 ms during the rows above (average number of backends in each state; "
+        "`active, Client: ClientRead` is a backend in a pipelined transaction waiting for "
+        "its client's next statement; `[walwriter]` and the like are the server's own "
+        "processes):",
+        "",
+        "| state, wait event | " + " | ".join(
+            f"{names[t.workload]}, {t.sessions} {t.mode}" for t in shown) + " |",
+        "|---|" + "---:|" * len(shown),
+    ]
+    for key in keys:
+        lines.append(f"| {key} | " + " | ".join(
+            f"{t.waits.get(key, 0.0):.2f}" for t in shown) + " |")
+    return lines
+
+
 def render(result: Result) -> str:
     """The markdown section for ``docs/benchmarks.md``."""
     lat, prof, facts = result.latency, result.profile, result.facts
@@ -784,15 +921,18 @@ def render(result: Result) -> str:
         f"{lat.ratio_p99:.2f}x at p99 (`Finish`: {lat.finish.p50 / lat.raw.p50:.2f}x at p50). "
         f"Target (within {TARGET_RATIO:g}x at p50): {verdict}.",
         "",
-        "| throughput | sessions | how | commits | s | commits/s | p50 ms | p99 ms |",
-        "|---|---:|---|---:|---:|---:|---:|---:|",
+        "| throughput | sessions | how | commits | s | commits/s | p50 ms | p99 ms "
+        "| client CPU ms/commit | server CPU ms/commit |",
+        "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     names = {"phase": "phase commit (`Next`, keep lease)", "raw": "raw 4-statement transaction"}
     for t in result.throughput:
         lines.append(
             f"| {names[t.workload]} | {t.sessions} | {t.mode} | {t.commits} | {t.seconds:.1f} "
-            f"| {t.per_second:.0f} | {t.latency.p50:.2f} | {t.latency.p99:.2f} |"
+            f"| {t.per_second:.0f} | {t.latency.p50:.2f} | {t.latency.p99:.2f} "
+            f"| {_ms(t.client_ms)} | {_ms(t.server_ms)} |"
         )
+    lines += _wait_tables(result.throughput, names)
     lines += [
         "",
         "Concurrent sessions each commit to their own session (no shared row locks); "

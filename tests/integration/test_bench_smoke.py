@@ -78,6 +78,17 @@ def test_latency_profile_and_report() -> None:
         assert result.commits >= sessions  # every worker commits at least once
         assert result.seconds >= 0.1 and result.per_second > 0
         sane(result.latency, result.commits)
+    # CPU in the timed window: a process's own counter, and its backend's on this host;
+    # threads share their process's counter, so theirs is not given.
+    alone = throughput[3]
+    assert alone.client_ms is not None and alone.client_ms >= 0
+    assert alone.server_ms is not None and alone.server_ms >= 0
+    assert throughput[1].client_ms is None
+    # What the sampler saw in the timed window (0.1 s: perhaps nothing): a state and wait
+    # event per backend, averaged over the samples, so at most the sessions and the
+    # server's own processes.
+    assert all(", " in key or key.startswith("[") for key in alone.waits)
+    assert sum(alone.waits.values()) < 20
 
     cpu = measure_cpu(storage, url, count=5)
     assert set(cpu) == {"phase", "raw"}
@@ -88,6 +99,8 @@ def test_latency_profile_and_report() -> None:
     assert section.startswith(HEADING + "\n")
     assert "| phase commit: entry + doc set + `Next` (keep lease) | 20 |" in section
     assert section.count("| phase commit (`Next`, keep lease) |") == 4  # 3 throughput + CPU
+    if alone.waits:
+        assert "| phase commit (`Next`, keep lease), 1 processes |" in section  # the waits
 
 
 def test_percentile_is_nearest_rank() -> None:
