@@ -42,8 +42,10 @@ class RejectUnstorableText:
 class LimitRequestRates:
     """Count each request against its client's address and, for a browser's login, its
     account (:mod:`controlplane.rates`; an API token's account is counted when the API
-    authenticates it); over either rate, answer 429 with ``Retry-After`` before any view
-    runs. The probes are not counted: an orchestrator's checks must always get through."""
+    authenticates it); over either rate, or with the account's server time spent,
+    answer 429 with ``Retry-After`` before any view runs. Once answered, a request
+    charges the server time it took to its account, whichever way it authenticated. The
+    probes are not counted: an orchestrator's checks must always get through."""
 
     EXEMPT = ("/healthz", "/readyz")
 
@@ -61,10 +63,18 @@ class LimitRequestRates:
         refused = rates.take(
             rates.address(client_bucket(request.META)),
             rates.account(user_id) if user_id is not None else None,
+            rates.server_time(user_id) if user_id is not None else None,
         )
         if refused is not None:
             return too_many_requests(request, refused.detail(), refused.retry_after)
-        return self.get_response(request)
+        meter = request.server_time = rates.Meter()  # type: ignore[attr-defined]
+        try:
+            return self.get_response(request)
+        finally:
+            # request.user now: an API token's account is known only once the view ran.
+            user = getattr(request, "user", None)
+            if user is not None and user.is_authenticated:
+                rates.charge(rates.server_time(user.pk), meter.seconds())
 
 
 class NameTheCredential:

@@ -20,6 +20,17 @@ keep their counts in Django's cache with a read, then a write (two processes bot
 the last request), cover the API or single views only, not the pages and the login, read
 the address from ``X-Forwarded-For`` without knowing which proxy wrote it, and do not
 always say when to come back.
+
+A rate of requests does not bound what they cost: a few searches a second that each keep
+the server busy for half a second take more of it than a hundred cheap pages. So each
+account also has a *budget of server time* (``USER_SERVER_SECONDS_PER_SECOND`` on
+average, ``USER_SERVER_SECONDS_BURST`` at once): a request's time, from the middleware
+to its answer less what it spent waiting for news (a long-poll), is charged to its
+account when it ends, moving the account's next free time on by that time divided by the
+share; a request that finds its account more than the burst in arrears is refused (429)
+like one over its rate, until the time it took is paid off. The charge comes after the
+fact, so the requests an account starts at once all run; how many it can start is
+bounded by its rate's burst, and what each can cost by the statement timeout.
 """
 
 from __future__ import annotations
@@ -28,7 +39,9 @@ import logging
 import math
 import threading
 import time
-from dataclasses import dataclass
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from dataclasses import dataclass, field
 from typing import Any
 
 import redis
@@ -64,6 +77,16 @@ for i, key in ipairs(KEYS) do
 end
 return {0, 0}
 """
+# Move a subject's next free time on by ARGV[1] ms (from now at the earliest).
+_CHARGE = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local free = tonumber(redis.call('GET', KEYS[1]) or now)
+if free < now then free = now end
+free = free + tonumber(ARGV[1])
+redis.call('SET', KEYS[1], free, 'PX', math.max(1, free - now))
+return free - now
+"""
 
 
 @dataclass(frozen=True)
@@ -77,12 +100,29 @@ class Rate:
 
 
 @dataclass(frozen=True)
+class Budget:
+    """Server time: ``share`` seconds of it per second on average, ``burst`` seconds of
+    it at once. Nothing is taken when a request starts (its cost is not known yet):
+    :func:`charge` takes it when it ends."""
+
+    share: float
+    burst: float
+
+    def argv(self) -> list[int]:
+        return [0, max(0, round(self.burst * 1000))]
+
+    def interval_ms(self, seconds: float) -> int:
+        """How far ``seconds`` of server time move the next free time on."""
+        return max(0, round(seconds / self.share * 1000))
+
+
+@dataclass(frozen=True)
 class Subject:
     """Who a request counts against: ``what`` for the message, ``key`` in Redis."""
 
     what: str
     key: str
-    rate: Rate
+    rate: Rate | Budget
 
 
 @dataclass(frozen=True)
@@ -108,12 +148,47 @@ def account(user_id: Any) -> Subject | None:
                    rate)
 
 
+def server_time(user_id: Any) -> Subject | None:
+    """The account's budget of server time (None when it is not counted)."""
+    budget = Budget(settings.USER_SERVER_SECONDS_PER_SECOND, settings.USER_SERVER_SECONDS_BURST)
+    if budget.share <= 0:
+        return None
+    return Subject("this account, which has used its share of the server's time "
+                   "(USER_SERVER_SECONDS_PER_SECOND)", f"{KEY_PREFIX}:time:{user_id}", budget)
+
+
 def address(bucket: str | None) -> Subject | None:
     rate = Rate(settings.ADDRESS_REQUESTS_PER_SECOND, settings.ADDRESS_REQUEST_BURST)
     if bucket is None or rate.per_second <= 0:
         return None
     return Subject("this address (ADDRESS_REQUESTS_PER_SECOND)",
                    f"{KEY_PREFIX}:addr:{bucket}", rate)
+
+
+@dataclass
+class Meter:
+    """A request's server time: from its start, less the time it waited for news."""
+
+    started: float = field(default_factory=time.perf_counter)
+    idle: float = 0.0
+
+    @contextmanager
+    def waiting(self) -> Iterator[None]:
+        """Time spent in here is not the server's: a long-poll waiting for a commit."""
+        began = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.idle += time.perf_counter() - began
+
+    def seconds(self) -> float:
+        return max(0.0, time.perf_counter() - self.started - self.idle)
+
+
+def waiting(request: Any) -> AbstractContextManager[None]:
+    """What a request spends in here is not charged to its account (see :class:`Meter`)."""
+    meter = getattr(request, "server_time", None)
+    return meter.waiting() if isinstance(meter, Meter) else nullcontext()
 
 
 _clients: dict[str, Any] = {}
@@ -131,6 +206,13 @@ def _client() -> Any:
         return client
 
 
+def _unavailable(exc: Exception) -> None:
+    global _warned_at
+    if time.monotonic() - _warned_at > 60:  # once a minute, not once a request
+        _warned_at = time.monotonic()
+        log.warning("request rates are not counted: Redis is unavailable (%s)", exc)
+
+
 def take(*subjects: Subject | None) -> Refusal | None:
     """Count one request against every subject given, or against none of them if one is
     over its rate: then the refusal (who, and how long to wait)."""
@@ -141,11 +223,21 @@ def take(*subjects: Subject | None) -> Refusal | None:
     try:
         wait_ms, who = _client().eval(_TAKE, len(counted), *(s.key for s in counted), *argv)
     except redis.RedisError as exc:
-        global _warned_at
-        if time.monotonic() - _warned_at > 60:  # once a minute, not once a request
-            _warned_at = time.monotonic()
-            log.warning("request rates are not counted: Redis is unavailable (%s)", exc)
+        _unavailable(exc)
         return None
     if not wait_ms:
         return None
     return Refusal(counted[int(who) - 1], int(wait_ms) / 1000)
+
+
+def charge(subject: Subject | None, seconds: float) -> None:
+    """Take ``seconds`` of server time from a :class:`Budget` subject (see :func:`server_time`)."""
+    if subject is None or not isinstance(subject.rate, Budget):
+        return
+    interval = subject.rate.interval_ms(seconds)
+    if interval <= 0:
+        return
+    try:
+        _client().eval(_CHARGE, 1, subject.key, interval)
+    except redis.RedisError as exc:
+        _unavailable(exc)
