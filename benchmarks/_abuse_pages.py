@@ -27,7 +27,10 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -101,13 +104,32 @@ def hammer(base: str, cookie: str, stop: threading.Event, counts: list[int]) -> 
 
 async def phase(name: str, server: Any, operator: str, viewer: str, cookie: str,
                 commits: int, interval: float, abuse: bool, viewer_does: str = "both") -> Phase:
+    from django.db import connections
+
+    # One thread of its own for this process's reads and commits, whose connection is
+    # closed at the end: a thread of asyncio's pool would leave it open past the run.
+    pool = ThreadPoolExecutor(1)
+
+    def run(call: Callable[..., Any], *args: Any, **kwargs: Any) -> Awaitable[Any]:
+        return asyncio.get_running_loop().run_in_executor(pool, partial(call, *args, **kwargs))
+
+    try:
+        return await _phase(run, name, server, operator, viewer, cookie, commits, interval,
+                            abuse, viewer_does)
+    finally:
+        await run(connections.close_all)
+        pool.shutdown()
+
+
+async def _phase(run: Callable[..., Awaitable[Any]], name: str, server: Any, operator: str,
+                 viewer: str, cookie: str, commits: int, interval: float, abuse: bool,
+                 viewer_does: str) -> Phase:
     from websockets.asyncio.client import connect
 
     from benchmarks.feed import commit_one
     from controlplane.reads.pages import last_commit_id
     from controlplane.runtime import runtime
 
-    run = asyncio.to_thread
     handle = await run(runtime().kernel.create_session, metadata={"benchmark": "abuse"})
     await run(commit_one, handle, "start")
     start = await run(last_commit_id)
