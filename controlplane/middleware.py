@@ -60,21 +60,21 @@ class LimitRequestRates:
             user_id = user.pk if user is not None and user.is_authenticated else None
         except STORAGE_DOWN as exc:  # AnswerStorageDown sees only what views raise
             return storage_down(request, exc)
+        spent = rates.server_time(user_id) if user_id is not None else None
         refused = rates.take(
             rates.address(client_bucket(request.META)),
             rates.account(user_id) if user_id is not None else None,
-            rates.server_time(user_id) if user_id is not None else None,
+            spent,
         )
         if refused is not None:
             return too_many_requests(request, refused.detail(), refused.retry_after)
+        # An API token's account is admitted on it when the API authenticates the token.
         meter = request.server_time = rates.Meter()  # type: ignore[attr-defined]
+        meter.admitted(spent)
         try:
             return self.get_response(request)
         finally:
-            # request.user now: an API token's account is known only once the view ran.
-            user = getattr(request, "user", None)
-            if user is not None and user.is_authenticated:
-                rates.charge(rates.server_time(user.pk), meter.seconds())
+            meter.settle()
 
 
 class NameTheCredential:

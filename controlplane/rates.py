@@ -24,13 +24,14 @@ always say when to come back.
 A rate of requests does not bound what they cost: a few searches a second that each keep
 the server busy for half a second take more of it than a hundred cheap pages. So each
 account also has a *budget of server time* (``USER_SERVER_SECONDS_PER_SECOND`` on
-average, ``USER_SERVER_SECONDS_BURST`` at once): a request's time, from the middleware
-to its answer less what it spent waiting for news (a long-poll), is charged to its
-account when it ends, moving the account's next free time on by that time divided by the
-share; a request that finds its account more than the burst in arrears is refused (429)
-like one over its rate, until the time it took is paid off. The charge comes after the
-fact, so the requests an account starts at once all run; how many it can start is
-bounded by its rate's burst, and what each can cost by the statement timeout.
+average, ``USER_SERVER_SECONDS_BURST`` at once), kept as the same kind of next free time:
+``s`` seconds of server time move it on by ``s`` divided by the share. A request's time
+is from the middleware to its answer, less what it spent waiting for news (a long-poll).
+Its cost is known only at its end, so a request is charged :data:`START_SECONDS` as it is
+let in and the difference (or a refund) when it ends: an account can thus start at most
+``USER_SERVER_SECONDS_BURST / START_SECONDS`` requests (and one more) at once, fewer the
+more it owes, and a request that finds its account more than the burst in arrears is
+refused (429) like one over its rate, until what it spent is paid off.
 """
 
 from __future__ import annotations
@@ -77,14 +78,17 @@ for i, key in ipairs(KEYS) do
 end
 return {0, 0}
 """
-# Move a subject's next free time on by ARGV[1] ms (from now at the earliest).
+# Move a subject's next free time on by ARGV[1] ms, or back (a refund) when negative; it
+# never goes back past now (time that has passed has paid what it paid).
 _CHARGE = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local free = tonumber(redis.call('GET', KEYS[1]) or now)
-if free < now then free = now end
-free = free + tonumber(ARGV[1])
-redis.call('SET', KEYS[1], free, 'PX', math.max(1, free - now))
+local free = tonumber(redis.call('GET', KEYS[1]) or now) + tonumber(ARGV[1])
+if free <= now then
+  redis.call('DEL', KEYS[1])
+  return 0
+end
+redis.call('SET', KEYS[1], free, 'PX', free - now)
 return free - now
 """
 
@@ -99,21 +103,25 @@ class Rate:
         return [interval, interval * max(0, self.burst - 1)]
 
 
+START_SECONDS = 1.0
+"""The server time a request is charged as it is let in, before its cost is known."""
+
+
 @dataclass(frozen=True)
 class Budget:
     """Server time: ``share`` seconds of it per second on average, ``burst`` seconds of
-    it at once. Nothing is taken when a request starts (its cost is not known yet):
-    :func:`charge` takes it when it ends."""
+    it at once. A request takes :data:`START_SECONDS` of it when let in (:func:`take`);
+    :class:`Meter` settles the rest when it ends."""
 
     share: float
     burst: float
 
     def argv(self) -> list[int]:
-        return [0, max(0, round(self.burst * 1000))]
+        return [self.owed_ms(START_SECONDS), max(0, self.owed_ms(self.burst))]
 
-    def interval_ms(self, seconds: float) -> int:
-        """How far ``seconds`` of server time move the next free time on."""
-        return max(0, round(seconds / self.share * 1000))
+    def owed_ms(self, seconds: float) -> int:
+        """How far ``seconds`` of server time move the next free time on (or back)."""
+        return round(seconds / self.share * 1000)
 
 
 @dataclass(frozen=True)
@@ -167,28 +175,52 @@ def address(bucket: str | None) -> Subject | None:
 
 @dataclass
 class Meter:
-    """A request's server time: from its start, less the time it waited for news."""
+    """A request's server time, charged to its account's budget: :data:`START_SECONDS`
+    when it is let in (:meth:`admitted`), what it took beyond or short of that when it
+    ends (:meth:`settle`), nothing for the time it spent :meth:`waiting`."""
 
+    subject: Subject | None = None
     started: float = field(default_factory=time.perf_counter)
-    idle: float = 0.0
+    advanced: float = 0.0
+
+    def admitted(self, subject: Subject | None) -> None:
+        """The request was let in on ``subject``'s budget (charged its start)."""
+        self.settle()  # a browser's login, then a token: the first account's share
+        self.subject, self.advanced = subject, START_SECONDS if subject is not None else 0.0
+        self.started = time.perf_counter()
+
+    def settle(self) -> None:
+        """Charge the time since the start or the last settling, less the advance."""
+        spent = time.perf_counter() - self.started
+        if self.subject is not None:
+            charge(self.subject, spent - self.advanced)
+        self.advanced, self.started = 0.0, time.perf_counter()
 
     @contextmanager
     def waiting(self) -> Iterator[None]:
         """Time spent in here is not the server's: a long-poll waiting for a commit."""
-        began = time.perf_counter()
+        self.settle()
         try:
             yield
         finally:
-            self.idle += time.perf_counter() - began
-
-    def seconds(self) -> float:
-        return max(0.0, time.perf_counter() - self.started - self.idle)
+            self.started = time.perf_counter()
 
 
 def waiting(request: Any) -> AbstractContextManager[None]:
     """What a request spends in here is not charged to its account (see :class:`Meter`)."""
     meter = getattr(request, "server_time", None)
     return meter.waiting() if isinstance(meter, Meter) else nullcontext()
+
+
+def admit_token(request: Any, user_id: Any) -> Refusal | None:
+    """Count an API token's request against its account (its rate and, when the request
+    is metered, its server time), as the middleware does for a browser's login."""
+    meter = getattr(request, "server_time", None)
+    spent = server_time(user_id) if isinstance(meter, Meter) else None
+    refused = take(account(user_id), spent)
+    if refused is None and isinstance(meter, Meter):
+        meter.admitted(spent)
+    return refused
 
 
 _clients: dict[str, Any] = {}
@@ -231,11 +263,12 @@ def take(*subjects: Subject | None) -> Refusal | None:
 
 
 def charge(subject: Subject | None, seconds: float) -> None:
-    """Take ``seconds`` of server time from a :class:`Budget` subject (see :func:`server_time`)."""
+    """Take ``seconds`` of server time from a :class:`Budget` subject (see
+    :func:`server_time`), or give them back when negative."""
     if subject is None or not isinstance(subject.rate, Budget):
         return
-    interval = subject.rate.interval_ms(seconds)
-    if interval <= 0:
+    interval = subject.rate.owed_ms(seconds)
+    if interval == 0:
         return
     try:
         _client().eval(_CHARGE, 1, subject.key, interval)
