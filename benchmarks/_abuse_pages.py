@@ -3,7 +3,7 @@
 On a database of ``--tasks`` (300,000) tasks copied in with COPY (``benchmarks.ui``'s
 seeding), one real Daphne with the request rates on per account (the defaults, 10 a
 second, bursts of 50; per address off, since both accounts come from 127.0.0.1) and the
-per-account budget of server time (the defaults, 0.5 s a second, 10 s at once):
+per-account budget of server time (the defaults, 0.5 s a second, 5 s at once):
 
 1. quiet: an operator follows ``/ws/ui/tasks/`` (no filter, newest first) while
    ``--commits`` commits are made ``--interval`` apart; the latency of each is from the
@@ -40,7 +40,7 @@ SHOWN = re.compile(r'id="feed-state" data-seq="(\d+)"')
 SOCKET_WORDS = ["ren", "inv", "dig", "rem", "rec", "wel", "out", "sur", "new", "voi",
                 "ges", "ind", "cei", "lco", "tag", "rve", "ewa", "nvo", "emi", "eip"]
 SORTS = ["kind", "-kind", "status", "-status", "created"]
-SERVER_SHARE, SERVER_BURST = "0.5", "10"
+SERVER_SHARE, SERVER_BURST = "0.5", "5"
 """The per-account budget of server time the server runs with (the settings' defaults)."""
 SEARCHES = ["/tasks/?q=re&sort=kind&page=100000", "/tasks/?q=ren&sort=-status&page=100000"]
 

@@ -88,7 +88,7 @@ def render_pages(args: argparse.Namespace, quiet: Phase, abused: Phase,
         f"Run {datetime.now(UTC):%Y-%m-%d %H:%M} UTC by `make bench BENCH_ARGS=abuse` "
         f"(`benchmarks/_abuse_pages.py`): {args.tasks:,} tasks copied in, one Daphne with "
         f"production settings, the per-account request rate (10/s, bursts of 50) and budget "
-        f"of server time (0.5 s a second, 10 s at once) on. An "
+        f"of server time (0.5 s a second, 5 s at once) on. An "
         f"operator follows `/ws/ui/tasks/` while {args.commits} commits are made "
         f"{args.interval * 1000:.0f} ms apart, first alone, then while one viewer holds 20 "
         f"tasks-page sockets with filters of their own (a 3-letter word, a sort, "
