@@ -5,6 +5,7 @@ seeding), one real Daphne with the request rates on per account (the defaults, 1
 second, bursts of 50; per address off, since both accounts come from 127.0.0.1) and the
 per-account budget of server time (the defaults, 0.5 s a second, 5 s at once):
 
+0. warm-up: the same as 1, not counted (:data:`WARMUP_COMMITS`);
 1. quiet: an operator follows ``/ws/ui/tasks/`` (no filter, newest first) while
    ``--commits`` commits are made ``--interval`` apart; the latency of each is from the
    commit's return to the first frame showing it;
@@ -40,8 +41,11 @@ SHOWN = re.compile(r'id="feed-state" data-seq="(\d+)"')
 SOCKET_WORDS = ["ren", "inv", "dig", "rem", "rec", "wel", "out", "sur", "new", "voi",
                 "ges", "ind", "cei", "lco", "tag", "rve", "ewa", "nvo", "emi", "eip"]
 SORTS = ["kind", "-kind", "status", "-status", "created"]
-SERVER_SHARE, SERVER_BURST = "0.5", "5"
+SERVER_SHARE, SERVER_BURST = 0.5, 5.0
 """The per-account budget of server time the server runs with (the settings' defaults)."""
+WARMUP_COMMITS = 20
+"""Commits followed, and not counted, before the quiet phase: the server's first renders
+(its caches and connections cold) would otherwise land in the quiet phase's tail."""
 SEARCHES = ["/tasks/?q=re&sort=kind&page=100000", "/tasks/?q=ren&sort=-status&page=100000"]
 
 
@@ -182,7 +186,8 @@ async def _phase(run: Callable[..., Awaitable[Any]], name: str, server: Any, ope
 
 
 def run(url: str, redis_url: str, tasks: int, commits: int, interval: float,
-        viewer_does: str = "both") -> list[Phase]:
+        viewer_does: str = "both", server_share: float = SERVER_SHARE,
+        warmup: int = WARMUP_COMMITS) -> list[Phase]:
     from benchmarks.ui import seed_tasks
     from controlplane.dev.processes import Daphne, process_env
 
@@ -193,8 +198,8 @@ def run(url: str, redis_url: str, tasks: int, commits: int, interval: float,
     operator, viewer, cookie = accounts()
     env = process_env(url, redis_url, DJANGO_DEBUG="0",
                       USER_REQUESTS_PER_SECOND="10", USER_REQUEST_BURST="50",
-                      USER_SERVER_SECONDS_PER_SECOND=SERVER_SHARE,
-                      USER_SERVER_SECONDS_BURST=SERVER_BURST,
+                      USER_SERVER_SECONDS_PER_SECOND=str(server_share),
+                      USER_SERVER_SECONDS_BURST=str(SERVER_BURST),
                       ADDRESS_REQUESTS_PER_SECOND="0")
     phases = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -202,6 +207,10 @@ def run(url: str, redis_url: str, tasks: int, commits: int, interval: float,
         progress("starting daphne")
         server.start()
         try:
+            if warmup:
+                progress(f"warming up: {warmup} commits, not counted")
+                asyncio.run(phase("warm-up", server, operator, viewer, cookie, warmup,
+                                  interval, False))
             for name, abuse in (("quiet", False), ("a viewer at its worst", True)):
                 progress(f"{name}: {commits} commits {interval * 1000:.0f} ms apart")
                 found = asyncio.run(phase(name, server, operator, viewer, cookie,

@@ -23,6 +23,7 @@ import sys
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
+from benchmarks._abuse_pages import SERVER_BURST, WARMUP_COMMITS
 from benchmarks._support import REPORT, database_url, fresh_database, progress, publish
 
 if TYPE_CHECKING:
@@ -53,6 +54,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--viewer-does", choices=["both", "sockets", "requests"],
                         default="both", help="what the viewer does (the sockets, the "
                         "searches or both): to see which costs the operator what")
+    parser.add_argument("--server-share", type=float, default=0.5,
+                        help="USER_SERVER_SECONDS_PER_SECOND of the server (0: its budget of "
+                        "server time off, to see what the budget buys)")
     args = parser.parse_args(argv)
     failed = 0 if args.pages_only else caps(args)
     if not args.no_pages:
@@ -71,11 +75,17 @@ def pages(args: argparse.Namespace) -> int:
         os.environ["REDIS_URL"] = redis_url
         fresh_database(args, url, redis_url)
         quiet, abused = run(url, redis_url, args.tasks, args.commits, args.interval,
-                            args.viewer_does)
+                            args.viewer_does, args.server_share)
     after = os.getloadavg()
     section, met = render_pages(args, quiet, abused, before, after)
     publish(PAGES_HEADING, section, write=not args.no_write)
     return 0 if met else 1
+
+
+def budget(share: float) -> str:
+    if share <= 0:
+        return "**no** budget of server time (`--server-share 0`)"
+    return f"budget of server time ({share:g} s a second, {SERVER_BURST:g} s at once)"
 
 
 def render_pages(args: argparse.Namespace, quiet: Phase, abused: Phase,
@@ -87,8 +97,8 @@ def render_pages(args: argparse.Namespace, quiet: Phase, abused: Phase,
         PAGES_HEADING, "",
         f"Run {datetime.now(UTC):%Y-%m-%d %H:%M} UTC by `make bench BENCH_ARGS=abuse` "
         f"(`benchmarks/_abuse_pages.py`): {args.tasks:,} tasks copied in, one Daphne with "
-        f"production settings, the per-account request rate (10/s, bursts of 50) and budget "
-        f"of server time (0.5 s a second, 5 s at once) on. An "
+        f"production settings, the per-account request rate (10/s, bursts of 50) and "
+        f"{budget(args.server_share)} on. After {WARMUP_COMMITS} commits not counted, an "
         f"operator follows `/ws/ui/tasks/` while {args.commits} commits are made "
         f"{args.interval * 1000:.0f} ms apart, first alone, then while one viewer holds 20 "
         f"tasks-page sockets with filters of their own (a 3-letter word, a sort, "
