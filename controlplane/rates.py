@@ -36,12 +36,13 @@ refused (429) like one over its rate, until what it spent is paid off.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from collections.abc import AsyncIterator
+from contextlib import AbstractAsyncContextManager, asynccontextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -181,32 +182,40 @@ class Meter:
 
     subject: Subject | None = None
     started: float = field(default_factory=time.perf_counter)
+    spent: float = 0.0
+    """Seconds spent before ``started`` and not charged yet."""
     advanced: float = 0.0
 
     def admitted(self, subject: Subject | None) -> None:
         """The request was let in on ``subject``'s budget (charged its start)."""
         self.settle()  # a browser's login, then a token: the first account's share
         self.subject, self.advanced = subject, START_SECONDS if subject is not None else 0.0
-        self.started = time.perf_counter()
 
     def settle(self) -> None:
-        """Charge the time since the start or the last settling, less the advance."""
-        spent = time.perf_counter() - self.started
+        """Charge what was spent since the start or the last settling, less the advance
+        (a Redis call: not on an event loop)."""
+        now = time.perf_counter()
+        spent, self.spent, self.started = self.spent + now - self.started, 0.0, now
         if self.subject is not None:
             charge(self.subject, spent - self.advanced)
-        self.advanced, self.started = 0.0, time.perf_counter()
+        self.advanced = 0.0
 
-    @contextmanager
-    def waiting(self) -> Iterator[None]:
-        """Time spent in here is not the server's: a long-poll waiting for a commit."""
-        self.settle()
+    @asynccontextmanager
+    async def waiting(self) -> AsyncIterator[None]:
+        """Time spent in here is not the server's: a long-poll waiting for a commit. The
+        first wait gives the advance back (on a thread: Redis is called synchronously),
+        so that an account's waiting long-polls do not hold its budget."""
+        if self.advanced:
+            await asyncio.to_thread(self.settle)
+        else:
+            self.spent += time.perf_counter() - self.started
         try:
             yield
         finally:
             self.started = time.perf_counter()
 
 
-def waiting(request: Any) -> AbstractContextManager[None]:
+def waiting(request: Any) -> AbstractAsyncContextManager[None]:
     """What a request spends in here is not charged to its account (see :class:`Meter`)."""
     meter = getattr(request, "server_time", None)
     return meter.waiting() if isinstance(meter, Meter) else nullcontext()

@@ -89,8 +89,9 @@ async def long_poll(
             remaining = deadline - time.monotonic()
             if found(result) or remaining <= 0:
                 return result
-            with suppress(TimeoutError), rates.waiting(request):  # not the server's time
-                async with asyncio.timeout(min(settings.FEED_LONG_POLL_SECONDS, remaining)):
+            with suppress(TimeoutError):  # the wait is not the server's time: not charged
+                async with rates.waiting(request), asyncio.timeout(
+                        min(settings.FEED_LONG_POLL_SECONDS, remaining)):
                     await hinted.wait()
 
 
