@@ -2,8 +2,10 @@
 
 On a database of ``--tasks`` (300,000) tasks copied in with COPY (``benchmarks.ui``'s
 seeding), one real Daphne with the request rates on per account (the defaults, 10 a
-second, bursts of 50; per address off, since both accounts come from 127.0.0.1):
+second, bursts of 50; per address off, since both accounts come from 127.0.0.1) and the
+per-account budget of server time (the defaults, 0.5 s a second, 5 s at once):
 
+0. warm-up: the same as 1, not counted (:data:`WARMUP_COMMITS`);
 1. quiet: an operator follows ``/ws/ui/tasks/`` (no filter, newest first) while
    ``--commits`` commits are made ``--interval`` apart; the latency of each is from the
    commit's return to the first frame showing it;
@@ -26,7 +28,10 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +41,11 @@ SHOWN = re.compile(r'id="feed-state" data-seq="(\d+)"')
 SOCKET_WORDS = ["ren", "inv", "dig", "rem", "rec", "wel", "out", "sur", "new", "voi",
                 "ges", "ind", "cei", "lco", "tag", "rve", "ewa", "nvo", "emi", "eip"]
 SORTS = ["kind", "-kind", "status", "-status", "created"]
+SERVER_SHARE, SERVER_BURST = 0.5, 5.0
+"""The per-account budget of server time the server runs with (the settings' defaults)."""
+WARMUP_COMMITS = 20
+"""Commits followed, and not counted, before the quiet phase: the server's first renders
+(its caches and connections cold) would otherwise land in the quiet phase's tail."""
 SEARCHES = ["/tasks/?q=re&sort=kind&page=100000", "/tasks/?q=ren&sort=-status&page=100000"]
 
 
@@ -98,13 +108,32 @@ def hammer(base: str, cookie: str, stop: threading.Event, counts: list[int]) -> 
 
 async def phase(name: str, server: Any, operator: str, viewer: str, cookie: str,
                 commits: int, interval: float, abuse: bool, viewer_does: str = "both") -> Phase:
+    from django.db import connections
+
+    # One thread of its own for this process's reads and commits, whose connection is
+    # closed at the end: a thread of asyncio's pool would leave it open past the run.
+    pool = ThreadPoolExecutor(1)
+
+    def run(call: Callable[..., Any], *args: Any, **kwargs: Any) -> Awaitable[Any]:
+        return asyncio.get_running_loop().run_in_executor(pool, partial(call, *args, **kwargs))
+
+    try:
+        return await _phase(run, name, server, operator, viewer, cookie, commits, interval,
+                            abuse, viewer_does)
+    finally:
+        await run(connections.close_all)
+        pool.shutdown()
+
+
+async def _phase(run: Callable[..., Awaitable[Any]], name: str, server: Any, operator: str,
+                 viewer: str, cookie: str, commits: int, interval: float, abuse: bool,
+                 viewer_does: str) -> Phase:
     from websockets.asyncio.client import connect
 
     from benchmarks.feed import commit_one
     from controlplane.reads.pages import last_commit_id
     from controlplane.runtime import runtime
 
-    run = asyncio.to_thread
     handle = await run(runtime().kernel.create_session, metadata={"benchmark": "abuse"})
     await run(commit_one, handle, "start")
     start = await run(last_commit_id)
@@ -157,7 +186,8 @@ async def phase(name: str, server: Any, operator: str, viewer: str, cookie: str,
 
 
 def run(url: str, redis_url: str, tasks: int, commits: int, interval: float,
-        viewer_does: str = "both") -> list[Phase]:
+        viewer_does: str = "both", server_share: float = SERVER_SHARE,
+        warmup: int = WARMUP_COMMITS) -> list[Phase]:
     from benchmarks.ui import seed_tasks
     from controlplane.dev.processes import Daphne, process_env
 
@@ -168,6 +198,8 @@ def run(url: str, redis_url: str, tasks: int, commits: int, interval: float,
     operator, viewer, cookie = accounts()
     env = process_env(url, redis_url, DJANGO_DEBUG="0",
                       USER_REQUESTS_PER_SECOND="10", USER_REQUEST_BURST="50",
+                      USER_SERVER_SECONDS_PER_SECOND=str(server_share),
+                      USER_SERVER_SECONDS_BURST=str(SERVER_BURST),
                       ADDRESS_REQUESTS_PER_SECOND="0")
     phases = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -175,6 +207,10 @@ def run(url: str, redis_url: str, tasks: int, commits: int, interval: float,
         progress("starting daphne")
         server.start()
         try:
+            if warmup:
+                progress(f"warming up: {warmup} commits, not counted")
+                asyncio.run(phase("warm-up", server, operator, viewer, cookie, warmup,
+                                  interval, False))
             for name, abuse in (("quiet", False), ("a viewer at its worst", True)):
                 progress(f"{name}: {commits} commits {interval * 1000:.0f} ms apart")
                 found = asyncio.run(phase(name, server, operator, viewer, cookie,

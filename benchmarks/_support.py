@@ -102,6 +102,7 @@ def setup_django(url: str, *, migrate: bool) -> None:
     # they start, unless asked (controlplane.rates).
     os.environ.setdefault("USER_REQUESTS_PER_SECOND", "0")
     os.environ.setdefault("ADDRESS_REQUESTS_PER_SECOND", "0")
+    os.environ.setdefault("USER_SERVER_SECONDS_PER_SECOND", "0")
     django.setup()
     if migrate:
         from django.core.management import call_command

@@ -42,8 +42,10 @@ class RejectUnstorableText:
 class LimitRequestRates:
     """Count each request against its client's address and, for a browser's login, its
     account (:mod:`controlplane.rates`; an API token's account is counted when the API
-    authenticates it); over either rate, answer 429 with ``Retry-After`` before any view
-    runs. The probes are not counted: an orchestrator's checks must always get through."""
+    authenticates it); over either rate, or with the account's server time spent,
+    answer 429 with ``Retry-After`` before any view runs. Once answered, a request
+    charges the server time it took to its account, whichever way it authenticated. The
+    probes are not counted: an orchestrator's checks must always get through."""
 
     EXEMPT = ("/healthz", "/readyz")
 
@@ -58,13 +60,21 @@ class LimitRequestRates:
             user_id = user.pk if user is not None and user.is_authenticated else None
         except STORAGE_DOWN as exc:  # AnswerStorageDown sees only what views raise
             return storage_down(request, exc)
+        spent = rates.server_time(user_id) if user_id is not None else None
         refused = rates.take(
             rates.address(client_bucket(request.META)),
             rates.account(user_id) if user_id is not None else None,
+            spent,
         )
         if refused is not None:
             return too_many_requests(request, refused.detail(), refused.retry_after)
-        return self.get_response(request)
+        # An API token's account is admitted on it when the API authenticates the token.
+        meter = request.server_time = rates.Meter()  # type: ignore[attr-defined]
+        meter.admitted(spent)
+        try:
+            return self.get_response(request)
+        finally:
+            meter.settle()
 
 
 class NameTheCredential:

@@ -20,15 +20,30 @@ keep their counts in Django's cache with a read, then a write (two processes bot
 the last request), cover the API or single views only, not the pages and the login, read
 the address from ``X-Forwarded-For`` without knowing which proxy wrote it, and do not
 always say when to come back.
+
+A rate of requests does not bound what they cost: a few searches a second that each keep
+the server busy for half a second take more of it than a hundred cheap pages. So each
+account also has a *budget of server time* (``USER_SERVER_SECONDS_PER_SECOND`` on
+average, ``USER_SERVER_SECONDS_BURST`` at once), kept as the same kind of next free time:
+``s`` seconds of server time move it on by ``s`` divided by the share. A request's time
+is from the middleware to its answer, less what it spent waiting for news (a long-poll).
+Its cost is known only at its end, so a request is charged :data:`START_SECONDS` as it is
+let in and the difference (or a refund) when it ends: an account can thus start at most
+``USER_SERVER_SECONDS_BURST / START_SECONDS`` requests (and one more) at once, fewer the
+more it owes, and a request that finds its account more than the burst in arrears is
+refused (429) like one over its rate, until what it spent is paid off.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 import threading
 import time
-from dataclasses import dataclass
+from collections.abc import AsyncIterator
+from contextlib import AbstractAsyncContextManager, asynccontextmanager, nullcontext
+from dataclasses import dataclass, field
 from typing import Any
 
 import redis
@@ -64,6 +79,19 @@ for i, key in ipairs(KEYS) do
 end
 return {0, 0}
 """
+# Move a subject's next free time on by ARGV[1] ms, or back (a refund) when negative; it
+# never goes back past now (time that has passed has paid what it paid).
+_CHARGE = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local free = tonumber(redis.call('GET', KEYS[1]) or now) + tonumber(ARGV[1])
+if free <= now then
+  redis.call('DEL', KEYS[1])
+  return 0
+end
+redis.call('SET', KEYS[1], free, 'PX', free - now)
+return free - now
+"""
 
 
 @dataclass(frozen=True)
@@ -76,13 +104,34 @@ class Rate:
         return [interval, interval * max(0, self.burst - 1)]
 
 
+START_SECONDS = 1.0
+"""The server time a request is charged as it is let in, before its cost is known."""
+
+
+@dataclass(frozen=True)
+class Budget:
+    """Server time: ``share`` seconds of it per second on average, ``burst`` seconds of
+    it at once. A request takes :data:`START_SECONDS` of it when let in (:func:`take`);
+    :class:`Meter` settles the rest when it ends."""
+
+    share: float
+    burst: float
+
+    def argv(self) -> list[int]:
+        return [self.owed_ms(START_SECONDS), max(0, self.owed_ms(self.burst))]
+
+    def owed_ms(self, seconds: float) -> int:
+        """How far ``seconds`` of server time move the next free time on (or back)."""
+        return round(seconds / self.share * 1000)
+
+
 @dataclass(frozen=True)
 class Subject:
     """Who a request counts against: ``what`` for the message, ``key`` in Redis."""
 
     what: str
     key: str
-    rate: Rate
+    rate: Rate | Budget
 
 
 @dataclass(frozen=True)
@@ -108,12 +157,79 @@ def account(user_id: Any) -> Subject | None:
                    rate)
 
 
+def server_time(user_id: Any) -> Subject | None:
+    """The account's budget of server time (None when it is not counted)."""
+    budget = Budget(settings.USER_SERVER_SECONDS_PER_SECOND, settings.USER_SERVER_SECONDS_BURST)
+    if budget.share <= 0:
+        return None
+    return Subject("this account, which has used its share of the server's time "
+                   "(USER_SERVER_SECONDS_PER_SECOND)", f"{KEY_PREFIX}:time:{user_id}", budget)
+
+
 def address(bucket: str | None) -> Subject | None:
     rate = Rate(settings.ADDRESS_REQUESTS_PER_SECOND, settings.ADDRESS_REQUEST_BURST)
     if bucket is None or rate.per_second <= 0:
         return None
     return Subject("this address (ADDRESS_REQUESTS_PER_SECOND)",
                    f"{KEY_PREFIX}:addr:{bucket}", rate)
+
+
+@dataclass
+class Meter:
+    """A request's server time, charged to its account's budget: :data:`START_SECONDS`
+    when it is let in (:meth:`admitted`), what it took beyond or short of that when it
+    ends (:meth:`settle`), nothing for the time it spent :meth:`waiting`."""
+
+    subject: Subject | None = None
+    started: float = field(default_factory=time.perf_counter)
+    spent: float = 0.0
+    """Seconds spent before ``started`` and not charged yet."""
+    advanced: float = 0.0
+
+    def admitted(self, subject: Subject | None) -> None:
+        """The request was let in on ``subject``'s budget (charged its start)."""
+        self.settle()  # a browser's login, then a token: the first account's share
+        self.subject, self.advanced = subject, START_SECONDS if subject is not None else 0.0
+
+    def settle(self) -> None:
+        """Charge what was spent since the start or the last settling, less the advance
+        (a Redis call: not on an event loop)."""
+        now = time.perf_counter()
+        spent, self.spent, self.started = self.spent + now - self.started, 0.0, now
+        if self.subject is not None:
+            charge(self.subject, spent - self.advanced)
+        self.advanced = 0.0
+
+    @asynccontextmanager
+    async def waiting(self) -> AsyncIterator[None]:
+        """Time spent in here is not the server's: a long-poll waiting for a commit. The
+        first wait gives the advance back (on a thread: Redis is called synchronously),
+        so that an account's waiting long-polls do not hold its budget."""
+        if self.advanced:
+            await asyncio.to_thread(self.settle)
+        else:
+            self.spent += time.perf_counter() - self.started
+        try:
+            yield
+        finally:
+            self.started = time.perf_counter()
+
+
+def waiting(request: Any) -> AbstractAsyncContextManager[None]:
+    """What a request spends in here is not charged to its account (see :class:`Meter`)."""
+    meter = getattr(request, "server_time", None)
+    return meter.waiting() if isinstance(meter, Meter) else nullcontext()
+
+
+def admit_token(request: Any, user_id: Any) -> Refusal | None:
+    """Count an API token's request against its account (its rate and, when the request
+    is metered, its server time), as the middleware does for a browser's login."""
+    meter = getattr(request, "server_time", None)
+    spent = server_time(user_id) if isinstance(meter, Meter) else None
+    refused = take(account(user_id), spent)
+    if refused is None and isinstance(meter, Meter):
+        meter.admitted(spent)
+    return refused
 
 
 _clients: dict[str, Any] = {}
@@ -131,6 +247,13 @@ def _client() -> Any:
         return client
 
 
+def _unavailable(exc: Exception) -> None:
+    global _warned_at
+    if time.monotonic() - _warned_at > 60:  # once a minute, not once a request
+        _warned_at = time.monotonic()
+        log.warning("request rates are not counted: Redis is unavailable (%s)", exc)
+
+
 def take(*subjects: Subject | None) -> Refusal | None:
     """Count one request against every subject given, or against none of them if one is
     over its rate: then the refusal (who, and how long to wait)."""
@@ -141,11 +264,22 @@ def take(*subjects: Subject | None) -> Refusal | None:
     try:
         wait_ms, who = _client().eval(_TAKE, len(counted), *(s.key for s in counted), *argv)
     except redis.RedisError as exc:
-        global _warned_at
-        if time.monotonic() - _warned_at > 60:  # once a minute, not once a request
-            _warned_at = time.monotonic()
-            log.warning("request rates are not counted: Redis is unavailable (%s)", exc)
+        _unavailable(exc)
         return None
     if not wait_ms:
         return None
     return Refusal(counted[int(who) - 1], int(wait_ms) / 1000)
+
+
+def charge(subject: Subject | None, seconds: float) -> None:
+    """Take ``seconds`` of server time from a :class:`Budget` subject (see
+    :func:`server_time`), or give them back when negative."""
+    if subject is None or not isinstance(subject.rate, Budget):
+        return
+    interval = subject.rate.owed_ms(seconds)
+    if interval == 0:
+        return
+    try:
+        _client().eval(_CHARGE, 1, subject.key, interval)
+    except redis.RedisError as exc:
+        _unavailable(exc)

@@ -263,6 +263,13 @@ USER_REQUESTS_PER_SECOND = float(os.environ.get("USER_REQUESTS_PER_SECOND", "10"
 USER_REQUEST_BURST = int(os.environ.get("USER_REQUEST_BURST", "50"))
 ADDRESS_REQUESTS_PER_SECOND = float(os.environ.get("ADDRESS_REQUESTS_PER_SECOND", "30"))
 ADDRESS_REQUEST_BURST = int(os.environ.get("ADDRESS_REQUEST_BURST", "150"))
+# What one account's requests may take of the server's time, counted like the rates: its
+# requests' seconds (a long-poll's wait excluded) per second on average, and at once
+# (each charged a second as it starts, so this over a second, plus one, is also how many
+# it can start at once); an account further in arrears is answered 429 until it is paid
+# off. 0 seconds per second: not counted.
+USER_SERVER_SECONDS_PER_SECOND = float(os.environ.get("USER_SERVER_SECONDS_PER_SECOND", "0.5"))
+USER_SERVER_SECONDS_BURST = float(os.environ.get("USER_SERVER_SECONDS_BURST", "5"))
 
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},

@@ -27,7 +27,7 @@ class TokenAuth(HttpBearer):
         found = usable_token(token)
         if found is None:
             return None
-        refused = rates.take(rates.account(found.user.pk))
+        refused = rates.admit_token(request, found.user.pk)
         if refused is not None:
             raise TooBusy(refused.detail(), refused.retry_after)
         request.user = found.user

@@ -35,7 +35,7 @@ from django.core.handlers.asgi import ASGIRequest
 from django.http import HttpRequest
 from ninja import Field, Query, Router, Schema
 
-from controlplane import slots
+from controlplane import rates, slots
 from controlplane.notify import GLOBAL_GROUP, following, session_group
 from controlplane.reads import feed as log
 from controlplane.reads.feed import MAX_CURSOR
@@ -89,8 +89,9 @@ async def long_poll(
             remaining = deadline - time.monotonic()
             if found(result) or remaining <= 0:
                 return result
-            with suppress(TimeoutError):
-                async with asyncio.timeout(min(settings.FEED_LONG_POLL_SECONDS, remaining)):
+            with suppress(TimeoutError):  # the wait is not the server's time: not charged
+                async with rates.waiting(request), asyncio.timeout(
+                        min(settings.FEED_LONG_POLL_SECONDS, remaining)):
                     await hinted.wait()
 
 

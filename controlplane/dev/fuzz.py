@@ -243,7 +243,8 @@ def main(argv: list[str] | None = None) -> int:
     # every 429 would be a request whose answer nobody checked.
     env = process_env(DJANGO_DEBUG="0", DJANGO_SECRET_KEY=secrets.token_urlsafe(50),
                       DJANGO_CONN_MAX_AGE="0", USER_REQUESTS_PER_SECOND="0",
-                      ADDRESS_REQUESTS_PER_SECOND="0")
+                      ADDRESS_REQUESTS_PER_SECOND="0",
+                      USER_SERVER_SECONDS_PER_SECOND="0")
     server = Daphne(log, env)
     failed = False
     try:

@@ -1,6 +1,7 @@
 """A web process's statements are bounded in time (controlplane.request_connections): a
 read past ``WEB_STATEMENT_TIMEOUT_SECONDS`` is cancelled by Postgres and the request
-answered 503 saying so; a process that is not a web process is not bounded."""
+answered 503 saying so; a web statement runs without parallel workers, so that one wide
+search cannot take every core; a process that is not a web process is not bounded."""
 
 from __future__ import annotations
 
@@ -28,10 +29,14 @@ def web_process(settings: Any) -> Iterator[None]:
         connection.close()
 
 
-def statement_timeout() -> str:
+def shown(setting: str) -> str:
     with connection.cursor() as cur:
-        cur.execute("SHOW statement_timeout")
+        cur.execute(f"SHOW {setting}")
         return str(cur.fetchone()[0])
+
+
+def statement_timeout() -> str:
+    return shown("statement_timeout")
 
 
 def test_a_read_past_the_bound_is_cancelled_and_answered_503(
@@ -53,6 +58,17 @@ def test_a_read_past_the_bound_is_cancelled_and_answered_503(
     assert operator.get("/api/sessions").status_code == 200  # the connection is usable
 
 
+def test_a_web_statement_gets_no_parallel_workers_even_without_a_timeout(
+    web_process: None, settings: Any,
+) -> None:
+    assert shown("max_parallel_workers_per_gather") == "0"
+    settings.WEB_STATEMENT_TIMEOUT_SECONDS = 0
+    connection.close()
+    assert statement_timeout() == "0"
+    assert shown("max_parallel_workers_per_gather") == "0"
+
+
 def test_a_process_that_does_not_serve_requests_is_not_bounded() -> None:
     connection.close()
     assert statement_timeout() == "0"
+    assert shown("max_parallel_workers_per_gather") != "0"

@@ -5,6 +5,7 @@ probes always get through; the schema says so; a Redis that is down counts nothi
 
 from __future__ import annotations
 
+import threading
 import time
 import uuid
 from typing import Any
@@ -117,3 +118,117 @@ def test_without_redis_requests_are_not_counted(settings: Any) -> None:
     settings.REDIS_URL = f"redis://127.0.0.1:{free_port()}/0"
     client = bearer(account("vic"), "10.4.0.1")
     assert {client.get("/api/sessions").status_code for _ in range(8)} == {200}
+
+
+@pytest.fixture
+def budgeted(settings: Any) -> None:
+    """Server time counted, the rates out of the way: a tenth of a second of the
+    server's time per second, half a second of it at once: a request that takes 0.3 s
+    puts its account 3 s in arrears, and more than 5 s is refused."""
+    settings.USER_REQUESTS_PER_SECOND = 0
+    settings.ADDRESS_REQUESTS_PER_SECOND = 0
+    settings.USER_SERVER_SECONDS_PER_SECOND = 0.1
+    settings.USER_SERVER_SECONDS_BURST = 0.5
+
+
+def test_an_account_whose_requests_took_its_share_of_server_time_waits_until_paid_off(
+    budgeted: None, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from controlplane.reads import pages
+
+    searched = pages.tasks_page
+
+    def costly(search: Any) -> Any:  # a search that keeps the server busy
+        time.sleep(0.3)
+        return searched(search)
+
+    monkeypatch.setattr(pages, "tasks_page", costly)
+    heavy = Client(REMOTE_ADDR="10.5.0.1")
+    heavy.force_login(account("vic"))
+    # Far fewer requests than any rate allows: what they cost is what is counted.
+    assert [heavy.get("/tasks/?q=ren&sort=-status").status_code for _ in range(2)] == [200] * 2
+    refused = heavy.get("/tasks/")
+    assert refused.status_code == 429
+    # Over 6 s owed (the pages' own time besides), 5 s allowed: paid off in a second or
+    # two, however slow the machine made them.
+    retry_after = int(refused["Retry-After"])
+    assert 1 <= retry_after <= 3
+    assert b"share of the server's time (USER_SERVER_SECONDS_PER_SECOND)" in refused.content
+    # The same account through a token is refused too; another account is served.
+    vics_token = bearer(User.objects.get(username="vic"), "10.5.0.2")
+    assert vics_token.get("/api/sessions").status_code == 429
+    other = Client(REMOTE_ADDR="10.5.0.3")
+    other.force_login(account("ann"))
+    assert other.get("/tasks/").status_code == 200
+    time.sleep(retry_after + 0.1)
+    assert heavy.get("/tasks/").status_code == 200
+
+
+def test_a_tokens_requests_are_charged_to_its_account(budgeted: None) -> None:
+    vic = account("vic")
+    client = bearer(vic, "10.6.0.1")
+    assert client.get("/api/sessions").status_code == 200
+    rates.charge(rates.server_time(vic.pk), 0.6)  # as a request of 0.6 s would: 6 s owed
+    refused = client.get("/api/sessions")
+    assert refused.status_code == 429
+    assert "USER_SERVER_SECONDS_PER_SECOND" in refused.json()["detail"]
+
+
+def test_a_long_polls_wait_is_not_charged_as_server_time(budgeted: None) -> None:
+    from controlplane.reads.feed import MAX_CURSOR
+
+    client = bearer(account("vic"), "10.7.0.1")
+    # A second's wait for a commit that never comes: 10 s of budget if it were charged.
+    waited = client.get(f"/api/changes?after_id={MAX_CURSOR}&wait=1")
+    assert waited.status_code == 200 and waited.json()["changes"] == []
+    assert client.get("/api/sessions").status_code == 200
+    assert client.get("/api/sessions").status_code == 200
+
+
+@pytest.mark.django_db(transaction=True)  # the requests run on threads of their own
+def test_an_account_can_start_only_so_many_requests_at_once(
+    budgeted: None, settings: Any, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each request is charged START_SECONDS as it is let in: with 5 s of server time
+    at once, six start (the sixth finds its account exactly at the burst) and the rest
+    are refused while those run, before their cost is known."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from django.db import connections
+
+    from controlplane.reads import pages
+
+    settings.USER_SERVER_SECONDS_BURST = 5 * rates.START_SECONDS
+    inside, release = threading.Semaphore(0), threading.Event()
+    searched = pages.tasks_page
+
+    def held(search: Any) -> Any:  # a search that runs until the test lets it go
+        inside.release()
+        release.wait(60)
+        return searched(search)
+
+    monkeypatch.setattr(pages, "tasks_page", held)
+    user = account("vic")
+
+    def ask(n: int) -> int:
+        try:
+            tab = Client(REMOTE_ADDR=f"10.8.0.{n}")
+            tab.force_login(user)
+            return tab.get("/tasks/?q=ren").status_code
+        finally:
+            connections.close_all()  # this thread's, before the test database goes
+
+    with ThreadPoolExecutor(8) as pool:
+        asked = [pool.submit(ask, n) for n in range(8)]
+        for _ in range(6):
+            assert inside.acquire(timeout=60)
+        deadline = time.monotonic() + 60
+        while sum(f.done() for f in asked) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        refused = [f.result() for f in asked if f.done()]
+        release.set()
+        answers = sorted(f.result(timeout=60) for f in asked)
+    # Six at once (START_SECONDS each against 5 s, the last taken at the burst), the two
+    # others refused, while the six were still running.
+    assert answers == [200] * 6 + [429] * 2
+    assert refused == [429, 429]
