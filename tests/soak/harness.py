@@ -691,12 +691,21 @@ class Soak:
             (self.smtp_fault, 1),
         ]
         choices, weights = zip(*faults, strict=True)
+        # Every fault's time and what it hit, so that a violation can be set beside the
+        # faults around it (the report counts them; this says when).
+        timeline = self.tmp / "soak-faults"
         while not stop.wait(self.fault_random.uniform(2.0, 6.0)):
             fault = self.fault_random.choices(choices, weights)[0]
+            began = time.time()
             try:
                 fault()
+                done = "ok"
             except Exception as exc:  # a fault that could not be injected is reported
                 self.report.faults[f"{fault.__name__}:error:{type(exc).__name__}"] += 1
+                done = type(exc).__name__
+            with timeline.open("a") as out:
+                out.write(f"{began:.3f} {time.time():.3f} {fault.__name__} {done} "
+                          f"clocks={dict(self.clock_offsets)}\n")
 
     def watch_threads_worker(self, stop: threading.Event) -> None:
         """Sample, every second, whether the threads-pool worker is up and consuming; if
