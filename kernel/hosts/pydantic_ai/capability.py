@@ -147,9 +147,8 @@ class Units:
         staged, self.staged = self.staged, []
         return staged
 
-    async def write(self, fn: Callable[[], None]) -> None:
-        """Run ``fn``, which commits, on the phase's thread, after the staged writes (so
-        they join its commit)."""
+    def _after_staged(self, fn: Callable[[], None]) -> Callable[[], None]:
+        """``fn``, which commits, preceded by the staged writes (so they join its commit)."""
         staged = self.take_staged()
         self.holding_response = False
 
@@ -158,20 +157,17 @@ class Units:
                 stage()
             fn()
 
-        await self.bridge.call(on_phase)
+        return on_phase
+
+    async def write(self, fn: Callable[[], None]) -> None:
+        """Run ``fn``, which commits, on the phase's thread, after the staged writes (so
+        they join its commit)."""
+        await self.bridge.call(self._after_staged(fn))
 
     def post(self, fn: Callable[[], None]) -> None:
         """:meth:`write` without waiting for the commit: the run goes on while it is
         written, and every later write is committed after it."""
-        staged = self.take_staged()
-        self.holding_response = False
-
-        def on_phase() -> None:
-            for stage in staged:
-                stage()
-            fn()
-
-        self.bridge.post(on_phase)
+        self.bridge.post(self._after_staged(fn))
 
     async def flush(self) -> None:
         """Commit a held response (its calls did not all reach their intents)."""
