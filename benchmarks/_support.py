@@ -31,6 +31,20 @@ REPORT = ROOT / "docs" / "benchmarks.md"
 _started = time.monotonic()
 
 
+def machine_state(load: str | float, cpus: int | None = None) -> str:
+    """How busy the machine was, from a 1-minute load average read around the run: a
+    report says it was loaded only when it was (more runnable work than cores), so an
+    idle run's figures are not marked as noisy, nor a busy run's passed off as quiet."""
+    cores = cpus or os.cpu_count() or 1
+    try:
+        busy = float(str(load).split()[0]) > cores
+    except (ValueError, IndexError):
+        return "The machine's load was not read"
+    if busy:
+        return "**The machine was loaded by other work during this run**"
+    return "The machine was otherwise idle during this run"
+
+
 def progress(message: str) -> None:
     """One line per stage on stderr, so a long run shows where it is."""
     print(f"[bench {time.monotonic() - _started:6.1f}s] {message}", file=sys.stderr, flush=True)

@@ -44,6 +44,7 @@ from benchmarks._support import (
     Stats,
     database_url,
     fresh_database,
+    machine_state,
     parse_arguments,
     progress,
     publish,
@@ -226,7 +227,7 @@ def render(when: datetime, info: dict[str, str], stats: dict[str, Stats], runs: 
 
 Run {when:%Y-%m-%d %H:%M} UTC with `{command}`: {runs} runs of each variant, {STEPS} steps
 each (one model request; a no-op tool call in all but the last), interleaved in blocks.
-**The machine was loaded by other engineers' work during this run** (load average
+{machine_state(info['load_before'])} (load average
 {info['load_before']} before, {info['load_after']} after; {info['cpus']} CPUs): compare
 the variants with each other, not with figures from another run.
 

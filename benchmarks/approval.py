@@ -30,7 +30,14 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
-from benchmarks._support import Stats, fresh_database, parse_arguments, progress, publish
+from benchmarks._support import (
+    Stats,
+    fresh_database,
+    machine_state,
+    parse_arguments,
+    progress,
+    publish,
+)
 from controlplane.dev.ports import reserved_redis_url
 from controlplane.dev.processes import Daphne, celery_worker, process_env, wait_for
 
@@ -163,8 +170,8 @@ def render(result: Result) -> str:
         f"({facts.get('nproc', '?')} cores), Postgres {facts.get('version', '?')} "
         f"(synchronous_commit {facts.get('synchronous_commit', '?')}); "
         f"load average {facts.get('load_start', '?')} at the start, {result.load_end} at "
-        "the end. **The machine was loaded by other engineers' work during this run** "
-        "(2 cores shared by 5): the figures are upper bounds of what this path costs.", "",
+        f"the end. {machine_state(facts.get('load_start', '?'))}: the figures are upper "
+        "bounds of what this path costs.", "",
         f"{result.calls} approvals, one at a time, each of a tool call the worker had "
         "committed as awaiting approval (asleep, no worker held). From just before the "
         "approve request is sent to the tool's first act in the worker:", "",

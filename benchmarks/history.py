@@ -37,6 +37,7 @@ from typing import Any
 from benchmarks._support import (
     Stats,
     fresh_database,
+    machine_state,
     parse_arguments,
     percentile,
     progress,
@@ -370,8 +371,8 @@ def render(persisted: Persisted, rebuilds: dict[int, list[float]], whole: Stats,
     lines = [
         HEADING,
         "",
-        f"Run {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} on a machine **loaded by "
-        f"other engineers' work** (load average {load[0]} before, {load[1]} after): the "
+        f"Run {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}. "
+        f"{machine_state(load[0])} (load average {load[0]} before, {load[1]} after): the "
         "times are this run's, comparable only with each other.",
         "",
         "### The workload of temporalio/sdk-python#1890",

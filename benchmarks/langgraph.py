@@ -33,6 +33,7 @@ from benchmarks._support import (
     BENCH_DATABASE,
     Stats,
     database_url,
+    machine_state,
     parse_arguments,
     progress,
     publish,
@@ -266,7 +267,7 @@ def render(result: Result) -> str:
         f"{result.facts['version']} (fsync {result.facts['fsync']}, synchronous_commit "
         f"{result.facts['synchronous_commit']}), the same server for both savers, each on "
         f"its own database; Python {platform.python_version()}, {os.cpu_count()} cores. "
-        "**The machine was loaded by other engineers' work during the run** (load average "
+        f"{machine_state(result.load[0])} (load average "
         f"{result.load[0]:.1f} / {result.load[1]:.1f} / {result.load[2]:.1f} at its end): "
         "the absolute figures are noisy, the ratios (same run, interleaved) are what to read. "
         "Commit log lines off (`LOG_LEVEL=WARNING`).",
