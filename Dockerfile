@@ -1,5 +1,5 @@
 # One image, every role: `docker run IMAGE web|worker|beat|migrate [ARGS]`
-# (deploy/entrypoint.sh -> controlplane/roles.py; docs/deploy.md).
+# (deploy/entrypoint.sh -> controlplane/process/entrypoint.py; docs/deploy.md).
 # Pinned base (Python 3.11, as the lock was made with) and the product's dependencies
 # only, each file checked against its hash (requirements-image.txt; the test toolchain
 # stays in requirements.txt, for `make venv`); runs as an unprivileged user with

@@ -132,7 +132,7 @@ async def _phase(run: Callable[..., Awaitable[Any]], name: str, server: Any, ope
 
     from benchmarks.feed import commit_one
     from controlplane.reads.pages import last_commit_id
-    from controlplane.runtime import runtime
+    from controlplane.worker.runtime import runtime
 
     handle = await run(runtime().kernel.create_session, metadata={"benchmark": "abuse"})
     await run(commit_one, handle, "start")

@@ -45,9 +45,9 @@ def timed(owner: Any, name: str, label: str) -> None:
 
 
 def instrument() -> None:
-    from controlplane.notices import channels
-    from controlplane.runtime import runtime
+    from controlplane.reference.notices import channels
     from controlplane.storage import READS, WRITES
+    from controlplane.worker.runtime import runtime
     from kernel import run
 
     rt = runtime()
@@ -76,7 +76,7 @@ def instrument() -> None:
 def profile(emails: int) -> dict[str, list[float]]:
     from django.conf import settings
 
-    from controlplane.runtime import runtime
+    from controlplane.worker.runtime import runtime
     from kernel import Draft
 
     rt = runtime()

@@ -113,7 +113,7 @@ def setup_django(url: str, *, migrate: bool) -> None:
     os.environ.setdefault("DJANGO_SECRET_KEY", secrets.token_urlsafe(50))
     # The benchmarks ask from one address (and mostly one account) faster than any person
     # should: the request rates would measure the limiter. Off here and in the servers
-    # they start, unless asked (controlplane.rates).
+    # they start, unless asked (controlplane.web.rates).
     os.environ.setdefault("USER_REQUESTS_PER_SECOND", "0")
     os.environ.setdefault("ADDRESS_REQUESTS_PER_SECOND", "0")
     os.environ.setdefault("USER_SERVER_SECONDS_PER_SECOND", "0")
@@ -243,11 +243,11 @@ def delivering_kernel(redis_url: str) -> tuple[Any, ThreadProducers]:
     producers, for the caller to release."""
     from django.conf import settings
 
-    from controlplane.execution import advance, wake
-    from controlplane.registry import build_registry
-    from controlplane.runtime import hint_grace
+    from controlplane.reference.registry import build_registry
     from controlplane.storage import PostgresStorage
     from controlplane.storage.clock import DatabaseClock
+    from controlplane.worker.execution import advance, wake
+    from controlplane.worker.runtime import hint_grace
     from kernel import Kernel
     from kernel.dispatch import Dispatcher
 

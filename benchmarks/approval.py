@@ -71,7 +71,7 @@ def operator_token() -> str:
 def gated_call(n: int) -> tuple[str, str, str]:
     """A session with a tool task for call ``n`` of the gated tool; (session, task, call)."""
     from benchmarks._approval_tools import NAME
-    from controlplane.runtime import runtime
+    from controlplane.worker.runtime import runtime
     from kernel import Draft
 
     kernel = runtime().kernel
@@ -87,7 +87,7 @@ def gated_call(n: int) -> tuple[str, str, str]:
 
 
 def awaiting(task_id: str) -> bool:
-    from controlplane.runtime import runtime
+    from controlplane.worker.runtime import runtime
     from kernel import Status
 
     task = runtime().kernel.storage.task(task_id)

@@ -167,17 +167,18 @@ class Activity:
     """Counts from the worker logs (``-l info``), for what the database does not record.
 
     ``phases`` counts the advance messages that ran a task and the tasks that workers'
-    listeners ran from a hint (:mod:`controlplane.listener`); the message of a task a
+    listeners ran from a hint (:mod:`controlplane.worker.listener`); the message of a task a
     listener ran finds it claimed, and counts as ``idle``.
 
     ``idle`` advance messages found their task not claimable: already claimed or
     finished (a duplicate or re-sent dispatch), or its row locked by another commit in
     progress (the claim skips locked rows), in which case ``advance`` looks again shortly
-    (``controlplane.execution.BUSY_RETRIES``) and the sweep's redelivery is the backstop.
+    (``controlplane.worker.execution.BUSY_RETRIES``) and the sweep's redelivery is the backstop.
 
     ``redelivered`` sums the dispatches that sweeps sent (a worker logs each sweep that
     sent something, and its start's sweep). Sweeps that sent nothing are not counted:
-    Celery's lines for them are routine and dropped at INFO (:class:`controlplane.logs.Routine`).
+    Celery's lines for them are routine and dropped at INFO
+    (:class:`controlplane.process.logs.Routine`).
     """
 
     phases: int

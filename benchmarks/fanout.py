@@ -639,7 +639,7 @@ def render(
         "commit, from before the commit to the phase's first line (the strict reading of "
         "\"commit to phase start\"), and from the moment the commit is durable (before its "
         "dispatch is sent: where the peers' send-to-start begins). An idle worker hears of "
-        "the task from the commit itself (LISTEN/NOTIFY, `controlplane/listener.py`), so it "
+        "the task from the commit itself (LISTEN/NOTIFY, `controlplane/worker/listener.py`), so it "
         "can start before the committing process has run its first after-commit listener: "
         "such a sample is negative. Peers: the anchors' own "
         "scripts (`../shared/anchors/`) for one client thread, and our driver of the same "

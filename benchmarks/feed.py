@@ -113,7 +113,7 @@ def measure_latency(
 ) -> Latency:
     """``clients`` sockets on one feed; ``warmup`` + ``commits`` commits, ``interval``
     seconds apart, from a thread; the samples of the last ``commits``."""
-    from controlplane.runtime import runtime
+    from controlplane.worker.runtime import runtime
 
     handle = runtime().kernel.create_session(metadata={"benchmark": "feed"})
     start = commit_one(handle, "start")
@@ -330,7 +330,7 @@ def viewer_token() -> str:
 
 def run(args: argparse.Namespace, url: str, redis_url: str) -> Result:
     from benchmarks.commit import machine_facts
-    from controlplane.runtime import runtime
+    from controlplane.worker.runtime import runtime
 
     facts = machine_facts(url)
     result = Result(datetime.now(UTC), facts)
@@ -437,7 +437,7 @@ def render(result: Result) -> str:
         + f" (highest p99 {worst:.1f} ms).",
     ]
     if result.replays:
-        from controlplane.consumers import FRAME_COMMITS
+        from controlplane.sockets.consumers import FRAME_COMMITS
 
         lines += [
             "",

@@ -156,7 +156,7 @@ class Result:
 def savers(peer_url: str) -> tuple[dict[str, Any], Callable[[], None]]:
     from langgraph.checkpoint.postgres import PostgresSaver
 
-    from controlplane.runtime import runtime
+    from controlplane.worker.runtime import runtime
     from kernel.hosts.langgraph import SessionStoreSaver
 
     ours = SessionStoreSaver(runtime().kernel)

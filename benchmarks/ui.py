@@ -331,7 +331,7 @@ def render(result: Result) -> str:
         "`send-notice` children in five states, seeded in SQL). The page shows the root "
         "with its children counted by status; children load by pages of 50. The task page "
         "shows a timeline row per phase (seeded: two commits per phase). The measuring "
-        "process freezes its start-up heap as a web process does (`controlplane.heap`).",
+        "process freezes its start-up heap as a web process does (`controlplane.process.heap`).",
         "",
         "| measure | runs | p50 | p90 | max |",
         "|---|---:|---:|---:|---:|",
@@ -467,7 +467,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="measure (and write the section of) the tasks page alone")
     args, url = parse_arguments(parser, argv, DATABASE)
     fresh_database(args, url)
-    from controlplane.heap import settle
+    from controlplane.process.heap import settle
 
     settle()  # as a server process does once it has started (controlplane.asgi)
     result = run(args, url)

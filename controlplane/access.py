@@ -5,7 +5,7 @@ too). An account without either is refused everything, reads included. Programs 
 API tokens, of which only a digest is stored; a token may expire and may be revoked
 (docs/security.md), and an open socket re-checks its credential (:func:`recheck`). The
 API (:mod:`controlplane.api.auth`), the pages (:mod:`controlplane.ui.access`) and the
-sockets (:mod:`controlplane.consumers`) all ask this module.
+sockets (:mod:`controlplane.sockets.consumers`) all ask this module.
 """
 
 from __future__ import annotations
@@ -214,7 +214,7 @@ def _login_keys(username: str, address: str | None) -> dict[str, int]:
 
 def login_wait(username: str, address: str | None) -> float:
     """Seconds before a login for ``username`` from ``address`` (a
-    :func:`controlplane.client_address.bucket`) may be tried again: 0 if now, else until
+    :func:`controlplane.web.client_address.bucket`) may be tried again: 0 if now, else until
     the oldest counted failure of the account or the address (whichever is over its
     limit) leaves the ``LOGIN_THROTTLE_SECONDS`` window."""
     now = timezone.now()

@@ -16,8 +16,8 @@ from django.contrib import admin
 from django.contrib.auth.models import Group, User
 from django.http import HttpRequest
 
-from . import models
-from .ui.login import AdminLogin
+from controlplane import models
+from controlplane.ui.login import AdminLogin
 
 admin.site.login_form = AdminLogin  # throttled like the dashboard's login
 

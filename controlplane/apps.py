@@ -7,6 +7,6 @@ class ControlplaneConfig(AppConfig):
     verbose_name = "Durable control plane"
 
     def ready(self) -> None:
-        from controlplane import telemetry
+        from controlplane.process import telemetry
 
         telemetry.setup()  # every process: web, worker, beat, management commands

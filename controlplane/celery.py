@@ -16,10 +16,10 @@ from celery.signals import setup_logging
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
 
 ADVANCE = "controlplane.advance"
-"""The task that claims a kernel task and runs its phases (controlplane.execution)."""
+"""The task that claims a kernel task and runs its phases (controlplane.worker.execution)."""
 WAKE = "controlplane.wake"
 """The task that claims a queue's runnable tasks from Postgres and runs them
-(controlplane.execution): what one ``advance`` message also does after its own task."""
+(controlplane.worker.execution): what one ``advance`` message also does after its own task."""
 SWEEP = "controlplane.sweep"
 """The task that re-delivers what was lost, once a second from beat."""
 PRUNE = "controlplane.prune"
@@ -30,17 +30,18 @@ what a writer that died between storing an artifact and committing its reference
 and what the prune's removals left."""
 
 # The worker registry's signal handlers are connected when a worker imports its tasks.
-app = Celery("controlplane", include=["controlplane.execution", "controlplane.worker_registry"])
+app = Celery("controlplane",
+             include=["controlplane.worker.execution", "controlplane.worker.heartbeats"])
 app.config_from_object("django.conf:settings", namespace="CELERY")
 
 
 @setup_logging.connect
 def configure_logging(loglevel: object = None, **kwargs: object) -> None:
-    """Worker and beat log like the web process (controlplane.logs), at ``-l``'s level;
+    """Worker and beat log like the web process (controlplane.process.logs), at ``-l``'s level;
     connecting here keeps Celery from installing its own handlers."""
     import logging
 
-    from controlplane import logs
+    from controlplane.process import logs
 
     level = logging.getLevelName(loglevel) if isinstance(loglevel, int) else loglevel
     logs.apply(logs.config(level=str(level) if level else None))

@@ -41,10 +41,10 @@ from controlplane.reads import sessions as session_reads
 from controlplane.reads import tasks as task_reads
 from controlplane.reads.tasks import TaskFilter, TaskSet
 from controlplane.reads.tokens import TokenView, token_view
-from controlplane.runtime import runtime
 from controlplane.storage import partitions
 from controlplane.storage.artifacts import referenced_artifacts
 from controlplane.storage.retention import PruneRunning
+from controlplane.worker.runtime import runtime
 from kernel import (
     Blocked,
     CommitRejected,

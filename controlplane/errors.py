@@ -28,7 +28,7 @@ class Invalid(ControlPlaneError):
 
 
 class TooBusy(ControlPlaneError):
-    """The account holds as much of this as it may at once (controlplane.slots): nothing
+    """The account holds as much of this as it may at once (controlplane.sockets.slots): nothing
     was done; try again after ``retry_after`` seconds."""
 
     def __init__(self, message: str, retry_after: int) -> None:

@@ -17,7 +17,7 @@ name to how that model is reached::
 
 The demo's ``scripted`` model is always there. Parsed and checked when the settings
 load (a mistake names its field and stops the process); the providers are built from it
-by the assistant (:func:`controlplane.assistant.models`), so the kernel is handed its
+by the assistant (:func:`controlplane.reference.assistant.models`), so the kernel is handed its
 configuration and reads no environment itself. Standard library only: the settings
 import it.
 """

@@ -309,7 +309,7 @@ class Dispatch(KernelRecord):
 
 class Worker(models.Model):
     """A Celery worker process as it last said: written by the worker itself every few
-    seconds (:mod:`controlplane.worker_registry`), read by the Workers page and the API.
+    seconds (:mod:`controlplane.worker.heartbeats`), read by the Workers page and the API.
     A control-plane table, not a kernel record: no commit writes it."""
 
     id = models.TextField(primary_key=True)

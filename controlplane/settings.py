@@ -18,7 +18,9 @@ from urllib.parse import parse_qsl, unquote, urlsplit
 
 from django.core.exceptions import ImproperlyConfigured
 
-from controlplane import client_address, logs, model_catalog
+from controlplane import model_catalog
+from controlplane.process import logs
+from controlplane.web import client_address
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -125,7 +127,7 @@ SESSION_COOKIE_AGE = int(os.environ.get("DJANGO_SESSION_SECONDS", str(8 * 3600))
 SESSION_COOKIE_SAMESITE = CSRF_COOKIE_SAMESITE = "Lax"
 # The proxies whose X-Forwarded-For is believed (addresses or networks, comma-separated;
 # none by default: the TCP peer is the client). Behind nginx, its address, with nginx
-# setting `X-Forwarded-For $remote_addr` (controlplane.client_address).
+# setting `X-Forwarded-For $remote_addr` (controlplane.web.client_address).
 try:
     TRUSTED_PROXIES = [
         str(net) for net in client_address.parse_networks(_env_list("DJANGO_TRUSTED_PROXIES"))]
@@ -163,17 +165,17 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
-    "controlplane.middleware.ContentSecurityPolicy",
-    "controlplane.middleware.RejectUnstorableText",
+    "controlplane.web.middleware.ContentSecurityPolicy",
+    "controlplane.web.middleware.RejectUnstorableText",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
-    "controlplane.middleware.LimitRequestRates",
-    "controlplane.middleware.NameTheCredential",
+    "controlplane.web.middleware.LimitRequestRates",
+    "controlplane.web.middleware.NameTheCredential",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
-    "controlplane.middleware.AnswerStorageDown",
+    "controlplane.web.middleware.AnswerStorageDown",
 ]
 
 ROOT_URLCONF = "controlplane.urls"
@@ -213,7 +215,7 @@ DATABASE_ROUTERS = ["controlplane.reads.replica.Router"]
 # INFO), and expires unread messages after `expiry` seconds: losing a hint costs only
 # latency, since consumers also poll the log. CHANNEL_LAYER_CAPACITY=1 makes drops
 # routine (the e2e tests use it). A group membership lasts `group_expiry` seconds: the
-# web process's hint hub (controlplane.notify.HintHub) renews its memberships every
+# web process's hint hub (controlplane.sockets.notify.HintHub) renews its memberships every
 # minute, and a websocket must not outlive its group anyway: run Daphne with
 # `--websocket_timeout` below it (DAPHNE_WEBSOCKET_TIMEOUT, Daphne's own default).
 CHANNEL_LAYER_CAPACITY = int(os.environ.get("CHANNEL_LAYER_CAPACITY", "100"))
@@ -236,17 +238,17 @@ CHANNEL_LAYERS = {
         },
     },
 }
-# The change feed: how often a websocket consumer (controlplane.consumers) reads the log
+# The change feed: how often a websocket consumer (controlplane.sockets.consumers) reads the log
 # without a hint (the safety net for dropped hints), how long a quiet socket goes before
 # a heartbeat frame, and how often a REST long-poll (controlplane.api.feed) reads the log.
 FEED_POLL_SECONDS = float(os.environ.get("FEED_POLL_SECONDS", "1.5"))
 FEED_HEARTBEAT_SECONDS = float(os.environ.get("FEED_HEARTBEAT_SECONDS", "15"))
 FEED_LONG_POLL_SECONDS = float(os.environ.get("FEED_LONG_POLL_SECONDS", "0.2"))
 # How often an open websocket checks its credential again (a revoked or expired token, a
-# logout, a lost role close it within this time; controlplane.consumers).
+# logout, a lost role close it within this time; controlplane.sockets.consumers).
 WEBSOCKET_RECHECK_SECONDS = float(os.environ.get("WEBSOCKET_RECHECK_SECONDS", "5"))
 # Work one account may hold at once, counted in Redis across web processes
-# (controlplane.slots): open websockets (beyond: closed with 4429) and long-polling
+# (controlplane.sockets.slots): open websockets (beyond: closed with 4429) and long-polling
 # requests (beyond: 429 with Retry-After). A slot of a web process that died is freed
 # USER_SLOT_SECONDS after its last renewal.
 USER_SOCKET_LIMIT = int(os.environ.get("USER_SOCKET_LIMIT", "20"))
@@ -254,9 +256,9 @@ USER_LONG_POLL_LIMIT = int(os.environ.get("USER_LONG_POLL_LIMIT", "5"))
 USER_SLOT_SECONDS = float(os.environ.get("USER_SLOT_SECONDS", "30"))
 # How long one statement of a web process may run before Postgres cancels it (the request
 # is answered 503 saying so); 0: unbounded. Workers and commands are not bounded
-# (controlplane.request_connections).
+# (controlplane.web.request_connections).
 WEB_STATEMENT_TIMEOUT_SECONDS = float(os.environ.get("WEB_STATEMENT_TIMEOUT_SECONDS", "5"))
-# Request rates, counted in Redis across web processes (controlplane.rates): per account
+# Request rates, counted in Redis across web processes (controlplane.web.rates): per account
 # and per client address, requests per second on average and in a burst; beyond them
 # 429 with Retry-After. 0 requests per second: not counted.
 USER_REQUESTS_PER_SECOND = float(os.environ.get("USER_REQUESTS_PER_SECOND", "10"))
@@ -294,9 +296,9 @@ STATIC_ROOT = BASE_DIR / ".data" / "staticfiles"
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # Logs: LOG_LEVEL (INFO), LOG_FORMAT=text|json; what happened at INFO, routine at DEBUG
-# (controlplane.logs). Celery's worker and beat apply the same (controlplane.celery).
+# (controlplane.process.logs). Celery's worker and beat apply the same (controlplane.celery).
 LOGGING = logs.config()
-LOGGING_CONFIG = "controlplane.logs.apply"
+LOGGING_CONFIG = "controlplane.process.logs.apply"
 
 # --------------------------------------------------------------------------- execution
 # Celery carries only "advance task X" and the sweep; Postgres decides who runs what
@@ -338,13 +340,13 @@ KERNEL_DISPATCH_MESSAGES = int(os.environ.get("KERNEL_DISPATCH_MESSAGES", "32"))
 KERNEL_CLAIM_SECONDS = float(os.environ.get("KERNEL_CLAIM_SECONDS", "1"))
 KERNEL_ENDINGS_PER_COMMIT = int(os.environ.get("KERNEL_ENDINGS_PER_COMMIT", "10"))
 # Idle workers LISTEN for the tasks a commit makes due and claim them at once
-# (controlplane.listener). A committer then holds each such task's message for
+# (controlplane.worker.listener). A committer then holds each such task's message for
 # KERNEL_HINT_GRACE_MS and sends it only if no worker claimed the task meanwhile
 # (kernel.dispatch.HeldMessages). Set KERNEL_LISTEN the same for web, workers and beat.
 KERNEL_LISTEN = _env_bool("KERNEL_LISTEN", True)
 KERNEL_HINT_GRACE_MS = float(os.environ.get("KERNEL_HINT_GRACE_MS", "5"))
 # SIGTERM to a worker: how long its running phases may take to finish before it gives
-# their leases back and exits (controlplane.execution.drain). Keep the process manager's
+# their leases back and exits (controlplane.worker.execution.drain). Keep the process manager's
 # stop timeout (compose: stop_grace_period) above it.
 KERNEL_DRAIN_SECONDS = float(os.environ.get("KERNEL_DRAIN_SECONDS", "25"))
 # Dotted paths of ``register(registry)`` callables adding task kinds to the project's
@@ -388,7 +390,7 @@ KERNEL_PRUNE_HOUR = int(os.environ.get("KERNEL_PRUNE_HOUR", "3"))
 # Off only to test what happens when renewals stop (a stuck process, a long GC pause).
 KERNEL_HEARTBEAT = _env_bool("KERNEL_HEARTBEAT", True)
 
-# The worker registry (controlplane.worker_registry): each worker process writes its row
+# The worker registry (controlplane.worker.heartbeats): each worker process writes its row
 # every WORKER_HEARTBEAT_SECONDS; one silent for WORKER_DEAD_SECONDS is shown dead, and
 # one gone for WORKER_FORGET_SECONDS is no longer listed.
 WORKER_HEARTBEAT_SECONDS = float(os.environ.get("WORKER_HEARTBEAT_SECONDS", "2"))
@@ -428,7 +430,7 @@ if DEFAULT_MODEL not in MODELS:
 MODEL_PRICES: dict[str, dict[str, float]] = {
     name: model.prices for name, model in MODELS.items() if model.prices}
 
-# Traces (controlplane/telemetry.py, docs/models.md): spans are exported with OTLP/HTTP
+# Traces (controlplane/process/telemetry.py, docs/models.md): spans are exported with OTLP/HTTP
 # when OTEL_EXPORTER_OTLP_ENDPOINT is set (the standard OTEL_* variables apply), off
 # otherwise. TRACE_URL, such as https://jaeger.example/trace/{trace_id}, links a task's
 # trace id on its page.

@@ -7,9 +7,9 @@ from django.http import HttpRequest, JsonResponse
 from django.urls import include, path
 
 from controlplane.api import api
-from controlplane.health import readiness
-from controlplane.metrics import metrics
 from controlplane.ui.login import DashboardLogin
+from controlplane.web.health import readiness
+from controlplane.web.metrics import metrics
 
 
 def healthz(request: HttpRequest) -> JsonResponse:
@@ -19,7 +19,7 @@ def healthz(request: HttpRequest) -> JsonResponse:
 
 def readyz(request: HttpRequest) -> JsonResponse:
     """Readiness probe: 200 once the database and the broker answer and every migration is
-    applied; 503 naming what is missing otherwise (controlplane.health)."""
+    applied; 503 naming what is missing otherwise (controlplane.web.health)."""
     missing = readiness()
     if missing:
         return JsonResponse({"status": "unavailable", "missing": missing}, status=503)

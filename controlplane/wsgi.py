@@ -10,6 +10,6 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
 
 application = get_wsgi_application()
 
-from controlplane.request_connections import bound  # noqa: E402  (needs the apps loaded)
+from controlplane.web.request_connections import bound  # noqa: E402  (needs the apps loaded)
 
 bound()  # a web process: every statement of a request bounded in time

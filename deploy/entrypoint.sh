@@ -4,4 +4,4 @@
 # PYTHON overrides the interpreter (the tests run this script with the project's venv).
 set -eu
 cd "$(dirname "$0")/.."
-exec "${PYTHON:-python}" -m controlplane.roles "$@"
+exec "${PYTHON:-python}" -m controlplane.process.entrypoint "$@"

@@ -65,7 +65,7 @@ class Dispatcher:
     in the broker. Fewer rows get a message each, as without ``wake``.
 
     ``hint_grace``: where the storage hints the rows a commit takes to listening workers
-    (Postgres's NOTIFY, ``controlplane.listener``), their messages wait that long after
+    (Postgres's NOTIFY, ``controlplane.worker.listener``), their messages wait that long after
     the commit and are sent only for the rows still stored then: a row whose task an
     idle worker claimed from the hint is gone, and a message for it would only make a
     worker find it claimed. A process that dies meanwhile leaves its rows to the sweep

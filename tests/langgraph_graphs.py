@@ -76,7 +76,7 @@ def send_notice(
     """Send the approved notice to each recipient, once: the provider takes each message
     under a key made of the thread, the tool call and the recipient, so a re-run
     of this tool after a crash sends nothing twice."""
-    from controlplane.notices.provider import HttpEmailProvider, Message
+    from controlplane.reference.notices.provider import HttpEmailProvider, Message
 
     provider = HttpEmailProvider(os.environ["EMAIL_PROVIDER_URL"], timeout=60)
     thread = config["configurable"]["thread_id"]
@@ -169,7 +169,7 @@ def register(registry: Registry) -> None:
     """``KERNEL_TASK_MODULES``' entry point: the graphs on the process's kernel."""
 
     def kernel() -> Kernel:
-        from controlplane.runtime import runtime
+        from controlplane.worker.runtime import runtime
 
         return runtime().kernel
 
@@ -182,7 +182,7 @@ _ON_RUNTIME: dict[str, GraphHost] = {}
 def on_runtime() -> dict[str, GraphHost]:
     """The graphs registered (once per process) on the control plane's kernel, for the
     tests that run them in-process."""
-    from controlplane.runtime import runtime
+    from controlplane.worker.runtime import runtime
 
     registry = runtime().kernel.registry
     if not _ON_RUNTIME and APPROVAL not in registry.kinds():

@@ -10,7 +10,7 @@ place (:func:`controlplane.errors.http_status`): 403 for a role that does not al
 404 for no such record, 409 when the state does not allow it, 422 for bad input (naming
 the field; nothing changed), 429 with ``Retry-After`` when the account holds as many
 long-polls as it may or asks faster than its rate (or its address does:
-:mod:`controlplane.rates`).
+:mod:`controlplane.web.rates`).
 """
 
 from __future__ import annotations
@@ -20,13 +20,12 @@ from typing import Any
 from django.http import HttpRequest, HttpResponse
 from ninja import NinjaAPI
 
+from controlplane.api import actions, feed, sessions, tasks, tokens
+from controlplane.api.auth import AUTH, docs_for_readers
+from controlplane.api.types import json_components, refer_to_components
 from controlplane.errors import ControlPlaneError, http_status
-from controlplane.middleware import STORAGE_DOWN, storage_down
+from controlplane.web.middleware import STORAGE_DOWN, storage_down
 from kernel import CommitRejected
-
-from . import actions, feed, sessions, tasks, tokens
-from .auth import AUTH, docs_for_readers
-from .types import json_components, refer_to_components
 
 ERRORS = {
     "400": "The request body is not JSON",

@@ -13,10 +13,8 @@ from django.http import HttpRequest
 from ninja import Router
 
 from controlplane import commands
-from controlplane.reads.tasks import TaskFilter
-
-from .auth import caller
-from .schemas import (
+from controlplane.api.auth import caller
+from controlplane.api.schemas import (
     ActionIn,
     ActionOut,
     ApproveIn,
@@ -29,7 +27,8 @@ from .schemas import (
     ResolveIn,
     ResumeIn,
 )
-from .types import PathText
+from controlplane.api.types import PathText
+from controlplane.reads.tasks import TaskFilter
 
 router = Router(tags=["actions"])
 

@@ -17,9 +17,9 @@ from django.http import HttpRequest, HttpResponseForbidden
 from ninja.openapi.views import openapi_json
 from ninja.security import HttpBearer, SessionAuth
 
-from controlplane import rates
 from controlplane.access import BROWSER, may_read, require_role, token_named, usable_token
 from controlplane.errors import TooBusy
+from controlplane.web import rates
 
 
 class TokenAuth(HttpBearer):

@@ -13,9 +13,9 @@
 
 ``wait`` (0-30 s) long-polls when nothing is after the cursor; such a request holds one of
 its account's ``USER_LONG_POLL_LIMIT`` long-poll slots while it runs, and is answered 429
-with ``Retry-After`` beyond them (:mod:`controlplane.slots`). The view is ``async``, reads
+with ``Retry-After`` beyond them (:mod:`controlplane.sockets.slots`). The view is ``async``, reads
 the log every ``FEED_LONG_POLL_SECONDS`` (0.2 s) and wakes earlier on a channel-layer
-hint from :mod:`controlplane.notify` (see :func:`long_poll`). The reads themselves are
+hint from :mod:`controlplane.sockets.notify` (see :func:`long_poll`). The reads themselves are
 :mod:`controlplane.reads.feed`, shared with the websocket consumers.
 """
 
@@ -35,13 +35,13 @@ from django.core.handlers.asgi import ASGIRequest
 from django.http import HttpRequest
 from ninja import Field, Query, Router, Schema
 
-from controlplane import rates, slots
-from controlplane.notify import GLOBAL_GROUP, following, session_group
+from controlplane.api.auth import caller
+from controlplane.api.types import PathText
 from controlplane.reads import feed as log
 from controlplane.reads.feed import MAX_CURSOR
-
-from .auth import caller
-from .types import PathText
+from controlplane.sockets import slots
+from controlplane.sockets.notify import GLOBAL_GROUP, following, session_group
+from controlplane.web import rates
 
 router = Router(tags=["changes"])
 
@@ -66,7 +66,7 @@ async def long_poll(
 
     Hints are followed only when an ASGI server (Daphne) serves the request: its event
     loop lives as long as the process, and so does the process's
-    :class:`~controlplane.notify.HintHub`. Under a WSGI server or Django's test client,
+    :class:`~controlplane.sockets.notify.HintHub`. Under a WSGI server or Django's test client,
     an async view runs in an event loop of its own that ends with the request; a hub
     there would subscribe for one request and hold up the loop's shutdown (a Redis read
     in flight), so such a long-poll just polls.

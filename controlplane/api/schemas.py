@@ -8,11 +8,7 @@ from typing import Any
 from ninja import Field, Schema
 from pydantic import ConfigDict, model_validator
 
-from controlplane.commands import MAX_BULK, BulkAction
-from kernel import Decision, Outcome, Status
-from kernel.agent import WhenBusy
-
-from .types import (
+from controlplane.api.types import (
     NOT_BLANK,
     Integer,
     JsonObject,
@@ -21,6 +17,9 @@ from .types import (
     storable,
     text,
 )
+from controlplane.commands import MAX_BULK, BulkAction
+from kernel import Decision, Outcome, Status
+from kernel.agent import WhenBusy
 
 JSON = Any
 MAX_EPOCH = 2**63 - 1  # a bigint

@@ -8,14 +8,8 @@ from django.http import HttpRequest
 from ninja import Query, Router, Status
 
 from controlplane import commands
-from controlplane.errors import Invalid
-from controlplane.reads import approvals, models_configured
-from controlplane.reads import sessions as reads
-from kernel import NotRegistered, UnknownRecord
-from kernel.records import Entry
-
-from .auth import caller, via
-from .schemas import (
+from controlplane.api.auth import caller, via
+from controlplane.api.schemas import (
     ActionIn,
     ApprovalOut,
     BranchOut,
@@ -30,7 +24,12 @@ from .schemas import (
     SubmissionIn,
     SubmissionOut,
 )
-from .types import MAX_BIGINT, PathText, query_text
+from controlplane.api.types import MAX_BIGINT, PathText, query_text
+from controlplane.errors import Invalid
+from controlplane.reads import approvals, models_configured
+from controlplane.reads import sessions as reads
+from kernel import NotRegistered, UnknownRecord
+from kernel.records import Entry
 
 router = Router(tags=["sessions"])
 MAX_PAGE = 500

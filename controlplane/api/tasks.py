@@ -8,14 +8,8 @@ from django.http import HttpRequest
 from ninja import Query, Router
 
 from controlplane import commands
-from controlplane.errors import Invalid
-from controlplane.reads import restarts as restart_reads
-from controlplane.reads import tasks as reads
-from controlplane.reads import workers as worker_reads
-from controlplane.reads.tasks import TaskFilter
-
-from .auth import caller
-from .schemas import (
+from controlplane.api.auth import caller
+from controlplane.api.schemas import (
     ActionOut,
     MigrateIn,
     OutcomeName,
@@ -28,7 +22,12 @@ from .schemas import (
     TaskOut,
     WorkerOut,
 )
-from .types import DateTime, PathText, QueryBoolean, query_text, utc
+from controlplane.api.types import DateTime, PathText, QueryBoolean, query_text, utc
+from controlplane.errors import Invalid
+from controlplane.reads import restarts as restart_reads
+from controlplane.reads import tasks as reads
+from controlplane.reads import workers as worker_reads
+from controlplane.reads.tasks import TaskFilter
 
 router = Router(tags=["tasks"])
 MAX_TASKS = 1000

@@ -14,9 +14,8 @@ from django.http import HttpRequest
 from ninja import Field, Path, Router, Schema
 
 from controlplane import commands
+from controlplane.api.auth import caller
 from controlplane.reads import tokens as reads
-
-from .auth import caller
 
 router = Router(tags=["tokens"])
 

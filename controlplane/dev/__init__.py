@@ -15,6 +15,6 @@ deployment (a boundary test, ``tests/unit/test_dev_boundary.py``, keeps it so):
   the local provider), with an environment, a log file, a readiness check, kill and
   stop.
 
-A deployment runs the provider *client* and the channels in ``controlplane.notices``
+A deployment runs the provider *client* and the channels in ``controlplane.reference.notices``
 against a real provider or SMTP server.
 """

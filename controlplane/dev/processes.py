@@ -264,7 +264,7 @@ class CeleryWorker(Process):
 
     @property
     def lease_owner(self) -> str:
-        """The owner the kernel writes into a lease (``controlplane.execution.runtime``)."""
+        """The owner the kernel writes into a lease (``controlplane.worker.execution.runtime``)."""
         return f"{socket.gethostname()}:{self.pid}"
 
     def advances(self) -> list[bool]:
@@ -275,8 +275,8 @@ class CeleryWorker(Process):
 
     def hinted(self) -> int:
         """How many tasks this worker's listener ran from a hint, by its log
-        (:mod:`controlplane.listener`)."""
-        from controlplane.listener import STARTED
+        (:mod:`controlplane.worker.listener`)."""
+        from controlplane.worker.listener import STARTED
 
         return len(re.findall(re.escape(STARTED).replace("%s", r"\S+"), self.output()))
 
@@ -306,7 +306,7 @@ def celery_beat(
     spawned, or once its log says ``ready_line``. Not started; ``via`` as for
     :func:`celery_worker`.
 
-    At DEBUG: its line for each sweep it sends is routine (controlplane.logs), which the
+    At DEBUG: its line for each sweep it sends is routine (controlplane.process.logs), which the
     tests count."""
     return Process(
         name,

@@ -1,6 +1,6 @@
 """Test-facing access to the local email provider's admin endpoints.
 
-Its requests go through the provider client's own endpoint (``controlplane.notices.
+Its requests go through the provider client's own endpoint (``controlplane.reference.notices.
 provider``), so that what the tests see of a connection is what the product sees.
 """
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from controlplane.notices.provider import ProviderRejected, _Endpoint, _error_of
+from controlplane.reference.notices.provider import ProviderRejected, _Endpoint, _error_of
 
 
 class ProviderAdmin:

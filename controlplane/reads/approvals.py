@@ -9,11 +9,10 @@ from datetime import datetime
 from typing import Any
 
 from controlplane import models
+from controlplane.reads import sessions
 from controlplane.storage.schema import TASK
 from kernel import Status, Task, UnknownRecord
 from kernel.agent.approval import PHASE, TASK_KIND, WHO, pending
-
-from . import sessions
 
 TOOL_KIND = "agent-tool"
 KINDS = (TOOL_KIND, TASK_KIND)

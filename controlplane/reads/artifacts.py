@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from django.db import connection
 
-from controlplane.runtime import runtime
+from controlplane.worker.runtime import runtime
 from kernel.errors import UnknownRecord
 
 REFERENCED_IN_SESSION = (

@@ -14,10 +14,9 @@ import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
+from controlplane.reads import tasks
+from controlplane.reads.snapshot import rows as sql_rows
 from kernel.records import SHOWN_STATUSES
-
-from . import tasks
-from .snapshot import rows as sql_rows
 
 WINDOW_SECONDS = 3600
 BUCKET_SECONDS = 10

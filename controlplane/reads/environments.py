@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from controlplane.runtime import runtime
+from controlplane.worker.runtime import runtime
 from kernel import Task
 from kernel.environment import BLOCKED_DOCUMENT, recorded
 

@@ -2,7 +2,7 @@
 
 Each read is one autocommit statement (a worker thread runs it for the async callers);
 no transaction or lock spans a wait. The REST feed (:mod:`controlplane.api.feed`) and
-the websocket feeds (:mod:`controlplane.consumers`) share them.
+the websocket feeds (:mod:`controlplane.sockets.consumers`) share them.
 """
 
 from __future__ import annotations
@@ -19,6 +19,9 @@ from asgiref.sync import sync_to_async
 from django.core.serializers.json import DjangoJSONEncoder
 
 from controlplane import models
+from controlplane.reads.replica import prefer_replica
+from controlplane.reads.snapshot import rows as _all
+from controlplane.reads.snapshot import snapshot as consistent
 from controlplane.storage.schema import (
     COMMIT,
     CONVERSATION,
@@ -28,10 +31,6 @@ from controlplane.storage.schema import (
     TASK,
 )
 from kernel import UnknownRecord
-
-from .replica import prefer_replica
-from .snapshot import rows as _all
-from .snapshot import snapshot as consistent
 
 log = logging.getLogger(__name__)
 

@@ -16,8 +16,8 @@ from typing import Any
 from django.db.models import Q
 
 from controlplane import models
-from controlplane.runtime import runtime
 from controlplane.storage.schema import TASK
+from controlplane.worker.runtime import runtime
 from kernel.hosts.langgraph.interrupts import declared_schema, interrupted
 from kernel.hosts.langgraph.layout import INDEX, INDEX_KEY, register_documents
 from kernel.records import Task

@@ -5,9 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
+from controlplane.reads.snapshot import rows
 from kernel import Outcome, Status
-
-from .snapshot import rows
 
 
 @dataclass(frozen=True)

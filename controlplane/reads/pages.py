@@ -18,23 +18,22 @@ from django.db.models import QuerySet
 
 from controlplane import models
 from controlplane.errors import Invalid
-from controlplane.notices.tasks import PLAN
-from controlplane.runtime import runtime
+from controlplane.reads import approvals as approval_reads
+from controlplane.reads import graphs, tasks
+from controlplane.reads import sessions as session_reads
+from controlplane.reads import timeline as history
+from controlplane.reads import transcript as conversations
+from controlplane.reads.replica import prefer_replica
+from controlplane.reads.snapshot import rows as sql_rows
+from controlplane.reads.snapshot import snapshot
+from controlplane.reads.tasks import TaskFilter, TaskView
+from controlplane.reference.notices.tasks import PLAN
 from controlplane.storage.schema import SESSION
+from controlplane.worker.runtime import runtime
 from kernel import Outcome, Status
 from kernel.agent import turn
 from kernel.commit import operations_log_id
 from kernel.records import SHOWN_STATUSES, SessionRecord
-
-from . import approvals as approval_reads
-from . import graphs, tasks
-from . import sessions as session_reads
-from . import timeline as history
-from . import transcript as conversations
-from .replica import prefer_replica
-from .snapshot import rows as sql_rows
-from .snapshot import snapshot
-from .tasks import TaskFilter, TaskView
 
 CHILD_PAGE = 50
 """Children per page of a collapsed group (an htmx GET loads the next)."""

@@ -19,10 +19,9 @@ from datetime import UTC, datetime
 from typing import Any
 
 from controlplane import models
+from controlplane.reads.snapshot import rows as sql_rows
 from kernel import Status, Task, UnknownRecord
 from kernel.forks import RESTARTED, PhaseEntry, operation_id
-
-from .snapshot import rows as sql_rows
 
 JSON = Any
 MAX_POINTS = 2000

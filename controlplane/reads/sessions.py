@@ -9,8 +9,8 @@ from django.db.models import Q
 
 from controlplane import models
 from controlplane.errors import Invalid
-from controlplane.runtime import runtime
 from controlplane.storage.schema import CONVERSATION, ENTRY, SESSION, SUBMISSION
+from controlplane.worker.runtime import runtime
 from kernel import UnknownRecord
 from kernel.commit import operations_log_id
 from kernel.records import Conversation, Entry, SessionRecord, Submission

@@ -8,7 +8,7 @@ from typing import Any
 
 from django.db import connections, transaction
 
-from .replica import alias
+from controlplane.reads.replica import alias
 
 
 @contextmanager

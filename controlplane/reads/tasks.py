@@ -14,16 +14,15 @@ from django.conf import settings
 from django.db.models import Exists, OuterRef, Q, QuerySet
 
 from controlplane import models
-from controlplane.runtime import runtime
+from controlplane.reads import environments
+from controlplane.reads.approvals import TOOL_KIND
+from controlplane.reads.snapshot import rows as sql_rows
 from controlplane.storage import search
 from controlplane.storage.schema import TASK
+from controlplane.worker.runtime import runtime
 from kernel import Blocked, Decision, Outcome, Status, Task, UnknownRecord, tracing
 from kernel.agent.approval import PHASE as APPROVAL_PHASE
 from kernel.records import SHOWN_STATUSES
-
-from . import environments
-from .approvals import TOOL_KIND
-from .snapshot import rows as sql_rows
 
 SHOWN_STATUS_SQL = (
     "CASE WHEN status = 'terminal' THEN coalesce(outcome->>'kind', 'terminal') ELSE status END"

@@ -18,9 +18,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 from controlplane import models
+from controlplane.reads.snapshot import rows as sql_rows
 from kernel.commit import operations_log_id
-
-from .snapshot import rows as sql_rows
 
 MAX_COMMITS = 20_000
 COMMITS_LISTED = 200

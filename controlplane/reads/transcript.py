@@ -24,15 +24,14 @@ from django.db.models.fields.json import KT
 from django.db.models.functions import Cast, Coalesce
 
 from controlplane import models
-from controlplane.runtime import runtime
+from controlplane.reads import approvals, sessions, tasks
+from controlplane.worker.runtime import runtime
 from kernel.agent.compaction import COMPACTION
 from kernel.agent.context import INTERRUPTION, RESPONSE, TOOL_RESULT, USER
 from kernel.agent.requests import USAGE, conversation_key
 from kernel.artifacts import is_reference
 from kernel.commit import replay as replay_document
 from kernel.records import SUBMISSION_ID, SUMMARY, TASK_ID, Entry, Status, Submission, id_kind
-
-from . import approvals, sessions, tasks
 
 TOOL_KIND = "agent-tool"
 TURN_KIND = "agent-turn"
@@ -145,7 +144,7 @@ class Conversation:
 def _replay_policies() -> dict[str, str]:
     """Each offered tool's replay policy (for calls that run as a task of their own kind
     and so commit no intent)."""
-    from controlplane import assistant
+    from controlplane.reference import assistant
 
     return {name: str(tool.replay) for name, tool in assistant.toolbox().tools.items()}
 

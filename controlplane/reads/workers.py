@@ -1,5 +1,5 @@
 """The workers: who holds which leases now, every worker process by the registry it
-writes (:mod:`controlplane.worker_registry`), live or dead, and each queue's depth."""
+writes (:mod:`controlplane.worker.heartbeats`), live or dead, and each queue's depth."""
 
 from __future__ import annotations
 
@@ -10,9 +10,8 @@ from datetime import UTC, datetime, timedelta
 from django.conf import settings
 
 from controlplane import models
+from controlplane.reads.snapshot import rows as sql_rows
 from kernel import Status
-
-from .snapshot import rows as sql_rows
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@
 
 from __future__ import annotations
 
-from .connection import Observer
-from .postgres import READS, WRITES, PostgresStorage
+from controlplane.storage.connection import Observer
+from controlplane.storage.postgres import READS, WRITES, PostgresStorage
 
 __all__ = ["READS", "WRITES", "Observer", "PostgresStorage"]

@@ -18,6 +18,19 @@ from typing import Any
 
 import psycopg
 
+from controlplane.storage import due
+from controlplane.storage import statements as sql
+from controlplane.storage.schema import (
+    COMMIT,
+    CONVERSATION,
+    DISPATCH,
+    DOCUMENT_HEAD,
+    DOCUMENT_VERSION,
+    ENTRY,
+    SESSION,
+    SUBMISSION,
+    TASK,
+)
 from kernel.errors import CommitUncertain, UnknownRecord
 from kernel.records import (
     Commit,
@@ -32,20 +45,6 @@ from kernel.records import (
     WriteSet,
 )
 from kernel.storage import JoinState, Prefetch
-
-from . import due
-from . import statements as sql
-from .schema import (
-    COMMIT,
-    CONVERSATION,
-    DISPATCH,
-    DOCUMENT_HEAD,
-    DOCUMENT_VERSION,
-    ENTRY,
-    SESSION,
-    SUBMISSION,
-    TASK,
-)
 
 Observer = Callable[[str, float], None]
 """Receives ``(stage, seconds)`` for each timed stage of a commit (see PostgresStorage)."""

@@ -4,7 +4,7 @@ A commit that takes a task's dispatch row to deliver it at once (``Dispatcher.at
 the row is written taken, not woken) also NOTIFYs :data:`CHANNEL` with the task's queue
 and id. Postgres delivers the notification when the transaction commits, before the
 committer's broker message is even sent, so an idle worker that LISTENs
-(:mod:`controlplane.listener`) can claim the task at once. The notification is only a
+(:mod:`controlplane.worker.listener`) can claim the task at once. The notification is only a
 hint: the message and the sweep deliver as they always did, and the claim decides.
 
 The payload is one ``queue<TAB>task id`` line per task; a commit sends one notification

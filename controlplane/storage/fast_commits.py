@@ -34,13 +34,18 @@ from typing import Any, cast
 
 import psycopg
 
+from controlplane.storage import statements as sql
+from controlplane.storage.connection import (
+    HotCursor,
+    execute_rows,
+    pipelined,
+    queue_dispatches,
+    without,
+)
+from controlplane.storage.schema import COMMIT, DISPATCH, TASK
 from kernel.errors import CommitUncertain
 from kernel.records import SessionRecord, Status, Task, WriteSet
 from kernel.storage import Build, Transaction
-
-from . import statements as sql
-from .connection import HotCursor, execute_rows, pipelined, queue_dispatches, without
-from .schema import COMMIT, DISPATCH, TASK
 
 Write = Callable[[Callable[[], None]], WriteSet]
 """Writes a built commit, given the fault hook to call just before COMMIT is sent."""

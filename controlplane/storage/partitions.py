@@ -24,7 +24,7 @@ from typing import Any
 
 from django.db import connections, transaction
 
-from .schema import COMMIT
+from controlplane.storage.schema import COMMIT
 
 PERIODS = ("day", "month")
 DEFAULT = f"{COMMIT.name}_default"

@@ -34,6 +34,29 @@ from typing import Any
 import psycopg
 from django.db import DatabaseError, InterfaceError, OperationalError, connections, transaction
 
+from controlplane.storage import fast_commits, retention
+from controlplane.storage import statements as sql
+from controlplane.storage.connection import (
+    HotCursor,
+    Observer,
+    RowVersions,
+    Transaction,
+    read_head,
+    read_submission_by_request,
+    read_versions,
+    write,
+)
+from controlplane.storage.schema import (
+    COMMIT,
+    CONVERSATION,
+    DISPATCH,
+    DOCUMENT_HEAD,
+    DOCUMENT_VERSION,
+    ENTRY,
+    SESSION,
+    SUBMISSION,
+    TASK,
+)
 from kernel.errors import CommitUncertain, StorageUnavailable
 from kernel.records import (
     LAST_POSITION,
@@ -52,30 +75,6 @@ from kernel.records import (
 )
 from kernel.retention import Progress, PruneReport, RetentionPolicy, TrimReport, quiet
 from kernel.storage import DOUBLINGS, NO_PREFETCH, Build, FaultHook, Prefetch, expiry
-
-from . import fast_commits, retention
-from . import statements as sql
-from .connection import (
-    HotCursor,
-    Observer,
-    RowVersions,
-    Transaction,
-    read_head,
-    read_submission_by_request,
-    read_versions,
-    write,
-)
-from .schema import (
-    COMMIT,
-    CONVERSATION,
-    DISPATCH,
-    DOCUMENT_HEAD,
-    DOCUMENT_VERSION,
-    ENTRY,
-    SESSION,
-    SUBMISSION,
-    TASK,
-)
 
 log = logging.getLogger(__name__)
 

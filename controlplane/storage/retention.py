@@ -29,18 +29,8 @@ from typing import Any
 
 from django.db import OperationalError, transaction
 
-from kernel.errors import UnknownRecord
-from kernel.records import SETTLED_SUBMISSIONS, Status
-from kernel.retention import (
-    Progress,
-    PruneReport,
-    RetentionPolicy,
-    TrimReport,
-    finished_status,
-)
-
-from .partitions import Partition, partitions
-from .schema import (
+from controlplane.storage.partitions import Partition, partitions
+from controlplane.storage.schema import (
     COMMIT,
     DOCUMENT_HEAD,
     DOCUMENT_VERSION,
@@ -49,6 +39,15 @@ from .schema import (
     SUBMISSION,
     TASK,
     json_from_text,
+)
+from kernel.errors import UnknownRecord
+from kernel.records import SETTLED_SUBMISSIONS, Status
+from kernel.retention import (
+    Progress,
+    PruneReport,
+    RetentionPolicy,
+    TrimReport,
+    finished_status,
 )
 
 BATCH = 500

@@ -11,10 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from kernel.records import SUMMARY, UNDISPATCHED, Status
-from kernel.storage import CLAIM_WINDOW
-
-from .schema import (
+from controlplane.storage.schema import (
     COMMIT,
     CONVERSATION,
     DISPATCH,
@@ -26,6 +23,8 @@ from .schema import (
     TASK,
     Table,
 )
+from kernel.records import SUMMARY, UNDISPATCHED, Status
+from kernel.storage import CLAIM_WINDOW
 
 
 def select(table: Table, where: str, tail: str = "") -> str:

@@ -4,7 +4,7 @@ A live page is one :class:`LivePage` subclass here plus its templates: the class
 the page (its socket is ``ws/ui/<name>/``), builds its context from the read layer,
 and names the partials a live update re-renders (``parts``). The URL routes
 (:mod:`controlplane.ui.urls`), the views and the page sockets
-(:class:`controlplane.consumers.GlobalPageConsumer`) all take pages from
+(:class:`controlplane.sockets.consumers.GlobalPageConsumer`) all take pages from
 :data:`GLOBAL_PAGES`, so a new page needs no edit anywhere else.
 
 A socket reads through :meth:`LivePage.update` instead of sending commit frames: however
@@ -30,10 +30,9 @@ from django.urls import reverse
 from controlplane.reads import charts, pages
 from controlplane.reads.replica import prefer_replica
 from controlplane.reads.snapshot import snapshot
+from controlplane.ui.access import may_act, viewer_required
+from controlplane.ui.charts import line_chart
 from kernel.records import SHOWN_STATUSES
-
-from .access import may_act, viewer_required
-from .charts import line_chart
 
 
 def _updating(can_act: bool, **more: Any) -> dict[str, Any]:

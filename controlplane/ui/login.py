@@ -6,7 +6,7 @@ and the form refuses every login for them, the right password included, saying h
 to wait; the counting is :mod:`controlplane.access`'s (a table, so every web process
 sees the same counts). The account is the username as Django authenticates it
 (:func:`controlplane.access.login_name`), the address the client's as a trusted proxy
-tells it (:mod:`controlplane.client_address`).
+tells it (:mod:`controlplane.web.client_address`).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from django.contrib.admin.forms import AdminAuthenticationForm
 from django.contrib.auth.forms import AuthenticationForm
 
 from controlplane import access
-from controlplane.client_address import client_bucket
+from controlplane.web.client_address import client_bucket
 
 
 def _later(seconds: float) -> str:

@@ -9,12 +9,11 @@ from django.utils import timezone
 
 from controlplane.reads import artifacts, charts, pages
 from controlplane.reads.snapshot import snapshot
+from controlplane.ui.access import may_act, viewer_required
+from controlplane.ui.charts import line_chart
+from controlplane.ui.live import SESSION_PAGE
 from kernel.artifacts import CorruptArtifact
 from kernel.errors import UnknownRecord
-
-from .access import may_act, viewer_required
-from .charts import line_chart
-from .live import SESSION_PAGE
 
 
 @viewer_required

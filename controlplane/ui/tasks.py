@@ -10,9 +10,8 @@ from controlplane.reads import pages
 from controlplane.reads import tasks as task_reads
 from controlplane.reads.snapshot import snapshot
 from controlplane.reads.transcript import pretty
+from controlplane.ui.access import may_act, viewer_required
 from kernel import UnknownRecord
-
-from .access import may_act, viewer_required
 
 
 @viewer_required

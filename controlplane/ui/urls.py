@@ -2,8 +2,8 @@
 
 from django.urls import path, re_path
 
-from . import actions, sessions, tasks, workers
-from .live import GLOBAL_PAGES, activity, global_view
+from controlplane.ui import actions, sessions, tasks, workers
+from controlplane.ui.live import GLOBAL_PAGES, activity, global_view
 
 urlpatterns = [
     *(path(page.path, global_view(page), name=name) for name, page in GLOBAL_PAGES.items()),

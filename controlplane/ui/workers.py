@@ -12,8 +12,7 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 
 from controlplane.reads import workers as reads
-
-from .access import viewer_required
+from controlplane.ui.access import viewer_required
 
 REFRESH_SECONDS = 2
 

@@ -15,7 +15,7 @@ import pytest
 from django.core.management import call_command
 
 from controlplane import models
-from controlplane.runtime import runtime
+from controlplane.worker.runtime import runtime
 from kernel import Draft, Status
 from tests.chaos.harness import Stack
 from tests.chaos.test_smtp_uncertain import FOURTH, smtp, uncertain_email_4  # noqa: F401

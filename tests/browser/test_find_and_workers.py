@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from controlplane.runtime import runtime
+from controlplane.worker.runtime import runtime
 from kernel import Draft
 from tests.chaos.harness import Stack
 from tests.e2e.server import Daphne

@@ -40,7 +40,7 @@ REQUEST = "Send the approved notice to ana@example.com and ben@example.com, then
 
 
 def agent_demo(stack: Stack) -> tuple[str, str, str]:
-    """The demo assistant (the scripted model of controlplane.assistant) asked to send
+    """The demo assistant (the scripted model of controlplane.reference.assistant) asked to send
     notices: it calls ``send_notices``, a real worker runs the batch against the local
     provider, and the model summarises. Returns (session, conversation, submission)."""
     session_id, conversation, submission = stack.converse(REQUEST, model="scripted")

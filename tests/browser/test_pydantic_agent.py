@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from django.conf import settings
 
-from controlplane.runtime import runtime
+from controlplane.worker.runtime import runtime
 from kernel import Draft
 from kernel.agent import submit
 from tests.chaos.harness import Stack, chaos_stack

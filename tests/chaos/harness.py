@@ -62,20 +62,20 @@ class Stack:
     kernel: Kernel = field(init=False)
 
     def __post_init__(self) -> None:
-        from controlplane.registry import build_registry
+        from controlplane.reference.registry import build_registry
 
         self.kernel = Kernel(PostgresStorage(), build_registry(), SystemClock())
         self.kernel.after_commit(Dispatcher(self.kernel, self.deliver).after_commit)
 
     def deliver(self, task_id: str, queue: str) -> None:
-        """``controlplane.execution.deliver``, to this stack's Redis db.
+        """``controlplane.worker.execution.deliver``, to this stack's Redis db.
 
         The test process's Celery app keeps the producer pool of the first broker it
         published to, so a later test's commits would otherwise land in an earlier
         test's Redis db: name the connection each time.
         """
         from controlplane.celery import app
-        from controlplane.execution import advance
+        from controlplane.worker.execution import advance
 
         with app.connection_for_write(self.redis_url) as conn:
             advance.apply_async(args=[task_id], queue=queue, retry=False, connection=conn)

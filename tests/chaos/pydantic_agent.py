@@ -25,8 +25,8 @@ from pydantic_ai.capabilities import AbstractCapability
 from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 
-from controlplane.notices.channels import HttpChannel
-from controlplane.notices.provider import Message
+from controlplane.reference.notices.channels import HttpChannel
+from controlplane.reference.notices.provider import Message
 from kernel.hosts.pydantic_ai import SAFE, KernelDurability, operation_id
 
 HOLD_LIMIT = 120.0

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from controlplane.runtime import runtime
+from controlplane.worker.runtime import runtime
 from tests.model_stand_in import Completion, ModelStandIn
 
 from .harness import Stack, operator_client, wait_for

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from controlplane.runtime import runtime
+from controlplane.worker.runtime import runtime
 from kernel import Status, SubmissionStatus, Task
 from tests.model_stand_in import (
     Completion,

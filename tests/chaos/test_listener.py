@@ -1,4 +1,4 @@
-"""Workers' listeners, with real processes (controlplane.listener).
+"""Workers' listeners, with real processes (controlplane.worker.listener).
 
 ``hands`` has one worker, w1, and it consumes from a Redis db that nothing else sends
 to: the messages for the notices it runs go to the stack's db, where nobody consumes

@@ -18,7 +18,7 @@ import pytest
 from django.conf import settings
 
 from controlplane.dev.processes import Process
-from controlplane.runtime import runtime
+from controlplane.worker.runtime import runtime
 from kernel import Draft, Status, SubmissionStatus, Task
 from kernel.agent import submit
 

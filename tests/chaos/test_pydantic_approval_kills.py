@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from django.conf import settings
 
-from controlplane.runtime import runtime
+from controlplane.worker.runtime import runtime
 from kernel import Draft, Status, SubmissionStatus, Task
 from kernel.agent import approval as approvals
 from kernel.agent import submit

@@ -23,7 +23,7 @@ from websockets.sync.client import ClientConnection, connect
 from controlplane.dev import processes
 from controlplane.dev.ports import free_port, reserved_redis_url
 from controlplane.dev.processes import Process, process_env
-from controlplane.roles import command
+from controlplane.process.entrypoint import command
 from tests.databases import url_of_test_database
 
 database_url_of_tests = url_of_test_database
@@ -47,7 +47,7 @@ class Daphne(processes.Daphne):
 
 def hints_from_here(settings: Any, redis_url: str, monkeypatch: Any) -> None:
     """Hints from this process's commits go to the servers' Redis database; no Celery."""
-    from controlplane.runtime import runtime
+    from controlplane.worker.runtime import runtime
 
     settings.CHANNEL_LAYERS = channel_layers(redis_url)
     monkeypatch.setattr(runtime().dispatcher, "deliver", lambda task, queue: None)
@@ -143,8 +143,8 @@ def feed(
 
 @contextmanager
 def web_role(tmp_path: Path, port: int | None = None, **extra: str) -> Iterator[str]:
-    """The image's web role (controlplane.roles: Daphne, production settings) on the test
-    database and a Redis database of its own; its base URL."""
+    """The image's web role (controlplane.process.entrypoint: Daphne, production settings) on
+    the test database and a Redis database of its own; its base URL."""
     port = port or free_port()
     with reserved_redis_url(settings.REDIS_URL) as redis_url:
         env = process_env(

@@ -27,11 +27,11 @@ from django.conf import settings
 from django.contrib.auth.models import User
 from websockets.exceptions import ConnectionClosed
 
-from controlplane import slots
 from controlplane.access import token_user
 from controlplane.dev.ports import reserved_redis_url
 from controlplane.dev.processes import running, wait_for
-from controlplane.runtime import runtime
+from controlplane.sockets import slots
+from controlplane.worker.runtime import runtime
 from kernel import Draft, SessionHandle
 
 from .server import Daphne, daphne_env, database_url_of_tests, feed, viewer_token

@@ -31,8 +31,8 @@ from controlplane.commands import revoke_token
 from controlplane.dev.ports import free_port, reserved_redis_url
 from controlplane.dev.processes import running, wait_for
 from controlplane.models import ApiToken
-from controlplane.notify import session_group
-from controlplane.runtime import runtime
+from controlplane.sockets.notify import session_group
+from controlplane.worker.runtime import runtime
 from kernel import Draft, Preview, SessionHandle
 from kernel.retention import RetentionPolicy
 

@@ -1,5 +1,5 @@
-"""The login throttle against the web role as deployed (``controlplane.roles`` web: Daphne
-with production settings), driven the way a guesser would get around it: a fresh
+"""The login throttle against the web role as deployed (``controlplane.process.entrypoint``
+web: Daphne with production settings), driven the way a guesser would get around it: a fresh
 ``X-Forwarded-For`` with every try, the username in its Unicode compatibility forms
 (``ｏｌｇａ``, ``𝐨𝐥𝐠𝐚``, ``𝕠𝕝𝕘𝕒`` all log in as ``olga``), and the admin's login
 beside the dashboard's. Each try counts, and the guesser is refused at the limit, the

@@ -29,7 +29,7 @@ from websockets.sync.client import connect
 
 from controlplane.dev.ports import reserved_redis_url
 from controlplane.dev.processes import running
-from controlplane.runtime import runtime
+from controlplane.worker.runtime import runtime
 from kernel import Draft, SessionHandle
 
 from .server import Daphne, daphne_env, database_url_of_tests

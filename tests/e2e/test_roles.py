@@ -182,7 +182,7 @@ def test_readyz_names_an_unreachable_broker(
 ) -> None:
     from django.test import override_settings
 
-    from controlplane import health
+    from controlplane.web import health
 
     monkeypatch.setattr(health, "READINESS_SECONDS", 0.0)  # every probe asks again
     assert client.get("/readyz").json() == {"status": "ok"}

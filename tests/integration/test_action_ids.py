@@ -11,7 +11,7 @@ import pytest
 from django.test import Client
 
 from controlplane.reads.tasks import digest
-from controlplane.runtime import runtime
+from controlplane.worker.runtime import runtime
 from kernel import Draft, Kernel, Scheduler, Status
 from kernel.commit import operations_log_id
 

@@ -12,7 +12,7 @@ from django.test import Client
 from controlplane import commands
 from controlplane.access import issue_token
 from controlplane.reads.tasks import digest
-from controlplane.runtime import runtime
+from controlplane.worker.runtime import runtime
 from kernel import (
     Decision,
     Draft,

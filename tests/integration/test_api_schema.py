@@ -21,7 +21,7 @@ from hypothesis import HealthCheck, settings
 from schemathesis.checks import CHECKS, max_response_time
 
 from controlplane.access import issue_token
-from controlplane.runtime import runtime
+from controlplane.worker.runtime import runtime
 from controlplane.wsgi import application
 
 schema = schemathesis.openapi.from_wsgi("/api/openapi.json", application)

@@ -12,8 +12,8 @@ import pytest
 from django.db import connection
 from django.test import Client
 
-from controlplane.runtime import runtime
 from controlplane.storage.artifacts import PostgresArtifacts
+from controlplane.worker.runtime import runtime
 from kernel import Draft
 from kernel.artifacts import REFERENCE, CorruptArtifact, MissingArtifact, load, offload
 
@@ -78,7 +78,7 @@ def test_the_sweep_keeps_referenced_and_young_artifacts() -> None:
 
 def test_beat_sweeps_the_unreferenced_artifacts_daily(settings: object) -> None:
     from controlplane.celery import ARTIFACT_SWEEP, app
-    from controlplane.execution import sweep_artifacts
+    from controlplane.worker.execution import sweep_artifacts
 
     (entry,) = [e for e in app.conf.beat_schedule.values() if e["task"] == ARTIFACT_SWEEP]
     assert entry["schedule"].hour == {settings.KERNEL_PRUNE_HOUR}  # type: ignore[attr-defined]

@@ -9,11 +9,11 @@ from collections.abc import Iterator
 
 import pytest
 
-from controlplane import assistant
 from controlplane.dev.processes import RunningProvider, start_provider
 from controlplane.dev.provider_admin import ProviderAdmin
-from controlplane.notices import tasks as notices
-from controlplane.notices.channels import HttpChannel
+from controlplane.reference import assistant
+from controlplane.reference.notices import tasks as notices
+from controlplane.reference.notices.channels import HttpChannel
 from kernel import (
     Draft,
     InMemoryStorage,

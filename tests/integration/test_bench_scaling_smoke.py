@@ -92,7 +92,7 @@ def test_broker_counts_redis_commands_per_task_on_real_workers(
     # Each task is one message: pushed by the committer, fetched by the worker (a fetch
     # that began before the count may end inside it); its commits hint the channel
     # layer's groups (channels_redis reads each group's members), at most once per
-    # notifier gap (controlplane.notify.GAP_SECONDS): commits closer than that share a
+    # notifier gap (controlplane.sockets.notify.GAP_SECONDS): commits closer than that share a
     # send, so there may be fewer sends than tasks.
     assert calls.get("lpush", 0) >= 1 and calls.get("brpop", 0) > 0.5, calls
     assert calls.get("zrange", 0) > 0, calls

@@ -20,8 +20,8 @@ import pytest
 
 from controlplane.dev.processes import RunningProvider, start_provider, wait_for
 from controlplane.dev.provider_admin import ProviderAdmin
-from controlplane.notices import tasks as notices
-from controlplane.notices.channels import HttpChannel
+from controlplane.reference.notices import tasks as notices
+from controlplane.reference.notices.channels import HttpChannel
 from kernel import Draft, InMemoryStorage, Kernel, Registry, Scheduler, Status, Worker
 from kernel.clock import SystemClock
 

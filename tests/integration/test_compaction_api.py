@@ -9,7 +9,7 @@ import pytest
 from django.contrib.auth.models import Group, User
 from django.test import Client
 
-from controlplane.runtime import runtime
+from controlplane.worker.runtime import runtime
 from kernel import Scheduler, agent
 from kernel.records import SUMMARY
 

@@ -23,7 +23,7 @@ import pytest
 from controlplane.dev.processes import RunningProvider, start_provider
 from controlplane.dev.provider_admin import ProviderAdmin
 from controlplane.dev.provider_server import Faults, ProviderState
-from controlplane.notices.provider import (
+from controlplane.reference.notices.provider import (
     DeliveryUncertain,
     HttpEmailProvider,
     Message,

@@ -14,7 +14,7 @@ from django.test.utils import CaptureQueriesContext
 
 from controlplane.reads import pages
 from controlplane.reads import transcript as conversations
-from controlplane.runtime import runtime
+from controlplane.worker.runtime import runtime
 from kernel import Draft
 from kernel.agent.requests import USAGE, conversation_key
 

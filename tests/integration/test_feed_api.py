@@ -17,7 +17,7 @@ from django.test import Client
 
 from controlplane.access import issue_token
 from controlplane.reads import feed
-from controlplane.runtime import runtime
+from controlplane.worker.runtime import runtime
 from kernel import Draft, SessionHandle
 
 pytestmark = pytest.mark.django_db(transaction=True)

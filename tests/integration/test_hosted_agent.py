@@ -18,7 +18,7 @@ from controlplane import commands
 from controlplane.dev.processes import start_provider
 from controlplane.errors import Invalid
 from controlplane.reads.transcript import _card
-from controlplane.runtime import runtime
+from controlplane.worker.runtime import runtime
 from kernel import Draft, Scheduler, SubmissionStatus, agent
 
 pytestmark = pytest.mark.django_db(transaction=True)

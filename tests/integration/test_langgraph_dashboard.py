@@ -16,7 +16,7 @@ from django.test import Client
 
 from controlplane import commands
 from controlplane.errors import http_status
-from controlplane.runtime import runtime
+from controlplane.worker.runtime import runtime
 from kernel import Draft, Kernel, Status, Worker
 from kernel.commit import operations_log_id
 from tests.langgraph_graphs import APPROVAL, PIPELINE, on_runtime, release, runs

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from controlplane.runtime import runtime
+from controlplane.worker.runtime import runtime
 from kernel import Kernel, Status, Worker
 from tests.langgraph_graphs import APPROVAL, on_runtime, release, runs
 

@@ -8,7 +8,7 @@ import pytest
 from django.test import Client
 
 from controlplane.reads import pages
-from controlplane.runtime import runtime
+from controlplane.worker.runtime import runtime
 from kernel import Draft, agent
 
 from .test_api import post

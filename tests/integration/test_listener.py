@@ -1,4 +1,4 @@
-"""Idle workers start a task when the commit that made it due lands (controlplane.listener).
+"""Idle workers start a task when the commit that made it due lands (controlplane.worker.listener).
 
 A commit whose dispatch rows are taken for a message each NOTIFYs the due channel in the
 same transaction; a worker's listener claims a hinted task when the process has a free
@@ -18,8 +18,8 @@ import psycopg
 import pytest
 from django.db import connection, connections
 
-from controlplane.listener import Listener
 from controlplane.storage import PostgresStorage, due
+from controlplane.worker.listener import Listener
 from kernel import Draft, Kernel, ManualClock, Registry, Run, Transition, Worker
 from kernel.dispatch import Dispatcher
 from kernel.records import Status
@@ -176,7 +176,7 @@ def test_a_hint_for_a_task_already_claimed_reads_nothing_more(
 
 def test_the_listener_listens_again_after_its_connection_is_lost() -> None:
     kernel, worker, _ = world()
-    import controlplane.listener as module
+    import controlplane.worker.listener as module
 
     module.RECONNECT_SECONDS, before = 0.05, module.RECONNECT_SECONDS
     try:

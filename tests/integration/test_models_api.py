@@ -11,7 +11,7 @@ from django.test import Client
 from pytest_django.fixtures import Settings
 
 from controlplane.model_catalog import load
-from controlplane.runtime import runtime
+from controlplane.worker.runtime import runtime
 from kernel import Kernel
 
 from .test_api import client_for, post, with_test_kinds

@@ -13,8 +13,8 @@ import pytest
 from controlplane.dev.processes import RunningProvider, start_provider
 from controlplane.dev.provider_admin import ProviderAdmin
 from controlplane.dev.smtp_server import SmtpStandIn, start_smtp_server
-from controlplane.notices import tasks as notices
-from controlplane.notices.channels import HttpChannel, SmtpChannel
+from controlplane.reference.notices import tasks as notices
+from controlplane.reference.notices.channels import HttpChannel, SmtpChannel
 from kernel import Draft, InMemoryStorage, Kernel, ManualClock, Registry, Scheduler, Status
 
 RECIPIENTS = ["ana@example.com", "ben@example.com", "cai@example.com"]

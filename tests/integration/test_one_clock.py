@@ -15,7 +15,7 @@ import pytest
 from django.db import connection
 
 import kernel.clock
-from controlplane.runtime import runtime
+from controlplane.worker.runtime import runtime
 from kernel import Draft
 from kernel.records import Task
 

@@ -8,7 +8,7 @@ from datetime import timedelta
 import pytest
 from django.core.management import CommandError, call_command
 
-from controlplane.runtime import runtime
+from controlplane.worker.runtime import runtime
 from kernel import Draft
 
 pytestmark = pytest.mark.django_db(transaction=True)

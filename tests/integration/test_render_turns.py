@@ -24,14 +24,14 @@ from channels.testing import WebsocketCommunicator
 from django.contrib.auth.models import Group, User
 from django.db import connection
 
-from controlplane import consumers
 from controlplane.access import issue_token
-from controlplane.consumers import PAGE_THREADS, SharedRenders, websocket_urlpatterns
 from controlplane.dev.ports import reserved_redis_url
 from controlplane.reads.pages import last_commit_id
-from controlplane.render_turns import RENDERS_PER_ACCOUNT
-from controlplane.runtime import runtime
+from controlplane.sockets import consumers
+from controlplane.sockets.consumers import PAGE_THREADS, SharedRenders, websocket_urlpatterns
+from controlplane.sockets.render_turns import RENDERS_PER_ACCOUNT
 from controlplane.ui import live
+from controlplane.worker.runtime import runtime
 from kernel import Draft
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -1,4 +1,4 @@
-"""A web process's statements are bounded in time (controlplane.request_connections): a
+"""A web process's statements are bounded in time (controlplane.web.request_connections): a
 read past ``WEB_STATEMENT_TIMEOUT_SECONDS`` is cancelled by Postgres and the request
 answered 503 saying so; a web statement runs without parallel workers, so that one wide
 search cannot take every core; a process that is not a web process is not bounded."""
@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 from django.db import connection
 
-from controlplane import request_connections
 from controlplane.reads import sessions as reads
+from controlplane.web import request_connections
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

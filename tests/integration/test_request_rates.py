@@ -1,4 +1,4 @@
-"""Request rates (controlplane.rates): one account, or one client address, asking faster
+"""Request rates (controlplane.web.rates): one account, or one client address, asking faster
 than its rate is answered 429 with ``Retry-After`` before anything is read, whether it
 comes with a token, a browser's login or nothing at all; others are not held up; the
 probes always get through; the schema says so; a Redis that is down counts nothing."""
@@ -14,9 +14,9 @@ import pytest
 from django.contrib.auth.models import Group, User
 from django.test import Client
 
-from controlplane import rates
 from controlplane.access import issue_token
 from controlplane.dev.ports import free_port
+from controlplane.web import rates
 
 pytestmark = pytest.mark.django_db
 

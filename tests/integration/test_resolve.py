@@ -12,7 +12,7 @@ from django.test import Client
 
 from controlplane import commands
 from controlplane.errors import http_status
-from controlplane.runtime import runtime
+from controlplane.worker.runtime import runtime
 from kernel import Decision, Kernel, Receipt, Run, Scheduler, Status, Transition
 from kernel.commit import operations_log_id
 

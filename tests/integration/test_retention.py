@@ -18,8 +18,8 @@ from django.db.migrations.executor import MigrationExecutor
 from django.test import Client, override_settings
 
 from controlplane import commands
-from controlplane.runtime import runtime
 from controlplane.storage import PostgresStorage, partitions
+from controlplane.worker.runtime import runtime
 from kernel import Draft, Kernel, ManualClock, Status, Worker
 from kernel.retention import RetentionPolicy
 from tests.conformance.definitions import Effects, make_registry
@@ -273,8 +273,8 @@ def test_a_rest_reader_behind_retention_gets_the_snapshot_then_the_changes() -> 
 def test_two_prunes_never_run_at_once() -> None:
     """A second prune (two beats, or a manual run during beat's) finds the first's lock,
     says so, and changes nothing; beat's task takes that as done."""
-    from controlplane import execution
     from controlplane.errors import Conflict
+    from controlplane.worker import execution
 
     db = connection.settings_dict
     session = finished(runtime().kernel, 1, PLAN)

@@ -11,7 +11,7 @@ import re
 import pytest
 from django.test import Client
 
-from controlplane.runtime import runtime
+from controlplane.worker.runtime import runtime
 from kernel import Draft, Scheduler
 
 from .test_ui_pages import login
@@ -166,7 +166,7 @@ def _operator(name: str) -> Client:
 
 
 def test_every_page_says_its_content_security_policy() -> None:
-    from controlplane.middleware import ContentSecurityPolicy
+    from controlplane.web.middleware import ContentSecurityPolicy
 
     operator = login("operator")
     for path in ("/", "/tasks/", "/attention/", "/workers/", "/accounts/login/",
@@ -185,7 +185,7 @@ def test_every_page_says_its_content_security_policy() -> None:
 def test_the_readiness_probe_reuses_its_answer_and_names_no_migration(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from controlplane import health
+    from controlplane.web import health
 
     asked: list[int] = []
     real = health._readiness

@@ -18,11 +18,11 @@ from django.contrib.auth.models import Group, User
 from django.db import connection
 
 from controlplane.access import issue_token
-from controlplane.consumers import websocket_urlpatterns
 from controlplane.dev.ports import reserved_redis_url
 from controlplane.reads.pages import last_commit_id
-from controlplane.runtime import runtime
+from controlplane.sockets.consumers import websocket_urlpatterns
 from controlplane.ui import live
+from controlplane.worker.runtime import runtime
 from kernel import Draft, SessionHandle
 
 pytestmark = pytest.mark.django_db(transaction=True)

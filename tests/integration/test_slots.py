@@ -1,4 +1,4 @@
-"""Per-account slots (controlplane.slots): counted in Redis, freed by their holders or by
+"""Per-account slots (controlplane.sockets.slots): counted in Redis, freed by their holders or by
 expiry; a socket beyond its account's limit closed with 4429, a long-poll answered 429
 with Retry-After."""
 
@@ -17,11 +17,11 @@ from channels.testing import WebsocketCommunicator
 from django.db import connection
 from django.test import Client
 
-from controlplane import slots
 from controlplane.access import issue_token
-from controlplane.consumers import websocket_urlpatterns
 from controlplane.dev.ports import free_port, reserved_redis_url
-from controlplane.runtime import runtime
+from controlplane.sockets import slots
+from controlplane.sockets.consumers import websocket_urlpatterns
+from controlplane.worker.runtime import runtime
 
 from .test_feed_api import commit, user_in
 

@@ -16,7 +16,7 @@ import pytest
 from django.db import close_old_connections, connection
 from django.test import Client
 
-from controlplane import request_connections
+from controlplane.web import request_connections
 from tests.databases import url_of_test_database
 
 from .test_api import post

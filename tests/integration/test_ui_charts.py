@@ -13,8 +13,8 @@ from django.utils import timezone
 
 from controlplane import commands
 from controlplane.reads import charts
-from controlplane.runtime import runtime
 from controlplane.ui.charts import line_chart
+from controlplane.worker.runtime import runtime
 from kernel import Draft, Scheduler
 
 from .test_api import start, user, with_test_kinds

@@ -16,9 +16,9 @@ from django.test import Client, override_settings
 from controlplane import commands
 from controlplane.reads import pages
 from controlplane.reads.transcript import _card
-from controlplane.runtime import runtime
 from controlplane.templatetags.dashboard import ago_text, markdown, seconds
 from controlplane.ui.live import SESSION_PAGE
+from controlplane.worker.runtime import runtime
 from kernel import Draft, Scheduler, agent
 from kernel.agent.turn import PROGRESS
 from kernel.session import SessionHandle

@@ -16,8 +16,8 @@ from django.utils import timezone
 
 from controlplane import models
 from controlplane.reads.tasks import digest
-from controlplane.runtime import runtime
 from controlplane.ui.live import GLOBAL_PAGES, SESSION_PAGE
+from controlplane.worker.runtime import runtime
 from kernel import Decision, Draft, Scheduler, Status, agent
 
 pytestmark = pytest.mark.django_db(transaction=True)

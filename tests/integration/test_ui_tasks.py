@@ -11,7 +11,7 @@ from django.utils import timezone
 
 from controlplane.reads import pages
 from controlplane.reads import tasks as task_reads
-from controlplane.runtime import runtime
+from controlplane.worker.runtime import runtime
 
 from .test_ui_pages import EVIL, batch, login
 

@@ -15,8 +15,8 @@ from celery.fixups.django import DjangoWorkerFixup
 from django.db import close_old_connections, connection, connections
 
 from controlplane.celery import app
-from controlplane.execution import advance
-from controlplane.runtime import runtime
+from controlplane.worker.execution import advance
+from controlplane.worker.runtime import runtime
 from kernel import Draft, Task
 
 pytestmark = pytest.mark.django_db(transaction=True)

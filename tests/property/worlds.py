@@ -1,7 +1,7 @@
 """The three worlds of the differential test, and what it compares between them.
 
 A :class:`World` is one storage with everything above it: a kernel with the scripted
-task kind, a dispatcher attached to it (as ``controlplane.runtime`` attaches its own)
+task kind, a dispatcher attached to it (as ``controlplane.worker.runtime`` attaches its own)
 delivering to a :class:`Broker` that records what it was given, three workers, and the
 leases the test holds paused. The worlds share one :class:`~kernel.ManualClock`; their ids
 come from a counter of their own (:func:`deterministic_ids`), so the same program makes

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from controlplane.assistant import notices_script
-from controlplane.notices.tasks import partial_summary
+from controlplane.reference.assistant import notices_script
+from controlplane.reference.notices.tasks import partial_summary
 from kernel.agent import ModelRequest
 
 

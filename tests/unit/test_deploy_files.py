@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 import yaml
 
-from controlplane.roles import ROLES, command
+from controlplane.process.entrypoint import ROLES, command
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = ROOT / "deploy" / "compose.yaml"
@@ -49,7 +49,7 @@ def test_docker_compose_config_validates_the_file_where_it_runs() -> None:
 
 
 def test_the_registry_uses_only_the_queues_the_pools_consume() -> None:
-    from controlplane.registry import build_registry
+    from controlplane.reference.registry import build_registry
 
     registry = build_registry()
     used = {registry.latest(kind).queue for kind in registry.kinds()}

@@ -1,4 +1,4 @@
-"""A web process and a worker freeze their start-up heap (``controlplane.heap``), so
+"""A web process and a worker freeze their start-up heap (``controlplane.process.heap``), so
 that the cyclic collector's full walks cover only what requests and phases made, not
 every module and view."""
 
@@ -33,7 +33,7 @@ def test_the_asgi_application_freezes_its_heap_after_loading_every_view() -> Non
 
 
 def test_a_worker_freezes_its_heap_once_it_is_ready(monkeypatch: pytest.MonkeyPatch) -> None:
-    from controlplane import execution
+    from controlplane.worker import execution
 
     class Report:
         pass

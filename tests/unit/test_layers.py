@@ -1,7 +1,7 @@
 """The control plane's layers (docs/architecture.md), checked from the source.
 
 - The pages and the sockets are edges beside the API, never on top of it: nothing under
-  ``controlplane/ui`` or ``controlplane/consumers*`` imports ``controlplane.api``.
+  ``controlplane/ui`` or ``controlplane/sockets/consumers*`` imports ``controlplane.api``.
 - Only the read layer and the storage touch the kernel's tables: SQL naming a
   ``kernel_*`` table, or an ORM query on a model of one, appears nowhere else in the
   product (the admin's read-only registrations aside).

@@ -14,7 +14,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from controlplane import logs
+from controlplane.process import logs
 from kernel.records import Commit, WriteSet
 
 

@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 from django.core.exceptions import ImproperlyConfigured
 
-from controlplane import assistant, model_catalog
+from controlplane import model_catalog
 from controlplane.model_catalog import SCRIPTED, ModelEntry, check_choice, load
+from controlplane.reference import assistant
 from kernel.agent import ModelRequest, PermanentModelError, ScriptedProvider
 from kernel.agent.openai import OpenAICompatibleProvider
 

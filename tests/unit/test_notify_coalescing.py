@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from controlplane import notify
-from controlplane.notify import Hint, Notifier
+from controlplane.sockets import notify
+from controlplane.sockets.notify import Hint, Notifier
 
 
 class Layer:

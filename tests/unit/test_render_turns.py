@@ -1,10 +1,10 @@
-"""The order in which page renders get threads (controlplane.render_turns), by account."""
+"""The order in which page renders get threads (controlplane.sockets.render_turns), by account."""
 
 from __future__ import annotations
 
 import asyncio
 
-from controlplane.render_turns import RenderTurns
+from controlplane.sockets.render_turns import RenderTurns
 
 
 async def started_in_order(turns: RenderTurns, asks: list[str]) -> list[str]:

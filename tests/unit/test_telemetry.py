@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from controlplane import telemetry
+from controlplane.process import telemetry
 
 ROOT = Path(__file__).resolve().parents[2]
 PROBE = """

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django.core.management.base import BaseCommand
 
-from controlplane.runtime import runtime
+from controlplane.worker.runtime import runtime
 
 
 class Command(BaseCommand):

@@ -24,9 +24,10 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from controlplane import access, feed_subscribers
+from controlplane import access
 from controlplane.reads.metrics import store_figures
 from controlplane.reads.replica import on_replica
+from controlplane.sockets import feed_subscribers
 
 
 class SessionStoreCollector(Collector):

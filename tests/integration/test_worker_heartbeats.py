@@ -10,10 +10,10 @@ from django.contrib.auth.models import Group, User
 from django.test import Client, override_settings
 from django.utils import timezone
 
-from controlplane import worker_registry
 from controlplane.models import Worker
 from controlplane.reads import workers as reads
-from controlplane.runtime import runtime
+from controlplane.worker import heartbeats
+from controlplane.worker.runtime import runtime
 from kernel import Draft
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -28,7 +28,7 @@ def viewer() -> Client:
 
 
 def test_a_heartbeat_row_is_live_then_dead_and_counts_the_last_minute() -> None:
-    beat = worker_registry.Heartbeat("w1@dev", ["default", "hands"], 4, every=60)
+    beat = heartbeats.Heartbeat("w1@dev", ["default", "hands"], 4, every=60)
     beat.began()
     beat.ended(failed=False)
     beat.began()
@@ -38,7 +38,7 @@ def test_a_heartbeat_row_is_live_then_dead_and_counts_the_last_minute() -> None:
     beat.write()  # an upsert: one row, started_at kept
     [row] = Worker.objects.all()
     assert (row.id, row.name, row.queues, row.concurrency) == (
-        worker_registry.worker_id(), "w1@dev", ["default", "hands"], 4)
+        heartbeats.worker_id(), "w1@dev", ["default", "hands"], 4)
     assert (row.in_flight, row.processed_last_minute, row.failed_last_minute) == (1, 2, 1)
     [shown] = reads.registry()
     assert shown.state == "live" and shown.worker == row.id and shown.leases == []
@@ -58,7 +58,7 @@ def test_the_workers_page_and_the_api_list_an_idle_worker_and_a_queue() -> None:
     task_id = draft.create_task("send-batch", {"recipients": ["a@example.com"],
                                                "subject": "s", "body": "b"})
     handle.commit(draft)
-    worker_registry.Heartbeat("idle@dev", ["default"], 1, every=60).write()
+    heartbeats.Heartbeat("idle@dev", ["default"], 1, every=60).write()
     client = viewer()
     page = client.get("/workers/").content.decode()
     assert 'data-name="idle@dev"' in page and 'data-state="live"' in page
@@ -69,7 +69,7 @@ def test_the_workers_page_and_the_api_list_an_idle_worker_and_a_queue() -> None:
     assert found.runnable == 1 and found.oldest is not None
     listed = client.get("/api/workers").json()
     [mine] = [w for w in listed if w["name"] == "idle@dev"]
-    assert mine["worker"] == worker_registry.worker_id() and mine["leases"] == []
+    assert mine["worker"] == heartbeats.worker_id() and mine["leases"] == []
     assert mine["state"] == "live" and mine["queues"] == ["default"]
     assert mine["last_heartbeat"] is not None  # the old fields kept
     queues = client.get("/api/queues").json()

@@ -18,6 +18,8 @@ from typing import Any
 
 from django.conf import settings
 
+from controlplane import model_catalog
+from controlplane.reference.notices.tasks import batch_partial
 from kernel.agent import (
     Gate,
     ModelProvider,
@@ -32,9 +34,6 @@ from kernel.agent import (
 )
 from kernel.agent.models import OnText
 from kernel.agent.openai import OpenAICompatibleProvider
-
-from . import model_catalog
-from .notices.tasks import batch_partial
 
 # Linear in the text, whatever it holds: an address starts only where no address
 # character precedes it (the lookbehind), and each run is taken whole, never given back

@@ -4,7 +4,7 @@ by its own backend alone.
 A page, an API call, a live render or a feed read is one request's worth of work; a
 statement that runs longer than ``WEB_STATEMENT_TIMEOUT_SECONDS`` (a filter no index
 serves, a deep page of a wide search) is cancelled by Postgres, and the request answered
-503 saying so (:func:`controlplane.middleware.storage_down`), instead of holding a
+503 saying so (:func:`controlplane.web.middleware.storage_down`), instead of holding a
 connection and a thread for as long as one caller likes. Workers, beat and management
 commands (a prune, a migration) are not web processes and are not bounded: the entry
 points of the web, ``controlplane.asgi`` and ``controlplane.wsgi``, call :func:`bound`.
@@ -13,7 +13,7 @@ A web statement also gets no parallel workers (``max_parallel_workers_per_gather
 with them, one wide search takes every core of the database's machine for its duration
 (a leader and two workers on two cores) and costs more CPU in all than run alone, so one
 account's read would hold up everyone's pages; alone, it leaves the other cores to them.
-The per-account budget of server time (:mod:`controlplane.rates`) counts a request's
+The per-account budget of server time (:mod:`controlplane.web.rates`) counts a request's
 time, not its cores, which is another reason a request must not use more than one.
 """
 
@@ -24,7 +24,7 @@ from typing import Any
 from django.conf import settings
 from django.db.backends.signals import connection_created
 
-UID = "controlplane.request_connections"
+UID = "controlplane.web.request_connections"
 
 
 def _set_bounds(sender: Any, connection: Any, **kwargs: Any) -> None:

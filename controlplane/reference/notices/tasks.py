@@ -20,10 +20,15 @@ from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any
 
+from controlplane.reference.notices.channels import (
+    CannotConfirm,
+    Channel,
+    NotAccepted,
+    Rejected,
+    Uncertain,
+)
+from controlplane.reference.notices.provider import Message
 from kernel import Decision, Receipt, Registry, Run, Transition
-
-from .channels import CannotConfirm, Channel, NotAccepted, Rejected, Uncertain
-from .provider import Message
 
 PLAN = "email-plan"
 MAX_ATTEMPTS = 8

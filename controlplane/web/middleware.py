@@ -11,9 +11,10 @@ import psycopg
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse, JsonResponse
 
-from controlplane import access, rates
-from controlplane.client_address import client_bucket
+from controlplane import access
 from controlplane.storage.postgres import UNAVAILABLE
+from controlplane.web import rates
+from controlplane.web.client_address import client_bucket
 from kernel import SessionPoisoned, StorageUnavailable
 
 
@@ -41,7 +42,7 @@ class RejectUnstorableText:
 
 class LimitRequestRates:
     """Count each request against its client's address and, for a browser's login, its
-    account (:mod:`controlplane.rates`; an API token's account is counted when the API
+    account (:mod:`controlplane.web.rates`; an API token's account is counted when the API
     authenticates it); over either rate, or with the account's server time spent,
     answer 429 with ``Retry-After`` before any view runs. Once answered, a request
     charges the server time it took to its account, whichever way it authenticated. The

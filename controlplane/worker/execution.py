@@ -6,7 +6,7 @@ burst sends instead of a message per task: the backlog waits in Postgres, not in
 broker); ``sweep`` re-delivers what was lost. All are safe to receive twice, late or out
 of order: the claim in Postgres decides.
 
-The kernel they run on is the process's :func:`controlplane.runtime.runtime`.
+The kernel they run on is the process's :func:`controlplane.worker.runtime.runtime`.
 """
 
 from __future__ import annotations
@@ -28,14 +28,15 @@ from celery.signals import (
 from django.conf import settings
 from django.db import DEFAULT_DB_ALIAS, close_old_connections, connections
 
+from controlplane import commands
+from controlplane.celery import ADVANCE, ARTIFACT_SWEEP, PRUNE, SWEEP, WAKE, app
+from controlplane.errors import Conflict
+from controlplane.process import heap
+from controlplane.worker import heartbeats, listener
+from controlplane.worker.runtime import built, deliver, runtime
+from controlplane.worker.runtime import wake as send_wake
 from kernel import Blocked, StorageUnavailable
 from kernel.dispatch import RECOVERY, recovery_queue
-
-from . import commands, heap, listener, worker_registry
-from .celery import ADVANCE, ARTIFACT_SWEEP, PRUNE, SWEEP, WAKE, app
-from .errors import Conflict
-from .runtime import built, deliver, runtime
-from .runtime import wake as send_wake
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -177,7 +178,7 @@ def resume(sender: object = None, **kwargs: object) -> None:
     """A starting worker starts its listener (``KERNEL_LISTEN``); sweeps once, so
     recovery does not wait for beat; retries at once the tasks an earlier worker found
     blocked that this one's registry can run; freezes what its start built
-    (:func:`controlplane.heap.freeze`); and wakes its queues: a backlog that dead
+    (:func:`controlplane.process.heap.freeze`); and wakes its queues: a backlog that dead
     workers left in Postgres starts now.
 
     Workers run with ``--pool solo`` or ``--pool threads``: a forked pool would
@@ -202,22 +203,22 @@ _listener: listener.Listener | None = None
 
 
 def listen(sender: object) -> None:
-    """Start this worker's listener (:mod:`controlplane.listener`) on the queues it
+    """Start this worker's listener (:mod:`controlplane.worker.listener`) on the queues it
     consumes, with as many slots as its pool runs messages at once."""
     global _listener
     if _listener is not None:
         return
-    queues, concurrency = worker_registry.shape(sender)
+    queues, concurrency = heartbeats.shape(sender)
 
     def advance_hinted(task_id: str) -> bool:
         return on_a_live_connection(lambda: runtime().worker.advance(task_id, hint=True))
 
     def began() -> None:
-        if (beat := worker_registry.current()) is not None:
+        if (beat := heartbeats.current()) is not None:
             beat.began()
 
     def ended(failed: bool) -> None:
-        if (beat := worker_registry.current()) is not None:
+        if (beat := heartbeats.current()) is not None:
             beat.ended(failed)
 
     _listener = listener.Listener(

@@ -28,8 +28,8 @@ from celery.signals import task_postrun, task_prerun, worker_ready, worker_shutd
 from django.conf import settings
 from django.db import close_old_connections, connection
 
-from .celery import ADVANCE
-from .models import Worker
+from controlplane.celery import ADVANCE
+from controlplane.models import Worker
 
 log = logging.getLogger(__name__)
 WINDOW = 60.0

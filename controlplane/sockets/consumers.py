@@ -42,15 +42,15 @@ Protocol, JSON text frames both ways:
 
 Other close codes: 4400 a malformed message or cursor (or a token in the URL), 4404 no
 such session, 4429 the account has ``USER_SOCKET_LIMIT`` sockets open already
-(:mod:`controlplane.slots`; close one, or wait for one to end), 1011 the log could not
+(:mod:`controlplane.sockets.slots`; close one, or wait for one to end), 1011 the log could not
 be read (reconnect), 4503 the server is stopping (reconnect, to another web process
-behind the same address; controlplane.shutdown). Daphne closes idle sockets after its
+behind the same address; controlplane.sockets.shutdown). Daphne closes idle sockets after its
 ``--websocket_timeout``; clients reconnect with their cursor whatever the close code.
 
 How it stays exact: every frame comes from the commit log (the data of record), read
 after the last position this socket sent. A channel-layer hint (sent by
-:class:`~controlplane.notify.Notifier`, received once per process by
-:class:`~controlplane.notify.HintHub`) only wakes the reader; the reader also wakes every
+:class:`~controlplane.sockets.notify.Notifier`, received once per process by
+:class:`~controlplane.sockets.notify.HintHub`) only wakes the reader; the reader also wakes every
 ``FEED_POLL_SECONDS`` without one. So a duplicate hint cannot produce a duplicate frame,
 a dropped hint (``channels_redis`` over capacity or expired, Redis down) delays a frame
 by at most a poll interval, and a gap is impossible: each read returns everything after
@@ -80,8 +80,7 @@ from django.conf import settings
 from django.http.request import split_domain_port, validate_host
 from django.urls import path, re_path
 
-from controlplane import access, feed_subscribers, shutdown, slots
-from controlplane.notify import GLOBAL_GROUP, hint_hub, session_group
+from controlplane import access
 from controlplane.reads.feed import (
     FRAME_COLUMNS,
     MAX_CURSOR,
@@ -92,7 +91,9 @@ from controlplane.reads.feed import (
     settled_global,
 )
 from controlplane.reads.pages import head_seq
-from controlplane.render_turns import RenderTurns, Turn
+from controlplane.sockets import feed_subscribers, shutdown, slots
+from controlplane.sockets.notify import GLOBAL_GROUP, hint_hub, session_group
+from controlplane.sockets.render_turns import RenderTurns, Turn
 from controlplane.ui.live import GLOBAL_PAGES, SESSION_PAGE
 
 log = logging.getLogger(__name__)
@@ -190,7 +191,7 @@ class SharedRenders:
     while a render for its position runs waits for that one. Other renders are shared as
     :class:`SharedReads` are, and made for the highest position their callers asked for.
 
-    A render waits for its turn on the page threads (:mod:`controlplane.render_turns`:
+    A render waits for its turn on the page threads (:mod:`controlplane.sockets.render_turns`:
     a few at once per account, accounts in turn), and is made, once it has its turn, for
     the highest position asked for while it waited: a page view's re-renders coalesce
     while they wait, so however many commits pass, one render brings it up to date.

@@ -34,7 +34,7 @@ import redis.asyncio as aioredis
 from django.conf import settings
 
 from controlplane.errors import TooBusy
-from controlplane.notify import cancelled_meanwhile
+from controlplane.sockets.notify import cancelled_meanwhile
 
 log = logging.getLogger(__name__)
 

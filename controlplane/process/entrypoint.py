@@ -1,4 +1,5 @@
-"""The one entry point of the container image: ``python -m controlplane.roles ROLE [ARGS]``
+"""The one entry point of the container image:
+``python -m controlplane.process.entrypoint ROLE [ARGS]``
 (``deploy/entrypoint.sh ROLE`` in the image). The role picks the program; its settings
 come from the environment (docs/deploy.md lists them); ``ARGS`` are appended to the
 program's own (a later option wins), e.g. ``worker --concurrency 8``.
@@ -7,7 +8,7 @@ program's own (a later option wins), e.g. ``worker --concurrency 8``.
   ``DAPHNE_WEBSOCKET_TIMEOUT``; its access log only with ``WEB_ACCESS_LOG=1``. Without
   Daphne's ``--proxy-headers``, which would believe the first ``X-Forwarded-For`` entry
   (the client's choice) from any peer: the app reads that header only from the proxies
-  in ``DJANGO_TRUSTED_PROXIES`` (controlplane.client_address).
+  in ``DJANGO_TRUSTED_PROXIES`` (controlplane.web.client_address).
 - ``worker``: a Celery worker on ``WORKER_QUEUES`` (``default,hands,brain``) with
   ``WORKER_CONCURRENCY`` phases at once (``1``: the solo pool; more: threads, one kernel
   runtime per process either way), named ``WORKER_NAME@hostname``. Run one pool per
@@ -17,7 +18,7 @@ program's own (a later option wins), e.g. ``worker --concurrency 8``.
   Two beats are harmless (the sweep is idempotent), one is enough.
 - ``migrate``: apply the database migrations and exit (0 when done).
 
-``LOG_LEVEL`` and ``LOG_FORMAT`` (text|json) apply to every role (controlplane.logs).
+``LOG_LEVEL`` and ``LOG_FORMAT`` (text|json) apply to every role (controlplane.process.logs).
 The process replaces this one (``exec``), so signals reach it directly.
 """
 

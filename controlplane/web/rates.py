@@ -1,9 +1,9 @@
 """Request rates: how fast one account, and one client address, may ask.
 
-Slots (:mod:`controlplane.slots`) bound what an account holds open at once; this bounds
+Slots (:mod:`controlplane.sockets.slots`) bound what an account holds open at once; this bounds
 how often it asks. Every HTTP request but the probes counts against its client's address
-(:mod:`controlplane.client_address`) and, once the caller is known, its account: a
-browser's in the middleware (:class:`controlplane.middleware.LimitRequestRates`), a
+(:mod:`controlplane.web.client_address`) and, once the caller is known, its account: a
+browser's in the middleware (:class:`controlplane.web.middleware.LimitRequestRates`), a
 token's when the API authenticates it. Each allows ``*_REQUESTS_PER_SECOND`` on average
 and bursts of ``*_REQUEST_BURST`` (settings); past that the request is answered 429 with
 ``Retry-After`` before anything else is read.

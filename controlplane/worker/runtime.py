@@ -7,7 +7,7 @@ delivers after each commit, one Notifier that hints live views, and one Worker t
 renews its lease from a heartbeat thread while a phase runs. Building it opens no
 connection; the Worker's heartbeat thread starts only when it first runs a phase.
 
-It lives apart from the Celery task module (:mod:`controlplane.execution`) so that the
+It lives apart from the Celery task module (:mod:`controlplane.worker.execution`) so that the
 web process needs no task module to commit an operator's action: it hands dispatches to
 the broker by task name.
 """
@@ -23,18 +23,17 @@ from datetime import timedelta
 
 from django.conf import settings
 
+from controlplane.celery import ADVANCE, WAKE, app
+from controlplane.process.logs import log_commit
+from controlplane.reference.registry import build_registry
+from controlplane.sockets.notify import Notifier
+from controlplane.storage import PostgresStorage
+from controlplane.storage.artifacts import PostgresArtifacts
+from controlplane.storage.clock import DatabaseClock
+from controlplane.storage.s3_artifacts import S3Artifacts
 from kernel import Kernel, Task, Worker
 from kernel.artifacts import ArtifactStore
 from kernel.dispatch import Dispatcher
-
-from .celery import ADVANCE, WAKE, app
-from .logs import log_commit
-from .notify import Notifier
-from .registry import build_registry
-from .storage import PostgresStorage
-from .storage.artifacts import PostgresArtifacts
-from .storage.clock import DatabaseClock
-from .storage.s3_artifacts import S3Artifacts
 
 log = logging.getLogger(__name__)
 

@@ -22,7 +22,7 @@ from typing import Protocol
 
 from django.core.mail import EmailMessage, get_connection
 
-from .provider import (
+from controlplane.reference.notices.provider import (
     DeliveryUncertain,
     HttpEmailProvider,
     Message,

@@ -20,7 +20,7 @@ import gc
 def freeze() -> int:
     """Collect, and freeze what is left; returns how many objects were frozen. Called
     once a process has started (a web process: :func:`settle`; a worker: once it is
-    ready, :func:`controlplane.execution.resume`), never per request or message."""
+    ready, :func:`controlplane.worker.execution.resume`), never per request or message."""
     gc.collect()
     gc.freeze()
     return gc.get_freeze_count()

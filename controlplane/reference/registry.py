@@ -10,12 +10,11 @@ from __future__ import annotations
 from django.conf import settings
 from django.utils.module_loading import import_string
 
+from controlplane.reference import assistant
+from controlplane.reference.notices import tasks as notices
+from controlplane.reference.notices.channels import Channel, HttpChannel, SmtpChannel
 from kernel import Registry
 from kernel.agent import register_agent
-
-from . import assistant
-from .notices import tasks as notices
-from .notices.channels import Channel, HttpChannel, SmtpChannel
 
 
 def channels() -> dict[str, Channel]:

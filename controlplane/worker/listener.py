@@ -27,7 +27,7 @@ from typing import Any
 
 from django.db import DEFAULT_DB_ALIAS, connections
 
-from .storage import due
+from controlplane.storage import due
 
 log = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ applies the same with the level given by ``-l``):
   it moved (batches planned, phases committed, recoveries, operator actions;
   :func:`log_commit`), a draining worker's hand-overs, sweeps that delivered something.
 - A line logged inside a span names its trace: ``trace=<id>`` in text, ``trace_id`` in
-  JSON (:class:`TraceIds`; only where traces are on, ``controlplane.telemetry``).
+  JSON (:class:`TraceIds`; only where traces are on, ``controlplane.process.telemetry``).
 - Routine is DEBUG: Celery's lines for each once-a-second sweep (beat "Sending due
   task sweep", the worker's "received" and "succeeded" for it) are demoted by
   :class:`Routine`, so an idle worker and beat write nothing per sweep. ``-l debug``
