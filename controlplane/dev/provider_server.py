@@ -251,7 +251,7 @@ class ProviderState:
     before the request is answered, so a provider restarted after a SIGKILL holds
     everything it ever acknowledged. The file is a journal (JSON lines: a header, then
     one line per stored message or logged request), so a request costs one short
-    append however long the provider has run; it used to rewrite the whole state.
+    append however long the provider has run, not a rewrite of the whole state.
     """
 
     def __init__(self, faults: Faults, state_file: Path | None = None) -> None:

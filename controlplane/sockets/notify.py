@@ -217,8 +217,8 @@ class HintHub:
 
     Sockets and long-polls *follow* a group here instead of each holding a channel of
     their own: channels_redis fans a group message out to every member channel of a
-    process and every waiting receiver then runs its own receive round, which costs
-    about a third of a millisecond per socket per hint; the hub receives each hint once
+    process and every waiting receiver then runs its own receive round, a cost per
+    socket per hint; the hub receives each hint once
     and calls the followers' ``wake`` (which should only set an event).
 
     Group membership is renewed every :data:`RENEW_SECONDS`, and after Redis comes back

@@ -9,8 +9,8 @@ behind them. Here a render waits for its turn:
 - at most ``per_account`` renders of one account run at once (``RENDERS_PER_ACCOUNT``,
   1 of the 4 threads), so one account never holds more than that many threads and
   the others always have the rest (and the CPU it would take: a heavy render is mostly
-  the database's work, and two cores shared by two heavy renders of one account left
-  another account's page four times slower than one did);
+  the database's work, and two heavy renders of one account on a small machine would
+  take the cores every other account's page needs);
 - when a thread frees, it goes to the waiting account whose last turn is the oldest
   (accounts with no render running that had no turn since they began waiting go
   first, in the order they came), to that account's oldest waiting render: with

@@ -182,8 +182,8 @@ INLINE_COMMIT = (
 # (:func:`.connection.write` with ``at_head``). Its first statement advances the head,
 # which takes the session's commit order as every commit's does, writes the commit row
 # with that seq and keeps it for the transaction (``set_config``); every other seq it
-# writes is read back from there, a function call per row (a subquery on the session
-# row per row made a 5,000-task burst's commit 2.5 times slower). A session that does
+# writes is read back from there, a function call per row (not a subquery on the session
+# row per row, whose cost grows with a burst's size). A session that does
 # not exist leaves the seq null and the insert fails: nothing lands, and the usual path
 # says why.
 COMMIT_INSERT_AT_HEAD = (

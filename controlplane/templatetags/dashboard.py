@@ -84,8 +84,8 @@ def money(value: float | None) -> str:
     return "" if value is None else f"{value:.4f}"
 
 
-# -- a task's timeline, built in Python: a 2,000-phase task has thousands of rows and
-# commits, which Django's template engine renders ~50 times slower than string joins.
+# -- a task's timeline, built in Python: a long task has thousands of rows and commits,
+# which Django's template engine renders far slower than string joins.
 # Every text is escaped with html.escape (quotes too); numbers are formatted here.
 # Statuses, labels and lease holders repeat: each is escaped once per render.
 

@@ -157,7 +157,7 @@ class Tasks(LivePage):
         found = pages.tasks_page(pages.task_search(**params))
         search = found.search
         # Plain values: a template looks each up many times per row, and a dict is the
-        # quickest thing for it to read (the benchmark's page is 50 rows of them).
+        # quickest thing for it to read (a page is many rows of them).
         task_url, session_url = (reverse(name, args=["~"]) for name in ("task", "session"))
         shown = [{
             "id": t.id, "kind": t.kind, "status": t.shown_status, "session_id": t.session_id,
