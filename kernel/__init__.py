@@ -37,7 +37,7 @@ from .registry import Blocked, Decision, Receipt, Registry, TaskDefinition
 from .run import Run
 from .scheduler import Scheduler
 from .session import Kernel, SessionHandle
-from .storage import Storage, Transaction
+from .storage import CommitReads, Storage
 from .tasks import Finish, Next, Sleep, Transition, WaitSignal, WaitTasks
 from .worker import Worker
 
@@ -81,7 +81,7 @@ __all__ = [
     "SystemClock",
     "Task",
     "TaskDefinition",
-    "Transaction",
+    "CommitReads",
     "Transition",
     "UnknownRecord",
     "UnstorableValue",

@@ -51,7 +51,7 @@ from .records import (
     new_id,
 )
 from .registry import Blocked, Registry
-from .storage import JoinState, Prefetch, Transaction
+from .storage import CommitReads, JoinState, Prefetch
 from .tasks import Finish, Next, Transition, WaitTasks, apply_transition, released, succeeded
 from .tracing import carrier as trace_carrier
 from .values import storable, storable_text
@@ -420,7 +420,7 @@ concatenates)."""
 class Builder:
     """Turns one draft into a write set, inside one storage transaction."""
 
-    def __init__(self, tx: Transaction, draft: Draft, registry: Registry, now: datetime) -> None:
+    def __init__(self, tx: CommitReads, draft: Draft, registry: Registry, now: datetime) -> None:
         self.tx = tx
         self.draft = draft
         self.registry = registry

@@ -99,7 +99,7 @@ class InMemoryStorage:
             session = self._sessions.get(session_id)
             if session is None:
                 raise UnknownRecord(f"no session {session_id}")
-            write_set = build(_Transaction(self, session))
+            write_set = build(_CommitReads(self, session))
             self.fault("before_write")
             staged = self._stage(write_set)
             self.fault("after_write")
@@ -561,7 +561,7 @@ class InMemoryStorage:
                     )
 
 
-class _Transaction:
+class _CommitReads:
     """Reads for the builder; under the storage lock, so nothing moves meanwhile."""
 
     def __init__(self, storage: InMemoryStorage, session: SessionRecord) -> None:

@@ -38,7 +38,7 @@ from .records import (
 )
 from .registry import Blocked, Registry
 from .retention import TrimReport
-from .storage import Storage, Transaction
+from .storage import CommitReads, Storage
 from .tracing import span as traced
 
 JSON = Any
@@ -252,7 +252,7 @@ class SessionHandle:
 
         outbox = self.kernel.outbox
 
-        def build(tx: Transaction) -> WriteSet:
+        def build(tx: CommitReads) -> WriteSet:
             built = Builder(tx, draft, registry, now).build()
             if outbox is None or not built.dispatches:
                 return built

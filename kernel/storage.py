@@ -45,7 +45,7 @@ class JoinState(NamedTuple):
     failed: str | None
 
 
-class Transaction(Protocol):
+class CommitReads(Protocol):
     """Reads inside a commit transaction that holds the session's commit order.
 
     Task reads lock the rows they return, so that a concurrent claim cannot slip
@@ -88,7 +88,7 @@ class Transaction(Protocol):
     def commit_by_key(self, key: str) -> Commit | None: ...
 
 
-Build = Callable[[Transaction], WriteSet]
+Build = Callable[[CommitReads], WriteSet]
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """Connection and transaction handling: the cursor the commit path uses, the builder's
 reads inside the open commit transaction, and the pipelined write + COMMIT.
 
-A general commit is two round trips: :meth:`Transaction.load` (BEGIN, the session's
+A general commit is two round trips: :meth:`TransactionReads.load` (BEGIN, the session's
 head, which orders commits, plus every read the draft announced, pipelined) and
 :func:`write` (every write and the COMMIT, pipelined). Everything else is Python. The
 kinds of commit that take one round trip are in :mod:`.fast_commits`.
@@ -154,7 +154,7 @@ class RowVersions:
                 self._tasks.popitem(last=False)
 
 
-class Transaction:
+class TransactionReads:
     """The builder's reads, inside the open commit transaction.
 
     :meth:`load` takes the session's commit order and fetches everything the draft
@@ -337,7 +337,7 @@ def execute_rows(cur: Any, statement: str, rows: list[Any]) -> None:
 
 def write(db: Any, ws: WriteSet, before_commit: Callable[[], None]) -> WriteSet:
     """Persist one write set and COMMIT it, in one pipelined round trip (the second of a
-    general commit: its transaction was opened by :meth:`Transaction.load`).
+    general commit: its transaction was opened by :meth:`TransactionReads.load`).
 
     A failing statement makes the server skip the rest up to the sync, COMMIT included,
     and the caller rolls the transaction back. ``before_commit`` runs once the writes

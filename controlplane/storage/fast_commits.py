@@ -18,8 +18,8 @@ they are built from what it knows and written at once, each by its one writer he
   the head and gives every seq (``statements.COMMIT_INSERT_AT_HEAD``).
 
 Each returns ``None`` when it cannot be taken: the build wanted a read the copies do not
-answer (:class:`Unforeseen`), the write set is not of the kind after all, the task moved
-since the copy (:class:`Moved`), or the database refused the write. Nothing has landed
+answer (:class:`UnexpectedRead`), the write set is not of the kind after all, the task changed
+since the copy (:class:`TaskChanged`), or the database refused the write. Nothing has landed
 then, and the caller commits the general way, whose build decides from what it reads.
 ``tests/property`` holds every kind equal to the general path and to the in-memory
 reference.
@@ -45,28 +45,28 @@ from controlplane.storage.connection import (
 from controlplane.storage.schema import COMMIT, DISPATCH, TASK
 from kernel.errors import CommitUncertain
 from kernel.records import SessionRecord, Status, Task, WriteSet
-from kernel.storage import Build, Transaction
+from kernel.storage import Build, CommitReads
 
 Write = Callable[[Callable[[], None]], WriteSet]
 """Writes a built commit, given the fault hook to call just before COMMIT is sent."""
 
 
-class Unforeseen(Exception):
+class UnexpectedRead(Exception):
     """A build from the caller's copies asked for a read they do not answer."""
 
 
-class Moved(Exception):
+class TaskChanged(Exception):
     """A known task changed since the caller's copy (or, for an ending, is not alone
-    after all): the database refused the commit (``statements.MOVED``), nothing landed."""
+    after all): the database refused the commit (``statements.TASK_CHANGED``), nothing landed."""
 
 
 # -- the builds -----------------------------------------------------------------------
 
 
-class KnownTransaction:
+class KnownReads:
     """The builder's reads for a commit built from the lease holder's copy of its task,
     before anything is sent: the session head is a guess that the writer replaces with
-    the one the database gives, and any other read raises :class:`Unforeseen`."""
+    the one the database gives, and any other read raises :class:`UnexpectedRead`."""
 
     def __init__(self, session_id: str, known: Task, *, ending: bool) -> None:
         self.known = known
@@ -77,7 +77,7 @@ class KnownTransaction:
     def tasks(self, ids: Iterable[str], lock: bool = True) -> dict[str, Task]:
         wanted = list(ids)
         if any(i != self.known.id for i in wanted):
-            raise Unforeseen(f"tasks {wanted}")
+            raise UnexpectedRead(f"tasks {wanted}")
         return {i: self.known for i in wanted}
 
     def children(self, task_id: str) -> list[Task]:
@@ -90,29 +90,29 @@ class KnownTransaction:
         """For an ending, the known task has no owned child and no waiter: an assumption
         that ``statements.INLINE_END`` checks under the session's lock."""
         if not self.ending or task_id != self.known.id:
-            raise Unforeseen(f"children or waiters of {task_id}")
+            raise UnexpectedRead(f"children or waiters of {task_id}")
         return []
 
     def __getattr__(self, name: str) -> Any:
-        raise Unforeseen(name)
+        raise UnexpectedRead(name)
 
 
-class CreatesTransaction:
+class NoReads:
     """The builder's reads for a commit that only creates tasks, before anything is
     sent: the session head is a guess that the database replaces, and any read raises
-    :class:`Unforeseen`."""
+    :class:`UnexpectedRead`."""
 
     def __init__(self, session_id: str) -> None:
         self.session = SessionRecord(session_id, 0, datetime.fromtimestamp(0, UTC))
 
     def __getattr__(self, name: str) -> Any:
-        raise Unforeseen(name)
+        raise UnexpectedRead(name)
 
 
 def _built(build: Build, tx: object) -> WriteSet | None:
     try:
-        return build(cast(Transaction, tx))
-    except Exception:  # Unforeseen, or a rule broken by the copy: the general path decides
+        return build(cast(CommitReads, tx))
+    except Exception:  # UnexpectedRead, or a rule broken by the copy: the general path decides
         return None
 
 
@@ -132,7 +132,7 @@ def fits_known(ws: WriteSet, known: Task, *, ending: bool) -> bool:
 
 
 def only_creates(ws: WriteSet) -> bool:
-    """Whether a write set built by :class:`CreatesTransaction` is one :func:`creating`
+    """Whether a write set built by :class:`NoReads` is one :func:`creating`
     writes: the commit row, new tasks with no parent, their dispatch rows, nothing else."""
     seq = ws.commit.seq
     return (
@@ -151,7 +151,7 @@ def only_creates(ws: WriteSet) -> bool:
 def continuing(db: Any, session_id: str, build: Build, known: Task) -> Write | None:
     """A phase's ``Next`` that keeps the lease, as one statement; ``None`` if it is not
     one after all."""
-    ws = _built(build, KnownTransaction(session_id, known, ending=False))
+    ws = _built(build, KnownReads(session_id, known, ending=False))
     if ws is None or not fits_known(ws, known, ending=False):
         return None
     return lambda before_commit: _write_known(db, ws, known, before_commit, ending=False)
@@ -160,7 +160,7 @@ def continuing(db: Any, session_id: str, build: Build, known: Task) -> Write | N
 def ending(db: Any, session_id: str, build: Build, known: Task) -> Write | None:
     """A phase's ending of a task with no owned child and no waiter, in one pipeline;
     ``None`` if it is not one after all."""
-    ws = _built(build, KnownTransaction(session_id, known, ending=True))
+    ws = _built(build, KnownReads(session_id, known, ending=True))
     if ws is None or not fits_known(ws, known, ending=True):
         return None
     return lambda before_commit: _write_known(db, ws, known, before_commit, ending=True)
@@ -169,7 +169,7 @@ def ending(db: Any, session_id: str, build: Build, known: Task) -> Write | None:
 def creating(db: Any, session_id: str, build: Build) -> Write | None:
     """New tasks with no parent, with BEGIN in one pipeline; ``None`` if the build
     wants a read or writes more."""
-    ws = _built(build, CreatesTransaction(session_id))
+    ws = _built(build, NoReads(session_id))
     if ws is None or not only_creates(ws):
         return None
     return lambda before_commit: _write_creates(db, ws, before_commit)
@@ -187,7 +187,7 @@ def _write_known(
     db: Any, ws: WriteSet, known: Task, before_commit: Callable[[], None], *, ending: bool,
 ) -> WriteSet:
     """The task written only if it is still as ``known`` (its epoch, lease owner and
-    updated_seq), its dispatch rows removed; :class:`Moved` otherwise."""
+    updated_seq), its dispatch rows removed; :class:`TaskChanged` otherwise."""
     session_id = ws.commit.session_id
     [task] = ws.updated_tasks
     commit_values = without(COMMIT.values(ws.commit), _COMMIT_SEQ)
@@ -209,8 +209,8 @@ def _write_known(
                 sql.INLINE_COMMIT, [session_id, *commit_values, *task_values, *guards, task.id])
             seq, commit_id, _ = cur.fetchone()
     except psycopg.Error as exc:
-        if exc.sqlstate == sql.MOVED:
-            raise Moved(str(exc)) from exc
+        if exc.sqlstate == sql.TASK_CHANGED:
+            raise TaskChanged(str(exc)) from exc
         # Sent: if the connection was lost, the server may have committed it.
         if db.connection.broken or db.connection.closed:
             raise CommitUncertain(f"commit {session_id}: {exc}") from exc

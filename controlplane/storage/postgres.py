@@ -40,7 +40,7 @@ from controlplane.storage.connection import (
     HotCursor,
     Observer,
     RowVersions,
-    Transaction,
+    TransactionReads,
     read_head,
     read_submission_by_request,
     read_versions,
@@ -185,7 +185,7 @@ class PostgresStorage:
 
     def commit(self, session_id: str, build: Build, prefetch: Prefetch = NO_PREFETCH) -> WriteSet:
         """The general commit: BEGIN, the session head and every announced read in one
-        round trip (:meth:`.connection.Transaction.load`), then every write and COMMIT in
+        round trip (:meth:`.connection.TransactionReads.load`), then every write and COMMIT in
         another (:func:`.connection.write`)."""
         db = connections[self.using]
         if db.in_atomic_block:
@@ -200,7 +200,7 @@ class PostgresStorage:
             # The transaction is ours, not Django's atomic(): BEGIN goes in the pipeline of
             # the first round trip (psycopg's implicit BEGIN costs a round trip of its own),
             # COMMIT in that of the second.
-            tx = Transaction(db, session_id, self._conversations, self._versions)
+            tx = TransactionReads(db, session_id, self._conversations, self._versions)
             if observer is None:
                 tx.load(prefetch, begin=True)
             else:
@@ -274,7 +274,7 @@ class PostgresStorage:
         except BaseException as exc:
             with contextlib.suppress(*UNAVAILABLE):
                 _roll_back(db)
-            if isinstance(exc, fast_commits.Moved):
+            if isinstance(exc, fast_commits.TaskChanged):
                 return None
             if isinstance(exc, psycopg.Error) and not isinstance(exc, UNAVAILABLE):
                 return None  # refused, nothing landed: the general path says why

@@ -108,7 +108,7 @@ CHILDREN_LOCKED = select(TASK, "parent_id = %s AND owned", " ORDER BY created_se
 # every ending O(n) and a batch O(n*n). A waiter whose dependency array is
 # large (``pg_column_size`` reads its stored size without fetching it) is returned
 # without being looked into: the caller checks it against its copy of that row version
-# (:meth:`.connection.Transaction.waiters`). Small arrays are checked here.
+# (:meth:`.connection.TransactionReads.waiters`). Small arrays are checked here.
 WAITER_BIG_DEPS = 2048
 WAITERS_LOCKED = (
     f"SELECT id, xmin::text, updated_seq, epoch FROM {TASK.name} WHERE session_id = %s "
@@ -237,7 +237,7 @@ FORGET_ROWS = f"DELETE FROM {DISPATCH.name} WHERE task_id = {IDS}"
 # A commit built from a holder's copy checks that the copy is still what the database
 # holds (``kernel_unmoved``, created by migration 0012): otherwise it aborts with this
 # SQLSTATE, nothing lands, and the commit is built again from what the database holds.
-MOVED = "KR001"
+TASK_CHANGED = "KR001"
 
 # -- leases ----------------------------------------------------------------------------
 

@@ -825,10 +825,10 @@ def test_an_ending_asks_about_the_newest_tasks_of_a_large_join_first(
     assert worker.advance(task_id)
     deps = world.storage.task(task_id).wait_deps
     asked: list[int] = []
-    from controlplane.storage.connection import Transaction
-    from kernel.memory import _Transaction
+    from controlplane.storage.connection import TransactionReads
+    from kernel.memory import _CommitReads
 
-    for cls in (Transaction, _Transaction):
+    for cls in (TransactionReads, _CommitReads):
         original = cls.any_open
 
         def counted(self: Any, ids: Any, _original: Any = original) -> bool:

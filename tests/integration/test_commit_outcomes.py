@@ -21,7 +21,7 @@ from controlplane.storage import PostgresStorage
 from kernel import Draft, Kernel, ManualClock, Registry, SessionPoisoned
 from kernel.records import Entry
 from kernel.session import SessionHandle
-from kernel.storage import Transaction
+from kernel.storage import CommitReads
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -118,7 +118,7 @@ def test_commit_refused_by_the_server_writes_nothing_and_the_handle_stays_usable
     draft = Draft(actor="user:ann")
     draft.append(conversation, "user", {"text": "hello"})
 
-    def dangling(tx: Transaction) -> Any:
+    def dangling(tx: CommitReads) -> Any:
         """The builder would refuse this; storage is given it directly, as a bug would."""
         from kernel.commit import Builder
 
