@@ -247,7 +247,7 @@ def delivering_kernel(redis_url: str) -> tuple[Any, ThreadProducers]:
     from controlplane.storage import PostgresStorage
     from controlplane.storage.clock import DatabaseClock
     from controlplane.worker.execution import advance, wake
-    from controlplane.worker.runtime import hint_grace
+    from controlplane.worker.runtime import announce_grace
     from kernel import Kernel
     from kernel.dispatch import Dispatcher
 
@@ -262,7 +262,7 @@ def delivering_kernel(redis_url: str) -> tuple[Any, ThreadProducers]:
     kernel = Kernel(PostgresStorage(), build_registry(), DatabaseClock())
     dispatcher = Dispatcher(
         kernel, deliver, wake=wake_queue, messages=settings.KERNEL_DISPATCH_MESSAGES,
-        hint_grace=hint_grace(),
+        announce_grace=announce_grace(),
     )
     dispatcher.attach()
     return kernel, broker

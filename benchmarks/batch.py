@@ -156,7 +156,7 @@ class Cluster:
         advances = [ran for worker in workers for ran in worker.advances()]
         text = "".join(worker.output() for worker in workers)
         return Activity(
-            phases=advances.count(True) + sum(worker.hinted() for worker in workers),
+            phases=advances.count(True) + sum(worker.announced() for worker in workers),
             idle=advances.count(False),
             redelivered=sum(int(n) for n in re.findall(r"SweepReport\(delivered=(\d+)", text)),
         )
@@ -167,8 +167,8 @@ class Activity:
     """Counts from the worker logs (``-l info``), for what the database does not record.
 
     ``phases`` counts the advance messages that ran a task and the tasks that workers'
-    listeners ran from a hint (:mod:`controlplane.worker.listener`); the message of a task a
-    listener ran finds it claimed, and counts as ``idle``.
+    announcement readers ran (:mod:`controlplane.worker.announcements`); the message of a
+    task a reader ran finds it claimed, and counts as ``idle``.
 
     ``idle`` advance messages found their task not claimable: already claimed or
     finished (a duplicate or re-sent dispatch), or its row locked by another commit in

@@ -64,10 +64,10 @@ class Dispatcher:
     deliver them all instead of a message per row, so the backlog waits in storage, not
     in the broker. Fewer rows get a message each, as without ``wake``.
 
-    ``hint_grace``: where the storage hints the rows a commit takes to listening workers
-    (Postgres's NOTIFY, ``controlplane.worker.listener``), their messages wait that long after
+    ``announce_grace``: where the storage announces the rows a commit takes to listening workers
+    (Postgres's NOTIFY, ``controlplane.worker.announcements``), their messages wait that long after
     the commit and are sent only for the rows still stored then: a row whose task an
-    idle worker claimed from the hint is gone, and a message for it would only make a
+    idle worker claimed from the announcement is gone, and a message for it would only make a
     worker find it claimed. A process that dies meanwhile leaves its rows to the sweep
     (after ``redeliver_after``), as one dying between a commit and its messages does.
     """
@@ -81,7 +81,7 @@ class Dispatcher:
         batch: int = 500,
         wake: Wake | None = None,
         messages: int = 32,
-        hint_grace: timedelta | None = None,
+        announce_grace: timedelta | None = None,
     ) -> None:
         self.kernel = kernel
         self.deliver = deliver
@@ -90,9 +90,9 @@ class Dispatcher:
         self.wake = wake
         self.messages = messages
         self.held = (
-            HeldMessages(hint_grace.total_seconds(), self._deliver_unclaimed,
+            HeldMessages(announce_grace.total_seconds(), self._deliver_unclaimed,
                          on_exit=kernel.storage.thread_exit)
-            if hint_grace
+            if announce_grace
             else None
         )
 
@@ -136,15 +136,15 @@ class Dispatcher:
             ids = storage.take_dispatches(due, now)
             taken += [d for d in write_set.dispatches if d.id in ids]
         if self.held is not None:
-            hinted = [d for d in taken if hinted_row(d)]
-            if hinted:
-                self.held.add(hinted)
-                taken = [d for d in taken if not hinted_row(d)]
+            announced = [d for d in taken if announced_row(d)]
+            if announced:
+                self.held.add(announced)
+                taken = [d for d in taken if not announced_row(d)]
         if taken:
             self._deliver_or_release(taken)
 
     def flush(self) -> None:
-        """Send now the messages held for ``hint_grace`` (those still wanted)."""
+        """Send now the messages held for ``announce_grace`` (those still wanted)."""
         if self.held is not None:
             self.held.flush()
 
@@ -231,9 +231,9 @@ class Dispatcher:
         return rows, []
 
 
-def hinted_row(row: Dispatch) -> bool:
+def announced_row(row: Dispatch) -> bool:
     """A row its commit wrote taken for a message of its own (:meth:`Dispatcher.outgoing`):
-    what a storage that hints tells listening workers about."""
+    what a storage that announces tells listening workers about."""
     return row.delivered_at is not None and not row.woken
 
 

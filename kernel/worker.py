@@ -169,14 +169,14 @@ class Worker:
                 self.on_release(task)
         return task
 
-    def advance(self, task_id: str, *, hint: bool = False) -> bool:
+    def advance(self, task_id: str, *, announced: bool = False) -> bool:
         """Claim ``task_id`` if it is runnable and not blocked, and run it as far as it goes.
 
         Returns whether a phase ran. Safe to call for any id at any time: a task
         that is not runnable, or that another worker holds, is left alone.
 
-        ``hint``: the call comes from a hint that the task is due, not from its
-        delivery (a worker's listener): only the claim's one statement is tried, and a
+        ``announced``: the call comes from an announcement that the task is due, not from its
+        delivery (a worker's announcement reader): only the claim's one statement is tried, and a
         task it cannot claim is left to its delivery, which tells why.
         """
         if self.draining:
@@ -187,7 +187,7 @@ class Worker:
         # registry runs as is. Otherwise (not runnable, held, unknown, or stored at another
         # version) the task is read to tell which.
         claimed = storage.claim(task_id, self.id, now, now + self.lease, registry.versions())
-        if claimed is None and hint:
+        if claimed is None and announced:
             return False
         if claimed is None:
             task = storage.task(task_id)

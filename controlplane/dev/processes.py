@@ -273,10 +273,10 @@ class CeleryWorker(Process):
         (a duplicate or late message)."""
         return [found == "True" for found in ADVANCED.findall(self.output())]
 
-    def hinted(self) -> int:
-        """How many tasks this worker's listener ran from a hint, by its log
-        (:mod:`controlplane.worker.listener`)."""
-        from controlplane.worker.listener import STARTED
+    def announced(self) -> int:
+        """How many tasks this worker's announcement reader ran, by its log
+        (:mod:`controlplane.worker.announcements`)."""
+        from controlplane.worker.announcements import STARTED
 
         return len(re.findall(re.escape(STARTED).replace("%s", r"\S+"), self.output()))
 

@@ -7,7 +7,7 @@ collection. In a web process, a page that allocates many containers (the timelin
 task with thousands of phases reads thousands of rows) sets one off every few requests:
 that walk can cost more CPU than the render itself (``make bench BENCH_ARGS=ui``
 shows it). In a worker, a full collection during a run stalls the phase it was running
-and every hint meanwhile (the idle dispatch's tail). Frozen objects (:func:`gc.freeze`)
+and every announcement meanwhile (the idle dispatch's tail). Frozen objects (:func:`gc.freeze`)
 are left out of every collection; the garbage a request or a phase makes is still
 collected, now by walking only what came after start-up.
 """

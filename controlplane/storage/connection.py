@@ -429,11 +429,11 @@ def queue_dispatches(
     db: Any, dispatches: list[Dispatch], statement: Callable[[int], str],
     values: Callable[[Dispatch], list[Any]],
 ) -> list[HotCursor]:
-    """The hint for listening workers, then the rows, in chunks of at most a
+    """The announcement for listening workers, then the rows, in chunks of at most a
     statement's parameters."""
-    hint = due.payload(dispatches)
-    if hint is not None:
-        HotCursor(db).execute(due.NOTIFY, [due.CHANNEL, hint])
+    announcement = due.payload(dispatches)
+    if announcement is not None:
+        HotCursor(db).execute(due.NOTIFY, [due.CHANNEL, announcement])
     size = sql.DISPATCHES_PER_INSERT
     chunks = [dispatches[i : i + size] for i in range(0, len(dispatches), size)]
     return [

@@ -1,22 +1,24 @@
-"""The due channel: what a commit tells listening workers about the tasks it made due.
+"""The due channel: what a commit announces to listening workers, the tasks it made due.
 
 A commit that takes a task's dispatch row to deliver it at once (``Dispatcher.attach``:
 the row is written taken, not woken) also NOTIFYs :data:`CHANNEL` with the task's queue
 and id. Postgres delivers the notification when the transaction commits, before the
 committer's broker message is even sent, so an idle worker that LISTENs
-(:mod:`controlplane.worker.listener`) can claim the task at once. The notification is only a
-hint: the message and the sweep deliver as they always did, and the claim decides.
+(:mod:`controlplane.worker.announcements`) can claim the task at once. The notification is
+only a
+head start: the message and the sweep deliver as they always did, and the claim
+decides.
 
 The payload is one ``queue<TAB>task id`` line per task; a commit sends one notification
 (at most ``KERNEL_DISPATCH_MESSAGES`` lines, far below Postgres's 8,000-byte limit: a
-burst's rows are woken instead, and never hinted).
+burst's rows are woken instead, and never announced).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 
-from kernel.dispatch import hinted_row
+from kernel.dispatch import announced_row
 from kernel.records import Dispatch
 
 CHANNEL = "kernel_due"
@@ -25,9 +27,9 @@ LISTEN = f"LISTEN {CHANNEL}"
 
 
 def payload(dispatches: Iterable[Dispatch]) -> str | None:
-    """The hint for a commit's dispatch rows: those taken for a message each. ``None``
+    """The announcement for a commit's dispatch rows: those taken for a message each. ``None``
     if there are none (nothing to notify)."""
-    lines = [f"{d.queue}\t{d.task_id}" for d in dispatches if hinted_row(d)]
+    lines = [f"{d.queue}\t{d.task_id}" for d in dispatches if announced_row(d)]
     return "\n".join(lines) if lines else None
 
 

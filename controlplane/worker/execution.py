@@ -32,7 +32,7 @@ from controlplane import commands
 from controlplane.celery import ADVANCE, ARTIFACT_SWEEP, PRUNE, SWEEP, WAKE, app
 from controlplane.errors import Conflict
 from controlplane.process import heap
-from controlplane.worker import heartbeats, listener
+from controlplane.worker import announcements, heartbeats
 from controlplane.worker.runtime import built, deliver, runtime
 from controlplane.worker.runtime import wake as send_wake
 from kernel import Blocked, StorageUnavailable
@@ -47,7 +47,7 @@ BUSY_RETRIES = 5
 
 @app.task(name=ADVANCE, ignore_result=True)
 def advance(task_id: str, tries: int = 0) -> bool:
-    with listener.busy():
+    with announcements.busy():
         return on_a_live_connection(lambda: _advance(task_id, tries))
 
 
@@ -85,7 +85,7 @@ def wake(queue: str) -> int:
     try:
         queue = queue.removesuffix(RECOVERY)  # the sweep wakes the recovery queue
         worker = runtime().worker
-        with listener.busy():
+        with announcements.busy():
             ran, more = worker.advance_queue(
                 queue, batch=settings.KERNEL_ENDINGS_PER_COMMIT,
                 budget=settings.KERNEL_CLAIM_SECONDS,
@@ -175,7 +175,7 @@ def consume_recovery_queues(sender: str, instance: object, **kwargs: object) -> 
 
 @worker_ready.connect
 def resume(sender: object = None, **kwargs: object) -> None:
-    """A starting worker starts its listener (``KERNEL_LISTEN``); sweeps once, so
+    """A starting worker starts its announcement reader (``KERNEL_LISTEN``); sweeps once, so
     recovery does not wait for beat; retries at once the tasks an earlier worker found
     blocked that this one's registry can run; freezes what its start built
     (:func:`controlplane.process.heap.freeze`); and wakes its queues: a backlog that dead
@@ -199,19 +199,19 @@ def resume(sender: object = None, **kwargs: object) -> None:
         log.exception("resume sweep failed; beat will retry")
 
 
-_listener: listener.Listener | None = None
+_reader: announcements.AnnouncementReader | None = None
 
 
 def listen(sender: object) -> None:
-    """Start this worker's listener (:mod:`controlplane.worker.listener`) on the queues it
-    consumes, with as many slots as its pool runs messages at once."""
-    global _listener
-    if _listener is not None:
+    """Start this worker's announcement reader (:mod:`controlplane.worker.announcements`) on
+    the queues it consumes, with as many slots as its pool runs messages at once."""
+    global _reader
+    if _reader is not None:
         return
     queues, concurrency = heartbeats.shape(sender)
 
-    def advance_hinted(task_id: str) -> bool:
-        return on_a_live_connection(lambda: runtime().worker.advance(task_id, hint=True))
+    def advance_announced(task_id: str) -> bool:
+        return on_a_live_connection(lambda: runtime().worker.advance(task_id, announced=True))
 
     def began() -> None:
         if (beat := heartbeats.current()) is not None:
@@ -221,26 +221,26 @@ def listen(sender: object) -> None:
         if (beat := heartbeats.current()) is not None:
             beat.ended(failed)
 
-    _listener = listener.Listener(
+    _reader = announcements.AnnouncementReader(
         {q for q in queues if not q.endswith(RECOVERY)},
-        listener.open_slots(concurrency),
-        advance_hinted,
+        announcements.open_slots(concurrency),
+        advance_announced,
         lambda: not runtime().worker.draining,
         began=began,
         ended=ended,
     )
-    _listener.start()
+    _reader.start()
 
 
 @worker_shutdown.connect
 def stop_listening(**kwargs: object) -> None:
     """Once Celery's pool has stopped (a warm shutdown waited for its message), wait for
-    a phase the listener runs: draining, it gives its lease back after the phase, and
+    a phase the reader runs: draining, it gives its lease back after the phase, and
     the drain's grace bounds the wait (:func:`drain`)."""
-    if _listener is not None:
-        _listener.stop(timeout=settings.KERNEL_DRAIN_SECONDS)
+    if _reader is not None:
+        _reader.stop(timeout=settings.KERNEL_DRAIN_SECONDS)
     if built():
-        runtime().dispatcher.flush()  # messages held for a hint's grace: send them now
+        runtime().dispatcher.flush()  # messages held for an announcement's grace: send them now
 
 
 @worker_process_shutdown.connect

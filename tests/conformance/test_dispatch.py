@@ -291,12 +291,12 @@ def test_attached_the_commit_writes_its_due_rows_taken_and_only_those(world: Wor
 
 
 def held(world: World, grace: float = 60.0) -> tuple:
-    """Attached with a hint's grace: the messages of the rows its commits take wait
+    """Attached with an announcement's grace: the messages of the rows its commits take wait
     ``grace`` seconds (a minute here: the tests send them with ``flush``)."""
     kernel = world.kernel(make_registry(Effects()))
     broker = Broker()
     dispatcher = Dispatcher(kernel, broker.deliver, redeliver_after=timedelta(seconds=30),
-                            hint_grace=timedelta(seconds=grace))
+                            announce_grace=timedelta(seconds=grace))
     dispatcher.attach()
     return kernel, broker, dispatcher, kernel.create_session()
 
@@ -306,7 +306,7 @@ def test_a_held_message_is_not_sent_for_a_task_claimed_during_its_grace(world: W
     claimed = create(handle, "step", {"name": "claimed"})
     left = create(handle, "step", {"name": "left"})
     assert broker.sent == []  # held
-    assert Worker(kernel, "listener").advance(claimed, hint=True)  # as a hint's listener
+    assert Worker(kernel, "reader").advance(claimed, announced=True)  # as a reader does
     dispatcher.flush()
     assert broker.sent == [left]
     dispatcher.flush()

@@ -6,7 +6,7 @@ On a database of its own that starts empty: web serves ``/healthz`` at once and
 ``/readyz`` 503 counting the unapplied migrations (named in its log); ``migrate`` exits 0;
 ``/readyz`` is 200;
 a batch committed while the broker is unreachable (its message is not delivered) is
-started by the worker from the commit's hint, or else from beat's sweep, and advanced to
+started by the worker from the commit's announcement, or else from beat's sweep, and advanced to
 one message per recipient. Every
 log line is JSON, the commits are logged, and once idle neither worker nor beat writes a
 line per sweep.
@@ -131,9 +131,9 @@ def test_the_roles_run_from_the_entry_point_with_production_settings(
             worker.wait_ready()
             beat.wait_ready()
             # The broker is unreachable for this commit. The command sends its message at
-            # once (KERNEL_LISTEN=0: it does not hold it for the worker's hint), which
-            # fails; the worker's listener, started by the commit's hint, or else beat's
-            # sweep delivers the batch.
+            # once (KERNEL_LISTEN=0: it does not hold it for the worker's announcement
+            # reader), which fails; the reader, started by the commit's announcement, or
+            # else beat's sweep delivers the batch.
             start = subprocess.run(
                 [sys.executable, "manage.py", "send_notices", *RECIPIENTS],
                 env={**env, "REDIS_URL": f"redis://127.0.0.1:{free_port()}/0",

@@ -1,19 +1,19 @@
-"""The listener: an idle worker starts a task the moment the commit that made it due
+"""The announcement reader: an idle worker starts a task the moment the commit that made it due
 lands, not when the broker's message for it arrives.
 
 Each worker process LISTENs on the due channel (:mod:`controlplane.storage.due`) on a
-connection of its own, from a thread of its own. For each task hinted there on a queue
+connection of its own, from a thread of its own. For each task announced there on a queue
 the process consumes, if the process has a free slot (a solo worker that is not running
-anything), the listener takes the slot, claims the task in one statement and runs it as
+anything), the reader takes the slot, claims the task in one statement and runs it as
 the ``advance`` message would. The Celery tasks take a slot too (:func:`busy`), so the
 process never runs more phases at once than its pool's concurrency.
 
 Only the start is hastened; delivery is what it was. The committer holds the task's
 message for a short grace and sends it unless a worker claimed the task meanwhile
 (``kernel.dispatch.HeldMessages``), and the sweep still re-sends a row whose task was not
-claimed: a busy worker, a listener reconnecting after Postgres restarted, a slow claim,
+claimed: a busy worker, a reader reconnecting after Postgres restarted, a slow claim,
 all leave the task to its message, which finds it claimed (one statement) or claims it.
-Every idle worker tries each hint and the claim in Postgres lets one win, so N idle
+Every idle worker tries each announcement and the claim in Postgres lets one win, so N idle
 workers cost N - 1 claims that find nothing.
 """
 
@@ -32,18 +32,18 @@ from controlplane.storage import due
 log = logging.getLogger(__name__)
 
 RECONNECT_SECONDS = 1.0
-"""How long the listener waits before it connects again after its connection failed;
+"""How long the reader waits before it connects again after its connection failed;
 doubled after each failure to connect, up to ``RECONNECT_MAX_SECONDS``."""
 RECONNECT_MAX_SECONDS = 30.0
-STARTED = "due listener: %s started from a hint"
-"""Logged for each task the listener ran (as Celery logs each message it ran)."""
+STARTED = "announcement reader: %s started from an announcement"
+"""Logged for each task the reader ran (as Celery logs each message it ran)."""
 POLL_SECONDS = 1.0
-"""How often the listener looks up from its connection to see whether it must stop."""
+"""How often the reader looks up from its connection to see whether it must stop."""
 
 
-class Listener:
-    """Runs hinted tasks of ``queues`` through ``advance(task_id)`` (which claims with
-    ``hint=True``) while one of ``slots`` is free and ``may_claim()`` says so (not
+class AnnouncementReader:
+    """Runs announced tasks of ``queues`` through ``advance(task_id)`` (which claims with
+    ``announced=True``) while one of ``slots`` is free and ``may_claim()`` says so (not
     draining). ``began``/``ended(failed)`` count what it runs, as the worker registry
     counts messages."""
 
@@ -66,7 +66,7 @@ class Listener:
         self.listening = threading.Event()
         self._stop = threading.Event()
         self._conn: Any = None
-        self._thread = threading.Thread(target=self._loop, name="due-listener", daemon=True)
+        self._thread = threading.Thread(target=self._loop, name="announcement-reader", daemon=True)
 
     def start(self) -> None:
         self._thread.start()
@@ -87,7 +87,7 @@ class Listener:
                     if self.listening.is_set():
                         wait = RECONNECT_SECONDS  # it had worked: try again soon
                     self.listening.clear()
-                    log.warning("due listener: no connection; the broker's messages still "
+                    log.warning("announcement reader: no connection; the broker's messages still "
                                 "deliver; listening again in %.0fs", wait, exc_info=True)
                     self._close()
                     self._stop.wait(wait)
@@ -104,12 +104,12 @@ class Listener:
         self.listening.set()
         while not self._stop.is_set():
             for notice in conn.notifies(timeout=POLL_SECONDS):
-                self.on_hint(notice.payload)
+                self.on_announcement(notice.payload)
                 if self._stop.is_set():
                     return
 
-    def on_hint(self, payload: str) -> None:
-        """Try each task of the hint that this worker's queues carry, while a slot is
+    def on_announcement(self, payload: str) -> None:
+        """Try each task of the announcement that this worker's queues carry, while a slot is
         free; the rest are left to their messages."""
         for queue, task_id in due.parse(payload):
             if queue not in self.queues:
@@ -130,7 +130,7 @@ class Listener:
                 log.info(STARTED, task_id)
         except Exception:
             failed = True
-            log.exception("due listener: advancing %s failed; its message delivers it",
+            log.exception("announcement reader: advancing %s failed; its message delivers it",
                           task_id)
         finally:
             self.ended(failed)
@@ -143,7 +143,7 @@ class Listener:
 
 
 _slots: threading.Semaphore | None = None
-"""This process's slots, once its listener runs: the Celery tasks take one each."""
+"""This process's slots, once its reader runs: the Celery tasks take one each."""
 
 
 def open_slots(concurrency: int) -> threading.Semaphore:
@@ -155,7 +155,7 @@ def open_slots(concurrency: int) -> threading.Semaphore:
 @contextlib.contextmanager
 def busy() -> Iterator[None]:
     """Hold one of this process's slots while a Celery task runs phases, so that its
-    listener starts nothing meanwhile. Without a listener (web processes, tests that
+    reader starts nothing meanwhile. Without a reader (web processes, tests that
     call a task directly) there is nothing to hold."""
     slots = _slots
     if slots is None:

@@ -1,16 +1,16 @@
-"""Workers' listeners, with real processes (controlplane.worker.listener).
+"""Workers' announcement readers, with real processes (controlplane.worker.announcements).
 
 ``hands`` has one worker, w1, and it consumes from a Redis db that nothing else sends
 to: the messages for the notices it runs go to the stack's db, where nobody consumes
 ``hands``. w0 consumes ``default`` from the stack's db, so w1's messages for the batch
 reach nobody either, and there is no beat to sweep. Every step after the plan therefore
-starts from a hint, in a worker that is idle when the commit lands.
+starts from an announcement, in a worker that is idle when the commit lands.
 
-- ``test_hints_alone_carry_a_batch_through``: the batch ends with one message per
+- ``test_announcements_alone_carry_a_batch_through``: the batch ends with one message per
   recipient.
-- ``test_a_draining_worker_finishes_the_phase_its_listener_runs``: SIGTERM while w1's
-  listener runs ben's stalled send: w1 commits the receipt itself, starts nothing more,
-  and exits 0 (Celery's warm shutdown waits for its own message only, and the listener
+- ``test_a_draining_worker_finishes_the_phase_its_reader_runs``: SIGTERM while w1's
+  reader runs ben's stalled send: w1 commits the receipt itself, starts nothing more,
+  and exits 0 (Celery's warm shutdown waits for its own message only, and the reader
   is waited for after it).
 """
 
@@ -37,7 +37,7 @@ def elsewhere() -> Iterator[str]:
         yield url
 
 
-def test_hints_alone_carry_a_batch_through(stack: Stack, elsewhere: str) -> None:
+def test_announcements_alone_carry_a_batch_through(stack: Stack, elsewhere: str) -> None:
     point_celery_at(stack.redis_url)
     stack.wait_ready(stack.worker("w0", queues="default", wait=False),
                      stack.worker("w1", queues="hands", wait=False, REDIS_URL=elsewhere))
@@ -46,7 +46,7 @@ def test_hints_alone_carry_a_batch_through(stack: Stack, elsewhere: str) -> None
     assert_sent_once_each(stack, batch, RECIPIENTS)
 
 
-def test_a_draining_worker_finishes_the_phase_its_listener_runs(
+def test_a_draining_worker_finishes_the_phase_its_reader_runs(
     stack: Stack, elsewhere: str
 ) -> None:
     point_celery_at(stack.redis_url)
@@ -57,7 +57,7 @@ def test_a_draining_worker_finishes_the_phase_its_listener_runs(
     stack.wait_ready(planner, hands)
     session_id, batch_id = stack.send_batch([BEN])
 
-    notice = stack.wait_inside_send(session_id, BEN, "w1's listener")
+    notice = stack.wait_inside_send(session_id, BEN, "w1's announcement reader")
     assert stack.holder(notice.id) is hands
     hands.terminate()  # SIGTERM
     assert hands.popen.wait(timeout=30) == 0, hands.output()
@@ -66,5 +66,5 @@ def test_a_draining_worker_finishes_the_phase_its_listener_runs(
     assert ben.epoch == notice.epoch  # committed by w1 itself, not taken over
     log = hands.output()
     assert "draining: no new claims" in log and "released" not in log
-    batch = stack.wait_terminal(batch_id, timeout=60)  # w0, from w1's hint
+    batch = stack.wait_terminal(batch_id, timeout=60)  # w0, from w1's announcement
     assert_sent_once_each(stack, batch, [BEN])

@@ -1,9 +1,10 @@
-"""Idle workers start a task when the commit that made it due lands (controlplane.worker.listener).
+"""Idle workers start a task when the commit that made it due is made
+(controlplane.worker.announcements).
 
 A commit whose dispatch rows are taken for a message each NOTIFYs the due channel in the
-same transaction; a worker's listener claims a hinted task when the process has a free
-slot and is not draining, and leaves it to its message otherwise. Here the messages go
-nowhere, so a task that runs was started by the listener.
+same transaction; a worker's announcement reader claims an announced task when the
+process has a free slot and is not draining, and leaves it to its message otherwise. Here
+the messages go nowhere, so a task that runs was started by the reader.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import pytest
 from django.db import connection, connections
 
 from controlplane.storage import PostgresStorage, due
-from controlplane.worker.listener import Listener
+from controlplane.worker.announcements import AnnouncementReader
 from kernel import Draft, Kernel, ManualClock, Registry, Run, Transition, Worker
 from kernel.dispatch import Dispatcher
 from kernel.records import Status
@@ -55,7 +56,7 @@ def world(
     sent: list[str] = []
     Dispatcher(kernel, lambda task_id, queue: sent.append(task_id),
                wake=lambda queue: sent.append(f"wake:{queue}"), messages=messages,
-               hint_grace=grace).attach()
+               announce_grace=grace).attach()
     return kernel, Worker(kernel, "listening-worker"), sent
 
 
@@ -68,8 +69,8 @@ def create(kernel: Kernel, count: int = 1, kind: str = "quick") -> list[str]:
 
 
 @pytest.fixture
-def hints() -> Iterator[Callable[[], list[tuple[str, str]]]]:
-    """The hints a LISTENing connection has received so far."""
+def announcements() -> Iterator[Callable[[], list[tuple[str, str]]]]:
+    """The announcements a LISTENing connection has received so far."""
     conn = psycopg.connect(url_of_test_database(), autocommit=True)
     conn.execute(due.LISTEN)
 
@@ -80,23 +81,25 @@ def hints() -> Iterator[Callable[[], list[tuple[str, str]]]]:
     conn.close()
 
 
-def test_a_commit_hints_the_tasks_it_takes_a_message_for(hints: Callable[[], list]) -> None:
+def test_a_commit_announces_the_tasks_it_takes_a_message_for(
+    announcements: Callable[[], list],
+) -> None:
     kernel, _, sent = world()
     ids = create(kernel, 2)
     assert sent == ids  # the messages still go
-    assert sorted(hints()) == sorted(("hands", i) for i in ids)
+    assert sorted(announcements()) == sorted(("hands", i) for i in ids)
 
 
-def test_a_burst_and_a_task_not_due_are_not_hinted(hints: Callable[[], list]) -> None:
+def test_a_burst_and_a_task_not_due_are_not_announced(announcements: Callable[[], list]) -> None:
     kernel, worker, sent = world(messages=2)
     create(kernel, 3)  # more than `messages`: the queue is woken instead
     assert sent == ["wake:hands", "wake:hands"]
-    assert hints() == []
+    assert announcements() == []
     [nap] = create(kernel, kind="nap")
-    assert hints() == [("hands", nap)]
+    assert announcements() == [("hands", nap)]
     assert worker.advance(nap)  # its phase sleeps: a dispatch row due in an hour
     assert kernel.storage.task(nap).status is Status.SLEEPING
-    assert hints() == []
+    assert announcements() == []
 
 
 def test_parse_skips_lines_of_other_senders() -> None:
@@ -104,42 +107,42 @@ def test_parse_skips_lines_of_other_senders() -> None:
                                                                     ("brain", "t3")]
 
 
-def hinted(worker: Worker) -> Callable[[str], bool]:
-    return lambda task_id: worker.advance(task_id, hint=True)
+def announced(worker: Worker) -> Callable[[str], bool]:
+    return lambda task_id: worker.advance(task_id, announced=True)
 
 
 @contextmanager
-def listening(worker: Worker) -> Iterator[Listener]:
-    """A listener on ``hands`` running ``worker``'s claims, listening, stopped after."""
-    listener = Listener({"hands"}, threading.Semaphore(1), hinted(worker), lambda: True)
-    listener.start()
+def listening(worker: Worker) -> Iterator[AnnouncementReader]:
+    """A reader on ``hands`` running ``worker``'s claims, listening, stopped after."""
+    reader = AnnouncementReader({"hands"}, threading.Semaphore(1), announced(worker), lambda: True)
+    reader.start()
     try:
-        assert listener.listening.wait(10)
-        yield listener
+        assert reader.listening.wait(10)
+        yield reader
     finally:
-        listener.stop(timeout=10)
+        reader.stop(timeout=10)
 
 
-def ran_from_the_hint(kernel: Kernel) -> str:
+def ran_from_the_announcement(kernel: Kernel) -> str:
     [task_id] = create(kernel)
     assert wait_until(lambda: kernel.storage.task(task_id).status is Status.TERMINAL)
     return task_id
 
 
-def test_an_idle_worker_runs_a_hinted_task_without_its_message() -> None:
+def test_an_idle_worker_runs_an_announced_task_without_its_message() -> None:
     kernel, worker, _ = world()
-    with listening(worker) as listener:
-        ran_from_the_hint(kernel)
-        assert listener.ran == 1
+    with listening(worker) as reader:
+        ran_from_the_announcement(kernel)
+        assert reader.ran == 1
 
 
-def test_no_message_goes_for_a_task_a_listener_claimed_within_the_grace() -> None:
+def test_no_message_goes_for_a_task_a_reader_claimed_within_the_grace() -> None:
     """The committer holds each message for the grace and sends it only for a task
     still unclaimed: here the one on a queue that nobody listens to."""
     kernel, worker, sent = world(grace=timedelta(seconds=30))
-    with listening(worker) as listener:
-        ran_from_the_hint(kernel)
-        listener.queues = {"brain"}  # now nobody listens to hands
+    with listening(worker) as reader:
+        ran_from_the_announcement(kernel)
+        reader.queues = {"brain"}  # now nobody listens to hands
         [unheard] = create(kernel)
     dispatcher = next(f.__self__ for f in kernel.listeners
                       if isinstance(getattr(f, "__self__", None), Dispatcher))
@@ -148,46 +151,46 @@ def test_no_message_goes_for_a_task_a_listener_claimed_within_the_grace() -> Non
 
 
 @pytest.mark.parametrize("why", ["busy", "draining", "another queue"])
-def test_a_hint_is_left_to_its_message(why: str) -> None:
+def test_an_announcement_is_left_to_its_message(why: str) -> None:
     """Nothing is claimed: the task stays as its commit left it, for its message."""
     kernel, worker, _ = world()
     slots = threading.Semaphore(1)
-    listener = Listener({"brain" if why == "another queue" else "hands"}, slots,
-                        hinted(worker), lambda: why != "draining")
+    reader = AnnouncementReader({"brain" if why == "another queue" else "hands"}, slots,
+                                announced(worker), lambda: why != "draining")
     [task_id] = create(kernel)
     if why == "busy":
         slots.acquire()  # a message's phase runs
-    listener.on_hint(f"hands\t{task_id}")
+    reader.on_announcement(f"hands\t{task_id}")
     task = kernel.storage.task(task_id)
     assert task.status is Status.PENDING and task.epoch == 0
-    assert listener.ran == 0
+    assert reader.ran == 0
     assert worker.advance(task_id)  # what its message does
 
 
-def test_a_hint_for_a_task_already_claimed_reads_nothing_more(
+def test_an_announcement_for_a_task_already_claimed_reads_nothing_more(
     django_assert_num_queries: Callable,
 ) -> None:
     kernel, worker, _ = world()
     [task_id] = create(kernel)
     assert Worker(kernel, "other").advance(task_id)
     with django_assert_num_queries(1):  # the claim, and no read of the task after it
-        assert not worker.advance(task_id, hint=True)
+        assert not worker.advance(task_id, announced=True)
 
 
-def test_the_listener_listens_again_after_its_connection_is_lost() -> None:
+def test_the_reader_listens_again_after_its_connection_is_lost() -> None:
     kernel, worker, _ = world()
-    import controlplane.worker.listener as module
+    import controlplane.worker.announcements as module
 
     module.RECONNECT_SECONDS, before = 0.05, module.RECONNECT_SECONDS
     try:
-        with listening(worker) as listener:
+        with listening(worker) as reader:
             with connection.cursor() as cur:  # as a restarting Postgres would
                 cur.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
                             "WHERE query = %s AND datname = current_database()", [due.LISTEN])
                 assert cur.rowcount == 1
-            assert wait_until(lambda: not listener.listening.is_set())
-            assert listener.listening.wait(10)
-            ran_from_the_hint(kernel)
+            assert wait_until(lambda: not reader.listening.is_set())
+            assert reader.listening.wait(10)
+            ran_from_the_announcement(kernel)
     finally:
         module.RECONNECT_SECONDS = before
     connections.close_all()
