@@ -8,7 +8,7 @@ For each size, a ``send-batch`` is committed as the API would, in the dedicated
 database ``durable_bench_profile``, against the local provider; its dispatches are
 collected in memory instead of going to Redis, and this process runs them in order
 with the runtime's own Worker (``Worker.advance``, what a Celery ``advance`` message
-calls; ``Worker.advance_queue`` for a burst's wake-ups, as a woken worker), so the
+calls; ``Worker.advance_queue`` for a burst's queue messages, as a queue message's worker), so the
 figures are the kernel's and the application's cost without Celery's receive/ack.
 Each step is timed inclusively (wall and this process's CPU) by wrapping the method
 that does it; the table gives milliseconds per email.
@@ -55,7 +55,7 @@ def instrument() -> None:
     timed(rt.worker, "advance", "advance (all of it)")
     timed(storage, "task", "read the task row (advance's check)")
     timed(storage, "claim", "claim (UPDATE ... RETURNING)")
-    timed(storage, "claim_woken", "claim from the woken queue")
+    timed(storage, "claim_burst", "claim from the queue's burst rows")
     timed(storage, "commit", "phase commits (both)")
     timed(storage, "document_head", "plan document: head read")
     timed(storage, "document_versions", "plan document: versions read")
@@ -83,7 +83,7 @@ def profile(emails: int) -> dict[str, list[float]]:
     queue: list[str] = []
     woken: list[str] = []
     rt.dispatcher.deliver = lambda task_id, q: queue.append(task_id)
-    rt.dispatcher.wake = woken.append  # a burst's wake-ups: run below, as a woken worker
+    rt.dispatcher.advance_queue = woken.append  # queue messages: run below
     handle = rt.kernel.create_session()
     draft = Draft(actor="user:profile")
     recipients = [f"r{i:05d}@profile.example" for i in range(emails)]

@@ -246,7 +246,7 @@ def delivering_kernel(redis_url: str) -> tuple[Any, ThreadProducers]:
     from controlplane.reference.registry import build_registry
     from controlplane.storage import PostgresStorage
     from controlplane.storage.clock import DatabaseClock
-    from controlplane.worker.execution import advance, wake
+    from controlplane.worker.execution import advance, advance_queue
     from controlplane.worker.runtime import announce_grace
     from kernel import Kernel
     from kernel.dispatch import Dispatcher
@@ -256,13 +256,14 @@ def delivering_kernel(redis_url: str) -> tuple[Any, ThreadProducers]:
     def deliver(task_id: str, queue: str) -> None:
         advance.apply_async(args=[task_id], queue=queue, retry=False, producer=broker.producer())
 
-    def wake_queue(queue: str) -> None:
-        wake.apply_async(args=[queue], queue=queue, retry=False, producer=broker.producer())
+    def send_advance_queue(queue: str) -> None:
+        advance_queue.apply_async(args=[queue], queue=queue, retry=False,
+                                  producer=broker.producer())
 
     kernel = Kernel(PostgresStorage(), build_registry(), DatabaseClock())
     dispatcher = Dispatcher(
-        kernel, deliver, wake=wake_queue, messages=settings.KERNEL_DISPATCH_MESSAGES,
-        announce_grace=announce_grace(),
+        kernel, deliver, advance_queue=send_advance_queue,
+        messages=settings.KERNEL_DISPATCH_MESSAGES, announce_grace=announce_grace(),
     )
     dispatcher.attach()
     return kernel, broker

@@ -525,7 +525,7 @@ def mean_notice_phase(commits: Sequence[CommitRow], batch_id: str) -> float:
 
     That stretch is the provider call and its bookkeeping; the rest of a worker's
     time per email is overhead around it (dispatch, claim, plan read). The ending is
-    read from the summaries, not from the notice's own commits: a woken worker's
+    read from the summaries, not from the notice's own commits: a queue message's worker's
     receipt rides with the next notice's intent commit, whose actor is that notice.
     """
     first: dict[str, float] = {}
@@ -887,7 +887,7 @@ def render(result: Result) -> str:
         f"Worker time per email: {worker_ms:.0f} ms (the scheduler's own cost per email "
         f"when the queue is never empty). A notice's intent commit lands {phase_ms:.0f} ms "
         "before the commit that records its receipt: the provider call and its "
-        "bookkeeping, and, where a woken worker holds the receipt back to ride with the "
+        "bookkeeping, and, where a queue message's worker holds the receipt back to ride with the "
         "next notice's intent commit, that notice's claim and plan read too.",
         "",
         "| commit-to-phase-start (ms, upper bound) | n | p50 | p90 | p99 | max |",

@@ -1,4 +1,4 @@
-"""The Celery app: carries "advance task X", "wake queue Q", the once-a-second sweep, the
+"""The Celery app: carries "advance task X", "advance queue Q", the once-a-second sweep, the
 daily prune and the daily sweep of unreferenced artifacts.
 
 Start a worker with ``celery -A controlplane.celery worker -Q default,hands,brain``
@@ -17,7 +17,7 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
 
 ADVANCE = "controlplane.advance"
 """The task that claims a kernel task and runs its phases (controlplane.worker.execution)."""
-WAKE = "controlplane.wake"
+ADVANCE_QUEUE = "controlplane.wake"
 """The task that claims a queue's runnable tasks from Postgres and runs them
 (controlplane.worker.execution): what one ``advance`` message also does after its own task."""
 SWEEP = "controlplane.sweep"

@@ -297,8 +297,9 @@ class Dispatch(KernelRecord):
         indexes = [
             models.Index(fields=["not_before"]),
             models.Index(fields=["task_id"]),
-            # A woken worker claims its queue's oldest due woken row (storage.claim_woken):
-            # an index range scan that stops at the first, however long the backlog.
+            # A queue message's worker claims its queue's oldest due burst row
+            # (storage.claim_burst): an index range scan that stops at the first, however
+            # long the backlog.
             models.Index(
                 fields=["queue", "not_before", "id"],
                 name="dispatch_woken_due",

@@ -331,9 +331,9 @@ KERNEL_LEASE_SECONDS = float(os.environ.get("KERNEL_LEASE_SECONDS", "15"))
 KERNEL_SWEEP_SECONDS = float(os.environ.get("KERNEL_SWEEP_SECONDS", "1"))
 KERNEL_REDELIVER_SECONDS = float(os.environ.get("KERNEL_REDELIVER_SECONDS", "30"))
 # A commit (or sweep) that makes up to KERNEL_DISPATCH_MESSAGES tasks of one queue
-# runnable sends a message per task; a bigger burst sends that many wake-ups instead,
+# runnable sends a message per task; a bigger burst sends that many queue messages instead,
 # each making a worker claim and run the queue's runnable tasks one after another from
-# Postgres for KERNEL_CLAIM_SECONDS (then it wakes a worker for the rest). Such a worker
+# Postgres for KERNEL_CLAIM_SECONDS (then it sends a queue message for the rest). Such a worker
 # commits the endings of up to KERNEL_ENDINGS_PER_COMMIT quick tasks of one session in
 # one commit.
 KERNEL_DISPATCH_MESSAGES = int(os.environ.get("KERNEL_DISPATCH_MESSAGES", "32"))

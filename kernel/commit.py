@@ -4,7 +4,7 @@ A :class:`Draft` collects what one commit should write. :class:`Builder` turns i
 into a frozen :class:`~kernel.records.WriteSet` inside the storage transaction:
 it checks fencing tokens, legal transitions, document versions and joins, and
 derives the knock-on effects that must land in the *same* commit - a terminal
-task wakes its satisfied waiters and finishes its completing owner, a fail-fast
+task makes its satisfied waiters runnable and finishes its completing owner, a fail-fast
 join cancels the remaining siblings, a cancel cascades to owned subtasks.
 """
 

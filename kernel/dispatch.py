@@ -28,8 +28,9 @@ from .session import Kernel
 
 Deliver = Callable[[str, str], None]
 """``deliver(task_id, queue)``: enqueue "advance task_id" on ``queue``; raise if it failed."""
-Wake = Callable[[str], None]
-"""``wake(queue)``: enqueue "run what is runnable on queue" on ``queue``; raise if it failed."""
+AdvanceQueue = Callable[[str], None]
+"""``advance_queue(queue)``: enqueue a queue message, "run what is runnable on queue", on
+``queue``; raise if it failed."""
 
 RECOVERY = ".now"
 """What the sweep appends to a task's queue: everything it sends is late (a lost message,
@@ -58,18 +59,20 @@ class Dispatcher:
     Expired leases get a fresh row of their own, so their recovery follows the same
     path and is never held back by an older row's backoff.
 
-    ``wake(queue)``, if given, wakes a worker that claims ``queue``'s due rows from
-    storage until none is left (:meth:`~kernel.worker.Worker.advance_queue`): when more
-    than ``messages`` rows of one queue are taken at once (a burst), that many wake-ups
-    deliver them all instead of a message per row, so the backlog waits in storage, not
-    in the broker. Fewer rows get a message each, as without ``wake``.
+    ``advance_queue(queue)``, if given, sends a queue message, whose worker claims
+    ``queue``'s due rows from storage until none is left
+    (:meth:`~kernel.worker.Worker.advance_queue`): when more than ``messages`` rows of one
+    queue are taken at once (a burst), that many queue messages deliver them all instead
+    of a message per row, so the backlog waits in storage, not in the broker. Fewer rows
+    get a message each, as without ``advance_queue``.
 
-    ``announce_grace``: where the storage announces the rows a commit takes to listening workers
-    (Postgres's NOTIFY, ``controlplane.worker.announcements``), their messages wait that long after
-    the commit and are sent only for the rows still stored then: a row whose task an
-    idle worker claimed from the announcement is gone, and a message for it would only make a
-    worker find it claimed. A process that dies meanwhile leaves its rows to the sweep
-    (after ``redeliver_after``), as one dying between a commit and its messages does.
+    ``announce_grace``: where the storage announces the rows a commit takes to listening
+    workers (Postgres's NOTIFY, ``controlplane.worker.announcements``), their messages wait
+    that long after the commit and are sent only for the rows still stored then: a row
+    whose task an idle worker claimed from the announcement is gone, and a message for it
+    would only make a worker find it claimed. A process that dies meanwhile leaves its
+    rows to the sweep (after ``redeliver_after``), as one dying between a commit and its
+    messages does.
     """
 
     def __init__(
@@ -79,7 +82,7 @@ class Dispatcher:
         *,
         redeliver_after: timedelta = timedelta(seconds=30),
         batch: int = 500,
-        wake: Wake | None = None,
+        advance_queue: AdvanceQueue | None = None,
         messages: int = 32,
         announce_grace: timedelta | None = None,
     ) -> None:
@@ -87,7 +90,7 @@ class Dispatcher:
         self.deliver = deliver
         self.redeliver_after = redeliver_after
         self.batch = batch
-        self.wake = wake
+        self.advance_queue = advance_queue
         self.messages = messages
         self.held = (
             HeldMessages(announce_grace.total_seconds(), self._deliver_unclaimed,
@@ -112,7 +115,7 @@ class Dispatcher:
     def outgoing(self, rows: list[Dispatch], now: datetime) -> list[Dispatch]:
         """A commit's dispatch rows as written when this dispatcher delivers after it:
         the rows due at ``now`` taken (delivered at ``now``, one delivery), and those of
-        a burst's queue woken (see :meth:`_deliver`)."""
+        a burst's queue marked ``woken`` (see :meth:`_deliver`)."""
         due = [row for row in rows if row.not_before <= now]
         if not due:
             return rows
@@ -196,8 +199,8 @@ class Dispatcher:
         return self.sweep()
 
     def _bursts(self, rows: list[Dispatch]) -> set[str]:
-        """The queues with more than ``messages`` of ``rows``: each gets wake-ups."""
-        if self.wake is None:
+        """The queues with more than ``messages`` of ``rows``: each gets queue messages."""
+        if self.advance_queue is None:
             return set()
         counts = Counter(row.queue for row in rows)
         return {queue for queue, n in counts.items() if n > self.messages}
@@ -206,25 +209,25 @@ class Dispatcher:
         self, rows: list[Dispatch], *, recovery: bool = False
     ) -> tuple[list[Dispatch], list[Dispatch]]:
         """Send rows in order until the broker fails: (delivered, not delivered). The
-        rows of a burst's queue are delivered by the wake-ups sent at its first row."""
+        rows of a burst's queue are delivered by the queue messages sent at its first row."""
         storage = self.kernel.storage
         burst = self._bursts(rows)
-        woken: set[str] = set()
+        sent: set[str] = set()
         for index, row in enumerate(rows):
             queue = recovery_queue(row.queue) if recovery else row.queue
             try:
                 if row.queue not in burst:
                     self.deliver(row.task_id, queue)
-                elif row.queue not in woken:
-                    assert self.wake is not None
-                    # Marked before any wake-up is sent, so that the woken worker finds
+                elif row.queue not in sent:
+                    assert self.advance_queue is not None
+                    # Marked before any queue message is sent, so that its worker finds
                     # them (unless their commit marked them, :meth:`outgoing`).
                     unmarked = [r.id for r in rows if r.queue == row.queue and not r.woken]
                     if unmarked:
-                        storage.wake_dispatches(unmarked)
-                    for _ in range(max(1, self.messages)):  # 0 wakes every burst, once
-                        self.wake(queue)
-                    woken.add(row.queue)
+                        storage.mark_burst(unmarked)
+                    for _ in range(max(1, self.messages)):  # 0: one queue message a burst
+                        self.advance_queue(queue)
+                    sent.add(row.queue)
             except Exception:
                 log.warning("could not deliver %s for %s", row.id, row.task_id, exc_info=True)
                 return rows[:index], rows[index:]  # the broker is likely down: next sweep

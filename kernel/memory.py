@@ -376,7 +376,7 @@ class InMemoryStorage:
             claimed = (self.claim(i, owner, now, until) for i in candidates[:limit])
             return [t for t in claimed if t is not None]
 
-    def claim_woken(self, queue: str, owner: str, now: datetime, until: datetime) -> Task | None:
+    def claim_burst(self, queue: str, owner: str, now: datetime, until: datetime) -> Task | None:
         with self._lock:
             while True:
                 window = sorted(
@@ -513,7 +513,7 @@ class InMemoryStorage:
         with self._lock:
             return {i for i in ids if i in self._dispatches}
 
-    def wake_dispatches(self, ids: Iterable[int]) -> None:
+    def mark_burst(self, ids: Iterable[int]) -> None:
         with self._lock:
             for dispatch_id in ids:
                 row = self._dispatches.get(dispatch_id)

@@ -383,8 +383,8 @@ class Dispatch:
     """A worker found the task blocked (no compatible definition): retried at once
     by a worker that starts with one (:meth:`~kernel.dispatch.Dispatcher.resume`)."""
     woken: bool = False
-    """Delivered by a wake-up of its queue, not by a message of its own: a woken worker
-    claims it (:meth:`~kernel.storage.Storage.claim_woken`)."""
+    """A burst row: delivered by a queue message, not by a message of its own; the worker
+    of a queue message claims it (:meth:`~kernel.storage.Storage.claim_burst`)."""
 
 
 UNDISPATCHED = frozenset({Status.RUNNING, Status.WAITING, Status.COMPLETING, Status.TERMINAL})
@@ -412,5 +412,5 @@ class WriteSet:
         """The tasks this commit leaves neither runnable nor due to be (running on a
         kept lease, waiting, completing, ended): their dispatch rows go in this commit.
         A row that outlived its task's last run would otherwise stay forever, and a
-        window of them would hide a queue's live rows from its woken claims."""
+        window of them would hide a queue's live rows from its burst claims."""
         return [t.id for t in self.updated_tasks if t.status in UNDISPATCHED]

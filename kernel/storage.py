@@ -110,8 +110,8 @@ class Prefetch:
 NO_PREFETCH = Prefetch()
 
 CLAIM_WINDOW = 64
-"""How many of a queue's oldest due woken rows one woken claim looks at
-(:meth:`Storage.claim_woken`): a claim's cost must not grow with the backlog. Both
+"""How many of a queue's oldest due burst rows one burst claim looks at
+(:meth:`Storage.claim_burst`): a claim's cost must not grow with the backlog. Both
 storages look at this many, so that what a claim finds is the same on each."""
 
 DOUBLINGS = 5
@@ -287,9 +287,9 @@ class Storage(Protocol):
         """Claim up to ``limit`` runnable tasks of ``kinds``, skipping locked rows."""
         ...
 
-    def claim_woken(self, queue: str, owner: str, now: datetime, until: datetime) -> Task | None:
+    def claim_burst(self, queue: str, owner: str, now: datetime, until: datetime) -> Task | None:
         """Claim, as :meth:`claim` does, the runnable task behind the oldest due,
-        unblocked, woken dispatch row of ``queue`` (:meth:`wake_dispatches`), skipping
+        unblocked burst row of ``queue`` (:meth:`mark_burst`), skipping
         tasks another claimer holds; ``None`` if there is none. A row with a message of
         its own is left to that message's :meth:`claim`. It looks at the
         :data:`CLAIM_WINDOW` oldest such rows; when none of their tasks can be claimed,
@@ -367,9 +367,9 @@ class Storage(Protocol):
         since (a claim removes its task's rows)."""
         ...
 
-    def wake_dispatches(self, ids: Iterable[int]) -> None:
-        """These rows are delivered by wake-ups of their queue, not by messages of their
-        own: a woken worker claims them (:meth:`claim_woken`)."""
+    def mark_burst(self, ids: Iterable[int]) -> None:
+        """These rows are a burst's: delivered by queue messages, not by messages of their
+        own, whose workers claim them (:meth:`claim_burst`); their ``woken`` is set."""
         ...
 
     def thread_exit(self) -> None:

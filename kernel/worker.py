@@ -207,13 +207,13 @@ class Worker:
         return self.run_claimed(claimed)
 
     def advance_queue(self, queue: str, *, batch: int, budget: float) -> tuple[int, bool]:
-        """Claim the runnable tasks of ``queue`` that a wake-up delivers (oldest due
-        dispatch row first, :meth:`~kernel.storage.Storage.claim_woken`) and run each as
+        """Claim the runnable tasks of ``queue`` that a queue message delivers (oldest due
+        dispatch row first, :meth:`~kernel.storage.Storage.claim_burst`) and run each as
         far as it goes, one after another, until none is left or ``budget`` seconds have
         passed.
 
         Returns how many were run and whether work may be left (the budget ran out, or
-        draining stopped it): the caller wakes a worker for the rest, so that one
+        draining stopped it): the caller sends a queue message for the rest, so that one
         queue's backlog does not keep this worker from the other queues' messages.
 
         Each task is claimed when it starts, exactly as :meth:`advance` claims, so its
@@ -230,7 +230,7 @@ class Worker:
         try:
             while not self.draining:
                 now = clock.now()
-                claimed = storage.claim_woken(queue, self.id, now, now + self.lease)
+                claimed = storage.claim_burst(queue, self.id, now, now + self.lease)
                 if claimed is None:
                     return ran, False
                 lease = self._hold(claimed)

@@ -15,7 +15,7 @@ model table (each table, index and partition gets a new file: ~5 ms a table), th
   from a truncated one is truncated: one analysed or vacuumed since it was last truncated
   (``reltuples`` is no longer -1), or with ten pages or more. Postgres estimates a table
   that was never analysed and is under ten pages as ten pages, whatever it holds, so the
-  next test's plans, and the woken claim's "analyse after a burst" decision, which reads
+  next test's plans, and the burst claim's "analyse after a burst" decision, which reads
   ``reltuples``, are what they would be after TRUNCATE.
 - Sequences go on from where they were, as after Django's flush (it does not reset them).
 

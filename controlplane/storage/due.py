@@ -1,7 +1,7 @@
 """The due channel: what a commit announces to listening workers, the tasks it made due.
 
 A commit that takes a task's dispatch row to deliver it at once (``Dispatcher.attach``:
-the row is written taken, not woken) also NOTIFYs :data:`CHANNEL` with the task's queue
+the row is written taken, not marked for a burst) also NOTIFYs :data:`CHANNEL` with the task's queue
 and id. Postgres delivers the notification when the transaction commits, before the
 committer's broker message is even sent, so an idle worker that LISTENs
 (:mod:`controlplane.worker.announcements`) can claim the task at once. The notification is
@@ -11,7 +11,7 @@ decides.
 
 The payload is one ``queue<TAB>task id`` line per task; a commit sends one notification
 (at most ``KERNEL_DISPATCH_MESSAGES`` lines, far below Postgres's 8,000-byte limit: a
-burst's rows are woken instead, and never announced).
+burst's rows go to queue messages instead, and are never announced).
 """
 
 from __future__ import annotations

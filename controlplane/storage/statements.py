@@ -297,9 +297,9 @@ CLAIM_BATCH = (
     f"ORDER BY updated_seq LIMIT %(limit)s FOR UPDATE SKIP LOCKED), {_CLAIMED}"
 )
 # The outbox is the queue of a burst (DESIGN §7): the task behind one of the
-# oldest due woken rows of the queue that is runnable and not locked by another claimer
+# oldest due burst rows (``woken``) of the queue that is runnable and not locked by another claimer
 # (who then takes it). The oldest rows are picked from the dispatch table alone (index
-# ``dispatch_woken_due``; a large burst is analysed when it is woken, see
+# ``dispatch_woken_due``; a large burst is analysed when it is marked, see
 # ``ANALYZE_BURST``, or stale statistics may make the planner sort every due row), then
 # their tasks are tried one at a time, in that order, each by its primary key in a
 # LATERAL subquery that locks it (SKIP LOCKED) if it is runnable: that subquery cannot be
@@ -308,24 +308,24 @@ CLAIM_BATCH = (
 # each claim, a cost that grew with what was left of a batch.) The
 # first task locked ends the scan, so one task is locked. Which of the window's tasks is
 # taken first is a matter of fairness only: any runnable one may be. Unflushed, as CLAIM.
-_WOKEN_WINDOW = (
+_BURST_WINDOW = (
     f"window_rows AS MATERIALIZED (SELECT d.id, d.task_id, d.not_before FROM {DISPATCH.name} d "
     "WHERE d.queue = %(queue)s AND d.woken AND NOT d.blocked AND d.not_before <= %(now)s "
     f"ORDER BY d.not_before, d.id LIMIT {CLAIM_WINDOW})"
 )
-CLAIM_WOKEN = (
-    f"WITH {UNFLUSHED}, {_WOKEN_WINDOW}, "
+CLAIM_BURST = (
+    f"WITH {UNFLUSHED}, {_BURST_WINDOW}, "
     f"picked AS (SELECT c.id FROM unflushed, window_rows w, LATERAL (SELECT t.id FROM "
     f"{TASK.name} t WHERE t.id = w.task_id AND {RUNNABLE} FOR UPDATE SKIP LOCKED) c "
     f"LIMIT 1), {_CLAIMED}"
 )
-# A window in which CLAIM_WOKEN found nothing may hold rows that outlived their tasks'
+# A window in which CLAIM_BURST found nothing may hold rows that outlived their tasks'
 # runs (a lapsed lease's sweep row whose holder then ended the task, a row that raced its
 # task's ending). Those of the window are removed, and the claim looks again
-# (``PostgresStorage.claim_woken``): a window of them cannot starve the queue. Only then,
+# (``PostgresStorage.claim_burst``): a window of them cannot starve the queue. Only then,
 # so that a claim that finds work pays for no status look-ups of its window.
-FORGET_DEAD_WOKEN = (
-    f"WITH {_WOKEN_WINDOW} DELETE FROM {DISPATCH.name} d WHERE d.id = ANY((SELECT "
+FORGET_DEAD_BURST = (
+    f"WITH {_BURST_WINDOW} DELETE FROM {DISPATCH.name} d WHERE d.id = ANY((SELECT "
     f"array_agg(w.id) FROM window_rows w LEFT JOIN LATERAL (SELECT t.status FROM {TASK.name} "
     f"t WHERE t.id = w.task_id LIMIT 1) s ON true WHERE s.status IS NULL OR s.{DEAD})"
     "::bigint[])"
@@ -474,13 +474,13 @@ ENSURE_DISPATCH = (
     f"AND NOT EXISTS (SELECT 1 FROM {DISPATCH.name} WHERE task_id = %(task)s)"
 )
 EXISTING_DISPATCHES = f"SELECT id FROM {DISPATCH.name} WHERE id = ANY(%s)"
-WAKE_DISPATCHES = f"UPDATE {DISPATCH.name} SET woken = true WHERE id = ANY(%s)"
-# The woken claim's plan follows the table's statistics: while they say the woken rows
+MARK_BURST = f"UPDATE {DISPATCH.name} SET woken = true WHERE id = ANY(%s)"
+# The burst claim's plan follows the table's statistics: while they say the burst rows
 # are few (a fresh database, a burst into an empty table, before autovacuum analyses
-# it), the planner sorts every due woken row on each claim instead of reading the
+# it), the planner sorts every due burst row on each claim instead of reading the
 # first 64 from ``dispatch_woken_due`` in order, and a claim grows with the backlog
 # A burst at least half as large as the table was when
-# last analysed is analysed at once, before its wake-ups are sent (a few ms, once).
+# last analysed is analysed at once (once), before its queue messages are sent.
 ANALYZE_BURST = 256
 DISPATCH_ANALYZED_ROWS = f"SELECT reltuples FROM pg_class WHERE oid = '{DISPATCH.name}'::regclass"
 ANALYZE_DISPATCH = f"ANALYZE {DISPATCH.name} (queue, not_before, woken, blocked)"

@@ -1,7 +1,7 @@
 """Running kernel tasks under Celery (DESIGN §7).
 
 ``advance`` claims a task and runs its phases inline while it holds the lease;
-``wake`` claims and runs what is runnable on a queue, one task after another (what a
+``advance_queue`` claims and runs what is runnable on a queue, one task after another (what a
 burst sends instead of a message per task: the backlog waits in Postgres, not in the
 broker); ``sweep`` re-delivers what was lost. All are safe to receive twice, late or out
 of order: the claim in Postgres decides.
@@ -29,12 +29,11 @@ from django.conf import settings
 from django.db import DEFAULT_DB_ALIAS, close_old_connections, connections
 
 from controlplane import commands
-from controlplane.celery import ADVANCE, ARTIFACT_SWEEP, PRUNE, SWEEP, WAKE, app
+from controlplane.celery import ADVANCE, ADVANCE_QUEUE, ARTIFACT_SWEEP, PRUNE, SWEEP, app
 from controlplane.errors import Conflict
 from controlplane.process import heap
 from controlplane.worker import announcements, heartbeats
-from controlplane.worker.runtime import built, deliver, runtime
-from controlplane.worker.runtime import wake as send_wake
+from controlplane.worker.runtime import built, deliver, runtime, send_advance_queue
 from kernel import Blocked, StorageUnavailable
 from kernel.dispatch import RECOVERY, recovery_queue
 
@@ -54,7 +53,7 @@ def advance(task_id: str, tries: int = 0) -> bool:
 def on_a_live_connection(run: Callable[[], T]) -> T:
     """``run()`` on this thread's connection as the last message left it, checked by use
     rather than by Django's health check (a ``SELECT 1`` round trip per message, on the
-    path between a commit and the task it wakes).
+    path between a commit and the task it makes runnable).
 
     A connection that died since (a restarted Postgres) fails the first statement,
     :meth:`Worker.advance`'s claim, with StorageUnavailable: nothing was claimed then,
@@ -77,13 +76,13 @@ def on_a_live_connection(run: Callable[[], T]) -> T:
         close_old_connections()
 
 
-@app.task(name=WAKE, ignore_result=True)
-def wake(queue: str) -> int:
+@app.task(name=ADVANCE_QUEUE, ignore_result=True)
+def advance_queue(queue: str) -> int:
     """Run ``queue``'s runnable tasks for ``KERNEL_CLAIM_SECONDS``; if some may be left,
-    wake a worker for them behind the messages waiting now. How many ran."""
+    send a queue message for them behind the messages waiting now. How many ran."""
     close_old_connections()
     try:
-        queue = queue.removesuffix(RECOVERY)  # the sweep wakes the recovery queue
+        queue = queue.removesuffix(RECOVERY)  # the sweep sends to the recovery queue
         worker = runtime().worker
         with announcements.busy():
             ran, more = worker.advance_queue(
@@ -91,7 +90,7 @@ def wake(queue: str) -> int:
                 budget=settings.KERNEL_CLAIM_SECONDS,
             )
         if more and not worker.draining:
-            send_wake(queue)
+            send_advance_queue(queue)
         return ran
     finally:
         close_old_connections()
@@ -178,8 +177,8 @@ def resume(sender: object = None, **kwargs: object) -> None:
     """A starting worker starts its announcement reader (``KERNEL_LISTEN``); sweeps once, so
     recovery does not wait for beat; retries at once the tasks an earlier worker found
     blocked that this one's registry can run; freezes what its start built
-    (:func:`controlplane.process.heap.freeze`); and wakes its queues: a backlog that dead
-    workers left in Postgres starts now.
+    (:func:`controlplane.process.heap.freeze`); and sends each of its queues a queue
+    message: a backlog that dead workers left in Postgres starts now.
 
     Workers run with ``--pool solo`` or ``--pool threads``: a forked pool would
     inherit this process's database connection and heartbeat thread.
@@ -194,7 +193,7 @@ def resume(sender: object = None, **kwargs: object) -> None:
         queues = sender.app.amqp.queues.consume_from or {}  # type: ignore[attr-defined]
         for name in queues:
             if not name.endswith(RECOVERY):
-                send_wake(name)
+                send_advance_queue(name)
     except Exception:
         log.exception("resume sweep failed; beat will retry")
 

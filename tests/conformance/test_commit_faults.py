@@ -5,7 +5,7 @@ uncertain commit beside other leases' endings, and knock-on cancels of held endi
 Each test here failed on the engine before its fix: the held-back endings wedged on a
 value Postgres refuses, a stale holder dropped the new holder's lease, an uncertain
 commit abandoned other leases' endings, a fail_fast sibling ran after its join had
-failed, and orphaned dispatch rows starved a queue's woken claims.
+failed, and orphaned dispatch rows starved a queue's burst claims.
 """
 
 from __future__ import annotations
@@ -78,10 +78,10 @@ def registry_with(bad: dict[str, Any]) -> Registry:
 BAD = {"nul": NUL, "datetime": NOT_JSON, "nan": float("nan"), "surrogate": "half \ud800"}
 
 
-def woken_setup(world: World, registry: Registry) -> Any:
+def burst_setup(world: World, registry: Registry) -> Any:
     kernel = world.kernel(registry)
     broker = Waker()
-    Dispatcher(kernel, broker.deliver, wake=broker.wake, messages=1).attach()
+    Dispatcher(kernel, broker.deliver, advance_queue=broker.wake, messages=1).attach()
     return kernel
 
 
@@ -125,7 +125,7 @@ def test_a_bad_ending_held_back_with_others_wedges_nothing(world: World, carried
     """Held endings committed together, or carried by another task's intent commit:
     the bad one faults alone, the others land, nothing stays held or renewed."""
     registry = registry_with(BAD)
-    kernel = woken_setup(world, registry)
+    kernel = burst_setup(world, registry)
     handle = kernel.create_session()
     draft = Draft()
     first = draft.create_task("good", {})
@@ -202,7 +202,7 @@ def test_an_uncertain_commit_abandons_only_what_it_carried(world: World) -> None
         def more(self, run: Run) -> Transition:
             return run.succeed("more")
 
-    kernel = woken_setup(world, registry)
+    kernel = burst_setup(world, registry)
     handle = kernel.create_session()
     draft = Draft()
     first = draft.create_task("quick", {})
@@ -242,7 +242,7 @@ def test_a_failed_child_cancels_its_fail_fast_siblings_before_they_start(world: 
                 return run.fail("the first child fails")
             return run.succeed("ok")
 
-    kernel = woken_setup(world, registry)
+    kernel = burst_setup(world, registry)
     handle = kernel.create_session()
     draft = Draft()
     parent = draft.create_task("parent", {})
@@ -297,12 +297,12 @@ def dispatch_rows(world: World, task_id: str) -> int:
         return int(cur.fetchone()[0])
 
 
-def test_a_window_of_dead_woken_rows_does_not_starve_a_fresh_burst(world: World) -> None:
-    """More terminal tasks' woken rows than a claim's window lead the queue (left by
+def test_a_window_of_dead_burst_rows_does_not_starve_a_fresh_burst(world: World) -> None:
+    """More terminal tasks' burst rows than a claim's window lead the queue (left by
     lapsed leases, or by a storage that lost a delete); a fresh burst behind them is
     still claimed. The window's dead rows go when it holds nothing to claim: those that
     filled it at once, the rest once the burst is taken."""
-    kernel = woken_setup(world, registry_with(BAD))
+    kernel = burst_setup(world, registry_with(BAD))
     handle = kernel.create_session()
     draft = Draft()
     dead = [draft.create_task("good", {}) for _ in range(CLAIM_WINDOW + 6)]
@@ -318,11 +318,11 @@ def test_a_window_of_dead_woken_rows_does_not_starve_a_fresh_burst(world: World)
     now = world.clock.now()
 
     until = now + timedelta(seconds=30)
-    claimed = world.storage.claim_woken("default", "w2", now, until)
+    claimed = world.storage.claim_burst("default", "w2", now, until)
     assert claimed is not None and claimed.id in burst
     assert sum(dispatch_rows(world, t) for t in dead) == len(dead) - CLAIM_WINDOW
     taken = {claimed.id}
-    while (claimed := world.storage.claim_woken("default", "w2", now, until)) is not None:
+    while (claimed := world.storage.claim_burst("default", "w2", now, until)) is not None:
         taken.add(claimed.id)
     assert taken == set(burst)
     assert sum(dispatch_rows(world, t) for t in dead) == 0

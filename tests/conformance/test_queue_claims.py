@@ -1,4 +1,4 @@
-"""A burst is delivered by a few wake-ups of its queue, and a woken worker takes the
+"""A burst is delivered by a few queue messages of its queue, and a queue message's worker takes the
 burst's tasks from storage one after another (issue 12): the outbox is the queue, and a
 burst needs a few messages, not one per task."""
 
@@ -55,7 +55,7 @@ def wiring(request: pytest.FixtureRequest) -> None:
 def setup(world: World, registry: Registry, messages: int = 2):
     kernel = world.kernel(registry)
     broker = Waker()
-    dispatcher = Dispatcher(kernel, broker.deliver, wake=broker.wake, messages=messages)
+    dispatcher = Dispatcher(kernel, broker.deliver, advance_queue=broker.wake, messages=messages)
     if WIRING["attached"]:
         dispatcher.attach()
     else:
@@ -93,14 +93,14 @@ def test_a_burst_sends_wakes_and_a_small_commit_a_message_per_task(world: World)
     few = [draft.create_task("elsewhere", {}) for _ in range(2)]
     handle.commit(draft)
 
-    assert broker.woke == ["default", "default"]  # 5 > 2: two wake-ups, no messages
-    assert broker.sent == few  # 2 <= 2: a message each, as without wake-ups
+    assert broker.woke == ["default", "default"]  # 5 > 2: two queue messages, no messages
+    assert broker.sent == few  # 2 <= 2: a message each, as without queue messages
     world.clock.advance(1)
     assert dispatcher.sweep().delivered == 0  # every row is delivered
     now = world.clock.now()
     until = now + timedelta(seconds=30)
-    assert world.storage.claim_woken("brain", "w", now, until) is None
-    claimed = world.storage.claim_woken("default", "w", now, until)
+    assert world.storage.claim_burst("brain", "w", now, until) is None
+    claimed = world.storage.claim_burst("default", "w", now, until)
     assert claimed is not None and claimed.id == burst[0] and claimed.lease_owner == "w"
 
 
@@ -115,21 +115,21 @@ def test_a_failed_wake_leaves_the_burst_to_the_sweep(world: World) -> None:
     assert broker.woke == [recovery_queue("default")] * 2  # the sweep sends late work there
 
 
-def test_claim_woken_takes_due_unblocked_woken_rows_of_its_queue_oldest_first(
+def test_claim_burst_takes_due_unblocked_burst_rows_of_its_queue_oldest_first(
     world: World,
 ) -> None:
     kernel, broker, _ = setup(world, with_other_queue(make_registry(Effects())))
     handle = kernel.create_session()
     first = create(handle, "step", 3)
     create(handle, "elsewhere", 3)
-    [single] = create(handle, "step", 1)  # a message of its own: not for a woken worker
+    [single] = create(handle, "step", 1)  # a message of its own: not for a queue message's worker
     later = create(handle, "step", 3)
     world.storage.block_dispatches(first[1])
     now = world.clock.now()
     until = now + timedelta(seconds=30)
 
     def claim(owner: str) -> str | None:
-        task = world.storage.claim_woken("default", owner, now, until)
+        task = world.storage.claim_burst("default", owner, now, until)
         return None if task is None else task.id
 
     taken = [claim(f"w{i}") for i in range(6)]
@@ -139,7 +139,7 @@ def test_claim_woken_takes_due_unblocked_woken_rows_of_its_queue_oldest_first(
     assert world.storage.claim(first[1], "x", now, until) is not None  # runnable all along
 
 
-def test_advance_queue_runs_the_woken_tasks_of_its_queue(world: World) -> None:
+def test_advance_queue_runs_the_burst_tasks_of_its_queue(world: World) -> None:
     kernel, _, _ = setup(world, with_other_queue(make_registry(Effects())))
     handle = kernel.create_session()
     ids = create(handle, "step", 7)
@@ -156,7 +156,7 @@ def test_advance_queue_runs_the_woken_tasks_of_its_queue(world: World) -> None:
     assert worker.advance_queue("brain", batch=3, budget=60) == (3, False)
 
 
-def test_quick_endings_of_a_woken_worker_land_in_one_commit_per_session(world: World) -> None:
+def test_quick_endings_of_a_queue_worker_land_in_one_commit_per_session(world: World) -> None:
     kernel, _, _ = setup(world, with_other_queue(make_registry(Effects())))
     one, two = kernel.create_session(), kernel.create_session()
     ids = create(one, "elsewhere", 3) + create(two, "elsewhere", 4)
@@ -210,7 +210,7 @@ def test_a_refused_commit_of_held_back_endings_commits_each_on_its_own(
     assert worker.held == {}
 
 
-def test_a_draining_woken_worker_claims_nothing_more(world: World) -> None:
+def test_a_draining_queue_worker_claims_nothing_more(world: World) -> None:
     registry = make_registry(Effects())
     kernel, _, _ = setup(world, registry)
     handle = kernel.create_session()
@@ -285,7 +285,7 @@ def test_endings_are_committed_before_a_task_of_a_kind_that_was_slow(world: Worl
     assert touched == [sorted([quick, slow[0]]), [slow[1]]]  # not held behind the slow one
 
 
-def test_a_burst_too_big_for_one_statement_is_written_and_woken(world: World) -> None:
+def test_a_burst_too_big_for_one_statement_is_written_and_marked(world: World) -> None:
     kernel, broker, dispatcher = setup(world, with_other_queue(make_registry(Effects())))
     handle = kernel.create_session()
     count = 65535 // 8 + 1  # more rows than one insert statement takes parameters for
@@ -359,7 +359,7 @@ def test_a_thread_of_a_worker_never_carries_another_threads_endings(world: World
 def test_held_back_endings_ride_an_intent_commit_but_not_a_plain_inline_next(
     world: World, intent: bool
 ) -> None:
-    """A woken worker holds back the ending of the first task; the second task's first
+    """A queue message's worker holds back the ending of the first task; the second task's first
     commit carries it only if it is an intent commit (an external call follows it). A
     phase that returned and only continues its task inline commits alone (one round trip
     on Postgres, from the lease's copy), and the ending waits for its batch."""

@@ -836,7 +836,7 @@ def test_an_ending_asks_about_the_newest_tasks_of_a_large_join_first(
             return _original(self, ids)
 
         monkeypatch.setattr(cls, "any_open", counted)
-    for dep in deps[1:-ANY_OPEN_FIRST]:  # oldest first, as woken workers claim
+    for dep in deps[1:-ANY_OPEN_FIRST]:  # oldest first, as queue messages' workers claim
         assert worker.advance(dep)
     assert asked and max(asked) <= ANY_OPEN_FIRST
     asked.clear()

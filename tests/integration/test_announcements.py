@@ -55,7 +55,7 @@ def world(
     kernel = Kernel(PostgresStorage(), registry, ManualClock())
     sent: list[str] = []
     Dispatcher(kernel, lambda task_id, queue: sent.append(task_id),
-               wake=lambda queue: sent.append(f"wake:{queue}"), messages=messages,
+               advance_queue=lambda queue: sent.append(f"wake:{queue}"), messages=messages,
                announce_grace=grace).attach()
     return kernel, Worker(kernel, "listening-worker"), sent
 

@@ -79,13 +79,15 @@ def test_the_ending_of_a_batch_member_reads_the_batch_row_whole_once_not_each_ti
 
 
 def burst(
-    size: int, *, marked_in_commit: bool, wake: Callable[[str], None] = lambda queue: None
+    size: int, *, marked_in_commit: bool,
+    advance_queue: Callable[[str], None] = lambda queue: None,
 ) -> Kernel:
-    """A kernel whose dispatcher wakes workers for bursts, and a burst of ``size``
-    notices committed: woken by the commit itself (``Dispatcher.attach``, as deployed)
-    or after it by the dispatcher's ``wake_dispatches``."""
+    """A kernel whose dispatcher sends queue messages for bursts, and a burst of ``size``
+    notices committed: marked by the commit itself (``Dispatcher.attach``, as deployed)
+    or after it by the dispatcher's ``mark_burst``."""
     kernel = Kernel(PostgresStorage(), registry(), ManualClock())
-    dispatcher = Dispatcher(kernel, lambda task_id, queue: None, wake=wake, messages=1)
+    dispatcher = Dispatcher(kernel, lambda task_id, queue: None,
+                            advance_queue=advance_queue, messages=1)
     if marked_in_commit:
         dispatcher.attach()
     else:
@@ -102,15 +104,16 @@ def burst(
 
 
 @pytest.mark.django_db(transaction=True)
-@pytest.mark.parametrize("marked_in_commit", [True, False], ids=["in-commit", "by-wake"])
-def test_the_woken_claim_reads_a_fresh_bursts_oldest_rows_in_order_not_all_sorted(
+@pytest.mark.parametrize("marked_in_commit", [True, False], ids=["in-commit", "by-dispatcher"])
+def test_the_burst_claim_reads_a_fresh_bursts_oldest_rows_in_order_not_all_sorted(
     marked_in_commit: bool,
 ) -> None:
     """On tables whose statistics say they are empty (a fresh database), the claim's
-    plan sorted every due woken row of a burst, and hashed every runnable task, on each
+    plan sorted every due burst row of a burst, and hashed every runnable task, on each
     claim. A burst analyses the dispatch table, whether its commit marked its rows woken
-    (as the deployed dispatcher does) or its wake did, so the claim reads the oldest
-    rows from its index in order, and it looks their tasks up one by one by id."""
+    (as the deployed dispatcher does) or the dispatcher did before its queue messages,
+    so the claim reads the oldest rows from its index in order, and it looks their tasks
+    up one by one by id."""
     with connection.cursor() as cur:
         cur.execute("ANALYZE kernel_dispatch")  # empty: what a fresh database's say
         cur.execute("ANALYZE kernel_task")
@@ -118,22 +121,22 @@ def test_the_woken_claim_reads_a_fresh_bursts_oldest_rows_in_order_not_all_sorte
     now = kernel.clock.now()
     with connection.cursor() as cur:
         cur.execute(
-            "EXPLAIN " + sql.CLAIM_WOKEN,
+            "EXPLAIN " + sql.CLAIM_BURST,
             {"queue": "hands", "owner": "w", "now": now, "until": now},
         )
         plan = "\n".join(row[0] for row in cur.fetchall())
     assert "Index Scan using dispatch_woken_due" in plan, plan
     assert "Bitmap Index Scan on dispatch_woken_due" not in plan, plan
     assert "task_runnable" not in plan and "Hash" not in plan, plan  # no scan of runnables
-    claimed = kernel.storage.claim_woken("hands", "w", now, now)
+    claimed = kernel.storage.claim_burst("hands", "w", now, now)
     assert claimed is not None and claimed.status is Status.RUNNING
 
 
 @pytest.mark.django_db(transaction=True)
-@pytest.mark.parametrize("marked_in_commit", [True, False], ids=["in-commit", "by-wake"])
+@pytest.mark.parametrize("marked_in_commit", [True, False], ids=["in-commit", "by-dispatcher"])
 def test_a_burst_leaves_the_dispatch_tables_statistics_fresh(marked_in_commit: bool) -> None:
     """The claim's plan follows the statistics: a burst analyses the dispatch table
-    before its wake-ups go out. A burst its commit marked woken (the deployed
+    before its queue messages go out. A burst its commit marked woken (the deployed
     dispatcher's way) was never analysed: the statistics of the 10,000-email benchmark's
     table were those of a table never analysed, and the claim sorted every remaining
     row (a bitmap scan) from the middle of the batch on."""
@@ -145,8 +148,9 @@ def test_a_burst_leaves_the_dispatch_tables_statistics_fresh(marked_in_commit: b
 
     with connection.cursor() as cur:
         cur.execute("ANALYZE kernel_dispatch")
-    seen_by_wake: list[float] = []
+    seen_by_message: list[float] = []
     burst(
-        600, marked_in_commit=marked_in_commit, wake=lambda q: seen_by_wake.append(analysed_rows())
+        600, marked_in_commit=marked_in_commit,
+        advance_queue=lambda q: seen_by_message.append(analysed_rows()),
     )
-    assert seen_by_wake == [600.0]
+    assert seen_by_message == [600.0]

@@ -57,9 +57,9 @@ def test_claims_and_takes_do_not_wait_for_the_disk() -> None:
         assert synchronous_commit() == "off"
     assert synchronous_commit() == server
 
-    storage.wake_dispatches([d.id for d in written.dispatches])
+    storage.mark_burst([d.id for d in written.dispatches])
     with transaction.atomic():
-        claimed = storage.claim_woken("default", "w", now, now + timedelta(seconds=30))
+        claimed = storage.claim_burst("default", "w", now, now + timedelta(seconds=30))
         assert claimed is not None and claimed.id == second
         assert synchronous_commit() == "off"
     assert synchronous_commit() == server

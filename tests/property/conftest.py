@@ -4,7 +4,7 @@ The world with every fast path on uses pytest-django's test database (alias
 ``default``). The world with them off (``PostgresStorage(fast_paths=False)``) uses a
 database of its own, alias :data:`GENERAL`: a copy of the migrated test database
 (``CREATE DATABASE ... TEMPLATE``), made once a run and dropped at its end. Two
-databases, not two sessions in one: claims of woken rows, sweeps, expired leases and the
+databases, not two sessions in one: claims of burst rows, sweeps, expired leases and the
 runnable list read every session's rows, so two worlds in one database would take each
 other's work.
 

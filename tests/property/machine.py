@@ -22,7 +22,7 @@ phases continue inline, end, spawn and join children (``all_settled``, ``fail_fa
 wait on other tasks, on signals or for a time, append entries, write documents, commit
 an intent, raise, and meddle while they run: cancel or signal a task (their own too: a
 cancel racing the task's own ending), let their own lease run out and another worker
-take it, lose their database connection, take long (a woken worker then commits the
+take it, lose their database connection, take long (a queue message's worker then commits the
 endings it holds first), or wake a paused holder of a lease.
 
 Families of steps can be left out, to look past a disagreement already known:
@@ -119,7 +119,7 @@ def step(depth: int) -> st.SearchStrategy[dict[str, Any]]:
 
 def script(depth: int = 0) -> st.SearchStrategy[list[dict[str, Any]]]:
     """A task's program; its end succeeds. A third are empty: tasks that end in their
-    first phase, the quick endings a woken worker holds back and commits together."""
+    first phase, the quick endings a queue message's worker holds back and commits together."""
     steps = st.lists(step(depth), min_size=1, max_size=4)
     return st.one_of(st.just([]), steps, steps)
 
@@ -332,7 +332,7 @@ class Differential(RuleBasedStateMachine):
           key=st.sampled_from((None,) * 5 + ("k1", "k2")), cancel_writes=st.booleans())
     def create(self, session: int, programs: list[Any], bad: str | None, key: str | None,
                cancel_writes: bool) -> None:
-        """A client's commit that only creates tasks (several: a burst of woken rows)."""
+        """A client's commit that only creates tasks (several: a burst of burst rows)."""
         session_id, conversation = self.session_at(session)
         resolved = [self.resolve(p, session_id) for p in programs]
 
@@ -456,13 +456,13 @@ class Differential(RuleBasedStateMachine):
 
     @rule(worker=st.sampled_from(WORKERS), batch=st.sampled_from((1, 2, 3, 10)))
     def run_queue(self, worker: str, batch: int) -> None:
-        """A woken worker: claims the queue's woken rows' tasks, holds their endings back."""
+        """A queue message's worker: claims the tasks of burst rows, holds their endings back."""
         self.each("run queue", lambda w: w.workers[worker].advance_queue(
             QUEUE, batch=batch, budget=1e9), worker=worker)
 
     @precondition(lambda self: enabled("lapse") and bool(self.tasks()))
     @rule(worker=st.sampled_from(WORKERS), task=INDEX,
-          how=st.sampled_from(("claim", "claim", "woken", "batch")))
+          how=st.sampled_from(("claim", "claim", "burst", "batch")))
     def claim(self, worker: str, task: int, how: str) -> None:
         """A worker claims and pauses before its phase (a stopped VM, SIGSTOP)."""
         now, until = self.now_and_until()
@@ -472,8 +472,8 @@ class Differential(RuleBasedStateMachine):
             storage = world.storage
             if how == "claim":
                 claimed = [storage.claim(target.id, worker, now, until)]
-            elif how == "woken":
-                claimed = [storage.claim_woken(QUEUE, worker, now, until)]
+            elif how == "burst":
+                claimed = [storage.claim_burst(QUEUE, worker, now, until)]
             else:  # every runnable one: the order of a batch is the storage's own
                 claimed = sorted(storage.claim_batch(worker, now, until, 1000, [KIND]),
                                  key=lambda t: t.id)

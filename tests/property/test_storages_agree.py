@@ -18,7 +18,7 @@ Runs:
   was taken. A failure names the seed that reproduces it:
   ``PROPERTY_SEED=<seed> make property``.
 
-The claim window of woken rows is scaled down to ``PROPERTY_CLAIM_WINDOW`` rows
+The claim window of burst rows is scaled down to ``PROPERTY_CLAIM_WINDOW`` rows
 (default 4; ``production`` keeps the storage's 64) so that a program of a few dozen
 steps can fill it (``worlds.claim_window``).
 """
@@ -113,9 +113,9 @@ def test_the_three_storages_agree_after_every_step(worlds: None) -> None:
 
 STORAGE_PATHS = ("known inline", "known ending", "creates")
 """The one-round-trip commits of ``PostgresStorage``: on with ``fast_paths``, off without."""
-WORKER_PATHS = ("endings committed together", "endings carried by an intent", "woken claims")
+WORKER_PATHS = ("endings committed together", "endings carried by an intent", "burst claims")
 """The woken worker's: held-back endings committed together or carried by another
-lease's commit, and tasks claimed from woken rows (every world takes them)."""
+lease's commit, and tasks claimed from burst rows (every world takes them)."""
 
 
 def test_a_generated_run_takes_each_fast_path(worlds: None) -> None:

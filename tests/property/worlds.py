@@ -64,7 +64,7 @@ QUEUE = "default"
 KIND = "scripted"
 DOCUMENT = "notes"
 MESSAGES = 1
-"""The dispatcher's burst size: more rows of a queue at once are delivered by wake-ups."""
+"""The dispatcher's burst size: more rows of a queue at once are delivered by queue messages."""
 
 STATS: Counter[str] = Counter()
 """What the runs did, across examples: printed at the end of a run, and what the
@@ -122,17 +122,17 @@ def deterministic_ids() -> Iterator[None]:
 
 @contextlib.contextmanager
 def claim_window(rows: int | None) -> Iterator[int]:
-    """The woken claim's window scaled down to ``rows`` (``statements.CLAIM_WINDOW`` is
+    """The burst claim's window scaled down to ``rows`` (``statements.CLAIM_WINDOW`` is
     64), so that a random program of a few dozen steps can fill it; the statement is
     otherwise the one the storage runs. ``None`` (or a statement without the window)
     leaves it as it is. Yields the window in effect."""
     window = getattr(sql, "CLAIM_WINDOW", None)
     limit = f"LIMIT {window}"
-    if rows is None or window is None or limit not in sql.CLAIM_WOKEN:
+    if rows is None or window is None or limit not in sql.CLAIM_BURST:
         yield window or 0
         return
     with pytest.MonkeyPatch.context() as patch:
-        for name in ("CLAIM_WOKEN", "FORGET_DEAD_WOKEN"):
+        for name in ("CLAIM_BURST", "FORGET_DEAD_BURST"):
             patch.setattr(sql, name, getattr(sql, name).replace(limit, f"LIMIT {rows}"))
         yield rows
 
@@ -159,7 +159,7 @@ def refused_value(kind: str) -> Any:
 
 
 class Broker:
-    """The dispatcher's broker: records each message and wake-up, in order."""
+    """The dispatcher's broker: records each message and queue message, in order."""
 
     def __init__(self) -> None:
         self.log: list[tuple[str, ...]] = []
@@ -246,7 +246,7 @@ class World:
         """Whether scripts' meddles with leases (expire, steal, resume) are played."""
         self.kernel = Kernel(storage, scripted_registry(self), clock)
         self.dispatcher = Dispatcher(
-            self.kernel, self.broker.deliver, wake=self.broker.wake, messages=MESSAGES
+            self.kernel, self.broker.deliver, advance_queue=self.broker.wake, messages=MESSAGES
         )
         self.dispatcher.attach()
         self.workers: dict[str, Worker] = {}
@@ -448,8 +448,8 @@ def _spy_worker(world: World, worker: Worker) -> None:
 
 def _spy_fast_paths(world: World, storage: PostgresStorage) -> None:
     """Count the commits each one-round-trip kind wrote (a write set returned), and the
-    woken claims that found a task."""
-    built, woken = storage._write_built, storage.claim_woken
+    burst claims that found a task."""
+    built, woken = storage._write_built, storage.claim_burst
 
     def write_built(db: Any, session_id: str, writing: Any) -> Any:
         written = built(db, session_id, writing)
@@ -463,12 +463,12 @@ def _spy_fast_paths(world: World, storage: PostgresStorage) -> None:
             STATS[f"{world.name}:{path}"] += 1
         return written
 
-    def claim_woken(*args: Any, **kwargs: Any) -> Task | None:
+    def claim_burst(*args: Any, **kwargs: Any) -> Task | None:
         claimed = woken(*args, **kwargs)
-        STATS[f"{world.name}:woken claims"] += claimed is not None
+        STATS[f"{world.name}:burst claims"] += claimed is not None
         return claimed
 
-    storage.claim_woken = claim_woken  # type: ignore[method-assign]
+    storage.claim_burst = claim_burst  # type: ignore[method-assign]
     storage._write_built = write_built  # type: ignore[method-assign]
 
 

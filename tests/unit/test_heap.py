@@ -47,7 +47,7 @@ def test_a_worker_freezes_its_heap_once_it_is_ready(monkeypatch: pytest.MonkeyPa
     runtime = SimpleNamespace(dispatcher=SimpleNamespace(resume=Report))
     woken: list[str] = []
     monkeypatch.setattr(execution, "runtime", lambda: runtime)
-    monkeypatch.setattr(execution, "send_wake", woken.append)
+    monkeypatch.setattr(execution, "send_advance_queue", woken.append)
     monkeypatch.setattr(execution, "close_old_connections", lambda: None)
     frozen_before = gc.get_freeze_count()  # an earlier test may have loaded the asgi app
     gc.unfreeze()
