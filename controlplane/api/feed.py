@@ -14,7 +14,7 @@
 ``wait`` (0-30 s) long-polls when nothing is after the cursor; such a request holds one of
 its account's ``USER_LONG_POLL_LIMIT`` long-poll slots while it runs, and is answered 429
 with ``Retry-After`` beyond them (:mod:`controlplane.sockets.slots`). The view is ``async``, reads
-the log every ``FEED_LONG_POLL_SECONDS`` (0.2 s) and wakes earlier on a channel-layer
+the log every ``FEED_LONG_POLL_SECONDS`` (0.2 s) and reads earlier on a channel-layer
 hint from :mod:`controlplane.sockets.notify` (see :func:`long_poll`). The reads themselves are
 :mod:`controlplane.reads.feed`, shared with the websocket consumers.
 """
@@ -85,7 +85,7 @@ async def long_poll(
             hinted = await stack.enter_async_context(following(group))
         while True:
             hinted.clear()
-            result = await read()  # following now: a commit from here on wakes us
+            result = await read()  # following now: a hint for a commit from here on is seen
             remaining = deadline - time.monotonic()
             if found(result) or remaining <= 0:
                 return result

@@ -23,7 +23,7 @@ commits when a commit runs inside an ``atomic`` block (invariant 2: nothing is
 observable before its commit is durable).
 
 :class:`HintHub` is the receiving end in the web process: one channel per process that
-joins the groups its sockets and long-polls follow, and wakes them.
+joins the groups its sockets and long-polls follow, and passes each hint on to them.
 """
 
 from __future__ import annotations
@@ -206,7 +206,7 @@ class Notifier:
 
 # -- receiving hints ----------------------------------------------------------------------
 
-Wake = Callable[[dict[str, Any]], None]
+Follower = Callable[[dict[str, Any]], None]
 RENEW_SECONDS = 60.0
 """How often the hub re-joins its groups (channels_redis forgets a member after
 ``group_expiry``, and all of them when Redis restarts) and leaves unfollowed ones."""
@@ -219,7 +219,7 @@ class HintHub:
     their own: channels_redis fans a group message out to every member channel of a
     process and every waiting receiver then runs its own receive round, a cost per
     socket per hint; the hub receives each hint once
-    and calls the followers' ``wake`` (which should only set an event).
+    and calls each follower (which should only set an event).
 
     Group membership is renewed every :data:`RENEW_SECONDS`, and after Redis comes back
     from a failure; a group nobody follows any more is left at the next renewal. A hint
@@ -228,15 +228,15 @@ class HintHub:
 
     def __init__(self, alias: str = "default") -> None:
         self.alias = alias
-        self.followers: dict[str, set[Wake]] = {}
+        self.followers: dict[str, set[Follower]] = {}
         self.joined: set[str] = set()
         self.layer: Any = None
         self.channel: str | None = None
         self._started: asyncio.Future[None] | None = None
         self._tasks: list[asyncio.Task[None]] = []
 
-    async def follow(self, group: str, wake: Wake) -> None:
-        self.followers.setdefault(group, set()).add(wake)
+    async def follow(self, group: str, follower: Follower) -> None:
+        self.followers.setdefault(group, set()).add(follower)
         if self._started is None:
             self._started = asyncio.get_running_loop().create_future()
             self.layer = get_channel_layer(self.alias)
@@ -249,10 +249,10 @@ class HintHub:
         if group not in self.joined and self.layer is not None:
             await self._join(group)
 
-    def unfollow(self, group: str, wake: Wake) -> None:
+    def unfollow(self, group: str, follower: Follower) -> None:
         followers = self.followers.get(group)
         if followers is not None:
-            followers.discard(wake)
+            followers.discard(follower)
 
     async def _join(self, group: str) -> None:
         try:
@@ -295,9 +295,9 @@ class HintHub:
                 await self.renew()  # a restarted Redis has forgotten the groups
                 continue
             delay = 0.5
-            for wake in list(self.followers.get(message.get("group", ""), ())):
+            for follower in list(self.followers.get(message.get("group", ""), ())):
                 try:
-                    wake(message)
+                    follower(message)
                 except Exception:
                     log.exception("feed hints: a follower failed")
 
@@ -331,14 +331,14 @@ def hint_hub() -> HintHub:
 @contextlib.asynccontextmanager
 async def following(group: str) -> AsyncIterator[asyncio.Event]:
     """An event that a hint for ``group`` sets, while the block runs."""
-    woken = asyncio.Event()
+    hinted = asyncio.Event()
 
-    def wake(message: dict[str, Any]) -> None:
-        woken.set()
+    def on_hint(message: dict[str, Any]) -> None:
+        hinted.set()
 
     hub = hint_hub()
     try:
-        await hub.follow(group, wake)
-        yield woken
+        await hub.follow(group, on_hint)
+        yield hinted
     finally:
-        hub.unfollow(group, wake)
+        hub.unfollow(group, on_hint)

@@ -258,7 +258,7 @@ def test_the_global_feed_streams_every_session_in_id_order(server: Daphne, token
         assert client.heartbeat(timeout=5) == {"type": "heartbeat", "id": made[-1].id}
 
 
-def test_a_rest_long_poll_is_woken_by_the_hint(
+def test_a_rest_long_poll_reads_again_on_the_hint(
     server: Daphne, token: str, redis_url: str
 ) -> None:
     handle = runtime().kernel.create_session()
