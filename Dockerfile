@@ -1,4 +1,4 @@
-# One image, every role: `docker run IMAGE web|worker|beat|migrate [ARGS]`
+# One image, every process: `docker run IMAGE web|worker|beat|migrate [ARGS]`
 # (deploy/entrypoint.sh -> controlplane/process/entrypoint.py; docs/deploy.md).
 # Pinned base (Python 3.11, as the lock was made with) and the product's dependencies
 # only, each file checked against its hash (requirements-image.txt; the test toolchain

@@ -9,7 +9,7 @@ SIGKILL) end it; :meth:`~Process.run` runs a one-off command to its end. A stopp
 or killed process can be spawned again, with the same command (a server keeps its
 port).
 
-The roles, by name:
+The processes, by name:
 
 - :func:`celery_worker`: a solo-pool worker of this project's Celery app
   (:class:`CeleryWorker`: what its log says each ``advance`` returned; its lease

@@ -1,6 +1,6 @@
 """The one entry point of the container image:
-``python -m controlplane.process.entrypoint ROLE [ARGS]``
-(``deploy/entrypoint.sh ROLE`` in the image). The role picks the program; its settings
+``python -m controlplane.process.entrypoint PROCESS [ARGS]``
+(``deploy/entrypoint.sh PROCESS`` in the image). The process name picks the program; its settings
 come from the environment (docs/deploy.md lists them); ``ARGS`` are appended to the
 program's own (a later option wins), e.g. ``worker --concurrency 8``.
 
@@ -18,7 +18,7 @@ program's own (a later option wins), e.g. ``worker --concurrency 8``.
   Two beats are harmless (the sweep is idempotent), one is enough.
 - ``migrate``: apply the database migrations and exit (0 when done).
 
-``LOG_LEVEL`` and ``LOG_FORMAT`` (text|json) apply to every role (controlplane.process.logs).
+``LOG_LEVEL`` and ``LOG_FORMAT`` (text|json) apply to every process (controlplane.process.logs).
 The process replaces this one (``exec``), so signals reach it directly.
 """
 
@@ -30,18 +30,20 @@ import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-ROLES = ("web", "worker", "beat", "migrate")
+PROCESSES = ("web", "worker", "beat", "migrate")
 ROOT = Path(__file__).resolve().parent.parent
 CELERY = ["-m", "celery", "-A", "controlplane.celery"]
 
 
-def command(role: str, args: Sequence[str] = (), env: Mapping[str, str] = os.environ) -> list[str]:
-    """The argv that runs ``role`` with this environment (the first item is the program)."""
+def command(
+    process: str, args: Sequence[str] = (), env: Mapping[str, str] = os.environ,
+) -> list[str]:
+    """The argv that runs ``process`` with this environment (the first item is the program)."""
     python = sys.executable
     level = env.get("LOG_LEVEL", "info").lower()
     # Celery's start-up banners are printed, not logged: off when every line must be JSON.
     celery = [*CELERY, "-q"] if env.get("LOG_FORMAT", "text").lower() == "json" else CELERY
-    if role == "web":
+    if process == "web":
         return [
             python, "-m", "daphne", "-b", env.get("WEB_BIND", "0.0.0.0"),
             "-p", env.get("PORT", "8000"),
@@ -52,7 +54,7 @@ def command(role: str, args: Sequence[str] = (), env: Mapping[str, str] = os.env
             "-v", "1" if env.get("WEB_ACCESS_LOG", "") in ("1", "true", "yes") else "0",
             *args, "controlplane.asgi:application",
         ]
-    if role == "worker":
+    if process == "worker":
         concurrency = int(env.get("WORKER_CONCURRENCY", "1"))
         pool = ["-P", "solo"] if concurrency <= 1 else ["-P", "threads", "-c", str(concurrency)]
         return [
@@ -61,18 +63,18 @@ def command(role: str, args: Sequence[str] = (), env: Mapping[str, str] = os.env
             "-n", f"{env.get('WORKER_NAME', 'worker')}@%h",
             "--without-mingle", "--without-gossip", "-l", level, *args,
         ]
-    if role == "beat":
+    if process == "beat":
         schedule = env.get("BEAT_SCHEDULE_FILE") or str(
             Path(tempfile.gettempdir()) / "celerybeat-schedule")
         return [python, *celery, "beat", "-s", schedule, "-l", level, *args]
-    if role == "migrate":
+    if process == "migrate":
         return [python, str(ROOT / "manage.py"), "migrate", "--noinput", *args]
-    raise ValueError(f"unknown role {role!r}; one of {', '.join(ROLES)}")
+    raise ValueError(f"unknown process {process!r}; one of {', '.join(PROCESSES)}")
 
 
 def main(argv: Sequence[str]) -> None:
-    if not argv or argv[0] not in ROLES:
-        sys.exit(f"usage: entrypoint ROLE [ARGS...]; ROLE is one of {', '.join(ROLES)}")
+    if not argv or argv[0] not in PROCESSES:
+        sys.exit(f"usage: entrypoint PROCESS [ARGS...]; PROCESS is one of {', '.join(PROCESSES)}")
     argv_out = command(argv[0], argv[1:])
     os.chdir(ROOT)
     os.execv(argv_out[0], argv_out)

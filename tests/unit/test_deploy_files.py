@@ -4,7 +4,7 @@ Where ``docker compose`` works (a Docker CLI with the compose plugin; no daemon 
 ``docker compose config`` validates deploy/compose.yaml against the Compose
 specification. Where it does not (this CI has the Docker CLI without the plugin), the
 same file is checked here for what the deployment relies on: every service, its image
-or build, its command (a role of the one entry point), its environment, its
+or build, its command (a process of the one entry point), its environment, its
 dependencies, the worker pools covering every queue the registry uses, pinned images,
 the proxy's websocket upgrade; and the Dockerfile for a pinned base, pinned
 dependencies, a non-root user and the entry point.
@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 import yaml
 
-from controlplane.process.entrypoint import ROLES, command
+from controlplane.process.entrypoint import PROCESSES, command
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = ROOT / "deploy" / "compose.yaml"
@@ -56,25 +56,25 @@ def test_the_registry_uses_only_the_queues_the_pools_consume() -> None:
     assert used <= QUEUES, used
 
 
-def test_compose_has_every_role_and_the_services_they_need() -> None:
+def test_compose_has_every_process_and_the_services_they_need() -> None:
     services = compose()["services"]
     assert set(services) == {"postgres", "redis", "migrate", "web", "proxy", "worker-brain",
                              "worker-hands", "beat"}
     app = {name: s for name, s in services.items() if "build" in s}
     assert set(app) == {"migrate", "web", "worker-brain", "worker-hands", "beat"}
     images = {s["image"] for s in app.values()}
-    assert len(images) == 1, "one image for every role"
+    assert len(images) == 1, "one image for every process"
     for name, service in app.items():
         assert service["build"] == {"context": "..", "dockerfile": "Dockerfile"}, name
-        (role, *args) = service["command"]
-        assert role in ROLES and args == [], (name, service["command"])
+        (process, *args) = service["command"]
+        assert process in PROCESSES and args == [], (name, service["command"])
         env = service["environment"]
         assert set(env) >= APP_ENV, (name, APP_ENV - set(env))
         assert env["DJANGO_DEBUG"] == "0", name
         assert "${DJANGO_SECRET_KEY:?" in env["DJANGO_SECRET_KEY"], "no default secret key"
         for dependency in service["depends_on"]:
             assert dependency in services, (name, dependency)
-    assert {s["command"][0] for s in app.values()} == set(ROLES)
+    assert {s["command"][0] for s in app.values()} == set(PROCESSES)
     for name, service in services.items():
         if "build" not in service:
             assert PINNED.match(service["image"]), (name, service["image"])
@@ -140,7 +140,7 @@ def test_the_brain_and_hands_pools_scale_apart_and_cover_every_queue() -> None:
         assert float(pool["stop_grace_period"].rstrip("s")) > drain, "drain before the kill"
 
 
-def test_the_dockerfile_is_pinned_runs_as_a_user_and_enters_by_role() -> None:
+def test_the_dockerfile_is_pinned_runs_as_a_user_and_enters_by_process() -> None:
     text = (ROOT / "Dockerfile").read_text()
     (base,) = re.findall(r"^FROM\s+(\S+)", text, re.MULTILINE)
     assert PINNED.match(base), base
@@ -159,7 +159,7 @@ def test_the_dockerfile_is_pinned_runs_as_a_user_and_enters_by_role() -> None:
     assert entrypoint.stat().st_mode & 0o111, "the entry point is executable"
 
 
-def test_the_roles_take_their_settings_from_the_environment() -> None:
+def test_the_processes_take_their_settings_from_the_environment() -> None:
     worker = command("worker", ["--prefetch-multiplier", "1"],
                      {"WORKER_QUEUES": "brain", "WORKER_CONCURRENCY": "4",
                       "WORKER_NAME": "brain", "LOG_LEVEL": "WARNING"})
@@ -177,7 +177,7 @@ def test_the_roles_take_their_settings_from_the_environment() -> None:
     beat = command("beat", env={"BEAT_SCHEDULE_FILE": "/tmp/s", "LOG_FORMAT": "json"})
     assert beat[beat.index("-s") + 1] == "/tmp/s" and "-q" in beat  # no banner among JSON
     assert command("migrate", env={})[-2:] == ["migrate", "--noinput"]
-    with pytest.raises(ValueError, match="unknown role"):
+    with pytest.raises(ValueError, match="unknown process"):
         command("shell", env={})
 
 
@@ -296,7 +296,7 @@ def test_the_images_lock_is_hashed_and_a_subset_of_the_full_lock() -> None:
 
 
 def test_every_distribution_the_product_imports_is_in_the_images_lock() -> None:
-    """What the roles import (kernel/, controlplane/ but its dev tools) is installed in
+    """What the processes import (kernel/, controlplane/ but its dev tools) is installed in
     the image: a top-level import outside the standard library and the project comes
     from a distribution the image's lock pins."""
     import ast

@@ -1,6 +1,6 @@
 """Logs say what happened and stay quiet otherwise (issue 14, point 6): the routine
 sweep lines are DEBUG, every line is one JSON object with LOG_FORMAT=json, a commit is
-one line naming its actor and the tasks it moved. (tests/e2e/test_roles.py checks the
+one line naming its actor and the tasks it moved. (tests/e2e/test_processes.py checks the
 same on real worker, beat and web processes.)"""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The image's roles, started as plain processes from its entry point script
+"""The image's processes, started as plain processes from its entry point script
 (``deploy/entrypoint.sh``) with the environment the image gives them (issue 14, points 1
 and 6): production settings (``DJANGO_DEBUG=0``, a secret key), JSON logs.
 
@@ -48,7 +48,7 @@ def server_url(database: str) -> str:
 @pytest.fixture
 def empty_database() -> Iterator[str]:
     """A database of its own on the test server, created empty and dropped afterwards."""
-    name = f"roles_{uuid.uuid4().hex[:12]}"
+    name = f"processes_{uuid.uuid4().hex[:12]}"
     with psycopg.connect(server_url("postgres"), autocommit=True) as conn:
         conn.execute(f"CREATE DATABASE {name}")
     try:
@@ -66,7 +66,7 @@ def get(url: str) -> tuple[int, dict[str, Any]]:
         return error.code, json.loads(error.read())
 
 
-def role(name: str, env: dict[str, str], logs: Path, **kwargs: Any) -> Process:
+def process(name: str, env: dict[str, str], logs: Path, **kwargs: Any) -> Process:
     return Process(name, [str(ENTRYPOINT), name], log=logs / f"{name}.log", env=env, **kwargs)
 
 
@@ -88,14 +88,14 @@ def batch_state(database_url: str) -> tuple[str, dict[str, Any] | None] | None:
     return (row[0], row[1]) if row else None
 
 
-def test_the_roles_run_from_the_entry_point_with_production_settings(
+def test_the_processes_run_from_the_entry_point_with_production_settings(
     tmp_path: Path, empty_database: str
 ) -> None:
     port = free_port()
     with reserved_redis_url(settings.REDIS_URL) as redis_url, start_provider() as provider:
         env = process_env(
             empty_database, redis_url, PYTHON=sys.executable, DJANGO_DEBUG="0",
-            DJANGO_SECRET_KEY="roles-test-" + uuid.uuid4().hex * 2,
+            DJANGO_SECRET_KEY="processes-test-" + uuid.uuid4().hex * 2,
             DJANGO_ALLOWED_HOSTS="127.0.0.1", EMAIL_PROVIDER_URL=provider.url,
             LOG_FORMAT="json", LOG_LEVEL="info", WEB_BIND="127.0.0.1", PORT=str(port),
             BEAT_SCHEDULE_FILE=str(tmp_path / "beat-schedule"),
@@ -109,9 +109,9 @@ def test_the_roles_run_from_the_entry_point_with_production_settings(
             except OSError:
                 return False
 
-        web = role("web", env, tmp_path, ready_check=alive)
-        worker = role("worker", env, tmp_path, ready_line=" ready.")
-        beat = role("beat", env, tmp_path)
+        web = process("web", env, tmp_path, ready_check=alive)
+        worker = process("worker", env, tmp_path, ready_line=" ready.")
+        beat = process("beat", env, tmp_path)
         processes = [web]
         try:
             web.start()
