@@ -66,7 +66,7 @@ def get(url: str) -> tuple[int, dict[str, Any]]:
         return error.code, json.loads(error.read())
 
 
-def process(name: str, env: dict[str, str], logs: Path, **kwargs: Any) -> Process:
+def entry_process(name: str, env: dict[str, str], logs: Path, **kwargs: Any) -> Process:
     return Process(name, [str(ENTRYPOINT), name], log=logs / f"{name}.log", env=env, **kwargs)
 
 
@@ -109,9 +109,9 @@ def test_the_processes_run_from_the_entry_point_with_production_settings(
             except OSError:
                 return False
 
-        web = process("web", env, tmp_path, ready_check=alive)
-        worker = process("worker", env, tmp_path, ready_line=" ready.")
-        beat = process("beat", env, tmp_path)
+        web = entry_process("web", env, tmp_path, ready_check=alive)
+        worker = entry_process("worker", env, tmp_path, ready_line=" ready.")
+        beat = entry_process("beat", env, tmp_path)
         processes = [web]
         try:
             web.start()
