@@ -125,7 +125,7 @@ class CommitKind(StrEnum):
 
     GENERAL = "general"
     """Reads what the draft announced under the session's lock, then writes."""
-    CONTINUES_INLINE = "continues inline"
+    NEXT_ALONE = "next alone"
     """One phase's ``Next`` that keeps the lease and nothing else: built from the lease
     holder's copy of its task."""
     ENDS_ALONE = "ends alone"
@@ -203,7 +203,7 @@ class Draft:
         once, for every storage."""
         transition = self._lone_transition()
         if isinstance(transition, Next) and transition.keep_lease:
-            return CommitKind.CONTINUES_INLINE
+            return CommitKind.NEXT_ALONE
         if isinstance(transition, Finish):
             return CommitKind.ENDS_ALONE
         if (

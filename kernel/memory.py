@@ -112,7 +112,7 @@ class InMemoryStorage:
 
     # The reference has one way to commit: every kind is the general commit.
 
-    def commit_continuing(
+    def commit_next_alone(
         self, session_id: str, build: Build, prefetch: Prefetch, known: Task
     ) -> WriteSet:
         return self.commit(session_id, build, prefetch)

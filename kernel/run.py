@@ -95,7 +95,7 @@ class Lease:
         # held back wait for their batch (Worker.advance_queue) rather than make it a
         # commit of two. An intent commit still carries them: an external call follows.
         intent = isinstance(transition, Next) and transition.intent
-        alone = draft.kind() is CommitKind.CONTINUES_INLINE and not intent
+        alone = draft.kind() is CommitKind.NEXT_ALONE and not intent
         carried = None if self.carrier is None or alone else self.carrier.carry(
             self.task.session_id)
         written = (

@@ -262,8 +262,8 @@ class SessionHandle:
         with traced("commit", {"kernel.session.id": self.id, "kernel.actor": draft.actor,
                                      "kernel.commit.kind": str(kind)}) as span:
             try:
-                if kind is CommitKind.CONTINUES_INLINE and known is not None:
-                    written = storage.commit_continuing(self.id, build, prefetch, known)
+                if kind is CommitKind.NEXT_ALONE and known is not None:
+                    written = storage.commit_next_alone(self.id, build, prefetch, known)
                 elif kind is CommitKind.ENDS_ALONE and known is not None:
                     written = storage.commit_ending(self.id, build, prefetch, known)
                 elif kind is CommitKind.CREATES_ONLY:

@@ -163,7 +163,7 @@ class Storage(Protocol):
     # commits the general way. ``known``: the caller's copy of the task whose lease it
     # holds, as its last commit or claim left it.
 
-    def commit_continuing(
+    def commit_next_alone(
         self, session_id: str, build: Build, prefetch: Prefetch, known: Task
     ) -> WriteSet:
         """A phase's ``Next`` that keeps the lease, and nothing else."""

@@ -5,7 +5,7 @@ everything the draft announced) and then writes. Three kinds of draft
 (:class:`kernel.commit.CommitKind`) read nothing the caller does not already know, so
 they are built from what it knows and written at once, each by its one writer here:
 
-- **continues inline** (:func:`continuing`): a lease holder's phase that returns ``Next``
+- **next alone** (:func:`next_alone`): a lease holder's phase that returns ``Next``
   keeping the lease. Built from the holder's copy of its task; written as one statement
   (``statements.INLINE_COMMIT``) that lands only if the task is still as copied.
 - **ends alone** (:func:`ending`): a lease holder's phase that ends its task. Built from
@@ -117,7 +117,7 @@ def _built(build: Build, tx: object) -> WriteSet | None:
 
 
 def fits_known(ws: WriteSet, known: Task, *, ending: bool) -> bool:
-    """Whether a write set built from ``known`` is one :func:`continuing` or
+    """Whether a write set built from ``known`` is one :func:`next_alone` or
     :func:`ending` writes: the commit row and that task, nothing else; the task still
     running, or ended."""
     status = Status.TERMINAL if ending else Status.RUNNING
@@ -148,7 +148,7 @@ def only_creates(ws: WriteSet) -> bool:
 # -- the kinds: a build and its writer, or None ---------------------------------------
 
 
-def continuing(db: Any, session_id: str, build: Build, known: Task) -> Write | None:
+def next_alone(db: Any, session_id: str, build: Build, known: Task) -> Write | None:
     """A phase's ``Next`` that keeps the lease, as one statement; ``None`` if it is not
     one after all."""
     ws = _built(build, KnownReads(session_id, known, ending=False))
