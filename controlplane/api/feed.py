@@ -156,11 +156,11 @@ async def session_changes(
         return await sync_to_async(log.session_page)(session_id, after, limit)
 
     page = await long_poll(
-        request, read, lambda page: bool(page.changes or page.snapshot),
+        request, read, lambda page: bool(page.changes or page.state),
         session_group(session_id), wait,
     )
     return {"session_id": session_id, "head_seq": page.head_seq, "changes": page.changes,
-            "snapshot": page.snapshot}
+            "snapshot": page.state}
 
 
 @router.get("/changes", response=GlobalChanges, openapi_extra=LONG_POLL_REFUSED)

@@ -21,7 +21,7 @@ from django.core.serializers.json import DjangoJSONEncoder
 from controlplane import models
 from controlplane.reads.replica import prefer_replica
 from controlplane.reads.snapshot import rows as _all
-from controlplane.reads.snapshot import snapshot as consistent
+from controlplane.reads.snapshot import snapshot
 from controlplane.storage.schema import (
     COMMIT,
     CONVERSATION,
@@ -76,12 +76,12 @@ def _after(columns: str) -> str:
 @dataclass(frozen=True)
 class SessionPage:
     """What the REST feed answers: the head, and the commits after the cursor; or, when
-    retention removed commits after the cursor, the :func:`snapshot` of the session and
-    the commits after the snapshot's seq."""
+    retention removed commits after the cursor, the :func:`session_state` of the session
+    and the commits after its seq (the API names it ``snapshot``)."""
 
     head_seq: int
     changes: list[dict[str, Any]]
-    snapshot: dict[str, Any] | None = None
+    state: dict[str, Any] | None = None
 
 
 def session_page(session_id: str, after: int, limit: int) -> SessionPage:
@@ -90,25 +90,25 @@ def session_page(session_id: str, after: int, limit: int) -> SessionPage:
     if not rows:
         raise UnknownRecord(f"no session {session_id}")
     if rows[0][1] > after:
-        state = snapshot(session_id)
+        state = session_state(session_id)
         rest = session_page(session_id, state["seq"], limit)  # no deeper: the marker <= head
-        return SessionPage(rest.head_seq, rest.changes, rest.snapshot or state)
+        return SessionPage(rest.head_seq, rest.changes, rest.state or state)
     return SessionPage(rows[0][0], [change(r[2:]) for r in rows if r[2] is not None])
 
 
 SNAPSHOT_TYPE = "snapshot"
 SNAPSHOT_FRAME = '{"type": "snapshot"'
-"""How a snapshot frame's text begins (``type`` is its first key), so that a socket can
+"""How a ``snapshot`` frame's text begins (``type`` is its first key), so that a socket can
 tell it from a commit frame without parsing it."""
 
 
-def snapshot(session_id: str) -> dict[str, Any]:
+def session_state(session_id: str) -> dict[str, Any]:
     """The session's current state at its head ``seq``, read in one snapshot: what a
     reader whose cursor is below the session's ``pruned_seq`` is sent instead of the
     commits retention removed (kernel.retention). Its records, as stored: the session,
     its conversations, tasks and submissions, and its documents' versions (a value is
     read with ``GET /api/sessions/{id}/documents/{kind}/{key}``)."""
-    with consistent():
+    with snapshot():
         session = models.Session.objects.filter(id=session_id).values(*SESSION.columns).first()
         if session is None:
             raise UnknownRecord(f"no session {session_id}")
@@ -152,11 +152,12 @@ def frame(row: Any) -> str:
 
 def session_frames(session_id: str, after: int, limit: int) -> list[tuple[int, str]]:
     """``(seq, frame)`` of the session's commits after ``after``, in seq order; or, when
-    retention removed commits after ``after``, the one :func:`snapshot` frame at its seq
+    retention removed commits after ``after``, the one ``snapshot`` frame (the
+    :func:`session_state`) at its seq
     (the reader goes on after it)."""
     rows = _all(_after(FRAME_COLUMNS), [after, limit, session_id])
     if rows and rows[0][1] > after:
-        state = snapshot(session_id)
+        state = session_state(session_id)
         return [(state["seq"], json.dumps(state, cls=DjangoJSONEncoder))]
     return [(row[4], frame(row[2:])) for row in rows if row[2] is not None]
 
