@@ -8,8 +8,9 @@
     ``pruned_seq``), the answer carries a ``snapshot`` of the session's current state at
     ``snapshot.seq`` and the commits after that instead.
 ``GET /api/changes?after_id=N&limit=L&wait=S``
-    Every session's commits with ``id > N``, in id order: see :func:`settled_global` for
-    why the global id needs more care than a session's seq.
+    Every session's commits with ``id > N``, in id order: see
+    :func:`~controlplane.reads.feed.settled_global` for why the global id needs more care
+    than a session's seq.
 
 ``wait`` (0-30 s) long-polls when nothing is after the cursor; such a request holds one of
 its account's ``USER_LONG_POLL_LIMIT`` long-poll slots while it runs, and is answered 429

@@ -1,4 +1,11 @@
-"""Every SQL statement the Postgres storage runs, named, in one place.
+"""The SQL of the Postgres storage's commits, claims, reads and outbox, named.
+
+Not every statement of the storage is here: the rest stays beside the code that runs it,
+retention's (:mod:`.retention`), the commit log's partitions (:mod:`.partitions`), the
+due channel's NOTIFY and LISTEN (:mod:`.due`), the clock's ``clock_timestamp()``
+(:mod:`.clock`), the pipelined BEGIN and COMMIT (:mod:`.connection`), the burst
+analysis's lock timeout (:mod:`.postgres`), the artifacts' (:mod:`.artifacts`) and the
+tasks page's search index (:mod:`.search`).
 
 Column lists, inserts and updates are built from :mod:`.schema` (so a new record
 field reaches every statement without an edit here); what is written out by hand is
