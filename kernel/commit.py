@@ -3,7 +3,7 @@
 A :class:`Draft` collects what one commit should write. :class:`Builder` turns it
 into a frozen :class:`~kernel.records.WriteSet` inside the storage transaction:
 it checks fencing tokens, legal transitions, document versions and joins, and
-derives the knock-on effects that must land in the *same* commit - a terminal
+derives the knock-on effects that must be written in the *same* commit - a terminal
 task makes its satisfied waiters runnable and finishes its completing owner, a fail-fast
 join cancels the remaining siblings, a cancel cascades to owned subtasks.
 """
@@ -79,7 +79,7 @@ def refuse_operations_log(session_id: str, conversation_id: str | None, use: str
 
 
 class DuplicateCommit(CommitRejected):
-    """A commit with this draft's key already landed; ``existing`` is it."""
+    """A commit with this draft's key was already committed; ``existing`` is it."""
 
     def __init__(self, existing: Commit) -> None:
         super().__init__(f"commit key {existing.key!r} already used by #{existing.seq}")
@@ -313,7 +313,7 @@ class Draft:
         self, task_id: str, name: str, payload: JSON, *, step_epoch: int | None = None
     ) -> None:
         """Send ``task_id`` the signal ``name``. With ``step_epoch`` it answers one step:
-        it lands only if, when this commit is built (under the session's lock), the task
+        it is written only if, when this commit is built (under the session's lock), the task
         waits on ``name`` still at that epoch and nobody answered it yet; otherwise the
         commit is refused (:class:`StaleStep`) and writes nothing."""
         storable_text(name, "signal name")

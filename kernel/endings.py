@@ -48,7 +48,7 @@ class Holder(Protocol):
         ...
 
     def forget(self, lease: Lease) -> None:
-        """Stop holding (and renewing) ``lease``: its ending landed."""
+        """Stop holding (and renewing) ``lease``: its ending is committed."""
         ...
 
     def handle(self, session_id: str) -> SessionHandle:
@@ -82,7 +82,7 @@ class HeldEndings:
 
     def flush(self) -> None:
         """Commit every held ending: one commit per session, each on its own if that
-        one cannot land."""
+        one cannot be committed."""
         ended, self._ended = self._ended, []
         sessions: dict[str, list[tuple[Lease, Finish]]] = {}
         for lease, finish in ended:
@@ -108,12 +108,12 @@ class HeldEndings:
         except CommitRejected:
             self._each_alone(mine)  # they cannot be one commit
             return None
-        return Carried(draft, lambda landed: self._settle(mine, landed))
+        return Carried(draft, lambda committed: self._settle(mine, committed))
 
-    def _settle(self, carried: list[tuple[Lease, Finish]], landed: bool) -> None:
-        """The commit that carried these has landed, or not (then each is committed on
-        its own; one that did land after all is refused there by its epoch)."""
-        if landed:
+    def _settle(self, carried: list[tuple[Lease, Finish]], committed: bool) -> None:
+        """The commit that carried these was committed, or not (then each is committed on
+        its own; one that was committed after all is refused there by its epoch)."""
+        if committed:
             for lease, _ in carried:
                 self.holder.forget(lease)
         else:
@@ -122,7 +122,7 @@ class HeldEndings:
     def _joint(self, group: list[tuple[Lease, Finish]]) -> Draft:
         draft = Draft(actor=f"worker:{self.holder.id}")
         for lease, finish in group:
-            draft.absorb(lease.seal(copy.deepcopy(lease.draft), finish))
+            draft.absorb(lease.add_transition(copy.deepcopy(lease.draft), finish))
         return draft
 
     def _together(self, group: list[tuple[Lease, Finish]]) -> bool:

@@ -61,7 +61,7 @@ class UnknownRecord(CommitRejected):
 
 
 class CommitUncertain(KernelError):
-    """Storage failed in a way that leaves unknown whether the commit landed.
+    """Storage failed in a way that leaves unknown whether the commit was made.
 
     Storage raises this; the session handle turns it into :class:`SessionPoisoned`.
     """
@@ -69,8 +69,8 @@ class CommitUncertain(KernelError):
 
 class StorageUnavailable(KernelError):
     """Storage could not be reached (a lost connection, a restarting server) before
-    anything was written: nothing landed. A phase that meets it stops and is restarted,
-    as after a crash; it is never the task's failure."""
+    anything was written. A phase that meets it stops and is restarted, as after a crash;
+    it is never the task's failure."""
 
 
 class SessionPoisoned(KernelError):

@@ -110,7 +110,7 @@ class TaskDefinition:
     on_cancel: Handler | None = None
     on_end: Callable[[Any, Any], None] | None = None
     """``on_end(run, finish)``: called when the kernel ends the task itself (cancelled,
-    past the restart limit, a phase that raised or faulted); its writes land in the
+    past the restart limit, a phase that raised or faulted); its writes go in the
     commit that ends the task. A task that ends by its own transition does not need it."""
     max_restarts: int = 3
     queue: str = "default"

@@ -3,7 +3,7 @@ transitions it may end with (DESIGN §12).
 
 A handler reads its input, checkpoint, documents and the outcomes of tasks it
 waited on; it may do external work; it returns the next durable state. Writes it
-makes along the way (entries, document ops, new subtasks) land in the same commit
+makes along the way (entries, document ops, new subtasks) are written in the same commit
 as that state - or earlier, at an explicit ``run.commit(...)`` (an intent commit,
 made before an external call so that recovery knows the call may have happened).
 
@@ -35,7 +35,7 @@ JSON = Any
 @dataclass
 class Carried:
     """Other tasks' endings that a lease's next commit carries (one commit instead of
-    several in a row), and what to do once that commit landed or did not."""
+    several in a row), and what to do once that commit was made or was not."""
 
     draft: Draft
     settle: Callable[[bool], None]
@@ -88,7 +88,7 @@ class Lease:
     def commit(self, transition: Transition) -> WriteSet:
         """Commit the pending writes and ``transition``, fenced by this lease's epoch."""
         draft, self.draft = self.draft, Draft(actor=f"task:{self.task.id}")
-        self.seal(draft, transition)
+        self.add_transition(draft, transition)
         self.previews.clear()
         # A phase that returned and only continues its task inline is committed alone, in
         # one round trip from the lease's copy of the task (CommitKind): the endings
@@ -128,7 +128,7 @@ class Lease:
         carried.settle(True)
         return written
 
-    def seal(self, draft: Draft, transition: Transition) -> Draft:
+    def add_transition(self, draft: Draft, transition: Transition) -> Draft:
         """Add to ``draft`` what committing ``transition`` through this lease writes
         besides the phase's own writes: the previews, and the transition fenced by this
         lease's epoch (with a migration done at claim time). The lease is left as it is."""
@@ -221,7 +221,7 @@ class Run:
 
         A cancel revokes the lease and its handler waits until the revoked lease's end
         (:attr:`revoked_until`), so a call bounded by this deadline - on both sides: the
-        client gives up, and the server refuses what it would accept later - cannot land
+        client gives up, and the server refuses what it would accept later - cannot reach it
         after the handler has looked. Commit the intent first: it extends the lease.
         """
         now = self.now

@@ -192,7 +192,7 @@ class Storage(Protocol):
     ) -> PruneReport:
         """Remove the history of every finished session that ``policy`` says is due at
         ``now`` (:mod:`kernel.retention`), and set its ``pruned_seq`` to its head; a
-        session's marker and removals land in one transaction, so a reader sees all of
+        session's marker and removals are written in one transaction, so a reader sees all of
         its history or the marker and none of it (a session that committed since it was
         found due is left alone).
         ``dry_run`` counts what would go and changes nothing."""
@@ -207,7 +207,7 @@ class Storage(Protocol):
         documents of the kinds in ``forget`` (kind -> its registered version) whose
         current version, at that kind version, is a baseline holding ``{}`` written at
         or before it. ``pruned_seq`` becomes ``upto_seq`` if that is higher. It holds
-        the session's commit order meanwhile, so no commit lands halfway through it.
+        the session's commit order meanwhile, so no commit is made halfway through it.
         Raises :class:`~kernel.errors.UnknownRecord` for an unknown session."""
         ...
 

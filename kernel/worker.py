@@ -388,7 +388,7 @@ class Worker:
             log.warning("session handle poisoned, abandoning %s: %s", task.id, exc)
             self._handles.pop(task.session_id, None)
         except StorageUnavailable as exc:
-            # Nothing landed: the phase is interrupted, as if its worker had died. Its lease
+            # Nothing was written: the phase is interrupted, as if its worker had died. Its lease
             # runs out and the next claim counts a restart (DESIGN §6); never `failed`.
             log.warning("storage unavailable, abandoning %s for a restart: %s", task.id, exc)
             self._handles.pop(task.session_id, None)

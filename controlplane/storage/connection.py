@@ -341,7 +341,7 @@ def write(db: Any, ws: WriteSet, before_commit: Callable[[], None]) -> WriteSet:
 
     A failing statement makes the server skip the rest up to the sync, COMMIT included,
     and the caller rolls the transaction back. ``before_commit`` runs once the writes
-    are queued, just before COMMIT is: raising there means nothing can have landed."""
+    are queued, just before COMMIT is: raising there means nothing can have been written."""
     head, rows = pipelined(db, ws, before_commit, queue_writes)
     ids = [r[0] for chunk in rows for r in chunk.fetchall()]
     commit = replace(ws.commit, id=head.fetchone()[0])

@@ -7,11 +7,11 @@ they are built from what it knows and written at once, each by its one writer he
 
 - **next alone** (:func:`next_alone`): a lease holder's phase that returns ``Next``
   keeping the lease. Built from the holder's copy of its task; written as one statement
-  (``statements.INLINE_COMMIT``) that lands only if the task is still as copied.
+  (``statements.INLINE_COMMIT``) that commits only if the task is still as copied.
 - **ends alone** (:func:`ending`): a lease holder's phase that ends its task. Built from
   the copy, on the assumption that the task has no owned child and no waiter (what
   ``kernel.commit.Builder`` would otherwise read); written as BEGIN, the head and the
-  ending in one pipeline (``statements.INLINE_END``) that lands only if the task is still
+  ending in one pipeline (``statements.INLINE_END``) that commits only if the task is still
   as copied and that assumption holds once the session's lock is held.
 - **creates only** (:func:`creating`): tasks with no parent, nothing else. Built on a
   guessed head; written with its BEGIN in one pipeline in which the database advances
@@ -19,7 +19,7 @@ they are built from what it knows and written at once, each by its one writer he
 
 Each returns ``None`` when it cannot be taken: the build wanted a read the copies do not
 answer (:class:`UnexpectedRead`), the write set is not of the kind after all, the task changed
-since the copy (:class:`TaskChanged`), or the database refused the write. Nothing has landed
+since the copy (:class:`TaskChanged`), or the database refused the write. Nothing has been written
 then, and the caller commits the general way, whose build decides from what it reads.
 ``tests/property`` holds every kind equal to the general path and to the in-memory
 reference.
@@ -57,7 +57,8 @@ class UnexpectedRead(Exception):
 
 class TaskChanged(Exception):
     """A known task changed since the caller's copy (or, for an ending, is not alone
-    after all): the database refused the commit (``statements.TASK_CHANGED``), nothing landed."""
+    after all): the database refused the commit (``statements.TASK_CHANGED``), nothing
+    was written."""
 
 
 # -- the builds -----------------------------------------------------------------------

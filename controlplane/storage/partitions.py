@@ -5,7 +5,7 @@ its first day (``kernel_commit_20261201``), plus ``kernel_commit_default`` for a
 commit no period partition covers (the partitions ahead were not made in time, or a
 clock far off), so that a commit never fails for want of a partition.
 :func:`ensure` makes the current period's partition and ``ahead`` more, and moves rows
-that landed in the default partition into a partition of their own; beat runs it daily
+that were written to the default partition into a partition of their own; beat runs it daily
 with the prune (controlplane.commands.prune), the migration once.
 
 Only the commit log is partitioned. Entries and document versions live as long as their

@@ -268,7 +268,7 @@ class PostgresStorage:
         self, db: Any, session_id: str, writing: fast_commits.Write
     ) -> WriteSet | None:
         """Write a commit built before anything was read, with the usual fault points;
-        ``None`` if the database refused it (nothing landed)."""
+        ``None`` if the database refused it (nothing was written)."""
         if db.in_atomic_block:
             raise RuntimeError("a kernel commit must own its transaction; call it outside atomic()")
         observer = self.observer
@@ -285,7 +285,7 @@ class PostgresStorage:
             if isinstance(exc, fast_commits.TaskChanged):
                 return None
             if isinstance(exc, psycopg.Error) and not isinstance(exc, UNAVAILABLE):
-                return None  # refused, nothing landed: the general path says why
+                return None  # refused, nothing was written: the general path says why
             if isinstance(exc, UNAVAILABLE):
                 raise StorageUnavailable(f"database unavailable: {exc}") from exc
             raise

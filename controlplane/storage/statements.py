@@ -139,7 +139,7 @@ ANY_OPEN = (
 TASK_INSERT = insert(TASK)
 # A lease kept by a commit is extended from when the commit was built; the time the
 # transaction then spent waiting for locks is added here, measured by the database,
-# so that a commit stuck behind a lock never lands with a lease that ran out
+# so that a commit stuck behind a lock never commits with a lease that ran out
 # meanwhile (a live worker would lose its task to the sweep).
 TASK_UPDATE = update(
     TASK, {"lease_until": "{}::timestamptz + (clock_timestamp() - transaction_timestamp())"}
@@ -159,7 +159,7 @@ AT_HEAD = "current_setting('kernel.seq')::bigint"
 # committed: one round trip): the head update takes the session's commit order and gives
 # the seq; the commit row is written with it; the task is written only if no commit,
 # claim or release changed it since that copy, and ``kernel_unmoved`` otherwise aborts the
-# statement (nothing lands; the commit is built again from what the database holds). A
+# statement (nothing is written; the commit is built again from what the database holds). A
 # renewal may have moved the lease meanwhile: the later end is kept, as the builder's
 # rule for a kept lease says. The head is read first, so the session row is locked
 # before the task row, as in every commit. Parameters: the session id, the commit row's
@@ -191,7 +191,7 @@ INLINE_COMMIT = (
 # with that seq and keeps it for the transaction (``set_config``); every other seq it
 # writes is read back from there, a function call per row (not a subquery on the session
 # row per row, whose cost grows with a burst's size). A session that does
-# not exist leaves the seq null and the insert fails: nothing lands, and the usual path
+# not exist leaves the seq null and the insert fails: nothing is written, and the usual path
 # says why.
 COMMIT_INSERT_AT_HEAD = (
     HEAD + " " + insert(COMMIT, " RETURNING id, seq", {"seq": f"(SELECT {KEEP_SEQ} FROM head)"})
@@ -211,7 +211,7 @@ def dispatch_insert_at_head(count: int) -> str:
 # checked in the second statement, whose snapshot is taken once the head's lock is held:
 # every commit that could have added a child or a waiter in this session is then
 # visible. The task is written only if it is still as copied and alone, and ``kernel_unmoved``
-# otherwise aborts (nothing lands; the commit is built again from what the database
+# otherwise aborts (nothing is written; the commit is built again from what the database
 # holds). ``HEAD_ADVANCE`` takes the session id; ``INLINE_END`` the commit row's values
 # but its seq, the task's updated values but its updated_seq, its id, then the copy's
 # epoch, lease owner and updated_seq.
@@ -243,7 +243,7 @@ FORGET_ROWS = f"DELETE FROM {DISPATCH.name} WHERE task_id = {IDS}"
 
 # A commit built from a holder's copy checks that the copy is still what the database
 # holds (``kernel_unmoved``, created by migration 0012): otherwise it aborts with this
-# SQLSTATE, nothing lands, and the commit is built again from what the database holds.
+# SQLSTATE, nothing is written, and the commit is built again from what the database holds.
 TASK_CHANGED = "KR001"
 
 # -- leases ----------------------------------------------------------------------------
@@ -284,7 +284,7 @@ FORGET_DEAD = (
 UNFLUSHED = "unflushed AS (SELECT set_config('synchronous_commit', 'off', true))"
 # SKIP LOCKED: a row locked by its holder's commit in progress is not claimable now,
 # whatever its lease says - queueing behind it would take the task from a live
-# worker the moment its commit lands.
+# worker the moment its commit is made.
 CLAIM = (
     f"WITH {UNFLUSHED}, picked AS (SELECT t.id FROM unflushed, {TASK.name} t "
     f"WHERE t.id = %(id)s AND {RUNNABLE} FOR UPDATE OF t SKIP LOCKED), {FORGET_DEAD}, "

@@ -145,7 +145,7 @@ def migrate(request: HttpRequest, task_id: str) -> HttpResponse:
 
 def _done(request: HttpRequest, result: commands.ActionResult, action: str = "",
           repeated: str = "May repeat") -> HttpResponse:
-    """The note an action that landed answers with: what it did (or that an earlier
+    """The note an action that was committed answers with: what it did (or that an earlier
     request under the same action id already did it), its commit, and what may run
     again because of it."""
     done = "already done" if result.replayed else "done"

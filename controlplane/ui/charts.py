@@ -44,7 +44,7 @@ class Chart:
     """Buckets with a value other than zero, over every series."""
     summary: str
     total: float
-    """The first series' values summed (grows as events land in the current bucket)."""
+    """The first series' values summed (grows as events are committed in the current bucket)."""
     width: int = WIDTH
     height: int = HEIGHT
     left: int = LEFT

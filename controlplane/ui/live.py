@@ -124,7 +124,7 @@ def activity_charts(found: charts.Activity) -> dict[str, Any]:
 def activity(request: HttpRequest) -> HttpResponse:
     """The overview's pictures alone, fetched again every bucket: commits push them too,
     but a quiet hour still slides, and the last of a burst of commits may have found
-    them read (at most every :data:`charts.FRESH_SECONDS`) just before it landed."""
+    them read (at most every :data:`charts.FRESH_SECONDS`) just before it was committed."""
     with snapshot():
         found = charts.recent_activity()
     return render(request, "ui/_activity.html", activity_charts(found))

@@ -1,5 +1,5 @@
-"""The announcement reader: an idle worker starts a task the moment the commit that made it due
-lands, not when the broker's message for it arrives.
+"""The announcement reader: an idle worker starts a task the moment the commit that made
+it due is made, not when the broker's message for it arrives.
 
 Each worker process LISTENs on the due channel (:mod:`controlplane.storage.due`) on a
 connection of its own, from a thread of its own. For each task announced there on a queue

@@ -57,7 +57,7 @@ def on_a_live_connection(run: Callable[[], T]) -> T:
 
     A connection that died since (a restarted Postgres) fails the first statement,
     :meth:`Worker.advance`'s claim, with StorageUnavailable: nothing was claimed then,
-    so ``run`` runs once more, on a new connection. A claim that landed before its
+    so ``run`` runs once more, on a new connection. A claim that was made before its
     answer was lost is one this worker holds: the second run finds the task held and
     leaves it to the lease's expiry, as before. A phase that meets a dead connection
     ends in ``Worker._run``, which never raises it.

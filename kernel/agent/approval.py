@@ -7,8 +7,8 @@ their digest, why it is gated and until when it waits) and the task sleeps in ph
 ``approval`` until that time, holding no worker. A decision is one commit that sends
 the task the signal :data:`SIGNAL` and wakes it (:func:`decide`): refused under the
 session's lock if the task no longer sleeps there, so of two decisions exactly one
-lands. The task then runs the call with exactly the approved arguments (committing its
-intent first, as every call does), or gives the model a denial with the reason. When
+is committed. The task then runs the call with exactly the approved arguments
+(committing its intent first, as every call does), or gives the model a denial with the reason. When
 the time runs out first, it denies the call itself.
 
 An agent that runs its tools itself (a framework's agent on a host) asks through a task

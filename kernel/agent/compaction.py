@@ -11,7 +11,7 @@ entry naming the first and last entry it covers. The newest entries, worth about
 
 The summary request is tried like a turn's request: an interrupted one is recorded and
 sent again, transient errors back off, a background response is polled by its handle,
-and its tokens are counted with the conversation's. The summary lands in one commit
+and its tokens are counted with the conversation's. The summary is written in one commit
 with the task's end, so a crash before that commit leaves no summary and a crash after
 it leaves exactly one.
 

@@ -3,7 +3,7 @@
 Entries are the record; the context is derived, every time, so a restarted
 worker sends the model exactly what the transcript says - no in-memory history.
 Rules (DESIGN §8, Pi Durable spec): a tool result follows its call, whatever
-order the entries landed in; a call without a result gets a synthetic error
+order the entries were committed in; a call without a result gets a synthetic error
 result (the model must not wait forever for it); a cancelled or interrupted call
 says so beside the partial output it had committed; partial or aborted responses
 are not entries at all, so they never reach the model or drive a tool. A summary

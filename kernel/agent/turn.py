@@ -581,7 +581,7 @@ def finish_turn(run: Run) -> Transition:
         if unseen:
             # Steered in while the last request was in flight: that answer did not see it,
             # so it answers nothing of it. Ask again, with it (the release below would
-            # otherwise conflict with the steer's document version and land here anyway).
+            # otherwise conflict with the steer's document version and be written here anyway).
             return run.next(
                 "request", {"answer_entry": None, "asked_with": None, "attempt": 0}
             )

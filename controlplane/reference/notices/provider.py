@@ -31,7 +31,8 @@ from urllib.parse import quote, urlsplit
 IDEMPOTENCY_HEADER = "Idempotency-Key"
 DEADLINE_HEADER = "Request-Deadline"
 """Unix time (seconds) after which the provider must not accept the message
-(docs/email-provider.md): what lets a sender know that no call of its can land later."""
+(docs/email-provider.md): what lets a sender know that no call of its can reach the
+provider later."""
 # Answers meaning "not accepted, try again later" (docs/email-provider.md).
 RETRY_LATER_STATUSES = frozenset({429, 503})
 
@@ -204,7 +205,7 @@ class HttpEmailProvider:
         """Send once under ``idempotency_key``; a repeat with the same key sends nothing new.
 
         ``deadline`` (Unix time): the call ends by then, and the provider refuses to
-        accept the message after it, so nothing sent now can land later.
+        accept the message after it, so nothing sent now can reach it later.
 
         Returns the receipt (the original one if the key was used before). Raises
         ProviderRejected, ProviderUnavailable or DeliveryUncertain (see the module

@@ -5,7 +5,7 @@ email plan document before anything is sent), fans out one ``send-notice`` per
 recipient, waits for all of them to settle, and summarises the receipts.
 
 ``send-notice`` records its intent ("this may be sent from now on") before it
-calls the channel; a crash after that point lands in ``confirm``, which asks
+calls the channel; a crash after that point resumes in ``confirm``, which asks
 the provider by operation id instead of sending blindly. Where the channel
 cannot be asked (SMTP), the notice waits for an operator's resolution: one of
 the :data:`DECISIONS` it declares. A notice an operator gave up on, retried later, finds
@@ -135,9 +135,9 @@ def register(registry: Registry, channels: Mapping[str, Channel]) -> None:
 
         def on_cancel(self, run: Run) -> None:
             """A cancelled notice may have been sent already (its call was in flight when
-            the cancel landed): ask before recording it as not sent. Every send carries
+            the cancel was committed): ask before recording it as not sent. Every send carries
             a deadline no later than its lease's end, which the provider honours, so
-            once the revoked lease has run out no call can still land: "not found" is
+            once the revoked lease has run out no call can still reach the provider: "not found" is
             only believed from then on."""
             entry = run.document(PLAN, run.input["plan"])["recipients"][run.input["to"]]
             if entry.get("state") == "sent":

@@ -155,7 +155,7 @@ class SessionStoreSaver(BaseCheckpointSaver[int]):
         return handle
 
     def _commit(self, thread_id: str, draft: Draft, progress: JSON = None) -> int:
-        """Commit ``draft`` to the thread's session; the seq it landed at (or a later one)."""
+        """Commit ``draft`` to the thread's session; its seq (or a later one)."""
         bound = _BOUND.get()
         if bound is not None and bound.thread_id == thread_id:
             with bound.lock:

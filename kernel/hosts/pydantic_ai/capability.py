@@ -237,7 +237,7 @@ class Units:
                 call_id, name, payload, replay, seconds, commit=False, **extra))
         else:
             # Not awaited: the next model request is made while the result is committed
-            # (a crash before it lands leaves the call uncertain, as it would during an
+            # (a crash before it is committed leaves the call uncertain, as it would during an
             # awaited commit), and the phase's thread commits it before anything after.
             self.post(lambda: self.journal.record_result(
                 call_id, name, payload, replay, seconds, **extra))
