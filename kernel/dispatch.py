@@ -32,14 +32,14 @@ AdvanceQueue = Callable[[str], None]
 """``advance_queue(queue)``: enqueue a queue message, "run what is runnable on queue", on
 ``queue``; raise if it failed."""
 
-RECOVERY = ".now"
+RECOVERY_SUFFIX = ".now"
 """What the sweep appends to a task's queue: everything it sends is late (a lost message,
 a due sleeper, an expired lease), so it goes to a queue of its own that workers consume
 beside the task's queue, instead of behind the backlog waiting there."""
 
 
 def recovery_queue(queue: str) -> str:
-    return queue + RECOVERY
+    return queue + RECOVERY_SUFFIX
 
 log = logging.getLogger(__name__)
 

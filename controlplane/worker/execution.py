@@ -35,7 +35,7 @@ from controlplane.process import heap
 from controlplane.worker import announcements, heartbeats
 from controlplane.worker.runtime import built, deliver, runtime, send_advance_queue
 from kernel import Blocked, StorageUnavailable
-from kernel.dispatch import RECOVERY, recovery_queue
+from kernel.dispatch import RECOVERY_SUFFIX, recovery_queue
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -82,7 +82,7 @@ def advance_queue(queue: str) -> int:
     send a queue message for them behind the messages waiting now. How many ran."""
     close_old_connections()
     try:
-        queue = queue.removesuffix(RECOVERY)  # the sweep sends to the recovery queue
+        queue = queue.removesuffix(RECOVERY_SUFFIX)  # the sweep sends to the recovery queue
         worker = runtime().worker
         with announcements.busy():
             ran, more = worker.advance_queue(
@@ -168,7 +168,7 @@ def consume_recovery_queues(sender: str, instance: object, **kwargs: object) -> 
     there is taken within a message or two, not behind the whole backlog."""
     queues = instance.app.amqp.queues  # type: ignore[attr-defined]
     for name in list(queues.consume_from or {}):
-        if not name.endswith(RECOVERY):
+        if not name.endswith(RECOVERY_SUFFIX):
             queues.select_add(recovery_queue(name))
 
 
@@ -192,7 +192,7 @@ def resume(sender: object = None, **kwargs: object) -> None:
         log.info("resume: %s", report)
         queues = sender.app.amqp.queues.consume_from or {}  # type: ignore[attr-defined]
         for name in queues:
-            if not name.endswith(RECOVERY):
+            if not name.endswith(RECOVERY_SUFFIX):
                 send_advance_queue(name)
     except Exception:
         log.exception("resume sweep failed; beat will retry")
@@ -221,7 +221,7 @@ def listen(sender: object) -> None:
             beat.ended(failed)
 
     _reader = announcements.AnnouncementReader(
-        {q for q in queues if not q.endswith(RECOVERY)},
+        {q for q in queues if not q.endswith(RECOVERY_SUFFIX)},
         announcements.open_slots(concurrency),
         advance_announced,
         lambda: not runtime().worker.draining,
