@@ -132,7 +132,7 @@ def summarise(content: Any) -> str:
 
 class MissingKey:
     """A model whose key variable is not set in this process: each request is refused,
-    naming the variable (a process that asks no model, such as the web role, needs no
+    naming the variable (a process that asks no model, such as the web process, needs no
     key)."""
 
     def __init__(self, entry: model_catalog.ModelEntry) -> None:
