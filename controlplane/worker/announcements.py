@@ -103,8 +103,8 @@ class AnnouncementReader:
         conn.execute(due.LISTEN)
         self.listening.set()
         while not self._stop.is_set():
-            for notice in conn.notifies(timeout=POLL_SECONDS):
-                self.on_announcement(notice.payload)
+            for notification in conn.notifies(timeout=POLL_SECONDS):
+                self.on_announcement(notification.payload)
                 if self._stop.is_set():
                     return
 
