@@ -1,8 +1,8 @@
 """One task's history on a time axis, from the commit log: a waterfall of its phases.
 
-Every commit that touched the task names it in its summary (status, phase, and since
-this read was added, the lease holder and epoch it committed through, what it waits
-for, its restarts). A phase's row runs from the commit that entered it to the commit
+Every commit that touched the task names it in its summary (status, phase, and, except
+in commits older than those fields, the lease holder and epoch it committed through,
+what it waits for, its restarts). A phase's row runs from the commit that entered it to the commit
 that left it (the task's last commit for the last one, or now while it runs), so the
 rows tile the task's span: their durations add up to it. Inside a row, each commit
 starts a segment in the status it left the task in (queued, running, waiting on

@@ -45,7 +45,7 @@ def demo_accounts(password: str) -> None:
         user, created = User.objects.get_or_create(username=name)
         if created:
             user.set_password(password if name == "operator" else "viewer")
-        user.is_staff = False  # accounts made by older demos were staff: not any more
+        user.is_staff = False  # never staff, even an account an earlier demo made staff
         user.save()
         user.groups.add(group)
 
