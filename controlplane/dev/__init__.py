@@ -13,7 +13,10 @@ deployment (a boundary test, ``tests/unit/test_dev_boundary.py``, keeps it so):
 - ``ports``: a free loopback port, a reserved Redis database number;
 - ``processes``: one launcher for real processes (Celery worker and beat, Daphne,
   the local provider), with an environment, a log file, a readiness check, kill and
-  stop.
+  stop;
+- ``postgres`` and ``redis_server``: a throwaway Postgres cluster or ``redis-server`` of
+  a test's own, to stop, restart or watch;
+- ``fuzz``: the API fuzzer against a real server (``make fuzz``).
 
 A deployment runs the provider *client* and the channels in ``controlplane.reference.notices``
 against a real provider or SMTP server.
