@@ -9,6 +9,10 @@ broker outage, a process dying between commit and delivery - is picked up by
 :meth:`Dispatcher.sweep`, which beat runs every second: due rows, sleepers whose
 time has come, tasks whose lease expired. A message only says "look at X"; the
 claim decides, so duplicate deliveries are harmless and so is running two beats.
+
+A burst (more than ``messages`` rows of one queue at once) is delivered by that many
+queue messages instead of a message per row; a storage that announces the rows a commit
+takes lets the Dispatcher hold their messages for a grace (:class:`HeldMessages`).
 """
 
 from __future__ import annotations

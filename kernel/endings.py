@@ -1,13 +1,13 @@
 """Endings held back: phases that ended their tasks, committed together later.
 
-A woken worker (``Worker.advance_queue``) runs many quick tasks one after another. The
-phase that ends each one is not committed at once: its result waits here, the lease
-still held (and renewed), and is committed with the others of its session in one
-commit (one turn of the session's lock, one flush to disk), or carried by the next
-commit another lease of this thread makes in that session (:meth:`HeldEndings.carry`:
-an intent commit before an external call must never leave an ending waiting behind
-that call). What follows from a commit is as if each had been committed alone when its
-phase returned:
+A queue message's worker (``Worker.advance_queue``) runs many quick tasks one after
+another. The phase that ends each one is not committed at once: its result waits here,
+the lease still held (and renewed), and is committed with the others of its session in
+one commit (one turn of the session's lock, one flush to disk), or carried by the next
+commit another lease of this thread makes in that session (:meth:`HeldEndings.carry`: an
+intent commit before an external call must never leave an ending waiting behind that
+call). What follows from a commit is as if each had been committed alone when its phase
+returned:
 
 - One that cannot be committed with the others (refused, a value no storage holds, the
   storage unreachable, an outcome unknown, any error at all) is committed on its own,

@@ -1,7 +1,8 @@
 """Advancing one task: claim its lease, run phases, commit each with its epoch.
 
-This is the whole of execution; the in-process :class:`~kernel.scheduler.Scheduler`
-and the Celery task in ``controlplane`` both just call :meth:`Worker.advance`.
+This is the whole of execution: the in-process :class:`~kernel.scheduler.Scheduler`
+and ``controlplane``'s Celery tasks and announcement reader only call
+:meth:`Worker.advance` (one task) or :meth:`Worker.advance_queue` (a queue's burst rows).
 A phase runs outside any transaction (invariant 3); its result is committed with
 the fencing epoch of the claim (invariant 5); while the next phase is runnable
 and the lease is held, the worker continues inline (DESIGN §7).
