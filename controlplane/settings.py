@@ -339,9 +339,10 @@ KERNEL_REDELIVER_SECONDS = float(os.environ.get("KERNEL_REDELIVER_SECONDS", "30"
 KERNEL_DISPATCH_MESSAGES = int(os.environ.get("KERNEL_DISPATCH_MESSAGES", "32"))
 KERNEL_CLAIM_SECONDS = float(os.environ.get("KERNEL_CLAIM_SECONDS", "1"))
 KERNEL_ENDINGS_PER_COMMIT = int(os.environ.get("KERNEL_ENDINGS_PER_COMMIT", "10"))
-# Idle workers LISTEN for the tasks a commit makes due and claim them at once
-# (controlplane.worker.announcements). A committer then holds each such task's message for
-# KERNEL_HINT_GRACE_MS and sends it only if no worker claimed the task meanwhile
+# Idle workers LISTEN for the tasks a commit announces on the due channel and claim them
+# at once (controlplane.worker.announcements). A committer then holds each such task's
+# message for KERNEL_HINT_GRACE_MS (the announcement's grace: the variable keeps its
+# name) and sends it only if no worker claimed the task meanwhile
 # (kernel.dispatch.HeldMessages). Set KERNEL_LISTEN the same for web, workers and beat.
 KERNEL_LISTEN = _env_bool("KERNEL_LISTEN", True)
 KERNEL_HINT_GRACE_MS = float(os.environ.get("KERNEL_HINT_GRACE_MS", "5"))
