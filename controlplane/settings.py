@@ -349,6 +349,10 @@ KERNEL_HINT_GRACE_MS = float(os.environ.get("KERNEL_HINT_GRACE_MS", "5"))
 # their leases back and exits (controlplane.worker.execution.drain). Keep the process manager's
 # stop timeout (compose: stop_grace_period) above it.
 KERNEL_DRAIN_SECONDS = float(os.environ.get("KERNEL_DRAIN_SECONDS", "25"))
+# The function that builds this deployment's Registry: every task and document kind its
+# processes run (the reference apps, and what the two settings below add).
+KERNEL_REGISTRY = os.environ.get("KERNEL_REGISTRY",
+                                 "controlplane.reference.registry.build_registry")
 # Dotted paths of ``register(registry)`` callables adding task kinds to the project's
 # registry (comma-separated), e.g. the no-op kind of ``benchmarks.fanout``.
 KERNEL_TASK_MODULES = [p for p in os.environ.get("KERNEL_TASK_MODULES", "").split(",") if p]
