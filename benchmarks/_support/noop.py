@@ -210,6 +210,8 @@ class FailedDeliveries(logging.Handler):
 
 @contextlib.contextmanager
 def cluster(url: str, redis_url: str, workers: int, logs: str | None) -> Iterator[Any]:
+    """Beat and ``workers`` workers that run the no-op kind, on ``url`` and ``redis_url``
+    (emptied first), their logs in ``logs`` (default: a temporary folder)."""
     import redis
 
     redis.Redis.from_url(redis_url).flushdb()
