@@ -429,7 +429,7 @@ def render(result: Result) -> str:
         + f" (highest p99 {worst:.1f} ms).",
     ]
     if result.replays:
-        from controlplane.sockets.consumers import FRAME_COMMITS
+        from controlplane.sockets.feed import FRAME_COMMITS
 
         lines += [
             "",

@@ -27,9 +27,11 @@ from django.db import connection
 from controlplane.access import issue_token
 from controlplane.dev.ports import reserved_redis_url
 from controlplane.reads.pages import last_commit_id
-from controlplane.sockets import consumers
-from controlplane.sockets.consumers import PAGE_THREADS, SharedRenders, websocket_urlpatterns
+from controlplane.sockets import page_threads, pages
+from controlplane.sockets.page_threads import PAGE_THREADS
 from controlplane.sockets.render_turns import RENDERS_PER_ACCOUNT
+from controlplane.sockets.routes import websocket_urlpatterns
+from controlplane.sockets.sharing import SharedRenders
 from controlplane.ui import live
 from controlplane.worker.runtime import runtime
 from kernel import Draft
@@ -47,7 +49,7 @@ def isolated(settings: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     settings.FEED_HEARTBEAT_SECONDS = 600
     settings.USER_SOCKET_LIMIT = HEAVY_SOCKETS
     monkeypatch.setattr(runtime().dispatcher, "deliver", lambda task, queue: None)
-    monkeypatch.setattr(consumers, "shared_renders", SharedRenders())  # none kept from before
+    monkeypatch.setattr(pages, "shared_renders", SharedRenders())  # none kept from before
     with reserved_redis_url(settings.REDIS_URL) as url:  # the sockets' slots
         settings.REDIS_URL = url
         yield
@@ -150,7 +152,7 @@ def test_one_accounts_sockets_do_not_keep_another_accounts_page_waiting(
             for socket in [*sockets, watcher]:
                 await socket.disconnect()
             await database_sync_to_async(lambda: connection.close())()
-        consumers.end_page_threads()
+        page_threads.end_page_threads()
         return first, newest
 
     first, newest = asyncio.run(scenario())
