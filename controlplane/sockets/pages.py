@@ -4,6 +4,9 @@ for the session page and for the pages over every session (:mod:`controlplane.ui
 
 from __future__ import annotations
 
+import asyncio
+import time
+from collections.abc import Callable, Hashable
 from contextlib import suppress
 from typing import Any
 from urllib.parse import parse_qs
@@ -17,6 +20,52 @@ from controlplane.sockets.feed import GlobalFeedConsumer, Rows, SessionFeedConsu
 from controlplane.sockets.page_threads import on_page_thread
 from controlplane.sockets.sharing import shared_reads, shared_renders
 from controlplane.ui.live import GLOBAL_PAGES, SESSION_PAGE
+from controlplane.web import rates
+
+PAID_UP_SECONDS = 0.5
+"""How long a process trusts that an account was within its budget of server time
+before it asks Redis again (an account found in arrears is not asked again before it
+could have paid off)."""
+
+
+class RenderBudget:
+    """A live page's renders are paid for from its account's budget of server time
+    (:mod:`controlplane.web.rates`), as its requests are: each render is charged what it
+    took, and while the account is past its burst its pages get no render, so one
+    account's sockets take no more of the server than its requests could. A page in
+    arrears shows nothing new until the account has paid off; its next read then brings
+    it up to the newest commit at once."""
+
+    def __init__(self) -> None:
+        self._known: dict[Hashable, tuple[float, bool]] = {}  # account: (until, paid up)
+
+    async def paid_up(self, account: Hashable) -> bool:
+        now = time.monotonic()
+        until, paid = self._known.get(account, (0.0, True))
+        if now < until:
+            return paid
+        owed = await asyncio.to_thread(rates.arrears, rates.server_time(account))
+        paid = owed == 0
+        self._known[account] = (now + (PAID_UP_SECONDS if paid else owed), paid)
+        if len(self._known) > 10_000:  # accounts gone long ago
+            self._known = {a: v for a, v in self._known.items() if v[0] > now}
+        return paid
+
+    def charged(self, account: Hashable, render: Callable[..., Any]) -> Callable[..., Any]:
+        """``render``, charging what it takes to ``account`` (on the render's own thread:
+        the charge is a Redis call)."""
+        def run(*args: Any, **kwargs: Any) -> Any:
+            started = time.perf_counter()
+            try:
+                return render(*args, **kwargs)
+            finally:
+                rates.charge(rates.server_time(account), time.perf_counter() - started)
+                self._known.pop(account, None)  # ask again: this may have tipped it over
+
+        return run
+
+
+render_budget = RenderBudget()
 
 
 class PageMode:
@@ -85,8 +134,12 @@ class SessionPageConsumer(PageMode, SessionFeedConsumer):
         if now is None or now <= after:
             return []
 
+        if not await render_budget.paid_up(self.user.pk):
+            return []
+
         async def render(_: int) -> tuple[int, str | None]:
-            found = await on_page_thread(SESSION_PAGE.update)(session_id, after, can_act)
+            update = render_budget.charged(self.user.pk, SESSION_PAGE.update)
+            found = await on_page_thread(update)(session_id, after, can_act)
             return found if found is not None else (after, None)
 
         seq, html = await shared_renders.render(
@@ -122,7 +175,7 @@ class GlobalPageConsumer(PageMode, GlobalFeedConsumer):
             return await shared_reads.read(("global-ids", position, limit), settled)  # type: ignore[no-any-return]
 
         rows = await settled_after(after)
-        if not rows:
+        if not rows or not await render_budget.paid_up(self.user.pk):
             return []
 
         async def render(upto: int) -> tuple[int, str]:
@@ -131,7 +184,8 @@ class GlobalPageConsumer(PageMode, GlobalFeedConsumer):
             # their own.
             newer = await settled_after(upto)
             upto = int(newer[-1][0]) if newer else upto
-            return upto, await on_page_thread(page.update)(upto, can_act, **params)
+            update = render_budget.charged(self.user.pk, page.update)
+            return upto, await on_page_thread(update)(upto, can_act, **params)
 
         # Made at the highest commit id any socket asked for (settled: every commit up to
         # it is in the render's snapshot), and good for any socket asking for no more.
