@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from benchmarks.commit import WaitSampler
+from benchmarks._support import WaitSampler
 
 
 def test_waits_are_averaged_over_the_samples_of_the_timed_window_only() -> None:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from benchmarks._support import Stats
-from benchmarks.fanout import KIND, Ours, Submitted, register, render
+from benchmarks._support import KIND, Stats, Submitted, register
+from benchmarks.fanout import Ours, render
 from kernel import Draft, InMemoryStorage, Kernel, ManualClock, Registry, Scheduler
 
 
