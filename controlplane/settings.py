@@ -354,7 +354,7 @@ KERNEL_DRAIN_SECONDS = float(os.environ.get("KERNEL_DRAIN_SECONDS", "25"))
 KERNEL_REGISTRY = os.environ.get("KERNEL_REGISTRY",
                                  "controlplane.reference.registry.build_registry")
 # Dotted paths of ``register(registry)`` callables adding task kinds to the project's
-# registry (comma-separated), e.g. the no-op kind of ``benchmarks.fanout``.
+# registry (comma-separated), e.g. the benchmarks' no-op kind (``benchmarks._support.noop``).
 KERNEL_TASK_MODULES = [p for p in os.environ.get("KERNEL_TASK_MODULES", "").split(",") if p]
 # Framework agents a submission may name ({"agent": "support"}): name -> dotted path of
 # a Pydantic AI Agent built with KernelDurability (kernel.hosts.pydantic_ai). JSON in the

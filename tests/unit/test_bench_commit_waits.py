@@ -1,4 +1,5 @@
-"""benchmarks.commit's wait sampler, without a server: what it averages, and over when."""
+"""The commit benchmark's wait sampler (benchmarks._support.postgres), without a server:
+what it averages, and over when."""
 
 from __future__ import annotations
 

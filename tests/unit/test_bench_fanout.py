@@ -1,4 +1,5 @@
-"""benchmarks.fanout's pieces that need no servers: the no-op kind and the report."""
+"""The fan-out benchmark's pieces that need no servers: the no-op kind
+(benchmarks._support.noop) and the report."""
 
 from __future__ import annotations
 
