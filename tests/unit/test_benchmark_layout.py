@@ -14,6 +14,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 BENCHMARKS = ROOT / "benchmarks"
 SUPPORT = "benchmarks._support"
@@ -98,3 +100,12 @@ def test_the_check_sees_what_it_looks_for() -> None:
     assert not refused("benchmarks._support.noop", "from benchmarks._support.workers import "
                                                    "Cluster\n")
     assert not refused("benchmarks.__main__", "import benchmarks\n")
+
+
+def test_the_runner_says_how_to_use_it(capsys: pytest.CaptureFixture[str]) -> None:
+    from benchmarks.__main__ import main
+
+    assert main(["--help"]) == 0
+    shown = capsys.readouterr().out
+    assert "python -m benchmarks commit -- --count 500" in shown and "fanout" in shown
+    assert main(["no-such-benchmark"]) == 2
