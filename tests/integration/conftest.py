@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import pytest
 from django.test import Client
 
-from controlplane.sockets.consumers import end_page_threads
+from controlplane.sockets.page_threads import end_page_threads
 from kernel import Kernel
 
 from .test_api import client_for, with_test_kinds

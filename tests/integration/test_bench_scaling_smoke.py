@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from benchmarks import broker, scaling
-from benchmarks.fanout import TASK_MODULE
+from benchmarks._support import TASK_MODULE
 from controlplane.dev.postgres import private_folder
 from controlplane.dev.redis_server import PrivateRedis, redis_server
 from tests.databases import url_of_test_database
