@@ -259,7 +259,7 @@ USER_SLOT_SECONDS = float(os.environ.get("USER_SLOT_SECONDS", "30"))
 # (controlplane.web.request_connections).
 WEB_STATEMENT_TIMEOUT_SECONDS = float(os.environ.get("WEB_STATEMENT_TIMEOUT_SECONDS", "5"))
 # Request rates, counted in Redis across web processes (controlplane.web.rates): per account
-# and per client address, requests per second on average and in a burst; beyond them
+# and per client address, requests per second on average and at once; beyond them
 # 429 with Retry-After. 0 requests per second: not counted.
 USER_REQUESTS_PER_SECOND = float(os.environ.get("USER_REQUESTS_PER_SECOND", "10"))
 USER_REQUEST_BURST = int(os.environ.get("USER_REQUEST_BURST", "50"))

@@ -12,11 +12,11 @@ hint to a daemon thread and returns at once, so a slow or absent Redis never slo
 commit down; the thread coalesces what queued up meanwhile (per session only the highest
 seq, globally only the highest id, per previewed path only the latest value) and sends
 it with ``group_send`` on its own event loop. After a send it waits ``gap`` seconds
-before the next, so that a burst of commits (a task running phase after phase, 1,000
+before the next, so that a run of commits (a task running phase after phase, 1,000
 a second) costs a send every ``gap``, not one per commit: the first hint after a quiet
-spell goes out at once, later ones at most ``gap`` late. Sending, and waking the
-thread at all, would otherwise cost the committing thread about a millisecond a commit
-in contention for the interpreter. A failure is logged
+spell goes out at once, later ones at most ``gap`` late. Sending, and signalling the
+thread at all, would otherwise cost the committing thread time a commit in contention
+for the interpreter. A failure is logged
 and forgotten. The hint is released at once for the usual kernel commit (it owns its
 transaction), and by ``transaction.on_commit`` not before the outermost transaction
 commits when a commit runs inside an ``atomic`` block (invariant 2: nothing is
@@ -60,7 +60,7 @@ committed (:class:`kernel.Preview`), which is data, not a hint, and may be lost.
 SEND_TIMEOUT = 5.0
 QUEUE_SIZE = 10_000
 GAP_SECONDS = 0.02
-"""Time between two sends of a notifier: what gathers a burst's hints into one send."""
+"""Time between two sends of a notifier: what gathers a run of commits' hints into one send."""
 _GROUP_SAFE = re.compile(r"^[A-Za-z0-9_.-]{1,80}$")
 
 

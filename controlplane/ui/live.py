@@ -123,7 +123,7 @@ def activity_charts(found: charts.Activity) -> dict[str, Any]:
 @viewer_required
 def activity(request: HttpRequest) -> HttpResponse:
     """The overview's pictures alone, fetched again every bucket: commits push them too,
-    but a quiet hour still slides, and the last of a burst of commits may have found
+    but a quiet hour still slides, and the last of a run of commits may have found
     them read (at most every :data:`charts.FRESH_SECONDS`) just before it was committed."""
     with snapshot():
         found = charts.recent_activity()

@@ -5,7 +5,7 @@ how often it asks. Every HTTP request but the probes counts against its client's
 (:mod:`controlplane.web.client_address`) and, once the caller is known, its account: a
 browser's in the middleware (:class:`controlplane.web.middleware.LimitRequestRates`), a
 token's when the API authenticates it. Each allows ``*_REQUESTS_PER_SECOND`` on average
-and bursts of ``*_REQUEST_BURST`` (settings); past that the request is answered 429 with
+and up to ``*_REQUEST_BURST`` at once (settings); past that the request is answered 429 with
 ``Retry-After`` before anything else is read.
 
 The counts are in Redis so that every web process behind one address shares them, one
@@ -30,7 +30,7 @@ is from the middleware to its answer, less what it spent waiting for news (a lon
 Its cost is known only at its end, so a request is charged :data:`START_SECONDS` as it is
 let in and the difference (or a refund) when it ends: an account can thus start at most
 ``USER_SERVER_SECONDS_BURST / START_SECONDS`` requests (and one more) at once, fewer the
-more it owes, and a request that finds its account more than the burst in arrears is
+more it owes, and a request that finds its account more than that allowance in arrears is
 refused (429) like one over its rate, until what it spent is paid off. The renders of
 an account's live pages are charged to the same budget, and wait while it is in arrears.
 """
@@ -57,7 +57,7 @@ REDIS_TIMEOUT = 0.5
 """Seconds a rate check waits for Redis before it gives up (and grants the request)."""
 
 # Each subject: ARGV[2i-1] the ms between requests on average, ARGV[2i] the ms the next
-# free time may run ahead of now (the burst). Returns {0, 0} when taken, else {ms to
+# free time may run ahead of now (what it may take at once). Returns {0, 0} when taken, else {ms to
 # wait, the index of the subject that refused}; nothing is taken from anyone then.
 _TAKE = """
 local t = redis.call('TIME')
@@ -93,8 +93,8 @@ end
 redis.call('SET', KEYS[1], free, 'PX', free - now)
 return free - now
 """
-# How many ms a subject's next free time stands past now and ARGV[1] ms (its burst): 0
-# when it is within its burst.
+# How many ms a subject's next free time stands past now and ARGV[1] ms (what it may
+# take at once): 0 when it is within that.
 _ARREARS = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -106,11 +106,11 @@ return math.max(0, free - now - tonumber(ARGV[1]))
 @dataclass(frozen=True)
 class Rate:
     per_second: float
-    burst: int
+    at_once: int
 
     def argv(self) -> list[int]:
         interval = max(1, round(1000 / self.per_second))
-        return [interval, interval * max(0, self.burst - 1)]
+        return [interval, interval * max(0, self.at_once - 1)]
 
 
 START_SECONDS = 1.0
@@ -119,15 +119,15 @@ START_SECONDS = 1.0
 
 @dataclass(frozen=True)
 class Budget:
-    """Server time: ``share`` seconds of it per second on average, ``burst`` seconds of
-    it at once. A request takes :data:`START_SECONDS` of it when let in (:func:`take`);
+    """Server time: ``share`` seconds of it per second on average, ``at_once`` seconds
+    of it at once. A request takes :data:`START_SECONDS` of it when let in (:func:`take`);
     :class:`Meter` settles the rest when it ends."""
 
     share: float
-    burst: float
+    at_once: float
 
     def argv(self) -> list[int]:
-        return [self.owed_ms(START_SECONDS), max(0, self.owed_ms(self.burst))]
+        return [self.owed_ms(START_SECONDS), max(0, self.owed_ms(self.at_once))]
 
     def owed_ms(self, seconds: float) -> int:
         """How far ``seconds`` of server time move the next free time on (or back)."""
@@ -281,14 +281,14 @@ def take(*subjects: Subject | None) -> Refusal | None:
 
 
 def arrears(subject: Subject | None) -> float:
-    """Seconds until a :class:`Budget` subject is back within its burst (0 if it is, or
-    is not counted): while it is not, its account's requests are refused and its live
+    """Seconds until a :class:`Budget` subject is back within what it may take at once (0
+    if it is, or is not counted): while it is not, its account's requests are refused and its live
     pages wait (:mod:`controlplane.sockets.pages`)."""
     if subject is None or not isinstance(subject.rate, Budget):
         return 0.0
     try:
         owed = _client().eval(_ARREARS, 1, subject.key, max(0, subject.rate.owed_ms(
-            subject.rate.burst)))
+            subject.rate.at_once)))
     except redis.RedisError as exc:
         _unavailable(exc)
         return 0.0
