@@ -309,7 +309,7 @@ def resolve_task(
     signal, with ``receipt`` if the decision takes one of that shape (Invalid otherwise).
     A step answered already, or replaced by a later one, is refused (Conflict or the
     kernel's ``StaleStep``) and nothing changes: of two operators deciding at once,
-    exactly one decision lands, checked in the commit under the session's lock."""
+    exactly one decision is committed, checked in the commit under the session's lock."""
     require_operator(user)
     task = task_reads.record(task_id)
     offered = {d.name: d for d in _declared_decisions(task)}
@@ -894,7 +894,7 @@ def decide_call(
     (checked against the tool's parameters: Invalid naming the field), which then run
     instead, both versions kept. A call no longer waiting, or waiting with other
     arguments, is refused (Conflict) and nothing changes; of two decisions at once,
-    exactly one lands (checked in the commit, under the session's lock)."""
+    exactly one is committed (checked in the commit, under the session's lock)."""
     require_operator(user)
     if decision not in (approvals.APPROVE, approvals.DENY):
         raise Invalid(f"decision: {approvals.APPROVE!r} or {approvals.DENY!r}")

@@ -250,7 +250,7 @@ def session_page(session_id: str) -> SessionPage | None:
 class SessionChanges:
     """What the commits after a position changed on the session page, at seq ``seq``:
     only the parts that changed are set. Decided from the records themselves
-    (``updated_seq``, ``created_seq``), not from the hint that woke the reader, so a lost
+    (``updated_seq``, ``created_seq``), not from the hint that had the reader read, so a lost
     hint or a replay after a reconnect gives the same answer."""
 
     seq: int

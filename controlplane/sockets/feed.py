@@ -50,11 +50,11 @@ behind the same address; controlplane.sockets.shutdown). Daphne closes idle sock
 How it stays exact: every frame comes from the commit log (the data of record), read
 after the last position this socket sent. A channel-layer hint (sent by
 :class:`~controlplane.sockets.notify.Notifier`, received once per process by
-:class:`~controlplane.sockets.notify.HintHub`) only wakes the reader; the reader also wakes every
-``FEED_POLL_SECONDS`` without one. So a duplicate hint cannot produce a duplicate frame,
-a dropped hint (``channels_redis`` over capacity or expired, Redis down) delays a frame
-by at most a poll interval, and a gap is impossible: each read returns everything after
-the cursor. Live readers of the same cursor in one process share one query
+:class:`~controlplane.sockets.notify.HintHub`) only tells the reader to read; the reader
+also reads every ``FEED_POLL_SECONDS`` without one. So a duplicate hint cannot produce a
+duplicate frame, a dropped hint (``channels_redis`` over capacity or expired, Redis down)
+delays a frame by at most a poll interval, and a gap is impossible: each read returns
+everything after the cursor. Live readers of the same cursor in one process share one query
 (:class:`~controlplane.sockets.sharing.SharedReads`).
 """
 
@@ -167,7 +167,7 @@ class FeedConsumer(AsyncWebsocketConsumer):
         self.last: int | None = None
         self.user: Any = None
         self.subscribed = False
-        self.wake = asyncio.Event()
+        self.changed = asyncio.Event()
         self.pump: asyncio.Task[None] | None = None
         self.opening: asyncio.Task[None] | None = None
         self.watch: asyncio.Task[None] | None = None
@@ -270,7 +270,7 @@ class FeedConsumer(AsyncWebsocketConsumer):
             await slot.release()
 
     def on_hint(self, hint: dict[str, Any]) -> None:
-        """A commit happened: wake the reader unless this socket has sent it already.
+        """A commit happened: tell the reader unless this socket has sent it already.
         Previews that come along are passed on as they are (they are not in the log)."""
         previews = hint.get("previews")
         if isinstance(previews, list) and self.last is not None and not self.closing:
@@ -279,7 +279,7 @@ class FeedConsumer(AsyncWebsocketConsumer):
                 return
         value = hint.get(self.cursor_name)
         if self.last is None or not isinstance(value, int) or value > self.last:
-            self.wake.set()
+            self.changed.set()
 
     # -- steps -------------------------------------------------------------------------------
 
@@ -363,7 +363,7 @@ class FeedConsumer(AsyncWebsocketConsumer):
         ahead: asyncio.Task[Rows] | None = None  # the next page, read while this one is sent
         try:
             while True:
-                self.wake.clear()
+                self.changed.clear()
                 assert self.last is not None
                 if ahead is not None:
                     rows, ahead = await ahead, None
@@ -384,7 +384,7 @@ class FeedConsumer(AsyncWebsocketConsumer):
                     due = heartbeat
                 with suppress(TimeoutError):
                     async with asyncio.timeout(min(poll, due)):
-                        await self.wake.wait()
+                        await self.changed.wait()
         except asyncio.CancelledError:
             raise
         except Exception:

@@ -31,8 +31,8 @@ could have paid off)."""
 class RenderBudget:
     """A live page's renders are paid for from its account's budget of server time
     (:mod:`controlplane.web.rates`), as its requests are: each render is charged what it
-    took, and while the account is past its burst its pages get no render, so one
-    account's sockets take no more of the server than its requests could. A page in
+    took, and while the account is past what it may take at once its pages get no
+    render, so one account's sockets take no more of the server than its requests could. A page in
     arrears shows nothing new until the account has paid off; its next read then brings
     it up to the newest commit at once."""
 

@@ -26,7 +26,7 @@ class SharedReads:
     A hint reaches every consumer of a session in the process at about the same time;
     without sharing, 100 sockets would run 100 identical queries. A caller joins the
     next read that has not started yet (or starts one): a read that was already
-    running when the caller asked might predate the commit it was woken for, so it is
+    running when the caller asked might predate the commit it was told of, so it is
     never joined. At most one read per key runs at a time.
     """
 

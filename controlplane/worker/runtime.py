@@ -24,7 +24,7 @@ from datetime import timedelta
 
 from django.conf import settings
 
-from controlplane.celery import ADVANCE, WAKE, app
+from controlplane.celery import ADVANCE, ADVANCE_QUEUE, app
 from controlplane.process.kernel import forget, process_kernel
 from controlplane.process.logs import log_commit
 from controlplane.sockets.notify import Notifier
@@ -39,10 +39,10 @@ def deliver(task_id: str, queue: str) -> None:
     app.send_task(ADVANCE, args=[task_id], queue=queue, retry=False)
 
 
-def wake(queue: str) -> None:
-    """Hand "run what is runnable on ``queue``" to the broker (the Dispatcher's delivery
-    of a burst)."""
-    app.send_task(WAKE, args=[queue], queue=queue, retry=False)
+def send_advance_queue(queue: str) -> None:
+    """Hand a queue message, "run what is runnable on ``queue``", to the broker (the
+    Dispatcher's delivery of a burst)."""
+    app.send_task(ADVANCE_QUEUE, args=[queue], queue=queue, retry=False)
 
 
 def hand_over(task: Task) -> None:
@@ -54,9 +54,10 @@ def hand_over(task: Task) -> None:
         log.warning("could not hand %s over now; the sweep will", task.id, exc_info=True)
 
 
-def hint_grace() -> timedelta | None:
+def announce_grace() -> timedelta | None:
     """How long a message waits for a listening worker to claim its task from the
-    commit's hint (``KERNEL_HINT_GRACE_MS``); ``None`` where workers do not listen."""
+    commit's announcement (``KERNEL_HINT_GRACE_MS``); ``None`` where workers do not
+    listen."""
     if not settings.KERNEL_LISTEN:
         return None
     return timedelta(milliseconds=settings.KERNEL_HINT_GRACE_MS)
@@ -76,9 +77,9 @@ def runtime() -> Runtime:
         kernel,
         deliver,
         redeliver_after=timedelta(seconds=settings.KERNEL_REDELIVER_SECONDS),
-        wake=wake,
+        advance_queue=send_advance_queue,
         messages=settings.KERNEL_DISPATCH_MESSAGES,
-        hint_grace=hint_grace(),
+        announce_grace=announce_grace(),
     )
     dispatcher.attach()  # takes each commit's due rows in the commit, delivers after it
     notifier = Notifier()
