@@ -33,12 +33,6 @@ def admin(provider: RunningProvider) -> ProviderAdmin:
     return client
 
 
-@pytest.fixture
-def smtp() -> Iterator[SmtpStandIn]:
-    with start_smtp_server() as server:
-        yield server
-
-
 def start(provider: RunningProvider, smtp_port: int, channel: str = "http"):
     registry = Registry()
     notices.register(
