@@ -17,6 +17,13 @@ import pytest
 if TYPE_CHECKING:
     from controlplane.dev.smtp_server import SmtpStandIn
 
+# Helper modules holding checks that were once in test modules: pytest rewrites their
+# asserts as it does a test module's, so that a failure there shows the values compared.
+pytest.register_assert_rewrite(
+    "tests.unit.crash_trees", "tests.integration.round_trips", "tests.integration.sessions",
+    "tests.e2e.logins", "tests.chaos.held_send", "tests.chaos.uncertain_smtp",
+)
+
 
 @pytest.fixture(scope="session", autouse=True)
 def clean_slate_in_milliseconds() -> Iterator[None]:

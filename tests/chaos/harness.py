@@ -376,6 +376,12 @@ def chaos_stack(
             yield stack
 
 
+def lines(stack: Stack, name: str) -> list[str]:
+    """The lines the workers' tools wrote to ``name`` in the stack's folder (none yet: [])."""
+    path = stack.tmp / name
+    return path.read_text().splitlines() if path.exists() else []
+
+
 def gated_stack(tmp: Path, model: ModelStandIn, **env: str) -> Iterator[Stack]:
     """A chaos stack whose workers ask ``model`` and offer the agent tools and the gated
     ones (``tests.chaos.gated_tools``); ``env`` adds to it. Yield from it in a fixture."""

@@ -1,6 +1,7 @@
 """Fixtures the integration tests share: the web process's kernel with the test task kinds of
 ``api_kinds.py`` (no broker), an operator's client, no live-page connection left, the
-LangGraph hosts on the web process's runtime, and a redis-server of a test's own."""
+LangGraph hosts on the web process's runtime, a redis-server of a test's own, and the
+HTTP email provider stand-in (one per module)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import pytest
 from django.test import Client
 
 from controlplane.dev.postgres import private_folder
+from controlplane.dev.processes import RunningProvider, start_provider
 from controlplane.dev.redis_server import PrivateRedis, redis_server
 from controlplane.sockets.consumers import end_page_threads
 from controlplane.worker.runtime import runtime
@@ -71,3 +73,9 @@ def private_redis_url() -> Iterator[tuple[str, int]]:
             yield server.url, server.port
         finally:
             server.stop()
+
+
+@pytest.fixture(scope="module")
+def provider() -> Iterator[RunningProvider]:
+    with start_provider() as running:
+        yield running

@@ -5,12 +5,11 @@ with Celery workers and kills)."""
 from __future__ import annotations
 
 import socket
-from collections.abc import Iterator
 from datetime import timedelta
 
 import pytest
 
-from controlplane.dev.processes import RunningProvider, start_provider
+from controlplane.dev.processes import RunningProvider
 from controlplane.dev.provider_admin import ProviderAdmin
 from controlplane.dev.smtp_server import SmtpStandIn, start_smtp_server
 from controlplane.reference.notices import tasks as notices
@@ -18,12 +17,6 @@ from controlplane.reference.notices.channels import HttpChannel, SmtpChannel
 from kernel import Draft, InMemoryStorage, Kernel, ManualClock, Registry, Scheduler, Status
 
 RECIPIENTS = ["ana@example.com", "ben@example.com", "cai@example.com"]
-
-
-@pytest.fixture(scope="module")
-def provider() -> Iterator[RunningProvider]:
-    with start_provider() as running:
-        yield running
 
 
 @pytest.fixture
