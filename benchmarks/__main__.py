@@ -43,6 +43,10 @@ def main(argv: list[str] | None = None) -> int:
         cut = args.index("--")
         names, options = args[:cut], args[cut + 1 :]
     known = modules()
+    if any(name in ("-h", "--help") for name in names):
+        print(__doc__.strip() + "\n\nBenchmarks: " + ", ".join(known)
+              + "\n(each has its own --help: python -m benchmarks.<name> --help)")
+        return 0
     unknown = [name for name in names if name not in known]
     if unknown:
         print(f"unknown benchmark(s) {unknown}; known: {known}", file=sys.stderr)

@@ -1,9 +1,10 @@
 """The operator's live tasks page while a viewer does its worst (part of ``abuse``).
 
-On a database of ``--tasks`` (300,000) tasks copied in with COPY (``benchmarks.ui``'s
-seeding), one real Daphne with the request rates on per account (the defaults, 10 a
-second, bursts of 50; per address off, since both accounts come from 127.0.0.1) and the
-per-account budget of server time (the defaults, 0.5 s a second, 5 s at once):
+On a database of ``--tasks`` (300,000) tasks copied in with COPY (the dashboard
+benchmark's seeding, ``benchmarks._support.seed_tasks``), one real Daphne with the request
+rates on per account (the defaults, 10 a second, bursts of 50; per address off, since both
+accounts come from 127.0.0.1) and the per-account budget of server time (the defaults,
+0.5 s a second, 5 s at once):
 
 0. warm-up: the same as 1, not counted (:data:`WARMUP_COMMITS`);
 1. quiet: an operator follows ``/ws/ui/tasks/`` (no filter, newest first) while
@@ -35,7 +36,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from benchmarks._support import Stats, progress
+from benchmarks._support import Stats, commit_one, progress, seed_tasks
 
 SHOWN = re.compile(r'id="feed-state" data-seq="(\d+)"')
 SOCKET_WORDS = ["ren", "inv", "dig", "rem", "rec", "wel", "out", "sur", "new", "voi",
@@ -130,7 +131,6 @@ async def _phase(run: Callable[..., Awaitable[Any]], name: str, server: Any, ope
                  viewer_does: str) -> Phase:
     from websockets.asyncio.client import connect
 
-    from benchmarks.feed import commit_one
     from controlplane.reads.pages import last_commit_id
     from controlplane.worker.runtime import runtime
 
@@ -188,7 +188,6 @@ async def _phase(run: Callable[..., Awaitable[Any]], name: str, server: Any, ope
 def run(url: str, redis_url: str, tasks: int, commits: int, interval: float,
         viewer_does: str = "both", server_share: float = SERVER_SHARE,
         warmup: int = WARMUP_COMMITS) -> list[Phase]:
-    from benchmarks.ui import seed_tasks
     from controlplane.dev.processes import Daphne, process_env
 
     progress(f"seeding {tasks} tasks (COPY)")

@@ -33,6 +33,7 @@ from pathlib import Path
 from benchmarks._support import (
     Stats,
     fresh_database,
+    machine_facts,
     machine_state,
     parse_arguments,
     progress,
@@ -116,7 +117,6 @@ def starts(log: Path) -> dict[int, float]:
 
 
 def run(args: argparse.Namespace, url: str, redis_url: str) -> Result:
-    from benchmarks.commit import machine_facts
     from kernel.agent import digest
 
     result = Result(datetime.now(UTC), machine_facts(url))

@@ -34,43 +34,41 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
-import hashlib
-import json
-import os
 import platform
-import re
-import subprocess
 import tempfile
 import time
-from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 from urllib.parse import urlsplit
 
+from benchmarks._batch_system import (
+    Bench,
+    Delivery,
+    Sample,
+    check_delivery,
+    mean_notice_phase,
+    queued_tasks,
+    scheduling_samples,
+    wait_batch,
+)
 from benchmarks._support import (
     BENCH_DATABASE,
-    ROOT,
+    Activity,
+    Cluster,
     Stats,
-    delivering_kernel,
+    code_revision,
     fresh_database,
+    load_average,
     parse_arguments,
     progress,
     publish,
 )
+from benchmarks._support import machine_facts as common_facts
 from controlplane.dev.ports import reserved_redis_url
-from controlplane.dev.processes import (
-    CeleryWorker,
-    Process,
-    celery_beat,
-    celery_worker,
-    process_env,
-    start_provider,
-    wait_for,
-)
+from controlplane.dev.processes import process_env, start_provider, wait_for
 
 HEADING = "## Email batch (issue 3)"
 DEFAULT_DATABASE = f"{BENCH_DATABASE}_batch"
@@ -78,7 +76,6 @@ DEFAULT_REDIS_DB = 14
 TARGET_SCHEDULING_P50_MS = 20.0
 TARGET_RECOVERY_S = 5.0
 QUEUES = "default,hands,brain"
-TASK_ID = re.compile(r"task_[0-9a-f]{8,}")
 
 
 @dataclass(frozen=True)
@@ -101,235 +98,7 @@ class Config:
     logs: str | None = None  # keep worker and beat logs here (default: a temporary dir)
 
 
-# -- real processes ---------------------------------------------------------------------
-
-
-class Cluster:
-    """Workers and beat on one database, one Redis db and one provider.
-
-    The processes are ``controlplane.dev.processes``'s, as in the chaos tests; the
-    stack is not the chaos harness's, which is bound to pytest-django's test database:
-    here the database is whatever URL the run is given.
-    """
-
-    def __init__(self, workdir: Path, env: dict[str, str]) -> None:
-        self.workdir = workdir
-        self.env = env
-        self.processes: list[Process] = []
-        self._spawned = 0
-
-    def spawn_workers(self, count: int) -> list[CeleryWorker]:
-        """Start ``count`` workers without waiting for them (their start is measured)."""
-        spawned = []
-        for _ in range(count):
-            self._spawned += 1
-            worker = celery_worker(self.workdir, f"w{self._spawned}", self.env, host="bench")
-            self.processes.append(worker.spawn())
-            spawned.append(worker)
-        return spawned
-
-    def wait_ready(self, workers: Sequence[Process], timeout: float = 60.0) -> None:
-        for worker in workers:
-            worker.wait_ready(timeout)
-
-    def start_beat(self) -> Process:
-        beat = celery_beat(self.workdir, self.env).spawn()
-        self.processes.append(beat)
-        return beat
-
-    def workers(self) -> list[CeleryWorker]:
-        return [p for p in self.processes if isinstance(p, CeleryWorker) and p.alive]
-
-    def stop(self, processes: Sequence[Process]) -> None:
-        """Stop ``processes`` gracefully, all at once: each takes a second or two."""
-        for process in processes:
-            process.terminate()
-        for process in processes:
-            process.stop()
-
-    def close(self) -> None:
-        self.stop(self.processes)
-
-    def activity(self) -> Activity:
-        """What the workers' logs say they did, summed over every worker of the run."""
-        workers = [p for p in self.processes if isinstance(p, CeleryWorker)]
-        advances = [ran for worker in workers for ran in worker.advances()]
-        text = "".join(worker.output() for worker in workers)
-        return Activity(
-            phases=advances.count(True) + sum(worker.hinted() for worker in workers),
-            idle=advances.count(False),
-            redelivered=sum(int(n) for n in re.findall(r"SweepReport\(delivered=(\d+)", text)),
-        )
-
-
-@dataclass(frozen=True)
-class Activity:
-    """Counts from the worker logs (``-l info``), for what the database does not record.
-
-    ``phases`` counts the advance messages that ran a task and the tasks that workers'
-    listeners ran from a hint (:mod:`controlplane.worker.listener`); the message of a task a
-    listener ran finds it claimed, and counts as ``idle``.
-
-    ``idle`` advance messages found their task not claimable: already claimed or
-    finished (a duplicate or re-sent dispatch), or its row locked by another commit in
-    progress (the claim skips locked rows), in which case ``advance`` looks again shortly
-    (``controlplane.worker.execution.BUSY_RETRIES``) and the sweep's redelivery is the backstop.
-
-    ``redelivered`` sums the dispatches that sweeps sent (a worker logs each sweep that
-    sent something, and its start's sweep). Sweeps that sent nothing are not counted:
-    Celery's lines for them are routine and dropped at INFO
-    (:class:`controlplane.process.logs.Routine`).
-    """
-
-    phases: int
-    idle: int
-    redelivered: int
-
-    def __sub__(self, earlier: Activity) -> Activity:
-        return Activity(
-            self.phases - earlier.phases,
-            self.idle - earlier.idle,
-            self.redelivered - earlier.redelivered,
-        )
-
-
-# -- the system under test, seen from outside -------------------------------------------
-
-
-class Bench:
-    """The bench's own view: a kernel to commit batches with, and read-only SQL.
-
-    Batches are committed exactly as the API or ``manage.py send_notices`` would, with
-    the dispatch delivered to the broker after the commit, but through a producer on
-    this run's Redis db rather than the Celery app's configured broker.
-    """
-
-    def __init__(self, redis_url: str, provider_url: str) -> None:
-        from controlplane.dev.provider_admin import ProviderAdmin
-
-        self.kernel, self._broker = delivering_kernel(redis_url)
-        self.admin = ProviderAdmin(provider_url)
-
-    def close(self) -> None:
-        self._broker.release()
-
-    def commit_batch(self, recipients: list[str], title: str) -> tuple[str, str]:
-        """Commit a ``send-batch`` task; returns (session id, task id)."""
-        from kernel import Draft
-
-        handle = self.kernel.create_session(metadata={"title": title})
-        draft = Draft(actor="user:bench")
-        task_id = draft.create_task(
-            "send-batch",
-            {
-                "recipients": recipients,
-                "subject": "Service notice",
-                "body": "Please read the approved notice.",
-                "channel": "http",
-            },
-        )
-        handle.commit(draft)
-        return handle.id, task_id
-
-    @staticmethod
-    def rows(sql: str, params: Sequence[Any] | dict[str, Any]) -> list[tuple[Any, ...]]:
-        from django.db import connection
-
-        with connection.cursor() as cur:
-            cur.execute(sql, params)
-            return list(cur.fetchall())
-
-    def status(self, task_id: str) -> str:
-        return str(self.rows("SELECT status FROM kernel_task WHERE id = %s", [task_id])[0][0])
-
-    def notice_counts(self, session_id: str) -> Counter[str]:
-        return Counter(
-            dict(
-                self.rows(
-                    "SELECT status, count(*) FROM kernel_task WHERE session_id = %s "
-                    "AND kind = 'send-notice' GROUP BY status",
-                    [session_id],
-                )
-            )
-        )
-
-    def commits(self, session_id: str) -> list[CommitRow]:
-        """The session's change feed, oldest first."""
-        rows = self.rows(
-            "SELECT seq, at, actor, summary::text FROM kernel_commit WHERE session_id = %s "
-            "ORDER BY seq",
-            [session_id],
-        )
-        return [
-            CommitRow(seq, at.timestamp(), actor, json.loads(summary))
-            for seq, at, actor, summary in rows
-        ]
-
-    def outcome(self, task_id: str) -> dict[str, Any]:
-        raw = self.rows("SELECT outcome::text FROM kernel_task WHERE id = %s", [task_id])[0][0]
-        return dict(json.loads(raw)) if raw else {}
-
-
-@dataclass(frozen=True)
-class CommitRow:
-    """A ``kernel_commit`` row, its ``at`` as a Unix time to compare with ``time.time()``."""
-
-    seq: int
-    at: float
-    actor: str
-    summary: list[dict[str, Any]]
-
-
-@dataclass(frozen=True)
-class Sample:
-    """One commit-to-phase-start latency: ``task`` became runnable, then ran ``phase``."""
-
-    task: str
-    kind: str
-    phase: str
-    seconds: float
-
-
-def scheduling_samples(commits: Sequence[CommitRow]) -> list[Sample]:
-    """Commit-to-phase-start upper bounds from one session's commit log, in ``seq`` order.
-
-    A task becomes runnable in the commit whose summary lists it as ``pending``; its
-    phase has started by the next commit whose actor is ``task:<id>``. Sleepers wake
-    by the clock, not by a commit, and expired leases likewise: neither is sampled.
-    """
-    runnable: dict[str, tuple[float, str, str]] = {}
-    samples = []
-    for commit in commits:
-        if commit.actor.startswith("task:"):
-            task_id = commit.actor.removeprefix("task:")
-            made = runnable.pop(task_id, None)
-            if made is not None:
-                samples.append(Sample(task_id, made[1], made[2], commit.at - made[0]))
-        for item in commit.summary:
-            if item.get("type") == "task" and item.get("status") == "pending":
-                runnable[item["id"]] = (commit.at, item["kind"], item["phase"])
-    return samples
-
-
 # -- results ----------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Delivery:
-    """What the provider holds for one batch, and what it was asked."""
-
-    recipients: int
-    messages: int
-    one_per_recipient: bool
-    posts: int
-    duplicate_posts: int
-    lookups: int
-    sent: int
-    outcome: str
-
-    @property
-    def ok(self) -> bool:
-        return self.one_per_recipient and self.messages == self.recipients == self.sent
 
 
 @dataclass(frozen=True)
@@ -439,62 +208,6 @@ def measure_probe(bench: Bench, count: int, warmup: int) -> list[Sample]:
     return samples
 
 
-def check_delivery(bench: Bench, batch_id: str, recipients: list[str]) -> Delivery:
-    """What the provider holds for this batch (the provider is reset before each batch)."""
-    messages = bench.admin.messages()
-    per_recipient = Counter(m["to"] for m in messages)
-    posts = Counter(r.get("to") for r in bench.admin.requests() if r["method"] == "POST")
-    lookups = sum(1 for r in bench.admin.requests() if r["method"] == "GET")
-    outcome = bench.outcome(batch_id)
-    return Delivery(
-        recipients=len(recipients),
-        messages=len(messages),
-        one_per_recipient=per_recipient == Counter(recipients),
-        posts=sum(posts.values()),
-        duplicate_posts=sum(n - 1 for n in posts.values() if n > 1),
-        lookups=lookups,
-        sent=int((outcome.get("result") or {}).get("sent", 0)),
-        outcome=str(outcome.get("kind", "none")),
-    )
-
-
-def wait_batch(
-    bench: Bench,
-    session_id: str,
-    task_id: str,
-    emails: int,
-    label: str,
-    timeout: float,
-    until: Callable[[Counter[str]], bool] | None = None,
-) -> Counter[str]:
-    """Wait for the batch to end (or ``until`` to hold), with progress on stderr.
-
-    The batch's own row is polled; its emails are counted (a scan of the session's
-    tasks, 20 ms at 10,000 on this machine) only when ``until`` needs them and for the
-    progress line, so that the poll does not take from the workers a share that grows
-    with the batch."""
-    started = last = time.monotonic()
-    counts: Counter[str] = Counter()
-    while True:
-        now = time.monotonic()
-        report = now - last >= 5.0
-        if until is not None or report:
-            counts = bench.notice_counts(session_id)
-        if until is not None and until(counts):
-            return counts
-        if bench.status(task_id) == "terminal":
-            return bench.notice_counts(session_id)
-        done = counts["terminal"]
-        if report:
-            last = now
-            rate = done / (now - started)
-            eta = f", ETA {(emails - done) / rate:.0f} s" if rate > 0 else ""
-            progress(f"{label}: {done}/{emails} emails done, {rate:.1f} emails/s{eta}")
-        if now - started > timeout:
-            raise TimeoutError(f"{label}: {done}/{emails} done after {timeout:g} s")
-        time.sleep(0.2)
-
-
 def measure_batch(bench: Bench, config: Config) -> BatchResult:
     """One clean batch: throughput, in-batch scheduling latency, end state."""
     recipients = [f"r{i:04d}@clean.example" for i in range(config.emails)]
@@ -518,27 +231,6 @@ def measure_batch(bench: Bench, config: Config) -> BatchResult:
         phase_seconds_mean=mean_notice_phase(commits, task_id),
         delivery=check_delivery(bench, task_id, recipients),
     )
-
-
-def mean_notice_phase(commits: Sequence[CommitRow], batch_id: str) -> float:
-    """Mean time from a notice's first commit (its intent) to the commit that ended it.
-
-    That stretch is the provider call and its bookkeeping; the rest of a worker's
-    time per email is overhead around it (dispatch, claim, plan read). The ending is
-    read from the summaries, not from the notice's own commits: a woken worker's
-    receipt rides with the next notice's intent commit, whose actor is that notice.
-    """
-    first: dict[str, float] = {}
-    ended: dict[str, float] = {}
-    for c in commits:
-        actor = c.actor.removeprefix("task:")
-        if c.actor.startswith("task:") and actor != batch_id:
-            first.setdefault(actor, c.at)
-        for item in c.summary:
-            if item.get("status") == "terminal" and item.get("id") != batch_id:
-                ended.setdefault(item["id"], c.at)
-    spans = [ended[t] - first[t] for t in first if t in ended]
-    return sum(spans) / len(spans) if spans else 0.0
 
 
 def measure_recovery(bench: Bench, cluster: Cluster, config: Config, redis_url: str) -> Recovery:
@@ -664,18 +356,6 @@ def measure_recovery(bench: Bench, cluster: Cluster, config: Config, redis_url: 
     )
 
 
-def queued_tasks(broker: Any, queue: str) -> set[str]:
-    """Ids of the tasks that have an ``advance`` message waiting in ``queue``.
-
-    Celery puts the task's arguments in the message headers (``argsrepr``) as well as
-    the encoded body, so a regular expression over the raw message finds the id.
-    """
-    found: set[str] = set()
-    for raw in [*broker.lrange(queue, 0, -1), *broker.lrange(f"{queue}.now", 0, -1)]:
-        found.update(TASK_ID.findall(raw.decode(errors="replace")))
-    return found
-
-
 # -- the run ----------------------------------------------------------------------------
 
 
@@ -757,7 +437,7 @@ def run(url: str, redis_url: str, config: Config) -> Result:
             fresh_start(cluster, config, redis_url)
             recovery = measure_recovery(bench, cluster, config, redis_url)
             activity.append(("recovery batch", cluster.activity() - activity[0][1]))
-    facts["load_after"] = _load()
+    facts["load_after"] = load_average()
     if code_revision()[1] != facts.pop("fingerprint"):
         facts["revision"] += " (**kernel/ or controlplane/ changed during the run**)"
     database = urlsplit(url).path.lstrip("/")
@@ -780,37 +460,14 @@ def machine_facts(url: str, redis_url: str) -> dict[str, str]:
     import celery
     import redis
 
-    from benchmarks.commit import machine_facts as common_facts
-
     facts = common_facts(url)
     facts["celery"] = celery.__version__
     info = redis.Redis.from_url(redis_url).info("server")
     facts["redis"] = str(info.get("redis_version", "?"))
     facts["platform"] = platform.platform(terse=True)
-    facts["load_before"] = _load()
+    facts["load_before"] = load_average()
     facts["revision"], facts["fingerprint"] = code_revision()
     return facts
-
-
-def code_revision() -> tuple[str, str]:
-    """The code under test: a label (commit, and whether kernel/ or controlplane/ differ
-    from it) and a fingerprint of the exact text, to notice a change during the run.
-
-    Workers import the code when they start, and a run starts workers more than once.
-    """
-
-    def git(*args: str) -> str:
-        done = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True)
-        return done.stdout if done.returncode == 0 else ""
-
-    head = git("rev-parse", "--short", "HEAD").strip() or "unknown"
-    diff = git("diff", "HEAD", "--", "kernel", "controlplane")
-    label = f"`{head}`" + (" with uncommitted changes in kernel/ or controlplane/" if diff else "")
-    return label, head + hashlib.sha1(diff.encode()).hexdigest()
-
-
-def _load() -> str:
-    return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
 # -- the report -------------------------------------------------------------------------

@@ -5,14 +5,14 @@ On a ``redis-server`` of the run's own (``controlplane/dev/redis_server.py``: a 
 port, no persistence, nothing else talking to it), so that its command counters hold
 only this run's traffic:
 
-- **per task**: a burst of no-op tasks (``benchmarks.fanout``'s kind, one commit per
-  phase) run by real workers and beat; the server's ``INFO commandstats`` before and
-  after, divided by the tasks: the broker's messages (the committer's ``LPUSH``, the
-  worker's fetch, kombu's bookkeeping of unacknowledged messages under ``acks_late``),
-  the channel layer's hints (channels_redis's ``group_send`` to the session's group and
-  the global one: each reads the group's members, then pushes to each member's channel;
-  with no page open there are none), beat's sweeps and Celery's remote-control
-  listeners;
+- **per task**: a burst of no-op tasks (the fan-out benchmark's kind,
+  ``benchmarks._support.noop``, one commit per phase) run by real workers and beat; the
+  server's ``INFO commandstats`` before and after, divided by the tasks: the broker's
+  messages (the committer's ``LPUSH``, the worker's fetch, kombu's bookkeeping of
+  unacknowledged messages under ``acks_late``), the channel layer's hints
+  (channels_redis's ``group_send`` to the session's group and the global one: each reads
+  the group's members, then pushes to each member's channel; with no page open there are
+  none), beat's sweeps and Celery's remote-control listeners;
 - **capacity**: ``redis-benchmark`` (Debian's redis-tools) against the same server with
   8 clients, for the commands that per-task traffic is made of.
 
@@ -32,7 +32,17 @@ from datetime import UTC, datetime
 
 import redis
 
-from benchmarks._support import BENCH_DATABASE, fresh_database, parse_arguments, progress, publish
+from benchmarks._support import (
+    BENCH_DATABASE,
+    TASK_MODULE,
+    Driver,
+    cluster,
+    fresh_database,
+    load_average,
+    parse_arguments,
+    progress,
+    publish,
+)
 
 HEADING = "## One Redis (issue 14)"
 DEFAULT_DATABASE = f"{BENCH_DATABASE}_broker"
@@ -47,8 +57,6 @@ def commandstats(url: str) -> dict[str, int]:
 
 def per_task(url: str, redis_url: str, args: argparse.Namespace) -> dict[str, float]:
     """Redis commands per task of a burst, by command (the burst's own traffic only)."""
-    from benchmarks.fanout import Driver, cluster
-
     with cluster(url, redis_url, args.workers, None):
         driver = Driver(redis_url)
         try:
@@ -150,7 +158,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--requests", type=int, default=100_000, help="per redis-benchmark test")
     parser.add_argument("--timeout", type=float, default=600.0)
     args, url = parse_arguments(parser, argv, DEFAULT_DATABASE)
-    from benchmarks.fanout import TASK_MODULE
     from controlplane.dev.postgres import private_folder
     from controlplane.dev.redis_server import PrivateRedis, redis_server
 
@@ -159,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     if binary is None:
         raise SystemExit("no redis-server binary found")
     facts = {"machine": f"{os.cpu_count()} CPUs",
-             "load_before": " ".join(f"{x:.2f}" for x in os.getloadavg())}
+             "load_before": load_average()}
     when = datetime.now(UTC)
     with private_folder("bench-broker-", None) as folder:
         server = PrivateRedis(folder, binary)
@@ -173,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
             rps = capacity(server.port, args.requests)
         finally:
             server.stop()
-    facts["load_after"] = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    facts["load_after"] = load_average()
     return publish(HEADING, render(when, facts, calls, rps, args), write=not args.no_write)
 
 

@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import multiprocessing
 import os
-import platform
 import queue
 import threading
 import time
@@ -39,11 +38,12 @@ from psycopg.types.json import Jsonb
 from benchmarks._support import (
     BENCH_DATABASE,
     Stats,
+    WaitSampler,
+    machine_facts,
     parse_arguments,
     progress,
     publish,
     recreate_database,
-    server_facts,
     setup_django,
 )
 from kernel import (
@@ -683,76 +683,6 @@ def measure_throughput(
     )
 
 
-class WaitSampler:
-    """Samples ``pg_stat_activity`` every few milliseconds while it is entered: where the
-    benchmark database's backends are (state, wait event, and the statement of an active
-    one) and what the server's own processes wait on, as average numbers of backends.
-    Whatever serializes commits across sessions shows here as a wait many backends share
-    (a lock, the WAL write lock, the WAL flush), or as backends waiting on their clients."""
-
-    QUERY = (
-        "SELECT backend_type, state, coalesce(wait_event_type, '-'), "
-        "coalesce(wait_event, '-'), split_part(left(query, 40), ' (', 1) "
-        "FROM pg_stat_activity WHERE pid <> pg_backend_pid() "
-        "AND (datname = %s OR backend_type <> 'client backend')"
-    )
-
-    def __init__(self, url: str, every: float = 0.005) -> None:
-        self.url = url
-        self.database = str(psycopg.conninfo.conninfo_to_dict(url).get("dbname") or "")
-        self.every = every
-        self.samples: list[tuple[float, list[str]]] = []  # (time.monotonic(), where)
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def __enter__(self) -> WaitSampler:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-
-    def _run(self) -> None:
-        conn: psycopg.Connection[Any] | None = None
-        try:
-            while not self._stop.wait(self.every):
-                try:
-                    if conn is None:
-                        conn = psycopg.connect(self.url, autocommit=True)
-                    rows = conn.execute(self.QUERY, [self.database]).fetchall()
-                except psycopg.Error:  # a terminated sampler misses samples, no more
-                    conn = None
-                    continue
-                seen = []
-                for kind, state, wait_type, wait, query in rows:
-                    if kind != "client backend":
-                        if wait_type not in ("Activity", "-"):
-                            seen.append(f"[{kind}] {wait_type}: {wait}")
-                        continue
-                    where = f"{state}, {wait_type}: {wait}"
-                    if state == "active":
-                        where += f" ({query.strip()})"
-                    seen.append(where)
-                self.samples.append((time.monotonic(), seen))
-        finally:
-            if conn is not None:
-                conn.close()
-
-    def averages(self, start: float | None = None, end: float | None = None) -> dict[str, float]:
-        """Average backends in each state over the samples taken between ``start`` and
-        ``end`` (``time.monotonic()``; default: all), most first."""
-        taken = [seen for at, seen in self.samples
-                 if (start is None or at >= start) and (end is None or at <= end)]
-        if not taken:
-            return {}
-        counts: defaultdict[str, int] = defaultdict(int)
-        for seen in taken:
-            for where in seen:
-                counts[where] += 1
-        return {k: v / len(taken) for k, v in sorted(counts.items(), key=lambda kv: -kv[1])}
-
-
 def _run_concurrently(
     url: str, workload: Workload, sessions: int, seconds: float, mode: Mode
 ) -> list[WorkerResult]:
@@ -815,33 +745,6 @@ class Result:
     profile: Profile
     cpu: dict[Workload, Cpu]
     throughput: list[Throughput]
-
-
-def machine_facts(url: str) -> dict[str, str]:
-    """The facts a reader needs to compare this run with another."""
-    import django
-
-    with psycopg.connect(url, autocommit=True) as conn:
-        facts = server_facts(conn)
-    facts["nproc"] = str(len(os.sched_getaffinity(0)))
-    facts["cpu"] = _cpu_model()
-    facts["python"] = platform.python_version()
-    facts["psycopg"] = psycopg.__version__
-    facts["django"] = django.__version__
-    facts["django_debug"] = os.environ.get("DJANGO_DEBUG", "")
-    facts["load_start"] = f"{os.getloadavg()[0]:.2f}"
-    return facts
-
-
-def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as info:
-            for line in info:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def _row(name: str, s: Stats) -> str:

@@ -39,7 +39,9 @@ from typing import Any
 
 from benchmarks._support import (
     Stats,
+    commit_one,
     fresh_database,
+    machine_facts,
     parse_arguments,
     progress,
     publish,
@@ -52,7 +54,6 @@ DATABASE = "durable_bench_feed"
 LATENCY_TARGET_MS = 250.0
 REPLAY_TARGET_S = 1.0
 REST_PAGE = 1000
-PLAN = "email-plan"  # a document kind the project registers
 
 
 # -- measurements ------------------------------------------------------------------------
@@ -74,14 +75,6 @@ class CommitClock:
 def bearer(token: str) -> dict[str, str]:
     """The handshake header that carries a feed socket's token (never the URL)."""
     return {"Authorization": f"Bearer {token}"}
-
-
-def commit_one(handle: Any, value: Any) -> Any:
-    from kernel import Draft
-
-    draft = Draft(actor="bench")
-    draft.set(PLAN, "doc", ["n"], value)
-    return handle.commit(draft).commit
 
 
 @dataclass
@@ -329,7 +322,6 @@ def viewer_token() -> str:
 
 
 def run(args: argparse.Namespace, url: str, redis_url: str) -> Result:
-    from benchmarks.commit import machine_facts
     from controlplane.worker.runtime import runtime
 
     facts = machine_facts(url)
@@ -437,7 +429,7 @@ def render(result: Result) -> str:
         + f" (highest p99 {worst:.1f} ms).",
     ]
     if result.replays:
-        from controlplane.sockets.consumers import FRAME_COMMITS
+        from controlplane.sockets.feed import FRAME_COMMITS
 
         lines += [
             "",

@@ -42,6 +42,7 @@ from benchmarks._support import (
     percentile,
     progress,
     publish,
+    seed_session,
 )
 
 HEADING = "## Long agent histories (issue 24)"
@@ -281,7 +282,6 @@ def run_pages(runs: int, lengths: tuple[int, int] = (1000, 10_000),
     from django.db import connection
     from django.test import Client
 
-    from benchmarks.ui import seed_session
     from controlplane.storage import PostgresStorage
     from kernel import Kernel, Registry
     from kernel.agent.requests import USAGE

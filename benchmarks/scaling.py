@@ -7,8 +7,9 @@ server's default settings: ``fsync``, ``synchronous_commit`` and ``full_page_wri
 on) and its streaming replica (``pg_basebackup -R``), each on a port of its own, so that
 the replica is a real one and no other database shares the primary; Redis db 12 of the
 shared server, reserved. Workers are ``celery worker -P solo`` processes and beat,
-started through the launcher as deployed; the tasks are the no-op kind of
-``benchmarks.fanout`` (every phase only commits), committed as the API commits.
+started through the launcher as deployed; the tasks are the fan-out benchmark's no-op
+kind (``benchmarks._support.noop``: every phase only commits), committed as the API
+commits.
 
 Shapes, for each worker count:
 
@@ -53,7 +54,13 @@ import psycopg
 
 from benchmarks._support import (
     BENCH_DATABASE,
+    KIND,
+    TASK_MODULE,
+    Driver,
     Stats,
+    cluster,
+    code_revision,
+    load_average,
     parse_arguments,
     progress,
     publish,
@@ -183,7 +190,6 @@ def commits_per_second(
 ) -> float:
     """``tasks`` tasks of ``phases`` phases, in one session or one session each: phase
     commits/s until all are terminal."""
-    from benchmarks.fanout import KIND
     from kernel import Draft
 
     started = time.time()
@@ -208,7 +214,6 @@ def rows_read(url: str) -> int:
 
 def measure(args: argparse.Namespace, url: str, replica_url: str, redis_url: str,
             logs: Path) -> list[Run]:
-    from benchmarks.fanout import Driver, cluster
     from controlplane.dev.processes import Daphne, process_env, running
 
     env = process_env(url, redis_url, DJANGO_DEBUG="0")
@@ -341,16 +346,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--logs", help="keep the processes' logs in this directory")
     parser.add_argument("--redis-db", type=int, default=DEFAULT_REDIS_DB)
     args, _ = parse_arguments(parser, argv, DEFAULT_DATABASE)
-    from benchmarks.batch import code_revision
-    from benchmarks.fanout import TASK_MODULE
-
     os.environ["KERNEL_TASK_MODULES"] = TASK_MODULE  # this process commits the kind too
     # Stopped with SIGTERM, it still stops its servers and workers (the finally blocks).
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     facts = {
         "revision": code_revision()[0],
         "machine": f"{os.cpu_count()} CPUs",
-        "load_before": " ".join(f"{x:.2f}" for x in os.getloadavg()),
+        "load_before": load_average(),
     }
     when = datetime.now(UTC)
     with contextlib.ExitStack() as stack:
@@ -363,7 +365,7 @@ def main(argv: list[str] | None = None) -> int:
             facts.update(server_facts(conn))
         runs = measure(args, primary.url(args.database), replica.url(args.database),
                        redis_url, logs)
-    facts["load_after"] = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    facts["load_after"] = load_average()
     return publish(HEADING, render(when, facts, runs, args), write=not args.no_write)
 
 

@@ -5,7 +5,7 @@ too). An account without either is refused everything, reads included. Programs 
 API tokens, of which only a digest is stored; a token may expire and may be revoked
 (docs/security.md), and an open socket re-checks its credential (:func:`recheck`). The
 API (:mod:`controlplane.api.auth`), the pages (:mod:`controlplane.ui.access`) and the
-sockets (:mod:`controlplane.sockets.consumers`) all ask this module.
+sockets (:mod:`controlplane.sockets.feed`) all ask this module.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """ASGI entry point (Daphne): HTTP (static files included), and the websocket change feeds
-and live pages (controlplane.sockets.consumers).
+and live pages (controlplane.sockets.routes).
 
 Websockets pass the origin check (for browsers), then Django's session auth
 (``AuthMiddlewareStack``); the consumers also accept an API token and check roles.
@@ -18,10 +18,8 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
 django_asgi_app = get_asgi_application()
 
 from controlplane.process.heap import settle  # noqa: E402
-from controlplane.sockets.consumers import (  # noqa: E402  (needs the apps loaded)
-    BrowserOriginValidator,
-    websocket_urlpatterns,
-)
+from controlplane.sockets.origins import BrowserOriginValidator  # noqa: E402
+from controlplane.sockets.routes import websocket_urlpatterns  # noqa: E402  (needs the apps)
 from controlplane.web.request_connections import bound  # noqa: E402
 
 bound()  # a web process: every statement of a request bounded in time

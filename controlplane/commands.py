@@ -41,9 +41,7 @@ from controlplane.reads import sessions as session_reads
 from controlplane.reads import tasks as task_reads
 from controlplane.reads.tasks import TaskFilter, TaskSet
 from controlplane.reads.tokens import TokenView, token_view
-from controlplane.storage import partitions
-from controlplane.storage.artifacts import referenced_artifacts
-from controlplane.storage.retention import PruneRunning
+from controlplane.storage import PruneRunning, prepare_partitions, referenced_artifacts
 from controlplane.worker.runtime import runtime
 from kernel import (
     Blocked,
@@ -855,7 +853,7 @@ def prune(*, dry_run: bool = False, progress: Progress = quiet) -> PruneReport:
     kernel = runtime().kernel
     now = kernel.clock.now()
     if not dry_run:
-        made = partitions.prepare(
+        made = prepare_partitions(
             now, settings.KERNEL_COMMIT_PARTITION, settings.KERNEL_COMMIT_PARTITIONS_AHEAD
         )
         progress(f"partitions made: {', '.join(made) or 'none needed'}")

@@ -238,14 +238,14 @@ CHANNEL_LAYERS = {
         },
     },
 }
-# The change feed: how often a websocket consumer (controlplane.sockets.consumers) reads the log
+# The change feed: how often a websocket consumer (controlplane.sockets.feed) reads the log
 # without a hint (the safety net for dropped hints), how long a quiet socket goes before
 # a heartbeat frame, and how often a REST long-poll (controlplane.api.feed) reads the log.
 FEED_POLL_SECONDS = float(os.environ.get("FEED_POLL_SECONDS", "1.5"))
 FEED_HEARTBEAT_SECONDS = float(os.environ.get("FEED_HEARTBEAT_SECONDS", "15"))
 FEED_LONG_POLL_SECONDS = float(os.environ.get("FEED_LONG_POLL_SECONDS", "0.2"))
 # How often an open websocket checks its credential again (a revoked or expired token, a
-# logout, a lost role close it within this time; controlplane.sockets.consumers).
+# logout, a lost role close it within this time; controlplane.sockets.feed).
 WEBSOCKET_RECHECK_SECONDS = float(os.environ.get("WEBSOCKET_RECHECK_SECONDS", "5"))
 # Work one account may hold at once, counted in Redis across web processes
 # (controlplane.sockets.slots): open websockets (beyond: closed with 4429) and long-polling
@@ -349,8 +349,12 @@ KERNEL_HINT_GRACE_MS = float(os.environ.get("KERNEL_HINT_GRACE_MS", "5"))
 # their leases back and exits (controlplane.worker.execution.drain). Keep the process manager's
 # stop timeout (compose: stop_grace_period) above it.
 KERNEL_DRAIN_SECONDS = float(os.environ.get("KERNEL_DRAIN_SECONDS", "25"))
+# The function that builds this deployment's Registry: every task and document kind its
+# processes run (the reference apps, and what the two settings below add).
+KERNEL_REGISTRY = os.environ.get("KERNEL_REGISTRY",
+                                 "controlplane.reference.registry.build_registry")
 # Dotted paths of ``register(registry)`` callables adding task kinds to the project's
-# registry (comma-separated), e.g. the no-op kind of ``benchmarks.fanout``.
+# registry (comma-separated), e.g. the benchmarks' no-op kind (``benchmarks._support.noop``).
 KERNEL_TASK_MODULES = [p for p in os.environ.get("KERNEL_TASK_MODULES", "").split(",") if p]
 # Framework agents a submission may name ({"agent": "support"}): name -> dotted path of
 # a Pydantic AI Agent built with KernelDurability (kernel.hosts.pydantic_ai). JSON in the

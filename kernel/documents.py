@@ -118,12 +118,15 @@ class DocumentKind:
 
     ``migrate(from_version, value)`` upgrades a value stored under an older version
     to this one; documents are migrated when they are next read or written.
+    ``panel`` names where an operator's view shows a session's documents of this kind
+    (the dashboard's ``"plans"``); the kernel itself never reads it.
     """
 
     name: str
     version: int = 1
     migrate: Migrate | None = None
     initial: JSON = None
+    panel: str | None = None
 
     def initial_value(self) -> JSON:
         return copy.deepcopy(self.initial) if self.initial is not None else {}

@@ -148,6 +148,9 @@ class Blocked:
 class Registry:
     _tasks: dict[str, dict[int, TaskDefinition]] = field(default_factory=dict)
     _documents: dict[str, DocumentKind] = field(default_factory=dict)
+    tool_replay: dict[str, str] = field(default_factory=dict)
+    """The replay policy (``safe`` / ``unsafe``) of each tool an agent registered here
+    offers, by tool name: what a reader shows for a call whose task recorded none."""
 
     def __post_init__(self) -> None:
         self.document(BLOCKED_DOCUMENT)  # where workers report environments that differ
@@ -249,11 +252,17 @@ class Registry:
     # -- documents ---------------------------------------------------------
 
     def document(
-        self, name: str, *, version: int = 1, migrate: Migrate | None = None, initial: JSON = None
+        self, name: str, *, version: int = 1, migrate: Migrate | None = None, initial: JSON = None,
+        panel: str | None = None,
     ) -> DocumentKind:
-        kind = DocumentKind(name=name, version=version, migrate=migrate, initial=initial)
+        kind = DocumentKind(name=name, version=version, migrate=migrate, initial=initial,
+                            panel=panel)
         self._documents[name] = kind
         return kind
+
+    def document_kinds(self, panel: str) -> list[str]:
+        """The names of the document kinds an application asked to be shown in ``panel``."""
+        return sorted(name for name, kind in self._documents.items() if kind.panel == panel)
 
     def document_kind(self, name: str) -> DocumentKind:
         kind = self._documents.get(name)

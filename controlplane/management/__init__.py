@@ -1,0 +1,2 @@
+"""Django's management commands of the control plane (``manage.py <name>``): thin shell
+edges over the commands and the reads."""

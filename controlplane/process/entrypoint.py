@@ -31,7 +31,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 ROLES = ("web", "worker", "beat", "migrate")
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]  # the checkout: manage.py beside controlplane/
 CELERY = ["-m", "celery", "-A", "controlplane.celery"]
 
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from django.db import connection
 
-from controlplane.worker.runtime import runtime
+from controlplane.process.kernel import process_kernel
 from kernel.errors import UnknownRecord
 
 REFERENCED_IN_SESSION = (
@@ -33,6 +33,6 @@ def artifact(session_id: str, digest: str) -> Artifact:
         cur.execute(REFERENCED_IN_SESSION, [session_id, f'"{digest}"'])
         if cur.fetchone() is None:
             raise UnknownRecord(f"no artifact {digest} in session {session_id}")
-    store = runtime().kernel.artifacts
+    store = process_kernel().artifacts
     assert store is not None
     return Artifact(digest, store.media_type(digest), store.get(digest))

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from controlplane.worker.runtime import runtime
+from controlplane.process.kernel import process_kernel
 from kernel import Task
 from kernel.environment import BLOCKED_DOCUMENT, recorded
 
@@ -19,7 +19,7 @@ def report(task: Task) -> dict[str, JSON] | None:
     """The current report on ``task``, or None (none, or stale, or the task has ended)."""
     if task.terminal or recorded(task.checkpoint) is None:
         return None
-    found = runtime().kernel.document(task.session_id, BLOCKED_DOCUMENT, task.id)
+    found = process_kernel().document(task.session_id, BLOCKED_DOCUMENT, task.id)
     if not isinstance(found, dict) or found.get("task_seq") != task.updated_seq:
         return None
     return found

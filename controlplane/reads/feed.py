@@ -2,7 +2,7 @@
 
 Each read is one autocommit statement (a worker thread runs it for the async callers);
 no transaction or lock spans a wait. The REST feed (:mod:`controlplane.api.feed`) and
-the websocket feeds (:mod:`controlplane.sockets.consumers`) share them.
+the websocket feeds (:mod:`controlplane.sockets.feed`) share them.
 """
 
 from __future__ import annotations

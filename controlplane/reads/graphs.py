@@ -16,8 +16,8 @@ from typing import Any
 from django.db.models import Q
 
 from controlplane import models
+from controlplane.process.kernel import process_kernel
 from controlplane.storage.schema import TASK
-from controlplane.worker.runtime import runtime
 from kernel.hosts.langgraph.interrupts import declared_schema, interrupted
 from kernel.hosts.langgraph.layout import INDEX, INDEX_KEY, register_documents
 from kernel.records import Task
@@ -102,7 +102,7 @@ class Thread:
 def versioned_index(session_id: str) -> tuple[dict[str, dict[str, JSON]], int]:
     """The thread's live checkpoints by namespace (the saver's index; empty when the
     session holds no thread) and the index's version."""
-    kernel = runtime().kernel
+    kernel = process_kernel()
     register_documents(kernel.registry)  # this process may host no graph itself
     found, version = kernel.versioned_document(session_id, INDEX, INDEX_KEY)
     return (found.get("namespaces", {}) if isinstance(found, dict) else {}), version

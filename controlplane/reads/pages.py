@@ -18,6 +18,7 @@ from django.db.models import QuerySet
 
 from controlplane import models
 from controlplane.errors import Invalid
+from controlplane.process.kernel import process_kernel
 from controlplane.reads import approvals as approval_reads
 from controlplane.reads import graphs, tasks
 from controlplane.reads import sessions as session_reads
@@ -27,9 +28,7 @@ from controlplane.reads.replica import prefer_replica
 from controlplane.reads.snapshot import rows as sql_rows
 from controlplane.reads.snapshot import snapshot
 from controlplane.reads.tasks import TaskFilter, TaskView
-from controlplane.reference.notices.tasks import PLAN
 from controlplane.storage.schema import SESSION
-from controlplane.worker.runtime import runtime
 from kernel import Outcome, Status
 from kernel.agent import turn
 from kernel.commit import operations_log_id
@@ -127,14 +126,20 @@ def children_page(session_id: str, parent_id: str, page: int) -> tuple[list[Node
 # -- the session's other records ---------------------------------------------------------------
 
 
+def plan_kinds() -> list[str]:
+    """The document kinds an application shows in the session page's plans panel (the
+    email app's plans): each a subject, a channel and recipients with receipts."""
+    return process_kernel().registry.document_kinds("plans")
+
+
 def plans(session_id: str) -> list[dict[str, Any]]:
-    """The session's email plans: each recipient with its receipt state."""
-    kernel = runtime().kernel
+    """The session's plans: each recipient with its receipt state."""
+    kernel = process_kernel()
     found = []
-    for key, version in models.Document.objects.filter(
-        session_id=session_id, kind=PLAN
-    ).order_by("id").values_list("key", "version"):
-        value = kernel.document(session_id, PLAN, key) or {}
+    for kind, key, version in models.Document.objects.filter(
+        session_id=session_id, kind__in=plan_kinds()
+    ).order_by("id").values_list("kind", "key", "version"):
+        value = kernel.document(session_id, kind, key) or {}
         recipients = [
             {"to": to, **entry} for to, entry in (value.get("recipients") or {}).items()
         ]
@@ -155,7 +160,7 @@ def _streaming(session_id: str) -> QuerySet[models.Task]:
 def progress(session_id: str) -> list[dict[str, Any]]:
     """Streamed text and tool output still being produced (progress documents of tasks
     that have not ended, with something in them)."""
-    kernel = runtime().kernel
+    kernel = process_kernel()
     found = []
     live = _streaming(session_id).values("id")
     for key in models.Document.objects.filter(
@@ -309,7 +314,7 @@ def session_changes(session_id: str, after: int) -> SessionChanges | None:
                      if t.parent_id not in regrouped]
             changes.rows = nodes(session_id, shown, depth=2)  # rows only: groups stay
     documents = models.Document.objects.filter(session_id=session_id, updated_seq__gt=after)
-    if documents.filter(kind=PLAN).exists():
+    if documents.filter(kind__in=plan_kinds()).exists():
         changes.plans = plans(session_id)
     streamers = models.Document.objects.filter(session_id=session_id, kind=PROGRESS)
     if documents.filter(kind=PROGRESS).exists() or in_session.filter(
@@ -509,7 +514,7 @@ def tasks_page(search: TaskSearch) -> TasksPage:
     order, up to one past :data:`COUNT_UP_TO`): a filter that no index serves, a word of
     the input where the server has no trigram index, then scans the tasks once, not
     once to count and again for the page. A page past those ids is read on its own."""
-    kinds = sorted(runtime().kernel.registry.kinds())
+    kinds = sorted(process_kernel().registry.kinds())
     if search.short_word:
         return TasksPage(last_commit_id(), replace(search, page=1), [], {}, 0, False, 1,
                          kinds, short_word=True)

@@ -9,8 +9,8 @@ from django.db.models import Q
 
 from controlplane import models
 from controlplane.errors import Invalid
+from controlplane.process.kernel import process_kernel
 from controlplane.storage.schema import CONVERSATION, ENTRY, SESSION, SUBMISSION
-from controlplane.worker.runtime import runtime
 from kernel import UnknownRecord
 from kernel.commit import operations_log_id
 from kernel.records import Conversation, Entry, SessionRecord, Submission
@@ -26,7 +26,7 @@ def sessions(after: str | None, limit: int) -> list[SessionRecord]:
 
 
 def session(session_id: str) -> SessionRecord:
-    found = runtime().kernel.storage.session(session_id)
+    found = process_kernel().storage.session(session_id)
     if found is None:
         raise UnknownRecord(f"no session {session_id}")
     return found
@@ -162,7 +162,7 @@ class DocumentView:
 
 def document(session_id: str, kind: str, key: str, version: int | None) -> DocumentView:
     """A document's value now or at a past version (NotRegistered for an unknown kind)."""
-    kernel = runtime().kernel
+    kernel = process_kernel()
     session(session_id)
     if version is None:
         value, current = kernel.versioned_document(session_id, kind, key)
@@ -187,7 +187,7 @@ def last_submissions(session_id: str, count: int) -> tuple[list[Submission], int
 
 
 def submission(submission_id: str) -> Submission:
-    found = runtime().kernel.storage.submission(submission_id)
+    found = process_kernel().storage.submission(submission_id)
     if found is None:
         raise UnknownRecord(f"no submission {submission_id}")
     return found

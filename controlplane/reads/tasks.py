@@ -14,12 +14,12 @@ from django.conf import settings
 from django.db.models import Exists, OuterRef, Q, QuerySet
 
 from controlplane import models
+from controlplane.process.kernel import process_kernel
 from controlplane.reads import environments
 from controlplane.reads.approvals import TOOL_KIND
 from controlplane.reads.snapshot import rows as sql_rows
 from controlplane.storage import search
 from controlplane.storage.schema import TASK
-from controlplane.worker.runtime import runtime
 from kernel import Blocked, Decision, Outcome, Status, Task, UnknownRecord, tracing
 from kernel.agent.approval import PHASE as APPROVAL_PHASE
 from kernel.records import SHOWN_STATUSES
@@ -109,7 +109,7 @@ class TaskView:
     def decisions(self) -> tuple[Decision, ...]:
         """What an operator may answer it now (its definition's, while it waits on a
         signal)."""
-        return runtime().kernel.registry.decisions(self.task)
+        return process_kernel().registry.decisions(self.task)
 
     @property
     def step(self) -> dict[str, Any] | None:
@@ -142,7 +142,7 @@ class TaskView:
 def view(task: Task) -> TaskView:
     blocked = None
     if not task.terminal:
-        resolved = runtime().kernel.registry.resolve(task)
+        resolved = process_kernel().registry.resolve(task)
         blocked = resolved.reason if isinstance(resolved, Blocked) else None
     return TaskView(task, blocked)
 
@@ -285,7 +285,7 @@ def get(task_id: str) -> TaskView:
 
 def record(task_id: str) -> Task:
     """The task record alone (what a command checks before it acts)."""
-    found = runtime().kernel.storage.task(task_id)
+    found = process_kernel().storage.task(task_id)
     if found is None:
         raise UnknownRecord(f"no task {task_id}")
     return found
@@ -332,7 +332,7 @@ def tree(session_id: str, limit: int) -> list[TreeNode] | None:
     found = _records(_query(TaskFilter(session_id=session_id))[: limit + 1])
     if len(found) > limit:
         return None
-    if not found and runtime().kernel.storage.session(session_id) is None:
+    if not found and process_kernel().storage.session(session_id) is None:
         raise UnknownRecord(f"no session {session_id}")
     children: dict[str | None, list[Task]] = defaultdict(list)
     for task in found:

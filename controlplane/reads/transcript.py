@@ -14,7 +14,7 @@ import json
 import operator
 from dataclasses import dataclass, field
 from datetime import datetime
-from functools import lru_cache, reduce
+from functools import reduce
 from typing import Any
 
 from django.conf import settings
@@ -24,8 +24,8 @@ from django.db.models.fields.json import KT
 from django.db.models.functions import Cast, Coalesce
 
 from controlplane import models
+from controlplane.process.kernel import process_kernel
 from controlplane.reads import approvals, sessions, tasks
-from controlplane.worker.runtime import runtime
 from kernel.agent.compaction import COMPACTION
 from kernel.agent.context import INTERRUPTION, RESPONSE, TOOL_RESULT, USER
 from kernel.agent.requests import USAGE, conversation_key
@@ -140,15 +140,6 @@ class Conversation:
     """The id of its newest entry: what an operator's compaction names as seen."""
 
 
-@lru_cache(maxsize=1)
-def _replay_policies() -> dict[str, str]:
-    """Each offered tool's replay policy (for calls that run as a task of their own kind
-    and so commit no intent)."""
-    from controlplane.reference import assistant
-
-    return {name: str(tool.replay) for name, tool in assistant.toolbox().tools.items()}
-
-
 def _tool_tasks(session_id: str, calls: set[str], since: int) -> dict[str, Any]:
     """The tool tasks of these calls, and the approval tasks of hosted agents' calls, by
     call id (the last one, if a call was made again). A call's task is made after the
@@ -217,7 +208,8 @@ def _card(call: dict[str, Any], result: dict[str, Any] | None, task: Any | None,
         card.decided = (task.checkpoint or {}).get("approved")
         if task.kind == approvals.TASK_KIND and task.status is Status.TERMINAL:
             card.decided = task.outcome.get("result") if task.outcome else None
-    card.replay = card.replay or _replay_policies().get(card.name)
+    # A call that runs as a task of its own kind commits no intent: its tool's policy.
+    card.replay = card.replay or process_kernel().registry.tool_replay.get(card.name)
     if result is not None:
         card.decided = result.get("approval") or card.decided
         if result.get("cancelled"):
@@ -276,7 +268,7 @@ def _per_model(session_id: str, conversation_id: str) -> dict[str, Any] | None:
     """The conversation's own running totals per model (the ``agent-usage`` document its
     requests add to): one read, however long the conversation. None when it has no such
     document (nothing was counted there)."""
-    found = runtime().kernel.storage.document_now(
+    found = process_kernel().storage.document_now(
         session_id, USAGE, conversation_key(conversation_id))
     if found is None:
         return None

@@ -1,6 +1,6 @@
 """Live-page renders taken in turns by account.
 
-A process renders its live pages on a few threads (``consumers.PAGE_THREADS``). Renders
+A process renders its live pages on a few threads (``page_threads.PAGE_THREADS``). Renders
 are shared per page view (page, role, parameters), so an account that opens many
 sockets on distinct filters asks for as many renders per commit; taken first come,
 first served, they would hold every thread and queue every other account's page

@@ -4,7 +4,7 @@ Daphne stops its Twisted reactor on SIGTERM; left alone, the sockets would just 
 client sees 1006, abnormal closure). Instead every open feed socket gets a close frame
 with code 4503 (server stopping) before the reactor shuts down, and the client
 reconnects, to another web process behind the proxy, with the last seq or id it saw:
-the feed resends nothing it sent and misses nothing (controlplane.sockets.consumers).
+the feed resends nothing it sent and misses nothing (controlplane.sockets.feed).
 
 The hook is a "before shutdown" trigger on Daphne's reactor, registered when the first
 socket opens (never at import: importing the reactor outside Daphne would install the

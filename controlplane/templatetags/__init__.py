@@ -1,0 +1,2 @@
+"""The dashboard's template filters (Django finds them here by convention): safe
+Markdown, relative times, durations."""

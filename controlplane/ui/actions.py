@@ -317,7 +317,7 @@ def _step(request: HttpRequest) -> commands.Step:
 def _reason_and_id(request: HttpRequest) -> tuple[str, str]:
     """An action form's reason (required, as the API wants it) and its action id, the
     operator's own: live parts are rendered once per commit for every operator watching
-    (controlplane.sockets.consumers), so the ids in their forms are the same, and one operator's
+    (controlplane.sockets.pages), so the ids in their forms are the same, and one operator's
     action must not answer another's "already done" when nothing ran for them."""
     reason = request.POST.get("reason", "").strip()
     if not reason or len(reason) > MAX_REASON or "\x00" in reason:

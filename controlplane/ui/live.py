@@ -4,7 +4,7 @@ A live page is one :class:`LivePage` subclass here plus its templates: the class
 the page (its socket is ``ws/ui/<name>/``), builds its context from the read layer,
 and names the partials a live update re-renders (``parts``). The URL routes
 (:mod:`controlplane.ui.urls`), the views and the page sockets
-(:class:`controlplane.sockets.consumers.GlobalPageConsumer`) all take pages from
+(:class:`controlplane.sockets.pages.GlobalPageConsumer`) all take pages from
 :data:`GLOBAL_PAGES`, so a new page needs no edit anywhere else.
 
 A socket reads through :meth:`LivePage.update` instead of sending commit frames: however

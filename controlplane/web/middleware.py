@@ -12,7 +12,7 @@ from django.conf import settings
 from django.http import HttpRequest, HttpResponse, JsonResponse
 
 from controlplane import access
-from controlplane.storage.postgres import UNAVAILABLE
+from controlplane.storage import UNAVAILABLE
 from controlplane.web import rates
 from controlplane.web.client_address import client_bucket
 from kernel import SessionPoisoned, StorageUnavailable

@@ -31,7 +31,8 @@ Its cost is known only at its end, so a request is charged :data:`START_SECONDS`
 let in and the difference (or a refund) when it ends: an account can thus start at most
 ``USER_SERVER_SECONDS_BURST / START_SECONDS`` requests (and one more) at once, fewer the
 more it owes, and a request that finds its account more than the burst in arrears is
-refused (429) like one over its rate, until what it spent is paid off.
+refused (429) like one over its rate, until what it spent is paid off. The renders of
+an account's live pages are charged to the same budget, and wait while it is in arrears.
 """
 
 from __future__ import annotations
@@ -91,6 +92,14 @@ if free <= now then
 end
 redis.call('SET', KEYS[1], free, 'PX', free - now)
 return free - now
+"""
+# How many ms a subject's next free time stands past now and ARGV[1] ms (its burst): 0
+# when it is within its burst.
+_ARREARS = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local free = tonumber(redis.call('GET', KEYS[1]) or now)
+return math.max(0, free - now - tonumber(ARGV[1]))
 """
 
 
@@ -269,6 +278,21 @@ def take(*subjects: Subject | None) -> Refusal | None:
     if not wait_ms:
         return None
     return Refusal(counted[int(who) - 1], int(wait_ms) / 1000)
+
+
+def arrears(subject: Subject | None) -> float:
+    """Seconds until a :class:`Budget` subject is back within its burst (0 if it is, or
+    is not counted): while it is not, its account's requests are refused and its live
+    pages wait (:mod:`controlplane.sockets.pages`)."""
+    if subject is None or not isinstance(subject.rate, Budget):
+        return 0.0
+    try:
+        owed = _client().eval(_ARREARS, 1, subject.key, max(0, subject.rate.owed_ms(
+            subject.rate.burst)))
+    except redis.RedisError as exc:
+        _unavailable(exc)
+        return 0.0
+    return int(owed) / 1000
 
 
 def charge(subject: Subject | None, seconds: float) -> None:

@@ -1,15 +1,16 @@
-"""The kernel runtime of one process: the Kernel on the Postgres store, and what hangs on it.
+"""The kernel runtime of one process: what hangs on the process's Kernel to commit.
 
-Every part of the control plane that reads or changes kernel state (workers, beat, the
-commands behind the API and the pages, management commands) takes it from
-:func:`runtime`, so each process builds exactly one: one Kernel, one Dispatcher that
-delivers after each commit, one Notifier that hints live views, and one Worker that
-renews its lease from a heartbeat thread while a phase runs. Building it opens no
-connection; the Worker's heartbeat thread starts only when it first runs a phase.
+Every part of the control plane that changes kernel state (workers, beat, the commands
+behind the API and the pages, management commands) takes it from :func:`runtime`, so
+each process builds exactly one: the Kernel (:mod:`controlplane.process.kernel`, which
+the reads use alone), one Dispatcher that delivers after each commit, one Notifier that
+hints live views, and one Worker that renews its lease from a heartbeat thread while a
+phase runs. Building it opens no connection; the Worker's heartbeat thread starts only
+when it first runs a phase.
 
-It lives apart from the Celery task module (:mod:`controlplane.worker.execution`) so that the
-web process needs no task module to commit an operator's action: it hands dispatches to
-the broker by task name.
+It lives apart from the Celery task module (:mod:`controlplane.worker.execution`) so
+that the web process needs no task module to commit an operator's action: it hands
+dispatches to the broker by task name.
 """
 
 from __future__ import annotations
@@ -24,15 +25,10 @@ from datetime import timedelta
 from django.conf import settings
 
 from controlplane.celery import ADVANCE, WAKE, app
+from controlplane.process.kernel import forget, process_kernel
 from controlplane.process.logs import log_commit
-from controlplane.reference.registry import build_registry
 from controlplane.sockets.notify import Notifier
-from controlplane.storage import PostgresStorage
-from controlplane.storage.artifacts import PostgresArtifacts
-from controlplane.storage.clock import DatabaseClock
-from controlplane.storage.s3_artifacts import S3Artifacts
 from kernel import Kernel, Task, Worker
-from kernel.artifacts import ArtifactStore
 from kernel.dispatch import Dispatcher
 
 log = logging.getLogger(__name__)
@@ -73,19 +69,9 @@ class Runtime:
     worker: Worker
 
 
-def artifact_store() -> ArtifactStore:
-    """Postgres, or the S3-compatible store the settings name (ARTIFACT_S3_ENDPOINT)."""
-    if settings.ARTIFACT_S3_ENDPOINT:
-        return S3Artifacts.connect(settings.ARTIFACT_S3_ENDPOINT, settings.ARTIFACT_S3_BUCKET)
-    return PostgresArtifacts()
-
-
 @functools.cache
 def runtime() -> Runtime:
-    # One clock for claims, due times and lease expiry: the database's, so that workers
-    # whose own clocks disagree still judge a lease the same way.
-    kernel = Kernel(PostgresStorage(), build_registry(), DatabaseClock(),
-                    artifacts=artifact_store())
+    kernel = process_kernel()
     dispatcher = Dispatcher(
         kernel,
         deliver,
@@ -107,6 +93,13 @@ def runtime() -> Runtime:
         on_release=hand_over,
     )
     return Runtime(kernel, dispatcher, worker)
+
+
+def forget_runtime() -> None:
+    """Build the runtime, and its Kernel, again on next use (for tests that change the
+    settings they are built from)."""
+    runtime.cache_clear()
+    forget()
 
 
 def built() -> bool:

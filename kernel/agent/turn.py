@@ -88,6 +88,7 @@ def register_agent(
     registry.document(CONVERSATION)
     registry.document(PROGRESS)
     registry.document(USAGE)
+    registry.tool_replay.update({name: str(tool.replay) for name, tool in toolbox.tools.items()})
 
     def provider(run: Run) -> ModelProvider:
         return models[run.checkpoint["model"]]

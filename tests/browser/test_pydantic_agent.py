@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from django.conf import settings
 
-from controlplane.worker.runtime import runtime
+from controlplane.worker.runtime import forget_runtime
 from kernel import Draft
 from kernel.agent import submit
 from tests.chaos.harness import Stack, chaos_stack
@@ -33,14 +33,14 @@ AGENTS = json.dumps({"billing": "tests.chaos.pydantic_billing.agent"})
 def stack(tmp_path: Path, transactional_db: None) -> Iterator[Stack]:
     saved = settings.KERNEL_AGENTS
     settings.KERNEL_AGENTS = json.loads(AGENTS)
-    runtime.cache_clear()
+    forget_runtime()
     try:
         with chaos_stack(tmp_path, env={"KERNEL_AGENTS": AGENTS,
                                         "AGENT_TOOL_DIR": str(tmp_path)}) as running:
             yield running
     finally:
         settings.KERNEL_AGENTS = saved
-        runtime.cache_clear()
+        forget_runtime()
 
 
 @pytest.fixture

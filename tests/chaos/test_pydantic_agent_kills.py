@@ -18,7 +18,7 @@ import pytest
 from django.conf import settings
 
 from controlplane.dev.processes import Process
-from controlplane.worker.runtime import runtime
+from controlplane.worker.runtime import forget_runtime, runtime
 from kernel import Draft, Status, SubmissionStatus, Task
 from kernel.agent import submit
 
@@ -35,7 +35,7 @@ def agent_stack(tmp_path: Path, transactional_db: None) -> Iterator[Stack]:
     kernel checks submissions and decisions against its registry)."""
     saved = settings.KERNEL_AGENTS
     settings.KERNEL_AGENTS = AGENTS
-    runtime.cache_clear()
+    forget_runtime()
     env = {"KERNEL_AGENTS": '{"support": "tests.chaos.pydantic_agent.agent"}',
            "AGENT_TOOL_DIR": str(tmp_path)}
     try:
@@ -43,7 +43,7 @@ def agent_stack(tmp_path: Path, transactional_db: None) -> Iterator[Stack]:
             yield running
     finally:
         settings.KERNEL_AGENTS = saved
-        runtime.cache_clear()
+        forget_runtime()
 
 
 def start(stack: Stack, text: str = "Tell ana's contacts") -> tuple[str, str, str]:

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from django.conf import settings
 
-from controlplane.worker.runtime import runtime
+from controlplane.worker.runtime import forget_runtime
 from kernel import Draft, Status, SubmissionStatus, Task
 from kernel.agent import approval as approvals
 from kernel.agent import submit
@@ -30,14 +30,14 @@ AGENTS = {"billing": "tests.chaos.pydantic_billing.agent"}
 def stack(tmp_path: Path, transactional_db: None) -> Iterator[Stack]:
     saved = settings.KERNEL_AGENTS
     settings.KERNEL_AGENTS = AGENTS
-    runtime.cache_clear()
+    forget_runtime()
     env = {"KERNEL_AGENTS": json.dumps(AGENTS), "AGENT_TOOL_DIR": str(tmp_path)}
     try:
         with chaos_stack(tmp_path, env=env) as running:
             yield running
     finally:
         settings.KERNEL_AGENTS = saved
-        runtime.cache_clear()
+        forget_runtime()
 
 
 def start(stack: Stack) -> tuple[str, str, str]:

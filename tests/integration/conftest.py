@@ -14,7 +14,7 @@ from django.test import Client
 from controlplane.dev.postgres import private_folder
 from controlplane.dev.processes import RunningProvider, start_provider
 from controlplane.dev.redis_server import PrivateRedis, redis_server
-from controlplane.sockets.consumers import end_page_threads
+from controlplane.sockets.page_threads import end_page_threads
 from controlplane.worker.runtime import runtime
 from kernel import Kernel
 from tests.langgraph_graphs import on_runtime, release

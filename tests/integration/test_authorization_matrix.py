@@ -4,7 +4,7 @@ Callers (columns): anonymous; a logged-in viewer; a logged-in operator; an opera
 API token; the same kind of token revoked; and expired. Routes (rows): every HTTP route
 of the URL configuration (the API's operations, one per method, from ninja's own
 description of them; the pages; the admin; the API docs; the metrics; the login pages)
-and every websocket route of :data:`controlplane.sockets.consumers.websocket_urlpatterns`.
+and every websocket route of :data:`controlplane.sockets.routes.websocket_urlpatterns`.
 
 The routes are enumerated from the configuration and compared with the rules below: a
 new route without a rule (or a rule for a route that is gone) fails the test, so a
@@ -39,7 +39,7 @@ from controlplane.access import issue_token
 from controlplane.api import api
 from controlplane.models import ApiToken
 from controlplane.reads.tasks import digest
-from controlplane.sockets.consumers import websocket_urlpatterns
+from controlplane.sockets.routes import websocket_urlpatterns
 from controlplane.worker.runtime import runtime
 from kernel import Draft
 from tests.e2e.server import Daphne, daphne_alone, feed

@@ -13,17 +13,14 @@ from typing import Any
 
 import pytest
 
-from benchmarks._support import database_url
-from benchmarks.batch import (
-    HEADING,
+from benchmarks._batch_system import (
     CommitRow,
-    Config,
     mean_notice_phase,
     queued_tasks,
-    render,
-    run,
     scheduling_samples,
 )
+from benchmarks._support import database_url
+from benchmarks.batch import HEADING, Config, render, run
 from controlplane.dev.ports import reserved_redis_url
 
 EMAILS = 12

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from benchmarks import broker, scaling
-from benchmarks.fanout import TASK_MODULE
+from benchmarks._support import TASK_MODULE
 from tests.databases import url_of_test_database
 
 FACTS = {"revision": "`abc1234`", "machine": "2 CPUs", "load_before": "1.00 1.00 1.00",

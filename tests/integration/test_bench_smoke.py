@@ -13,7 +13,14 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks._support import Stats, database_url, percentile, replace_section, write_section
+from benchmarks._support import (
+    Stats,
+    database_url,
+    machine_facts,
+    percentile,
+    replace_section,
+    write_section,
+)
 from benchmarks.commit import (
     HEADING,
     PYTHON,
@@ -22,7 +29,6 @@ from benchmarks.commit import (
     WRITES,
     Result,
     Throughput,
-    machine_facts,
     measure_cpu,
     measure_latency,
     measure_throughput,

@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 import pytest
 from django.db import connection
 
-from benchmarks._support import Stats
+from benchmarks._support import Stats, seed_session, seed_tasks
 from benchmarks.ui import (
     EMBEDDED_HEADING,
     HEADING,
@@ -23,8 +23,6 @@ from benchmarks.ui import (
     render,
     render_tasks_page,
     seed_long_task,
-    seed_session,
-    seed_tasks,
     tasks_heading,
     trigram_index,
     without_trigram_index,

@@ -18,7 +18,7 @@ from controlplane import commands
 from controlplane.dev.processes import start_provider
 from controlplane.errors import Invalid
 from controlplane.reads.transcript import _card
-from controlplane.worker.runtime import runtime
+from controlplane.worker.runtime import forget_runtime, runtime
 from kernel import Draft, Scheduler, SubmissionStatus, agent
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -29,14 +29,14 @@ def hosted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     monkeypatch.setenv("AGENT_TOOL_DIR", str(tmp_path))
     saved = settings.KERNEL_AGENTS
     settings.KERNEL_AGENTS = {"support": "tests.chaos.pydantic_agent.agent"}
-    runtime.cache_clear()
+    forget_runtime()
     try:
         with start_provider() as provider:
             monkeypatch.setenv("EMAIL_PROVIDER_URL", provider.url)
             yield
     finally:
         settings.KERNEL_AGENTS = saved
-        runtime.cache_clear()
+        forget_runtime()
 
 
 def operator() -> User:
@@ -114,7 +114,7 @@ def test_the_demo_starts_a_session_its_pydantic_ai_agent_answers_up_to_an_approv
     monkeypatch.setattr(demo, "WORD_PAUSE", 0.0)
     monkeypatch.setattr(settings, "KERNEL_AGENTS",
                         {DEMO_AGENT: "kernel.hosts.pydantic_ai.demo.agent"})
-    runtime.cache_clear()
+    forget_runtime()
     try:  # the demo's batch sends its five notices to a provider of the test's own
         with start_provider() as provider:
             monkeypatch.setenv("EMAIL_PROVIDER_URL", provider.url)
@@ -133,7 +133,7 @@ def test_the_demo_starts_a_session_its_pydantic_ai_agent_answers_up_to_an_approv
         assert turn.outcome is not None and turn.outcome["kind"] == "succeeded", turn.outcome
         assert "the notice to ana@example.com is queued" in turn.outcome["result"]["output"]
     finally:
-        runtime.cache_clear()
+        forget_runtime()
 
 
 @pytest.fixture
@@ -142,14 +142,14 @@ def mailer() -> Iterator[None]:
 
     saved = settings.KERNEL_AGENTS
     settings.KERNEL_AGENTS = {"mailer": "tests.integration.pydantic_mailer.agent"}
-    runtime.cache_clear()
+    forget_runtime()
     pydantic_mailer.asked.clear()
     try:
         yield
     finally:
         pydantic_mailer.cancel.clear()
         settings.KERNEL_AGENTS = saved
-        runtime.cache_clear()
+        forget_runtime()
 
 
 def test_a_turn_cancelled_mid_call_tells_the_next_request_the_call_s_partial_result(

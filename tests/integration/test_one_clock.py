@@ -15,7 +15,7 @@ import pytest
 from django.db import connection
 
 import kernel.clock
-from controlplane.worker.runtime import runtime
+from controlplane.worker.runtime import forget_runtime, runtime
 from kernel import Draft
 from kernel.records import Task
 
@@ -33,10 +33,10 @@ def skewed(by: timedelta) -> type[datetime]:
 
 @pytest.fixture
 def fresh_runtime() -> Iterator[None]:
-    runtime.cache_clear()
+    forget_runtime()
     yield
     runtime().worker.close()
-    runtime.cache_clear()
+    forget_runtime()
 
 
 def database_now() -> datetime:
@@ -57,7 +57,7 @@ def pending_task() -> str:
 def worker_with(clock_skew: timedelta, monkeypatch: pytest.MonkeyPatch) -> list[Task]:
     """Skew this process's clock, then build the runtime; what its worker claims."""
     monkeypatch.setattr(kernel.clock, "datetime", skewed(clock_skew))
-    runtime.cache_clear()
+    forget_runtime()
     monkeypatch.setattr(runtime().dispatcher, "deliver", lambda task, queue: None)
     claimed: list[Task] = []
     monkeypatch.setattr(runtime().worker, "run_claimed", lambda task: claimed.append(task) or True)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import re
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -27,10 +28,13 @@ from django.db import connection
 from controlplane.access import issue_token
 from controlplane.dev.ports import reserved_redis_url
 from controlplane.reads.pages import last_commit_id
-from controlplane.sockets import consumers
-from controlplane.sockets.consumers import PAGE_THREADS, SharedRenders, websocket_urlpatterns
+from controlplane.sockets import page_threads, pages
+from controlplane.sockets.page_threads import PAGE_THREADS
 from controlplane.sockets.render_turns import RENDERS_PER_ACCOUNT
+from controlplane.sockets.routes import websocket_urlpatterns
+from controlplane.sockets.sharing import SharedRenders
 from controlplane.ui import live
+from controlplane.web import rates
 from controlplane.worker.runtime import runtime
 from kernel import Draft
 
@@ -47,7 +51,7 @@ def isolated(settings: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     settings.FEED_HEARTBEAT_SECONDS = 600
     settings.USER_SOCKET_LIMIT = HEAVY_SOCKETS
     monkeypatch.setattr(runtime().dispatcher, "deliver", lambda task, queue: None)
-    monkeypatch.setattr(consumers, "shared_renders", SharedRenders())  # none kept from before
+    monkeypatch.setattr(pages, "shared_renders", SharedRenders())  # none kept from before
     with reserved_redis_url(settings.REDIS_URL) as url:  # the sockets' slots
         settings.REDIS_URL = url
         yield
@@ -150,7 +154,7 @@ def test_one_accounts_sockets_do_not_keep_another_accounts_page_waiting(
             for socket in [*sockets, watcher]:
                 await socket.disconnect()
             await database_sync_to_async(lambda: connection.close())()
-        consumers.end_page_threads()
+        page_threads.end_page_threads()
         return first, newest
 
     first, newest = asyncio.run(scenario())
@@ -163,3 +167,51 @@ def test_one_accounts_sockets_do_not_keep_another_accounts_page_waiting(
     assert len(at_first) == RENDERS_PER_ACCOUNT
     for view in views - set(at_first):
         assert [seq for q, seq in made if q == view] == [newest]
+
+
+def test_an_accounts_renders_are_paid_from_its_server_time_and_wait_while_it_owes(
+    settings: Any, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A page's render is charged to its account's budget of server time, as a request
+    is; an account past its burst gets no render until it has paid off."""
+    settings.USER_SERVER_SECONDS_PER_SECOND = 0.5
+    settings.USER_SERVER_SECONDS_BURST = 1.0
+    monkeypatch.setattr(pages, "render_budget", pages.RenderBudget())
+    original = live.Tasks.update
+
+    def slow_update(this: Any, seq: int, can_act: bool, **params: str) -> str:
+        time.sleep(0.3)  # a heavy page: 0.3 s of this account's budget
+        return original(this, seq, can_act, **params)
+
+    monkeypatch.setattr(live.Tasks, "update", slow_update)
+    key = token("spender", "viewer")
+    budget = rates.server_time(User.objects.get(username="spender").pk)
+    assert budget is not None
+    start = commit("start")
+
+    async def scenario() -> None:
+        socket = await opened(URLRouter(websocket_urlpatterns), key, "q=spend", start)
+        try:
+            first = await database_sync_to_async(commit)("one")
+            assert await shown(socket, first) == first
+            # The render took 0.3 s: charged at 0.5 s a second, 0.6 s ahead of now.
+            assert await asyncio.to_thread(rates._client().pttl, budget.key) > 300
+            await asyncio.to_thread(rates.charge, budget, 30.0)  # far past the burst
+            assert await asyncio.to_thread(rates.arrears, budget) > 50
+            owed = await database_sync_to_async(commit)("two")
+            with pytest.raises(TimeoutError):
+                await shown_within(socket, owed, 2.0)  # twenty polls: no render
+            await asyncio.to_thread(rates.charge, budget, -60.0)  # paid off
+            monkeypatch.setattr(pages, "render_budget", pages.RenderBudget())  # as if later
+            assert await shown(socket, owed) == owed
+        finally:
+            await socket.disconnect()
+            await database_sync_to_async(lambda: connection.close())()
+        page_threads.end_page_threads()
+
+    asyncio.run(scenario())
+
+
+async def shown_within(socket: WebsocketCommunicator, target: int, seconds: float) -> int:
+    async with asyncio.timeout(seconds):
+        return await shown(socket, target)

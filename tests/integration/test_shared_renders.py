@@ -20,7 +20,7 @@ from django.db import connection
 from controlplane.access import issue_token
 from controlplane.dev.ports import reserved_redis_url
 from controlplane.reads.pages import last_commit_id
-from controlplane.sockets.consumers import websocket_urlpatterns
+from controlplane.sockets.routes import websocket_urlpatterns
 from controlplane.ui import live
 from controlplane.worker.runtime import runtime
 from kernel import Draft, SessionHandle

@@ -20,7 +20,7 @@ from django.test import Client
 from controlplane.access import issue_token
 from controlplane.dev.ports import free_port, reserved_redis_url
 from controlplane.sockets import slots
-from controlplane.sockets.consumers import websocket_urlpatterns
+from controlplane.sockets.routes import websocket_urlpatterns
 from controlplane.worker.runtime import runtime
 
 from .clients import user_in

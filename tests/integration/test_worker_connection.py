@@ -16,7 +16,7 @@ from django.db import close_old_connections, connection, connections
 
 from controlplane.celery import app
 from controlplane.worker.execution import advance
-from controlplane.worker.runtime import runtime
+from controlplane.worker.runtime import forget_runtime, runtime
 from kernel import Draft, Task
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -62,13 +62,13 @@ def test_a_connection_that_failed_is_still_replaced() -> None:
 @pytest.fixture
 def worker_runtime(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[Task]]:
     """The process's runtime, fresh; what its worker claims (not run), nothing sent."""
-    runtime.cache_clear()
+    forget_runtime()
     monkeypatch.setattr(runtime().dispatcher, "deliver", lambda task, queue: None)
     claimed: list[Task] = []
     monkeypatch.setattr(runtime().worker, "run_claimed", lambda task: claimed.append(task) or True)
     yield claimed
     runtime().worker.close()
-    runtime.cache_clear()
+    forget_runtime()
 
 
 def pending_task() -> str:

@@ -1,8 +1,9 @@
-"""benchmarks.commit's wait sampler, without a server: what it averages, and over when."""
+"""The commit benchmark's wait sampler (benchmarks._support.postgres), without a server:
+what it averages, and over when."""
 
 from __future__ import annotations
 
-from benchmarks.commit import WaitSampler
+from benchmarks._support import WaitSampler
 
 
 def test_waits_are_averaged_over_the_samples_of_the_timed_window_only() -> None:

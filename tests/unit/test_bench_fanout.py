@@ -1,11 +1,12 @@
-"""benchmarks.fanout's pieces that need no servers: the no-op kind and the report."""
+"""The fan-out benchmark's pieces that need no servers: the no-op kind
+(benchmarks._support.noop) and the report."""
 
 from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from benchmarks._support import Stats
-from benchmarks.fanout import KIND, Ours, Submitted, register, render
+from benchmarks._support import KIND, Stats, Submitted, register
+from benchmarks.fanout import Ours, render
 from kernel import Draft, InMemoryStorage, Kernel, ManualClock, Registry, Scheduler
 
 

@@ -1,7 +1,16 @@
-"""The control plane's layers (docs/architecture.md), checked from the source.
+"""The control plane's layers and folders (docs/architecture.md), checked from the source.
 
+- The folders say what runs each part: the root holds only what Django and Celery find
+  by name and the two layers (commands, reads) with their errors and access rule; every
+  package says its role in a docstring.
 - The pages and the sockets are edges beside the API, never on top of it: nothing under
-  ``controlplane/ui`` or ``controlplane/sockets/consumers*`` imports ``controlplane.api``.
+  ``controlplane/ui`` or ``controlplane/sockets`` imports ``controlplane.api``.
+- The read layer is generic: it imports no reference app, no worker runtime, no Celery
+  app, no edge and no command.
+- The reference apps are applications of the platform: nothing outside them (and the
+  development tooling) imports them; the settings name their registry.
+- Outside ``storage/``, the storage is used through its package's names; only the read
+  layer reaches past them, to the row mapping and the search.
 - Only the read layer and the storage touch the kernel's tables: SQL naming a
   ``kernel_*`` table, or an ORM query on a model of one, appears nowhere else in the
   product (the admin's read-only registrations aside).
@@ -47,10 +56,69 @@ def in_layer(path: Path, *layers: str) -> bool:
     return any(name == layer or name.startswith(f"{layer}/") for layer in layers)
 
 
+ROOT_MODULES = {
+    # what Django and Celery find by name
+    "__init__", "settings", "urls", "asgi", "wsgi", "celery", "apps", "models", "admin",
+    # the two layers, what they refuse with and who may call them; the models' catalogue
+    "commands", "errors", "access", "model_catalog",
+}
+PACKAGES = {"api", "ui", "web", "sockets", "worker", "process", "reads", "storage",
+            "reference", "dev", "migrations", "management", "templatetags"}
+
+
+def test_the_root_holds_only_what_is_found_by_name_and_the_layers() -> None:
+    root = ROOT / "controlplane"
+    modules = {p.stem for p in root.glob("*.py")}
+    packages = {p.name for p in root.iterdir() if p.is_dir() and p.name != "__pycache__"}
+    assert (modules, packages) == (ROOT_MODULES, PACKAGES)
+
+
+def test_every_package_says_its_role() -> None:
+    undocumented = [relative(p) for p in PRODUCT if p.name == "__init__.py"
+                    and not ast.get_docstring(ast.parse(p.read_text()))]
+    assert undocumented == []
+
+
+def test_the_reads_are_generic() -> None:
+    reads = [p for p in PRODUCT if in_layer(p, "controlplane/reads")]
+    assert len(reads) > 10
+    banned = ("controlplane.reference", "controlplane.worker", "controlplane.celery",
+              "controlplane.sockets", "controlplane.web", "controlplane.api", "controlplane.ui",
+              "controlplane.commands")
+    offenders = {relative(p): sorted(m for m in imports(p) if m.startswith(banned))
+                 for p in reads}
+    assert {p: m for p, m in offenders.items() if m} == {}
+
+
+def test_only_the_reference_apps_know_the_reference_apps() -> None:
+    outside = [p for p in PRODUCT if not in_layer(p, "controlplane/reference", "controlplane/dev")]
+    offenders = {relative(p): sorted(m for m in imports(p)
+                                     if m.startswith("controlplane.reference"))
+                 for p in outside}
+    assert {p: m for p, m in offenders.items() if m} == {}
+
+
+def test_the_storage_is_used_through_its_package() -> None:
+    import controlplane.storage as storage
+
+    public = {f"controlplane.storage.{name}" for name in storage.__all__}
+    for_reads = {"controlplane.storage.schema", "controlplane.storage.search"}
+    offenders = {}
+    for path in PRODUCT:
+        if in_layer(path, "controlplane/storage"):
+            continue
+        allowed = public | (for_reads if in_layer(path, "controlplane/reads") else set())
+        reached = {m for m in imports(path) if m.startswith("controlplane.storage.")}
+        # ``from controlplane.storage.schema import X`` also lists ``...schema.X``
+        modules = {m for m in reached if not any(m.startswith(f"{a}.") for a in allowed)}
+        if modules - allowed:
+            offenders[relative(path)] = sorted(modules - allowed)
+    assert offenders == {}
+
+
 def test_pages_and_sockets_do_not_import_the_api() -> None:
-    edges = [p for p in PRODUCT if in_layer(p, "controlplane/ui")
-             or p.name.startswith("consumers")]
-    assert edges
+    edges = [p for p in PRODUCT if in_layer(p, "controlplane/ui", "controlplane/sockets")]
+    assert len(edges) > 10
     offenders = {relative(p): sorted(m for m in imports(p) if m.startswith("controlplane.api"))
                  for p in edges}
     assert {p: m for p, m in offenders.items() if m} == {}
@@ -92,3 +160,4 @@ def test_the_checks_see_what_they_look_for() -> None:
     assert not SQL_ON_KERNEL.search('db_table = "kernel_task"')
     assert "controlplane.api.tasks" in imports(ROOT / "controlplane/api/__init__.py")
     assert "controlplane.ui.access.may_act" in imports(ROOT / "controlplane/ui/sessions.py")
+    assert "controlplane.storage.schema.SESSION" in imports(ROOT / "controlplane/reads/pages.py")

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from controlplane.sockets.consumers import origin_allowed
+from controlplane.sockets.origins import origin_allowed
 
 
 def scope(host: str, scheme: str = "ws", **headers: str) -> dict[str, Any]:

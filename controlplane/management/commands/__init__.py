@@ -1,0 +1,1 @@
+"""One module per ``manage.py`` command (Django finds them here by convention)."""

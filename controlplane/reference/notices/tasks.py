@@ -63,7 +63,7 @@ def backoff(attempts: int) -> float:
 
 def register(registry: Registry, channels: Mapping[str, Channel]) -> None:
     """Add the notice tasks and the email plan document kind to ``registry``."""
-    registry.document(PLAN)
+    registry.document(PLAN, panel="plans")
 
     @registry.task("send-batch", queue="default")
     class SendBatch:

@@ -1,6 +1,6 @@
 """The change feed over websockets (DESIGN §9): replay from the commit log, then live.
 
-Routes (see :data:`websocket_urlpatterns`):
+Routes (:data:`controlplane.sockets.routes.websocket_urlpatterns`):
 
 ``ws/sessions/<session_id>/feed/``
     one session's commits, by ``seq`` (gapless, per session);
@@ -55,30 +55,21 @@ after the last position this socket sent. A channel-layer hint (sent by
 a dropped hint (``channels_redis`` over capacity or expired, Redis down) delays a frame
 by at most a poll interval, and a gap is impossible: each read returns everything after
 the cursor. Live readers of the same cursor in one process share one query
-(:class:`SharedReads`).
+(:class:`~controlplane.sockets.sharing.SharedReads`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import gc
 import json
 import logging
-import threading
-from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Hashable
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import suppress
-from dataclasses import dataclass
 from typing import Any
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs
 
-from channels.db import DatabaseSyncToAsync, database_sync_to_async
+from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
-from channels.security.websocket import WebsocketDenier
 from django.conf import settings
-from django.http.request import split_domain_port, validate_host
-from django.urls import path, re_path
 
 from controlplane import access
 from controlplane.reads.feed import (
@@ -90,11 +81,9 @@ from controlplane.reads.feed import (
     session_exists,
     settled_global,
 )
-from controlplane.reads.pages import head_seq
 from controlplane.sockets import feed_subscribers, shutdown, slots
 from controlplane.sockets.notify import GLOBAL_GROUP, hint_hub, session_group
-from controlplane.sockets.render_turns import RenderTurns, Turn
-from controlplane.ui.live import GLOBAL_PAGES, SESSION_PAGE
+from controlplane.sockets.sharing import shared_reads
 
 log = logging.getLogger(__name__)
 
@@ -118,183 +107,6 @@ TOO_SLOW = 4408
 SERVER_ERROR = 1011
 
 Rows = list[tuple[int, str]]
-
-
-@dataclass
-class _Slot:
-    read: Callable[[], Awaitable[Any]]
-    queued: asyncio.Future[Any] | None = None
-
-
-class SharedReads:
-    """Identical concurrent reads share one query, and none misses what it asked for.
-
-    A hint reaches every consumer of a session in the process at about the same time;
-    without sharing, 100 sockets would run 100 identical queries. A caller joins the
-    next read that has not started yet (or starts one): a read that was already
-    running when the caller asked might predate the commit it was woken for, so it is
-    never joined. At most one read per key runs at a time.
-    """
-
-    def __init__(self) -> None:
-        self._slots: dict[Hashable, _Slot] = {}
-
-    async def read(self, key: Hashable, read: Callable[[], Awaitable[Any]]) -> Any:
-        slot = self._slots.get(key)
-        if slot is None:
-            slot = self._slots[key] = _Slot(read)
-            asyncio.get_running_loop().create_task(self._drive(key, slot))
-        if slot.queued is None:
-            slot.queued = asyncio.get_running_loop().create_future()
-            # Nobody may be left to take an error: do not let asyncio warn about it.
-            slot.queued.add_done_callback(lambda f: f.cancelled() or f.exception())
-        return await asyncio.shield(slot.queued)
-
-    async def _drive(self, key: Hashable, slot: _Slot) -> None:
-        future: asyncio.Future[Any] | None = None
-        try:
-            while slot.queued is not None:
-                future, slot.queued = slot.queued, None
-                try:
-                    future.set_result(await slot.read())
-                except Exception as exc:
-                    future.set_exception(exc)
-        finally:
-            del self._slots[key]
-            # Only if this task itself was cancelled: fail its callers rather than hang them.
-            for left in (future, slot.queued):
-                if left is not None and not left.done():
-                    left.set_exception(RuntimeError("shared read abandoned"))
-
-
-shared_reads = SharedReads()
-
-
-PAGE_THREADS = 4
-"""Threads that read and render the live pages, beside Channels' one database thread
-(each with a database connection of its own): a heavy page's render holds up neither
-the feeds' reads, the sockets' sign-ins, nor the other pages' renders."""
-
-RENDERS_KEPT = 64
-"""Page views whose latest render a process keeps (one entry per page, role and
-parameters watched, or per session page, role and cursor)."""
-
-
-class SharedRenders:
-    """One render of a live page per commit, however many sockets show it.
-
-    A render is keyed by what changes its HTML (the page, the viewer's role, the page's
-    parameters; a session page's cursor) and is good for every socket that asks for a
-    position it covers: the latest one is kept and handed to each socket that asks for
-    no more than it shows, so sockets whose reads are not simultaneous (each polls on its
-    own clock, hints get lost, a socket is busy sending) still share it; a socket asking
-    while a render for its position runs waits for that one. Other renders are shared as
-    :class:`SharedReads` are, and made for the highest position their callers asked for.
-
-    A render waits for its turn on the page threads (:mod:`controlplane.sockets.render_turns`:
-    a few at once per account, accounts in turn), and is made, once it has its turn, for
-    the highest position asked for while it waited: a page view's re-renders coalesce
-    while they wait, so however many commits pass, one render brings it up to date.
-    """
-
-    def __init__(self, kept: int = RENDERS_KEPT, turns: RenderTurns | None = None) -> None:
-        self.kept = kept
-        self.turns = turns if turns is not None else RenderTurns(PAGE_THREADS)
-        self._latest: OrderedDict[Hashable, tuple[int, Any]] = OrderedDict()
-        self._wanted: dict[Hashable, int] = {}
-        self._running: dict[Hashable, tuple[int, asyncio.Future[tuple[int, Any]]]] = {}
-        self._askers: dict[Hashable, set[Hashable]] = {}
-        self._waiting: dict[Hashable, Turn] = {}
-        self._reads = SharedReads()
-
-    async def render(
-        self, key: Hashable, at_least: int, render: Callable[[int], Awaitable[tuple[int, Any]]],
-        account: Hashable = None,
-    ) -> tuple[int, Any]:
-        """``render(at)`` (which returns ``(position, result)``, the position at least
-        ``at`` unless the data is not there yet) or the kept render of ``key`` if it is at
-        ``at_least`` or beyond; ``account`` is whose turn the render waits for."""
-        latest = self._latest.get(key)
-        if latest is not None and latest[0] >= at_least:
-            self._latest.move_to_end(key)
-            return latest
-        running = self._running.get(key)
-        if running is not None and running[0] >= at_least:
-            return await asyncio.shield(running[1])
-        self._wanted[key] = max(self._wanted.get(key, at_least), at_least)
-        waiting = self._waiting.get(key)
-        if waiting is not None:
-            self.turns.join(waiting, account)  # the waiting render will cover this ask
-        else:
-            self._askers.setdefault(key, set()).add(account)
-
-        async def fresh() -> tuple[int, Any]:
-            target = self._wanted.pop(key, at_least)
-            latest = self._latest.get(key)
-            if latest is not None and latest[0] >= target:
-                self._askers.pop(key, None)
-                return latest  # a render made while this one was queued covers it
-            turn = self._waiting[key] = self.turns.ask(self._askers.pop(key, {account}))
-            try:
-                return await self.turns.run(turn, lambda: made_at(target))
-            finally:
-                if self._waiting.get(key) is turn:
-                    del self._waiting[key]
-
-        async def made_at(target: int) -> tuple[int, Any]:
-            del self._waiting[key]
-            target = max(target, self._wanted.pop(key, target))  # asked while it waited
-            done: asyncio.Future[tuple[int, Any]] = asyncio.get_running_loop().create_future()
-            done.add_done_callback(lambda f: f.cancelled() or f.exception())
-            self._running[key] = (target, done)
-            try:
-                made = await render(target)
-            except BaseException as exc:
-                done.set_exception(exc if isinstance(exc, Exception) else
-                                   RuntimeError("shared render abandoned"))
-                raise
-            finally:
-                if self._running.get(key, (0, None))[1] is done:
-                    del self._running[key]
-            done.set_result(made)
-            self.keep(key, made)
-            return made
-
-        made: tuple[int, Any] = await self._reads.read(key, fresh)
-        return made
-
-    def keep(self, key: Hashable, made: tuple[int, Any]) -> None:
-        latest = self._latest.get(key)
-        if latest is None or made[0] > latest[0]:
-            self._latest[key] = made
-            self._latest.move_to_end(key)
-            while len(self._latest) > self.kept:
-                self._latest.popitem(last=False)
-
-
-shared_renders = SharedRenders()
-
-PAGE_THREAD_PREFIX = "live-page"
-_page_threads = ThreadPoolExecutor(PAGE_THREADS, thread_name_prefix=PAGE_THREAD_PREFIX)
-
-
-def on_page_thread(func: Callable[..., Any]) -> Callable[..., Awaitable[Any]]:
-    """``func`` run on a live-page thread (old database connections closed around it,
-    as :func:`channels.db.database_sync_to_async` does)."""
-    return DatabaseSyncToAsync(func, thread_sensitive=False, executor=_page_threads)
-
-
-def end_page_threads() -> None:
-    """End the live-page threads, and with them their database connections (a thread's
-    connection goes with the thread); the next read starts new ones. For whoever must
-    see the database without this process's connections: a test dropping its database."""
-    global _page_threads
-    if not any(t.name.startswith(PAGE_THREAD_PREFIX) for t in threading.enumerate()):
-        return  # no page read since the last end: no thread, no connection (and no gc pass)
-    ended, _page_threads = (
-        _page_threads, ThreadPoolExecutor(PAGE_THREADS, thread_name_prefix=PAGE_THREAD_PREFIX))
-    ended.shutdown(wait=True)
-    gc.collect()  # a connection closes when its thread's locals are collected
 
 
 def _token_user(key: str) -> Any:
@@ -648,199 +460,3 @@ class GlobalFeedConsumer(FeedConsumer):
             return [(row[0], frame(row)) for row in rows]
 
         return await shared_reads.read(("global", after, limit), query)
-
-
-class PageMode:
-    """The HTML-partials mode of a feed socket, for the browser pages (controlplane.ui).
-
-    The socket keeps its feed's protocol (cursor in-band, replay then live, each position
-    sent once, gaps impossible), but a read returns one message per batch of commits: the
-    page's parts re-rendered at the newest commit, as htmx out-of-band swaps tagged with
-    its position. Heartbeats are partials too ("caught up to seq N"). Renders are shared
-    per commit across the process's sockets (:class:`SharedRenders`); a viewer's and an
-    operator's pages differ (action buttons), so theirs are not shared with each other.
-    """
-
-    user: Any
-    last: int | None
-    can_act: bool = False
-
-    async def page_role(self) -> None:
-        self.can_act = await database_sync_to_async(access.may_act)(self.user)
-
-    def heartbeat_frame(self) -> str:
-        return SESSION_PAGE.heartbeat(self.last or 0)
-
-
-class SessionPageConsumer(PageMode, SessionFeedConsumer):
-    """``ws/ui/sessions/<id>/``: the session page's live parts, by seq."""
-
-    async def subscribe(self) -> bool:
-        await self.page_role()
-        self.previews: dict[tuple[str, ...], dict[str, Any]] = {}
-        return await super().subscribe()
-
-    async def send_previews(self, previews: list[dict[str, Any]]) -> None:
-        """Show uncommitted progress in the page's ``#previews`` until the next commit."""
-        for preview in previews:
-            self.previews[(preview["task_id"], *preview["path"])] = preview
-        await self.send_shown_previews()
-
-    async def send_rows(self, rows: Rows) -> None:
-        """A commit holds the previews before it: they leave the page with its update.
-        Only those made before it: a render that reaches the page late (it waited for
-        its turn) shows a commit the preview came after, which does not hold it."""
-        await super().send_rows(rows)
-        if rows and self.previews:
-            upto = max(seq for seq, _ in rows)
-            held = [k for k, p in self.previews.items() if int(p.get("after") or 0) < upto]
-            for key in held:
-                del self.previews[key]
-            if held:
-                await self.send_shown_previews()
-
-    async def send_shown_previews(self) -> None:
-        with suppress(Exception):  # the socket may be closing: a preview may be lost
-            await self.send(text_data=SESSION_PAGE.previews(list(self.previews.values())))
-
-    async def read(self, after: int, limit: int) -> Rows:
-        """The parts changed after ``after``, at the session's head: a socket at the same
-        cursor takes the process's render of them if it shows the head already."""
-        session_id, can_act = self.session_id, self.can_act
-
-        async def head() -> int | None:
-            return await on_page_thread(head_seq)(session_id)  # type: ignore[no-any-return]
-
-        now = await shared_reads.read(("session-head", session_id), head)
-        if now is None or now <= after:
-            return []
-
-        async def render(_: int) -> tuple[int, str | None]:
-            found = await on_page_thread(SESSION_PAGE.update)(session_id, after, can_act)
-            return found if found is not None else (after, None)
-
-        seq, html = await shared_renders.render(
-            ("session-page", session_id, can_act, after), now, render, self.user.pk)
-        return [(seq, html)] if html is not None else []
-
-
-class GlobalPageConsumer(PageMode, GlobalFeedConsumer):
-    """``ws/ui/<page>/`` (a :data:`~controlplane.ui.live.GLOBAL_PAGES` name): a page over
-    every session, by commit id; any commit re-renders the page's live parts."""
-
-    async def subscribe(self) -> bool:
-        await self.page_role()
-        return await super().subscribe()
-
-    def heartbeat_frame(self) -> str:
-        return GLOBAL_PAGES[self.page_name].heartbeat(self.last or 0)
-
-    @property
-    def page_name(self) -> str:
-        return str(self.scope["url_route"]["kwargs"]["page"])
-
-    async def read(self, after: int, limit: int) -> Rows:
-        page, can_act = GLOBAL_PAGES[self.page_name], self.can_act
-        # The page's parameters as it was opened (the overview's filter): updates keep to it.
-        asked = parse_qs(self.scope.get("query_string", b"").decode("latin-1"))
-        params = {name: asked.get(name, [""])[-1][:200] for name in page.params}
-
-        async def settled_after(position: int) -> Rows:
-            async def settled() -> Rows:
-                return await settled_global(position, limit, select="c.id", run=on_page_thread)
-
-            return await shared_reads.read(("global-ids", position, limit), settled)  # type: ignore[no-any-return]
-
-        rows = await settled_after(after)
-        if not rows:
-            return []
-
-        async def render(upto: int) -> tuple[int, str]:
-            # Run once its turn came (it may have waited): made at the newest settled
-            # commit by then, so the commits that passed meanwhile need no render of
-            # their own.
-            newer = await settled_after(upto)
-            upto = int(newer[-1][0]) if newer else upto
-            return upto, await on_page_thread(page.update)(upto, can_act, **params)
-
-        # Made at the highest commit id any socket asked for (settled: every commit up to
-        # it is in the render's snapshot), and good for any socket asking for no more.
-        key = ("page", page.name, can_act, *params.values())
-        upto, html = await shared_renders.render(key, int(rows[-1][0]), render, self.user.pk)
-        return [(upto, html)]
-
-
-websocket_urlpatterns = [
-    path("ws/sessions/<str:session_id>/feed/", SessionFeedConsumer.as_asgi()),
-    path("ws/feed/", GlobalFeedConsumer.as_asgi()),
-    path("ws/ui/sessions/<str:session_id>/", SessionPageConsumer.as_asgi()),
-    re_path(rf"^ws/ui/(?P<page>{'|'.join(GLOBAL_PAGES)})/$", GlobalPageConsumer.as_asgi()),
-]
-
-
-DEFAULT_PORTS = {"http": 80, "https": 443}
-
-
-def _origin(url: str) -> tuple[str, str, int] | None:
-    """(scheme, host, port) of an origin such as ``https://dcp.example.com:8443``; None if
-    it is not an http(s) origin (``null``, a file, garbage)."""
-    try:
-        parts = urlsplit(url.strip().lower())
-        port = parts.port
-    except ValueError:
-        return None
-    if parts.scheme not in DEFAULT_PORTS or not parts.hostname:
-        return None
-    return parts.scheme, parts.hostname, port or DEFAULT_PORTS[parts.scheme]
-
-
-def served_origin(scope: Any) -> tuple[str, str, int] | None:
-    """The origin this handshake was served at: its scheme (``wss`` is https; behind a
-    TLS proxy, Django's ``SECURE_PROXY_SSL_HEADER`` says) and its ``Host``, if that is
-    one of ``ALLOWED_HOSTS``."""
-    headers = {name.decode("latin-1"): value.decode("latin-1")
-               for name, value in scope.get("headers", [])}
-    host = headers.get("host", "")
-    domain, _ = split_domain_port(host)
-    if not domain or not validate_host(domain, settings.ALLOWED_HOSTS):
-        return None
-    secure = scope.get("scheme") == "wss"
-    proxy = getattr(settings, "SECURE_PROXY_SSL_HEADER", None)
-    if proxy:
-        name, value = proxy
-        header = name.removeprefix("HTTP_").replace("_", "-").lower()
-        secure = headers.get(header, "").split(",")[0].strip() == value
-    return _origin(f"{'https' if secure else 'http'}://{host}")
-
-
-def origin_allowed(scope: Any, origin: str) -> bool:
-    """Whether a browser page at ``origin`` may open a socket here: scheme, host and port
-    all equal to the served origin's, or to one of ``CSRF_TRUSTED_ORIGINS`` (exact
-    entries; the same list that lets such a page post forms)."""
-    asked = _origin(origin)
-    if asked is None:
-        return False
-    allowed = {_origin(trusted) for trusted in settings.CSRF_TRUSTED_ORIGINS}
-    return asked == served_origin(scope) or asked in allowed
-
-
-class BrowserOriginValidator:
-    """Handshakes that carry an ``Origin`` header must come from the dashboard's own origin.
-
-    Browsers always send ``Origin`` on a websocket handshake, and it is what protects a
-    cookie-authenticated socket from a hostile page (cross-site websocket hijacking).
-    The match is exact (:func:`origin_allowed`): a page on another port of the same host,
-    or on a sibling subdomain, is refused with 403 before any consumer runs; Channels'
-    ``AllowedHostsOriginValidator`` compared host names only. Programs usually send no
-    ``Origin``; they are let through to authenticate with an API token like any API
-    client (a cookie sent by a program is the program's own).
-    """
-
-    def __init__(self, application: Any) -> None:
-        self.application = application
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> Any:
-        origins = [v.decode("latin-1") for n, v in scope.get("headers", []) if n == b"origin"]
-        if origins and not (len(origins) == 1 and origin_allowed(scope, origins[0])):
-            return await WebsocketDenier()(scope, receive, send)
-        return await self.application(scope, receive, send)

@@ -1,0 +1,194 @@
+"""The live pages' sockets: a feed socket in its HTML-partials mode (:class:`PageMode`),
+for the session page and for the pages over every session (:mod:`controlplane.ui.live`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Hashable
+from contextlib import suppress
+from typing import Any
+from urllib.parse import parse_qs
+
+from channels.db import database_sync_to_async
+
+from controlplane import access
+from controlplane.reads.feed import settled_global
+from controlplane.reads.pages import head_seq
+from controlplane.sockets.feed import GlobalFeedConsumer, Rows, SessionFeedConsumer
+from controlplane.sockets.page_threads import on_page_thread
+from controlplane.sockets.sharing import shared_reads, shared_renders
+from controlplane.ui.live import GLOBAL_PAGES, SESSION_PAGE
+from controlplane.web import rates
+
+PAID_UP_SECONDS = 0.5
+"""How long a process trusts that an account was within its budget of server time
+before it asks Redis again (an account found in arrears is not asked again before it
+could have paid off)."""
+
+
+class RenderBudget:
+    """A live page's renders are paid for from its account's budget of server time
+    (:mod:`controlplane.web.rates`), as its requests are: each render is charged what it
+    took, and while the account is past its burst its pages get no render, so one
+    account's sockets take no more of the server than its requests could. A page in
+    arrears shows nothing new until the account has paid off; its next read then brings
+    it up to the newest commit at once."""
+
+    def __init__(self) -> None:
+        self._known: dict[Hashable, tuple[float, bool]] = {}  # account: (until, paid up)
+
+    async def paid_up(self, account: Hashable) -> bool:
+        now = time.monotonic()
+        until, paid = self._known.get(account, (0.0, True))
+        if now < until:
+            return paid
+        owed = await asyncio.to_thread(rates.arrears, rates.server_time(account))
+        paid = owed == 0
+        self._known[account] = (now + (PAID_UP_SECONDS if paid else owed), paid)
+        if len(self._known) > 10_000:  # accounts gone long ago
+            self._known = {a: v for a, v in self._known.items() if v[0] > now}
+        return paid
+
+    def charged(self, account: Hashable, render: Callable[..., Any]) -> Callable[..., Any]:
+        """``render``, charging what it takes to ``account`` (on the render's own thread:
+        the charge is a Redis call)."""
+        def run(*args: Any, **kwargs: Any) -> Any:
+            started = time.perf_counter()
+            try:
+                return render(*args, **kwargs)
+            finally:
+                rates.charge(rates.server_time(account), time.perf_counter() - started)
+                self._known.pop(account, None)  # ask again: this may have tipped it over
+
+        return run
+
+
+render_budget = RenderBudget()
+
+
+class PageMode:
+    """The HTML-partials mode of a feed socket, for the browser pages (controlplane.ui).
+
+    The socket keeps its feed's protocol (cursor in-band, replay then live, each position
+    sent once, gaps impossible), but a read returns one message per batch of commits: the
+    page's parts re-rendered at the newest commit, as htmx out-of-band swaps tagged with
+    its position. Heartbeats are partials too ("caught up to seq N"). Renders are shared
+    per commit across the process's sockets
+    (:class:`~controlplane.sockets.sharing.SharedRenders`); a viewer's and an operator's
+    pages differ (action buttons), so theirs are not shared with each other.
+    """
+
+    user: Any
+    last: int | None
+    can_act: bool = False
+
+    async def page_role(self) -> None:
+        self.can_act = await database_sync_to_async(access.may_act)(self.user)
+
+    def heartbeat_frame(self) -> str:
+        return SESSION_PAGE.heartbeat(self.last or 0)
+
+
+class SessionPageConsumer(PageMode, SessionFeedConsumer):
+    """``ws/ui/sessions/<id>/``: the session page's live parts, by seq."""
+
+    async def subscribe(self) -> bool:
+        await self.page_role()
+        self.previews: dict[tuple[str, ...], dict[str, Any]] = {}
+        return await super().subscribe()
+
+    async def send_previews(self, previews: list[dict[str, Any]]) -> None:
+        """Show uncommitted progress in the page's ``#previews`` until the next commit."""
+        for preview in previews:
+            self.previews[(preview["task_id"], *preview["path"])] = preview
+        await self.send_shown_previews()
+
+    async def send_rows(self, rows: Rows) -> None:
+        """A commit holds the previews before it: they leave the page with its update.
+        Only those made before it: a render that reaches the page late (it waited for
+        its turn) shows a commit the preview came after, which does not hold it."""
+        await super().send_rows(rows)
+        if rows and self.previews:
+            upto = max(seq for seq, _ in rows)
+            held = [k for k, p in self.previews.items() if int(p.get("after") or 0) < upto]
+            for key in held:
+                del self.previews[key]
+            if held:
+                await self.send_shown_previews()
+
+    async def send_shown_previews(self) -> None:
+        with suppress(Exception):  # the socket may be closing: a preview may be lost
+            await self.send(text_data=SESSION_PAGE.previews(list(self.previews.values())))
+
+    async def read(self, after: int, limit: int) -> Rows:
+        """The parts changed after ``after``, at the session's head: a socket at the same
+        cursor takes the process's render of them if it shows the head already."""
+        session_id, can_act = self.session_id, self.can_act
+
+        async def head() -> int | None:
+            return await on_page_thread(head_seq)(session_id)  # type: ignore[no-any-return]
+
+        now = await shared_reads.read(("session-head", session_id), head)
+        if now is None or now <= after:
+            return []
+
+        if not await render_budget.paid_up(self.user.pk):
+            return []
+
+        async def render(_: int) -> tuple[int, str | None]:
+            update = render_budget.charged(self.user.pk, SESSION_PAGE.update)
+            found = await on_page_thread(update)(session_id, after, can_act)
+            return found if found is not None else (after, None)
+
+        seq, html = await shared_renders.render(
+            ("session-page", session_id, can_act, after), now, render, self.user.pk)
+        return [(seq, html)] if html is not None else []
+
+
+class GlobalPageConsumer(PageMode, GlobalFeedConsumer):
+    """``ws/ui/<page>/`` (a :data:`~controlplane.ui.live.GLOBAL_PAGES` name): a page over
+    every session, by commit id; any commit re-renders the page's live parts."""
+
+    async def subscribe(self) -> bool:
+        await self.page_role()
+        return await super().subscribe()
+
+    def heartbeat_frame(self) -> str:
+        return GLOBAL_PAGES[self.page_name].heartbeat(self.last or 0)
+
+    @property
+    def page_name(self) -> str:
+        return str(self.scope["url_route"]["kwargs"]["page"])
+
+    async def read(self, after: int, limit: int) -> Rows:
+        page, can_act = GLOBAL_PAGES[self.page_name], self.can_act
+        # The page's parameters as it was opened (the overview's filter): updates keep to it.
+        asked = parse_qs(self.scope.get("query_string", b"").decode("latin-1"))
+        params = {name: asked.get(name, [""])[-1][:200] for name in page.params}
+
+        async def settled_after(position: int) -> Rows:
+            async def settled() -> Rows:
+                return await settled_global(position, limit, select="c.id", run=on_page_thread)
+
+            return await shared_reads.read(("global-ids", position, limit), settled)  # type: ignore[no-any-return]
+
+        rows = await settled_after(after)
+        if not rows or not await render_budget.paid_up(self.user.pk):
+            return []
+
+        async def render(upto: int) -> tuple[int, str]:
+            # Run once its turn came (it may have waited): made at the newest settled
+            # commit by then, so the commits that passed meanwhile need no render of
+            # their own.
+            newer = await settled_after(upto)
+            upto = int(newer[-1][0]) if newer else upto
+            update = render_budget.charged(self.user.pk, page.update)
+            return upto, await on_page_thread(update)(upto, can_act, **params)
+
+        # Made at the highest commit id any socket asked for (settled: every commit up to
+        # it is in the render's snapshot), and good for any socket asking for no more.
+        key = ("page", page.name, can_act, *params.values())
+        upto, html = await shared_renders.render(key, int(rows[-1][0]), render, self.user.pk)
+        return [(upto, html)]
