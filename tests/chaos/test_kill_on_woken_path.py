@@ -16,14 +16,14 @@ from pathlib import Path
 import pytest
 
 from .harness import Stack, chaos_stack
-from .test_kill_during_send import (
-    test_worker_killed_while_the_provider_holds_the_send as test_killed_on_the_woken_path,
-)
-
-__all__ = ["test_killed_on_the_woken_path"]
+from .held_send import kill_while_the_provider_holds_the_send
 
 
 @pytest.fixture
 def stack(tmp_path: Path, transactional_db: None) -> Iterator[Stack]:
     with chaos_stack(tmp_path, env={"KERNEL_DISPATCH_MESSAGES": "0"}) as running:
         yield running
+
+
+def test_killed_on_the_woken_path(stack: Stack) -> None:
+    kill_while_the_provider_holds_the_send(stack)
