@@ -7,10 +7,22 @@ DEBUG asked for), which imports settings but opens no connection until a test as
 the database. The fixtures below touch no database until a test needs them.
 """
 
+from __future__ import annotations
+
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
+
+if TYPE_CHECKING:
+    from controlplane.dev.smtp_server import SmtpStandIn
+
+# Helper modules holding checks that were once in test modules: pytest rewrites their
+# asserts as it does a test module's, so that a failure there shows the values compared.
+pytest.register_assert_rewrite(
+    "tests.unit.crash_trees", "tests.integration.round_trips", "tests.integration.sessions",
+    "tests.e2e.logins", "tests.chaos.held_send", "tests.chaos.uncertain_smtp",
+)
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -32,4 +44,14 @@ def postgres_cluster_template() -> Iterator[Any]:
     from tests.chaos.private_services import postgres_template
 
     with postgres_template() as server:
+        yield server
+
+
+@pytest.fixture
+def smtp() -> Iterator[SmtpStandIn]:
+    """An SMTP stand-in served from the test process (in the chaos tests it is the worker
+    that dies, not the server)."""
+    from controlplane.dev.smtp_server import start_smtp_server
+
+    with start_smtp_server() as server:
         yield server

@@ -75,6 +75,11 @@ def tool_outputs(body: JSON) -> list[JSON]:
     return chat + responses
 
 
+def posts(model: ModelStandIn) -> list[JSON]:
+    """The bodies of the POST requests ``model`` received, in order."""
+    return [r.body for r in model.received if r.method == "POST"]
+
+
 def by_round(*completions: Completion) -> Script:
     """Answer the n-th round of a turn (n = tool results already in the request) with the
     n-th completion; the last one answers every later round."""

@@ -12,7 +12,7 @@ import pytest
 
 from tests.chaos.harness import Stack
 from tests.e2e.server import Daphne
-from tests.integration.test_artifacts import REPORT, session_with_a_large_result
+from tests.integration.sessions import REPORT, session_with_a_large_result
 
 from .conftest import logged_in
 

@@ -18,7 +18,7 @@ from controlplane import models
 from controlplane.worker.runtime import runtime
 from kernel import Draft, Status
 from tests.chaos.harness import Stack
-from tests.chaos.test_smtp_uncertain import FOURTH, smtp, uncertain_email_4  # noqa: F401
+from tests.chaos.uncertain_smtp import FOURTH, uncertain_email_4
 from tests.e2e.server import Daphne
 
 from .conftest import logged_in

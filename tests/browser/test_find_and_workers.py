@@ -12,25 +12,13 @@ from typing import Any
 
 import pytest
 
-from controlplane.worker.runtime import runtime
-from kernel import Draft
 from tests.chaos.harness import Stack
 from tests.e2e.server import Daphne
 
+from .batches import send_batch
 from .conftest import logged_in
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser]
-
-
-def send_batch(subject: str, channel: str) -> str:
-    """A session with one send-batch; an unknown channel makes it fail in its plan."""
-    handle = runtime().kernel.create_session(metadata={"title": subject})
-    draft = Draft(actor="user:test")
-    task_id = draft.create_task("send-batch", {"recipients": ["ana@example.com"],
-                                               "subject": subject, "body": "b",
-                                               "channel": channel})
-    handle.commit(draft)
-    return task_id
 
 
 def test_a_search_across_sessions_finds_tasks_by_a_word_and_retries_the_previewed_count(

@@ -23,8 +23,8 @@ from controlplane.ui.live import GLOBAL_PAGES
 from tests.chaos.harness import Stack
 from tests.e2e.server import Daphne
 
+from .batches import send_batch
 from .conftest import PASSWORD, account, logged_in
-from .test_find_and_workers import send_batch
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser]
 AXE = Path(__file__).resolve().parents[2] / "static" / "vendor" / "axe-core" / "axe.min.js"

@@ -38,6 +38,7 @@ from kernel.agent import submit
 from kernel.dispatch import Dispatcher, recovery_queue
 from kernel.records import Entry, Submission
 from tests.databases import url_of_test_database
+from tests.model_stand_in import ModelStandIn, models_env
 
 RECIPIENTS = [f"{name}@example.com" for name in ("ana", "ben", "cai", "dee", "eve")]
 SWEEP_SENT = "Sending due task sweep"  # beat's log line for each sweep it sends
@@ -373,6 +374,23 @@ def chaos_stack(
         app.conf.broker_url = redis_url
         with _stack(tmp, redis_url, env or {}, provider_flags) as stack:
             yield stack
+
+
+def lines(stack: Stack, name: str) -> list[str]:
+    """The lines the workers' tools wrote to ``name`` in the stack's folder (none yet: [])."""
+    path = stack.tmp / name
+    return path.read_text().splitlines() if path.exists() else []
+
+
+def gated_stack(tmp: Path, model: ModelStandIn, **env: str) -> Iterator[Stack]:
+    """A chaos stack whose workers ask ``model`` and offer the agent tools and the gated
+    ones (``tests.chaos.gated_tools``); ``env`` adds to it. Yield from it in a fixture."""
+    with chaos_stack(tmp, env={
+        **models_env(model.url),
+        "ASSISTANT_TOOL_MODULES": "tests.chaos.agent_tools,tests.chaos.gated_tools",
+        "AGENT_TOOL_DIR": str(tmp), **env,
+    }) as running:
+        yield running
 
 
 def stack_env(

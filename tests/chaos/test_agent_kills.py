@@ -19,6 +19,7 @@ from tests.model_stand_in import (
     ModelStandIn,
     by_round,
     models_env,
+    posts,
     tool_outputs,
 )
 
@@ -38,10 +39,6 @@ def kinds(stack: Stack, conversation: str) -> list[str]:
 
 def of_kind(stack: Stack, session_id: str, kind: str) -> list[Task]:
     return [t for t in stack.tasks(session_id) if t.kind == kind]
-
-
-def posts(model: ModelStandIn) -> list[Any]:
-    return [r.body for r in model.received if r.method == "POST"]
 
 
 def test_killed_during_the_model_request_the_attempt_is_recorded_and_retried(

@@ -17,14 +17,13 @@ from tests.model_stand_in import (
     Completion,
     ModelStandIn,
     by_round,
-    models_env,
     tool_outputs,
 )
 
 from .harness import (
     Stack,
     backends_gone,
-    chaos_stack,
+    gated_stack,
     lock_waiters,
     operator_client,
     session_lock,
@@ -33,15 +32,6 @@ from .harness import (
 
 pytestmark = [pytest.mark.chaos, pytest.mark.slow]
 PAY = {"id": "call_pay", "name": "pay", "arguments": {"value": "5"}}
-
-
-def gated_stack(tmp: Path, model: ModelStandIn, **env: str) -> Iterator[Stack]:
-    with chaos_stack(tmp, env={
-        **models_env(model.url),
-        "ASSISTANT_TOOL_MODULES": "tests.chaos.agent_tools,tests.chaos.gated_tools",
-        "AGENT_TOOL_DIR": str(tmp), **env,
-    }) as running:
-        yield running
 
 
 @pytest.fixture

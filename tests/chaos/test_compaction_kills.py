@@ -14,7 +14,7 @@ from kernel.agent import COMPACTION
 from kernel.agent.compaction import SUMMARY_PROMPT
 from kernel.agent.context import SUMMARY_INTRO
 from kernel.records import SUMMARY
-from tests.model_stand_in import Completion, ModelStandIn
+from tests.model_stand_in import Completion, ModelStandIn, posts
 
 from .harness import Stack, wait_for
 
@@ -23,10 +23,6 @@ pytestmark = [pytest.mark.chaos, pytest.mark.slow]
 OVERFLOW = Completion(
     '{"error": {"message": "too long", "type": "invalid_request_error", '
     '"code": "context_length_exceeded"}}', status=400)
-
-
-def posts(model: ModelStandIn) -> list[Any]:
-    return [r.body for r in model.received if r.method == "POST"]
 
 
 def is_summary_request(body: Any) -> bool:

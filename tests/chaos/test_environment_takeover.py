@@ -16,8 +16,7 @@ from kernel import Status, Task
 from kernel.environment import BLOCKED_DOCUMENT
 from tests.model_stand_in import Completion, ModelStandIn, by_round
 
-from .harness import Stack, operator_client, wait_for
-from .test_approval_kills import gated_stack
+from .harness import Stack, gated_stack, operator_client, wait_for
 
 pytestmark = [pytest.mark.chaos, pytest.mark.slow]
 PAY = {"id": "call_pay", "name": "pay", "arguments": {"value": "5"}}

@@ -1,7 +1,7 @@
 """The kill-during-send scenario again, with every dispatch delivered by queue messages.
 
 A burst bigger than ``KERNEL_DISPATCH_MESSAGES`` is not sent as a message per task: its
-dispatch rows are marked woken and a worker claims them from Postgres one after another
+dispatch rows are marked as burst rows and a worker claims them from Postgres one after another
 (``Worker.advance_queue``), committing quick tasks' endings together. The other chaos
 tests start batches smaller than the threshold, so they run the per-task path; here the
 workers' threshold is 0, so the batch's notices, the kill, the takeover and the stalled
@@ -16,14 +16,14 @@ from pathlib import Path
 import pytest
 
 from .harness import Stack, chaos_stack
-from .test_kill_during_send import (
-    test_worker_killed_while_the_provider_holds_the_send as test_killed_on_the_burst_path,
-)
-
-__all__ = ["test_killed_on_the_burst_path"]
+from .held_send import kill_while_the_provider_holds_the_send
 
 
 @pytest.fixture
 def stack(tmp_path: Path, transactional_db: None) -> Iterator[Stack]:
     with chaos_stack(tmp_path, env={"KERNEL_DISPATCH_MESSAGES": "0"}) as running:
         yield running
+
+
+def test_killed_on_the_burst_path(stack: Stack) -> None:
+    kill_while_the_provider_holds_the_send(stack)

@@ -22,7 +22,7 @@ from controlplane.worker.runtime import forget_runtime, runtime
 from kernel import Draft, Status, SubmissionStatus, Task
 from kernel.agent import submit
 
-from .harness import Stack, chaos_stack, operator_client, wait_for
+from .harness import Stack, chaos_stack, lines, operator_client, wait_for
 from .pydantic_agent import RECIPIENTS
 
 pytestmark = [pytest.mark.chaos, pytest.mark.slow]
@@ -54,11 +54,6 @@ def start(stack: Stack, text: str = "Tell ana's contacts") -> tuple[str, str, st
     submitted = submit(handle, conversation, {"text": text, "agent": "support"}, "req-1")
     assert submitted.submission is not None
     return handle.id, conversation, submitted.submission.id
-
-
-def lines(stack: Stack, name: str) -> list[str]:
-    path = stack.tmp / name
-    return path.read_text().splitlines() if path.exists() else []
 
 
 def model_steps(stack: Stack) -> list[int]:

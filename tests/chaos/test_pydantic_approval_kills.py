@@ -20,7 +20,7 @@ from kernel import Draft, Status, SubmissionStatus, Task
 from kernel.agent import approval as approvals
 from kernel.agent import submit
 
-from .harness import Stack, chaos_stack, operator_client, wait_for
+from .harness import Stack, chaos_stack, lines, operator_client, wait_for
 
 pytestmark = [pytest.mark.chaos, pytest.mark.slow]
 AGENTS = {"billing": "tests.chaos.pydantic_billing.agent"}
@@ -49,11 +49,6 @@ def start(stack: Stack) -> tuple[str, str, str]:
                        "req-1")
     assert submitted.submission is not None
     return handle.id, conversation, submitted.submission.id
-
-
-def lines(stack: Stack, name: str) -> list[str]:
-    path = stack.tmp / name
-    return path.read_text().splitlines() if path.exists() else []
 
 
 def turn_of(stack: Stack, session_id: str) -> Task:

@@ -22,7 +22,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from controlplane.dev.processes import wait_for
 from kernel import tracing
-from tests.integration.test_api import client_for
+from tests.integration.clients import client_for
 from tests.model_stand_in import SERVED, Completion, ModelStandIn, by_round, models_env
 from tests.otlp_receiver import Receiver, otlp_receiver
 

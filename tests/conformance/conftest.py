@@ -14,6 +14,7 @@ import pytest
 
 from kernel import InMemoryStorage, ManualClock
 
+from .brokers import WIRING
 from .world import Faults, World
 
 
@@ -37,3 +38,11 @@ def world(request: pytest.FixtureRequest) -> Iterator[World]:
 
     yield World(reopen, faults, clock)
     connection.close()
+
+
+@pytest.fixture(params=["after_commit", "attached"])
+def wiring(request: pytest.FixtureRequest) -> None:
+    """Both ways a dispatcher delivers after commits: as a listener that takes the rows
+    after the commit, and attached (``Dispatcher.attach``: taken in the commit itself, what
+    the control plane runs). The dispatch tests use it on every test."""
+    WIRING["attached"] = request.param == "attached"

@@ -2,7 +2,8 @@
 
 ``effects`` records external work (what an outside system would see); the
 ``log`` document records committed work. Comparing the two is how tests tell
-"the action ran twice" from "the committed effect was applied twice".
+"the action ran twice" from "the committed effect was applied twice". ``start`` puts one
+task of them in a new session.
 """
 
 from __future__ import annotations
@@ -10,7 +11,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from kernel import JoinPolicy, Registry, Run, Transition
+from kernel import Draft, JoinPolicy, Registry, Run, Transition
+
+from .world import World
 
 
 @dataclass
@@ -118,3 +121,13 @@ def make_registry(effects: Effects) -> Registry:
             return run.succeed("done early")
 
     return registry
+
+
+def start(world: World, kind: str, input: dict, registry: Registry | None = None):
+    registry = registry or make_registry(Effects())
+    kernel = world.kernel(registry)
+    handle = kernel.create_session()
+    draft = Draft(actor="user:ann")
+    task_id = draft.create_task(kind, input)
+    handle.commit(draft)
+    return kernel, handle, task_id

@@ -29,8 +29,8 @@ from kernel import (
 from kernel.dispatch import Dispatcher
 from kernel.storage import CLAIM_WINDOW
 
+from .brokers import Waker
 from .definitions import Effects, make_registry
-from .test_queue_claims import Waker
 from .world import World
 
 NUL = "binary\u0000tail"

@@ -10,30 +10,11 @@ import pytest
 from kernel import Draft, Registry, Worker
 from kernel.dispatch import Dispatcher, recovery_queue
 
+from .brokers import WIRING, Broker
 from .definitions import Effects, make_registry
 from .world import World
 
-
-class Broker:
-    def __init__(self) -> None:
-        self.sent: list[str] = []
-        self.down = False
-
-    def deliver(self, task_id: str, queue: str) -> None:
-        if self.down:
-            raise ConnectionError("broker unreachable")
-        self.sent.append(task_id)
-
-
-WIRING = {"attached": False}
-
-
-@pytest.fixture(autouse=True, params=["after_commit", "attached"])
-def wiring(request: pytest.FixtureRequest) -> None:
-    """Each test both ways a dispatcher delivers after commits: as a listener that takes
-    the rows after the commit, and attached (``Dispatcher.attach``: taken in the commit
-    itself, what the control plane runs)."""
-    WIRING["attached"] = request.param == "attached"
+pytestmark = pytest.mark.usefixtures("wiring")  # each test both ways (conftest.py)
 
 
 def wire(kernel, dispatcher: Dispatcher) -> None:

@@ -15,20 +15,13 @@ from kernel import Draft, Registry, Run, Status, Transition, Worker
 from kernel.dispatch import Dispatcher, recovery_queue
 from kernel.worker import QUICK_SECONDS
 
+from .brokers import WIRING, Waker
 from .definitions import Effects, make_registry
-from .test_dispatch import Broker
 from .world import World
 
-
-class Waker(Broker):
-    def __init__(self) -> None:
-        super().__init__()
-        self.woke: list[str] = []
-
-    def wake(self, queue: str) -> None:
-        if self.down:
-            raise ConnectionError("broker unreachable")
-        self.woke.append(queue)
+# Both ways a dispatcher delivers after commits (conftest.py): attached, a burst's rows are
+# written woken by their commit.
+pytestmark = pytest.mark.usefixtures("wiring")
 
 
 def with_other_queue(registry: Registry) -> Registry:
@@ -40,16 +33,6 @@ def with_other_queue(registry: Registry) -> Registry:
             return run.succeed("ran")
 
     return registry
-
-
-WIRING = {"attached": False}
-
-
-@pytest.fixture(autouse=True, params=["after_commit", "attached"])
-def wiring(request: pytest.FixtureRequest) -> None:
-    """Both ways a dispatcher delivers after commits (see test_dispatch): attached, a
-    burst's rows are written woken by their commit."""
-    WIRING["attached"] = request.param == "attached"
 
 
 def setup(world: World, registry: Registry, messages: int = 2):

@@ -11,8 +11,7 @@ import pytest
 from kernel import Draft, IllegalTransition, Registry, Run, StaleStep, Status, Transition
 from kernel.forks import RESTARTED, PhaseEntry, phase_entries
 
-from .definitions import Effects, make_registry
-from .test_tasks import start
+from .definitions import Effects, make_registry, start
 from .world import World
 
 

@@ -26,18 +26,8 @@ from kernel import (
     Worker,
 )
 
-from .definitions import Effects, make_registry
+from .definitions import Effects, make_registry, start
 from .world import Crash, World
-
-
-def start(world: World, kind: str, input: dict, registry: Registry | None = None):
-    registry = registry or make_registry(Effects())
-    kernel = world.kernel(registry)
-    handle = kernel.create_session()
-    draft = Draft(actor="user:ann")
-    task_id = draft.create_task(kind, input)
-    handle.commit(draft)
-    return kernel, handle, task_id
 
 
 def outcome(world: World, task_id: str) -> str | None:

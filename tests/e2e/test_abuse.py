@@ -23,12 +23,10 @@ from typing import Any
 
 import pytest
 import redis
-from django.conf import settings
 from django.contrib.auth.models import User
 from websockets.exceptions import ConnectionClosed
 
 from controlplane.access import token_user
-from controlplane.dev.ports import reserved_redis_url
 from controlplane.dev.processes import running, wait_for
 from controlplane.sockets import slots
 from controlplane.worker.runtime import runtime
@@ -52,12 +50,6 @@ EVERY = 0.08  # seconds between two commits
 # the issue's 250 ms and publishes the figures (benchmarks/abuse.py).
 P99_LIMIT = float(os.environ.get("ABUSE_P99_LIMIT", "1.0"))
 SHOWN = re.compile(r'id="feed-state" data-seq="(\d+)"')
-
-
-@pytest.fixture(scope="module")
-def redis_url() -> Iterator[str]:
-    with reserved_redis_url(settings.REDIS_URL) as url:
-        yield url
 
 
 @pytest.fixture(scope="module")

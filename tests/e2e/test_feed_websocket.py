@@ -19,7 +19,6 @@ from typing import Any
 
 import pytest
 import redis
-from django.conf import settings
 from django.contrib.auth.models import User
 from django.db import connection
 from django.test import Client
@@ -28,7 +27,7 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from controlplane.access import digest, issue_token
 from controlplane.commands import revoke_token
-from controlplane.dev.ports import free_port, reserved_redis_url
+from controlplane.dev.ports import free_port
 from controlplane.dev.processes import running, wait_for
 from controlplane.models import ApiToken
 from controlplane.sockets.notify import session_group
@@ -57,12 +56,6 @@ FAST = {"FEED_POLL_SECONDS": "0.5", "FEED_HEARTBEAT_SECONDS": "1",
         "WEBSOCKET_RECHECK_SECONDS": "0.5", "METRICS_TOKEN": METRICS_TOKEN}
 # REST long-polls read the log only every 30 s: an early answer comes from a hint.
 SLOW_LONG_POLL = {"FEED_LONG_POLL_SECONDS": "30"}
-
-
-@pytest.fixture(scope="module")
-def redis_url() -> Iterator[str]:
-    with reserved_redis_url(settings.REDIS_URL) as url:
-        yield url
 
 
 @pytest.fixture(scope="module")

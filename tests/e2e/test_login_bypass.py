@@ -7,52 +7,20 @@ right password included."""
 
 from __future__ import annotations
 
-import http.cookiejar
-import re
-import urllib.error
-import urllib.parse
-import urllib.request
 from pathlib import Path
 
 import pytest
 from django.contrib.auth.models import Group, User
 
+from .logins import log_in
 from .server import web_role
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
 PER_ACCOUNT, PER_ADDRESS = 3, 5
-THROTTLED = "Too many failed logins for this account or from this address"
 LIMITS = {"LOGIN_FAILURES_PER_ACCOUNT": str(PER_ACCOUNT),
           "LOGIN_FAILURES_PER_ADDRESS": str(PER_ADDRESS), "LOGIN_THROTTLE_SECONDS": "600"}
 FORMS = ["ｏｌｇａ", "𝐨𝐥𝐠𝐚", "𝕠𝕝𝕘𝕒", "ⓞⓛⓖⓐ", "ᵒˡᵍᵃ"]
-
-
-class NoRedirect(urllib.request.HTTPRedirectHandler):
-    def redirect_request(self, *args: object, **kwargs: object) -> None:
-        return None
-
-
-def log_in(base: str, username: str, password: str, forwarded: str,
-           path: str = "/accounts/login/", *handlers: urllib.request.BaseHandler) -> str:
-    """One try from a fresh browser: "in", "throttled" or "refused"."""
-    jar = http.cookiejar.CookieJar()
-    opener = urllib.request.build_opener(
-        urllib.request.HTTPCookieProcessor(jar), NoRedirect, *handlers)
-    headers = {"X-Forwarded-For": forwarded}
-    form = opener.open(urllib.request.Request(base + path, headers=headers), timeout=10)
-    csrf = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', form.read().decode())
-    assert csrf is not None
-    data = urllib.parse.urlencode({"username": username, "password": password,
-                                   "csrfmiddlewaretoken": csrf.group(1)}).encode()
-    try:
-        answer = opener.open(urllib.request.Request(
-            base + path, data=data, headers={**headers, "Origin": base}), timeout=10)
-    except urllib.error.HTTPError as redirected:
-        assert redirected.code == 302, redirected.code
-        return "in"
-    page = answer.read().decode()
-    return "throttled" if THROTTLED in page else "refused"
 
 
 def account(name: str, **extra: bool) -> None:

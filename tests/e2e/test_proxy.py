@@ -23,8 +23,8 @@ from django.contrib.auth.models import Group, User
 from controlplane.dev.ports import free_port
 from controlplane.dev.processes import ROOT, Process
 
+from .logins import log_in
 from .server import web_role
-from .test_login_bypass import log_in
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 

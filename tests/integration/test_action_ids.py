@@ -15,15 +15,9 @@ from controlplane.worker.runtime import runtime
 from kernel import Draft, Kernel, Scheduler, Status
 from kernel.commit import operations_log_id
 
-from .test_api import post
-from .test_ui_pages import login
+from .clients import login, post
 
-pytestmark = pytest.mark.django_db(transaction=True)
-
-
-@pytest.fixture(autouse=True)
-def kernel(api_kernel: Kernel) -> Kernel:
-    return api_kernel
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("kernel")]
 
 
 def tasks_in_one_session(kernel: Kernel, *inputs: dict[str, Any]) -> tuple[str, list[str]]:

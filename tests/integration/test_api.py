@@ -6,108 +6,29 @@ import json
 from typing import Any
 
 import pytest
-from django.contrib.auth.models import Group, User
 from django.test import Client
 
 from controlplane import commands
 from controlplane.access import issue_token
 from controlplane.reads.tasks import digest
-from controlplane.worker.runtime import runtime
 from kernel import (
-    Decision,
     Draft,
     Kernel,
-    Receipt,
     Registry,
-    Run,
     Scheduler,
     Status,
-    Transition,
 )
 from kernel.commit import operations_log_id
 
-pytestmark = pytest.mark.django_db(transaction=True)
+from .api_kinds import start
+from .clients import client_for, post, user
 
-
-@pytest.fixture(autouse=True)
-def kernel(monkeypatch: pytest.MonkeyPatch) -> Kernel:
-    return with_test_kinds(monkeypatch)
-
-
-def with_test_kinds(monkeypatch: pytest.MonkeyPatch) -> Kernel:
-    """The web process's kernel, with test task kinds and no broker (no worker runs here)."""
-    built = runtime().kernel
-    monkeypatch.setattr(runtime().dispatcher, "deliver", lambda task, queue: None)
-    registry = built.registry
-    if "api-step" not in registry.kinds():
-
-        @registry.task("api-step")
-        class Step:
-            initial = "go"
-            decisions = (Decision("sent", "It was done", "sent",
-                                  receipt=Receipt(required=("id",))),
-                         Decision("give_up", "Give up", "give_up"))
-
-            def go(self, run: Run) -> Transition:
-                if run.input.get("fail"):
-                    return run.fail("asked to")
-                if run.input.get("sleep"):
-                    return run.sleep(3600, then="done")
-                if run.input.get("ask"):
-                    return run.wait_for("resolution-1", then="done")
-                return run.succeed("ok")
-
-            def done(self, run: Run) -> Transition:
-                return run.succeed(run.signal("resolution-1"))
-
-        @registry.task("api-parent")
-        class Parent:
-            initial = "fan"
-
-            def fan(self, run: Run) -> Transition:
-                kids = [run.spawn("api-step", {"ask": True}) for _ in range(run.input["n"])]
-                return run.wait_all(kids, then="end")
-
-            def end(self, run: Run) -> Transition:
-                return run.succeed(run.outcomes())
-
-    return built
-
-
-def user(name: str, group: str | None) -> User:
-    account = User.objects.create_user(name)  # force_login: no password hashing needed
-    if group:
-        account.groups.add(Group.objects.get_or_create(name=group)[0])
-    return account
-
-
-def client_for(name: str, group: str | None) -> Client:
-    client = Client()
-    client.force_login(user(name, group))
-    return client
-
-
-@pytest.fixture
-def operator() -> Client:
-    return client_for("olga", "operator")
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("kernel")]
 
 
 @pytest.fixture
 def viewer() -> Client:
     return client_for("vic", "viewer")
-
-
-def post(client: Client, url: str, body: dict[str, Any]) -> Any:
-    return client.post(url, json.dumps(body), content_type="application/json")
-
-
-def start(kernel: Kernel, kind: str, input: dict[str, Any]) -> tuple[str, str]:
-    handle = kernel.create_session()
-    draft = Draft(actor="user:test")
-    task_id = draft.create_task(kind, input)
-    handle.commit(draft)
-    Scheduler(kernel).run_until_idle()
-    return handle.id, task_id
 
 
 # -- who may do what -------------------------------------------------------------------

@@ -15,14 +15,10 @@ from controlplane.reads.tasks import digest
 from kernel import Kernel, Status
 from kernel.commit import operations_log_id
 
-from .test_api import post, start
+from .api_kinds import start
+from .clients import post
 
-pytestmark = pytest.mark.django_db(transaction=True)
-
-
-@pytest.fixture(autouse=True)
-def kernel(api_kernel: Kernel) -> Kernel:
-    return api_kernel
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("kernel")]
 
 
 def refused_naming(response: Any, field: str) -> None:

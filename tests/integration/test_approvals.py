@@ -17,8 +17,9 @@ from kernel import Draft, Kernel, Scheduler, Status, Worker
 from kernel.agent import digest, submit
 from kernel.commit import operations_log_id
 
+from .api_kinds import with_test_kinds
+from .clients import client_for, post, user
 from .racing import both_read_first, decide_at_once
-from .test_api import client_for, post, user, with_test_kinds
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

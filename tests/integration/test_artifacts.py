@@ -14,32 +14,12 @@ from django.test import Client
 
 from controlplane.storage.artifacts import PostgresArtifacts
 from controlplane.worker.runtime import runtime
-from kernel import Draft
 from kernel.artifacts import REFERENCE, CorruptArtifact, MissingArtifact, load, offload
 
-from .test_compaction_api import client_for
+from .clients import client_as
+from .sessions import REPORT, session_with_a_large_result
 
 pytestmark = pytest.mark.django_db(transaction=True)
-REPORT = {"rows": [{"n": n, "text": f"row {n} <b>bold</b>"} for n in range(2000)]}
-
-
-def session_with_a_large_result() -> tuple[str, str, dict]:
-    kernel = runtime().kernel
-    assert isinstance(kernel.artifacts, PostgresArtifacts)
-    reference = offload(kernel.artifacts, REPORT, 4_096)
-    handle = kernel.create_session()
-    draft = Draft(actor="user:test")
-    conversation = draft.create_conversation()
-    handle.commit(draft)
-    draft = Draft(actor="task:turn_x")
-    draft.append(conversation, "user", {"text": "the report"})
-    draft.append(conversation, "model_response", {
-        "text": "", "tool_calls": [{"id": "c1", "name": "report", "arguments": {}}],
-        "turn": "turn_x", "attempt": 1})
-    draft.append(conversation, "tool_result", {"call_id": "c1", "name": "report",
-                                               "result": reference})
-    handle.commit(draft)
-    return handle.id, conversation, reference
 
 
 def test_an_artifact_round_trips_with_its_hash_checked_and_a_damaged_one_is_refused() -> None:
@@ -100,7 +80,7 @@ def test_the_dashboard_shows_and_downloads_an_artifact_for_readers_only() -> Non
     session_id, conversation, reference = session_with_a_large_result()
     digest = reference[REFERENCE]
     url = f"/sessions/{session_id}/artifacts/{digest}"
-    viewer = client_for("vic", "viewer")
+    viewer = client_as("vic", "viewer")
     page = viewer.get(f"/sessions/{session_id}/").content.decode()
     assert f'href="{url}"' in page and "&lt;b&gt;bold" in page  # the excerpt, escaped
     answer = viewer.get(url)

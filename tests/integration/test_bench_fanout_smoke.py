@@ -16,7 +16,6 @@ import pytest
 
 from benchmarks import fanout
 from tests.databases import url_of_test_database
-from tests.integration.test_bench_scaling_smoke import private_redis_url  # noqa: F401
 
 FACTS = {"revision": "`abc1234`", "machine": "2 CPUs", "load_before": "1.00",
          "load_after": "2.00", "workers": "1"}

@@ -10,7 +10,6 @@ and the reports' arithmetic is checked on made-up runs.
 from __future__ import annotations
 
 import argparse
-from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
 
@@ -18,28 +17,12 @@ import pytest
 
 from benchmarks import broker, scaling
 from benchmarks._support import TASK_MODULE
-from controlplane.dev.postgres import private_folder
-from controlplane.dev.redis_server import PrivateRedis, redis_server
 from tests.databases import url_of_test_database
 
 FACTS = {"revision": "`abc1234`", "machine": "2 CPUs", "load_before": "1.00 1.00 1.00",
          "load_after": "2.00 2.00 2.00", "version": "15", "fsync": "on",
          "synchronous_commit": "on", "shared_buffers": "128MB", "redis": "7.0.15"}
 WHEN = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
-
-
-@pytest.fixture
-def private_redis_url() -> Iterator[tuple[str, int]]:
-    binary = redis_server()
-    if binary is None:
-        pytest.skip("no redis-server binary found")
-    with private_folder("bench-smoke-redis-", None) as folder:
-        server = PrivateRedis(folder, binary)
-        server.start()
-        try:
-            yield server.url, server.port
-        finally:
-            server.stop()
 
 
 def scaling_args(**overrides: object) -> argparse.Namespace:

@@ -16,15 +16,10 @@ from django.test import Client
 from controlplane import commands, models
 from kernel import Draft, Kernel, Scheduler, Status
 
-from .test_api import post, start
-from .test_ui_pages import login
+from .api_kinds import start
+from .clients import login, post
 
-pytestmark = pytest.mark.django_db(transaction=True)
-
-
-@pytest.fixture(autouse=True)
-def kernel(api_kernel: Kernel) -> Kernel:
-    return api_kernel
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("kernel")]
 
 
 def digest(task_ids: list[str]) -> str:

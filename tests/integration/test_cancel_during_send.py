@@ -14,11 +14,10 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
 
 import pytest
 
-from controlplane.dev.processes import RunningProvider, start_provider, wait_for
+from controlplane.dev.processes import RunningProvider, wait_for
 from controlplane.dev.provider_admin import ProviderAdmin
 from controlplane.reference.notices import tasks as notices
 from controlplane.reference.notices.channels import HttpChannel
@@ -26,12 +25,6 @@ from kernel import Draft, InMemoryStorage, Kernel, Registry, Scheduler, Status, 
 from kernel.clock import SystemClock
 
 LEASE = 4.0  # seconds: the send's deadline is the lease's end, less a margin
-
-
-@pytest.fixture(scope="module")
-def provider() -> Iterator[RunningProvider]:
-    with start_provider() as running:
-        yield running
 
 
 @pytest.mark.parametrize("stall_ms", [2500, 6000], ids=["lands-in-time", "lands-too-late"])

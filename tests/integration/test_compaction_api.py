@@ -6,26 +6,17 @@ transcript while every entry stays; a stale view is refused (409), a viewer is r
 from __future__ import annotations
 
 import pytest
-from django.contrib.auth.models import Group, User
+from django.contrib.auth.models import User
 from django.test import Client
 
 from controlplane.worker.runtime import runtime
 from kernel import Scheduler, agent
 from kernel.records import SUMMARY
 
-from .test_api import post
-from .test_ui_conversation import conversation_with_a_tool_call
+from .clients import client_as, post
+from .sessions import conversation_with_a_tool_call
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-def client_for(name: str, group: str) -> Client:
-    """A logged-in client of ``name`` in ``group`` (made on first use)."""
-    account, _ = User.objects.get_or_create(username=name)
-    account.groups.add(Group.objects.get_or_create(name=group)[0])
-    client = Client()
-    client.force_login(account)
-    return client
 
 
 def newest(conversation: str) -> str:
@@ -42,7 +33,7 @@ def test_an_operator_compacts_a_conversation_through_the_api() -> None:
     kernel = runtime().kernel
     before = kernel.entries(conversation)
     url = f"/api/conversations/{conversation}/compact"
-    answer = post(client_for("olga", "operator"), url,
+    answer = post(client_as("olga", "operator"), url,
                   {"action_id": "compact-1", "reason": "long",
                    "last_entry_id": newest(conversation)})
     assert answer.status_code == 200, answer.content
@@ -58,12 +49,12 @@ def test_an_operator_compacts_a_conversation_through_the_api() -> None:
     assert summary.payload["covers"]["first"]["id"] == before[0].id
     assert kernel.context(conversation)[0].id == summary.id
     # A repeat of the same action does nothing new.
-    again = post(client_for("olga", "operator"), url,
+    again = post(client_as("olga", "operator"), url,
                  {"action_id": "compact-1", "reason": "long", "last_entry_id": before[-1].id})
     assert again.status_code == 200 and again.json()["replayed"] is True
     assert len(compaction_tasks(session_id)) == 1
     # The page marks the summary and still shows what it covers.
-    page = client_for("vic", "viewer").get(f"/sessions/{session_id}/").content.decode()
+    page = client_as("vic", "viewer").get(f"/sessions/{session_id}/").content.decode()
     transcript = page[page.index('id="transcript"'):page.index('id="submissions"')]
     assert "summary-mark" in transcript and f'id="entry-{summary.id}"' in transcript
     assert f'href="#entry-{before[0].id}"' in transcript
@@ -73,20 +64,20 @@ def test_an_operator_compacts_a_conversation_through_the_api() -> None:
 def test_a_stale_view_a_viewer_and_bad_input_are_refused_and_change_nothing() -> None:
     session_id, conversation = conversation_with_a_tool_call()
     url = f"/api/conversations/{conversation}/compact"
-    stale = post(client_for("olga", "operator"), url,
+    stale = post(client_as("olga", "operator"), url,
                  {"action_id": "c-1", "reason": "r", "last_entry_id": "entry_older"})
     assert stale.status_code == 409
     assert newest(conversation) in stale.json()["detail"]
-    viewer = post(client_for("vic", "viewer"), url,
+    viewer = post(client_as("vic", "viewer"), url,
                   {"action_id": "c-2", "reason": "r", "last_entry_id": newest(conversation)})
     assert viewer.status_code == 403
-    missing = post(client_for("olga", "operator"), url, {"action_id": "c-3", "reason": "r"})
+    missing = post(client_as("olga", "operator"), url, {"action_id": "c-3", "reason": "r"})
     assert missing.status_code == 422 and "last_entry_id" in missing.content.decode()
-    unknown = post(client_for("olga", "operator"), url,
+    unknown = post(client_as("olga", "operator"), url,
                    {"action_id": "c-4", "reason": "r", "last_entry_id": newest(conversation),
                     "force": True})
     assert unknown.status_code == 422 and "force" in unknown.content.decode()
-    nowhere = post(client_for("olga", "operator"), "/api/conversations/conv_nope/compact",
+    nowhere = post(client_as("olga", "operator"), "/api/conversations/conv_nope/compact",
                    {"action_id": "c-5", "reason": "r", "last_entry_id": "e"})
     assert nowhere.status_code == 404
     assert compaction_tasks(session_id) == []
@@ -94,15 +85,15 @@ def test_a_stale_view_a_viewer_and_bad_input_are_refused_and_change_nothing() ->
 
 def test_the_session_pages_button_compacts_for_an_operator_only() -> None:
     session_id, conversation = conversation_with_a_tool_call()
-    operator = client_for("olga", "operator")
+    operator = client_as("olga", "operator")
     page = operator.get(f"/sessions/{session_id}/").content.decode()
     assert f'id="compact-{conversation}"' in page
     assert f'name="last_entry_id" value="{newest(conversation)}"' in page
-    viewer_page = client_for("vic", "viewer").get(f"/sessions/{session_id}/").content.decode()
+    viewer_page = client_as("vic", "viewer").get(f"/sessions/{session_id}/").content.decode()
     assert f'id="compact-{conversation}"' not in viewer_page
     form = {"action_id": "ui-compact-1", "reason": "too long",
             "last_entry_id": newest(conversation)}
-    refused = client_for("vic", "viewer").post(f"/conversations/{conversation}/compact", form)
+    refused = client_as("vic", "viewer").post(f"/conversations/{conversation}/compact", form)
     assert refused.status_code == 403
     assert compaction_tasks(session_id) == []
     done = operator.post(f"/conversations/{conversation}/compact", form)
@@ -112,7 +103,7 @@ def test_the_session_pages_button_compacts_for_an_operator_only() -> None:
 
 def test_a_form_without_csrf_is_refused() -> None:
     session_id, conversation = conversation_with_a_tool_call()
-    client_for("olga", "operator")  # makes the operator
+    client_as("olga", "operator")  # makes the operator
     client = Client(enforce_csrf_checks=True)
     client.force_login(User.objects.get(username="olga"))
     answer = client.post(f"/conversations/{conversation}/compact",

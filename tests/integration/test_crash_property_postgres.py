@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from controlplane.storage import PostgresStorage
-from tests.unit.test_crash_property import compare_runs, trees
+from tests.unit.crash_trees import compare_runs, trees
 
 
 @pytest.mark.slow

@@ -14,7 +14,7 @@ import pytest
 from kernel import CommitRejected, Draft, DuplicateCommit, SessionHandle, UnknownRecord
 from kernel.records import Status
 
-from .test_inline_commit import counting_pipelines, kernel_with, log_is_whole
+from .round_trips import counting_pipelines, kernel_with, log_is_whole
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

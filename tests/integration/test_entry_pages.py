@@ -18,7 +18,7 @@ from controlplane.worker.runtime import runtime
 from kernel import Draft
 from kernel.agent.requests import USAGE, conversation_key
 
-from .test_ui_conversation import login
+from .clients import login_as
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -171,7 +171,7 @@ def test_the_usage_total_is_priced_per_turn(settings: Any) -> None:
 
 def test_api_pages_of_a_fork_are_its_transcript_in_order_read_a_page_at_a_time() -> None:
     _, _, fork = long_conversation()
-    client: Client = login("viewer")
+    client: Client = login_as("viewer")
     read, after = [], None
     with entry_rows() as counts:
         while True:

@@ -11,18 +11,19 @@ from typing import Any
 import psycopg
 import pytest
 from django.conf import settings
-from django.contrib.auth.models import Group, User
+from django.contrib.auth.models import User
 from django.db import connection
 from django.test import Client
 
 from controlplane.access import issue_token
 from controlplane.reads import feed
 from controlplane.worker.runtime import runtime
-from kernel import Draft, SessionHandle
+from kernel import SessionHandle
+
+from .clients import user_in
+from .plan_documents import commit
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-PLAN = "email-plan"  # a document kind the project registers
 
 
 @pytest.fixture(autouse=True)
@@ -32,24 +33,11 @@ def offline_broker(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(runtime().dispatcher, "deliver", lambda task, queue: None)
 
 
-def user_in(group: str | None, name: str = "vera") -> User:
-    user = User.objects.create_user(name)  # no password: hashing one costs a second
-    if group is not None:
-        user.groups.add(Group.objects.get_or_create(name=group)[0])
-    return user
-
-
 @pytest.fixture
 def viewer() -> Client:
     client = Client()
     client.force_login(user_in("viewer"))
     return client
-
-
-def commit(handle: SessionHandle, value: Any, actor: str = "user:ann") -> Any:
-    draft = Draft(actor=actor)
-    draft.set(PLAN, "doc", ["n"], value)
-    return handle.commit(draft).commit
 
 
 def commits(handle: SessionHandle, count: int) -> list[Any]:

@@ -26,9 +26,9 @@ from django.contrib.auth.models import Group, User
 from controlplane.access import issue_token
 from kernel import Kernel, Scheduler, Status
 
-from .test_api import start, with_test_kinds
+from .api_kinds import start
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("kernel")]
 GENERATOR = str(Path(sys.executable).parent / "openapi-python-client")
 PACKAGE = "durable_client"
 CONFIG = f"""\
@@ -36,11 +36,6 @@ project_name_override: durable-client
 package_name_override: {PACKAGE}
 post_hooks: []
 """
-
-
-@pytest.fixture(autouse=True)
-def kernel(monkeypatch: pytest.MonkeyPatch) -> Kernel:
-    return with_test_kinds(monkeypatch)
 
 
 @pytest.fixture

@@ -6,7 +6,6 @@ while a run of the thread is open, or when two operators fork at once)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from html import unescape
 from pathlib import Path
 from typing import Any
@@ -19,21 +18,13 @@ from controlplane.errors import http_status
 from controlplane.worker.runtime import runtime
 from kernel import Draft, Kernel, Status, Worker
 from kernel.commit import operations_log_id
-from tests.langgraph_graphs import APPROVAL, PIPELINE, on_runtime, release, runs
+from tests.langgraph_graphs import APPROVAL, PIPELINE, runs
 
+from .api_kinds import start
+from .clients import client_for, user
 from .racing import both_read_first, decide_at_once
-from .test_api import client_for, start, user
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-@pytest.fixture
-def graphs(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Path]:
-    monkeypatch.setattr(runtime().dispatcher, "deliver", lambda task, queue: None)
-    monkeypatch.setenv("LANGGRAPH_RUNS", str(tmp_path / "runs"))
-    hosts = on_runtime()
-    yield tmp_path / "runs"
-    release(hosts)
 
 
 def section(page: str) -> str:

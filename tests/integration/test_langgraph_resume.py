@@ -4,7 +4,6 @@ resume is one commit naming the operator, and a stale or repeated resume changes
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -12,20 +11,12 @@ import pytest
 
 from controlplane.worker.runtime import runtime
 from kernel import Kernel, Status, Worker
-from tests.langgraph_graphs import APPROVAL, on_runtime, release, runs
+from tests.langgraph_graphs import APPROVAL, runs
 
-from .test_api import client_for, post, start
+from .api_kinds import start
+from .clients import client_for, post
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-@pytest.fixture
-def graphs(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Path]:
-    monkeypatch.setattr(runtime().dispatcher, "deliver", lambda task, queue: None)
-    monkeypatch.setenv("LANGGRAPH_RUNS", str(tmp_path / "runs"))
-    hosts = on_runtime()
-    yield tmp_path / "runs"
-    release(hosts)
 
 
 def advance(kernel: Kernel, task_id: str) -> None:

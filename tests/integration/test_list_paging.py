@@ -11,7 +11,7 @@ from controlplane.reads import pages
 from controlplane.worker.runtime import runtime
 from kernel import Draft, agent
 
-from .test_api import post
+from .clients import post
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

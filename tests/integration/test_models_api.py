@@ -14,7 +14,8 @@ from controlplane.model_catalog import load
 from controlplane.worker.runtime import runtime
 from kernel import Kernel
 
-from .test_api import client_for, post, with_test_kinds
+from .api_kinds import with_test_kinds
+from .clients import client_for, post
 
 pytestmark = pytest.mark.django_db(transaction=True)
 MINI = {"provider": "openai", "base_url": "https://api.example/v1",

@@ -5,12 +5,11 @@ with Celery workers and kills)."""
 from __future__ import annotations
 
 import socket
-from collections.abc import Iterator
 from datetime import timedelta
 
 import pytest
 
-from controlplane.dev.processes import RunningProvider, start_provider
+from controlplane.dev.processes import RunningProvider
 from controlplane.dev.provider_admin import ProviderAdmin
 from controlplane.dev.smtp_server import SmtpStandIn, start_smtp_server
 from controlplane.reference.notices import tasks as notices
@@ -20,23 +19,11 @@ from kernel import Draft, InMemoryStorage, Kernel, ManualClock, Registry, Schedu
 RECIPIENTS = ["ana@example.com", "ben@example.com", "cai@example.com"]
 
 
-@pytest.fixture(scope="module")
-def provider() -> Iterator[RunningProvider]:
-    with start_provider() as running:
-        yield running
-
-
 @pytest.fixture
 def admin(provider: RunningProvider) -> ProviderAdmin:
     client = ProviderAdmin(provider.url)
     client.reset()
     return client
-
-
-@pytest.fixture
-def smtp() -> Iterator[SmtpStandIn]:
-    with start_smtp_server() as server:
-        yield server
 
 
 def start(provider: RunningProvider, smtp_port: int, channel: str = "http"):

@@ -16,8 +16,9 @@ from controlplane.worker.runtime import runtime
 from kernel import Decision, Kernel, Receipt, Run, Scheduler, Status, Transition
 from kernel.commit import operations_log_id
 
+from .api_kinds import start, with_test_kinds
+from .clients import client_for, post, user
 from .racing import both_read_first, decide_at_once
-from .test_api import client_for, post, start, user, with_test_kinds
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

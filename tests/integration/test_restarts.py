@@ -19,7 +19,8 @@ from kernel.agent import submit
 from kernel.commit import operations_log_id
 from kernel.forks import PhaseEntry
 
-from .test_api import client_for, post, with_test_kinds
+from .api_kinds import with_test_kinds
+from .clients import client_for, post
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

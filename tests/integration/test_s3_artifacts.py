@@ -15,7 +15,7 @@ from controlplane.storage.s3_artifacts import S3Artifacts
 from kernel import ManualClock, Scheduler
 from kernel.artifacts import REFERENCE, CorruptArtifact, MissingArtifact, load, offload
 from tests.seaweedfs import seaweedfs
-from tests.unit.test_artifacts import REPORT, ask, result_of, world
+from tests.unit.report_agent import REPORT, ask, result_of, world
 
 pytestmark = pytest.mark.slow
 

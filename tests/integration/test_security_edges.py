@@ -14,7 +14,7 @@ from django.test import Client
 from controlplane.worker.runtime import runtime
 from kernel import Draft, Scheduler
 
-from .test_ui_pages import login
+from .clients import login
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -113,7 +113,8 @@ def test_each_action_records_the_credential_it_came_through(api_kernel: object) 
     from controlplane.access import issue_token
     from kernel.commit import operations_log_id
 
-    from .test_api import post, start
+    from .api_kinds import start
+    from .clients import post
 
     kernel = runtime().kernel
     olga = User.objects.create_user("olga")

@@ -23,7 +23,8 @@ from controlplane.sockets import slots
 from controlplane.sockets.routes import websocket_urlpatterns
 from controlplane.worker.runtime import runtime
 
-from .test_feed_api import commit, user_in
+from .clients import user_in
+from .plan_documents import commit
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

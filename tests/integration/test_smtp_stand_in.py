@@ -5,17 +5,10 @@ from __future__ import annotations
 import smtplib
 import threading
 import time
-from collections.abc import Iterator
 
 import pytest
 
-from controlplane.dev.smtp_server import ReceivedMessage, SmtpStandIn, start_smtp_server
-
-
-@pytest.fixture
-def smtp() -> Iterator[SmtpStandIn]:
-    with start_smtp_server() as server:
-        yield server
+from controlplane.dev.smtp_server import ReceivedMessage, SmtpStandIn
 
 
 def send(server: SmtpStandIn, to: str, text: str) -> None:

@@ -19,7 +19,7 @@ from django.test import Client
 from controlplane.web import request_connections
 from tests.databases import url_of_test_database
 
-from .test_api import post
+from .clients import post
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -17,8 +17,8 @@ from controlplane.ui.charts import line_chart
 from controlplane.worker.runtime import runtime
 from kernel import Draft, Scheduler
 
-from .test_api import start, user, with_test_kinds
-from .test_ui_pages import login
+from .api_kinds import start, with_test_kinds
+from .clients import login, user
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -11,7 +11,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 from django.contrib.auth.models import Group, User
-from django.test import Client, override_settings
+from django.test import override_settings
 
 from controlplane import commands
 from controlplane.reads import pages
@@ -19,57 +19,19 @@ from controlplane.reads.transcript import _card
 from controlplane.templatetags.dashboard import ago_text, markdown, seconds
 from controlplane.ui.live import SESSION_PAGE
 from controlplane.worker.runtime import runtime
-from kernel import Draft, Scheduler, agent
+from kernel import Draft, Scheduler
 from kernel.agent.turn import PROGRESS
 from kernel.session import SessionHandle
 
+from .clients import login_as
+from .sessions import EVIL, call_arguments, conversation_with_a_tool_call
+
 pytestmark = pytest.mark.django_db(transaction=True)
-EVIL = "<script>window.__pwned = 1</script>"
-
-
-def login(role: str) -> Client:
-    user = User.objects.filter(username=f"{role}-user").first() or User.objects.create_user(
-        f"{role}-user", password="pw")
-    user.groups.add(Group.objects.get_or_create(name=role)[0])
-    client = Client()
-    client.force_login(user)
-    return client
-
-
-def call_arguments() -> dict[str, object]:
-    return {"recipients": ["ana@example.com"], "subject": "Notice"}
-
-
-def conversation_with_a_tool_call() -> tuple[str, str]:
-    """A session whose conversation holds a user message, a model response calling one
-    tool (with usage), the tool's result, and the model's markdown answer."""
-    kernel = runtime().kernel
-    handle = kernel.create_session(metadata={"title": "agent"})
-    draft = Draft(actor="user:test")
-    conversation = draft.create_conversation()
-    handle.commit(draft)
-    submitted = agent.submit(handle, conversation, {"text": "Send the notice to ana"},
-                             "req-1", actor="user:ann")
-    assert submitted.submission is not None
-    draft = Draft(actor="task:turn_x")
-    call = {"id": "call_1", "name": "send_notices", "arguments": call_arguments()}
-    draft.append(conversation, "model_response", {
-        "text": "", "tool_calls": [call], "turn": "turn_x", "attempt": 1,
-        "usage": {"input_tokens": 30, "output_tokens": 10}})
-    draft.append(conversation, "tool_result", {
-        "call_id": "call_1", "name": "send_notices",
-        "result": {"sent": 1, "receipts": {"ana@example.com": {"id": "msg_1"}}}})
-    draft.append(conversation, "model_response", {
-        "text": f"**Sent 1 notice.**\n\n- ana@example.com: msg_1\n\n{EVIL}",
-        "tool_calls": [], "turn": "turn_x", "attempt": 1,
-        "usage": {"input_tokens": 40, "output_tokens": 20}})
-    handle.commit(draft)
-    return handle.id, conversation
 
 
 def test_the_transcript_reads_as_a_conversation_with_tool_cards_and_usage() -> None:
     session_id, conversation = conversation_with_a_tool_call()
-    page = login("viewer").get(f"/sessions/{session_id}/").content.decode()
+    page = login_as("viewer").get(f"/sessions/{session_id}/").content.decode()
     transcript = page[page.index('id="transcript"'):page.index('id="submissions"')]
     assert "{&#x27;" not in transcript and "{'" not in transcript  # no dict reprs
     assert "Send the notice to ana" in transcript
@@ -97,13 +59,13 @@ def test_cost_shows_when_the_model_has_prices() -> None:
     assert conv.usage is not None
     assert (conv.usage.input_tokens, conv.usage.output_tokens) == (70, 30)
     assert conv.usage.cost == pytest.approx((70 * 1.0 + 30 * 2.0) / 1_000_000)
-    page = login("viewer").get(f"/sessions/{session_id}/").content.decode()
+    page = login_as("viewer").get(f"/sessions/{session_id}/").content.decode()
     assert "cost <b>0.0001</b>" in page
 
 
 def test_submissions_show_their_text_status_and_turn() -> None:
     session_id, _ = conversation_with_a_tool_call()
-    page = login("viewer").get(f"/sessions/{session_id}/").content.decode()
+    page = login_as("viewer").get(f"/sessions/{session_id}/").content.decode()
     subs = page[page.index('id="submissions"'):]
     assert "Send the notice to ana" in subs and "{&#x27;text" not in subs
     assert 'data-status="placed"' in subs
@@ -152,7 +114,7 @@ def test_an_ended_task_keeps_no_live_output_box() -> None:
     assert pages.progress(handle.id) == []
     _, update = SESSION_PAGE.update(handle.id, head, False)
     assert 'id="progress"' in update and "more" not in update  # the live update empties it
-    page = login("viewer").get(f"/sessions/{handle.id}/").content.decode()
+    page = login_as("viewer").get(f"/sessions/{handle.id}/").content.decode()
     assert "Live output of" not in page and "Nothing is streaming now" in page
 
 
@@ -206,7 +168,7 @@ def test_a_task_page_shows_a_row_per_phase_adding_up_to_its_span() -> None:
     assert all(r.holders for r in found.rows)  # every phase names the lease it ran under
     assert found.rows[-1].outcome == "succeeded"
 
-    page = login("viewer").get(f"/tasks/{task_id}/").content.decode()
+    page = login_as("viewer").get(f"/tasks/{task_id}/").content.decode()
     rows = re.findall(r'<tr class="phase-row[^"]*" data-phase="([^"]+)" data-seconds="([^"]+)"',
                       page)
     assert [p for p, _ in rows] == ["plan", "rest", "finish"]
@@ -221,7 +183,7 @@ def test_the_timeline_names_who_cancelled_and_why() -> None:
     _, task_id = a_batch()
     operator = an_operator()
     commands.cancel_task(operator, task_id, "c-1", "wrong list")
-    page = login("viewer").get(f"/tasks/{task_id}/").content.decode()
+    page = login_as("viewer").get(f"/tasks/{task_id}/").content.decode()
     log = page[page.index("Operators' actions"):]
     assert "<b>cancel</b> by user:olga" in log and "“wrong list”" in log
 
@@ -259,7 +221,7 @@ def test_interrupted_failed_cancelled_and_uncertain_calls_are_marked() -> None:
         "call_id": "call_d", "name": "charge", "cancelled": True, "by": "user:ann",
         "reason": "wrong list", "partial": {"sent": 1, "unsent": ["ben@example.com"]}})
     handle.commit(draft)
-    page = login("viewer").get(f"/sessions/{handle.id}/").content.decode()
+    page = login_as("viewer").get(f"/sessions/{handle.id}/").content.decode()
     states = dict(re.findall(r'id="call-(call_\w)" data-state="(\w+)"', page))
     assert states == {"call_a": "interrupted", "call_b": "error", "call_c": "running",
                       "call_d": "cancelled"}

@@ -10,7 +10,7 @@ import re
 from datetime import timedelta
 
 import pytest
-from django.contrib.auth.models import Group, User
+from django.contrib.auth.models import User
 from django.test import Client
 from django.utils import timezone
 
@@ -20,29 +20,10 @@ from controlplane.ui.live import GLOBAL_PAGES, SESSION_PAGE
 from controlplane.worker.runtime import runtime
 from kernel import Decision, Draft, Scheduler, Status, agent
 
+from .clients import login
+from .sessions import EVIL, batch
+
 pytestmark = pytest.mark.django_db(transaction=True)
-EVIL = "<script>window.__pwned = 1</script>"
-
-
-def login(role: str) -> Client:
-    user = User.objects.create_user(f"{role}-user", password="pw")
-    user.groups.add(Group.objects.get_or_create(name=role)[0])
-    client = Client(enforce_csrf_checks=True)
-    client.force_login(user)
-    return client
-
-
-def batch(recipients: int = 3, subject: str = "Notice") -> tuple[str, str]:
-    kernel = runtime().kernel
-    handle = kernel.create_session(metadata={"title": "ui test"})
-    draft = Draft(actor="user:test")
-    conversation = draft.create_conversation()
-    draft.append(conversation, "user", {"text": EVIL})
-    task_id = draft.create_task("send-batch", {
-        "recipients": [f"r{i}@example.com" for i in range(recipients)],
-        "subject": subject, "body": "b", "channel": "http"})
-    handle.commit(draft)
-    return handle.id, task_id
 
 
 def test_pages_render_and_escape_untrusted_text() -> None:

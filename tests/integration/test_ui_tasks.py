@@ -13,7 +13,8 @@ from controlplane.reads import pages
 from controlplane.reads import tasks as task_reads
 from controlplane.worker.runtime import runtime
 
-from .test_ui_pages import EVIL, batch, login
+from .clients import login
+from .sessions import EVIL, batch
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

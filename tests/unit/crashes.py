@@ -17,6 +17,13 @@ class Crash(BaseException):
     pass
 
 
+def dead(exc: BaseException) -> bool:
+    """Whether ``exc`` is a Crash, or a group the event loop wrapped one in."""
+    if isinstance(exc, Crash):
+        return True
+    return isinstance(exc, BaseExceptionGroup) and all(dead(e) for e in exc.exceptions)
+
+
 def run_across_crashes(
     make_kernel: Callable[[], Kernel],
     clock: ManualClock,

@@ -10,17 +10,13 @@ from typing import Any
 
 import pytest
 
-from kernel import Draft, InMemoryStorage, Kernel, ManualClock, Registry, Scheduler
+from kernel import InMemoryStorage, Kernel, ManualClock, Registry, Scheduler
 from kernel.agent import (
-    ModelRequest,
-    ModelResponse,
     Replay,
     ScriptedProvider,
     Tool,
     Toolbox,
-    ToolCall,
     register_agent,
-    submit,
 )
 from kernel.artifacts import (
     GRACE,
@@ -34,44 +30,11 @@ from kernel.artifacts import (
     offload,
     references,
 )
-
-REPORT = {"rows": [{"n": n, "text": f"row {n} " + "abc" * 20} for n in range(400)]}
+from tests.unit.report_agent import REPORT, ask, reader, result_of, world
 
 
 class Crash(BaseException):
     pass
-
-
-def reader(request: ModelRequest) -> ModelResponse:
-    asked = max(i for i, m in enumerate(request.messages) if m["role"] == "user")
-    tools = [m for m in request.messages[asked + 1:] if m["role"] == "tool"]
-    if not tools:
-        return ModelResponse("", (ToolCall(f"c{asked}", "report", {}),))
-    return ModelResponse(f"saw {tools[-1]['content']['result'].get('bytes')} bytes")
-
-
-def world(store: Any, clock: ManualClock) -> tuple[Kernel, ScriptedProvider]:
-    provider = ScriptedProvider(reader)
-    toolbox = Toolbox()
-    toolbox.add(Tool("report", "A large report", {"type": "object"}, Replay.SAFE,
-                     run=lambda run, args: REPORT, artifact_above=4_096))
-    registry = Registry()
-    register_agent(registry, {"scripted": provider}, toolbox, "scripted")
-    return Kernel(InMemoryStorage(), registry, clock, artifacts=store), provider
-
-
-def ask(kernel: Kernel, text: str = "the report") -> tuple[Any, str]:
-    handle = kernel.create_session()
-    draft = Draft()
-    conversation = draft.create_conversation()
-    handle.commit(draft)
-    submit(handle, conversation, {"text": text}, "r1")
-    return handle, conversation
-
-
-def result_of(kernel: Kernel, conversation: str) -> Any:
-    [entry] = [e for e in kernel.entries(conversation) if e.kind == "tool_result"]
-    return entry.payload["result"]
 
 
 def test_a_large_result_is_stored_once_and_the_model_gets_its_reference_and_excerpt() -> None:

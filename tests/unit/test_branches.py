@@ -11,7 +11,7 @@ from kernel import IllegalTransition, SubmissionStatus
 from kernel.agent import ModelResponse, ScriptedProvider, ToolCall
 from kernel.agent.branches import branch_turn
 
-from .test_agent import World, kinds
+from .agent_world import World, kinds
 
 LOOKUP = ToolCall("call_a", "lookup", {"q": "order 7"})
 CHARGE = ToolCall("call_b", "charge", {"amount": 12})

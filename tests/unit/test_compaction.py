@@ -24,7 +24,8 @@ from kernel.agent.compaction import estimate_tokens, plan
 from kernel.agent.context import SUMMARY_INTRO
 from kernel.records import SUMMARY, Entry, position
 
-from .test_agent import Crash, World
+from .agent_world import World
+from .crashes import Crash
 
 PAGES = 2
 WINDOW = 20_000

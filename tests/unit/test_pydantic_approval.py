@@ -37,16 +37,7 @@ from kernel import (
 from kernel.agent import approval as approvals
 from kernel.agent import submit
 from kernel.hosts.pydantic_ai import SAFE, KernelDurability, register_agent
-
-
-class Crash(BaseException):
-    pass
-
-
-def dead(exc: BaseException) -> bool:
-    if isinstance(exc, Crash):
-        return True
-    return isinstance(exc, BaseExceptionGroup) and all(dead(e) for e in exc.exceptions)
+from tests.unit.crashes import Crash, dead
 
 
 @dataclass

@@ -26,22 +26,12 @@ from kernel import (
 )
 from kernel.agent import submit
 from kernel.hosts.pydantic_ai import SAFE, KernelDurability, register_agent
-
-
-class Crash(BaseException):
-    pass
+from tests.unit.crashes import Crash, dead
 
 
 class Ticket(BaseModel):
     customer: str
     notified: bool
-
-
-def dead(exc: BaseException) -> bool:
-    """Whether ``exc`` is a Crash, or a group the event loop wrapped one in."""
-    if isinstance(exc, Crash):
-        return True
-    return isinstance(exc, BaseExceptionGroup) and all(dead(e) for e in exc.exceptions)
 
 
 @dataclass

@@ -15,7 +15,7 @@ from opentelemetry.trace import StatusCode
 from kernel import tracing
 from kernel.agent import ModelRequest, ModelResponse, PermanentModelError, ScriptedProvider
 
-from .test_agent import World, two_rounds
+from .agent_world import World, two_rounds
 
 
 @pytest.fixture

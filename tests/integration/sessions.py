@@ -1,0 +1,76 @@
+"""Sessions the page tests render: a send-batch nothing runs, a conversation with a tool call,
+and one whose tool result is a large artifact; each holds untrusted text where the page
+must escape it."""
+
+from __future__ import annotations
+
+from controlplane.storage.artifacts import PostgresArtifacts
+from controlplane.worker.runtime import runtime
+from kernel import Draft, agent
+from kernel.artifacts import offload
+
+EVIL = "<script>window.__pwned = 1</script>"
+REPORT = {"rows": [{"n": n, "text": f"row {n} <b>bold</b>"} for n in range(2000)]}
+
+
+def batch(recipients: int = 3, subject: str = "Notice") -> tuple[str, str]:
+    kernel = runtime().kernel
+    handle = kernel.create_session(metadata={"title": "ui test"})
+    draft = Draft(actor="user:test")
+    conversation = draft.create_conversation()
+    draft.append(conversation, "user", {"text": EVIL})
+    task_id = draft.create_task("send-batch", {
+        "recipients": [f"r{i}@example.com" for i in range(recipients)],
+        "subject": subject, "body": "b", "channel": "http"})
+    handle.commit(draft)
+    return handle.id, task_id
+
+
+def call_arguments() -> dict[str, object]:
+    return {"recipients": ["ana@example.com"], "subject": "Notice"}
+
+
+def conversation_with_a_tool_call() -> tuple[str, str]:
+    """A session whose conversation holds a user message, a model response calling one
+    tool (with usage), the tool's result, and the model's markdown answer."""
+    kernel = runtime().kernel
+    handle = kernel.create_session(metadata={"title": "agent"})
+    draft = Draft(actor="user:test")
+    conversation = draft.create_conversation()
+    handle.commit(draft)
+    submitted = agent.submit(handle, conversation, {"text": "Send the notice to ana"},
+                             "req-1", actor="user:ann")
+    assert submitted.submission is not None
+    draft = Draft(actor="task:turn_x")
+    call = {"id": "call_1", "name": "send_notices", "arguments": call_arguments()}
+    draft.append(conversation, "model_response", {
+        "text": "", "tool_calls": [call], "turn": "turn_x", "attempt": 1,
+        "usage": {"input_tokens": 30, "output_tokens": 10}})
+    draft.append(conversation, "tool_result", {
+        "call_id": "call_1", "name": "send_notices",
+        "result": {"sent": 1, "receipts": {"ana@example.com": {"id": "msg_1"}}}})
+    draft.append(conversation, "model_response", {
+        "text": f"**Sent 1 notice.**\n\n- ana@example.com: msg_1\n\n{EVIL}",
+        "tool_calls": [], "turn": "turn_x", "attempt": 1,
+        "usage": {"input_tokens": 40, "output_tokens": 20}})
+    handle.commit(draft)
+    return handle.id, conversation
+
+
+def session_with_a_large_result() -> tuple[str, str, dict]:
+    kernel = runtime().kernel
+    assert isinstance(kernel.artifacts, PostgresArtifacts)
+    reference = offload(kernel.artifacts, REPORT, 4_096)
+    handle = kernel.create_session()
+    draft = Draft(actor="user:test")
+    conversation = draft.create_conversation()
+    handle.commit(draft)
+    draft = Draft(actor="task:turn_x")
+    draft.append(conversation, "user", {"text": "the report"})
+    draft.append(conversation, "model_response", {
+        "text": "", "tool_calls": [{"id": "c1", "name": "report", "arguments": {}}],
+        "turn": "turn_x", "attempt": 1})
+    draft.append(conversation, "tool_result", {"call_id": "c1", "name": "report",
+                                               "result": reference})
+    handle.commit(draft)
+    return handle.id, conversation, reference
