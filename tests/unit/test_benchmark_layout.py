@@ -11,36 +11,16 @@
 
 from __future__ import annotations
 
-import ast
 from pathlib import Path
 
 import pytest
+
+from tests.unit.source_imports import imported, module_name
 
 ROOT = Path(__file__).resolve().parents[2]
 BENCHMARKS = ROOT / "benchmarks"
 SUPPORT = "benchmarks._support"
 SUPPORT_PARTS = {p.stem for p in (BENCHMARKS / "_support").glob("*.py")} - {"__init__"}
-
-
-def module_name(path: Path) -> str:
-    parts = list(path.relative_to(ROOT).with_suffix("").parts)
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-
-
-def imports(name: str, source: str, is_package: bool = False) -> set[str]:
-    """Every module (and ``module.name``) the source of module ``name`` imports, relative
-    imports resolved, function-local and type-only ones included."""
-    package = name.split(".") if is_package else name.split(".")[:-1]
-    found: set[str] = set()
-    for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.Import):
-            found.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            base = package[: len(package) - node.level + 1] if node.level else []
-            module = ".".join([*base, *([node.module] if node.module else [])])
-            found.add(module)
-            found.update(f"{module}.{alias.name}" for alias in node.names)
-    return found
 
 
 def owner(private: str) -> str:
@@ -67,7 +47,7 @@ def offences() -> dict[str, list[str]]:
     found: dict[str, list[str]] = {}
     for path in sorted(BENCHMARKS.rglob("*.py")):
         name = module_name(path)
-        wrong = sorted(m for m in imports(name, path.read_text(), path.name == "__init__.py")
+        wrong = sorted(m for _, m in imported(path.read_text(), name, path.name == "__init__.py")
                        if not allowed(name, m))
         if wrong:
             found[path.relative_to(ROOT).as_posix()] = wrong
@@ -83,7 +63,7 @@ def test_the_check_sees_what_it_looks_for() -> None:
     """The rules refuse what they must (a check that finds nothing proves nothing)."""
 
     def refused(importer: str, source: str) -> list[str]:
-        return sorted(m for m in imports(importer, source) if not allowed(importer, m))
+        return sorted(m for _, m in imported(source, importer) if not allowed(importer, m))
 
     assert "noop" in SUPPORT_PARTS
     assert refused("benchmarks.scaling", "def f():\n    from benchmarks.fanout import Driver\n")

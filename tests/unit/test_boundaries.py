@@ -9,12 +9,12 @@ the interpreter.
 
 from __future__ import annotations
 
-import ast
 import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.unit.source_imports import ROOT, imported, module_name
+
 KERNEL = ROOT / "kernel"
 FRAMEWORK_IMPORTS = ("import django", "from django", "import celery", "from celery")
 
@@ -91,35 +91,14 @@ def test_only_the_langgraph_host_imports_langgraph() -> None:
 # -- the import graph ------------------------------------------------------------
 
 
-def module_name(path: Path) -> str:
-    parts = list(path.relative_to(ROOT).with_suffix("").parts)
-    if parts[-1] == "__init__":
-        parts.pop()
-    return ".".join(parts)
-
-
 def kernel_modules() -> dict[str, Path]:
     return {module_name(path): path for path in sorted(KERNEL.rglob("*.py"))}
 
 
 def imported(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
     """The kernel modules ``name`` imports anywhere in its file (any block, any function)."""
-    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-    found: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
-        if isinstance(node, ast.Import):
-            found.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = package.split(".")
-                base = base[: len(base) - (node.level - 1)]
-                source = ".".join(base + ([node.module] if node.module else []))
-            else:
-                source = node.module or ""
-            found.add(source)
-            # ``from kernel import records`` imports the module kernel.records.
-            found.update(f"{source}.{alias.name}" for alias in node.names)
-    return {target for target in found if target in modules and target != name}
+    found = imported(path.read_text(), name, path.name == "__init__.py", str(path))
+    return {target for _, target in found if target in modules and target != name}
 
 
 def import_graph() -> dict[str, set[str]]:

@@ -12,39 +12,22 @@ the ``Procfile`` as a script, never imported.
 
 from __future__ import annotations
 
-import ast
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.unit.source_imports import ROOT, imported, module_name
+
 PRODUCT = ROOT / "controlplane"
 DEV = PRODUCT / "dev"
 DEV_MODULE = "controlplane.dev"
 
 
-def module_name(path: Path) -> str:
-    parts = list(path.relative_to(ROOT).with_suffix("").parts)
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-
-
 def imported_modules(path: Path, text: str | None = None) -> list[str]:
     """Every module an import statement of ``path`` (or of ``text`` as if it were at
-    ``path``) names, relative ones resolved."""
-    package = module_name(path)
-    if path.name != "__init__.py":
-        package = package.rpartition(".")[0]
-    found: list[str] = []
-    for node in ast.walk(ast.parse(path.read_text() if text is None else text, str(path))):
-        if isinstance(node, ast.Import):
-            found += [alias.name for alias in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = package.split(".")[: len(package.split(".")) - (node.level - 1)]
-                module = ".".join([*base, *([node.module] if node.module else [])])
-            else:
-                module = node.module or ""
-            # ``from controlplane import dev`` names the package through an alias.
-            found += [module, *(f"{module}.{alias.name}" for alias in node.names)]
-    return found
+    ``path``) names, relative ones resolved (``from controlplane import dev`` names the
+    package through an alias)."""
+    source = path.read_text() if text is None else text
+    found = imported(source, module_name(path), path.name == "__init__.py", str(path))
+    return [module for _, module in found]
 
 
 def is_dev(module: str) -> bool:

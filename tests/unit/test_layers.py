@@ -24,6 +24,8 @@ import ast
 import re
 from pathlib import Path
 
+from tests.unit.source_imports import imports
+
 ROOT = Path(__file__).resolve().parents[2]
 PRODUCT = [p for p in (ROOT / "controlplane").rglob("*.py") if "migrations" not in p.parts]
 KERNEL_MODELS = {"Session", "Conversation", "Entry", "Document", "DocumentVersion", "Task",
@@ -33,22 +35,6 @@ SQL_ON_KERNEL = re.compile(r"\b(from|join|into|update|table)\s+kernel_\w+", re.I
 
 def relative(path: Path) -> str:
     return path.relative_to(ROOT).as_posix()
-
-
-def imports(path: Path) -> set[str]:
-    """Every module (and ``module.name``) the file imports, relative imports resolved,
-    function-local and type-only ones included."""
-    package = list(path.relative_to(ROOT).parts[:-1])  # a module's, or __init__'s own
-    found: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Import):
-            found.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            base = package[: len(package) - node.level + 1] if node.level else []
-            module = ".".join([*base, *([node.module] if node.module else [])])
-            found.add(module)
-            found.update(f"{module}.{alias.name}" for alias in node.names)
-    return found
 
 
 def in_layer(path: Path, *layers: str) -> bool:

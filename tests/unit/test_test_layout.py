@@ -11,28 +11,16 @@ and may be imported.
 
 from __future__ import annotations
 
-import ast
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.unit.source_imports import ROOT, imported, module_name
+
 TESTS = ROOT / "tests"
 
 
 def imported_modules(source: str, path: Path) -> list[tuple[int, str]]:
-    """(line, module) for each module that ``source``, sitting at ``path``, imports, relative
-    imports resolved and function-local ones included; ``from package import name`` gives
-    ``package.name`` as well, since the name may be a module."""
-    package = list(path.relative_to(ROOT).parts[:-1])
-    found: list[tuple[int, str]] = []
-    for node in ast.walk(ast.parse(source, filename=str(path))):
-        if isinstance(node, ast.Import):
-            found.extend((node.lineno, alias.name) for alias in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            base = package[: len(package) - node.level + 1] if node.level else []
-            module = ".".join([*base, *([node.module] if node.module else [])])
-            found.append((node.lineno, module))
-            found.extend((node.lineno, f"{module}.{alias.name}") for alias in node.names)
-    return found
+    """(line, module) for each module that ``source``, sitting at ``path``, imports."""
+    return imported(source, module_name(path), path.name == "__init__.py", str(path))
 
 
 def is_a_test_module_of_ours(module: str) -> bool:
