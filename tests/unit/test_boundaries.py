@@ -13,7 +13,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.unit.source_imports import ROOT, imported, module_name
+from tests.unit.source_imports import ROOT, module_name
+from tests.unit.source_imports import imported as imported_in
 
 KERNEL = ROOT / "kernel"
 FRAMEWORK_IMPORTS = ("import django", "from django", "import celery", "from celery")
@@ -97,7 +98,7 @@ def kernel_modules() -> dict[str, Path]:
 
 def imported(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
     """The kernel modules ``name`` imports anywhere in its file (any block, any function)."""
-    found = imported(path.read_text(), name, path.name == "__init__.py", str(path))
+    found = imported_in(path.read_text(), name, path.name == "__init__.py", str(path))
     return {target for _, target in found if target in modules and target != name}
 
 
