@@ -133,6 +133,10 @@ class CommitKind(StrEnum):
     owned child and no waiter (otherwise the general commit reads them)."""
     CREATES_ONLY = "creates only"
     """New tasks with no parent and nothing else: reads nothing."""
+    DOCUMENTS_ONLY = "documents only"
+    """Writes to documents and nothing else, no version expected: reads nothing but each
+    document's head, which numbers its next version and says whether it needs a
+    baseline (ops are total: :mod:`kernel.documents`)."""
 
 
 @dataclass
@@ -147,6 +151,9 @@ class Draft:
     entries: list[tuple[str, str, str, JSON]] = field(default_factory=list)
     document_ops: dict[tuple[str, str], list[JSON]] = field(default_factory=dict)
     expected_versions: dict[tuple[str, str], int] = field(default_factory=dict)
+    document_ids: dict[tuple[str, str], str] = field(default_factory=dict)
+    """The id each document written gets if it is new, made with the draft (as a new
+    task's is): the same whichever way the commit is built, and however often."""
     new_tasks: list[_NewTask] = field(default_factory=list)
     fenced: list[_Fenced] = field(default_factory=list)
     cancels: list[tuple[str, str]] = field(default_factory=list)
@@ -175,6 +182,8 @@ class Draft:
                     raise DocumentConflict(f"both drafts depend on document {document}")
         for document, ops in other.document_ops.items():
             self.document_ops.setdefault(document, []).extend(ops)
+        for document, document_id in other.document_ids.items():
+            self.document_ids.setdefault(document, document_id)
         self.expected_versions.update(other.expected_versions)
         for name in MERGED_LISTS:
             getattr(self, name).extend(getattr(other, name))
@@ -212,6 +221,11 @@ class Draft:
             and not any(getattr(self, name) for name in MERGED_LISTS if name != "new_tasks")
         ):
             return CommitKind.CREATES_ONLY
+        if (
+            self.document_ops and self.key is None and not self.expected_versions
+            and not any(getattr(self, name) for name in MERGED_LISTS)
+        ):
+            return CommitKind.DOCUMENTS_ONLY
         return CommitKind.GENERAL
 
     def _lone_transition(self) -> Transition | None:
@@ -254,8 +268,11 @@ class Draft:
     def update_document(
         self, kind: str, key: str, *ops: JSON, expected_version: int | None = None
     ) -> None:
+        storable_text(key, f"document {kind} key")
         stored = [check_op(op, f"document {kind}/{key}") for op in ops]
         self.document_ops.setdefault((kind, key), []).extend(stored)
+        if (kind, key) not in self.document_ids:
+            self.document_ids[(kind, key)] = new_id("doc")
         if expected_version is not None:
             self.expected_versions[(kind, key)] = expected_version
 
@@ -411,7 +428,7 @@ def _storable_transition(task_id: str, transition: Transition) -> Transition:
 
 MERGED_LISTS = tuple(
     f.name for f in fields(Draft) if f.name not in ("actor", "key", "document_ops",
-                                                    "expected_versions")
+                                                    "expected_versions", "document_ids")
 )
 """The draft's fields that are lists of writes, in order (what :meth:`Draft.absorb`
 concatenates)."""
@@ -689,7 +706,8 @@ class Builder:
             if head is None:
                 value = apply_ops(kind.initial_value(), ops)
                 head = DocumentHead(
-                    new_id("doc"), self.session_id, kind_name, key, kind.version, 0, 0, 0, 0, 0
+                    self.draft.document_ids[(kind_name, key)], self.session_id, kind_name, key,
+                    kind.version, 0, 0, 0, 0, 0,
                 )
                 baseline: JSON = value
             elif replaced is not None:

@@ -268,6 +268,8 @@ class SessionHandle:
                     written = storage.commit_ending(self.id, build, prefetch, known)
                 elif kind is CommitKind.CREATES_ONLY:
                     written = storage.commit_creating(self.id, build, prefetch)
+                elif kind is CommitKind.DOCUMENTS_ONLY:
+                    written = storage.commit_documents(self.id, build, prefetch)
                 else:
                     written = storage.commit(self.id, build, prefetch)
             except CommitUncertain as exc:

@@ -179,6 +179,10 @@ class Storage(Protocol):
         """New tasks with no parent, and nothing else."""
         ...
 
+    def commit_documents(self, session_id: str, build: Build, prefetch: Prefetch) -> WriteSet:
+        """Writes to documents with no version expected, and nothing else."""
+        ...
+
     def commits_after(self, session_id: str, after_seq: int, limit: int) -> list[Commit]:
         """The session's commits after ``after_seq`` that are still in the log, in seq
         order: when ``after_seq`` is below the session's ``pruned_seq``, the first one

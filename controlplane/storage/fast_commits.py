@@ -16,10 +16,16 @@ they are built from what it knows and written at once, each by its one writer he
 - **creates only** (:func:`creating`): tasks with no parent, nothing else. Built on a
   guessed head; written with its BEGIN in one pipeline in which the database advances
   the head and gives every seq (``statements.COMMIT_INSERT_AT_HEAD``).
+- **documents only** (:func:`documents`): writes to documents, no version expected,
+  nothing else. Built as if every document were new, on a guessed head; written as one
+  statement (``statements.DOCUMENTS_COMMIT``) in which the database advances the head,
+  and numbers each existing document's next version and continues it as the build
+  would have, or refuses when that would need its value read (an upgrade, a baseline).
 
 Each returns ``None`` when it cannot be taken: the build wanted a read the copies do not
 answer (:class:`UnexpectedRead`), the write set is not of the kind after all, the task changed
-since the copy (:class:`TaskChanged`), or the database refused the write. Nothing has been written
+since the copy (:class:`TaskChanged`: for documents, one needs its value read), or the
+database refused the write. Nothing has been written
 then, and the caller commits the general way, whose build decides from what it reads.
 ``tests/property`` holds every kind equal to the general path and to the in-memory
 reference.
@@ -33,6 +39,7 @@ from datetime import UTC, datetime
 from typing import Any, cast
 
 import psycopg
+from psycopg.types.json import Jsonb
 
 from controlplane.storage import statements as sql
 from controlplane.storage.connection import (
@@ -42,9 +49,10 @@ from controlplane.storage.connection import (
     queue_dispatches,
     without,
 )
-from controlplane.storage.schema import COMMIT, DISPATCH, TASK
+from controlplane.storage.schema import COMMIT, DISPATCH, DOCUMENT_HEAD, TASK
+from kernel.documents import encoded_size, replacing
 from kernel.errors import CommitUncertain
-from kernel.records import SessionRecord, Status, Task, WriteSet
+from kernel.records import DocumentVersion, SessionRecord, Status, Task, WriteSet
 from kernel.storage import Build, CommitReads
 
 Write = Callable[[Callable[[], None]], WriteSet]
@@ -110,6 +118,16 @@ class NoReads:
         raise UnexpectedRead(name)
 
 
+class AbsentDocuments(NoReads):
+    """The builder's reads for a commit that only writes documents, before anything is
+    sent: every document reads as absent (the database continues those that exist,
+    :func:`documents`), the session head is a guess, and any other read raises
+    :class:`UnexpectedRead`."""
+
+    def document(self, kind: str, key: str) -> None:
+        return None
+
+
 def _built(build: Build, tx: object) -> WriteSet | None:
     try:
         return build(cast(CommitReads, tx))
@@ -146,6 +164,26 @@ def only_creates(ws: WriteSet) -> bool:
     )
 
 
+def only_documents(ws: WriteSet) -> bool:
+    """Whether a write set built by :class:`AbsentDocuments` is one :func:`documents`
+    writes: the commit row (no key) and new documents, one version each, one summary
+    item each, in the same order; nothing else."""
+    heads, versions, summary = ws.document_heads, ws.document_versions, ws.commit.summary
+    return (
+        bool(heads) and ws.commit.key is None
+        and not (ws.conversations or ws.entries or ws.dispatches)
+        and not (ws.new_tasks or ws.updated_tasks or ws.new_submissions
+                 or ws.updated_submissions)
+        and len(versions) == len(summary) == len(heads)
+        and all(
+            h.version == h.baseline_version == v.version == 1 and v.has_baseline
+            and v.document_id == h.id and item.get("type") == "document"
+            and (item.get("kind"), item.get("key")) == (h.kind, h.key)
+            for h, v, item in zip(heads, versions, summary, strict=True)
+        )
+    )
+
+
 # -- the kinds: a build and its writer, or None ---------------------------------------
 
 
@@ -174,6 +212,15 @@ def creating(db: Any, session_id: str, build: Build) -> Write | None:
     if ws is None or not only_creates(ws):
         return None
     return lambda before_commit: _write_creates(db, ws, before_commit)
+
+
+def documents(db: Any, session_id: str, build: Build) -> Write | None:
+    """Writes to documents with no version expected, as one statement; ``None`` if the
+    build wants another read or writes more."""
+    ws = _built(build, AbsentDocuments(session_id))
+    if ws is None or not only_documents(ws):
+        return None
+    return lambda before_commit: _write_documents(db, ws, before_commit)
 
 
 # -- the writers -----------------------------------------------------------------------
@@ -244,3 +291,42 @@ def _write_creates(db: Any, ws: WriteSet, before_commit: Callable[[], None]) -> 
         new_tasks=[replace(t, created_seq=seq, updated_seq=seq) for t in ws.new_tasks],
         dispatches=[replace(d, id=i, seq=seq) for d, i in zip(ws.dispatches, ids, strict=True)],
     )
+
+
+def _write_documents(db: Any, ws: WriteSet, before_commit: Callable[[], None]) -> WriteSet:
+    """:func:`only_documents`'s commit: each document as the database numbered it, its
+    version a baseline where its head says so; :class:`TaskChanged` if one needed its
+    value read (nothing was written)."""
+    session_id = ws.commit.session_id
+    wanted = [
+        {"n": n, "id": h.id, "kind": h.kind, "key": h.key, "kind_version": h.kind_version,
+         "ops": v.ops, "baseline": v.baseline, "baseline_bytes": h.baseline_bytes,
+         "ops_bytes": encoded_size(v.ops), "replacing": replacing(v.ops) is not None}
+        for n, (h, v) in enumerate(zip(ws.document_heads, ws.document_versions, strict=True),
+                                   start=1)
+    ]
+    params = [session_id, Jsonb(wanted), *without(COMMIT.values(ws.commit), _COMMIT_SEQ),
+              len(wanted)]
+    before_commit()
+    try:
+        rows = HotCursor(db).execute(sql.DOCUMENTS_COMMIT, params).fetchall()
+    except psycopg.Error as exc:
+        if exc.sqlstate == sql.TASK_CHANGED:
+            raise TaskChanged(str(exc)) from exc
+        # The server ended the statement and said so (its session was terminated: class
+        # 57): it did not commit. A connection lost with no word from the server may have.
+        stopped = exc.sqlstate is not None and exc.sqlstate.startswith("57")
+        if not stopped and (db.connection.broken or db.connection.closed):
+            raise CommitUncertain(f"commit {session_id}: {exc}") from exc
+        raise
+    heads = [DOCUMENT_HEAD.from_sql(r[:-2]) for r in rows]
+    seq, commit_id = heads[0].updated_seq, rows[0][-2]
+    versions = [
+        DocumentVersion(h.id, h.version, seq, v.ops, v.baseline if h.baseline_version ==
+                        h.version else None, has_baseline=h.baseline_version == h.version)
+        for h, v in zip(heads, ws.document_versions, strict=True)
+    ]
+    summary = [{**item, "version": h.version}
+               for item, h in zip(ws.commit.summary, heads, strict=True)]
+    commit = replace(ws.commit, id=commit_id, seq=seq, summary=summary)
+    return replace(ws, commit=commit, document_heads=heads, document_versions=versions)

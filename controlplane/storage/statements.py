@@ -30,6 +30,7 @@ from controlplane.storage.schema import (
     TASK,
     Table,
 )
+from kernel.documents import MIN_BASELINE_BYTES
 from kernel.records import SUMMARY, UNDISPATCHED, Status
 from kernel.storage import CLAIM_WINDOW
 
@@ -229,6 +230,82 @@ INLINE_END = (
     f"OR w.wait_deps @> ARRAY[{TASK.name}.id]::text[])) "
     f"RETURNING 1), forgotten AS (DELETE FROM {DISPATCH.name} WHERE task_id = %s) "
     "SELECT (SELECT id FROM written), kernel_unmoved((SELECT count(*) FROM moved))"
+)
+
+# A commit that only writes documents (no version expected) reads nothing before it is
+# sent: it is built as if every document were new, and written as one statement (its own
+# transaction: one round trip) in which the database numbers each document's next
+# version. The head update takes the session's commit order and gives the seq. Each
+# document (``wanted``: one JSON record each, in the draft's order, with ``n`` its place)
+# is inserted as the build made it (version 1, its baseline), or, if it exists, continued
+# under the head's row lock, as ``kernel.commit.Builder`` continues one: version + 1, the
+# baseline written when its ops replace the whole value (``replacing``), ops only while
+# the ops since the baseline do not outweigh it (``kernel.documents.needs_baseline``) and
+# its kind's version is the stored one. A document that needs more (its value read to be
+# upgraded or written whole) is not written, and ``kernel_unmoved`` then aborts the
+# statement: nothing lands, and the general commit builds it from what it reads. The
+# conflict's row is the newest one whatever the statement's snapshot, so a commit that
+# landed while this one waited for the session's lock is continued, not lost. The commit
+# row's summary is the build's, each document's item given the version the database gave.
+# Parameters: the session id, the documents as JSON, the commit row's values but its seq,
+# then the number of documents. Returns, per document in the draft's order, its head's
+# columns, then the commit row's id and the check's 1.
+_WANTED = (
+    "wanted AS (SELECT * FROM jsonb_to_recordset(%s::jsonb) AS w(n bigint, id text, "
+    "kind text, key text, kind_version int, ops jsonb, baseline jsonb, baseline_bytes bigint, "
+    "ops_bytes bigint, replacing boolean))"
+)
+_ASKED = "(SELECT w.{} FROM wanted w WHERE w.kind = EXCLUDED.kind AND w.key = EXCLUDED.key)"
+_REPLACING, _OPS_BYTES = _ASKED.format("replacing"), _ASKED.format("ops_bytes")
+_NEW_DOCUMENT = {
+    "id": "w.id", "session_id": "head.id", "kind": "w.kind", "key": "w.key",
+    "kind_version": "w.kind_version", "version": "1", "baseline_version": "1",
+    "ops_bytes_since_baseline": "0", "baseline_bytes": "w.baseline_bytes",
+    "updated_seq": "head.head_seq",
+}
+_CONTINUED = {
+    "kind_version": "EXCLUDED.kind_version",
+    "version": "d.version + 1",
+    "baseline_version": f"CASE WHEN {_REPLACING} THEN d.version + 1 ELSE d.baseline_version END",
+    "ops_bytes_since_baseline": (
+        f"CASE WHEN {_REPLACING} THEN 0 ELSE d.ops_bytes_since_baseline + {_OPS_BYTES} END"),
+    "baseline_bytes": f"CASE WHEN {_REPLACING} THEN EXCLUDED.baseline_bytes "
+                      "ELSE d.baseline_bytes END",
+    "updated_seq": "EXCLUDED.updated_seq",
+}
+assert set(_CONTINUED) == set(DOCUMENT_HEAD.updated), "a document column this does not write"
+DOCUMENTS_COMMIT = (
+    f"WITH head AS (UPDATE {SESSION.name} SET head_seq = head_seq + 1 WHERE id = %s "
+    f"RETURNING id, head_seq), {_WANTED}, numbered AS (INSERT INTO {DOCUMENT_HEAD.name} AS d "
+    f"({', '.join(DOCUMENT_HEAD.inserted)}) SELECT "
+    + ", ".join(_NEW_DOCUMENT[c] for c in DOCUMENT_HEAD.inserted)
+    + " FROM head, wanted w ORDER BY w.n ON CONFLICT (session_id, kind, key) DO UPDATE SET "
+    + ", ".join(f"{c} = {e}" for c, e in _CONTINUED.items())
+    + f" WHERE {_REPLACING} OR (d.kind_version = EXCLUDED.kind_version AND "
+    f"d.ops_bytes_since_baseline + {_OPS_BYTES} <= GREATEST(d.baseline_bytes, "
+    f"{MIN_BASELINE_BYTES})) RETURNING {DOCUMENT_HEAD.qualified('d')}), "
+    f"versioned AS (INSERT INTO {DOCUMENT_VERSION.name} ({', '.join(DOCUMENT_VERSION.inserted)}) "
+    "SELECT "
+    + ", ".join({
+        "document_id": "n.id", "version": "n.version", "seq": "n.updated_seq", "ops": "w.ops",
+        "baseline": "CASE WHEN n.baseline_version = n.version THEN w.baseline END",
+        "has_baseline": "n.baseline_version = n.version",
+    }[c] for c in DOCUMENT_VERSION.inserted)
+    + " FROM numbered n JOIN wanted w ON w.kind = n.kind AND w.key = n.key), written AS ("
+    + insert(COMMIT, " RETURNING id", {
+        "seq": "(SELECT head_seq FROM head)",
+        "summary": "(SELECT jsonb_agg(jsonb_set(s.item, ARRAY['version'], to_jsonb(n.version)) "
+                   "ORDER BY s.ord) FROM jsonb_array_elements({}::jsonb) WITH ORDINALITY "
+                   "AS s(item, ord) JOIN wanted w ON w.n = s.ord JOIN numbered n "
+                   "ON n.kind = w.kind AND n.key = w.key)",
+    })
+    + "), checked AS (SELECT (SELECT id FROM written) AS commit_id, kernel_unmoved(CASE WHEN "
+    "(SELECT count(*) FROM numbered) = %s THEN 1 ELSE 0 END) AS documents) "
+    # The check is selected: an output nobody reads would be planned away, and with it
+    # the abort.
+    f"SELECT {DOCUMENT_HEAD.qualified('n')}, c.commit_id, c.documents FROM checked c "
+    "LEFT JOIN numbered n ON true LEFT JOIN wanted w ON w.kind = n.kind AND w.key = n.key "
+    "ORDER BY w.n"
 )
 
 # -- dispatch rows that outlived their task's runs --------------------------------------
