@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from kernel import Draft, NotRegistered, Registry
+from kernel.commit import CommitKind
 from kernel.documents import apply_ops, encoded_size
 
 from .world import World
@@ -169,3 +170,60 @@ def test_the_newest_document_of_a_prefix_passes_over_emptied_ones(world: World) 
     draft.set("plan", "a/4", ["again"], True)
     handle.commit(draft)
     assert kernel.newest_document(handle.id, "plan", "a/") == ("a/4", {"again": True})
+
+
+def test_a_commit_of_documents_alone_numbers_each_as_the_general_commit_does(
+    world: World,
+) -> None:
+    """A draft that only writes documents, no version expected, is the kind
+    ``DOCUMENTS_ONLY`` and goes to ``Storage.commit_documents``: each document's next
+    version follows its head (another commit may have moved the session meanwhile), a
+    baseline where the value is new, replaced whole or due, ops otherwise, and the commit's
+    summary names each version."""
+    registry = Registry()
+    registry.document("plan")
+    kernel = world.kernel(registry)
+    handle = kernel.create_session()
+    storage = kernel.storage
+    taken: list[str] = []
+    through = storage.commit_documents
+
+    def commit_documents(*args: object) -> object:
+        taken.append(args[0])
+        return through(*args)
+
+    storage.commit_documents = commit_documents
+    values: dict[str, object] = {}
+    steps = [
+        ([("a", ["x"], 1), ("b", ["y"], 1)], [(1, True), (1, True)]),
+        ([("a", ["x"], 2), ("c", [], {"c": 1})], [(2, False), (1, True)]),
+        ([("a", [], {"whole": 1}), ("b", ["y"], 2)], [(3, True), (2, False)]),
+        ([("a", ["big"], "x" * 3000)], [(4, False)]),
+        ([("a", ["big2"], "x" * 3000)], [(5, True)]),  # the ops since outweigh the baseline
+    ]
+    for writes, numbered in steps:
+        other = Draft()
+        other.create_conversation()
+        handle.commit(other)  # the head moves between them
+        draft = Draft(actor="user:x")
+        for key, path, value in writes:
+            draft.set("plan", key, path, value)
+            values[key] = apply_ops(values.get(key, {}), [
+                {"op": "set", "path": path, "value": value}])
+        assert draft.kind() is CommitKind.DOCUMENTS_ONLY
+        written = handle.commit(draft)
+        assert taken[-1] == handle.id
+        assert [(v.version, v.has_baseline) for v in written.document_versions] == numbered
+        assert [(i["key"], i["version"]) for i in written.commit.summary] == [
+            (key, version) for (key, _, _), (version, _) in zip(writes, numbered, strict=True)]
+        [stored] = kernel.commits_after(handle.id, written.commit.seq - 1)[:1]
+        assert stored.summary == written.commit.summary
+        assert stored.seq == written.commit.seq == handle.head_seq
+        for head, version in zip(written.document_heads, written.document_versions,
+                                 strict=True):
+            assert world.storage.document_head(handle.id, "plan", head.key) == head
+            assert head.updated_seq == version.seq == written.commit.seq
+            assert world.storage.document_versions(head.id, head.version)[-1] == version
+        for key, value in values.items():
+            assert kernel.document(handle.id, "plan", key) == value
+    assert len(taken) == len(steps)

@@ -520,6 +520,58 @@ class Differential(RuleBasedStateMachine):
 
         self.each("release", op)
 
+    @precondition(lambda self: bool(self.sessions))
+    @rule(session=INDEX, writes=st.lists(st.tuples(
+        st.sampled_from(("d0", "d1", "d2")),
+        st.sampled_from(("set", "set", "incr", "append", "remove", "replace", "big")), BAD),
+        min_size=1, max_size=4),
+        odd=st.sampled_from((None,) * 8 + ("expected", "stale", "unregistered", "nul key")),
+        lose=st.sampled_from((False,) * 5 + (True,)))
+    def documents(self, session: int, writes: list[tuple[str, str, str | None]],
+                  odd: str | None, lose: bool) -> None:
+        """A client's commit that only writes documents (``CommitKind.DOCUMENTS_ONLY``):
+        ops of every kind, whole values, ops large enough that a baseline comes due
+        (refused by the one statement, written by the general commit), values Postgres
+        refuses, a version expected (the general kind), a kind not registered, a key
+        with NUL, and the connection lost just before it is sent."""
+        session_id, _ = self.session_at(session)
+        memory = self.reference.memory
+        assert memory is not None
+        first = (DOCUMENT, writes[0][0])
+        head = memory._heads.get((session_id, *first))
+        expected = (head.version if head is not None else 0) + (odd == "stale")
+
+        def op(world: World) -> WriteSet:
+            draft = Draft(actor="user:client")
+            for key, what, bad in writes:
+                value = world.value(bad, f"{what}@{self.steps}")
+                if what == "set":
+                    draft.set(DOCUMENT, key, ["v", str(len(draft.document_ops))], value)
+                elif what == "incr":
+                    draft.update_document(DOCUMENT, key, {"op": "incr", "path": ["n"],
+                                                          "value": 1})
+                elif what == "append":
+                    draft.update_document(DOCUMENT, key, {"op": "append", "path": ["log"],
+                                                          "value": value})
+                elif what == "remove":
+                    draft.update_document(DOCUMENT, key, {"op": "remove", "path": ["v"]})
+                elif what == "replace":
+                    draft.set(DOCUMENT, key, [], {"whole": value})
+                else:
+                    draft.set(DOCUMENT, key, ["big"], "x" * 1500)
+            if odd in ("expected", "stale"):
+                draft.expected_versions[first] = expected
+            elif odd == "unregistered":
+                draft.set("unregistered", "u", ["v"], 1)
+            elif odd == "nul key" and world.refused:
+                draft.set(DOCUMENT, "bad \u0000 key", ["v"], 1)
+            handle = world.kernel.open(session_id)
+            if lose and enabled("lose"):
+                world.lose_connection()
+            return handle.commit(draft)
+
+        self.each("documents", op)
+
     @precondition(lambda self: bool(self.sessions) and enabled("trim"))
     @rule(session=INDEX, back=st.integers(min_value=0, max_value=4), empty=st.booleans())
     def trim(self, session: int, back: int, empty: bool) -> None:
@@ -586,6 +638,7 @@ class Differential(RuleBasedStateMachine):
     # that make and run work come up more often under a second name (each is one rule
     # to the feature flags of an example, and printed under its own name).
     create_more = create
+    documents_more = documents
     work_more = work
     work_again = work
     run_queue_more = run_queue

@@ -456,6 +456,8 @@ def _spy_fast_paths(world: World, storage: PostgresStorage) -> None:
         if written is not None:
             if written.new_tasks:
                 path = "creates"
+            elif not written.updated_tasks:
+                path = "documents"
             elif written.updated_tasks[0].terminal:
                 path = "known ending"
             else:

@@ -12,7 +12,7 @@ from kernel import Draft, InMemoryStorage, Kernel, Registry, Scheduler, Status
 from kernel.hosts.langgraph import SessionStoreSaver
 from kernel.hosts.langgraph.host import fork_input
 from kernel.hosts.langgraph.interrupts import resume_signal
-from kernel.hosts.langgraph.layout import CHECKPOINT, HEAD
+from kernel.hosts.langgraph.layout import CHECKPOINT, INDEX
 from tests.langgraph_graphs import APPROVAL, DECISION, PIPELINE, register_all, runs
 
 
@@ -49,7 +49,7 @@ def test_each_checkpoint_is_committed_with_the_tasks_progress(
     assert task.outcome is not None and task.outcome["kind"] == "succeeded", task.outcome
     assert runs(recorded) == ["model"] * 4
     puts = [c for c in kernel.commits_after(session, 0)
-            if any(i.get("type") == "document" and i["kind"] == HEAD for i in c.summary)]
+            if any(i.get("type") == "document" and i["kind"] == INDEX for i in c.summary)]
     assert len(puts) == 6  # the input, then one after each of the 4 nodes' steps, and the last
     assert all(any(i.get("kind") == CHECKPOINT for i in c.summary) for c in puts)
     for commit in puts:

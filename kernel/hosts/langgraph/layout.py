@@ -6,10 +6,11 @@ A thread is a session (its id is the thread id). In it:
   the checkpoint without its values, every channel value it holds (serialized by the
   saver's serde), its metadata, its parent's id, and the pending writes saved against
   it (``writes``, keyed ``<task id>/<idx>``, so that saving them twice changes nothing);
-- ``langgraph.head`` / ``<ns>``: the newest checkpoint of a namespace (``latest``);
 - ``langgraph.index`` / ``""``: every live checkpoint of the thread by namespace, with
   its parent, metadata and the channels it stores (what listing, filtering and pruning
-  read without opening each checkpoint).
+  read without opening each checkpoint). The newest checkpoint of a namespace is the
+  checkpoint document with the greatest key (``Kernel.newest_document``), else the
+  index's greatest id: a ``put`` writes two documents, the checkpoint and the index.
 
 The directory session (:data:`DIRECTORY`) knows the threads and which threads each run
 wrote to (``langgraph.threads`` / ``all`` and ``langgraph.runs`` / ``<run id>``), for what
@@ -26,11 +27,10 @@ from __future__ import annotations
 from kernel.registry import Registry
 
 CHECKPOINT = "langgraph.checkpoint"
-HEAD = "langgraph.head"
 INDEX = "langgraph.index"
 THREADS = "langgraph.threads"
 RUNS = "langgraph.runs"
-KINDS = (CHECKPOINT, HEAD, INDEX, THREADS, RUNS)
+KINDS = (CHECKPOINT, INDEX, THREADS, RUNS)
 
 DIRECTORY = "langgraph"
 """The session holding the directory of threads and runs."""

@@ -46,7 +46,6 @@ from kernel.session import Kernel, SessionHandle
 from .layout import (
     CHECKPOINT,
     DIRECTORY,
-    HEAD,
     INDEX,
     INDEX_KEY,
     RUNS,
@@ -213,7 +212,6 @@ class SessionStoreSaver(BaseCheckpointSaver[int]):
         # before the checkpoint itself (its saves run in the background), and they stay.
         for name in ("checkpoint", "values", "metadata", "parent"):
             draft.set(CHECKPOINT, key, [name], document[name])
-        draft.set(HEAD, ns, ["latest"], checkpoint["id"])
         draft.set(INDEX, INDEX_KEY, ["namespaces", ns, checkpoint["id"]],
                   self._index_entry(document))
         progress = None
@@ -274,13 +272,14 @@ class SessionStoreSaver(BaseCheckpointSaver[int]):
             # The newest checkpoint is the one with the greatest id (LangGraph's ids grow
             # with time; LangGraph's own savers read it so), in one read. A newest document
             # with no checkpoint (writes saved against a checkpoint already removed) sends
-            # the read to the namespace's head.
+            # the read to the index, which holds every live checkpoint.
             newest = self.kernel.newest_document(thread_id, CHECKPOINT, checkpoint_key(ns, ""))
             if newest is not None and "checkpoint" in newest[1]:
                 return self._tuple(thread_id, ns, newest[1])
-            checkpoint_id = self._document(thread_id, HEAD, ns).get("latest")
-            if checkpoint_id is None:
+            live = self._document(thread_id, INDEX, INDEX_KEY).get("namespaces", {}).get(ns)
+            if not live:
                 return None
+            checkpoint_id = max(live)
         return self._load(thread_id, ns, checkpoint_id)
 
     def _load(self, thread_id: str, ns: str, checkpoint_id: str) -> CheckpointTuple | None:
@@ -374,16 +373,13 @@ class SessionStoreSaver(BaseCheckpointSaver[int]):
                 draft.update_document(INDEX, INDEX_KEY,
                                       {"op": "remove", "path": ["namespaces", ns, checkpoint_id]})
             if not kept:
-                draft.set(HEAD, ns, [], {})
                 draft.update_document(INDEX, INDEX_KEY,
                                       {"op": "remove", "path": ["namespaces", ns]})
-            else:
-                draft.set(HEAD, ns, ["latest"], max(kept))
         if draft.document_ops:
             seq = self._commit(thread_id, draft)
             # What the removed checkpoints were is history now: it goes at once, with the
             # commits that wrote it (those with an idempotency key stay: kernel.retention).
-            self.kernel.trim(thread_id, seq, forget=(CHECKPOINT, HEAD))
+            self.kernel.trim(thread_id, seq, forget=(CHECKPOINT,))
 
     def _delete_thread(self, thread_id: str) -> None:
         self._remove(str(thread_id), None)
@@ -424,8 +420,6 @@ class SessionStoreSaver(BaseCheckpointSaver[int]):
                 draft.set(CHECKPOINT, key, [], document)
                 draft.set(INDEX, INDEX_KEY, ["namespaces", ns, checkpoint_id],
                           self._index_entry(document))
-            if checkpoints:
-                draft.set(HEAD, ns, ["latest"], max(checkpoints))
         self._commit(target, draft)
 
     def _prune(self, thread_ids: Sequence[str], policy: Policy) -> None:
