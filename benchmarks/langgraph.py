@@ -306,23 +306,17 @@ def render(result: Result) -> str:
         "(which trims each thread's history up to it: docs/retention.md), "
         + ", ".join(f"{n} in `{t}`" for t, n in result.pruned_rows.items()) + ".",
         "",
-        "Where the time goes (a cProfile of 100 steps of `put`, `put_writes`, `get_tuple` on "
-        "this machine, `benchmarks/langgraph.py`'s `Thread`): about 80% of the wall time is "
-        "psycopg waiting for the server; the saver's own Python (serializing, building the "
-        "draft, the kernel's checks) is under 10%. So the gap is round trips and rows: a "
-        "`put` or `put_writes` is a kernel commit, two pipelined round trips (the session's "
-        "lock, head and the documents' heads, then the writes and COMMIT) writing a commit-log "
-        "row, the session's head, and a head and a version per document it changes "
-        "(`put`: the checkpoint, the namespace's head and the thread's index), where "
-        "PostgresSaver sends its upserts in one pipeline in autocommit. A `get_tuple` of the "
-        "newest checkpoint is one statement (`Storage.newest_document`: the checkpoint "
-        "document with the greatest id, and its versions), as PostgresSaver's one joined "
-        "row. What is left to gain: one round trip for a commit that only writes documents "
-        "(no read: every op is total, the builder needs only each document's head to number "
-        "its version and decide a baseline), which must be a named commit kind "
-        "(`kernel.commit.CommitKind`) checked by the differential property test before the "
-        "saver may use it; and fewer rows per `put` (the namespace's head document is only "
-        "the fallback of a read now).",
+        "What each operation sends: a `put` or `put_writes` is a kernel commit that only "
+        "writes documents (`kernel.commit.CommitKind.DOCUMENTS_ONLY`, held equal to the "
+        "general commit by the differential property test): one statement, one round trip "
+        "(`statements.DOCUMENTS_COMMIT`), in which the database advances the session's head, "
+        "writes the commit-log row and numbers each document's next version (a head and a "
+        "version row per document: `put` the checkpoint and the thread's index, "
+        "`put_writes` the checkpoint); a document whose value must be read first (a "
+        "baseline due) sends that commit the general way, two round trips. PostgresSaver "
+        "sends its upserts in one pipeline in autocommit. A `get_tuple` of the newest "
+        "checkpoint is one statement (`Storage.newest_document`: the checkpoint document "
+        "with the greatest id, and its versions), as PostgresSaver's one joined row.",
     ]
     return "\n".join(lines) + "\n"
 

@@ -23,10 +23,10 @@ they are built from what it knows and written at once, each by its one writer he
   would have, or refuses when that would need its value read (an upgrade, a baseline).
 
 Each returns ``None`` when it cannot be taken: the build wanted a read the copies do not
-answer (:class:`UnexpectedRead`), the write set is not of the kind after all, the task changed
-since the copy (:class:`TaskChanged`: for documents, one needs its value read), or the
-database refused the write. Nothing has been written
-then, and the caller commits the general way, whose build decides from what it reads.
+answer (:class:`UnexpectedRead`), the write set is not of the kind after all, the task
+changed since the copy (:class:`TaskChanged`; for documents: one needs its value read),
+or the database refused the write. Nothing has been written then, and the caller commits
+the general way, whose build decides from what it reads.
 ``tests/property`` holds every kind equal to the general path and to the in-memory
 reference.
 """
