@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kernel import Draft, NotRegistered, Registry
+from kernel import Draft, NotRegistered, Registry, UnstorableValue
 from kernel.commit import CommitKind
 from kernel.documents import apply_ops, encoded_size
 
@@ -227,3 +227,51 @@ def test_a_commit_of_documents_alone_numbers_each_as_the_general_commit_does(
         for key, value in values.items():
             assert kernel.document(handle.id, "plan", key) == value
     assert len(taken) == len(steps)
+
+
+def test_which_drafts_are_documents_only() -> None:
+    """Documents alone, no key, no version expected: anything else is another kind."""
+
+    def draft(**extra: object) -> Draft:
+        made = Draft(key=extra.get("key"))  # type: ignore[arg-type]
+        made.set("plan", "p", ["a"], 1)
+        if extra.get("expected"):
+            made.update_document("plan", "q", expected_version=0)
+        if extra.get("entry"):
+            made.append(made.create_conversation(), "note", {})
+        if extra.get("task"):
+            made.create_task("steps", {})
+        return made
+
+    assert draft().kind() is CommitKind.DOCUMENTS_ONLY
+    for extra in ({"key": "k"}, {"expected": True}, {"entry": True}):
+        assert draft(**extra).kind() is CommitKind.GENERAL, extra
+    assert draft(task=True).kind() is CommitKind.GENERAL  # a create that writes documents
+    assert Draft().kind() is CommitKind.GENERAL
+
+
+def test_a_new_documents_id_is_made_with_the_draft_and_kept_when_absorbed() -> None:
+    first, second = Draft(), Draft()
+    first.set("plan", "p", ["a"], 1)
+    made = first.document_ids[("plan", "p")]
+    first.set("plan", "p", ["b"], 2)
+    second.set("plan", "p", ["c"], 3)
+    second.set("plan", "q", ["c"], 3)
+    first.absorb(second)
+    assert first.document_ids[("plan", "p")] == made
+    assert first.document_ids[("plan", "q")] == second.document_ids[("plan", "q")]
+
+
+def test_a_document_key_no_storage_holds_is_refused_with_the_draft(world: World) -> None:
+    registry = Registry()
+    registry.document("plan")
+    kernel = world.kernel(registry)
+    handle = kernel.create_session()
+    draft = Draft()
+    with pytest.raises(UnstorableValue, match="key"):
+        draft.set("plan", "a\x00b", ["v"], 1)
+    with pytest.raises(UnstorableValue, match="key"):
+        draft.set("plan", "half \ud800", ["v"], 1)
+    assert not draft.document_ops
+    handle.commit(draft)
+    assert kernel.storage.document_head(handle.id, "plan", "a") is None
