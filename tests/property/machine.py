@@ -638,7 +638,6 @@ class Differential(RuleBasedStateMachine):
     # that make and run work come up more often under a second name (each is one rule
     # to the feature flags of an example, and printed under its own name).
     create_more = create
-    documents_more = documents
     work_more = work
     work_again = work
     run_queue_more = run_queue

@@ -126,7 +126,7 @@ def test_a_generated_run_takes_each_fast_path(worlds: None) -> None:
     excluded = machine.EXCLUDED
     machine.EXCLUDED = frozenset(machine.FAMILIES)
     try:
-        run_state_machine_as_test(seed(30)(Differential), settings=bounded(30, steps=25))
+        run_state_machine_as_test(seed(31)(Differential), settings=bounded(30, steps=25))
     finally:
         print("\n" + summary(started))
         machine.EXCLUDED = excluded
