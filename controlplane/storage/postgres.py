@@ -168,10 +168,19 @@ class PostgresStorage:
         """One row from ``statement`` prepared once per connection (as the commit path's
         are, :class:`.connection.HotCursor`): for a statement every message runs, the
         claim, whose planning takes longer than its execution."""
+        return self._prepared(statement, params, lambda cur: cur.fetchone())
+
+    def _prepared_all(self, statement: str, params: Any) -> list[Any]:
+        """Every row from ``statement``, prepared as :meth:`_prepared_one`'s: for the
+        reads of a document's current value, whose planning (subqueries for the newest
+        baseline) takes longer than their execution."""
+        return self._prepared(statement, params, lambda cur: cur.fetchall())
+
+    def _prepared(self, statement: str, params: Any, rows: Callable[[HotCursor], Any]) -> Any:
         db = connections[self.using]
         try:
             db.ensure_connection()
-            return HotCursor(db).execute(statement, params).fetchone()
+            return rows(HotCursor(db).execute(statement, params))
         except UNAVAILABLE as exc:
             db.errors_occurred = True  # close_old_connections then drops it if broken
             raise StorageUnavailable(f"database unavailable: {exc}") from exc
@@ -364,14 +373,15 @@ class PostgresStorage:
     def newest_document(
         self, session_id: str, kind: str, prefix: str
     ) -> tuple[DocumentHead, list[DocumentVersion]] | None:
-        rows = self._all(sql.NEWEST_DOCUMENT,
-                         {"session": session_id, "kind": kind, "prefix": prefix})
+        rows = self._prepared_all(sql.NEWEST_DOCUMENT,
+                                  {"session": session_id, "kind": kind, "prefix": prefix})
         return _head_and_versions(rows)
 
     def document_now(
         self, session_id: str, kind: str, key: str
     ) -> tuple[DocumentHead, list[DocumentVersion]] | None:
-        return _head_and_versions(self._all(sql.DOCUMENT_NOW, [session_id, kind, key]))
+        return _head_and_versions(
+            self._prepared_all(sql.DOCUMENT_NOW, [session_id, kind, key]))
 
     def submission(self, submission_id: str) -> Submission | None:
         row = self._one(sql.SUBMISSION_BY_ID, [submission_id])
