@@ -14,6 +14,7 @@ from django.test.utils import CaptureQueriesContext
 from langgraph.checkpoint.conformance.test_utils import generate_checkpoint, generate_metadata
 
 from controlplane.storage import PostgresStorage
+from controlplane.storage import statements as sql
 from kernel import Kernel, Registry
 from kernel.hosts.langgraph import KeepLatest, SessionStoreSaver
 from kernel.hosts.langgraph.layout import CHECKPOINT, INDEX, checkpoint_key
@@ -55,6 +56,10 @@ def test_each_put_and_put_writes_is_one_statement() -> None:
     assert newest is not None and newest.checkpoint["id"] == config["configurable"][
         "checkpoint_id"]
     assert [w[1:] for w in newest.pending_writes] == [("messages", "reply 3"), ("step", 3)]
+    with connection.cursor() as cur:  # the read is planned once per connection
+        cur.execute("SELECT statement FROM pg_prepared_statements")
+        prepared = [r[0] for r in cur.fetchall()]  # with $n for the placeholders
+        assert any(p.startswith(sql.NEWEST_DOCUMENT[:200]) for p in prepared), prepared
     saver._io.shutdown(wait=True)
 
 
