@@ -46,6 +46,12 @@ class RenderBudget:
         self._learn(account, await asyncio.to_thread(rates.arrears, rates.server_time(account)))
         return self._known[account][1]
 
+    def owes(self, account: Hashable) -> bool:
+        """Whether ``account`` was last known in arrears (no Redis call): a render that
+        waited for its turn while the account's other renders tipped it over is not made."""
+        until, paid = self._known.get(account, (0.0, True))
+        return not paid and time.monotonic() < until
+
     def _learn(self, account: Hashable, owed: float) -> None:
         now = time.monotonic()
         paid = owed == 0
@@ -175,6 +181,8 @@ class SessionPageConsumer(PageMode, SessionFeedConsumer):
             return []
 
         async def render(_: int) -> tuple[int, str | None]:
+            if render_budget.owes(self.user.pk):
+                return after, None
             update = render_budget.charged(self.user.pk, SESSION_PAGE.update)
             found = await on_page_thread(update)(session_id, after, can_act)
             return found if found is not None else (after, None)
@@ -210,10 +218,13 @@ class GlobalPageConsumer(PageMode, GlobalFeedConsumer):
         if newest is None:
             return []
 
-        async def render(upto: int) -> tuple[int, str]:
+        async def render(upto: int) -> tuple[int, str | None]:
             # Run once its turn came (it may have waited): made at the newest settled
             # commit by then, so the commits that passed meanwhile need no render of
-            # their own.
+            # their own. Not made if the account fell into arrears meanwhile (position 0:
+            # never kept for anyone's later ask).
+            if render_budget.owes(account):
+                return 0, None
             upto = await settled_commits.newest_after(upto, limit) or upto
             update = render_budget.charged(account, page.update)
             return upto, await on_page_thread(update)(upto, can_act, **params)
@@ -222,4 +233,4 @@ class GlobalPageConsumer(PageMode, GlobalFeedConsumer):
         # it is in the render's snapshot), and good for any socket asking for no more.
         key = ("page", page.name, can_act, *params.values())
         upto, html = await shared_renders.render(key, newest, render, account)
-        return [(upto, html)]
+        return [(upto, html)] if html is not None else []

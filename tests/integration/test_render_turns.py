@@ -268,3 +268,40 @@ def test_page_sockets_at_different_positions_share_one_read_of_what_settled(
         assert reads[-1] == 30
 
     asyncio.run(scenario())
+
+
+def test_renders_that_waited_for_their_turn_are_not_made_once_the_account_owes(
+    settings: Any, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Five page views of one account ask for a render each; the first takes the
+    account's turn, the rest wait for theirs. By the time it ends the account is past its
+    budget: the renders that waited are not made (each would have been charged past it)."""
+    settings.USER_SERVER_SECONDS_PER_SECOND = 0.5
+    settings.USER_SERVER_SECONDS_BURST = 1.0
+    monkeypatch.setattr(pages, "render_budget", pages.RenderBudget())
+    held = HeldRenders(monkeypatch)
+    key = token("heavy", "viewer")
+    budget = rates.server_time(User.objects.get(username="heavy").pk)
+    start = commit("start")
+
+    async def scenario() -> None:
+        app = URLRouter(websocket_urlpatterns)
+        sockets = [await opened(app, key, f"q=heavy{i}", start) for i in range(5)]
+        try:
+            await database_sync_to_async(commit)("one")
+            async with asyncio.timeout(20):
+                while held.held_now < 1:
+                    await asyncio.sleep(0.05)
+            await asyncio.sleep(0.5)  # the other four have asked and wait for their turn
+            await asyncio.to_thread(rates.charge, budget, 30.0)  # the account's other work
+            held.release()
+            await asyncio.sleep(1.5)
+            assert len(held.made) == 1, held.made  # the one that had its turn
+        finally:
+            held.release()
+            for socket in sockets:
+                await socket.disconnect()
+            await database_sync_to_async(lambda: connection.close())()
+        page_threads.end_page_threads()
+
+    asyncio.run(scenario())
