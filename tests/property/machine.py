@@ -571,6 +571,8 @@ class Differential(RuleBasedStateMachine):
             return handle.commit(draft)
 
         self.each("documents", op)
+        lost = lose and enabled("lose")
+        STATS[f"documents: {odd or 'plain'}{' (lost connection)' if lost else ''}"] += 1
 
     @precondition(lambda self: bool(self.sessions) and enabled("trim"))
     @rule(session=INDEX, back=st.integers(min_value=0, max_value=4), empty=st.booleans())
