@@ -458,6 +458,8 @@ def _spy_fast_paths(world: World, storage: PostgresStorage) -> None:
                 path = "creates"
             elif written.updated_tasks[0].terminal:
                 path = "known ending"
+            elif written.entries or written.document_heads:
+                path = "known writing"
             else:
                 path = "known inline"
             STATS[f"{world.name}:{path}"] += 1
