@@ -94,6 +94,7 @@ def test_a_document_moved_by_another_commit_is_read_again() -> None:
                               {"op": "incr", "path": ["models", "x", "input_tokens"],
                                "value": 1})
         kernel.open(handle.id).commit(other)
+        kernel.storage.thread_exit()  # the tool's thread's connection
 
     register_agent(registry, "steps", agent_of(4, True, meddle))
     submitted = submit(handle, conversation, {"text": "go", "agent": "steps"}, "r1")
