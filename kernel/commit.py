@@ -137,6 +137,11 @@ class CommitKind(StrEnum):
     """Writes to documents and nothing else, no version expected: reads nothing but each
     document's head, which numbers its next version and says whether it needs a
     baseline (ops are total: :mod:`kernel.documents`)."""
+    NEXT_WRITING = "next writing"
+    """One phase's ``Next`` that keeps the lease, with entries and document ops and
+    nothing else (a step of an agent's run): built from the lease holder's copies of its
+    task and of the documents its commits wrote, the conversations it appends to known
+    to the storage; a document without a copy (or due a baseline) takes the general one."""
 
 
 @dataclass
@@ -215,6 +220,8 @@ class Draft:
             return CommitKind.NEXT_ALONE
         if isinstance(transition, Finish):
             return CommitKind.ENDS_ALONE
+        if self._next_writing():
+            return CommitKind.NEXT_WRITING
         if (
             self.new_tasks and self.key is None and not self.document_ops
             and all(t.parent_id is None for t in self.new_tasks)
@@ -227,6 +234,22 @@ class Draft:
         ):
             return CommitKind.DOCUMENTS_ONLY
         return CommitKind.GENERAL
+
+    def _next_writing(self) -> bool:
+        """Whether this draft is one phase's ``Next`` keeping the lease with entries or
+        document ops beside it, and nothing else (no key, no migration, no version expected:
+        the one statement checks the heads it writes, not the others a draft may expect)."""
+        if len(self.fenced) != 1 or self.key is not None or self.fenced[0].version is not None:
+            return False
+        if self.expected_versions:
+            return False
+        if not (self.entries or self.document_ops):
+            return False
+        if any(getattr(self, name) for name in MERGED_LISTS
+               if name not in ("fenced", "entries")):
+            return False
+        transition = self.fenced[0].transition
+        return isinstance(transition, Next) and transition.keep_lease
 
     def _lone_transition(self) -> Transition | None:
         """The transition of the one phase this draft carries, if it carries nothing

@@ -128,6 +128,12 @@ class InMemoryStorage:
     def commit_documents(self, session_id: str, build: Build, prefetch: Prefetch) -> WriteSet:
         return self.commit(session_id, build, prefetch)
 
+    def commit_next_writing(
+        self, session_id: str, build: Build, prefetch: Prefetch, known: Task,
+        documents: Mapping[tuple[str, str], DocumentHead],
+    ) -> WriteSet:
+        return self.commit(session_id, build, prefetch)
+
     def _stage(self, ws: WriteSet) -> WriteSet:
         ws = copy.deepcopy(ws)
         return replace(

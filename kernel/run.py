@@ -24,7 +24,7 @@ from .artifacts import offload
 from .commit import CommitKind, Draft
 from .errors import SessionPoisoned, UnknownRecord
 from .forks import operation_id
-from .records import Entry, JoinPolicy, Outcome, Preview, Submission, Task, WriteSet
+from .records import DocumentHead, Entry, JoinPolicy, Outcome, Preview, Submission, Task, WriteSet
 from .registry import TaskDefinition
 from .session import Kernel, SessionHandle
 from .tasks import Finish, Next, Sleep, Transition, WaitSignal, WaitTasks
@@ -69,6 +69,10 @@ class Lease:
     draft: Draft = field(init=False)
     # Deferred document writes (previews): folded into the next commit, lost with the process.
     previews: dict[tuple[str, str, tuple[str, ...]], JSON] = field(default_factory=dict)
+    documents: dict[tuple[str, str], DocumentHead] = field(default_factory=dict)
+    """The heads of the documents this lease's commits wrote, as they left them: what a
+    phase's next commit that writes them again is built from (``CommitKind.NEXT_WRITING``;
+    a head another commit moved since is read again)."""
 
     def __post_init__(self) -> None:
         self.draft = Draft(actor=f"task:{self.task.id}")
@@ -101,8 +105,10 @@ class Lease:
         written = (
             self._commit_carrying(carried, draft)
             if carried
-            else self.handle.commit(draft, known=self.task)
+            else self.handle.commit(draft, known=self.task, documents=self.documents)
         )
+        for head in written.document_heads:
+            self.documents[(head.kind, head.key)] = head
         self._spawned_owned = self._spawned_owned or any(t.owned for t in draft.new_tasks)
         self.migrated = False
         with self._renewing:

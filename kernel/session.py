@@ -10,7 +10,7 @@ leaves the outcome unknown poisons the handle (invariant 6).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
@@ -25,6 +25,7 @@ from .records import (
     Commit,
     Conversation,
     Dispatch,
+    DocumentHead,
     Entry,
     Position,
     Preview,
@@ -239,12 +240,18 @@ class SessionHandle:
     head_seq: int
     poisoned: bool = False
 
-    def commit(self, draft: Draft, known: Task | None = None) -> WriteSet:
+    def commit(
+        self, draft: Draft, known: Task | None = None,
+        documents: Mapping[tuple[str, str], DocumentHead] | None = None,
+    ) -> WriteSet:
         """Persist ``draft`` as the session's next commit, then publish it, by the
         storage's method for the draft's kind (:meth:`Draft.kind`).
 
         ``known``: the caller's copy of the task whose lease it holds, as its last commit
-        or claim left it; the kinds that continue or end that task are built from it."""
+        or claim left it; the kinds that continue or end that task are built from it.
+        ``documents``: the caller's copies of the document heads its lease's commits
+        wrote (by kind and key), which a commit of :attr:`CommitKind.NEXT_WRITING` is
+        built from."""
         if self.poisoned:
             raise SessionPoisoned(f"session handle {self.id} is poisoned; reopen it")
         now = self.kernel.clock.now()
@@ -266,6 +273,9 @@ class SessionHandle:
                     written = storage.commit_next_alone(self.id, build, prefetch, known)
                 elif kind is CommitKind.ENDS_ALONE and known is not None:
                     written = storage.commit_ending(self.id, build, prefetch, known)
+                elif kind is CommitKind.NEXT_WRITING and known is not None:
+                    written = storage.commit_next_writing(
+                        self.id, build, prefetch, known, documents or {})
                 elif kind is CommitKind.CREATES_ONLY:
                     written = storage.commit_creating(self.id, build, prefetch)
                 elif kind is CommitKind.DOCUMENTS_ONLY:

@@ -183,6 +183,15 @@ class Storage(Protocol):
         """Writes to documents with no version expected, and nothing else."""
         ...
 
+    def commit_next_writing(
+        self, session_id: str, build: Build, prefetch: Prefetch, known: Task,
+        documents: Mapping[tuple[str, str], DocumentHead],
+    ) -> WriteSet:
+        """A phase's ``Next`` that keeps the lease, with entries and document ops.
+        ``documents``: the caller's copies of document heads, by kind and key, as its
+        lease's commits left them."""
+        ...
+
     def commits_after(self, session_id: str, after_seq: int, limit: int) -> list[Commit]:
         """The session's commits after ``after_seq`` that are still in the log, in seq
         order: when ``after_seq`` is below the session's ``pruned_seq``, the first one

@@ -21,6 +21,12 @@ they are built from what it knows and written at once, each by its one writer he
   statement (``statements.DOCUMENTS_COMMIT``) in which the database advances the head,
   and numbers each existing document's next version and continues it as the build
   would have, or refuses when that would need its value read (an upgrade, a baseline).
+- **next writing** (:func:`next_writing`): a lease holder's ``Next`` keeping the lease,
+  with entries and document ops (a step of an agent's run). Built from the holder's
+  copies of its task and of the document heads its lease's commits wrote, and from the
+  conversations the storage knows (they never change); written as one statement
+  (``statements.inline_writing``) that commits only if the task and every document are
+  still as copied.
 
 Each returns ``None`` when it cannot be taken: the build wanted a read the copies do not
 answer (:class:`UnexpectedRead`), the write set is not of the kind after all, the task
@@ -33,7 +39,7 @@ reference.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any, cast
@@ -49,10 +55,25 @@ from controlplane.storage.connection import (
     queue_dispatches,
     without,
 )
-from controlplane.storage.schema import COMMIT, DISPATCH, DOCUMENT_HEAD, TASK
+from controlplane.storage.schema import (
+    COMMIT,
+    DISPATCH,
+    DOCUMENT_HEAD,
+    DOCUMENT_VERSION,
+    ENTRY,
+    TASK,
+)
 from kernel.documents import encoded_size, replacing
 from kernel.errors import CommitUncertain
-from kernel.records import DocumentVersion, SessionRecord, Status, Task, WriteSet
+from kernel.records import (
+    Conversation,
+    DocumentHead,
+    DocumentVersion,
+    SessionRecord,
+    Status,
+    Task,
+    WriteSet,
+)
 from kernel.storage import Build, CommitReads
 
 Write = Callable[[Callable[[], None]], WriteSet]
@@ -106,6 +127,32 @@ class KnownReads:
         raise UnexpectedRead(name)
 
 
+class KnownWrites(KnownReads):
+    """:class:`KnownReads` for a step that also appends entries and writes documents:
+    the heads are the lease holder's copies (a document it has none of, or whose
+    baseline must be read, raises :class:`UnexpectedRead`), the conversations those
+    the storage has seen."""
+
+    def __init__(self, session_id: str, known: Task,
+                 documents: Mapping[tuple[str, str], DocumentHead],
+                 conversations: Mapping[str, Conversation]) -> None:
+        super().__init__(session_id, known, ending=False)
+        self.documents = documents
+        self.conversations = conversations
+
+    def document(self, kind: str, key: str) -> DocumentHead | None:
+        head = self.documents.get((kind, key))
+        if head is None or head.session_id != self.session.id:
+            raise UnexpectedRead(f"document {kind}/{key}")
+        return head
+
+    def conversation(self, conversation_id: str) -> Conversation | None:
+        found = self.conversations.get(conversation_id)
+        if found is None:
+            raise UnexpectedRead(f"conversation {conversation_id}")
+        return found
+
+
 class NoReads:
     """The builder's reads for a commit that only creates tasks, before anything is
     sent: the session head is a guess that the database replaces, and any read raises
@@ -147,6 +194,24 @@ def fits_known(ws: WriteSet, known: Task, *, ending: bool) -> bool:
         and len(ws.updated_tasks) == 1
         and all(t.id == known.id and t.status is status for t in ws.updated_tasks)
         and all(t.updated_seq == ws.commit.seq for t in ws.updated_tasks)
+    )
+
+
+def fits_writing(ws: WriteSet, known: Task) -> bool:
+    """Whether a write set built by :class:`KnownWrites` is one :func:`next_writing`
+    writes: the commit row, that task still running, entries and new versions of
+    documents it has copies of, nothing else."""
+    seq = ws.commit.seq
+    return (
+        not (ws.conversations or ws.new_tasks or ws.new_submissions or ws.updated_submissions)
+        and not ws.dispatches
+        and len(ws.updated_tasks) == 1
+        and all(t.id == known.id and t.status is Status.RUNNING and t.updated_seq == seq
+                for t in ws.updated_tasks)
+        and all(e.seq == seq for e in ws.entries)
+        and len(ws.document_heads) == len(ws.document_versions)
+        and all(v.seq == seq and v.document_id == h.id and v.version == h.version
+                for h, v in zip(ws.document_heads, ws.document_versions, strict=True))
     )
 
 
@@ -223,6 +288,19 @@ def documents(db: Any, session_id: str, build: Build) -> Write | None:
     return lambda before_commit: _write_documents(db, ws, before_commit)
 
 
+def next_writing(
+    db: Any, session_id: str, build: Build, known: Task,
+    documents: Mapping[tuple[str, str], DocumentHead], conversations: Mapping[str, Conversation],
+) -> Write | None:
+    """A phase's ``Next`` that keeps the lease with entries and document ops, as one
+    statement; ``None`` if it reads what the copies do not answer, or writes more."""
+    ws = _built(build, KnownWrites(session_id, known, documents, conversations))
+    if ws is None or not fits_writing(ws, known):
+        return None
+    copies = [documents[(h.kind, h.key)] for h in ws.document_heads]
+    return lambda before_commit: _write_writing(db, ws, known, copies, before_commit)
+
+
 # -- the writers -----------------------------------------------------------------------
 
 _COMMIT_SEQ = COMMIT.inserted.index("seq")
@@ -265,6 +343,51 @@ def _write_known(
         raise
     commit = replace(ws.commit, id=commit_id, seq=seq)
     return replace(ws, commit=commit, updated_tasks=[replace(task, updated_seq=seq)])
+
+
+_ENTRY_SEQ = ENTRY.inserted.index("seq")
+_HEAD_UPDATED_SEQ = DOCUMENT_HEAD.updated.index("updated_seq")
+_VERSION_SEQ = DOCUMENT_VERSION.inserted.index("seq")
+
+
+def _write_writing(
+    db: Any, ws: WriteSet, known: Task, copies: list[DocumentHead],
+    before_commit: Callable[[], None],
+) -> WriteSet:
+    """:func:`_write_known`'s statement with the entries and the document versions, each
+    head written only if it is still at its copy's version; :class:`TaskChanged`
+    otherwise."""
+    session_id = ws.commit.session_id
+    [task] = ws.updated_tasks
+    params = [session_id, *without(COMMIT.values(ws.commit), _COMMIT_SEQ),
+              *without(TASK.update_values(task), _TASK_UPDATED_SEQ),
+              known.epoch, known.lease_owner, known.updated_seq, task.id]
+    for entry in ws.entries:
+        params += without(ENTRY.values(entry), _ENTRY_SEQ)
+    for head, copied in zip(ws.document_heads, copies, strict=True):
+        params += [*without(DOCUMENT_HEAD.update_values(head), _HEAD_UPDATED_SEQ),
+                   copied.version]
+    for version in ws.document_versions:
+        params += without(DOCUMENT_VERSION.values(version), _VERSION_SEQ)
+    statement = sql.inline_writing(len(ws.entries), len(ws.document_heads))
+    try:
+        before_commit()
+        seq, commit_id, _ = HotCursor(db).execute(statement, params).fetchone()
+    except psycopg.Error as exc:
+        if exc.sqlstate == sql.TASK_CHANGED:
+            raise TaskChanged(str(exc)) from exc
+        # Sent: if the connection was lost, the server may have committed it.
+        if db.connection.broken or db.connection.closed:
+            raise CommitUncertain(f"commit {session_id}: {exc}") from exc
+        raise
+    return replace(
+        ws,
+        commit=replace(ws.commit, id=commit_id, seq=seq),
+        updated_tasks=[replace(task, updated_seq=seq)],
+        entries=[replace(e, seq=seq) for e in ws.entries],
+        document_heads=[replace(h, updated_seq=seq) for h in ws.document_heads],
+        document_versions=[replace(v, seq=seq) for v in ws.document_versions],
+    )
 
 
 def _queue_creates(db: Any, ws: WriteSet) -> tuple[HotCursor, list[HotCursor]]:

@@ -9,7 +9,8 @@ ORM (:mod:`.statements`, and :mod:`.retention`, :mod:`.due` for theirs):
   DESIGN §5.1) and reads the task rows the builder will read ``FOR UPDATE``, so a claim
   cannot change an epoch between the fencing check and the write; the second writes the
   commit row, the write set and the dispatch rows, and COMMIT. ``commit_next_alone``,
-  ``commit_ending``, ``commit_creating`` and ``commit_documents`` are the named kinds
+  ``commit_ending``, ``commit_creating``, ``commit_documents`` and ``commit_next_writing``
+  are the named kinds
   (``kernel.commit.CommitKind``) that take one round trip where they can
   (:mod:`.fast_commits`), the general commit otherwise.
 - ``claim``: one statement picks the task if it is runnable (``FOR UPDATE SKIP LOCKED``:
@@ -266,6 +267,17 @@ class PostgresStorage:
 
     def commit_documents(self, session_id: str, build: Build, prefetch: Prefetch) -> WriteSet:
         return self._fast(session_id, build, prefetch, fast_commits.documents)
+
+    def commit_next_writing(
+        self, session_id: str, build: Build, prefetch: Prefetch, known: Task,
+        documents: Mapping[tuple[str, str], DocumentHead],
+    ) -> WriteSet:
+        db = connections[self.using]
+        writing = fast_commits.next_writing(
+            db, session_id, build, known, documents, self._conversations,
+        ) if self.fast_paths else None
+        written = self._write_built(db, session_id, writing) if writing is not None else None
+        return written if written is not None else self.commit(session_id, build, prefetch)
 
     def _fast(
         self, session_id: str, build: Build, prefetch: Prefetch,

@@ -16,6 +16,7 @@ Statements use ``%s`` placeholders in the order of the schema's column tuples, o
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 
 from controlplane.storage.schema import (
@@ -167,23 +168,55 @@ AT_HEAD = "current_setting('kernel.seq')::bigint"
 # values but its seq, the task's updated values but its updated_seq, its id, then the
 # epoch, lease owner and updated_seq of the copy (the owner as well as the epoch: a
 # claim lost with a crashed server's unflushed log leaves its epoch to the next claim).
-INLINE_COMMIT = (
+HEAD_SEQ = "(SELECT head_seq FROM head)"
+_INLINE = (
     HEAD + ", written AS ("
-    + insert(COMMIT, " RETURNING id", {"seq": "(SELECT head_seq FROM head)"})
+    + insert(COMMIT, " RETURNING id", {"seq": HEAD_SEQ})
     + "), moved AS ("
     + update(
         TASK,
         {
             "lease_until": "GREATEST(lease_until, {}::timestamptz "
             "+ (clock_timestamp() - transaction_timestamp()))",
-            "updated_seq": "(SELECT head_seq FROM head)",
+            "updated_seq": HEAD_SEQ,
         },
     )
     + " AND epoch = %s AND lease_owner = %s AND status = 'running' AND updated_seq = %s "
-    f"RETURNING 1), forgotten AS (DELETE FROM {DISPATCH.name} WHERE task_id = %s) "
-    "SELECT (SELECT head_seq FROM head), (SELECT id FROM written), "
+    f"RETURNING 1), forgotten AS (DELETE FROM {DISPATCH.name} WHERE task_id = %s)"
+)
+INLINE_COMMIT = (
+    _INLINE + " SELECT (SELECT head_seq FROM head), (SELECT id FROM written), "
     "kernel_unmoved((SELECT count(*) FROM moved))"
 )
+
+
+@functools.cache
+def inline_writing(entries: int, documents: int) -> str:
+    """``INLINE_COMMIT`` with ``entries`` entries and the new versions of ``documents``
+    documents written in the same statement, every seq the head's: a phase's step
+    (``kernel.commit.CommitKind.NEXT_WRITING``). Each document's head is written only
+    if it is still at the version of the copy the commit was built from, and
+    ``kernel_unmoved`` otherwise aborts the statement, as for the task. Parameters:
+    ``INLINE_COMMIT``'s; then each entry's values but its seq; then, for each document,
+    its head's updated values but its updated_seq, its id and the copy's version; then
+    each version's values but its seq."""
+    parts = [_INLINE]
+    if entries:
+        parts.append(", entered AS (" + insert_rows(ENTRY, entries, "", {"seq": HEAD_SEQ}) + ")")
+    parts += [
+        f", document{i} AS ("
+        + update(DOCUMENT_HEAD, {"updated_seq": HEAD_SEQ})
+        + " AND version = %s RETURNING 1)"
+        for i in range(documents)
+    ]
+    if documents:
+        parts.append(", versions AS ("
+                     + insert_rows(DOCUMENT_VERSION, documents, "", {"seq": HEAD_SEQ}) + ")")
+    moved = " * ".join(
+        ["(SELECT count(*) FROM moved)"]
+        + [f"(SELECT count(*) FROM document{i})" for i in range(documents)])
+    parts.append(f" SELECT {HEAD_SEQ}, (SELECT id FROM written), kernel_unmoved({moved})")
+    return "".join(parts)
 
 # A commit that only creates tasks reads nothing: it is built before anything is sent,
 # on a guessed head, and written in one pipelined round trip with its BEGIN and COMMIT

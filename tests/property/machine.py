@@ -20,9 +20,10 @@ The tasks are of one kind whose input is a script (:func:`script`): each phase p
 from its checkpoint (:meth:`.worlds.World.play`), so one program makes each world's
 phases continue inline, end, spawn and join children (``all_settled``, ``fail_fast``),
 wait on other tasks, on signals or for a time, append entries, write documents, commit
-an intent, raise, and meddle while they run: cancel or signal a task (their own too: a
-cancel racing the task's own ending), let their own lease run out and another worker
-take it, lose their database connection, take long (a queue message's worker then commits the
+an intent, take an agent's steps (phases that each write an entry and a document and
+continue inline), raise, and meddle while they run: cancel or signal a task (their own
+too: a cancel racing the task's own ending), let their own lease run out and another
+worker take it, lose their database connection, take long (a queue message's worker then commits the
 endings it holds first), or wake a paused holder of a lease.
 
 Families of steps can be left out, to look past a disagreement already known:
@@ -102,6 +103,8 @@ def step(depth: int) -> st.SearchStrategy[dict[str, Any]]:
     options = [
         _plain_step(),
         st.builds(lambda s: {"op": "sleep", "s": s}, st.sampled_from((5, 60))),
+        st.builds(lambda n, bad: {"op": "steps", "n": n, "bad": bad},
+                  st.integers(min_value=2, max_value=3), BAD),
         st.just({"op": "signal"}),
         st.builds(lambda what, target: {"op": "meddle", "what": what, "target": target},
                   st.sampled_from(MEDDLES), st.one_of(st.none(), INDEX)),

@@ -346,6 +346,13 @@ class World:
                 value = self.value(step.get("bad"), f"{op}@{pc}")
                 if op == "next":
                     return run.next("go", {"pc": pc + 1, "v": value})
+                if op == "steps":  # an agent's steps: each a phase with an entry and a document
+                    left = int(run.checkpoint.get("left") or step["n"])
+                    run.append(run.input["conv"], "note", {"v": value, "left": left})
+                    run.set(DOCUMENT, "n", [task.id], left)
+                    if left > 1:
+                        return run.next("go", {"pc": pc, "left": left - 1})
+                    return run.next("go", {"pc": pc + 1, "left": None})
                 if op == "succeed":
                     return run.succeed({"pc": pc, "v": value})
                 if op == "fail":
@@ -460,6 +467,8 @@ def _spy_fast_paths(world: World, storage: PostgresStorage) -> None:
                 path = "documents"
             elif written.updated_tasks[0].terminal:
                 path = "known ending"
+            elif written.entries or written.document_heads:
+                path = "known writing"
             else:
                 path = "known inline"
             STATS[f"{world.name}:{path}"] += 1

@@ -4,6 +4,8 @@ process "dies" by raising Crash; a new scheduler resumes from storage alone)."""
 
 from __future__ import annotations
 
+import asyncio
+import threading
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -276,3 +278,59 @@ def test_a_submission_naming_no_registered_agent_is_refused() -> None:
     handle.commit(draft)
     with pytest.raises(ValueError, match="agent: no agent 'billing' is registered"):
         submit(handle, conversation, {"text": "hi", "agent": "billing"}, "req-1")
+
+
+class ThreadsSeen(InMemoryStorage):
+    """The reference storage, noting the thread of every commit."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.threads: set[int] = set()
+
+    def commit(self, *args: Any, **kwargs: Any) -> Any:
+        self.threads.add(threading.get_ident())
+        return super().commit(*args, **kwargs)
+
+
+def async_world(threads: set[int]) -> World:
+    """A world whose model is a coroutine (it runs on the agent's loop), noting its thread."""
+    world = World(storage=ThreadsSeen())
+    model = world.model
+
+    async def on_loop(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        threads.add(threading.get_ident())
+        return model(messages, info)
+
+    world.model = on_loop  # type: ignore[method-assign,assignment]
+    return world
+
+
+def test_the_agent_loop_runs_on_the_phase_thread_and_commits_there() -> None:
+    """No hop between threads per unit: the run's loop is the phase's thread's, and every
+    commit is made there (a sync tool still runs in a thread of its own)."""
+    loop_threads: set[int] = set()
+    world = async_world(loop_threads)
+    kernel, session_id, conversation, submission = world.start()
+    world.run()
+    assert isinstance(world.storage, ThreadsSeen)
+    assert loop_threads == world.storage.threads == {threading.get_ident()}
+    stored = kernel.storage.submission(submission)
+    assert stored is not None and stored.status is SubmissionStatus.ANSWERED
+
+
+def test_a_phase_inside_a_running_loop_runs_the_agent_on_a_thread_of_its_own() -> None:
+    loop_threads: set[int] = set()
+    world = async_world(loop_threads)
+    kernel, session_id, conversation, submission = world.start()
+
+    async def inside() -> None:
+        world.run()  # blocks this loop: the agent's needs another
+
+    asyncio.run(inside())
+    assert isinstance(world.storage, ThreadsSeen)
+    assert world.storage.threads == {threading.get_ident()}
+    assert loop_threads and threading.get_ident() not in loop_threads
+    assert world.model_calls == [0, 1, 2]
+    assert world.effects.count("notify:ana@example.com") == 1
+    stored = kernel.storage.submission(submission)
+    assert stored is not None and stored.status is SubmissionStatus.ANSWERED

@@ -117,8 +117,9 @@ class Units:
     starts, and nothing runs between them); a safe call's result waits for the next
     commit (usually the next response), since losing it only makes the call run again.
     A response is still committed before any tool starts, before the next request and
-    before the run ends. An unsafe call's result is committed as soon as the call returns,
-    without waiting for it: the model's next request is made meanwhile.
+    before the run ends. An unsafe call's result is committed as soon as the call returns
+    (before the model's next request, where the run's loop is on the phase's thread; while
+    it is made, where the loop has a thread of its own: :mod:`.bridge`).
     """
 
     bridge: Bridge
@@ -236,9 +237,10 @@ class Units:
             self.staged.append(lambda: self.journal.record_result(
                 call_id, name, payload, replay, seconds, commit=False, **extra))
         else:
-            # Not awaited: the next model request is made while the result is committed
-            # (a crash before it is committed leaves the call uncertain, as it would during an
-            # awaited commit), and the phase's thread commits it before anything after.
+            # Not awaited where the loop has a thread of its own: the next model request
+            # is made while the result is committed (a crash before it is committed leaves
+            # the call uncertain, as it would during an awaited commit), and the phase's
+            # thread commits it before anything after. On the phase's thread: now.
             self.post(lambda: self.journal.record_result(
                 call_id, name, payload, replay, seconds, **extra))
         return payload
