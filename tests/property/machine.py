@@ -19,8 +19,8 @@ lease its worker holds; a worker holds no lease once its operation has returned.
 The tasks are of one kind whose input is a script (:func:`script`): each phase plays it
 from its checkpoint (:meth:`.worlds.World.play`), so one program makes each world's
 phases continue inline, end, spawn and join children (``all_settled``, ``fail_fast``),
-wait on other tasks, on signals or for a time, append entries, write documents, commit
-an intent, raise, and meddle while they run: cancel or signal a task (their own too: a
+wait on other tasks, on signals or for a time, append entries, write documents (values
+above the artifact threshold too, read back in a later phase), commit an intent, raise, and meddle while they run: cancel or signal a task (their own too: a
 cancel racing the task's own ending), let their own lease run out and another worker
 take it, lose their database connection, take long (a queue message's worker then commits the
 endings it holds first), or wake a paused holder of a lease.
@@ -90,7 +90,7 @@ def _plain_step() -> st.SearchStrategy[dict[str, Any]]:
     return st.builds(
         lambda op, bad: {"op": op, "bad": bad},
         st.sampled_from(("next", "next", "next", "intent", "succeed", "succeed", "fail",
-                         "raise", "append", "doc")),
+                         "raise", "append", "doc", "large_append", "large_doc")),
         BAD,
     )
 

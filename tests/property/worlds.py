@@ -218,6 +218,21 @@ def scripted_registry(world: World) -> Registry:
     return registry
 
 
+LARGE_ABOVE = 1_024
+"""The worlds' artifact threshold: low, so that large values stay cheap to make."""
+
+
+def large_text(tag: str) -> str:
+    return " ".join(f"{tag}:{n}" for n in range(150))
+
+
+def large_value(tag: str, seen: Any) -> Any:
+    """What a large entry payload tagged ``tag`` was written as (``seen``'s shape)."""
+    if isinstance(seen, list):
+        return [tag, large_text(tag)]
+    return {"tag": tag, "text": large_text(tag), "v": seen.get("v")}
+
+
 class World:
     """One storage under test and everything above it (see the module's docstring)."""
 
@@ -244,7 +259,8 @@ class World:
         """Whether scripts' refused values are used (off: an ordinary value instead)."""
         self.lapse = True
         """Whether scripts' meddles with leases (expire, steal, resume) are played."""
-        self.kernel = Kernel(storage, scripted_registry(self), clock)
+        self.kernel = Kernel(storage, scripted_registry(self), clock,
+                             artifact_above=LARGE_ABOVE)
         self.dispatcher = Dispatcher(
             self.kernel, self.broker.deliver, advance_queue=self.broker.wake, messages=MESSAGES
         )
@@ -372,6 +388,8 @@ class World:
                     run.append(run.input["conv"], "note", {"v": value})
                 elif op == "doc":
                     run.set(DOCUMENT, "n", [task.id], value)
+                elif op in ("large_append", "large_doc"):
+                    self.large(run, op, pc, value)
                 elif op == "meddle":
                     self.meddle(run, step)
                 else:
@@ -380,6 +398,32 @@ class World:
             return run.succeed({"pc": pc})
         finally:
             self.check_held(run, "end")
+
+    def large(self, run: Run, op: str, pc: int, value: Any) -> None:
+        """Write a value above the kernel's artifact threshold (an entry payload, or a
+        field of one; a document value, and a key inside one written before), after
+        reading back what earlier phases wrote so: the reads open stand-ins, and what
+        they return must be what was written."""
+        task = run.task
+        notes = [e.payload for e in run.entries(run.input["conv"]) if e.kind == "large"]
+        document = run.document(DOCUMENT, "large")
+        wrong = [n for n in notes if n != large_value(n["tag"] if isinstance(n, dict)
+                                                      else n[0], n)]
+        wrong += [k for k, v in document.items()
+                  if isinstance(v, dict) and v.get("text") != large_text(k)]
+        if wrong:
+            self.violations.append(f"large values read back changed: {wrong[:2]}")
+        self.effects.append(("large read", task.id, pc, len(notes), sorted(document)))
+        tag = f"{task.id}-{pc}-{task.epoch}"
+        if op == "large_append":
+            payload = {"tag": tag, "text": large_text(tag), "v": value} if pc % 2 == 0 \
+                else [tag, large_text(tag)]
+            run.append(run.input["conv"], "large", payload)
+        else:
+            earlier = [k for k in sorted(document) if k.startswith(task.id)]
+            if earlier:  # reaches inside a value stored apart
+                run.set(DOCUMENT, "large", [earlier[-1], "seen"], pc)
+            run.set(DOCUMENT, "large", [tag], {"text": large_text(tag), "v": value})
 
     def meddle(self, run: Run, step: dict[str, Any]) -> None:
         """What another actor does while this phase runs, in this world."""
