@@ -19,8 +19,8 @@ from .artifacts import DEFAULT_THRESHOLD, ArtifactStore, InMemoryArtifacts
 from .clock import Clock, SystemClock
 from .commit import Builder, CommitKind, Draft, DuplicateRequest, replay
 from .documents import Open, opened
-from .large_values import opened_entry, opener, prepare
 from .errors import CommitUncertain, SessionPoisoned, UnknownRecord
+from .large_values import opened_entry, opener, prepare
 from .records import (
     LAST_POSITION,
     SUMMARY,

@@ -31,7 +31,8 @@ class Artifact:
 def artifact(session_id: str, digest: str) -> Artifact:
     """The artifact ``digest`` if a record of ``session_id`` (an entry, a document
     version) references it (who may read the session may read it; a digest the session
-    does not name is "no such artifact", whatever other sessions hold). CorruptArtifact if its bytes do not match its name."""
+    does not name is "no such artifact", whatever other sessions hold). CorruptArtifact
+    if its bytes do not match its name."""
     if not digest.startswith("sha256:") or len(digest) != 71:
         raise UnknownRecord(f"no artifact {digest[:80]} in session {session_id}")
     with connection.cursor() as cur:

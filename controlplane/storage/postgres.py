@@ -43,8 +43,8 @@ import psycopg
 from django.db import DatabaseError, InterfaceError, OperationalError, connections, transaction
 
 from controlplane.storage import fast_commits, retention
-from controlplane.storage.artifacts import referenced_artifacts
 from controlplane.storage import statements as sql
+from controlplane.storage.artifacts import referenced_artifacts
 from controlplane.storage.connection import (
     HotCursor,
     Observer,

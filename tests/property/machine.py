@@ -20,10 +20,11 @@ The tasks are of one kind whose input is a script (:func:`script`): each phase p
 from its checkpoint (:meth:`.worlds.World.play`), so one program makes each world's
 phases continue inline, end, spawn and join children (``all_settled``, ``fail_fast``),
 wait on other tasks, on signals or for a time, append entries, write documents (values
-above the artifact threshold too, read back in a later phase), commit an intent, raise, and meddle while they run: cancel or signal a task (their own too: a
-cancel racing the task's own ending), let their own lease run out and another worker
-take it, lose their database connection, take long (a queue message's worker then commits the
-endings it holds first), or wake a paused holder of a lease.
+above the artifact threshold too, read back in a later phase), commit an intent, raise,
+and meddle while they run: cancel or signal a task (their own too: a cancel racing the
+task's own ending), let their own lease run out and another worker take it, lose their
+database connection, take long (a queue message's worker then commits the endings it
+holds first), or wake a paused holder of a lease.
 
 Families of steps can be left out, to look past a disagreement already known:
 ``PROPERTY_EXCLUDE`` is a comma-separated list of ``refused`` (values Postgres refuses),
