@@ -248,7 +248,7 @@ def run_rebuilds(
 ) -> tuple[dict[int, list[float]], Stats, int]:
     from django.db import connection
 
-    from controlplane.storage import PostgresArtifacts, PostgresStorage
+    from controlplane.storage import PostgresStorage
     from kernel import Kernel, Registry
     from kernel.agent.context import messages
 
@@ -288,7 +288,7 @@ def run_pages(runs: int, lengths: tuple[int, int] = (1000, 10_000),
     from django.db import connection
     from django.test import Client
 
-    from controlplane.storage import PostgresArtifacts, PostgresStorage
+    from controlplane.storage import PostgresStorage
     from kernel import Kernel, Registry
     from kernel.agent.requests import USAGE
 
