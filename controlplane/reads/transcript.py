@@ -298,7 +298,7 @@ def usage_total(session_id: str, conversation_id: str) -> Usage | None:
     return total
 
 
-def _calls(payload: Any) -> list[dict[str, Any]]:
+def _calls(payload: Any) -> list[Any]:
     """A response's tool calls (none when they were stored apart: its link shows them)."""
     calls = payload.get("tool_calls") if isinstance(payload, dict) else None
     return [c for c in calls if isinstance(c, dict)] if isinstance(calls, list) else []

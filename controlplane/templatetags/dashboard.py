@@ -17,7 +17,6 @@ from typing import Any
 
 from django import template
 from django.urls import reverse
-from django.utils.html import format_html
 from django.utils.safestring import SafeString, mark_safe
 from markdown_it import MarkdownIt
 
@@ -57,11 +56,12 @@ def ago(then: datetime | None) -> SafeString | str:
     if not isinstance(then, datetime):
         return "—"
     absolute = then.astimezone(UTC)
-    return format_html(
-        '<time datetime="{}" title="{}" data-ago>{}</time>',
-        absolute.isoformat(), absolute.strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + " UTC",
-        ago_text(absolute),
-    )
+    # Every part is digits, letters, "-", ":", "+", "." and spaces: nothing to escape
+    # (what format_html would check, once per entry of a long transcript).
+    return mark_safe(  # noqa: S308 - built from a datetime's own fields only
+        f'<time datetime="{absolute.isoformat()}" title="'
+        f'{absolute.strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]} UTC" data-ago>'
+        f'{ago_text(absolute)}</time>')
 
 
 @register.filter
@@ -79,9 +79,56 @@ def seconds(value: float | None) -> str:
     return f"{int(value // 3600)} h {int(value % 3600 // 60)} min"
 
 
+BADGES = {
+    "approval": "waits for approval",
+    "uncertain": "uncertain: waits on an operator",
+    "interrupted": "interrupted: may or may not have run",
+    "lost": "no result recorded",
+}
+"""What a tool card's badge says of a state (the state's own name otherwise)."""
+REPLAY_TITLE = "May it run again if we do not know whether it ran?"
+
+
+@register.filter
+def tool_header(card: Any) -> SafeString:
+    """A tool card's header (``controlplane.reads.transcript.ToolCard``): its name, its
+    state's badge, its replay policy, how long it took and its task's link. One filter,
+    not a dozen tags and lookups: a transcript renders one per call, hundreds a page."""
+    state = escape(str(card.state))
+    parts = [
+        f'<header><span class="tool-name"><code>{escape(str(card.name))}</code></span>\n'
+        f'            <span class="badge tool-{state}">'
+        f'{escape(BADGES.get(card.state, str(card.state)))}</span>\n            ',
+    ]
+    if card.replay:
+        parts.append(f'<span class="meta" title="{REPLAY_TITLE}">replay '
+                     f'{escape(str(card.replay))}</span>')
+    parts.append("\n            ")
+    if card.seconds is not None:
+        parts.append(f'<span class="meta duration">{escape(seconds(card.seconds))}</span>')
+    parts.append("\n            ")
+    if card.task_id:
+        parts.append(f'<a class="meta" href="{escape(reverse("task", args=[card.task_id]))}">'
+                     "its task</a>")
+    parts.append("</header>")
+    return mark_safe("".join(parts))  # noqa: S308 - every value in it escaped
+
+
 @register.filter
 def money(value: float | None) -> str:
     return "" if value is None else f"{value:.4f}"
+
+
+@register.filter
+def usage_note(usage: Any) -> SafeString:
+    """A model response's tokens (``controlplane.reads.transcript.Usage``), and its cost
+    when priced, after its time; nothing without usage. One filter per response."""
+    if not usage:
+        return mark_safe("")
+    cost = "" if usage.cost is None else f" · {money(usage.cost)}"
+    return mark_safe(  # noqa: S308 - numbers only
+        f' · <span class="usage">{int(usage.input_tokens)} in / {int(usage.output_tokens)} '
+        f"out tokens{cost}</span>")
 
 
 # -- a task's timeline, built in Python: a long task has thousands of rows and commits,
