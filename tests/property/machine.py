@@ -60,9 +60,11 @@ from .worlds import (
     World,
     differences,
     empty_database,
+    large_text,
     memory_world,
     postgres_world,
     snapshot,
+    write_large,
 )
 
 FAMILIES = frozenset({"refused", "faults", "lose", "lapse", "trim", "invariants"})
@@ -362,6 +364,30 @@ class Differential(RuleBasedStateMachine):
             return world.kernel.open(session_id).commit(draft)
 
         self.each(label, op)
+
+    @rule(session=INDEX, shape=st.sampled_from(("field", "whole", "inside", "append")),
+          bad=BAD)
+    def large(self, session: int, shape: str, bad: str | None) -> None:
+        """A client's commit of a value above the artifact threshold (an entry payload or
+        a field of one, a document value, a key inside one stored apart before, an append
+        of one), then every large value of the session read back, stand-ins opened: what
+        each world reads is compared, and must be what was written."""
+        session_id, conversation = self.session_at(session)
+        tag = f"l{self.steps}"
+
+        def op(world: World) -> Any:
+            keys = sorted(world.kernel.document(session_id, DOCUMENT, "large"))
+            draft = Draft(actor="user:op")
+            if shape == "append":
+                draft.update_document(DOCUMENT, "large", {
+                    "op": "append", "path": ["log"], "value": large_text(tag)})
+            else:
+                write_large(draft, conversation, tag, shape, world.value(bad, tag), keys)
+            world.kernel.open(session_id).commit(draft)
+            document = world.kernel.document(session_id, DOCUMENT, "large")
+            return world.read_large(world.kernel.entries(conversation), document), document
+
+        self.each("large", op)
 
     @precondition(lambda self: bool(self.tasks()))
     @rule(task=INDEX, logged=st.booleans())

@@ -55,6 +55,7 @@ from kernel import (
 )
 from kernel.dispatch import Dispatcher
 from kernel.endings import HeldEndings
+from kernel.records import Entry
 from tests.conformance.world import Faults
 
 LEASE = 30.5
@@ -226,11 +227,34 @@ def large_text(tag: str) -> str:
     return " ".join(f"{tag}:{n}" for n in range(150))
 
 
-def large_value(tag: str, seen: Any) -> Any:
-    """What a large entry payload tagged ``tag`` was written as (``seen``'s shape)."""
-    if isinstance(seen, list):
-        return [tag, large_text(tag)]
-    return {"tag": tag, "text": large_text(tag), "v": seen.get("v")}
+def large_value(seen: Any) -> Any:
+    """What a large entry payload read as ``seen`` was written as (None: not one)."""
+    if isinstance(seen, list) and seen:
+        return [seen[0], large_text(str(seen[0]))]
+    if isinstance(seen, dict) and isinstance(seen.get("tag"), str):
+        return {"tag": seen["tag"], "text": large_text(seen["tag"]), "v": seen.get("v")}
+    return None
+
+
+def write_large(writer: Any, conversation: str, tag: str, shape: str, value: Any,
+                keys: list[str]) -> None:
+    """Write a value above the threshold through ``writer`` (a Run or a Draft: both
+    append and set): an entry payload with a large field (``field``) or a large list
+    (``whole``); a document value, after a key inside the newest one written before
+    (``inside``: it reaches inside a value stored apart)."""
+    if shape == "field":
+        writer.append(conversation, "large", {"tag": tag, "text": large_text(tag), "v": value})
+    elif shape == "whole":
+        writer.append(conversation, "large", [tag, large_text(tag)])
+    else:
+        earlier = [k for k in keys if k != "log"]
+        if earlier:
+            writer.set(DOCUMENT, "large", [earlier[-1], "seen"], tag)
+        writer.set(DOCUMENT, "large", [tag], {"text": large_text(tag), "v": value})
+
+
+def _short(values: list[Any]) -> str:
+    return repr(values[:2])[:300]
 
 
 class World:
@@ -402,28 +426,27 @@ class World:
     def large(self, run: Run, op: str, pc: int, value: Any) -> None:
         """Write a value above the kernel's artifact threshold (an entry payload, or a
         field of one; a document value, and a key inside one written before), after
-        reading back what earlier phases wrote so: the reads open stand-ins, and what
-        they return must be what was written."""
+        reading back what earlier phases wrote so (:meth:`read_large`)."""
         task = run.task
-        notes = [e.payload for e in run.entries(run.input["conv"]) if e.kind == "large"]
-        document = run.document(DOCUMENT, "large")
-        wrong = [n for n in notes if n != large_value(n["tag"] if isinstance(n, dict)
-                                                      else n[0], n)]
-        wrong += [k for k, v in document.items()
-                  if isinstance(v, dict) and v.get("text") != large_text(k)]
-        if wrong:
-            self.violations.append(f"large values read back changed: {wrong[:2]}")
-        self.effects.append(("large read", task.id, pc, len(notes), sorted(document)))
+        _, keys = self.read_large(run.entries(run.input["conv"]),
+                                  run.document(DOCUMENT, "large"))
+        self.effects.append(("large read", task.id, pc, keys))
         tag = f"{task.id}-{pc}-{task.epoch}"
-        if op == "large_append":
-            payload = {"tag": tag, "text": large_text(tag), "v": value} if pc % 2 == 0 \
-                else [tag, large_text(tag)]
-            run.append(run.input["conv"], "large", payload)
-        else:
-            earlier = [k for k in sorted(document) if k.startswith(task.id)]
-            if earlier:  # reaches inside a value stored apart
-                run.set(DOCUMENT, "large", [earlier[-1], "seen"], pc)
-            run.set(DOCUMENT, "large", [tag], {"text": large_text(tag), "v": value})
+        shape = ("field" if pc % 2 == 0 else "whole") if op == "large_append" else "inside"
+        write_large(run, run.input["conv"], tag, shape, value, keys)
+
+    def read_large(self, entries: list[Entry], document: Any) -> tuple[int, list[str]]:
+        """Check what reads return of the large values (their stand-ins opened): what was
+        written, or a violation; how many entries and which document keys there are."""
+        notes = [e.payload for e in entries if e.kind == "large"]
+        wrong = [n for n in notes if n != large_value(n)]
+        wrong += [k for k, v in document.items() if k != "log"
+                  and (not isinstance(v, dict) or v.get("text") != large_text(k))]
+        log = document.get("log", [])
+        wrong += [t for t in log if not isinstance(t, str) or t != large_text(t.split(":")[0])]
+        if wrong:
+            self.violations.append(f"large values read back changed: {_short(wrong)}")
+        return len(notes), sorted(document)
 
     def meddle(self, run: Run, step: dict[str, Any]) -> None:
         """What another actor does while this phase runs, in this world."""
