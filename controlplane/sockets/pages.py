@@ -40,16 +40,24 @@ class RenderBudget:
         self._known: dict[Hashable, tuple[float, bool]] = {}  # account: (until, paid up)
 
     async def paid_up(self, account: Hashable) -> bool:
-        now = time.monotonic()
         until, paid = self._known.get(account, (0.0, True))
-        if now < until:
+        if time.monotonic() < until:
             return paid
-        owed = await asyncio.to_thread(rates.arrears, rates.server_time(account))
+        self._learn(account, await asyncio.to_thread(rates.arrears, rates.server_time(account)))
+        return self._known[account][1]
+
+    def owes(self, account: Hashable) -> bool:
+        """Whether ``account`` was last known in arrears (no Redis call): a render that
+        waited for its turn while the account's other renders tipped it over is not made."""
+        until, paid = self._known.get(account, (0.0, True))
+        return not paid and time.monotonic() < until
+
+    def _learn(self, account: Hashable, owed: float) -> None:
+        now = time.monotonic()
         paid = owed == 0
         self._known[account] = (now + (PAID_UP_SECONDS if paid else owed), paid)
         if len(self._known) > 10_000:  # accounts gone long ago
             self._known = {a: v for a, v in self._known.items() if v[0] > now}
-        return paid
 
     def charged(self, account: Hashable, render: Callable[..., Any]) -> Callable[..., Any]:
         """``render``, charging what it takes to ``account`` (on the render's own thread:
@@ -59,13 +67,49 @@ class RenderBudget:
             try:
                 return render(*args, **kwargs)
             finally:
-                rates.charge(rates.server_time(account), time.perf_counter() - started)
-                self._known.pop(account, None)  # ask again: this may have tipped it over
+                # The charge answers what the account owes after it: it may have tipped it over.
+                owed = rates.charge(rates.server_time(account), time.perf_counter() - started)
+                if owed is not None:
+                    self._learn(account, owed)
 
         return run
 
 
 render_budget = RenderBudget()
+
+
+class SettledCommits:
+    """The newest global commit this process has read as settled (every commit up to it
+    is visible: :func:`~controlplane.reads.feed.settled_global`), for the pages over every
+    session. A page socket reads from there, not from its own position: the commits in
+    between are settled already, and so every page socket of the process, whatever its
+    position, shares one read per hint (:data:`~controlplane.sockets.sharing.shared_reads`)
+    instead of each socket at a position of its own reading for itself."""
+
+    def __init__(self) -> None:
+        self.known = 0
+
+    async def newest_after(self, after: int, limit: int) -> int | None:
+        """The newest settled commit id after ``after`` (at most ``limit`` past where the
+        read starts), or None if none is."""
+        start = max(after, self.known)
+
+        async def settled() -> Rows:
+            return await settled_global(start, limit, select="c.id", run=on_page_thread)
+
+        rows = await shared_reads.read(("global-ids", start, limit), settled)
+        if rows:
+            self.known = max(self.known, int(rows[-1][0]))
+        newest = int(rows[-1][0]) if rows else start
+        return newest if newest > after else None
+
+    def forget(self) -> None:
+        """Read from each socket's own position again (for tests that drop the database
+        the ids came from)."""
+        self.known = 0
+
+
+settled_commits = SettledCommits()
 
 
 class PageMode:
@@ -126,6 +170,8 @@ class SessionPageConsumer(PageMode, SessionFeedConsumer):
         """The parts changed after ``after``, at the session's head: a socket at the same
         cursor takes the process's render of them if it shows the head already."""
         session_id, can_act = self.session_id, self.can_act
+        if not await render_budget.paid_up(self.user.pk):
+            return []
 
         async def head() -> int | None:
             return await on_page_thread(head_seq)(session_id)  # type: ignore[no-any-return]
@@ -134,10 +180,9 @@ class SessionPageConsumer(PageMode, SessionFeedConsumer):
         if now is None or now <= after:
             return []
 
-        if not await render_budget.paid_up(self.user.pk):
-            return []
-
         async def render(_: int) -> tuple[int, str | None]:
+            if render_budget.owes(self.user.pk):
+                return after, None
             update = render_budget.charged(self.user.pk, SESSION_PAGE.update)
             found = await on_page_thread(update)(session_id, after, can_act)
             return found if found is not None else (after, None)
@@ -163,32 +208,29 @@ class GlobalPageConsumer(PageMode, GlobalFeedConsumer):
         return str(self.scope["url_route"]["kwargs"]["page"])
 
     async def read(self, after: int, limit: int) -> Rows:
-        page, can_act = GLOBAL_PAGES[self.page_name], self.can_act
+        page, can_act, account = GLOBAL_PAGES[self.page_name], self.can_act, self.user.pk
+        if not await render_budget.paid_up(account):
+            return []
         # The page's parameters as it was opened (the overview's filter): updates keep to it.
         asked = parse_qs(self.scope.get("query_string", b"").decode("latin-1"))
         params = {name: asked.get(name, [""])[-1][:200] for name in page.params}
-
-        async def settled_after(position: int) -> Rows:
-            async def settled() -> Rows:
-                return await settled_global(position, limit, select="c.id", run=on_page_thread)
-
-            return await shared_reads.read(("global-ids", position, limit), settled)  # type: ignore[no-any-return]
-
-        rows = await settled_after(after)
-        if not rows or not await render_budget.paid_up(self.user.pk):
+        newest = await settled_commits.newest_after(after, limit)
+        if newest is None:
             return []
 
-        async def render(upto: int) -> tuple[int, str]:
+        async def render(upto: int) -> tuple[int, str | None]:
             # Run once its turn came (it may have waited): made at the newest settled
             # commit by then, so the commits that passed meanwhile need no render of
-            # their own.
-            newer = await settled_after(upto)
-            upto = int(newer[-1][0]) if newer else upto
-            update = render_budget.charged(self.user.pk, page.update)
+            # their own. Not made if the account fell into arrears meanwhile (position 0:
+            # never kept for anyone's later ask).
+            if render_budget.owes(account):
+                return 0, None
+            upto = await settled_commits.newest_after(upto, limit) or upto
+            update = render_budget.charged(account, page.update)
             return upto, await on_page_thread(update)(upto, can_act, **params)
 
         # Made at the highest commit id any socket asked for (settled: every commit up to
         # it is in the render's snapshot), and good for any socket asking for no more.
         key = ("page", page.name, can_act, *params.values())
-        upto, html = await shared_renders.render(key, int(rows[-1][0]), render, self.user.pk)
-        return [(upto, html)]
+        upto, html = await shared_renders.render(key, newest, render, account)
+        return [(upto, html)] if html is not None else []

@@ -295,15 +295,18 @@ def arrears(subject: Subject | None) -> float:
     return int(owed) / 1000
 
 
-def charge(subject: Subject | None, seconds: float) -> None:
+def charge(subject: Subject | None, seconds: float) -> float | None:
     """Take ``seconds`` of server time from a :class:`Budget` subject (see
-    :func:`server_time`), or give them back when negative."""
+    :func:`server_time`), or give them back when negative: the subject's
+    :func:`arrears` after it, or None when that is not known (nothing was charged)."""
     if subject is None or not isinstance(subject.rate, Budget):
-        return
+        return 0.0
     interval = subject.rate.owed_ms(seconds)
     if interval == 0:
-        return
+        return None
     try:
-        _client().eval(_CHARGE, 1, subject.key, interval)
+        ahead = int(_client().eval(_CHARGE, 1, subject.key, interval))
     except redis.RedisError as exc:
         _unavailable(exc)
+        return 0.0
+    return max(0, ahead - subject.rate.owed_ms(subject.rate.at_once)) / 1000

@@ -15,6 +15,7 @@ from controlplane.dev.postgres import private_folder
 from controlplane.dev.processes import RunningProvider, start_provider
 from controlplane.dev.redis_server import PrivateRedis, redis_server
 from controlplane.sockets.page_threads import end_page_threads
+from controlplane.sockets.pages import settled_commits
 from controlplane.worker.runtime import runtime
 from kernel import Kernel
 from tests.langgraph_graphs import on_runtime, release
@@ -44,9 +45,11 @@ def operator() -> Client:
 def no_page_connections_left() -> Iterator[None]:
     """Page sockets served in-process read on threads of their own, each with its own
     database connection: they end with the test (the test database is dropped at the
-    end of the run, which an open connection would prevent)."""
+    end of the run, which an open connection would prevent); and no settled commit
+    is known from another test."""
     yield
     end_page_threads()
+    settled_commits.forget()
 
 
 @pytest.fixture

@@ -32,7 +32,7 @@ from controlplane.sockets import page_threads, pages
 from controlplane.sockets.page_threads import PAGE_THREADS
 from controlplane.sockets.render_turns import RENDERS_PER_ACCOUNT
 from controlplane.sockets.routes import websocket_urlpatterns
-from controlplane.sockets.sharing import SharedRenders
+from controlplane.sockets.sharing import SharedReads, SharedRenders
 from controlplane.ui import live
 from controlplane.web import rates
 from controlplane.worker.runtime import runtime
@@ -184,6 +184,7 @@ def test_an_accounts_renders_are_paid_from_its_server_time_and_wait_while_it_owe
         return original(this, seq, can_act, **params)
 
     monkeypatch.setattr(live.Tasks, "update", slow_update)
+    reads = settled_reads(monkeypatch)
     key = token("spender", "viewer")
     budget = rates.server_time(User.objects.get(username="spender").pk)
     assert budget is not None
@@ -198,9 +199,14 @@ def test_an_accounts_renders_are_paid_from_its_server_time_and_wait_while_it_owe
             assert await asyncio.to_thread(rates._client().pttl, budget.key) > 300
             await asyncio.to_thread(rates.charge, budget, 30.0)  # far past the burst
             assert await asyncio.to_thread(rates.arrears, budget) > 50
+            # The process trusts what it last learnt of the account (here: paid up, from the
+            # render's own charge) for PAID_UP_SECONDS before it asks again.
+            await asyncio.sleep(pages.PAID_UP_SECONDS)
             owed = await database_sync_to_async(commit)("two")
+            reads.clear()
             with pytest.raises(TimeoutError):
                 await shown_within(socket, owed, 2.0)  # twenty polls: no render
+            assert reads == []  # and no read of what settled either
             await asyncio.to_thread(rates.charge, budget, -60.0)  # paid off
             monkeypatch.setattr(pages, "render_budget", pages.RenderBudget())  # as if later
             assert await shown(socket, owed) == owed
@@ -215,3 +221,87 @@ def test_an_accounts_renders_are_paid_from_its_server_time_and_wait_while_it_owe
 async def shown_within(socket: WebsocketCommunicator, target: int, seconds: float) -> int:
     async with asyncio.timeout(seconds):
         return await shown(socket, target)
+
+
+def settled_reads(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The position each of the page sockets' reads of what settled starts from."""
+    reads: list[int] = []
+    original = pages.settled_global
+
+    async def counted(after_id: int, limit: int, **kwargs: Any) -> Any:
+        reads.append(after_id)
+        return await original(after_id, limit, **kwargs)
+
+    monkeypatch.setattr(pages, "settled_global", counted)
+    return reads
+
+
+
+def test_page_sockets_at_different_positions_share_one_read_of_what_settled(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Sockets whose renders came at different times stand at positions of their own; a
+    read of what settled after each one's position would be a read per socket and hint.
+    Once the process knows commit 10 settled, they all read from there, together."""
+    reads: list[int] = []
+    head = 12
+
+    async def settled_global(after_id: int, limit: int, **_: Any) -> list[tuple[int]]:
+        reads.append(after_id)
+        await asyncio.sleep(0.01)
+        return [(i,) for i in range(after_id + 1, min(head, after_id + limit) + 1)]
+
+    monkeypatch.setattr(pages, "settled_global", settled_global)
+    monkeypatch.setattr(pages, "shared_reads", SharedReads())
+    settled = pages.SettledCommits()
+
+    async def scenario() -> None:
+        nonlocal head
+        head = 10
+        assert await settled.newest_after(2, 100) == 10  # the first read: from its position
+        head = 12
+        found = await asyncio.gather(*(settled.newest_after(p, 100) for p in (3, 7, 9, 10)))
+        assert found == [12, 12, 12, 12]
+        assert reads == [2, 10]  # one read for the four, from what was known
+        assert await settled.newest_after(12, 100) is None
+        assert await settled.newest_after(30, 100) is None  # a position past it: its own
+        assert reads[-1] == 30
+
+    asyncio.run(scenario())
+
+
+def test_renders_that_waited_for_their_turn_are_not_made_once_the_account_owes(
+    settings: Any, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Five page views of one account ask for a render each; the first takes the
+    account's turn, the rest wait for theirs. By the time it ends the account is past its
+    budget: the renders that waited are not made (each would have been charged past it)."""
+    settings.USER_SERVER_SECONDS_PER_SECOND = 0.5
+    settings.USER_SERVER_SECONDS_BURST = 1.0
+    monkeypatch.setattr(pages, "render_budget", pages.RenderBudget())
+    held = HeldRenders(monkeypatch)
+    key = token("heavy", "viewer")
+    budget = rates.server_time(User.objects.get(username="heavy").pk)
+    start = commit("start")
+
+    async def scenario() -> None:
+        app = URLRouter(websocket_urlpatterns)
+        sockets = [await opened(app, key, f"q=heavy{i}", start) for i in range(5)]
+        try:
+            await database_sync_to_async(commit)("one")
+            async with asyncio.timeout(20):
+                while held.held_now < 1:
+                    await asyncio.sleep(0.05)
+            await asyncio.sleep(0.5)  # the other four have asked and wait for their turn
+            await asyncio.to_thread(rates.charge, budget, 30.0)  # the account's other work
+            held.release()
+            await asyncio.sleep(1.5)
+            assert len(held.made) == 1, held.made  # the one that had its turn
+        finally:
+            held.release()
+            for socket in sockets:
+                await socket.disconnect()
+            await database_sync_to_async(lambda: connection.close())()
+        page_threads.end_page_threads()
+
+    asyncio.run(scenario())

@@ -312,6 +312,9 @@ class Soak:
     feeds: list[FeedClient] = field(default_factory=list)
     names: Iterator[int] = field(default_factory=itertools.count)
     batch_queue: queue.Queue[Any] = field(default_factory=lambda: queue.Queue(maxsize=1))
+    # The batches a resolve starts to have sends to resolve: a starter of their own, so that
+    # they never wait behind the other batches' start-ups on a loaded machine.
+    uncertain_queue: queue.Queue[Any] = field(default_factory=lambda: queue.Queue(maxsize=1))
     cancels: list[tuple[str, str]] = field(default_factory=list)  # task, its status then
     retried: set[str] = field(default_factory=set)  # tasks an operator retried since
     concurrent: list[tuple[str, list[int]]] = field(default_factory=list)  # task, answers
@@ -397,22 +400,20 @@ class Soak:
             operation()
             time.sleep(self.random.uniform(0.05, 0.4))
 
-    def batch(
-        self, channel: str | None = None, size: int | None = None, tag: str | None = None
-    ) -> None:
+    def batch(self) -> None:
         """Queue a batch for the starter thread: one ``manage.py`` at a time (each is a
         Django start-up; a crowd of them would starve the stack on two cores)."""
         if self.batch_queue.full():
             self.report.actions["batch:skipped, one is starting"] += 1
             return
-        channel = channel or self.random.choice(["http", "http", "smtp"])
-        tag = tag or self.name("b")
-        count = size or self.random.randint(1, 4)
+        channel = self.random.choice(["http", "http", "smtp"])
+        tag = self.name("b")
+        count = self.random.randint(1, 4)
         self.batch_queue.put((channel, [f"{tag}-{i}@example.com" for i in range(count)]))
 
-    def start_batches(self) -> None:
+    def start_batches(self, starting: queue.Queue[Any]) -> None:
         while True:
-            item = self.batch_queue.get()
+            item = starting.get()
             if item is None:
                 return
             self.start_batch(*item)
@@ -567,13 +568,14 @@ class Soak:
     def resolve(self) -> None:
         code, found = self.act("find", "GET", "/api/tasks?waiting_for_resolution=true&limit=20")
         found = [t for t in found or [] if code == 200 and t["kind"] == "send-notice"]
-        if len(found) < 2 and not self.batch_queue.full():
+        if len(found) < UNCERTAIN_PER_BATCH and not self.uncertain_queue.full():
             # Too few sends wait for an operator: start an SMTP batch whose every send is
             # uncertain (the connection dropped after DATA), so the next resolves have some.
             tag = self.name("b")
             self.smtp.drop_after_data(to_prefix=f"{tag}-")
             self.report.faults["smtp drop after DATA (to be resolved)"] += 1
-            self.batch("smtp", UNCERTAIN_PER_BATCH, tag=tag)
+            self.uncertain_queue.put(
+                ("smtp", [f"{tag}-{i}@example.com" for i in range(UNCERTAIN_PER_BATCH)]))
         if not found:
             return
         task = self.random.choice(found)
@@ -1307,18 +1309,22 @@ class Soak:
         stop = threading.Event()
         faults = threading.Thread(target=self.inject, args=(stop,), daemon=True)
         watch = threading.Thread(target=self.watch_threads_worker, args=(stop,), daemon=True)
-        starter = threading.Thread(target=self.start_batches, daemon=True)
+        starters = [threading.Thread(target=self.start_batches, args=(starting,), daemon=True)
+                    for starting in (self.batch_queue, self.uncertain_queue)]
         faults.start()
         watch.start()
-        starter.start()
+        for starter in starters:
+            starter.start()
         try:
             self.drive()
         finally:
             stop.set()
             faults.join()
             watch.join()
-            self.batch_queue.put(None)
-            starter.join()
+            for starting, starter in zip((self.batch_queue, self.uncertain_queue), starters,
+                                         strict=True):
+                starting.put(None)
+                starter.join()
         self.heal()
         time.sleep(2)
         self.settle()
