@@ -18,6 +18,7 @@ from typing import Any
 from django import template
 from django.urls import reverse
 from django.utils.safestring import SafeString, mark_safe
+from django.utils.text import Truncator
 from markdown_it import MarkdownIt
 
 register = template.Library()
@@ -89,14 +90,23 @@ BADGES = {
 REPLAY_TITLE = "May it run again if we do not know whether it ran?"
 
 
+# -- a tool card's fixed parts, built in Python: a transcript renders one card per call,
+# hundreds a page, and each of these replaces a dozen tags and lookups. What they render
+# is what those tags rendered, byte for byte (tests/unit/test_transcript_filters.py);
+# every value is escaped with html.escape (quotes too), as autoescape would.
+_CARD_INDENT = "\n          "
+
+
 @register.filter
-def tool_header(card: Any) -> SafeString:
-    """A tool card's header (``controlplane.reads.transcript.ToolCard``): its name, its
-    state's badge, its replay policy, how long it took and its task's link. One filter,
-    not a dozen tags and lookups: a transcript renders one per call, hundreds a page."""
-    state = escape(str(card.state))
+def tool_opening(card: Any) -> SafeString:
+    """A tool card (``controlplane.reads.transcript.ToolCard``) up to its arguments: the
+    ``<article>`` tag, the header (name, state's badge, replay policy, how long it took,
+    its task's link) and the arguments."""
+    state, name = escape(str(card.state)), escape(str(card.name))
     parts = [
-        f'<header><span class="tool-name"><code>{escape(str(card.name))}</code></span>\n'
+        f'<article class="tool-card state-{state}" id="call-{escape(str(card.call_id))}" '
+        f'data-state="{state}" aria-label="Tool call {name}">{_CARD_INDENT}'
+        f'<header><span class="tool-name"><code>{name}</code></span>\n'
         f'            <span class="badge tool-{state}">'
         f'{escape(BADGES.get(card.state, str(card.state)))}</span>\n            ',
     ]
@@ -110,7 +120,39 @@ def tool_header(card: Any) -> SafeString:
     if card.task_id:
         parts.append(f'<a class="meta" href="{escape(reverse("task", args=[card.task_id]))}">'
                      "its task</a>")
-    parts.append("</header>")
+    parts.append(f"</header>{_CARD_INDENT}"
+                 '<details class="json" open><summary>Arguments</summary>'
+                 f'<pre tabindex="0" class="json arguments">{escape(str(card.arguments))}'
+                 "</pre></details>")
+    return mark_safe("".join(parts))  # noqa: S308 - every value in it escaped
+
+
+@register.filter
+def tool_outcome(card: Any, session_id: str) -> SafeString:
+    """What became of a tool card's call: its error, its result's artifact (a link into
+    session ``session_id``), its result, what it had done when cut off."""
+    parts = []
+    if card.error:
+        parts.append(f'<p class="error tool-error">{escape(str(card.error))}</p>')
+    parts.append(_CARD_INDENT)
+    if card.artifact:
+        digest = card.artifact.get("artifact")
+        link = reverse("artifact", kwargs={"session_id": session_id, "digest": digest})
+        parts.append(
+            f'<p class="artifact">Result stored as artifact <a class="artifact-link" '
+            f'href="{escape(link)}" download><code>{escape(Truncator(digest).chars(23))}'
+            f"</code></a> ({escape(str(card.artifact.get('bytes')))} bytes); the model got "
+            "this beginning of it:</p>")
+    parts.append(_CARD_INDENT)
+    if card.result is not None:
+        parts.append('<details class="json" open><summary>Result</summary>'
+                     f'<pre tabindex="0" class="json result">{escape(str(card.result))}'
+                     "</pre></details>")
+    parts.append(_CARD_INDENT)
+    if card.partial:
+        opened = " open" if card.state == "cancelled" else ""
+        parts.append(f'<details class="json"{opened}><summary>Partial output</summary>'
+                     f"<pre>{escape(str(card.partial))}</pre></details>")
     return mark_safe("".join(parts))  # noqa: S308 - every value in it escaped
 
 
