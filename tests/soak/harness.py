@@ -97,6 +97,7 @@ NO_ANSWER = (0, 502, 503)
 # The sends of the SMTP batch a resolve starts when too few wait for an operator: each one's
 # connection is dropped after DATA (a batch starts slowly: a Django start-up).
 UNCERTAIN_PER_BATCH = 3
+UNSURE = "unsure"  # how those batches' recipients begin
 # How long after a tool returns its result may still be on its way to a commit.
 COMMIT_GRACE = 5.0
 # What a 10-minute run (``make soak``) must have done; shorter runs report them scaled.
@@ -568,14 +569,18 @@ class Soak:
     def resolve(self) -> None:
         code, found = self.act("find", "GET", "/api/tasks?waiting_for_resolution=true&limit=20")
         found = [t for t in found or [] if code == 200 and t["kind"] == "send-notice"]
-        if len(found) < UNCERTAIN_PER_BATCH and not self.uncertain_queue.full():
+        if len(found) < UNCERTAIN_PER_BATCH:
             # Too few sends wait for an operator: start an SMTP batch whose every send is
             # uncertain (the connection dropped after DATA), so the next resolves have some.
-            tag = self.name("b")
-            self.smtp.drop_after_data(to_prefix=f"{tag}-")
-            self.report.faults["smtp drop after DATA (to be resolved)"] += 1
-            self.uncertain_queue.put(
-                ("smtp", [f"{tag}-{i}@example.com" for i in range(UNCERTAIN_PER_BATCH)]))
+            # One rule for all such batches, armed again each time (the SMTP fault armed
+            # meanwhile replaces it): a batch still starting when the next is asked for
+            # keeps its drops.
+            self.smtp.drop_after_data(to_prefix=f"{UNSURE}-{self.seed}-")
+            if not self.uncertain_queue.full():
+                tag = self.name(UNSURE)
+                self.report.faults["smtp drop after DATA (to be resolved)"] += 1
+                self.uncertain_queue.put(
+                    ("smtp", [f"{tag}-{i}@example.com" for i in range(UNCERTAIN_PER_BATCH)]))
         if not found:
             return
         task = self.random.choice(found)
