@@ -30,6 +30,13 @@ from .values import storable
 JSON = Any
 REFERENCE = "artifact"
 """The key that marks a value as a reference to an artifact (its digest)."""
+IN_PLACE_OF = "in_place_of"
+"""The key that marks a reference as a *stand-in*: a value a record holds apart, that
+every read replaces by the value (:mod:`kernel.large_values`), unlike a tool's result
+reference, which is what the model is meant to see. It says what the value is."""
+HOLDS = "holds"
+"""A stand-in's list of the digests its value references itself: the text a sweep
+searches for references must name them, or they would be swept from under it."""
 DEFAULT_THRESHOLD = 16_384
 """Bytes of JSON above which a tool's result is stored as an artifact."""
 EXCERPT = 1_000
@@ -155,19 +162,56 @@ def offload(store: ArtifactStore, value: JSON, threshold: int, what: str = "valu
     A value no storage holds is refused first, naming ``what`` (the record and its field),
     as the record would refuse it: measuring it must not fail otherwise, nor store it."""
     value = storable(value, what)
-    text = json.dumps(value, ensure_ascii=False, separators=(",", ":"), sort_keys=True)
-    data = text.encode()
+    data = encoded(value)
     if len(data) <= threshold:
         return value
-    digest = store.put(data, "application/json")
+    return _stored(store, data, data[:EXCERPT * 4].decode(errors="ignore")[:EXCERPT])
+
+
+def encoded(value: JSON) -> bytes:
+    """An artifact's bytes for a JSON value (the same value, the same bytes)."""
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"),
+                      sort_keys=True).encode()
+
+
+def _stored(store: ArtifactStore, data: bytes, excerpt: str) -> JSON:
+    return _reference(store.put(data, "application/json"), len(data), excerpt)
+
+
+def _reference(digest: str, size: int, excerpt: str) -> JSON:
     return {
         REFERENCE: digest,
-        "bytes": len(data),
+        "bytes": size,
         "media_type": "application/json",
-        "excerpt": text[:EXCERPT],
-        "note": f"the full value ({len(data):,} bytes) is stored as artifact {digest}; "
+        "excerpt": excerpt,
+        "note": f"the full value ({size:,} bytes) is stored as artifact {digest}; "
                 "this is its beginning",
     }
+
+
+def stand_in(store: ArtifactStore, value: JSON, data: bytes, what: str) -> JSON:
+    """Store ``value`` (already storable; ``data``: its :func:`encoded` bytes) as an
+    artifact, completely, and return the stand-in a record holds in its place
+    (:func:`stand_in_shape`)."""
+    return stand_in_shape(store.put(data, "application/json"), value, data, what)
+
+
+def stand_in_shape(digest: str, value: JSON, data: bytes, what: str) -> JSON:
+    """The stand-in of ``value`` stored as artifact ``digest``: a reference marked
+    :data:`IN_PLACE_OF` ``what``, naming the artifacts ``value`` references itself
+    (:data:`HOLDS`). A string's excerpt is its beginning as text."""
+    excerpt = value[:EXCERPT] if isinstance(value, str) else data[:EXCERPT * 4].decode(
+        errors="ignore")[:EXCERPT]
+    found = _reference(digest, len(data), excerpt)
+    found[IN_PLACE_OF] = what
+    inner = sorted(set(references(value)))
+    if inner:
+        found[HOLDS] = inner
+    return found
+
+
+def is_stand_in(value: JSON) -> bool:
+    return is_reference(value) and isinstance(value.get(IN_PLACE_OF), str)
 
 
 def load(store: ArtifactStore, reference: JSON) -> JSON:
@@ -183,6 +227,7 @@ def references(value: JSON) -> list[str]:
         item = stack.pop()
         if is_reference(item):
             found.append(item[REFERENCE])
+            found.extend(d for d in item.get(HOLDS) or () if isinstance(d, str))
         elif isinstance(item, dict):
             stack.extend(item.values())
         elif isinstance(item, list):

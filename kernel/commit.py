@@ -11,13 +11,23 @@ join cancels the remaining siblings, a cancel cascades to owned subtasks.
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields, replace
 from datetime import datetime
 from enum import StrEnum
 from itertools import islice
 from typing import Any
 
-from .documents import apply_ops, check_op, encoded_size, needs_baseline, replacing
+from .documents import (
+    Open,
+    apply_ops,
+    check_op,
+    encoded_size,
+    needs_baseline,
+    opened,
+    replacing,
+    weight,
+)
 from .environment import ENVIRONMENT, offered
 from .errors import (
     CommitRejected,
@@ -458,13 +468,17 @@ concatenates)."""
 
 
 class Builder:
-    """Turns one draft into a write set, inside one storage transaction."""
+    """Turns one draft into a write set, inside one storage transaction. ``opener``
+    gives what reads back a document's values stored apart, named by its record
+    (:mod:`kernel.large_values`): needed only where an op reaches inside one."""
 
-    def __init__(self, tx: CommitReads, draft: Draft, registry: Registry, now: datetime) -> None:
+    def __init__(self, tx: CommitReads, draft: Draft, registry: Registry, now: datetime,
+                 opener: Callable[[str], Open] | None = None) -> None:
         self.tx = tx
         self.draft = draft
         self.registry = registry
         self.now = now
+        self.opener = opener
         self.session_id = tx.session.id
         self.seq = tx.session.head_seq + 1
         self.tasks: dict[str, Task] = {}
@@ -726,8 +740,9 @@ class Builder:
                 )
             ops_bytes = encoded_size(ops)
             replaced = replacing(ops)
+            open_one = self._open(kind_name, key)
             if head is None:
-                value = apply_ops(kind.initial_value(), ops)
+                value = apply_ops(kind.initial_value(), ops, open_one)
                 head = DocumentHead(
                     self.draft.document_ids[(kind_name, key)], self.session_id, kind_name, key,
                     kind.version, 0, 0, 0, 0, 0,
@@ -736,17 +751,19 @@ class Builder:
             elif replaced is not None:
                 # The value is known without a read: storing it lets retention drop what
                 # came before (and an emptied document whole: kernel.retention).
-                baseline = apply_ops({}, ops[replaced:])
+                baseline = apply_ops({}, ops[replaced:], open_one)
             elif head.kind_version != kind.version or needs_baseline(
                 head.ops_bytes_since_baseline + ops_bytes, head.baseline_bytes
             ):
-                stored = self._document_value(head)
-                baseline = apply_ops(kind.upgrade(head.kind_version, stored), ops)
+                stored = replay(self.tx.document_versions(head.id, head.version), open_one)
+                if head.kind_version != kind.version and open_one is not None:
+                    stored = opened(stored, open_one)  # a migration reads the values
+                baseline = apply_ops(kind.upgrade(head.kind_version, stored), ops, open_one)
             else:
                 baseline = None
             version = head.version + 1
             if baseline is not None:
-                size = encoded_size(baseline)
+                size = weight(baseline)
                 head = replace(
                     head,
                     version=version,
@@ -779,8 +796,8 @@ class Builder:
             )
         return heads, versions
 
-    def _document_value(self, head: DocumentHead) -> JSON:
-        return replay(self.tx.document_versions(head.id, head.version))
+    def _open(self, kind: str, key: str) -> Open | None:
+        return self.opener(f"document {kind}/{key}") if self.opener is not None else None
 
     # -- submissions ----------------------------------------------------------------
 
@@ -1172,9 +1189,11 @@ class Builder:
                     self.put(replace(owner, status=Status.TERMINAL, updated_seq=self.seq))
 
 
-def replay(versions: list[DocumentVersion]) -> JSON:
-    """Rebuild a document value from its newest baseline and the ops after it."""
+def replay(versions: list[DocumentVersion], open_one: Open | None = None) -> JSON:
+    """Rebuild a document value from its newest baseline and the ops after it; the
+    stand-ins of values stored apart stay in it (:func:`kernel.large_values.opened` puts
+    them back), ``open_one`` reads one an op reaches inside."""
     if not versions or not versions[0].has_baseline:
         raise DocumentConflict("document history has no baseline to replay from")
     value = versions[0].baseline
-    return apply_ops(value, [op for v in versions[1:] for op in v.ops])
+    return apply_ops(value, [op for v in versions[1:] for op in v.ops], open_one)

@@ -16,6 +16,10 @@ the document. Paths are lists of object keys.
 - ``{"op": "incr", "path": [...], "value": n}``: adds ``n`` to the number there (missing
   or not a number counts as 0). Counters need no read, so concurrent commits never
   conflict over them.
+
+A large op value is stored apart and the document holds its stand-in
+(:mod:`kernel.large_values`): applying ops carries stand-ins as they are, and reads one
+back (``open_one``) only where an op reaches inside it.
 """
 
 from __future__ import annotations
@@ -26,11 +30,14 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from .artifacts import MissingArtifact, is_stand_in
 from .errors import CommitRejected, NotRegistered
 from .values import storable
 
 JSON = Any
 Migrate = Callable[[int, JSON], JSON]
+Open = Callable[[JSON], JSON]
+"""Puts back the value a stand-in stands for (its artifact read, its hash checked)."""
 
 OPS = ("set", "remove", "append", "incr")
 MIN_BASELINE_BYTES = 4096
@@ -39,6 +46,22 @@ MIN_BASELINE_BYTES = 4096
 def encoded_size(value: JSON) -> int:
     """Bytes of ``value`` as stored (compact JSON)."""
     return len(json.dumps(value, separators=(",", ":"), sort_keys=True).encode())
+
+
+def weight(value: JSON) -> int:
+    """Bytes of ``value`` with each stand-in in it counted as the value it stands for:
+    what a replay from it may cost, that decides when the next baseline is due."""
+    total = encoded_size(value)
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if is_stand_in(item):
+            total += int(item.get("bytes") or 0)
+        elif isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return total
 
 
 def check_op(op: JSON, what: str = "document op") -> JSON:
@@ -60,25 +83,39 @@ def check_op(op: JSON, what: str = "document op") -> JSON:
     return storable(op, what)
 
 
-def apply_ops(value: JSON, ops: Iterable[JSON]) -> JSON:
-    """Return ``value`` with ``ops`` applied; ``value`` itself is left untouched."""
+def apply_ops(
+    value: JSON, ops: Iterable[JSON], open_one: Open | None = None
+) -> JSON:
+    """Return ``value`` with ``ops`` applied; ``value`` itself is left untouched.
+    ``open_one`` reads back a stand-in an op reaches inside (none without it)."""
     result = copy.deepcopy(value)
     for op in ops:
-        result = _apply(result, op)
+        result = _apply(result, op, open_one)
     return result
 
 
-def _apply(value: JSON, op: JSON) -> JSON:
+def _opened(value: JSON, open_one: Open | None) -> JSON:
+    if not is_stand_in(value):
+        return value
+    if open_one is None:
+        raise MissingArtifact(
+            f"an op reaches inside {value.get('in_place_of')}, stored apart as artifact "
+            f"{value['artifact']}: reading it needs the kernel's artifact store")
+    return open_one(value)
+
+
+def _apply(value: JSON, op: JSON, open_one: Open | None = None) -> JSON:
     path: list[str] = op["path"]
     if not path:
         return copy.deepcopy(op["value"])
+    value = _opened(value, open_one)
     root = value if isinstance(value, dict) else {}
     node = root
     for key in path[:-1]:
-        child = node.get(key)
+        child = _opened(node.get(key), open_one)
         if not isinstance(child, dict):
             child = {}
-            node[key] = child
+        node[key] = child
         node = child
     last = path[-1]
     if op["op"] == "set":
@@ -86,13 +123,13 @@ def _apply(value: JSON, op: JSON) -> JSON:
     elif op["op"] == "remove":
         node.pop(last, None)
     elif op["op"] == "incr":
-        current = node.get(last)
+        current = _opened(node.get(last), open_one)
         number = (
             current if isinstance(current, int | float) and not isinstance(current, bool) else 0
         )
         node[last] = number + op["value"]
     else:
-        current = node.get(last)
+        current = _opened(node.get(last), open_one)
         node[last] = (
             [*current, copy.deepcopy(op["value"])]
             if isinstance(current, list)
@@ -144,3 +181,26 @@ class DocumentKind:
                 f"document kind {self.name!r}: no migration from version {stored_version}"
             )
         return self.migrate(stored_version, copy.deepcopy(value))
+
+
+def opened(value: JSON, open_one: Open) -> JSON:
+    """``value`` with every stand-in inside it (a document's value) put back; the
+    containers holding one are changed in place (a replay's value is its own copy)."""
+    if is_stand_in(value):
+        return open_one(value)
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            for key, child in item.items():
+                if is_stand_in(child):
+                    item[key] = open_one(child)
+                elif isinstance(child, dict | list):
+                    stack.append(child)
+        elif isinstance(item, list):
+            for index, child in enumerate(item):
+                if is_stand_in(child):
+                    item[index] = open_one(child)
+                elif isinstance(child, dict | list):
+                    stack.append(child)
+    return value

@@ -16,6 +16,7 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import replace
 from datetime import datetime, timedelta
 
+from .artifacts import references
 from .errors import CommitUncertain, UnknownRecord
 from .records import (
     LAST_POSITION,
@@ -300,6 +301,16 @@ class InMemoryStorage:
     def entry(self, entry_id: str) -> Entry | None:
         with self._lock:
             return self._entries.get(entry_id)
+
+    def referenced_artifacts(self, digests: Iterable[str]) -> set[str]:
+        wanted = set(digests)
+        found: set[str] = set()
+        with self._lock:
+            values = [e.payload for e in self._entries.values()]
+            values += [[v.ops, v.baseline] for vs in self._versions.values() for v in vs]
+        for value in values:
+            found.update(d for d in references(value) if d in wanted)
+        return found
 
     def document_head(self, session_id: str, kind: str, key: str) -> DocumentHead | None:
         with self._lock:

@@ -15,10 +15,12 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
-from .artifacts import ArtifactStore, InMemoryArtifacts
+from .artifacts import DEFAULT_THRESHOLD, ArtifactStore, InMemoryArtifacts
 from .clock import Clock, SystemClock
 from .commit import Builder, CommitKind, Draft, DuplicateRequest, replay
+from .documents import Open, opened
 from .errors import CommitUncertain, SessionPoisoned, UnknownRecord
+from .large_values import opened_entry, opener, prepare
 from .records import (
     LAST_POSITION,
     SUMMARY,
@@ -26,6 +28,7 @@ from .records import (
     Conversation,
     Dispatch,
     DocumentHead,
+    DocumentVersion,
     Entry,
     Position,
     Preview,
@@ -65,10 +68,26 @@ class Kernel:
     ones in the commit itself (:meth:`~kernel.dispatch.Dispatcher.attach`)."""
     artifacts: ArtifactStore | None = None
     """Where large values are stored (:mod:`kernel.artifacts`); in memory if not given."""
+    artifact_above: int | None = DEFAULT_THRESHOLD
+    """Entry payloads and document op values whose JSON passes this many bytes are
+    stored as artifacts, the records holding stand-ins that reads put back
+    (:mod:`kernel.large_values`); None keeps every value in its record."""
 
     def __post_init__(self) -> None:
         if self.artifacts is None:
             self.artifacts = InMemoryArtifacts(self.clock.now)
+
+    @property
+    def store(self) -> ArtifactStore:
+        assert self.artifacts is not None  # set by __post_init__
+        return self.artifacts
+
+    def opener(self, record: str) -> Open:
+        """Reads back the values ``record`` (named in a refusal) holds apart."""
+        return opener(self.store, record)
+
+    def _entries(self, entries: list[Entry]) -> list[Entry]:
+        return [opened_entry(e, self.store) for e in entries]
 
     def create_session(self, session_id: str | None = None, metadata: JSON = None) -> SessionHandle:
         record = SessionRecord(session_id or new_id("sess"), 0, self.clock.now(), metadata or {})
@@ -129,7 +148,12 @@ class Kernel:
         if not versions or not versions[0].has_baseline:
             # Retention removed the versions before the newest baseline (kernel.retention).
             raise UnknownRecord(f"document {kind}/{key}: version {version} was pruned")
-        return replay(versions)
+        return self._replayed(versions, kind, key)
+
+    def _replayed(self, versions: list[DocumentVersion], kind: str, key: str) -> JSON:
+        """A document's value from its versions, every value stored apart put back."""
+        open_one = self.opener(f"document {kind}/{key}")
+        return opened(replay(versions, open_one), open_one)
 
     def versioned_document(self, session_id: str, kind: str, key: str) -> tuple[JSON, int]:
         """The value of a document now and the version it is at, from one read of its
@@ -140,7 +164,8 @@ class Kernel:
         if found is None:
             return document_kind.initial_value(), 0
         head, versions = found
-        return document_kind.upgrade(head.kind_version, replay(versions)), head.version
+        value = self._replayed(versions, kind, key)
+        return document_kind.upgrade(head.kind_version, value), head.version
 
     def newest_document(self, session_id: str, kind: str, prefix: str) -> tuple[str, JSON] | None:
         """The key and value now of the session's document of ``kind`` with the greatest
@@ -150,7 +175,8 @@ class Kernel:
         if found is None:
             return None
         head, versions = found
-        value = self.registry.document_kind(kind).upgrade(head.kind_version, replay(versions))
+        value = self.registry.document_kind(kind).upgrade(
+            head.kind_version, self._replayed(versions, kind, head.key))
         return head.key, value
 
     def document_version(self, session_id: str, kind: str, key: str) -> int:
@@ -162,7 +188,7 @@ class Kernel:
         conversation = self.storage.conversation(conversation_id)
         if conversation is None:
             raise UnknownRecord(f"no conversation {conversation_id}")
-        own = self.storage.conversation_entries(conversation_id)
+        own = self._entries(self.storage.conversation_entries(conversation_id))
         if conversation.fork_of is None:
             return own
         inherited = self.entries(conversation.fork_of)
@@ -186,7 +212,7 @@ class Kernel:
     def _context(
         self, conversation: Conversation, upto: Position, after: Position | None
     ) -> list[Entry]:
-        own = self.storage.context_entries(conversation.id, upto, after)
+        own = self._entries(self.storage.context_entries(conversation.id, upto, after))
         if conversation.fork_of is None:
             return own
         summary = own[0] if own and own[0].kind == SUMMARY else None
@@ -254,13 +280,17 @@ class SessionHandle:
         built from."""
         if self.poisoned:
             raise SessionPoisoned(f"session handle {self.id} is poisoned; reopen it")
+        # Large values stored apart, whole, before any kind of commit is built: no record
+        # can name an artifact that is not stored completely.
+        draft = prepare(draft, self.kernel.store, self.kernel.artifact_above)
         now = self.kernel.clock.now()
         registry = self.kernel.registry
+        opens = self.kernel.opener
 
         outbox = self.kernel.outbox
 
         def build(tx: CommitReads) -> WriteSet:
-            built = Builder(tx, draft, registry, now).build()
+            built = Builder(tx, draft, registry, now, opens).build()
             if outbox is None or not built.dispatches:
                 return built
             return replace(built, dispatches=outbox(built.dispatches, now))

@@ -248,6 +248,12 @@ class Storage(Protocol):
 
     def entry(self, entry_id: str) -> Entry | None: ...
 
+    def referenced_artifacts(self, digests: Iterable[str]) -> set[str]:
+        """Which of ``digests`` (:mod:`kernel.artifacts`) some stored record references:
+        an entry's payload, a document version's ops or baseline (a stand-in's
+        ``holds`` too). What a sweep keeps (:meth:`~kernel.artifacts.ArtifactStore.sweep`)."""
+        ...
+
     def document_head(self, session_id: str, kind: str, key: str) -> DocumentHead | None: ...
 
     def document_versions(self, document_id: str, upto: int) -> list[DocumentVersion]:

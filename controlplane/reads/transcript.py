@@ -29,7 +29,7 @@ from controlplane.reads import approvals, sessions, tasks
 from kernel.agent.compaction import COMPACTION
 from kernel.agent.context import INTERRUPTION, RESPONSE, TOOL_RESULT, USER
 from kernel.agent.requests import USAGE, conversation_key
-from kernel.artifacts import is_reference
+from kernel.artifacts import is_reference, is_stand_in
 from kernel.commit import replay as replay_document
 from kernel.records import SUBMISSION_ID, SUMMARY, TASK_ID, Entry, Status, Submission, id_kind
 
@@ -113,6 +113,9 @@ class Item:
     model: str | None = None
     raw: str = ""
     """Formatted JSON of an entry of another kind."""
+    apart: list[dict[str, Any]] = field(default_factory=list)
+    """The stand-ins of its payload's values stored apart as artifacts (the whole
+    payload's, or its fields'): the page links each, and shows their beginnings."""
     target: str | None = None
     """An operation's target: a task, or a submission (what ``resubmit`` acts on)."""
 
@@ -295,6 +298,25 @@ def usage_total(session_id: str, conversation_id: str) -> Usage | None:
     return total
 
 
+def _calls(payload: Any) -> list[Any]:
+    """A response's tool calls (none when they were stored apart: its link shows them)."""
+    calls = payload.get("tool_calls") if isinstance(payload, dict) else None
+    return [c for c in calls if isinstance(c, dict)] if isinstance(calls, list) else []
+
+
+def _apart(payload: Any) -> tuple[Any, list[dict[str, Any]]]:
+    """``payload`` as shown, each field stored apart (kernel.large_values) shown by its
+    beginning, and the stand-ins of what was stored apart."""
+    if not isinstance(payload, dict) or not payload:
+        return payload, []
+    if is_stand_in(payload):
+        return payload, [payload]
+    apart = [v for v in payload.values() if is_stand_in(v)]
+    if not apart:
+        return payload, []
+    return {k: v["excerpt"] if is_stand_in(v) else v for k, v in payload.items()}, apart
+
+
 def conversation(session_id: str, conversation_id: str, operations: bool,
                  fork_of: str | None, tail: int, counted: int) -> Conversation:
     """A conversation's last ``tail`` entries as items, how many it has (up to
@@ -303,8 +325,8 @@ def conversation(session_id: str, conversation_id: str, operations: bool,
     shown = found.entries
     # A tool's result comes after its call: a shown call's result is shown too.
     results = {e.payload.get("call_id"): e.payload for e in shown if e.kind == TOOL_RESULT}
-    asking = [e for e in shown if e.kind == RESPONSE and e.payload.get("tool_calls")]
-    calls = {str(c.get("id")) for e in asking for c in e.payload["tool_calls"]}
+    asking = [e for e in shown if e.kind == RESPONSE and _calls(e.payload)]
+    calls = {str(c.get("id")) for e in asking for c in _calls(e.payload)}
     tool_tasks = _tool_tasks(session_id, calls, min(e.seq for e in asking)) if asking else {}
     waiting = set()
     if tool_tasks:
@@ -324,7 +346,12 @@ def conversation(session_id: str, conversation_id: str, operations: bool,
     total = usage_total(session_id, conversation_id) if not operations else None
     items = []
     for entry in shown:
-        payload = entry.payload if isinstance(entry.payload, dict) else {}
+        payload, apart = _apart(entry.payload)
+        if apart and apart[0] is entry.payload:  # stored apart whole: its beginning
+            if entry.kind != TOOL_RESULT:
+                items.append(Item(entry, "other", raw=str(payload["excerpt"]), apart=apart))
+            continue
+        payload = payload if isinstance(payload, dict) else {}
         if operations:
             target = payload.get("target")
             items.append(Item(entry, "operation", raw=pretty(payload),
@@ -337,7 +364,7 @@ def conversation(session_id: str, conversation_id: str, operations: bool,
                 entry, "model", text=str(payload.get("text") or ""), model=model,
                 usage=usage_of(payload.get("usage"), model),
                 tools=[_card(c, results.get(c.get("id")), tool_tasks.get(c.get("id")), times,
-                             waiting) for c in payload.get("tool_calls") or []],
+                             waiting) for c in _calls(entry.payload)],
             ))
         elif entry.kind == INTERRUPTION:
             items.append(Item(entry, "interruption", text=str(payload.get("reason", ""))))
@@ -348,6 +375,7 @@ def conversation(session_id: str, conversation_id: str, operations: bool,
             continue  # shown on its call's card
         else:
             items.append(Item(entry, "other", raw=pretty(entry.payload)))
+        items[-1].apart = apart
     return Conversation(conversation_id, operations, fork_of, items, total, len(shown),
                         found.total, found.more,
                         shown[-1].id if shown else None)

@@ -2,9 +2,11 @@
 ``bytea`` column (TOASTed, compressed), written by one ``INSERT``, so an artifact is
 stored completely or not at all; the hash is checked on every read.
 
-A sweep removes artifacts older than the grace period that no entry references. Finding
-references reads the entries' payloads as text (no index holds them): a maintenance
-job's cost, proportional to the entries, run rarely and in batches.
+A sweep removes artifacts older than the grace period that no record references: no
+entry's payload, no document version's ops or baseline (the values kept apart,
+:mod:`kernel.large_values`, and what their stand-ins hold). Finding references reads
+those columns as text (no index holds them): a maintenance job's cost, proportional to
+the entries and document versions, run rarely and in batches.
 """
 
 from __future__ import annotations
@@ -31,7 +33,9 @@ ARTIFACTS_OLDER = (
 )
 ARTIFACTS_REFERENCED = (
     "SELECT d FROM unnest(%s::text[]) AS d WHERE EXISTS "
-    "(SELECT 1 FROM kernel_entry e WHERE strpos(e.payload::text, d) > 0)"
+    "(SELECT 1 FROM kernel_entry e WHERE strpos(e.payload::text, d) > 0) OR EXISTS "
+    "(SELECT 1 FROM kernel_document_version v WHERE strpos(v.ops::text, d) > 0 "
+    "OR strpos(coalesce(v.baseline::text, ''), d) > 0)"
 )
 ARTIFACTS_DELETE = "DELETE FROM kernel_artifact WHERE digest = ANY(%s) AND created_at < %s"
 SWEEP_BATCH = 500
@@ -80,13 +84,13 @@ class PostgresArtifacts:
         return removed
 
     def referenced(self, digests: Iterable[str]) -> set[str]:
-        """Which of ``digests`` some entry's payload names."""
+        """Which of ``digests`` some record names (:func:`referenced_artifacts`)."""
         return referenced_artifacts(digests, self.using)
 
 
 def referenced_artifacts(digests: Iterable[str], using: str = "default") -> set[str]:
-    """Which of ``digests`` some entry's payload names (the records are in Postgres
-    whichever store holds the artifacts' bytes)."""
+    """Which of ``digests`` some entry's payload or document version names (the records
+    are in Postgres whichever store holds the artifacts' bytes)."""
     with connections[using].cursor() as cur:
         cur.execute(ARTIFACTS_REFERENCED, [list(digests)])
         return {row[0] for row in cur.fetchall()}

@@ -45,6 +45,7 @@ from django.db import DatabaseError, InterfaceError, OperationalError, connectio
 
 from controlplane.storage import fast_commits, retention
 from controlplane.storage import statements as sql
+from controlplane.storage.artifacts import referenced_artifacts
 from controlplane.storage.connection import (
     HotCursor,
     Observer,
@@ -350,6 +351,9 @@ class PostgresStorage:
     def conversation(self, conversation_id: str) -> Conversation | None:
         row = self._one(sql.CONVERSATION_BY_ID, [conversation_id])
         return CONVERSATION.from_sql(row) if row else None
+
+    def referenced_artifacts(self, digests: Iterable[str]) -> set[str]:
+        return referenced_artifacts(digests, self.using)
 
     def conversation_entries(self, conversation_id: str) -> list[Entry]:
         return [ENTRY.from_sql(r) for r in self._all(sql.CONVERSATION_ENTRIES, [conversation_id])]

@@ -17,8 +17,8 @@ from typing import Any
 
 from django import template
 from django.urls import reverse
-from django.utils.html import format_html
 from django.utils.safestring import SafeString, mark_safe
+from django.utils.text import Truncator
 from markdown_it import MarkdownIt
 
 register = template.Library()
@@ -57,11 +57,12 @@ def ago(then: datetime | None) -> SafeString | str:
     if not isinstance(then, datetime):
         return "—"
     absolute = then.astimezone(UTC)
-    return format_html(
-        '<time datetime="{}" title="{}" data-ago>{}</time>',
-        absolute.isoformat(), absolute.strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + " UTC",
-        ago_text(absolute),
-    )
+    # Every part is digits, letters, "-", ":", "+", "." and spaces: nothing to escape
+    # (what format_html would check, once per entry of a long transcript).
+    return mark_safe(  # noqa: S308 - built from a datetime's own fields only
+        f'<time datetime="{absolute.isoformat()}" title="'
+        f'{absolute.strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]} UTC" data-ago>'
+        f'{ago_text(absolute)}</time>')
 
 
 @register.filter
@@ -79,9 +80,97 @@ def seconds(value: float | None) -> str:
     return f"{int(value // 3600)} h {int(value % 3600 // 60)} min"
 
 
+BADGES = {
+    "approval": "waits for approval",
+    "uncertain": "uncertain: waits on an operator",
+    "interrupted": "interrupted: may or may not have run",
+    "lost": "no result recorded",
+}
+"""What a tool card's badge says of a state (the state's own name otherwise)."""
+REPLAY_TITLE = "May it run again if we do not know whether it ran?"
+
+
+# -- a tool card's fixed parts, built in Python: a transcript renders one card per call,
+# hundreds a page, and each of these replaces a dozen tags and lookups. What they render
+# is what those tags rendered, byte for byte (tests/unit/test_transcript_filters.py);
+# every value is escaped with html.escape (quotes too), as autoescape would.
+_CARD_INDENT = "\n          "
+
+
+@register.filter
+def tool_opening(card: Any) -> SafeString:
+    """A tool card (``controlplane.reads.transcript.ToolCard``) up to its arguments: the
+    ``<article>`` tag, the header (name, state's badge, replay policy, how long it took,
+    its task's link) and the arguments."""
+    state, name = escape(str(card.state)), escape(str(card.name))
+    parts = [
+        f'<article class="tool-card state-{state}" id="call-{escape(str(card.call_id))}" '
+        f'data-state="{state}" aria-label="Tool call {name}">{_CARD_INDENT}'
+        f'<header><span class="tool-name"><code>{name}</code></span>\n'
+        f'            <span class="badge tool-{state}">'
+        f'{escape(BADGES.get(card.state, str(card.state)))}</span>\n            ',
+    ]
+    if card.replay:
+        parts.append(f'<span class="meta" title="{REPLAY_TITLE}">replay '
+                     f'{escape(str(card.replay))}</span>')
+    parts.append("\n            ")
+    if card.seconds is not None:
+        parts.append(f'<span class="meta duration">{escape(seconds(card.seconds))}</span>')
+    parts.append("\n            ")
+    if card.task_id:
+        parts.append(f'<a class="meta" href="{escape(reverse("task", args=[card.task_id]))}">'
+                     "its task</a>")
+    parts.append(f"</header>{_CARD_INDENT}"
+                 '<details class="json" open><summary>Arguments</summary>'
+                 f'<pre tabindex="0" class="json arguments">{escape(str(card.arguments))}'
+                 "</pre></details>")
+    return mark_safe("".join(parts))  # noqa: S308 - every value in it escaped
+
+
+@register.filter
+def tool_outcome(card: Any, session_id: str) -> SafeString:
+    """What became of a tool card's call: its error, its result's artifact (a link into
+    session ``session_id``), its result, what it had done when cut off."""
+    parts = []
+    if card.error:
+        parts.append(f'<p class="error tool-error">{escape(str(card.error))}</p>')
+    parts.append(_CARD_INDENT)
+    if card.artifact:
+        digest = card.artifact.get("artifact")
+        link = reverse("artifact", kwargs={"session_id": session_id, "digest": digest})
+        parts.append(
+            f'<p class="artifact">Result stored as artifact <a class="artifact-link" '
+            f'href="{escape(link)}" download><code>{escape(Truncator(digest).chars(23))}'
+            f"</code></a> ({escape(str(card.artifact.get('bytes')))} bytes); the model got "
+            "this beginning of it:</p>")
+    parts.append(_CARD_INDENT)
+    if card.result is not None:
+        parts.append('<details class="json" open><summary>Result</summary>'
+                     f'<pre tabindex="0" class="json result">{escape(str(card.result))}'
+                     "</pre></details>")
+    parts.append(_CARD_INDENT)
+    if card.partial:
+        opened = " open" if card.state == "cancelled" else ""
+        parts.append(f'<details class="json"{opened}><summary>Partial output</summary>'
+                     f"<pre>{escape(str(card.partial))}</pre></details>")
+    return mark_safe("".join(parts))  # noqa: S308 - every value in it escaped
+
+
 @register.filter
 def money(value: float | None) -> str:
     return "" if value is None else f"{value:.4f}"
+
+
+@register.filter
+def usage_note(usage: Any) -> SafeString:
+    """A model response's tokens (``controlplane.reads.transcript.Usage``), and its cost
+    when priced, after its time; nothing without usage. One filter per response."""
+    if not usage:
+        return mark_safe("")
+    cost = "" if usage.cost is None else f" · {money(usage.cost)}"
+    return mark_safe(  # noqa: S308 - numbers only
+        f' · <span class="usage">{int(usage.input_tokens)} in / {int(usage.output_tokens)} '
+        f"out tokens{cost}</span>")
 
 
 # -- a task's timeline, built in Python: a long task has thousands of rows and commits,

@@ -1,9 +1,11 @@
 """Retention keeps what recovery needs, checked at random on both storages:
 sessions with summaries, forks (after a summary, before it, with summaries of their
-own), large results stored as artifacts and live tasks are pruned by a random policy
-at a random time; then every kept conversation's context is what it was, every
-reference a kept entry holds reads back (hash checked) after a sweep, a session with a
-live task is never pruned, and a pruned one reads as empty, never as half a history."""
+own), large results stored as artifacts, large entry payloads and document values the
+kernel stores apart, and live tasks are pruned by a random policy at a random time; then
+after a sweep that keeps what the storage says its records reference, every kept
+conversation's context and document is what it was, every reference a kept entry holds
+reads back (hash checked), a session with a live task is never pruned, and a pruned one
+reads as empty, never as half a history."""
 
 from __future__ import annotations
 
@@ -21,12 +23,17 @@ from kernel.retention import RetentionPolicy
 from .definitions import Effects, make_registry
 from .world import World
 
+APART = 2_048
+"""The kernel's threshold here: what passes it is stored apart (kernel.large_values)."""
+
 session_plan = st.fixed_dictionaries({
     "entries": st.integers(min_value=1, max_value=8),
     "summaries": st.lists(st.integers(min_value=0, max_value=7), max_size=3),
     "fork_at": st.none() | st.integers(min_value=0, max_value=7),
     "fork_summary": st.booleans(),
     "large": st.lists(st.integers(min_value=0, max_value=7), max_size=2),
+    "apart": st.lists(st.integers(min_value=0, max_value=7), max_size=2),
+    "document": st.booleans(),
     "live": st.booleans(),
     "age_days": st.floats(min_value=0, max_value=10),
 })
@@ -58,6 +65,8 @@ def build(kernel: Kernel, clock: ManualClock, plan: dict[str, Any], index: int) 
         if number in plan["large"]:
             value["result"] = offload(store, {"rows": [f"{index}-{number}-{n}" for n in
                                                        range(300)]}, 1_024)
+        if number in plan["apart"]:  # above the kernel's threshold: stored apart
+            value["long"] = " ".join(f"{index}-{number}-{n}" for n in range(500))
         draft.append(conversation, "user", value)
         entries += handle.commit(draft).entries
         if number in plan["summaries"]:
@@ -72,6 +81,10 @@ def build(kernel: Kernel, clock: ManualClock, plan: dict[str, Any], index: int) 
         if plan["fork_summary"]:
             summarize(handle, fork, entries[0], own[0])
         conversations.append(fork)
+    if plan["document"]:
+        draft = Draft()
+        draft.set("plan", "p", ["rows"], [f"{index}-{n}" for n in range(500)])
+        handle.commit(draft)
     if plan["live"]:
         draft = Draft()
         draft.create_task("step", {"name": f"live-{index}"})
@@ -90,7 +103,7 @@ def test_pruning_at_random_keeps_every_kept_context_and_reference(
 ) -> None:
     clock = ManualClock()
     kernel = Kernel(world.storage, make_registry(Effects()), clock,
-                    artifacts=InMemoryArtifacts(clock.now))
+                    artifacts=InMemoryArtifacts(clock.now), artifact_above=APART)
     store = kernel.artifacts
     assert store is not None
     built: dict[str, list[str]] = {}
@@ -100,6 +113,7 @@ def test_pruning_at_random_keeps_every_kept_context_and_reference(
         built[session_id] = conversations
         clock.advance(timedelta(days=plan["age_days"]))
     before = {c: kernel.context(c) for cs in built.values() for c in cs}
+    documents = {s: kernel.document(s, "plan", "p") for s in built}
     clock.advance(timedelta(days=later))
     report = kernel.storage.prune(RetentionPolicy(days=days), clock.now())
     event("some sessions pruned" if report.sessions else "nothing pruned")
@@ -119,10 +133,12 @@ def test_pruning_at_random_keeps_every_kept_context_and_reference(
                 for entry in kernel.entries(conversation):
                     kept_references.update(references(entry.payload))
 
-    def referenced(digests: Any) -> set[str]:
-        return {d for d in digests if d in kept_references}
-
     clock.advance(GRACE * 2)
-    store.sweep(referenced, clock.now())
+    store.sweep(kernel.storage.referenced_artifacts, clock.now())
     for digest in kept_references:
         assert load(store, {"artifact": digest})  # present, its hash checked
+    for session_id, conversations in built.items():
+        if kernel.storage.session(session_id).pruned_seq == 0:  # read whole, hash checked
+            assert [kernel.context(c) for c in conversations] == [
+                before[c] for c in conversations]
+            assert kernel.document(session_id, "plan", "p") == documents[session_id]

@@ -7,6 +7,7 @@ from __future__ import annotations
 from controlplane.storage.artifacts import PostgresArtifacts
 from controlplane.worker.runtime import runtime
 from kernel import Draft, agent
+from kernel.agent.turn import PROGRESS
 from kernel.artifacts import offload
 
 EVIL = "<script>window.__pwned = 1</script>"
@@ -74,3 +75,27 @@ def session_with_a_large_result() -> tuple[str, str, dict]:
                                                "result": reference})
     handle.commit(draft)
     return handle.id, conversation, reference
+
+
+LONG_TEXT = " ".join(f"word{n} <i>{EVIL}</i>" for n in range(1_000))
+"""A user message above the kernel's artifact threshold: its text is stored apart."""
+
+
+def session_with_large_entries() -> tuple[str, str, list[str]]:
+    """A conversation whose user message and model response are longer than the kernel's
+    artifact threshold (kernel.large_values stores their text apart), and a progress
+    document's value as long; the session, the conversation and its two entries."""
+    kernel = runtime().kernel
+    assert kernel.artifact_above is not None and len(LONG_TEXT) > kernel.artifact_above
+    handle = kernel.create_session(metadata={"title": "long"})
+    draft = Draft(actor="user:test")
+    conversation = draft.create_conversation()
+    handle.commit(draft)
+    draft = Draft(actor="task:turn_x")
+    user = draft.append(conversation, "user", {"text": LONG_TEXT})
+    answer = draft.append(conversation, "model_response", {
+        "text": "**Read.** " + LONG_TEXT, "tool_calls": [], "turn": "turn_x", "attempt": 1,
+        "usage": {"input_tokens": 40, "output_tokens": 20}})
+    draft.set(PROGRESS, "task_none", ["text"], LONG_TEXT[::-1])
+    handle.commit(draft)
+    return handle.id, conversation, [user, answer]

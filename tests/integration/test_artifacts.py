@@ -14,10 +14,18 @@ from django.test import Client
 
 from controlplane.storage.artifacts import PostgresArtifacts
 from controlplane.worker.runtime import runtime
-from kernel.artifacts import REFERENCE, CorruptArtifact, MissingArtifact, load, offload
+from kernel.artifacts import (
+    REFERENCE,
+    CorruptArtifact,
+    MissingArtifact,
+    digest_of,
+    encoded,
+    load,
+    offload,
+)
 
 from .clients import client_as
-from .sessions import REPORT, session_with_a_large_result
+from .sessions import LONG_TEXT, REPORT, session_with_a_large_result, session_with_large_entries
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -96,3 +104,33 @@ def test_the_dashboard_shows_and_downloads_an_artifact_for_readers_only() -> Non
                     [b"{}", digest])
     refused = viewer.get(url)
     assert refused.status_code == 500 and b"is corrupt" in refused.content
+
+
+def test_the_dashboard_links_an_entry_stored_apart_and_downloads_it() -> None:
+    session_id, conversation, (user, answer) = session_with_large_entries()
+    text = digest_of(encoded(LONG_TEXT))
+    said = digest_of(encoded("**Read.** " + LONG_TEXT))
+    progress = digest_of(encoded(LONG_TEXT[::-1]))
+    viewer = client_as("vic", "viewer")
+    page = viewer.get(f"/sessions/{session_id}/").content.decode()
+    for digest in (text, said):
+        assert f'href="/sessions/{session_id}/artifacts/{digest}"' in page
+    assert f"entry {user} (user) payload field &#x27;text&#x27;" in page
+    assert "word0 &lt;i&gt;&lt;script&gt;" in page  # its beginning, escaped
+    assert "word999" not in page  # not the whole text
+    for digest, value in ((text, LONG_TEXT), (progress, LONG_TEXT[::-1])):
+        answer_ = viewer.get(f"/sessions/{session_id}/artifacts/{digest}")
+        assert answer_.status_code == 200  # a document version's reference counts too
+        assert json.loads(b"".join(answer_)) == value
+    kernel = runtime().kernel
+    assert [e.payload["text"] for e in kernel.entries(conversation)] == [
+        LONG_TEXT, "**Read.** " + LONG_TEXT]  # the kernel reads them whole
+    other, _, _ = session_with_a_large_result()
+    assert viewer.get(f"/sessions/{other}/artifacts/{text}").status_code == 404
+    store = PostgresArtifacts()
+    with connection.cursor() as cur:
+        cur.execute("UPDATE kernel_artifact SET created_at = now() - interval '2 hours'")
+        cur.execute("SELECT now()")
+        now = cur.fetchone()[0]
+    assert store.referenced([text, said, progress]) == {text, said, progress}
+    assert store.sweep(store.referenced, now) == 0

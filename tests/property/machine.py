@@ -19,12 +19,13 @@ lease its worker holds; a worker holds no lease once its operation has returned.
 The tasks are of one kind whose input is a script (:func:`script`): each phase plays it
 from its checkpoint (:meth:`.worlds.World.play`), so one program makes each world's
 phases continue inline, end, spawn and join children (``all_settled``, ``fail_fast``),
-wait on other tasks, on signals or for a time, append entries, write documents, commit
-an intent, take an agent's steps (phases that each write an entry and a document and
-continue inline), raise, and meddle while they run: cancel or signal a task (their own
-too: a cancel racing the task's own ending), let their own lease run out and another
-worker take it, lose their database connection, take long (a queue message's worker then commits the
-endings it holds first), or wake a paused holder of a lease.
+wait on other tasks, on signals or for a time, append entries, write documents (values
+above the artifact threshold too, read back in a later phase), commit an intent, take an
+agent's steps (phases that each write an entry and a document and continue inline),
+raise, and meddle while they run: cancel or signal a task (their own too: a cancel racing
+the task's own ending), let their own lease run out and another worker take it, lose
+their database connection, take long (a queue message's worker then commits the endings
+it holds first), or wake a paused holder of a lease.
 
 Families of steps can be left out, to look past a disagreement already known:
 ``PROPERTY_EXCLUDE`` is a comma-separated list of ``refused`` (values Postgres refuses),
@@ -60,9 +61,11 @@ from .worlds import (
     World,
     differences,
     empty_database,
+    large_text,
     memory_world,
     postgres_world,
     snapshot,
+    write_large,
 )
 
 FAMILIES = frozenset({"refused", "faults", "lose", "lapse", "trim", "invariants"})
@@ -91,7 +94,7 @@ def _plain_step() -> st.SearchStrategy[dict[str, Any]]:
     return st.builds(
         lambda op, bad: {"op": op, "bad": bad},
         st.sampled_from(("next", "next", "next", "intent", "succeed", "succeed", "fail",
-                         "raise", "append", "doc")),
+                         "raise", "append", "doc", "large_append", "large_doc")),
         BAD,
     )
 
@@ -364,6 +367,30 @@ class Differential(RuleBasedStateMachine):
             return world.kernel.open(session_id).commit(draft)
 
         self.each(label, op)
+
+    @rule(session=INDEX, shape=st.sampled_from(("field", "whole", "inside", "append")),
+          bad=BAD)
+    def large(self, session: int, shape: str, bad: str | None) -> None:
+        """A client's commit of a value above the artifact threshold (an entry payload or
+        a field of one, a document value, a key inside one stored apart before, an append
+        of one), then every large value of the session read back, stand-ins opened: what
+        each world reads is compared, and must be what was written."""
+        session_id, conversation = self.session_at(session)
+        tag = f"l{self.steps}"
+
+        def op(world: World) -> Any:
+            keys = sorted(world.kernel.document(session_id, DOCUMENT, "large"))
+            draft = Draft(actor="user:op")
+            if shape == "append":
+                draft.update_document(DOCUMENT, "large", {
+                    "op": "append", "path": ["log"], "value": large_text(tag)})
+            else:
+                write_large(draft, conversation, tag, shape, world.value(bad, tag), keys)
+            world.kernel.open(session_id).commit(draft)
+            document = world.kernel.document(session_id, DOCUMENT, "large")
+            return world.read_large(world.kernel.entries(conversation), document), document
+
+        self.each("large", op)
 
     @precondition(lambda self: bool(self.tasks()))
     @rule(task=INDEX, logged=st.booleans())

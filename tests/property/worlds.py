@@ -55,6 +55,7 @@ from kernel import (
 )
 from kernel.dispatch import Dispatcher
 from kernel.endings import HeldEndings
+from kernel.records import Entry
 from tests.conformance.world import Faults
 
 LEASE = 30.5
@@ -218,6 +219,44 @@ def scripted_registry(world: World) -> Registry:
     return registry
 
 
+LARGE_ABOVE = 1_024
+"""The worlds' artifact threshold: low, so that large values stay cheap to make."""
+
+
+def large_text(tag: str) -> str:
+    return " ".join(f"{tag}:{n}" for n in range(150))
+
+
+def large_value(seen: Any) -> Any:
+    """What a large entry payload read as ``seen`` was written as (None: not one)."""
+    if isinstance(seen, list) and seen:
+        return [seen[0], large_text(str(seen[0]))]
+    if isinstance(seen, dict) and isinstance(seen.get("tag"), str):
+        return {"tag": seen["tag"], "text": large_text(seen["tag"]), "v": seen.get("v")}
+    return None
+
+
+def write_large(writer: Any, conversation: str, tag: str, shape: str, value: Any,
+                keys: list[str]) -> None:
+    """Write a value above the threshold through ``writer`` (a Run or a Draft: both
+    append and set): an entry payload with a large field (``field``) or a large list
+    (``whole``); a document value, after a key inside the newest one written before
+    (``inside``: it reaches inside a value stored apart)."""
+    if shape == "field":
+        writer.append(conversation, "large", {"tag": tag, "text": large_text(tag), "v": value})
+    elif shape == "whole":
+        writer.append(conversation, "large", [tag, large_text(tag)])
+    else:
+        earlier = [k for k in keys if k != "log"]
+        if earlier:
+            writer.set(DOCUMENT, "large", [earlier[-1], "seen"], tag)
+        writer.set(DOCUMENT, "large", [tag], {"text": large_text(tag), "v": value})
+
+
+def _short(values: list[Any]) -> str:
+    return repr(values[:2])[:300]
+
+
 class World:
     """One storage under test and everything above it (see the module's docstring)."""
 
@@ -244,7 +283,8 @@ class World:
         """Whether scripts' refused values are used (off: an ordinary value instead)."""
         self.lapse = True
         """Whether scripts' meddles with leases (expire, steal, resume) are played."""
-        self.kernel = Kernel(storage, scripted_registry(self), clock)
+        self.kernel = Kernel(storage, scripted_registry(self), clock,
+                             artifact_above=LARGE_ABOVE)
         self.dispatcher = Dispatcher(
             self.kernel, self.broker.deliver, advance_queue=self.broker.wake, messages=MESSAGES
         )
@@ -379,6 +419,8 @@ class World:
                     run.append(run.input["conv"], "note", {"v": value})
                 elif op == "doc":
                     run.set(DOCUMENT, "n", [task.id], value)
+                elif op in ("large_append", "large_doc"):
+                    self.large(run, op, pc, value)
                 elif op == "meddle":
                     self.meddle(run, step)
                 else:
@@ -387,6 +429,31 @@ class World:
             return run.succeed({"pc": pc})
         finally:
             self.check_held(run, "end")
+
+    def large(self, run: Run, op: str, pc: int, value: Any) -> None:
+        """Write a value above the kernel's artifact threshold (an entry payload, or a
+        field of one; a document value, and a key inside one written before), after
+        reading back what earlier phases wrote so (:meth:`read_large`)."""
+        task = run.task
+        _, keys = self.read_large(run.entries(run.input["conv"]),
+                                  run.document(DOCUMENT, "large"))
+        self.effects.append(("large read", task.id, pc, keys))
+        tag = f"{task.id}-{pc}-{task.epoch}"
+        shape = ("field" if pc % 2 == 0 else "whole") if op == "large_append" else "inside"
+        write_large(run, run.input["conv"], tag, shape, value, keys)
+
+    def read_large(self, entries: list[Entry], document: Any) -> tuple[int, list[str]]:
+        """Check what reads return of the large values (their stand-ins opened): what was
+        written, or a violation; how many entries and which document keys there are."""
+        notes = [e.payload for e in entries if e.kind == "large"]
+        wrong = [n for n in notes if n != large_value(n)]
+        wrong += [k for k, v in document.items() if k != "log"
+                  and (not isinstance(v, dict) or v.get("text") != large_text(k))]
+        log = document.get("log", [])
+        wrong += [t for t in log if not isinstance(t, str) or t != large_text(t.split(":")[0])]
+        if wrong:
+            self.violations.append(f"large values read back changed: {_short(wrong)}")
+        return len(notes), sorted(document)
 
     def meddle(self, run: Run, step: dict[str, Any]) -> None:
         """What another actor does while this phase runs, in this world."""
