@@ -57,6 +57,10 @@ class Bridge:
         """Run ``fn`` on the phase's thread, from the loop's own, as outside the loop."""
         if self.failure is not None:  # nothing more is written once one write failed
             raise self.failure
+        # The storage refuses to run under a running event loop (Django's async-unsafe
+        # check looks for one on the thread): the loop is paused here while ``fn`` runs,
+        # so it is not running, and asyncio's own hook for that (as loops in C use it)
+        # says so for the call.
         loop = asyncio._get_running_loop()
         asyncio._set_running_loop(None)
         try:
