@@ -234,10 +234,11 @@ the variants with each other, not with figures from another run.
 - bare: `agent.run_sync`, no durability.
 - kernel: `KernelDurability()`, the run started by a submission and advanced by an
   in-process worker (`kernel.Scheduler` on `PostgresStorage`: the phase runs as in a
-  Celery worker, without the broker hop that starts it). A step is two commits: the
-  model response with the tool's intent, then the tool's result (the tool is unsafe,
-  the default); the first step also claims the turn and reads its journal, the last
-  commits the answer to the submission.
+  Celery worker, without the broker hop that starts it). A step is two commits, each one
+  statement in one round trip (the commit kind *next writing*): the model response with
+  the tool's intent, then the tool's result (the tool is unsafe, the default); the first
+  step also claims the turn and reads its journal, the last commits the answer to the
+  submission. The agent's loop runs on the phase's own thread.
 - kernel-safe: the same with the tool declared safe: one commit a step (the response,
   with the previous call's result, which a safe call may leave to the next commit).
 - dbos: `DBOSDurability()` in a `@DBOS.workflow`, DBOS's system database on the same
@@ -255,15 +256,15 @@ Milliseconds per step:
 
 {verdict}
 
-Where the difference comes from: each commit waits for its WAL flush (fsync on), and
-that wait, not the round trips, is most of a commit's cost on this machine. The kernel
-writes two commits per step for an unsafe tool (the response with the call's intent,
+Where the difference comes from: each commit waits for its WAL flush (fsync on). The
+kernel writes two commits per step for an unsafe tool (the response with the call's intent,
 which must be durable before the call starts; then its result, which must be durable
 before the next model request, or a crash during that request would leave the call
 uncertain) and one for a safe tool (its result rides with the next response: losing it
 only makes the call run again). DBOS writes one step per model request and does not
 record function tools at all (a tool that crashed mid-way is run again whatever it
-does), so an unsafe tool's two commits cannot match its one at equal cost per commit.
+does), so an unsafe tool's two flushes against its one are the floor of the difference:
+when the disk is contended (other work on the machine), they weigh most.
 """
 
 
