@@ -42,7 +42,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 from datetime import UTC, datetime
-from typing import Any, cast
+from typing import Any, NoReturn, cast
 
 import psycopg
 from psycopg.types.json import Jsonb
@@ -335,15 +335,20 @@ def _write_known(
                 sql.INLINE_COMMIT, [session_id, *commit_values, *task_values, *guards, task.id])
             seq, commit_id, _ = cur.fetchone()
     except psycopg.Error as exc:
-        if exc.sqlstate == sql.TASK_CHANGED:
-            raise TaskChanged(str(exc)) from exc
-        # Sent: if the connection was lost, the server may have committed it.
-        if db.connection.broken or db.connection.closed:
-            raise CommitUncertain(f"commit {session_id}: {exc}") from exc
-        raise
+        _sent_and_failed(exc, db, session_id)
     commit = replace(ws.commit, id=commit_id, seq=seq)
     return replace(ws, commit=commit, updated_tasks=[replace(task, updated_seq=seq)])
 
+
+def _sent_and_failed(exc: psycopg.Error, db: Any, session_id: str) -> NoReturn:
+    """Raise what a copy-guarded statement's failure means: the task changed since the
+    copy (nothing written), or, sent on a connection since lost, an outcome not known (the
+    server may have committed it); else the error itself."""
+    if exc.sqlstate == sql.TASK_CHANGED:
+        raise TaskChanged(str(exc)) from exc
+    if db.connection.broken or db.connection.closed:
+        raise CommitUncertain(f"commit {session_id}: {exc}") from exc
+    raise exc
 
 _ENTRY_SEQ = ENTRY.inserted.index("seq")
 _HEAD_UPDATED_SEQ = DOCUMENT_HEAD.updated.index("updated_seq")
@@ -374,12 +379,7 @@ def _write_writing(
         before_commit()
         seq, commit_id, _ = HotCursor(db).execute(statement, params).fetchone()
     except psycopg.Error as exc:
-        if exc.sqlstate == sql.TASK_CHANGED:
-            raise TaskChanged(str(exc)) from exc
-        # Sent: if the connection was lost, the server may have committed it.
-        if db.connection.broken or db.connection.closed:
-            raise CommitUncertain(f"commit {session_id}: {exc}") from exc
-        raise
+        _sent_and_failed(exc, db, session_id)
     return replace(
         ws,
         commit=replace(ws.commit, id=commit_id, seq=seq),
