@@ -10,6 +10,13 @@ the server (half the round trip either side) and runs on from there by the local
 clock (an NTP correction, a VM resumed) therefore moves nothing: lease judgments follow
 the server's time and the time that really passed here. Reading it costs no round trip
 otherwise.
+
+Until it has read the server once it has nothing to run on from, and it never answers
+with the local wall clock instead: a worker started again after a kill, whose clock a
+step put seconds ahead, would take live leases with it. Its first reading uses a
+connection of its own when this thread's is inside a transaction, and when the server
+cannot be read at all the answer is :class:`~kernel.errors.StorageUnavailable`, as the
+claim that asked would have met.
 """
 
 from __future__ import annotations
@@ -21,8 +28,9 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 
 from django.db import connections
+from django.db.backends.base.base import BaseDatabaseWrapper
 
-from kernel.clock import SystemClock
+from kernel.errors import StorageUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -39,15 +47,14 @@ class DatabaseClock:
         """The server's time at :attr:`_at` on the monotonic clock."""
         self._at = -float("inf")
         self._lock = threading.Lock()
-        self._fallback = SystemClock()
 
     def now(self) -> datetime:
         if self.monotonic() - self._at > self.refresh:
             self.measure()
         with self._lock:
             server, at = self._server, self._at
-        if server is None:  # never measured (no database yet): the local clock
-            return self._fallback.now()
+        if server is None:
+            server, at = self._first_reading()
         return server + timedelta(seconds=self.monotonic() - at)
 
     def measure(self) -> bool:
@@ -55,6 +62,21 @@ class DatabaseClock:
         db = connections[self.using]
         if db.in_atomic_block:
             return False  # never inside a commit's transaction: the next call measures
+        return self._read(db)
+
+    def _first_reading(self) -> tuple[datetime, float]:
+        own = connections.create_connection(self.using)
+        try:
+            self._read(own)
+        finally:
+            own.close()
+        with self._lock:
+            server, at = self._server, self._at
+        if server is None:
+            raise StorageUnavailable("database unavailable: its clock could not be read")
+        return server, at
+
+    def _read(self, db: BaseDatabaseWrapper) -> bool:
         try:
             with db.cursor() as cur:
                 before = self.monotonic()

@@ -3,10 +3,10 @@
 
 The offset in seconds written to ``$SOAK_CLOCK_FILE`` is added to the process's wall
 clock as Python code reads it: ``time.time()`` and the kernel's local clock
-(``kernel.clock.SystemClock``, which ``DatabaseClock`` falls back to until it has
-measured the server's), as an NTP step of the machine's clock would move them. The
-monotonic clock is left alone, as a step leaves it, and with it ``DatabaseClock``, which
-runs on from its last measure by the monotonic clock. It is re-read at most every 0.1 s.
+(``kernel.clock.SystemClock``), as an NTP step of the machine's clock would move them.
+The monotonic clock is left alone, as a step leaves it, and with it ``DatabaseClock``,
+which runs on from the server's time by the monotonic clock and never answers with the
+local one. It is re-read at most every 0.1 s.
 
 Why not libfaketime: Debian's 0.9.10, with the monotonic clock left alone
 (``FAKETIME_DONT_FAKE_MONOTONIC=1``), makes Python's ``time.sleep`` fail (EINVAL from
