@@ -434,11 +434,7 @@ def _write_documents(db: Any, ws: WriteSet, before_commit: Callable[[], None]) -
     try:
         rows = HotCursor(db).execute(sql.DOCUMENTS_COMMIT, params).fetchall()
     except psycopg.Error as exc:
-        # The server ended the statement and said so (its session was terminated: class
-        # 57): it did not commit. A connection lost with no word from the server may have.
-        if exc.sqlstate is None or not exc.sqlstate.startswith("57"):
-            _sent_and_failed(exc, db, session_id)
-        raise
+        _sent_and_failed(exc, db, session_id)
     heads = [DOCUMENT_HEAD.from_sql(r[:-2]) for r in rows]
     seq, commit_id = heads[0].updated_seq, rows[0][-2]
     versions = [
