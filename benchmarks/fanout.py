@@ -16,8 +16,8 @@ Workloads: 5,000 one-phase tasks (per item and batch) and 1,000 tasks of 2 phase
 commits each, the second inline while the worker holds the lease; beside DBOS's workflows
 of 2 steps), run by 2 worker processes (``celery worker -P solo``, as deployed) and beat;
 tasks/s from the first submit until every task is terminal (polled every 10 ms), as the
-peers count from the first submit to the last completion. Each shape starts on an empty
-database with workers started for it, as each peer's run does. Also **sequential**: one task of
+peers count from the first submit to the last completion. Each shape starts on emptied
+tables with workers started for it, as each peer's run starts on a database of its own. Also **sequential**: one task of
 2,000 phases, timed inside the task, beside DBOS's one workflow of 2,000 steps; and
 **idle dispatch**: tasks created one per commit, 200 at 5 ms gaps and 50 at 50 ms gaps,
 from before the commit to the phase's start (read by the handler, same host clock),
@@ -130,15 +130,12 @@ def measure_ours(url: str, redis_url: str, args: argparse.Namespace) -> Ours:
 
 @contextlib.contextmanager
 def _fresh(url: str, redis_url: str, args: argparse.Namespace) -> Iterator[Driver]:
-    """Each shape on an empty database, with workers started for it, as each peer's run
+    """Each shape on emptied tables, with workers started for it, as each peer's run
     starts on a database of its own: no shape runs on the tasks an earlier one left (a
     burst after 10,000 per-item tasks is not the burst the peers are set beside)."""
     from django.core.management import call_command
-    from django.db import connections
 
-    connections.close_all()
-    recreate_database(url)
-    call_command("migrate", verbosity=0, interactive=False)
+    call_command("flush", verbosity=0, interactive=False)
     with cluster(url, redis_url, args.workers, args.logs):
         driver = Driver(redis_url, url)
         try:
