@@ -17,8 +17,9 @@ commits each, the second inline while the worker holds the lease; beside DBOS's 
 of 2 steps), run by 2 worker processes (``celery worker -P solo``, as deployed) and beat;
 tasks/s from the first submit until every task is terminal (polled every 10 ms), as the
 peers count from the first submit to the last completion. Each shape starts on emptied
-tables with workers started for it, as each peer's run starts on a database of its own. Also **sequential**: one task of
-2,000 phases, timed inside the task, beside DBOS's one workflow of 2,000 steps; and
+tables with workers started for it, as each peer's run starts on a database of its own.
+Also **sequential**: one task of 2,000 phases, timed inside the task, beside DBOS's one
+workflow of 2,000 steps; and
 **idle dispatch**: tasks created one per commit, 200 at 5 ms gaps and 50 at 50 ms gaps,
 from before the commit to the phase's start (read by the handler, same host clock),
 beside Celery's and Procrastinate's send-to-start. During the one-phase per-item rows,
