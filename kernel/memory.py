@@ -474,7 +474,7 @@ class InMemoryStorage:
                 for t in self._tasks.values()
                 if t.status is Status.RUNNING and t.lease_until is not None and t.lease_until < now
             ]
-            return found[:limit]
+            return sorted(found, key=lambda t: (t.lease_until, t.id))[:limit]
 
     def next_wake(self) -> datetime | None:
         with self._lock:

@@ -344,7 +344,9 @@ class Storage(Protocol):
     def runnable(self, now: datetime, limit: int) -> list[Task]: ...
 
     def expired_leases(self, now: datetime, limit: int) -> list[Task]:
-        """Running tasks whose lease has run out (their worker is presumably gone)."""
+        """Running tasks whose lease has run out (their worker is presumably gone), the
+        earliest end first and ties by id: the same order on every storage, since it
+        decides which rows the sweep adds first, and so which task a claim meets first."""
         ...
 
     def next_wake(self) -> datetime | None:

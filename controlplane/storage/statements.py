@@ -473,7 +473,7 @@ RELEASE = (
 )
 RUNNABLE_TASKS = select(TASK, RUNNABLE, " ORDER BY updated_seq LIMIT %(limit)s")
 EXPIRED_LEASES = select(
-    TASK, "status = 'running' AND lease_until < %s", " ORDER BY lease_until LIMIT %s"
+    TASK, "status = 'running' AND lease_until < %s", " ORDER BY lease_until, id LIMIT %s"
 )
 NEXT_WAKE = (
     "SELECT min(CASE WHEN status = 'sleeping' THEN wake_at ELSE lease_until END) "

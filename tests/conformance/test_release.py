@@ -171,3 +171,22 @@ def test_leases_released_mid_phase_are_taken_over_and_the_phase_commits_nothing(
     assert task.status is Status.TERMINAL
     assert restarts == [0, 1]  # the interrupted phase ran again, counted as a restart
     assert effects.calls == ["t:first", "t:first", "t:second"]
+
+
+def test_expired_leases_come_oldest_end_first_then_by_id(world: World) -> None:
+    """The sweep's order, the same on every storage: which rows a sweep adds first (and
+    so which task a burst claim meets first) must not depend on how a storage happens to
+    hold its rows. Ties in the lease's end (tasks claimed at one moment) go by id."""
+    kernel = world.kernel(make_registry(Effects()))
+    handle = kernel.create_session()
+    draft = Draft(actor="user:ann")
+    ids = [draft.create_task("step", {"name": f"s{n}"}) for n in range(4)]
+    handle.commit(draft)
+    now = world.clock.now()
+    ends = {ids[3]: 10, ids[2]: 20, ids[0]: 20, ids[1]: 10}
+    for task_id, seconds in ends.items():  # claimed in another order than made
+        assert world.storage.claim(task_id, "w1", now, now + timedelta(seconds=seconds))
+    later = now + timedelta(seconds=30)
+    expected = sorted(ids, key=lambda i: (ends[i], i))
+    assert [t.id for t in world.storage.expired_leases(later, 10)] == expected
+    assert [t.id for t in world.storage.expired_leases(later, 3)] == expected[:3]
