@@ -16,8 +16,10 @@ Workloads: 5,000 one-phase tasks (per item and batch) and 1,000 tasks of 2 phase
 commits each, the second inline while the worker holds the lease; beside DBOS's workflows
 of 2 steps), run by 2 worker processes (``celery worker -P solo``, as deployed) and beat;
 tasks/s from the first submit until every task is terminal (polled every 10 ms), as the
-peers count from the first submit to the last completion. Also **sequential**: one task of
-2,000 phases, timed inside the task, beside DBOS's one workflow of 2,000 steps; and
+peers count from the first submit to the last completion. Each shape starts on emptied
+tables with workers started for it, as each peer's run starts on a database of its own.
+Also **sequential**: one task of 2,000 phases, timed inside the task, beside DBOS's one
+workflow of 2,000 steps; and
 **idle dispatch**: tasks created one per commit, 200 at 5 ms gaps and 50 at 50 ms gaps,
 from before the commit to the phase's start (read by the handler, same host clock),
 beside Celery's and Procrastinate's send-to-start. During the one-phase per-item rows,
@@ -37,9 +39,11 @@ of our tasks is durable with a fenced lease, and Celery's are not durable.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import subprocess
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -97,34 +101,49 @@ class Ours:
 
 def measure_ours(url: str, redis_url: str, args: argparse.Namespace) -> Ours:
     ours = Ours(fanout_n=args.tasks, two_n=args.two_phase, sequential_n=args.sequential)
+    for threads in CLIENT_THREADS:
+        with _fresh(url, redis_url, args) as driver:
+            progress(f"ours: {args.tasks} one-phase tasks, per item, {threads} thread(s)")
+            ours.per_item[threads] = shown = driver.per_item(args.tasks, 1, threads, args.timeout)
+            progress(f"ours: {_submitted(shown)}")
+    with _fresh(url, redis_url, args) as driver:
+        progress(f"ours: {args.tasks} one-phase tasks, one commit")
+        ours.fanout = driver.burst(args.tasks, 1, args.timeout)
+        progress(f"ours: {ours.fanout:.0f} tasks/s")
+    for threads in CLIENT_THREADS:
+        with _fresh(url, redis_url, args) as driver:
+            ours.two_per_item[threads] = shown = driver.per_item(
+                args.two_phase, 2, threads, args.timeout)
+            progress(f"ours: two-phase per item, {threads} thread(s): {_submitted(shown)}")
+    with _fresh(url, redis_url, args) as driver:
+        ours.two = driver.burst(args.two_phase, 2, args.timeout)
+        progress(f"ours: {args.two_phase} two-phase tasks, one commit: {ours.two:.0f} tasks/s")
+    with _fresh(url, redis_url, args) as driver:
+        ours.sequential = driver.sequential(args.sequential, args.timeout)
+        progress(f"ours: one task of {args.sequential} phases: {ours.sequential:.0f} phases/s")
+    with _fresh(url, redis_url, args) as driver:
+        for count, gap in ((args.latency, 5.0), (max(args.latency // 4, 1), 50.0)):
+            label = f"{count} @ {gap:g} ms"
+            ours.latency[label], ours.latency_durable[label] = driver.latency(
+                count, gap, args.timeout)
+    return ours
+
+
+@contextlib.contextmanager
+def _fresh(url: str, redis_url: str, args: argparse.Namespace) -> Iterator[Driver]:
+    """Each shape on emptied tables, with workers started for it, as each peer's run
+    starts on a database of its own: no shape runs on the tasks an earlier one left (a
+    burst after 10,000 per-item tasks is not the burst the peers are set beside)."""
+    from django.core.management import call_command
+
+    call_command("flush", verbosity=0, interactive=False)
     with cluster(url, redis_url, args.workers, args.logs):
         driver = Driver(redis_url, url)
         try:
-            progress("ours: warm-up")
-            driver.burst(20, 2, args.timeout)
-            for threads in CLIENT_THREADS:
-                progress(f"ours: {args.tasks} one-phase tasks, per item, {threads} thread(s)")
-                ours.per_item[threads] = shown = driver.per_item(
-                    args.tasks, 1, threads, args.timeout)
-                progress(f"ours: {_submitted(shown)}")
-            progress(f"ours: {args.tasks} one-phase tasks, one commit")
-            ours.fanout = driver.burst(args.tasks, 1, args.timeout)
-            progress(f"ours: {ours.fanout:.0f} tasks/s; {args.two_phase} two-phase tasks")
-            for threads in CLIENT_THREADS:
-                ours.two_per_item[threads] = shown = driver.per_item(
-                    args.two_phase, 2, threads, args.timeout)
-                progress(f"ours: two-phase per item, {threads} thread(s): {_submitted(shown)}")
-            ours.two = driver.burst(args.two_phase, 2, args.timeout)
-            progress(f"ours: {ours.two:.0f} tasks/s; one task of {args.sequential} phases")
-            ours.sequential = driver.sequential(args.sequential, args.timeout)
-            progress(f"ours: {ours.sequential:.0f} phases/s; idle dispatch latency")
-            for count, gap in ((args.latency, 5.0), (max(args.latency // 4, 1), 50.0)):
-                label = f"{count} @ {gap:g} ms"
-                ours.latency[label], ours.latency_durable[label] = driver.latency(
-                    count, gap, args.timeout)
+            driver.burst(20, 2, args.timeout)  # warm-up
+            yield driver
         finally:
             driver.close()
-    return ours
 
 
 # -- the peers ------------------------------------------------------------------------

@@ -10,6 +10,7 @@ kinds of commit that take one round trip are in :mod:`.fast_commits`.
 from __future__ import annotations
 
 import functools
+import select
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
@@ -325,6 +326,21 @@ class TransactionReads:
 
 
 # -- the writes and COMMIT ---------------------------------------------------------------
+
+
+def check_not_closed_while_idle(db: Any) -> None:
+    """Raise :class:`psycopg.OperationalError` if the server closed ``db``'s connection
+    while it sat idle (a restart, an administrator, an idle timeout), found without a
+    round trip: what the server sent an idle connection is already in its socket. A
+    commit that reads nothing before it writes checks this first, so that such a loss is
+    "nothing was sent" rather than "sent, outcome unknown"."""
+    pgconn = db.connection.pgconn
+    if pgconn.status != psycopg.pq.ConnStatus.OK:
+        raise psycopg.OperationalError("the connection is closed")
+    for _ in range(4):  # the termination's message, then the end of the stream
+        if not select.select([pgconn.socket], [], [], 0)[0]:
+            return
+        pgconn.consume_input()  # raises once it meets the end of the stream
 
 
 def execute_rows(cur: Any, statement: str, rows: list[Any]) -> None:

@@ -434,14 +434,7 @@ def _write_documents(db: Any, ws: WriteSet, before_commit: Callable[[], None]) -
     try:
         rows = HotCursor(db).execute(sql.DOCUMENTS_COMMIT, params).fetchall()
     except psycopg.Error as exc:
-        if exc.sqlstate == sql.TASK_CHANGED:
-            raise TaskChanged(str(exc)) from exc
-        # The server ended the statement and said so (its session was terminated: class
-        # 57): it did not commit. A connection lost with no word from the server may have.
-        stopped = exc.sqlstate is not None and exc.sqlstate.startswith("57")
-        if not stopped and (db.connection.broken or db.connection.closed):
-            raise CommitUncertain(f"commit {session_id}: {exc}") from exc
-        raise
+        _sent_and_failed(exc, db, session_id)
     heads = [DOCUMENT_HEAD.from_sql(r[:-2]) for r in rows]
     seq, commit_id = heads[0].updated_seq, rows[0][-2]
     versions = [

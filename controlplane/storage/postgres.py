@@ -51,6 +51,7 @@ from controlplane.storage.connection import (
     Observer,
     RowVersions,
     TransactionReads,
+    check_not_closed_while_idle,
     read_head,
     read_submission_by_request,
     read_versions,
@@ -302,6 +303,7 @@ class PostgresStorage:
             db.ensure_connection()
             if not db.get_autocommit():
                 raise RuntimeError("a kernel commit needs the connection in autocommit mode")
+            check_not_closed_while_idle(db)
             self.fault("before_write")
             written = writing(lambda: self.fault("after_write"))
         except BaseException as exc:

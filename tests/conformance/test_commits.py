@@ -18,9 +18,10 @@ from kernel import (
 )
 from kernel.commit import operations_log_id
 from kernel.records import WriteSet
+from tests.unit.crashes import Crash
 
 from .definitions import Effects, make_registry
-from .world import Crash, World
+from .world import World
 
 
 def setup(world: World):

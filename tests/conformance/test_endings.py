@@ -38,8 +38,9 @@ from kernel.agent import (
     register_agent,
     submit,
 )
+from tests.unit.crashes import Crash
 
-from .world import Crash, World
+from .world import World
 
 CONVERSATION = "agent-conversation"
 

@@ -27,8 +27,9 @@ from kernel.artifacts import (
     is_stand_in,
     offload,
 )
+from tests.unit.crashes import Crash, DiesMidWrite
 
-from .world import Crash, World
+from .world import World
 
 ABOVE = 4_096
 
@@ -158,24 +159,10 @@ def test_a_corrupt_artifact_is_refused_naming_the_record_on_both_storages(world:
         f"bytes hash to {found}")
 
 
-class DiesStoring(InMemoryArtifacts):
-    """Its first put leaves half the bytes under the name, then the process dies."""
-
-    died = False
-
-    def put(self, data: bytes, media_type: str) -> str:
-        if not self.died:
-            self.died = True
-            digest = super().put(data, media_type)
-            self.corrupt(digest, data[: len(data) // 2])
-            raise Crash()
-        return super().put(data, media_type)
-
-
 def test_a_writer_that_dies_storing_a_large_value_leaves_no_record_naming_it(
     world: World,
 ) -> None:
-    store = DiesStoring(world.clock.now)
+    store = DiesMidWrite(world.clock.now)
     kernel = kernel_for(world, store)
     handle, conversation = conversation_in(kernel)
     draft = Draft()

@@ -25,9 +25,10 @@ from kernel import (
     WaitCycle,
     Worker,
 )
+from tests.unit.crashes import Crash
 
 from .definitions import Effects, make_registry, start
-from .world import Crash, World
+from .world import World
 
 
 def outcome(world: World, task_id: str) -> str | None:

@@ -9,10 +9,6 @@ from typing import Any
 from kernel import Kernel, ManualClock, Registry, Scheduler
 
 
-class Crash(BaseException):
-    """A process dying at this point: not an Exception, so nothing in the kernel catches it."""
-
-
 @dataclass
 class Faults:
     """Raises at chosen storage points; the hook every conformance storage is built with."""

@@ -48,7 +48,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition,
 from kernel import Draft, Status, StorageUnavailable, Task
 from kernel.dispatch import SweepReport
 from kernel.records import Submission, WriteSet
-from tests.conformance.world import Crash
+from tests.unit.crashes import Crash
 
 from .worlds import (
     DOCUMENT,

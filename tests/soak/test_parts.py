@@ -64,6 +64,29 @@ def test_the_clock_hook_steps_wall_time_and_the_kernel_clock_not_the_monotonic(
     assert monotonic == pytest.approx(0.3, abs=0.2)
 
 
+def test_tool_runs_are_timed_by_the_machine_clock_not_the_stepped_one(
+    tmp_path: Path,
+) -> None:
+    """The harness sets each tool run beside its faults' times, which it takes from the
+    machine's clock; a run timed by the worker's stepped clock (up to 10 s off) missed
+    the Postgres restart that cut it short and was reported as a violation."""
+    import time
+
+    clock = tmp_path / "clock"
+    clock.write_text("-30\n")
+    probe = "from tests.soak.tools import record\nrecord('soak_stamp', 'task_1', 'started')\n"
+    checkout = Path(__file__).resolve().parents[2]
+    done = subprocess.run(
+        [sys.executable, "-c", probe], cwd=checkout, capture_output=True, text=True,
+        timeout=60, env={"PYTHONPATH": str(CLOCK_HOOK), "SOAK_CLOCK_FILE": str(clock),
+                         "AGENT_TOOL_DIR": str(tmp_path), "PATH": "/usr/bin:/bin"},
+    )
+    assert done.returncode == 0, done.stderr
+    [line] = (tmp_path / "soak-runs").read_text().splitlines()
+    *_, at = line.split()
+    assert float(at) == pytest.approx(time.time(), abs=5)
+
+
 def test_the_report_counts_landed_against_attempted_per_action_kind() -> None:
     report = Report(seed=1, seconds=60)
     report.actions.update({"cancel-running:200": 3, "cancel-running:409": 2,

@@ -18,7 +18,8 @@ Every tool takes ``{"mode": ..., "seconds": ...}``; the soak's scripted remote m
   holds for ``seconds`` in its phase, then succeeds (``ok``), fails (``fail``), or
   succeeds with a NUL (``nul``) or a ``datetime`` (``datetime``) in its result.
 
-Each run of a tool's function appends ``<tool> <task id> <pid> <started|returned>`` to
+Each run of a tool's function appends ``<tool> <task id> <pid> <started|returned> <time>``
+(the machine's clock, unstepped) to
 ``$AGENT_TOOL_DIR/soak-runs``, so the soak counts runs per call from outside the workers
 (an unsafe tool that ran twice for one call is a violation).
 """
@@ -56,7 +57,11 @@ def record(tool: str, task_id: str, what: str) -> None:
     folder = os.environ.get("AGENT_TOOL_DIR")
     if folder:
         with (Path(folder) / "soak-runs").open("a") as runs:
-            runs.write(f"{tool} {task_id} {os.getpid()} {what} {time.time():.3f}\n")
+            # The machine's clock, as the harness times its faults: the clock-step hook
+            # moves this process's ``time.time()``, and a run timed by it could miss the
+            # fault that cut it short.
+            at = time.clock_gettime(time.CLOCK_REALTIME)
+            runs.write(f"{tool} {task_id} {os.getpid()} {what} {at:.3f}\n")
 
 
 def hold(seconds: float) -> None:

@@ -25,12 +25,9 @@ from kernel import (
     Transition,
 )
 from kernel.storage import FaultHook
+from tests.unit.crashes import Crash
 
 LEASE = 30.0
-
-
-class Crash(BaseException):
-    """The process dies here."""
 
 
 @dataclass

@@ -11,10 +11,25 @@ from collections.abc import Callable
 from datetime import timedelta
 
 from kernel import Kernel, ManualClock, Scheduler
+from kernel.artifacts import InMemoryArtifacts
 
 
 class Crash(BaseException):
-    pass
+    """A process dying at this point: not an Exception, so nothing in the kernel catches it."""
+
+
+class DiesMidWrite(InMemoryArtifacts):
+    """Its first put leaves half the bytes under the name, then the process dies."""
+
+    died = False
+
+    def put(self, data: bytes, media_type: str) -> str:
+        if not self.died:
+            self.died = True
+            digest = super().put(data, media_type)
+            self.corrupt(digest, data[: len(data) // 2])
+            raise Crash()
+        return super().put(data, media_type)
 
 
 def dead(exc: BaseException) -> bool:

@@ -30,11 +30,8 @@ from kernel.artifacts import (
     offload,
     references,
 )
+from tests.unit.crashes import Crash, DiesMidWrite
 from tests.unit.report_agent import REPORT, ask, reader, result_of, world
-
-
-class Crash(BaseException):
-    pass
 
 
 def test_a_large_result_is_stored_once_and_the_model_gets_its_reference_and_excerpt() -> None:
@@ -80,26 +77,10 @@ def test_a_corrupt_artifact_is_refused_with_a_clear_error() -> None:
         store.get("sha256:" + "0" * 64)
 
 
-class DiesMidWrite(InMemoryArtifacts):
-    """Its first put leaves half the bytes under the name, then the process dies."""
-
-    def __init__(self, clock: ManualClock) -> None:
-        super().__init__(clock.now)
-        self.died = False
-
-    def put(self, data: bytes, media_type: str) -> str:
-        if not self.died:
-            self.died = True
-            digest = super().put(data, media_type)
-            self.corrupt(digest, data[: len(data) // 2])
-            raise Crash()
-        return super().put(data, media_type)
-
-
 def test_a_writer_that_dies_mid_write_leaves_no_reference_and_the_retry_stores_it_whole(
 ) -> None:
     clock = ManualClock()
-    store = DiesMidWrite(clock)
+    store = DiesMidWrite(clock.now)
     kernel, _ = world(store, clock)
     handle, conversation = ask(kernel)
     with pytest.raises(Crash):
