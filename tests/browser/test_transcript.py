@@ -1,6 +1,7 @@
 """A long conversation's transcript in a real browser: the session page shows its latest
 entries, "Show earlier entries" loads the ones before by pages, and what was loaded stays
-through live updates, with no entry missing between it and the latest page."""
+through live updates, with no entry missing between it and the latest page; the page
+passes the accessibility check with every page loaded."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from tests.e2e.server import Daphne
 from tests.integration.sessions import add_turns, turns_conversation
 
 from .conftest import logged_in
+from .test_pages import axe_violations
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser]
 
@@ -65,3 +67,4 @@ def test_earlier_entries_load_by_pages_and_stay_through_live_updates(
         earlier.click()
         page.wait_for_function(f"document.querySelectorAll('li.entry').length > {before}")
     assert shown(page, conversation) == every
+    assert axe_violations(page) == []
