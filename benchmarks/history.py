@@ -346,6 +346,8 @@ def summed_usage(session_id: str, runs: int) -> Stats:
 
 
 def render_pages(pages: Pages, summed: Stats) -> list[str]:
+    from controlplane.reads.pages import ENTRY_TAIL
+
     return [
         "",
         "### The session page of a long conversation",
@@ -362,10 +364,11 @@ def render_pages(pages: Pages, summed: Stats) -> list[str]:
         *(f"| {name} | {s.count} | {s.p50:.1f} | {s.p90:.1f} | {s.max:.1f} | {cpu.p50:.1f} |"
           for name, (s, cpu) in pages.items()),
         "",
-        "The page reads the last 200 entries, counts up to 1,000, reads the tool tasks of "
-        "the calls it shows and the conversation's running usage totals (docs/agents.md, "
-        "\"In the dashboard\"). For reference, the usage of the longer conversation summed "
-        "over every response in SQL (what the page read before running totals): p50 "
+        f"The page reads the last {ENTRY_TAIL} entries (earlier ones load by pages), counts "
+        "up to 1,000, reads the tool tasks of the calls it shows and the conversation's "
+        "running usage totals (docs/agents.md, \"In the dashboard\"). For reference, the "
+        "usage of the longer conversation summed over every response in SQL (what the page "
+        "read before running totals): p50 "
         f"{summed.p50:.0f} ms over {summed.count} runs.",
     ]
 

@@ -12,6 +12,8 @@
  *   (a second use is a new action, not a repeat of the first), and a form is kept across
  *   live updates (hx-preserve) only while it is open; a closed one takes the fresh render
  *   (its new id, the count it confirms).
+ * - A conversation's earlier entries load by pages above its latest ones (a GET each) and
+ *   are kept across live updates, which re-render the latest page only.
  */
 (function () {
   "use strict";
@@ -45,11 +47,40 @@
     var seq = seqOf(incoming);
     if (seq >= 0 && seq < seqOf(e.detail.target)) { e.detail.shouldSwap = false; return; }
     if (!e.detail.fragment || !e.detail.fragment.querySelectorAll) { return; }
-    e.detail.fragment.querySelectorAll("[hx-preserve]").forEach(function (form) {
-      var shown = document.getElementById(form.id);
-      if (!shown || !shown.open) { form.removeAttribute("hx-preserve"); }
+    e.detail.fragment.querySelectorAll("[hx-preserve]").forEach(function (kept) {
+      var shown = document.getElementById(kept.id);
+      if (shown && shown.classList.contains("earlier")) {
+        if (shown.querySelector("ol")) { carryOver(shown, kept); } else { kept.removeAttribute("hx-preserve"); }
+      } else if (!shown || !shown.open) { kept.removeAttribute("hx-preserve"); }
     });
   });
+
+  // A conversation's earlier entries, once loaded, stay across live updates (entries do
+  // not change once written): the entries the fresh latest page no longer holds (newer
+  // ones pushed them out of it) join them, and those between the two (more came at once
+  // than a page holds) are fetched into place, so that none goes missing.
+  // With nothing loaded, the fresh render's button (before its own oldest entry) is used.
+  function carryOver(earlier, fresh) {
+    var list = earlier.nextElementSibling;
+    var freshList = fresh.nextElementSibling;
+    if (!list || !freshList || list.tagName !== "OL" || freshList.tagName !== "OL") { return; }
+    var kept = {};
+    freshList.querySelectorAll(":scope > li.entry").forEach(function (li) { kept[li.id] = true; });
+    var moved = document.createElement("ol");
+    moved.className = "entries earlier-page";
+    list.querySelectorAll(":scope > li.entry").forEach(function (li) {
+      if (!kept[li.id]) { moved.appendChild(li); }
+    });
+    if (moved.children.length) { earlier.appendChild(moved); }
+    var newest = list.dataset.newest;
+    var oldest = freshList.dataset.oldest;
+    if (!newest || !oldest || oldest === list.dataset.oldest) { return; }
+    var between = document.createElement("p");
+    between.className = "more";
+    earlier.appendChild(between);
+    htmx.ajax("GET", earlier.dataset.src + "?before=" + encodeURIComponent(oldest) +
+              "&after=" + encodeURIComponent(newest), { target: between, swap: "outerHTML" });
+  }
 
   function freshId() {
     var bytes = new Uint8Array(8);

@@ -29,7 +29,7 @@ from controlplane.reads.snapshot import rows as sql_rows
 from controlplane.reads.snapshot import snapshot
 from controlplane.reads.tasks import TaskFilter, TaskView
 from controlplane.storage.schema import SESSION
-from kernel import Outcome, Status
+from kernel import Outcome, Status, UnknownRecord
 from kernel.agent import turn
 from kernel.commit import operations_log_id
 from kernel.records import SHOWN_STATUSES, SessionRecord
@@ -40,8 +40,12 @@ EXPAND_UP_TO = 50
 """A parent with at most this many children shows them at once, and live; a bigger one
 shows its counts and loads its children by page."""
 ROOT_PAGE = 200
-ENTRY_TAIL = 200
-"""The transcript shows the last entries of each conversation."""
+ENTRY_TAIL = 50
+"""The transcript shows the last entries of each conversation, as the tree shows a page
+of children: the page's render grows with what it shows, and a long conversation's
+latest page is what an operator reads first."""
+ENTRY_PAGE = 50
+"""Entries per page of a conversation's earlier entries (an htmx GET loads the next)."""
 ENTRIES_COUNTED = 1000
 """How many entries of a conversation the transcript counts at most (past it, "more
 than"): counting them all would read them all."""
@@ -198,10 +202,22 @@ def transcript(session_id: str) -> Shown:
     ops = operations_log_id(session_id)
     found, total = session_reads.last_conversations(session_id, CONVERSATIONS_SHOWN, ops)
     return Shown([
-        conversations.conversation(session_id, c.id, c.id == ops, c.fork_of, ENTRY_TAIL,
-                                   ENTRIES_COUNTED)
+        conversations.conversation(session_id, c, c.id == ops, ENTRY_TAIL, ENTRIES_COUNTED)
         for c in found
     ], total + sum(c.id == ops for c in found))
+
+
+def earlier_entries(session_id: str, conversation_id: str, before: str,
+                    after: str | None = None) -> conversations.Earlier:
+    """The page of the session's conversation's entries before entry ``before`` (and
+    after entry ``after``): UnknownRecord if the session has no such conversation, or
+    its transcript no such entry."""
+    if not models.Conversation.objects.filter(session_id=session_id,
+                                              id=conversation_id).exists():
+        raise UnknownRecord(f"no conversation {conversation_id} in session {session_id}")
+    return conversations.earlier(session_id, conversation_id,
+                                 conversation_id == operations_log_id(session_id), before,
+                                 ENTRY_PAGE, after)
 
 
 def submissions(session_id: str) -> Shown:

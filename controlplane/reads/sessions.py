@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass
+from functools import reduce
 from typing import Any
 
 from django.db.models import Q
@@ -12,6 +14,7 @@ from controlplane.errors import Invalid
 from controlplane.process.kernel import process_kernel
 from controlplane.storage.schema import CONVERSATION, ENTRY, SESSION, SUBMISSION
 from kernel import UnknownRecord
+from kernel.agent.context import TOOL_RESULT
 from kernel.commit import operations_log_id
 from kernel.records import Conversation, Entry, SessionRecord, Submission
 
@@ -64,7 +67,7 @@ def last_conversations(session_id: str, count: int, besides: str
     found = [CONVERSATION.record(v) for v in [*reversed(last),
                                               *rows.filter(id=besides).values(
                                                   *CONVERSATION.columns)]]
-    return found, others.count()
+    return found, len(last) if len(last) < count else others.count()
 
 
 @dataclass(frozen=True)
@@ -82,18 +85,27 @@ def _after(position: Position) -> Q:
     return Q(seq__gt=seq) | Q(seq=seq, ordinal__gt=ordinal)
 
 
+def _before(position: Position) -> Q:
+    seq, ordinal = position
+    return Q(seq__lt=seq) | Q(seq=seq, ordinal__lt=ordinal)
+
+
 def _upto(position: Position) -> Q:
     seq, ordinal = position
     return Q(seq__lt=seq) | Q(seq=seq, ordinal__lte=ordinal)
 
 
-def transcript_scope(conversation_id: str) -> list[Q]:
+def transcript_scope(conversation_id: str, record: Conversation | None = None) -> list[Q]:
     """A conversation's transcript as filters on entries, one per conversation it spans:
     its own entries, and for a fork its origin's up to the fork point (the origin's
     origin's up to the nearer of the two fork points, and so on). A fork's own entries
-    come after its fork point, so ``(seq, ordinal)`` orders the whole transcript."""
-    found = models.Conversation.objects.filter(id=conversation_id).values_list(
-        "fork_of", "fork_entry_id").first()
+    come after its fork point, so ``(seq, ordinal)`` orders the whole transcript.
+    ``record``: the conversation's, if the caller has read it (one read fewer)."""
+    if record is not None and record.id == conversation_id:
+        found: tuple[str | None, str | None] | None = (record.fork_of, record.fork_entry_id)
+    else:
+        found = models.Conversation.objects.filter(id=conversation_id).values_list(
+            "fork_of", "fork_entry_id").first()
     if found is None:
         raise UnknownRecord(f"no conversation {conversation_id}")
     scope = [Q(conversation_id=conversation_id)]
@@ -131,6 +143,39 @@ def entries(conversation_id: str, after: Position | None, limit: int) -> EntryPa
     return EntryPage(found[:limit], len(found) > limit)
 
 
+def _position(scope: list[Q], conversation_id: str, entry_id: str) -> Position:
+    """Where entry ``entry_id`` is in the transcript (UnknownRecord if not in it)."""
+    at = models.Entry.objects.filter(reduce(operator.or_, scope), id=entry_id).values_list(
+        "seq", "ordinal").first()
+    if at is None:
+        raise UnknownRecord(f"no entry {entry_id} in the transcript of {conversation_id}")
+    return at
+
+
+def entries_before(conversation_id: str, before: str, limit: int,
+                   after: str | None = None) -> EntryPage:
+    """The ``limit`` entries of a conversation's transcript just before the entry
+    ``before`` (and, with ``after``, after that entry), in order; ``more`` when there
+    are earlier ones (after ``after``). UnknownRecord if the transcript has no such
+    entry. Each read an index range cut at ``limit`` + 1 in SQL, however far back the
+    page is."""
+    scope = transcript_scope(conversation_id)
+    where = _before(_position(scope, conversation_id, before))
+    if after is not None:
+        where &= _after(_position(scope, conversation_id, after))
+    found = _ordered(scope, where, limit + 1, last=True)
+    return EntryPage(found[-limit:] if limit else [], len(found) > limit)
+
+
+def results_after(conversation_id: str, position: Position, count: int) -> list[Entry]:
+    """The next ``count`` tool results of a transcript after ``position``: those of the
+    calls a page ends with (a result comes after its call, maybe on the next page)."""
+    if count <= 0:
+        return []
+    return _ordered(transcript_scope(conversation_id), _after(position) & Q(kind=TOOL_RESULT),
+                    count, last=False)
+
+
 @dataclass(frozen=True)
 class Tail:
     """A conversation's last entries, and how many it has, counted up to a bound."""
@@ -142,11 +187,13 @@ class Tail:
     """It has more than ``total`` entries (not counted: a count would read them all)."""
 
 
-def last_entries(conversation_id: str, count: int, counted: int) -> Tail:
+def last_entries(conversation_id: str, count: int, counted: int,
+                 scope: list[Q] | None = None) -> Tail:
     """A conversation's last ``count`` entries, in order, and how many it has, counting
     at most ``counted``: each read is an index range cut by a LIMIT in SQL, so a page
-    of a long conversation costs what a page of a short one does."""
-    scope = transcript_scope(conversation_id)
+    of a long conversation costs what a page of a short one does. ``scope``: its
+    :func:`transcript_scope`, if the caller has read it already."""
+    scope = transcript_scope(conversation_id) if scope is None else scope
     total = sum(models.Entry.objects.filter(part).order_by().values("seq")[:counted + 1].count()
                 for part in scope)
     return Tail(_ordered(scope, Q(), count, last=True), min(total, counted), total > counted)

@@ -32,6 +32,7 @@ from kernel.agent.requests import USAGE, conversation_key
 from kernel.artifacts import is_reference, is_stand_in
 from kernel.commit import replay as replay_document
 from kernel.records import SUBMISSION_ID, SUMMARY, TASK_ID, Entry, Status, Submission, id_kind
+from kernel.records import Conversation as ConversationRecord
 
 TOOL_KIND = "agent-tool"
 TURN_KIND = "agent-turn"
@@ -141,6 +142,8 @@ class Conversation:
     more: bool = False
     newest: str | None = None
     """The id of its newest entry: what an operator's compaction names as seen."""
+    oldest: str | None = None
+    """The id of the oldest entry shown: the page of earlier entries ends before it."""
 
 
 def _tool_tasks(session_id: str, calls: set[str], since: int) -> dict[str, Any]:
@@ -278,12 +281,14 @@ def _per_model(session_id: str, conversation_id: str) -> dict[str, Any] | None:
     return dict((replay_document(found[1]) or {}).get("models") or {})
 
 
-def usage_total(session_id: str, conversation_id: str) -> Usage | None:
+def usage_total(session_id: str, conversation_id: str,
+                scope: list[Q] | None = None) -> Usage | None:
     """The usage of every model response and summary in the conversation's transcript:
     its own from its running totals, and for a fork its origin's up to the fork point
     summed from those entries (bounded by the fork point, not by the origin's growth
-    since). None when no response reported usage."""
-    scope = sessions.transcript_scope(conversation_id)
+    since). None when no response reported usage. ``scope``: the transcript's
+    :func:`~.sessions.transcript_scope`, if the caller has read it already."""
+    scope = sessions.transcript_scope(conversation_id) if scope is None else scope
     per_model = _per_model(session_id, conversation_id)
     if per_model is None:  # written before running totals were kept, or no usage yet
         return _summed(session_id, scope)
@@ -317,14 +322,13 @@ def _apart(payload: Any) -> tuple[Any, list[dict[str, Any]]]:
     return {k: v["excerpt"] if is_stand_in(v) else v for k, v in payload.items()}, apart
 
 
-def conversation(session_id: str, conversation_id: str, operations: bool,
-                 fork_of: str | None, tail: int, counted: int) -> Conversation:
-    """A conversation's last ``tail`` entries as items, how many it has (up to
-    ``counted``); its usage over all entries."""
-    found = sessions.last_entries(conversation_id, tail, counted)
-    shown = found.entries
+def _items(session_id: str, shown: list[Entry], operations: bool,
+           later: list[Entry]) -> list[Item]:
+    """``shown`` entries as items; a call's result is looked for among them and among
+    ``later`` (the results of the calls a page ends with, which come after it)."""
     # A tool's result comes after its call: a shown call's result is shown too.
-    results = {e.payload.get("call_id"): e.payload for e in shown if e.kind == TOOL_RESULT}
+    results = {e.payload.get("call_id"): e.payload for e in [*shown, *later]
+               if e.kind == TOOL_RESULT}
     asking = [e for e in shown if e.kind == RESPONSE and _calls(e.payload)]
     calls = {str(c.get("id")) for e in asking for c in _calls(e.payload)}
     tool_tasks = _tool_tasks(session_id, calls, min(e.seq for e in asking)) if asking else {}
@@ -343,7 +347,6 @@ def conversation(session_id: str, conversation_id: str, operations: bool,
     turn_models = _turn_models(session_id, {
         str(e.payload.get("turn")) for e in shown if e.kind == RESPONSE
         and isinstance(e.payload, dict)}) if not operations else {}
-    total = usage_total(session_id, conversation_id) if not operations else None
     items = []
     for entry in shown:
         payload, apart = _apart(entry.payload)
@@ -376,9 +379,52 @@ def conversation(session_id: str, conversation_id: str, operations: bool,
         else:
             items.append(Item(entry, "other", raw=pretty(entry.payload)))
         items[-1].apart = apart
-    return Conversation(conversation_id, operations, fork_of, items, total, len(shown),
+    return items
+
+
+def conversation(session_id: str, record: ConversationRecord, operations: bool, tail: int,
+                 counted: int) -> Conversation:
+    """A conversation's last ``tail`` entries as items, how many it has (up to
+    ``counted``); its usage over all entries."""
+    conversation_id, fork_of = record.id, record.fork_of
+    scope = sessions.transcript_scope(conversation_id, record)
+    found = sessions.last_entries(conversation_id, tail, counted, scope)
+    shown = found.entries
+    total = usage_total(session_id, conversation_id, scope) if not operations else None
+    return Conversation(conversation_id, operations, fork_of,
+                        _items(session_id, shown, operations, []), total, len(shown),
                         found.total, found.more,
-                        shown[-1].id if shown else None)
+                        shown[-1].id if shown else None, shown[0].id if shown else None)
+
+
+@dataclass(frozen=True)
+class Earlier:
+    """A page of a conversation's transcript before an entry the page shows (and after
+    one, when it fills the gap between what the page showed and its latest entries)."""
+
+    items: list[Item]
+    oldest: str | None
+    """The id of its first entry: where the page before it ends."""
+    more: bool
+    """There are entries before it (after ``after``)."""
+    after: str | None = None
+    """The entry it starts after, if any: the page before it starts after it too."""
+
+
+def earlier(session_id: str, conversation_id: str, operations: bool, before: str,
+            limit: int, after: str | None = None) -> Earlier:
+    """The ``limit`` entries of the conversation's transcript before entry ``before``
+    (and after entry ``after``), as items (UnknownRecord if the transcript has no such
+    entry). The calls it ends with show their results, which may come after it."""
+    page = sessions.entries_before(conversation_id, before, limit, after)
+    shown = page.entries
+    answered = {e.payload.get("call_id") for e in shown if e.kind == TOOL_RESULT}
+    unanswered = [c for e in shown if e.kind == RESPONSE for c in _calls(e.payload)
+                  if c.get("id") not in answered]
+    later = sessions.results_after(conversation_id, (shown[-1].seq, shown[-1].ordinal),
+                                   len(unanswered)) if unanswered else []
+    return Earlier(_items(session_id, shown, operations, later),
+                   shown[0].id if shown else None, page.more, after)
 
 
 @dataclass(frozen=True)
@@ -396,6 +442,8 @@ class SubmissionView:
 
 
 def submissions(session_id: str, found: list[Submission]) -> list[SubmissionView]:
+    if not found:
+        return []
     turns: dict[str, str] = {}
     for task_id, input in models.Task.objects.filter(  # the turns that took these only
         Q(kind=TURN_KIND) | Q(kind__startswith=HOSTED_PREFIX), session_id=session_id,

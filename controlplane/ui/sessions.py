@@ -53,6 +53,27 @@ def children(request: HttpRequest, session_id: str, task_id: str) -> HttpRespons
     })
 
 
+@viewer_required
+def earlier_entries(request: HttpRequest, session_id: str, conversation_id: str) -> HttpResponse:
+    """A page of a conversation's entries before the one named by ``before`` (an htmx GET
+    from the transcript's "earlier entries" button), and after the one named by
+    ``after`` if given (what a live update's latest page skipped: ``static/ui.js``).
+    Entries do not change once written, so a page stays as it was loaded while live
+    updates re-render the latest one."""
+    with snapshot():
+        if pages.head_seq(session_id) is None:
+            raise Http404("no such session")
+        try:
+            found = pages.earlier_entries(session_id, conversation_id,
+                                          request.GET.get("before", ""),
+                                          request.GET.get("after") or None)
+        except UnknownRecord as exc:
+            raise Http404(str(exc)) from exc
+    return render(request, "ui/_earlier.html", {
+        "earlier": found, "session": {"id": session_id}, "conversation_id": conversation_id,
+    })
+
+
 HISTORY_REFRESH_SECONDS = 5
 
 

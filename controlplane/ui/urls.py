@@ -11,6 +11,8 @@ urlpatterns = [
     path("sessions/<str:session_id>/history", sessions.history, name="session_history"),
     path("sessions/<str:session_id>/artifacts/<str:digest>", sessions.artifact,
          name="artifact"),
+    path("sessions/<str:session_id>/conversations/<str:conversation_id>/entries",
+         sessions.earlier_entries, name="earlier_entries"),
     path("sessions/<str:session_id>/tasks/<str:task_id>/children", sessions.children,
          name="children"),
     path("tasks/<str:task_id>/", tasks.task, name="task"),

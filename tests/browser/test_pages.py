@@ -29,8 +29,8 @@ from .conftest import PASSWORD, account, logged_in
 pytestmark = [pytest.mark.slow, pytest.mark.browser]
 AXE = Path(__file__).resolve().parents[2] / "static" / "vendor" / "axe-core" / "axe.min.js"
 SCREENSHOTS = os.environ.get("UI_SCREENSHOTS")
-NOT_PAGES = {"session_history", "children", "activity", "act", "act_on_submission",
-             "act_on_conversation", "bulk_preview", "bulk_act", "retry_failed",
+NOT_PAGES = {"session_history", "children", "earlier_entries", "activity", "act",
+             "act_on_submission", "act_on_conversation", "bulk_preview", "bulk_act", "retry_failed",
              "decide_call", "resume_graph", "fork_graph", "restart_preview", "restart",
              "migrate", "artifact"}
 """The dashboard's routes that are no page of their own: parts a page fetches again, the

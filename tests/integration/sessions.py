@@ -1,6 +1,6 @@
 """Sessions the page tests render: a send-batch nothing runs, a conversation with a tool call,
 and one whose tool result is a large artifact; each holds untrusted text where the page
-must escape it."""
+must escape it. And a long conversation of tool-calling turns."""
 
 from __future__ import annotations
 
@@ -99,3 +99,29 @@ def session_with_large_entries() -> tuple[str, str, list[str]]:
     draft.set(PROGRESS, "task_none", ["text"], LONG_TEXT[::-1])
     handle.commit(draft)
     return handle.id, conversation, [user, answer]
+
+
+def add_turns(session_id: str, conversation: str, first: int, count: int) -> None:
+    """Turns ``first`` to ``first + count - 1`` of a conversation: each a user message, a
+    response calling a tool (call ``c<i>``) and the call's result, 50 turns a commit."""
+    handle = runtime().kernel.open(session_id)
+    for start in range(first, first + count, 50):
+        draft = Draft(actor="task:turn_x")
+        for i in range(start, min(start + 50, first + count)):
+            draft.append(conversation, "user", {"text": f"question {i}"})
+            draft.append(conversation, "model_response", {
+                "text": "", "tool_calls": [{"id": f"c{i}", "name": "lookup", "arguments": {}}],
+                "turn": "turn_x"})
+            draft.append(conversation, "tool_result", {"call_id": f"c{i}", "name": "lookup",
+                                                       "result": {"n": i}})
+        handle.commit(draft)
+
+
+def turns_conversation(turns: int) -> tuple[str, str]:
+    """A session with a conversation of ``turns`` turns (:func:`add_turns`)."""
+    handle = runtime().kernel.create_session()
+    draft = Draft(actor="user:test")
+    conversation = draft.create_conversation()
+    handle.commit(draft)
+    add_turns(handle.id, conversation, 0, turns)
+    return handle.id, conversation

@@ -208,6 +208,10 @@ OTHER_RULES: dict[str, list[Cell]] = {
         Cell("GET", "/sessions/{session}/", PAGE),
         Cell("GET", f"/sessions/{NOPE}/", MISSING_PAGE),
     ],
+    "sessions/<str:session_id>/conversations/<str:conversation_id>/entries": [
+        # A page of a conversation's earlier entries: 404 for one the session lacks.
+        Cell("GET", f"/sessions/{{session}}/conversations/{NOPE}/entries?before={NOPE}",
+             MISSING_PAGE)],
     "sessions/<str:session_id>/tasks/<str:task_id>/children": [
         # A fragment of children: none for a task that is not there (an empty list).
         Cell("GET", f"/sessions/{{session}}/tasks/{NOPE}/children", PAGE)],

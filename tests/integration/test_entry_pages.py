@@ -1,10 +1,13 @@
-"""Transcripts are paged in SQL: the session page's last entries, the API's pages of a
-conversation (a fork's among them) and the usage totals never read a whole transcript."""
+"""Transcripts are paged in SQL: the session page's last entries, the pages of earlier
+entries it loads, the API's pages of a conversation (a fork's among them) and the usage
+totals never read a whole transcript."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from html import unescape
 from typing import Any
 
 import pytest
@@ -19,10 +22,11 @@ from kernel import Draft
 from kernel.agent.requests import USAGE, conversation_key
 
 from .clients import login_as
+from .sessions import turns_conversation
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-ENTRIES = 260  # past the page's ENTRY_TAIL (200) and the API's pages of 100
+ENTRIES = 260  # past the page's ENTRY_TAIL and the API's pages of 100
 FORK_AT = 99
 FORK_OWN = 150
 
@@ -220,3 +224,86 @@ def test_the_tool_cards_read_the_tasks_of_the_shown_calls_only() -> None:
     cards = [card for item in shown.items for card in item.tools]
     assert len(cards) == pages.ENTRY_TAIL // 2 and all(card.task_id for card in cards)
     assert max(rows) <= len(cards), rows
+
+
+SHOWN_ENTRY = re.compile(r'<li class="entry [^"]*" id="entry-([^"]+)"')
+EARLIER = re.compile(r'<button type="button" hx-get="([^"]+)"[^>]*>Show earlier entries<')
+
+
+def section(html: str, conversation: str) -> str:
+    """The part of a session page that shows ``conversation``."""
+    start = html.index(f'aria-labelledby="conv-{conversation}"')
+    return html[start:html.index("</section>", start)]
+
+
+def walked(client: Client, shown: str) -> tuple[list[str], str]:
+    """The entries ``shown`` (a conversation's part of the session page) and those its
+    "earlier entries" buttons load, page after page, in order; and every page's HTML."""
+    ids, pages_read = SHOWN_ENTRY.findall(shown), [shown]
+    button = EARLIER.search(shown)
+    while button:
+        answer = client.get(unescape(button.group(1)))
+        assert answer.status_code == 200, answer.status_code
+        page = answer.content.decode()
+        ids = SHOWN_ENTRY.findall(page) + ids
+        pages_read.append(page)
+        button = EARLIER.search(page)
+    return ids, "".join(pages_read)
+
+
+def test_the_page_shows_the_latest_entries_and_loads_the_earlier_ones_by_pages() -> None:
+    """A long conversation's session page shows a page of its latest entries, as the task
+    tree shows a page of children, and its "earlier entries" button walks back through
+    every other entry a page at a time; a call at the end of a page shows its result,
+    which is on the page after it."""
+    turns = 130
+    session_id, conversation = turns_conversation(turns)
+    every = runtime().kernel.entries(conversation)
+    client = login_as("viewer")
+    shown = section(client.get(f"/sessions/{session_id}/").content.decode(), conversation)
+    latest = SHOWN_ENTRY.findall(shown)
+    assert pages.ENTRY_TAIL <= pages.CHILD_PAGE
+    assert 0 < len(latest) <= pages.ENTRY_TAIL
+    assert latest == [e.id for e in every[-pages.ENTRY_TAIL:] if e.kind != "tool_result"]
+    with entry_rows() as counts:
+        ids, html = walked(client, shown)
+    assert ids == [e.id for e in every if e.kind != "tool_result"]
+    assert counts and max(counts) <= pages.ENTRY_PAGE + 1, counts
+    assert html.count('<pre tabindex="0" class="json result">') == turns  # every call's result
+    assert html.count('class="badge tool-succeeded"') == turns
+
+
+def test_a_forks_earlier_entries_go_back_through_its_origin() -> None:
+    session_id, _, fork = long_conversation()
+    client = login_as("viewer")
+    shown = section(client.get(f"/sessions/{session_id}/").content.decode(), fork)
+    ids, _ = walked(client, shown)
+    assert ids == [e.id for e in runtime().kernel.entries(fork)]
+
+
+def test_earlier_entries_of_what_the_session_does_not_hold_are_not_found() -> None:
+    session_id, conversation, fork = long_conversation()
+    other, _ = turns_conversation(1)
+    client = login_as("viewer")
+    first = runtime().kernel.entries(conversation)[0].id
+    own = runtime().kernel.entries(fork)[-1].id
+    url = "/sessions/{}/conversations/{}/entries"
+    assert client.get(url.format(session_id, conversation), {"before": first}).status_code == 200
+    assert client.get(url.format(other, conversation), {"before": first}).status_code == 404
+    assert client.get(url.format(session_id, "conv_nope"), {"before": first}).status_code == 404
+    # The fork's own entry is in no transcript of its origin.
+    assert client.get(url.format(session_id, conversation), {"before": own}).status_code == 404
+    assert client.get(url.format(session_id, conversation)).status_code == 404
+
+
+def test_the_entries_between_two_load_by_pages_too() -> None:
+    """What a live update's latest page skipped (more entries came at once than a page
+    holds): the entries after the page's newest and before the fresh page's oldest."""
+    session_id, conversation = turns_conversation(60)
+    every = runtime().kernel.entries(conversation)
+    client = login_as("viewer")
+    first = client.get(f"/sessions/{session_id}/conversations/{conversation}/entries",
+                       {"before": every[150].id, "after": every[20].id}).content.decode()
+    ids, _ = walked(client, first)
+    assert ids == [e.id for e in every[21:150] if e.kind != "tool_result"]
+    assert f"after={every[20].id}" in first  # the page before it stops there too
