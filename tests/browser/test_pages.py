@@ -23,11 +23,11 @@ from controlplane.ui.live import GLOBAL_PAGES
 from tests.chaos.harness import Stack
 from tests.e2e.server import Daphne
 
+from .accessibility import axe_violations
 from .batches import send_batch
 from .conftest import PASSWORD, account, logged_in
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser]
-AXE = Path(__file__).resolve().parents[2] / "static" / "vendor" / "axe-core" / "axe.min.js"
 SCREENSHOTS = os.environ.get("UI_SCREENSHOTS")
 NOT_PAGES = {"session_history", "children", "earlier_entries", "activity", "act",
              "act_on_submission", "act_on_conversation", "bulk_preview", "bulk_act", "retry_failed",
@@ -116,18 +116,6 @@ def test_a_task_page_shows_a_row_per_phase_that_add_up_to_its_span(
                         created.get_attribute("title") or "")
     page.keyboard.press("Tab")  # keyboard: the skip link comes first, and shows its focus
     assert page.evaluate("document.activeElement.className") == "skip"
-
-
-def axe_violations(page: Any) -> list[dict[str, Any]]:
-    """axe-core's serious and critical violations on the page as it is now."""
-    if not page.evaluate("typeof window.axe !== 'undefined'"):
-        page.add_script_tag(path=str(AXE))
-    found = page.evaluate("""async () => {
-        const r = await axe.run(document, {resultTypes: ['violations']});
-        return r.violations.map(v => ({id: v.id, impact: v.impact, help: v.help,
-            nodes: v.nodes.slice(0, 5).map(n => n.target.join(' ') + ' :: ' + n.failureSummary)}));
-    }""")
-    return [v for v in found if v["impact"] in ("serious", "critical")]
 
 
 def test_every_page_passes_the_accessibility_check_in_light_and_dark_mode(

@@ -15,8 +15,8 @@ from tests.chaos.harness import Stack
 from tests.e2e.server import Daphne
 from tests.integration.sessions import add_turns, turns_conversation
 
+from .accessibility import axe_violations
 from .conftest import logged_in
-from .test_pages import axe_violations
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser]
 
