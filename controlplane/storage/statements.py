@@ -142,9 +142,14 @@ TASK_INSERT = insert(TASK)
 # A lease kept by a commit is extended from when the commit was built; the time the
 # transaction then spent waiting for locks is added here, measured by the database,
 # so that a commit stuck behind a lock never commits with a lease that ran out
-# meanwhile (a live worker would lose its task to the sweep).
+# meanwhile (a live worker would lose its task to the sweep). Only to a lease the commit
+# moves: one that writes the task without moving its lease (a signal queued for it, a
+# cancel asked of it) leaves the lease's end where its holder put it.
 TASK_UPDATE = update(
-    TASK, {"lease_until": "{}::timestamptz + (clock_timestamp() - transaction_timestamp())"}
+    TASK,
+    {"lease_until": "(SELECT CASE WHEN v.at IS NOT DISTINCT FROM lease_until THEN lease_until "
+                    "ELSE v.at + (clock_timestamp() - transaction_timestamp()) END "
+                    "FROM (SELECT {}::timestamptz AS at) v)"},
 )
 # The session's head advanced, as a CTE named ``head`` (its one column ``head_seq``, the
 # new seq): the row lock that orders a session's commits. Parameter: the session id.
