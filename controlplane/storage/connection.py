@@ -370,6 +370,38 @@ Queue = Callable[[Any, WriteSet], tuple["HotCursor", list["HotCursor"]]]
 dispatch rows."""
 
 
+class Announcing:
+    """Lets one of this process's commits at a time carry an announcement (``NOTIFY``).
+
+    Postgres queues the commit of every notifying transaction, its log flush included,
+    behind one lock for the whole database, so commits of separate sessions that would
+    otherwise commit side by side wait for each other. A commit that finds another of
+    this process's commits announcing goes without: its tasks reach the workers by their
+    messages, as they always do (an announcement is only a head start for idle workers,
+    and while this process's commits overlap, the workers are seldom idle)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._mine = threading.local()
+
+    def claim(self) -> bool:
+        """Whether this thread's commit may announce (it then holds the turn until
+        :meth:`done`)."""
+        if getattr(self._mine, "held", False) or self._lock.acquire(blocking=False):
+            self._mine.held = True
+            return True
+        return False
+
+    def done(self) -> None:
+        """This thread's commit has ended: its turn, if it held one, is free."""
+        if getattr(self._mine, "held", False):
+            self._mine.held = False
+            self._lock.release()
+
+
+announcing = Announcing()
+
+
 def pipelined(
     db: Any, ws: WriteSet, before_commit: Callable[[], None], queue: Queue, *,
     begin: bool = False, guess: str = "",
@@ -393,6 +425,8 @@ def pipelined(
             seq = guess or ws.commit.seq
             raise CommitUncertain(f"commit {ws.commit.session_id}#{seq}: {exc}") from exc
         raise
+    finally:
+        announcing.done()
     return cursors
 
 
@@ -448,7 +482,7 @@ def queue_dispatches(
     """The announcement for listening workers, then the rows, in chunks of at most a
     statement's parameters."""
     announcement = due.payload(dispatches)
-    if announcement is not None:
+    if announcement is not None and announcing.claim():
         HotCursor(db).execute(due.NOTIFY, [due.CHANNEL, announcement])
     size = sql.DISPATCHES_PER_INSERT
     chunks = [dispatches[i : i + size] for i in range(0, len(dispatches), size)]

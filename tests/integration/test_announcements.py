@@ -102,6 +102,31 @@ def test_a_burst_and_a_task_not_due_are_not_announced(announcements: Callable[[]
     assert announcements() == []
 
 
+def test_a_commit_goes_without_its_announcement_while_another_of_the_process_announces(
+    announcements: Callable[[], list],
+) -> None:
+    """Postgres orders every notifying commit behind one lock: commits of this process
+    announce one at a time, and one that finds another announcing relies on its message
+    (which goes as always); the next commit after it announces again."""
+    import threading
+
+    from controlplane.storage.connection import announcing
+
+    kernel, _, sent = world()
+    assert announcing.claim()  # another thread's commit is announcing
+    made: list[str] = []
+    try:
+        beside = threading.Thread(target=lambda: made.extend(create(kernel)))
+        beside.start()
+        beside.join()
+    finally:
+        announcing.done()
+    assert sent == made  # its message went
+    assert announcements() == []
+    later = create(kernel)
+    assert announcements() == [("hands", later[0])]
+
+
 def test_parse_skips_lines_of_other_senders() -> None:
     assert list(due.parse("hands\tt1\nnoise\n\tt2\nbrain\tt3")) == [("hands", "t1"),
                                                                     ("brain", "t3")]
