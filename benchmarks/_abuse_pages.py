@@ -187,7 +187,7 @@ async def _phase(run: Callable[..., Awaitable[Any]], name: str, server: Any, ope
 
 def run(url: str, redis_url: str, tasks: int, commits: int, interval: float,
         viewer_does: str = "both", server_share: float = SERVER_SHARE,
-        warmup: int = WARMUP_COMMITS) -> list[Phase]:
+        warmup: int = WARMUP_COMMITS, server_burst: float = SERVER_BURST) -> list[Phase]:
     from controlplane.dev.processes import Daphne, process_env
 
     progress(f"seeding {tasks} tasks (COPY)")
@@ -198,7 +198,7 @@ def run(url: str, redis_url: str, tasks: int, commits: int, interval: float,
     env = process_env(url, redis_url, DJANGO_DEBUG="0",
                       USER_REQUESTS_PER_SECOND="10", USER_REQUEST_BURST="50",
                       USER_SERVER_SECONDS_PER_SECOND=str(server_share),
-                      USER_SERVER_SECONDS_BURST=str(SERVER_BURST),
+                      USER_SERVER_SECONDS_BURST=str(server_burst),
                       ADDRESS_REQUESTS_PER_SECOND="0")
     phases = []
     with tempfile.TemporaryDirectory() as tmp:

@@ -57,6 +57,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--server-share", type=float, default=0.5,
                         help="USER_SERVER_SECONDS_PER_SECOND of the server (0: its budget of "
                         "server time off, to see what the budget buys)")
+    parser.add_argument("--server-burst", type=float, default=SERVER_BURST,
+                        help="USER_SERVER_SECONDS_BURST of the server: the server time an "
+                        "account may take at once, before the per-second share paces it")
     args = parser.parse_args(argv)
     failed = 0 if args.pages_only else caps(args)
     if not args.no_pages:
@@ -75,17 +78,18 @@ def pages(args: argparse.Namespace) -> int:
         os.environ["REDIS_URL"] = redis_url
         fresh_database(args, url, redis_url)
         quiet, abused = run(url, redis_url, args.tasks, args.commits, args.interval,
-                            args.viewer_does, args.server_share)
+                            args.viewer_does, args.server_share,
+                            server_burst=args.server_burst)
     after = os.getloadavg()
     section, met = render_pages(args, quiet, abused, before, after)
     publish(PAGES_HEADING, section, write=not args.no_write)
     return 0 if met else 1
 
 
-def budget(share: float) -> str:
+def budget(share: float, burst: float) -> str:
     if share <= 0:
         return "**no** budget of server time (`--server-share 0`)"
-    return f"budget of server time ({share:g} s a second, {SERVER_BURST:g} s at once)"
+    return f"budget of server time ({share:g} s a second, {burst:g} s at once)"
 
 
 def render_pages(args: argparse.Namespace, quiet: Phase, abused: Phase,
@@ -98,7 +102,8 @@ def render_pages(args: argparse.Namespace, quiet: Phase, abused: Phase,
         f"Run {datetime.now(UTC):%Y-%m-%d %H:%M} UTC by `make bench BENCH_ARGS=abuse` "
         f"(`benchmarks/_abuse_pages.py`): {args.tasks:,} tasks copied in, one Daphne with "
         f"production settings, the per-account request rate (10/s, bursts of 50) and "
-        f"{budget(args.server_share)} on. After {WARMUP_COMMITS} commits not counted, an "
+        f"{budget(args.server_share, args.server_burst)} on. After {WARMUP_COMMITS} "
+        f"commits not counted, an "
         f"operator follows `/ws/ui/tasks/` while {args.commits} commits are made "
         f"{args.interval * 1000:.0f} ms apart, first alone, then while one viewer holds 20 "
         f"tasks-page sockets with filters of their own (a 3-letter word, a sort, "
