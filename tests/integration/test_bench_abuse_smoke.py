@@ -34,7 +34,7 @@ def test_both_phases_see_every_commit_and_the_report_says_the_ratio(redis_url: s
     # answer was counted, a refusal (429) included.
     assert abused.requests > 0 and 0 <= abused.refused <= abused.requests
     args = argparse.Namespace(tasks=200, commits=4, interval=0.05, viewer_does="requests",
-                              server_share=0.5)
+                              server_share=0.5, server_burst=_abuse_pages.SERVER_BURST)
     section, met = abuse.render_pages(args, quiet, abused, (1.0, 1.0, 1.0), (2.0, 2.0, 2.0))
     assert section.startswith(abuse.PAGES_HEADING + "\n")
     assert "200 tasks copied in" in section and "4 commits are made 50 ms apart" in section
