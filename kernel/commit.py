@@ -22,6 +22,7 @@ from .documents import (
     Open,
     apply_ops,
     check_op,
+    copied,
     encoded_size,
     needs_baseline,
     opened,
@@ -786,7 +787,7 @@ class Builder:
                     head.id,
                     version,
                     self.seq,
-                    copy.deepcopy(ops),
+                    copied(ops),
                     baseline,
                     has_baseline=baseline is not None,
                 )

@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from .artifacts import MissingArtifact, is_stand_in
+from .artifacts import IN_PLACE_OF, MissingArtifact, is_stand_in
 from .errors import CommitRejected, NotRegistered
 from .values import storable
 
@@ -44,14 +44,21 @@ MIN_BASELINE_BYTES = 4096
 
 
 def encoded_size(value: JSON) -> int:
-    """Bytes of ``value`` as stored (compact JSON)."""
-    return len(json.dumps(value, separators=(",", ":"), sort_keys=True).encode())
+    """Bytes of ``value`` as stored (compact JSON). Keys are not sorted: their order
+    changes no length. ASCII-escaped, so the text is as long as its bytes."""
+    return len(json.dumps(value, separators=(",", ":")))
+
+
+_STAND_IN_KEY = json.dumps(IN_PLACE_OF)
 
 
 def weight(value: JSON) -> int:
     """Bytes of ``value`` with each stand-in in it counted as the value it stands for:
     what a replay from it may cost, that decides when the next baseline is due."""
-    total = encoded_size(value)
+    text = json.dumps(value, separators=(",", ":"))
+    total = len(text)
+    if _STAND_IN_KEY not in text:
+        return total  # no object in it has a stand-in's mark: nothing to add
     stack = [value]
     while stack:
         item = stack.pop()
@@ -83,12 +90,29 @@ def check_op(op: JSON, what: str = "document op") -> JSON:
     return storable(op, what)
 
 
+def copied(value: JSON) -> JSON:
+    """A deep copy of an op's value (or of a list of ops), as :func:`copy.deepcopy`
+    makes it, without its bookkeeping: objects and lists are copied, strings, numbers,
+    booleans and null kept (they are immutable), anything else left to ``deepcopy``.
+    For values :func:`~kernel.values.storable` returned (what a draft's ops hold),
+    where no object or list appears twice, so there is no sharing to keep."""
+    kind = type(value)
+    if kind is dict:
+        return {key: copied(item) for key, item in value.items()}
+    if kind is list:
+        return [copied(item) for item in value]
+    if kind is str or kind is int or kind is float or kind is bool or value is None:
+        return value
+    return copy.deepcopy(value)
+
+
 def apply_ops(
     value: JSON, ops: Iterable[JSON], open_one: Open | None = None
 ) -> JSON:
     """Return ``value`` with ``ops`` applied; ``value`` itself is left untouched.
     ``open_one`` reads back a stand-in an op reaches inside (none without it)."""
-    result = copy.deepcopy(value)
+    # An empty object (a new document's usual start) needs no deepcopy's bookkeeping.
+    result = {} if type(value) is dict and not value else copy.deepcopy(value)
     for op in ops:
         result = _apply(result, op, open_one)
     return result
@@ -107,7 +131,7 @@ def _opened(value: JSON, open_one: Open | None) -> JSON:
 def _apply(value: JSON, op: JSON, open_one: Open | None = None) -> JSON:
     path: list[str] = op["path"]
     if not path:
-        return copy.deepcopy(op["value"])
+        return copied(op["value"])
     value = _opened(value, open_one)
     root = value if isinstance(value, dict) else {}
     node = root
@@ -119,7 +143,7 @@ def _apply(value: JSON, op: JSON, open_one: Open | None = None) -> JSON:
         node = child
     last = path[-1]
     if op["op"] == "set":
-        node[last] = copy.deepcopy(op["value"])
+        node[last] = copied(op["value"])
     elif op["op"] == "remove":
         node.pop(last, None)
     elif op["op"] == "incr":
@@ -131,9 +155,9 @@ def _apply(value: JSON, op: JSON, open_one: Open | None = None) -> JSON:
     else:
         current = _opened(node.get(last), open_one)
         node[last] = (
-            [*current, copy.deepcopy(op["value"])]
+            [*current, copied(op["value"])]
             if isinstance(current, list)
-            else [copy.deepcopy(op["value"])]
+            else [copied(op["value"])]
         )
     return root
 

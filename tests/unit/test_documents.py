@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import copy
+import json
+from typing import Any
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from kernel import CommitRejected
-from kernel.documents import apply_ops, check_op, needs_baseline
+from kernel.artifacts import IN_PLACE_OF, is_stand_in
+from kernel.documents import apply_ops, check_op, copied, encoded_size, needs_baseline, weight
 
 keys = st.sampled_from(["a", "b", "c"])
 paths = st.lists(keys, min_size=1, max_size=3)
@@ -89,3 +94,57 @@ def test_a_baseline_is_due_once_ops_outweigh_the_last_one() -> None:
     assert not needs_baseline(300_000, 300_000)
     assert needs_baseline(300_001, 300_000)
     assert needs_baseline(5000, 10)  # small documents still batch a few KB of ops
+
+
+# JSON as storable returns it: any text (non-ASCII too), numbers, nesting; and stand-ins
+# (the mark of a value stored apart), whose size weight() adds.
+json_values = st.recursive(
+    st.one_of(st.none(), st.booleans(), st.integers(), st.floats(allow_nan=False,
+              allow_infinity=False), st.text(max_size=8), st.just(IN_PLACE_OF)),
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=4),
+        st.dictionaries(st.one_of(st.text(max_size=5), st.just(IN_PLACE_OF)), inner,
+                        max_size=4),
+        st.builds(lambda n, v: {"artifact": "sha256:" + "0" * 64, "bytes": n,
+                                IN_PLACE_OF: "document d/k", "excerpt": v},
+                  st.integers(0, 10**6), inner),
+    ),
+    max_leaves=30,
+)
+
+
+def containers(value: Any) -> list[int]:
+    found = []
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict | list):
+            found.append(id(item))
+            stack.extend(item.values() if isinstance(item, dict) else item)
+    return found
+
+
+@given(json_values)
+def test_an_ops_value_is_copied_as_deepcopy_copies_it(value: Any) -> None:
+    copy_ = copied(value)
+    assert copy_ == copy.deepcopy(value)
+    assert json.dumps(copy_) == json.dumps(value)  # the same types and key order
+    assert not set(containers(copy_)) & set(containers(value))
+
+
+@given(json_values)
+def test_sizes_are_those_of_the_sorted_compact_json(value: Any) -> None:
+    """What the sizes were defined as: sorted keys change no length, and a value with
+    no stand-in's mark in its JSON weighs its length."""
+    stored = len(json.dumps(value, separators=(",", ":"), sort_keys=True).encode())
+    assert encoded_size(value) == stored
+    stand_ins, stack = 0, [value]
+    while stack:
+        item = stack.pop()
+        if is_stand_in(item):
+            stand_ins += int(item.get("bytes") or 0)
+        elif isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    assert weight(value) == stored + stand_ins
