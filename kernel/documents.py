@@ -32,7 +32,7 @@ from typing import Any
 
 from .artifacts import IN_PLACE_OF, MissingArtifact, is_stand_in
 from .errors import CommitRejected, NotRegistered
-from .values import storable
+from .values import dumps, storable
 
 JSON = Any
 Migrate = Callable[[int, JSON], JSON]
@@ -46,16 +46,17 @@ MIN_BASELINE_BYTES = 4096
 def encoded_size(value: JSON) -> int:
     """Bytes of ``value`` as stored (compact JSON). Keys are not sorted: their order
     changes no length. ASCII-escaped, so the text is as long as its bytes."""
-    return len(json.dumps(value, separators=(",", ":")))
+    return len(_compact(value))
 
 
+_compact = dumps(separators=(",", ":"))
 _STAND_IN_KEY = json.dumps(IN_PLACE_OF)
 
 
 def weight(value: JSON) -> int:
     """Bytes of ``value`` with each stand-in in it counted as the value it stands for:
     what a replay from it may cost, that decides when the next baseline is due."""
-    text = json.dumps(value, separators=(",", ":"))
+    text = _compact(value)
     total = len(text)
     if _STAND_IN_KEY not in text:
         return total  # no object in it has a stand-in's mark: nothing to add

@@ -43,6 +43,7 @@ from .artifacts import (
 from .commit import Draft
 from .documents import Open, opened
 from .records import Entry
+from .values import dumps
 
 __all__ = ["Open", "opened", "opened_entry", "opener", "prepare", "size"]
 
@@ -51,7 +52,10 @@ JSON = Any
 
 def size(value: JSON) -> int:
     """Bytes of ``value``'s JSON as an artifact holds it (key order changes no length)."""
-    return len(json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode())
+    return len(_compact(value).encode())
+
+
+_compact = dumps(ensure_ascii=False, separators=(",", ":"))
 
 
 def prepare(draft: Draft, store: ArtifactStore, threshold: int | None) -> Draft:

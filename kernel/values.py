@@ -14,11 +14,43 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Callable
+from json.encoder import encode_basestring, encode_basestring_ascii
 from typing import Any
 
 from .errors import UnstorableValue
 
+# The C encoder json.dumps uses (None on an interpreter without it: json.dumps then).
+_c_make_encoder: Any = getattr(json.encoder, "c_make_encoder", None)
 JSON = Any
+_DEFAULT = json.JSONEncoder().default
+
+
+def dumps(
+    *, ensure_ascii: bool = True, allow_nan: bool = True,
+    separators: tuple[str, str] = (", ", ": "),
+) -> Callable[[JSON], str]:
+    """``json.dumps`` with these options, as a function that gives the same text and
+    raises the same errors: it calls the C encoder that ``json.dumps`` ends in, without
+    building a ``JSONEncoder`` on every call (the commit path encodes every value
+    several times)."""
+    if _c_make_encoder is None:
+        def slow(value: JSON) -> str:
+            return json.dumps(value, ensure_ascii=ensure_ascii, allow_nan=allow_nan,
+                              separators=separators)
+        return slow
+    encode = _c_make_encoder
+    strings = encode_basestring_ascii if ensure_ascii else encode_basestring
+    item, key = separators
+
+    def fast(value: JSON) -> str:
+        # A fresh markers dict per call, as json.dumps has: circular values are refused.
+        return "".join(encode({}, _DEFAULT, strings, None, key, item, False, False,
+                              allow_nan)(value, 0))
+    return fast
+
+
+_storable_text = dumps(ensure_ascii=False, allow_nan=False)
 
 # ``\u0000`` in encoded JSON that is an escape of NUL, not an escaped backslash
 # followed by the text "u0000".
@@ -29,7 +61,7 @@ def storable(value: JSON, what: str) -> JSON:
     """``value`` as a storage holds it, or :class:`UnstorableValue` naming ``what`` (the
     record and its field, e.g. ``"task t1 checkpoint"``) and where in it the problem is."""
     try:
-        encoded = json.dumps(value, ensure_ascii=False, allow_nan=False)
+        encoded = _storable_text(value)
     except (TypeError, ValueError, RecursionError):
         raise UnstorableValue(_explain(value, what)) from None
     if "\\u0000" in encoded and _NUL_ESCAPE.search(encoded):
