@@ -42,6 +42,7 @@ from kernel.commit import Draft
 from kernel.errors import UnknownRecord
 from kernel.run import Run
 from kernel.session import Kernel, SessionHandle
+from kernel.values import dumps
 
 from .layout import (
     CHECKPOINT,
@@ -59,6 +60,7 @@ from .retention import KeepLatest, Policy, retained
 JSON = Any
 T = TypeVar("T")
 ACTOR = "langgraph"
+_json_text = dumps()  # json.dumps, without a JSONEncoder built per call
 
 
 @dataclass
@@ -172,13 +174,15 @@ class SessionStoreSaver(BaseCheckpointSaver[int]):
         """Record the thread (and the run that writes it) in the directory, before the
         thread's own commit: a crash between the two leaves a directory entry pointing
         at nothing, which every reader of the directory tolerates."""
+        new_thread = thread_id not in self._known_threads
+        new_run = run_id is not None and (run_id, thread_id) not in self._known_runs
+        if not (new_thread or new_run):
+            return  # every put after a thread's first: no draft to build
         draft = Draft(actor=ACTOR)
-        if thread_id not in self._known_threads:
+        if new_thread:
             draft.set(THREADS, THREADS_KEY, ["threads", thread_id], True)
-        if run_id is not None and (run_id, thread_id) not in self._known_runs:
-            draft.set(RUNS, run_id, ["threads", thread_id], True)
-        if not draft.document_ops:
-            return
+        if new_run:
+            draft.set(RUNS, str(run_id), ["threads", thread_id], True)
         handle = self._handle(DIRECTORY, create=True)
         assert handle is not None
         handle.commit(draft)
@@ -201,7 +205,7 @@ class SessionStoreSaver(BaseCheckpointSaver[int]):
         ns = conf.get("checkpoint_ns", "")
         parent = conf.get("checkpoint_id")
         # As JSON reads it back (tuples become lists), whichever storage holds it.
-        stored_metadata = json.loads(json.dumps(
+        stored_metadata = json.loads(_json_text(
             get_serializable_checkpoint_metadata(config, metadata)))
         run_id = stored_metadata.get("run_id")
         self._register_thread(thread_id, str(run_id) if run_id is not None else None)
