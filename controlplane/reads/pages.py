@@ -526,25 +526,24 @@ class TasksPage:
 def tasks_page(search: TaskSearch) -> TasksPage:
     """One page of the tasks matching ``search`` across sessions, with how many match.
 
-    The count and the first pages come from one read of the matches' ids (in the page's
-    order, up to one past :data:`COUNT_UP_TO`): a filter that no index serves, a word of
-    the input where the server has no trigram index, then scans the tasks once, not
-    once to count and again for the page. A page past those ids is read on its own."""
+    The count and the page come from one read of the matches' ids in the page's order, up
+    to one past :data:`COUNT_UP_TO` or past the asked page, whichever is further (at most
+    :data:`MAX_TASKS_PAGES` of them): a filter that no index serves, or a common word,
+    then costs one scan and one sort of the matches, whatever page is asked, not one to
+    count and another for a deep page. A page past the last match is the last page."""
     kinds = sorted(process_kernel().registry.kinds())
     if search.short_word:
         return TasksPage(last_commit_id(), replace(search, page=1), [], {}, 0, False, 1,
                          kinds, short_word=True)
     found = search.filter()
-    head = tasks.ids(found, COUNT_UP_TO + 1, order=search.sort)
+    asked = min(search.page, MAX_TASKS_PAGES)
+    head = tasks.ids(found, max(COUNT_UP_TO, asked * TASKS_PAGE) + 1, order=search.sort)
     more = len(head) > COUNT_UP_TO
     total = min(len(head), COUNT_UP_TO)
-    pages = max(1, -(-total // TASKS_PAGE))
-    page = min(search.page if more else min(search.page, pages), MAX_TASKS_PAGES)
+    page = min(asked, max(1, -(-len(head) // TASKS_PAGE)))
     start = (page - 1) * TASKS_PAGE
-    if more and start + TASKS_PAGE + 1 > len(head):
-        rows = tasks.find(found, start, TASKS_PAGE + 1, order=search.sort)
-    else:
-        rows = tasks.listed(head[start : start + TASKS_PAGE + 1])
+    rows = tasks.listed(head[start : start + TASKS_PAGE + 1])
+    pages = max(1, -(-total // TASKS_PAGE))
     if more:  # past the counted ones, a page more while there are rows
         pages = max(pages, page + 1 if len(rows) > TASKS_PAGE else page)
     last_page = page == MAX_TASKS_PAGES and len(rows) > TASKS_PAGE

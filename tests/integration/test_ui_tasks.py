@@ -122,9 +122,11 @@ def test_the_count_and_the_pages_come_from_one_read_and_agree_past_it(
 
     # More than the count: pages within the ids read for the count, and past them.
     assert shown(1) == (newest[0:2], 5, True, 3, 1)
-    assert shown(3) == (newest[4:6], 5, True, 4, 3)  # past the 6 ids: read on its own
+    assert shown(3) == (newest[4:6], 5, True, 4, 3)
     assert shown(6) == (newest[10:12], 5, True, 6, 6)
-    assert shown(7) == ([], 5, True, 7, 7)
+    # Past the last match: the last page, not an empty one.
+    assert shown(7) == (newest[10:12], 5, True, 6, 6)
+    assert shown(100) == (newest[10:12], 5, True, 6, 6)
     # Fewer: every match was read; a page past the last is the last.
     kind = task_reads.find(task_reads.TaskFilter(kind="send-batch"), 0, 12, order="-created")
     assert len(kind) == 3
@@ -132,6 +134,25 @@ def test_the_count_and_the_pages_come_from_one_read_and_agree_past_it(
     assert shown(9, kind="send-batch") == ([kind[2].id], 3, False, 2, 2)
     by_kind = [t.id for t in task_reads.find(task_reads.TaskFilter(), 0, 12, order="kind")]
     assert shown(2, sort="kind") == (by_kind[2:4], 5, True, 3, 2)
+
+
+def test_a_deep_page_of_a_search_reads_its_matches_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A common word on a deep page costs one scan and one sort of the matches (the ids,
+    which count them too), not a second for the page's rows: on a large table each is a
+    read of every match, and a viewer can ask for the deepest page as often as it likes."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    monkeypatch.setattr(pages, "COUNT_UP_TO", 3)
+    monkeypatch.setattr(pages, "TASKS_PAGE", 2)
+    made = [batch(subject=f"renewal {i}")[1] for i in range(9)]
+    for page, sort in ((1, "-created"), (4, "-created"), (100, "kind"), (3, "-status")):
+        with CaptureQueriesContext(connection) as queries:
+            found = pages.tasks_page(pages.TaskSearch(q="renewal", page=page, sort=sort))
+        searched = [q["sql"] for q in queries.captured_queries if "ILIKE" in q["sql"]]
+        assert len(searched) == 1, (page, sort, searched)
+        assert found.rows, (page, sort)
+    assert len(made) == 9
 
 
 def test_a_word_too_short_for_the_index_searches_nothing_and_acts_on_nothing() -> None:
