@@ -25,19 +25,22 @@ def redis_url() -> Iterator[str]:
 @pytest.mark.timeout(300)
 @pytest.mark.django_db(transaction=True)
 def test_both_phases_see_every_commit_and_the_report_says_the_ratio(redis_url: str) -> None:
-    quiet, abused = _abuse_pages.run(url_of_test_database(), redis_url, tasks=200, commits=4,
-                                     interval=0.05, warmup=2)
-    for phase in (quiet, abused):
+    quiet, abused = _abuse_pages.run(url_of_test_database(), redis_url, tasks=200, commits=2,
+                                     interval=0.05, warmup=2, rounds=2)
+    for phase in (quiet, abused):  # two rounds of 2, pooled
         assert phase.samples.count == 4 and phase.missing == 0, phase
+        assert [r.count for r in phase.rounds] == [2, 2]
     assert quiet.requests == 0
     # The viewer's two threads asked (its 20 sockets are not counted here) and every
     # answer was counted, a refusal (429) included.
     assert abused.requests > 0 and 0 <= abused.refused <= abused.requests
-    args = argparse.Namespace(tasks=200, commits=4, interval=0.05, viewer_does="requests",
-                              server_share=0.5, server_burst=_abuse_pages.SERVER_BURST)
+    args = argparse.Namespace(tasks=200, commits=2, interval=0.05, viewer_does="requests",
+                              server_share=0.5, server_burst=_abuse_pages.SERVER_BURST,
+                              rounds=2)
     section, met = abuse.render_pages(args, quiet, abused, (1.0, 1.0, 1.0), (2.0, 2.0, 2.0))
     assert section.startswith(abuse.PAGES_HEADING + "\n")
-    assert "200 tasks copied in" in section and "4 commits are made 50 ms apart" in section
+    assert "200 tasks copied in" in section and "2 commits are made 50 ms apart" in section
+    assert "2 rounds of both phases" in section and "Each round's p99" in section
     assert "in this run the searches only" in section
     assert "budget of server time (0.5 s a second, 5 s at once)" in section
     assert f"| quiet | 4 | 0 | {quiet.samples.p50:.0f} |" in section
