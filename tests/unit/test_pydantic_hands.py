@@ -1,0 +1,254 @@
+"""A Pydantic AI agent whose tools run on the hands queue (``hands(...)``), on the
+reference storage: the turn commits a task per call and waits for it holding no lease;
+the task replays the run from the turn's journal and runs only its call. Crashes are
+``Crash`` raised where a process would die; a new scheduler resumes from storage alone."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import BaseModel
+from pydantic_ai import Agent
+from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart
+from pydantic_ai.models.function import AgentInfo, FunctionModel
+
+from kernel import (
+    Draft,
+    InMemoryStorage,
+    Kernel,
+    ManualClock,
+    Registry,
+    Scheduler,
+    Status,
+    SubmissionStatus,
+    Task,
+)
+from kernel.agent import submit
+from kernel.hosts.pydantic_ai import HANDS, SAFE, KernelDurability, hands, register_agent
+from tests.unit.crashes import Crash, dead
+
+HANDS_KIND = "agent-tool:support"
+
+
+class Ticket(BaseModel):
+    customer: str
+    notified: bool
+
+
+@dataclass
+class World:
+    """Response 0 calls ``lookup`` (safe, on hands), response 1 calls ``notify``
+    (unsafe, on hands), response 2 answers. With ``parallel``, response 0 calls
+    ``lookup`` twice and ``note`` (safe, run by the turn itself) in one response."""
+
+    parallel: bool = False
+    crash_on: set[str] = field(default_factory=set)
+    model_calls: list[int] = field(default_factory=list)
+    effects: list[str] = field(default_factory=list)
+    seen: list[dict[str, Any]] = field(default_factory=list)
+    """At each hands tool's start: the turn's and the running task's state."""
+    storage: InMemoryStorage = field(default_factory=InMemoryStorage)
+    clock: ManualClock = field(default_factory=ManualClock)
+    session_id: str = ""
+
+    def maybe_crash(self, point: str) -> None:
+        if point in self.crash_on:
+            self.crash_on.discard(point)
+            raise Crash()
+
+    def model(self, messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        step = sum(1 for m in messages if m.kind == "response")
+        self.model_calls.append(step)
+        parts: list[Any]
+        if step == 0 and self.parallel:
+            parts = [ToolCallPart("lookup", {"customer": "ana"}, tool_call_id="c1"),
+                     ToolCallPart("note", {"text": "looking"}, tool_call_id="c0"),
+                     ToolCallPart("lookup", {"customer": "ben"}, tool_call_id="c1b")]
+        elif step == 0:
+            parts = [ToolCallPart("lookup", {"customer": "ana"}, tool_call_id="c1")]
+        elif step == 1:
+            parts = [ToolCallPart("notify", {"to": "ana@example.com"}, tool_call_id="c2")]
+        else:
+            parts = [TextPart("Done."), ToolCallPart(
+                info.output_tools[0].name, {"customer": "ana", "notified": True},
+                tool_call_id=f"out{step}")]
+        return ModelResponse(parts=parts)
+
+    def look(self, call: str) -> None:
+        tasks = self.storage.session_tasks(self.session_id)
+        (turn,) = [t for t in tasks if t.kind == "agent:support"]
+        running = [t for t in tasks if t.status is Status.RUNNING]
+        self.seen.append({"call": call, "turn": turn.status, "turn_lease": turn.lease_owner,
+                          "running": [(t.kind, t.queue) for t in running]})
+
+    def agent(self) -> Agent[None, Ticket]:
+        agent = Agent(FunctionModel(self.model), name="support", output_type=Ticket,
+                      capabilities=[KernelDurability()])
+        world = self
+
+        @agent.tool_plain(metadata=hands(SAFE))
+        def lookup(customer: str) -> str:
+            world.look(f"lookup:{customer}")
+            world.effects.append(f"lookup:{customer}")
+            world.maybe_crash(f"lookup:{customer}")
+            return f"{customer} <{customer}@example.com>"
+
+        @agent.tool_plain(metadata=HANDS)
+        def notify(to: str) -> str:
+            world.look("notify")
+            world.effects.append(f"notify:{to}")
+            world.maybe_crash("notify")
+            return f"sent to {to}"
+
+        @agent.tool_plain(metadata=SAFE)
+        def note(text: str) -> str:
+            world.effects.append(f"note:{text}")
+            return "noted"
+
+        return agent
+
+    def kernel(self) -> Kernel:
+        registry = Registry()
+        register_agent(registry, "support", self.agent())
+        return Kernel(self.storage, registry, self.clock)
+
+    def run(self, crashes_allowed: int = 0) -> int:
+        crashes = 0
+        while True:
+            try:
+                Scheduler(self.kernel(), f"w{crashes}").run_until_idle(advance_clock=True)
+                return crashes
+            except BaseException as exc:
+                if not dead(exc):
+                    raise
+                crashes += 1
+                if crashes > crashes_allowed:
+                    raise
+
+    def start(self) -> tuple[Kernel, str, str]:
+        kernel = self.kernel()
+        handle = kernel.create_session()
+        self.session_id = handle.id
+        draft = Draft()
+        conversation = draft.create_conversation()
+        handle.commit(draft)
+        submitted = submit(handle, conversation, {"text": "Notify ana", "agent": "support"},
+                           "req-1")
+        assert submitted.submission is not None
+        return kernel, conversation, submitted.submission.id
+
+    def tasks(self, kind: str) -> list[Task]:
+        return [t for t in self.storage.session_tasks(self.session_id) if t.kind == kind]
+
+    def turn(self) -> Task:
+        (turn,) = self.tasks("agent:support")
+        return turn
+
+
+def results(kernel: Kernel, conversation: str) -> dict[str, Any]:
+    return {e.payload["call_id"]: e.payload for e in kernel.entries(conversation)
+            if e.kind == "tool_result"}
+
+
+def test_each_hands_call_is_a_task_on_hands_while_the_turn_waits_holding_no_lease() -> None:
+    world = World()
+    kernel, conversation, submission = world.start()
+    world.run()
+    # While each call ran, the turn waited and held no lease; its task ran on hands.
+    assert world.seen == [
+        {"call": "lookup:ana", "turn": Status.WAITING, "turn_lease": None,
+         "running": [(HANDS_KIND, "hands")]},
+        {"call": "notify", "turn": Status.WAITING, "turn_lease": None,
+         "running": [(HANDS_KIND, "hands")]},
+    ]
+    assert world.model_calls == [0, 1, 2]  # no committed response is requested again
+    assert world.effects == ["lookup:ana", "notify:ana@example.com"]
+    stored = kernel.storage.submission(submission)
+    assert stored is not None and stored.status is SubmissionStatus.ANSWERED
+    turn = world.turn()
+    assert turn.outcome is not None and turn.outcome["kind"] == "succeeded"
+    assert turn.outcome["result"]["output"] == {"customer": "ana", "notified": True}
+    children = world.tasks(HANDS_KIND)
+    assert [(t.queue, t.parent_id, t.input["call"]["id"], (t.outcome or {}).get("kind"))
+            for t in children] == [("hands", turn.id, "c1", "succeeded"),
+                                   ("hands", turn.id, "c2", "succeeded")]
+    found = results(kernel, conversation)
+    assert found["c1"]["replay"] == "safe" and found["c1"]["turn"] == turn.id
+    assert found["c2"]["replay"] == "unsafe" and found["c2"]["result"] == "sent to ana@example.com"
+    # The unsafe call's intent was the hands task's, and its result dropped it.
+    notify = next(t for t in children if t.input["call"]["id"] == "c2")
+    assert notify.checkpoint.get("intents") == {}
+    assert "intents" not in turn.checkpoint or turn.checkpoint["intents"] == {}
+
+
+def test_parallel_calls_get_a_task_each_and_the_turn_runs_its_own_call_meanwhile() -> None:
+    world = World(parallel=True)
+    kernel, conversation, submission = world.start()
+    world.run()
+    assert world.model_calls == [0, 1, 2]
+    assert sorted(world.effects) == sorted(["lookup:ana", "lookup:ben", "note:looking",
+                                            "notify:ana@example.com"])
+    turn = world.turn()
+    assert turn.outcome is not None and turn.outcome["kind"] == "succeeded", turn.outcome
+    first = [t for t in world.tasks(HANDS_KIND) if t.input["call"]["name"] == "lookup"]
+    assert sorted(t.input["call"]["id"] for t in first) == ["c1", "c1b"]
+    found = results(kernel, conversation)
+    assert found["c1b"]["result"] == "ben <ben@example.com>"
+    assert found["c0"]["result"] == "noted" and "hands" not in found["c0"]
+    # Both lookups' results reached the model together, as their calls were made.
+    answered = [e.payload for e in kernel.entries(conversation) if e.kind == "model_response"]
+    assert len(answered) == 3
+
+
+def test_a_hands_task_killed_during_an_unsafe_call_leaves_it_uncertain_not_called_again() -> None:
+    world = World(crash_on={"notify"})
+    kernel, conversation, submission = world.start()
+    world.run(crashes_allowed=1)
+    (_, notify) = world.tasks(HANDS_KIND)
+    assert notify.status is Status.WAITING and notify.wait == {"signal": "resolution:c2:1"}
+    assert [d.name for d in kernel.registry.decisions(notify)] == [
+        "happened", "run_again", "not_done"]
+    turn = world.turn()
+    assert turn.status is Status.WAITING and turn.lease_owner is None
+    assert world.effects.count("notify:ana@example.com") == 1
+    draft = Draft(actor="user:op")
+    draft.signal(notify.id, "resolution:c2:1",
+                 {"decision": "happened", "by": "user:op", "reason": "seen in the outbox",
+                  "receipt": {"result": "sent (checked)"}}, step_epoch=notify.epoch)
+    kernel.open(world.session_id).commit(draft)
+    world.run()
+    assert world.effects.count("notify:ana@example.com") == 1
+    assert world.model_calls == [0, 1, 2]
+    stored = kernel.storage.submission(submission)
+    assert stored is not None and stored.status is SubmissionStatus.ANSWERED
+    found = results(kernel, conversation)
+    assert found["c2"]["result"] == "sent (checked)" and found["c2"]["resolved"]["by"] == "user:op"
+
+
+def test_a_safe_hands_call_cut_midway_runs_again_in_its_task() -> None:
+    world = World(crash_on={"lookup:ana"})
+    kernel, conversation, submission = world.start()
+    world.run(crashes_allowed=1)
+    assert world.effects.count("lookup:ana") == 2
+    assert world.model_calls == [0, 1, 2]
+    assert len(world.tasks(HANDS_KIND)) == 2  # the same task ran the call again
+    stored = kernel.storage.submission(submission)
+    assert stored is not None and stored.status is SubmissionStatus.ANSWERED
+
+
+def test_a_hands_task_that_ends_without_a_result_is_answered_as_failed() -> None:
+    world = World(crash_on={"notify"})
+    kernel, conversation, submission = world.start()
+    world.run(crashes_allowed=1)
+    (_, notify) = world.tasks(HANDS_KIND)
+    draft = Draft(actor="user:op")
+    draft.cancel(notify.id, "wrong recipient")
+    kernel.open(world.session_id).commit(draft)
+    world.run()
+    assert world.effects.count("notify:ana@example.com") == 1
+    found = results(kernel, conversation)
+    assert "cancelled" in found["c2"]["error"], found["c2"]
+    assert world.model_calls == [0, 1, 2]
+    turn = world.turn()
+    assert turn.outcome is not None and turn.outcome["kind"] == "succeeded", turn.outcome
