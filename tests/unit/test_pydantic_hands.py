@@ -9,9 +9,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pydantic import BaseModel
-from pydantic_ai import Agent
+from pydantic_ai import Agent, ApprovalRequired, RunContext
 from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart
 from pydantic_ai.models.function import AgentInfo, FunctionModel
+from pydantic_ai.tools import DeferredToolRequests
 
 from kernel import (
     Draft,
@@ -24,6 +25,7 @@ from kernel import (
     SubmissionStatus,
     Task,
 )
+from kernel.agent import approval as approvals
 from kernel.agent import submit
 from kernel.hosts.pydantic_ai import HANDS, SAFE, KernelDurability, hands, register_agent
 from tests.unit.crashes import Crash, dead
@@ -252,3 +254,99 @@ def test_a_hands_task_that_ends_without_a_result_is_answered_as_failed() -> None
     assert world.model_calls == [0, 1, 2]
     turn = world.turn()
     assert turn.outcome is not None and turn.outcome["kind"] == "succeeded", turn.outcome
+
+
+def test_cancelling_the_turn_cancels_its_hands_task_and_leaves_the_call_cancelled() -> None:
+    world = World(crash_on={"notify"})
+    kernel, conversation, submission = world.start()
+    world.run(crashes_allowed=1)
+    turn = world.turn()
+    draft = Draft(actor="user:olga")
+    draft.cancel(turn.id, "wrong customer")
+    kernel.open(world.session_id).commit(draft)
+    world.run()
+    (_, notify) = world.tasks(HANDS_KIND)
+    assert (notify.outcome or {}).get("kind") == "cancelled"
+    assert (world.turn().outcome or {}).get("kind") == "cancelled"
+    card = results(kernel, conversation)["c2"]
+    assert card["cancelled"] is True and card["reason"] == "wrong customer"
+    assert world.effects.count("notify:ana@example.com") == 1
+    stored = kernel.storage.submission(submission)
+    assert stored is not None and stored.status is SubmissionStatus.CANCELLED
+
+
+@dataclass
+class Billing:
+    """Response 0 calls ``pay`` (approval required, on hands) and ``refund`` (on hands,
+    asks for approval from its body above 10); response 1 answers."""
+
+    effects: list[str] = field(default_factory=list)
+    requests: int = 0
+    storage: InMemoryStorage = field(default_factory=InMemoryStorage)
+    clock: ManualClock = field(default_factory=ManualClock)
+
+    def model(self, messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        self.requests += 1
+        if not any(m.kind == "response" for m in messages):
+            return ModelResponse(parts=[
+                ToolCallPart("pay", {"amount": 5}, tool_call_id="c2"),
+                ToolCallPart("refund", {"amount": 50}, tool_call_id="c3"),
+            ])
+        return ModelResponse(parts=[TextPart("Done.")])
+
+    def kernel(self) -> Kernel:
+        agent = Agent(FunctionModel(self.model), name="billing",
+                      output_type=[str, DeferredToolRequests],
+                      capabilities=[KernelDurability()])
+        world = self
+
+        @agent.tool_plain(requires_approval=True, metadata=HANDS)
+        def pay(amount: int) -> str:
+            world.effects.append(f"pay:{amount}")
+            return f"paid {amount}"
+
+        @agent.tool(metadata=HANDS)
+        def refund(ctx: RunContext[Any], amount: int) -> str:
+            if amount > 10 and not ctx.tool_call_approved:
+                raise ApprovalRequired(metadata={"reason": f"{amount} is more than 10"})
+            world.effects.append(f"refund:{amount}")
+            return f"refunded {amount}"
+
+        registry = Registry()
+        register_agent(registry, "billing", agent, approval_timeout=600)
+        return Kernel(self.storage, registry, self.clock)
+
+
+def test_a_hands_call_that_asks_for_approval_waits_on_the_gate_then_runs_on_hands() -> None:
+    world = Billing()
+    kernel = world.kernel()
+    handle = kernel.create_session()
+    draft = Draft()
+    conversation = draft.create_conversation()
+    handle.commit(draft)
+    submit(handle, conversation, {"text": "Settle ana", "agent": "billing"}, "req-1")
+    Scheduler(world.kernel(), "w").run_until_idle()
+    in_session = kernel.storage.session_tasks(handle.id)
+    (turn,) = [t for t in in_session if t.kind == "agent:billing"]
+    assert turn.status is Status.WAITING and turn.lease_owner is None
+    asked = {t.input["call"]["id"]: t for t in in_session if t.kind == approvals.TASK_KIND}
+    assert sorted(asked) == ["c2", "c3"] and world.effects == []
+    for task in asked.values():
+        decided = Draft(actor="user:olga")
+        approvals.decide(decided, task.id, "approve", by="user:olga", reason="ok",
+                         seen=task.checkpoint["approval"]["digest"])
+        kernel.open(handle.id).commit(decided)
+    Scheduler(world.kernel(), "w").run_until_idle()
+    assert sorted(world.effects) == ["pay:5", "refund:50"]
+    assert world.requests == 2
+    in_session = kernel.storage.session_tasks(handle.id)
+    (turn,) = [t for t in in_session if t.kind == "agent:billing"]
+    assert turn.outcome is not None and turn.outcome["result"]["output"] == "Done."
+    # refund asked from its body in a hands task; after the decisions each call ran in
+    # a hands task of the next segment.
+    ran = sorted((t.input["call"]["id"], t.input["replay"].get("segment", 0))
+                 for t in in_session if t.kind == "agent-tool:billing")
+    assert ran == [("c2", 1), ("c3", 0), ("c3", 1)]
+    shown = results(kernel, conversation)
+    assert shown["c2"]["result"] == "paid 5" and shown["c2"]["approval"]["by"] == "user:olga"
+    assert shown["c3"]["result"] == "refunded 50"
