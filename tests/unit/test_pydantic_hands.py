@@ -5,6 +5,7 @@ the task replays the run from the turn's journal and runs only its call. Crashes
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -350,3 +351,29 @@ def test_a_hands_call_that_asks_for_approval_waits_on_the_gate_then_runs_on_hand
     shown = results(kernel, conversation)
     assert shown["c2"]["result"] == "paid 5" and shown["c2"]["approval"]["by"] == "user:olga"
     assert shown["c3"]["result"] == "refunded 50"
+
+
+def test_in_a_phase_inside_a_running_loop_the_hands_calls_go_the_same_way() -> None:
+    """The agent's loop on a thread of its own (the phase's thread runs a loop): the turn
+    still stops at its call and waits, and the hands task still runs only its call."""
+    world = World(crash_on={"notify"})
+    kernel, conversation, submission = world.start()
+
+    async def inside() -> None:
+        world.run(crashes_allowed=1)  # blocks this loop: the agent's needs another
+
+    asyncio.run(inside())
+    (_, notify) = world.tasks(HANDS_KIND)
+    assert notify.status is Status.WAITING and notify.wait == {"signal": "resolution:c2:1"}
+    assert world.seen[0]["turn"] is Status.WAITING and world.seen[0]["turn_lease"] is None
+    draft = Draft(actor="user:op")
+    draft.signal(notify.id, "resolution:c2:1",
+                 {"decision": "not_done", "by": "user:op", "reason": "bounced"},
+                 step_epoch=notify.epoch)
+    kernel.open(world.session_id).commit(draft)
+    asyncio.run(inside())
+    assert world.effects.count("notify:ana@example.com") == 1
+    assert world.model_calls == [0, 1, 2]
+    assert "did not take effect" in results(kernel, conversation)["c2"]["error"]
+    stored = kernel.storage.submission(submission)
+    assert stored is not None and stored.status is SubmissionStatus.ANSWERED
