@@ -28,7 +28,14 @@ from kernel import (
 )
 from kernel.agent import approval as approvals
 from kernel.agent import submit
-from kernel.hosts.pydantic_ai import HANDS, SAFE, KernelDurability, hands, register_agent
+from kernel.hosts.pydantic_ai import (
+    HANDS,
+    SAFE,
+    KernelDurability,
+    hands,
+    register_agent,
+    save_partial,
+)
 from tests.unit.crashes import Crash, dead
 
 HANDS_KIND = "agent-tool:support"
@@ -97,10 +104,11 @@ class World:
             world.maybe_crash(f"lookup:{customer}")
             return f"{customer} <{customer}@example.com>"
 
-        @agent.tool_plain(metadata=HANDS)
-        def notify(to: str) -> str:
+        @agent.tool(metadata=HANDS)
+        def notify(ctx: RunContext[Any], to: str) -> str:
             world.look("notify")
             world.effects.append(f"notify:{to}")
+            save_partial(ctx, {"sent": [to]})
             world.maybe_crash("notify")
             return f"sent to {to}"
 
@@ -252,6 +260,9 @@ def test_a_hands_task_that_ends_without_a_result_is_answered_as_failed() -> None
     assert world.effects.count("notify:ana@example.com") == 1
     found = results(kernel, conversation)
     assert "cancelled" in found["c2"]["error"], found["c2"]
+    # What the call had saved before it was cut reaches the model with the failure.
+    assert found["c2"]["partial"] == {"sent": ["ana@example.com"]}
+    assert "ana@example.com" in found["c2"]["error"] and found["c2"]["replay"] == "unsafe"
     assert world.model_calls == [0, 1, 2]
     turn = world.turn()
     assert turn.outcome is not None and turn.outcome["kind"] == "succeeded", turn.outcome
@@ -271,6 +282,7 @@ def test_cancelling_the_turn_cancels_its_hands_task_and_leaves_the_call_cancelle
     assert (world.turn().outcome or {}).get("kind") == "cancelled"
     card = results(kernel, conversation)["c2"]
     assert card["cancelled"] is True and card["reason"] == "wrong customer"
+    assert card["partial"] == {"sent": ["ana@example.com"]}  # saved by the hands task
     assert world.effects.count("notify:ana@example.com") == 1
     stored = kernel.storage.submission(submission)
     assert stored is not None and stored.status is SubmissionStatus.CANCELLED

@@ -180,7 +180,7 @@ class Units:
     """In a hands task: the one call it runs; every other call is another task's."""
     parked: dict[str, JSON] = field(default_factory=dict)
     """In the turn: the calls of the current response that hands tasks are to run, by
-    call id (name, arguments), in the order the framework reached them."""
+    call id (name, arguments, replay policy), in the order the framework reached them."""
     handed: dict[str, JSON] = field(default_factory=dict)
     """In the turn: what the framework is given for calls whose hands task ended
     without a result (deferred by the tool), by call id."""
@@ -285,7 +285,8 @@ class Units:
                 return self.handed[call_id]
             # Its own task runs it: the other calls of the response go on meanwhile, and
             # the run stops before anything that needs this call's result.
-            self.parked[call_id] = {"name": name, "arguments": arguments}
+            self.parked[call_id] = {"name": name, "arguments": arguments,
+                                    "replay": str(replay)}
             return dict(ON_HANDS)
         if replay is Replay.UNSAFE:
             await self.write(lambda: self.journal.record_intent(call_id, name, arguments))

@@ -351,7 +351,8 @@ def to_hands(run: Run, hosted: HostedAgent, units: Units) -> Transition:
     spawned = []
     for call_id, call in units.parked.items():
         task = run.spawn(hands_kind(hosted.name), {**base, "call": {"id": call_id, **call}})
-        handed[call_id] = {"task": task, "name": call["name"], "segment": units.segment}
+        handed[call_id] = {"task": task, "name": call["name"], "replay": call["replay"],
+                           "segment": units.segment}
         spawned.append(task)
     return run.wait_all(spawned, then="run", checkpoint={"hands": handed})
 
@@ -361,7 +362,8 @@ def answer_from_hands(run: Run, journal: Journal, segment: int) -> dict[str, JSO
     framework is given for each instead of running it again. A call the tool deferred
     (it asked for approval, or is to be answered from outside) is deferred here too; any
     other (the task was cancelled, failed, passed its restart limit) is answered as a
-    failure saying why, a result entry that joins the turn's next commit."""
+    failure saying why, with what the call had saved with ``save_partial``: a result
+    entry that joins the turn's next commit."""
     handed: dict[str, JSON] = run.checkpoint.get("hands") or {}
     open_ = {call["task"]: call_id for call_id, call in handed.items()
              if call_id not in journal.results and call.get("segment", 0) == segment}
@@ -376,10 +378,15 @@ def answer_from_hands(run: Run, journal: Journal, segment: int) -> dict[str, JSO
             answers[call_id] = deferred
             continue
         error = outcome.get("error")
-        payload: JSON = {"kind": "tool_failed", "message": f"The call's task on the hands "
-                         f"queue {outcome.get('kind')}" + (f": {error}" if error else "")}
-        journal.record_result(call_id, handed[call_id]["name"], payload, Replay.UNSAFE, None,
-                              commit=False, hands=task_id)
+        said = f"The call's task on the hands queue {outcome.get('kind')}" + \
+            (f": {error}" if error else "")
+        partial = (run.document(PROGRESS, run.task_id).get("partials") or {}).get(call_id)
+        if partial is not None:
+            said += f". What it had done: {json.dumps(partial)} (it may have done more)."
+        payload: JSON = {"kind": "tool_failed", "message": said}
+        journal.record_result(call_id, handed[call_id]["name"], payload,
+                              Replay(handed[call_id].get("replay", Replay.UNSAFE)), None,
+                              commit=False, hands=task_id, partial=partial)
         answers[call_id] = payload
     return answers
 
