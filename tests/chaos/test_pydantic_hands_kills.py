@@ -101,3 +101,41 @@ def test_a_hands_worker_killed_in_an_unsafe_call_leaves_an_uncertain_step_not_a_
     assert results["call_send"]["result"] == "sent to ana only"
     assert results["call_send"]["resolved"]["by"] == "user:olga"
     assert results["call_lookup"]["replay"] == "safe"
+
+
+@pytest.mark.parametrize(
+    ("point", "killed_queue", "steps", "tool_runs"),
+    [
+        # the safe call's hands worker dies: its task runs the call again elsewhere
+        ("tool:lookup", "hands", [0, 1, 2], {"lookup": 2, "send_notice": 1, "validate": 1}),
+        # the brain dies asking the second request: asked again, but the safe call's
+        # result was committed by its own task, so it does not run again
+        ("model:1", "brain", [0, 1, 1, 2], {"lookup": 1, "send_notice": 1, "validate": 1}),
+    ],
+)
+def test_killed_in_a_window_the_run_resumes_and_each_call_runs_on_hands(
+    hands_stack: Stack, monkeypatch: pytest.MonkeyPatch, point: str, killed_queue: str,
+    steps: list[int], tool_runs: dict[str, int],
+) -> None:
+    stack = hands_stack
+    monkeypatch.setattr(runtime().dispatcher, "deliver", stack.deliver)
+    brain = stack.worker("brain1", queues="default,brain")
+    hands = stack.worker("hands1", queues="hands")
+    stack.beat()
+    session_id, conversation, submission = start(stack)
+    killed = kill_at(stack, point)
+    assert killed is (hands if killed_queue == "hands" else brain)
+    if killed_queue == "hands":
+        stack.worker("hands2", queues="hands")
+    else:
+        brain = stack.worker("brain2", queues="default,brain")
+    stack.wait_answered(submission, timeout=90)
+    turn = stack.wait_terminal(turn_of(stack, session_id).id)
+    assert turn.outcome is not None and turn.outcome["kind"] == "succeeded", turn.outcome
+    assert turn.outcome["result"]["output"] == {"customer": "ana", "notified": RECIPIENTS}
+    assert model_steps(stack) == steps
+    assert runs(stack) == Counter(tool_runs)
+    assert delivered(stack) == Counter(RECIPIENTS)  # one message per recipient
+    brains = {str(p.pid) for p in stack.processes if p.name.startswith("brain")}
+    assert not brains & {line.split()[1] for line in lines(stack, "runs")
+                         if line.split()[0] in ("lookup", "send_notice")}
