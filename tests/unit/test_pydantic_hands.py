@@ -6,6 +6,7 @@ the task replays the run from the turn's journal and runs only its call. Crashes
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -61,6 +62,8 @@ class World:
     storage: InMemoryStorage = field(default_factory=InMemoryStorage)
     clock: ManualClock = field(default_factory=ManualClock)
     session_id: str = ""
+    during_notify: Callable[[], None] | None = None
+    """Called inside ``notify`` once it has saved its partial result."""
 
     def maybe_crash(self, point: str) -> None:
         if point in self.crash_on:
@@ -109,6 +112,8 @@ class World:
             world.look("notify")
             world.effects.append(f"notify:{to}")
             save_partial(ctx, {"sent": [to]})
+            if world.during_notify is not None:
+                world.during_notify()
             world.maybe_crash("notify")
             return f"sent to {to}"
 
@@ -389,3 +394,30 @@ def test_in_a_phase_inside_a_running_loop_the_hands_calls_go_the_same_way() -> N
     assert "did not take effect" in results(kernel, conversation)["c2"]["error"]
     stored = kernel.storage.submission(submission)
     assert stored is not None and stored.status is SubmissionStatus.ANSWERED
+
+
+def test_a_turn_cancelled_while_its_hands_task_runs_the_call_ends_both() -> None:
+    world = World()
+
+    def cancel_the_turn() -> None:
+        draft = Draft(actor="user:olga")
+        draft.cancel(world.turn().id, "wrong list")
+        world.kernel().open(world.session_id).commit(draft)
+
+    world.during_notify = cancel_the_turn
+    kernel, conversation, submission = world.start()
+    for _ in range(3):  # the cancelled task's next commit is refused: its worker moves on
+        try:
+            world.run()
+            break
+        except Exception:
+            continue
+    (_, notify) = world.tasks(HANDS_KIND)
+    assert (notify.outcome or {}).get("kind") == "cancelled"
+    assert (world.turn().outcome or {}).get("kind") == "cancelled"
+    card = results(kernel, conversation)["c2"]
+    assert card["cancelled"] is True and card["by"] == "user:olga"
+    assert card["partial"] == {"sent": ["ana@example.com"]}
+    assert world.effects.count("notify:ana@example.com") == 1
+    stored = kernel.storage.submission(submission)
+    assert stored is not None and stored.status is SubmissionStatus.CANCELLED
