@@ -37,9 +37,10 @@ from kernel.records import Conversation as ConversationRecord
 TOOL_KIND = "agent-tool"
 TURN_KIND = "agent-turn"
 HOSTED_PREFIX = "agent:"
-"""A registered framework agent's turn (``agent:<name>``): it runs its tools itself and
-records their replay policy and duration in the result entry; a call cut mid-way makes
-the turn wait on ``resolution:<call id>:<attempt>``."""
+"""A registered framework agent's turn (``agent:<name>``): it runs its tools itself (or
+in a task of its own on the hands queue) and records their replay policy and duration in
+the result entry; a call cut mid-way makes the turn (or that task) wait on
+``resolution:<call id>:<attempt>``."""
 
 
 def pretty(value: Any) -> str:
@@ -180,13 +181,23 @@ def _turn_models(session_id: str, task_ids: set[str]) -> dict[str, str]:
 
 
 def _uncertain_calls(turn_ids: set[str]) -> set[str]:
-    """The calls that hosted turns wait on an operator for, by call id."""
+    """The calls that hosted turns, or the tasks that run their calls on the hands queue
+    (named in the turn's checkpoint under ``hands``), wait on an operator for, by call id."""
     found = set()
+    handed: list[str] = []
     for turn in tasks.find_ids(sorted(turn_ids)):
-        signal = turn.task.waits_on.signal if turn.task.status is Status.WAITING else None
-        if signal and signal.startswith("resolution:"):
-            found.add(signal.split(":")[1])
+        handed += [str(call.get("task")) for call in
+                   ((turn.task.checkpoint or {}).get("hands") or {}).values()]
+        found |= _resolving(turn)
+    for task in tasks.find_ids(handed):
+        found |= _resolving(task)
     return found
+
+
+def _resolving(found: Any) -> set[str]:
+    """The call a task waits on an operator's resolution for (``resolution:<call id>:...``)."""
+    signal = found.task.waits_on.signal if found.task.status is Status.WAITING else None
+    return {signal.split(":")[1]} if signal and signal.startswith("resolution:") else set()
 
 
 def _card(call: dict[str, Any], result: dict[str, Any] | None, task: Any | None,

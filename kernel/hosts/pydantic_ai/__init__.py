@@ -7,6 +7,9 @@ agent = Agent(model, name="support", output_type=Ticket, capabilities=[KernelDur
 
 @agent.tool_plain(metadata=SAFE)  # may run again after a crash; unsafe is the default
 def lookup(customer: str) -> str: ...
+
+@agent.tool_plain(metadata=hands(SAFE))  # a task of its own on the hands queue
+def fetch(url: str) -> str: ...
 ```
 
 and register it (``KERNEL_AGENTS={"support": "myapp.agents.agent"}`` in the control
@@ -15,16 +18,26 @@ plane, or :func:`register_agent` on a Registry): a submission naming ``"agent":
 This package is the only part of the kernel that imports Pydantic AI.
 """
 
-from .capability import SAFE, UNSAFE, KernelDurability, operation_id, save_partial
+from .capability import (
+    HANDS,
+    SAFE,
+    UNSAFE,
+    KernelDurability,
+    hands,
+    operation_id,
+    save_partial,
+)
 from .definition import DECISIONS, HISTORY, HostedAgent, register_agent
 
 __all__ = [
     "DECISIONS",
+    "HANDS",
     "HISTORY",
     "SAFE",
     "UNSAFE",
     "HostedAgent",
     "KernelDurability",
+    "hands",
     "operation_id",
     "register_agent",
     "save_partial",

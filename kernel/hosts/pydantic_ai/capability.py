@@ -9,7 +9,9 @@ from the journal what was committed and commits what was not. Outside a kernel r
 run, as with ``DBOSDurability`` outside a workflow.
 
 A tool's replay policy is declared where the tool is defined, in its metadata under
-``"kernel"`` (:data:`SAFE`, :data:`UNSAFE`); unsafe is the default.
+``"kernel"`` (:data:`SAFE`, :data:`UNSAFE`); unsafe is the default. A tool marked
+:func:`hands` runs as a task of its own on the ``hands`` queue: the turn does not run the
+call, it commits the call's task and waits for it holding no lease (:class:`Units`).
 
 With ``KernelDurability(stream=True)`` model requests stream (the model must support
 it), and their text is shown live as previews: progress that costs no commit and that
@@ -63,6 +65,18 @@ SAFE: dict[str, JSON] = {CONFIG_KEY: {"replay": str(Replay.SAFE)}}
 or is idempotent by construction): ``@agent.tool_plain(metadata=SAFE)``."""
 UNSAFE: dict[str, JSON] = {CONFIG_KEY: {"replay": str(Replay.UNSAFE)}}
 """Tool metadata: the call must never run twice (the default)."""
+HANDS_QUEUE = "hands"
+
+
+def hands(policy: dict[str, JSON] = UNSAFE) -> dict[str, JSON]:
+    """Tool metadata: each call runs as a task of its own on the ``hands`` queue, with
+    ``policy`` (:data:`SAFE` or :data:`UNSAFE`, the default), while the turn waits for it
+    holding no worker: ``@agent.tool(metadata=hands(SAFE))``."""
+    return {CONFIG_KEY: {**(policy.get(CONFIG_KEY) or {}), "queue": HANDS_QUEUE}}
+
+
+HANDS: dict[str, JSON] = hands(UNSAFE)
+"""Tool metadata: an unsafe call that runs on the ``hands`` queue (:func:`hands`)."""
 
 
 def replay_of(config: JSON) -> Replay:
@@ -72,6 +86,35 @@ def replay_of(config: JSON) -> Replay:
         raise UserError(f"a tool's {CONFIG_KEY!r} metadata has replay {value!r}: "
                         "'safe' or 'unsafe'")
     return Replay(value)
+
+
+def queue_of(config: JSON) -> str | None:
+    """The queue a tool's resolved config sends its calls to (None: the turn runs them)."""
+    value = config.get("queue") if isinstance(config, dict) else None
+    if value not in (None, HANDS_QUEUE):
+        raise UserError(f"a tool's {CONFIG_KEY!r} metadata has queue {value!r}: "
+                        f"{HANDS_QUEUE!r} or none")
+    return value
+
+
+class Suspended(BaseException):  # noqa: N818 - a signal to unwind, like GeneratorExit
+    """Unwinds the agent's loop where the run must stop without an answer: the turn
+    before a model request while calls wait for their hands tasks, a hands task once the
+    replay has passed its call. Not an ``Exception``, so neither the framework nor a tool
+    catches it."""
+
+
+def suspended(exc: BaseException) -> bool:
+    """Whether ``exc`` is :class:`Suspended`, or a group the event loop wrapped it in."""
+    if isinstance(exc, Suspended):
+        return True
+    return isinstance(exc, BaseExceptionGroup) and all(suspended(e) for e in exc.exceptions)
+
+
+ON_HANDS: JSON = {"kind": "tool_return", "result": "(this call runs as a task of its own)"}
+"""What the framework is given for a call another task runs, so that the other calls
+of the response go on: never committed, never shown to the model (the run stops before
+its next request and is replayed with the call's recorded result)."""
 
 
 DEFERRED = ("approval_required", "call_deferred")
@@ -131,7 +174,18 @@ class Units:
     """Operators' decisions on deferred calls, by call id (shown with their results)."""
     stream: Preview | None = None
     unsafe_tools: frozenset[str] = frozenset()
-    """The function tools whose calls commit an intent: what a held response may name."""
+    """The function tools whose calls commit before they start (an unsafe call's intent, a
+    hands call's task): what a held response may name."""
+    only_call: str | None = None
+    """In a hands task: the one call it runs; every other call is another task's."""
+    parked: dict[str, JSON] = field(default_factory=dict)
+    """In the turn: the calls of the current response that hands tasks are to run, by
+    call id (name, arguments, replay policy), in the order the framework reached them."""
+    handed: dict[str, JSON] = field(default_factory=dict)
+    """In the turn: what the framework is given for calls whose hands task ended
+    without a result (deferred by the tool), by call id."""
+    deferred: JSON = None
+    """In a hands task: what the framework got when its call was deferred by the tool."""
     requests: int = 0
     calls: dict[str, str] = field(default_factory=dict)
     staged: list[Callable[[], None]] = field(default_factory=list)
@@ -199,6 +253,10 @@ class Units:
         recorded = self.journal.responses.get(key)
         if recorded is not None:
             return recorded  # a committed response is never requested again
+        if self.only_call is not None or self.parked:
+            # A hands task never asks the model; the turn asks only once every call of the
+            # response has its result, so it stops here and waits for the hands tasks.
+            raise Suspended()
         await self.flush()
         payload = await body()
         stream = self.stream
@@ -216,10 +274,20 @@ class Units:
         return payload
 
     async def tool_call(self, call_id: str, name: str, arguments: JSON, replay: Replay,
-                        body: Callable[[], Awaitable[object]]) -> object:
+                        body: Callable[[], Awaitable[object]], queue: str | None = None) -> object:
         recorded = self.journal.results.get(call_id)
         if recorded is not None:
             return recorded
+        if self.only_call is not None and call_id != self.only_call:
+            return dict(ON_HANDS)  # another task's call: never run here
+        if self.only_call is None and queue is not None:
+            if call_id in self.handed:
+                return self.handed[call_id]
+            # Its own task runs it: the other calls of the response go on meanwhile, and
+            # the run stops before anything that needs this call's result.
+            self.parked[call_id] = {"name": name, "arguments": arguments,
+                                    "replay": str(replay)}
+            return dict(ON_HANDS)
         if replay is Replay.UNSAFE:
             await self.write(lambda: self.journal.record_intent(call_id, name, arguments))
         else:
@@ -230,6 +298,8 @@ class Units:
         if isinstance(payload, dict) and payload.get("kind") in DEFERRED:
             if replay is Replay.UNSAFE:  # asked instead of running: nothing took effect
                 await self.write(lambda: self.journal.forget_intent(call_id))
+            if call_id == self.only_call:  # the turn defers it (its hands task's answer)
+                self.deferred = payload
             return payload
         decided = self.decisions.get(call_id)
         extra = {} if decided is None else {"approval": decided}
@@ -295,7 +365,7 @@ class KernelOperationBackend(CallableOperationBackend[dict[str, Any]]):
                 tool_name, arguments, ctx = cache_key[0], cache_key[1], cache_key[2]
                 assert isinstance(ctx, RunContext) and ctx.tool_call_id is not None
                 return await units.tool_call(ctx.tool_call_id, str(tool_name), arguments,
-                                             replay_of(config), body)
+                                             replay_of(config), body, queue_of(config))
             case _:
                 # Argument validation, discovery, event handling, capability operations:
                 # deterministic or without effects, so they run again on replay.

@@ -19,6 +19,14 @@ messages with ``DeferredToolResults`` (``ToolApproved``, with the operator's edi
 arguments if any, or ``ToolDenied`` with their reason, which the framework hands the
 model as the call's return). A call deferred to the outside (``CallDeferred``) waits,
 holding no worker, for its result as a resolution of the turn (:func:`external`).
+
+A call to a tool marked :func:`~.capability.hands` is not run by the turn: the turn
+commits a task of kind ``agent-tool:<name>`` on the ``hands`` queue for it (with the wait
+for it, holding no worker) and stops before its next model request. That task replays
+the same run from the turn's journal, nothing asked of the model, and runs that one
+call through the framework's tool machinery, its intent (an unsafe call's) in its own
+checkpoint: an unsafe call cut mid-way is an uncertain step of the hands task, which an
+operator resolves there. The turn then runs again and reads the call's result back.
 """
 
 from __future__ import annotations
@@ -57,7 +65,16 @@ from kernel.run import Run
 from kernel.tasks import Finish, Transition
 
 from .bridge import Bridge
-from .capability import CONFIG_KEY, KernelDurability, Preview, Units, enter, replay_of
+from .capability import (
+    CONFIG_KEY,
+    KernelDurability,
+    Preview,
+    Units,
+    enter,
+    queue_of,
+    replay_of,
+    suspended,
+)
 from .journal import Journal, shown_result
 
 JSON = Any
@@ -95,6 +112,13 @@ class HostedAgent:
     approval_timeout: float = DAY
     """Seconds a deferred call waits for an operator's decision; then it is denied."""
     unsafe_tools: frozenset[str] = frozenset()
+    """The function tools whose calls commit before they start: unsafe ones (their
+    intent) and those run on the hands queue (their task)."""
+
+
+def hands_kind(name: str) -> str:
+    """The task kind that runs an agent's calls on the hands queue."""
+    return f"agent-tool:{name}"
 
 
 def resolution(call_id: str, attempt: int) -> str:
@@ -111,17 +135,22 @@ def check_tools(agent: Agent[Any, Any]) -> None:
                 metadata = tool.metadata or {}
                 if CONFIG_KEY in metadata and metadata[CONFIG_KEY] is not False:
                     replay_of(metadata[CONFIG_KEY])
+                    queue_of(metadata[CONFIG_KEY])
 
 
 def unsafe_tools(agent: Agent[Any, Any]) -> frozenset[str]:
-    """The agent's function tools that are unsafe (commit an intent before each call)."""
-    return frozenset(
-        name
-        for toolset in agent.toolsets if isinstance(toolset, FunctionToolset)
-        for name, tool in toolset.tools.items()
-        if (tool.metadata or {}).get(CONFIG_KEY) is not False
-        and replay_of((tool.metadata or {}).get(CONFIG_KEY) or {}) is Replay.UNSAFE
-    )
+    """The agent's function tools whose calls commit before they start: unsafe ones (an
+    intent) and those run on the hands queue (a task)."""
+    found = set()
+    for toolset in agent.toolsets:
+        if not isinstance(toolset, FunctionToolset):
+            continue
+        for name, tool in toolset.tools.items():
+            config = (tool.metadata or {}).get(CONFIG_KEY)
+            if config is not False and (replay_of(config or {}) is Replay.UNSAFE
+                                        or queue_of(config or {}) is not None):
+                found.add(name)
+    return frozenset(found)
 
 
 def register_agent(
@@ -166,6 +195,14 @@ def register_agent(
                                 exc_info=True)
             release_unanswered(run, finish, "run")
 
+    @registry.task(hands_kind(name), queue="hands")
+    class HandsCall:
+        initial = "run"
+        decisions = DECISIONS
+
+        def run(self, run: Run) -> Transition:
+            return run_hands(run, hosted)
+
     return hosted
 
 
@@ -194,9 +231,58 @@ def settle_uncertain(run: Run, journal: Journal) -> Transition | None:
     return None
 
 
-def prompt(run: Run) -> str:
-    texts = [run.submission(s).input.get("text", "") for s in run.input.get("submissions", [])]
+def prompt(run: Run, submissions: list[str] | None = None) -> str:
+    """The turn's prompt: its submissions' texts (``submissions``: its ids, for a task
+    other than the turn)."""
+    ids = run.input.get("submissions", []) if submissions is None else submissions
+    texts = [run.submission(s).input.get("text", "") for s in ids]
     return "\n\n".join(t for t in texts if t)
+
+
+REPLAYED = ("segment", "decisions", "resume", "usage")
+"""What of a turn's checkpoint its run is started with (a hands task gets a copy)."""
+
+
+@dataclass
+class Start:
+    """What one segment's ``agent.run`` is started with: the same in the turn and in each
+    of its hands tasks, so they replay the same run."""
+
+    segment: int
+    decisions: dict[str, JSON]
+    text: str | None
+    history: list[ModelMessage] | None
+    deferred: DeferredToolResults | None
+    used: RunUsage | None
+
+    @classmethod
+    def of(cls, run: Run, state: JSON) -> Start:
+        """``state``: the turn's checkpoint (a hands task's copy of it, with the turn's
+        submissions: not in its input, where they would name it as the turn)."""
+        segment = state.get("segment", 0)
+        decisions: dict[str, JSON] = state.get("decisions") or {}
+        if segment == 0:
+            history_json = run.document(HISTORY, run.input["conversation_id"]).get("messages")
+            text: str | None = prompt(run, state.get("submissions"))
+            deferred = None
+        else:  # the run goes on from where its last segment stopped, with the decisions
+            history_json, text, deferred = state["resume"], None, deferred_results(decisions)
+        history = ModelMessagesTypeAdapter.validate_python(history_json) if history_json \
+            else None
+        used = RunUsage(**state["usage"]) if state.get("usage") else None
+        return cls(segment, decisions, text, history, deferred, used)
+
+    def serve(self, hosted: HostedAgent, units: Units) -> Any:
+        """Run the agent in ``units`` on this thread's bridge: its result, or what it raised."""
+
+        async def main() -> Any:
+            return await hosted.agent.run(self.text, message_history=self.history,
+                                          deps=hosted.deps, usage_limits=hosted.usage_limits,
+                                          usage=self.used, deferred_tool_results=self.deferred)
+
+        context = contextvars.copy_context()
+        context.run(enter, units)
+        return units.bridge.serve(main, context)
 
 
 def run_turn(run: Run, hosted: HostedAgent) -> Transition:
@@ -209,37 +295,30 @@ def run_turn(run: Run, hosted: HostedAgent) -> Transition:
         if waiting is not None:
             return waiting
     checkpoint = run.checkpoint
-    segment = checkpoint.get("segment", 0)
+    start = Start.of(run, checkpoint)
+    segment, decisions = start.segment, start.decisions
     conversation = run.input["conversation_id"]
-    decisions: dict[str, JSON] = checkpoint.get("decisions") or {}
-    if segment == 0:
-        history_json = run.document(HISTORY, conversation).get("messages")
-        text: str | None = prompt(run)
-        deferred = None
-    else:  # the run goes on from where its last segment stopped, with the decisions
-        history_json, text, deferred = checkpoint["resume"], None, deferred_results(decisions)
-    history = ModelMessagesTypeAdapter.validate_python(history_json) if history_json else None
-    used = RunUsage(**checkpoint["usage"]) if checkpoint.get("usage") else None
     units = Units(Bridge(), journal, segment=segment, task_id=run.task_id, started_at=None,
-                  decisions=decisions, stream=Preview(run), unsafe_tools=hosted.unsafe_tools)
-
-    async def main() -> Any:
-        return await hosted.agent.run(text, message_history=history, deps=hosted.deps,
-                                      usage_limits=hosted.usage_limits, usage=used,
-                                      deferred_tool_results=deferred)
-
-    context = contextvars.copy_context()
-    context.run(enter, units)
+                  decisions=decisions, stream=Preview(run), unsafe_tools=hosted.unsafe_tools,
+                  handed=answer_from_hands(run, journal, segment))
     try:
-        result = units.bridge.serve(main, context)
+        result = start.serve(hosted, units)
     except Exception as exc:
         if units.bridge.failure is not None:
             raise  # the kernel's own (a lost lease, a lost connection): the worker's to handle
+        if units.parked:  # it may follow from a stand-in result: the real one decides
+            return to_hands(run, hosted, units)
         for stage in units.take_staged():  # what the run did before it failed
             stage()
         reason = f"{type(exc).__name__}: {exc}"
         release(run, SubmissionStatus.UNANSWERED, reason)
         return run.fail(reason)
+    except BaseException as exc:
+        if units.bridge.failure is None and units.parked and suspended(exc):
+            return to_hands(run, hosted, units)
+        raise
+    if units.parked:  # the run ended on stand-in results: it is decided on the real ones
+        return to_hands(run, hosted, units)
     for stage in units.take_staged():  # they join the commit that ends the segment
         stage()
     messages = json.loads(result.all_messages_json())
@@ -255,6 +334,95 @@ def run_turn(run: Run, hosted: HostedAgent) -> Transition:
         "usage": {"requests": usage.requests, "input_tokens": usage.input_tokens,
                   "output_tokens": usage.output_tokens},
     })
+
+
+def to_hands(run: Run, hosted: HostedAgent, units: Units) -> Transition:
+    """The calls the run reached for hands tools: a task each on the hands queue and the
+    wait for them, in one commit with what the run staged (the response that made the
+    calls, when it was held, and the results of its other calls). The turn holds no
+    worker until they end; then it runs again and reads their results back."""
+    for stage in units.take_staged():
+        stage()
+    checkpoint = run.checkpoint
+    replay = {key: checkpoint[key] for key in REPLAYED if key in checkpoint}
+    base = {"conversation_id": run.input["conversation_id"], "turn": run.task_id,
+            "replay": {**replay, "submissions": run.input.get("submissions", [])}}
+    handed: dict[str, JSON] = dict(checkpoint.get("hands") or {})
+    spawned = []
+    for call_id, call in units.parked.items():
+        task = run.spawn(hands_kind(hosted.name), {**base, "call": {"id": call_id, **call}})
+        handed[call_id] = {"task": task, "name": call["name"], "replay": call["replay"],
+                           "segment": units.segment}
+        spawned.append(task)
+    return run.wait_all(spawned, then="run", checkpoint={"hands": handed})
+
+
+def answer_from_hands(run: Run, journal: Journal, segment: int) -> dict[str, JSON]:
+    """The calls of this segment whose hands task ended without their result: what the
+    framework is given for each instead of running it again. A call the tool deferred
+    (it asked for approval, or is to be answered from outside) is deferred here too; any
+    other (the task was cancelled, failed, passed its restart limit) is answered as a
+    failure saying why, with what the call had saved with ``save_partial``: a result
+    entry that joins the turn's next commit."""
+    handed: dict[str, JSON] = run.checkpoint.get("hands") or {}
+    open_ = {call["task"]: call_id for call_id, call in handed.items()
+             if call_id not in journal.results and call.get("segment", 0) == segment}
+    answers: dict[str, JSON] = {}
+    for task_id, outcome in run.outcomes(list(open_)).items() if open_ else ():
+        if outcome is None:
+            continue
+        call_id = open_[task_id]
+        deferred = (outcome.get("result") or {}).get("deferred") \
+            if isinstance(outcome.get("result"), dict) else None
+        if outcome.get("kind") == "succeeded" and deferred is not None:
+            answers[call_id] = deferred
+            continue
+        error = outcome.get("error")
+        said = f"The call's task on the hands queue {outcome.get('kind')}" + \
+            (f": {error}" if error else "")
+        partial = (run.document(PROGRESS, run.task_id).get("partials") or {}).get(call_id)
+        if partial is not None:
+            said += f". What it had done: {json.dumps(partial)} (it may have done more)."
+        payload: JSON = {"kind": "tool_failed", "message": said}
+        journal.record_result(call_id, handed[call_id]["name"], payload,
+                              Replay(handed[call_id].get("replay", Replay.UNSAFE)), None,
+                              commit=False, hands=task_id, partial=partial)
+        answers[call_id] = payload
+    return answers
+
+
+def run_hands(run: Run, hosted: HostedAgent) -> Transition:
+    """One call of a turn, on the hands queue: the turn's run replayed from its journal
+    (nothing asked of the model, no other call run) up to that call, which runs through
+    the framework's tool machinery and records its result under the turn."""
+    call_id = run.input["call"]["id"]
+    journal = Journal.read(run, run.input["turn"])
+    waiting = settle_uncertain(run, journal)
+    if waiting is not None:
+        return waiting
+    if call_id in journal.results:
+        return run.succeed({"call_id": call_id})
+    start = Start.of(run, run.input.get("replay") or {})
+    units = Units(Bridge(), journal, segment=start.segment, task_id=run.input["turn"],
+                  started_at=None, decisions=start.decisions,
+                  unsafe_tools=hosted.unsafe_tools, only_call=call_id)
+    try:
+        start.serve(hosted, units)
+    except Exception:
+        if units.bridge.failure is not None:
+            raise
+        # The run failed after the call (or before it: answered below); the turn's own
+        # replay meets the same failure and answers for it.
+    except BaseException as exc:
+        if units.bridge.failure is not None or not suspended(exc):
+            raise
+    for stage in units.take_staged():  # a safe call's result joins the task's end
+        stage()
+    if call_id in journal.results:
+        return run.succeed({"call_id": call_id})
+    if units.deferred is not None:
+        return run.succeed({"call_id": call_id, "deferred": units.deferred})
+    return run.fail(f"the replay of turn {run.input['turn']} did not reach call {call_id}")
 
 
 def parameters_of(agent: Agent[Any, Any], name: str) -> JSON:

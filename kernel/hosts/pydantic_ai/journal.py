@@ -9,9 +9,13 @@ payload as the framework's JSON codec wrote it) beside what people read:
   n-th request of the run's segment; a run's model requests are sequential, so the
   count is the same on every replay), its text, tool calls and usage;
 - a tool call: ``tool_result`` under the model's call id, with its replay policy and
-  duration. An unsafe call commits its *intent* (in the task's checkpoint) before it
-  starts, so recovery knows it may have taken effect; a response whose calls are all
-  unsafe is committed with the first one's intent.
+  duration. An unsafe call commits its *intent* (in the checkpoint of the task that runs
+  it: the turn, or the call's hands task) before it starts, so recovery knows it may
+  have taken effect; a response whose calls are all unsafe is committed with the first
+  one's intent.
+
+A hands task reads and writes its turn's journal (entries marked with the turn's id),
+with its own checkpoint for its call's intent.
 
 Everything here runs on the phase's thread (see :mod:`.bridge`).
 """
@@ -81,16 +85,18 @@ class Journal:
     """The committed units of one run (a task), read once when its phase starts."""
 
     run: Run
+    turn: str
+    """The turn whose units these are: ``run`` itself, or the turn a hands task serves."""
     responses: dict[str, JSON] = field(default_factory=dict)
     results: dict[str, JSON] = field(default_factory=dict)
     last_response_entry: str | None = None
 
     @classmethod
-    def read(cls, run: Run) -> Journal:
-        journal = cls(run)
+    def read(cls, run: Run, turn: str | None = None) -> Journal:
+        journal = cls(run, turn or run.task_id)
         for entry in run.entries(run.input["conversation_id"]):
             payload = entry.payload if isinstance(entry.payload, dict) else {}
-            if payload.get("turn") != run.task_id or "pydantic" not in payload:
+            if payload.get("turn") != journal.turn or "pydantic" not in payload:
                 continue
             if entry.kind == RESPONSE:
                 journal.responses[payload["unit"]] = payload["pydantic"]
@@ -120,7 +126,7 @@ class Journal:
         usage = _usage(payload)
         entry = self.run.append(self.conversation, RESPONSE, {
             "text": _text(payload), "tool_calls": _calls(payload), "usage": usage,
-            "turn": self.run.task_id, "unit": key, "pydantic": payload,
+            "turn": self.turn, "unit": key, "pydantic": payload,
         })
         count_in_conversation(self.run, self.conversation, usage, None)
         self.responses[key] = payload
@@ -133,7 +139,7 @@ class Journal:
         intents = self.intents
         intents[call_id] = {"name": name, "arguments": arguments, "replay": str(Replay.UNSAFE),
                             # what operation_id(ctx) gives the tool
-                            "operation_id": f"op_{self.run.task_id}_{call_id}",
+                            "operation_id": f"op_{self.turn}_{call_id}",
                             "attempt": attempts[call_id]}
         self.run.commit(checkpoint={"intents": intents, "call_attempts": attempts})
 
@@ -144,7 +150,7 @@ class Journal:
         it only makes the call run again."""
         self.run.append(self.conversation, TOOL_RESULT, {
             "call_id": call_id, "name": name, **shown_result(payload), "replay": str(replay),
-            "seconds": seconds, "turn": self.run.task_id, "pydantic": payload, **extra,
+            "seconds": seconds, "turn": self.turn, "pydantic": payload, **extra,
         })
         self.results[call_id] = payload
         if commit:
@@ -155,7 +161,7 @@ class Journal:
     def save_partial(self, call_id: str, value: JSON) -> None:
         """What a call under way has done so far, committed (the turn's progress document,
         under ``partials``): a cancelled turn tells the next one about it."""
-        self.run.set(PROGRESS, self.run.task_id, ["partials", call_id], value)
+        self.run.set(PROGRESS, self.turn, ["partials", call_id], value)
         self.run.commit()
 
     def forget_intent(self, call_id: str) -> None:
