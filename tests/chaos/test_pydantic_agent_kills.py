@@ -17,13 +17,12 @@ from typing import Any
 import pytest
 from django.conf import settings
 
-from controlplane.dev.processes import Process
 from controlplane.worker.runtime import forget_runtime, runtime
-from kernel import Draft, Status, SubmissionStatus, Task
-from kernel.agent import submit
+from kernel import Status, SubmissionStatus, Task
 
-from .harness import Stack, chaos_stack, lines, operator_client, wait_for
+from .harness import Stack, chaos_stack, operator_client, wait_for
 from .pydantic_agent import RECIPIENTS
+from .pydantic_runs import delivered, kill_at, model_steps, runs, start, turn_of
 
 pytestmark = [pytest.mark.chaos, pytest.mark.slow]
 AGENTS = {"support": "tests.chaos.pydantic_agent.agent"}
@@ -44,45 +43,6 @@ def agent_stack(tmp_path: Path, transactional_db: None) -> Iterator[Stack]:
     finally:
         settings.KERNEL_AGENTS = saved
         forget_runtime()
-
-
-def start(stack: Stack, text: str = "Tell ana's contacts") -> tuple[str, str, str]:
-    handle = stack.kernel.create_session(metadata={"title": "pydantic chaos"})
-    draft = Draft(actor="user:chaos")
-    conversation = draft.create_conversation()
-    handle.commit(draft)
-    submitted = submit(handle, conversation, {"text": text, "agent": "support"}, "req-1")
-    assert submitted.submission is not None
-    return handle.id, conversation, submitted.submission.id
-
-
-def model_steps(stack: Stack) -> list[int]:
-    return [int(step) for step in lines(stack, "model")]
-
-
-def runs(stack: Stack) -> Counter[str]:
-    return Counter(line.split()[0] for line in lines(stack, "runs"))
-
-
-def kill_at(stack: Stack, point: str) -> Process:
-    """Ask the first worker to reach ``point`` to hold there; SIGKILL it once it does."""
-    (stack.tmp / f"hold-{point}").touch()
-    held = wait_for(lambda: next((line for line in lines(stack, "holding")
-                                  if line.split()[0] == point), None),
-                    f"a worker to hold at {point}", timeout=60)
-    pid = int(held.split()[1])
-    worker = next(p for p in stack.processes if p.pid == pid)
-    worker.kill()
-    return worker
-
-
-def turn_of(stack: Stack, session_id: str) -> Task:
-    (turn,) = [t for t in stack.tasks(session_id) if t.kind == "agent:support"]
-    return turn
-
-
-def delivered(stack: Stack) -> Counter[str]:
-    return Counter(m["to"] for m in stack.admin.messages())
 
 
 def assert_completed(stack: Stack, session_id: str, submission: str) -> Task:

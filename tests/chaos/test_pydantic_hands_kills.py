@@ -24,7 +24,7 @@ from kernel import Status, Task
 
 from .harness import Stack, chaos_stack, lines, operator_client, wait_for
 from .pydantic_agent import RECIPIENTS
-from .test_pydantic_agent_kills import delivered, kill_at, model_steps, runs, start, turn_of
+from .pydantic_runs import delivered, kill_at, model_steps, runs, start, turn_of
 
 pytestmark = [pytest.mark.chaos, pytest.mark.slow]
 AGENT = "tests.chaos.pydantic_hands_agent.agent"

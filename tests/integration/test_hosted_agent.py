@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 from django.conf import settings
-from django.contrib.auth.models import Group, User
 from django.test import Client
 
 from controlplane import commands
@@ -20,6 +19,8 @@ from controlplane.errors import Invalid
 from controlplane.reads.transcript import _card
 from controlplane.worker.runtime import forget_runtime, runtime
 from kernel import Draft, Scheduler, SubmissionStatus, agent
+
+from .hosted import conversation, operator
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -37,20 +38,6 @@ def hosted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     finally:
         settings.KERNEL_AGENTS = saved
         forget_runtime()
-
-
-def operator() -> User:
-    user = User.objects.create_user("olga", password="pw")
-    user.groups.add(Group.objects.get_or_create(name="operator")[0])
-    return user
-
-
-def conversation() -> tuple[str, str]:
-    handle = runtime().kernel.create_session(metadata={"title": "support"})
-    draft = Draft(actor="user:test")
-    conversation_id = draft.create_conversation()
-    handle.commit(draft)
-    return handle.id, conversation_id
 
 
 def test_a_submission_naming_the_agent_runs_it_and_the_page_shows_its_cards(hosted: None) -> None:

@@ -16,7 +16,7 @@ from controlplane import commands
 from controlplane.commands import Step
 from controlplane.worker.runtime import forget_runtime, runtime
 from kernel import Scheduler, Status, SubmissionStatus, agent
-from tests.integration.test_hosted_agent import conversation, operator
+from tests.integration.hosted import conversation, operator
 from tests.unit.crashes import dead
 
 pytestmark = pytest.mark.django_db(transaction=True)
