@@ -91,17 +91,15 @@ agent = Agent(FunctionModel(model), name="support", output_type=Ticket,
               capabilities=[Holds(), KernelDurability()])
 
 
-@agent.tool_plain(metadata=SAFE)
-def lookup(customer: str) -> str:
-    """Find the customer's contacts (reads only: safe to run again)."""
+def look_up(customer: str) -> str:
+    """The lookup tool's body (this agent's and the hands agent's)."""
     note("runs", f"lookup {os.getpid()}")
     hold("tool:lookup")
     return f"{customer}: {', '.join(RECIPIENTS)}"
 
 
-@agent.tool
-def send_notice(ctx: RunContext[None], recipients: list[str]) -> str:
-    """Send the approved notice to each recipient (must not run twice)."""
+def send_each(ctx: RunContext[Any], recipients: list[str]) -> str:
+    """The send_notice tool's body (this agent's and the hands agent's)."""
     note("runs", f"send_notice {os.getpid()}")
     channel = HttpChannel(os.environ["EMAIL_PROVIDER_URL"], 10.0)
     for index, to in enumerate(recipients):
@@ -109,6 +107,18 @@ def send_notice(ctx: RunContext[None], recipients: list[str]) -> str:
         if index == 0:
             hold("tool:send_notice")  # the first message is out, the second is not
     return f"sent to {len(recipients)}"
+
+
+@agent.tool_plain(metadata=SAFE)
+def lookup(customer: str) -> str:
+    """Find the customer's contacts (reads only: safe to run again)."""
+    return look_up(customer)
+
+
+@agent.tool
+def send_notice(ctx: RunContext[None], recipients: list[str]) -> str:
+    """Send the approved notice to each recipient (must not run twice)."""
+    return send_each(ctx, recipients)
 
 
 @agent.output_validator

@@ -5,17 +5,14 @@ The same model, output type, validator, notes and hold points."""
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 from pydantic_ai import Agent, RunContext
 from pydantic_ai.models.function import FunctionModel
 
-from controlplane.reference.notices.channels import HttpChannel
-from controlplane.reference.notices.provider import Message
-from kernel.hosts.pydantic_ai import HANDS, SAFE, KernelDurability, hands, operation_id
+from kernel.hosts.pydantic_ai import HANDS, SAFE, KernelDurability, hands
 
-from .pydantic_agent import RECIPIENTS, Ticket, check, hold, model, note
+from .pydantic_agent import Ticket, check, look_up, model, send_each
 
 agent = Agent(FunctionModel(model), name="support", output_type=Ticket,
               capabilities=[KernelDurability()])
@@ -25,18 +22,10 @@ agent.output_validator(check)
 @agent.tool_plain(metadata=hands(SAFE))
 def lookup(customer: str) -> str:
     """Find the customer's contacts (reads only: safe to run again)."""
-    note("runs", f"lookup {os.getpid()}")
-    hold("tool:lookup")
-    return f"{customer}: {', '.join(RECIPIENTS)}"
+    return look_up(customer)
 
 
 @agent.tool(metadata=HANDS)
 def send_notice(ctx: RunContext[Any], recipients: list[str]) -> str:
     """Send the approved notice to each recipient (must not run twice)."""
-    note("runs", f"send_notice {os.getpid()}")
-    channel = HttpChannel(os.environ["EMAIL_PROVIDER_URL"], 10.0)
-    for index, to in enumerate(recipients):
-        channel.send(Message(to, "Notice", "Approved text."), f"{operation_id(ctx)}_{to}")
-        if index == 0:
-            hold("tool:send_notice")  # the first message is out, the second is not
-    return f"sent to {len(recipients)}"
+    return send_each(ctx, recipients)

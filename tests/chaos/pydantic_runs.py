@@ -4,13 +4,20 @@ provider saw (shared by the agent's kill tests)."""
 
 from __future__ import annotations
 
+import json
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from django.conf import settings
 
 from controlplane.dev.processes import Process
+from controlplane.worker.runtime import forget_runtime
 from kernel import Draft, Task
 from kernel.agent import submit
 
-from .harness import Stack, lines, wait_for
+from .harness import Stack, chaos_stack, lines, wait_for
 
 
 def start(stack: Stack, text: str = "Tell ana's contacts") -> tuple[str, str, str]:
@@ -50,3 +57,19 @@ def turn_of(stack: Stack, session_id: str) -> Task:
 
 def delivered(stack: Stack) -> Counter[str]:
     return Counter(m["to"] for m in stack.admin.messages())
+
+
+@contextmanager
+def agent_stack_of(tmp_path: Path, agents: dict[str, str]) -> Iterator[Stack]:
+    """Workers that run ``agents`` (name: module path); this process knows them too (the
+    API's kernel checks submissions and decisions against its registry)."""
+    saved = settings.KERNEL_AGENTS
+    settings.KERNEL_AGENTS = agents
+    forget_runtime()
+    env = {"KERNEL_AGENTS": json.dumps(agents), "AGENT_TOOL_DIR": str(tmp_path)}
+    try:
+        with chaos_stack(tmp_path, env=env) as running:
+            yield running
+    finally:
+        settings.KERNEL_AGENTS = saved
+        forget_runtime()

@@ -15,34 +15,22 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from django.conf import settings
 
-from controlplane.worker.runtime import forget_runtime, runtime
+from controlplane.worker.runtime import runtime
 from kernel import Status, SubmissionStatus, Task
 
-from .harness import Stack, chaos_stack, operator_client, wait_for
+from .harness import Stack, operator_client, wait_for
 from .pydantic_agent import RECIPIENTS
-from .pydantic_runs import delivered, kill_at, model_steps, runs, start, turn_of
+from .pydantic_runs import agent_stack_of, delivered, kill_at, model_steps, runs, start, turn_of
 
 pytestmark = [pytest.mark.chaos, pytest.mark.slow]
-AGENTS = {"support": "tests.chaos.pydantic_agent.agent"}
+AGENT = "tests.chaos.pydantic_agent.agent"
 
 
 @pytest.fixture
 def agent_stack(tmp_path: Path, transactional_db: None) -> Iterator[Stack]:
-    """Workers that run the agent as ``support``; this process knows it too (the API's
-    kernel checks submissions and decisions against its registry)."""
-    saved = settings.KERNEL_AGENTS
-    settings.KERNEL_AGENTS = AGENTS
-    forget_runtime()
-    env = {"KERNEL_AGENTS": '{"support": "tests.chaos.pydantic_agent.agent"}',
-           "AGENT_TOOL_DIR": str(tmp_path)}
-    try:
-        with chaos_stack(tmp_path, env=env) as running:
-            yield running
-    finally:
-        settings.KERNEL_AGENTS = saved
-        forget_runtime()
+    with agent_stack_of(tmp_path, {"support": AGENT}) as running:
+        yield running
 
 
 def assert_completed(stack: Stack, session_id: str, submission: str) -> Task:

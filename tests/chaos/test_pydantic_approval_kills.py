@@ -13,14 +13,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from django.conf import settings
 
-from controlplane.worker.runtime import forget_runtime
 from kernel import Draft, Status, SubmissionStatus, Task
 from kernel.agent import approval as approvals
 from kernel.agent import submit
 
-from .harness import Stack, chaos_stack, lines, operator_client, wait_for
+from .harness import Stack, lines, operator_client, wait_for
+from .pydantic_runs import agent_stack_of
 
 pytestmark = [pytest.mark.chaos, pytest.mark.slow]
 AGENTS = {"billing": "tests.chaos.pydantic_billing.agent"}
@@ -28,16 +27,8 @@ AGENTS = {"billing": "tests.chaos.pydantic_billing.agent"}
 
 @pytest.fixture
 def stack(tmp_path: Path, transactional_db: None) -> Iterator[Stack]:
-    saved = settings.KERNEL_AGENTS
-    settings.KERNEL_AGENTS = AGENTS
-    forget_runtime()
-    env = {"KERNEL_AGENTS": json.dumps(AGENTS), "AGENT_TOOL_DIR": str(tmp_path)}
-    try:
-        with chaos_stack(tmp_path, env=env) as running:
-            yield running
-    finally:
-        settings.KERNEL_AGENTS = saved
-        forget_runtime()
+    with agent_stack_of(tmp_path, AGENTS) as running:
+        yield running
 
 
 def start(stack: Stack) -> tuple[str, str, str]:

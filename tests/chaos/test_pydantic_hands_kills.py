@@ -17,14 +17,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from django.conf import settings
 
-from controlplane.worker.runtime import forget_runtime, runtime
+from controlplane.worker.runtime import runtime
 from kernel import Status, Task
 
-from .harness import Stack, chaos_stack, lines, operator_client, wait_for
+from .harness import Stack, lines, operator_client, wait_for
 from .pydantic_agent import RECIPIENTS
-from .pydantic_runs import delivered, kill_at, model_steps, runs, start, turn_of
+from .pydantic_runs import agent_stack_of, delivered, kill_at, model_steps, runs, start, turn_of
 
 pytestmark = [pytest.mark.chaos, pytest.mark.slow]
 AGENT = "tests.chaos.pydantic_hands_agent.agent"
@@ -33,16 +32,8 @@ HANDS_KIND = "agent-tool:support"
 
 @pytest.fixture
 def hands_stack(tmp_path: Path, transactional_db: None) -> Iterator[Stack]:
-    saved = settings.KERNEL_AGENTS
-    settings.KERNEL_AGENTS = {"support": AGENT}
-    forget_runtime()
-    env = {"KERNEL_AGENTS": f'{{"support": "{AGENT}"}}', "AGENT_TOOL_DIR": str(tmp_path)}
-    try:
-        with chaos_stack(tmp_path, env=env) as running:
-            yield running
-    finally:
-        settings.KERNEL_AGENTS = saved
-        forget_runtime()
+    with agent_stack_of(tmp_path, {"support": AGENT}) as running:
+        yield running
 
 
 def hands_task(stack: Stack, session_id: str, call_id: str) -> Task:

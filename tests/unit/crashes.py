@@ -54,7 +54,9 @@ def run_across_crashes(
         try:
             Scheduler(make_kernel(), f"w{crashes}").run_until_idle(advance_clock=advance_clock)
             return crashes
-        except Crash:
+        except BaseException as exc:
+            if not dead(exc):
+                raise
             crashes += 1
             if crashes > crashes_allowed:
                 raise

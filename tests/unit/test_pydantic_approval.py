@@ -37,7 +37,7 @@ from kernel import (
 from kernel.agent import approval as approvals
 from kernel.agent import submit
 from kernel.hosts.pydantic_ai import SAFE, KernelDurability, register_agent
-from tests.unit.crashes import Crash, dead
+from tests.unit.crashes import Crash, run_across_crashes
 
 
 @dataclass
@@ -97,18 +97,9 @@ class World:
         return Kernel(self.storage, registry, self.clock)
 
     def run(self, crashes_allowed: int = 0) -> int:
-        crashes = 0
-        while True:
-            try:
-                Scheduler(self.kernel(), f"w{crashes}").run_until_idle()
-                return crashes
-            except BaseException as exc:
-                if not dead(exc):
-                    raise
-                crashes += 1
-                if crashes > crashes_allowed:
-                    raise
-                self.clock.advance(timedelta(minutes=5))  # the dead worker's lease ends
+        # After a crash, the dead worker's lease ends before the next one starts.
+        return run_across_crashes(self.kernel, self.clock, crashes_allowed=crashes_allowed,
+                                  advance_clock=False, lease_lapse=timedelta(minutes=5))
 
     def start(self) -> tuple[Kernel, str, str, str]:
         kernel = self.kernel()

@@ -37,7 +37,7 @@ from kernel.hosts.pydantic_ai import (
     register_agent,
     save_partial,
 )
-from tests.unit.crashes import Crash, dead
+from tests.unit.crashes import Crash, run_across_crashes
 
 HANDS_KIND = "agent-tool:support"
 
@@ -130,17 +130,8 @@ class World:
         return Kernel(self.storage, registry, self.clock)
 
     def run(self, crashes_allowed: int = 0) -> int:
-        crashes = 0
-        while True:
-            try:
-                Scheduler(self.kernel(), f"w{crashes}").run_until_idle(advance_clock=True)
-                return crashes
-            except BaseException as exc:
-                if not dead(exc):
-                    raise
-                crashes += 1
-                if crashes > crashes_allowed:
-                    raise
+        return run_across_crashes(self.kernel, self.clock, crashes_allowed=crashes_allowed,
+                                  advance_clock=True)
 
     def start(self) -> tuple[Kernel, str, str]:
         kernel = self.kernel()

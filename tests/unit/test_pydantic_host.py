@@ -22,13 +22,12 @@ from kernel import (
     Kernel,
     ManualClock,
     Registry,
-    Scheduler,
     Status,
     SubmissionStatus,
 )
 from kernel.agent import submit
 from kernel.hosts.pydantic_ai import SAFE, KernelDurability, register_agent
-from tests.unit.crashes import Crash, dead
+from tests.unit.crashes import Crash, run_across_crashes
 
 
 class Ticket(BaseModel):
@@ -100,17 +99,8 @@ class World:
         return Kernel(self.storage, registry, self.clock)
 
     def run(self, crashes_allowed: int = 0) -> int:
-        crashes = 0
-        while True:
-            try:
-                Scheduler(self.kernel(), f"w{crashes}").run_until_idle(advance_clock=True)
-                return crashes
-            except BaseException as exc:
-                if not dead(exc):
-                    raise
-                crashes += 1
-                if crashes > crashes_allowed:
-                    raise
+        return run_across_crashes(self.kernel, self.clock, crashes_allowed=crashes_allowed,
+                                  advance_clock=True)
 
     def start(self, text: str = "Notify ana") -> tuple[Kernel, str, str, str]:
         kernel = self.kernel()
