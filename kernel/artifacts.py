@@ -196,6 +196,9 @@ def stand_in(store: ArtifactStore, value: JSON, data: bytes, what: str) -> JSON:
     return stand_in_shape(store.put(data, "application/json"), value, data, what)
 
 
+_REFERENCE_KEY = encoded(REFERENCE) + b":"
+
+
 def stand_in_shape(digest: str, value: JSON, data: bytes, what: str) -> JSON:
     """The stand-in of ``value`` stored as artifact ``digest``: a reference marked
     :data:`IN_PLACE_OF` ``what``, naming the artifacts ``value`` references itself
@@ -204,7 +207,9 @@ def stand_in_shape(digest: str, value: JSON, data: bytes, what: str) -> JSON:
         errors="ignore")[:EXCERPT]
     found = _reference(digest, len(data), excerpt)
     found[IN_PLACE_OF] = what
-    inner = sorted(set(references(value)))
+    # A reference is an object with the key REFERENCE, which the encoded bytes then hold;
+    # without them there is nothing to walk (a large history, say, referencing nothing).
+    inner = sorted(set(references(value))) if _REFERENCE_KEY in data else []
     if inner:
         found[HOLDS] = inner
     return found

@@ -9,6 +9,8 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from kernel import InMemoryStorage, Kernel, ManualClock, Registry, Scheduler
 from kernel.agent import (
@@ -20,15 +22,18 @@ from kernel.agent import (
 )
 from kernel.artifacts import (
     GRACE,
+    HOLDS,
     REFERENCE,
     CorruptArtifact,
     InMemoryArtifacts,
     MissingArtifact,
     digest_of,
+    encoded,
     is_reference,
     load,
     offload,
     references,
+    stand_in_shape,
 )
 from tests.unit.crashes import Crash, DiesMidWrite
 from tests.unit.report_agent import REPORT, ask, reader, result_of, world
@@ -155,3 +160,28 @@ def test_a_tool_whose_large_result_storage_refuses_ends_naming_the_result() -> N
     assert "tool 'report' result cannot be stored: at ['at'] a datetime" in payload["error"]
     assert "TypeError" not in payload["error"]
     assert not store._objects
+
+
+# Values whose references sit anywhere, and text that looks like one: a key or a string
+# holding the reference key's own text.
+_digests = st.text("0123456789abcdef", min_size=1, max_size=4).map(lambda h: "sha256:" + h)
+_referencing = st.recursive(
+    st.one_of(st.none(), st.integers(), st.sampled_from(["artifact", '"artifact":', "x"]),
+              st.text(max_size=6)),
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=4),
+        st.dictionaries(st.one_of(st.text(max_size=4), st.sampled_from(
+            ["artifact", 'a"artifact', HOLDS])), inner, max_size=4),
+        st.builds(lambda d, held, v: {REFERENCE: d, HOLDS: held, "excerpt": v},
+                  _digests, st.lists(_digests, max_size=2), inner),
+    ),
+    max_leaves=20,
+)
+
+
+@given(_referencing)
+def test_a_stand_in_names_every_artifact_its_value_references(value: Any) -> None:
+    """Whether the value's bytes are walked for references or not, the stand-in holds
+    the same digests as a walk of it finds."""
+    shape = stand_in_shape("sha256:" + "0" * 64, value, encoded(value), "a value")
+    assert shape.get(HOLDS, []) == sorted(set(references(value)))
