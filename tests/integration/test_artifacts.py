@@ -9,7 +9,7 @@ import json
 from datetime import timedelta
 
 import pytest
-from django.db import connection
+from django.db import connection, transaction
 from django.test import Client
 
 from controlplane.storage.artifacts import PostgresArtifacts
@@ -134,3 +134,35 @@ def test_the_dashboard_links_an_entry_stored_apart_and_downloads_it() -> None:
         now = cur.fetchone()[0]
     assert store.referenced([text, said, progress]) == {text, said, progress}
     assert store.sweep(store.referenced, now) == 0
+
+
+def test_an_artifact_alone_does_not_wait_for_its_flush_but_a_callers_transaction_does() -> None:
+    """Put on its own, an artifact's transaction commits without waiting for the disk
+    (the record referencing it commits after it, and that flush covers it); inside a
+    caller's transaction the caller's own durability is left as it was."""
+    store = PostgresArtifacts()
+    with connection.cursor() as cur:
+        cur.execute("CREATE TABLE probe_setting (setting text)")
+        cur.execute(
+            "CREATE FUNCTION probe_setting() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+            "INSERT INTO probe_setting VALUES (current_setting('synchronous_commit')); "
+            "RETURN NEW; END $$")
+        cur.execute("CREATE TRIGGER probe_setting AFTER INSERT OR UPDATE ON kernel_artifact "
+                    "FOR EACH ROW EXECUTE FUNCTION probe_setting()")
+    try:
+        store.put(b"alone", "text/plain")
+        with transaction.atomic():
+            store.put(b"inside", "text/plain")
+            with connection.cursor() as cur:
+                cur.execute("SHOW synchronous_commit")
+                inside_after = cur.fetchone()[0]
+        with connection.cursor() as cur:
+            cur.execute("SELECT setting FROM probe_setting")
+            assert [row[0] for row in cur.fetchall()] == ["off", "on"]
+        assert inside_after == "on"
+        assert store.get(digest_of(b"alone")) == b"alone"
+    finally:
+        with connection.cursor() as cur:
+            cur.execute("DROP TRIGGER probe_setting ON kernel_artifact")
+            cur.execute("DROP FUNCTION probe_setting()")
+            cur.execute("DROP TABLE probe_setting")
