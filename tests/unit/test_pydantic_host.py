@@ -22,6 +22,7 @@ from kernel import (
     Kernel,
     ManualClock,
     Registry,
+    Scheduler,
     Status,
     SubmissionStatus,
 )
@@ -324,3 +325,100 @@ def test_a_phase_inside_a_running_loop_runs_the_agent_on_a_thread_of_its_own() -
     assert world.effects.count("notify:ana@example.com") == 1
     stored = kernel.storage.submission(submission)
     assert stored is not None and stored.status is SubmissionStatus.ANSWERED
+
+
+class DiesEnding(InMemoryStorage):
+    """The reference storage in a process that dies building the commit that ends a task
+    (once), before anything of it is written."""
+
+    armed = True
+
+    def commit(self, session_id: str, build: Any, *args: Any, **kwargs: Any) -> Any:
+        def built(reads: Any) -> Any:
+            write_set = build(reads)
+            if self.armed and any(t.status is Status.TERMINAL for t in write_set.updated_tasks):
+                self.armed = False
+                raise Crash()
+            return write_set
+
+        return super().commit(session_id, built, *args, **kwargs)
+
+
+@dataclass
+class Noted:
+    asked: list[int] = field(default_factory=list)
+    ran: list[str] = field(default_factory=list)
+    clock: ManualClock = field(default_factory=ManualClock)
+
+
+def text_world(storage: InMemoryStorage, noted: Noted, validated: list[str] | None = None
+               ) -> Kernel:
+    """An agent that calls an unsafe tool once, then answers in text; with an output
+    validator when ``validated`` is given (each validation noted in it). What the model
+    was asked and what the tool ran is noted in ``noted``."""
+    asked, ran = noted.asked, noted.ran
+
+    def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        step = sum(1 for m in messages if m.kind == "response")
+        asked.append(step)
+        if step == 0:
+            return ModelResponse(parts=[ToolCallPart("notify", {"to": "ana"}, tool_call_id="c1")])
+        return ModelResponse(parts=[TextPart("Done.")])
+
+    agent = Agent(FunctionModel(model), name="support", capabilities=[KernelDurability()])
+
+    @agent.tool_plain
+    def notify(to: str) -> str:
+        ran.append(to)
+        return "sent"
+
+    if validated is not None:
+        @agent.output_validator
+        def check(output: str) -> str:
+            validated.append(output)
+            return output
+
+    registry = Registry()
+    register_agent(registry, "support", agent)
+    return Kernel(storage, registry, noted.clock)
+
+
+def started(kernel: Kernel) -> tuple[str, str, str]:
+    handle = kernel.create_session()
+    draft = Draft()
+    conversation = draft.create_conversation()
+    handle.commit(draft)
+    submitted = submit(handle, conversation, {"text": "Notify ana", "agent": "support"}, "r")
+    assert submitted.submission is not None
+    return handle.id, conversation, submitted.submission.id
+
+
+def test_an_answer_is_committed_with_the_runs_end_when_no_validator_runs_between() -> None:
+    """Nothing of the user's runs between a text answer and the run's end: one commit
+    holds both. With an output validator, the answer is committed before it runs."""
+    for validated in (None, []):
+        kernel = text_world(InMemoryStorage(), Noted(), validated)
+        session_id, conversation, submission = started(kernel)
+        Scheduler(kernel, "w").run_until_idle()
+        written = [sorted(e.kind for e in kernel.entries(conversation) if e.seq == c.seq)
+                   for c in turn_commits(kernel, session_id)]
+        ending = [["model_response"], []] if validated is not None else [["model_response"]]
+        assert written == [["model_response"], ["tool_result"], *ending], written
+        stored = kernel.storage.submission(submission)
+        assert stored is not None and stored.status is SubmissionStatus.ANSWERED
+        assert stored.answer_entry_id == kernel.entries(conversation)[-1].id  # the answer
+
+
+def test_a_crash_before_a_held_answer_is_committed_asks_the_model_again_and_nothing_else() -> None:
+    storage, noted = DiesEnding(), Noted()
+    kernel = text_world(storage, noted)
+    session_id, conversation, submission = started(kernel)
+    crashes = run_across_crashes(lambda: text_world(storage, noted), noted.clock,
+                                 crashes_allowed=1, advance_clock=True)
+    assert crashes == 1
+    assert noted.asked == [0, 1, 1]  # the answer, never committed, is asked again
+    stored = kernel.storage.submission(submission)
+    assert stored is not None and stored.status is SubmissionStatus.ANSWERED
+    assert noted.ran == ["ana"]  # the unsafe call ran once
+    assert [e.kind for e in kernel.entries(conversation)] == [
+        "user", "model_response", "tool_result", "model_response"]

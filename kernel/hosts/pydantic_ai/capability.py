@@ -159,7 +159,10 @@ class Units:
     is committed with the first call's intent (both must be durable before the call
     starts, and nothing runs between them); a safe call's result waits for the next
     commit (usually the next response), since losing it only makes the call run again.
-    A response is still committed before any tool starts, before the next request and
+    an answer (a response that calls no tool) of an agent with no output validator is
+    committed with the run's end, since only the framework's own handling of it runs
+    between (a crash there asks the model again, as one during the request would). A
+    response is still committed before any tool starts, before the next request and
     before the run ends. An unsafe call's result is committed as soon as the call returns
     (before the model's next request, where the run's loop is on the phase's thread; while
     it is made, where the loop has a thread of its own: :mod:`.bridge`).
@@ -190,8 +193,11 @@ class Units:
     calls: dict[str, str] = field(default_factory=dict)
     staged: list[Callable[[], None]] = field(default_factory=list)
     """Writes waiting for the run's next commit, run on the phase's thread before it."""
+    answer_ends: bool = False
+    """An answer may wait for the run's end (:attr:`HostedAgent.answer_ends`)."""
     holding_response: bool = False
-    """A response is staged, not committed: only an unsafe call's intent may follow it."""
+    """A response is staged, not committed: only an unsafe call's intent, or the run's
+    end, may follow it."""
 
     @property
     def run_id(self) -> str:
@@ -230,11 +236,16 @@ class Units:
             await self.write(self.journal.commit)
 
     def holds(self, payload: JSON) -> bool:
-        """Whether a response may wait for its first call's intent: it calls tools, and
-        only unsafe function tools (each commits an intent before it starts)."""
+        """Whether a response may wait for the next commit: it calls only unsafe function
+        tools (each commits an intent before it starts), or it is an answer that may wait
+        for the run's end."""
+        if not isinstance(payload, dict):
+            return False
         names = [part.get("tool_name") for part in payload.get("parts") or []
-                 if part.get("part_kind") == "tool-call"] if isinstance(payload, dict) else []
-        return bool(names) and all(name in self.unsafe_tools for name in names)
+                 if part.get("part_kind") == "tool-call"]
+        if not names:
+            return self.answer_ends
+        return all(name in self.unsafe_tools for name in names)
 
     async def streamed(self, events: Any) -> None:
         """The event stream handler's side: text deltas of the request under way."""

@@ -114,6 +114,16 @@ class HostedAgent:
     unsafe_tools: frozenset[str] = frozenset()
     """The function tools whose calls commit before they start: unsafe ones (their
     intent) and those run on the hands queue (their task)."""
+    answer_ends: bool = False
+    """Whether an answer (a response that calls no tool) may wait for the run's end to be
+    committed: when no output validator of the user's runs between them."""
+
+
+def answer_ends(agent: Agent[Any, Any]) -> bool:
+    """Whether nothing but the framework's own output handling follows an answer: the
+    agent has no output validators (an attribute of the framework's own, read as "some"
+    should it be gone, which only costs the answer a commit of its own)."""
+    return getattr(agent, "_output_validators", None) == []
 
 
 def hands_kind(name: str) -> str:
@@ -173,7 +183,7 @@ def register_agent(
     if not approval_timeout > 0:
         raise ValueError("approval_timeout: a positive number of seconds")
     hosted = HostedAgent(name, agent, deps, usage_limits, approval_timeout,
-                         unsafe_tools(agent))
+                         unsafe_tools(agent), answer_ends(agent))
     for kind in (CONVERSATION, HISTORY, PROGRESS, USAGE):
         registry.document(kind)
     approvals.register_approvals(registry)
@@ -300,6 +310,7 @@ def run_turn(run: Run, hosted: HostedAgent) -> Transition:
     conversation = run.input["conversation_id"]
     units = Units(Bridge(), journal, segment=segment, task_id=run.task_id, started_at=None,
                   decisions=decisions, stream=Preview(run), unsafe_tools=hosted.unsafe_tools,
+                  answer_ends=hosted.answer_ends,
                   handed=answer_from_hands(run, journal, segment))
     try:
         result = start.serve(hosted, units)
@@ -321,8 +332,10 @@ def run_turn(run: Run, hosted: HostedAgent) -> Transition:
         return to_hands(run, hosted, units)
     for stage in units.take_staged():  # they join the commit that ends the segment
         stage()
-    messages = json.loads(result.all_messages_json())
-    record_framework_returns(run, journal, json.loads(result.new_messages_json()), decisions)
+    # As the framework's JSON would parse back, built once: the new messages are the tail.
+    messages = ModelMessagesTypeAdapter.dump_python(result.all_messages(), mode="json")
+    new = len(result.new_messages())
+    record_framework_returns(run, journal, messages[len(messages) - new:], decisions)
     usage = result.usage
     if isinstance(result.output, DeferredToolRequests):
         return ask(run, hosted, result.output, messages, segment, usage)
