@@ -113,6 +113,7 @@ def bare_runner() -> Callable[[], list[float]]:
 
 
 def kernel_runner(safe: bool) -> Callable[[], list[float]]:
+    from controlplane.process.kernel import artifact_store
     from controlplane.storage import PostgresStorage
     from controlplane.storage.clock import DatabaseClock
     from kernel import Draft, Kernel, Registry, Scheduler, SubmissionStatus
@@ -123,8 +124,14 @@ def kernel_runner(safe: bool) -> Callable[[], list[float]]:
     name = "bench-safe" if safe else "bench"
     registry = Registry()
     register_agent(registry, name, agent_with(steps, name, [KernelDurability()], safe))
-    kernel = Kernel(PostgresStorage(), registry, DatabaseClock())
+    # As the workers build it (controlplane.process.kernel), with its artifact store: the
+    # turn's history is stored as an artifact when it ends.
+    kernel = Kernel(PostgresStorage(), registry, DatabaseClock(), artifacts=artifact_store())
     scheduler = Scheduler(kernel, f"bench-{name}")
+    committed: list[float] = []
+    # The run ends when its last commit returns; the scheduler's look for more work
+    # after it is the benchmark's loop, which a worker does not do after a task.
+    kernel.after_commit(lambda _: committed.append(time.perf_counter()))
 
     def run() -> list[float]:
         handle = kernel.create_session()
@@ -134,8 +141,9 @@ def kernel_runner(safe: bool) -> Callable[[], list[float]]:
         submitted = submit(handle, conversation, {"text": "go", "agent": name}, "req")
         assert submitted.submission is not None
         steps.marks.clear()
+        committed.clear()
         scheduler.run_until_idle()
-        ended = time.perf_counter()
+        ended = committed[-1]
         stored = kernel.storage.submission(submitted.submission.id)
         assert stored is not None and stored.status is SubmissionStatus.ANSWERED
         return steps.durations(ended)
