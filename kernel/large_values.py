@@ -118,10 +118,13 @@ UNSTORED = "sha256:" + "0" * 64
 
 
 def _op(store: ArtifactStore, op: JSON, threshold: int, document: str) -> JSON:
-    if op["op"] not in ("set", "append") or size(op["value"]) <= threshold:
+    if op["op"] not in ("set", "append"):
+        return op
+    data = encoded(op["value"])  # as long as size() says, and what a stand-in stores
+    if len(data) <= threshold:
         return op
     where = "/".join(op["path"]) or "(the whole value)"
-    return {**op, "value": stand_in(store, op["value"], encoded(op["value"]),
+    return {**op, "value": stand_in(store, op["value"], data,
                                     f"{document} {op['op']} value at {where}")}
 
 
