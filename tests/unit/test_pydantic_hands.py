@@ -10,9 +10,18 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import pytest
 from pydantic import BaseModel
-from pydantic_ai import Agent, ApprovalRequired, RunContext
-from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart
+from pydantic_ai import Agent, ApprovalRequired, CallDeferred, RunContext
+from pydantic_ai.messages import (
+    ModelMessage,
+    ModelRequest,
+    ModelResponse,
+    RetryPromptPart,
+    TextPart,
+    ToolCallPart,
+    ToolReturnPart,
+)
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 from pydantic_ai.tools import DeferredToolRequests
 
@@ -412,3 +421,105 @@ def test_a_turn_cancelled_while_its_hands_task_runs_the_call_ends_both() -> None
     assert world.effects.count("notify:ana@example.com") == 1
     stored = kernel.storage.submission(submission)
     assert stored is not None and stored.status is SubmissionStatus.CANCELLED
+
+
+@dataclass
+class Courier:
+    """Response 0 calls ``ship`` (on hands, with ``policy``), whose body hands the parcel
+    to the warehouse and defers the call's result to it (``CallDeferred``); response 1
+    answers with what the call returned."""
+
+    policy: dict[str, Any]
+    crash_on: set[str] = field(default_factory=set)
+    shipped: list[str] = field(default_factory=list)
+    told: list[Any] = field(default_factory=list)
+    storage: InMemoryStorage = field(default_factory=InMemoryStorage)
+    clock: ManualClock = field(default_factory=ManualClock)
+    session_id: str = ""
+
+    def model(self, messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        if not any(m.kind == "response" for m in messages):
+            return ModelResponse(parts=[ToolCallPart("ship", {"parcel": "p1"},
+                                                     tool_call_id="c9")])
+        if "model:1" in self.crash_on:
+            self.crash_on.discard("model:1")
+            raise Crash()
+        self.told.append({p.tool_call_id: p.content for m in messages
+                          if isinstance(m, ModelRequest) for p in m.parts
+                          if isinstance(p, ToolReturnPart | RetryPromptPart)}.get("c9"))
+        return ModelResponse(parts=[TextPart("Done.")])
+
+    def kernel(self) -> Kernel:
+        agent = Agent(FunctionModel(self.model), name="courier",
+                      output_type=[str, DeferredToolRequests],
+                      capabilities=[KernelDurability()])
+        world = self
+
+        @agent.tool_plain(metadata=hands(self.policy))
+        def ship(parcel: str) -> str:
+            world.shipped.append(parcel)
+            raise CallDeferred(metadata={"parcel": parcel})
+
+        registry = Registry()
+        register_agent(registry, "courier", agent)
+        return Kernel(self.storage, registry, self.clock)
+
+    def start(self) -> tuple[Kernel, str, str]:
+        kernel = self.kernel()
+        handle = kernel.create_session()
+        self.session_id = handle.id
+        draft = Draft()
+        conversation = draft.create_conversation()
+        handle.commit(draft)
+        submitted = submit(handle, conversation, {"text": "Ship p1", "agent": "courier"}, "r")
+        assert submitted.submission is not None
+        return kernel, conversation, submitted.submission.id
+
+    def tasks(self, kind: str) -> list[Task]:
+        return [t for t in self.storage.session_tasks(self.session_id) if t.kind == kind]
+
+
+@pytest.mark.parametrize("policy", [HANDS, hands(SAFE)], ids=["unsafe", "safe"])
+@pytest.mark.parametrize(("decision", "receipt", "told"), [
+    ("happened", {"result": "delivered to ana"}, "delivered to ana"),
+    ("not_done", None, "The call did not take effect: the van broke down"),
+])
+def test_a_hands_call_deferred_outside_waits_on_the_turn_as_a_brain_call_would(
+    policy: dict[str, Any], decision: str, receipt: Any, told: str
+) -> None:
+    """``CallDeferred`` raised in a hands task: its task ends, and the call becomes the
+    turn's wait for its result from outside (``resolution:<call id>:external``), the same
+    wait a call the turn ran itself would be; the result recorded there reaches the model
+    as the call's return, and the tool's body is not run again."""
+    world = Courier(policy, crash_on={"model:1"})
+    kernel, conversation, submission = world.start()
+    Scheduler(world.kernel(), "w").run_until_idle()
+    (turn,) = world.tasks("agent:courier")
+    assert turn.status is Status.WAITING and turn.lease_owner is None
+    assert turn.wait == {"signal": "resolution:c9:external"}
+    (task,) = world.tasks("agent-tool:courier")
+    assert (task.outcome or {}).get("kind") == "succeeded" and task.lease_owner is None
+    assert not task.checkpoint.get("intents")  # deferred, nothing took effect: not uncertain
+    assert world.shipped == ["p1"] and "c9" not in results(kernel, conversation)
+
+    draft = Draft(actor="user:olga")
+    payload: dict[str, Any] = {"decision": decision, "by": "user:olga",
+                               "reason": "the van broke down"}
+    if receipt is not None:
+        payload["receipt"] = receipt
+    draft.signal(turn.id, "resolution:c9:external", payload, step_epoch=turn.epoch)
+    kernel.open(world.session_id).commit(draft)
+    # The brain dies asking the model after the result: the run goes on from the
+    # committed decision, which the framework is given again, not the tool.
+    assert run_across_crashes(world.kernel, world.clock, crashes_allowed=1,
+                              advance_clock=True) == 1
+
+    assert world.told == [told]
+    assert world.shipped == ["p1"]  # the body ran once, in its hands task
+    assert len(world.tasks("agent-tool:courier")) == 1
+    (turn,) = world.tasks("agent:courier")
+    assert turn.outcome is not None and turn.outcome["result"]["output"] == "Done.", turn.outcome
+    stored = kernel.storage.submission(submission)
+    assert stored is not None and stored.status is SubmissionStatus.ANSWERED
+    shown = results(kernel, conversation)["c9"]
+    assert shown["resolved"]["by"] == "user:olga"
