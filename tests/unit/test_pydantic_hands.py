@@ -46,6 +46,7 @@ from kernel.hosts.pydantic_ai import (
     register_agent,
     save_partial,
 )
+from kernel.hosts.pydantic_ai.journal import Journal
 from tests.unit.crashes import Crash, run_across_crashes
 
 HANDS_KIND = "agent-tool:support"
@@ -192,10 +193,44 @@ def test_each_hands_call_is_a_task_on_hands_while_the_turn_waits_holding_no_leas
     found = results(kernel, conversation)
     assert found["c1"]["replay"] == "safe" and found["c1"]["turn"] == turn.id
     assert found["c2"]["replay"] == "unsafe" and found["c2"]["result"] == "sent to ana@example.com"
-    # The unsafe call's intent was the hands task's, and its result dropped it.
+    # The unsafe call's intent was the hands task's, not the turn's; its result was
+    # committed with the task's end, which keeps the checkpoint as it was (an ended
+    # task's is not read again: run again, the task finds the result first).
     notify = next(t for t in children if t.input["call"]["id"] == "c2")
-    assert notify.checkpoint.get("intents") == {}
+    assert list(notify.checkpoint.get("intents")) == ["c2"]
     assert "intents" not in turn.checkpoint or turn.checkpoint["intents"] == {}
+
+
+def hands_commits(kernel: Kernel, task: Task) -> list[list[str]]:
+    """What each commit a hands task made wrote: its entries' and documents' kinds, and
+    ``running`` (the task went on after it: an intent, a partial result) or ``end``."""
+    written = []
+    for commit in kernel.storage.commits_after(task.session_id, 0, 1000):
+        if commit.actor != f"task:{task.id}":
+            continue
+        shown = []
+        for item in commit.summary:
+            if item.get("type") in ("entry", "document"):
+                shown.append(item["kind"])
+            elif item.get("type") == "task" and item.get("id") == task.id:
+                shown.append("end" if item.get("status") == "terminal" else "running")
+        written.append(sorted(shown))
+    return written
+
+
+def test_a_safe_hands_call_costs_its_task_one_commit_and_an_unsafe_one_two() -> None:
+    """The safe call's result joins its task's end; the unsafe call commits its intent
+    before it starts, and its result joins its task's end (``notify`` saves a partial
+    result in between: a commit of its own). The turn wakes on that end, so the result
+    is durable before the brain goes on."""
+    world = World()
+    kernel, conversation, submission = world.start()
+    world.run()
+    lookup, notify = world.tasks(HANDS_KIND)
+    assert hands_commits(kernel, lookup) == [["end", "tool_result"]]
+    assert hands_commits(kernel, notify) == [
+        ["running"], ["agent-progress", "running"], ["end", "tool_result"]]
+    assert world.effects == ["lookup:ana", "notify:ana@example.com"]
 
 
 def test_parallel_calls_get_a_task_each_and_the_turn_runs_its_own_call_meanwhile() -> None:
@@ -240,6 +275,40 @@ def test_a_hands_task_killed_during_an_unsafe_call_leaves_it_uncertain_not_calle
     assert stored is not None and stored.status is SubmissionStatus.ANSWERED
     found = results(kernel, conversation)
     assert found["c2"]["result"] == "sent (checked)" and found["c2"]["resolved"]["by"] == "user:op"
+
+
+def test_a_hands_task_killed_after_its_unsafe_call_returned_leaves_it_uncertain(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Killed once the call returned, before the commit that records its result and
+    ends the task: the call may have taken effect and nothing says how, so it is an
+    uncertain step of the hands task, as when killed during the call."""
+    world = World()
+    record = Journal.record_result
+
+    def dies_before_notify_is_recorded(journal: Journal, call_id: str, *args: Any,
+                                       **kwargs: Any) -> None:
+        if call_id == "c2" and journal.run.task.kind == HANDS_KIND:
+            monkeypatch.setattr(Journal, "record_result", record)
+            raise Crash()
+        record(journal, call_id, *args, **kwargs)
+
+    monkeypatch.setattr(Journal, "record_result", dies_before_notify_is_recorded)
+    kernel, conversation, submission = world.start()
+    assert world.run(crashes_allowed=1) == 1
+    (_, notify) = world.tasks(HANDS_KIND)
+    assert notify.status is Status.WAITING and notify.wait == {"signal": "resolution:c2:1"}
+    assert "c2" not in results(kernel, conversation)
+    assert world.turn().status is Status.WAITING
+    draft = Draft(actor="user:op")
+    draft.signal(notify.id, "resolution:c2:1",
+                 {"decision": "happened", "by": "user:op", "reason": "in the outbox"},
+                 step_epoch=notify.epoch)
+    kernel.open(world.session_id).commit(draft)
+    world.run()
+    assert world.effects.count("notify:ana@example.com") == 1
+    stored = kernel.storage.submission(submission)
+    assert stored is not None and stored.status is SubmissionStatus.ANSWERED
 
 
 def test_a_safe_hands_call_cut_midway_runs_again_in_its_task() -> None:
