@@ -10,9 +10,18 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import pytest
 from pydantic import BaseModel
-from pydantic_ai import Agent, ApprovalRequired, RunContext
-from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart
+from pydantic_ai import Agent, ApprovalRequired, CallDeferred, RunContext
+from pydantic_ai.messages import (
+    ModelMessage,
+    ModelRequest,
+    ModelResponse,
+    RetryPromptPart,
+    TextPart,
+    ToolCallPart,
+    ToolReturnPart,
+)
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 from pydantic_ai.tools import DeferredToolRequests
 
@@ -37,6 +46,7 @@ from kernel.hosts.pydantic_ai import (
     register_agent,
     save_partial,
 )
+from kernel.hosts.pydantic_ai.journal import Journal
 from tests.unit.crashes import Crash, run_across_crashes
 
 HANDS_KIND = "agent-tool:support"
@@ -183,10 +193,44 @@ def test_each_hands_call_is_a_task_on_hands_while_the_turn_waits_holding_no_leas
     found = results(kernel, conversation)
     assert found["c1"]["replay"] == "safe" and found["c1"]["turn"] == turn.id
     assert found["c2"]["replay"] == "unsafe" and found["c2"]["result"] == "sent to ana@example.com"
-    # The unsafe call's intent was the hands task's, and its result dropped it.
+    # The unsafe call's intent was the hands task's, not the turn's; its result was
+    # committed with the task's end, which keeps the checkpoint as it was (an ended
+    # task's is not read again: run again, the task finds the result first).
     notify = next(t for t in children if t.input["call"]["id"] == "c2")
-    assert notify.checkpoint.get("intents") == {}
+    assert list(notify.checkpoint.get("intents")) == ["c2"]
     assert "intents" not in turn.checkpoint or turn.checkpoint["intents"] == {}
+
+
+def hands_commits(kernel: Kernel, task: Task) -> list[list[str]]:
+    """What each commit a hands task made wrote: its entries' and documents' kinds, and
+    ``running`` (the task went on after it: an intent, a partial result) or ``end``."""
+    written = []
+    for commit in kernel.storage.commits_after(task.session_id, 0, 1000):
+        if commit.actor != f"task:{task.id}":
+            continue
+        shown = []
+        for item in commit.summary:
+            if item.get("type") in ("entry", "document"):
+                shown.append(item["kind"])
+            elif item.get("type") == "task" and item.get("id") == task.id:
+                shown.append("end" if item.get("status") == "terminal" else "running")
+        written.append(sorted(shown))
+    return written
+
+
+def test_a_safe_hands_call_costs_its_task_one_commit_and_an_unsafe_one_two() -> None:
+    """The safe call's result joins its task's end; the unsafe call commits its intent
+    before it starts, and its result joins its task's end (``notify`` saves a partial
+    result in between: a commit of its own). The turn wakes on that end, so the result
+    is durable before the brain goes on."""
+    world = World()
+    kernel, conversation, submission = world.start()
+    world.run()
+    lookup, notify = world.tasks(HANDS_KIND)
+    assert hands_commits(kernel, lookup) == [["end", "tool_result"]]
+    assert hands_commits(kernel, notify) == [
+        ["running"], ["agent-progress", "running"], ["end", "tool_result"]]
+    assert world.effects == ["lookup:ana", "notify:ana@example.com"]
 
 
 def test_parallel_calls_get_a_task_each_and_the_turn_runs_its_own_call_meanwhile() -> None:
@@ -231,6 +275,40 @@ def test_a_hands_task_killed_during_an_unsafe_call_leaves_it_uncertain_not_calle
     assert stored is not None and stored.status is SubmissionStatus.ANSWERED
     found = results(kernel, conversation)
     assert found["c2"]["result"] == "sent (checked)" and found["c2"]["resolved"]["by"] == "user:op"
+
+
+def test_a_hands_task_killed_after_its_unsafe_call_returned_leaves_it_uncertain(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Killed once the call returned, before the commit that records its result and
+    ends the task: the call may have taken effect and nothing says how, so it is an
+    uncertain step of the hands task, as when killed during the call."""
+    world = World()
+    record = Journal.record_result
+
+    def dies_before_notify_is_recorded(journal: Journal, call_id: str, *args: Any,
+                                       **kwargs: Any) -> None:
+        if call_id == "c2" and journal.run.task.kind == HANDS_KIND:
+            monkeypatch.setattr(Journal, "record_result", record)
+            raise Crash()
+        record(journal, call_id, *args, **kwargs)
+
+    monkeypatch.setattr(Journal, "record_result", dies_before_notify_is_recorded)
+    kernel, conversation, submission = world.start()
+    assert world.run(crashes_allowed=1) == 1
+    (_, notify) = world.tasks(HANDS_KIND)
+    assert notify.status is Status.WAITING and notify.wait == {"signal": "resolution:c2:1"}
+    assert "c2" not in results(kernel, conversation)
+    assert world.turn().status is Status.WAITING
+    draft = Draft(actor="user:op")
+    draft.signal(notify.id, "resolution:c2:1",
+                 {"decision": "happened", "by": "user:op", "reason": "in the outbox"},
+                 step_epoch=notify.epoch)
+    kernel.open(world.session_id).commit(draft)
+    world.run()
+    assert world.effects.count("notify:ana@example.com") == 1
+    stored = kernel.storage.submission(submission)
+    assert stored is not None and stored.status is SubmissionStatus.ANSWERED
 
 
 def test_a_safe_hands_call_cut_midway_runs_again_in_its_task() -> None:
@@ -412,3 +490,105 @@ def test_a_turn_cancelled_while_its_hands_task_runs_the_call_ends_both() -> None
     assert world.effects.count("notify:ana@example.com") == 1
     stored = kernel.storage.submission(submission)
     assert stored is not None and stored.status is SubmissionStatus.CANCELLED
+
+
+@dataclass
+class Courier:
+    """Response 0 calls ``ship`` (on hands, with ``policy``), whose body hands the parcel
+    to the warehouse and defers the call's result to it (``CallDeferred``); response 1
+    answers with what the call returned."""
+
+    policy: dict[str, Any]
+    crash_on: set[str] = field(default_factory=set)
+    shipped: list[str] = field(default_factory=list)
+    told: list[Any] = field(default_factory=list)
+    storage: InMemoryStorage = field(default_factory=InMemoryStorage)
+    clock: ManualClock = field(default_factory=ManualClock)
+    session_id: str = ""
+
+    def model(self, messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        if not any(m.kind == "response" for m in messages):
+            return ModelResponse(parts=[ToolCallPart("ship", {"parcel": "p1"},
+                                                     tool_call_id="c9")])
+        if "model:1" in self.crash_on:
+            self.crash_on.discard("model:1")
+            raise Crash()
+        self.told.append({p.tool_call_id: p.content for m in messages
+                          if isinstance(m, ModelRequest) for p in m.parts
+                          if isinstance(p, ToolReturnPart | RetryPromptPart)}.get("c9"))
+        return ModelResponse(parts=[TextPart("Done.")])
+
+    def kernel(self) -> Kernel:
+        agent = Agent(FunctionModel(self.model), name="courier",
+                      output_type=[str, DeferredToolRequests],
+                      capabilities=[KernelDurability()])
+        world = self
+
+        @agent.tool_plain(metadata=hands(self.policy))
+        def ship(parcel: str) -> str:
+            world.shipped.append(parcel)
+            raise CallDeferred(metadata={"parcel": parcel})
+
+        registry = Registry()
+        register_agent(registry, "courier", agent)
+        return Kernel(self.storage, registry, self.clock)
+
+    def start(self) -> tuple[Kernel, str, str]:
+        kernel = self.kernel()
+        handle = kernel.create_session()
+        self.session_id = handle.id
+        draft = Draft()
+        conversation = draft.create_conversation()
+        handle.commit(draft)
+        submitted = submit(handle, conversation, {"text": "Ship p1", "agent": "courier"}, "r")
+        assert submitted.submission is not None
+        return kernel, conversation, submitted.submission.id
+
+    def tasks(self, kind: str) -> list[Task]:
+        return [t for t in self.storage.session_tasks(self.session_id) if t.kind == kind]
+
+
+@pytest.mark.parametrize("policy", [HANDS, hands(SAFE)], ids=["unsafe", "safe"])
+@pytest.mark.parametrize(("decision", "receipt", "told"), [
+    ("happened", {"result": "delivered to ana"}, "delivered to ana"),
+    ("not_done", None, "The call did not take effect: the van broke down"),
+])
+def test_a_hands_call_deferred_outside_waits_on_the_turn_as_a_brain_call_would(
+    policy: dict[str, Any], decision: str, receipt: Any, told: str
+) -> None:
+    """``CallDeferred`` raised in a hands task: its task ends, and the call becomes the
+    turn's wait for its result from outside (``resolution:<call id>:external``), the same
+    wait a call the turn ran itself would be; the result recorded there reaches the model
+    as the call's return, and the tool's body is not run again."""
+    world = Courier(policy, crash_on={"model:1"})
+    kernel, conversation, submission = world.start()
+    Scheduler(world.kernel(), "w").run_until_idle()
+    (turn,) = world.tasks("agent:courier")
+    assert turn.status is Status.WAITING and turn.lease_owner is None
+    assert turn.wait == {"signal": "resolution:c9:external"}
+    (task,) = world.tasks("agent-tool:courier")
+    assert (task.outcome or {}).get("kind") == "succeeded" and task.lease_owner is None
+    assert not task.checkpoint.get("intents")  # deferred, nothing took effect: not uncertain
+    assert world.shipped == ["p1"] and "c9" not in results(kernel, conversation)
+
+    draft = Draft(actor="user:olga")
+    payload: dict[str, Any] = {"decision": decision, "by": "user:olga",
+                               "reason": "the van broke down"}
+    if receipt is not None:
+        payload["receipt"] = receipt
+    draft.signal(turn.id, "resolution:c9:external", payload, step_epoch=turn.epoch)
+    kernel.open(world.session_id).commit(draft)
+    # The brain dies asking the model after the result: the run goes on from the
+    # committed decision, which the framework is given again, not the tool.
+    assert run_across_crashes(world.kernel, world.clock, crashes_allowed=1,
+                              advance_clock=True) == 1
+
+    assert world.told == [told]
+    assert world.shipped == ["p1"]  # the body ran once, in its hands task
+    assert len(world.tasks("agent-tool:courier")) == 1
+    (turn,) = world.tasks("agent:courier")
+    assert turn.outcome is not None and turn.outcome["result"]["output"] == "Done.", turn.outcome
+    stored = kernel.storage.submission(submission)
+    assert stored is not None and stored.status is SubmissionStatus.ANSWERED
+    shown = results(kernel, conversation)["c9"]
+    assert shown["resolved"]["by"] == "user:olga"

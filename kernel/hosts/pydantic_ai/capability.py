@@ -165,7 +165,8 @@ class Units:
     response is still committed before any tool starts, before the next request and
     before the run ends. An unsafe call's result is committed as soon as the call returns
     (before the model's next request, where the run's loop is on the phase's thread; while
-    it is made, where the loop has a thread of its own: :mod:`.bridge`).
+    it is made, where the loop has a thread of its own: :mod:`.bridge`); in a hands task,
+    with the task's end, the next thing it commits and what wakes the turn.
     """
 
     bridge: Bridge
@@ -314,7 +315,11 @@ class Units:
             return payload
         decided = self.decisions.get(call_id)
         extra = {} if decided is None else {"approval": decided}
-        if replay is Replay.SAFE:
+        if replay is Replay.SAFE or call_id == self.only_call:
+            # A safe call's result may wait for the next commit: losing it only makes the
+            # call run again. A hands task's call (either policy) waits for the commit that
+            # ends the task, which nothing runs before and which is what wakes the turn: a
+            # crash before it leaves an unsafe call uncertain, as during its own commit.
             self.staged.append(lambda: self.journal.record_result(
                 call_id, name, payload, replay, seconds, commit=False, **extra))
         else:

@@ -410,11 +410,11 @@ def run_hands(run: Run, hosted: HostedAgent) -> Transition:
     the framework's tool machinery and records its result under the turn."""
     call_id = run.input["call"]["id"]
     journal = Journal.read(run, run.input["turn"])
+    if call_id in journal.results:  # its intent, if any, was settled by this result
+        return run.succeed({"call_id": call_id})
     waiting = settle_uncertain(run, journal)
     if waiting is not None:
         return waiting
-    if call_id in journal.results:
-        return run.succeed({"call_id": call_id})
     start = Start.of(run, run.input.get("replay") or {})
     units = Units(Bridge(), journal, segment=start.segment, task_id=run.input["turn"],
                   started_at=None, decisions=start.decisions,
@@ -429,7 +429,7 @@ def run_hands(run: Run, hosted: HostedAgent) -> Transition:
     except BaseException as exc:
         if units.bridge.failure is not None or not suspended(exc):
             raise
-    for stage in units.take_staged():  # a safe call's result joins the task's end
+    for stage in units.take_staged():  # the call's result joins the task's end
         stage()
     if call_id in journal.results:
         return run.succeed({"call_id": call_id})

@@ -15,7 +15,8 @@ payload as the framework's JSON codec wrote it) beside what people read:
   one's intent.
 
 A hands task reads and writes its turn's journal (entries marked with the turn's id),
-with its own checkpoint for its call's intent.
+with its own checkpoint for its call's intent; its call's result is committed with the
+task's end, which leaves that checkpoint as it was (the result settles the intent).
 
 Everything here runs on the phase's thread (see :mod:`.bridge`).
 """
