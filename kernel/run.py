@@ -24,7 +24,17 @@ from .artifacts import offload
 from .commit import CommitKind, Draft
 from .errors import SessionPoisoned, UnknownRecord
 from .forks import operation_id
-from .records import DocumentHead, Entry, JoinPolicy, Outcome, Preview, Submission, Task, WriteSet
+from .records import (
+    DocumentHead,
+    Entry,
+    JoinPolicy,
+    Outcome,
+    Position,
+    Preview,
+    Submission,
+    Task,
+    WriteSet,
+)
 from .registry import TaskDefinition
 from .session import Kernel, SessionHandle
 from .tasks import Finish, Next, Sleep, Transition, WaitSignal, WaitTasks
@@ -261,6 +271,10 @@ class Run:
 
     def entries(self, conversation_id: str) -> list[Entry]:
         return self._lease.kernel.entries(conversation_id)
+
+    def entries_after(self, conversation_id: str, after: Position) -> list[Entry]:
+        """The conversation's own entries after ``after`` (:meth:`Kernel.entries_after`)."""
+        return self._lease.kernel.entries_after(conversation_id, after)
 
     def store_large(self, value: JSON, threshold: int, what: str) -> JSON:
         """``value``, or a reference to it stored as an artifact when its JSON passes

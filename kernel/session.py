@@ -199,6 +199,11 @@ class Kernel:
             return own
         return inherited[: cut + 1] + own
 
+    def entries_after(self, conversation_id: str, after: Position) -> list[Entry]:
+        """A conversation's own entries after position ``after``, summaries left out:
+        one read of that range, whatever the length of the history before it."""
+        return self._entries(self.storage.context_entries(conversation_id, after=after))
+
     def context(self, conversation_id: str) -> list[Entry]:
         """What a model request is built from: the latest summary entry and the entries
         after what it covers, a fork's inherited part the same way (DESIGN §8). Its cost

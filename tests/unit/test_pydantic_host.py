@@ -422,3 +422,46 @@ def test_a_crash_before_a_held_answer_is_committed_asks_the_model_again_and_noth
     assert noted.ran == ["ana"]  # the unsafe call ran once
     assert [e.kind for e in kernel.entries(conversation)] == [
         "user", "model_response", "tool_result", "model_response"]
+
+
+class EntriesRead(InMemoryStorage):
+    """The reference storage, noting every entry a read of a conversation returns."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.read: list[str] = []
+        self.inside = False  # the reference's range read filters a whole read itself
+
+    def conversation_entries(self, conversation_id: str) -> list[Any]:
+        found = super().conversation_entries(conversation_id)
+        if not self.inside:
+            self.read += [e.id for e in found]
+        return found
+
+    def context_entries(self, *args: Any, **kwargs: Any) -> list[Any]:
+        self.inside = True
+        try:
+            found = super().context_entries(*args, **kwargs)
+        finally:
+            self.inside = False
+        self.read += [e.id for e in found]
+        return found
+
+
+def test_a_turn_reads_its_own_units_not_the_conversations_earlier_turns() -> None:
+    """The journal of a turn is read from the commit that created it: the entries of the
+    turns before it (a long conversation's history) are not read again at each phase."""
+    storage, noted = EntriesRead(), Noted()
+    kernel = text_world(storage, noted)
+    session_id, conversation, first = started(kernel)
+    Scheduler(kernel, "w").run_until_idle()
+    earlier = {e.id for e in kernel.entries(conversation)}
+    handle = kernel.open(session_id)
+    again = submit(handle, conversation, {"text": "And bo", "agent": "support"}, "r2")
+    assert again.submission is not None
+    storage.read.clear()
+    Scheduler(kernel, "w").run_until_idle()
+    stored = kernel.storage.submission(again.submission.id)
+    assert stored is not None and stored.status is SubmissionStatus.ANSWERED
+    assert noted.ran == ["ana"] and noted.asked == [0, 1, 2]  # it answers from the history
+    assert storage.read and not earlier & set(storage.read)

@@ -359,6 +359,7 @@ def to_hands(run: Run, hosted: HostedAgent, units: Units) -> Transition:
     checkpoint = run.checkpoint
     replay = {key: checkpoint[key] for key in REPLAYED if key in checkpoint}
     base = {"conversation_id": run.input["conversation_id"], "turn": run.task_id,
+            "turn_created_seq": run.task.created_seq,
             "replay": {**replay, "submissions": run.input.get("submissions", [])}}
     handed: dict[str, JSON] = dict(checkpoint.get("hands") or {})
     spawned = []
@@ -409,7 +410,7 @@ def run_hands(run: Run, hosted: HostedAgent) -> Transition:
     (nothing asked of the model, no other call run) up to that call, which runs through
     the framework's tool machinery and records its result under the turn."""
     call_id = run.input["call"]["id"]
-    journal = Journal.read(run, run.input["turn"])
+    journal = Journal.read(run, run.input["turn"], run.input.get("turn_created_seq"))
     if call_id in journal.results:  # its intent, if any, was settled by this result
         return run.succeed({"call_id": call_id})
     waiting = settle_uncertain(run, journal)

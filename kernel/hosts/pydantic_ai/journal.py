@@ -93,9 +93,16 @@ class Journal:
     last_response_entry: str | None = None
 
     @classmethod
-    def read(cls, run: Run, turn: str | None = None) -> Journal:
+    def read(cls, run: Run, turn: str | None = None, since: int | None = None) -> Journal:
+        """The units of ``turn`` (default: ``run``'s task), read from the commit that
+        created it (``since``; ``run``'s own task's when the turn is ``run``, else the
+        whole conversation): a turn's entries all come after it, so a long conversation's
+        earlier turns are not read each time one enters a phase."""
         journal = cls(run, turn or run.task_id)
-        for entry in run.entries(run.input["conversation_id"]):
+        if since is None and turn is None:
+            since = run.task.created_seq
+        after = (since, -1) if since is not None else (-1, -1)
+        for entry in run.entries_after(run.input["conversation_id"], after):
             payload = entry.payload if isinstance(entry.payload, dict) else {}
             if payload.get("turn") != journal.turn or "pydantic" not in payload:
                 continue
