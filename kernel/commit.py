@@ -207,6 +207,7 @@ class Draft:
     def prefetch(self) -> Prefetch:
         """The records this draft will make the builder read (see :class:`Prefetch`)."""
         created = {t.id for t in self.new_tasks} | {c.id for c in self.conversations}
+        made = {s[0] for s in self.submissions}
         tasks = [f.task_id for f in self.fenced] + [t for t, _ in self.cancels]
         tasks += [s[0] for s in self.signals] + self.wakes + self.retries
         tasks += [r.task_id for r in self.restarts] + [m[0] for m in self.migrations]
@@ -221,6 +222,10 @@ class Draft:
                 dict.fromkeys(c for c in conversations if c not in created and c != OPERATIONS)
             ),
             finishing=tuple(f.task_id for f in self.fenced if isinstance(f.transition, Finish)),
+            submissions=tuple(dict.fromkeys(
+                s for s in [*(u[0] for u in self.submission_updates),
+                            *(s[4] for s in self.submissions if s[4])]
+                if s not in made)),
         )
 
     def kind(self) -> CommitKind:

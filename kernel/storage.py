@@ -105,6 +105,8 @@ class Prefetch:
     conversations: tuple[str, ...] = ()
     finishing: tuple[str, ...] = ()
     """Tasks that end in this commit: their owned children and waiters will be read."""
+    submissions: tuple[str, ...] = ()
+    """Submissions the commit updates, or resubmits from."""
 
 
 NO_PREFETCH = Prefetch()

@@ -179,6 +179,7 @@ class TransactionReads:
         self._versions = versions if versions is not None else RowVersions()
         self._heads: dict[tuple[str, str], DocumentHead | None] = {}
         self._conversations = conversations
+        self._submissions: dict[str, Submission | None] = {}
 
     def load(self, prefetch: Prefetch, *, begin: bool = False) -> None:
         """``begin``: open the transaction here, with BEGIN in the same pipeline (the
@@ -214,6 +215,11 @@ class TransactionReads:
                 task_id: (self._query_children(task_id), self._query_waiters(task_id))
                 for task_id in prefetch.finishing
             }
+            submissions = (
+                HotCursor(self.db).execute(sql.SUBMISSIONS_BY_ID, [list(prefetch.submissions)])
+                if prefetch.submissions
+                else None
+            )
         row = session.fetchone()
         if row is None:
             raise UnknownRecord(f"no session {self.session_id}")
@@ -230,6 +236,12 @@ class TransactionReads:
         for task_id, (children, waiters) in related.items():
             self._children[task_id] = [TASK.from_sql(r) for r in children.fetchall()]
             self._waiters[task_id] = waiters.fetchall()
+        if submissions is not None:
+            # Read after the session's lock is taken (the statement before them in the
+            # pipeline): every write to them goes through that lock, so they stay as read.
+            self._submissions.update(dict.fromkeys(prefetch.submissions))
+            self._submissions.update(
+                {s.id: s for s in map(SUBMISSION.from_sql, submissions.fetchall())})
 
     def _remember(self, found: Iterable[Conversation]) -> None:
         if len(self._conversations) > 10_000:
@@ -312,6 +324,8 @@ class TransactionReads:
         return ENTRY.from_sql(row) if row else None
 
     def submission(self, submission_id: str) -> Submission | None:
+        if submission_id in self._submissions:
+            return self._submissions[submission_id]
         self.cur.execute(sql.SUBMISSION_BY_ID, [submission_id])
         row = self.cur.fetchone()
         return SUBMISSION.from_sql(row) if row else None
