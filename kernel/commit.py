@@ -180,7 +180,7 @@ class Draft:
     restarts: list[Restart] = field(default_factory=list)
     migrations: list[tuple[str, JSON, int]] = field(default_factory=list)
     submissions: list[tuple[str, str, str, JSON, str | None]] = field(default_factory=list)
-    submission_updates: list[tuple[str, SubmissionStatus, str | None, str | None]] = field(
+    submission_updates: list[tuple[str, SubmissionStatus, str | None, str | None, bool]] = field(
         default_factory=list
     )
 
@@ -445,9 +445,14 @@ class Draft:
         *,
         answer_entry_id: str | None = None,
         reason: str | None = None,
+        unless_settled: bool = False,
     ) -> None:
+        """``unless_settled``: a submission already settled when the commit is built
+        (answered, failed or cancelled since the caller last saw it) is left as it is;
+        otherwise that refuses the commit (:class:`IllegalTransition`)."""
         storable_text(reason, f"submission {submission_id} reason")
-        self.submission_updates.append((submission_id, status, answer_entry_id, reason))
+        self.submission_updates.append(
+            (submission_id, status, answer_entry_id, reason, unless_settled))
 
 
 def _storable_transition(task_id: str, transition: Transition) -> Transition:
@@ -836,11 +841,14 @@ class Builder:
             )
             self.summary.append({"type": "submission", "id": submission_id, "status": "queued"})
         by_id = {s.id: s for s in created}
-        for submission_id, status, answer_entry_id, reason in self.draft.submission_updates:
+        for submission_id, status, answer_entry_id, reason, unless_settled in \
+                self.draft.submission_updates:
             current = by_id.get(submission_id) or self.tx.submission(submission_id)
             if current is None or current.session_id != self.session_id:
                 raise UnknownRecord(f"no submission {submission_id} in session {self.session_id}")
             if current.status.settled:
+                if unless_settled:
+                    continue
                 raise IllegalTransition(f"submission {submission_id} is already {current.status}")
             by_id[submission_id] = replace(
                 current,

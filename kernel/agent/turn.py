@@ -610,13 +610,12 @@ def release(
     state, version = run.versioned_document(CONVERSATION, conversation)
     holds = state.get("active") == run.task_id
     held = [*run.input.get("submissions", []), *(state.get("steering", []) if holds else [])]
-    for submission in dict.fromkeys(held):
-        if run.submission(submission).status.settled:
-            continue
+    for submission in dict.fromkeys(held):  # one settled meanwhile stays as it is
         if status is SubmissionStatus.ANSWERED:
-            run.draft.update_submission(submission, status, answer_entry_id=answer_entry)
+            run.draft.update_submission(submission, status, answer_entry_id=answer_entry,
+                                        unless_settled=True)
         else:
-            run.draft.update_submission(submission, status, reason=reason)
+            run.draft.update_submission(submission, status, reason=reason, unless_settled=True)
     if not holds:
         return
     queue = list(state.get("queue", []))
