@@ -10,7 +10,7 @@ import pytest
 from django.db import connection
 
 from benchmarks import agents
-from benchmarks._support import BENCH_DATABASE, Stats, database_url, recreate_database
+from benchmarks._support import BENCH_DATABASE, database_url, recreate_database
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -26,13 +26,14 @@ def test_every_variant_runs_its_steps_and_the_report_renders(
     recreate_database(dbos_url)
     samples = agents.measure(url, dbos_url, runs=2, block=1)
     # Every variant ran 2 runs (after its warm-up) of 3 steps each.
-    assert {variant: len(found) for variant, found in samples.items()} == {
-        variant: 2 * 3 for variant in agents.VARIANTS}
+    assert {variant: [len(run) for run in found] for variant, found in samples.items()} == {
+        variant: [3, 3] for variant in agents.VARIANTS}
     info = {"load_before": "1.0", "load_after": "1.0", "cpus": "2", "python": "3",
             "pydantic_ai": "x", "dbos": "y", "version": "15", "fsync": "on",
             "synchronous_commit": "on"}
-    stats = {variant: Stats.of(found) for variant, found in samples.items()}
-    section = agents.render(datetime.now(UTC), info, stats, 2, "make bench BENCH_ARGS=agents")
+    section = agents.render(datetime.now(UTC), info, samples, 2, "make bench BENCH_ARGS=agents")
     assert section.startswith(agents.HEADING)
     assert "| kernel-safe | 6 |" in section and "| dbos | 6 |" in section
     assert "Target (at most 5 ms added per step" in section
+    assert "| variant | first step p50 / p99 | middle step p50 / p99 | last step p50 / p99 |" \
+        in section and section.count("| kernel |") == 2  # the totals and by position
