@@ -159,7 +159,7 @@ class Units:
     is committed with the first call's intent (both must be durable before the call
     starts, and nothing runs between them); a safe call's result waits for the next
     commit (usually the next response), since losing it only makes the call run again.
-    an answer (a response that calls no tool) of an agent with no output validator is
+    An answer (a response that calls no tool) of an agent with no output validator is
     committed with the run's end, since only the framework's own handling of it runs
     between (a crash there asks the model again, as one during the request would). A
     response is still committed before any tool starts, before the next request and
