@@ -3,9 +3,8 @@
 On a database of ``--tasks`` (300,000) tasks copied in with COPY (the dashboard
 benchmark's seeding, ``benchmarks._support.seed_tasks``), one real Daphne with the request
 rates on per account (the defaults, 10 a second, bursts of 50; per address off, since both
-accounts come from 127.0.0.1), the per-account budget of server time (the defaults,
-0.5 s a second, 5 s at once) and one request or live render of an account at a time
-(the default):
+accounts come from 127.0.0.1) and the per-account budget of server time (the defaults,
+0.5 s a second, 5 s at once):
 
 0. warm-up: the same as 1, not counted (:data:`WARMUP_COMMITS`);
 1. quiet: an operator follows ``/ws/ui/tasks/`` (no filter, newest first) while
@@ -50,9 +49,6 @@ SOCKET_WORDS = ["ren", "inv", "dig", "rem", "rec", "wel", "out", "sur", "new", "
 SORTS = ["kind", "-kind", "status", "-status", "created"]
 SERVER_SHARE, SERVER_BURST = 0.5, 5.0
 """The per-account budget of server time the server runs with (the settings' defaults)."""
-WORK_AT_ONCE = 1
-"""The requests and live renders of one account the server runs at once (the settings'
-default, ``USER_WORK_AT_ONCE``)."""
 WARMUP_COMMITS = 20
 """Commits followed, and not counted, before the quiet phase: the server's first renders
 (its caches and connections cold) would otherwise land in the quiet phase's tail."""
@@ -228,7 +224,7 @@ async def _phase(run: Callable[..., Awaitable[Any]], name: str, server: Any, ope
 def run(url: str, redis_url: str, tasks: int, commits: int, interval: float,
         viewer_does: str = "both", server_share: float = SERVER_SHARE,
         warmup: int = WARMUP_COMMITS, server_burst: float = SERVER_BURST,
-        rounds: int = 1, work_at_once: int = WORK_AT_ONCE) -> list[Phase]:
+        rounds: int = 1) -> list[Phase]:
     """The quiet and the abused phase, each pooled over ``rounds`` alternating rounds."""
     from controlplane.dev.processes import Daphne, process_env
 
@@ -241,7 +237,6 @@ def run(url: str, redis_url: str, tasks: int, commits: int, interval: float,
                       USER_REQUESTS_PER_SECOND="10", USER_REQUEST_BURST="50",
                       USER_SERVER_SECONDS_PER_SECOND=str(server_share),
                       USER_SERVER_SECONDS_BURST=str(server_burst),
-                      USER_WORK_AT_ONCE=str(work_at_once),
                       ADDRESS_REQUESTS_PER_SECOND="0")
     phases = []
     with tempfile.TemporaryDirectory() as tmp:

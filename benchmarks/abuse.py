@@ -23,7 +23,7 @@ import sys
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
-from benchmarks._abuse_pages import SERVER_BURST, WARMUP_COMMITS, WORK_AT_ONCE
+from benchmarks._abuse_pages import SERVER_BURST, WARMUP_COMMITS
 from benchmarks._support import database_url, fresh_database, parse_arguments, progress, publish
 
 if TYPE_CHECKING:
@@ -62,9 +62,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--server-burst", type=float, default=SERVER_BURST,
                         help="USER_SERVER_SECONDS_BURST of the server: the server time an "
                         "account may take at once, before the per-second share paces it")
-    parser.add_argument("--work-at-once", type=int, default=WORK_AT_ONCE,
-                        help="USER_WORK_AT_ONCE of the server: an account's requests and live "
-                        "renders it runs at once (0: not bounded, to see what the bound buys)")
     args, _ = parse_arguments(parser, argv, PAGES_DATABASE)  # --database, --no-write
     failed = 0 if args.pages_only else caps(args)
     if not args.no_pages:
@@ -83,8 +80,7 @@ def pages(args: argparse.Namespace) -> int:
         fresh_database(args, url, redis_url)
         quiet, abused = run(url, redis_url, args.tasks, args.commits, args.interval,
                             args.viewer_does, args.server_share,
-                            server_burst=args.server_burst, rounds=args.rounds,
-                            work_at_once=args.work_at_once)
+                            server_burst=args.server_burst, rounds=args.rounds)
     after = os.getloadavg()
     section, met = render_pages(args, quiet, abused, before, after)
     publish(PAGES_HEADING, section, write=not args.no_write)
@@ -104,12 +100,6 @@ def budget(share: float, burst: float) -> str:
     return f"budget of server time ({share:g} s a second, {burst:g} s at once)"
 
 
-def at_once(work: int) -> str:
-    if work <= 0:
-        return "**no** bound of an account's work at once (`--work-at-once 0`)"
-    return f"{work} request or live render of an account at a time (`USER_WORK_AT_ONCE`)"
-
-
 def render_pages(args: argparse.Namespace, quiet: Phase, abused: Phase,
                  before: tuple[float, float, float], after: tuple[float, float, float],
                  ) -> tuple[str, bool]:
@@ -120,8 +110,7 @@ def render_pages(args: argparse.Namespace, quiet: Phase, abused: Phase,
         f"Run {datetime.now(UTC):%Y-%m-%d %H:%M} UTC by `make bench BENCH_ARGS=abuse` "
         f"(`benchmarks/_abuse_pages.py`): {args.tasks:,} tasks copied in, one Daphne with "
         f"production settings, the per-account request rate (10/s, bursts of 50) and "
-        f"{budget(args.server_share, args.server_burst)} on, "
-        f"{at_once(args.work_at_once)}. After {WARMUP_COMMITS} "
+        f"{budget(args.server_share, args.server_burst)} on. After {WARMUP_COMMITS} "
         f"commits not counted, an "
         f"operator follows `/ws/ui/tasks/` while {args.commits} commits are made "
         f"{args.interval * 1000:.0f} ms apart, alone, and while one viewer holds 20 "

@@ -272,11 +272,6 @@ ADDRESS_REQUEST_BURST = int(os.environ.get("ADDRESS_REQUEST_BURST", "150"))
 # off. 0 seconds per second: not counted.
 USER_SERVER_SECONDS_PER_SECOND = float(os.environ.get("USER_SERVER_SECONDS_PER_SECOND", "0.5"))
 USER_SERVER_SECONDS_BURST = float(os.environ.get("USER_SERVER_SECONDS_BURST", "5"))
-# How many of one account's requests and live-page renders a web process runs at once
-# (controlplane.web.rates.AtOnce); the others wait their turn, a request at most
-# USER_WORK_WAIT_SECONDS before it is answered 429 with Retry-After. 0: not bounded.
-USER_WORK_AT_ONCE = int(os.environ.get("USER_WORK_AT_ONCE", "1"))
-USER_WORK_WAIT_SECONDS = float(os.environ.get("USER_WORK_WAIT_SECONDS", "10"))
 
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},

@@ -13,13 +13,11 @@ import os
 os.environ.setdefault("DJANGO_DEBUG", "1")
 os.environ.setdefault("DJANGO_SECRET_KEY", "test-suite-only-secret-" + "k" * 48)
 # Request rates and server time are not counted (0) here or in the processes the tests
-# start, nor what one account runs at once: the suite asks faster than anyone should,
-# from one address, often as one account from several threads.
-# tests/integration/test_request_rates.py and test_work_at_once.py turn them on.
+# start: the suite asks faster than anyone should, from one address.
+# tests/integration/test_request_rates.py turns them on.
 os.environ.setdefault("USER_REQUESTS_PER_SECOND", "0")
 os.environ.setdefault("ADDRESS_REQUESTS_PER_SECOND", "0")
 os.environ.setdefault("USER_SERVER_SECONDS_PER_SECOND", "0")
-os.environ.setdefault("USER_WORK_AT_ONCE", "0")
 
 from django.conf import global_settings  # noqa: E402
 

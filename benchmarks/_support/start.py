@@ -42,13 +42,11 @@ def setup_django(url: str, *, migrate: bool) -> None:
     os.environ.setdefault("DJANGO_DEBUG", "0")
     os.environ.setdefault("DJANGO_SECRET_KEY", secrets.token_urlsafe(50))
     # The benchmarks ask from one address (and mostly one account) faster than any person
-    # should: the request rates would measure the limiter, and one account's requests
-    # taken one at a time would measure that bound. Off here and in the servers they
-    # start, unless asked (controlplane.web.rates).
+    # should: the request rates would measure the limiter. Off here and in the servers
+    # they start, unless asked (controlplane.web.rates).
     os.environ.setdefault("USER_REQUESTS_PER_SECOND", "0")
     os.environ.setdefault("ADDRESS_REQUESTS_PER_SECOND", "0")
     os.environ.setdefault("USER_SERVER_SECONDS_PER_SECOND", "0")
-    os.environ.setdefault("USER_WORK_AT_ONCE", "0")
     django.setup()
     if migrate:
         from django.core.management import call_command

@@ -19,10 +19,6 @@ behind them. Here a render waits for its turn:
 
 A render shared by several accounts waits in each of their queues and is made at the
 first turn any of them gets, charged to that account.
-
-An account's renders and its requests also share one bound of what the account runs at
-once in the process (:class:`controlplane.web.rates.AtOnce`): while its requests hold it,
-its renders wait, and the turns are handed out again when a request gives it back.
 """
 
 from __future__ import annotations
@@ -30,10 +26,7 @@ from __future__ import annotations
 import asyncio
 from collections import Counter, deque
 from collections.abc import Awaitable, Callable, Hashable
-from contextlib import suppress
 from typing import TypeVar
-
-from controlplane.web.rates import AtOnce, at_once
 
 T = TypeVar("T")
 
@@ -57,12 +50,9 @@ class Turn:
 class RenderTurns:
     """Hands the render threads out fairly between accounts (module docstring)."""
 
-    def __init__(self, threads: int, per_account: int = RENDERS_PER_ACCOUNT,
-                 work: AtOnce = at_once) -> None:
+    def __init__(self, threads: int, per_account: int = RENDERS_PER_ACCOUNT) -> None:
         self.threads = threads
         self.per_account = per_account
-        self.work = work
-        self._loop: asyncio.AbstractEventLoop | None = None
         self.running: Counter[Hashable] = Counter()
         self._busy = 0
         self._queues: dict[Hashable, deque[Turn]] = {}
@@ -73,7 +63,6 @@ class RenderTurns:
         self._unserved: set[Hashable] = set()
 
     def ask(self, accounts: set[Hashable]) -> Turn:
-        self._loop = asyncio.get_running_loop()
         turn = Turn(accounts)
         for account in turn.accounts:
             self._enqueue(account, turn)
@@ -117,15 +106,7 @@ class RenderTurns:
         self.running[account] -= 1
         if self.running[account] <= 0:
             del self.running[account]
-        self.work.give_back(account)
         self._hand_out()
-
-    def _woken(self) -> None:
-        """An account that had no turn free gave one back (from any thread)."""
-        loop = self._loop
-        if loop is not None:
-            with suppress(RuntimeError):  # the loop has closed: nothing waits on it
-                loop.call_soon_threadsafe(self._hand_out)
 
     def _hand_out(self) -> None:
         while self._busy < self.threads:
@@ -133,8 +114,7 @@ class RenderTurns:
                 queue = self._queues[account]
                 while queue and not queue[0].waiting:
                     queue.popleft()
-                if queue and (self.running[account] >= self.per_account
-                              or not self.work.take_or_wake(account, self._woken)):
+                if queue and self.running[account] >= self.per_account:
                     continue
                 self._order.remove(account)
                 self._unserved.discard(account)

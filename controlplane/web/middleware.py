@@ -44,11 +44,9 @@ class LimitRequestRates:
     """Count each request against its client's address and, for a browser's login, its
     account (:mod:`controlplane.web.rates`; an API token's account is counted when the API
     authenticates it); over either rate, or with the account's server time spent,
-    answer 429 with ``Retry-After`` before any view runs. A browser's request then waits
-    for its account's turn (:class:`controlplane.web.rates.AtOnce`; a token's, when the API
-    authenticates it). Once answered, a request charges the server time it took to its
-    account, whichever way it authenticated, and gives its turn back. The probes are not
-    counted: an orchestrator's checks must always get through."""
+    answer 429 with ``Retry-After`` before any view runs. Once answered, a request
+    charges the server time it took to its account, whichever way it authenticated. The
+    probes are not counted: an orchestrator's checks must always get through."""
 
     EXEMPT = ("/healthz", "/readyz")
 
@@ -73,16 +71,11 @@ class LimitRequestRates:
             return too_many_requests(request, refused.detail(), refused.retry_after)
         # An API token's account is admitted on it when the API authenticates the token.
         meter = request.server_time = rates.Meter()  # type: ignore[attr-defined]
-        if user_id is not None and not meter.take_turn(user_id):
-            rates.charge(spent, -rates.START_SECONDS)  # it ran nothing: its advance back
-            busy = rates.busy()
-            return too_many_requests(request, busy.detail(), busy.retry_after)
+        meter.admitted(spent)
         try:
-            meter.admitted(spent)
             return self.get_response(request)
         finally:
             meter.settle()
-            meter.give_turn_back()
 
 
 class NameTheCredential:

@@ -33,13 +33,6 @@ let in and the difference (or a refund) when it ends: an account can thus start 
 more it owes, and a request that finds its account more than that allowance in arrears is
 refused (429) like one over its rate, until what it spent is paid off. The renders of
 an account's live pages are charged to the same budget, and wait while it is in arrears.
-
-A budget bounds what an account takes over time, not at once: an account's search is
-mostly the database's work, one backend on one core, and two of them with a render of
-its pages beside them take every core of a small machine for as long as they run, while
-every other account's page waits for one. So a web process also runs at most
-``USER_WORK_AT_ONCE`` of an account's requests and live renders at once (:class:`AtOnce`);
-the others wait their turn, which leaves the other cores to everyone else.
 """
 
 from __future__ import annotations
@@ -49,8 +42,7 @@ import logging
 import math
 import threading
 import time
-from collections import Counter
-from collections.abc import AsyncIterator, Callable, Hashable
+from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
@@ -191,68 +183,6 @@ def address(bucket: str | None) -> Subject | None:
                    f"{KEY_PREFIX}:addr:{bucket}", rate)
 
 
-class AtOnce:
-    """The requests and live-page renders each account has running in this process, at
-    most ``USER_WORK_AT_ONCE`` (0: not bounded). A request waits its turn on its thread
-    (:meth:`take`): a browser's parallel requests, or a script's threads, are served one
-    after another rather than refused; a live render waits in its page's render turns
-    (:mod:`controlplane.sockets.render_turns`), which are woken when the account's
-    request ends (:meth:`take_or_wake`).
-
-    Counted in each process, not across them as the rates are: what it keeps is the cores
-    of the machine a process runs on, and a turn is held for a request's length, which a
-    process that dies would never give back to a shared count."""
-
-    def __init__(self) -> None:
-        self._changed = threading.Condition()
-        self._running: Counter[Hashable] = Counter()
-        self._wake: dict[Hashable, set[Callable[[], None]]] = {}
-
-    def _take(self, account: Hashable) -> bool:
-        limit = settings.USER_WORK_AT_ONCE
-        if limit > 0 and self._running[account] >= limit:
-            return False
-        self._running[account] += 1
-        return True
-
-    def take(self, account: Hashable, wait: float) -> bool:
-        """A turn for ``account``, waiting at most ``wait`` seconds for one (blocks)."""
-        deadline = time.monotonic() + wait
-        with self._changed:
-            while not self._take(account):
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return False
-                self._changed.wait(left)
-            return True
-
-    def take_or_wake(self, account: Hashable, wake: Callable[[], None]) -> bool:
-        """A turn for ``account`` if it has one free (never blocks); else ``wake()`` is
-        called, once, when it next gives one back (on the thread that gives it back)."""
-        with self._changed:
-            if self._take(account):
-                return True
-            self._wake.setdefault(account, set()).add(wake)
-            return False
-
-    def give_back(self, account: Hashable) -> None:
-        with self._changed:
-            self._running[account] -= 1
-            if self._running[account] <= 0:
-                del self._running[account]
-            wake = self._wake.pop(account, set())
-            self._changed.notify_all()
-        for call in wake:
-            call()
-
-    def running(self, account: Hashable) -> int:
-        with self._changed:
-            return self._running[account]
-
-
-at_once = AtOnce()
-
-
 @dataclass
 class Meter:
     """A request's server time, charged to its account's budget: :data:`START_SECONDS`
@@ -264,25 +194,6 @@ class Meter:
     spent: float = 0.0
     """Seconds spent before ``started`` and not charged yet."""
     advanced: float = 0.0
-    turn: Hashable = None
-    """The account whose turn (:class:`AtOnce`) this request holds, if it holds one."""
-
-    def take_turn(self, account: Hashable) -> bool:
-        """Wait for ``account``'s turn to run (at most ``USER_WORK_WAIT_SECONDS``), unless
-        the request holds it already: whether it got it. Call before :meth:`admitted`:
-        the wait is not server time."""
-        if self.turn is not None and self.turn == account:
-            return True
-        self.give_turn_back()  # a browser's login, then a token of another account
-        if not at_once.take(account, settings.USER_WORK_WAIT_SECONDS):
-            return False
-        self.turn = account
-        return True
-
-    def give_turn_back(self) -> None:
-        if self.turn is not None:
-            turn, self.turn = self.turn, None
-            at_once.give_back(turn)
 
     def admitted(self, subject: Subject | None) -> None:
         """The request was let in on ``subject``'s budget (charged its start)."""
@@ -302,10 +213,7 @@ class Meter:
     async def waiting(self) -> AsyncIterator[None]:
         """Time spent in here is not the server's: a long-poll waiting for a commit. The
         first wait gives the advance back (on a thread: Redis is called synchronously),
-        so that an account's waiting long-polls do not hold its budget, and its turn
-        (:class:`AtOnce`), so that they do not hold up its other requests; what it reads
-        once news has come is small, and runs without taking a turn again."""
-        self.give_turn_back()
+        so that an account's waiting long-polls do not hold its budget."""
         if self.advanced:
             await asyncio.to_thread(self.settle)
         else:
@@ -329,18 +237,8 @@ def admit_token(request: Any, user_id: Any) -> Refusal | None:
     spent = server_time(user_id) if isinstance(meter, Meter) else None
     refused = take(account(user_id), spent)
     if refused is None and isinstance(meter, Meter):
-        if not meter.take_turn(user_id):
-            charge(spent, -START_SECONDS)  # it ran nothing: its advance back
-            return busy()
         meter.admitted(spent)
     return refused
-
-
-def busy() -> Refusal:
-    """The refusal of a request that waited ``USER_WORK_WAIT_SECONDS`` for its account's
-    turn (:class:`AtOnce`) and did not get one."""
-    return Refusal(Subject("this account, whose other requests and live pages are running "
-                           "(USER_WORK_AT_ONCE)", "", Rate(1, 1)), 1.0)
 
 
 _clients: dict[str, Any] = {}
