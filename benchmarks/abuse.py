@@ -24,7 +24,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
 from benchmarks._abuse_pages import SERVER_BURST, WARMUP_COMMITS
-from benchmarks._support import REPORT, database_url, fresh_database, progress, publish
+from benchmarks._support import database_url, fresh_database, parse_arguments, progress, publish
 
 if TYPE_CHECKING:
     from benchmarks._abuse_pages import Phase
@@ -45,7 +45,6 @@ FIGURES = re.compile(
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--runs", type=int, default=3, help="how many times to run it")
-    parser.add_argument("--no-write", action="store_true", help=f"do not update {REPORT.name}")
     parser.add_argument("--pages-only", action="store_true", help="only the operator's page part")
     parser.add_argument("--no-pages", action="store_true", help="skip the operator's page part")
     parser.add_argument("--tasks", type=int, default=300_000)
@@ -63,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--server-burst", type=float, default=SERVER_BURST,
                         help="USER_SERVER_SECONDS_BURST of the server: the server time an "
                         "account may take at once, before the per-second share paces it")
-    args = parser.parse_args(argv)
+    args, _ = parse_arguments(parser, argv, PAGES_DATABASE)  # --database, --no-write
     failed = 0 if args.pages_only else caps(args)
     if not args.no_pages:
         failed |= pages(args)
@@ -74,8 +73,7 @@ def pages(args: argparse.Namespace) -> int:
     from benchmarks._abuse_pages import run
     from controlplane.dev.ports import reserved_redis_url
 
-    args.database = PAGES_DATABASE
-    url = database_url(PAGES_DATABASE)
+    url = database_url(args.database)
     before = os.getloadavg()
     with reserved_redis_url() as redis_url:
         os.environ["REDIS_URL"] = redis_url
