@@ -208,6 +208,8 @@ class Draft:
         """The records this draft will make the builder read (see :class:`Prefetch`)."""
         created = {t.id for t in self.new_tasks} | {c.id for c in self.conversations}
         made = {s[0] for s in self.submissions}
+        updated = [u[0] for u in self.submission_updates]
+        origins = [origin for *_, origin in self.submissions if origin]
         tasks = [f.task_id for f in self.fenced] + [t for t, _ in self.cancels]
         tasks += [s[0] for s in self.signals] + self.wakes + self.retries
         tasks += [r.task_id for r in self.restarts] + [m[0] for m in self.migrations]
@@ -222,10 +224,7 @@ class Draft:
                 dict.fromkeys(c for c in conversations if c not in created and c != OPERATIONS)
             ),
             finishing=tuple(f.task_id for f in self.fenced if isinstance(f.transition, Finish)),
-            submissions=tuple(dict.fromkeys(
-                s for s in [*(u[0] for u in self.submission_updates),
-                            *(s[4] for s in self.submissions if s[4])]
-                if s not in made)),
+            submissions=tuple(dict.fromkeys(i for i in updated + origins if i not in made)),
         )
 
     def kind(self) -> CommitKind:
