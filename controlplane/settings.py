@@ -343,9 +343,14 @@ KERNEL_ENDINGS_PER_COMMIT = int(os.environ.get("KERNEL_ENDINGS_PER_COMMIT", "10"
 # at once (controlplane.worker.announcements). A committer then holds each such task's
 # message for KERNEL_HINT_GRACE_MS (the announcement's grace: the variable keeps its
 # name) and sends it only if no worker claimed the task meanwhile
-# (kernel.dispatch.HeldMessages). Set KERNEL_LISTEN the same for web, workers and beat.
+# (kernel.dispatch.HeldMessages); a busy worker waits that long for a slot to free
+# before it leaves an announced task to its message. Long enough for a worker to end a
+# short phase: under a steady stream of tasks the workers then take them from Postgres
+# and the broker carries almost no messages; short enough that a task whose announcement
+# nobody heard is not kept waiting long. Set KERNEL_LISTEN the same for web, workers
+# and beat.
 KERNEL_LISTEN = _env_bool("KERNEL_LISTEN", True)
-KERNEL_HINT_GRACE_MS = float(os.environ.get("KERNEL_HINT_GRACE_MS", "5"))
+KERNEL_HINT_GRACE_MS = float(os.environ.get("KERNEL_HINT_GRACE_MS", "50"))
 # SIGTERM to a worker: how long its running phases may take to finish before it gives
 # their leases back and exits (controlplane.worker.execution.drain). Keep the process manager's
 # stop timeout (compose: stop_grace_period) above it.

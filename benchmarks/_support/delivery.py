@@ -44,15 +44,12 @@ def delivering_kernel(redis_url: str) -> tuple[Any, ThreadProducers]:
     dispatches to the broker at ``redis_url`` (producers of its own, one per sending
     thread, not the Celery app's configured broker), as the API's commits do; and those
     producers, for the caller to release."""
-    from django.conf import settings
-
     from controlplane.reference.registry import build_registry
     from controlplane.storage import PostgresStorage
     from controlplane.storage.clock import DatabaseClock
     from controlplane.worker.execution import advance, advance_queue
-    from controlplane.worker.runtime import announce_grace
+    from controlplane.worker.runtime import dispatcher_of
     from kernel import Kernel
-    from kernel.dispatch import Dispatcher
 
     broker = ThreadProducers(redis_url)
 
@@ -64,9 +61,5 @@ def delivering_kernel(redis_url: str) -> tuple[Any, ThreadProducers]:
                                   producer=broker.producer())
 
     kernel = Kernel(PostgresStorage(), build_registry(), DatabaseClock())
-    dispatcher = Dispatcher(
-        kernel, deliver, advance_queue=send_advance_queue,
-        messages=settings.KERNEL_DISPATCH_MESSAGES, announce_grace=announce_grace(),
-    )
-    dispatcher.attach()
+    dispatcher_of(kernel, deliver, send_advance_queue).attach()
     return kernel, broker

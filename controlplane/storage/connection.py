@@ -10,6 +10,7 @@ kinds of commit that take one round trip are in :mod:`.fast_commits`.
 from __future__ import annotations
 
 import functools
+import logging
 import select
 import threading
 from collections import OrderedDict
@@ -46,6 +47,8 @@ from kernel.records import (
     WriteSet,
 )
 from kernel.storage import JoinState, Prefetch
+
+log = logging.getLogger(__name__)
 
 Observer = Callable[[str, float], None]
 """Receives ``(stage, seconds)`` for each timed stage of a commit (see PostgresStorage)."""
@@ -390,9 +393,11 @@ class Announcing:
     Postgres queues the commit of every notifying transaction, its log flush included,
     behind one lock for the whole database, so commits of separate sessions that would
     otherwise commit side by side wait for each other. A commit that finds another of
-    this process's commits announcing goes without: its tasks reach the workers by their
-    messages, as they always do (an announcement is only a head start for idle workers,
-    and while this process's commits overlap, the workers are seldom idle)."""
+    this process's commits announcing goes without, and announces right after its commit
+    instead, in a transaction that does not wait for the log flush
+    (:data:`~controlplane.storage.due.NOTIFY_UNFLUSHED`): one more round trip for that
+    commit, not a wait behind the others' flushes. Workers that hear of its tasks claim
+    them, and the messages held for the grace are not sent."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -405,6 +410,15 @@ class Announcing:
             self._mine.held = True
             return True
         return False
+
+    def after(self, announcement: str) -> None:
+        """This thread's commit went without ``announcement``: :func:`pipelined` sends
+        it once the commit is made."""
+        self._mine.after = announcement
+
+    def take_after(self) -> str | None:
+        after, self._mine.after = getattr(self._mine, "after", None), None
+        return after
 
     def done(self) -> None:
         """This thread's commit has ended: its turn, if it held one, is free."""
@@ -441,7 +455,20 @@ def pipelined(
         raise
     finally:
         announcing.done()
+        after = announcing.take_after()
+    if after is not None:
+        announce_after(db, after)
     return cursors
+
+
+def announce_after(db: Any, announcement: str) -> None:
+    """Announce a commit's tasks after it (:class:`Announcing`). The commit is made
+    whatever this meets: a failure only leaves the tasks to their messages."""
+    try:
+        HotCursor(db).execute(due.NOTIFY_UNFLUSHED, [due.CHANNEL, announcement])
+    except psycopg.Error:
+        log.info("could not announce after a commit; its tasks' messages deliver them",
+                 exc_info=True)
 
 
 def queue_writes(db: Any, ws: WriteSet) -> tuple[HotCursor, list[HotCursor]]:
@@ -496,8 +523,11 @@ def queue_dispatches(
     """The announcement for listening workers, then the rows, in chunks of at most a
     statement's parameters."""
     announcement = due.payload(dispatches)
-    if announcement is not None and announcing.claim():
-        HotCursor(db).execute(due.NOTIFY, [due.CHANNEL, announcement])
+    if announcement is not None:
+        if announcing.claim():
+            HotCursor(db).execute(due.NOTIFY, [due.CHANNEL, announcement])
+        else:
+            announcing.after(announcement)
     size = sql.DISPATCHES_PER_INSERT
     chunks = [dispatches[i : i + size] for i in range(0, len(dispatches), size)]
     return [

@@ -23,6 +23,14 @@ from kernel.records import Dispatch
 
 CHANNEL = "kernel_due"
 NOTIFY = "SELECT pg_notify(%s, %s)"
+# The announcement of a commit that went without it (another commit of the process was
+# announcing), sent right after that commit in a transaction of its own. It need not
+# wait for the log flush: it writes nothing a crash must keep, and a lost announcement
+# leaves the task to its message. So it holds Postgres's notify lock only for a moment.
+NOTIFY_UNFLUSHED = (
+    "SELECT pg_notify(%s, %s) FROM (SELECT set_config('synchronous_commit', 'off', true)) "
+    "AS unflushed"
+)
 LISTEN = f"LISTEN {CHANNEL}"
 
 

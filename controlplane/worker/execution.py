@@ -33,7 +33,13 @@ from controlplane.celery import ADVANCE, ADVANCE_QUEUE, ARTIFACT_SWEEP, PRUNE, S
 from controlplane.errors import Conflict
 from controlplane.process import heap
 from controlplane.worker import announcements, heartbeats
-from controlplane.worker.runtime import built, deliver, runtime, send_advance_queue
+from controlplane.worker.runtime import (
+    announce_grace,
+    built,
+    deliver,
+    runtime,
+    send_advance_queue,
+)
 from kernel import Blocked, StorageUnavailable
 from kernel.dispatch import RECOVERY_SUFFIX, recovery_queue
 
@@ -225,6 +231,7 @@ def listen(sender: object) -> None:
         announcements.open_slots(concurrency),
         advance_announced,
         lambda: not runtime().worker.draining,
+        grace=grace.total_seconds() if (grace := announce_grace()) else 0.0,
         began=began,
         ended=ended,
     )

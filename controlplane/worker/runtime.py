@@ -19,6 +19,7 @@ import functools
 import logging
 import os
 import socket
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -63,6 +64,23 @@ def announce_grace() -> timedelta | None:
     return timedelta(milliseconds=settings.KERNEL_HINT_GRACE_MS)
 
 
+def dispatcher_of(
+    kernel: Kernel,
+    deliver: Callable[[str, str], None] = deliver,
+    advance_queue: Callable[[str], None] = send_advance_queue,
+) -> Dispatcher:
+    """The dispatcher of ``kernel``'s commits as the settings configure it, sending
+    through ``deliver`` and ``advance_queue`` (the app's broker unless given)."""
+    return Dispatcher(
+        kernel,
+        deliver,
+        redeliver_after=timedelta(seconds=settings.KERNEL_REDELIVER_SECONDS),
+        advance_queue=advance_queue,
+        messages=settings.KERNEL_DISPATCH_MESSAGES,
+        announce_grace=announce_grace(),
+    )
+
+
 @dataclass(frozen=True)
 class Runtime:
     kernel: Kernel
@@ -73,14 +91,7 @@ class Runtime:
 @functools.cache
 def runtime() -> Runtime:
     kernel = process_kernel()
-    dispatcher = Dispatcher(
-        kernel,
-        deliver,
-        redeliver_after=timedelta(seconds=settings.KERNEL_REDELIVER_SECONDS),
-        advance_queue=send_advance_queue,
-        messages=settings.KERNEL_DISPATCH_MESSAGES,
-        announce_grace=announce_grace(),
-    )
+    dispatcher = dispatcher_of(kernel)
     dispatcher.attach()  # takes each commit's due rows in the commit, delivers after it
     notifier = Notifier()
     kernel.after_commit(notifier.after_commit)  # live views: hints after each commit

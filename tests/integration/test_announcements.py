@@ -20,6 +20,7 @@ import pytest
 from django.db import connection, connections
 
 from controlplane.storage import PostgresStorage, due
+from controlplane.storage.connection import announcing
 from controlplane.worker.announcements import AnnouncementReader
 from kernel import Draft, Kernel, ManualClock, Registry, Run, Transition, Worker
 from kernel.dispatch import Dispatcher
@@ -102,29 +103,40 @@ def test_a_burst_and_a_task_not_due_are_not_announced(announcements: Callable[[]
     assert announcements() == []
 
 
-def test_a_commit_goes_without_its_announcement_while_another_of_the_process_announces(
+def test_a_commit_announces_after_itself_while_another_of_the_process_announces(
     announcements: Callable[[], list],
 ) -> None:
-    """Postgres orders every notifying commit behind one lock: commits of this process
-    announce one at a time, and one that finds another announcing relies on its message
-    (which goes as always); the next commit after it announces again."""
-    import threading
+    """Postgres orders every notifying commit behind one lock, its flush included:
+    commits of this process announce in their transaction one at a time, and one that
+    finds another announcing announces right after its commit, in a transaction that
+    does not wait for the flush. Its message is held for the grace as any other."""
+    kernel, _, sent = world(grace=timedelta(seconds=30))
+    statements: list[str] = []
 
-    from controlplane.storage.connection import announcing
+    def record(execute: Callable, sql: str, params: object, many: bool, context: dict) -> object:
+        statements.append(sql)
+        return execute(sql, params, many, context)
 
-    kernel, _, sent = world()
+    def commit_beside() -> None:
+        with connection.execute_wrapper(record):
+            made.extend(create(kernel))
+
     assert announcing.claim()  # another thread's commit is announcing
     made: list[str] = []
     try:
-        beside = threading.Thread(target=lambda: made.extend(create(kernel)))
+        beside = threading.Thread(target=commit_beside)
         beside.start()
-        beside.join()
+        beside.join(10)
     finally:
         announcing.done()
-    assert sent == made  # its message went
-    assert announcements() == []
+    assert statements[-2:] == ["COMMIT", due.NOTIFY_UNFLUSHED]
+    assert due.NOTIFY not in statements
+    assert announcements() == [("hands", made[0])]
+    assert sent == []  # held for the grace: a listening worker may claim it
     later = create(kernel)
     assert announcements() == [("hands", later[0])]
+    end_the_grace(kernel)
+    assert sent == made + later  # nobody claimed them
 
 
 def test_parse_skips_lines_of_other_senders() -> None:
@@ -170,10 +182,15 @@ def test_no_message_goes_for_a_task_a_reader_claimed_within_the_grace() -> None:
         ran_from_the_announcement(kernel)
         reader.queues = {"brain"}  # now nobody listens to hands
         [unheard] = create(kernel)
+    end_the_grace(kernel)
+    assert sent == [unheard]
+
+
+def end_the_grace(kernel: Kernel) -> None:
+    """Send now what the kernel's dispatcher still holds for the grace, if still wanted."""
     dispatcher = next(f.__self__ for f in kernel.listeners
                       if isinstance(getattr(f, "__self__", None), Dispatcher))
-    dispatcher.close()  # the grace is over: what is still wanted goes now
-    assert sent == [unheard]
+    dispatcher.close()
 
 
 @pytest.mark.parametrize("why", ["busy", "draining", "another queue"])
@@ -191,6 +208,54 @@ def test_an_announcement_is_left_to_its_message(why: str) -> None:
     assert task.status is Status.PENDING and task.epoch == 0
     assert reader.ran == 0
     assert worker.advance(task_id)  # what its message does
+
+
+def test_a_busy_reader_takes_an_announced_task_when_its_slot_frees_within_the_grace() -> None:
+    """A worker that ends its phase within the grace runs the next announced task from
+    Postgres: its message, held for the grace, is then not sent."""
+    kernel, worker, _ = world()
+    slots = threading.Semaphore(1)
+    reader = AnnouncementReader({"hands"}, slots, announced(worker), lambda: True, grace=30.0)
+    [task_id] = create(kernel)
+    slots.acquire()  # a message's phase runs
+    threading.Timer(0.2, slots.release).start()  # and ends
+    reader.on_announcement(f"hands\t{task_id}")
+    assert reader.ran == 1
+    assert kernel.storage.task(task_id).status is Status.TERMINAL
+
+
+def test_a_reader_busy_past_the_grace_leaves_the_task_to_its_message() -> None:
+    kernel, worker, _ = world()
+    slots = threading.Semaphore(1)
+    reader = AnnouncementReader({"hands"}, slots, announced(worker), lambda: True, grace=0.1)
+    [task_id] = create(kernel)
+    slots.acquire()  # a message's phase runs past the grace
+    started = time.monotonic()
+    reader.on_announcement(f"hands\t{task_id}", heard=started)
+    assert 0.1 <= time.monotonic() - started < 5
+    assert reader.ran == 0
+    assert kernel.storage.task(task_id).status is Status.PENDING
+
+
+def test_a_reader_busy_behind_a_long_phase_waits_out_the_grace_once_not_for_each() -> None:
+    """Announcements that piled up in the connection while the reader waited are as old
+    as the wait: their grace is over, and their messages may be on their way."""
+    kernel, worker, _ = world()
+    slots = threading.Semaphore(1)
+    reader = AnnouncementReader({"hands"}, slots, announced(worker), lambda: True, grace=1.0)
+    slots.acquire()  # a message's phase runs, for long
+    reader.start()
+    try:
+        assert reader.listening.wait(10)
+        started = time.monotonic()
+        ids = [create(kernel)[0] for _ in range(4)]  # four commits, four announcements
+        assert wait_until(lambda: reader.left == 4)
+        assert time.monotonic() - started < 3.0  # not four graces one after another
+    finally:
+        slots.release()
+        reader.stop(timeout=10)
+    assert reader.ran == 0
+    assert {kernel.storage.task(i).status for i in ids} == {Status.PENDING}
 
 
 def test_an_announcement_for_a_task_already_claimed_reads_nothing_more(
