@@ -454,21 +454,41 @@ def pipelined(
             raise CommitUncertain(f"commit {ws.commit.session_id}#{seq}: {exc}") from exc
         raise
     finally:
-        announcing.done()
-        after = announcing.take_after()
-    if after is not None:
-        announce_after(db, after)
+        after = announced(db)
+    after()
     return cursors
 
 
-def announce_after(db: Any, announcement: str) -> None:
-    """Announce a commit's tasks after it (:class:`Announcing`). The commit is made
-    whatever this meets: a failure only leaves the tasks to their messages."""
-    try:
-        HotCursor(db).execute(due.NOTIFY_UNFLUSHED, [due.CHANNEL, announcement])
-    except psycopg.Error:
-        log.info("could not announce after a commit; its tasks' messages deliver them",
-                 exc_info=True)
+def inline_announcement(dispatches: list[Dispatch]) -> str | None:
+    """The announcement a commit of ``dispatches`` carries in its own transaction:
+    ``None`` if it has none, or if another commit of this process is announcing (it is
+    then sent after the commit: :func:`announced`)."""
+    announcement = due.payload(dispatches)
+    if announcement is None:
+        return None
+    if announcing.claim():
+        return announcement
+    announcing.after(announcement)
+    return None
+
+
+def announced(db: Any) -> Callable[[], None]:
+    """Once this thread's commit has ended: the announcing turn given back, and what
+    sends the announcement it went without, to call if it committed. The commit is
+    made whatever that send meets: a failure only leaves the tasks to their messages."""
+    announcing.done()
+    after = announcing.take_after()
+
+    def send() -> None:
+        if after is None:
+            return
+        try:
+            HotCursor(db).execute(due.NOTIFY_UNFLUSHED, [due.CHANNEL, after])
+        except psycopg.Error:
+            log.info("could not announce after a commit; its tasks' messages deliver them",
+                     exc_info=True)
+
+    return send
 
 
 def queue_writes(db: Any, ws: WriteSet) -> tuple[HotCursor, list[HotCursor]]:
@@ -522,12 +542,9 @@ def queue_dispatches(
 ) -> list[HotCursor]:
     """The announcement for listening workers, then the rows, in chunks of at most a
     statement's parameters."""
-    announcement = due.payload(dispatches)
+    announcement = inline_announcement(dispatches)
     if announcement is not None:
-        if announcing.claim():
-            HotCursor(db).execute(due.NOTIFY, [due.CHANNEL, announcement])
-        else:
-            announcing.after(announcement)
+        HotCursor(db).execute(due.NOTIFY, [due.CHANNEL, announcement])
     size = sql.DISPATCHES_PER_INSERT
     chunks = [dispatches[i : i + size] for i in range(0, len(dispatches), size)]
     return [

@@ -47,10 +47,13 @@ from typing import Any, NoReturn, cast
 import psycopg
 from psycopg.types.json import Jsonb
 
+from controlplane.storage import due
 from controlplane.storage import statements as sql
 from controlplane.storage.connection import (
     HotCursor,
+    announced,
     execute_rows,
+    inline_announcement,
     pipelined,
     queue_dispatches,
     without,
@@ -404,6 +407,8 @@ def _queue_creates(db: Any, ws: WriteSet) -> tuple[HotCursor, list[HotCursor]]:
 
 
 def _write_creates(db: Any, ws: WriteSet, before_commit: Callable[[], None]) -> WriteSet:
+    if len(ws.new_tasks) == len(ws.dispatches) == 1:
+        return _write_one_create(db, ws, before_commit)
     head, rows = pipelined(db, ws, before_commit, _queue_creates, begin=True,
                            guess="(at its head)")
     ids = [r[0] for chunk in rows for r in chunk.fetchall()]
@@ -413,6 +418,34 @@ def _write_creates(db: Any, ws: WriteSet, before_commit: Callable[[], None]) -> 
         commit=replace(ws.commit, id=commit_id, seq=seq),
         new_tasks=[replace(t, created_seq=seq, updated_seq=seq) for t in ws.new_tasks],
         dispatches=[replace(d, id=i, seq=seq) for d, i in zip(ws.dispatches, ids, strict=True)],
+    )
+
+
+def _write_one_create(db: Any, ws: WriteSet, before_commit: Callable[[], None]) -> WriteSet:
+    """One task and its dispatch row, as one statement (``statements.CREATE_ONE``)."""
+    [task], [row] = ws.new_tasks, ws.dispatches
+    params = [ws.commit.session_id, *without(COMMIT.values(ws.commit), _COMMIT_SEQ),
+              *without(TASK.values(task), *_TASK_SEQS_AT),
+              *without(DISPATCH.values(row), _DISPATCH_SEQ_AT)]
+    try:
+        announcement = inline_announcement(ws.dispatches)
+        before_commit()
+        statement = sql.CREATE_ONE
+        if announcement is not None:
+            statement = sql.CREATE_ONE_ANNOUNCED
+            params += [due.CHANNEL, announcement]
+        try:
+            commit_id, seq, row_id = HotCursor(db).execute(statement, params).fetchone()[:3]
+        except psycopg.Error as exc:
+            _sent_and_failed(exc, db, ws.commit.session_id)
+    finally:
+        after = announced(db)
+    after()  # committed: the announcement it went without, if it did
+    return replace(
+        ws,
+        commit=replace(ws.commit, id=commit_id, seq=seq),
+        new_tasks=[replace(task, created_seq=seq, updated_seq=seq)],
+        dispatches=[replace(row, id=row_id, seq=seq)],
     )
 
 

@@ -243,6 +243,27 @@ def dispatch_insert_at_head(count: int) -> str:
     return insert_rows(DISPATCH, count, " RETURNING id", {"seq": AT_HEAD})
 
 
+# A commit that creates one task and its dispatch row (a client's call: an API request,
+# a submission), as one statement: its own transaction, one round trip, one Bind and
+# Execute where the pipelined form has six. The head update takes the session's commit
+# order and gives the seq, which the commit row returns to the task and the row. The
+# announcement, when the commit carries it, is sent in the same statement (Postgres
+# delivers it at commit). Parameters: the session id, the commit row's values but its
+# seq, the task's but its seqs, the row's but its seq; then the channel and the payload.
+_WRITTEN_SEQ = "(SELECT seq FROM written)"
+_CREATE_ONE = (
+    HEAD + ", written AS ("
+    + insert(COMMIT, " RETURNING id, seq", {"seq": "(SELECT head_seq FROM head)"})
+    + "), created AS ("
+    + insert(TASK, "", {"created_seq": _WRITTEN_SEQ, "updated_seq": _WRITTEN_SEQ})
+    + "), queued AS ("
+    + insert(DISPATCH, " RETURNING id", {"seq": _WRITTEN_SEQ})
+    + ") SELECT written.id, written.seq, (SELECT id FROM queued)"
+)
+CREATE_ONE = _CREATE_ONE + " FROM written"
+CREATE_ONE_ANNOUNCED = _CREATE_ONE + ", pg_notify(%s, %s) FROM written"
+
+
 # A phase that ends its task, built from the holder's copy of it as an inline commit is
 # (``Prefetch.known``), on the assumption that the task has no owned child and no waiter,
 # and written in one pipelined round trip: BEGIN; ``HEAD_ADVANCE`` (the session's commit

@@ -528,7 +528,9 @@ def _spy_fast_paths(world: World, storage: PostgresStorage) -> None:
     def write_built(db: Any, session_id: str, writing: Any) -> Any:
         written = built(db, session_id, writing)
         if written is not None:
-            if written.new_tasks:
+            if len(written.new_tasks) == len(written.dispatches) == 1:
+                path = "create one"  # one statement
+            elif written.new_tasks:
                 path = "creates"
             elif not written.updated_tasks:
                 path = "documents"
