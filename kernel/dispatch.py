@@ -168,12 +168,12 @@ class Dispatcher:
             log.warning("could not tell which held dispatches were claimed; sending all",
                         exc_info=True)
             left = {d.id for d in rows}
-        self._deliver_or_release([d for d in rows if d.id in left])
+        self._deliver_or_release([d for d in rows if d.id in left], backlog=True)
 
-    def _deliver_or_release(self, rows: list[Dispatch]) -> None:
+    def _deliver_or_release(self, rows: list[Dispatch], *, backlog: bool = False) -> None:
         """Send ``rows`` in id order; those the broker did not take are due again at
-        the next sweep."""
-        _, undelivered = self._deliver(sorted(rows, key=lambda d: d.id))
+        the next sweep. ``backlog``: rows no listening worker claimed within the grace."""
+        _, undelivered = self._deliver(sorted(rows, key=lambda d: d.id), backlog=backlog)
         if undelivered:
             self.kernel.storage.release_dispatches([d.id for d in undelivered])
 
@@ -202,20 +202,30 @@ class Dispatcher:
             storage.retry_dispatches(ready)
         return self.sweep()
 
-    def _bursts(self, rows: list[Dispatch]) -> set[str]:
-        """The queues with more than ``messages`` of ``rows``: each gets queue messages."""
+    def _bursts(self, rows: list[Dispatch], *, backlog: bool = False) -> set[str]:
+        """The queues with more than ``messages`` of ``rows`` (more than one, for a
+        ``backlog``): each gets queue messages."""
         if self.advance_queue is None:
             return set()
         counts = Counter(row.queue for row in rows)
-        return {queue for queue, n in counts.items() if n > self.messages}
+        most = 1 if backlog else self.messages
+        return {queue for queue, n in counts.items() if n > most}
 
     def _deliver(
-        self, rows: list[Dispatch], *, recovery: bool = False
+        self, rows: list[Dispatch], *, recovery: bool = False, backlog: bool = False
     ) -> tuple[list[Dispatch], list[Dispatch]]:
         """Send rows in order until the broker fails: (delivered, not delivered). The
-        rows of a burst's queue are delivered by the queue messages sent at its first row."""
+        rows of a burst's queue are delivered by the queue messages sent at its first row.
+
+        A ``backlog`` (held rows that no listening worker claimed within the grace: the
+        workers are busy) of more than one row of a queue is a burst with one queue
+        message: a message per row would have the busy workers take each through the
+        broker after its announcement, most of them finding it claimed already, where
+        one worker claims the rows in order from storage, their endings committed
+        together, while the others go on from their announcements."""
         storage = self.kernel.storage
-        burst = self._bursts(rows)
+        burst = self._bursts(rows, backlog=backlog)
+        queue_messages = 1 if backlog else max(1, self.messages)
         sent: set[str] = set()
         for index, row in enumerate(rows):
             queue = recovery_queue(row.queue) if recovery else row.queue
@@ -229,7 +239,7 @@ class Dispatcher:
                     unmarked = [r.id for r in rows if r.queue == row.queue and not r.woken]
                     if unmarked:
                         storage.mark_burst(unmarked)
-                    for _ in range(max(1, self.messages)):  # 0: one queue message a burst
+                    for _ in range(queue_messages):  # messages=0: one a burst
                         self.advance_queue(queue)
                     sent.add(row.queue)
             except Exception:

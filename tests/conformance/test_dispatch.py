@@ -10,7 +10,7 @@ import pytest
 from kernel import Draft, Registry, Worker
 from kernel.dispatch import Dispatcher, recovery_queue
 
-from .brokers import WIRING, Broker
+from .brokers import WIRING, Broker, Waker
 from .definitions import Effects, make_registry
 from .world import World
 
@@ -271,13 +271,15 @@ def test_attached_the_commit_writes_its_due_rows_taken_and_only_those(world: Wor
     assert dispatcher.sweep().delivered == 1 and broker.sent == [napper]
 
 
-def held(world: World, grace: float = 60.0) -> tuple:
+def held(world: World, grace: float = 60.0, broker: Broker | None = None) -> tuple:
     """Attached with an announcement's grace: the messages of the rows its commits take wait
-    ``grace`` seconds (a minute here: the tests send them with ``flush``)."""
+    ``grace`` seconds (a minute here: the tests send them with ``flush``). A ``Waker``
+    broker takes queue messages too."""
     kernel = world.kernel(make_registry(Effects()))
-    broker = Broker()
+    broker = broker or Broker()
     dispatcher = Dispatcher(kernel, broker.deliver, redeliver_after=timedelta(seconds=30),
-                            announce_grace=timedelta(seconds=grace))
+                            announce_grace=timedelta(seconds=grace),
+                            advance_queue=getattr(broker, "wake", None))
     dispatcher.attach()
     return kernel, broker, dispatcher, kernel.create_session()
 
@@ -293,6 +295,27 @@ def test_a_held_message_is_not_sent_for_a_task_claimed_during_its_grace(world: W
     dispatcher.flush()
     assert broker.sent == [left]  # sent once
     assert dispatcher.sweep().delivered == 0  # its row counts as delivered
+
+
+def test_held_rows_of_a_queue_unclaimed_within_the_grace_go_as_one_queue_message(
+    world: World,
+) -> None:
+    """The listening workers were busy: one worker claims the backlog in order from
+    storage, not each row through a message of its own. One row alone keeps its own."""
+    waker = Waker()
+    kernel, broker, dispatcher, handle = held(world, broker=waker)
+    claimed = create(handle, "step", {"name": "claimed"})
+    backlog = [create(handle, "step", {"name": n}) for n in ("a", "b", "c")]
+    assert Worker(kernel, "reader").advance(claimed, announced=True)
+    dispatcher.flush()
+    assert waker.sent == [] and waker.woke == ["default"]  # one queue message
+    ran, more = Worker(kernel, "w").advance_queue("default", batch=10, budget=60)
+    assert (ran, more) == (3, False)
+    assert all(kernel.task(t).terminal for t in backlog)
+    alone = create(handle, "step", {"name": "alone"})
+    dispatcher.flush()
+    assert waker.sent == [alone] and waker.woke == ["default"]
+    assert dispatcher.sweep().delivered == 0
 
 
 def test_a_held_message_goes_when_its_grace_has_passed(world: World) -> None:
