@@ -76,7 +76,8 @@ class Dispatcher:
     whose task an idle worker claimed from the announcement is gone, and a message for it
     would only make a worker find it claimed. A process that dies meanwhile leaves its
     rows to the sweep (after ``redeliver_after``), as one dying between a commit and its
-    messages does.
+    messages does. Rows of one queue still unclaimed after the grace are a backlog (the
+    listening workers are busy): with ``advance_queue`` they go as one queue message.
     """
 
     def __init__(
