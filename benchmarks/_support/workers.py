@@ -64,7 +64,8 @@ class Cluster:
         advances = [ran for worker in workers for ran in worker.advances()]
         text = "".join(worker.output() for worker in workers)
         return Activity(
-            phases=advances.count(True) + sum(worker.announced() for worker in workers),
+            phases=advances.count(True)
+            + sum(worker.announced() + worker.woken() for worker in workers),
             idle=advances.count(False),
             redelivered=sum(int(n) for n in re.findall(r"SweepReport\(delivered=(\d+)", text)),
         )
@@ -74,9 +75,10 @@ class Cluster:
 class Activity:
     """Counts from the worker logs (``-l info``), for what the database does not record.
 
-    ``phases`` counts the advance messages that ran a task and the tasks that workers'
-    announcement readers ran (:mod:`controlplane.worker.announcements`); the message of a
-    task a reader ran finds it claimed, and counts as ``idle``.
+    ``phases`` counts the advance messages that ran a task, the tasks that workers'
+    announcement readers ran (:mod:`controlplane.worker.announcements`) and those that
+    queue messages ran; the message of a task a reader ran finds it claimed, and counts
+    as ``idle``.
 
     ``idle`` advance messages found their task not claimable: already claimed or
     finished (a duplicate or re-sent dispatch), or its row locked by another commit in

@@ -53,6 +53,7 @@ DAPHNE = str(Path(sys.executable).parent / "daphne")
 QUEUES = "default,hands,brain"
 WORKER_READY = " ready."  # what a worker's log says once it consumes its queues
 ADVANCED = re.compile(r"controlplane\.advance\[[^]]+\] succeeded in \S+: (True|False)")
+WOKEN = re.compile(r"controlplane\.wake\[[^]]+\] succeeded in \S+: (\d+)")
 START_TIMEOUT = 60.0
 
 T = TypeVar("T")
@@ -272,6 +273,11 @@ class CeleryWorker(Process):
         where it claimed the task and ran it, False where the claim found nothing to do
         (a duplicate or late message)."""
         return [found == "True" for found in ADVANCED.findall(self.output())]
+
+    def woken(self) -> int:
+        """How many tasks this worker ran from queue messages (a burst's, or a backlog's
+        that no listening worker claimed within the grace), by its log."""
+        return sum(int(ran) for ran in WOKEN.findall(self.output()))
 
     def announced(self) -> int:
         """How many tasks this worker's announcement reader ran, by its log
