@@ -412,8 +412,8 @@ class Announcing:
         return False
 
     def after(self, announcement: str) -> None:
-        """This thread's commit went without ``announcement``: :func:`pipelined` sends
-        it once the commit is made."""
+        """This thread's commit went without ``announcement``: sent once the commit is
+        made (:func:`announced`)."""
         self._mine.after = announcement
 
     def take_after(self) -> str | None:
