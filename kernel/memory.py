@@ -131,7 +131,7 @@ class InMemoryStorage:
 
     def commit_next_writing(
         self, session_id: str, build: Build, prefetch: Prefetch, known: Task,
-        documents: Mapping[tuple[str, str], DocumentHead],
+        documents: Mapping[tuple[str, str], DocumentHead | None],
     ) -> WriteSet:
         return self.commit(session_id, build, prefetch)
 

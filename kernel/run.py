@@ -79,10 +79,11 @@ class Lease:
     draft: Draft = field(init=False)
     # Deferred document writes (previews): folded into the next commit, lost with the process.
     previews: dict[tuple[str, str, tuple[str, ...]], JSON] = field(default_factory=dict)
-    documents: dict[tuple[str, str], DocumentHead] = field(default_factory=dict)
-    """The heads of the documents this lease's commits wrote, as they left them: what a
-    phase's next commit that writes them again is built from (``CommitKind.NEXT_WRITING``;
-    a head another commit moved since is read again)."""
+    documents: dict[tuple[str, str], DocumentHead | None] = field(default_factory=dict)
+    """The heads of the documents this lease's commits wrote, as they left them, or as
+    it read them before its first write to them (``None``: not yet written): what a
+    phase's commit that writes them is built from (``CommitKind.NEXT_WRITING``; a head
+    another commit moved or created since is read again)."""
 
     def __post_init__(self) -> None:
         self.draft = Draft(actor=f"task:{self.task.id}")
@@ -112,6 +113,8 @@ class Lease:
         alone = draft.kind() is CommitKind.NEXT_ALONE and not intent
         carried = None if self.carrier is None or alone else self.carrier.carry(
             self.task.session_id)
+        if not carried and draft.kind() is CommitKind.NEXT_WRITING:
+            self._copy_heads(draft)
         written = (
             self._commit_carrying(carried, draft)
             if carried
@@ -125,6 +128,17 @@ class Lease:
             self.task = next(t for t in written.updated_tasks if t.id == self.task.id)
         self.checkpoint = self.task.checkpoint
         return written
+
+    def _copy_heads(self, draft: Draft) -> None:
+        """Read the heads of the documents ``draft`` writes that this lease has no copy
+        of: one read each, once per lease, so that the commit is built from copies (one
+        statement) rather than read under the session's lock (two round trips). A head
+        that moves, or a document that another commit creates, before the commit only
+        sends it the general way."""
+        for name in draft.document_ops:
+            if name not in self.documents:
+                self.documents[name] = self.kernel.storage.document_head(
+                    self.task.session_id, *name)
 
     def _commit_carrying(self, carried: Carried, draft: Draft) -> WriteSet:
         """Commit ``draft`` with the carried endings before it, in one commit; if that

@@ -273,7 +273,7 @@ class SessionHandle:
 
     def commit(
         self, draft: Draft, known: Task | None = None,
-        documents: Mapping[tuple[str, str], DocumentHead] | None = None,
+        documents: Mapping[tuple[str, str], DocumentHead | None] | None = None,
     ) -> WriteSet:
         """Persist ``draft`` as the session's next commit, then publish it, by the
         storage's method for the draft's kind (:meth:`Draft.kind`).
@@ -281,8 +281,8 @@ class SessionHandle:
         ``known``: the caller's copy of the task whose lease it holds, as its last commit
         or claim left it; the kinds that continue or end that task are built from it.
         ``documents``: the caller's copies of the document heads its lease's commits
-        wrote (by kind and key), which a commit of :attr:`CommitKind.NEXT_WRITING` is
-        built from."""
+        wrote or it read (by kind and key; ``None``: found not yet written), which a
+        commit of :attr:`CommitKind.NEXT_WRITING` is built from."""
         if self.poisoned:
             raise SessionPoisoned(f"session handle {self.id} is poisoned; reopen it")
         # Large values stored apart, whole, before any kind of commit is built: no record

@@ -187,11 +187,11 @@ class Storage(Protocol):
 
     def commit_next_writing(
         self, session_id: str, build: Build, prefetch: Prefetch, known: Task,
-        documents: Mapping[tuple[str, str], DocumentHead],
+        documents: Mapping[tuple[str, str], DocumentHead | None],
     ) -> WriteSet:
         """A phase's ``Next`` that keeps the lease, with entries and document ops.
         ``documents``: the caller's copies of document heads, by kind and key, as its
-        lease's commits left them."""
+        lease's commits left them or it read them (``None``: not yet written)."""
         ...
 
     def commits_after(self, session_id: str, after_seq: int, limit: int) -> list[Commit]:

@@ -23,8 +23,9 @@ they are built from what it knows and written at once, each by its one writer he
   would have, or refuses when that would need its value read (an upgrade, a baseline).
 - **next writing** (:func:`next_writing`): a lease holder's ``Next`` keeping the lease,
   with entries and document ops (a step of an agent's run). Built from the holder's
-  copies of its task and of the document heads its lease's commits wrote, and from the
-  conversations the storage knows (they never change); written as one statement
+  copies of its task and of the document heads its lease's commits wrote or it read
+  (a document it found not yet written is created), and from the conversations the
+  storage knows (they never change); written as one statement
   (``statements.inline_writing``) that commits only if the task and every document are
   still as copied.
 
@@ -132,22 +133,24 @@ class KnownReads:
 
 class KnownWrites(KnownReads):
     """:class:`KnownReads` for a step that also appends entries and writes documents:
-    the heads are the lease holder's copies (a document it has none of, or whose
-    baseline must be read, raises :class:`UnexpectedRead`), the conversations those
-    the storage has seen."""
+    the heads are the lease holder's copies, ``None`` for a document it found not yet
+    written (a document it has no word of, or whose baseline must be read, raises
+    :class:`UnexpectedRead`), the conversations those the storage has seen."""
 
     def __init__(self, session_id: str, known: Task,
-                 documents: Mapping[tuple[str, str], DocumentHead],
+                 documents: Mapping[tuple[str, str], DocumentHead | None],
                  conversations: Mapping[str, Conversation]) -> None:
         super().__init__(session_id, known, ending=False)
         self.documents = documents
         self.conversations = conversations
 
     def document(self, kind: str, key: str) -> DocumentHead | None:
-        head = self.documents.get((kind, key))
-        if head is None or head.session_id != self.session.id:
+        if (kind, key) not in self.documents:
             raise UnexpectedRead(f"document {kind}/{key}")
-        return head
+        head = self.documents[(kind, key)]
+        if head is not None and head.session_id != self.session.id:
+            raise UnexpectedRead(f"document {kind}/{key}")
+        return head  # None: the holder found it not yet written; the statement creates it
 
     def conversation(self, conversation_id: str) -> Conversation | None:
         found = self.conversations.get(conversation_id)
@@ -293,7 +296,8 @@ def documents(db: Any, session_id: str, build: Build) -> Write | None:
 
 def next_writing(
     db: Any, session_id: str, build: Build, known: Task,
-    documents: Mapping[tuple[str, str], DocumentHead], conversations: Mapping[str, Conversation],
+    documents: Mapping[tuple[str, str], DocumentHead | None],
+    conversations: Mapping[str, Conversation],
 ) -> Write | None:
     """A phase's ``Next`` that keeps the lease with entries and document ops, as one
     statement; ``None`` if it reads what the copies do not answer, or writes more."""
@@ -355,16 +359,18 @@ def _sent_and_failed(exc: psycopg.Error, db: Any, session_id: str) -> NoReturn:
 
 _ENTRY_SEQ = ENTRY.inserted.index("seq")
 _HEAD_UPDATED_SEQ = DOCUMENT_HEAD.updated.index("updated_seq")
+_HEAD_INSERTED_SEQ = DOCUMENT_HEAD.inserted.index("updated_seq")
 _VERSION_SEQ = DOCUMENT_VERSION.inserted.index("seq")
 
 
 def _write_writing(
-    db: Any, ws: WriteSet, known: Task, copies: list[DocumentHead],
+    db: Any, ws: WriteSet, known: Task, copies: list[DocumentHead | None],
     before_commit: Callable[[], None],
 ) -> WriteSet:
     """:func:`_write_known`'s statement with the entries and the document versions, each
-    head written only if it is still at its copy's version; :class:`TaskChanged`
-    otherwise."""
+    head written only if it is still at its copy's version (:class:`TaskChanged`
+    otherwise), or created where the copy says it was not written (a refused statement
+    if another commit created it meanwhile)."""
     session_id = ws.commit.session_id
     [task] = ws.updated_tasks
     params = [session_id, *without(COMMIT.values(ws.commit), _COMMIT_SEQ),
@@ -373,11 +379,14 @@ def _write_writing(
     for entry in ws.entries:
         params += without(ENTRY.values(entry), _ENTRY_SEQ)
     for head, copied in zip(ws.document_heads, copies, strict=True):
-        params += [*without(DOCUMENT_HEAD.update_values(head), _HEAD_UPDATED_SEQ),
-                   copied.version]
+        if copied is None:
+            params += without(DOCUMENT_HEAD.values(head), _HEAD_INSERTED_SEQ)
+        else:
+            params += [*without(DOCUMENT_HEAD.update_values(head), _HEAD_UPDATED_SEQ),
+                       copied.version]
     for version in ws.document_versions:
         params += without(DOCUMENT_VERSION.values(version), _VERSION_SEQ)
-    statement = sql.inline_writing(len(ws.entries), len(ws.document_heads))
+    statement = sql.inline_writing(len(ws.entries), tuple(c is None for c in copies))
     try:
         before_commit()
         seq, commit_id, _ = HotCursor(db).execute(statement, params).fetchone()

@@ -272,7 +272,7 @@ class PostgresStorage:
 
     def commit_next_writing(
         self, session_id: str, build: Build, prefetch: Prefetch, known: Task,
-        documents: Mapping[tuple[str, str], DocumentHead],
+        documents: Mapping[tuple[str, str], DocumentHead | None],
     ) -> WriteSet:
         db = connections[self.using]
         writing = fast_commits.next_writing(

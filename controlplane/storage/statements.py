@@ -196,30 +196,35 @@ INLINE_COMMIT = (
 
 
 @functools.cache
-def inline_writing(entries: int, documents: int) -> str:
-    """``INLINE_COMMIT`` with ``entries`` entries and the new versions of ``documents``
-    documents written in the same statement, every seq the head's: a phase's step
-    (``kernel.commit.CommitKind.NEXT_WRITING``). Each document's head is written only
-    if it is still at the version of the copy the commit was built from, and
-    ``kernel_unmoved`` otherwise aborts the statement, as for the task. Parameters:
+def inline_writing(entries: int, documents: tuple[bool, ...]) -> str:
+    """``INLINE_COMMIT`` with ``entries`` entries and the new versions of the documents
+    written in the same statement, every seq the head's: a phase's step
+    (``kernel.commit.CommitKind.NEXT_WRITING``). ``documents`` says for each document
+    whether it is new. An existing document's head is written only if it is still at
+    the version of the copy the commit was built from, and ``kernel_unmoved`` otherwise
+    aborts the statement, as for the task; a new one's is inserted, and one that another
+    commit created meanwhile breaks its unique key, which aborts it too. Parameters:
     ``INLINE_COMMIT``'s; then each entry's values but its seq; then, for each document,
-    its head's updated values but its updated_seq, its id and the copy's version; then
-    each version's values but its seq."""
+    its head's updated values but its updated_seq, its id and the copy's version (an
+    existing one) or its head's values but its updated_seq (a new one); then each
+    version's values but its seq."""
     parts = [_INLINE]
     if entries:
         parts.append(", entered AS (" + insert_rows(ENTRY, entries, "", {"seq": HEAD_SEQ}) + ")")
     parts += [
         f", document{i} AS ("
-        + update(DOCUMENT_HEAD, {"updated_seq": HEAD_SEQ})
-        + " AND version = %s RETURNING 1)"
-        for i in range(documents)
+        + (insert(DOCUMENT_HEAD, " RETURNING 1", {"updated_seq": HEAD_SEQ}) if new
+           else update(DOCUMENT_HEAD, {"updated_seq": HEAD_SEQ}) + " AND version = %s RETURNING 1")
+        + ")"
+        for i, new in enumerate(documents)
     ]
     if documents:
         parts.append(", versions AS ("
-                     + insert_rows(DOCUMENT_VERSION, documents, "", {"seq": HEAD_SEQ}) + ")")
+                     + insert_rows(DOCUMENT_VERSION, len(documents), "",
+                                   {"seq": HEAD_SEQ}) + ")")
     moved = " * ".join(
         ["(SELECT count(*) FROM moved)"]
-        + [f"(SELECT count(*) FROM document{i})" for i in range(documents)])
+        + [f"(SELECT count(*) FROM document{i})" for i in range(len(documents))])
     parts.append(f" SELECT {HEAD_SEQ}, (SELECT id FROM written), kernel_unmoved({moved})")
     return "".join(parts)
 

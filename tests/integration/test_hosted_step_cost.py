@@ -29,7 +29,9 @@ pytestmark = pytest.mark.django_db(transaction=True)
 def agent_of(steps: int, safe: bool,
              during: Callable[[], None] | None = None) -> Agent[None, str]:
     def respond(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
-        step = sum(1 for m in messages if m.kind == "response")
+        prompted = max(i for i, m in enumerate(messages) if m.kind == "request" and any(
+            p.part_kind == "user-prompt" for p in m.parts))  # this turn's own steps
+        step = sum(1 for m in messages[prompted:] if m.kind == "response")
         if step < steps - 1:
             return ModelResponse(parts=[ToolCallPart("noop", {}, tool_call_id=f"c{step}")])
         return ModelResponse(parts=[TextPart("done")])
@@ -107,4 +109,92 @@ def test_a_document_moved_by_another_commit_is_read_again() -> None:
     counted = sum(e.payload["usage"]["input_tokens"] for e in responses)
     assert usage["models"][""]["input_tokens"] == counted
     assert usage["models"]["x"]["input_tokens"] == 3  # one per tool call
+    log_is_whole(kernel, handle.id)
+
+
+def general_commits(kernel: Kernel, fn: Callable[[], None]) -> int:
+    """How many commits ``fn`` sent the general way (two round trips, read under lock)."""
+    storage = kernel.storage
+    assert isinstance(storage, PostgresStorage)
+    general = storage.commit
+    counted = 0
+
+    def counting(*args: object, **kwargs: object) -> object:
+        nonlocal counted
+        counted += 1
+        return general(*args, **kwargs)  # type: ignore[arg-type]
+
+    storage.commit = counting  # type: ignore[assignment,method-assign]
+    try:
+        fn()
+    finally:
+        del storage.commit
+    return counted
+
+
+@pytest.mark.parametrize("safe", [False, True])
+def test_only_the_end_of_a_turn_is_a_general_commit_its_first_step_included(safe: bool) -> None:
+    """The first step writes documents the lease has not written (the conversation's
+    usage): their heads are read once, or found not yet written, and the step is still
+    one statement; in the first turn of a conversation and in the next."""
+    registry = Registry()
+    register_agent(registry, "steps", agent_of(3, safe))
+    kernel = Kernel(PostgresStorage(), registry, ManualClock())
+    handle = kernel.create_session()
+    draft = Draft()
+    conversation = draft.create_conversation()
+    handle.commit(draft)
+    for request in ("r1", "r2"):
+        submitted = submit(handle, conversation, {"text": "go", "agent": "steps"}, request)
+        assert submitted.submission is not None
+        assert general_commits(kernel, Scheduler(kernel, "w").run_until_idle) == 1, request
+        stored = kernel.storage.submission(submitted.submission.id)
+        assert stored is not None and stored.status is SubmissionStatus.ANSWERED
+    usage = kernel.document(handle.id, "agent-usage", f"conversation:{conversation}")
+    responses = [e for e in kernel.entries(conversation) if e.kind == "model_response"]
+    assert len(responses) == 6
+    assert usage["models"][""]["input_tokens"] == sum(
+        e.payload["usage"]["input_tokens"] for e in responses)
+    log_is_whole(kernel, handle.id)
+
+
+def test_a_document_created_after_the_lease_found_it_unwritten_is_written_as_a_new_version(
+) -> None:
+    """Another commit creates the usage document between the lease's look (not written)
+    and its first step's commit: the step's statement, which would create it, is refused,
+    and the commit goes the general way on what the database holds."""
+    registry = Registry()
+    register_agent(registry, "steps", agent_of(2, False))
+    kernel = Kernel(PostgresStorage(), registry, ManualClock())
+    handle = kernel.create_session()
+    draft = Draft()
+    conversation = draft.create_conversation()
+    handle.commit(draft)
+    key = f"conversation:{conversation}"
+    storage = kernel.storage
+    assert isinstance(storage, PostgresStorage)
+    look = storage.document_head
+
+    def look_then_meddle(session_id: str, kind: str, key_: str) -> object:
+        found = look(session_id, kind, key_)
+        if kind == "agent-usage" and found is None:
+            other = Draft(actor="user:other")
+            other.update_document(kind, key_, {"op": "incr",
+                                               "path": ["models", "x", "input_tokens"],
+                                               "value": 5})
+            kernel.open(handle.id).commit(other)
+        return found
+
+    storage.document_head = look_then_meddle  # type: ignore[assignment,method-assign]
+    submitted = submit(handle, conversation, {"text": "go", "agent": "steps"}, "r1")
+    assert submitted.submission is not None
+    Scheduler(kernel, "w").run_until_idle()
+    del storage.document_head
+    stored = kernel.storage.submission(submitted.submission.id)
+    assert stored is not None and stored.status is SubmissionStatus.ANSWERED
+    usage = kernel.document(handle.id, "agent-usage", key)
+    responses = [e for e in kernel.entries(conversation) if e.kind == "model_response"]
+    assert usage["models"]["x"]["input_tokens"] == 5
+    assert usage["models"][""]["input_tokens"] == sum(
+        e.payload["usage"]["input_tokens"] for e in responses)
     log_is_whole(kernel, handle.id)

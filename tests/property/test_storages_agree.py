@@ -111,8 +111,8 @@ def test_the_three_storages_agree_after_every_step(worlds: None) -> None:
         print("\n" + summary(started, [base, *seeds[1:]] if seeds else None))
 
 
-STORAGE_PATHS = ("known inline", "known ending", "known writing", "create one", "creates",
-                 "documents")
+STORAGE_PATHS = ("known inline", "known ending", "known writing", "known writing, creating",
+                 "create one", "creates", "documents")
 """The one-round-trip commits of ``PostgresStorage``: on with ``fast_paths``, off without."""
 WORKER_PATHS = ("endings committed together", "endings carried by an intent", "burst claims")
 """The woken worker's: held-back endings committed together or carried by another

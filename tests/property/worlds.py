@@ -536,6 +536,8 @@ def _spy_fast_paths(world: World, storage: PostgresStorage) -> None:
                 path = "documents"
             elif written.updated_tasks[0].terminal:
                 path = "known ending"
+            elif any(h.version == 1 for h in written.document_heads):
+                path = "known writing, creating"  # a document the lease found unwritten
             elif written.entries or written.document_heads:
                 path = "known writing"
             else:
