@@ -16,6 +16,7 @@ from datetime import datetime, timedelta
 
 from django.db import connections
 
+from controlplane.storage.connection import HotCursor
 from kernel.artifacts import GRACE, MissingArtifact, check, digest_of
 
 ARTIFACT_INSERT = (
@@ -60,8 +61,11 @@ class PostgresArtifacts:
         # Inside a caller's transaction the setting would hold for all of it: there the
         # row is as durable as that transaction.
         insert = ARTIFACT_INSERT if connection.in_atomic_block else ARTIFACT_INSERT_UNFLUSHED
-        with connection.cursor() as cur:
-            cur.execute(insert, [digest, data, media_type, len(data)])
+        connection.ensure_connection()
+        # Bound server-side: the bytes go as a binary parameter. Django's cursors bind
+        # client-side, which sends them as a hex literal inside the statement's text, twice
+        # their size, for the server to parse.
+        HotCursor(connection).execute(insert, [digest, data, media_type, len(data)])
         return digest
 
     def get(self, digest: str) -> bytes:

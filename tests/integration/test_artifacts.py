@@ -11,6 +11,7 @@ from datetime import timedelta
 import pytest
 from django.db import connection, transaction
 from django.test import Client
+from django.test.utils import CaptureQueriesContext
 
 from controlplane.storage.artifacts import PostgresArtifacts
 from controlplane.worker.runtime import runtime
@@ -166,3 +167,16 @@ def test_an_artifact_alone_does_not_wait_for_its_flush_but_a_callers_transaction
             cur.execute("DROP TRIGGER probe_setting ON kernel_artifact")
             cur.execute("DROP FUNCTION probe_setting()")
             cur.execute("DROP TABLE probe_setting")
+
+
+def test_an_artifacts_bytes_go_as_a_parameter_not_inside_the_statement_text() -> None:
+    """Bound server-side: the bytes are sent as a binary parameter, not spelled as a hex
+    literal inside the statement (twice their size, parsed by the server on every put)."""
+    store = PostgresArtifacts()
+    data = bytes(range(256)) * 64
+    with CaptureQueriesContext(connection) as captured:
+        digest = store.put(data, "application/octet-stream")
+    assert captured.captured_queries
+    assert all(len(q["sql"]) < len(data) for q in captured.captured_queries), [
+        len(q["sql"]) for q in captured.captured_queries]
+    assert store.get(digest) == data
