@@ -135,7 +135,8 @@ class Artifact(KernelRecord):
 
 class Document(KernelRecord):
     id = models.TextField(primary_key=True)
-    session = models.ForeignKey(Session, on_delete=models.CASCADE)
+    # No index of its own: the (session, kind, key) constraint's index leads with it.
+    session = models.ForeignKey(Session, on_delete=models.CASCADE, db_index=False)
     kind = models.TextField()
     key = models.TextField()
     kind_version = models.IntegerField()
@@ -154,7 +155,8 @@ class Document(KernelRecord):
 
 class DocumentVersion(KernelRecord):
     id = models.BigAutoField(primary_key=True)
-    document = models.ForeignKey(Document, on_delete=models.CASCADE)
+    # No index of its own: the (document, version) constraint's index leads with it.
+    document = models.ForeignKey(Document, on_delete=models.CASCADE, db_index=False)
     version = models.BigIntegerField()
     seq = models.BigIntegerField()
     ops = models.JSONField()
@@ -170,7 +172,8 @@ class DocumentVersion(KernelRecord):
 
 class Task(KernelRecord):
     id = models.TextField(primary_key=True)
-    session = models.ForeignKey(Session, on_delete=models.CASCADE)
+    # No index of its own: the (session, created_seq) index leads with it.
+    session = models.ForeignKey(Session, on_delete=models.CASCADE, db_index=False)
     kind = models.TextField()
     version = models.IntegerField()
     input = models.JSONField()
@@ -220,7 +223,8 @@ class Task(KernelRecord):
 
 class Submission(KernelRecord):
     id = models.TextField(primary_key=True)
-    session = models.ForeignKey(Session, on_delete=models.CASCADE)
+    # No index of its own: the (session, request_id) constraint's index leads with it.
+    session = models.ForeignKey(Session, on_delete=models.CASCADE, db_index=False)
     conversation = models.ForeignKey(Conversation, on_delete=models.CASCADE)
     request_id = models.TextField()
     input = models.JSONField()
