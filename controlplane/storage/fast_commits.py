@@ -343,8 +343,17 @@ def _write_known(
             seq, commit_id, _ = cur.fetchone()
     except psycopg.Error as exc:
         _sent_and_failed(exc, db, session_id)
+    if seq == ws.commit.seq:
+        return _guessed_right(ws, commit_id)
     commit = replace(ws.commit, id=commit_id, seq=seq)
     return replace(ws, commit=commit, updated_tasks=[replace(task, updated_seq=seq)])
+
+
+def _guessed_right(ws: WriteSet, commit_id: int) -> WriteSet:
+    """``ws`` as written when the database gave the seq it was built on (the session's
+    last commit was the holder's own, as for a task's phases in a row): every record
+    already carries it, and only the commit row's id is new."""
+    return replace(ws, commit=replace(ws.commit, id=commit_id))
 
 
 def _sent_and_failed(exc: psycopg.Error, db: Any, session_id: str) -> NoReturn:
@@ -392,6 +401,8 @@ def _write_writing(
         seq, commit_id, _ = HotCursor(db).execute(statement, params).fetchone()
     except psycopg.Error as exc:
         _sent_and_failed(exc, db, session_id)
+    if seq == ws.commit.seq:
+        return _guessed_right(ws, commit_id)
     return replace(
         ws,
         commit=replace(ws.commit, id=commit_id, seq=seq),
