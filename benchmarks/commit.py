@@ -61,6 +61,7 @@ from kernel import (
     Transition,
 )
 from kernel.records import new_id
+from kernel.run import Lease
 
 HEADING = "## Phase commit (issue 2)"
 TARGET_RATIO = 3.0
@@ -116,6 +117,8 @@ class BenchSession:
     pending: list[str]
     owner: str = field(default_factory=lambda: new_id("bench-worker"))
     step: int = 0
+    lease: Lease | None = None
+    """The lease on the task being committed, as the worker holds it."""
 
 
 def new_session(kernel: Kernel, tasks: int, batch: int = 500) -> BenchSession:
@@ -148,29 +151,47 @@ def claim_next(session: BenchSession) -> tuple[Task, float]:
     return task, elapsed
 
 
-def phase_draft(session: BenchSession, task: Task, *, finish: bool = False) -> Draft:
-    """The typical phase commit: one entry, one document ``set``, one fenced transition.
-
-    ``Next(..., keep_lease=True)`` is what ``run.commit()`` and inline continuation
-    write; ``finish`` ends the task instead, which also looks for waiters and children.
-    """
+def phase_writes(session: BenchSession, task: Task, draft: Draft, *,
+                 finish: bool = False) -> Transition:
+    """The typical phase commit's writes into ``draft``: one entry, one document ``set``;
+    and its transition. ``Next(..., keep_lease=True)`` is what ``run.commit()`` and inline
+    continuation write; ``finish`` ends the task instead, which also looks for waiters and
+    children."""
     session.step += 1
     step = session.step
-    draft = Draft(actor=f"task:{task.id}")
     draft.append(session.conversation_id, "tool_result", entry_payload(step))
     draft.set(DOC_KIND, DOC_KEY, ["step"], step)
-    transition: Transition
     if finish:
-        transition = Finish(Outcome.SUCCEEDED, {"step": step})
-    else:
-        transition = Next("b" if task.phase == "a" else "a", checkpoint(step), keep_lease=True)
-    draft.transition(task.id, task.epoch, transition)
-    return draft
+        return Finish(Outcome.SUCCEEDED, {"step": step})
+    return Next("b" if task.phase == "a" else "a", checkpoint(step), keep_lease=True)
 
 
 def commit_phase(session: BenchSession, task: Task, *, finish: bool = False) -> tuple[Task, float]:
-    """Commit one phase of ``task``; returns the task as committed and the seconds taken."""
-    draft = phase_draft(session, task, finish=finish)
+    """Commit one phase of ``task`` as a worker does, through its lease (``Lease.commit``):
+    a ``Next`` with writes is built from the lease's copies of its task and of the heads of
+    the documents it writes (``CommitKind.NEXT_WRITING``, one statement; a fresh lease
+    reads the head once before its first write), a ``Finish`` with writes the general way.
+    Returns the task as committed and the seconds taken."""
+    lease = session.lease
+    if lease is None or lease.task.id != task.id:
+        definition = session.kernel.registry.latest(task.kind)
+        lease = session.lease = Lease(
+            kernel=session.kernel, handles=lambda _: session.handle, owner=session.owner,
+            duration=LEASE, task=task, definition=definition, input=task.input,
+            checkpoint=task.checkpoint, migrated=False)
+    transition = phase_writes(session, task, lease.draft, finish=finish)
+    started = time.perf_counter()
+    written = lease.commit(transition)
+    elapsed = time.perf_counter() - started
+    return next(t for t in written.updated_tasks if t.id == task.id), elapsed
+
+
+def commit_general(session: BenchSession, task: Task) -> tuple[Task, float]:
+    """The same ``Next`` phase commit sent the general way (``SessionHandle.commit`` with
+    no copies: its reads under the session's lock, then its writes), for reference: what a
+    lease's commit costs when its copy is stale."""
+    draft = Draft(actor=f"task:{task.id}")
+    draft.transition(task.id, task.epoch, phase_writes(session, task, draft))
     started = time.perf_counter()
     written = session.handle.commit(draft)
     elapsed = time.perf_counter() - started
@@ -258,6 +279,7 @@ class Latency:
 
     phase: Stats
     finish: Stats
+    general: Stats
     claim: Stats
     raw: Stats
     raw_steps: dict[str, float]
@@ -286,9 +308,10 @@ def measure_latency(
     commit is preceded by a claim of a fresh task, timed on its own.
     """
     kernel = Kernel(storage, make_registry())
-    progress(f"latency: creating 2 sessions with {warmup + count} tasks each")
+    progress(f"latency: creating 3 sessions with {warmup + count} tasks each")
     next_session = new_session(kernel, warmup + count)
     finish_session = new_session(kernel, warmup + count)
+    general_session = new_session(kernel, warmup + count)
     create_raw_tables(url)
     raw = RawSession(url)
     samples: dict[str, list[float]] = defaultdict(list)
@@ -306,6 +329,10 @@ def measure_latency(
                     samples["claim"].append(claimed)
                     samples[name].append(committed)
         for _ in range(n):
+            _, committed = commit_general(general_session, claim_next(general_session)[0])
+            if keep:
+                samples["general"].append(committed)
+        for _ in range(n):
             steps = raw.commit()
             if keep:
                 samples["raw"].append(sum(steps))
@@ -315,7 +342,8 @@ def measure_latency(
     try:
         progress(f"latency: warm-up, {warmup} of each")
         rounds(warmup, keep=False)
-        progress(f"latency: {count} phase commits, {count} finishing ones, {count} raw")
+        progress(f"latency: {count} phase commits, {count} finishing ones, {count} general "
+                 f"ones, {count} raw")
         done = 0
         while done < count:
             n = min(block, count - done)
@@ -326,6 +354,7 @@ def measure_latency(
     return Latency(
         phase=Stats.of(samples["phase"]),
         finish=Stats.of(samples["finish"]),
+        general=Stats.of(samples["general"]),
         claim=Stats.of(samples["claim"]),
         raw=Stats.of(samples["raw"]),
         raw_steps={
@@ -358,19 +387,21 @@ class Profile:
     costs: list[Cost]
 
 
-READS = "round trip 1: BEGIN + session head + reads (pipelined)"
-WRITES = "round trip 2: writes + COMMIT (pipelined)"
-PYTHON = "Python (builder, adapter)"
+READS = "the general commit's first round trip: BEGIN + session head + reads (pipelined)"
+WRITES = "the write: one statement (the general commit's: writes + COMMIT, pipelined)"
+PYTHON = "Python (builder, adapter), and a fresh lease's read of the document's head"
 
 
 def profile_phase_commit(storage: Storage, *, count: int) -> Profile:
     """Time the parts of ``count`` phase commits (not the timed run).
 
-    The Postgres commit is two pipelined round trips: BEGIN and the reads (with the
-    session's head, which orders commits), and the writes with COMMIT. Statements inside a
-    pipeline return as soon as they are queued, so timing them one by one would say
-    nothing; each round trip is timed whole, statements are only counted, and what
-    is left of a commit's time is Python.
+    A lease's phase commit is one statement (:func:`commit_phase`); the general commit,
+    which a stale copy sends it to, is two pipelined round trips: BEGIN and the reads
+    (with the session's head, which orders commits), and the writes with COMMIT.
+    Statements inside a pipeline return as soon as they are queued, so timing them one by
+    one would say nothing; each round trip is timed whole, statements are only counted,
+    and what is left of a commit's time is Python (with the read of the document's head
+    that a fresh lease makes before its first write).
     """
     from django.db import connections
 
@@ -803,10 +834,17 @@ def render(result: Result) -> str:
         f"{facts.get('load_end', '?')}: other work on the machine inflates latencies and "
         "caps throughput.",
         "",
-        "Method: a phase commit is `SessionHandle.commit` on `PostgresStorage` of a draft "
-        "with one `append` entry (~300 B JSON), one document `set` and one fenced transition "
-        "(`Next(..., keep_lease=True)`, or `Finish` in the second row), each on a task "
-        "freshly claimed with `storage.claim` (timed separately). The raw transaction is "
+        "Method: a phase commit is what a worker's lease commits when a phase ends "
+        "(`Lease.commit` on `PostgresStorage`): a draft with one `append` entry (~300 B "
+        "JSON), one document `set` and one fenced transition (`Next(..., keep_lease=True)`, "
+        "or `Finish` in the second row), each on a task freshly claimed with "
+        "`storage.claim` (timed separately). A `Next` with writes is one statement, built "
+        "from the lease's copies of its task and of the document's head (read once by a "
+        "fresh lease, before its first write: `CommitKind.NEXT_WRITING`); a `Finish` with "
+        "writes, and the third row's `Next` sent without the lease's copies "
+        "(`SessionHandle.commit`), take the general commit: reads under the session's lock, "
+        "then the writes. The throughput rows commit `Next` phases of one claimed task "
+        "back to back, as a worker continuing a task inline does. The raw transaction is "
         "plain psycopg on one connection: BEGIN; UPDATE a counter row; INSERT a jsonb row "
         "(the same payload); INSERT a small jsonb row; UPDATE a row; COMMIT. Both run in "
         "the same process against the same server, interleaved in blocks of 100 after a "
@@ -817,6 +855,7 @@ def render(result: Result) -> str:
         "|---|---:|---:|---:|---:|---:|---:|",
         _row("phase commit: entry + doc set + `Next` (keep lease)", lat.phase),
         _row("phase commit: entry + doc set + `Finish`", lat.finish),
+        _row("the same `Next`, the general way (no lease's copies)", lat.general),
         _row("claim (one `UPDATE ... RETURNING`, autocommit)", lat.claim),
         _row("raw psycopg 4-statement transaction", lat.raw),
         "",
@@ -844,8 +883,8 @@ def render(result: Result) -> str:
         "",
         f"Where a phase commit's time goes ({prof.commits} profiled `Next` commits, "
         f"{prof.total_ms:.2f} ms mean with instrumentation; "
-        f"{prof.statements_per_commit:.0f} statements, BEGIN and COMMIT included, in two "
-        "round trips):",
+        f"{prof.statements_per_commit:.1f} statements per commit, BEGIN and COMMIT "
+        "included, the head's read too):",
         "",
         "| step | per commit | mean ms | ms per commit |",
         "|---|---:|---:|---:|",
