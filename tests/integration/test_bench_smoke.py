@@ -58,7 +58,7 @@ def test_latency_profile_and_report() -> None:
     url = bench_test_url()
     storage = PostgresStorage()
     latency = measure_latency(storage, url, warmup=3, count=20, block=7)
-    for stats in (latency.phase, latency.finish, latency.raw):
+    for stats in (latency.phase, latency.finish, latency.general, latency.raw):
         sane(stats, 20)
     sane(latency.claim, 40)
     assert latency.ratio_p50 > 0 and latency.ratio_p99 > 0
@@ -67,8 +67,10 @@ def test_latency_profile_and_report() -> None:
 
     profile = profile_phase_commit(storage, count=5)
     labels = {cost.label for cost in profile.costs}
-    assert labels == {READS, WRITES, PYTHON}
-    assert profile.statements_per_commit >= 8  # session head, task, document; 5 writes
+    # A lease's commit is one statement, after a fresh lease's read of the document's
+    # head; the general commit's reads show only when a baseline falls due.
+    assert {WRITES, PYTHON} <= labels <= {READS, WRITES, PYTHON}
+    assert profile.statements_per_commit >= 2
     assert all(cost.per_commit > 0 for cost in profile.costs)
 
     # Every mode once; a spawned process sets Django up on the URL it is given.
