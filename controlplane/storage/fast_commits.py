@@ -382,9 +382,7 @@ def _write_writing(
     if another commit created it meanwhile)."""
     session_id = ws.commit.session_id
     [task] = ws.updated_tasks
-    params = [session_id, *without(COMMIT.values(ws.commit), _COMMIT_SEQ),
-              *without(TASK.update_values(task), _TASK_UPDATED_SEQ),
-              known.epoch, known.lease_owner, known.updated_seq, task.id]
+    params = [session_id, *without(COMMIT.values(ws.commit), _COMMIT_SEQ)]
     for entry in ws.entries:
         params += without(ENTRY.values(entry), _ENTRY_SEQ)
     for head, copied in zip(ws.document_heads, copies, strict=True):
@@ -395,6 +393,8 @@ def _write_writing(
                        copied.version]
     for version in ws.document_versions:
         params += without(DOCUMENT_VERSION.values(version), _VERSION_SEQ)
+    params += [*without(TASK.update_values(task), _TASK_UPDATED_SEQ),
+               known.epoch, known.lease_owner, known.updated_seq, task.id]
     statement = sql.inline_writing(len(ws.entries), tuple(c is None for c in copies))
     try:
         before_commit()

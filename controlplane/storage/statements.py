@@ -174,23 +174,32 @@ AT_HEAD = "current_setting('kernel.seq')::bigint"
 # epoch, lease owner and updated_seq of the copy (the owner as well as the epoch: a
 # claim lost with a crashed server's unflushed log leaves its epoch to the next claim).
 HEAD_SEQ = "(SELECT head_seq FROM head)"
-_INLINE = (
-    HEAD + ", written AS ("
-    + insert(COMMIT, " RETURNING id", {"seq": HEAD_SEQ})
-    + "), moved AS ("
-    + update(
-        TASK,
-        {
-            "lease_until": "GREATEST(lease_until, {}::timestamptz "
-            "+ (clock_timestamp() - transaction_timestamp()))",
-            "updated_seq": HEAD_SEQ,
-        },
+_WRITTEN = HEAD + ", written AS (" + insert(COMMIT, " RETURNING id", {"seq": HEAD_SEQ}) + ")"
+
+
+def _moved(after: str = "") -> str:
+    """The ``moved`` and ``forgotten`` CTEs: the task written if still as copied, with
+    its lease extended by the time the statement waited until then, and its dispatch
+    rows removed. ``after``: a condition on CTEs written before it, read (and so
+    waited for) before the task's row is locked and its lease's end computed."""
+    return (
+        ", moved AS ("
+        + update(
+            TASK,
+            {
+                "lease_until": "GREATEST(lease_until, {}::timestamptz "
+                "+ (clock_timestamp() - transaction_timestamp()))",
+                "updated_seq": HEAD_SEQ,
+            },
+        )
+        + " AND epoch = %s AND lease_owner = %s AND status = 'running' AND updated_seq = %s"
+        + after
+        + f" RETURNING 1), forgotten AS (DELETE FROM {DISPATCH.name} WHERE task_id = %s)"
     )
-    + " AND epoch = %s AND lease_owner = %s AND status = 'running' AND updated_seq = %s "
-    f"RETURNING 1), forgotten AS (DELETE FROM {DISPATCH.name} WHERE task_id = %s)"
-)
+
+
 INLINE_COMMIT = (
-    _INLINE + " SELECT (SELECT head_seq FROM head), (SELECT id FROM written), "
+    _WRITTEN + _moved() + " SELECT (SELECT head_seq FROM head), (SELECT id FROM written), "
     "kernel_unmoved((SELECT count(*) FROM moved))"
 )
 
@@ -203,12 +212,14 @@ def inline_writing(entries: int, documents: tuple[bool, ...]) -> str:
     whether it is new. An existing document's head is written only if it is still at
     the version of the copy the commit was built from, and ``kernel_unmoved`` otherwise
     aborts the statement, as for the task; a new one's is inserted, and one that another
-    commit created meanwhile breaks its unique key, which aborts it too. Parameters:
-    ``INLINE_COMMIT``'s; then each entry's values but its seq; then, for each document,
-    its head's updated values but its updated_seq, its id and the copy's version (an
-    existing one) or its head's values but its updated_seq (a new one); then each
-    version's values but its seq."""
-    parts = [_INLINE]
+    commit created meanwhile breaks its unique key, which aborts it too. The task is
+    written after the documents. Parameters: the session id and the commit row's values
+    but its seq; then each entry's values but its seq; then, for each document, its
+    head's updated values but its updated_seq, its id and the copy's version (an existing
+    one) or its head's values but its updated_seq (a new one); then each version's values
+    but its seq; then ``INLINE_COMMIT``'s task parameters (its updated values but its
+    updated_seq, its id, the copy's epoch, lease owner and updated_seq, its id again)."""
+    parts = [_WRITTEN]
     if entries:
         parts.append(", entered AS (" + insert_rows(ENTRY, entries, "", {"seq": HEAD_SEQ}) + ")")
     parts += [
@@ -222,11 +233,17 @@ def inline_writing(entries: int, documents: tuple[bool, ...]) -> str:
         parts.append(", versions AS ("
                      + insert_rows(DOCUMENT_VERSION, len(documents), "",
                                    {"seq": HEAD_SEQ}) + ")")
+    # The task after its documents: a document's row held by another transaction is
+    # waited for before the task's row is locked (the holder's heartbeat renews the lease
+    # meanwhile) and before the lease's end is computed (the wait is added to it).
+    parts.append(_moved("".join(f" AND (SELECT count(*) FROM document{i}) = 1"
+                                for i in range(len(documents)))))
     moved = " * ".join(
         ["(SELECT count(*) FROM moved)"]
         + [f"(SELECT count(*) FROM document{i})" for i in range(len(documents))])
     parts.append(f" SELECT {HEAD_SEQ}, (SELECT id FROM written), kernel_unmoved({moved})")
     return "".join(parts)
+
 
 # A commit that only creates tasks reads nothing: it is built before anything is sent,
 # on a guessed head, and written in one pipelined round trip with its BEGIN and COMMIT
