@@ -2,17 +2,19 @@
 ("from here on this email may have been sent"), before anything was sent.
 
 A commit in progress when its process dies lands as a whole or not at all, and
-recovery carries on from whichever it was, sending the email exactly once. Two
+recovery carries on from whichever it was, sending the email exactly once. The intent
+commit is one statement (``CommitKind.NEXT_WRITING``: the notice's lease read the plan
+document's head before it), so wherever it blocks the server already holds all of it
+and finishes it once the lock is free, though nobody is left to hear the answer. Two
 stopping points:
 
-- blocked on the session's commit order (the commit's first round trip): nothing of
-  it was sent, so nothing of it lands; the notice, found ``running`` at ``send`` with
-  an expired lease, is re-entered there;
-- blocked in the write step (the plan document's row is held): the writes and COMMIT
-  travel in one pipelined round trip, so the server already holds all of it and
-  finishes it once the lock is free, though nobody is left to hear the answer. The
-  notice is found at ``confirm``: recovery asks the provider, which never got the
-  email, and sends it once.
+- blocked on the session's commit order (its first lock);
+- blocked writing the plan document (the document's row is held).
+
+Either way the notice is found at ``confirm``: recovery asks the provider, which never
+got the email, and sends it once. A general commit killed while it waits for the
+session's order has sent nothing but its first round trip, so nothing of it lands:
+``test_kill_in_summarize.py``.
 """
 
 from __future__ import annotations
@@ -84,15 +86,26 @@ def test_killed_waiting_for_the_session_order_in_the_intent_commit(stack: Stack)
         assert (notice.phase, notice.epoch) == ("send", 1)
         hands.kill()
     wait_for(lambda: backends_gone(waiters), "the killed worker's backend to end")
+    landed_whole(stack, session_id, batch_id, head)
 
-    # Nothing of the interrupted commit: still at ``send``, nothing recorded as sending.
+
+def landed_whole(stack: Stack, session_id: str, batch_id: str, head: int) -> None:
+    """The intent commit landed whole: the head moved once, the plan says "sending",
+    the notice is at ``confirm`` under the dead worker's lease, nothing was sent; then
+    recovery asks the provider before it sends, once."""
+    assert stack.head_seq(session_id) == head + 1
+    [commit] = stack.kernel.commits_after(session_id, head)
+    assert commit.actor == f"task:{stack.notices(session_id)[FIRST].id}"
+    assert plan_state(stack, session_id, batch_id)[FIRST] == "sending"
     notice = stack.notices(session_id)[FIRST]
-    assert (notice.status, notice.phase, notice.epoch) == (Status.RUNNING, "send", 1)
-    assert stack.head_seq(session_id) == head
-    assert plan_state(stack, session_id, batch_id) == dict.fromkeys(RECIPIENTS, "planned")
+    assert (notice.status, notice.phase, notice.epoch) == (Status.RUNNING, "confirm", 1)
     assert stack.admin.requests() == []
 
     finish_and_check(stack, session_id, batch_id)
+    # Recovery asked before sending: one lookup, then the one POST.
+    [lookup] = stack.lookups(notice.input["operation_id"])
+    [post] = stack.posts(FIRST)
+    assert lookup["seq"] < post["seq"]
 
 
 def test_killed_in_the_write_step_of_the_intent_commit(stack: Stack) -> None:
@@ -119,20 +132,5 @@ def test_killed_in_the_write_step_of_the_intent_commit(stack: Stack) -> None:
         time.sleep(0.2)
         hands.kill()
     wait_for(lambda: backends_gone(waiters), "the killed worker's backend to end")
-
-    # The intent commit landed whole: the head moved once, the plan says "sending",
-    # the notice is at ``confirm`` under the dead worker's lease. Nothing was sent.
-    assert stack.head_seq(session_id) == head + 1
-    [commit] = stack.kernel.commits_after(session_id, head)
-    assert commit.actor == f"task:{stack.notices(session_id)[FIRST].id}"
     assert stack.kernel.document_version(session_id, "email-plan", batch_id) == plan_version + 1
-    assert plan_state(stack, session_id, batch_id)[FIRST] == "sending"
-    notice = stack.notices(session_id)[FIRST]
-    assert (notice.status, notice.phase, notice.epoch) == (Status.RUNNING, "confirm", 1)
-    assert stack.admin.requests() == []
-
-    finish_and_check(stack, session_id, batch_id)
-    # Recovery asked before sending: one lookup, then the one POST.
-    [lookup] = stack.lookups(notice.input["operation_id"])
-    [post] = stack.posts(FIRST)
-    assert lookup["seq"] < post["seq"]
+    landed_whole(stack, session_id, batch_id, head)
