@@ -110,10 +110,11 @@ class Lease:
         # held back wait for their batch (Worker.advance_queue) rather than make it a
         # commit of two. An intent commit still carries them: an external call follows.
         intent = isinstance(transition, Next) and transition.intent
-        alone = draft.kind() is CommitKind.NEXT_ALONE and not intent
+        kind = draft.kind()
+        alone = kind is CommitKind.NEXT_ALONE and not intent
         carried = None if self.carrier is None or alone else self.carrier.carry(
             self.task.session_id)
-        if not carried and draft.kind() is CommitKind.NEXT_WRITING:
+        if not carried and kind is CommitKind.NEXT_WRITING:
             self._copy_heads(draft)
         written = (
             self._commit_carrying(carried, draft)

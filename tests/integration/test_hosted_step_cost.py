@@ -17,7 +17,15 @@ from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCall
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 
 from controlplane.storage import PostgresStorage
-from kernel import Draft, Kernel, ManualClock, Registry, Scheduler, SubmissionStatus
+from kernel import (
+    Draft,
+    Kernel,
+    ManualClock,
+    Registry,
+    Scheduler,
+    SessionHandle,
+    SubmissionStatus,
+)
 from kernel.agent import submit
 from kernel.hosts.pydantic_ai import SAFE, KernelDurability, register_agent
 
@@ -47,15 +55,21 @@ def agent_of(steps: int, safe: bool,
     return agent
 
 
-def turn_cost(steps: int, safe: bool) -> tuple[int, int]:
-    """The statements and pipelines of a worker running one turn of ``steps`` steps."""
-    registry = Registry()
-    register_agent(registry, "steps", agent_of(steps, safe))
+def a_conversation(registry: Registry) -> tuple[Kernel, SessionHandle, str]:
+    """A kernel on Postgres with ``registry``, a session and a conversation in it."""
     kernel = Kernel(PostgresStorage(), registry, ManualClock())
     handle = kernel.create_session()
     draft = Draft()
     conversation = draft.create_conversation()
     handle.commit(draft)
+    return kernel, handle, conversation
+
+
+def turn_cost(steps: int, safe: bool) -> tuple[int, int]:
+    """The statements and pipelines of a worker running one turn of ``steps`` steps."""
+    registry = Registry()
+    register_agent(registry, "steps", agent_of(steps, safe))
+    kernel, handle, conversation = a_conversation(registry)
     submitted = submit(handle, conversation, {"text": "go", "agent": "steps"}, "r1")
     assert submitted.submission is not None
     with counting_pipelines() as pipelines, CaptureQueriesContext(connection) as captured:
@@ -83,11 +97,7 @@ def test_a_document_moved_by_another_commit_is_read_again() -> None:
     """The turn's copy of its usage document is stale once another commit writes it:
     the next step's commit is built from what the database holds, and counts right."""
     registry = Registry()
-    kernel = Kernel(PostgresStorage(), registry, ManualClock())
-    handle = kernel.create_session()
-    draft = Draft()
-    conversation = draft.create_conversation()
-    handle.commit(draft)
+    kernel, handle, conversation = a_conversation(registry)
     key = f"conversation:{conversation}"
 
     def meddle() -> None:  # another writer of the same document, between two steps
@@ -112,7 +122,7 @@ def test_a_document_moved_by_another_commit_is_read_again() -> None:
     log_is_whole(kernel, handle.id)
 
 
-def general_commits(kernel: Kernel, fn: Callable[[], None]) -> int:
+def general_commits(kernel: Kernel, fn: Callable[[], object]) -> int:
     """How many commits ``fn`` sent the general way (two round trips, read under lock)."""
     storage = kernel.storage
     assert isinstance(storage, PostgresStorage)
@@ -139,11 +149,7 @@ def test_only_the_end_of_a_turn_is_a_general_commit_its_first_step_included(safe
     one statement; in the first turn of a conversation and in the next."""
     registry = Registry()
     register_agent(registry, "steps", agent_of(3, safe))
-    kernel = Kernel(PostgresStorage(), registry, ManualClock())
-    handle = kernel.create_session()
-    draft = Draft()
-    conversation = draft.create_conversation()
-    handle.commit(draft)
+    kernel, handle, conversation = a_conversation(registry)
     for request in ("r1", "r2"):
         submitted = submit(handle, conversation, {"text": "go", "agent": "steps"}, request)
         assert submitted.submission is not None
@@ -165,11 +171,7 @@ def test_a_document_created_after_the_lease_found_it_unwritten_is_written_as_a_n
     and the commit goes the general way on what the database holds."""
     registry = Registry()
     register_agent(registry, "steps", agent_of(2, False))
-    kernel = Kernel(PostgresStorage(), registry, ManualClock())
-    handle = kernel.create_session()
-    draft = Draft()
-    conversation = draft.create_conversation()
-    handle.commit(draft)
+    kernel, handle, conversation = a_conversation(registry)
     key = f"conversation:{conversation}"
     storage = kernel.storage
     assert isinstance(storage, PostgresStorage)
