@@ -710,7 +710,7 @@ class Builder:
                     self.seq,
                     ordinal,
                     kind,
-                    copy.deepcopy(payload),
+                    payload,  # storable's own copy (Draft.append): nothing else holds it
                     self.draft.actor,
                     self.now,
                 )
@@ -831,7 +831,7 @@ class Builder:
                     self.session_id,
                     conversation_id,
                     request_id,
-                    copy.deepcopy(payload),
+                    payload,  # storable's own copy (Draft.submit): nothing else holds it
                     SubmissionStatus.QUEUED,
                     self.seq,
                     self.seq,
@@ -886,7 +886,7 @@ class Builder:
             session_id=self.session_id,
             kind=new.kind,
             version=definition.version,
-            input=copy.deepcopy(new.input),
+            input=new.input,  # storable's own copy (Draft.create_task)
             status=Status.PENDING,
             phase=definition.initial,
             checkpoint=checkpoint,
@@ -915,10 +915,9 @@ class Builder:
             )
         phases = self._phases(task)
         transition = fenced.transition
-        updated = apply_transition(task, transition, phases)
+        updated = apply_transition(task, transition, phases, updated_seq=self.seq)
         if isinstance(transition, WaitTasks):
             self._check_join(updated, transition)
-        updated = replace(updated, updated_seq=self.seq)
         if isinstance(transition, Finish):
             self._finish(updated)
             return

@@ -79,15 +79,18 @@ def checkpoint_of(task: Task, transition: Next | WaitTasks | WaitSignal | Sleep)
     return task.checkpoint if transition.checkpoint is None else transition.checkpoint
 
 
-def apply_transition(task: Task, transition: Transition, phases: frozenset[str]) -> Task:
-    """The task after a fenced phase commit; joins and finishing are the builder's job."""
+def apply_transition(
+    task: Task, transition: Transition, phases: frozenset[str], **changes: Any
+) -> Task:
+    """The task after a fenced phase commit, with ``changes`` besides (the commit's seq):
+    one copy of the task, not one per change. Joins and finishing are the builder's job."""
     if task.status is not Status.RUNNING:
         raise IllegalTransition(f"task {task.id} is {task.status}, not running")
     if isinstance(transition, Finish):
         outcome = {"kind": str(transition.outcome), "result": transition.result}
         if transition.error is not None:
             outcome["error"] = transition.error
-        return released(task, outcome=outcome, wait=None, wake_at=None)
+        return released(task, outcome=outcome, wait=None, wake_at=None, **changes)
     target = transition.phase if isinstance(transition, Next) else transition.then
     if target not in phases:
         raise IllegalTransition(f"task {task.id} ({task.kind}) has no phase {target!r}")
@@ -97,10 +100,12 @@ def apply_transition(task: Task, transition: Transition, phases: frozenset[str])
             until = max(filter(None, (task.lease_until, transition.lease_until)), default=None)
             restarts = task.restarts if transition.intent else 0
             return replace(
-                task, phase=target, checkpoint=checkpoint, restarts=restarts, lease_until=until
+                task, phase=target, checkpoint=checkpoint, restarts=restarts, lease_until=until,
+                **changes,
             )
         return released(
-            task, status=Status.PENDING, phase=target, checkpoint=checkpoint, restarts=0
+            task, status=Status.PENDING, phase=target, checkpoint=checkpoint, restarts=0,
+            **changes,
         )
     if isinstance(transition, Sleep):
         return released(
@@ -110,6 +115,7 @@ def apply_transition(task: Task, transition: Transition, phases: frozenset[str])
             checkpoint=checkpoint,
             wake_at=transition.until,
             restarts=0,
+            **changes,
         )
     if isinstance(transition, WaitSignal):
         return released(
@@ -119,6 +125,7 @@ def apply_transition(task: Task, transition: Transition, phases: frozenset[str])
             checkpoint=checkpoint,
             wait={"signal": transition.name},
             restarts=0,
+            **changes,
         )
     if not transition.deps:
         raise IllegalTransition(f"task {task.id}: a join needs at least one task")
@@ -129,6 +136,7 @@ def apply_transition(task: Task, transition: Transition, phases: frozenset[str])
         checkpoint=checkpoint,
         wait={"deps": list(dict.fromkeys(transition.deps)), "policy": str(transition.policy)},
         restarts=0,
+        **changes,
     )
 
 

@@ -1,7 +1,7 @@
 from django.db import migrations
 
 # The check of a commit built from a lease holder's copy of its task (see
-# controlplane.storage.statements, INLINE_COMMIT and INLINE_END): the statement that
+# controlplane.storage.statements, inline_commit and inline_end): the statement that
 # writes the task passes how many rows it wrote; anything but one means the task moved
 # since the copy, and the statement is aborted with an error of that name, so that
 # nothing lands and the caller builds the commit again from what the database holds.

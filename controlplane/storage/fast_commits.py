@@ -7,11 +7,11 @@ they are built from what it knows and written at once, each by its one writer he
 
 - **next alone** (:func:`next_alone`): a lease holder's phase that returns ``Next``
   keeping the lease. Built from the holder's copy of its task; written as one statement
-  (``statements.INLINE_COMMIT``) that commits only if the task is still as copied.
+  (``statements.inline_commit``) that commits only if the task is still as copied.
 - **ends alone** (:func:`ending`): a lease holder's phase that ends its task. Built from
   the copy, on the assumption that the task has no owned child and no waiter (what
   ``kernel.commit.Builder`` would otherwise read); written as BEGIN, the head and the
-  ending in one pipeline (``statements.INLINE_END``) that commits only if the task is still
+  ending in one pipeline (``statements.inline_end``) that commits only if the task is still
   as copied and that assumption holds once the session's lock is held.
 - **creates only** (:func:`creating`): tasks with no parent, nothing else. Built on a
   guessed head; written with its BEGIN in one pipeline in which the database advances
@@ -122,7 +122,7 @@ class KnownReads:
 
     def _alone(self, task_id: str) -> list[Task]:
         """For an ending, the known task has no owned child and no waiter: an assumption
-        that ``statements.INLINE_END`` checks under the session's lock."""
+        that ``statements.inline_end`` checks under the session's lock."""
         if not self.ending or task_id != self.known.id:
             raise UnexpectedRead(f"children or waiters of {task_id}")
         return []
@@ -311,7 +311,14 @@ def next_writing(
 # -- the writers -----------------------------------------------------------------------
 
 _COMMIT_SEQ = COMMIT.inserted.index("seq")
-_TASK_UPDATED_SEQ = TASK.updated.index("updated_seq")
+
+
+def _task_changes(known: Task, task: Task) -> tuple[tuple[str, ...], list[Any]]:
+    """The task's columns a copy-guarded statement writes (what changed from ``known``)
+    and their values but updated_seq's, the statement's own, then the task's id."""
+    columns = TASK.changed(known, task, sql.TASK_ALWAYS_WRITTEN)
+    return columns, without(TASK.update_values(task, columns), columns.index("updated_seq"))
+
 _TASK_SEQS_AT = (TASK.inserted.index("created_seq"), TASK.inserted.index("updated_seq"))
 _DISPATCH_SEQ_AT = DISPATCH.inserted.index("seq")
 
@@ -324,7 +331,7 @@ def _write_known(
     session_id = ws.commit.session_id
     [task] = ws.updated_tasks
     commit_values = without(COMMIT.values(ws.commit), _COMMIT_SEQ)
-    task_values = without(TASK.update_values(task), _TASK_UPDATED_SEQ)
+    columns, task_values = _task_changes(known, task)
     guards = [known.epoch, known.lease_owner, known.updated_seq]
     try:
         if ending:
@@ -332,14 +339,15 @@ def _write_known(
                 HotCursor(db).execute("BEGIN", prepare=False)
                 head = HotCursor(db).execute(sql.HEAD_ADVANCE, [session_id])
                 end = HotCursor(db).execute(
-                    sql.INLINE_END, [*commit_values, *task_values, *guards, task.id])
+                    sql.inline_end(columns), [*commit_values, *task_values, *guards, task.id])
                 before_commit()
                 HotCursor(db).execute("COMMIT", prepare=False)
             [seq], (commit_id, _) = head.fetchone(), end.fetchone()
         else:
             before_commit()
             cur = HotCursor(db).execute(
-                sql.INLINE_COMMIT, [session_id, *commit_values, *task_values, *guards, task.id])
+                sql.inline_commit(columns),
+                [session_id, *commit_values, *task_values, *guards, task.id])
             seq, commit_id, _ = cur.fetchone()
     except psycopg.Error as exc:
         _sent_and_failed(exc, db, session_id)
@@ -393,9 +401,9 @@ def _write_writing(
                        copied.version]
     for version in ws.document_versions:
         params += without(DOCUMENT_VERSION.values(version), _VERSION_SEQ)
-    params += [*without(TASK.update_values(task), _TASK_UPDATED_SEQ),
-               known.epoch, known.lease_owner, known.updated_seq, task.id]
-    statement = sql.inline_writing(len(ws.entries), tuple(c is None for c in copies))
+    columns, task_values = _task_changes(known, task)
+    params += [*task_values, known.epoch, known.lease_owner, known.updated_seq, task.id]
+    statement = sql.inline_writing(len(ws.entries), tuple(c is None for c in copies), columns)
     try:
         before_commit()
         seq, commit_id, _ = HotCursor(db).execute(statement, params).fetchone()

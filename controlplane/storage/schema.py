@@ -177,9 +177,11 @@ class Table(Generic[R]):
                     encode.append((i, _null_safe(str) if field.null else str))
             return _getter(attrgetter, columns), tuple(encode)
 
+        self._encoder = encoder
         self._get_inserted, self._encode_inserted = encoder(self.inserted)
         keyed = (*self.updated, self.key) if self.key in self.inserted else self.updated
         self._get_updated, self._encode_updated = encoder(keyed)
+        self._updaters: dict[tuple[str, ...], tuple[Callable[[Any], Any], tuple]] = {}
 
     def __repr__(self) -> str:
         return f"<Table {self.name}: {self.record_type.__name__}>"
@@ -209,12 +211,27 @@ class Table(Generic[R]):
             values[i] = convert(values[i])
         return values
 
-    def update_values(self, record: R) -> list[Any]:
-        """The DB values of :attr:`updated`, then the key: an update's parameters."""
-        values = list(self._get_updated(record))
-        for i, convert in self._encode_updated:
+    def update_values(self, record: R, columns: tuple[str, ...] | None = None) -> list[Any]:
+        """The DB values of :attr:`updated` (or of ``columns``, some of them), then the
+        key: an update's parameters."""
+        if columns is None:
+            get, encode = self._get_updated, self._encode_updated
+        else:
+            found = self._updaters.get(columns)
+            if found is None:
+                found = self._updaters[columns] = self._encoder((*columns, self.key))
+            get, encode = found
+        values = list(get(record))
+        for i, convert in encode:
             values[i] = convert(values[i])
         return values
+
+    def changed(self, before: R, after: R, always: tuple[str, ...] = ()) -> tuple[str, ...]:
+        """The columns of :attr:`updated` whose values differ from ``before`` to
+        ``after``, and ``always``, in :attr:`updated`'s order: what an update of a row
+        known to hold ``before`` must write."""
+        return tuple(c for c in self.updated
+                     if c in always or getattr(before, c) != getattr(after, c))
 
     def row(self, record: R) -> dict[str, Any]:
         """The record as a dict column -> DB value, for every column an insert writes."""

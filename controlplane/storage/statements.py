@@ -62,13 +62,18 @@ def insert_rows(
     return f"INSERT INTO {table.name} ({columns}) VALUES {', '.join([row] * count)}{tail}"
 
 
-def update(table: Table, expressions: Mapping[str, str] | None = None) -> str:
-    """``UPDATE ... SET <every column but the fixed ones> WHERE <key> = %s``.
+def update(
+    table: Table, expressions: Mapping[str, str] | None = None,
+    columns: tuple[str, ...] | None = None,
+) -> str:
+    """``UPDATE ... SET <every column but the fixed ones> WHERE <key> = %s``, or only
+    ``columns`` (``Table.changed``: an update of a row whose other columns are known).
 
     ``expressions`` wraps a column's parameter in SQL (``{}`` marks the parameter).
     """
     wrap = expressions or {}
-    assignments = ", ".join(f"{c} = {wrap.get(c, '{}').format('%s')}" for c in table.updated)
+    assignments = ", ".join(f"{c} = {wrap.get(c, '{}').format('%s')}"
+                            for c in (table.updated if columns is None else columns))
     return f"UPDATE {table.name} SET {assignments} WHERE {table.key} = %s"
 
 
@@ -170,18 +175,22 @@ AT_HEAD = "current_setting('kernel.seq')::bigint"
 # renewal may have moved the lease meanwhile: the later end is kept, as the builder's
 # rule for a kept lease says. The head is read first, so the session row is locked
 # before the task row, as in every commit. Parameters: the session id, the commit row's
-# values but its seq, the task's updated values but its updated_seq, its id, then the
+# values but its seq, the values of the task's changed columns but its updated_seq (only
+# those: the guard below ensures the row holds the copy's others), its id, then the
 # epoch, lease owner and updated_seq of the copy (the owner as well as the epoch: a
 # claim lost with a crashed server's unflushed log leaves its epoch to the next claim).
 HEAD_SEQ = "(SELECT head_seq FROM head)"
 _WRITTEN = HEAD + ", written AS (" + insert(COMMIT, " RETURNING id", {"seq": HEAD_SEQ}) + ")"
 
 
-def _moved(after: str = "") -> str:
+def _moved(columns: tuple[str, ...], after: str = "") -> str:
     """The ``moved`` and ``forgotten`` CTEs: the task written if still as copied, with
     its lease extended by the time the statement waited until then, and its dispatch
-    rows removed. ``after``: a condition on CTEs written before it, read (and so
-    waited for) before the task's row is locked and its lease's end computed."""
+    rows removed. ``columns``: what the commit changes in the task (``Table.changed``
+    from the copy, whose other columns the guard ensures the row still holds; always
+    ``updated_seq`` and ``lease_until``, which a renewal moves without a commit).
+    ``after``: a condition on CTEs written before it, read (and so waited for) before
+    the task's row is locked and its lease's end computed."""
     return (
         ", moved AS ("
         + update(
@@ -191,6 +200,7 @@ def _moved(after: str = "") -> str:
                 "+ (clock_timestamp() - transaction_timestamp()))",
                 "updated_seq": HEAD_SEQ,
             },
+            columns,
         )
         + " AND epoch = %s AND lease_owner = %s AND status = 'running' AND updated_seq = %s"
         + after
@@ -198,15 +208,23 @@ def _moved(after: str = "") -> str:
     )
 
 
-INLINE_COMMIT = (
-    _WRITTEN + _moved() + " SELECT (SELECT head_seq FROM head), (SELECT id FROM written), "
-    "kernel_unmoved((SELECT count(*) FROM moved))"
-)
+TASK_ALWAYS_WRITTEN = ("updated_seq", "lease_until")
+"""The task's columns a copy-guarded statement writes whether or not they changed."""
 
 
 @functools.cache
-def inline_writing(entries: int, documents: tuple[bool, ...]) -> str:
-    """``INLINE_COMMIT`` with ``entries`` entries and the new versions of the documents
+def inline_commit(columns: tuple[str, ...]) -> str:
+    """A phase's ``Next`` alone, as one statement (``CommitKind.NEXT_ALONE``); the
+    task's ``columns`` written (:func:`_moved`)."""
+    return (
+        _WRITTEN + _moved(columns) + " SELECT (SELECT head_seq FROM head), "
+        "(SELECT id FROM written), kernel_unmoved((SELECT count(*) FROM moved))"
+    )
+
+
+@functools.cache
+def inline_writing(entries: int, documents: tuple[bool, ...], columns: tuple[str, ...]) -> str:
+    """:func:`inline_commit` with ``entries`` entries and the new versions of the documents
     written in the same statement, every seq the head's: a phase's step
     (``kernel.commit.CommitKind.NEXT_WRITING``). ``documents`` says for each document
     whether it is new. An existing document's head is written only if it is still at
@@ -217,8 +235,8 @@ def inline_writing(entries: int, documents: tuple[bool, ...]) -> str:
     but its seq; then each entry's values but its seq; then, for each document, its
     head's updated values but its updated_seq, its id and the copy's version (an existing
     one) or its head's values but its updated_seq (a new one); then each version's values
-    but its seq; then ``INLINE_COMMIT``'s task parameters (its updated values but its
-    updated_seq, its id, the copy's epoch, lease owner and updated_seq, its id again)."""
+    but its seq; then :func:`inline_commit`'s task parameters (the values of ``columns``
+    but updated_seq, its id, the copy's epoch, lease owner and updated_seq, its id again)."""
     parts = [_WRITTEN]
     if entries:
         parts.append(", entered AS (" + insert_rows(ENTRY, entries, "", {"seq": HEAD_SEQ}) + ")")
@@ -236,8 +254,8 @@ def inline_writing(entries: int, documents: tuple[bool, ...]) -> str:
     # The task after its documents: a document's row held by another transaction is
     # waited for before the task's row is locked (the holder's heartbeat renews the lease
     # meanwhile) and before the lease's end is computed (the wait is added to it).
-    parts.append(_moved("".join(f" AND (SELECT count(*) FROM document{i}) = 1"
-                                for i in range(len(documents)))))
+    parts.append(_moved(columns, "".join(f" AND (SELECT count(*) FROM document{i}) = 1"
+                                         for i in range(len(documents)))))
     moved = " * ".join(
         ["(SELECT count(*) FROM moved)"]
         + [f"(SELECT count(*) FROM document{i})" for i in range(len(documents))])
@@ -289,29 +307,35 @@ CREATE_ONE_ANNOUNCED = _CREATE_ONE + ", pg_notify(%s, %s) FROM written"
 # A phase that ends its task, built from the holder's copy of it as an inline commit is
 # (``Prefetch.known``), on the assumption that the task has no owned child and no waiter,
 # and written in one pipelined round trip: BEGIN; ``HEAD_ADVANCE`` (the session's commit
-# order, the seq kept for the transaction); ``INLINE_END``; COMMIT. The assumption is
+# order, the seq kept for the transaction); ``inline_end``; COMMIT. The assumption is
 # checked in the second statement, whose snapshot is taken once the head's lock is held:
 # every commit that could have added a child or a waiter in this session is then
 # visible. The task is written only if it is still as copied and alone, and ``kernel_unmoved``
 # otherwise aborts (nothing is written; the commit is built again from what the database
-# holds). ``HEAD_ADVANCE`` takes the session id; ``INLINE_END`` the commit row's values
-# but its seq, the task's updated values but its updated_seq, its id, then the copy's
-# epoch, lease owner and updated_seq.
+# holds). ``HEAD_ADVANCE`` takes the session id; ``inline_end`` the commit row's values
+# but its seq, the values of the task's changed columns but its updated_seq, its id,
+# then the copy's epoch, lease owner and updated_seq.
 HEAD_ADVANCE = f"{HEAD} SELECT {KEEP_SEQ} FROM head"
-INLINE_END = (
-    "WITH written AS ("
-    + insert(COMMIT, " RETURNING id", {"seq": AT_HEAD})
-    + "), moved AS ("
-    + update(TASK, {"updated_seq": AT_HEAD})
-    + " AND epoch = %s AND lease_owner = %s AND status = 'running' AND updated_seq = %s "
-    f"AND NOT EXISTS (SELECT 1 FROM {TASK.name} c WHERE c.parent_id = {TASK.name}.id "
-    "AND c.owned) "
-    f"AND NOT EXISTS (SELECT 1 FROM {TASK.name} w WHERE w.session_id = {TASK.name}.session_id "
-    f"AND w.status = 'waiting' AND (pg_column_size(w.wait_deps) > {WAITER_BIG_DEPS} "
-    f"OR w.wait_deps @> ARRAY[{TASK.name}.id]::text[])) "
-    f"RETURNING 1), forgotten AS (DELETE FROM {DISPATCH.name} WHERE task_id = %s) "
-    "SELECT (SELECT id FROM written), kernel_unmoved((SELECT count(*) FROM moved))"
-)
+
+
+@functools.cache
+def inline_end(columns: tuple[str, ...]) -> str:
+    """The ending's statement, the task's ``columns`` written (:func:`_moved`)."""
+    return (
+        "WITH written AS ("
+        + insert(COMMIT, " RETURNING id", {"seq": AT_HEAD})
+        + "), moved AS ("
+        + update(TASK, {"updated_seq": AT_HEAD}, columns)
+        + " AND epoch = %s AND lease_owner = %s AND status = 'running' AND updated_seq = %s "
+        f"AND NOT EXISTS (SELECT 1 FROM {TASK.name} c WHERE c.parent_id = {TASK.name}.id "
+        "AND c.owned) "
+        f"AND NOT EXISTS (SELECT 1 FROM {TASK.name} w "
+        f"WHERE w.session_id = {TASK.name}.session_id "
+        f"AND w.status = 'waiting' AND (pg_column_size(w.wait_deps) > {WAITER_BIG_DEPS} "
+        f"OR w.wait_deps @> ARRAY[{TASK.name}.id]::text[])) "
+        f"RETURNING 1), forgotten AS (DELETE FROM {DISPATCH.name} WHERE task_id = %s) "
+        "SELECT (SELECT id FROM written), kernel_unmoved((SELECT count(*) FROM moved))"
+    )
 
 # A commit that only writes documents (no version expected) reads nothing before it is
 # sent: it is built as if every document were new, and written as one statement (its own

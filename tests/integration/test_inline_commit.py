@@ -53,6 +53,31 @@ def test_each_inline_commit_and_the_ending_are_one_round_trip() -> None:
     assert task.updated_seq == log_is_whole(kernel, session_id)[-1]
 
 
+def test_a_copy_guarded_commit_writes_only_the_task_columns_its_phase_changed() -> None:
+    """The guard ensures the row still holds the copy, so the one statement sets what
+    the phase changed and what a renewal moves, not the task's input (which may be large:
+    sent, parsed and stored again at every step) nor its other unchanged columns; the
+    ending likewise. What the task then holds is what the phases made of it."""
+    kernel = kernel_with(phases=3)
+    handle = kernel.create_session()
+    draft = Draft()
+    task_id = draft.create_task("steps", {"brief": "x" * 5000})
+    handle.commit(draft)
+    with CaptureQueriesContext(connection) as captured:
+        assert Worker(kernel, "w1").advance(task_id)
+    updates = [q["sql"].split(", moved AS (UPDATE kernel_task SET ")[1].split(" WHERE ")[0]
+               for q in captured if ", moved AS (UPDATE kernel_task SET " in q["sql"]]
+    assert len(updates) == 3, updates  # two inline commits and the ending
+    for assignments in updates:
+        written = {a.split(" = ")[0] for a in assignments.split(", ")}
+        assert "input" not in written and "signals" not in written, assignments
+        assert {"updated_seq", "lease_until"} <= written, assignments
+    assert "checkpoint" in updates[0] and "status" in updates[-1]
+    task = kernel.task(task_id)
+    assert task.input == {"brief": "x" * 5000} and task.outcome["result"] == {"done": 3}
+    log_is_whole(kernel, session_id=handle.id)
+
+
 def test_inline_commits_take_the_seq_the_database_gives() -> None:
     """Other commits of the session land between the phases: no gap, no reuse."""
 
@@ -158,7 +183,10 @@ def test_a_connection_lost_once_the_statement_was_sent_is_uncertain_and_it_lande
 
     def wrapper(execute: Callable[..., Any], query: str, *args: Any) -> Any:
         result = execute(query, *args)
-        if query == sql.INLINE_COMMIT and not cut[0]:
+        # statements.inline_commit, whatever task columns the phase changed
+        lone_next = query.startswith(sql.HEAD) and ", moved AS (UPDATE" in query \
+            and "entered AS" not in query
+        if lone_next and not cut[0]:
             cut[0] = True
             connection.connection.close()  # the answer never comes back
             raise psycopg.OperationalError("server closed the connection unexpectedly")

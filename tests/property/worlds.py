@@ -10,7 +10,7 @@ the same ids in each, and their records can be compared as they are.
 What counts as storage-specific noise, and nothing else, is left out of the comparison
 (:func:`snapshot`): the ids of commit and dispatch rows (serials of each database), and
 what a Postgres transaction adds to a kept lease for the time it spent (``TASK_UPDATE``,
-``INLINE_COMMIT``: ``clock_timestamp() - transaction_timestamp()``, a few milliseconds).
+``inline_commit``: ``clock_timestamp() - transaction_timestamp()``, a few milliseconds).
 For the latter, leases last :data:`LEASE` seconds, half a second off the whole-second
 times the clock takes, and every time (and every ISO time in a JSON value: a cancel's
 ``revoked_until``, a summary's ``until``) is compared to the second below it: a decision
