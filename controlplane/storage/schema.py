@@ -182,6 +182,7 @@ class Table(Generic[R]):
         keyed = (*self.updated, self.key) if self.key in self.inserted else self.updated
         self._get_updated, self._encode_updated = encoder(keyed)
         self._updaters: dict[tuple[str, ...], tuple[Callable[[Any], Any], tuple]] = {}
+        self._get_changeable = _getter(attrgetter, self.updated)
 
     def __repr__(self) -> str:
         return f"<Table {self.name}: {self.record_type.__name__}>"
@@ -230,8 +231,9 @@ class Table(Generic[R]):
         """The columns of :attr:`updated` whose values differ from ``before`` to
         ``after``, and ``always``, in :attr:`updated`'s order: what an update of a row
         known to hold ``before`` must write."""
-        return tuple(c for c in self.updated
-                     if c in always or getattr(before, c) != getattr(after, c))
+        return tuple(c for c, was, now in zip(self.updated, self._get_changeable(before),
+                                              self._get_changeable(after), strict=True)
+                     if c in always or was != now)
 
     def row(self, record: R) -> dict[str, Any]:
         """The record as a dict column -> DB value, for every column an insert writes."""
