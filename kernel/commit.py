@@ -768,7 +768,9 @@ class Builder:
                 stored = replay(self.tx.document_versions(head.id, head.version), open_one)
                 if head.kind_version != kind.version and open_one is not None:
                     stored = opened(stored, open_one)  # a migration reads the values
-                baseline = apply_ops(kind.upgrade(head.kind_version, stored), ops, open_one)
+                upgraded = kind.upgrade(head.kind_version, stored)
+                # replay's value is its own copy; a migration's may be anything
+                baseline = apply_ops(upgraded, ops, open_one, owned=upgraded is stored)
             else:
                 baseline = None
             version = head.version + 1

@@ -108,12 +108,15 @@ def copied(value: JSON) -> JSON:
 
 
 def apply_ops(
-    value: JSON, ops: Iterable[JSON], open_one: Open | None = None
+    value: JSON, ops: Iterable[JSON], open_one: Open | None = None, *, owned: bool = False
 ) -> JSON:
-    """Return ``value`` with ``ops`` applied; ``value`` itself is left untouched.
-    ``open_one`` reads back a stand-in an op reaches inside (none without it)."""
+    """Return ``value`` with ``ops`` applied; ``value`` itself is left untouched, unless
+    ``owned`` (the caller's own fresh value, which nothing else holds: applied in place,
+    without a copy). ``open_one`` reads back a stand-in an op reaches inside (none
+    without it)."""
     # An empty object (a new document's usual start) needs no deepcopy's bookkeeping.
-    result = {} if type(value) is dict and not value else copy.deepcopy(value)
+    result = value if owned else {} if type(value) is dict and not value \
+        else copy.deepcopy(value)
     for op in ops:
         result = _apply(result, op, open_one)
     return result

@@ -148,3 +148,36 @@ def test_sizes_are_those_of_the_sorted_compact_json(value: Any) -> None:
         elif isinstance(item, list):
             stack.extend(item)
     assert weight(value) == stored + stand_ins
+
+
+def test_an_owned_value_takes_the_ops_in_place_and_others_are_left_untouched() -> None:
+    mine = {"a": {"b": 1}}
+    assert apply_ops(mine, [{"op": "set", "path": ["a", "c"], "value": 2}], owned=True) is mine
+    assert mine == {"a": {"b": 1, "c": 2}}
+
+
+def test_a_baseline_rebuilt_after_a_migration_leaves_what_the_migration_returned_alone() -> None:
+    """The builder applies a commit's ops in place to the value it replayed (its own
+    copy), but not to what a migration returned, which may be the application's own
+    object (here, one shared default)."""
+    from kernel import Draft, Kernel, ManualClock, Registry
+    from kernel.memory import InMemoryStorage
+
+    default = {"settings": {"mode": "on"}}
+    storage = InMemoryStorage()
+    first = Registry()
+    first.document("prefs")
+    kernel = Kernel(storage, first, ManualClock())
+    handle = kernel.create_session()
+    draft = Draft(actor="user:x")
+    draft.set("prefs", "p", ["old"], 1)
+    handle.commit(draft)
+
+    second = Registry()
+    second.document("prefs", version=2, migrate=lambda _, value: default)
+    upgraded = Kernel(storage, second, ManualClock())
+    draft = Draft(actor="user:x")
+    draft.set("prefs", "p", ["settings", "mode"], "off")
+    upgraded.open(handle.id).commit(draft)
+    assert default == {"settings": {"mode": "on"}}
+    assert upgraded.document(handle.id, "prefs", "p") == {"settings": {"mode": "off"}}
