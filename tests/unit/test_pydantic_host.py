@@ -465,3 +465,44 @@ def test_a_turn_reads_its_own_units_not_the_conversations_earlier_turns() -> Non
     assert stored is not None and stored.status is SubmissionStatus.ANSWERED
     assert noted.ran == ["ana"] and noted.asked == [0, 1, 2]  # it answers from the history
     assert storage.read and not earlier & set(storage.read)
+
+
+def history_bytes_after(turns: int) -> tuple[int, list[Any]]:
+    """Bytes written for a conversation's history document over ``turns`` turns of an
+    agent that answers each in about a kilobyte (stand-ins counted as what they stand
+    for: an artifact is stored too), and the history the last turn left."""
+    from kernel.documents import weight
+    from kernel.hosts.pydantic_ai import HISTORY
+
+    def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        return ModelResponse(parts=[TextPart(f"answer {len(messages)} " + "x" * 1000)])
+
+    storage = InMemoryStorage()
+    registry = Registry()
+    register_agent(registry, "support",
+                   Agent(FunctionModel(model), name="support", capabilities=[KernelDurability()]))
+    kernel = Kernel(storage, registry, ManualClock())
+    handle = kernel.create_session()
+    draft = Draft()
+    conversation = draft.create_conversation()
+    handle.commit(draft)
+    for n in range(turns):
+        submit(handle, conversation, {"text": f"question {n}", "agent": "support"}, f"r{n}")
+        Scheduler(kernel, "w").run_until_idle()
+    head = storage.document_head(handle.id, HISTORY, conversation)
+    assert head is not None
+    written = storage._versions[head.id]  # every version the reference storage holds
+    total = sum(weight(v.ops) + (weight(v.baseline) if v.has_baseline else 0) for v in written)
+    return total, kernel.document(handle.id, HISTORY, conversation)["messages"]
+
+
+def test_a_conversations_history_costs_what_each_turn_adds_not_itself_again() -> None:
+    """Each turn appends its messages to the history document: over twice the turns,
+    about twice the bytes (whole values at each turn would be about four times), and
+    the history read back is every message of every turn, in order."""
+    short, _ = history_bytes_after(20)
+    long, messages = history_bytes_after(40)
+    assert long < 2.6 * short, (short, long)
+    assert len(messages) == 80
+    prompts = [p["content"] for m in messages if m["kind"] == "request" for p in m["parts"]]
+    assert prompts == [f"question {n}" for n in range(40)]

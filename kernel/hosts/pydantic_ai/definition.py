@@ -264,6 +264,8 @@ class Start:
     history: list[ModelMessage] | None
     deferred: DeferredToolResults | None
     used: RunUsage | None
+    stored: list[JSON] | None = None
+    """The conversation's history document as the turn found it (its first segment's)."""
 
     @classmethod
     def of(cls, run: Run, state: JSON) -> Start:
@@ -280,7 +282,8 @@ class Start:
         history = ModelMessagesTypeAdapter.validate_python(history_json) if history_json \
             else None
         used = RunUsage(**state["usage"]) if state.get("usage") else None
-        return cls(segment, decisions, text, history, deferred, used)
+        stored = history_json if segment == 0 else None
+        return cls(segment, decisions, text, history, deferred, used, stored)
 
     def serve(self, hosted: HostedAgent, units: Units) -> Any:
         """Run the agent in ``units`` on this thread's bridge: its result, or what it raised."""
@@ -339,7 +342,7 @@ def run_turn(run: Run, hosted: HostedAgent) -> Transition:
     usage = result.usage
     if isinstance(result.output, DeferredToolRequests):
         return ask(run, hosted, result.output, messages, segment, usage)
-    run.set(HISTORY, conversation, ["messages"], messages)
+    record_history(run, conversation, start.stored, messages)
     release(run, SubmissionStatus.ANSWERED, None, answer_entry=journal.last_response_entry)
     return run.succeed({
         "output": to_jsonable_python(result.output),
@@ -560,6 +563,25 @@ def record_framework_returns(run: Run, journal: Journal, new_messages: list[JSON
                 "call_id": call_id, "name": part.get("tool_name"), **shown,
                 "turn": run.task_id, "by": "framework",
             })
+
+
+def record_history(run: Run, conversation: str, before: list[JSON] | None,
+                   messages: list[JSON]) -> None:
+    """The conversation's history document after a turn: ``messages`` (the run's, as
+    JSON). When they begin with what the document held (``before``, or read now for a
+    turn past its first segment), only the new ones are appended, so a conversation's
+    history costs what it adds, not itself again at every turn (a baseline of the whole
+    is written once the appends outweigh the last one: ``kernel.documents``); otherwise
+    (the framework rewrote an earlier message) the whole is set."""
+    if before is None:
+        before = run.document(HISTORY, conversation).get("messages")
+    if before and len(messages) >= len(before) and messages[:len(before)] == before:
+        added = messages[len(before):]
+        if added:
+            run.update(HISTORY, conversation, *(
+                {"op": "append", "path": ["messages"], "value": message} for message in added))
+    else:
+        run.set(HISTORY, conversation, ["messages"], messages)
 
 
 def leave_cancelled(run: Run) -> None:
