@@ -467,7 +467,8 @@ def test_a_turn_reads_its_own_units_not_the_conversations_earlier_turns() -> Non
     assert storage.read and not earlier & set(storage.read)
 
 
-def history_bytes_after(turns: int) -> tuple[int, list[Any]]:
+def history_bytes_after(turns: int, artifact_above: int | None = None,
+                        whole_first: bool = False) -> tuple[int, list[Any]]:
     """Bytes written for a conversation's history document over ``turns`` turns of an
     agent that answers each in about a kilobyte (stand-ins counted as what they stand
     for: an artifact is stored too), and the history the last turn left."""
@@ -481,11 +482,19 @@ def history_bytes_after(turns: int) -> tuple[int, list[Any]]:
     registry = Registry()
     register_agent(registry, "support",
                    Agent(FunctionModel(model), name="support", capabilities=[KernelDurability()]))
-    kernel = Kernel(storage, registry, ManualClock())
+    kernel = Kernel(storage, registry, ManualClock(), artifact_above=artifact_above)
     handle = kernel.create_session()
     draft = Draft()
     conversation = draft.create_conversation()
     handle.commit(draft)
+    if whole_first:  # a history set whole (as before appends), stored apart as an artifact
+        from pydantic_ai.messages import ModelMessagesTypeAdapter, ModelRequest
+
+        draft = Draft()
+        draft.set(HISTORY, conversation, ["messages"], ModelMessagesTypeAdapter.dump_python(
+            [ModelRequest.user_text_prompt("hello"),
+             ModelResponse(parts=[TextPart("y" * 2000)])], mode="json"))
+        handle.commit(draft)
     for n in range(turns):
         submit(handle, conversation, {"text": f"question {n}", "agent": "support"}, f"r{n}")
         Scheduler(kernel, "w").run_until_idle()
@@ -493,6 +502,8 @@ def history_bytes_after(turns: int) -> tuple[int, list[Any]]:
     assert head is not None
     written = storage._versions[head.id]  # every version the reference storage holds
     total = sum(weight(v.ops) + (weight(v.baseline) if v.has_baseline else 0) for v in written)
+    sets = [op for v in written for op in v.ops if op["op"] == "set"]
+    assert len(sets) == 1, sets  # the first turn's (or the whole set before it); then appends
     return total, kernel.document(handle.id, HISTORY, conversation)["messages"]
 
 
@@ -506,3 +517,15 @@ def test_a_conversations_history_costs_what_each_turn_adds_not_itself_again() ->
     assert len(messages) == 80
     prompts = [p["content"] for m in messages if m["kind"] == "request" for p in m["parts"]]
     assert prompts == [f"question {n}" for n in range(40)]
+
+
+def test_turns_append_to_a_history_stored_whole_apart_and_read_back_every_message() -> None:
+    """A conversation whose history was set whole and stored apart (an artifact: what
+    earlier turns left) takes the next turns' messages as appends: the stand-in is read
+    back where a baseline is due, and the history read back holds it all, in order."""
+    _, messages = history_bytes_after(12, artifact_above=1000, whole_first=True)
+    assert len(messages) == 2 + 24
+    assert messages[1]["parts"][0]["content"] == "y" * 2000
+    prompts = [p["content"] for m in messages[2:] if m["kind"] == "request"
+               for p in m["parts"]]
+    assert prompts == [f"question {n}" for n in range(12)]
