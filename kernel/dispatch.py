@@ -279,13 +279,18 @@ class HeldMessages:
 
     def add(self, rows: list[Dispatch]) -> None:
         with self._ready:
+            idle = not self._queue
             self._queue.append((time.monotonic() + self.grace, rows))
             if self._thread is None:
                 self._thread = threading.Thread(target=self._loop, name="held-messages",
                                                 daemon=True)
                 self._thread.start()
                 atexit.register(self.flush)
-            self._ready.notify()
+            # Every row waits the same grace, so a row added behind others is due after
+            # them: the thread, already waiting for the oldest, need not wake for it (a
+            # wake per commit would take the interpreter from the committing thread).
+            if idle:
+                self._ready.notify()
 
     def flush(self) -> None:
         with self._sending:
