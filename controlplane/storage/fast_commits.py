@@ -311,6 +311,8 @@ def next_writing(
 # -- the writers -----------------------------------------------------------------------
 
 _COMMIT_SEQ = COMMIT.inserted.index("seq")
+_TASK_SEQS_AT = (TASK.inserted.index("created_seq"), TASK.inserted.index("updated_seq"))
+_DISPATCH_SEQ_AT = DISPATCH.inserted.index("seq")
 
 
 def _task_changes(known: Task, task: Task) -> tuple[tuple[str, ...], list[Any]]:
@@ -318,9 +320,6 @@ def _task_changes(known: Task, task: Task) -> tuple[tuple[str, ...], list[Any]]:
     and their values but updated_seq's, the statement's own, then the task's id."""
     columns = TASK.changed(known, task, sql.TASK_ALWAYS_WRITTEN)
     return columns, without(TASK.update_values(task, columns), columns.index("updated_seq"))
-
-_TASK_SEQS_AT = (TASK.inserted.index("created_seq"), TASK.inserted.index("updated_seq"))
-_DISPATCH_SEQ_AT = DISPATCH.inserted.index("seq")
 
 
 def _write_known(
