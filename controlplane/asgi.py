@@ -20,9 +20,10 @@ django_asgi_app = get_asgi_application()
 from controlplane.process.heap import settle  # noqa: E402
 from controlplane.sockets.origins import BrowserOriginValidator  # noqa: E402
 from controlplane.sockets.routes import websocket_urlpatterns  # noqa: E402  (needs the apps)
-from controlplane.web.request_connections import bound  # noqa: E402
+from controlplane.web.request_connections import bound, one_per_request  # noqa: E402
 
 bound()  # a web process: every statement of a request bounded in time
+one_per_request()  # and a request's connection closed with it
 
 application = ProtocolTypeRouter(
     {

@@ -15,6 +15,13 @@ with them, one wide search takes every core of the database's machine for its du
 account's read would hold up everyone's pages; alone, it leaves the other cores to them.
 The per-account budget of server time (:mod:`controlplane.web.rates`) counts a request's
 time, not its cores, which is another reason a request must not use more than one.
+
+Under ASGI, each request runs on a thread of its own (Django's per-request
+``ThreadSensitiveContext``), so the connection a request opens can serve no other: it is
+closed when the request ends (:func:`one_per_request`). Left open, it would be closed
+only when the garbage collector found it, holding a Postgres backend until then, and a
+busy web process would run the server out of connections. The live pages' threads and
+Channels' database thread are long-lived and keep theirs.
 """
 
 from __future__ import annotations
@@ -22,9 +29,12 @@ from __future__ import annotations
 from typing import Any
 
 from django.conf import settings
+from django.core.signals import request_finished
+from django.db import connections
 from django.db.backends.signals import connection_created
 
 UID = "controlplane.web.request_connections"
+CLOSING_UID = f"{UID}.closing"
 
 
 def _set_bounds(sender: Any, connection: Any, **kwargs: Any) -> None:
@@ -46,3 +56,13 @@ def bound() -> None:
 
 def unbound() -> None:
     connection_created.disconnect(dispatch_uid=UID)
+
+
+def _close_the_requests(sender: Any, **kwargs: Any) -> None:
+    connections.close_all()  # this request's own: connections are per thread
+
+
+def one_per_request() -> None:
+    """Close a request's database connections when it ends (an ASGI process: its requests'
+    threads end with them). Called from :mod:`controlplane.asgi`."""
+    request_finished.connect(_close_the_requests, dispatch_uid=CLOSING_UID)
