@@ -52,6 +52,7 @@ from .storage import (
     FaultHook,
     JoinState,
     Prefetch,
+    as_stored,
     emptied,
     expiry,
     redelivery_wait,
@@ -154,7 +155,7 @@ class InMemoryStorage:
         for head in ws.document_heads:
             self._heads[(head.session_id, head.kind, head.key)] = head
         for version in ws.document_versions:
-            self._versions[version.document_id].append(version)
+            self._versions[version.document_id].append(as_stored(version))
         for task in ws.new_tasks:
             self._session_tasks[task.session_id].append(task.id)
             if task.owned and task.parent_id:

@@ -11,7 +11,7 @@ Postgres one cannot drift apart in meaning: the conformance suite checks both.
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any, NamedTuple, Protocol
 
@@ -135,6 +135,18 @@ def emptied(head: DocumentHead, newest: DocumentVersion | None) -> bool:
         newest is not None and head.baseline_version == head.version == newest.version
         and newest.has_baseline and newest.baseline == {}
     )
+
+
+def as_stored(version: DocumentVersion) -> DocumentVersion:
+    """``version`` as every storage keeps it. The version that starts a document keeps its
+    value once, as its baseline, not also as the ops that made it from the kind's initial
+    value: a replay starts from a baseline and applies only the ops of the versions after
+    it, so those ops would never be read. (A document made whole by one ``set`` would
+    otherwise be stored twice.) The one-statement document commits store the same in SQL
+    (``controlplane.storage.statements.DOCUMENTS_COMMIT``)."""
+    if version.version == 1 and version.has_baseline and version.ops:
+        return replace(version, ops=[])
+    return version
 
 
 def expiry(task: Task, now: datetime) -> datetime:

@@ -46,7 +46,7 @@ from kernel.records import (
     Task,
     WriteSet,
 )
-from kernel.storage import JoinState, Prefetch
+from kernel.storage import JoinState, Prefetch, as_stored
 
 log = logging.getLogger(__name__)
 
@@ -508,7 +508,7 @@ def queue_writes(db: Any, ws: WriteSet) -> tuple[HotCursor, list[HotCursor]]:
         execute_rows(
             cur,
             sql.DOCUMENT_VERSION_INSERT,
-            [DOCUMENT_VERSION.values(v) for v in ws.document_versions],
+            [DOCUMENT_VERSION.values(as_stored(v)) for v in ws.document_versions],
         )
     if ws.new_tasks:
         execute_rows(cur, sql.TASK_INSERT, [TASK.values(t) for t in ws.new_tasks])

@@ -78,7 +78,7 @@ from kernel.records import (
     Task,
     WriteSet,
 )
-from kernel.storage import Build, CommitReads
+from kernel.storage import Build, CommitReads, as_stored
 
 Write = Callable[[Callable[[], None]], WriteSet]
 """Writes a built commit, given the fault hook to call just before COMMIT is sent."""
@@ -399,7 +399,7 @@ def _write_writing(
             params += [*without(DOCUMENT_HEAD.update_values(head), _HEAD_UPDATED_SEQ),
                        copied.version]
     for version in ws.document_versions:
-        params += without(DOCUMENT_VERSION.values(version), _VERSION_SEQ)
+        params += without(DOCUMENT_VERSION.values(as_stored(version)), _VERSION_SEQ)
     columns, task_values = _task_changes(known, task)
     params += [*task_values, known.epoch, known.lease_owner, known.updated_seq, task.id]
     statement = sql.inline_writing(len(ws.entries), tuple(c is None for c in copies), columns)

@@ -392,7 +392,9 @@ DOCUMENTS_COMMIT = (
     f"versioned AS (INSERT INTO {DOCUMENT_VERSION.name} ({', '.join(DOCUMENT_VERSION.inserted)}) "
     "SELECT "
     + ", ".join({
-        "document_id": "n.id", "version": "n.version", "seq": "n.updated_seq", "ops": "w.ops",
+        "document_id": "n.id", "version": "n.version", "seq": "n.updated_seq",
+        # kernel.storage.as_stored: a document's first version is its baseline alone
+        "ops": "CASE WHEN n.version = 1 THEN '[]'::jsonb ELSE w.ops END",
         "baseline": "CASE WHEN n.baseline_version = n.version THEN w.baseline END",
         "has_baseline": "n.baseline_version = n.version",
     }[c] for c in DOCUMENT_VERSION.inserted)

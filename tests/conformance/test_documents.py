@@ -7,6 +7,7 @@ import pytest
 from kernel import Draft, NotRegistered, Registry, UnstorableValue
 from kernel.commit import CommitKind
 from kernel.documents import apply_ops, encoded_size, weight
+from kernel.storage import as_stored
 
 from .world import World
 
@@ -225,7 +226,8 @@ def test_a_commit_of_documents_alone_numbers_each_as_the_general_commit_does(
                                  strict=True):
             assert world.storage.document_head(handle.id, "plan", head.key) == head
             assert head.updated_seq == version.seq == written.commit.seq
-            assert world.storage.document_versions(head.id, head.version)[-1] == version
+            assert world.storage.document_versions(head.id, head.version)[-1] == \
+                as_stored(version)
         for key, value in values.items():
             assert kernel.document(handle.id, "plan", key) == value
     assert len(taken) == len(steps)
@@ -277,3 +279,38 @@ def test_a_document_key_no_storage_holds_is_refused_with_the_draft(world: World)
     assert not draft.document_ops
     handle.commit(draft)
     assert kernel.storage.document_head(handle.id, "plan", "a") is None
+
+
+@pytest.mark.parametrize("alone", [True, False], ids=["documents-only", "general"])
+def test_a_documents_first_version_keeps_its_value_once(world: World, alone: bool) -> None:
+    """The version that starts a document is stored as its baseline alone, not also as
+    the ops that made it (which no replay reads); the versions after it keep their ops,
+    and every version reads back as written."""
+    registry = Registry()
+    registry.document("plan")
+    kernel = world.kernel(registry)
+    handle = kernel.create_session()
+    recipients = {f"r{i}": {"to": f"user{i}@example.com"} for i in range(50)}
+    draft = Draft()
+    draft.set("plan", "p", ["recipients"], recipients)
+    if not alone:
+        draft.create_conversation()  # more than documents: the general commit
+    assert (draft.kind() is CommitKind.DOCUMENTS_ONLY) is alone
+    first = handle.commit(draft)
+    [version] = first.document_versions
+    assert version.has_baseline and version.ops  # what the commit wrote
+    head = world.storage.document_head(handle.id, "plan", "p")
+    assert head is not None
+    [stored] = world.storage.document_versions(head.id, 1)
+    assert stored.ops == [] and stored.baseline == {"recipients": recipients}
+    draft = Draft()
+    draft.set("plan", "p", ["recipients", "r0", "state"], "sent")
+    handle.commit(draft)
+    second = world.storage.document_versions(head.id, 2)
+    assert [v.version for v in second] == [1, 2]
+    assert second[1].ops == [{"op": "set", "path": ["recipients", "r0", "state"],
+                              "value": "sent"}]
+    recipients["r0"]["state"] = "sent"
+    assert kernel.document(handle.id, "plan", "p") == {"recipients": recipients}
+    assert kernel.document(handle.id, "plan", "p", version=1) == {
+        "recipients": {**recipients, "r0": {"to": "user0@example.com"}}}

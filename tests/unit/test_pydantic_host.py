@@ -503,7 +503,9 @@ def history_bytes_after(turns: int, artifact_above: int | None = None,
     written = storage._versions[head.id]  # every version the reference storage holds
     total = sum(weight(v.ops) + (weight(v.baseline) if v.has_baseline else 0) for v in written)
     sets = [op for v in written for op in v.ops if op["op"] == "set"]
-    assert len(sets) == 1, sets  # the first turn's (or the whole set before it); then appends
+    # The first turn's value (or the whole set before it) is the first version's baseline,
+    # kept once (kernel.storage.as_stored); every later turn appends.
+    assert written[0].has_baseline and not sets, sets
     return total, kernel.document(handle.id, HISTORY, conversation)["messages"]
 
 
