@@ -157,3 +157,38 @@ def test_what_a_node_does_before_interrupt_happens_again_unless_it_is_keyed(
     assert task.outcome is not None and task.outcome["result"]["output"] == {"answer": "yes"}
     assert unguarded == ["sent", "sent"]  # before interrupt(): again on resume
     assert len(provider) == 1  # keyed by the node's task namespace: once
+
+
+def test_a_run_is_blocked_where_a_node_it_was_started_with_is_gone(
+    kernel: Kernel, recorded: Path
+) -> None:
+    """A thread's checkpoints name the nodes that run next: resumed on a graph without one
+    of them, the run waits for an operator (migrate or fork), its state kept; a graph
+    with a node more is compatible."""
+    from kernel import Worker
+    from kernel.environment import BLOCKED_DOCUMENT
+    from kernel.hosts.langgraph.host import register_graph
+    from tests.langgraph_graphs import pipeline_graph
+
+    session, task_id = start(kernel, PIPELINE, {"input": {"messages": [("user", "go")]}})
+
+    def deployed(steps: int) -> Kernel:
+        registry = Registry()
+        made: list[Kernel] = []
+        register_graph(registry, PIPELINE, pipeline_graph(steps), kernel=lambda: made[0])
+        made.append(Kernel(kernel.storage, registry))
+        return made[0]
+
+    fewer = deployed(3)
+    assert not Worker(fewer, "w2").advance(task_id)
+    report = fewer.document(session, BLOCKED_DOCUMENT, task_id)
+    assert report["differences"] == ["node step3: missing here (it was started with present)"]
+    task = kernel.task(task_id)
+    assert task.status is Status.PENDING and "langgraph" not in task.checkpoint  # no step
+    assert runs(recorded) == []  # no node ran
+
+    more = deployed(5)
+    Scheduler(more).run_until_idle()
+    task = kernel.task(task_id)
+    assert task.outcome is not None and task.outcome["kind"] == "succeeded", task.outcome
+    assert runs(recorded) == ["model"] * 5

@@ -592,3 +592,45 @@ def test_a_hands_call_deferred_outside_waits_on_the_turn_as_a_brain_call_would(
     assert stored is not None and stored.status is SubmissionStatus.ANSWERED
     shown = results(kernel, conversation)["c9"]
     assert shown["resolved"]["by"] == "user:olga"
+
+
+def test_a_hands_task_is_blocked_where_its_own_tool_changed_and_runs_where_another_did() -> None:
+    """A hands task needs the one tool its call was made for, as the turn recorded it."""
+    from kernel import Worker
+    from kernel.environment import BLOCKED_DOCUMENT
+
+    world = World()
+    kernel, conversation, submission = world.start()
+    assert Worker(kernel, "w1").advance(world.turn().id)  # spawns lookup's task, waits
+    (task,) = world.tasks(HANDS_KIND)
+    assert task.input["call"]["name"] == "lookup"
+
+    def deployed(lookup: Callable[..., str], notify: Callable[..., str]) -> Kernel:
+        agent = Agent(FunctionModel(world.model), name="support", output_type=Ticket,
+                      capabilities=[KernelDurability()])
+        agent.tool_plain(lookup, name="lookup", metadata=hands(SAFE))
+        agent.tool_plain(notify, name="notify", metadata=HANDS)
+        agent.tool_plain(lambda text: "noted", name="note", metadata=SAFE)
+        registry = Registry()
+        register_agent(registry, "support", agent)
+        return Kernel(world.storage, registry, world.clock)
+
+    def lookup(customer: str) -> str:
+        world.effects.append(f"lookup:{customer}")
+        return f"{customer} <{customer}@example.com>"
+
+    def lookup_by_region(customer: str, region: str) -> str:
+        return customer
+
+    def notify_cc(to: str, cc: str) -> str:
+        return to
+
+    changed = deployed(lookup_by_region, notify_cc)
+    assert not Worker(changed, "w2").advance(task.id)
+    (difference,) = changed.document(world.session_id, BLOCKED_DOCUMENT, task.id)["differences"]
+    assert difference.startswith("tool lookup: parameters ")
+    assert world.effects == []
+
+    assert Worker(deployed(lookup, notify_cc), "w3").advance(task.id)
+    assert world.effects == ["lookup:ana"]
+    assert kernel.task(task.id).status is Status.TERMINAL

@@ -531,3 +531,58 @@ def test_turns_append_to_a_history_stored_whole_apart_and_read_back_every_messag
     prompts = [p["content"] for m in messages[2:] if m["kind"] == "request"
                for p in m["parts"]]
     assert prompts == [f"question {n}" for n in range(12)]
+
+
+def test_a_turn_is_blocked_where_a_tool_it_was_started_with_is_gone_or_changed() -> None:
+    """A turn records its agent's function tools; a worker whose agent lacks one, or
+    takes other arguments for it, or replays it otherwise, leaves the turn blocked for an
+    operator (its journal holds calls made for the tools as they were) without asking
+    the model; a tool added is compatible."""
+    from kernel import Worker
+    from kernel.environment import BLOCKED_DOCUMENT
+
+    world = World()
+    kernel, session_id, conversation, submission = world.start()
+    turn = turn_of(kernel, session_id).id
+
+    def deployed(notify: Any, extra: Any = None) -> Kernel:
+        agent = Agent(FunctionModel(world.model), name="support", output_type=Ticket,
+                      capabilities=[KernelDurability()])
+
+        @agent.tool_plain(metadata=SAFE)
+        def lookup(customer: str) -> str:
+            return f"{customer} <ana@example.com>"
+
+        for tool in (notify, extra):
+            if tool is not None:
+                options = dict(tool)
+                agent.tool_plain(options.pop("function"), **options)
+        registry = Registry()
+        register_agent(registry, "support", agent)
+        return Kernel(world.storage, registry, world.clock)
+
+    def notify(to: str) -> str:
+        return f"sent to {to}"
+
+    def notify_cc(to: str, cc: str) -> str:
+        return f"sent to {to}, {cc}"
+
+    def close(ticket: str) -> str:
+        return ticket
+
+    def blocked(changed: Kernel) -> list[str]:
+        assert not Worker(changed, "w2").advance(turn)
+        return list(changed.document(session_id, BLOCKED_DOCUMENT, turn)["differences"])
+
+    (gone,) = blocked(deployed(None))
+    assert gone.startswith("tool notify: missing here (it was started with parameters ")
+    (other,) = blocked(deployed({"function": notify_cc, "name": "notify"}))
+    assert other.startswith("tool notify: parameters ") and "replay unsafe" in other
+    (replay,) = blocked(deployed({"function": notify, "metadata": SAFE}))
+    assert "replay safe, runs in the turn here, it was started with" in replay
+    assert world.model_calls == [] and world.effects == []
+
+    assert Worker(deployed({"function": notify}, {"function": close}), "w3").advance(turn)
+    assert world.model_calls == [0, 1, 2]
+    stored = kernel.storage.submission(submission)
+    assert stored is not None and stored.status is SubmissionStatus.ANSWERED

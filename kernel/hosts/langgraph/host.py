@@ -63,6 +63,16 @@ class GraphHost:
     _bound_graph: Any = field(default=None, init=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False)
 
+    def needs(self, input: JSON, checkpoint: JSON) -> dict[str, JSON]:
+        """The graph's nodes, by name, as the environment a run records
+        (:mod:`kernel.environment`): a thread's checkpoints name the nodes that run next
+        and the ones whose writes were saved, so a run resumed where one of them is gone
+        is blocked for an operator, not run on a graph its checkpoints do not describe. A
+        node added is compatible; a node's code changed is not seen (it is why one
+        deploys)."""
+        return {f"node {name}": "present" for name in self.graph.nodes
+                if not name.startswith("__")}
+
     @property
     def saver(self) -> SessionStoreSaver:
         with self._lock:
@@ -124,5 +134,5 @@ def register_graph(
     register_documents(registry)  # readers (the dashboard, the API) need the kinds too
     host = GraphHost(graph, kernel, output)
     registry.add(TaskDefinition(kind, version, {"run": host.run}, "run", queue=queue,
-                                max_restarts=max_restarts))
+                                max_restarts=max_restarts, needs=host.needs))
     return host

@@ -35,6 +35,7 @@ import contextvars
 import json
 import logging
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,7 +50,13 @@ from pydantic_ai.messages import (
     ToolReturnPart,
     UserPromptPart,
 )
-from pydantic_ai.tools import DeferredToolRequests, DeferredToolResults, ToolApproved, ToolDenied
+from pydantic_ai.tools import (
+    DeferredToolRequests,
+    DeferredToolResults,
+    Tool,
+    ToolApproved,
+    ToolDenied,
+)
 from pydantic_ai.toolsets import FunctionToolset
 from pydantic_ai.usage import RunUsage, UsageLimits
 from pydantic_core import to_jsonable_python
@@ -59,6 +66,7 @@ from kernel.agent.context import CANCELLED_NOTE, TOOL_RESULT
 from kernel.agent.requests import USAGE
 from kernel.agent.tools import DAY, Replay
 from kernel.agent.turn import CONVERSATION, PROGRESS, release, release_unanswered, turn_kind
+from kernel.environment import fingerprint
 from kernel.records import Outcome, SubmissionStatus
 from kernel.registry import Decision, Receipt, Registry
 from kernel.run import Run
@@ -136,31 +144,48 @@ def resolution(call_id: str, attempt: int) -> str:
     return f"resolution:{call_id}:{attempt}"
 
 
+def function_tools(agent: Agent[Any, Any]) -> Iterator[tuple[str, Tool[Any], JSON]]:
+    """The agent's function tools: name, tool, and the kernel's config from its metadata
+    (None: none given; False: the kernel leaves its calls alone)."""
+    for toolset in agent.toolsets:
+        if isinstance(toolset, FunctionToolset):
+            for name, tool in toolset.tools.items():
+                yield name, tool, (tool.metadata or {}).get(CONFIG_KEY)
+
+
 def check_tools(agent: Agent[Any, Any]) -> None:
     """Every function tool's replay policy is one the kernel knows (fails at registration,
     not in the middle of a run)."""
-    for toolset in agent.toolsets:
-        if isinstance(toolset, FunctionToolset):
-            for tool in toolset.tools.values():
-                metadata = tool.metadata or {}
-                if CONFIG_KEY in metadata and metadata[CONFIG_KEY] is not False:
-                    replay_of(metadata[CONFIG_KEY])
-                    queue_of(metadata[CONFIG_KEY])
+    for _, _, config in function_tools(agent):
+        if config is not None and config is not False:
+            replay_of(config)
+            queue_of(config)
 
 
 def unsafe_tools(agent: Agent[Any, Any]) -> frozenset[str]:
     """The agent's function tools whose calls commit before they start: unsafe ones (an
     intent) and those run on the hands queue (a task)."""
-    found = set()
-    for toolset in agent.toolsets:
-        if not isinstance(toolset, FunctionToolset):
-            continue
-        for name, tool in toolset.tools.items():
-            config = (tool.metadata or {}).get(CONFIG_KEY)
-            if config is not False and (replay_of(config or {}) is Replay.UNSAFE
-                                        or queue_of(config or {}) is not None):
-                found.add(name)
-    return frozenset(found)
+    return frozenset(
+        name for name, _, config in function_tools(agent)
+        if config is not False and (replay_of(config or {}) is Replay.UNSAFE
+                                    or queue_of(config or {}) is not None))
+
+
+def tool_needs(agent: Agent[Any, Any]) -> dict[str, JSON]:
+    """What a run of ``agent`` needs of each function tool, as the environment a task
+    records (:mod:`kernel.environment`): its parameters' schema (a fingerprint), its
+    replay policy and where its calls run. A run's journal holds calls made for the
+    tools as they were; resumed where one is gone or takes other arguments, the
+    framework would answer the replayed calls otherwise than it did."""
+    found: dict[str, JSON] = {}
+    for name, tool, config in function_tools(agent):
+        journaled = config is not False
+        found[f"tool {name}"] = {
+            "parameters": fingerprint(tool.tool_def.parameters_json_schema),
+            "replay": str(replay_of(config or {})) if journaled else "not journaled",
+            "runs": (queue_of(config or {}) or "in the turn") if journaled else "in the turn",
+        }
+    return found
 
 
 def register_agent(
@@ -188,10 +213,16 @@ def register_agent(
         registry.document(kind)
     approvals.register_approvals(registry)
 
+    needed = tool_needs(agent)
+
     @registry.task(turn_kind({"agent": name}), queue=queue)
     class HostedTurn:
         initial = "run"
         decisions = DECISIONS
+
+        def needs(self, input: JSON, checkpoint: JSON) -> dict[str, JSON]:
+            """Its agent's function tools as they are here (:func:`tool_needs`)."""
+            return needed
 
         def run(self, run: Run) -> Transition:
             return run_turn(run, hosted)
@@ -209,6 +240,11 @@ def register_agent(
     class HandsCall:
         initial = "run"
         decisions = DECISIONS
+
+        def needs(self, input: JSON, checkpoint: JSON) -> dict[str, JSON]:
+            """The tool its call was made for, as it is here."""
+            tool = f"tool {input['call']['name']}"
+            return {tool: needed.get(tool)}
 
         def run(self, run: Run) -> Transition:
             return run_hands(run, hosted)
