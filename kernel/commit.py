@@ -41,7 +41,7 @@ from .errors import (
     UnknownRecord,
     WaitCycle,
 )
-from .forks import RESTARTED, PhaseEntry, Restart
+from .forks import RESTARTED, PhaseEntry, Restart, no_restart
 from .records import (
     SUBMISSION_ID,
     TASK_ID,
@@ -1094,6 +1094,9 @@ class Builder:
         resolved = self.registry.resolve(candidate)
         if isinstance(resolved, Blocked):
             raise IllegalTransition(f"task {task.id} is blocked: {resolved.reason}")
+        refused = no_restart(task, self.registry)
+        if refused is not None:
+            raise IllegalTransition(refused)
         if entry.phase not in resolved.definition.phases:
             raise IllegalTransition(
                 f"task {task.id} ({task.kind}) has no phase {entry.phase!r} any more"

@@ -21,7 +21,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from .records import Commit
+from .records import Commit, Task
+from .registry import Blocked, Registry
 
 JSON = Any
 
@@ -81,3 +82,14 @@ def operation_id(task_id: str, checkpoint: JSON, name: str = "") -> str:
     suffix = f"_{name}" if name else ""
     restarts = restart_count(checkpoint)
     return f"op_{task_id}{suffix}" + (f"_r{restarts}" if restarts else "")
+
+
+def no_restart(task: Task, registry: Registry) -> str | None:
+    """Why ``task``'s kind does not start again from a phase (its definition's
+    ``no_restart``), in words; None when it may, or when no definition can run it (the
+    restart says why then)."""
+    resolved = registry.resolve(task)
+    if isinstance(resolved, Blocked) or not resolved.definition.no_restart:
+        return None
+    return (f"task {task.id} ({task.kind}) does not start again from a phase: "
+            f"{resolved.definition.no_restart}")

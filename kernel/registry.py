@@ -27,7 +27,7 @@ TaskMigrate = Callable[[int, JSON, JSON], tuple[JSON, JSON]]
 
 RESERVED = frozenset(
     {"migrate", "on_cancel", "on_end", "initial", "queue", "max_restarts", "decisions",
-     "needs"}
+     "needs", "no_restart"}
 )
 
 
@@ -118,6 +118,9 @@ class TaskDefinition:
     needs: Needs | None = None
     """``needs(input, checkpoint)``: what of this process's environment a task needs
     (:mod:`kernel.environment`); None: nothing beyond its definition and the kernel."""
+    no_restart: str | None = None
+    """Why a task of this kind cannot start again from a phase it entered
+    (:meth:`kernel.commit.Draft.restart` is refused, saying so); None: it can."""
 
     def __post_init__(self) -> None:
         if self.initial not in self.phases:
@@ -195,6 +198,7 @@ class Registry:
                     queue=getattr(cls, "queue", queue),
                     decisions=tuple(getattr(cls, "decisions", ())),
                     needs=getattr(instance, "needs", None),
+                    no_restart=getattr(cls, "no_restart", None),
                 )
             )
             return cls

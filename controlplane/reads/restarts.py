@@ -19,9 +19,10 @@ from datetime import UTC, datetime
 from typing import Any
 
 from controlplane import models
+from controlplane.process.kernel import process_kernel
 from controlplane.reads.snapshot import rows as sql_rows
 from kernel import Status, Task, UnknownRecord
-from kernel.forks import RESTARTED, PhaseEntry, operation_id
+from kernel.forks import RESTARTED, PhaseEntry, no_restart, operation_id
 
 JSON = Any
 MAX_POINTS = 2000
@@ -128,7 +129,13 @@ def refusal(task: Task) -> str | None:
     if task.status in (Status.RUNNING, Status.COMPLETING):
         return (f"task {task.id} is {task.status}: a phase of it may be running; cancel it "
                 "and wait for it to end first")
-    return None
+    return kind_refuses(task)
+
+
+def kind_refuses(task: Task) -> str | None:
+    """Why ``task``'s kind never starts again from a phase (a hosted agent's turn), in
+    words; None when it may."""
+    return no_restart(task, process_kernel().registry)
 
 
 def preview(task: Task, seq: int) -> RestartPreview:

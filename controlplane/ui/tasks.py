@@ -7,6 +7,7 @@ from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import render
 
 from controlplane.reads import pages
+from controlplane.reads import restarts as restart_reads
 from controlplane.reads import tasks as task_reads
 from controlplane.reads.snapshot import snapshot
 from controlplane.reads.transcript import pretty
@@ -29,4 +30,5 @@ def task(request: HttpRequest, task_id: str) -> HttpResponse:
             "timeline": pages.timeline(task_id, shown.session_id, shown.terminal),
             "seq": pages.head_seq(shown.session_id),
             "can_act": may_act(request),
+            "restart_refused": restart_reads.kind_refuses(shown.task),
         })

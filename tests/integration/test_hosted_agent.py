@@ -191,3 +191,33 @@ def test_a_turn_cancelled_mid_call_tells_the_next_request_the_call_s_partial_res
     page = client.get(f"/sessions/{session_id}/").content.decode()
     shown = page[page.index('id="call-call_send"'):]
     assert 'data-state="cancelled"' in shown[:shown.index("</article>")]
+
+
+def test_a_hosted_turn_offers_no_restart_from_a_phase_and_the_api_refuses_one(
+    hosted: None,
+) -> None:
+    from .clients import client_as, post
+
+    user = operator()
+    session_id, conversation_id = conversation()
+    submitted = commands.submit(user, session_id, conversation_id,
+                                {"text": "Tell ana's contacts", "agent": "support"}, "r1",
+                                agent.WhenBusy.FOLLOW_UP)
+    Scheduler(runtime().kernel).run_until_idle()
+    kernel = runtime().kernel
+    (turn,) = [t for t in kernel.storage.session_tasks(session_id) if t.kind == "agent:support"]
+    assert turn.outcome is not None and turn.outcome["kind"] == "succeeded"
+    olga = client_as("olga", "operator")
+    (first, *_) = olga.get(f"/api/tasks/{turn.id}/restarts").json()
+    preview = olga.get(f"/api/tasks/{turn.id}/restarts/{first['seq']}").json()
+    assert "does not start again from a phase" in preview["refused"]
+    assert "Submit the request again" in preview["refused"]
+    answer = post(olga, f"/api/tasks/{turn.id}/restart", {
+        "action_id": "r1", "reason": "try again", "seq": first["seq"],
+        "expected_seq": turn.updated_seq})
+    assert answer.status_code == 409, answer.content
+    assert "does not start again from a phase" in answer.json()["detail"]
+    assert kernel.task(turn.id) == turn
+    page = olga.get(f"/tasks/{turn.id}/").content.decode()
+    assert 'id="no-restart"' in page and 'class="restart"' not in page
+    assert submitted.submission is not None

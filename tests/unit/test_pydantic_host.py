@@ -586,3 +586,25 @@ def test_a_turn_is_blocked_where_a_tool_it_was_started_with_is_gone_or_changed()
     assert world.model_calls == [0, 1, 2]
     stored = kernel.storage.submission(submission)
     assert stored is not None and stored.status is SubmissionStatus.ANSWERED
+
+
+def test_a_hosted_turn_is_not_started_again_from_a_phase_and_says_why() -> None:
+    """Run from a phase again, a hosted turn would replay its journal and find its
+    conversation's history moved on by its own end (the framework refuses a run whose
+    id the history holds already): the restart is refused, and nothing changes."""
+    from kernel import IllegalTransition
+    from kernel.forks import no_restart, phase_entries
+
+    world = World()
+    kernel, session_id, conversation, submission = world.start()
+    world.run()
+    turn = turn_of(kernel, session_id)
+    (entered, *_) = phase_entries(turn.id, kernel.storage.commits_after(session_id, 0, 1000))
+    refused = no_restart(turn, kernel.registry)
+    assert refused is not None and "Submit the request again" in refused
+    draft = Draft(actor="user:olga")
+    draft.restart(turn.id, entered, expected_seq=turn.updated_seq)
+    with pytest.raises(IllegalTransition, match="does not start again from a phase"):
+        kernel.open(session_id).commit(draft)
+    assert kernel.task(turn.id) == turn
+    assert world.model_calls == [0, 1, 2]

@@ -134,6 +134,15 @@ def answer_ends(agent: Agent[Any, Any]) -> bool:
     return getattr(agent, "_output_validators", None) == []
 
 
+NO_RESTART = (
+    "a hosted agent's run replays what it committed (its journal), and starts from its "
+    "conversation's history, which its own end has moved on: run from a phase again, it "
+    "would neither make its calls anew nor find the history it started from. Submit the "
+    "request again instead"
+)
+"""Why a hosted turn (and its hands tasks) is not started again from a phase."""
+
+
 def hands_kind(name: str) -> str:
     """The task kind that runs an agent's calls on the hands queue."""
     return f"agent-tool:{name}"
@@ -219,6 +228,7 @@ def register_agent(
     class HostedTurn:
         initial = "run"
         decisions = DECISIONS
+        no_restart = NO_RESTART
 
         def needs(self, input: JSON, checkpoint: JSON) -> dict[str, JSON]:
             """Its agent's function tools as they are here (:func:`tool_needs`)."""
@@ -240,6 +250,7 @@ def register_agent(
     class HandsCall:
         initial = "run"
         decisions = DECISIONS
+        no_restart = NO_RESTART
 
         def needs(self, input: JSON, checkpoint: JSON) -> dict[str, JSON]:
             """The tool its call was made for, as it is here."""
