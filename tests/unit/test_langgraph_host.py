@@ -192,3 +192,24 @@ def test_a_run_is_blocked_where_a_node_it_was_started_with_is_gone(
     task = kernel.task(task_id)
     assert task.outcome is not None and task.outcome["kind"] == "succeeded", task.outcome
     assert runs(recorded) == ["model"] * 5
+
+
+def test_a_graph_run_is_not_started_again_from_a_phase_and_says_to_fork(
+    kernel: Kernel, recorded: Path
+) -> None:
+    """From its first phase again, a graph run would start the graph anew on top of the
+    thread's state (the model asked again for every node); a fork is how it goes back."""
+    from kernel import IllegalTransition
+    from kernel.forks import phase_entries
+
+    session, task_id = start(kernel, PIPELINE, {"input": {"messages": [("user", "go")]}})
+    Scheduler(kernel).run_until_idle()
+    task = kernel.task(task_id)
+    (entered, *_) = phase_entries(task_id, kernel.storage.commits_after(session, 0, 1000))
+    draft = Draft(actor="user:olga")
+    draft.restart(task_id, entered, expected_seq=task.updated_seq)
+    with pytest.raises(IllegalTransition, match="fork a run from its checkpoint"):
+        kernel.open(session).commit(draft)
+    Scheduler(kernel).run_until_idle()
+    assert kernel.task(task_id) == task
+    assert runs(recorded) == ["model"] * 4

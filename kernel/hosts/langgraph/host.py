@@ -38,6 +38,15 @@ from .saver import SessionStoreSaver
 JSON = Any
 
 
+NO_RESTART = (
+    "a graph run goes on from its thread's newest checkpoint, not from where the task "
+    "stood, and run from its first phase again it would start the graph anew on top of "
+    "the thread's state: to go back to a saved node, fork a run from its checkpoint "
+    "(Fork from here, on the session page)"
+)
+"""Why a graph run is not started again from a phase (a fork is: :func:`fork_input`)."""
+
+
 def fork_input(checkpoint_id: str, input: JSON = None) -> JSON:
     """The input of a graph task that goes on from ``checkpoint_id`` of its session's
     thread (time travel): ``input`` None replays from there, a value updates the state
@@ -134,5 +143,6 @@ def register_graph(
     register_documents(registry)  # readers (the dashboard, the API) need the kinds too
     host = GraphHost(graph, kernel, output)
     registry.add(TaskDefinition(kind, version, {"run": host.run}, "run", queue=queue,
-                                max_restarts=max_restarts, needs=host.needs))
+                                max_restarts=max_restarts, needs=host.needs,
+                                no_restart=NO_RESTART))
     return host
