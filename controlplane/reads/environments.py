@@ -6,10 +6,12 @@ stale."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
+from controlplane import models
 from controlplane.process.kernel import process_kernel
-from kernel import Task
+from kernel import Status, Task
 from kernel.environment import BLOCKED_DOCUMENT, recorded
 
 JSON = Any
@@ -22,6 +24,27 @@ def report(task: Task) -> dict[str, JSON] | None:
     found = process_kernel().document(task.session_id, BLOCKED_DOCUMENT, task.id)
     if not isinstance(found, dict) or found.get("task_seq") != task.updated_seq:
         return None
+    return found
+
+
+def current(tasks: Iterable[Task]) -> dict[str, dict[str, JSON]]:
+    """The current report on each of ``tasks`` that has one, by task id: one read of
+    their report documents' heads, then the value of each written since the task last
+    changed (a task a worker left blocked waits, pending, for another worker)."""
+    waiting = {t.id: t for t in tasks
+               if t.status is Status.PENDING and recorded(t.checkpoint) is not None}
+    if not waiting:
+        return {}
+    pairs = models.Document.objects.filter(kind=BLOCKED_DOCUMENT, key__in=list(waiting),
+                                           session_id__in={t.session_id for t in
+                                                           waiting.values()})
+    found = {}
+    for key, written in pairs.values_list("key", "updated_seq"):
+        task = waiting[key]
+        if written >= task.updated_seq:
+            said = report(task)
+            if said is not None:
+                found[key] = said
     return found
 
 

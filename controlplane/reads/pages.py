@@ -404,7 +404,7 @@ def attention() -> Attention:
     return Attention(
         last_commit_id(),
         tasks.find(tasks.AWAITING_RESOLUTION, limit=ATTENTION_ROWS),
-        [t for t in tasks.not_terminal(BLOCKED_SCAN) if t.blocked],
+        tasks.blocked(BLOCKED_SCAN),
         tasks.find(tasks.FAILED, limit=ATTENTION_ROWS),
         failed_count,
         retry_all,

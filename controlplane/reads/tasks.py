@@ -67,8 +67,9 @@ AWAITING_APPROVAL = TaskFilter(kind=TOOL_KIND, status=Status.SLEEPING,
 """Tool calls asleep until an operator approves or denies them (the approval gate)."""
 NEEDS_ATTENTION = (AWAITING_RESOLUTION, FAILED, AWAITING_APPROVAL)
 """What needs an operator, as the attention list, its count and its chart read it.
-(Blocked tasks, which no definition in this process can run, are found by the registry
-at read time: the list shows them, but no record or commit says so.)"""
+(Blocked tasks, which no definition in this process can run or whose environment a
+worker found it does not offer, are found at read time, by the registry and the workers'
+reports (:func:`blocked`): the list shows them, but the count and the chart do not.)"""
 
 
 def needs_attention_sql(item: str) -> str:
@@ -294,6 +295,17 @@ def record(task_id: str) -> Task:
 def not_terminal(limit: int) -> list[TaskView]:
     return [view(t) for t in _records(models.Task.objects.exclude(status=Status.TERMINAL)
                                       .order_by("id")[:limit])]
+
+
+def blocked(limit: int) -> list[TaskView]:
+    """Of the first ``limit`` tasks not ended, those no worker can run: no definition
+    here can (the registry says why), or a worker found it does not offer the
+    environment the run was started under (its current report says why)."""
+    scanned = not_terminal(limit)
+    reports = environments.current(t.task for t in scanned if not t.blocked)
+    return [t if t.blocked else TaskView(t.task, environments.reason(reports[t.id]),
+                                         reports[t.id])
+            for t in scanned if t.blocked or t.id in reports]
 
 
 def stuck(now: datetime, cutoff: datetime) -> list[tuple[TaskView, str]]:

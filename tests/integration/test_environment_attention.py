@@ -1,0 +1,63 @@
+"""A task a worker left blocked because it does not offer the run's environment is on the
+Needs attention page with the worker's reason, like a task no definition can run, until
+it ends or changes (the report is then stale)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from controlplane.reads import pages
+from controlplane.worker.runtime import runtime
+from kernel import Draft, Kernel, Registry, Run, Transition, Worker
+from kernel.environment import BLOCKED_DOCUMENT
+
+from .clients import login
+
+pytestmark = pytest.mark.django_db(transaction=True)
+KIND = "env-paying"
+JSON = Any
+
+
+def paying(registry: Registry, schema: str) -> None:
+    @registry.task(KIND)
+    class Paying:
+        initial = "pay"
+
+        def needs(self, input: JSON, checkpoint: JSON) -> dict[str, JSON]:
+            return {"tool pay": schema}
+
+        def pay(self, run: Run) -> Transition:
+            return run.succeed("paid")
+
+
+def test_an_environment_blocked_task_needs_attention_until_it_ends(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    kernel = runtime().kernel
+    monkeypatch.setattr(runtime().dispatcher, "deliver", lambda task, queue: None)
+    if KIND not in kernel.registry.kinds():
+        paying(kernel.registry, "1")
+    handle = kernel.create_session()
+    draft = Draft(actor="user:ann")
+    task_id = draft.create_task(KIND, {})
+    handle.commit(draft)
+    assert all(t.id != task_id for t in pages.attention().blocked)
+
+    changed = Registry()
+    paying(changed, "2")
+    assert not Worker(Kernel(kernel.storage, changed), "w2").advance(task_id)
+    assert kernel.document(handle.id, BLOCKED_DOCUMENT, task_id)["differences"]
+
+    (shown,) = [t for t in pages.attention().blocked if t.id == task_id]
+    assert "worker w2 does not offer the environment" in shown.blocked
+    assert "tool pay: 2 here, it was started with 1" in shown.blocked
+    page = login("viewer").get("/attention/").content.decode()
+    assert task_id in page and "tool pay: 2 here" in page
+
+    # Once it ends (cancelled here) it is off the list.
+    cancel = Draft(actor="user:ann")
+    cancel.cancel(task_id, "not needed")
+    handle.commit(cancel)
+    assert all(t.id != task_id for t in pages.attention().blocked)
