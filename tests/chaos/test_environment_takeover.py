@@ -83,6 +83,8 @@ def test_a_worker_with_a_changed_tool_schema_blocks_only_the_run_that_needs_it(
     assert 'name="expected_seq"' in page
     api = olga.get(f"/api/tasks/{pay.id}").json()
     assert "tool pay: " in api["blocked"]
+    attention = olga.get("/attention/").content.decode()
+    assert f"/tasks/{pay.id}/" in attention and "tool pay: " in attention
 
     answer = olga.post(f"/api/tasks/{pay.id}/migrate",
                        {"action_id": "m1", "reason": "the new schema only adds a field",
