@@ -154,30 +154,31 @@ def resolution(call_id: str, attempt: int) -> str:
 
 
 def function_tools(agent: Agent[Any, Any]) -> Iterator[tuple[str, Tool[Any], JSON]]:
-    """The agent's function tools: name, tool, and the kernel's config from its metadata
-    (None: none given; False: the kernel leaves its calls alone)."""
+    """The agent's function tools: name, tool, and its metadata (``{}`` for none), whose
+    :data:`CONFIG_KEY` is the kernel's config for its calls (False: the kernel leaves
+    them alone)."""
     for toolset in agent.toolsets:
         if isinstance(toolset, FunctionToolset):
             for name, tool in toolset.tools.items():
-                yield name, tool, (tool.metadata or {}).get(CONFIG_KEY)
+                yield name, tool, tool.metadata or {}
 
 
 def check_tools(agent: Agent[Any, Any]) -> None:
     """Every function tool's replay policy is one the kernel knows (fails at registration,
     not in the middle of a run)."""
-    for _, _, config in function_tools(agent):
-        if config is not None and config is not False:
-            replay_of(config)
-            queue_of(config)
+    for _, _, metadata in function_tools(agent):
+        if CONFIG_KEY in metadata and metadata[CONFIG_KEY] is not False:
+            replay_of(metadata[CONFIG_KEY])
+            queue_of(metadata[CONFIG_KEY])
 
 
 def unsafe_tools(agent: Agent[Any, Any]) -> frozenset[str]:
     """The agent's function tools whose calls commit before they start: unsafe ones (an
     intent) and those run on the hands queue (a task)."""
     return frozenset(
-        name for name, _, config in function_tools(agent)
-        if config is not False and (replay_of(config or {}) is Replay.UNSAFE
-                                    or queue_of(config or {}) is not None))
+        name for name, _, metadata in function_tools(agent)
+        if (config := metadata.get(CONFIG_KEY)) is not False
+        and (replay_of(config or {}) is Replay.UNSAFE or queue_of(config or {}) is not None))
 
 
 def tool_needs(agent: Agent[Any, Any]) -> dict[str, JSON]:
@@ -187,7 +188,8 @@ def tool_needs(agent: Agent[Any, Any]) -> dict[str, JSON]:
     tools as they were; resumed where one is gone or takes other arguments, the
     framework would answer the replayed calls otherwise than it did."""
     found: dict[str, JSON] = {}
-    for name, tool, config in function_tools(agent):
+    for name, tool, metadata in function_tools(agent):
+        config = metadata.get(CONFIG_KEY)
         journaled = config is not False
         found[f"tool {name}"] = {
             "parameters": fingerprint(tool.tool_def.parameters_json_schema),
