@@ -1094,7 +1094,7 @@ class Builder:
         resolved = self.registry.resolve(candidate)
         if isinstance(resolved, Blocked):
             raise IllegalTransition(f"task {task.id} is blocked: {resolved.reason}")
-        refused = no_restart(task, self.registry)
+        refused = no_restart(task, resolved.definition)
         if refused is not None:
             raise IllegalTransition(refused)
         if entry.phase not in resolved.definition.phases:

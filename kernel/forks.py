@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .records import Commit, Task
-from .registry import Blocked, Registry
+from .registry import TaskDefinition
 
 JSON = Any
 
@@ -84,12 +84,10 @@ def operation_id(task_id: str, checkpoint: JSON, name: str = "") -> str:
     return f"op_{task_id}{suffix}" + (f"_r{restarts}" if restarts else "")
 
 
-def no_restart(task: Task, registry: Registry) -> str | None:
-    """Why ``task``'s kind does not start again from a phase (its definition's
-    ``no_restart``), in words; None when it may, or when no definition can run it (the
-    restart says why then)."""
-    resolved = registry.resolve(task)
-    if isinstance(resolved, Blocked) or not resolved.definition.no_restart:
+def no_restart(task: Task, definition: TaskDefinition) -> str | None:
+    """Why ``task``, run by ``definition``, does not start again from a phase (the
+    definition's ``no_restart``), in words; None when it may."""
+    if not definition.no_restart:
         return None
     return (f"task {task.id} ({task.kind}) does not start again from a phase: "
-            f"{resolved.definition.no_restart}")
+            f"{definition.no_restart}")

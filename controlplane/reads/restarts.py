@@ -21,7 +21,7 @@ from typing import Any
 from controlplane import models
 from controlplane.process.kernel import process_kernel
 from controlplane.reads.snapshot import rows as sql_rows
-from kernel import Status, Task, UnknownRecord
+from kernel import Blocked, Status, Task, UnknownRecord
 from kernel.forks import RESTARTED, PhaseEntry, no_restart, operation_id
 
 JSON = Any
@@ -135,7 +135,8 @@ def refusal(task: Task) -> str | None:
 def kind_refuses(task: Task) -> str | None:
     """Why ``task``'s kind never starts again from a phase (a hosted agent's turn), in
     words; None when it may."""
-    return no_restart(task, process_kernel().registry)
+    resolved = process_kernel().registry.resolve(task)
+    return None if isinstance(resolved, Blocked) else no_restart(task, resolved.definition)
 
 
 def preview(task: Task, seq: int) -> RestartPreview:

@@ -600,7 +600,7 @@ def test_a_hosted_turn_is_not_started_again_from_a_phase_and_says_why() -> None:
     world.run()
     turn = turn_of(kernel, session_id)
     (entered, *_) = phase_entries(turn.id, kernel.storage.commits_after(session_id, 0, 1000))
-    refused = no_restart(turn, kernel.registry)
+    refused = no_restart(turn, kernel.registry.latest(turn.kind))
     assert refused is not None and "Submit the request again" in refused
     draft = Draft(actor="user:olga")
     draft.restart(turn.id, entered, expected_seq=turn.updated_seq)
