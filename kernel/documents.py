@@ -16,6 +16,8 @@ the document. Paths are lists of object keys.
 - ``{"op": "incr", "path": [...], "value": n}``: adds ``n`` to the number there (missing
   or not a number counts as 0). Counters need no read, so concurrent commits never
   conflict over them.
+- ``{"op": "setdefault", "path": [...], "value": v}``: sets ``v`` only where nothing is
+  (a first write wins without reading the document first).
 
 A large op value is stored apart and the document holds its stand-in
 (:mod:`kernel.large_values`): applying ops carries stand-ins as they are, and reads one
@@ -39,7 +41,7 @@ Migrate = Callable[[int, JSON], JSON]
 Open = Callable[[JSON], JSON]
 """Puts back the value a stand-in stands for (its artifact read, its hash checked)."""
 
-OPS = ("set", "remove", "append", "incr")
+OPS = ("set", "remove", "append", "incr", "setdefault")
 MIN_BASELINE_BYTES = 4096
 
 
@@ -80,7 +82,7 @@ def check_op(op: JSON, what: str = "document op") -> JSON:
     path = op.get("path")
     if not isinstance(path, list) or not all(isinstance(p, str) for p in path):
         raise CommitRejected(f"document op path must be a list of keys: {op!r}")
-    if op["op"] in ("set", "append", "incr") and "value" not in op:
+    if op["op"] in ("set", "append", "incr", "setdefault") and "value" not in op:
         raise CommitRejected(f"document op {op['op']!r} needs a value")
     if op["op"] == "incr" and (
         isinstance(op["value"], bool) or not isinstance(op["value"], int | float)
@@ -150,6 +152,9 @@ def _apply(value: JSON, op: JSON, open_one: Open | None = None) -> JSON:
         node[last] = copied(op["value"])
     elif op["op"] == "remove":
         node.pop(last, None)
+    elif op["op"] == "setdefault":
+        if last not in node:
+            node[last] = copied(op["value"])
     elif op["op"] == "incr":
         current = _opened(node.get(last), open_one)
         number = (

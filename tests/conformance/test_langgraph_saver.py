@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Callable, Iterator
+from typing import Any
 
 import pytest
 from langgraph.checkpoint.conformance import checkpointer_test, validate
@@ -135,3 +136,37 @@ def test_a_thread_pruned_as_it_grows_holds_rows_bounded_by_the_policy(
         assert len(list(saver.list({"configurable": {"thread_id": "grows"}}))) == 5
     finally:
         saver.close()
+
+
+def test_a_tasks_writes_saved_again_keep_the_first_regular_write_as_langgraphs_savers_do(
+    storage: Callable[[], Storage],
+) -> None:
+    """A task's writes saved twice (its step retried after some were saved): a regular
+    channel's write keeps the first value, a special one (an error, an interrupt) the
+    last, as InMemorySaver keeps them; the same sequences through both savers read back
+    the same pending writes."""
+    from langgraph.checkpoint.conformance.test_utils import generate_checkpoint, generate_metadata
+    from langgraph.checkpoint.memory import InMemorySaver
+
+    sequences: list[list[tuple[str, list[tuple[str, Any]]]]] = [
+        [("t", [("a", 1)]), ("t", [("a", 2), ("b", 3)])],
+        [("t", [("__error__", "first")]), ("t", [("__error__", "second")])],
+        [("t", [("a", 1), ("__interrupt__", "one")]), ("t", [("a", 9), ("__interrupt__", "two")])],
+        [("t", [("a", 1)]), ("u", [("a", 2)]), ("t", [("b", 3), ("a", 4)])],
+    ]
+    ours = SessionStoreSaver(Kernel(storage(), Registry()))
+    theirs = InMemorySaver()
+    try:
+        for n, sequence in enumerate(sequences):
+            read = []
+            for saver in (ours, theirs):
+                config: dict = {"configurable": {"thread_id": f"again-{n}", "checkpoint_ns": ""}}
+                config = saver.put(config, generate_checkpoint(), generate_metadata(step=0), {})
+                for task_id, writes in sequence:
+                    saver.put_writes(config, writes, task_id)
+                got = saver.get_tuple(config)
+                assert got is not None
+                read.append(sorted(got.pending_writes or []))
+            assert read[0] == read[1], sequence
+    finally:
+        ours.close()

@@ -553,7 +553,8 @@ class Differential(RuleBasedStateMachine):
     @precondition(lambda self: bool(self.sessions))
     @rule(session=INDEX, writes=st.lists(st.tuples(
         st.sampled_from(("d0", "d1", "d2")),
-        st.sampled_from(("set", "set", "incr", "append", "remove", "replace", "big")), BAD),
+        st.sampled_from(("set", "set", "incr", "append", "remove", "replace", "big",
+                         "setdefault")), BAD),
         min_size=1, max_size=4),
         odd=st.sampled_from((None,) * 8 + ("expected", "stale", "unregistered", "nul key")),
         lose=st.sampled_from((False,) * 5 + (True,)))
@@ -585,6 +586,9 @@ class Differential(RuleBasedStateMachine):
                                                           "value": value})
                 elif what == "remove":
                     draft.update_document(DOCUMENT, key, {"op": "remove", "path": ["v"]})
+                elif what == "setdefault":
+                    draft.update_document(DOCUMENT, key, {"op": "setdefault", "path": ["first"],
+                                                          "value": value})
                 elif what == "replace":
                     draft.set(DOCUMENT, key, [], {"whole": value})
                 else:

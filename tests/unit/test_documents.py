@@ -25,6 +25,7 @@ ops = st.one_of(
     st.builds(lambda p: {"op": "remove", "path": p}, paths),
     st.builds(lambda p, v: {"op": "append", "path": p, "value": v}, paths, values),
     st.builds(lambda p, n: {"op": "incr", "path": p, "value": n}, paths, st.integers(-5, 5)),
+    st.builds(lambda p, v: {"op": "setdefault", "path": p, "value": v}, paths, values),
 )
 
 
@@ -60,6 +61,10 @@ def test_op_semantics() -> None:
             {"op": "set", "path": ["r", "x@example.com", "state"], "value": "sent"},
             {"op": "incr", "path": ["tokens", "in"], "value": 5},
             {"op": "incr", "path": ["tokens", "in"], "value": 7},
+            {"op": "setdefault", "path": ["first"], "value": "one"},
+            {"op": "setdefault", "path": ["first"], "value": "two"},
+            {"op": "setdefault", "path": ["nil"], "value": None},
+            {"op": "setdefault", "path": ["nil"], "value": 3},
         ],
     )
     assert value == {
@@ -67,6 +72,8 @@ def test_op_semantics() -> None:
         "log": [1, 2],
         "missing": {},
         "tokens": {"in": 12},
+        "first": "one",
+        "nil": None,
     }
     assert apply_ops({"a": 1}, [{"op": "set", "path": [], "value": {"b": 2}}]) == {"b": 2}
 
@@ -82,6 +89,8 @@ def test_op_semantics() -> None:
         {"op": "set", "path": ["a"], "value": {1, 2}},
         {"op": "incr", "path": ["a"], "value": "1"},
         {"op": "incr", "path": ["a"], "value": True},
+        {"op": "setdefault", "path": ["a"]},
+        {"op": "setdefault", "path": [], "value": 1},
     ],
 )
 def test_malformed_ops_are_rejected(op: dict) -> None:

@@ -260,8 +260,13 @@ class SessionStoreSaver(BaseCheckpointSaver[int]):
         draft = Draft(actor=ACTOR)
         for idx, (channel, value) in enumerate(writes):
             position = WRITES_IDX_MAP.get(channel, idx)
-            draft.set(CHECKPOINT, key, ["writes", f"{task_id}/{position}"],
-                      [task_id, channel, *self._blob(value), task_path, position])
+            # A task's step retried after some of its writes were saved keeps the first
+            # of a channel's writes, and the last of a special one (an error, an
+            # interrupt), as LangGraph's own savers keep them.
+            draft.update_document(CHECKPOINT, key, {
+                "op": "setdefault" if position >= 0 else "set",
+                "path": ["writes", f"{task_id}/{position}"],
+                "value": [task_id, channel, *self._blob(value), task_path, position]})
         if draft.document_ops:
             self._commit(thread_id, draft)
 
