@@ -534,10 +534,11 @@ def test_turns_append_to_a_history_stored_whole_apart_and_read_back_every_messag
 
 
 def test_a_turn_is_blocked_where_a_tool_it_was_started_with_is_gone_or_changed() -> None:
-    """A turn records its agent's function tools; a worker whose agent lacks one, or
-    takes other arguments for it, or replays it otherwise, leaves the turn blocked for an
-    operator (its journal holds calls made for the tools as they were) without asking
-    the model; a tool added is compatible."""
+    """A turn records its agent's model and function tools; a worker whose agent lacks
+    a tool, or takes other arguments for it, or replays it otherwise, or has another
+    model, leaves the turn blocked for an operator (its journal holds calls made for the
+    tools as they were, and that model's answers) without asking the model; a tool added
+    is compatible."""
     from kernel import Worker
     from kernel.environment import BLOCKED_DOCUMENT
 
@@ -545,9 +546,9 @@ def test_a_turn_is_blocked_where_a_tool_it_was_started_with_is_gone_or_changed()
     kernel, session_id, conversation, submission = world.start()
     turn = turn_of(kernel, session_id).id
 
-    def deployed(notify: Any, extra: Any = None) -> Kernel:
-        agent = Agent(FunctionModel(world.model), name="support", output_type=Ticket,
-                      capabilities=[KernelDurability()])
+    def deployed(notify: Any, extra: Any = None, model_name: str | None = None) -> Kernel:
+        agent = Agent(FunctionModel(world.model, model_name=model_name), name="support",
+                      output_type=Ticket, capabilities=[KernelDurability()])
 
         @agent.tool_plain(metadata=SAFE)
         def lookup(customer: str) -> str:
@@ -580,6 +581,8 @@ def test_a_turn_is_blocked_where_a_tool_it_was_started_with_is_gone_or_changed()
     assert other.startswith("tool notify: parameters ") and "replay unsafe" in other
     (replay,) = blocked(deployed({"function": notify, "metadata": SAFE}))
     assert "replay safe, runs in the turn here, it was started with" in replay
+    (model,) = blocked(deployed({"function": notify}, model_name="another"))
+    assert model.startswith("model: function:another here, it was started with function:")
     assert world.model_calls == [] and world.effects == []
 
     assert Worker(deployed({"function": notify}, {"function": close}), "w3").advance(turn)

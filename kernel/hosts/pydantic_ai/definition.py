@@ -199,6 +199,20 @@ def tool_needs(agent: Agent[Any, Any]) -> dict[str, JSON]:
     return found
 
 
+def model_needs(agent: Agent[Any, Any]) -> dict[str, JSON]:
+    """What a run of ``agent`` needs of its model: the same provider and model name. Its
+    journal holds the answers that model gave; resumed on another, the rest of the run
+    would be another model's continuation of them."""
+    model = agent.model
+    if model is None:
+        named = "not set"
+    elif isinstance(model, str):
+        named = model
+    else:
+        named = f"{model.system}:{model.model_name}"
+    return {"model": named}
+
+
 def register_agent(
     registry: Registry,
     name: str,
@@ -225,6 +239,7 @@ def register_agent(
     approvals.register_approvals(registry)
 
     needed = tool_needs(agent)
+    turn_needs = {**model_needs(agent), **needed}
 
     @registry.task(turn_kind({"agent": name}), queue=queue)
     class HostedTurn:
@@ -233,8 +248,9 @@ def register_agent(
         no_restart = NO_RESTART
 
         def needs(self, input: JSON, checkpoint: JSON) -> dict[str, JSON]:
-            """Its agent's function tools as they are here (:func:`tool_needs`)."""
-            return needed
+            """Its agent's model and function tools as they are here
+            (:func:`model_needs`, :func:`tool_needs`)."""
+            return turn_needs
 
         def run(self, run: Run) -> Transition:
             return run_turn(run, hosted)
