@@ -27,6 +27,9 @@ ROOT = ""
 """The root namespace: the graph's own checkpoints (a subgraph's have a namespace)."""
 CHECKPOINTS_SHOWN = 100
 """The page lists the thread's newest checkpoints: a long thread's older ones are counted."""
+SUBGRAPHS_SHOWN = 20
+"""The page lists the subgraph namespaces with the newest checkpoints: the rest are
+counted (each call of a subgraph node writes a namespace of its own)."""
 
 
 @dataclass(frozen=True)
@@ -50,6 +53,16 @@ class Checkpoint:
     @property
     def short(self) -> str:
         return self.id[-12:]
+
+
+@dataclass(frozen=True)
+class Subgraph:
+    """The checkpoints a subgraph wrote in its namespace (``node:task id``, nested ones
+    joined by ``|``)."""
+
+    namespace: str
+    checkpoints: int
+    newest: Checkpoint
 
 
 @dataclass(frozen=True)
@@ -81,7 +94,9 @@ class Thread:
     total: int
     branches: int
     namespaces: int
-    """Subgraph namespaces besides the root (their checkpoints are not listed)."""
+    """Subgraph namespaces besides the root."""
+    subgraphs: list[Subgraph]
+    """The :data:`SUBGRAPHS_SHOWN` namespaces with the newest checkpoints, newest first."""
     interrupts: list[Interrupt]
     runs: list[Run]
     kind: str | None
@@ -147,6 +162,18 @@ def checkpoints(entries: dict[str, JSON]) -> list[Checkpoint]:
     return found
 
 
+def subgraphs(namespaces: dict[str, dict[str, JSON]]) -> list[Subgraph]:
+    """Each subgraph namespace that holds a checkpoint, the one with the newest first."""
+    found = []
+    for ns, entries in namespaces.items():
+        if ns == ROOT or not entries:
+            continue
+        newest = max(entries)
+        [checkpoint] = checkpoints({newest: entries[newest]})
+        found.append(Subgraph(ns, len(entries), checkpoint))
+    return sorted(found, key=lambda s: s.newest.id, reverse=True)
+
+
 def _interrupt(task: Task) -> Interrupt | None:
     waiting = interrupted(task)
     if waiting is None:
@@ -180,10 +207,11 @@ def thread(session_id: str) -> Thread | None:
                  ((t.input or {}).get("fork") or {}).get("checkpoint_id")
                  if isinstance(t.input, dict) else None) for t in tasks]
     waiting = [i for i in map(_interrupt, tasks) if i is not None]
+    nested = subgraphs(namespaces)
     return Thread(
         listed[-CHECKPOINTS_SHOWN:], len(listed),
         1 + max((c.branch for c in listed), default=0),
-        len([ns for ns in namespaces if ns != ROOT]),
+        len(nested), nested[:SUBGRAPHS_SHOWN],
         waiting, shown, tasks[-1].kind if tasks else None,
     )
 

@@ -177,3 +177,37 @@ def test_a_session_that_holds_no_thread_shows_no_graph_section(graphs: Path) -> 
     assert '<div id="graph" data-seq=' in page and "Graph thread" not in page
     found = SESSION_PAGE.update(handle.id, seen, True)
     assert found is not None and 'id="graph"' not in found[1]  # not re-rendered
+
+
+def test_subgraph_namespaces_are_listed_newest_first_with_their_checkpoints(
+    graphs: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A subgraph's checkpoints are in namespaces of their own: the page lists each with
+    its count and newest checkpoint, the namespace with the newest first, as many as
+    it shows (the rest counted), its name escaped."""
+    from langgraph.checkpoint.conformance.test_utils import generate_checkpoint, generate_metadata
+
+    from controlplane.reads import graphs as graph_reads
+    from kernel.hosts.langgraph import SessionStoreSaver
+
+    monkeypatch.setattr(graph_reads, "SUBGRAPHS_SHOWN", 2)
+    saver = SessionStoreSaver(runtime().kernel)
+    written: dict[str, list[str]] = {}
+    try:
+        for ns, count in (("", 1), ("draft:1", 3), ("<b>x</b>:2", 1), ("review:3", 2)):
+            config: dict = {"configurable": {"thread_id": "nested", "checkpoint_ns": ns}}
+            for step in range(count):
+                config = saver.put(config, generate_checkpoint(), generate_metadata(step=step),
+                                   {})
+                written.setdefault(ns, []).append(config["configurable"]["checkpoint_id"])
+    finally:
+        saver.close()
+    shown = section(client_for("olga", "operator").get("/sessions/nested/").content.decode())
+    assert "(1 checkpoint)" in shown
+    assert "Subgraphs wrote checkpoints in 3 namespaces: the 2 with the newest" in shown
+    rows = shown.split('<tr class="subgraph"')[1:]
+    assert [r.split('data-namespace="')[1].split('"')[0] for r in rows] == [
+        "review:3", "&lt;b&gt;x&lt;/b&gt;:2"]
+    assert 'data-checkpoints="2"' in rows[0] and "step 1" in rows[0]
+    assert f'title="{written["review:3"][-1]}"' in rows[0]
+    assert "<b>x</b>" not in shown
