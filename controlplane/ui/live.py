@@ -19,13 +19,15 @@ from __future__ import annotations
 import json
 import uuid
 from datetime import UTC, datetime
+from functools import lru_cache
 from typing import Any, ClassVar
 from urllib.parse import urlencode
 
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import render
-from django.template.loader import render_to_string
+from django.template.loader import get_template, render_to_string
 from django.urls import reverse
+from django.utils.safestring import SafeString
 
 from controlplane.reads import charts, pages
 from controlplane.reads.replica import prefer_replica
@@ -165,6 +167,8 @@ class Tasks(LivePage):
             "input": _preview(t.input), "url": task_url.replace("~", t.id),
             "session_url": session_url.replace("~", t.session_id),
         } for t in found.rows]
+        for row in shown:
+            row["html"] = task_row(tuple(row.items()))
         return {
             **vars(found), **vars(search), "found": shown, "statuses": SHOWN_STATUSES,
             "min_word": pages.MIN_WORD,
@@ -184,6 +188,18 @@ def _sort_link(search: pages.TaskSearch, key: str) -> dict[str, str]:
     state = ("ascending" if search.sort == key else
              "descending" if search.sort == f"-{key}" else "none")
     return {"query": search.query(sort=flipped, page=1), "aria": state}
+
+
+TASK_ROWS_KEPT = 4096
+"""Rendered rows of the tasks page a process keeps (a few hundred kB)."""
+
+
+@lru_cache(maxsize=TASK_ROWS_KEPT)
+def task_row(row: tuple[tuple[str, Any], ...]) -> SafeString:
+    """One row of the tasks page, made once for what it shows. Between two commits a
+    page's rows are mostly the same, and the row's markup is most of a render's work;
+    keyed by everything the row shows, a kept row is never stale."""
+    return SafeString(get_template("ui/_task_row.html").render({"row": dict(row)}))
 
 
 def _when(at: datetime | None) -> dict[str, str]:

@@ -73,6 +73,38 @@ def test_the_live_part_follows_the_filter() -> None:
     assert page.query() == "q=alpha"
 
 
+def test_a_rows_markup_is_made_once_for_what_it_shows_and_anew_when_that_changes() -> None:
+    """Live renders of the tasks page reuse the markup of rows that did not change; a
+    row whose task moved (here: asked to cancel, a commit of its own) is made anew, and
+    shows it."""
+    from controlplane.ui.live import GLOBAL_PAGES, task_row
+    from kernel import Draft
+
+    session_id, task_id = batch(subject=f"{EVIL} kept")
+    _, other = batch(subject="kept too")
+    page = GLOBAL_PAGES["tasks"]
+    task_row.cache_clear()
+    first = page.update(0, True, q="kept")
+    made = task_row.cache_info()
+    assert made.misses == 2 and made.hits == 0
+    assert rows(page.update(0, True, q="kept")) == rows(first)
+    assert task_row.cache_info().hits == 2 and task_row.cache_info().misses == 2
+    draft = Draft(actor="user:test")
+    draft.cancel(task_id, "not wanted")
+    runtime().kernel.open(session_id).commit(draft)
+    moved = page.update(0, True, q="kept")
+    assert task_row.cache_info().misses == 3  # the cancelled one; the other was kept
+    row = moved.split(f'<tr id="found-{task_id}"')[1].split("</tr>")[0]
+    assert '<span class="meta">seq 2</span>' in row and "&lt;script&gt;" in row
+    assert row not in rows(first)
+    assert "<script>" not in rows(moved)
+    assert f'id="found-{other}"' in moved
+
+
+def rows(html: str) -> str:
+    return html.split("<tbody>")[1].split("</tbody>")[0]
+
+
 def test_an_operator_previews_then_cancels_exactly_the_previewed_count() -> None:
     ids = [batch(subject=f"renewal notice {i}")[1] for i in range(3)]
     batch(subject="something else")
