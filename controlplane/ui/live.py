@@ -191,14 +191,14 @@ def _sort_link(search: pages.TaskSearch, key: str) -> dict[str, str]:
 
 
 TASK_ROWS_KEPT = 4096
-"""Rendered rows of the tasks page a process keeps (a few hundred kB)."""
+"""Rendered rows of the tasks page a process keeps (a few MB)."""
 
 
 @lru_cache(maxsize=TASK_ROWS_KEPT)
 def task_row(row: tuple[tuple[str, Any], ...]) -> SafeString:
     """One row of the tasks page, made once for what it shows. Between two commits a
-    page's rows are mostly the same, and the row's markup is most of a render's work;
-    keyed by everything the row shows, a kept row is never stale."""
+    page's rows are mostly the same, and the rows' markup is a large part of a render's
+    work; keyed by everything the row shows, a kept row is never stale."""
     return SafeString(get_template("ui/_task_row.html").render({"row": dict(row)}))
 
 
