@@ -510,8 +510,7 @@ SEARCHED = tuple(TaskSearch.__dataclass_fields__)
 class TasksPage:
     seq: int
     search: TaskSearch
-    rows: list[TaskView]
-    changed_at: dict[str, datetime]
+    rows: list[tasks.Row]
     total: int
     """Matches, counted up to :data:`COUNT_UP_TO` (``more`` says there are more)."""
     more: bool
@@ -533,7 +532,7 @@ def tasks_page(search: TaskSearch) -> TasksPage:
     count and another for a deep page. A page past the last match is the last page."""
     kinds = sorted(process_kernel().registry.kinds())
     if search.short_word:
-        return TasksPage(last_commit_id(), replace(search, page=1), [], {}, 0, False, 1,
+        return TasksPage(last_commit_id(), replace(search, page=1), [], 0, False, 1,
                          kinds, short_word=True)
     found = search.filter()
     asked = min(search.page, MAX_TASKS_PAGES)
@@ -542,12 +541,12 @@ def tasks_page(search: TaskSearch) -> TasksPage:
     total = min(len(head), COUNT_UP_TO)
     page = min(asked, max(1, -(-len(head) // TASKS_PAGE)))
     start = (page - 1) * TASKS_PAGE
-    rows = tasks.listed(head[start : start + TASKS_PAGE + 1])
+    rows = tasks.rows(head[start : start + TASKS_PAGE + 1])
     pages = max(1, -(-total // TASKS_PAGE))
     if more:  # past the counted ones, a page more while there are rows
         pages = max(pages, page + 1 if len(rows) > TASKS_PAGE else page)
     last_page = page == MAX_TASKS_PAGES and len(rows) > TASKS_PAGE
     pages = min(pages, MAX_TASKS_PAGES)
     rows = rows[:TASKS_PAGE]
-    return TasksPage(last_commit_id(), replace(search, page=page), rows,
-                     tasks.changed_at(rows), total, more, pages, kinds, last_page)
+    return TasksPage(last_commit_id(), replace(search, page=page), rows, total, more, pages,
+                     kinds, last_page)

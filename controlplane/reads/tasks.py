@@ -4,6 +4,7 @@ counted by shown status, and who holds their leases."""
 from __future__ import annotations
 
 import hashlib
+import json
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -19,7 +20,7 @@ from controlplane.reads import environments
 from controlplane.reads.approvals import TOOL_KIND
 from controlplane.reads.snapshot import rows as sql_rows
 from controlplane.storage import search
-from controlplane.storage.schema import TASK
+from controlplane.storage.schema import COMMIT, TASK
 from kernel import Blocked, Decision, Outcome, Status, Task, UnknownRecord, tracing
 from kernel.agent.approval import PHASE as APPROVAL_PHASE
 from kernel.records import SHOWN_STATUSES
@@ -224,15 +225,44 @@ def find_ids(task_ids: list[str]) -> list[TaskView]:
 def ids(found: TaskFilter, limit: int, order: str = "tree") -> list[str]:
     """The ids of the first ``limit`` matching tasks (a bulk action's target set; the
     tasks page's count and pages, from one read of the matches)."""
-    return list(_query(found, order).values_list("id", flat=True)[:limit])
+    # The ORM's statement, its rows read plainly: a thousand ids through the queryset's
+    # iterator cost more than the statement itself.
+    statement, params = _query(found, order).values_list("id")[:limit].query.sql_with_params()
+    return [task_id for (task_id,) in sql_rows(statement, params)]
 
 
-def listed(task_ids: list[str]) -> list[TaskView]:
-    """These tasks (those that exist), in the order given."""
+@dataclass(frozen=True)
+class Row:
+    """What a list of tasks shows of one task (a row of the tasks page), read without
+    the rest of its record: a page of rows is one statement, with no checkpoint, wait or
+    lease to read and decode, and no definition to look up."""
+
+    id: str
+    kind: str
+    shown_status: str
+    session_id: str
+    phase: str
+    updated_seq: int
+    input: Any
+    changed_at: datetime | None
+    """When it last changed: the time of the commit of its ``updated_seq``."""
+
+
+ROWS = (
+    "SELECT t.id, t.kind, t.shown, t.session_id, t.phase, t.updated_seq, t.input, c.at "
+    f"FROM (SELECT id, kind, {SHOWN_STATUS_SQL} AS shown, session_id, phase, updated_seq, "
+    f"input FROM {TASK.name} WHERE id = ANY(%s::text[])) t "
+    f"LEFT JOIN {COMMIT.name} c ON c.session_id = t.session_id AND c.seq = t.updated_seq"
+)
+
+
+def rows(task_ids: list[str]) -> list[Row]:
+    """These tasks' rows (those that exist), in the order given."""
     if not task_ids:
         return []
-    found = {t.id: t for t in _records(models.Task.objects.filter(id__in=task_ids))}
-    return [view(found[i]) for i in task_ids if i in found]
+    found = {i: Row(i, kind, shown, session_id, phase, seq, json.loads(value), at)
+             for i, kind, shown, session_id, phase, seq, value, at in sql_rows(ROWS, [task_ids])}
+    return [found[i] for i in task_ids if i in found]
 
 
 @dataclass(frozen=True)
@@ -405,17 +435,3 @@ def sessions_having(shown_status: str) -> QuerySet[models.Task]:
     else:
         having = models.Task.objects.filter(status=shown_status)
     return having.values("session_id")
-
-
-def changed_at(found: Iterable[TaskView | Task]) -> dict[str, datetime]:
-    """When each task last changed: the time of the commit of its ``updated_seq``."""
-    keys: dict[tuple[str, int], list[str]] = defaultdict(list)
-    for task in found:
-        keys[(task.session_id, task.updated_seq)].append(task.id)
-    if not keys:
-        return {}
-    sessions, seqs = zip(*keys, strict=True)
-    return {task_id: at for s, q, at in sql_rows(
-        "SELECT c.session_id, c.seq, c.at FROM unnest(%s::text[], %s::bigint[]) AS k(s, q) "
-        "JOIN kernel_commit c ON c.session_id = k.s AND c.seq = k.q",
-        [list(sessions), list(seqs)]) for task_id in keys[(s, q)]}

@@ -163,7 +163,7 @@ class Tasks(LivePage):
         task_url, session_url = (reverse(name, args=["~"]) for name in ("task", "session"))
         shown = [{
             "id": t.id, "kind": t.kind, "status": t.shown_status, "session_id": t.session_id,
-            "phase": t.phase, "seq": t.updated_seq, **_when(found.changed_at.get(t.id)),
+            "phase": t.phase, "seq": t.updated_seq, **_when(t.changed_at),
             "input": _preview(t.input), "url": task_url.replace("~", t.id),
             "session_url": session_url.replace("~", t.session_id),
         } for t in found.rows]

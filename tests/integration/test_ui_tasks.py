@@ -101,6 +101,35 @@ def test_a_rows_markup_is_made_once_for_what_it_shows_and_anew_when_that_changes
     assert f'id="found-{other}"' in moved
 
 
+def test_a_page_of_rows_is_one_statement_that_reads_only_what_the_rows_show() -> None:
+    """The rows come with their status as shown and their last change's time in one
+    statement, which reads no checkpoint, wait or lease: a live page renders them on
+    every commit."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from kernel import Draft
+
+    session_id, asked = batch(subject="listed asked to cancel")
+    _, pending = batch(subject="listed pending")
+    draft = Draft(actor="user:test")
+    draft.cancel(asked, "not wanted")
+    runtime().kernel.open(session_id).commit(draft)
+    with CaptureQueriesContext(connection) as queries:
+        found = pages.tasks_page(pages.TaskSearch(q="listed"))
+    statements = [q["sql"] for q in queries.captured_queries]
+    rows_read = [s for s in statements if "kernel_task" in s and "ILIKE" not in s]
+    assert len(rows_read) == 1, statements
+    assert "checkpoint" not in rows_read[0] and "lease_owner" not in rows_read[0]
+    shown = {row.id: row for row in found.rows}
+    assert set(shown) == {asked, pending}
+    assert shown[asked].updated_seq == 2 and shown[pending].updated_seq == 1
+    assert shown[pending].shown_status == "pending"  # the status as shown: SHOWN_STATUS_SQL
+    assert shown[pending].input["subject"] == "listed pending"
+    commit = runtime().kernel.storage.commits_after(session_id, 1, 1)[0]
+    assert commit.seq == 2 and shown[asked].changed_at == commit.at
+
+
 def rows(html: str) -> str:
     return html.split("<tbody>")[1].split("</tbody>")[0]
 
