@@ -9,6 +9,7 @@ from typing import Any
 from django.db import connections, transaction
 
 from controlplane.reads.replica import alias
+from controlplane.storage.connection import HotCursor
 
 
 @contextmanager
@@ -25,9 +26,15 @@ def snapshot() -> Iterator[None]:
         yield
 
 
-def rows(sql: str, params: Any = None) -> list[Any]:
+def rows(sql: str, params: Any = None, *, prepared: bool = False) -> list[Any]:
     """Every row of one statement, on the request's connection to the database this
-    context reads (autocommit unless a snapshot is open)."""
-    with connections[alias()].cursor() as cur:
+    context reads (autocommit unless a snapshot is open). ``prepared``: planned once per
+    connection (a fixed statement a live page sends on every commit, whose planning
+    costs as much as its execution)."""
+    connection = connections[alias()]
+    if prepared:
+        connection.ensure_connection()
+        return HotCursor(connection).execute(sql, params).fetchall()
+    with connection.cursor() as cur:
         cur.execute(sql, params or [])
         return list(cur.fetchall())

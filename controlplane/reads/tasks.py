@@ -261,7 +261,8 @@ def rows(task_ids: list[str]) -> list[Row]:
     if not task_ids:
         return []
     found = {i: Row(i, kind, shown, session_id, phase, seq, json.loads(value), at)
-             for i, kind, shown, session_id, phase, seq, value, at in sql_rows(ROWS, [task_ids])}
+             for i, kind, shown, session_id, phase, seq, value, at
+             in sql_rows(ROWS, [task_ids], prepared=True)}
     return [found[i] for i in task_ids if i in found]
 
 

@@ -128,6 +128,13 @@ def test_a_page_of_rows_is_one_statement_that_reads_only_what_the_rows_show() ->
     assert shown[pending].input["subject"] == "listed pending"
     commit = runtime().kernel.storage.commits_after(session_id, 1, 1)[0]
     assert commit.seq == 2 and shown[asked].changed_at == commit.at
+    # Planned once per connection: its planning (a join over the commit log's
+    # partitions) would cost as much as its execution on every live update.
+    with connection.cursor() as cur:
+        cur.execute("SELECT statement FROM pg_prepared_statements")
+        prepared = [statement for (statement,) in cur.fetchall()]
+    assert any(statement.startswith(task_reads.ROWS.split(" FROM ")[0])
+               for statement in prepared), prepared
 
 
 def rows(html: str) -> str:
