@@ -4,7 +4,6 @@ counted by shown status, and who holds their leases."""
 from __future__ import annotations
 
 import hashlib
-import json
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -243,15 +242,21 @@ class Row:
     session_id: str
     phase: str
     updated_seq: int
-    input: Any
+    input_start: str
+    """The start of its input as JSON text (the database's), at most
+    :data:`INPUT_SHOWN` characters and one more where there are more: a task's input may
+    be large, and a page of rows reads and sends only what it shows."""
     changed_at: datetime | None
     """When it last changed: the time of the commit of its ``updated_seq``."""
 
 
+INPUT_SHOWN = 160
+"""Characters of a task's input a row shows."""
 ROWS = (
-    "SELECT t.id, t.kind, t.shown, t.session_id, t.phase, t.updated_seq, t.input, c.at "
+    "SELECT t.id, t.kind, t.shown, t.session_id, t.phase, t.updated_seq, t.input_start, c.at "
     f"FROM (SELECT id, kind, {SHOWN_STATUS_SQL} AS shown, session_id, phase, updated_seq, "
-    f"input FROM {TASK.name} WHERE id = ANY(%s::text[])) t "
+    f"left(input::text, {INPUT_SHOWN + 1}) AS input_start FROM {TASK.name} "
+    "WHERE id = ANY(%s::text[])) t "
     f"LEFT JOIN {COMMIT.name} c ON c.session_id = t.session_id AND c.seq = t.updated_seq"
 )
 
@@ -260,9 +265,7 @@ def rows(task_ids: list[str]) -> list[Row]:
     """These tasks' rows (those that exist), in the order given."""
     if not task_ids:
         return []
-    found = {i: Row(i, kind, shown, session_id, phase, seq, json.loads(value), at)
-             for i, kind, shown, session_id, phase, seq, value, at
-             in sql_rows(ROWS, [task_ids], prepared=True)}
+    found = {row[0]: Row(*row) for row in sql_rows(ROWS, [task_ids], prepared=True)}
     return [found[i] for i in task_ids if i in found]
 
 

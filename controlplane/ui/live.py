@@ -29,7 +29,7 @@ from django.template.loader import get_template, render_to_string
 from django.urls import reverse
 from django.utils.safestring import SafeString
 
-from controlplane.reads import charts, pages
+from controlplane.reads import charts, pages, tasks
 from controlplane.reads.replica import prefer_replica
 from controlplane.reads.snapshot import snapshot
 from controlplane.ui.access import may_act, viewer_required
@@ -164,7 +164,7 @@ class Tasks(LivePage):
         shown = [{
             "id": t.id, "kind": t.kind, "status": t.shown_status, "session_id": t.session_id,
             "phase": t.phase, "seq": t.updated_seq, **_when(t.changed_at),
-            "input": _preview(t.input), "url": task_url.replace("~", t.id),
+            "input": _preview(t.input_start), "url": task_url.replace("~", t.id),
             "session_url": session_url.replace("~", t.session_id),
         } for t in found.rows]
         for row in shown:
@@ -211,9 +211,10 @@ def _when(at: datetime | None) -> dict[str, str]:
     return {"at": at.isoformat(), "at_text": at.strftime("%Y-%m-%d %H:%M:%S")}
 
 
-def _preview(value: Any, limit: int = 160) -> str:
-    text = json.dumps(value, ensure_ascii=False, default=str)
-    return text if len(text) <= limit else text[: limit - 1] + "…"
+def _preview(start: str) -> str:
+    """A task's input as a row shows it: cut, with an ellipsis, past what it shows."""
+    limit = tasks.INPUT_SHOWN
+    return start if len(start) <= limit else start[: limit - 1] + "…"
 
 GLOBAL_PAGES: dict[str, LivePage] = {
     page.name: page for page in (Overview(), Attention(), Tasks())

@@ -125,7 +125,7 @@ def test_a_page_of_rows_is_one_statement_that_reads_only_what_the_rows_show() ->
     assert set(shown) == {asked, pending}
     assert shown[asked].updated_seq == 2 and shown[pending].updated_seq == 1
     assert shown[pending].shown_status == "pending"  # the status as shown: SHOWN_STATUS_SQL
-    assert shown[pending].input["subject"] == "listed pending"
+    assert '"subject": "listed pending"' in shown[pending].input_start
     commit = runtime().kernel.storage.commits_after(session_id, 1, 1)[0]
     assert commit.seq == 2 and shown[asked].changed_at == commit.at
     # Planned once per connection: its planning (a join over the commit log's
@@ -135,6 +135,24 @@ def test_a_page_of_rows_is_one_statement_that_reads_only_what_the_rows_show() ->
         prepared = [statement for (statement,) in cur.fetchall()]
     assert any(statement.startswith(task_reads.ROWS.split(" FROM ")[0])
                for statement in prepared), prepared
+
+
+def test_a_row_reads_and_shows_only_the_start_of_a_large_input() -> None:
+    """A task's input may be large: a page of rows reads only what a row shows of it,
+    cut with an ellipsis, and escaped."""
+    from controlplane.ui.live import GLOBAL_PAGES
+
+    _, large = batch(subject=f"{EVIL} large " + "é" * 200_000)
+    _, small = batch(subject="large but not")
+    found = {row.id: row for row in task_reads.rows([large, small])}
+    assert len(found[large].input_start) == task_reads.INPUT_SHOWN + 1
+    assert len(found[small].input_start) < task_reads.INPUT_SHOWN
+    html = GLOBAL_PAGES["tasks"].update(0, False, q="large")
+    shown = {i: row.split('<td class="input"><code>')[1].split("</code>")[0]
+             for i, row in re.findall(r'<tr id="found-([^"]+)"(.*?)</tr>', html)}
+    assert shown[large].endswith("é…") and "&lt;script&gt;" in shown[large]
+    assert len(shown[large]) < 2 * task_reads.INPUT_SHOWN  # escaped, still short
+    assert shown[small].endswith("}") and "…" not in shown[small]
 
 
 def rows(html: str) -> str:
