@@ -9,7 +9,7 @@ from typing import Any
 from django.db import connections, transaction
 
 from controlplane.reads.replica import alias
-from controlplane.storage.connection import HotCursor
+from controlplane.storage import HotCursor
 
 
 @contextmanager

@@ -26,12 +26,13 @@ from __future__ import annotations
 from controlplane.storage import due
 from controlplane.storage.artifacts import PostgresArtifacts, referenced_artifacts
 from controlplane.storage.clock import DatabaseClock
-from controlplane.storage.connection import Observer
+from controlplane.storage.connection import HotCursor, Observer
 from controlplane.storage.partitions import prepare as prepare_partitions
 from controlplane.storage.postgres import READS, UNAVAILABLE, WRITES, PostgresStorage
 from controlplane.storage.retention import PruneRunning
 from controlplane.storage.s3_artifacts import S3Artifacts
 
-__all__ = ["READS", "UNAVAILABLE", "WRITES", "DatabaseClock", "Observer", "PostgresArtifacts",
+__all__ = ["READS", "UNAVAILABLE", "WRITES", "DatabaseClock", "HotCursor", "Observer",
+           "PostgresArtifacts",
            "PostgresStorage", "PruneRunning", "S3Artifacts", "due", "prepare_partitions",
            "referenced_artifacts"]
