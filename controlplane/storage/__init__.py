@@ -33,6 +33,5 @@ from controlplane.storage.retention import PruneRunning
 from controlplane.storage.s3_artifacts import S3Artifacts
 
 __all__ = ["READS", "UNAVAILABLE", "WRITES", "DatabaseClock", "HotCursor", "Observer",
-           "PostgresArtifacts",
-           "PostgresStorage", "PruneRunning", "S3Artifacts", "due", "prepare_partitions",
-           "referenced_artifacts"]
+           "PostgresArtifacts", "PostgresStorage", "PruneRunning", "S3Artifacts", "due",
+           "prepare_partitions", "referenced_artifacts"]
