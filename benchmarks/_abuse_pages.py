@@ -15,6 +15,11 @@ accounts come from 127.0.0.1) and the per-account budget of server time (the def
    and keeps asking ``/tasks/`` for the review's search (a 2-character word, a sort,
    ``page=100000``) and for a 3-letter word with a sort and a deep page, from two
    threads, as fast as it is answered (429s included), its budgets full at the start.
+   The viewer runs in a process of its own (:func:`viewer_process`), as another client
+   would: in the measuring process, its sockets' frames and its threads' answers would
+   be read by the same interpreter and event loop that read the operator's frames, and
+   the operator's latency would include the wait for them. It still shares the
+   machine's cores with the server and the measuring process.
 
 Both phases run in the same process on the same server, in ``--rounds`` rounds whose
 order alternates (quiet then abused, abused then quiet, ...), and each phase's samples
@@ -28,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import multiprocessing
 import re
 import tempfile
 import threading
@@ -124,7 +130,7 @@ async def drain(ws: Any) -> None:
         pass
 
 
-def hammer(base: str, cookie: str, stop: threading.Event, counts: list[int]) -> None:
+def hammer(base: str, cookie: str, stop: Any, counts: list[int]) -> None:
     n = 0
     while not stop.is_set():
         request = urllib.request.Request(base + SEARCHES[n % len(SEARCHES)],
@@ -141,6 +147,56 @@ def hammer(base: str, cookie: str, stop: threading.Event, counts: list[int]) -> 
                 stop.wait(float(exc.headers.get("Retry-After", "1")))
         except OSError:
             stop.wait(0.5)
+
+
+@dataclass(frozen=True)
+class Viewer:
+    """What the abusing viewer needs to do its worst: the server's addresses, its
+    credentials, the commit its sockets start after, and what it does."""
+
+    ws: str
+    http: str
+    token: str
+    cookie: str
+    start: int
+    does: str
+
+
+def viewer_process(viewer: Viewer, ready: Any, stop: Any, counted: Any) -> None:
+    """The viewer, in a process of its own as another client is: its twenty sockets and
+    two searching threads do not share the measuring process's interpreter and event
+    loop with the operator's socket. Puts (requests, refused) on ``counted`` when
+    ``stop`` is set."""
+    asyncio.run(_viewer(viewer, ready, stop, counted))
+
+
+async def _viewer(viewer: Viewer, ready: Any, stop: Any, counted: Any) -> None:
+    from websockets.asyncio.client import connect
+
+    sockets, tasks, counts, threads = [], [], [0, 0], []
+    if viewer.does in ("both", "sockets"):
+        for i, word in enumerate(SOCKET_WORDS):
+            query = f"q={word}&sort={SORTS[i % len(SORTS)]}&page=100000"
+            ws = await connect(f"{viewer.ws}/ws/ui/tasks/?{query}", max_size=None,
+                               open_timeout=60,
+                               additional_headers={"Authorization": f"Bearer {viewer.token}"})
+            await ws.send(json.dumps({"after": viewer.start}))
+            sockets.append(ws)
+            tasks.append(asyncio.create_task(drain(ws)))
+    if viewer.does in ("both", "requests"):
+        threads = [threading.Thread(target=hammer, args=(viewer.http, viewer.cookie, stop,
+                                                         counts)) for _ in range(2)]
+        for thread in threads:
+            thread.start()
+    ready.set()
+    await asyncio.to_thread(stop.wait)
+    for thread in threads:
+        thread.join()
+    for ws in sockets:
+        await ws.close()
+    for task in tasks:
+        task.cancel()
+    counted.put(tuple(counts))
 
 
 async def phase(name: str, server: Any, operator: str, viewer: str, cookie: str,
@@ -179,22 +235,16 @@ async def _phase(run: Callable[..., Awaitable[Any]], name: str, server: Any, ope
     await watcher.send(json.dumps({"after": start}))
     seen: list[tuple[float, int]] = []
     tasks = [asyncio.create_task(follow(watcher, seen))]
-    sockets, stop, counts, threads = [], threading.Event(), [0, 0], []
-    if abuse and viewer_does in ("both", "sockets"):
-        for i, word in enumerate(SOCKET_WORDS):
-            query = f"q={word}&sort={SORTS[i % len(SORTS)]}&page=100000"
-            ws = await connect(f"{server.ws}/ws/ui/tasks/?{query}", max_size=None,
-                               open_timeout=60,
-                               additional_headers={"Authorization": f"Bearer {viewer}"})
-            await ws.send(json.dumps({"after": start}))
-            sockets.append(ws)
-            tasks.append(asyncio.create_task(drain(ws)))
-    if abuse and viewer_does in ("both", "requests"):
-        threads = [threading.Thread(target=hammer, args=(server.http, cookie, stop, counts))
-                   for _ in range(2)]
-        for thread in threads:
-            thread.start()
+    viewer_load, counts = None, (0, 0)
     if abuse:
+        spawn = multiprocessing.get_context("spawn")
+        ready, stop, counted = spawn.Event(), spawn.Event(), spawn.Queue()
+        viewer_load = spawn.Process(target=viewer_process, daemon=True, args=(
+            Viewer(server.ws, server.http, viewer, cookie, start, viewer_does), ready, stop,
+            counted))
+        viewer_load.start()
+        if not await asyncio.to_thread(ready.wait, 120):
+            raise RuntimeError("the viewer's process did not get going")
         await asyncio.sleep(2)  # the viewer's load under way before the first commit
     made: list[tuple[float, int]] = []
     for i in range(commits):
@@ -204,11 +254,11 @@ async def _phase(run: Callable[..., Awaitable[Any]], name: str, server: Any, ope
     deadline = time.perf_counter() + 30
     while (not seen or seen[-1][1] < made[-1][1]) and time.perf_counter() < deadline:
         await asyncio.sleep(0.1)
-    stop.set()
-    for thread in threads:
-        thread.join()
-    for ws in [watcher, *sockets]:
-        await ws.close()
+    if viewer_load is not None:
+        stop.set()
+        counts = await asyncio.to_thread(counted.get, True, 120)
+        await asyncio.to_thread(viewer_load.join, 60)
+    await watcher.close()
     for task in tasks:
         task.cancel()
     latencies, missing = [], 0
