@@ -272,6 +272,10 @@ ADDRESS_REQUEST_BURST = int(os.environ.get("ADDRESS_REQUEST_BURST", "150"))
 # off. 0 seconds per second: not counted.
 USER_SERVER_SECONDS_PER_SECOND = float(os.environ.get("USER_SERVER_SECONDS_PER_SECOND", "0.5"))
 USER_SERVER_SECONDS_BURST = float(os.environ.get("USER_SERVER_SECONDS_BURST", "5"))
+# In each web process an account's requests and live-page renders run one at a time
+# (controlplane.web.turns); one waits for its turn up to this many seconds, then a request
+# is answered 429 and a render is not made. 0: an account's work runs at once.
+USER_TURN_WAIT_SECONDS = float(os.environ.get("USER_TURN_WAIT_SECONDS", "10"))
 
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},

@@ -36,8 +36,9 @@ ERRORS = {
     "422": "Invalid input; `detail` names the field",
     "429": "Too many requests from this account or this address (USER_REQUESTS_PER_SECOND, "
     "ADDRESS_REQUESTS_PER_SECOND), or this account's requests took its share of the "
-    "server's time (USER_SERVER_SECONDS_PER_SECOND); try again after `Retry-After` seconds, "
-    "nothing was done",
+    "server's time (USER_SERVER_SECONDS_PER_SECOND), or its other requests kept this one "
+    "waiting too long for its turn (USER_TURN_WAIT_SECONDS); try again after `Retry-After` "
+    "seconds, nothing was done",
     "503": "The database is unavailable; retry after `Retry-After` seconds (with the "
     "same `request_id` or `action_id`, a retry cannot apply a command twice)",
 }

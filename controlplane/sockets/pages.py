@@ -21,6 +21,7 @@ from controlplane.sockets.page_threads import on_page_thread
 from controlplane.sockets.sharing import shared_reads, shared_renders
 from controlplane.ui.live import GLOBAL_PAGES, SESSION_PAGE
 from controlplane.web import rates
+from controlplane.web.turns import account_turns
 
 PAID_UP_SECONDS = 0.5
 """How long a process trusts that an account was within its budget of server time
@@ -60,13 +61,19 @@ class RenderBudget:
             self._known = {a: v for a, v in self._known.items() if v[0] > now}
 
     def charged(self, account: Hashable, render: Callable[..., Any]) -> Callable[..., Any]:
-        """``render``, charging what it takes to ``account`` (on the render's own thread:
-        the charge is a Redis call)."""
+        """``render`` in ``account``'s turn (:mod:`controlplane.web.turns`; None, with
+        nothing rendered, if the turn does not come), charging what it takes to
+        ``account`` (on the render's own thread: the turn is waited for and the charge
+        is a Redis call)."""
         def run(*args: Any, **kwargs: Any) -> Any:
+            turn = account_turns.take(account)
+            if turn is None:
+                return None
             started = time.perf_counter()
             try:
                 return render(*args, **kwargs)
             finally:
+                turn.end()
                 # The charge answers what the account owes after it: it may have tipped it over.
                 owed = rates.charge(rates.server_time(account), time.perf_counter() - started)
                 if owed is not None:
@@ -227,7 +234,8 @@ class GlobalPageConsumer(PageMode, GlobalFeedConsumer):
                 return 0, None
             upto = await settled_commits.newest_after(upto, limit) or upto
             update = render_budget.charged(account, page.update)
-            return upto, await on_page_thread(update)(upto, can_act, **params)
+            html = await on_page_thread(update)(upto, can_act, **params)
+            return (upto, html) if html is not None else (0, None)  # None: no turn came
 
         # Made at the highest commit id any socket asked for (settled: every commit up to
         # it is in the render's snapshot), and good for any socket asking for no more.

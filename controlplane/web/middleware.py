@@ -44,8 +44,10 @@ class LimitRequestRates:
     """Count each request against its client's address and, for a browser's login, its
     account (:mod:`controlplane.web.rates`; an API token's account is counted when the API
     authenticates it); over either rate, or with the account's server time spent,
-    answer 429 with ``Retry-After`` before any view runs. Once answered, a request
-    charges the server time it took to its account, whichever way it authenticated. The
+    answer 429 with ``Retry-After`` before any view runs. A request then waits for its
+    account's turn (:mod:`controlplane.web.turns`: 429 if it does not come). Once
+    answered, a request charges the server time it took to its account, whichever way it
+    authenticated, and gives its turn to the next in line. The
     probes are not counted: an orchestrator's checks must always get through."""
 
     EXEMPT = ("/healthz", "/readyz")
@@ -73,9 +75,12 @@ class LimitRequestRates:
         meter = request.server_time = rates.Meter()  # type: ignore[attr-defined]
         meter.admitted(spent)
         try:
+            if user_id is not None and not meter.take_turn(user_id):
+                return too_many_requests(request, rates.NO_TURN.detail(),
+                                         rates.NO_TURN.retry_after)
             return self.get_response(request)
         finally:
-            meter.settle()
+            meter.end()
 
 
 class NameTheCredential:

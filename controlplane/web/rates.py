@@ -50,6 +50,8 @@ from typing import Any
 import redis
 from django.conf import settings
 
+from controlplane.web import turns
+
 log = logging.getLogger(__name__)
 
 KEY_PREFIX = "dcp:rate"
@@ -145,7 +147,8 @@ class Subject:
 
 @dataclass(frozen=True)
 class Refusal:
-    subject: Subject
+    what: str
+    """Whose limit refused it (a :class:`Subject`'s ``what``)."""
     wait: float
 
     @property
@@ -154,8 +157,12 @@ class Refusal:
         return max(1, math.ceil(self.wait))
 
     def detail(self) -> str:
-        return (f"too many requests from {self.subject.what}: try again in "
-                f"{self.retry_after} s")
+        return f"too many requests from {self.what}: try again in {self.retry_after} s"
+
+
+NO_TURN = Refusal("this account, whose other requests are still running "
+                  "(USER_TURN_WAIT_SECONDS)", turns.RETRY_AFTER_SECONDS)
+"""A request whose account's turn did not come (:mod:`controlplane.web.turns`)."""
 
 
 def account(user_id: Any) -> Subject | None:
@@ -187,13 +194,39 @@ def address(bucket: str | None) -> Subject | None:
 class Meter:
     """A request's server time, charged to its account's budget: :data:`START_SECONDS`
     when it is let in (:meth:`admitted`), what it took beyond or short of that when it
-    ends (:meth:`settle`), nothing for the time it spent :meth:`waiting`."""
+    ends (:meth:`settle`), nothing for the time it spent :meth:`waiting` or waiting for
+    its account's turn (:meth:`take_turn`, held until :meth:`end`)."""
 
     subject: Subject | None = None
     started: float = field(default_factory=time.perf_counter)
     spent: float = 0.0
     """Seconds spent before ``started`` and not charged yet."""
     advanced: float = 0.0
+    turn: turns.Turn | None = None
+
+    def take_turn(self, account: Any) -> bool:
+        """Wait for ``account``'s turn (:mod:`controlplane.web.turns`), the wait not
+        charged: whether it came. A request holds one turn, its last account's."""
+        if self.turn is not None and not self.turn.ended and self.turn.account == account:
+            return True
+        self.end_turn()
+        self.spent += time.perf_counter() - self.started
+        try:
+            self.turn = turns.account_turns.take(account)
+        finally:
+            self.started = time.perf_counter()
+        return self.turn is not None
+
+    def end_turn(self) -> None:
+        if self.turn is not None:
+            self.turn.end()
+
+    def end(self) -> None:
+        """The request is answered: its time charged, its turn to the next in line."""
+        try:
+            self.settle()
+        finally:
+            self.end_turn()
 
     def admitted(self, subject: Subject | None) -> None:
         """The request was let in on ``subject``'s budget (charged its start)."""
@@ -213,7 +246,9 @@ class Meter:
     async def waiting(self) -> AsyncIterator[None]:
         """Time spent in here is not the server's: a long-poll waiting for a commit. The
         first wait gives the advance back (on a thread: Redis is called synchronously),
-        so that an account's waiting long-polls do not hold its budget."""
+        so that an account's waiting long-polls do not hold its budget, and ends its turn,
+        so that they do not hold up the account's other requests."""
+        self.end_turn()
         if self.advanced:
             await asyncio.to_thread(self.settle)
         else:
@@ -238,6 +273,8 @@ def admit_token(request: Any, user_id: Any) -> Refusal | None:
     refused = take(account(user_id), spent)
     if refused is None and isinstance(meter, Meter):
         meter.admitted(spent)
+        if not meter.take_turn(user_id):
+            return NO_TURN
     return refused
 
 
@@ -277,7 +314,7 @@ def take(*subjects: Subject | None) -> Refusal | None:
         return None
     if not wait_ms:
         return None
-    return Refusal(counted[int(who) - 1], int(wait_ms) / 1000)
+    return Refusal(counted[int(who) - 1].what, int(wait_ms) / 1000)
 
 
 def arrears(subject: Subject | None) -> float:

@@ -305,3 +305,46 @@ def test_renders_that_waited_for_their_turn_are_not_made_once_the_account_owes(
         page_threads.end_page_threads()
 
     asyncio.run(scenario())
+
+
+def test_a_render_waits_for_its_accounts_turn_and_is_not_made_without_it(
+    settings: Any, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """While the account's turn is held (as one of its requests would hold it), its live
+    page gets no render: each waits ``USER_TURN_WAIT_SECONDS`` and is not made. Once the
+    turn is free, the page's next render brings it up to the newest commit."""
+    from controlplane.web.turns import account_turns
+
+    settings.USER_TURN_WAIT_SECONDS = 0.3
+    monkeypatch.setattr(pages, "render_budget", pages.RenderBudget())
+    made: list[int] = []
+    original = live.Tasks.update
+
+    def counted(this: Any, seq: int, can_act: bool, **params: str) -> str:
+        made.append(seq)
+        return original(this, seq, can_act, **params)
+
+    monkeypatch.setattr(live.Tasks, "update", counted)
+    key = token("taker", "viewer")
+    account = User.objects.get(username="taker").pk
+    start = commit("start")
+
+    async def scenario() -> None:
+        socket = await opened(URLRouter(websocket_urlpatterns), key, "q=take", start)
+        try:
+            held = await asyncio.to_thread(account_turns.take, account, 5)
+            assert held is not None
+            made.clear()
+            blocked = await database_sync_to_async(commit)("one")
+            with pytest.raises(TimeoutError):
+                await shown_within(socket, blocked, 1.5)
+            assert made == []  # renders asked for, none made
+            held.end()
+            assert await shown(socket, blocked) == blocked
+            assert made
+        finally:
+            await socket.disconnect()
+            await database_sync_to_async(lambda: connection.close())()
+        page_threads.end_page_threads()
+
+    asyncio.run(scenario())

@@ -16,7 +16,7 @@ from django.test import Client
 
 from controlplane.access import issue_token
 from controlplane.dev.ports import free_port
-from controlplane.web import rates
+from controlplane.web import rates, turns
 
 pytestmark = pytest.mark.django_db
 
@@ -199,6 +199,7 @@ def test_an_account_can_start_only_so_many_requests_at_once(
     from controlplane.reads import pages
 
     settings.USER_SERVER_SECONDS_BURST = 5 * rates.START_SECONDS
+    settings.USER_TURN_WAIT_SECONDS = 0  # the budget alone: the account's work not in turns
     inside, release = threading.Semaphore(0), threading.Event()
     searched = pages.tasks_page
 
@@ -232,3 +233,116 @@ def test_an_account_can_start_only_so_many_requests_at_once(
     # others refused, while the six were still running.
     assert answers == [200] * 6 + [429] * 2
     assert refused == [429, 429]
+
+
+@pytest.fixture
+def held_searches(monkeypatch: pytest.MonkeyPatch) -> tuple[threading.Semaphore, threading.Event]:
+    """The tasks page's search held until the test lets it go: (a search came in, let
+    them go)."""
+    from controlplane.reads import pages
+
+    inside, release = threading.Semaphore(0), threading.Event()
+    searched = pages.tasks_page
+
+    def held(search: Any) -> Any:
+        inside.release()
+        release.wait(60)
+        return searched(search)
+
+    monkeypatch.setattr(pages, "tasks_page", held)
+    return inside, release
+
+
+def _tab(user: User, address: str, path: str) -> int:
+    """A browser tab's request on a thread of its own: its answer's status."""
+    from django.db import connections
+
+    try:
+        tab = Client(REMOTE_ADDR=address)
+        tab.force_login(user)
+        return tab.get(path).status_code
+    finally:
+        connections.close_all()  # this thread's, before the test database goes
+
+
+@pytest.mark.django_db(transaction=True)  # the requests run on threads of their own
+def test_an_accounts_requests_take_turns_and_another_accounts_are_not_held(
+    settings: Any, held_searches: tuple[threading.Semaphore, threading.Event],
+) -> None:
+    """While one of vic's searches runs, vic's next one waits for its turn (it has not
+    started), and ann's request is answered meanwhile; once the first ends, the second
+    runs."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    settings.USER_TURN_WAIT_SECONDS = 60
+    inside, release = held_searches
+    vic, ann = account("vic"), account("ann")
+    with ThreadPoolExecutor(2) as pool:
+        first = pool.submit(_tab, vic, "10.9.0.1", "/tasks/?q=ren")
+        assert inside.acquire(timeout=60)
+        second = pool.submit(_tab, vic, "10.9.0.2", "/tasks/?q=inv")
+        assert not inside.acquire(timeout=1)  # waiting for vic's turn, not searching
+        assert not second.done()
+        assert bearer(ann, "10.9.0.3").get("/api/sessions").status_code == 200
+        release.set()
+        assert inside.acquire(timeout=60)  # its turn came
+        assert (first.result(timeout=60), second.result(timeout=60)) == (200, 200)
+    assert turns.account_turns.waiting(vic.pk) == 0
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_request_whose_turn_does_not_come_is_answered_429_and_runs_nothing(
+    settings: Any, held_searches: tuple[threading.Semaphore, threading.Event],
+) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    settings.USER_TURN_WAIT_SECONDS = 0.3
+    settings.USER_REQUESTS_PER_SECOND = 0  # the turns alone
+    inside, release = held_searches
+    vic = account("vic")
+    with ThreadPoolExecutor(1) as pool:
+        first = pool.submit(_tab, vic, "10.10.0.1", "/tasks/?q=ren")
+        assert inside.acquire(timeout=60)
+        tab = Client(REMOTE_ADDR="10.10.0.2")
+        tab.force_login(vic)
+        refused = tab.get("/tasks/?q=inv")
+        by_token = bearer(vic, "10.10.0.3").get("/api/sessions")
+        release.set()
+        assert first.result(timeout=60) == 200
+    assert refused.status_code == 429 and refused["Retry-After"] == "1"
+    assert b"other requests are still running (USER_TURN_WAIT_SECONDS)" in refused.content
+    assert by_token.status_code == 429
+    assert "USER_TURN_WAIT_SECONDS" in by_token.json()["detail"]
+    assert not inside.acquire(timeout=0.1)  # the refused search never ran
+    assert tab.get("/tasks/?q=inv").status_code == 200  # the turn is free again
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_long_poll_waiting_for_news_does_not_hold_its_accounts_turn(settings: Any) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    from django.db import connections
+
+    from controlplane.reads.feed import MAX_CURSOR
+
+    settings.USER_TURN_WAIT_SECONDS = 60
+    vic = account("vic")
+
+    def poll() -> int:
+        try:
+            return bearer(vic, "10.11.0.1").get(
+                f"/api/changes?after_id={MAX_CURSOR}&wait=5").status_code
+        finally:
+            connections.close_all()
+
+    with ThreadPoolExecutor(1) as pool:
+        waiting = pool.submit(poll)
+        deadline = time.monotonic() + 30
+        while turns.account_turns.waiting(vic.pk) == 0 and not waiting.done():
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        # The poll has its turn, or had it and gave it up to wait: either way vic's next
+        # request is answered before the poll's five seconds are over.
+        assert bearer(vic, "10.11.0.2").get("/api/sessions").status_code == 200
+        assert not waiting.done()
+        assert waiting.result(timeout=60) == 200
