@@ -2,7 +2,9 @@
 (:mod:`kernel.environment`): the differences, what it offers instead, which worker. A
 report is current while the task has not changed since the worker looked (its
 ``updated_seq`` then); a migrate, a restart or any other change of the task makes it
-stale."""
+stale. It is current too while the worker that made it holds the task again (a late
+message for the task has it claim and give it back), not while another worker does: that
+one offers the environment, or it would give the task back too."""
 
 from __future__ import annotations
 
@@ -24,7 +26,12 @@ def report(task: Task) -> dict[str, JSON] | None:
     found = process_kernel().document(task.session_id, BLOCKED_DOCUMENT, task.id)
     if not isinstance(found, dict) or found.get("task_seq") != task.updated_seq:
         return None
-    return found
+    return found if _waiting_or_rechecked(task, found) else None
+
+
+def _waiting_or_rechecked(task: Task, found: dict[str, JSON]) -> bool:
+    return task.status is Status.PENDING or (
+        task.status is Status.RUNNING and task.lease_owner == found.get("worker"))
 
 
 def current(tasks: Iterable[Task]) -> dict[str, dict[str, JSON]]:
@@ -32,7 +39,8 @@ def current(tasks: Iterable[Task]) -> dict[str, dict[str, JSON]]:
     their report documents' heads, then the value of each written since the task last
     changed (a task a worker left blocked waits, pending, for another worker)."""
     waiting = {t.id: t for t in tasks
-               if t.status is Status.PENDING and recorded(t.checkpoint) is not None}
+               if t.status in (Status.PENDING, Status.RUNNING)
+               and recorded(t.checkpoint) is not None}
     if not waiting:
         return {}
     pairs = models.Document.objects.filter(kind=BLOCKED_DOCUMENT, key__in=list(waiting),

@@ -4,11 +4,12 @@ it ends or changes (the report is then stale)."""
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 import pytest
 
-from controlplane.reads import pages
+from controlplane.reads import pages, tasks
 from controlplane.worker.runtime import runtime
 from kernel import Draft, Kernel, Registry, Run, Transition, Worker
 from kernel.environment import BLOCKED_DOCUMENT
@@ -61,3 +62,40 @@ def test_an_environment_blocked_task_needs_attention_until_it_ends(
     cancel.cancel(task_id, "not needed")
     handle.commit(cancel)
     assert all(t.id != task_id for t in pages.attention().blocked)
+
+
+def test_a_blocked_task_stays_on_the_list_while_the_worker_that_reported_it_looks_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A late message for the task makes the worker that left it blocked claim it again
+    for a moment (and give it back): the list must not lose it meanwhile. A worker that
+    can run it takes it off the list while it holds it."""
+    kernel = runtime().kernel
+    monkeypatch.setattr(runtime().dispatcher, "deliver", lambda task, queue: None)
+    if KIND not in kernel.registry.kinds():
+        paying(kernel.registry, "1")
+    handle = kernel.create_session()
+    draft = Draft(actor="user:ann")
+    task_id = draft.create_task(KIND, {})
+    handle.commit(draft)
+    changed = Registry()
+    paying(changed, "2")
+    assert not Worker(Kernel(kernel.storage, changed), "w2").advance(task_id)
+
+    def listed() -> bool:
+        return any(t.id == task_id for t in pages.attention().blocked)
+
+    def claimed_by(owner: str) -> None:
+        now = kernel.clock.now()
+        assert kernel.storage.claim(task_id, owner, now, now + timedelta(minutes=1))
+
+    assert listed()
+    claimed_by("w2")
+    assert listed()
+    assert "tool pay: 2 here" in (tasks.get(task_id).blocked or "")
+    task = kernel.storage.task(task_id)
+    assert task is not None
+    assert kernel.storage.release(task_id, "w2", task.epoch, kernel.clock.now())
+    claimed_by("w3")
+    assert not listed()
+    assert tasks.get(task_id).blocked is None
