@@ -9,7 +9,7 @@ import os
 import pytest
 
 from benchmarks._support import BENCH_DATABASE, database_url, recreate_database
-from benchmarks.langgraph import HEADING, OPERATIONS, STEPS, render, run
+from benchmarks.langgraph import FLOOR, HEADING, OPERATIONS, STEPS, render, run
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -32,8 +32,9 @@ def test_the_benchmark_measures_both_savers_and_renders_its_section() -> None:
         assert set(result.latency[saver]) == set(OPERATIONS)
         assert all(result.latency[saver][op].count == 4 for op in OPERATIONS)
         assert result.statements[saver]["put"] >= 1
+    assert all(result.latency[FLOOR][op].count == 4 for op in OPERATIONS)
     assert set(result.graph) == {"none", "session_store", "postgres_saver"}
     assert result.rows["kernel_commit"] > 0
     section = render(result)
     assert section.startswith(HEADING) and f"{STEPS}-step graph" in section
-    assert "during this run" in section
+    assert "during this run" in section and "kernel commit alone" in section
