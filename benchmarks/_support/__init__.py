@@ -43,6 +43,7 @@ from benchmarks._support.postgres import (
     server_facts,
 )
 from benchmarks._support.report import (
+    EARLIER_RUNS,
     REPORT,
     ROOT,
     progress,
@@ -58,6 +59,7 @@ from benchmarks._support.workers import Activity, Cluster
 __all__ = [
     "BENCH_DATABASE",
     "DEFAULT_DATABASE_URL",
+    "EARLIER_RUNS",
     "KIND",
     "REPORT",
     "ROOT",

@@ -1,7 +1,9 @@
 """What a run tells: a line per stage on stderr, and its section of ``docs/benchmarks.md``.
 
 The report file holds every benchmark's section; a run replaces only its own, so the
-other benchmarks' figures stay as their last runs left them.
+other benchmarks' figures stay as their last runs left them. Within its own, a run
+replaces only the printout: what a section holds from a line :data:`EARLIER_RUNS` on (the earlier
+runs, written by hand) stays under the new printout.
 """
 
 from __future__ import annotations
@@ -16,6 +18,9 @@ REPORT = ROOT / "docs" / "benchmarks.md"
 
 _started = time.monotonic()
 
+EARLIER_RUNS = "<!-- earlier runs: make bench keeps what follows -->"
+"""The line of a section from which a run keeps what is there."""
+
 
 def progress(message: str) -> None:
     """One line per stage on stderr, so a long run shows where it is."""
@@ -26,10 +31,12 @@ def replace_section(text: str, heading: str, section: str) -> str:
     """``text`` with the section under ``heading`` replaced by ``section`` (or appended).
 
     A section runs from its ``## `` heading to the next ``## `` heading, so other
-    benchmarks' sections in the same file are left as they are.
+    benchmarks' sections in the same file are left as they are; a :data:`EARLIER_RUNS` line in
+    it ends what is replaced, and it and what follows it stay.
     """
     body = section.rstrip("\n") + "\n"
-    pattern = re.compile(rf"^{re.escape(heading)}[ \t]*\n.*?(?=^## |\Z)", re.M | re.S)
+    ends = rf"^## |^{re.escape(EARLIER_RUNS)}[ \t]*$|\Z"
+    pattern = re.compile(rf"^{re.escape(heading)}[ \t]*\n.*?(?={ends})", re.M | re.S)
     match = pattern.search(text)
     if match is None:
         base = text.rstrip("\n")

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks._support import (
+    EARLIER_RUNS,
     Stats,
     database_url,
     machine_facts,
@@ -129,3 +130,17 @@ def test_a_rerun_replaces_only_its_own_section(tmp_path: Path) -> None:
     assert text.index("## Other") < text.index(HEADING) < text.index("## Later")
     assert "keep me" in text and "later section" in text and text.count(HEADING) == 1
     assert replace_section("", HEADING, HEADING) == HEADING + "\n"
+
+
+def test_a_rerun_keeps_the_earlier_runs_written_under_its_printout(tmp_path: Path) -> None:
+    report = tmp_path / "benchmarks.md"
+    report.write_text(f"# Benchmarks\n\n{HEADING}\n\nold printout\n\n{EARLIER_RUNS}\n\n"
+                      "**Yesterday:** 2.1x by hand\n\n## Other\n\nkeep me\n")
+    write_section(HEADING, f"{HEADING}\n\nnew printout\n", report)
+    text = report.read_text()
+    assert "old printout" not in text and "new printout" in text
+    assert text.index("new printout") < text.index(EARLIER_RUNS) < text.index("**Yesterday:** 2.1x")
+    assert text.index("**Yesterday:**") < text.index("## Other") and "keep me" in text
+    write_section(HEADING, f"{HEADING}\n\nnewer printout\n", report)
+    assert report.read_text().count("**Yesterday:**") == 1
+    assert "new printout" not in report.read_text()
