@@ -318,8 +318,11 @@ def test_a_request_whose_turn_does_not_come_is_answered_429_and_runs_nothing(
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_long_poll_waiting_for_news_does_not_hold_its_accounts_turn(settings: Any) -> None:
+def test_a_long_poll_waiting_for_news_does_not_hold_its_accounts_turn(
+    settings: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from concurrent.futures import ThreadPoolExecutor
+    from contextlib import asynccontextmanager
 
     from django.db import connections
 
@@ -327,6 +330,16 @@ def test_a_long_poll_waiting_for_news_does_not_hold_its_accounts_turn(settings: 
 
     settings.USER_TURN_WAIT_SECONDS = 60
     vic = account("vic")
+    waits = threading.Event()
+    wait_for_news = rates.Meter.waiting
+
+    @asynccontextmanager
+    async def told(meter: rates.Meter) -> Any:
+        async with wait_for_news(meter):
+            waits.set()
+            yield
+
+    monkeypatch.setattr(rates.Meter, "waiting", told)
 
     def poll() -> int:
         try:
@@ -337,12 +350,9 @@ def test_a_long_poll_waiting_for_news_does_not_hold_its_accounts_turn(settings: 
 
     with ThreadPoolExecutor(1) as pool:
         waiting = pool.submit(poll)
-        deadline = time.monotonic() + 30
-        while turns.account_turns.waiting(vic.pk) == 0 and not waiting.done():
-            assert time.monotonic() < deadline
-            time.sleep(0.01)
-        # The poll has its turn, or had it and gave it up to wait: either way vic's next
-        # request is answered before the poll's five seconds are over.
+        # The poll took its turn and gave it up to wait for news: vic's next request is
+        # answered before the poll's five seconds are over.
+        assert waits.wait(timeout=30)
         assert bearer(vic, "10.11.0.2").get("/api/sessions").status_code == 200
         assert not waiting.done()
         assert waiting.result(timeout=60) == 200
