@@ -561,11 +561,16 @@ class InMemoryStorage:
                     row = Dispatch(task.id, task.session_id, at, task.queue, 0, id=dispatch_id)
                     self._dispatches[dispatch_id] = row
 
-    def block_dispatches(self, task_id: str) -> None:
+    def block_dispatches(
+        self, task_id: str, *, delivered_at: datetime | None = None, attempts: int = 0
+    ) -> None:
         with self._lock:
             for row in list(self._dispatches.values()):
-                if row.task_id == task_id:
-                    self._dispatches[row.id] = replace(row, blocked=True)
+                if row.task_id == task_id and not row.blocked:
+                    self._dispatches[row.id] = replace(
+                        row, blocked=True,
+                        delivered_at=row.delivered_at if delivered_at is None else delivered_at,
+                        attempts=max(row.attempts, attempts))
 
     def blocked_tasks(self, limit: int) -> list[Task]:
         with self._lock:

@@ -418,8 +418,14 @@ class Storage(Protocol):
         is left alone, so sweeps repeating this do not re-send."""
         ...
 
-    def block_dispatches(self, task_id: str) -> None:
-        """A worker found this task blocked: mark its rows for :meth:`retry_dispatches`."""
+    def block_dispatches(
+        self, task_id: str, *, delivered_at: datetime | None = None, attempts: int = 0
+    ) -> None:
+        """A worker found this task blocked: mark its rows not yet marked for
+        :meth:`retry_dispatches`. With ``delivered_at``, those rows also count as delivered
+        then, at least ``attempts`` times, so that the sweep backs off from them as from
+        rows delivered that often: a worker that claimed the task to find it blocked
+        (its claim removed the rows whose deliveries counted) says how often it did."""
         ...
 
     def blocked_tasks(self, limit: int) -> list[Task]:

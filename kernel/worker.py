@@ -45,6 +45,9 @@ MAX_CONFLICTS = 5
 QUICK_SECONDS = 0.25
 """A task whose last run in this worker took longer is not started while endings wait to
 be committed (see :meth:`Worker.advance_queue`)."""
+BLOCKED_REMEMBERED = 10_000
+"""How many tasks given back blocked a worker counts (:meth:`Worker._gave_back`); the one
+given back longest ago is forgotten first, and counts from one again."""
 NO_PROGRESS = "phase {phase!r} returned {result!r}: no durable progress (same phase and checkpoint)"
 
 
@@ -126,6 +129,10 @@ class Worker:
         # (kernel.endings). And how long each kind last ran here.
         self._pending = threading.local()
         self._took: dict[str, float] = {}
+        self._blocked_here: dict[str, tuple[int, int]] = {}
+        """Tasks this worker claimed and gave back blocked: by id, the task's
+        ``updated_seq`` then and how many times in a row at it."""
+        self._blocked_lock = threading.Lock()
         self.heartbeat = (
             Heartbeat(lease_seconds / 3, kernel.storage.thread_exit, self.held)
             if heartbeat
@@ -259,9 +266,11 @@ class Worker:
         dispatch rows marked blocked, as :meth:`advance` leaves a blocked task."""
         resolved = self.kernel.registry.resolve(task)
         if not isinstance(resolved, Resolved) or self._environment_differs(task, resolved):
-            storage = self.kernel.storage
-            storage.release(task.id, self.id, task.epoch, self.kernel.clock.now())
-            storage.block_dispatches(task.id)
+            storage, now = self.kernel.storage, self.kernel.clock.now()
+            storage.release(task.id, self.id, task.epoch, now)
+            # The claim removed the rows whose deliveries counted: the row the release
+            # adds counts this worker's times, or every sweep would send the task again.
+            storage.block_dispatches(task.id, delivered_at=now, attempts=self._gave_back(task))
             return None
         lease = Lease(
             kernel=self.kernel,
@@ -277,6 +286,17 @@ class Worker:
         )
         self.held[lease.key] = lease
         return lease
+
+    def _gave_back(self, task: Task) -> int:
+        """How many times in a row this worker has now given ``task`` back blocked, at the
+        state it is in (a change of the task, a migrate say, starts again at one)."""
+        with self._blocked_lock:
+            seq, times = self._blocked_here.pop(task.id, (task.updated_seq, 0))
+            times = times + 1 if seq == task.updated_seq else 1
+            self._blocked_here[task.id] = (task.updated_seq, times)
+            while len(self._blocked_here) > BLOCKED_REMEMBERED:
+                del self._blocked_here[next(iter(self._blocked_here))]  # the longest quiet
+            return times
 
     def _environment_differs(self, task: Task, resolved: Resolved) -> bool:
         """Whether this worker lacks, or offers otherwise, something of the environment

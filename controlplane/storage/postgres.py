@@ -535,9 +535,11 @@ class PostgresStorage:
                 ],
             )
 
-    def block_dispatches(self, task_id: str) -> None:
+    def block_dispatches(
+        self, task_id: str, *, delivered_at: datetime | None = None, attempts: int = 0
+    ) -> None:
         with self._cursor() as cur:
-            cur.execute(sql.BLOCK_DISPATCHES, [task_id])
+            cur.execute(sql.BLOCK_DISPATCHES, [delivered_at, attempts, task_id])
 
     def blocked_tasks(self, limit: int) -> list[Task]:
         return [TASK.from_sql(r) for r in self._all(sql.BLOCKED_TASKS, [limit])]

@@ -676,7 +676,11 @@ MARK_BURST = f"UPDATE {DISPATCH.name} SET woken = true WHERE id = ANY(%s)"
 ANALYZE_BURST = 256
 DISPATCH_ANALYZED_ROWS = f"SELECT reltuples FROM pg_class WHERE oid = '{DISPATCH.name}'::regclass"
 ANALYZE_DISPATCH = f"ANALYZE {DISPATCH.name} (queue, not_before, woken, blocked)"
-BLOCK_DISPATCHES = f"UPDATE {DISPATCH.name} SET blocked = true WHERE task_id = %s AND NOT blocked"
+BLOCK_DISPATCHES = (
+    f"UPDATE {DISPATCH.name} SET blocked = true, "
+    "delivered_at = COALESCE(%s::timestamptz, delivered_at), attempts = GREATEST(attempts, %s) "
+    "WHERE task_id = %s AND NOT blocked"
+)
 BLOCKED_TASKS = select(
     TASK, f"id IN (SELECT task_id FROM {DISPATCH.name} WHERE blocked)", " LIMIT %s"
 )

@@ -6,11 +6,13 @@ storages."""
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 import pytest
 
 from kernel import Draft, IllegalTransition, Registry, Run, StaleStep, Status, Transition, Worker
+from kernel.dispatch import Dispatcher
 from kernel.environment import BLOCKED_DOCUMENT, ENVIRONMENT, KERNEL_VERSION
 from kernel.forks import phase_entries
 
@@ -137,3 +139,31 @@ def test_only_a_task_waiting_to_run_again_is_migrated(world: World) -> None:
     late.migrate_environment(pay, {"tool pay": "x"}, expected_seq=done.updated_seq)
     with pytest.raises(IllegalTransition, match="only a task waiting"):
         kernel.open(handle.id).commit(late)
+
+
+def test_a_task_left_blocked_here_backs_off_instead_of_coming_back_at_every_sweep(
+    world: World,
+) -> None:
+    """The worker that gave a blocked task back is not sent it again at every sweep:
+    its deliveries back off, as a task no definition can run does."""
+    offered = {"pay": "schema-1"}
+    registry = tooled(offered, [])
+    handle, (pay,) = started(world, registry, "pay")
+    offered["pay"] = "schema-2"
+    kernel = world.kernel(registry)
+    worker = Worker(kernel, "w2")
+    delivered: list[str] = []
+
+    def deliver(task: str, queue: str) -> None:
+        delivered.append(task)
+        worker.advance(task)
+
+    dispatcher = Dispatcher(kernel, deliver, redeliver_after=timedelta(seconds=30))
+    dispatcher.sweep()  # the go's row: blocked here
+    for _ in range(600):  # ten minutes of a sweep a second
+        world.clock.advance(1)
+        dispatcher.sweep()
+    task = world.storage.task(pay)
+    assert task.status is Status.PENDING and task.lease_owner is None
+    # Backing off from 30 s, doubling: at most 30, 60, 120, 240 s in ten minutes.
+    assert 1 <= len(delivered) <= 5, len(delivered)

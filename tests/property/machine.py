@@ -492,9 +492,14 @@ class Differential(RuleBasedStateMachine):
 
     @precondition(lambda self: enabled("lapse") and bool(self.tasks()))
     @rule(worker=st.sampled_from(WORKERS), task=INDEX,
-          how=st.sampled_from(("claim", "claim", "burst", "batch")))
-    def claim(self, worker: str, task: int, how: str) -> None:
-        """A worker claims and pauses before its phase (a stopped VM, SIGSTOP)."""
+          how=st.sampled_from(("claim", "claim", "burst", "batch")),
+          then=st.sampled_from(("pause", "pause", "pause", "blocked", 1, 7)))
+    def claim(self, worker: str, task: int, how: str, then: str | int) -> None:
+        """A worker claims and pauses before its phase (a stopped VM, SIGSTOP); or finds
+        what it claimed blocked here and gives it back as a worker does
+        (``Worker._hold``): released, its rows marked blocked and counted as delivered
+        now ``then`` times (``"blocked"``: marked only, as ``Worker.advance`` marks the
+        rows of a task it did not claim)."""
         now, until = self.now_and_until()
         target = self.task_at(task, lambda t: t.runnable_at(now))
 
@@ -507,10 +512,22 @@ class Differential(RuleBasedStateMachine):
             else:  # every runnable one: the order of a batch is the storage's own
                 claimed = sorted(storage.claim_batch(worker, now, until, 1000, [KIND]),
                                  key=lambda t: t.id)
-            world.paused.extend((worker, t) for t in claimed if t is not None)
-            return claimed
+            held = [t for t in claimed if t is not None]
+            if then == "pause":
+                world.paused.extend((worker, t) for t in held)
+                return claimed
+            released = []
+            for t in held:
+                released.append(storage.release(t.id, worker, t.epoch, now))
+                if isinstance(then, int):
+                    storage.block_dispatches(t.id, delivered_at=now, attempts=then)
+                else:
+                    storage.block_dispatches(t.id)
+            return claimed, released
 
-        self.each(f"claim ({how})", op)
+        self.each(f"claim ({how}, then {then})", op)
+        if then != "pause":
+            STATS[f"given back blocked: {then}"] += 1
 
     @precondition(lambda self: bool(self.reference.paused))
     @rule(slot=INDEX)
