@@ -52,6 +52,21 @@ def approve(client: Any, session_id: str, task: Task, call_id: str) -> None:
     assert answer.status_code == 200, answer.content
 
 
+def acted(client: Any, path: str, body: dict[str, Any]) -> Any:
+    """An operator's action on a task left blocked, taken again while it is refused as
+    running: a late message for the task may have the worker that gave it back claim it
+    again for a moment (and give it back), and the action is refused meanwhile."""
+    tries = iter(range(100))
+
+    def answered() -> Any:
+        answer = client.post(path, {**body, "action_id": f"{body['action_id']}-{next(tries)}"},
+                             content_type="application/json")
+        running = answer.status_code == 409 and b"running" in answer.content
+        return None if running else answer
+
+    return wait_for(answered, f"{path} to be taken while the task is not running")
+
+
 def test_a_worker_with_a_changed_tool_schema_blocks_only_the_run_that_needs_it(
     stack: Stack, model: ModelStandIn
 ) -> None:
@@ -90,9 +105,9 @@ def test_a_worker_with_a_changed_tool_schema_blocks_only_the_run_that_needs_it(
     attention = olga.get("/attention/").content.decode()
     assert f"/tasks/{pay.id}/" in attention and "tool pay: " in attention
 
-    answer = olga.post(f"/api/tasks/{pay.id}/migrate",
-                       {"action_id": "m1", "reason": "the new schema only adds a field",
-                        "expected_seq": pay.updated_seq}, content_type="application/json")
+    answer = acted(olga, f"/api/tasks/{pay.id}/migrate",
+                   {"action_id": "m1", "reason": "the new schema only adds a field",
+                    "expected_seq": pay.updated_seq})
     assert answer.status_code == 200, answer.content
     stack.wait_answered(submission.id)
     assert sorted(stack.tool_runs()) == ["pay", "refund"]
@@ -118,17 +133,16 @@ def test_a_fork_starts_the_blocked_call_again_under_the_new_environment(
     stack.worker("w2", PAY_SCHEMA="2")
     olga = operator_client("olga")
     approve(olga, session_id, task, "call_pay")
-    wait_for(lambda: stack.task(task.id).lease_owner is None
-             and stack.kernel.document(session_id, BLOCKED_DOCUMENT, task.id) or None,
-             "the worker to report the pay call blocked and give it back")
-    blocked = stack.task(task.id)
+    blocked = wait_for(
+        lambda: (t := stack.task(task.id)).lease_owner is None
+        and stack.kernel.document(session_id, BLOCKED_DOCUMENT, task.id) and t or None,
+        "the worker to report the pay call blocked and give it back")
 
     points = olga.get(f"/api/tasks/{task.id}/restarts").json()
     assert [p["phase"] for p in points] == ["call", "approval"]
-    answer = olga.post(f"/api/tasks/{task.id}/restart",
-                       {"action_id": "f1", "reason": "ask again under the new schema",
-                        "seq": points[0]["seq"], "expected_seq": blocked.updated_seq},
-                       content_type="application/json")
+    answer = acted(olga, f"/api/tasks/{task.id}/restart",
+                   {"action_id": "f1", "reason": "ask again under the new schema",
+                    "seq": points[0]["seq"], "expected_seq": blocked.updated_seq})
     assert answer.status_code == 200, answer.content
     # The fork runs under the new environment, from the call: it asks for approval anew
     # (the approval given to the old run does not let it through).
