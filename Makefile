@@ -81,8 +81,8 @@ nginx:
 lint: venv
 	@echo "==> ruff check"
 	$(VENV)/bin/ruff check .
-	echo "==> mypy $(wildcard kernel controlplane)"
-	$(VENV)/bin/mypy $(wildcard kernel controlplane)
+	echo "==> mypy $(wildcard kernel controlplane benchmarks)"
+	$(VENV)/bin/mypy $(wildcard kernel controlplane benchmarks)
 
 # `make test` is the inner loop and stays under 15 minutes: lint, then every test but the
 # three suites that run the whole stack for minutes (Celery workers killed and waited

@@ -46,7 +46,7 @@ def timed(owner: Any, name: str, label: str) -> None:
 
 def instrument() -> None:
     from controlplane.reference.notices import channels
-    from controlplane.storage import READS, WRITES
+    from controlplane.storage import READS, WRITES, PostgresStorage
     from controlplane.worker.runtime import runtime
     from kernel import run
 
@@ -69,6 +69,7 @@ def instrument() -> None:
         slot[0] += seconds
         slot[2] += 1
 
+    assert isinstance(storage, PostgresStorage)  # the stages are its commit's
     storage.observer = observer
     del WRITES
 

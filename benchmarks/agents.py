@@ -159,8 +159,7 @@ def dbos_runner(url: str) -> tuple[Callable[[], list[float]], Callable[[], None]
 
     steps = Steps()
     agent = agent_with(steps, "bench_dbos", [DBOSDurability()])
-    DBOS(config={"name": "agents_bench", "system_database_url": url,
-                 "run_admin_server": False})
+    DBOS(config={"name": "agents_bench", "system_database_url": url})
 
     @DBOS.workflow()
     async def workflow(prompt: str) -> str:

@@ -28,6 +28,7 @@ import urllib.request
 import uuid
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
 
 from benchmarks._support import (
@@ -106,6 +107,11 @@ def approve(server: Daphne, token: str, session_id: str, call_id: str, digest: s
         assert answer.status == 200, answer.read()
 
 
+def started_at(log: Path, n: int) -> float | None:
+    """When call ``n``'s tool started, if it has."""
+    return starts(log).get(n)
+
+
 def starts(log: Path) -> dict[int, float]:
     if not log.exists():
         return {}
@@ -137,13 +143,14 @@ def run(args: argparse.Namespace, url: str, redis_url: str) -> Result:
         try:
             for n in range(args.warmup + args.calls):
                 session_id, task_id, call_id = gated_call(n)
-                wait_for(lambda task_id=task_id: awaiting(task_id),
+                wait_for(partial(awaiting, task_id),
                          f"call {n} to await approval", timeout=60, every=0.01)
                 sent = time.time()
                 approve(server, token, session_id, call_id, digest({"n": n}))
                 replied = time.time()
-                started = wait_for(lambda n=n: starts(log).get(n), f"call {n} to start",
+                started = wait_for(partial(started_at, log, n), f"call {n} to start",
                                    timeout=60, every=0.002)
+                assert started is not None  # wait_for returns what it waited for
                 if n >= args.warmup:
                     to_start.append(started - sent)
                     answered.append(replied - sent)
