@@ -172,13 +172,14 @@ class Stack:
     def wait_inside_send(self, session_id: str, to: str, who: str) -> Task:
         """Wait until ``to``'s notice has committed its intent and the provider holds
         its message (a send stalled after storing it): the notice, as it is then."""
-        def inside() -> bool:
+        def inside() -> Task | None:
             notice = self.notices(session_id).get(to)
-            return notice is not None and notice.phase == "confirm" and any(
+            held = notice is not None and notice.phase == "confirm" and any(
                 m["to"] == to for m in self.admin.messages())
+            return notice if held else None
 
-        wait_for(inside, f"{who} to be inside {to}'s (stalled) send")
-        return self.notices(session_id)[to]
+        # The notice the wait saw: read again, a short stall may have ended meanwhile.
+        return wait_for(inside, f"{who} to be inside {to}'s (stalled) send")
 
     def task(self, task_id: str) -> Task:
         found = self.kernel.storage.task(task_id)
@@ -218,10 +219,12 @@ class Stack:
         assert session is not None
         return session.head_seq
 
-    def holder(self, task_id: str) -> Process:
-        """The worker process that holds ``task_id``'s lease (owner ids are host:pid)."""
-        owner = self.task(task_id).lease_owner
-        assert owner is not None, f"nobody holds {task_id}"
+    def holder(self, task: str | Task) -> Process:
+        """The worker process that holds a task's lease (owner ids are host:pid): read now
+        by id, or as a copy of the task already read shows it."""
+        found = self.task(task) if isinstance(task, str) else task
+        owner = found.lease_owner
+        assert owner is not None, f"nobody holds {found.id}"
         pid = int(owner.rsplit(":", 1)[1])
         return next(p for p in self.processes if p.pid == pid)
 

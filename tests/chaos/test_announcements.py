@@ -58,7 +58,7 @@ def test_a_draining_worker_finishes_the_phase_its_reader_runs(
     session_id, batch_id = stack.send_batch([BEN])
 
     notice = stack.wait_inside_send(session_id, BEN, "w1's announcement reader")
-    assert stack.holder(notice.id) is hands
+    assert stack.holder(notice) is hands
     hands.terminate()  # SIGTERM
     assert hands.popen.wait(timeout=30) == 0, hands.output()
     ben = stack.task(notice.id)

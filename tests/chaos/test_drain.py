@@ -42,7 +42,7 @@ def test_sigterm_mid_batch_hands_the_leases_over_and_exits_0(
     session_id, batch_id = stack.send_batch(RECIPIENTS)
 
     notice = stack.wait_inside_send(session_id, BEN, "the first worker")
-    assert stack.holder(notice.id) is draining
+    assert stack.holder(notice) is draining
     other = stack.worker("w2", KERNEL_LEASE_SECONDS=LEASE_SECONDS)
 
     terminated = time.monotonic()

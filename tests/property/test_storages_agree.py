@@ -119,6 +119,10 @@ WORKER_PATHS = ("endings committed together", "endings carried by an intent", "b
 lease's commit, and tasks claimed from burst rows (every world takes them)."""
 
 
+FAST_PATH_SEEDS = (31, 32, 37)
+"""The fixed programs that take each fast path, tried in turn until all were taken."""
+
+
 def test_a_generated_run_takes_each_fast_path(worlds: None) -> None:
     """The fast paths are really exercised: a short generated run of ordinary programs
     (none of the families that find today's disagreements) commits through each of them
@@ -126,15 +130,23 @@ def test_a_generated_run_takes_each_fast_path(worlds: None) -> None:
     started = time.monotonic()
     excluded = machine.EXCLUDED
     machine.EXCLUDED = frozenset(machine.FAMILIES)
+
+    def taken() -> dict[str, int]:
+        return {path: STATS[f"postgres-fast:{path}"] for path in STORAGE_PATHS + WORKER_PATHS}
+
     try:
         # The same programs on every run, a seed given or not: which paths a program
-        # takes is what is checked, not what a seed happens to generate.
-        run_state_machine_as_test(seed(31)(Differential),
-                                  settings=bounded(50, steps=30, fixed=True))
+        # takes is what is checked, not what a seed happens to generate. A path can
+        # depend on time (a worker flushes held endings after a slow phase), so on a
+        # loaded machine a run may miss one: the next fixed seed's programs go on.
+        for fixed_seed in FAST_PATH_SEEDS:
+            run_state_machine_as_test(seed(fixed_seed)(Differential),
+                                      settings=bounded(50, steps=30, fixed=True))
+            if all(taken().values()):
+                break
     finally:
         print("\n" + summary(started))
         machine.EXCLUDED = excluded
-    taken = {path: STATS[f"postgres-fast:{path}"] for path in STORAGE_PATHS + WORKER_PATHS}
-    assert all(taken.values()), taken
+    assert all(taken().values()), taken()
     general = {path: STATS[f"postgres-general:{path}"] for path in STORAGE_PATHS}
     assert not any(general.values()), general
