@@ -11,7 +11,7 @@ import pytest
 
 from controlplane.reads import pages, tasks
 from controlplane.worker.runtime import runtime
-from kernel import Draft, Kernel, Registry, Run, Transition, Worker
+from kernel import Draft, Kernel, Registry, Run, SessionHandle, Transition, Worker
 from kernel.environment import BLOCKED_DOCUMENT
 
 from .clients import login
@@ -33,9 +33,8 @@ def paying(registry: Registry, schema: str) -> None:
             return run.succeed("paid")
 
 
-def test_an_environment_blocked_task_needs_attention_until_it_ends(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def started(monkeypatch: pytest.MonkeyPatch) -> tuple[Kernel, SessionHandle, str]:
+    """A paying task created under schema 1 (nothing delivered: the test runs workers)."""
     kernel = runtime().kernel
     monkeypatch.setattr(runtime().dispatcher, "deliver", lambda task, queue: None)
     if KIND not in kernel.registry.kinds():
@@ -44,11 +43,23 @@ def test_an_environment_blocked_task_needs_attention_until_it_ends(
     draft = Draft(actor="user:ann")
     task_id = draft.create_task(KIND, {})
     handle.commit(draft)
-    assert all(t.id != task_id for t in pages.attention().blocked)
+    return kernel, handle, task_id
 
+
+def blocked_by_w2(kernel: Kernel, task_id: str) -> None:
+    """Worker w2, whose pay tool has schema 2, leaves the task blocked."""
     changed = Registry()
     paying(changed, "2")
     assert not Worker(Kernel(kernel.storage, changed), "w2").advance(task_id)
+
+
+def test_an_environment_blocked_task_needs_attention_until_it_ends(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    kernel, handle, task_id = started(monkeypatch)
+    assert all(t.id != task_id for t in pages.attention().blocked)
+
+    blocked_by_w2(kernel, task_id)
     assert kernel.document(handle.id, BLOCKED_DOCUMENT, task_id)["differences"]
 
     (shown,) = [t for t in pages.attention().blocked if t.id == task_id]
@@ -70,17 +81,8 @@ def test_a_blocked_task_stays_on_the_list_while_the_worker_that_reported_it_look
     """A late message for the task makes the worker that left it blocked claim it again
     for a moment (and give it back): the list must not lose it meanwhile. A worker that
     can run it takes it off the list while it holds it."""
-    kernel = runtime().kernel
-    monkeypatch.setattr(runtime().dispatcher, "deliver", lambda task, queue: None)
-    if KIND not in kernel.registry.kinds():
-        paying(kernel.registry, "1")
-    handle = kernel.create_session()
-    draft = Draft(actor="user:ann")
-    task_id = draft.create_task(KIND, {})
-    handle.commit(draft)
-    changed = Registry()
-    paying(changed, "2")
-    assert not Worker(Kernel(kernel.storage, changed), "w2").advance(task_id)
+    kernel, handle, task_id = started(monkeypatch)
+    blocked_by_w2(kernel, task_id)
 
     def listed() -> bool:
         return any(t.id == task_id for t in pages.attention().blocked)
