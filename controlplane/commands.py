@@ -371,7 +371,7 @@ def resume_graph(
 
 def fork_graph(
     user: User, session_id: str, action_id: str, reason: str, checkpoint_id: str,
-    values: Any = None,
+    expected_version: int, values: Any = None,
 ) -> ActionResult:
     """Start a new run of the session's graph from its thread's checkpoint
     ``checkpoint_id`` (time travel): nothing before that checkpoint runs again; with
@@ -379,9 +379,12 @@ def fork_graph(
     ``update_state``). The fork is a new branch of the thread: the checkpoints after the
     fork point stay readable. One commit naming the operator, which creates the run.
 
-    Refused (Conflict) when the checkpoint is no longer in the thread (pruned, deleted)
-    or a run of the thread has not ended: each run goes on from the thread's newest
-    checkpoint, which the fork's run would move under it."""
+    Refused (Conflict) when the checkpoint is no longer in the thread (pruned, deleted),
+    when a run of the thread has not ended (each run goes on from the thread's newest
+    checkpoint, which the fork's run would move under it), or when the thread changed
+    since the operator saw it: ``expected_version`` is the version of the thread's index
+    they were shown (:attr:`controlplane.reads.graphs.Thread.version`), and the commit
+    is refused if the index moved even between the checks here and the commit."""
     from kernel.hosts.langgraph.host import fork_input
 
     require_operator(user)
@@ -399,12 +402,16 @@ def fork_graph(
     kind = thread.kind
     expected: int | None = None  # a repeat is answered with the first commit, as it is
     if not _done_before(session_id, action_id, "fork", checkpoint_id):
-        namespaces, expected = graph_reads.versioned_index(session_id)
+        namespaces, version = graph_reads.versioned_index(session_id)
         _refuse_unless(checkpoint_id in namespaces.get(graph_reads.ROOT, {}),
                        f"checkpoint {checkpoint_id} is not in the thread (any more): look again")
         _refuse_unless(not thread.open_runs,
                        f"run {', '.join(r.task_id for r in thread.open_runs)} of this thread "
                        "has not ended: fork once it has (or cancel it)")
+        _refuse_unless(version == expected_version,
+                       f"the thread changed since you saw it (its checkpoints are at version "
+                       f"{version}, you saw {expected_version}): look again")
+        expected = expected_version
 
     def build(draft: Draft) -> None:
         run = draft.create_task(kind, fork_input(checkpoint_id, values))

@@ -24,6 +24,7 @@ from controlplane.api.schemas import (
     BulkPreview,
     CompactIn,
     DenyIn,
+    ForkIn,
     ResolveIn,
     ResumeIn,
 )
@@ -66,6 +67,17 @@ def resume(request: HttpRequest, task_id: PathText, body: ResumeIn) -> Any:
     the interrupt declares is refused (422)."""
     return commands.resume_graph(caller(request), task_id, body.action_id, body.reason,
                                  body.checkpoint_id, body.value)
+
+
+@router.post("/sessions/{session_id}/graph/fork", response=ActionOut)
+def fork_graph(request: HttpRequest, session_id: PathText, body: ForkIn) -> Any:
+    """Start a new run of the session's graph from one of its thread's checkpoints (time
+    travel): nothing before it runs again, the nodes after it do, with their side
+    effects; the checkpoints after it stay, on their branch. Refused (409) while a run
+    of the thread has not ended, when the checkpoint is gone, or when the thread changed
+    since the `version` you send back (`GET /sessions/{session_id}/graph`)."""
+    return commands.fork_graph(caller(request), session_id, body.action_id, body.reason,
+                               body.checkpoint_id, body.expected_version, body.values)
 
 
 @router.post("/tasks/{task_id}/wake", response=ActionOut)

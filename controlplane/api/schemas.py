@@ -203,6 +203,79 @@ class ResumeIn(ActionIn):
                               "receives (checked against the `schema` its interrupt declares)")
 
 
+class ForkIn(ActionIn):
+    checkpoint_id: str = text(..., min_length=1, max_length=200,
+                              description="the checkpoint of the graph itself (not a "
+                              "subgraph's) to go on from: one of the thread's `checkpoints`")
+    expected_version: Integer = Field(..., ge=0, le=MAX_EPOCH,
+                                      description="the thread's `version` as you saw it: a "
+                                      "thread changed since (a checkpoint written, pruned, "
+                                      "another fork) is refused (409)")
+    values: JsonObject | None = Field(
+        None, description="update the state there first (LangGraph's `update_state`: the "
+        "channels to write, as a JSON object); absent or null replays it as it was")
+
+
+class GraphCheckpointOut(Schema):
+    id: str
+    step: int | None = Field(..., description="the super-step (-1: the input)")
+    source: str = Field(..., description="what wrote it: `input`, `loop`, `update`, `fork`")
+    parent: str | None
+    at: datetime | None
+    branch: int = Field(..., description="0 the first run's branch, n the n-th fork's")
+    fork_of: str | None = Field(..., description="the checkpoint a fork went on from, when "
+                                "this one starts a branch")
+    latest: bool = Field(..., description="the thread's newest: what a run goes on from")
+    ends_branch: bool = Field(..., description="no checkpoint follows it")
+
+
+class GraphSubgraphOut(Schema):
+    namespace: str = Field(..., description="`node:task id`, nested ones joined by `|`")
+    checkpoints: int
+    newest: GraphCheckpointOut
+
+
+class GraphInterruptOut(Schema):
+    task_id: str
+    kind: str
+    checkpoint_id: str = Field(..., description="send it with the resume "
+                               "(`POST /tasks/{task_id}/resume`)")
+    values: list[JSON] = Field(..., description="each interrupt's value, as the node gave it")
+    resume_schema: JSON = Field(..., description="the JSON schema a resume value must meet, "
+                                "when the node declared one")
+
+    @staticmethod
+    def resolve_resume_schema(found: Any) -> JSON:
+        return found.schema
+
+
+class GraphRunOut(Schema):
+    task_id: str
+    kind: str
+    status: str = Field(..., description="as the dashboard shows it")
+    fork_of: str | None = Field(..., description="the checkpoint a forked run went on from")
+
+    @staticmethod
+    def resolve_status(found: Any) -> str:
+        return str(found.shown_status)
+
+
+class GraphOut(Schema):
+    session_id: str
+    version: int = Field(..., description="send it back as a fork's `expected_version`")
+    checkpoints: list[GraphCheckpointOut] = Field(
+        ..., description="the graph's own checkpoints, the newest 100, oldest first")
+    total: int = Field(..., description="all the graph's own checkpoints in the thread")
+    branches: int
+    namespaces: int = Field(..., description="subgraph namespaces that hold checkpoints")
+    subgraphs: list[GraphSubgraphOut] = Field(
+        ..., description="the 20 namespaces with the newest checkpoints, newest first")
+    interrupts: list[GraphInterruptOut] = Field(
+        ..., description="runs that wait for a resume value")
+    runs: list[GraphRunOut] = Field(..., description="the thread's graph runs, oldest first")
+    kind: str | None = Field(..., description="the task kind a fork runs")
+
+
 class ResolveIn(ActionIn):
     decision: str = text(
         ..., min_length=1, max_length=100,

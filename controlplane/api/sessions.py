@@ -18,6 +18,7 @@ from controlplane.api.schemas import (
     DocumentOut,
     EntryOut,
     EntryPage,
+    GraphOut,
     ModelOut,
     SessionIn,
     SessionOut,
@@ -26,7 +27,7 @@ from controlplane.api.schemas import (
 )
 from controlplane.api.types import MAX_BIGINT, PathText, query_text
 from controlplane.errors import Invalid
-from controlplane.reads import approvals, models_configured
+from controlplane.reads import approvals, graphs, models_configured
 from controlplane.reads import sessions as reads
 from kernel import NotRegistered, UnknownRecord
 from kernel.records import Entry
@@ -57,6 +58,14 @@ def create_session(request: HttpRequest, body: SessionIn) -> Any:
 @router.get("/sessions/{session_id}", response=SessionOut)
 def get_session(request: HttpRequest, session_id: PathText) -> Any:
     return reads.session(session_id)
+
+
+@router.get("/sessions/{session_id}/graph", response=GraphOut)
+def get_graph(request: HttpRequest, session_id: PathText) -> Any:
+    """The LangGraph thread a session holds: its checkpoints (a timeline of the graph's
+    super-steps, with the branches forks started), the runs that wait on an interrupt,
+    and its graph runs. 404 when the session holds no thread."""
+    return graphs.required_thread(session_id)
 
 
 @router.get("/sessions/{session_id}/conversations", response=list[ConversationOut])

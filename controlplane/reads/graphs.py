@@ -17,7 +17,9 @@ from django.db.models import Q
 
 from controlplane import models
 from controlplane.process.kernel import process_kernel
+from controlplane.reads import sessions as session_reads
 from controlplane.storage.schema import TASK
+from kernel.errors import UnknownRecord
 from kernel.hosts.langgraph.interrupts import declared_schema, interrupted
 from kernel.hosts.langgraph.layout import INDEX, INDEX_KEY, register_documents
 from kernel.records import Task
@@ -89,6 +91,7 @@ class Run:
 
 @dataclass(frozen=True)
 class Thread:
+    session_id: str
     checkpoints: list[Checkpoint]
     """The newest :data:`CHECKPOINTS_SHOWN`, oldest first."""
     total: int
@@ -101,6 +104,10 @@ class Thread:
     runs: list[Run]
     kind: str | None
     """The task kind a fork runs (the thread's newest run's)."""
+    version: int
+    """The version of the thread's index, which every checkpoint written, deleted or
+    pruned and every fork moves: what a fork sends back, so that it is refused when the
+    thread changed since it was shown."""
 
     @property
     def earlier(self) -> int:
@@ -200,7 +207,7 @@ def thread(session_id: str) -> Thread | None:
     saver has written no index: a first run shows once it has its first checkpoint)."""
     if not _holds_thread(session_id):
         return None
-    namespaces, _ = versioned_index(session_id)
+    namespaces, version = versioned_index(session_id)
     tasks = runs(session_id)
     listed = checkpoints(namespaces.get(ROOT, {}))
     shown = [Run(t.id, t.kind, t.shown_status,
@@ -209,11 +216,22 @@ def thread(session_id: str) -> Thread | None:
     waiting = [i for i in map(_interrupt, tasks) if i is not None]
     nested = subgraphs(namespaces)
     return Thread(
-        listed[-CHECKPOINTS_SHOWN:], len(listed),
+        session_id, listed[-CHECKPOINTS_SHOWN:], len(listed),
         1 + max((c.branch for c in listed), default=0),
         len(nested), nested[:SUBGRAPHS_SHOWN],
-        waiting, shown, tasks[-1].kind if tasks else None,
+        waiting, shown, tasks[-1].kind if tasks else None, version,
     )
+
+
+def required_thread(session_id: str) -> Thread:
+    """The session's thread; :class:`UnknownRecord` (404) when there is no such session
+    or it holds no graph thread."""
+    found = thread(session_id)
+    if found is None:
+        session_reads.session(session_id)  # no such session: its own 404
+        raise UnknownRecord(f"session {session_id} holds no graph thread (yet: a run's "
+                            "first checkpoint makes one)")
+    return found
 
 
 def _holds_thread(session_id: str) -> bool:

@@ -155,10 +155,11 @@ def _done(request: HttpRequest, result: commands.ActionResult, action: str = "",
     return _answer(request, 200, note)
 
 
-def _seq(values: Any, name: str) -> int:
+def _seq(values: Any, name: str, what: str = "the commit seq the page showed") -> int:
+    """A form's hidden count (a seq, a version): 422 naming it when it is not one."""
     text = str(values.get(name, ""))
     if not text.isdigit() or len(text) > 18:
-        raise Invalid(f"{name}: the commit seq the page showed")
+        raise Invalid(f"{name}: {what}")
     return int(text)
 
 
@@ -207,8 +208,10 @@ def fork_graph(request: HttpRequest, session_id: str) -> HttpResponse:
         reason, action_id = _reason_and_id(request)
         checkpoint_id = _required_text(request, "checkpoint_id", "the checkpoint to fork from")
         values = _json_field(request, "values", required=False)
+        expected = _seq(request.POST, "expected_version",
+                        "the version of the thread the page showed")
         result = commands.fork_graph(request.user, session_id, action_id, reason,
-                                     checkpoint_id, values)
+                                     checkpoint_id, expected, values)
     except Exception as exc:
         return _refused(request, exc)
     return _done(request, result, "fork")

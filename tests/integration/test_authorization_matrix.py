@@ -122,6 +122,13 @@ API_RULES: dict[str, list[Cell]] = {
     "POST api/sessions/<session_id>/calls/<call_id>/deny": [
         Cell("POST", f"/api/sessions/{{session}}/calls/{NOPE}/deny", api_act(404),
              {**ACTION, "digest": "sha256:" + "0" * 64})],
+    "GET api/sessions/<session_id>/graph": [  # the fixture's session holds no graph thread
+        Cell("GET", "/api/sessions/{session}/graph", api_read(404)),
+        Cell("GET", f"/api/sessions/{NOPE}/graph", api_read(404)),
+    ],
+    "POST api/sessions/<session_id>/graph/fork": [
+        Cell("POST", f"/api/sessions/{NOPE}/graph/fork", api_act(404),
+             {**ACTION, "checkpoint_id": "c1", "expected_version": 1})],
     "GET api/submissions/<submission_id>": [
         Cell("GET", f"/api/submissions/{NOPE}", api_read(404))],
     "GET api/tasks": [Cell("GET", "/api/tasks", api_read())],

@@ -119,11 +119,21 @@ def test_an_operator_forks_from_the_third_checkpoint_and_both_branches_stay(
            for p in page.split('<li class="checkpoint')[1:]]
     assert len(ids) == 6  # the input, then one per node's step, and the last
     third = ids[2]
+    [version] = {p.split('name="expected_version" value="')[1].split('"')[0]
+                 for p in page.split('class="fork-form"')[1:]}
+    assert f'id="fork-{third}-v{version}"' in page
     url = f"/sessions/{session_id}/graph/fork"
-    form = {"action_id": "f1", "reason": "try step1 again", "checkpoint_id": third}
+    form = {"action_id": "f1", "reason": "try step1 again", "checkpoint_id": third,
+            "expected_version": version}
     head = kernel.storage.session(session_id).head_seq
     assert olga.post(url, {**form, "values": "[1]"}).status_code == 422
     assert olga.post(url, {**form, "checkpoint_id": "1f0-gone"}).status_code == 409
+    for bad in ("", "-1", "v3"):
+        refused = olga.post(url, {**form, "expected_version": bad}, HTTP_HX_REQUEST="true")
+        assert refused.status_code == 422 and "expected_version" in refused.content.decode()
+    stale = olga.post(url, {**form, "expected_version": str(int(version) - 1)},
+                      HTTP_HX_REQUEST="true")
+    assert stale.status_code == 409 and "changed since you saw it" in stale.content.decode()
     assert client_for("vic", "viewer").post(url, form).status_code == 403
     assert kernel.storage.session(session_id).head_seq == head
 
@@ -154,11 +164,12 @@ def test_two_operators_forking_at_once_one_fork_lands(
 ) -> None:
     kernel = runtime().kernel
     session_id, _ = start(kernel, PIPELINE, {"input": {"messages": [("user", "go")]}})
-    [checkpoint_id, *_] = sorted(commands.graph_reads.versioned_index(session_id)[0][""])
+    namespaces, version = commands.graph_reads.versioned_index(session_id)
+    [checkpoint_id, *_] = sorted(namespaces[""])
     accounts = [user("ann", "operator"), user("bob", "operator")]
     both_read_first(monkeypatch, commands.graph_reads, "versioned_index")
     _, refused = decide_at_once(lambda i: commands.fork_graph(
-        accounts[i], session_id, f"fork-{i}", "again", checkpoint_id))
+        accounts[i], session_id, f"fork-{i}", "again", checkpoint_id, version))
     assert http_status(refused) == 409
     assert len(log(kernel, session_id, "fork")) == 1
     assert len(kernel.storage.session_tasks(session_id)) == 2

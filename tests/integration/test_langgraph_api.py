@@ -1,0 +1,134 @@
+"""A LangGraph thread through the API, on Postgres: ``GET /api/sessions/{id}/graph``
+shows what the session page shows (the checkpoints on their branches, the interrupts,
+the runs, and the thread's version), and ``POST /api/sessions/{id}/graph/fork`` forks a
+run from a checkpoint as the page's form does, naming the version it saw: refused (409)
+when the thread changed since, when the checkpoint is gone or while a run is open, and
+422 naming the field for a bad body; a refusal changes nothing."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from controlplane.worker.runtime import runtime
+from kernel import Worker
+from kernel.hosts.langgraph.host import fork_input
+from tests.langgraph_graphs import APPROVAL, PIPELINE, runs
+
+from .api_kinds import start
+from .clients import client_for, post
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def fork(client: Any, session_id: str, **fields: Any) -> Any:
+    body = {"action_id": "f1", "reason": "try step1 again", **fields}
+    return post(client, f"/api/sessions/{session_id}/graph/fork", body)
+
+
+def test_the_thread_is_read_through_the_api(graphs: Path) -> None:
+    kernel = runtime().kernel
+    session_id, task_id = start(kernel, PIPELINE, {"input": {"messages": [("user", "go")]}})
+    vic = client_for("vic", "viewer")
+    found = vic.get(f"/api/sessions/{session_id}/graph")
+    assert found.status_code == 200, found.content
+    thread = found.json()
+    assert thread["session_id"] == session_id and thread["kind"] == PIPELINE
+    assert thread["total"] == len(thread["checkpoints"]) == 6 and thread["branches"] == 1
+    assert [c["step"] for c in thread["checkpoints"]] == [-1, 0, 1, 2, 3, 4]
+    assert [c["latest"] for c in thread["checkpoints"]] == [False] * 5 + [True]
+    first, second = thread["checkpoints"][:2]
+    assert first["source"] == "input" and second["parent"] == first["id"]
+    assert thread["runs"] == [{"task_id": task_id, "kind": PIPELINE, "status": "succeeded",
+                               "fork_of": None}]
+    assert thread["interrupts"] == [] and thread["namespaces"] == 0
+    index_version = kernel.versioned_document(session_id, "langgraph.index", "")[1]
+    assert thread["version"] == index_version
+
+    bare = kernel.create_session().id
+    missing = vic.get(f"/api/sessions/{bare}/graph")
+    assert missing.status_code == 404 and "holds no graph thread" in missing.json()["detail"]
+    assert vic.get("/api/sessions/no-such/graph").status_code == 404
+
+
+def test_an_interrupt_shows_its_value_and_schema(graphs: Path) -> None:
+    kernel = runtime().kernel
+    session_id, task_id = start(kernel, APPROVAL, {"input": {"text": "notice"}})
+    thread = client_for("vic", "viewer").get(f"/api/sessions/{session_id}/graph").json()
+    [waiting] = thread["interrupts"]
+    assert waiting["task_id"] == task_id and waiting["kind"] == APPROVAL
+    assert waiting["checkpoint_id"] == (
+        kernel.task(task_id).checkpoint["interrupted"]["checkpoint_id"])
+    assert waiting["values"][0]["text"] == "draft of notice"
+    assert waiting["resume_schema"]["required"] == ["approved"]
+    assert thread["runs"][0]["status"] == "waiting"
+
+
+def test_an_operator_forks_through_the_api_naming_the_version_seen(graphs: Path) -> None:
+    kernel = runtime().kernel
+    session_id, first = start(kernel, PIPELINE, {"input": {"messages": [("user", "go")]}})
+    olga = client_for("olga", "operator")
+    thread = olga.get(f"/api/sessions/{session_id}/graph").json()
+    third, version = thread["checkpoints"][2]["id"], thread["version"]
+    head = kernel.storage.session(session_id).head_seq
+
+    assert fork(client_for("vic", "viewer"), session_id, checkpoint_id=third,
+                expected_version=version).status_code == 403
+    for fields, named in (
+        ({"checkpoint_id": third}, "expected_version"),
+        ({"checkpoint_id": third, "expected_version": -1}, "expected_version"),
+        ({"checkpoint_id": third, "expected_version": "3"}, "expected_version"),
+        ({"checkpoint_id": third, "expected_version": version, "values": [1]}, "values"),
+        ({"checkpoint_id": "c\u0000", "expected_version": version}, "checkpoint_id"),
+        ({"checkpoint_id": third, "expected_version": version, "branch": 2}, "branch"),
+    ):
+        bad = fork(olga, session_id, **fields)
+        assert bad.status_code == 422 and named in str(bad.json()["detail"]), (fields, bad.json())
+    stale = fork(olga, session_id, checkpoint_id=third, expected_version=version - 1)
+    assert stale.status_code == 409 and "changed since you saw it" in stale.json()["detail"]
+    gone = fork(olga, session_id, checkpoint_id="1f0-gone", expected_version=version)
+    assert gone.status_code == 409 and "not in the thread" in gone.json()["detail"]
+    assert kernel.storage.session(session_id).head_seq == head  # refusals changed nothing
+
+    done = fork(olga, session_id, checkpoint_id=third, expected_version=version)
+    assert done.status_code == 200, done.json()
+    assert done.json()["action"] == "fork" and done.json()["target"] == third
+    again = fork(olga, session_id, checkpoint_id=third, expected_version=version)
+    assert again.json()["replayed"] is True and again.json()["seq"] == done.json()["seq"]
+    [run] = [t for t in kernel.storage.session_tasks(session_id) if t.id != first]
+    assert run.input == fork_input(third)
+    commit = next(c for c in kernel.commits_after(session_id, 0) if c.seq == done.json()["seq"])
+    assert commit.actor == "user:olga"
+    opened = olga.get(f"/api/sessions/{session_id}/graph").json()
+    assert opened["version"] > version  # the fork names its run in the thread's index
+    busy = fork(olga, session_id, action_id="f2", checkpoint_id=third,
+                expected_version=opened["version"])
+    assert busy.status_code == 409 and "has not ended" in busy.json()["detail"]
+
+    assert Worker(kernel, "w", 30).advance(run.id)
+    assert runs(graphs) == ["model"] * 7  # step1..step3 again, step0 not
+    after = olga.get(f"/api/sessions/{session_id}/graph").json()
+    assert after["branches"] == 2 and after["total"] == 10
+    assert {r["task_id"]: r["fork_of"] for r in after["runs"]} == {first: None, run.id: third}
+    [started] = [c for c in after["checkpoints"] if c["fork_of"] == third]
+    assert started["branch"] == 1
+
+
+def test_a_fork_through_the_api_updates_the_state_first(graphs: Path) -> None:
+    kernel = runtime().kernel
+    session_id, first = start(kernel, PIPELINE, {"input": {"messages": [("user", "go")]}})
+    olga = client_for("olga", "operator")
+    thread = olga.get(f"/api/sessions/{session_id}/graph").json()
+    third = thread["checkpoints"][2]["id"]
+    values = {"messages": [{"type": "human", "content": "try it this way"}]}
+    done = fork(olga, session_id, checkpoint_id=third, expected_version=thread["version"],
+                values=values)
+    assert done.status_code == 200, done.json()
+    [run] = [t for t in kernel.storage.session_tasks(session_id) if t.id != first]
+    assert run.input == fork_input(third, values)
+    assert Worker(kernel, "w", 30).advance(run.id)
+    state = kernel.task(run.id).outcome["result"]["output"]
+    contents = [m["kwargs"]["content"] for m in state["messages"]]
+    assert "try it this way" in contents
