@@ -61,7 +61,7 @@ from kernel.agent import branches as agent_branches
 from kernel.commit import operations_log_id
 from kernel.errors import UnstorableValue
 from kernel.hosts.langgraph.interrupts import check_resume, resume_signal
-from kernel.hosts.langgraph.layout import INDEX, INDEX_KEY
+from kernel.hosts.langgraph.layout import HOST, INDEX, INDEX_KEY
 from kernel.records import Conversation, SessionRecord
 from kernel.retention import Progress, PruneReport, RetentionPolicy, quiet
 from kernel.values import storable
@@ -82,6 +82,8 @@ class ActionResult:
     seq: int
     replayed: bool
     may_repeat: list[str] = field(default_factory=list)
+    task_id: str | None = None
+    """The task the action created (a graph run), if it created one."""
 
 
 @dataclass(frozen=True)
@@ -369,6 +371,68 @@ def resume_graph(
                 lambda d: d.signal(task_id, signal, payload, step_epoch=task.epoch))
 
 
+def _declared_decisions(task: Task) -> tuple[Decision, ...]:
+    """What the task's definition lets an operator answer (whatever its state now: a
+    repeated action finds the task moved on)."""
+    resolved = runtime().kernel.registry.resolve(task)
+    return () if isinstance(resolved, Blocked) else resolved.definition.decisions
+
+
+def wake_task(user: User, task_id: str, action_id: str, reason: str) -> ActionResult:
+    """End a sleep early: the task runs its next phase now."""
+    require_operator(user)
+    task = task_reads.record(task_id)
+    if not _done_before(task.session_id, action_id, "wake", task_id):
+        _refuse_unless(task.status is Status.SLEEPING, f"task {task_id} is {task.status}")
+    return _act(user, action_id, reason, "wake", task, lambda d: d.wake(task_id))
+
+
+# -- a LangGraph thread ------------------------------------------------------------------
+
+
+def start_graph(
+    user: User, session_id: str, action_id: str, reason: str, kind: str, graph_input: Any,
+    expected_version: int,
+) -> ActionResult:
+    """Start a run of the graph registered as ``kind`` on the session's thread: the graph
+    is invoked with ``graph_input`` from the thread's newest checkpoint (from the start
+    on a session that holds no thread yet). One commit naming the operator, which creates
+    the run and names it in the thread's index.
+
+    Invalid when ``kind`` is not a graph registered here or the input cannot be stored;
+    refused (Conflict) while a run of the thread has not ended (two runs would both go on
+    from the newest checkpoint), or when the thread changed since the operator saw it:
+    ``expected_version`` is the thread's version they were shown, 0 for a session that
+    holds no thread yet."""
+    from kernel.hosts.langgraph.host import run_input
+
+    require_operator(user)
+    session_reads.session(session_id)  # UnknownRecord: 404
+    graphs = runtime().kernel.registry.hosted_by(HOST)
+    if kind not in graphs:
+        raise Invalid(f"kind: {kind!r} is not a graph registered here (graphs: "
+                      f"{', '.join(graphs) or 'none'})")
+    try:
+        storable(graph_input, "input")
+    except UnstorableValue as exc:
+        raise Invalid(str(exc)) from exc
+    expected: int | None = None  # a repeat is answered with the first commit, as it is
+    if not _done_before(session_id, action_id, "start", kind):
+        thread = graph_reads.thread(session_id)
+        _refuse_unless_thread_is(thread, expected_version, "start a run")
+        expected = expected_version
+
+    def build(draft: Draft) -> str:
+        run = draft.create_task(kind, run_input(graph_input))
+        _name_in_index(draft, graph_reads.STARTS, run, {"kind": kind, "by": actor(user),
+                                                        "reason": reason}, expected)
+        return run
+
+    return _start_run(user, session_id, action_id, "start", kind, reason, build,
+                      ["the graph runs from the thread's newest checkpoint, with its side "
+                       "effects"])
+
+
 def fork_graph(
     user: User, session_id: str, action_id: str, reason: str, checkpoint_id: str,
     expected_version: int, values: Any = None,
@@ -402,47 +466,60 @@ def fork_graph(
     kind = thread.kind
     expected: int | None = None  # a repeat is answered with the first commit, as it is
     if not _done_before(session_id, action_id, "fork", checkpoint_id):
-        namespaces, version = graph_reads.versioned_index(session_id)
+        namespaces, _ = graph_reads.versioned_index(session_id)
         _refuse_unless(checkpoint_id in namespaces.get(graph_reads.ROOT, {}),
                        f"checkpoint {checkpoint_id} is not in the thread (any more): look again")
-        _refuse_unless(not thread.open_runs,
-                       f"run {', '.join(r.task_id for r in thread.open_runs)} of this thread "
-                       "has not ended: fork once it has (or cancel it)")
-        _refuse_unless(version == expected_version,
-                       f"the thread changed since you saw it (its checkpoints are at version "
-                       f"{version}, you saw {expected_version}): look again")
+        _refuse_unless_thread_is(thread, expected_version, "fork")
         expected = expected_version
 
-    def build(draft: Draft) -> None:
+    def build(draft: Draft) -> str:
         run = draft.create_task(kind, fork_input(checkpoint_id, values))
-        # The fork names its run in the thread's index, at the version the checks above
-        # read: a checkpoint written or pruned meanwhile (a run went on, another fork
-        # started) refuses this commit, so two forks never share the thread's head.
-        draft.update_document(
-            INDEX, INDEX_KEY,
-            {"op": "set", "path": ["forks", run],
-             "value": {"checkpoint_id": checkpoint_id, "by": actor(user), "reason": reason}},
-            expected_version=expected)
+        _name_in_index(draft, graph_reads.FORKS, run, {"checkpoint_id": checkpoint_id,
+                                                       "by": actor(user), "reason": reason},
+                       expected)
+        return run
 
-    seq, replayed = _commit(user, session_id, action_id, "fork", checkpoint_id, reason, build)
-    return ActionResult(action_id, "fork", checkpoint_id, session_id, seq, replayed,
-                        ["the nodes after the fork point run again, with their side effects"])
+    return _start_run(user, session_id, action_id, "fork", checkpoint_id, reason, build,
+                      ["the nodes after the fork point run again, with their side effects"])
 
 
-def _declared_decisions(task: Task) -> tuple[Decision, ...]:
-    """What the task's definition lets an operator answer (whatever its state now: a
-    repeated action finds the task moved on)."""
-    resolved = runtime().kernel.registry.resolve(task)
-    return () if isinstance(resolved, Blocked) else resolved.definition.decisions
+def _refuse_unless_thread_is(
+    thread: graph_reads.Thread | None, expected_version: int, what: str,
+) -> None:
+    """Conflict while a run of the thread has not ended, or when the thread is not at the
+    version the operator saw (0: none yet)."""
+    version = thread.version if thread is not None else 0
+    running = thread.open_runs if thread is not None else []
+    _refuse_unless(not running,
+                   f"run {', '.join(r.task_id for r in running)} of this thread has not "
+                   f"ended: {what} once it has (or cancel it)")
+    _refuse_unless(version == expected_version,
+                   f"the thread changed since you saw it (it is at version {version}, you "
+                   f"saw {expected_version}): look again")
 
 
-def wake_task(user: User, task_id: str, action_id: str, reason: str) -> ActionResult:
-    """End a sleep early: the task runs its next phase now."""
-    require_operator(user)
-    task = task_reads.record(task_id)
-    if not _done_before(task.session_id, action_id, "wake", task_id):
-        _refuse_unless(task.status is Status.SLEEPING, f"task {task_id} is {task.status}")
-    return _act(user, action_id, reason, "wake", task, lambda d: d.wake(task_id))
+def _name_in_index(draft: Draft, where: str, run: str, value: Any, expected: int | None) -> None:
+    """Name an operator's run in the thread's index, at the version the checks read: a
+    checkpoint written or pruned meanwhile, or another run started, refuses the commit,
+    so two runs never go on from the thread's head at once."""
+    draft.update_document(INDEX, INDEX_KEY, {"op": "set", "path": [where, run], "value": value},
+                          expected_version=expected)
+
+
+def _start_run(
+    user: User, session_id: str, action_id: str, action: str, target: str, reason: str,
+    build: Callable[[Draft], str], may_repeat: list[str],
+) -> ActionResult:
+    """Commit an action that creates one graph run: the result names the run (the one
+    the first commit created, for a repeat)."""
+    made: list[str] = []
+    seq, replayed = _commit(user, session_id, action_id, action, target, reason,
+                            lambda draft: made.append(build(draft)))
+    if replayed:  # the first commit's run, unless retention has removed that commit
+        made = [item["id"] for commit in runtime().kernel.commits_after(session_id, seq - 1, 1)
+                if commit.seq == seq for item in commit.summary if item.get("type") == "task"]
+    return ActionResult(action_id, action, target, session_id, seq, replayed, may_repeat,
+                        task_id=made[0] if made else None)
 
 
 # -- many tasks at once --------------------------------------------------------------------

@@ -121,6 +121,10 @@ class TaskDefinition:
     no_restart: str | None = None
     """Why a task of this kind cannot start again from a phase it entered
     (:meth:`kernel.commit.Draft.restart` is refused, saying so); None: it can."""
+    host: str | None = None
+    """The framework whose code a task of this kind runs (``"langgraph"``), for what
+    treats such tasks alike (the control plane starts a graph run in a thread); None:
+    the kernel's own phases."""
 
     def __post_init__(self) -> None:
         if self.initial not in self.phases:
@@ -213,6 +217,10 @@ class Registry:
 
     def kinds(self) -> frozenset[str]:
         return frozenset(self._tasks)
+
+    def hosted_by(self, host: str) -> list[str]:
+        """The kinds whose newest definition runs ``host``'s code, sorted."""
+        return sorted(kind for kind in self._tasks if self.latest(kind).host == host)
 
     def versions(self) -> frozenset[tuple[str, int]]:
         """The ``(kind, version)`` pairs registered: a task stored at one of them runs as

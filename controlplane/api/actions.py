@@ -25,6 +25,7 @@ from controlplane.api.schemas import (
     CompactIn,
     DenyIn,
     ForkIn,
+    GraphRunIn,
     ResolveIn,
     ResumeIn,
 )
@@ -67,6 +68,18 @@ def resume(request: HttpRequest, task_id: PathText, body: ResumeIn) -> Any:
     the interrupt declares is refused (422)."""
     return commands.resume_graph(caller(request), task_id, body.action_id, body.reason,
                                  body.checkpoint_id, body.value)
+
+
+@router.post("/sessions/{session_id}/graph/runs", response=ActionOut)
+def start_graph(request: HttpRequest, session_id: PathText, body: GraphRunIn) -> Any:
+    """Start a run of a registered graph on the session's thread (the session is the
+    thread): the graph is invoked with `input` from the thread's newest checkpoint, or
+    from the start on a session that holds no thread yet; `task_id` is the run. Refused
+    (409) while a run of the thread has not ended, or when the thread changed since the
+    `version` you send back (0 for a new thread); 422 for a kind that is not a graph
+    registered here."""
+    return commands.start_graph(caller(request), session_id, body.action_id, body.reason,
+                                body.kind, body.input, body.expected_version)
 
 
 @router.post("/sessions/{session_id}/graph/fork", response=ActionOut)

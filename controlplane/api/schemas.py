@@ -216,6 +216,17 @@ class ForkIn(ActionIn):
         "channels to write, as a JSON object); absent or null replays it as it was")
 
 
+class GraphRunIn(ActionIn):
+    kind: str = text(..., min_length=1, max_length=200,
+                     description="a graph registered here (`register_graph`)")
+    input: JSON = Field(..., description="the graph's input: invoked with it from the "
+                        "thread's newest checkpoint, or from the start on a new thread")
+    expected_version: Integer = Field(..., ge=0, le=MAX_EPOCH,
+                                      description="the thread's `version` as you saw it, 0 "
+                                      "for a session that holds no thread yet: a thread "
+                                      "changed since is refused (409)")
+
+
 class GraphCheckpointOut(Schema):
     id: str
     step: int | None = Field(..., description="the super-step (-1: the input)")
@@ -361,6 +372,8 @@ class ActionOut(Schema):
     may_repeat: list[str] = Field(
         default_factory=list, description="side effects that may run again because of it"
     )
+    task_id: str | None = Field(
+        None, description="the task the action created: a graph run (start, fork)")
 
 
 StatusName = Status

@@ -21,12 +21,17 @@ from controlplane.reads import sessions as session_reads
 from controlplane.storage.schema import TASK
 from kernel.errors import UnknownRecord
 from kernel.hosts.langgraph.interrupts import declared_schema, interrupted
-from kernel.hosts.langgraph.layout import INDEX, INDEX_KEY, register_documents
+from kernel.hosts.langgraph.layout import HOST, INDEX, INDEX_KEY, register_documents
 from kernel.records import Task
 
 JSON = Any
 ROOT = ""
 """The root namespace: the graph's own checkpoints (a subgraph's have a namespace)."""
+FORKS = "forks"
+STARTS = "starts"
+"""Where the thread's index names the runs operators forked and started (run id ->
+who, why, and the checkpoint forked from): each is written at the version the operator
+saw, so that two of them never go on from the same checkpoint at once."""
 CHECKPOINTS_SHOWN = 100
 """The page lists the thread's newest checkpoints: a long thread's older ones are counted."""
 SUBGRAPHS_SHOWN = 20
@@ -104,6 +109,8 @@ class Thread:
     runs: list[Run]
     kind: str | None
     """The task kind a fork runs (the thread's newest run's)."""
+    graphs: list[str]
+    """The graphs registered in this process: what an operator may start on the thread."""
     version: int
     """The version of the thread's index, which every checkpoint written, deleted or
     pruned and every fork moves: what a fork sends back, so that it is refused when the
@@ -124,10 +131,16 @@ class Thread:
 def versioned_index(session_id: str) -> tuple[dict[str, dict[str, JSON]], int]:
     """The thread's live checkpoints by namespace (the saver's index; empty when the
     session holds no thread) and the index's version."""
+    found, version = _index(session_id)
+    return found.get("namespaces", {}), version
+
+
+def _index(session_id: str) -> tuple[dict[str, JSON], int]:
+    """The thread's index document and its version (``{}`` and 0 when there is none)."""
     kernel = process_kernel()
     register_documents(kernel.registry)  # this process may host no graph itself
     found, version = kernel.versioned_document(session_id, INDEX, INDEX_KEY)
-    return (found.get("namespaces", {}) if isinstance(found, dict) else {}), version
+    return (found if isinstance(found, dict) else {}), version
 
 
 def _moment(text: Any) -> datetime | None:
@@ -190,11 +203,16 @@ def _interrupt(task: Task) -> Interrupt | None:
     return Interrupt(task.id, task.kind, waiting["checkpoint_id"], values, schema)
 
 
-def runs(session_id: str) -> list[Task]:
+def runs(session_id: str, index: dict[str, JSON] | None = None) -> list[Task]:
     """The session's graph runs (task records), oldest first: tasks of the kinds that
-    have committed a checkpoint of the thread or were started as a fork of it."""
+    have committed a checkpoint of the thread, were started as a fork of it, or were
+    started by an operator (named in the thread's index before their first checkpoint)."""
+    if index is None:
+        index, _ = _index(session_id)
+    named = [*index.get(FORKS, {}), *index.get(STARTS, {})]
     in_session = models.Task.objects.filter(session_id=session_id)
-    kinds = set(in_session.filter(Q(checkpoint__has_key="langgraph") | Q(input__has_key="fork"))
+    kinds = set(in_session.filter(Q(checkpoint__has_key="langgraph") | Q(input__has_key="fork")
+                                  | Q(id__in=named))
                 .values_list("kind", flat=True).distinct())
     if not kinds:
         return []
@@ -207,8 +225,9 @@ def thread(session_id: str) -> Thread | None:
     saver has written no index: a first run shows once it has its first checkpoint)."""
     if not _holds_thread(session_id):
         return None
-    namespaces, version = versioned_index(session_id)
-    tasks = runs(session_id)
+    index, version = _index(session_id)
+    namespaces = index.get("namespaces", {})
+    tasks = runs(session_id, index)
     listed = checkpoints(namespaces.get(ROOT, {}))
     shown = [Run(t.id, t.kind, t.shown_status,
                  ((t.input or {}).get("fork") or {}).get("checkpoint_id")
@@ -219,7 +238,8 @@ def thread(session_id: str) -> Thread | None:
         session_id, listed[-CHECKPOINTS_SHOWN:], len(listed),
         1 + max((c.branch for c in listed), default=0),
         len(nested), nested[:SUBGRAPHS_SHOWN],
-        waiting, shown, tasks[-1].kind if tasks else None, version,
+        waiting, shown, tasks[-1].kind if tasks else None,
+        process_kernel().registry.hosted_by(HOST), version,
     )
 
 

@@ -150,6 +150,8 @@ def _done(request: HttpRequest, result: commands.ActionResult, action: str = "",
     again because of it."""
     done = "already done" if result.replayed else "done"
     note = f"{action or result.action} {done}: commit seq {result.seq}."
+    if result.task_id:
+        note += f" The run is task {result.task_id}."
     if result.may_repeat:
         note += f" {repeated}: " + "; ".join(result.may_repeat)
     return _answer(request, 200, note)
@@ -200,6 +202,23 @@ def resume_graph(request: HttpRequest, task_id: str) -> HttpResponse:
 
 @require_POST
 @login_required
+def start_graph(request: HttpRequest, session_id: str) -> HttpResponse:
+    """Start a run of a graph registered here on the session's thread, with a JSON input,
+    if the thread is still as the page showed it (409 otherwise)."""
+    try:
+        require_operator(request.user)
+        reason, action_id = _reason_and_id(request)
+        result = commands.start_graph(
+            request.user, session_id, action_id, reason,
+            _required_text(request, "kind", "the graph to run"),
+            _json_field(request, "input", required=True), _thread_version(request))
+    except Exception as exc:
+        return _refused(request, exc)
+    return _done(request, result, "start")
+
+
+@require_POST
+@login_required
 def fork_graph(request: HttpRequest, session_id: str) -> HttpResponse:
     """Start a new run of the session's graph from one of its thread's checkpoints,
     optionally updating the state there first (a JSON object)."""
@@ -208,13 +227,16 @@ def fork_graph(request: HttpRequest, session_id: str) -> HttpResponse:
         reason, action_id = _reason_and_id(request)
         checkpoint_id = _required_text(request, "checkpoint_id", "the checkpoint to fork from")
         values = _json_field(request, "values", required=False)
-        expected = _seq(request.POST, "expected_version",
-                        "the version of the thread the page showed")
         result = commands.fork_graph(request.user, session_id, action_id, reason,
-                                     checkpoint_id, expected, values)
+                                     checkpoint_id, _thread_version(request), values)
     except Exception as exc:
         return _refused(request, exc)
     return _done(request, result, "fork")
+
+
+def _thread_version(request: HttpRequest) -> int:
+    """The version of the graph thread the form showed: what a start or a fork sends back."""
+    return _seq(request.POST, "expected_version", "the version of the thread the page showed")
 
 
 def _required_text(request: HttpRequest, name: str, what: str) -> str:

@@ -28,6 +28,7 @@ urlpatterns = [
     path("sessions/<str:session_id>/calls/<str:call_id>/decide", actions.decide_call,
          name="decide_call"),
     path("tasks/<str:task_id>/resume", actions.resume_graph, name="resume_graph"),
+    path("sessions/<str:session_id>/graph/runs", actions.start_graph, name="start_graph"),
     path("sessions/<str:session_id>/graph/fork", actions.fork_graph, name="fork_graph"),
     path("bulk/preview", actions.bulk_preview, name="bulk_preview"),
     path("bulk/act", actions.bulk_act, name="bulk_act"),

@@ -31,8 +31,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.browser]
 SCREENSHOTS = os.environ.get("UI_SCREENSHOTS")
 NOT_PAGES = {"session_history", "children", "earlier_entries", "activity", "act",
              "act_on_submission", "act_on_conversation", "bulk_preview", "bulk_act", "retry_failed",
-             "decide_call", "resume_graph", "fork_graph", "restart_preview", "restart",
-             "migrate", "artifact"}
+             "decide_call", "resume_graph", "start_graph", "fork_graph", "restart_preview",
+             "restart", "migrate", "artifact"}
 """The dashboard's routes that are no page of their own: parts a page fetches again, the
 actions a page posts (their confirmations and answers are checked on their pages), and
 a download (an artifact)."""

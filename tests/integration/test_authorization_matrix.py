@@ -126,6 +126,9 @@ API_RULES: dict[str, list[Cell]] = {
         Cell("GET", "/api/sessions/{session}/graph", api_read(404)),
         Cell("GET", f"/api/sessions/{NOPE}/graph", api_read(404)),
     ],
+    "POST api/sessions/<session_id>/graph/runs": [
+        Cell("POST", f"/api/sessions/{NOPE}/graph/runs", api_act(404),
+             {**ACTION, "kind": "k", "input": {}, "expected_version": 0})],
     "POST api/sessions/<session_id>/graph/fork": [
         Cell("POST", f"/api/sessions/{NOPE}/graph/fork", api_act(404),
              {**ACTION, "checkpoint_id": "c1", "expected_version": 1})],
@@ -247,6 +250,9 @@ OTHER_RULES: dict[str, list[Cell]] = {
         Cell("GET", f"/sessions/{{session}}/calls/{NOPE}/decide", everyone(405))],
     "tasks/<str:task_id>/resume": [Cell("POST", f"/tasks/{NOPE}/resume", UI_ACTION),
                                    Cell("GET", f"/tasks/{NOPE}/resume", everyone(405))],
+    "sessions/<str:session_id>/graph/runs": [
+        Cell("POST", "/sessions/{session}/graph/runs", UI_ACTION),
+        Cell("GET", "/sessions/{session}/graph/runs", everyone(405))],
     "sessions/<str:session_id>/graph/fork": [
         Cell("POST", "/sessions/{session}/graph/fork", UI_ACTION),
         Cell("GET", "/sessions/{session}/graph/fork", everyone(405))],

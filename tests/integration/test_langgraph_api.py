@@ -1,7 +1,8 @@
 """A LangGraph thread through the API, on Postgres: ``GET /api/sessions/{id}/graph``
 shows what the session page shows (the checkpoints on their branches, the interrupts,
-the runs, and the thread's version), and ``POST /api/sessions/{id}/graph/fork`` forks a
-run from a checkpoint as the page's form does, naming the version it saw: refused (409)
+the runs, and the thread's version); ``POST /api/sessions/{id}/graph/runs`` starts a run
+of a registered graph on the thread and ``POST /api/sessions/{id}/graph/fork`` forks one
+from a checkpoint as the page's form does, each naming the version it saw: refused (409)
 when the thread changed since, when the checkpoint is gone or while a run is open, and
 422 naming the field for a bad body; a refusal changes nothing."""
 
@@ -14,7 +15,7 @@ import pytest
 
 from controlplane.worker.runtime import runtime
 from kernel import Worker
-from kernel.hosts.langgraph.host import fork_input
+from kernel.hosts.langgraph.host import fork_input, run_input
 from tests.langgraph_graphs import APPROVAL, PIPELINE, runs
 
 from .api_kinds import start
@@ -99,6 +100,7 @@ def test_an_operator_forks_through_the_api_naming_the_version_seen(graphs: Path)
     assert again.json()["replayed"] is True and again.json()["seq"] == done.json()["seq"]
     [run] = [t for t in kernel.storage.session_tasks(session_id) if t.id != first]
     assert run.input == fork_input(third)
+    assert done.json()["task_id"] == again.json()["task_id"] == run.id
     commit = next(c for c in kernel.commits_after(session_id, 0) if c.seq == done.json()["seq"])
     assert commit.actor == "user:olga"
     opened = olga.get(f"/api/sessions/{session_id}/graph").json()
@@ -132,3 +134,62 @@ def test_a_fork_through_the_api_updates_the_state_first(graphs: Path) -> None:
     state = kernel.task(run.id).outcome["result"]["output"]
     contents = [m["kwargs"]["content"] for m in state["messages"]]
     assert "try it this way" in contents
+
+
+def start_run(client: Any, session_id: str, **fields: Any) -> Any:
+    body = {"action_id": "s1", "reason": "a new question", **fields}
+    return post(client, f"/api/sessions/{session_id}/graph/runs", body)
+
+
+def test_an_operator_starts_graph_runs_on_a_thread_through_the_api(graphs: Path) -> None:
+    kernel = runtime().kernel
+    session_id = kernel.create_session().id
+    olga = client_for("olga", "operator")
+    question = {"messages": [{"type": "human", "content": "go"}]}
+    assert start_run(client_for("vic", "viewer"), session_id, kind=PIPELINE, input=question,
+                     expected_version=0).status_code == 403
+    other = next(k for k in sorted(kernel.registry.kinds())
+                 if k not in kernel.registry.hosted_by("langgraph"))
+    for fields, named in (
+        ({"kind": "no-such-graph", "input": question, "expected_version": 0}, "kind"),
+        ({"kind": other, "input": question, "expected_version": 0}, "kind"),
+        ({"kind": PIPELINE, "expected_version": 0}, "input"),
+        ({"kind": PIPELINE, "input": {"text": "a\u0000"}, "expected_version": 0}, "input"),
+        ({"kind": PIPELINE, "input": question, "expected_version": 0, "queue": "x"}, "queue"),
+        ({"kind": PIPELINE, "input": question}, "expected_version"),
+    ):
+        bad = start_run(olga, session_id, **fields)
+        assert bad.status_code == 422 and named in str(bad.json()["detail"]), (fields, bad.json())
+    stale = start_run(olga, session_id, kind=PIPELINE, input=question, expected_version=3)
+    assert stale.status_code == 409 and "changed since you saw it" in stale.json()["detail"]
+    assert kernel.storage.session_tasks(session_id) == []  # refusals changed nothing
+
+    done = start_run(olga, session_id, kind=PIPELINE, input=question, expected_version=0)
+    assert done.status_code == 200, done.json()
+    run_id = done.json()["task_id"]
+    again = start_run(olga, session_id, kind=PIPELINE, input=question, expected_version=0)
+    assert again.json()["replayed"] is True and again.json()["task_id"] == run_id
+    assert kernel.task(run_id).input == run_input(question)
+    commit = next(c for c in kernel.commits_after(session_id, 0) if c.seq == done.json()["seq"])
+    assert commit.actor == "user:olga"
+    thread = olga.get(f"/api/sessions/{session_id}/graph").json()  # before any checkpoint
+    assert thread["total"] == 0 and [r["task_id"] for r in thread["runs"]] == [run_id]
+    busy = start_run(olga, session_id, action_id="s2", kind=PIPELINE, input=question,
+                     expected_version=thread["version"])
+    assert busy.status_code == 409 and "has not ended" in busy.json()["detail"]
+
+    assert Worker(kernel, "w", 30).advance(run_id)
+    assert runs(graphs) == ["model"] * 4
+    thread = olga.get(f"/api/sessions/{session_id}/graph").json()
+    assert thread["total"] == 6 and thread["runs"][0]["status"] == "succeeded"
+    follow_up = {"messages": [{"type": "human", "content": "and again"}]}
+    second = start_run(olga, session_id, action_id="s3", kind=PIPELINE, input=follow_up,
+                       expected_version=thread["version"])
+    assert second.status_code == 200, second.json()
+    assert Worker(kernel, "w", 30).advance(second.json()["task_id"])
+    output = kernel.task(second.json()["task_id"]).outcome["result"]["output"]
+    contents = [m["kwargs"]["content"] for m in output["messages"]]
+    assert contents[0] == "go" and "and again" in contents  # the thread went on
+    after = olga.get(f"/api/sessions/{session_id}/graph").json()
+    assert after["branches"] == 1 and after["total"] > thread["total"]
+    assert [r["task_id"] for r in after["runs"]] == [run_id, second.json()["task_id"]]

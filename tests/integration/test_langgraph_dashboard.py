@@ -18,6 +18,7 @@ from controlplane.errors import http_status
 from controlplane.worker.runtime import runtime
 from kernel import Draft, Kernel, Status, Worker
 from kernel.commit import operations_log_id
+from kernel.hosts.langgraph.host import run_input
 from tests.langgraph_graphs import APPROVAL, PIPELINE, runs
 
 from .api_kinds import start
@@ -51,7 +52,8 @@ def test_the_session_page_lists_the_checkpoints_and_the_interrupt_with_its_form(
     assert 'class="resume-form"' in card and 'name="csrfmiddlewaretoken"' in card
     assert f'name="checkpoint_id" value="{waiting["checkpoint_id"]}"' in card
     assert 'name="reason" required' in card and '<textarea name="value"' in card
-    assert "A fork waits until run" in shown and 'class="fork-form"' not in shown
+    assert "A new run or a fork waits until run" in shown
+    assert 'class="fork-form"' not in shown and 'class="start-form"' not in shown
     viewed = section(client_for("vic", "viewer").get(f"/sessions/{session_id}/")
                      .content.decode())
     assert "draft of notice" in viewed and "resume-form" not in viewed  # no form
@@ -157,6 +159,45 @@ def test_an_operator_forks_from_the_third_checkpoint_and_both_branches_stay(
         end = kernel.task(task_id).outcome["result"]["checkpoint_id"]
         assert f'id="checkpoint-{end}"' in page
     assert f'forked from <a href="#checkpoint-{third}"' in page
+
+
+def test_an_operator_starts_a_run_on_the_thread_from_the_page(graphs: Path) -> None:
+    kernel = runtime().kernel
+    session_id, first = start(kernel, PIPELINE, {"input": {"messages": [("user", "go")]}})
+    olga = client_for("olga", "operator")
+    page = section(olga.get(f"/sessions/{session_id}/").content.decode())
+    form = page.split('class="start-form"')[1].split("</form>")[0]
+    assert f'<option selected>{PIPELINE}</option>' in form and APPROVAL in form
+    version = form.split('name="expected_version" value="')[1].split('"')[0]
+    assert f'id="start-run-v{version}"' in page
+    url = f"/sessions/{session_id}/graph/runs"
+    question = '{"messages": [{"type": "human", "content": "once more"}]}'
+    fields = {"action_id": "s1", "reason": "a follow-up", "kind": PIPELINE, "input": question,
+              "expected_version": version}
+    head = kernel.storage.session(session_id).head_seq
+    assert client_for("vic", "viewer").post(url, fields).status_code == 403
+    for changed, named in (({"input": "[1"}, "input"), ({"input": ""}, "input"),
+                           ({"kind": "nope"}, "kind"), ({"expected_version": "x"},
+                                                        "expected_version")):
+        bad = olga.post(url, {**fields, **changed}, HTTP_HX_REQUEST="true")
+        assert bad.status_code == 422 and named in unescape(bad.content.decode()), changed
+    stale = olga.post(url, {**fields, "expected_version": str(int(version) + 1)},
+                      HTTP_HX_REQUEST="true")
+    assert stale.status_code == 409 and "changed since you saw it" in stale.content.decode()
+    assert kernel.storage.session(session_id).head_seq == head  # refusals changed nothing
+
+    done = olga.post(url, fields, HTTP_HX_REQUEST="true")
+    assert done.status_code == 200 and "start done" in done.content.decode(), done.content
+    [run] = [t for t in kernel.storage.session_tasks(session_id) if t.id != first]
+    assert f"The run is task {run.id}" in done.content.decode()
+    assert run.input == run_input({"messages": [{"type": "human", "content": "once more"}]})
+    [entry] = log(kernel, session_id, "start")
+    assert entry["by"] == "user:olga" and entry["reason"] == "a follow-up"
+    assert entry["target"] == PIPELINE
+    shown = section(olga.get(f"/sessions/{session_id}/").content.decode())
+    assert 'class="start-form"' not in shown and "A new run or a fork waits" in shown
+    assert Worker(kernel, "w", 30).advance(run.id)
+    assert runs(graphs) == ["model"] * 8  # the whole pipeline again, on the thread
 
 
 def test_two_operators_forking_at_once_one_fork_lands(

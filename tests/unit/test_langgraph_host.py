@@ -12,7 +12,8 @@ from kernel import Draft, InMemoryStorage, Kernel, Registry, Scheduler, Status
 from kernel.hosts.langgraph import SessionStoreSaver
 from kernel.hosts.langgraph.host import fork_input
 from kernel.hosts.langgraph.interrupts import resume_signal
-from kernel.hosts.langgraph.layout import CHECKPOINT, INDEX
+from kernel.hosts.langgraph.layout import CHECKPOINT, HOST, INDEX
+from kernel.registry import TaskDefinition
 from tests.langgraph_graphs import APPROVAL, DECISION, PIPELINE, register_all, runs
 
 
@@ -213,3 +214,14 @@ def test_a_graph_run_is_not_started_again_from_a_phase_and_says_to_fork(
     Scheduler(kernel).run_until_idle()
     assert kernel.task(task_id) == task
     assert runs(recorded) == ["model"] * 4
+
+
+def test_a_registered_graph_is_named_by_its_host_and_a_later_version_without_it_is_not(
+    kernel: Kernel,
+) -> None:
+    graphs = kernel.registry.hosted_by(HOST)
+    assert graphs == sorted(graphs) and {APPROVAL, PIPELINE} <= set(graphs)
+    assert all(kernel.registry.latest(k).host is None
+               for k in kernel.registry.kinds() - set(graphs))
+    kernel.registry.add(TaskDefinition(PIPELINE, 99, {"run": lambda run: None}, "run"))
+    assert PIPELINE not in kernel.registry.hosted_by(HOST)  # what the newest one runs

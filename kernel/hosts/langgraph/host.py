@@ -32,7 +32,7 @@ from kernel.session import Kernel
 from kernel.tasks import Transition
 
 from .interrupts import resume_signal
-from .layout import register_documents
+from .layout import HOST, register_documents
 from .saver import SessionStoreSaver
 
 JSON = Any
@@ -45,6 +45,13 @@ NO_RESTART = (
     "(Fork from here, on the session page)"
 )
 """Why a graph run is not started again from a phase (a fork is: :func:`fork_input`)."""
+
+
+def run_input(graph_input: JSON) -> JSON:
+    """The input of a graph task that invokes the graph with ``graph_input`` on its
+    session's thread: from its newest checkpoint, as LangGraph does for a thread it
+    already holds (a chat's next message), or from the start on a thread with none."""
+    return {"input": graph_input}
 
 
 def fork_input(checkpoint_id: str, input: JSON = None) -> JSON:
@@ -109,7 +116,7 @@ class GraphHost:
                     config = graph.update_state(config, fork["values"])
             graph_input: Any = None
         elif progress is None:
-            graph_input = (run.input or {}).get("input")
+            graph_input = (run.input or {}).get("input")  # run_input's
         elif waiting is not None and progress["checkpoint_id"] == waiting["checkpoint_id"]:
             # Nothing committed since the interrupt: the resume has not been applied yet.
             answer = run.signal(resume_signal(waiting["checkpoint_id"]))
@@ -144,5 +151,5 @@ def register_graph(
     host = GraphHost(graph, kernel, output)
     registry.add(TaskDefinition(kind, version, {"run": host.run}, "run", queue=queue,
                                 max_restarts=max_restarts, needs=host.needs,
-                                no_restart=NO_RESTART))
+                                no_restart=NO_RESTART, host=HOST))
     return host

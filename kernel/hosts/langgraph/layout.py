@@ -32,6 +32,10 @@ THREADS = "langgraph.threads"
 RUNS = "langgraph.runs"
 KINDS = (CHECKPOINT, INDEX, THREADS, RUNS)
 
+HOST = "langgraph"
+"""What the task definitions of graph runs name as their host
+(:attr:`kernel.registry.TaskDefinition.host`)."""
+
 DIRECTORY = "langgraph"
 """The session holding the directory of threads and runs."""
 INDEX_KEY = ""
