@@ -8,7 +8,7 @@ Its packages are grouped by what runs them:
 - ``worker/``: a Celery worker process (the kernel runtime, the Celery tasks, LISTEN);
 - ``process/``: what every process does when it starts (entry point, logs, traces, its
   Kernel);
-- ``commands.py`` (state changes) and ``reads/`` (what is shown): the layers every edge
+- ``commands/`` (state changes) and ``reads/`` (what is shown): the layers every edge
   calls; ``access.py`` and ``errors.py`` beside them; ``storage/``: Postgres;
 - ``reference/``: the reference apps (email notices, the demo assistant);
 - ``dev/``: development stand-ins and launchers the product never imports.

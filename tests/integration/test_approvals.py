@@ -13,6 +13,7 @@ from django.test import Client
 
 from controlplane import commands
 from controlplane.errors import http_status
+from controlplane.reads import approvals as approval_reads
 from kernel import Draft, Kernel, Scheduler, Status, Worker
 from kernel.agent import digest, submit
 from kernel.commit import operations_log_id
@@ -184,9 +185,9 @@ def test_two_operators_deciding_at_once_exactly_one_decision_lands(
     kernel: Kernel, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     session_id, _ = gated_call(kernel)
-    [pending] = commands.approval_reads.pending_in(session_id)
+    [pending] = approval_reads.pending_in(session_id)
     accounts = [user("ann", "operator"), user("bob", "operator")]
-    both_read_first(monkeypatch, commands.approval_reads, "call_task")
+    both_read_first(monkeypatch, approval_reads, "call_task")
     _, refused = decide_at_once(lambda i: commands.decide_call(
         accounts[i], session_id, pending.call_id, f"decide-{i}", "checked",
         ("approve", "deny")[i], pending.digest))
@@ -200,7 +201,7 @@ def test_two_operators_deciding_at_once_exactly_one_decision_lands(
 def test_the_session_page_shows_the_pending_call_with_its_form(kernel: Kernel) -> None:
     session_id, _ = gated_call(kernel)
     page = client_for("olga", "operator").get(f"/sessions/{session_id}/").content.decode()
-    [pending] = commands.approval_reads.pending_in(session_id)
+    [pending] = approval_reads.pending_in(session_id)
     card = page.split('id="call-call_send_notices_0"')[1].split("</article>")[0]
     assert 'data-state="approval"' in card and "waits for approval" in card
     assert "3 recipients, more than 2" in card
@@ -236,7 +237,7 @@ def test_needs_attention_lists_the_pending_call_with_its_form(kernel: Kernel) ->
 
 def test_approving_from_the_page_records_who_and_the_card_says_so(kernel: Kernel) -> None:
     session_id, _ = gated_call(kernel)
-    [pending] = commands.approval_reads.pending_in(session_id)
+    [pending] = approval_reads.pending_in(session_id)
     olga = client_for("olga", "operator")
     url = f"/sessions/{session_id}/calls/{pending.call_id}/decide"
     form = {"action_id": "p1", "reason": "the list is right", "digest": pending.digest,

@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 from django.test import Client
 
-from controlplane import commands, models
+from controlplane import models
+from controlplane.commands import bulk as bulk_commands
 from kernel import Draft, Kernel, Scheduler, Status
 
 from .api_kinds import start
@@ -164,7 +165,7 @@ def test_a_repeat_of_a_bulk_request_cut_short_finishes_its_set_and_nothing_twice
     preview = post(operator, "/api/actions/bulk/preview", filters).json()
     request = {**filters, "action_id": "cut", "reason": "fixed",
                "expected_count": 2, "expected_digest": preview["digest"]}
-    real_commit = commands._commit
+    real_commit = bulk_commands.commit_action
     calls: list[str] = []
 
     def dies_after_one(*args: Any) -> Any:
@@ -173,10 +174,10 @@ def test_a_repeat_of_a_bulk_request_cut_short_finishes_its_set_and_nothing_twice
         calls.append(args[4])
         return real_commit(*args)
 
-    monkeypatch.setattr(commands, "_commit", dies_after_one)
+    monkeypatch.setattr(bulk_commands, "commit_action", dies_after_one)
     with pytest.raises(SystemExit):
         post(operator, "/api/actions/bulk", request)
-    monkeypatch.setattr(commands, "_commit", real_commit)
+    monkeypatch.setattr(bulk_commands, "commit_action", real_commit)
     [first] = calls
     assert models.BulkAction.objects.get(action_id="cut").results is None
     late = start(kernel, "api-step", {"fail": True})[1]  # not in the previewed set

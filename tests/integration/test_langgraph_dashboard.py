@@ -15,6 +15,7 @@ from django.test import Client
 
 from controlplane import commands
 from controlplane.errors import http_status
+from controlplane.reads import graphs as graph_reads
 from controlplane.worker.runtime import runtime
 from kernel import Draft, Kernel, Status, Worker
 from kernel.commit import operations_log_id
@@ -205,10 +206,10 @@ def test_two_operators_forking_at_once_one_fork_lands(
 ) -> None:
     kernel = runtime().kernel
     session_id, _ = start(kernel, PIPELINE, {"input": {"messages": [("user", "go")]}})
-    namespaces, version = commands.graph_reads.versioned_index(session_id)
+    namespaces, version = graph_reads.versioned_index(session_id)
     [checkpoint_id, *_] = sorted(namespaces[""])
     accounts = [user("ann", "operator"), user("bob", "operator")]
-    both_read_first(monkeypatch, commands.graph_reads, "versioned_index")
+    both_read_first(monkeypatch, graph_reads, "versioned_index")
     _, refused = decide_at_once(lambda i: commands.fork_graph(
         accounts[i], session_id, f"fork-{i}", "again", checkpoint_id, version))
     assert http_status(refused) == 409

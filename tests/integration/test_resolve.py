@@ -12,6 +12,7 @@ from django.test import Client
 
 from controlplane import commands
 from controlplane.errors import http_status
+from controlplane.reads import tasks as task_reads
 from controlplane.worker.runtime import runtime
 from kernel import Decision, Kernel, Receipt, Run, Scheduler, Status, Transition
 from kernel.commit import operations_log_id
@@ -108,7 +109,7 @@ def test_two_operators_deciding_at_once_exactly_one_decision_lands(
     step = commands.Step("resolution-1", kernel.task(task_id).epoch)
     accounts = [user("ann", "operator")]
     accounts.append(accounts[0] if same_operator else user("bob", "operator"))
-    both_read_first(monkeypatch, commands.task_reads, "record")
+    both_read_first(monkeypatch, task_reads, "record")
     landed, refused = decide_at_once(lambda i: commands.resolve_task(
         accounts[i], task_id, f"decide-{i}", "checked", ("done", "again")[i], step))
     assert http_status(refused) == 409 and "no longer waits" in str(refused)

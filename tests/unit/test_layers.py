@@ -10,7 +10,8 @@
 - The reference apps are applications of the platform: nothing outside them (and the
   development tooling) imports them; the settings name their registry.
 - Outside ``storage/``, the storage is used through its package's names; only the read
-  layer reaches past them, to the row mapping and the search.
+  layer reaches past them, to the row mapping and the search. Outside ``commands/``, the
+  commands are used through their package's names.
 - Only the read layer and the storage touch the kernel's tables: SQL naming a
   ``kernel_*`` table, or an ORM query on a model of one, appears nowhere else in the
   product (the admin's read-only registrations aside).
@@ -45,10 +46,10 @@ def in_layer(path: Path, *layers: str) -> bool:
 ROOT_MODULES = {
     # what Django and Celery find by name
     "__init__", "settings", "urls", "asgi", "wsgi", "celery", "apps", "models", "admin",
-    # the two layers, what they refuse with and who may call them; the models' catalogue
-    "commands", "errors", "access", "model_catalog",
+    # the layers' errors and who may call them; the models' catalogue
+    "errors", "access", "model_catalog",
 }
-PACKAGES = {"api", "ui", "web", "sockets", "worker", "process", "reads", "storage",
+PACKAGES = {"api", "ui", "web", "sockets", "worker", "process", "commands", "reads", "storage",
             "reference", "dev", "migrations", "management", "templatetags"}
 
 
@@ -102,6 +103,17 @@ def test_the_storage_is_used_through_its_package() -> None:
     assert offenders == {}
 
 
+def test_the_commands_are_used_through_their_package() -> None:
+    import controlplane.commands as commands
+
+    public = {f"controlplane.commands.{name}" for name in commands.__all__}
+    offenders = {relative(p): sorted(m for m in imports(p)
+                                     if m.startswith("controlplane.commands.") and m not in public)
+                 for p in PRODUCT if not in_layer(p, "controlplane/commands")}
+    assert {p: m for p, m in offenders.items() if m} == {}
+    assert "controlplane.commands.fork_graph" in public
+
+
 def test_pages_and_sockets_do_not_import_the_api() -> None:
     edges = [p for p in PRODUCT if in_layer(p, "controlplane/ui", "controlplane/sockets")]
     assert len(edges) > 10
@@ -130,7 +142,7 @@ def test_only_the_read_layer_and_storage_query_the_kernel_tables() -> None:
 
 
 def test_commands_and_reads_use_no_web_types() -> None:
-    layers = [p for p in PRODUCT if in_layer(p, "controlplane/reads", "controlplane/commands.py",
+    layers = [p for p in PRODUCT if in_layer(p, "controlplane/reads", "controlplane/commands",
                                              "controlplane/errors.py", "controlplane/access.py")]
     assert len(layers) > 5
     web = ("ninja", "django.http", "django.shortcuts", "controlplane.api", "controlplane.ui")

@@ -1,0 +1,181 @@
+"""Operator actions on a LangGraph thread (:mod:`kernel.hosts.langgraph`): resume an
+interrupted run, start a run, fork one from a checkpoint."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from django.contrib.auth.models import User
+
+from controlplane.access import actor, require_operator
+from controlplane.commands.actions import (
+    ActionResult,
+    act_on_task,
+    commit_action,
+    done_before,
+    refuse_unless,
+)
+from controlplane.errors import Conflict, Invalid
+from controlplane.reads import graphs as graph_reads
+from controlplane.reads import sessions as session_reads
+from controlplane.reads import tasks as task_reads
+from controlplane.worker.runtime import runtime
+from kernel import Draft
+from kernel.errors import UnstorableValue
+from kernel.hosts.langgraph.interrupts import check_resume, resume_signal
+from kernel.hosts.langgraph.layout import HOST, INDEX, INDEX_KEY
+from kernel.values import storable
+
+
+def resume_graph(
+    user: User, task_id: str, action_id: str, reason: str, checkpoint_id: str, value: Any
+) -> ActionResult:
+    """Resume a hosted LangGraph run interrupted at ``checkpoint_id`` (the interrupt the
+    operator saw) with ``value``, checked against the schema the node declared, if any:
+    one commit naming the operator. A run no longer waiting there is refused (Conflict)."""
+    require_operator(user)
+    task = task_reads.record(task_id)
+    if not done_before(task.session_id, action_id, "resume", task_id):
+        try:
+            check_resume(task, checkpoint_id, value)
+        except LookupError as exc:
+            raise Conflict(f"{exc} (it is {task.shown_status}): look again") from exc
+        except ValueError as exc:
+            raise Invalid(str(exc)) from exc
+    payload = {"value": value, "by": actor(user), "reason": reason}
+    signal = resume_signal(checkpoint_id)
+    return act_on_task(user, action_id, reason, "resume", task,
+                       lambda d: d.signal(task_id, signal, payload, step_epoch=task.epoch))
+
+
+def start_graph(
+    user: User, session_id: str, action_id: str, reason: str, kind: str, graph_input: Any,
+    expected_version: int,
+) -> ActionResult:
+    """Start a run of the graph registered as ``kind`` on the session's thread: the graph
+    is invoked with ``graph_input`` from the thread's newest checkpoint (from the start
+    on a session that holds no thread yet). One commit naming the operator, which creates
+    the run and names it in the thread's index.
+
+    Invalid when ``kind`` is not a graph registered here or the input cannot be stored;
+    refused (Conflict) while a run of the thread has not ended (two runs would both go on
+    from the newest checkpoint), or when the thread changed since the operator saw it:
+    ``expected_version`` is the thread's version they were shown, 0 for a session that
+    holds no thread yet."""
+    from kernel.hosts.langgraph.host import run_input
+
+    require_operator(user)
+    session_reads.session(session_id)  # UnknownRecord: 404
+    graphs = runtime().kernel.registry.hosted_by(HOST)
+    if kind not in graphs:
+        raise Invalid(f"kind: {kind!r} is not a graph registered here (graphs: "
+                      f"{', '.join(graphs) or 'none'})")
+    try:
+        storable(graph_input, "input")
+    except UnstorableValue as exc:
+        raise Invalid(str(exc)) from exc
+    expected: int | None = None  # a repeat is answered with the first commit, as it is
+    if not done_before(session_id, action_id, "start", kind):
+        thread = graph_reads.thread(session_id)
+        _refuse_unless_thread_is(thread, expected_version, "start a run")
+        expected = expected_version
+
+    def build(draft: Draft) -> str:
+        run = draft.create_task(kind, run_input(graph_input))
+        _name_in_index(draft, graph_reads.STARTS, run, {"kind": kind, "by": actor(user),
+                                                        "reason": reason}, expected)
+        return run
+
+    return _start_run(user, session_id, action_id, "start", kind, reason, build,
+                      ["the graph runs from the thread's newest checkpoint, with its side "
+                       "effects"])
+
+
+def fork_graph(
+    user: User, session_id: str, action_id: str, reason: str, checkpoint_id: str,
+    expected_version: int, values: Any = None,
+) -> ActionResult:
+    """Start a new run of the session's graph from its thread's checkpoint
+    ``checkpoint_id`` (time travel): nothing before that checkpoint runs again; with
+    ``values`` (a JSON object) the state there is updated first (LangGraph's
+    ``update_state``). The fork is a new branch of the thread: the checkpoints after the
+    fork point stay readable. One commit naming the operator, which creates the run.
+
+    Refused (Conflict) when the checkpoint is no longer in the thread (pruned, deleted),
+    when a run of the thread has not ended (each run goes on from the thread's newest
+    checkpoint, which the fork's run would move under it), or when the thread changed
+    since the operator saw it: ``expected_version`` is the version of the thread's index
+    they were shown (:attr:`controlplane.reads.graphs.Thread.version`), and the commit
+    is refused if the index moved even between the checks here and the commit."""
+    from kernel.hosts.langgraph.host import fork_input
+
+    require_operator(user)
+    session_reads.session(session_id)  # UnknownRecord: 404
+    if values is not None:
+        if not isinstance(values, dict):
+            raise Invalid("values: a JSON object (the state's channels to update), or none")
+        try:
+            storable(values, "values")
+        except UnstorableValue as exc:
+            raise Invalid(str(exc)) from exc
+    thread = graph_reads.thread(session_id)
+    if thread is None or thread.kind is None:
+        raise Conflict(f"session {session_id} holds no graph run to fork")
+    kind = thread.kind
+    expected: int | None = None  # a repeat is answered with the first commit, as it is
+    if not done_before(session_id, action_id, "fork", checkpoint_id):
+        namespaces, _ = graph_reads.versioned_index(session_id)
+        refuse_unless(checkpoint_id in namespaces.get(graph_reads.ROOT, {}),
+                      f"checkpoint {checkpoint_id} is not in the thread (any more): look again")
+        _refuse_unless_thread_is(thread, expected_version, "fork")
+        expected = expected_version
+
+    def build(draft: Draft) -> str:
+        run = draft.create_task(kind, fork_input(checkpoint_id, values))
+        _name_in_index(draft, graph_reads.FORKS, run, {"checkpoint_id": checkpoint_id,
+                                                       "by": actor(user), "reason": reason},
+                       expected)
+        return run
+
+    return _start_run(user, session_id, action_id, "fork", checkpoint_id, reason, build,
+                      ["the nodes after the fork point run again, with their side effects"])
+
+
+def _refuse_unless_thread_is(
+    thread: graph_reads.Thread | None, expected_version: int, what: str,
+) -> None:
+    """Conflict while a run of the thread has not ended, or when the thread is not at the
+    version the operator saw (0: none yet)."""
+    version = thread.version if thread is not None else 0
+    running = thread.open_runs if thread is not None else []
+    refuse_unless(not running,
+                  f"run {', '.join(r.task_id for r in running)} of this thread has not "
+                  f"ended: {what} once it has (or cancel it)")
+    refuse_unless(version == expected_version,
+                  f"the thread changed since you saw it (it is at version {version}, you "
+                  f"saw {expected_version}): look again")
+
+
+def _name_in_index(draft: Draft, where: str, run: str, value: Any, expected: int | None) -> None:
+    """Name an operator's run in the thread's index, at the version the checks read: a
+    checkpoint written or pruned meanwhile, or another run started, refuses the commit,
+    so two runs never go on from the thread's head at once."""
+    draft.update_document(INDEX, INDEX_KEY, {"op": "set", "path": [where, run], "value": value},
+                          expected_version=expected)
+
+
+def _start_run(
+    user: User, session_id: str, action_id: str, action: str, target: str, reason: str,
+    build: Callable[[Draft], str], may_repeat: list[str],
+) -> ActionResult:
+    """Commit an action that creates one graph run: the result names the run (the one
+    the first commit created, for a repeat)."""
+    made: list[str] = []
+    seq, replayed = commit_action(user, session_id, action_id, action, target, reason,
+                                  lambda draft: made.append(build(draft)))
+    if replayed:  # the first commit's run, unless retention has removed that commit
+        made = [item["id"] for commit in runtime().kernel.commits_after(session_id, seq - 1, 1)
+                if commit.seq == seq for item in commit.summary if item.get("type") == "task"]
+    return ActionResult(action_id, action, target, session_id, seq, replayed, may_repeat,
+                        task_id=made[0] if made else None)

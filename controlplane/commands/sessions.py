@@ -1,0 +1,242 @@
+"""Sessions and what lives in them: a session, a conversation, a submission and its
+resubmission, a branch of a turn, a compaction; a task started from a trusted shell."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from django.conf import settings
+from django.contrib.auth.models import User
+
+from controlplane import model_catalog
+from controlplane.access import actor, require_operator
+from controlplane.commands.actions import (
+    ActionResult,
+    commit_action,
+    done_before,
+    record_action,
+    refuse_unless,
+)
+from controlplane.errors import Conflict, Invalid
+from controlplane.reads import sessions as session_reads
+from controlplane.worker.runtime import runtime
+from kernel import (
+    Draft,
+    DuplicateCommit,
+    ReservedConversation,
+    UnknownRecord,
+    agent,
+)
+from kernel.agent import Submitted
+from kernel.agent import branches as agent_branches
+from kernel.commit import operations_log_id
+from kernel.records import Conversation, SessionRecord
+
+CREATE_SESSION = "create-session"
+"""The operations-log entry of a session's creation: who, and with what (``via``)."""
+
+
+def _record_creation(draft: Draft, by: str, via: str) -> None:
+    draft.record_operation(CREATE_SESSION, {"by": by, "via": via})
+
+
+def create_session(user: User, metadata: dict[str, Any], via: str) -> SessionRecord:
+    """A new session, its creation the first commit: ``user`` named as its actor and in
+    the operations log with ``via`` (the credential used, say an API token). Should that
+    commit fail, the session is left empty and unattributed (its head at 0)."""
+    require_operator(user)
+    kernel = runtime().kernel
+    handle = kernel.create_session(metadata=metadata)
+    draft = Draft(actor=actor(user))
+    _record_creation(draft, actor(user), via)
+    handle.commit(draft)
+    created = kernel.storage.session(handle.id)
+    assert created is not None
+    return created
+
+
+def start_task(
+    actor_name: str, kind: str, input: Any, session_id: str | None, title: str = ""
+) -> tuple[str, str]:
+    """Start a task of ``kind`` in a session (a new one titled ``title`` unless given):
+    ``(session_id, task_id)``. For trusted callers (a shell), who name themselves."""
+    kernel = runtime().kernel
+    if session_id is not None and kernel.storage.session(session_id) is None:
+        raise UnknownRecord(f"no session {session_id}")
+    handle = (
+        kernel.open(session_id) if session_id
+        else kernel.create_session(metadata={"title": title})
+    )
+    draft = Draft(actor=actor_name)
+    if session_id is None:
+        _record_creation(draft, actor_name, "shell")
+    task_id = draft.create_task(kind, input)
+    handle.commit(draft)
+    return handle.id, task_id
+
+
+def create_conversation(
+    user: User, session_id: str, fork_of: str | None, fork_entry_id: str | None
+) -> Conversation:
+    require_operator(user)
+    kernel = runtime().kernel
+    if kernel.storage.session(session_id) is None:
+        raise UnknownRecord(f"no session {session_id}")
+    draft = Draft(actor=actor(user))
+    try:
+        conversation_id = draft.create_conversation(fork_of=fork_of, fork_entry_id=fork_entry_id)
+    except ValueError as exc:
+        raise Invalid(str(exc)) from exc
+    try:
+        kernel.open(session_id).commit(draft)
+    except ReservedConversation as exc:
+        raise Invalid(f"fork_of: {exc}") from exc
+    created = kernel.storage.conversation(conversation_id)
+    assert created is not None
+    return created
+
+
+@dataclass(frozen=True)
+class BranchResult:
+    """A turn branched from a model response: the new conversation and turn, the commit."""
+
+    action_id: str
+    session_id: str
+    entry_id: str
+    conversation_id: str
+    turn_id: str
+    seq: int
+    replayed: bool
+
+
+def branch_turn(
+    user: User, session_id: str, entry_id: str, action_id: str, reason: str
+) -> BranchResult:
+    """Branch the turn that committed the model response ``entry_id``: a new conversation
+    forked at that entry and a new turn on it that starts from the response as committed
+    (the model is asked only from there; its tool calls are made anew, under new operation
+    ids). One commit naming who and why; the original conversation and turn stay."""
+    require_operator(user)
+    kernel = runtime().kernel
+    conversation_id = session_reads.entry_conversation(session_id, entry_id)
+    key = action_id
+    try:
+        made = agent_branches.branch_turn(
+            kernel.open(session_id), conversation_id, entry_id, actor=actor(user), key=key,
+            also=lambda d: record_action(d, user, key, "branch", entry_id, reason),
+        )
+    except DuplicateCommit as exc:
+        if not done_before(session_id, key, "branch", entry_id):
+            raise Conflict(f"action id {key!r} was used by another commit: use a fresh id"
+                           ) from exc
+        log_id = operations_log_id(session_id)
+        made_before = {i.get("type"): i.get("id") for i in exc.existing.summary
+                       if i.get("type") in ("conversation", "task") and i.get("id") != log_id}
+        return BranchResult(action_id, session_id, entry_id,
+                            str(made_before.get("conversation")), str(made_before.get("task")),
+                            exc.existing.seq, True)
+    return BranchResult(action_id, session_id, entry_id, made.conversation_id, made.turn_id,
+                        made.seq, False)
+
+
+def submit(
+    user: User,
+    session_id: str,
+    conversation_id: str,
+    input: Any,
+    request_id: str,
+    when_busy: agent.WhenBusy,
+) -> Submitted:
+    """Accept input for a conversation once per ``request_id`` (a repeat returns the
+    original); an idle conversation starts a turn, a busy one does what ``when_busy``
+    says, ``reject`` refusing with Conflict and writing nothing."""
+    require_operator(user)
+    kernel = runtime().kernel
+    if kernel.storage.session(session_id) is None:
+        raise UnknownRecord(f"no session {session_id}")
+    try:
+        model_catalog.check_choice(settings.MODELS, input)
+        submitted = agent.submit(
+            kernel.open(session_id), conversation_id, input, request_id, when_busy,
+            actor=actor(user),
+        )
+    except ValueError as exc:
+        raise Invalid(f"input: {exc}") from exc
+    except ReservedConversation as exc:
+        raise Invalid(f"conversation_id: {exc}") from exc
+    if submitted.outcome == "rejected":
+        raise Conflict(
+            f"{submitted.reason}; when_busy is reject, so nothing was written "
+            "(steer or follow_up would add the input to it)"
+        )
+    return submitted
+
+
+def resubmit(user: User, submission_id: str, action_id: str, reason: str) -> ActionResult:
+    """Submit the same input again as a new submission linked to the original, as any
+    submission: it starts a turn, or follows the one the conversation is busy with."""
+    require_operator(user)
+    kernel = runtime().kernel
+    original = kernel.storage.submission(submission_id)
+    if original is None:
+        raise UnknownRecord(f"no submission {submission_id}")
+    if not done_before(original.session_id, action_id, "resubmit", submission_id):
+        taken = kernel.storage.submission_by_request(original.session_id, action_id)
+        refuse_unless(
+            taken is None,
+            f"action id {action_id!r} is the request id of submission "
+            f"{taken.id if taken else ''}: send a fresh one",
+        )
+    try:
+        submitted = agent.submit(
+            kernel.open(original.session_id),
+            original.conversation_id,
+            original.input,
+            action_id,
+            agent.WhenBusy.FOLLOW_UP,
+            actor=actor(user),
+            resubmit_of=original.id,
+            also=lambda draft: record_action(draft, user, action_id, "resubmit", submission_id,
+                                             reason),
+        )
+    except ValueError as exc:
+        raise Invalid(f"the original submission cannot run again: {exc}") from exc
+    assert submitted.submission is not None
+    return ActionResult(
+        action_id, "resubmit", submission_id, original.session_id,
+        submitted.submission.created_seq, submitted.outcome == "duplicate",
+        ["the whole request runs again: its model and tool calls may repeat"],
+    )
+
+
+def compact_conversation(
+    user: User, conversation_id: str, action_id: str, reason: str, last_entry_id: str
+) -> ActionResult:
+    """Summarize the older part of a conversation now (an ``agent-compaction`` task,
+    :mod:`kernel.agent.compaction`): later model requests see the summary in place of
+    the entries it covers; the transcript keeps them. ``last_entry_id``: the newest entry
+    the operator saw; a conversation that has moved on since is refused (Conflict)."""
+    require_operator(user)
+    kernel = runtime().kernel
+    conversation = kernel.storage.conversation(conversation_id)
+    if conversation is None:
+        raise UnknownRecord(f"no conversation {conversation_id}")
+    if conversation_id == operations_log_id(conversation.session_id):
+        raise Invalid("conversation: the operations log is not a model's conversation")
+    session_id = conversation.session_id
+    if not done_before(session_id, action_id, "compact", conversation_id):
+        newest = session_reads.last_entries(conversation_id, 1, 0).entries
+        refuse_unless(
+            bool(newest) and newest[-1].id == last_entry_id,
+            f"the newest entry of {conversation_id} is "
+            f"{newest[-1].id if newest else 'none'}, not {last_entry_id}: look again",
+        )
+    task_input = {"conversation_id": conversation_id, "reason": "operator", "by": actor(user)}
+
+    def build(draft: Draft) -> None:
+        draft.create_task(agent.COMPACTION, task_input)
+
+    seq, replayed = commit_action(user, session_id, action_id, "compact", conversation_id, reason,
+                                  build)
+    return ActionResult(action_id, "compact", conversation_id, session_id, seq, replayed, [])
