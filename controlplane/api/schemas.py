@@ -273,7 +273,8 @@ class GraphRunOut(Schema):
 
 class GraphOut(Schema):
     session_id: str
-    version: int = Field(..., description="send it back as a fork's `expected_version`")
+    version: int = Field(..., description="send it back as a start's or a fork's "
+                         "`expected_version`")
     checkpoints: list[GraphCheckpointOut] = Field(
         ..., description="the graph's own checkpoints, the newest 100, oldest first")
     total: int = Field(..., description="all the graph's own checkpoints in the thread")

@@ -2,9 +2,9 @@
 (a timeline of the graph's super-steps, with the branches that forks started), the
 interrupts that wait for a resume value, and the graph runs of the session.
 
-A session is a thread when the saver has written its index document
-(``kernel.hosts.langgraph.layout``); everything here reads documents and task records,
-never LangGraph itself.
+A session is a thread when its index document exists (``kernel.hosts.langgraph.layout``):
+the saver writes it with a thread's first checkpoint, an operator's start with the run
+it names. Everything here reads documents and task records, never LangGraph itself.
 """
 
 from __future__ import annotations
@@ -113,8 +113,8 @@ class Thread:
     """The graphs registered in this process: what an operator may start on the thread."""
     version: int
     """The version of the thread's index, which every checkpoint written, deleted or
-    pruned and every fork moves: what a fork sends back, so that it is refused when the
-    thread changed since it was shown."""
+    pruned and every run an operator starts or forks moves: what a start or a fork sends
+    back, so that it is refused when the thread changed since it was shown."""
 
     @property
     def earlier(self) -> int:
@@ -221,8 +221,8 @@ def runs(session_id: str, index: dict[str, JSON] | None = None) -> list[Task]:
 
 
 def thread(session_id: str) -> Thread | None:
-    """The session's thread, or None when the session holds no graph thread (its
-    saver has written no index: a first run shows once it has its first checkpoint)."""
+    """The session's thread, or None when the session holds no graph thread (no index:
+    a run started other than by an operator shows once it has its first checkpoint)."""
     if not _holds_thread(session_id):
         return None
     index, version = _index(session_id)
@@ -249,8 +249,8 @@ def required_thread(session_id: str) -> Thread:
     found = thread(session_id)
     if found is None:
         session_reads.session(session_id)  # no such session: its own 404
-        raise UnknownRecord(f"session {session_id} holds no graph thread (yet: a run's "
-                            "first checkpoint makes one)")
+        raise UnknownRecord(f"session {session_id} holds no graph thread (yet: start a "
+                            "graph run on it)")
     return found
 
 
