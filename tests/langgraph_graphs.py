@@ -29,6 +29,9 @@ from kernel.hosts.langgraph.host import GraphHost, register_graph
 AGENT = "langgraph-notice-agent"
 APPROVAL = "langgraph-approval"
 PIPELINE = "langgraph-pipeline"
+PIPELINE_V2 = "langgraph-pipeline-v2"
+"""The pipeline again, its model answering otherwise: a new version of a graph, which a
+fork may go on with from the first one's checkpoints."""
 RECIPIENTS = [f"{name}@example.com" for name in ("ana", "ben", "cai", "dee", "eve")]
 
 
@@ -140,9 +143,10 @@ class Pipeline(TypedDict):
     messages: Annotated[list[BaseMessage], add_messages]
 
 
-def pipeline_graph(steps: int = 4) -> Any:
-    """``steps`` nodes in a row, each asking the model once."""
-    model = ScriptedModel(responses=[AIMessage(f"answer {n}") for n in range(steps)])
+def pipeline_graph(steps: int = 4, answer: str = "answer") -> Any:
+    """``steps`` nodes in a row, each asking the model once (which says ``answer`` and
+    how many it answered before)."""
+    model = ScriptedModel(responses=[AIMessage(f"{answer} {n}") for n in range(steps)])
 
     def ask(state: Pipeline) -> dict[str, Any]:
         return {"messages": [model.invoke(state["messages"])]}
@@ -162,6 +166,8 @@ def register_all(registry: Registry, kernel: Callable[[], Kernel]) -> dict[str, 
         AGENT: register_graph(registry, AGENT, notice_agent(), kernel=kernel),
         APPROVAL: register_graph(registry, APPROVAL, approval_graph(), kernel=kernel),
         PIPELINE: register_graph(registry, PIPELINE, pipeline_graph(), kernel=kernel),
+        PIPELINE_V2: register_graph(registry, PIPELINE_V2, pipeline_graph(answer="revised"),
+                                    kernel=kernel),
     }
 
 

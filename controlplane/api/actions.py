@@ -90,7 +90,8 @@ def fork_graph(request: HttpRequest, session_id: PathText, body: ForkIn) -> Any:
     of the thread has not ended, when the checkpoint is gone, or when the thread changed
     since the `version` you send back (`GET /sessions/{session_id}/graph`)."""
     return commands.fork_graph(caller(request), session_id, body.action_id, body.reason,
-                               body.checkpoint_id, body.expected_version, body.values)
+                               body.checkpoint_id, body.expected_version, body.values,
+                               body.kind)
 
 
 @router.post("/tasks/{task_id}/wake", response=ActionOut)

@@ -214,6 +214,9 @@ class ForkIn(ActionIn):
     values: JsonObject | None = Field(
         None, description="update the state there first (LangGraph's `update_state`: the "
         "channels to write, as a JSON object); absent or null replays it as it was")
+    kind: str | None = text(None, min_length=1, max_length=200,
+                            description="the graph to run, registered here (a new version "
+                            "of it, say); absent or null: the thread's newest run's (`kind`)")
 
 
 class GraphRunIn(ActionIn):

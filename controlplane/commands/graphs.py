@@ -67,10 +67,7 @@ def start_graph(
 
     require_operator(user)
     session_reads.session(session_id)  # UnknownRecord: 404
-    graphs = runtime().kernel.registry.hosted_by(HOST)
-    if kind not in graphs:
-        raise Invalid(f"kind: {kind!r} is not a graph registered here (graphs: "
-                      f"{', '.join(graphs) or 'none'})")
+    _check_graph(kind)
     try:
         storable(graph_input, "input")
     except UnstorableValue as exc:
@@ -94,13 +91,15 @@ def start_graph(
 
 def fork_graph(
     user: User, session_id: str, action_id: str, reason: str, checkpoint_id: str,
-    expected_version: int, values: Any = None,
+    expected_version: int, values: Any = None, kind: str | None = None,
 ) -> ActionResult:
     """Start a new run of the session's graph from its thread's checkpoint
     ``checkpoint_id`` (time travel): nothing before that checkpoint runs again; with
     ``values`` (a JSON object) the state there is updated first (LangGraph's
     ``update_state``). The fork is a new branch of the thread: the checkpoints after the
     fork point stay readable. One commit naming the operator, which creates the run.
+    The run is of ``kind``, a graph registered here (a new version of the graph, say,
+    to go on with fixed nodes), or of the thread's newest run's kind when none is given.
 
     Refused (Conflict) when the checkpoint is no longer in the thread (pruned, deleted),
     when a run of the thread has not ended (each run goes on from the thread's newest
@@ -112,6 +111,8 @@ def fork_graph(
 
     require_operator(user)
     session_reads.session(session_id)  # UnknownRecord: 404
+    if kind is not None:
+        _check_graph(kind)
     if values is not None:
         if not isinstance(values, dict):
             raise Invalid("values: a JSON object (the state's channels to update), or none")
@@ -120,9 +121,12 @@ def fork_graph(
         except UnstorableValue as exc:
             raise Invalid(str(exc)) from exc
     thread = graph_reads.thread(session_id)
-    if thread is None or thread.kind is None:
-        raise Conflict(f"session {session_id} holds no graph run to fork")
-    kind = thread.kind
+    if thread is None:
+        raise Conflict(f"session {session_id} holds no graph thread to fork")
+    kind = kind or thread.kind
+    if kind is None:
+        raise Invalid(f"kind: session {session_id} holds no graph run whose kind a fork "
+                      "could take: name the graph to run")
     expected: int | None = None  # a repeat is answered with the first commit, as it is
     if not done_before(session_id, action_id, "fork", checkpoint_id):
         namespaces, _ = graph_reads.versioned_index(session_id)
@@ -140,6 +144,14 @@ def fork_graph(
 
     return _start_run(user, session_id, action_id, "fork", checkpoint_id, reason, build,
                       ["the nodes after the fork point run again, with their side effects"])
+
+
+def _check_graph(kind: str) -> None:
+    """Invalid unless ``kind`` is a graph registered in this process."""
+    graphs = runtime().kernel.registry.hosted_by(HOST)
+    if kind not in graphs:
+        raise Invalid(f"kind: {kind!r} is not a graph registered here (graphs: "
+                      f"{', '.join(graphs) or 'none'})")
 
 
 def _refuse_unless_thread_is(

@@ -108,7 +108,8 @@ class Thread:
     interrupts: list[Interrupt]
     runs: list[Run]
     kind: str | None
-    """The task kind a fork runs (the thread's newest run's)."""
+    """The task kind a fork runs unless the operator names another (the thread's newest
+    run's)."""
     graphs: list[str]
     """The graphs registered in this process: what an operator may start on the thread."""
     version: int

@@ -228,7 +228,8 @@ def fork_graph(request: HttpRequest, session_id: str) -> HttpResponse:
         checkpoint_id = _required_text(request, "checkpoint_id", "the checkpoint to fork from")
         values = _json_field(request, "values", required=False)
         result = commands.fork_graph(request.user, session_id, action_id, reason,
-                                     checkpoint_id, _thread_version(request), values)
+                                     checkpoint_id, _thread_version(request), values,
+                                     request.POST.get("kind", "").strip() or None)
     except Exception as exc:
         return _refused(request, exc)
     return _done(request, result, "fork")

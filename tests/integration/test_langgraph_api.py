@@ -16,7 +16,7 @@ import pytest
 from controlplane.worker.runtime import runtime
 from kernel import Worker
 from kernel.hosts.langgraph.host import fork_input, run_input
-from tests.langgraph_graphs import APPROVAL, PIPELINE, runs
+from tests.langgraph_graphs import APPROVAL, PIPELINE, PIPELINE_V2, runs
 
 from .api_kinds import start
 from .clients import client_for, post
@@ -84,6 +84,8 @@ def test_an_operator_forks_through_the_api_naming_the_version_seen(graphs: Path)
         ({"checkpoint_id": third, "expected_version": version, "values": [1]}, "values"),
         ({"checkpoint_id": "c\u0000", "expected_version": version}, "checkpoint_id"),
         ({"checkpoint_id": third, "expected_version": version, "branch": 2}, "branch"),
+        ({"checkpoint_id": third, "expected_version": version, "kind": "nope"}, "kind"),
+        ({"checkpoint_id": third, "expected_version": version, "kind": ""}, "kind"),
     ):
         bad = fork(olga, session_id, **fields)
         assert bad.status_code == 422 and named in str(bad.json()["detail"]), (fields, bad.json())
@@ -193,3 +195,26 @@ def test_an_operator_starts_graph_runs_on_a_thread_through_the_api(graphs: Path)
     after = olga.get(f"/api/sessions/{session_id}/graph").json()
     assert after["branches"] == 1 and after["total"] > thread["total"]
     assert [r["task_id"] for r in after["runs"]] == [run_id, second.json()["task_id"]]
+
+
+def test_a_fork_goes_on_under_another_version_of_the_graph(graphs: Path) -> None:
+    """A fork names the graph it runs: a new version of it goes on from the first one's
+    checkpoint (what was answered before it stays), its nodes answering now."""
+    kernel = runtime().kernel
+    session_id, first = start(kernel, PIPELINE, {"input": {"messages": [("user", "go")]}})
+    olga = client_for("olga", "operator")
+    thread = olga.get(f"/api/sessions/{session_id}/graph").json()
+    third = thread["checkpoints"][2]["id"]  # step0 answered, step1 next
+    done = fork(olga, session_id, checkpoint_id=third, expected_version=thread["version"],
+                kind=PIPELINE_V2)
+    assert done.status_code == 200, done.json()
+    run = kernel.task(done.json()["task_id"])
+    assert run.kind == PIPELINE_V2 and run.input == fork_input(third)
+    assert Worker(kernel, "w", 30).advance(run.id)
+    output = kernel.task(run.id).outcome["result"]["output"]
+    answers = [m["kwargs"]["content"] for m in output["messages"]][1:]
+    assert answers == ["answer 0", "revised 1", "revised 2", "revised 3"]
+    after = olga.get(f"/api/sessions/{session_id}/graph").json()
+    assert after["kind"] == PIPELINE_V2  # what the next fork runs unless told
+    assert [(r["kind"], r["fork_of"]) for r in after["runs"]] == [(PIPELINE, None),
+                                                                  (PIPELINE_V2, third)]

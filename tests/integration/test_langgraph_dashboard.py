@@ -125,6 +125,8 @@ def test_an_operator_forks_from_the_third_checkpoint_and_both_branches_stay(
     [version] = {p.split('name="expected_version" value="')[1].split('"')[0]
                  for p in page.split('class="fork-form"')[1:]}
     assert f'id="fork-{third}-v{version}"' in page
+    fork_form = page.split(f'id="fork-{third}-v{version}"')[1].split("</form>")[0]
+    assert f"<option selected>{PIPELINE}</option>" in fork_form  # the graph it runs
     url = f"/sessions/{session_id}/graph/fork"
     form = {"action_id": "f1", "reason": "try step1 again", "checkpoint_id": third,
             "expected_version": version}
