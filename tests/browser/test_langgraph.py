@@ -2,7 +2,8 @@
 workers and Daphne: the interrupt appears live with its value, a value that does not meet
 the node's schema is refused naming the field, a good one resumes the run to its end;
 then a fork from an earlier checkpoint starts a new branch that stops at the interrupt
-again, both branches listed on the page."""
+again, both branches listed on the page; once it has ended, a new run started from the
+page's form goes on with the thread."""
 
 from __future__ import annotations
 
@@ -96,3 +97,20 @@ def test_an_interrupt_is_resumed_and_a_run_forked_from_the_session_page(
     assert page.locator("li.checkpoint[data-branch='1']").count() >= 1
     assert f"#checkpoint-{fork_from}" in page.locator(".graph-runs").inner_html()
     assert runs(tmp_path / "graph-runs")[4:] == ["approve"]  # "draft" did not run again
+
+    # Once the fork has ended, a new run starts on the thread from the page's form.
+    forked = page.locator(".interrupt")
+    forked.locator("input[name=reason]").fill("fine now")
+    forked.locator("textarea[name=value]").fill('{"approved": false}')
+    forked.locator("button[type=submit]").click()
+    page.wait_for_selector("#action-result:has-text('resume done')")
+    start = page.locator("details.start-run")
+    start.wait_for(timeout=60_000)  # offered once no run of the thread is open
+    start.locator("summary").click()
+    start.locator("textarea[name=input]").fill('{"text": "second notice"}')
+    start.locator("input[name=reason]").fill("the next notice")
+    start.locator("button[type=submit]").click()
+    page.wait_for_selector("#action-result:has-text('start done')")
+    page.locator(".interrupt").wait_for(timeout=60_000)
+    assert "draft of second notice" in page.locator(".interrupt-value").inner_text()
+    assert page.locator(".graph-runs li").count() == 3
