@@ -219,6 +219,22 @@ def test_two_operators_forking_at_once_one_fork_lands(
     assert len(kernel.storage.session_tasks(session_id)) == 2
 
 
+def test_two_operators_starting_runs_at_once_one_run_starts(
+    graphs: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Both see the new session with no thread (version 0), both start: the runs would
+    both go on from the same checkpoint, so one start is refused."""
+    kernel = runtime().kernel
+    session_id = kernel.create_session().id
+    accounts = [user("ann", "operator"), user("bob", "operator")]
+    both_read_first(monkeypatch, graph_reads, "thread")
+    _, refused = decide_at_once(lambda i: commands.start_graph(
+        accounts[i], session_id, f"start-{i}", "go", PIPELINE, {"messages": []}, 0))
+    assert http_status(refused) == 409
+    assert len(log(kernel, session_id, "start")) == 1
+    assert len(kernel.storage.session_tasks(session_id)) == 1
+
+
 def test_a_session_that_holds_no_thread_shows_no_graph_section(graphs: Path) -> None:
     from controlplane.ui.live import SESSION_PAGE
 
