@@ -247,6 +247,16 @@ class GraphSubgraphOut(Schema):
     namespace: str = Field(..., description="`node:task id`, nested ones joined by `|`")
     checkpoints: int
     newest: GraphCheckpointOut
+    timeline: list[GraphCheckpointOut] = Field(
+        ..., description="its newest 10 checkpoints, oldest first (all of them: "
+        "`GET /sessions/{session_id}/graph/checkpoints?namespace=`)")
+
+
+class GraphTimelineOut(Schema):
+    namespace: str = Field(..., description="empty: the graph's own")
+    total: int = Field(..., description="the checkpoints the namespace holds")
+    checkpoints: list[GraphCheckpointOut] = Field(
+        ..., description="the newest `limit` of them, oldest first")
 
 
 class GraphInterruptOut(Schema):

@@ -19,6 +19,7 @@ from controlplane.api.schemas import (
     EntryOut,
     EntryPage,
     GraphOut,
+    GraphTimelineOut,
     ModelOut,
     SessionIn,
     SessionOut,
@@ -66,6 +67,19 @@ def get_graph(request: HttpRequest, session_id: PathText) -> Any:
     super-steps, with the branches forks started), the runs that wait on an interrupt,
     and its graph runs. 404 when the session holds no thread."""
     return graphs.required_thread(session_id)
+
+
+@router.get("/sessions/{session_id}/graph/checkpoints", response=GraphTimelineOut)
+def get_graph_checkpoints(
+    request: HttpRequest,
+    session_id: PathText,
+    namespace: str | None = query_text("a subgraph's namespace (`subgraphs[].namespace`); "
+                                       "empty: the graph's own checkpoints"),
+    limit: int = Query(100, ge=1, le=MAX_PAGE),
+) -> Any:
+    """One namespace's checkpoints on a timeline of their own, the newest `limit`, oldest
+    first, each on its branch. 404 when the thread holds none in that namespace."""
+    return graphs.timeline(session_id, namespace or graphs.ROOT, limit)
 
 
 @router.get("/sessions/{session_id}/conversations", response=list[ConversationOut])

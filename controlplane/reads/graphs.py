@@ -37,6 +37,9 @@ CHECKPOINTS_SHOWN = 100
 SUBGRAPHS_SHOWN = 20
 """The page lists the subgraph namespaces with the newest checkpoints: the rest are
 counted (each call of a subgraph node writes a namespace of its own)."""
+SUBGRAPH_TIMELINE = 10
+"""Of each subgraph listed, the page shows the newest checkpoints on a timeline of its
+own: the rest are counted (:func:`timeline` reads them all)."""
 
 
 @dataclass(frozen=True)
@@ -70,6 +73,8 @@ class Subgraph:
     namespace: str
     checkpoints: int
     newest: Checkpoint
+    timeline: list[Checkpoint]
+    """Its newest :data:`SUBGRAPH_TIMELINE` checkpoints, oldest first, each on its branch."""
 
 
 @dataclass(frozen=True)
@@ -189,10 +194,35 @@ def subgraphs(namespaces: dict[str, dict[str, JSON]]) -> list[Subgraph]:
     for ns, entries in namespaces.items():
         if ns == ROOT or not entries:
             continue
-        newest = max(entries)
-        [checkpoint] = checkpoints({newest: entries[newest]})
-        found.append(Subgraph(ns, len(entries), checkpoint))
+        listed = checkpoints(entries)
+        found.append(Subgraph(ns, len(entries), listed[-1], listed[-SUBGRAPH_TIMELINE:]))
     return sorted(found, key=lambda s: s.newest.id, reverse=True)
+
+
+@dataclass(frozen=True)
+class Timeline:
+    """The checkpoints of one namespace of a thread, oldest first."""
+
+    namespace: str
+    total: int
+    checkpoints: list[Checkpoint]
+    """The newest of them (as many as asked for), oldest first."""
+
+
+def timeline(session_id: str, namespace: str, limit: int) -> Timeline:
+    """The newest ``limit`` checkpoints of one namespace of the thread (:data:`ROOT`: the
+    graph's own; a subgraph's ``node:task id``), oldest first, each on its branch;
+    :class:`UnknownRecord` (404) when the session holds no thread, or the thread no
+    checkpoint in that namespace."""
+    if not _holds_thread(session_id):
+        required_thread(session_id)  # raises, saying which
+    namespaces, _ = versioned_index(session_id)
+    entries = namespaces.get(namespace)
+    if not entries:
+        raise UnknownRecord(f"the thread of session {session_id} holds no checkpoint in "
+                            f"namespace {namespace!r}")
+    listed = checkpoints(entries)
+    return Timeline(namespace, len(listed), listed[-limit:])
 
 
 def _interrupt(task: Task) -> Interrupt | None:

@@ -126,6 +126,10 @@ API_RULES: dict[str, list[Cell]] = {
         Cell("GET", "/api/sessions/{session}/graph", api_read(404)),
         Cell("GET", f"/api/sessions/{NOPE}/graph", api_read(404)),
     ],
+    "GET api/sessions/<session_id>/graph/checkpoints": [
+        Cell("GET", "/api/sessions/{session}/graph/checkpoints", api_read(404)),
+        Cell("GET", f"/api/sessions/{NOPE}/graph/checkpoints?namespace=a", api_read(404)),
+    ],
     "POST api/sessions/<session_id>/graph/runs": [
         Cell("POST", f"/api/sessions/{NOPE}/graph/runs", api_act(404),
              {**ACTION, "kind": "k", "input": {}, "expected_version": 0})],

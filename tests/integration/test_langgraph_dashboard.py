@@ -254,14 +254,16 @@ def test_subgraph_namespaces_are_listed_newest_first_with_their_checkpoints(
     graphs: Path, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A subgraph's checkpoints are in namespaces of their own: the page lists each with
-    its count and newest checkpoint, the namespace with the newest first, as many as
-    it shows (the rest counted), its name escaped."""
+    its count, its newest checkpoint and a timeline of its newest ones, the namespace
+    with the newest first, as many as it shows (the rest counted), its name escaped; the
+    API lists each namespace's checkpoints."""
     from langgraph.checkpoint.conformance.test_utils import generate_checkpoint, generate_metadata
 
     from controlplane.reads import graphs as graph_reads
     from kernel.hosts.langgraph import SessionStoreSaver
 
     monkeypatch.setattr(graph_reads, "SUBGRAPHS_SHOWN", 2)
+    monkeypatch.setattr(graph_reads, "SUBGRAPH_TIMELINE", 1)
     saver = SessionStoreSaver(runtime().kernel)
     written: dict[str, list[str]] = {}
     try:
@@ -273,7 +275,8 @@ def test_subgraph_namespaces_are_listed_newest_first_with_their_checkpoints(
                 written.setdefault(ns, []).append(config["configurable"]["checkpoint_id"])
     finally:
         saver.close()
-    shown = section(client_for("olga", "operator").get("/sessions/nested/").content.decode())
+    olga = client_for("olga", "operator")
+    shown = section(olga.get("/sessions/nested/").content.decode())
     assert "(1 checkpoint)" in shown
     assert "Subgraphs wrote checkpoints in 3 namespaces: the 2 with the newest" in shown
     rows = shown.split('<tr class="subgraph"')[1:]
@@ -282,3 +285,20 @@ def test_subgraph_namespaces_are_listed_newest_first_with_their_checkpoints(
     assert 'data-checkpoints="2"' in rows[0] and "step 1" in rows[0]
     assert f'title="{written["review:3"][-1]}"' in rows[0]
     assert "<b>x</b>" not in shown
+    timeline = rows[0].split('class="subgraph-timeline"')[1].split("</details>")[0]
+    assert "Timeline (the last 1 of 2)" in timeline
+    assert [li.split('data-checkpoint="')[1].split('"')[0]
+            for li in timeline.split("<li ")[1:]] == written["review:3"][-1:]
+
+    url = "/api/sessions/nested/graph/checkpoints"
+    drafts = olga.get(url, {"namespace": "draft:1"}).json()
+    assert drafts["total"] == 3 and drafts["namespace"] == "draft:1"
+    assert [c["id"] for c in drafts["checkpoints"]] == written["draft:1"]
+    assert [c["step"] for c in drafts["checkpoints"]] == [0, 1, 2]
+    newest = olga.get(url, {"namespace": "draft:1", "limit": 2}).json()["checkpoints"]
+    assert [c["id"] for c in newest] == written["draft:1"][1:]
+    assert [c["id"] for c in olga.get(url).json()["checkpoints"]] == written[""]  # the root
+    assert olga.get(url, {"namespace": "nowhere:9"}).status_code == 404
+    assert olga.get(url, {"limit": 0}).status_code == 422
+    [first, _] = olga.get("/api/sessions/nested/graph").json()["subgraphs"]
+    assert [c["id"] for c in first["timeline"]] == written["review:3"][-1:]
