@@ -23,7 +23,7 @@ from kernel.hosts.langgraph.host import run_input
 from tests.langgraph_graphs import APPROVAL, PIPELINE, runs
 
 from .api_kinds import start
-from .clients import client_for, user
+from .clients import client_for, post, user
 from .racing import both_read_first, decide_at_once
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -300,5 +300,11 @@ def test_subgraph_namespaces_are_listed_newest_first_with_their_checkpoints(
     assert [c["id"] for c in olga.get(url).json()["checkpoints"]] == written[""]  # the root
     assert olga.get(url, {"namespace": "nowhere:9"}).status_code == 404
     assert olga.get(url, {"limit": 0}).status_code == 422
-    [first, _] = olga.get("/api/sessions/nested/graph").json()["subgraphs"]
+    thread = olga.get("/api/sessions/nested/graph").json()
+    [first, _] = thread["subgraphs"]
     assert [c["id"] for c in first["timeline"]] == written["review:3"][-1:]
+    assert thread["kind"] is None  # written by a saver alone: no run whose kind a fork takes
+    unnamed = post(olga, "/api/sessions/nested/graph/fork", {
+        "action_id": "f1", "reason": "r", "checkpoint_id": written[""][0],
+        "expected_version": thread["version"]})
+    assert unnamed.status_code == 422 and "kind" in unnamed.json()["detail"], unnamed.json()
