@@ -298,7 +298,10 @@ class GraphOut(Schema):
     interrupts: list[GraphInterruptOut] = Field(
         ..., description="runs that wait for a resume value")
     runs: list[GraphRunOut] = Field(..., description="the thread's graph runs, oldest first")
-    kind: str | None = Field(..., description="the task kind a fork runs")
+    kind: str | None = Field(..., description="the task kind a fork runs unless it names "
+                             "another")
+    graphs: list[str] = Field(..., description="the graphs registered here: what a start "
+                              "or a fork may run")
 
 
 class ResolveIn(ActionIn):

@@ -26,7 +26,7 @@ from controlplane.api.schemas import (
     SubmissionIn,
     SubmissionOut,
 )
-from controlplane.api.types import MAX_BIGINT, PathText, query_text
+from controlplane.api.types import MAX_BIGINT, NO_NUL, PathText, query_text
 from controlplane.errors import Invalid
 from controlplane.reads import approvals, graphs, models_configured
 from controlplane.reads import sessions as reads
@@ -35,6 +35,9 @@ from kernel.records import Entry
 
 router = Router(tags=["sessions"])
 MAX_PAGE = 500
+MAX_NAMESPACE = 4000
+"""A subgraph's namespace names each enclosing node and task (``node:task id``, joined
+by ``|``): nested subgraphs make it longer than an id."""
 CURSOR = r"^[0-9]{1,18}\.[0-9]{1,9}$"
 """An entry's position, ``seq.ordinal`` (a bigint and an int)."""
 
@@ -73,8 +76,9 @@ def get_graph(request: HttpRequest, session_id: PathText) -> Any:
 def get_graph_checkpoints(
     request: HttpRequest,
     session_id: PathText,
-    namespace: str | None = query_text("a subgraph's namespace (`subgraphs[].namespace`); "
-                                       "empty: the graph's own checkpoints"),
+    namespace: str | None = Query(None, pattern=NO_NUL, max_length=MAX_NAMESPACE,
+                                  description="a subgraph's namespace "
+                                  "(`subgraphs[].namespace`); empty: the graph's own"),
     limit: int = Query(100, ge=1, le=MAX_PAGE),
 ) -> Any:
     """One namespace's checkpoints on a timeline of their own, the newest `limit`, oldest

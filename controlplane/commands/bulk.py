@@ -4,22 +4,26 @@ digest), then acted on only if the filter still finds that set."""
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from enum import StrEnum
+from functools import partial
 
 from django.contrib.auth.models import User
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from controlplane.access import actor, require_operator
-from controlplane.commands.actions import commit_action
+from controlplane.commands.actions import commit_action, done_before
+from controlplane.commands.graphs import retry_of_a_run
+from controlplane.commands.tasks import retrying
 from controlplane.errors import Conflict, Invalid
 from controlplane.models import BulkAction as BulkActionRow
 from controlplane.reads import bulk_actions as bulk_reads
 from controlplane.reads import sessions as session_reads
 from controlplane.reads import tasks as task_reads
 from controlplane.reads.tasks import TaskFilter, TaskSet
-from kernel import CommitRejected
+from kernel import CommitRejected, Draft
 
 MAX_BULK = 1000
 
@@ -162,21 +166,20 @@ def _carry_out(user: User, done: bulk_reads.BulkRecord) -> BulkResult:
     a task already done by this action is answered, not done again), then record what
     was done."""
     action, results = done.action, []
-    sessions = _sessions_of(done.task_ids)
+    tasks = {t.id: t.task for t in task_reads.find_ids(done.task_ids)}
     for task_id in done.task_ids:
-        session_id = sessions.get(task_id)
-        if session_id is None:
+        task = tasks.get(task_id)
+        if task is None:
             results.append(BulkItem(task_id, False, f"no task {task_id}"))
             continue
+        key = f"{done.action_id}:{task_id}"
         try:
-            build = (
-                (lambda d, t=task_id: d.cancel(t, done.reason))
-                if action == BulkAction.CANCEL
-                else (lambda d, t=task_id: d.retry(t))
-            )
-            seq, replayed = commit_action(user, session_id, f"{done.action_id}:{task_id}", action,
-                                          task_id, done.reason, build)
-        except CommitRejected as exc:
+            also = None if action == BulkAction.CANCEL else retry_of_a_run(
+                task, done_before(task.session_id, key, action, task_id))
+            seq, replayed = commit_action(user, task.session_id, key, action, task_id,
+                                          done.reason,
+                                          partial(_act_on, action, task_id, done.reason, also))
+        except (CommitRejected, Conflict) as exc:
             results.append(BulkItem(task_id, False, str(exc)))
             continue
         results.append(BulkItem(task_id, True, action, seq, replayed))
@@ -184,6 +187,15 @@ def _carry_out(user: User, done: bulk_reads.BulkRecord) -> BulkResult:
         results=[asdict(r) for r in results]
     )
     return BulkResult(done.action_id, len(done.task_ids), results, done.digest)
+
+
+def _act_on(
+    action: str, task_id: str, reason: str, also: Callable[[Draft], None] | None, draft: Draft,
+) -> None:
+    if action == BulkAction.CANCEL:
+        draft.cancel(task_id, reason)
+    else:
+        retrying(draft, task_id, also)
 
 
 def _answered_before(done: bulk_reads.BulkRecord) -> BulkResult:

@@ -20,11 +20,10 @@ from controlplane.errors import Conflict, Invalid
 from controlplane.reads import graphs as graph_reads
 from controlplane.reads import sessions as session_reads
 from controlplane.reads import tasks as task_reads
-from controlplane.worker.runtime import runtime
-from kernel import Draft
+from kernel import DocumentConflict, Draft, Task
 from kernel.errors import UnstorableValue
 from kernel.hosts.langgraph.interrupts import check_resume, resume_signal
-from kernel.hosts.langgraph.layout import HOST, INDEX, INDEX_KEY
+from kernel.hosts.langgraph.layout import FORKS, INDEX, INDEX_KEY, STARTS
 from kernel.values import storable
 
 
@@ -80,8 +79,7 @@ def start_graph(
 
     def build(draft: Draft) -> str:
         run = draft.create_task(kind, run_input(graph_input))
-        _name_in_index(draft, graph_reads.STARTS, run, {"kind": kind, "by": actor(user),
-                                                        "reason": reason}, expected)
+        _name_in_index(draft, STARTS, run, expected)
         return run
 
     return _start_run(user, session_id, action_id, "start", kind, reason, build,
@@ -137,18 +135,36 @@ def fork_graph(
 
     def build(draft: Draft) -> str:
         run = draft.create_task(kind, fork_input(checkpoint_id, values))
-        _name_in_index(draft, graph_reads.FORKS, run, {"checkpoint_id": checkpoint_id,
-                                                       "by": actor(user), "reason": reason},
-                       expected)
+        _name_in_index(draft, FORKS, run, expected)
         return run
 
     return _start_run(user, session_id, action_id, "fork", checkpoint_id, reason, build,
                       ["the nodes after the fork point run again, with their side effects"])
 
 
+def retry_of_a_run(task: Task, repeat: bool) -> Callable[[Draft], None] | None:
+    """What a retry of ``task`` adds to its commit when the task is a run of its
+    session's graph thread (None for any other task). A graph run goes on from its
+    thread's newest checkpoint, as a started or forked one does: so its retry is refused
+    (Conflict) while another run of the thread has not ended, and it names the run in the
+    thread's index at the version read here, so that of a retry and a start or fork made
+    meanwhile only one is committed. ``repeat``: the retry was made already under its
+    action id (its commit answers it, so nothing is checked)."""
+    thread = graph_reads.thread(task.session_id)
+    if thread is None or all(r.task_id != task.id for r in thread.runs):
+        return None
+    expected: int | None = None
+    if not repeat:
+        others = [r.task_id for r in thread.open_runs if r.task_id != task.id]
+        refuse_unless(not others, f"run {', '.join(others)} of this thread has not ended: "
+                      "retry once it has (or cancel it)")
+        expected = thread.version
+    return lambda draft: _name_in_index(draft, STARTS, task.id, expected)
+
+
 def _check_graph(kind: str) -> None:
     """Invalid unless ``kind`` is a graph registered in this process."""
-    graphs = runtime().kernel.registry.hosted_by(HOST)
+    graphs = graph_reads.registered()
     if kind not in graphs:
         raise Invalid(f"kind: {kind!r} is not a graph registered here (graphs: "
                       f"{', '.join(graphs) or 'none'})")
@@ -169,11 +185,12 @@ def _refuse_unless_thread_is(
                   f"saw {expected_version}): look again")
 
 
-def _name_in_index(draft: Draft, where: str, run: str, value: Any, expected: int | None) -> None:
-    """Name an operator's run in the thread's index, at the version the checks read: a
+def _name_in_index(draft: Draft, where: str, run: str, expected: int | None) -> None:
+    """Name an operator's run in the thread's index (in place of the one named there
+    before: who and why are in the operations log), at the version the checks read: a
     checkpoint written or pruned meanwhile, or another run started, refuses the commit,
     so two runs never go on from the thread's head at once."""
-    draft.update_document(INDEX, INDEX_KEY, {"op": "set", "path": [where, run], "value": value},
+    draft.update_document(INDEX, INDEX_KEY, {"op": "set", "path": [where], "value": {run: True}},
                           expected_version=expected)
 
 
@@ -184,10 +201,12 @@ def _start_run(
     """Commit an action that creates one graph run: the result names the run (the one
     the first commit created, for a repeat)."""
     made: list[str] = []
-    seq, replayed = commit_action(user, session_id, action_id, action, target, reason,
-                                  lambda draft: made.append(build(draft)))
+    try:
+        seq, replayed = commit_action(user, session_id, action_id, action, target, reason,
+                                      lambda draft: made.append(build(draft)))
+    except DocumentConflict as exc:  # the index moved between the checks and the commit
+        raise Conflict(f"the thread changed since you saw it ({exc}): look again") from exc
     if replayed:  # the first commit's run, unless retention has removed that commit
-        made = [item["id"] for commit in runtime().kernel.commits_after(session_id, seq - 1, 1)
-                if commit.seq == seq for item in commit.summary if item.get("type") == "task"]
+        made = session_reads.tasks_committed(session_id, seq)
     return ActionResult(action_id, action, target, session_id, seq, replayed, may_repeat,
                         task_id=made[0] if made else None)

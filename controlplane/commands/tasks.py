@@ -3,6 +3,7 @@ environment a worker offers, resolve an uncertain step, wake."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from django.contrib.auth.models import User
@@ -15,6 +16,7 @@ from controlplane.commands.actions import (
     done_before,
     refuse_unless,
 )
+from controlplane.commands.graphs import retry_of_a_run
 from controlplane.errors import Invalid
 from controlplane.reads import environments as environment_reads
 from controlplane.reads import restarts as restart_reads
@@ -23,6 +25,7 @@ from controlplane.worker.runtime import runtime
 from kernel import (
     Blocked,
     Decision,
+    Draft,
     Status,
     Task,
     UnknownRecord,
@@ -41,14 +44,24 @@ def cancel_task(user: User, task_id: str, action_id: str, reason: str) -> Action
 
 
 def retry_task(user: User, task_id: str, action_id: str, reason: str) -> ActionResult:
-    """Run a failed task again from its last saved phase."""
+    """Run a failed task again from its last saved phase (a graph run: see
+    :func:`~controlplane.commands.graphs.retry_of_a_run`)."""
     require_operator(user)
     task = task_reads.record(task_id)
     repeat = [
         f"phase {task.phase!r} of {task.kind} runs again from its beginning: external calls it "
         "makes before its next commit may happen again"
     ]
-    return act_on_task(user, action_id, reason, "retry", task, lambda d: d.retry(task_id), repeat)
+    also = retry_of_a_run(task, done_before(task.session_id, action_id, "retry", task_id))
+    return act_on_task(user, action_id, reason, "retry", task,
+                       lambda d: retrying(d, task_id, also), repeat)
+
+
+def retrying(draft: Draft, task_id: str, also: Callable[[Draft], None] | None) -> None:
+    """A retry of ``task_id`` in ``draft``, with what a graph run's retry adds."""
+    draft.retry(task_id)
+    if also is not None:
+        also(draft)
 
 
 def restart_preview(user: User, task_id: str, seq: int) -> restart_reads.RestartPreview:

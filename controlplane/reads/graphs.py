@@ -9,6 +9,7 @@ it names. Everything here reads documents and task records, never LangGraph itse
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -21,17 +22,19 @@ from controlplane.reads import sessions as session_reads
 from controlplane.storage.schema import TASK
 from kernel.errors import UnknownRecord
 from kernel.hosts.langgraph.interrupts import declared_schema, interrupted
-from kernel.hosts.langgraph.layout import HOST, INDEX, INDEX_KEY, register_documents
+from kernel.hosts.langgraph.layout import (
+    FORKS,
+    HOST,
+    INDEX,
+    INDEX_KEY,
+    STARTS,
+    register_documents,
+)
 from kernel.records import Task
 
 JSON = Any
 ROOT = ""
 """The root namespace: the graph's own checkpoints (a subgraph's have a namespace)."""
-FORKS = "forks"
-STARTS = "starts"
-"""Where the thread's index names the runs operators forked and started (run id ->
-who, why, and the checkpoint forked from): each is written at the version the operator
-saw, so that two of them never go on from the same checkpoint at once."""
 CHECKPOINTS_SHOWN = 100
 """The page lists the thread's newest checkpoints: a long thread's older ones are counted."""
 SUBGRAPHS_SHOWN = 20
@@ -75,6 +78,12 @@ class Subgraph:
     newest: Checkpoint
     timeline: list[Checkpoint]
     """Its newest :data:`SUBGRAPH_TIMELINE` checkpoints, oldest first, each on its branch."""
+
+    @property
+    def anchor(self) -> str:
+        """An HTML id for the namespace (which may hold any character), the same while
+        its checkpoints come: the page keeps an open timeline open by it."""
+        return "subgraph-" + hashlib.sha256(self.namespace.encode()).hexdigest()[:16]
 
 
 @dataclass(frozen=True)
@@ -236,8 +245,9 @@ def _interrupt(task: Task) -> Interrupt | None:
 
 def runs(session_id: str, index: dict[str, JSON] | None = None) -> list[Task]:
     """The session's graph runs (task records), oldest first: tasks of the kinds that
-    have committed a checkpoint of the thread, were started as a fork of it, or were
-    started by an operator (named in the thread's index before their first checkpoint)."""
+    have committed a checkpoint of the thread, were started as a fork of it, or are
+    named in the thread's index (the run an operator last started or retried, before
+    its first checkpoint)."""
     if index is None:
         index, _ = _index(session_id)
     named = [*index.get(FORKS, {}), *index.get(STARTS, {})]
@@ -270,8 +280,13 @@ def thread(session_id: str) -> Thread | None:
         1 + max((c.branch for c in listed), default=0),
         len(nested), nested[:SUBGRAPHS_SHOWN],
         waiting, shown, tasks[-1].kind if tasks else None,
-        process_kernel().registry.hosted_by(HOST), version,
+        registered(), version,
     )
+
+
+def registered() -> list[str]:
+    """The graphs registered in this process: what an operator may start or fork."""
+    return process_kernel().registry.hosted_by(HOST)
 
 
 def required_thread(session_id: str) -> Thread:

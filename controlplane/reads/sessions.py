@@ -254,6 +254,13 @@ def actions_by_id(session_id: str, action_id: str) -> list[tuple[str, str, str]]
     ]
 
 
+def tasks_committed(session_id: str, seq: int) -> list[str]:
+    """The tasks commit ``seq`` of the session created or changed, those it created
+    first (none when retention has removed that commit)."""
+    return [item["id"] for commit in process_kernel().commits_after(session_id, seq - 1, 1)
+            if commit.seq == seq for item in commit.summary if item.get("type") == "task"]
+
+
 def entry_conversation(session_id: str, entry_id: str) -> str:
     """The conversation that ``entry_id`` of ``session_id`` was appended to."""
     found = models.Entry.objects.filter(session_id=session_id, id=entry_id).values_list(

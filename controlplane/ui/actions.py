@@ -160,7 +160,7 @@ def _done(request: HttpRequest, result: commands.ActionResult, action: str = "",
 def _seq(values: Any, name: str, what: str = "the commit seq the page showed") -> int:
     """A form's hidden count (a seq, a version): 422 naming it when it is not one."""
     text = str(values.get(name, ""))
-    if not text.isdigit() or len(text) > 18:
+    if not (text.isascii() and text.isdigit()) or len(text) > 18:
         raise Invalid(f"{name}: {what}")
     return int(text)
 

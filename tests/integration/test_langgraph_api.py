@@ -37,6 +37,7 @@ def test_the_thread_is_read_through_the_api(graphs: Path) -> None:
     assert found.status_code == 200, found.content
     thread = found.json()
     assert thread["session_id"] == session_id and thread["kind"] == PIPELINE
+    assert {PIPELINE, PIPELINE_V2, APPROVAL} <= set(thread["graphs"])
     assert thread["total"] == len(thread["checkpoints"]) == 6 and thread["branches"] == 1
     assert [c["step"] for c in thread["checkpoints"]] == [-1, 0, 1, 2, 3, 4]
     assert [c["latest"] for c in thread["checkpoints"]] == [False] * 5 + [True]
@@ -218,3 +219,49 @@ def test_a_fork_goes_on_under_another_version_of_the_graph(graphs: Path) -> None
     assert after["kind"] == PIPELINE_V2  # what the next fork runs unless told
     assert [(r["kind"], r["fork_of"]) for r in after["runs"]] == [(PIPELINE, None),
                                                                   (PIPELINE_V2, third)]
+
+
+def test_a_retried_graph_run_waits_for_the_threads_open_run_and_moves_its_version(
+    graphs: Path,
+) -> None:
+    """A failed graph run retried goes on from the thread's newest checkpoint, as a
+    started one does: refused while another run of the thread is open (singly or in a
+    bulk retry), and once made it moves the thread's version, so a start that saw the
+    thread before it is refused."""
+    kernel = runtime().kernel
+    session_id = kernel.create_session().id
+    olga = client_for("olga", "operator")
+    refused_by_langgraph = {"messages": [{"type": "no-such-role"}]}
+    broken = start_run(olga, session_id, kind=PIPELINE, input=refused_by_langgraph,
+                       expected_version=0).json()["task_id"]
+    while kernel.task(broken).outcome is None:  # LangGraph refuses the message: it fails
+        Worker(kernel, "w", 30).advance(broken)
+    assert kernel.task(broken).outcome["kind"] == "failed"
+    version = olga.get(f"/api/sessions/{session_id}/graph").json()["version"]
+    question = {"messages": [{"type": "human", "content": "go"}]}
+    other = start_run(olga, session_id, action_id="s2", kind=PIPELINE, input=question,
+                      expected_version=version).json()["task_id"]
+
+    head = kernel.storage.session(session_id).head_seq
+    retry = {"action_id": "r1", "reason": "fixed"}
+    refused = post(olga, f"/api/tasks/{broken}/retry", retry)
+    assert refused.status_code == 409 and other in refused.json()["detail"], refused.json()
+    preview = post(olga, "/api/actions/bulk/preview", {"action": "retry", "session_id": session_id,
+                                                        "outcome": "failed"}).json()
+    bulk = post(olga, "/api/actions/bulk", {
+        "action": "retry", "session_id": session_id, "outcome": "failed", "action_id": "b1",
+        "reason": "fixed", "expected_count": 1, "expected_digest": preview["digest"]}).json()
+    [item] = bulk["results"]
+    assert not item["ok"] and "has not ended" in item["detail"], bulk
+    assert kernel.storage.session(session_id).head_seq == head  # refusals changed nothing
+
+    assert Worker(kernel, "w", 30).advance(other)
+    seen = olga.get(f"/api/sessions/{session_id}/graph").json()["version"]
+    done = post(olga, f"/api/tasks/{broken}/retry", retry)
+    assert done.status_code == 200, done.json()
+    assert olga.get(f"/api/sessions/{session_id}/graph").json()["version"] > seen
+    late = start_run(olga, session_id, action_id="s3", kind=PIPELINE, input=question,
+                     expected_version=seen)
+    assert late.status_code == 409 and "has not ended" in late.json()["detail"]
+    again = post(olga, f"/api/tasks/{broken}/retry", retry)
+    assert again.json()["replayed"] is True and again.json()["seq"] == done.json()["seq"]

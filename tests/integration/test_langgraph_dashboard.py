@@ -133,7 +133,7 @@ def test_an_operator_forks_from_the_third_checkpoint_and_both_branches_stay(
     head = kernel.storage.session(session_id).head_seq
     assert olga.post(url, {**form, "values": "[1]"}).status_code == 422
     assert olga.post(url, {**form, "checkpoint_id": "1f0-gone"}).status_code == 409
-    for bad in ("", "-1", "v3"):
+    for bad in ("", "-1", "v3", "\u00b2"):
         refused = olga.post(url, {**form, "expected_version": bad}, HTTP_HX_REQUEST="true")
         assert refused.status_code == 422 and "expected_version" in refused.content.decode()
     stale = olga.post(url, {**form, "expected_version": str(int(version) - 1)},
@@ -304,6 +304,8 @@ def test_subgraph_namespaces_are_listed_newest_first_with_their_checkpoints(
     [first, _] = thread["subgraphs"]
     assert [c["id"] for c in first["timeline"]] == written["review:3"][-1:]
     assert thread["kind"] is None  # written by a saver alone: no run whose kind a fork takes
+    assert '<select name="kind" required><option value="" disabled selected>Choose a graph' \
+        in shown  # the form asks for the graph to run
     unnamed = post(olga, "/api/sessions/nested/graph/fork", {
         "action_id": "f1", "reason": "r", "checkpoint_id": written[""][0],
         "expected_version": thread["version"]})

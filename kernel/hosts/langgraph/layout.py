@@ -36,6 +36,12 @@ HOST = "langgraph"
 """What the task definitions of graph runs name as their host
 (:attr:`kernel.registry.TaskDefinition.host`)."""
 
+FORKS = "forks"
+STARTS = "starts"
+"""Where the thread's index names the run an operator last forked, and the one last
+started or retried: the control plane writes each at the version of the index the
+operator saw, so that two runs never go on from the thread's newest checkpoint at once."""
+
 DIRECTORY = "langgraph"
 """The session holding the directory of threads and runs."""
 INDEX_KEY = ""
