@@ -18,6 +18,7 @@ from controlplane.api.types import (
     text,
 )
 from controlplane.commands import MAX_BULK, BulkAction
+from controlplane.reads import graphs as graph_reads
 from kernel import Decision, Outcome, Status
 from kernel.agent import WhenBusy
 
@@ -210,7 +211,7 @@ class ForkIn(ActionIn):
     expected_version: Integer = Field(..., ge=0, le=MAX_EPOCH,
                                       description="the thread's `version` as you saw it: a "
                                       "thread changed since (a checkpoint written, pruned, "
-                                      "another fork) is refused (409)")
+                                      "another run started or forked) is refused (409)")
     values: JsonObject | None = Field(
         None, description="update the state there first (LangGraph's `update_state`: the "
         "channels to write, as a JSON object); absent or null replays it as it was")
@@ -248,8 +249,8 @@ class GraphSubgraphOut(Schema):
     checkpoints: int
     newest: GraphCheckpointOut
     timeline: list[GraphCheckpointOut] = Field(
-        ..., description="its newest 10 checkpoints, oldest first (all of them: "
-        "`GET /sessions/{session_id}/graph/checkpoints?namespace=`)")
+        ..., description=f"its newest {graph_reads.SUBGRAPH_TIMELINE} checkpoints, oldest "
+        "first (all of them: `GET /sessions/{session_id}/graph/checkpoints?namespace=`)")
 
 
 class GraphTimelineOut(Schema):
@@ -289,12 +290,14 @@ class GraphOut(Schema):
     version: int = Field(..., description="send it back as a start's or a fork's "
                          "`expected_version`")
     checkpoints: list[GraphCheckpointOut] = Field(
-        ..., description="the graph's own checkpoints, the newest 100, oldest first")
+        ..., description=f"the graph's own checkpoints, the newest "
+        f"{graph_reads.CHECKPOINTS_SHOWN}, oldest first")
     total: int = Field(..., description="all the graph's own checkpoints in the thread")
     branches: int
     namespaces: int = Field(..., description="subgraph namespaces that hold checkpoints")
     subgraphs: list[GraphSubgraphOut] = Field(
-        ..., description="the 20 namespaces with the newest checkpoints, newest first")
+        ..., description=f"the {graph_reads.SUBGRAPHS_SHOWN} namespaces with the newest "
+        "checkpoints, newest first")
     interrupts: list[GraphInterruptOut] = Field(
         ..., description="runs that wait for a resume value")
     runs: list[GraphRunOut] = Field(..., description="the thread's graph runs, oldest first")
