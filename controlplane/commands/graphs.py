@@ -66,13 +66,13 @@ def start_graph(
 
     require_operator(user)
     session_reads.session(session_id)  # UnknownRecord: 404
-    _check_graph(kind)
     try:
         storable(graph_input, "input")
     except UnstorableValue as exc:
         raise Invalid(str(exc)) from exc
     expected: int | None = None  # a repeat is answered with the first commit, as it is
     if not done_before(session_id, action_id, "start", kind):
+        _check_graph(kind)
         thread = graph_reads.thread(session_id)
         _refuse_unless_thread_is(thread, expected_version, "start a run")
         expected = expected_version
@@ -109,8 +109,6 @@ def fork_graph(
 
     require_operator(user)
     session_reads.session(session_id)  # UnknownRecord: 404
-    if kind is not None:
-        _check_graph(kind)
     if values is not None:
         if not isinstance(values, dict):
             raise Invalid("values: a JSON object (the state's channels to update), or none")
@@ -127,6 +125,7 @@ def fork_graph(
                       "could take: name the graph to run")
     expected: int | None = None  # a repeat is answered with the first commit, as it is
     if not done_before(session_id, action_id, "fork", checkpoint_id):
+        _check_graph(kind)
         namespaces, _ = graph_reads.versioned_index(session_id)
         refuse_unless(checkpoint_id in namespaces.get(graph_reads.ROOT, {}),
                       f"checkpoint {checkpoint_id} is not in the thread (any more): look again")

@@ -198,6 +198,31 @@ def test_an_operator_starts_graph_runs_on_a_thread_through_the_api(graphs: Path)
     assert [r["task_id"] for r in after["runs"]] == [run_id, second.json()["task_id"]]
 
 
+def test_a_repeated_start_is_answered_with_its_first_commit_after_the_graph_is_gone(
+    graphs: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A repeat (the same action id, say a client retrying after a lost answer) is answered
+    with the run the first request started, even once a redeploy has dropped the graph:
+    what a new start would be refused for does not make a done one fail."""
+    from controlplane.reads import graphs as graph_reads
+
+    kernel = runtime().kernel
+    session_id = kernel.create_session().id
+    olga = client_for("olga", "operator")
+    question = {"messages": [{"type": "human", "content": "go"}]}
+    done = start_run(olga, session_id, kind=PIPELINE, input=question, expected_version=0)
+    assert done.status_code == 200, done.json()
+    monkeypatch.setattr(graph_reads, "registered", lambda: [])
+    again = start_run(olga, session_id, kind=PIPELINE, input=question, expected_version=0)
+    assert again.status_code == 200, again.json()
+    assert again.json()["replayed"] is True
+    assert again.json()["task_id"] == done.json()["task_id"]
+    new = start_run(olga, session_id, action_id="s2", kind=PIPELINE, input=question,
+                    expected_version=0)
+    assert new.status_code == 422 and "kind" in str(new.json()["detail"])
+    assert [t.id for t in kernel.storage.session_tasks(session_id)] == [done.json()["task_id"]]
+
+
 def test_a_fork_goes_on_under_another_version_of_the_graph(graphs: Path) -> None:
     """A fork names the graph it runs: a new version of it goes on from the first one's
     checkpoint (what was answered before it stays), its nodes answering now."""
