@@ -146,3 +146,16 @@ def test_a_prune_keeps_the_newest_checkpoint_even_one_put_while_it_prunes(
     pruner.prune(["t"])  # keep_latest
     assert value(pruner, config("t")) == "newest"
     assert listed(pruner, config("t")) == ["newest"]
+
+
+def test_an_empty_checkpoint_id_addresses_the_newest_checkpoint(
+    savers: Callable[[], SessionStoreSaver],
+) -> None:
+    """LangGraph reads ``checkpoint_id: ""`` as no id (a run so configured goes on from
+    the thread's newest checkpoint): a saver that found nothing would start the thread
+    over from an empty state."""
+    saver = savers()
+    saved = put(saver, config("t"), "older")
+    put(saver, saved, "newest", 1)
+    assert value(saver, config("t", checkpoint_id="")) == "newest"
+    assert listed(saver, config("t", checkpoint_id="")) == ["newest", "older"]

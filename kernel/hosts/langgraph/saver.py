@@ -278,7 +278,9 @@ class SessionStoreSaver(BaseCheckpointSaver[int]):
         conf = config["configurable"]
         thread_id = str(conf["thread_id"])
         ns = conf.get("checkpoint_ns", "")
-        checkpoint_id = get_checkpoint_id(config)
+        # An empty id addresses no checkpoint, as LangGraph (and its savers) read it: the
+        # newest is wanted.
+        checkpoint_id = get_checkpoint_id(config) or None
         if checkpoint_id is None:
             # The newest checkpoint is the one with the greatest id (LangGraph's ids grow
             # with time; LangGraph's own savers read it so), in one read. A newest document
@@ -342,7 +344,7 @@ class SessionStoreSaver(BaseCheckpointSaver[int]):
             self._threads()
         )
         wanted_ns = conf.get("checkpoint_ns")
-        wanted_id = conf.get("checkpoint_id")
+        wanted_id = conf.get("checkpoint_id") or None  # "": none, as in get_tuple
         before_id = get_checkpoint_id(before) if before else None
         found: list[tuple[str, str, str]] = []
         for thread_id in threads:
