@@ -1,7 +1,8 @@
 """The LangGraph saver where LangGraph's own savers (``InMemorySaver``, ``PostgresSaver``)
-agree and the conformance suite does not look: a thread named ``""``, namespaces whose
-names start with another's name and ``/``, and a removal (``delete_thread``, ``prune``)
-while another saver puts to the same thread. On the in-memory storage and on Postgres."""
+agree and the conformance suite does not look: a thread named ``""``, a checkpoint id
+``""``, namespaces whose names start with another's name and ``/``, and a removal
+(``delete_thread``, ``prune``) while another saver puts to the same thread. On the
+in-memory storage and on Postgres."""
 
 from __future__ import annotations
 
@@ -88,7 +89,9 @@ def test_the_newest_checkpoint_of_a_namespace_is_its_own_not_a_longer_named_ones
 ) -> None:
     """A namespace's documents are keyed ``<ns>/<id>``: those of ``sub/x`` (and of the
     root's ``/sub``) start with ``sub/`` (``/``) too, and a later checkpoint of theirs
-    sorts after every one of the shorter name."""
+    sorts after every one of the shorter name. Subgraphs compiled with
+    ``checkpointer=True`` save under their node's name: nodes ``agent`` and
+    ``agent/tools`` are such a pair, and ``agent`` would go on from the other's state."""
     saver = savers()
     put(saver, config("t"), "root")
     put(saver, config("t", "sub"), "sub")
