@@ -1,18 +1,19 @@
 """The LangGraph saver where LangGraph's own savers (``InMemorySaver``, ``PostgresSaver``)
 agree and the conformance suite does not look: a thread named ``""``, a checkpoint id
-``""``, namespaces whose names start with another's name and ``/``, and a removal
-(``delete_thread``, ``prune``) while another saver puts to the same thread. On the
-in-memory storage and on Postgres."""
+``""``, namespaces whose names start with another's name and ``/``, a removal
+(``delete_thread``, ``prune``) while another saver puts to the same thread, and a lost
+database connection. On the in-memory storage and on Postgres."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import psycopg
 import pytest
 from langgraph.checkpoint.conformance.test_utils import generate_checkpoint, generate_metadata
 
-from kernel import InMemoryStorage, Kernel, Registry, Storage
+from kernel import InMemoryStorage, Kernel, KernelError, Registry, Storage
 from kernel.hosts.langgraph import SessionStoreSaver
 from kernel.hosts.langgraph.layout import INDEX
 
@@ -162,3 +163,29 @@ def test_an_empty_checkpoint_id_addresses_the_newest_checkpoint(
     put(saver, saved, "newest", 1)
     assert value(saver, config("t", checkpoint_id="")) == "newest"
     assert listed(saver, config("t", checkpoint_id="")) == ["newest", "older"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_saver_works_again_once_its_database_connection_was_lost() -> None:
+    """The saver's storage work runs on a thread of its own, whose connection no request
+    or task cycle ever replaces: after Postgres dropped it (a restart), the call that
+    meets the dead connection fails, and the next ones work on a new connection."""
+    from django.db import connection
+
+    from controlplane.storage import PostgresStorage
+    from tests.databases import url_of_test_database
+
+    saver = SessionStoreSaver(Kernel(PostgresStorage(), Registry()))
+    saved = put(saver, config("t"), "before")
+
+    def backend() -> int:
+        connection.ensure_connection()
+        return int(connection.connection.info.backend_pid)
+
+    with psycopg.connect(url_of_test_database(), autocommit=True) as other:
+        other.execute("SELECT pg_terminate_backend(%s)", [saver._call(backend)])
+    with pytest.raises(KernelError):
+        put(saver, saved, "lost with the connection", 1)
+    put(saver, saved, "after", 2)
+    assert value(saver, config("t")) == "after"
+    saver.close()

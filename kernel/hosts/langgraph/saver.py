@@ -39,7 +39,13 @@ from langgraph.checkpoint.base import (
 from langgraph.checkpoint.serde.base import SerializerProtocol
 
 from kernel.commit import Draft
-from kernel.errors import DocumentConflict, UnknownRecord
+from kernel.errors import (
+    CommitUncertain,
+    DocumentConflict,
+    SessionPoisoned,
+    StorageUnavailable,
+    UnknownRecord,
+)
 from kernel.run import Run
 from kernel.session import Kernel, SessionHandle
 from kernel.values import dumps
@@ -110,7 +116,14 @@ class SessionStoreSaver(BaseCheckpointSaver[int]):
 
     def _on_io(self, fn: Callable[..., T], *args: Any) -> T:
         self._io_thread = threading.get_ident()
-        return fn(*args)
+        try:
+            return fn(*args)
+        except (StorageUnavailable, CommitUncertain, SessionPoisoned):
+            # The thread's connection may be dead (a restarted Postgres, a dropped
+            # socket), and nothing else on this thread ever replaces it: let it go, so
+            # that the next call opens a new one instead of failing like this one.
+            self.kernel.storage.thread_exit()
+            raise
 
     def close(self) -> None:
         """Release the saver's thread and its storage connection."""
