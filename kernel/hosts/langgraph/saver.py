@@ -39,7 +39,13 @@ from langgraph.checkpoint.base import (
 from langgraph.checkpoint.serde.base import SerializerProtocol
 
 from kernel.commit import Draft
-from kernel.errors import UnknownRecord
+from kernel.errors import (
+    CommitUncertain,
+    DocumentConflict,
+    SessionPoisoned,
+    StorageUnavailable,
+    UnknownRecord,
+)
 from kernel.run import Run
 from kernel.session import Kernel, SessionHandle
 from kernel.values import dumps
@@ -61,6 +67,8 @@ JSON = Any
 T = TypeVar("T")
 ACTOR = "langgraph"
 _json_text = dumps()  # json.dumps, without a JSONEncoder built per call
+REMOVE_ATTEMPTS = 10
+"""How often a removal is worked out again while other savers keep changing the thread."""
 
 
 @dataclass
@@ -108,7 +116,14 @@ class SessionStoreSaver(BaseCheckpointSaver[int]):
 
     def _on_io(self, fn: Callable[..., T], *args: Any) -> T:
         self._io_thread = threading.get_ident()
-        return fn(*args)
+        try:
+            return fn(*args)
+        except (StorageUnavailable, CommitUncertain, SessionPoisoned):
+            # The thread's connection may be dead (a restarted Postgres, a dropped
+            # socket), and nothing else on this thread ever replaces it: let it go, so
+            # that the next call opens a new one instead of failing like this one.
+            self.kernel.storage.thread_exit()
+            raise
 
     def close(self) -> None:
         """Release the saver's thread and its storage connection."""
@@ -276,14 +291,21 @@ class SessionStoreSaver(BaseCheckpointSaver[int]):
         conf = config["configurable"]
         thread_id = str(conf["thread_id"])
         ns = conf.get("checkpoint_ns", "")
-        checkpoint_id = get_checkpoint_id(config)
+        # An empty id addresses no checkpoint, as LangGraph (and its savers) read it: the
+        # newest is wanted.
+        checkpoint_id = get_checkpoint_id(config) or None
         if checkpoint_id is None:
             # The newest checkpoint is the one with the greatest id (LangGraph's ids grow
             # with time; LangGraph's own savers read it so), in one read. A newest document
             # with no checkpoint (writes saved against a checkpoint already removed) sends
             # the read to the index, which holds every live checkpoint.
+            # Keys of a namespace named ``<ns>/...`` start with ``<ns>/`` too (for the
+            # root namespace, any namespace named ``/...``): a newest document whose key
+            # is not its checkpoint's key in ``ns`` is such a namespace's, and the read
+            # goes to the index.
             newest = self.kernel.newest_document(thread_id, CHECKPOINT, checkpoint_key(ns, ""))
-            if newest is not None and "checkpoint" in newest[1]:
+            if (newest is not None and "checkpoint" in newest[1]
+                    and newest[0] == checkpoint_key(ns, newest[1]["checkpoint"]["id"])):
                 return self._tuple(thread_id, ns, newest[1])
             live = self._document(thread_id, INDEX, INDEX_KEY).get("namespaces", {}).get(ns)
             if not live:
@@ -335,7 +357,7 @@ class SessionStoreSaver(BaseCheckpointSaver[int]):
             self._threads()
         )
         wanted_ns = conf.get("checkpoint_ns")
-        wanted_id = conf.get("checkpoint_id")
+        wanted_id = conf.get("checkpoint_id") or None  # "": none, as in get_tuple
         before_id = get_checkpoint_id(before) if before else None
         found: list[tuple[str, str, str]] = []
         for thread_id in threads:
@@ -364,31 +386,53 @@ class SessionStoreSaver(BaseCheckpointSaver[int]):
 
     # -- removal and copies ------------------------------------------------------
 
-    def _remove(self, thread_id: str, keep: dict[str, set[str]] | None) -> None:
-        """Empty the documents of every checkpoint of ``thread_id`` not in ``keep``
-        (by namespace; None: keep none), in one commit of the thread's session, then trim
-        the session's history up to that commit: the emptied documents go whole, and so
-        do the commit rows and superseded document versions before it."""
+    def _remove(
+        self, thread_id: str, keep: Callable[[JSON], dict[str, set[str]]] | None
+    ) -> None:
+        """Empty the documents of every checkpoint of ``thread_id`` not in ``keep`` (what
+        to keep by namespace, from the index's namespaces; None: keep none), in one commit
+        of the thread's session, then trim the session's history up to that commit: the
+        emptied documents go whole, and so do the commit rows and superseded document
+        versions before it.
+
+        The commit expects the index at the version read: a checkpoint put meanwhile by
+        another saver is not in what was read, so it would lose its index entry and keep
+        its document, read as the thread's newest yet beyond any later removal. On a
+        conflict the removal is worked out again from the index as it is then."""
         if self._handle(thread_id, create=False) is None:
             return
-        index = self._document(thread_id, INDEX, INDEX_KEY)
-        draft = Draft(actor=ACTOR)
-        for ns, checkpoints in index.get("namespaces", {}).items():
-            kept = (keep or {}).get(ns, set())
-            for checkpoint_id in checkpoints:
-                if checkpoint_id in kept:
-                    continue
-                draft.set(CHECKPOINT, checkpoint_key(ns, checkpoint_id), [], {})
-                draft.update_document(INDEX, INDEX_KEY,
-                                      {"op": "remove", "path": ["namespaces", ns, checkpoint_id]})
-            if not kept:
-                draft.update_document(INDEX, INDEX_KEY,
-                                      {"op": "remove", "path": ["namespaces", ns]})
-        if draft.document_ops:
-            seq = self._commit(thread_id, draft)
+        for _ in range(REMOVE_ATTEMPTS):
+            index, version = self.kernel.versioned_document(thread_id, INDEX, INDEX_KEY)
+            namespaces = index.get("namespaces", {}) if isinstance(index, dict) else {}
+            kept_by_ns = keep(namespaces) if keep is not None else {}
+            draft = Draft(actor=ACTOR)
+            for ns, checkpoints in namespaces.items():
+                kept = kept_by_ns.get(ns, set())
+                for checkpoint_id in checkpoints:
+                    if checkpoint_id in kept:
+                        continue
+                    draft.set(CHECKPOINT, checkpoint_key(ns, checkpoint_id), [], {})
+                    draft.update_document(
+                        INDEX, INDEX_KEY,
+                        {"op": "remove", "path": ["namespaces", ns, checkpoint_id]},
+                        expected_version=version)
+                if not kept:
+                    draft.update_document(INDEX, INDEX_KEY,
+                                          {"op": "remove", "path": ["namespaces", ns]},
+                                          expected_version=version)
+            if not draft.document_ops:
+                return
+            try:
+                seq = self._commit(thread_id, draft)
+            except DocumentConflict:
+                continue
             # What the removed checkpoints were is history now: it goes at once, with the
             # commits that wrote it (those with an idempotency key stay: kernel.retention).
             self.kernel.trim(thread_id, seq, forget=(CHECKPOINT,))
+            return
+        raise DocumentConflict(
+            f"thread {thread_id}: its checkpoints kept changing during "
+            f"{REMOVE_ATTEMPTS} attempts to remove them")
 
     def _delete_thread(self, thread_id: str) -> None:
         self._remove(str(thread_id), None)
@@ -399,13 +443,15 @@ class SessionStoreSaver(BaseCheckpointSaver[int]):
         for run_id in runs:
             found = self._document(DIRECTORY, RUNS, run_id)
             threads.update(found.get("threads", {}))
-        for thread_id in sorted(threads):
-            index = self._document(thread_id, INDEX, INDEX_KEY)
-            keep = {
+
+        def keep(namespaces: JSON) -> dict[str, set[str]]:
+            return {
                 ns: {cid for cid, entry in checkpoints.items()
                      if str(entry["metadata"].get("run_id")) not in runs}
-                for ns, checkpoints in index.get("namespaces", {}).items()
+                for ns, checkpoints in namespaces.items()
             }
+
+        for thread_id in sorted(threads):
             self._remove(thread_id, keep)
 
     def _copy_thread(self, source: str, target: str) -> None:
@@ -433,8 +479,7 @@ class SessionStoreSaver(BaseCheckpointSaver[int]):
 
     def _prune(self, thread_ids: Sequence[str], policy: Policy) -> None:
         for thread_id in thread_ids:
-            index = self._document(str(thread_id), INDEX, INDEX_KEY)
-            self._remove(str(thread_id), retained(index.get("namespaces", {}), policy))
+            self._remove(str(thread_id), lambda namespaces: retained(namespaces, policy))
 
     # -- BaseCheckpointSaver: sync -------------------------------------------------
 
