@@ -90,10 +90,7 @@ class Kernel:
         return [opened_entry(e, self.store) for e in entries]
 
     def create_session(self, session_id: str | None = None, metadata: JSON = None) -> SessionHandle:
-        # An explicit id is the session's id even when empty (a LangGraph thread may be
-        # named ""): only None asks for a fresh one.
-        record = SessionRecord(session_id if session_id is not None else new_id("sess"), 0,
-                               self.clock.now(), metadata or {})
+        record = SessionRecord(session_id or new_id("sess"), 0, self.clock.now(), metadata or {})
         self.storage.create_session(record)
         return SessionHandle(self, record.id, 0)
 

@@ -1,6 +1,6 @@
 """The LangGraph saver where LangGraph's own savers (``InMemorySaver``, ``PostgresSaver``)
-agree and the conformance suite does not look: a thread named ``""``, a checkpoint id
-``""``, namespaces whose names start with another's name and ``/``, a removal
+agree and the conformance suite does not look: a thread named ``""`` (refused here), a
+checkpoint id ``""``, namespaces whose names start with another's name and ``/``, a removal
 (``delete_thread``, ``prune``) while another saver puts to the same thread, and a lost
 database connection. On the in-memory storage and on Postgres."""
 
@@ -71,18 +71,23 @@ def listed(saver: SessionStoreSaver, at: dict[str, Any]) -> list[Any]:
     return [t.checkpoint["channel_values"]["value"] for t in saver.list(at)]
 
 
-def test_a_thread_named_with_the_empty_string_reads_back_what_was_put(
-    savers: Callable[[], SessionStoreSaver],
+def test_a_thread_named_with_the_empty_string_is_refused_before_anything_is_written(
+    savers: Callable[[], SessionStoreSaver], storage: Callable[[], Storage],
 ) -> None:
+    """A thread is a session, which an empty id cannot name on a page or in the API:
+    writing to it is refused naming ``thread_id`` (where another id would have made a
+    session that no later read could find), and reading it finds nothing."""
     saver = savers()
-    saved = put(saver, config(""), "kept")
-    saver.put_writes(saved, [("value", "written")], "task")
-    assert value(saver, config("")) == "kept"
-    assert listed(saver, config("")) == ["kept"]
-    newest = saver.get_tuple(saved)
-    assert newest is not None and [w[1:] for w in newest.pending_writes] == [
-        ("value", "written")]
-    assert value(savers(), config("")) == "kept"  # another saver finds the same thread
+    with pytest.raises(ValueError, match="thread_id"):
+        put(saver, config(""), "kept")
+    with pytest.raises(ValueError, match="thread_id"):
+        saver.put_writes(config("", checkpoint_id="c1"), [("value", "written")], "task")
+    with pytest.raises(ValueError, match="thread_id"):
+        put(saver, config("t"), "kept")
+        saver.copy_thread("t", "")
+    assert value(saver, config("")) is None and listed(saver, config("")) == []
+    assert [t.config["configurable"]["thread_id"] for t in saver.list(None)] == ["t"]
+    assert storage().session("") is None
 
 
 def test_the_newest_checkpoint_of_a_namespace_is_its_own_not_a_longer_named_ones(

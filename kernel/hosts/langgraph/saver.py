@@ -71,6 +71,15 @@ REMOVE_ATTEMPTS = 10
 """How often a removal is worked out again while other savers keep changing the thread."""
 
 
+def _check_thread_id(thread_id: str) -> None:
+    """A thread is a session of the Session Store, named by the thread's id: an empty id
+    would make a session no page or API path can name, so it is refused before anything
+    is written (LangGraph's own savers take it; it is mostly an id left unset)."""
+    if not thread_id:
+        raise ValueError("thread_id: an empty thread id names no session here; give the "
+                         "thread a name")
+
+
 @dataclass
 class Binding:
     """A hosted run whose thread's writes commit through its lease."""
@@ -163,6 +172,7 @@ class SessionStoreSaver(BaseCheckpointSaver[int]):
         except UnknownRecord:
             if not create:
                 return None
+            _check_thread_id(thread_id)
             try:
                 handle = self.kernel.create_session(thread_id, {"langgraph_thread": thread_id})
             except Exception:  # another process created it meanwhile
@@ -189,6 +199,7 @@ class SessionStoreSaver(BaseCheckpointSaver[int]):
         """Record the thread (and the run that writes it) in the directory, before the
         thread's own commit: a crash between the two leaves a directory entry pointing
         at nothing, which every reader of the directory tolerates."""
+        _check_thread_id(thread_id)
         new_thread = thread_id not in self._known_threads
         new_run = run_id is not None and (run_id, thread_id) not in self._known_runs
         if not (new_thread or new_run):
