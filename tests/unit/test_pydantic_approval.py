@@ -270,3 +270,48 @@ def test_a_call_deferred_outside_waits_for_its_result_as_a_resolution(
     assert turn.outcome is not None and turn.outcome["result"]["output"] == "Done."
     shown = results(kernel, conversation)["c9"]
     assert shown["resolved"]["by"] == "user:olga"
+
+
+def test_a_second_round_of_approvals_in_one_turn_is_given_only_its_own_decisions() -> None:
+    """A call approved in the turn's second segment makes another one that needs
+    approval: the third segment goes on with that decision alone, as a plain run given
+    the second round's results would (the framework refuses results for calls its last
+    response did not make)."""
+    world = World()
+
+    def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        world.requests.append(list(messages))
+        step = sum(1 for m in messages if m.kind == "response")
+        if step < 2:
+            return ModelResponse(parts=[ToolCallPart("pay", {"amount": step + 1},
+                                                     tool_call_id=f"c{step + 1}")])
+        return ModelResponse(parts=[TextPart("Done.")])
+
+    agent = Agent(FunctionModel(model), name="billing", output_type=[str, DeferredToolRequests],
+                  capabilities=[KernelDurability()])
+
+    @agent.tool_plain(requires_approval=True)
+    def pay(amount: int) -> str:
+        world.effects.append(f"pay:{amount}")
+        return f"paid {amount}"
+
+    registry = Registry()
+    register_agent(registry, "billing", agent)
+    kernel = Kernel(world.storage, registry, world.clock)
+    handle = kernel.create_session()
+    draft = Draft()
+    conversation = draft.create_conversation()
+    handle.commit(draft)
+    submitted = submit(handle, conversation, {"text": "Pay twice", "agent": "billing"}, "r")
+    assert submitted.submission is not None
+    for call_id in ("c1", "c2"):
+        Scheduler(kernel, "w").run_until_idle()
+        decide(kernel, asked(kernel, handle.id)[call_id], "approve", "ok")
+    Scheduler(kernel, "w").run_until_idle()
+    (turn,) = tasks(kernel, handle.id, "agent:billing")
+    assert turn.outcome is not None and turn.outcome["kind"] == "succeeded", turn.outcome
+    assert turn.outcome["result"]["output"] == "Done."
+    assert world.effects == ["pay:1", "pay:2"]
+    assert returns(world.requests[-1]) == {"c1": "paid 1", "c2": "paid 2"}
+    shown = results(kernel, conversation)
+    assert shown["c2"]["approval"]["by"] == "user:olga"

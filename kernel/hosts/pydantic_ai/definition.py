@@ -540,8 +540,11 @@ def ask(run: Run, hosted: HostedAgent, requests: DeferredToolRequests, messages:
             "call": {"id": call.tool_call_id, "name": call.tool_name, "arguments": arguments},
         })
         asked[task] = call.tool_call_id
+    # The decisions of the segment that ends here were its own: the next segment is given
+    # only those on the calls this one deferred (the framework refuses results for calls
+    # its last response did not make).
     kept = {"suspended": True, "asked": asked, "resume": messages, "segment": segment,
-            "usage": to_jsonable_python(usage),
+            "usage": to_jsonable_python(usage), "decisions": None,
             "external": [c.tool_call_id for c in requests.calls]}
     if asked:
         return run.wait_all(list(asked), then="run", checkpoint=kept)
