@@ -272,12 +272,10 @@ def test_a_call_deferred_outside_waits_for_its_result_as_a_resolution(
     assert shown["resolved"]["by"] == "user:olga"
 
 
-def test_a_second_round_of_approvals_in_one_turn_is_given_only_its_own_decisions() -> None:
-    """A call approved in the turn's second segment makes another one that needs
-    approval: the third segment goes on with that decision alone, as a plain run given
-    the second round's results would (the framework refuses results for calls its last
-    response did not make)."""
-    world = World()
+
+def pays_twice(world: World) -> tuple[Kernel, str, str]:
+    """An agent whose approved call leads it to a second call that needs approval (two
+    rounds of approvals in one turn), submitted: the kernel, session and conversation."""
 
     def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
         world.requests.append(list(messages))
@@ -304,14 +302,61 @@ def test_a_second_round_of_approvals_in_one_turn_is_given_only_its_own_decisions
     handle.commit(draft)
     submitted = submit(handle, conversation, {"text": "Pay twice", "agent": "billing"}, "r")
     assert submitted.submission is not None
+    return kernel, handle.id, conversation
+
+
+def test_a_second_round_of_approvals_in_one_turn_is_given_only_its_own_decisions() -> None:
+    """A call approved in the turn's second segment makes another one that needs
+    approval: the third segment goes on with that decision alone, as a plain run given
+    the second round's results would (the framework refuses results for calls its last
+    response did not make)."""
+    world = World()
+    kernel, session_id, conversation = pays_twice(world)
     for call_id in ("c1", "c2"):
         Scheduler(kernel, "w").run_until_idle()
-        decide(kernel, asked(kernel, handle.id)[call_id], "approve", "ok")
+        decide(kernel, asked(kernel, session_id)[call_id], "approve", "ok")
     Scheduler(kernel, "w").run_until_idle()
-    (turn,) = tasks(kernel, handle.id, "agent:billing")
+    (turn,) = tasks(kernel, session_id, "agent:billing")
     assert turn.outcome is not None and turn.outcome["kind"] == "succeeded", turn.outcome
     assert turn.outcome["result"]["output"] == "Done."
     assert world.effects == ["pay:1", "pay:2"]
     assert returns(world.requests[-1]) == {"c1": "paid 1", "c2": "paid 2"}
     shown = results(kernel, conversation)
     assert shown["c2"]["approval"]["by"] == "user:olga"
+
+
+@pytest.mark.parametrize("rounds_decided", [0, 1])
+def test_a_turn_cancelled_while_its_calls_wait_for_approval_leaves_each_message_once(
+    rounds_decided: int
+) -> None:
+    """Cancelled while a segment's calls wait for decisions (the first segment's, or a
+    later one's), the turn leaves the next one its messages as the segment ended, each
+    response once, its waiting call answered as cancelled."""
+    from pydantic_ai.messages import ModelMessagesTypeAdapter
+
+    from kernel.hosts.pydantic_ai import HISTORY
+
+    world = World()
+    kernel, session_id, conversation = pays_twice(world)
+    Scheduler(kernel, "w").run_until_idle()
+    for call_id in ("c1", "c2")[:rounds_decided]:
+        decide(kernel, asked(kernel, session_id)[call_id], "approve", "ok")
+        Scheduler(kernel, "w").run_until_idle()
+    (turn,) = tasks(kernel, session_id, "agent:billing")
+    assert turn.status is Status.WAITING
+    draft = Draft(actor="user:olga")
+    draft.cancel(turn.id, "wrong invoice")
+    kernel.open(session_id).commit(draft)
+    Scheduler(kernel, "w").run_until_idle()
+    (turn,) = tasks(kernel, session_id, "agent:billing")
+    assert turn.outcome is not None and turn.outcome["kind"] == "cancelled"
+    left = ModelMessagesTypeAdapter.validate_python(
+        kernel.document(session_id, HISTORY, conversation)["messages"])
+    calls = [p.tool_call_id for m in left if isinstance(m, ModelResponse)
+             for p in m.parts if isinstance(p, ToolCallPart)]
+    assert calls == ["c1", "c2"][:rounds_decided + 1]
+    told = [(p.tool_call_id, p.content) for m in left if isinstance(m, ModelRequest)
+            for p in m.parts if isinstance(p, ToolReturnPart)]
+    assert [call_id for call_id, _ in told] == calls
+    assert told[:-1] == [("c1", "paid 1")][:rounds_decided]
+    assert told[-1][1]["cancelled"] is True and "wrong invoice" in told[-1][1]["reason"]

@@ -664,17 +664,22 @@ def leave_cancelled(run: Run) -> None:
     partials = run.document(PROGRESS, run.task_id).get("partials") or {}
     checkpoint = run.checkpoint
     segment = checkpoint.get("segment", 0)
-    if segment == 0:
-        before = run.document(HISTORY, conversation).get("messages")
-        messages: list[ModelMessage] = (
-            ModelMessagesTypeAdapter.validate_python(before) if before else [])
-        messages.append(ModelRequest(parts=[UserPromptPart(prompt(run))]))
-    else:  # what the segments before this one said, up to their deferred calls
-        messages = ModelMessagesTypeAdapter.validate_python(checkpoint["resume"])
-    ours = sorted((int(key.rsplit(":", 1)[1]), payload)
-                  for key, payload in journal.responses.items()
-                  if key.startswith(f"{segment}:model:"))
-    messages.extend(ModelMessagesTypeAdapter.validate_python([p for _, p in ours]))
+    if checkpoint.get("suspended"):
+        # The segment ended (its calls wait for decisions): what it said, its own
+        # responses with it, is its resume, up to its deferred calls.
+        messages: list[ModelMessage] = ModelMessagesTypeAdapter.validate_python(
+            checkpoint["resume"])
+    else:
+        if segment == 0:
+            before = run.document(HISTORY, conversation).get("messages")
+            messages = ModelMessagesTypeAdapter.validate_python(before) if before else []
+            messages.append(ModelRequest(parts=[UserPromptPart(prompt(run))]))
+        else:  # what the segments before this one said, up to their deferred calls
+            messages = ModelMessagesTypeAdapter.validate_python(checkpoint["resume"])
+        ours = sorted((int(key.rsplit(":", 1)[1]), payload)
+                      for key, payload in journal.responses.items()
+                      if key.startswith(f"{segment}:model:"))
+        messages.extend(ModelMessagesTypeAdapter.validate_python([p for _, p in ours]))
 
     cards: list[JSON] = []  # written once everything is built
 
