@@ -360,3 +360,34 @@ def test_a_turn_cancelled_while_its_calls_wait_for_approval_leaves_each_message_
     assert [call_id for call_id, _ in told] == calls
     assert told[:-1] == [("c1", "paid 1")][:rounds_decided]
     assert told[-1][1]["cancelled"] is True and "wrong invoice" in told[-1][1]["reason"]
+
+
+def test_a_turn_cancelled_after_its_decisions_tells_the_next_turn_a_denial_as_a_denial() -> None:
+    """Cancelled while the segment the decisions started is under way (here: waiting on
+    an approved call a crash cut mid-way), the turn leaves the denied call answered with
+    its denial, as the framework answered it, not as a call the cancel cut."""
+    from pydantic_ai.messages import ModelMessagesTypeAdapter
+
+    from kernel.hosts.pydantic_ai import HISTORY
+
+    world = World(crash_on={"pay"})
+    kernel, session_id, conversation, submission = world.start()
+    world.run()
+    waiting = asked(kernel, session_id)
+    decide(kernel, waiting["c2"], "approve", "ok")
+    decide(kernel, waiting["c3"], "deny", "refunds go through finance")
+    world.run(crashes_allowed=1)
+    (turn,) = tasks(kernel, session_id, "agent:billing")
+    assert turn.status is Status.WAITING and turn.wait == {"signal": "resolution:c2:1"}
+    draft = Draft(actor="user:olga")
+    draft.cancel(turn.id, "wrong customer")
+    kernel.open(session_id).commit(draft)
+    world.run()
+    left = ModelMessagesTypeAdapter.validate_python(
+        kernel.document(session_id, HISTORY, conversation)["messages"])
+    told = returns(left)
+    assert told["c3"] == {"error": "The tool call was denied: refunds go through finance"}
+    assert told["c2"]["cancelled"] is True and "wrong customer" in told["c2"]["reason"]
+    shown = results(kernel, conversation)
+    assert shown["c3"]["denied"] is True and "finance" in shown["c3"]["error"]
+    assert not shown["c3"].get("cancelled")

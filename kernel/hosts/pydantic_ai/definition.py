@@ -682,11 +682,34 @@ def leave_cancelled(run: Run) -> None:
         messages.extend(ModelMessagesTypeAdapter.validate_python([p for _, p in ours]))
 
     cards: list[JSON] = []  # written once everything is built
+    # The decisions the segment under way was started with: the framework answered a
+    # denied call (and one deferred outside) with them, not by running it.
+    decisions: dict[str, JSON] = {} if checkpoint.get("suspended") else \
+        checkpoint.get("decisions") or {}
+    given = deferred_results(decisions)
+
+    def decided(call: ToolCallPart) -> JSON:
+        """What the framework was given for ``call`` instead of running it, or None."""
+        denied = given.approvals.get(call.tool_call_id)
+        if isinstance(denied, ToolDenied):
+            return {"error": denied.message}
+        if call.tool_call_id in given.calls:
+            value = given.calls[call.tool_call_id]
+            return {"error": str(value)} if isinstance(value, Exception) else {"result": value}
+        return None
 
     def answer(call: ToolCallPart) -> ToolReturnPart:
         recorded = journal.results.get(call.tool_call_id)
+        framework = decided(call) if recorded is None else None
         if recorded is not None:
             content = shown_result(recorded)
+        elif framework is not None:
+            content = framework
+            decision = decisions[call.tool_call_id]
+            shown = {"resolved": {k: decision.get(k) for k in ("decision", "by", "reason")}} \
+                if decision.get("external") else {"approval": decision, "denied": True}
+            cards.append({"call_id": call.tool_call_id, "name": call.tool_name, **framework,
+                          **shown, "turn": run.task_id, "by": "framework"})
         else:
             content = {"cancelled": True,
                        "reason": f"cancelled by {cancel.get('by')}: {cancel.get('reason')}",
