@@ -611,3 +611,62 @@ def test_a_hosted_turn_is_not_started_again_from_a_phase_and_says_why() -> None:
         kernel.open(session_id).commit(draft)
     assert kernel.task(turn.id) == turn
     assert world.model_calls == [0, 1, 2]
+
+
+def reused_id_world(storage: InMemoryStorage, noted: Noted, crash_on: set[str]) -> Kernel:
+    """An agent whose model numbers its calls per response, so that both of its
+    responses call ``notify`` (unsafe) as ``call_0``; then it answers. What the model
+    is told of each call, and what each call ran with its operation id, in ``noted``."""
+    from kernel.hosts.pydantic_ai import operation_id
+
+    def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        step = sum(1 for m in messages if m.kind == "response")
+        noted.asked.append(step)
+        if step < 2:
+            return ModelResponse(parts=[ToolCallPart("notify", {"to": ["ana", "bo"][step]},
+                                                     tool_call_id="call_0")])
+        return ModelResponse(parts=[TextPart("Done.")])
+
+    agent = Agent(FunctionModel(model), name="support", capabilities=[KernelDurability()])
+
+    @agent.tool
+    def notify(ctx: RunContext[None], to: str) -> str:
+        noted.ran.append(f"{to} {operation_id(ctx)}")
+        if to in crash_on:
+            crash_on.discard(to)
+            raise Crash()
+        return f"sent to {to}"
+
+    registry = Registry()
+    register_agent(registry, "support", agent)
+    return Kernel(storage, registry, noted.clock)
+
+
+def test_a_call_id_an_earlier_response_used_is_another_call_run_once() -> None:
+    """A model may reuse a call id across responses (some number their calls per
+    response): the second ``call_0`` is a call of its own, as in a plain run: it runs
+    (once, though a crash cuts it), its result is its own, and its operation id is not
+    the first one's."""
+    storage, noted, crash_on = InMemoryStorage(), Noted(), {"bo"}
+    kernel = reused_id_world(storage, noted, crash_on)
+    session_id, conversation, submission = started(kernel)
+    crashes = run_across_crashes(lambda: reused_id_world(storage, noted, crash_on),
+                                 noted.clock, crashes_allowed=1, advance_clock=True)
+    assert crashes == 1
+    turn = turn_of(kernel, session_id)
+    assert turn.status is Status.WAITING and turn.wait == {"signal": "resolution:call_0#2:1"}
+    draft = Draft(actor="user:op")
+    draft.signal(turn.id, "resolution:call_0#2:1",
+                 {"decision": "happened", "by": "user:op", "reason": "seen",
+                  "receipt": {"result": "sent to bo (checked)"}}, step_epoch=turn.epoch)
+    kernel.open(session_id).commit(draft)
+    Scheduler(reused_id_world(storage, noted, crash_on), "w").run_until_idle()
+    assert [ran.split()[0] for ran in noted.ran] == ["ana", "bo"]
+    first, second = (ran.split()[1] for ran in noted.ran)
+    assert first == f"op_{turn.id}_call_0" and second != first
+    stored = kernel.storage.submission(submission)
+    assert stored is not None and stored.status is SubmissionStatus.ANSWERED
+    told = [e.payload.get("result") for e in kernel.entries(conversation)
+            if e.kind == "tool_result"]
+    assert told == ["sent to ana", "sent to bo (checked)"]
+    assert noted.asked == [0, 1, 2]

@@ -284,15 +284,15 @@ def register_agent(
 def settle_uncertain(run: Run, journal: Journal) -> Transition | None:
     """Apply the operator's decision on each call cut mid-way; the wait for one that has
     none yet, or None when every call is settled."""
-    for call_id, intent in journal.intents.items():
-        signal = resolution(call_id, intent["attempt"])
+    for key, intent in journal.intents.items():  # by the call's unit_of
+        signal = resolution(key, intent["attempt"])
         decided = run.signal(signal)
         if decided is None:
-            return run.wait_for(signal, then="run", checkpoint={"uncertain": call_id})
+            return run.wait_for(signal, then="run", checkpoint={"uncertain": key})
         by = {"decision": decided.get("decision"), "by": decided.get("by"),
               "reason": decided.get("reason")}
         if decided.get("decision") == RUN_AGAIN.value:
-            journal.forget_intent(call_id)
+            journal.forget_intent(key)
             continue
         if decided.get("decision") == HAPPENED.value:
             said = (decided.get("receipt") or {}).get("result")
@@ -301,7 +301,8 @@ def settle_uncertain(run: Run, journal: Journal) -> Transition | None:
         else:
             payload = {"kind": "tool_failed", "message": "The call was interrupted; an "
                        "operator recorded that it did not take effect."}
-        journal.record_result(call_id, intent["name"], payload, Replay.UNSAFE, None,
+        journal.record_result(intent.get("call_id", key), intent["name"], payload,
+                              Replay.UNSAFE, None, occurrence=intent.get("occurrence", 1),
                               resolved=by)
     return None
 
@@ -431,10 +432,11 @@ def to_hands(run: Run, hosted: HostedAgent, units: Units) -> Transition:
             "replay": {**replay, "submissions": run.input.get("submissions", [])}}
     handed: dict[str, JSON] = dict(checkpoint.get("hands") or {})
     spawned = []
-    for call_id, call in units.parked.items():
-        task = run.spawn(hands_kind(hosted.name), {**base, "call": {"id": call_id, **call}})
-        handed[call_id] = {"task": task, "name": call["name"], "replay": call["replay"],
-                           "segment": units.segment}
+    for key, call in units.parked.items():  # by the call's unit_of
+        task = run.spawn(hands_kind(hosted.name), {**base, "call": {"id": key, **call}})
+        handed[key] = {"task": task, "name": call["name"], "replay": call["replay"],
+                       "segment": units.segment, "call_id": call["call_id"],
+                       "occurrence": call["occurrence"]}
         spawned.append(task)
     return run.wait_all(spawned, then="run", checkpoint={"hands": handed})
 
@@ -453,11 +455,13 @@ def answer_from_hands(run: Run, journal: Journal, segment: int) -> dict[str, JSO
     for task_id, outcome in run.outcomes(list(open_)).items() if open_ else ():
         if outcome is None:
             continue
-        call_id = open_[task_id]
+        key = open_[task_id]
+        call = handed[key]
+        call_id = call.get("call_id", key)
         deferred = (outcome.get("result") or {}).get("deferred") \
             if isinstance(outcome.get("result"), dict) else None
         if outcome.get("kind") == "succeeded" and deferred is not None:
-            answers[call_id] = deferred
+            answers[key] = deferred
             continue
         error = outcome.get("error")
         said = f"The call's task on the hands queue {outcome.get('kind')}" + \
@@ -466,10 +470,11 @@ def answer_from_hands(run: Run, journal: Journal, segment: int) -> dict[str, JSO
         if partial is not None:
             said += f". What it had done: {json.dumps(partial)} (it may have done more)."
         payload: JSON = {"kind": "tool_failed", "message": said}
-        journal.record_result(call_id, handed[call_id]["name"], payload,
-                              Replay(handed[call_id].get("replay", Replay.UNSAFE)), None,
-                              commit=False, hands=task_id, partial=partial)
-        answers[call_id] = payload
+        journal.record_result(call_id, call["name"], payload,
+                              Replay(call.get("replay", Replay.UNSAFE)), None, commit=False,
+                              occurrence=call.get("occurrence", 1), hands=task_id,
+                              partial=partial)
+        answers[key] = payload
     return answers
 
 
