@@ -493,13 +493,15 @@ def run_hands(run: Run, hosted: HostedAgent) -> Transition:
     units = Units(Bridge(), journal, segment=start.segment, task_id=run.input["turn"],
                   started_at=None, decisions=start.decisions,
                   unsafe_tools=hosted.unsafe_tools, only_call=call_id)
+    error: Exception | None = None
     try:
         start.serve(hosted, units)
-    except Exception:
+    except Exception as exc:
         if units.bridge.failure is not None:
             raise
-        # The run failed after the call (or before it: answered below); the turn's own
-        # replay meets the same failure and answers for it.
+        # The run failed after the call (or before it, or the tool raised: answered
+        # below); the turn's own replay meets the same failure and answers for it.
+        error = exc
     except BaseException as exc:
         if units.bridge.failure is not None or not suspended(exc):
             raise
@@ -509,6 +511,8 @@ def run_hands(run: Run, hosted: HostedAgent) -> Transition:
         return run.succeed({"call_id": call_id})
     if units.deferred is not None:
         return run.succeed({"call_id": call_id, "deferred": units.deferred})
+    if error is not None:  # what the model and the operator are told: the tool's error
+        return run.fail(f"{type(error).__name__}: {error}")
     return run.fail(f"the replay of turn {run.input['turn']} did not reach call {call_id}")
 
 
