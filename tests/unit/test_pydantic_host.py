@@ -670,3 +670,35 @@ def test_a_call_id_an_earlier_response_used_is_another_call_run_once() -> None:
             if e.kind == "tool_result"]
     assert told == ["sent to ana", "sent to bo (checked)"]
     assert noted.asked == [0, 1, 2]
+
+
+def test_an_unsafe_result_the_storage_refuses_fails_the_turn_naming_it_asking_nothing_more(
+) -> None:
+    """A tool returns text with NUL, which no storage holds: the turn fails with an
+    error naming the field, its submission is released, and the model is not asked
+    again for a run that cannot go on."""
+    asked: list[int] = []
+
+    def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        asked.append(len(asked))
+        if len(asked) == 1:
+            return ModelResponse(parts=[ToolCallPart("notify", {"to": "ana"}, tool_call_id="c1")])
+        return ModelResponse(parts=[TextPart("Done.")])
+
+    agent = Agent(FunctionModel(model), name="support", capabilities=[KernelDurability()])
+
+    @agent.tool_plain
+    def notify(to: str) -> str:
+        return "sent\x00"
+
+    registry = Registry()
+    register_agent(registry, "support", agent)
+    kernel = Kernel(InMemoryStorage(), registry, ManualClock())
+    session_id, conversation, submission = started(kernel)
+    Scheduler(kernel, "w").run_until_idle()
+    turn = turn_of(kernel, session_id)
+    assert turn.outcome is not None and turn.outcome["kind"] == "failed"
+    assert "tool_result" in turn.outcome["error"] and "NUL" in turn.outcome["error"]
+    assert asked == [0]
+    stored = kernel.storage.submission(submission)
+    assert stored is not None and stored.status is SubmissionStatus.FAILED

@@ -296,6 +296,11 @@ class Units:
             # response has its result, so it stops here and waits for the hands tasks.
             raise Suspended()
         await self.flush()
+        if self.bridge.failure is not None:
+            # A write the run did not wait for failed (an unsafe call's result the
+            # storage refuses): the run ends with it, and a request now would be paid
+            # for and thrown away.
+            raise self.bridge.failure
         payload = await body()
         self.count_calls(payload)
         stream = self.stream
