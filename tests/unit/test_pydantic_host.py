@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 import pytest
@@ -702,3 +703,60 @@ def test_an_unsafe_result_the_storage_refuses_fails_the_turn_naming_it_asking_no
     assert asked == [0]
     stored = kernel.storage.submission(submission)
     assert stored is not None and stored.status is SubmissionStatus.FAILED
+
+
+class Address(BaseModel):
+    city: str
+
+
+@pytest.mark.parametrize("runs", ["in the turn", "on hands"])
+def test_an_unsafe_call_with_typed_parameters_runs_and_its_intent_holds_them_as_json(
+    runs: str
+) -> None:
+    """A tool whose parameters validate to values JSON does not hold (a datetime, a
+    model, a set) runs as in a plain run: its intent (or its hands task's input) holds
+    the arguments as JSON, the tool gets the validated values."""
+    from kernel.hosts.pydantic_ai import HANDS
+
+    got: list[Any] = []
+    crash_on = {"book"}
+
+    def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        if sum(1 for m in messages if m.kind == "response") == 0:
+            return ModelResponse(parts=[ToolCallPart("book", {
+                "when": "2024-01-02T10:00:00Z", "to": {"city": "Oslo"}, "tags": ["a"]},
+                tool_call_id="c1")])
+        return ModelResponse(parts=[TextPart("Done.")])
+
+    storage, clock = InMemoryStorage(), ManualClock()
+
+    def kernel() -> Kernel:
+        agent = Agent(FunctionModel(model), name="support", capabilities=[KernelDurability()])
+
+        @agent.tool_plain(metadata=HANDS if runs == "on hands" else None)
+        def book(when: datetime, to: Address, tags: set[str]) -> str:
+            got.append((when.year, to.city, tags))
+            if "book" in crash_on:
+                crash_on.discard("book")
+                raise Crash()
+            return "booked"
+
+        registry = Registry()
+        register_agent(registry, "support", agent)
+        return Kernel(storage, registry, clock)
+
+    session_id, conversation, submission = started(kernel())
+    assert run_across_crashes(kernel, clock, crashes_allowed=1, advance_clock=True) == 1
+    (waiting,) = [t for t in storage.session_tasks(session_id) if t.wait is not None
+                  and t.wait.get("signal") == "resolution:c1:1"]
+    assert waiting.checkpoint["intents"]["c1"]["arguments"] == {
+        "when": "2024-01-02T10:00:00Z", "to": {"city": "Oslo"}, "tags": ["a"]}
+    draft = Draft(actor="user:op")
+    draft.signal(waiting.id, "resolution:c1:1", {"decision": "run_again", "by": "user:op",
+                                                 "reason": "not booked"},
+                 step_epoch=waiting.epoch)
+    kernel().open(session_id).commit(draft)
+    Scheduler(kernel(), "w").run_until_idle(advance_clock=True)
+    assert got == [(2024, "Oslo", {"a"})] * 2
+    stored = storage.submission(submission)
+    assert stored is not None and stored.status is SubmissionStatus.ANSWERED

@@ -50,6 +50,7 @@ from pydantic_ai.messages import (
 from pydantic_ai.models import Model
 from pydantic_ai.tools import AgentDepsT, RunContext
 from pydantic_ai.toolsets import ToolsetTool
+from pydantic_core import to_jsonable_python
 
 from kernel.agent.tools import Replay
 from kernel.agent.turn import PROGRESS, PROGRESS_EVERY
@@ -77,6 +78,13 @@ def hands(policy: dict[str, JSON] = UNSAFE) -> dict[str, JSON]:
 
 HANDS: dict[str, JSON] = hands(UNSAFE)
 """Tool metadata: an unsafe call that runs on the ``hands`` queue (:func:`hands`)."""
+
+
+def shown_arguments(arguments: object) -> JSON:
+    """A call's validated arguments as JSON, for its intent and its hands task's input (a
+    datetime as ISO text, a model as its fields, bytes as base64): what people and the
+    storage read; the tool itself is always given the framework's own values."""
+    return to_jsonable_python(arguments, bytes_mode="base64", fallback=repr)
 
 
 def replay_of(config: JSON) -> Replay:
@@ -419,8 +427,9 @@ class KernelOperationBackend(CallableOperationBackend[dict[str, Any]]):
             case ToolsetCallToolId():
                 tool_name, arguments, ctx = cache_key[0], cache_key[1], cache_key[2]
                 assert isinstance(ctx, RunContext) and ctx.tool_call_id is not None
-                return await units.tool_call(ctx.tool_call_id, str(tool_name), arguments,
-                                             replay_of(config), body, queue_of(config))
+                return await units.tool_call(ctx.tool_call_id, str(tool_name),
+                                             shown_arguments(arguments), replay_of(config),
+                                             body, queue_of(config))
             case _:
                 # Argument validation, discovery, event handling, capability operations:
                 # deterministic or without effects, so they run again on replay.
