@@ -42,6 +42,7 @@ from pydantic_ai.durable_exec import (
 from pydantic_ai.exceptions import UserError
 from pydantic_ai.messages import (
     AgentStreamEvent,
+    ModelMessagesTypeAdapter,
     PartDeltaEvent,
     PartStartEvent,
     TextPart,
@@ -292,7 +293,8 @@ class Units:
             if delta and self.stream is not None and self.stream.add(delta):
                 await self.bridge.call(self.stream.push)
 
-    async def model_request(self, body: Callable[[], Awaitable[object]]) -> object:
+    async def model_request(self, body: Callable[[], Awaitable[object]],
+                            messages: object = None) -> object:
         key = f"{self.segment}:model:{self.requests}"
         self.requests += 1
         recorded = self.journal.responses.get(key)
@@ -312,11 +314,16 @@ class Units:
         payload = await body()
         self.count_calls(payload)
         stream = self.stream
+        # The request that opens a conversation holds the agent's system prompt, which the
+        # framework sends only there: a cancelled turn hands it on (leave_cancelled).
+        request = None
+        if key == "0:model:0" and isinstance(messages, list) and len(messages) == 1:
+            request = ModelMessagesTypeAdapter.dump_python(messages, mode="json")[0]
 
         def stage() -> None:
             if stream is not None:
                 stream.fold()
-            self.journal.record_response(key, payload)
+            self.journal.record_response(key, payload, request)
 
         self.staged.append(stage)
         if self.holds(payload):
@@ -423,7 +430,7 @@ class KernelOperationBackend(CallableOperationBackend[dict[str, Any]]):
             return await body()
         match operation_id:
             case ModelRequestId():
-                return await units.model_request(body)
+                return await units.model_request(body, cache_key[1])
             case ToolsetCallToolId():
                 tool_name, arguments, ctx = cache_key[0], cache_key[1], cache_key[2]
                 assert isinstance(ctx, RunContext) and ctx.tool_call_id is not None

@@ -682,7 +682,11 @@ def leave_cancelled(run: Run) -> None:
         if segment == 0:
             before = run.document(HISTORY, conversation).get("messages")
             messages = ModelMessagesTypeAdapter.validate_python(before) if before else []
-            messages.append(ModelRequest(parts=[UserPromptPart(prompt(run))]))
+            if not before and journal.first_request is not None:  # with the system prompt
+                messages.extend(ModelMessagesTypeAdapter.validate_python(
+                    [journal.first_request]))
+            else:
+                messages.append(ModelRequest(parts=[UserPromptPart(prompt(run))]))
         else:  # what the segments before this one said, up to their deferred calls
             messages = ModelMessagesTypeAdapter.validate_python(checkpoint["resume"])
         ours = sorted((int(key.rsplit(":", 1)[1]), payload)

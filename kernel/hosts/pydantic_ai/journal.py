@@ -99,6 +99,9 @@ class Journal:
     results: dict[str, JSON] = field(default_factory=dict)
     """By :func:`unit_of` the call."""
     last_response_entry: str | None = None
+    first_request: JSON = None
+    """The request that opened a conversation's first turn (its system prompt with the
+    user's), as the framework's JSON, once the response to it is recorded."""
 
     @classmethod
     def read(cls, run: Run, turn: str | None = None, since: int | None = None) -> Journal:
@@ -117,6 +120,8 @@ class Journal:
             if entry.kind == RESPONSE:
                 journal.responses[payload["unit"]] = payload["pydantic"]
                 journal.last_response_entry = entry.id
+                if payload.get("request") is not None:
+                    journal.first_request = payload["request"]
             elif entry.kind == TOOL_RESULT:
                 key = unit_of(payload["call_id"], payload.get("occurrence") or 1)
                 journal.results[key] = payload["pydantic"]
@@ -136,15 +141,19 @@ class Journal:
     def commit(self) -> None:
         self.run.commit()
 
-    def record_response(self, key: str, payload: JSON) -> None:
+    def record_response(self, key: str, payload: JSON, request: JSON = None) -> None:
         """The response's entry, and its tokens in the conversation's running totals, in
         the draft: committed by the caller (with the intent of its first unsafe call, when
-        that is what follows it)."""
+        that is what follows it). ``request``: the request it answers, when that opened
+        the conversation (see :attr:`first_request`)."""
         usage = _usage(payload)
+        extra = {} if request is None else {"request": request}
         entry = self.run.append(self.conversation, RESPONSE, {
             "text": _text(payload), "tool_calls": _calls(payload), "usage": usage,
-            "turn": self.turn, "unit": key, "pydantic": payload,
+            "turn": self.turn, "unit": key, "pydantic": payload, **extra,
         })
+        if request is not None:
+            self.first_request = request
         count_in_conversation(self.run, self.conversation, usage, None)
         self.responses[key] = payload
         self.last_response_entry = entry
