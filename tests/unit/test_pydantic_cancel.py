@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from pydantic_ai import Agent, RunContext
 from pydantic_ai.messages import (
     ModelMessage,
@@ -102,19 +103,30 @@ def test_a_cancelled_call_tells_the_next_request_its_committed_partial_result() 
     assert [m.kind for m in asked[-1]] == ["request", "response", "request"]
 
 
-def test_a_cancelled_first_turn_leaves_the_next_one_the_agents_system_prompt() -> None:
+@pytest.mark.parametrize("during", ["the call", "the first request"])
+def test_a_cancelled_first_turn_leaves_the_next_one_the_agents_system_prompt(
+    during: str
+) -> None:
     """The framework sends an agent's system prompt only in a conversation's first
     request: a first turn cancelled after its model answered leaves that request as it
-    was, so the next turn's model still gets the system prompt."""
+    was, one cancelled before it answered leaves no history (nothing took effect); either
+    way the next turn's model gets the system prompt."""
     from pydantic_ai.messages import SystemPromptPart
 
     storage, clock = InMemoryStorage(), ManualClock()
     asked: list[list[ModelMessage]] = []
     where: dict[str, Any] = {}
 
+    def cancel_turn() -> None:
+        cancel = Draft(actor="user:olga")
+        cancel.cancel(where["turn"], "wrong list")
+        where["kernel"].open(where["session"]).commit(cancel)
+
     def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
         asked.append(list(messages))
         if len(asked) == 1:
+            if during == "the first request":
+                cancel_turn()
             return ModelResponse(parts=[ToolCallPart("send", {"to": "ana"}, tool_call_id="c1")])
         return ModelResponse(parts=[TextPart("Not sent.")])
 
@@ -123,9 +135,7 @@ def test_a_cancelled_first_turn_leaves_the_next_one_the_agents_system_prompt() -
 
     @agent.tool_plain
     def send(to: str) -> str:
-        cancel = Draft(actor="user:olga")
-        cancel.cancel(where["turn"], "wrong list")
-        where["kernel"].open(where["session"]).commit(cancel)
+        cancel_turn()
         return "sent"
 
     registry = Registry()
@@ -151,4 +161,5 @@ def test_a_cancelled_first_turn_leaves_the_next_one_the_agents_system_prompt() -
     prompts = [p.content for m in asked[-1] if isinstance(m, ModelRequest) for p in m.parts
                if isinstance(p, SystemPromptPart)]
     assert prompts == ["You are ACME's mailer."]
-    assert [m.kind for m in asked[-1]] == ["request", "response", "request"]
+    kinds = ["request", "response", "request"] if during == "the call" else ["request"]
+    assert [m.kind for m in asked[-1]] == kinds

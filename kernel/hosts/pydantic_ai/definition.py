@@ -692,6 +692,11 @@ def leave_cancelled(run: Run) -> None:
         ours = sorted((int(key.rsplit(":", 1)[1]), payload)
                       for key, payload in journal.responses.items()
                       if key.startswith(f"{segment}:model:"))
+        if segment == 0 and not before and not ours:
+            # Cancelled before the model answered a conversation's first request: nothing
+            # took effect, and a history of the prompt alone would lack the system prompt,
+            # which the framework sends only to a conversation with no history.
+            return
         messages.extend(ModelMessagesTypeAdapter.validate_python([p for _, p in ours]))
 
     cards: list[JSON] = []  # written once everything is built
