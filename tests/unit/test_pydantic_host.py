@@ -760,3 +760,31 @@ def test_an_unsafe_call_with_typed_parameters_runs_and_its_intent_holds_them_as_
     assert got == [(2024, "Oslo", {"a"})] * 2
     stored = storage.submission(submission)
     assert stored is not None and stored.status is SubmissionStatus.ANSWERED
+
+
+def test_a_turn_cancelled_on_a_reused_call_id_tells_the_next_turn_each_calls_own_outcome(
+) -> None:
+    """The second ``call_0`` of a turn is cut mid-way and the turn cancelled: the next
+    turn's model is told the first call's result for the first and that the second was
+    cancelled, not the first one's result for both."""
+    from pydantic_ai.messages import ModelMessagesTypeAdapter, ModelRequest, ToolReturnPart
+
+    from kernel.hosts.pydantic_ai import HISTORY
+
+    storage, noted, crash_on = InMemoryStorage(), Noted(), {"bo"}
+    kernel = reused_id_world(storage, noted, crash_on)
+    session_id, conversation, submission = started(kernel)
+    run_across_crashes(lambda: reused_id_world(storage, noted, crash_on), noted.clock,
+                       crashes_allowed=1, advance_clock=True)
+    turn = turn_of(kernel, session_id)
+    assert turn.wait == {"signal": "resolution:call_0#2:1"}
+    draft = Draft(actor="user:op")
+    draft.cancel(turn.id, "stop")
+    kernel.open(session_id).commit(draft)
+    Scheduler(reused_id_world(storage, noted, crash_on), "w").run_until_idle(advance_clock=True)
+    left = ModelMessagesTypeAdapter.validate_python(
+        kernel.document(session_id, HISTORY, conversation)["messages"])
+    told = [p.content for m in left if isinstance(m, ModelRequest) for p in m.parts
+            if isinstance(p, ToolReturnPart)]
+    assert told[0] == {"result": "sent to ana"}
+    assert told[1]["cancelled"] is True and told[1]["reason"] == "cancelled by user:op: stop"

@@ -35,6 +35,7 @@ import contextvars
 import json
 import logging
 import re
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -83,7 +84,7 @@ from .capability import (
     replay_of,
     suspended,
 )
-from .journal import Journal, shown_result
+from .journal import Journal, shown_result, unit_of
 
 JSON = Any
 HISTORY = "agent-history"
@@ -661,6 +662,12 @@ def record_history(run: Run, conversation: str, before: list[JSON] | None,
         run.set(HISTORY, conversation, ["messages"], messages)
 
 
+def _call_ids(payload: JSON) -> set[str]:
+    """The call ids of a recorded response (the framework's JSON of it)."""
+    return {part["tool_call_id"] for part in payload.get("parts") or []
+            if part.get("part_kind") == "tool-call" and part.get("tool_call_id")}
+
+
 def leave_cancelled(run: Run) -> None:
     """A cancelled turn leaves the conversation what it did, as native turns do: each call
     of its committed responses that has no committed result is answered as cancelled
@@ -716,8 +723,8 @@ def leave_cancelled(run: Run) -> None:
             return {"error": str(value)} if isinstance(value, Exception) else {"result": value}
         return None
 
-    def answer(call: ToolCallPart) -> ToolReturnPart:
-        recorded = journal.results.get(call.tool_call_id)
+    def answer(call: ToolCallPart, occurrence: int) -> ToolReturnPart:
+        recorded = journal.results.get(unit_of(call.tool_call_id, occurrence))
         framework = decided(call) if recorded is None else None
         if recorded is not None:
             content = shown_result(recorded)
@@ -739,15 +746,26 @@ def leave_cancelled(run: Run) -> None:
             })
         return ToolReturnPart(call.tool_name, content, tool_call_id=call.tool_call_id)
 
+    # A call id some responses share (models that number their calls per response): the
+    # last responses to use it are this turn's, the n-th of them its n-th call of that id.
+    ours_using = Counter(call_id for payload in journal.responses.values()
+                         for call_id in _call_ids(payload))
+    all_using = Counter(call_id for m in messages if isinstance(m, ModelResponse)
+                        for call_id in {p.tool_call_id for p in m.parts
+                                        if isinstance(p, ToolCallPart)})
+    using: Counter[str] = Counter()
     left: list[ModelMessage] = []
     for index, message in enumerate(messages):
         left.append(message)
         if not isinstance(message, ModelResponse):
             continue
+        using.update({p.tool_call_id for p in message.parts if isinstance(p, ToolCallPart)})
         after = messages[index + 1] if index + 1 < len(messages) else None
         answered = {getattr(p, "tool_call_id", None) for p in after.parts} \
             if isinstance(after, ModelRequest) else set()
-        missing = [answer(p) for p in message.parts
+        missing = [answer(p, using[p.tool_call_id] - all_using[p.tool_call_id]
+                          + ours_using[p.tool_call_id])
+                   for p in message.parts
                    if isinstance(p, ToolCallPart) and p.tool_call_id not in answered]
         if not missing:
             continue
