@@ -270,3 +270,124 @@ def test_a_call_deferred_outside_waits_for_its_result_as_a_resolution(
     assert turn.outcome is not None and turn.outcome["result"]["output"] == "Done."
     shown = results(kernel, conversation)["c9"]
     assert shown["resolved"]["by"] == "user:olga"
+
+
+
+def pays_twice(world: World) -> tuple[Kernel, str, str]:
+    """An agent whose approved call leads it to a second call that needs approval (two
+    rounds of approvals in one turn), submitted: the kernel, session and conversation."""
+
+    def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        world.requests.append(list(messages))
+        step = sum(1 for m in messages if m.kind == "response")
+        if step < 2:
+            return ModelResponse(parts=[ToolCallPart("pay", {"amount": step + 1},
+                                                     tool_call_id=f"c{step + 1}")])
+        return ModelResponse(parts=[TextPart("Done.")])
+
+    agent = Agent(FunctionModel(model), name="billing", output_type=[str, DeferredToolRequests],
+                  capabilities=[KernelDurability()])
+
+    @agent.tool_plain(requires_approval=True)
+    def pay(amount: int) -> str:
+        world.effects.append(f"pay:{amount}")
+        return f"paid {amount}"
+
+    registry = Registry()
+    register_agent(registry, "billing", agent)
+    kernel = Kernel(world.storage, registry, world.clock)
+    handle = kernel.create_session()
+    draft = Draft()
+    conversation = draft.create_conversation()
+    handle.commit(draft)
+    submitted = submit(handle, conversation, {"text": "Pay twice", "agent": "billing"}, "r")
+    assert submitted.submission is not None
+    return kernel, handle.id, conversation
+
+
+def test_a_second_round_of_approvals_in_one_turn_is_given_only_its_own_decisions() -> None:
+    """A call approved in the turn's second segment makes another one that needs
+    approval: the third segment goes on with that decision alone, as a plain run given
+    the second round's results would (the framework refuses results for calls its last
+    response did not make)."""
+    world = World()
+    kernel, session_id, conversation = pays_twice(world)
+    for call_id in ("c1", "c2"):
+        Scheduler(kernel, "w").run_until_idle()
+        decide(kernel, asked(kernel, session_id)[call_id], "approve", "ok")
+    Scheduler(kernel, "w").run_until_idle()
+    (turn,) = tasks(kernel, session_id, "agent:billing")
+    assert turn.outcome is not None and turn.outcome["kind"] == "succeeded", turn.outcome
+    assert turn.outcome["result"]["output"] == "Done."
+    assert world.effects == ["pay:1", "pay:2"]
+    assert returns(world.requests[-1]) == {"c1": "paid 1", "c2": "paid 2"}
+    shown = results(kernel, conversation)
+    assert shown["c2"]["approval"]["by"] == "user:olga"
+
+
+@pytest.mark.parametrize("rounds_decided", [0, 1])
+def test_a_turn_cancelled_while_its_calls_wait_for_approval_leaves_each_message_once(
+    rounds_decided: int
+) -> None:
+    """Cancelled while a segment's calls wait for decisions (the first segment's, or a
+    later one's), the turn leaves the next one its messages as the segment ended, each
+    response once, its waiting call answered as cancelled."""
+    from pydantic_ai.messages import ModelMessagesTypeAdapter
+
+    from kernel.hosts.pydantic_ai import HISTORY
+
+    world = World()
+    kernel, session_id, conversation = pays_twice(world)
+    Scheduler(kernel, "w").run_until_idle()
+    for call_id in ("c1", "c2")[:rounds_decided]:
+        decide(kernel, asked(kernel, session_id)[call_id], "approve", "ok")
+        Scheduler(kernel, "w").run_until_idle()
+    (turn,) = tasks(kernel, session_id, "agent:billing")
+    assert turn.status is Status.WAITING
+    draft = Draft(actor="user:olga")
+    draft.cancel(turn.id, "wrong invoice")
+    kernel.open(session_id).commit(draft)
+    Scheduler(kernel, "w").run_until_idle()
+    (turn,) = tasks(kernel, session_id, "agent:billing")
+    assert turn.outcome is not None and turn.outcome["kind"] == "cancelled"
+    left = ModelMessagesTypeAdapter.validate_python(
+        kernel.document(session_id, HISTORY, conversation)["messages"])
+    calls = [p.tool_call_id for m in left if isinstance(m, ModelResponse)
+             for p in m.parts if isinstance(p, ToolCallPart)]
+    assert calls == ["c1", "c2"][:rounds_decided + 1]
+    told = [(p.tool_call_id, p.content) for m in left if isinstance(m, ModelRequest)
+            for p in m.parts if isinstance(p, ToolReturnPart)]
+    assert [call_id for call_id, _ in told] == calls
+    assert told[:-1] == [("c1", "paid 1")][:rounds_decided]
+    assert told[-1][1]["cancelled"] is True and "wrong invoice" in told[-1][1]["reason"]
+
+
+def test_a_turn_cancelled_after_its_decisions_tells_the_next_turn_a_denial_as_a_denial() -> None:
+    """Cancelled while the segment the decisions started is under way (here: waiting on
+    an approved call a crash cut mid-way), the turn leaves the denied call answered with
+    its denial, as the framework answered it, not as a call the cancel cut."""
+    from pydantic_ai.messages import ModelMessagesTypeAdapter
+
+    from kernel.hosts.pydantic_ai import HISTORY
+
+    world = World(crash_on={"pay"})
+    kernel, session_id, conversation, submission = world.start()
+    world.run()
+    waiting = asked(kernel, session_id)
+    decide(kernel, waiting["c2"], "approve", "ok")
+    decide(kernel, waiting["c3"], "deny", "refunds go through finance")
+    world.run(crashes_allowed=1)
+    (turn,) = tasks(kernel, session_id, "agent:billing")
+    assert turn.status is Status.WAITING and turn.wait == {"signal": "resolution:c2:1"}
+    draft = Draft(actor="user:olga")
+    draft.cancel(turn.id, "wrong customer")
+    kernel.open(session_id).commit(draft)
+    world.run()
+    left = ModelMessagesTypeAdapter.validate_python(
+        kernel.document(session_id, HISTORY, conversation)["messages"])
+    told = returns(left)
+    assert told["c3"] == {"error": "The tool call was denied: refunds go through finance"}
+    assert told["c2"]["cancelled"] is True and "wrong customer" in told["c2"]["reason"]
+    shown = results(kernel, conversation)
+    assert shown["c3"]["denied"] is True and "finance" in shown["c3"]["error"]
+    assert not shown["c3"].get("cancelled")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from pydantic_ai import Agent, RunContext
 from pydantic_ai.messages import (
     ModelMessage,
@@ -100,3 +101,65 @@ def test_a_cancelled_call_tells_the_next_request_its_committed_partial_result() 
         "partial": {"sent": RECIPIENTS[:1]}, "note": CANCELLED_NOTE,
     }
     assert [m.kind for m in asked[-1]] == ["request", "response", "request"]
+
+
+@pytest.mark.parametrize("during", ["the call", "the first request"])
+def test_a_cancelled_first_turn_leaves_the_next_one_the_agents_system_prompt(
+    during: str
+) -> None:
+    """The framework sends an agent's system prompt only in a conversation's first
+    request: a first turn cancelled after its model answered leaves that request as it
+    was, one cancelled before it answered leaves no history (nothing took effect); either
+    way the next turn's model gets the system prompt."""
+    from pydantic_ai.messages import SystemPromptPart
+
+    storage, clock = InMemoryStorage(), ManualClock()
+    asked: list[list[ModelMessage]] = []
+    where: dict[str, Any] = {}
+
+    def cancel_turn() -> None:
+        cancel = Draft(actor="user:olga")
+        cancel.cancel(where["turn"], "wrong list")
+        where["kernel"].open(where["session"]).commit(cancel)
+
+    def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        asked.append(list(messages))
+        if len(asked) == 1:
+            if during == "the first request":
+                cancel_turn()
+            return ModelResponse(parts=[ToolCallPart("send", {"to": "ana"}, tool_call_id="c1")])
+        return ModelResponse(parts=[TextPart("Not sent.")])
+
+    agent = Agent(FunctionModel(model), name="mailer", capabilities=[KernelDurability()],
+                  system_prompt="You are ACME's mailer.")
+
+    @agent.tool_plain
+    def send(to: str) -> str:
+        cancel_turn()
+        return "sent"
+
+    registry = Registry()
+    register_agent(registry, "mailer", agent)
+    kernel = Kernel(storage, registry, clock)
+    handle = kernel.create_session()
+    draft = Draft()
+    conversation = draft.create_conversation()
+    handle.commit(draft)
+    first = submit(handle, conversation, {"text": "Send it", "agent": "mailer"}, "r1")
+    assert first.submission is not None
+    where.update(kernel=kernel, session=handle.id, turn=next(
+        t.id for t in storage.session_tasks(handle.id) if t.kind == "agent:mailer"))
+    for _ in range(5):
+        try:
+            Scheduler(kernel, "w").run_until_idle(advance_clock=True)
+            break
+        except Exception:  # the cancelled phase's next commit is refused (its lease is gone)
+            continue
+    assert storage.submission(first.submission.id).status is SubmissionStatus.CANCELLED
+    submit(handle, conversation, {"text": "Did it go out?", "agent": "mailer"}, "r2")
+    Scheduler(kernel, "w2").run_until_idle(advance_clock=True)
+    prompts = [p.content for m in asked[-1] if isinstance(m, ModelRequest) for p in m.parts
+               if isinstance(p, SystemPromptPart)]
+    assert prompts == ["You are ACME's mailer."]
+    kinds = ["request", "response", "request"] if during == "the call" else ["request"]
+    assert [m.kind for m in asked[-1]] == kinds

@@ -634,3 +634,37 @@ def test_a_hands_task_is_blocked_where_its_own_tool_changed_and_runs_where_anoth
     assert Worker(deployed(lookup, notify_cc), "w3").advance(task.id)
     assert world.effects == ["lookup:ana"]
     assert kernel.task(task.id).status is Status.TERMINAL
+
+
+def test_a_hands_call_whose_tool_raises_fails_its_task_with_the_tools_error() -> None:
+    """The tool raises in its hands task: the task fails with the tool's error, which
+    the model is told as the call's failure (not that the replay missed the call)."""
+    told: list[dict[str, Any]] = []
+
+    def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        if sum(1 for m in messages if m.kind == "response") == 0:
+            return ModelResponse(parts=[ToolCallPart("fetch", {"url": "u"}, tool_call_id="c1")])
+        told.append({p.tool_call_id: p.content for m in messages if isinstance(m, ModelRequest)
+                     for p in m.parts if isinstance(p, ToolReturnPart)})
+        return ModelResponse(parts=[TextPart("Done.")])
+
+    agent = Agent(FunctionModel(model), name="support", capabilities=[KernelDurability()])
+
+    @agent.tool_plain(metadata=hands(SAFE))
+    def fetch(url: str) -> str:
+        raise ValueError("disk full")
+
+    registry = Registry()
+    register_agent(registry, "support", agent)
+    world = World()
+    kernel = Kernel(world.storage, registry, world.clock)
+    handle = kernel.create_session()
+    world.session_id = handle.id
+    draft = Draft()
+    conversation = draft.create_conversation()
+    handle.commit(draft)
+    submit(handle, conversation, {"text": "Fetch u", "agent": "support"}, "r")
+    Scheduler(kernel, "w").run_until_idle()
+    (task,) = world.tasks(HANDS_KIND)
+    assert task.outcome is not None and task.outcome["error"] == "ValueError: disk full"
+    assert told == [{"c1": "The call's task on the hands queue failed: ValueError: disk full"}]

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 import pytest
@@ -611,3 +612,179 @@ def test_a_hosted_turn_is_not_started_again_from_a_phase_and_says_why() -> None:
         kernel.open(session_id).commit(draft)
     assert kernel.task(turn.id) == turn
     assert world.model_calls == [0, 1, 2]
+
+
+def reused_id_world(storage: InMemoryStorage, noted: Noted, crash_on: set[str]) -> Kernel:
+    """An agent whose model numbers its calls per response, so that both of its
+    responses call ``notify`` (unsafe) as ``call_0``; then it answers. What the model
+    is told of each call, and what each call ran with its operation id, in ``noted``."""
+    from kernel.hosts.pydantic_ai import operation_id
+
+    def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        step = sum(1 for m in messages if m.kind == "response")
+        noted.asked.append(step)
+        if step < 2:
+            return ModelResponse(parts=[ToolCallPart("notify", {"to": ["ana", "bo"][step]},
+                                                     tool_call_id="call_0")])
+        return ModelResponse(parts=[TextPart("Done.")])
+
+    agent = Agent(FunctionModel(model), name="support", capabilities=[KernelDurability()])
+
+    @agent.tool
+    def notify(ctx: RunContext[None], to: str) -> str:
+        noted.ran.append(f"{to} {operation_id(ctx)}")
+        if to in crash_on:
+            crash_on.discard(to)
+            raise Crash()
+        return f"sent to {to}"
+
+    registry = Registry()
+    register_agent(registry, "support", agent)
+    return Kernel(storage, registry, noted.clock)
+
+
+def test_a_call_id_an_earlier_response_used_is_another_call_run_once() -> None:
+    """A model may reuse a call id across responses (some number their calls per
+    response): the second ``call_0`` is a call of its own, as in a plain run: it runs
+    (once, though a crash cuts it), its result is its own, and its operation id is not
+    the first one's."""
+    storage, noted, crash_on = InMemoryStorage(), Noted(), {"bo"}
+    kernel = reused_id_world(storage, noted, crash_on)
+    session_id, conversation, submission = started(kernel)
+    crashes = run_across_crashes(lambda: reused_id_world(storage, noted, crash_on),
+                                 noted.clock, crashes_allowed=1, advance_clock=True)
+    assert crashes == 1
+    turn = turn_of(kernel, session_id)
+    assert turn.status is Status.WAITING and turn.wait == {"signal": "resolution:call_0#2:1"}
+    draft = Draft(actor="user:op")
+    draft.signal(turn.id, "resolution:call_0#2:1",
+                 {"decision": "happened", "by": "user:op", "reason": "seen",
+                  "receipt": {"result": "sent to bo (checked)"}}, step_epoch=turn.epoch)
+    kernel.open(session_id).commit(draft)
+    Scheduler(reused_id_world(storage, noted, crash_on), "w").run_until_idle()
+    assert [ran.split()[0] for ran in noted.ran] == ["ana", "bo"]
+    first, second = (ran.split()[1] for ran in noted.ran)
+    assert first == f"op_{turn.id}_call_0" and second != first
+    stored = kernel.storage.submission(submission)
+    assert stored is not None and stored.status is SubmissionStatus.ANSWERED
+    told = [e.payload.get("result") for e in kernel.entries(conversation)
+            if e.kind == "tool_result"]
+    assert told == ["sent to ana", "sent to bo (checked)"]
+    assert noted.asked == [0, 1, 2]
+
+
+def test_an_unsafe_result_the_storage_refuses_fails_the_turn_naming_it_asking_nothing_more(
+) -> None:
+    """A tool returns text with NUL, which no storage holds: the turn fails with an
+    error naming the field, its submission is released, and the model is not asked
+    again for a run that cannot go on."""
+    asked: list[int] = []
+
+    def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        asked.append(len(asked))
+        if len(asked) == 1:
+            return ModelResponse(parts=[ToolCallPart("notify", {"to": "ana"}, tool_call_id="c1")])
+        return ModelResponse(parts=[TextPart("Done.")])
+
+    agent = Agent(FunctionModel(model), name="support", capabilities=[KernelDurability()])
+
+    @agent.tool_plain
+    def notify(to: str) -> str:
+        return "sent\x00"
+
+    registry = Registry()
+    register_agent(registry, "support", agent)
+    kernel = Kernel(InMemoryStorage(), registry, ManualClock())
+    session_id, conversation, submission = started(kernel)
+    Scheduler(kernel, "w").run_until_idle()
+    turn = turn_of(kernel, session_id)
+    assert turn.outcome is not None and turn.outcome["kind"] == "failed"
+    assert "tool_result" in turn.outcome["error"] and "NUL" in turn.outcome["error"]
+    assert asked == [0]
+    stored = kernel.storage.submission(submission)
+    assert stored is not None and stored.status is SubmissionStatus.FAILED
+
+
+class Address(BaseModel):
+    city: str
+
+
+@pytest.mark.parametrize("runs", ["in the turn", "on hands"])
+def test_an_unsafe_call_with_typed_parameters_runs_and_its_intent_holds_them_as_json(
+    runs: str
+) -> None:
+    """A tool whose parameters validate to values JSON does not hold (a datetime, a
+    model, a set) runs as in a plain run: its intent (or its hands task's input) holds
+    the arguments as JSON, the tool gets the validated values."""
+    from kernel.hosts.pydantic_ai import HANDS
+
+    got: list[Any] = []
+    crash_on = {"book"}
+
+    def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        if sum(1 for m in messages if m.kind == "response") == 0:
+            return ModelResponse(parts=[ToolCallPart("book", {
+                "when": "2024-01-02T10:00:00Z", "to": {"city": "Oslo"}, "tags": ["a"]},
+                tool_call_id="c1")])
+        return ModelResponse(parts=[TextPart("Done.")])
+
+    storage, clock = InMemoryStorage(), ManualClock()
+
+    def kernel() -> Kernel:
+        agent = Agent(FunctionModel(model), name="support", capabilities=[KernelDurability()])
+
+        @agent.tool_plain(metadata=HANDS if runs == "on hands" else None)
+        def book(when: datetime, to: Address, tags: set[str]) -> str:
+            got.append((when.year, to.city, tags))
+            if "book" in crash_on:
+                crash_on.discard("book")
+                raise Crash()
+            return "booked"
+
+        registry = Registry()
+        register_agent(registry, "support", agent)
+        return Kernel(storage, registry, clock)
+
+    session_id, conversation, submission = started(kernel())
+    assert run_across_crashes(kernel, clock, crashes_allowed=1, advance_clock=True) == 1
+    (waiting,) = [t for t in storage.session_tasks(session_id) if t.wait is not None
+                  and t.wait.get("signal") == "resolution:c1:1"]
+    assert waiting.checkpoint["intents"]["c1"]["arguments"] == {
+        "when": "2024-01-02T10:00:00Z", "to": {"city": "Oslo"}, "tags": ["a"]}
+    draft = Draft(actor="user:op")
+    draft.signal(waiting.id, "resolution:c1:1", {"decision": "run_again", "by": "user:op",
+                                                 "reason": "not booked"},
+                 step_epoch=waiting.epoch)
+    kernel().open(session_id).commit(draft)
+    Scheduler(kernel(), "w").run_until_idle(advance_clock=True)
+    assert got == [(2024, "Oslo", {"a"})] * 2
+    stored = storage.submission(submission)
+    assert stored is not None and stored.status is SubmissionStatus.ANSWERED
+
+
+def test_a_turn_cancelled_on_a_reused_call_id_tells_the_next_turn_each_calls_own_outcome(
+) -> None:
+    """The second ``call_0`` of a turn is cut mid-way and the turn cancelled: the next
+    turn's model is told the first call's result for the first and that the second was
+    cancelled, not the first one's result for both."""
+    from pydantic_ai.messages import ModelMessagesTypeAdapter, ModelRequest, ToolReturnPart
+
+    from kernel.hosts.pydantic_ai import HISTORY
+
+    storage, noted, crash_on = InMemoryStorage(), Noted(), {"bo"}
+    kernel = reused_id_world(storage, noted, crash_on)
+    session_id, conversation, submission = started(kernel)
+    run_across_crashes(lambda: reused_id_world(storage, noted, crash_on), noted.clock,
+                       crashes_allowed=1, advance_clock=True)
+    turn = turn_of(kernel, session_id)
+    assert turn.wait == {"signal": "resolution:call_0#2:1"}
+    draft = Draft(actor="user:op")
+    draft.cancel(turn.id, "stop")
+    kernel.open(session_id).commit(draft)
+    Scheduler(reused_id_world(storage, noted, crash_on), "w").run_until_idle(advance_clock=True)
+    left = ModelMessagesTypeAdapter.validate_python(
+        kernel.document(session_id, HISTORY, conversation)["messages"])
+    told = [p.content for m in left if isinstance(m, ModelRequest) for p in m.parts
+            if isinstance(p, ToolReturnPart)]
+    assert told[0] == {"result": "sent to ana"}
+    assert told[1]["cancelled"] is True and told[1]["reason"] == "cancelled by user:op: stop"

@@ -42,6 +42,7 @@ from pydantic_ai.durable_exec import (
 from pydantic_ai.exceptions import UserError
 from pydantic_ai.messages import (
     AgentStreamEvent,
+    ModelMessagesTypeAdapter,
     PartDeltaEvent,
     PartStartEvent,
     TextPart,
@@ -50,13 +51,14 @@ from pydantic_ai.messages import (
 from pydantic_ai.models import Model
 from pydantic_ai.tools import AgentDepsT, RunContext
 from pydantic_ai.toolsets import ToolsetTool
+from pydantic_core import to_jsonable_python
 
 from kernel.agent.tools import Replay
 from kernel.agent.turn import PROGRESS, PROGRESS_EVERY
 from kernel.run import Run
 
 from .bridge import Bridge
-from .journal import Journal
+from .journal import Journal, unit_of
 
 JSON = Any
 CONFIG_KEY = "kernel"
@@ -77,6 +79,13 @@ def hands(policy: dict[str, JSON] = UNSAFE) -> dict[str, JSON]:
 
 HANDS: dict[str, JSON] = hands(UNSAFE)
 """Tool metadata: an unsafe call that runs on the ``hands`` queue (:func:`hands`)."""
+
+
+def shown_arguments(arguments: object) -> JSON:
+    """A call's validated arguments as JSON, for its intent and its hands task's input (a
+    datetime as ISO text, a model as its fields, bytes as base64): what people and the
+    storage read; the tool itself is always given the framework's own values."""
+    return to_jsonable_python(arguments, bytes_mode="base64", fallback=repr)
 
 
 def replay_of(config: JSON) -> Replay:
@@ -199,6 +208,31 @@ class Units:
     holding_response: bool = False
     """A response is staged, not committed: only an unsafe call's intent, or the run's
     end, may follow it."""
+    occurrences: dict[str, int] = field(default_factory=dict)
+    """By call id: how many of the turn's responses so far made a call with that id (the
+    latest one's calls are the ones that run: :func:`~.journal.unit_of`)."""
+
+    def __post_init__(self) -> None:
+        # The segments before this one: the run goes on from their last response.
+        earlier = sorted((int(segment), int(n), payload)
+                         for key, payload in self.journal.responses.items()
+                         for segment, _, n in [key.split(":")]
+                         if int(segment) < self.segment)
+        for _, _, payload in earlier:
+            self.count_calls(payload)
+
+    def count_calls(self, payload: JSON) -> None:
+        """Count the call ids of a response the run has reached."""
+        if isinstance(payload, dict):
+            for call_id in {part.get("tool_call_id") for part in payload.get("parts") or []
+                            if part.get("part_kind") == "tool-call"}:
+                if call_id:
+                    self.occurrences[call_id] = self.occurrences.get(call_id, 0) + 1
+
+    def unit(self, call_id: str) -> tuple[str, int]:
+        """The journal's key for a call of the latest response, and its occurrence."""
+        occurrence = self.occurrences.get(call_id) or 1
+        return unit_of(call_id, occurrence), occurrence
 
     @property
     def run_id(self) -> str:
@@ -259,24 +293,37 @@ class Units:
             if delta and self.stream is not None and self.stream.add(delta):
                 await self.bridge.call(self.stream.push)
 
-    async def model_request(self, body: Callable[[], Awaitable[object]]) -> object:
+    async def model_request(self, body: Callable[[], Awaitable[object]],
+                            messages: object = None) -> object:
         key = f"{self.segment}:model:{self.requests}"
         self.requests += 1
         recorded = self.journal.responses.get(key)
         if recorded is not None:
+            self.count_calls(recorded)
             return recorded  # a committed response is never requested again
         if self.only_call is not None or self.parked:
             # A hands task never asks the model; the turn asks only once every call of the
             # response has its result, so it stops here and waits for the hands tasks.
             raise Suspended()
         await self.flush()
+        if self.bridge.failure is not None:
+            # A write the run did not wait for failed (an unsafe call's result the
+            # storage refuses): the run ends with it, and a request now would be paid
+            # for and thrown away.
+            raise self.bridge.failure
         payload = await body()
+        self.count_calls(payload)
         stream = self.stream
+        # The request that opens a conversation holds the agent's system prompt, which the
+        # framework sends only there: a cancelled turn hands it on (leave_cancelled).
+        request = None
+        if key == "0:model:0" and isinstance(messages, list) and len(messages) == 1:
+            request = ModelMessagesTypeAdapter.dump_python(messages, mode="json")[0]
 
         def stage() -> None:
             if stream is not None:
                 stream.fold()
-            self.journal.record_response(key, payload)
+            self.journal.record_response(key, payload, request)
 
         self.staged.append(stage)
         if self.holds(payload):
@@ -287,21 +334,24 @@ class Units:
 
     async def tool_call(self, call_id: str, name: str, arguments: JSON, replay: Replay,
                         body: Callable[[], Awaitable[object]], queue: str | None = None) -> object:
-        recorded = self.journal.results.get(call_id)
+        # A call id an earlier response of the turn used too names another call there.
+        key, occurrence = self.unit(call_id)
+        recorded = self.journal.results.get(key)
         if recorded is not None:
             return recorded
-        if self.only_call is not None and call_id != self.only_call:
+        if self.only_call is not None and key != self.only_call:
             return dict(ON_HANDS)  # another task's call: never run here
         if self.only_call is None and queue is not None:
-            if call_id in self.handed:
-                return self.handed[call_id]
+            if key in self.handed:
+                return self.handed[key]
             # Its own task runs it: the other calls of the response go on meanwhile, and
             # the run stops before anything that needs this call's result.
-            self.parked[call_id] = {"name": name, "arguments": arguments,
-                                    "replay": str(replay)}
+            self.parked[key] = {"name": name, "arguments": arguments, "replay": str(replay),
+                                "call_id": call_id, "occurrence": occurrence}
             return dict(ON_HANDS)
         if replay is Replay.UNSAFE:
-            await self.write(lambda: self.journal.record_intent(call_id, name, arguments))
+            await self.write(lambda: self.journal.record_intent(call_id, name, arguments,
+                                                                occurrence))
         else:
             await self.flush()
         started = time.monotonic()
@@ -309,26 +359,27 @@ class Units:
         seconds = round(time.monotonic() - started, 6)
         if isinstance(payload, dict) and payload.get("kind") in DEFERRED:
             if replay is Replay.UNSAFE:  # asked instead of running: nothing took effect
-                await self.write(lambda: self.journal.forget_intent(call_id))
-            if call_id == self.only_call:  # the turn defers it (its hands task's answer)
+                await self.write(lambda: self.journal.forget_intent(key))
+            if key == self.only_call:  # the turn defers it (its hands task's answer)
                 self.deferred = payload
             return payload
         decided = self.decisions.get(call_id)
         extra = {} if decided is None else {"approval": decided}
-        if replay is Replay.SAFE or call_id == self.only_call:
+        if replay is Replay.SAFE or key == self.only_call:
             # A safe call's result may wait for the next commit: losing it only makes the
             # call run again. A hands task's call (either policy) waits for the commit that
             # ends the task, which nothing runs before and which is what wakes the turn: a
             # crash before it leaves an unsafe call uncertain, as during its own commit.
             self.staged.append(lambda: self.journal.record_result(
-                call_id, name, payload, replay, seconds, commit=False, **extra))
+                call_id, name, payload, replay, seconds, commit=False, occurrence=occurrence,
+                **extra))
         else:
             # Not awaited where the loop has a thread of its own: the next model request
             # is made while the result is committed (a crash before it is committed leaves
             # the call uncertain, as it would during an awaited commit), and the phase's
             # thread commits it before anything after. On the phase's thread: now.
             self.post(lambda: self.journal.record_result(
-                call_id, name, payload, replay, seconds, **extra))
+                call_id, name, payload, replay, seconds, occurrence=occurrence, **extra))
         return payload
 
 
@@ -343,7 +394,10 @@ def operation_id(ctx: RunContext[Any]) -> str:
     """Inside a tool: an id for this call that is the same on every replay of the run
     (the task and the model's call id), for an outside system's idempotency key."""
     units = _UNITS.get()
-    return f"op_{ctx.run_id if units is None else units.task_id}_{ctx.tool_call_id}"
+    if units is None:
+        return f"op_{ctx.run_id}_{ctx.tool_call_id}"
+    key, _ = units.unit(str(ctx.tool_call_id))
+    return f"op_{units.task_id}_{key}"
 
 
 def save_partial(ctx: RunContext[Any], value: JSON) -> None:
@@ -376,12 +430,13 @@ class KernelOperationBackend(CallableOperationBackend[dict[str, Any]]):
             return await body()
         match operation_id:
             case ModelRequestId():
-                return await units.model_request(body)
+                return await units.model_request(body, cache_key[1])
             case ToolsetCallToolId():
                 tool_name, arguments, ctx = cache_key[0], cache_key[1], cache_key[2]
                 assert isinstance(ctx, RunContext) and ctx.tool_call_id is not None
-                return await units.tool_call(ctx.tool_call_id, str(tool_name), arguments,
-                                             replay_of(config), body, queue_of(config))
+                return await units.tool_call(ctx.tool_call_id, str(tool_name),
+                                             shown_arguments(arguments), replay_of(config),
+                                             body, queue_of(config))
             case _:
                 # Argument validation, discovery, event handling, capability operations:
                 # deterministic or without effects, so they run again on replay.

@@ -35,6 +35,7 @@ import contextvars
 import json
 import logging
 import re
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -83,7 +84,7 @@ from .capability import (
     replay_of,
     suspended,
 )
-from .journal import Journal, shown_result
+from .journal import Journal, shown_result, unit_of
 
 JSON = Any
 HISTORY = "agent-history"
@@ -284,15 +285,15 @@ def register_agent(
 def settle_uncertain(run: Run, journal: Journal) -> Transition | None:
     """Apply the operator's decision on each call cut mid-way; the wait for one that has
     none yet, or None when every call is settled."""
-    for call_id, intent in journal.intents.items():
-        signal = resolution(call_id, intent["attempt"])
+    for key, intent in journal.intents.items():  # by the call's unit_of
+        signal = resolution(key, intent["attempt"])
         decided = run.signal(signal)
         if decided is None:
-            return run.wait_for(signal, then="run", checkpoint={"uncertain": call_id})
+            return run.wait_for(signal, then="run", checkpoint={"uncertain": key})
         by = {"decision": decided.get("decision"), "by": decided.get("by"),
               "reason": decided.get("reason")}
         if decided.get("decision") == RUN_AGAIN.value:
-            journal.forget_intent(call_id)
+            journal.forget_intent(key)
             continue
         if decided.get("decision") == HAPPENED.value:
             said = (decided.get("receipt") or {}).get("result")
@@ -301,7 +302,8 @@ def settle_uncertain(run: Run, journal: Journal) -> Transition | None:
         else:
             payload = {"kind": "tool_failed", "message": "The call was interrupted; an "
                        "operator recorded that it did not take effect."}
-        journal.record_result(call_id, intent["name"], payload, Replay.UNSAFE, None,
+        journal.record_result(intent.get("call_id", key), intent["name"], payload,
+                              Replay.UNSAFE, None, occurrence=intent.get("occurrence", 1),
                               resolved=by)
     return None
 
@@ -431,10 +433,11 @@ def to_hands(run: Run, hosted: HostedAgent, units: Units) -> Transition:
             "replay": {**replay, "submissions": run.input.get("submissions", [])}}
     handed: dict[str, JSON] = dict(checkpoint.get("hands") or {})
     spawned = []
-    for call_id, call in units.parked.items():
-        task = run.spawn(hands_kind(hosted.name), {**base, "call": {"id": call_id, **call}})
-        handed[call_id] = {"task": task, "name": call["name"], "replay": call["replay"],
-                           "segment": units.segment}
+    for key, call in units.parked.items():  # by the call's unit_of
+        task = run.spawn(hands_kind(hosted.name), {**base, "call": {"id": key, **call}})
+        handed[key] = {"task": task, "name": call["name"], "replay": call["replay"],
+                       "segment": units.segment, "call_id": call["call_id"],
+                       "occurrence": call["occurrence"]}
         spawned.append(task)
     return run.wait_all(spawned, then="run", checkpoint={"hands": handed})
 
@@ -453,11 +456,13 @@ def answer_from_hands(run: Run, journal: Journal, segment: int) -> dict[str, JSO
     for task_id, outcome in run.outcomes(list(open_)).items() if open_ else ():
         if outcome is None:
             continue
-        call_id = open_[task_id]
+        key = open_[task_id]
+        call = handed[key]
+        call_id = call.get("call_id", key)
         deferred = (outcome.get("result") or {}).get("deferred") \
             if isinstance(outcome.get("result"), dict) else None
         if outcome.get("kind") == "succeeded" and deferred is not None:
-            answers[call_id] = deferred
+            answers[key] = deferred
             continue
         error = outcome.get("error")
         said = f"The call's task on the hands queue {outcome.get('kind')}" + \
@@ -466,10 +471,11 @@ def answer_from_hands(run: Run, journal: Journal, segment: int) -> dict[str, JSO
         if partial is not None:
             said += f". What it had done: {json.dumps(partial)} (it may have done more)."
         payload: JSON = {"kind": "tool_failed", "message": said}
-        journal.record_result(call_id, handed[call_id]["name"], payload,
-                              Replay(handed[call_id].get("replay", Replay.UNSAFE)), None,
-                              commit=False, hands=task_id, partial=partial)
-        answers[call_id] = payload
+        journal.record_result(call_id, call["name"], payload,
+                              Replay(call.get("replay", Replay.UNSAFE)), None, commit=False,
+                              occurrence=call.get("occurrence", 1), hands=task_id,
+                              partial=partial)
+        answers[key] = payload
     return answers
 
 
@@ -488,13 +494,15 @@ def run_hands(run: Run, hosted: HostedAgent) -> Transition:
     units = Units(Bridge(), journal, segment=start.segment, task_id=run.input["turn"],
                   started_at=None, decisions=start.decisions,
                   unsafe_tools=hosted.unsafe_tools, only_call=call_id)
+    error: Exception | None = None
     try:
         start.serve(hosted, units)
-    except Exception:
+    except Exception as exc:
         if units.bridge.failure is not None:
             raise
-        # The run failed after the call (or before it: answered below); the turn's own
-        # replay meets the same failure and answers for it.
+        # The run failed after the call (or before it, or the tool raised: answered
+        # below); the turn's own replay meets the same failure and answers for it.
+        error = exc
     except BaseException as exc:
         if units.bridge.failure is not None or not suspended(exc):
             raise
@@ -504,6 +512,8 @@ def run_hands(run: Run, hosted: HostedAgent) -> Transition:
         return run.succeed({"call_id": call_id})
     if units.deferred is not None:
         return run.succeed({"call_id": call_id, "deferred": units.deferred})
+    if error is not None:  # what the model and the operator are told: the tool's error
+        return run.fail(f"{type(error).__name__}: {error}")
     return run.fail(f"the replay of turn {run.input['turn']} did not reach call {call_id}")
 
 
@@ -540,8 +550,11 @@ def ask(run: Run, hosted: HostedAgent, requests: DeferredToolRequests, messages:
             "call": {"id": call.tool_call_id, "name": call.tool_name, "arguments": arguments},
         })
         asked[task] = call.tool_call_id
+    # The decisions of the segment that ends here were its own: the next segment is given
+    # only those on the calls this one deferred (the framework refuses results for calls
+    # its last response did not make).
     kept = {"suspended": True, "asked": asked, "resume": messages, "segment": segment,
-            "usage": to_jsonable_python(usage),
+            "usage": to_jsonable_python(usage), "decisions": None,
             "external": [c.tool_call_id for c in requests.calls]}
     if asked:
         return run.wait_all(list(asked), then="run", checkpoint=kept)
@@ -649,6 +662,12 @@ def record_history(run: Run, conversation: str, before: list[JSON] | None,
         run.set(HISTORY, conversation, ["messages"], messages)
 
 
+def _call_ids(payload: JSON) -> set[str]:
+    """The call ids of a recorded response (the framework's JSON of it)."""
+    return {part["tool_call_id"] for part in payload.get("parts") or []
+            if part.get("part_kind") == "tool-call" and part.get("tool_call_id")}
+
+
 def leave_cancelled(run: Run) -> None:
     """A cancelled turn leaves the conversation what it did, as native turns do: each call
     of its committed responses that has no committed result is answered as cancelled
@@ -661,24 +680,61 @@ def leave_cancelled(run: Run) -> None:
     partials = run.document(PROGRESS, run.task_id).get("partials") or {}
     checkpoint = run.checkpoint
     segment = checkpoint.get("segment", 0)
-    if segment == 0:
-        before = run.document(HISTORY, conversation).get("messages")
-        messages: list[ModelMessage] = (
-            ModelMessagesTypeAdapter.validate_python(before) if before else [])
-        messages.append(ModelRequest(parts=[UserPromptPart(prompt(run))]))
-    else:  # what the segments before this one said, up to their deferred calls
-        messages = ModelMessagesTypeAdapter.validate_python(checkpoint["resume"])
-    ours = sorted((int(key.rsplit(":", 1)[1]), payload)
-                  for key, payload in journal.responses.items()
-                  if key.startswith(f"{segment}:model:"))
-    messages.extend(ModelMessagesTypeAdapter.validate_python([p for _, p in ours]))
+    if checkpoint.get("suspended"):
+        # The segment ended (its calls wait for decisions): what it said, its own
+        # responses with it, is its resume, up to its deferred calls.
+        messages: list[ModelMessage] = ModelMessagesTypeAdapter.validate_python(
+            checkpoint["resume"])
+    else:
+        if segment == 0:
+            before = run.document(HISTORY, conversation).get("messages")
+            messages = ModelMessagesTypeAdapter.validate_python(before) if before else []
+            if not before and journal.first_request is not None:  # with the system prompt
+                messages.extend(ModelMessagesTypeAdapter.validate_python(
+                    [journal.first_request]))
+            else:
+                messages.append(ModelRequest(parts=[UserPromptPart(prompt(run))]))
+        else:  # what the segments before this one said, up to their deferred calls
+            messages = ModelMessagesTypeAdapter.validate_python(checkpoint["resume"])
+        ours = sorted((int(key.rsplit(":", 1)[1]), payload)
+                      for key, payload in journal.responses.items()
+                      if key.startswith(f"{segment}:model:"))
+        if segment == 0 and not before and not ours:
+            # Cancelled before the model answered a conversation's first request: nothing
+            # took effect, and a history of the prompt alone would lack the system prompt,
+            # which the framework sends only to a conversation with no history.
+            return
+        messages.extend(ModelMessagesTypeAdapter.validate_python([p for _, p in ours]))
 
     cards: list[JSON] = []  # written once everything is built
+    # The decisions the segment under way was started with: the framework answered a
+    # denied call (and one deferred outside) with them, not by running it.
+    decisions: dict[str, JSON] = {} if checkpoint.get("suspended") else \
+        checkpoint.get("decisions") or {}
+    given = deferred_results(decisions)
 
-    def answer(call: ToolCallPart) -> ToolReturnPart:
-        recorded = journal.results.get(call.tool_call_id)
+    def decided(call: ToolCallPart) -> JSON:
+        """What the framework was given for ``call`` instead of running it, or None."""
+        denied = given.approvals.get(call.tool_call_id)
+        if isinstance(denied, ToolDenied):
+            return {"error": denied.message}
+        if call.tool_call_id in given.calls:
+            value = given.calls[call.tool_call_id]
+            return {"error": str(value)} if isinstance(value, Exception) else {"result": value}
+        return None
+
+    def answer(call: ToolCallPart, occurrence: int) -> ToolReturnPart:
+        recorded = journal.results.get(unit_of(call.tool_call_id, occurrence))
+        framework = decided(call) if recorded is None else None
         if recorded is not None:
             content = shown_result(recorded)
+        elif framework is not None:
+            content = framework
+            decision = decisions[call.tool_call_id]
+            shown = {"resolved": {k: decision.get(k) for k in ("decision", "by", "reason")}} \
+                if decision.get("external") else {"approval": decision, "denied": True}
+            cards.append({"call_id": call.tool_call_id, "name": call.tool_name, **framework,
+                          **shown, "turn": run.task_id, "by": "framework"})
         else:
             content = {"cancelled": True,
                        "reason": f"cancelled by {cancel.get('by')}: {cancel.get('reason')}",
@@ -690,15 +746,26 @@ def leave_cancelled(run: Run) -> None:
             })
         return ToolReturnPart(call.tool_name, content, tool_call_id=call.tool_call_id)
 
+    # A call id some responses share (models that number their calls per response): the
+    # last responses to use it are this turn's, the n-th of them its n-th call of that id.
+    ours_using = Counter(call_id for payload in journal.responses.values()
+                         for call_id in _call_ids(payload))
+    all_using = Counter(call_id for m in messages if isinstance(m, ModelResponse)
+                        for call_id in {p.tool_call_id for p in m.parts
+                                        if isinstance(p, ToolCallPart)})
+    using: Counter[str] = Counter()
     left: list[ModelMessage] = []
     for index, message in enumerate(messages):
         left.append(message)
         if not isinstance(message, ModelResponse):
             continue
+        using.update({p.tool_call_id for p in message.parts if isinstance(p, ToolCallPart)})
         after = messages[index + 1] if index + 1 < len(messages) else None
         answered = {getattr(p, "tool_call_id", None) for p in after.parts} \
             if isinstance(after, ModelRequest) else set()
-        missing = [answer(p) for p in message.parts
+        missing = [answer(p, using[p.tool_call_id] - all_using[p.tool_call_id]
+                          + ours_using[p.tool_call_id])
+                   for p in message.parts
                    if isinstance(p, ToolCallPart) and p.tool_call_id not in answered]
         if not missing:
             continue

@@ -68,6 +68,13 @@ def _usage(payload: JSON) -> JSON:
             "output_tokens": int(usage.get("output_tokens") or 0)}
 
 
+def unit_of(call_id: str, occurrence: int = 1) -> str:
+    """The journal's key for a call: its call id, and for a call whose id an earlier
+    response of the turn used too (some models number their calls per response), which
+    of those calls it is."""
+    return call_id if occurrence <= 1 else f"{call_id}#{occurrence}"
+
+
 def shown_result(payload: JSON) -> JSON:
     """A tool call's recorded outcome as the transcript shows it: ``result`` or ``error``."""
     kind = payload.get("kind")
@@ -90,7 +97,11 @@ class Journal:
     """The turn whose units these are: ``run`` itself, or the turn a hands task serves."""
     responses: dict[str, JSON] = field(default_factory=dict)
     results: dict[str, JSON] = field(default_factory=dict)
+    """By :func:`unit_of` the call."""
     last_response_entry: str | None = None
+    first_request: JSON = None
+    """The request that opened a conversation's first turn (its system prompt with the
+    user's), as the framework's JSON, once the response to it is recorded."""
 
     @classmethod
     def read(cls, run: Run, turn: str | None = None, since: int | None = None) -> Journal:
@@ -109,8 +120,11 @@ class Journal:
             if entry.kind == RESPONSE:
                 journal.responses[payload["unit"]] = payload["pydantic"]
                 journal.last_response_entry = entry.id
+                if payload.get("request") is not None:
+                    journal.first_request = payload["request"]
             elif entry.kind == TOOL_RESULT:
-                journal.results[payload["call_id"]] = payload["pydantic"]
+                key = unit_of(payload["call_id"], payload.get("occurrence") or 1)
+                journal.results[key] = payload["pydantic"]
         return journal
 
     @property
@@ -127,43 +141,54 @@ class Journal:
     def commit(self) -> None:
         self.run.commit()
 
-    def record_response(self, key: str, payload: JSON) -> None:
+    def record_response(self, key: str, payload: JSON, request: JSON = None) -> None:
         """The response's entry, and its tokens in the conversation's running totals, in
         the draft: committed by the caller (with the intent of its first unsafe call, when
-        that is what follows it)."""
+        that is what follows it). ``request``: the request it answers, when that opened
+        the conversation (see :attr:`first_request`)."""
         usage = _usage(payload)
+        extra = {} if request is None else {"request": request}
         entry = self.run.append(self.conversation, RESPONSE, {
             "text": _text(payload), "tool_calls": _calls(payload), "usage": usage,
-            "turn": self.turn, "unit": key, "pydantic": payload,
+            "turn": self.turn, "unit": key, "pydantic": payload, **extra,
         })
+        if request is not None:
+            self.first_request = request
         count_in_conversation(self.run, self.conversation, usage, None)
         self.responses[key] = payload
         self.last_response_entry = entry
 
-    def record_intent(self, call_id: str, name: str, arguments: JSON) -> None:
+    def record_intent(self, call_id: str, name: str, arguments: JSON,
+                      occurrence: int = 1) -> None:
         """Before an unsafe call starts: from this commit on, it may have taken effect."""
+        key = unit_of(call_id, occurrence)
         attempts = dict(self.run.checkpoint.get("call_attempts") or {})
-        attempts[call_id] = attempts.get(call_id, 0) + 1
+        attempts[key] = attempts.get(key, 0) + 1
         intents = self.intents
-        intents[call_id] = {"name": name, "arguments": arguments, "replay": str(Replay.UNSAFE),
-                            # what operation_id(ctx) gives the tool
-                            "operation_id": f"op_{self.turn}_{call_id}",
-                            "attempt": attempts[call_id]}
+        intents[key] = {"name": name, "arguments": arguments, "replay": str(Replay.UNSAFE),
+                        # what operation_id(ctx) gives the tool
+                        "operation_id": f"op_{self.turn}_{key}",
+                        "attempt": attempts[key], "call_id": call_id,
+                        "occurrence": occurrence}
         self.run.commit(checkpoint={"intents": intents, "call_attempts": attempts})
 
     def record_result(self, call_id: str, name: str, payload: JSON, replay: Replay,
-                      seconds: float | None, *, commit: bool = True, **extra: JSON) -> None:
+                      seconds: float | None, *, commit: bool = True, occurrence: int = 1,
+                      **extra: JSON) -> None:
         """The call's result entry; committed now (dropping its intent) unless ``commit``
         is False: a safe call's result may wait for the run's next commit, since losing
         it only makes the call run again."""
+        key = unit_of(call_id, occurrence)
+        if occurrence > 1:
+            extra["occurrence"] = occurrence
         self.run.append(self.conversation, TOOL_RESULT, {
             "call_id": call_id, "name": name, **shown_result(payload), "replay": str(replay),
             "seconds": seconds, "turn": self.turn, "pydantic": payload, **extra,
         })
-        self.results[call_id] = payload
+        self.results[key] = payload
         if commit:
             intents = self.intents
-            intents.pop(call_id, None)
+            intents.pop(key, None)
             self.run.commit(checkpoint={"intents": intents})
 
     def save_partial(self, call_id: str, value: JSON) -> None:
@@ -172,8 +197,9 @@ class Journal:
         self.run.set(PROGRESS, self.turn, ["partials", call_id], value)
         self.run.commit()
 
-    def forget_intent(self, call_id: str) -> None:
-        """The call is to run again (a safe one, or an operator said so)."""
+    def forget_intent(self, key: str) -> None:
+        """The call (by :func:`unit_of` it) is to run again (a safe one, or an operator
+        said so)."""
         intents = self.intents
-        intents.pop(call_id, None)
+        intents.pop(key, None)
         self.run.commit(checkpoint={"intents": intents})
