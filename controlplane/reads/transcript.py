@@ -197,7 +197,11 @@ def _uncertain_calls(turn_ids: set[str]) -> set[str]:
 def _resolving(found: Any) -> set[str]:
     """The call a task waits on an operator's resolution for (``resolution:<call id>:...``)."""
     signal = found.task.waits_on.signal if found.task.status is Status.WAITING else None
-    return {signal.split(":")[1]} if signal and signal.startswith("resolution:") else set()
+    if not signal or not signal.startswith("resolution:"):
+        return set()
+    # ``<call id>#<n>``: the n-th call of a turn under an id its responses reuse; its
+    # card is the one of that id with no result yet.
+    return {signal.split(":")[1].split("#")[0]}
 
 
 def _card(call: dict[str, Any], result: dict[str, Any] | None, task: Any | None,
@@ -333,13 +337,34 @@ def _apart(payload: Any) -> tuple[Any, list[dict[str, Any]]]:
     return {k: v["excerpt"] if is_stand_in(v) else v for k, v in payload.items()}, apart
 
 
+def _results(shown: list[Entry], later: list[Entry]) -> dict[tuple[str, str], Any]:
+    """Each shown call's result, by the response entry that made the call and its call
+    id. A result answers the earliest call of its id not answered yet, of its turn where
+    both name one: some models number their calls per response, so one id can name a
+    call in several responses and turns, each answered after it was made."""
+    open_: dict[str, list[tuple[str, Any]]] = {}  # by call id: (response entry, turn)
+    found: dict[tuple[str, str], Any] = {}
+    for entry in [*shown, *later]:
+        payload = entry.payload if isinstance(entry.payload, dict) else {}
+        if entry.kind == RESPONSE:
+            for call in _calls(payload):
+                open_.setdefault(str(call.get("id")), []).append((entry.id, payload.get("turn")))
+        elif entry.kind == TOOL_RESULT:
+            waiting = open_.get(str(payload.get("call_id")), [])
+            turn = payload.get("turn")
+            mine = [i for i, (_, t) in enumerate(waiting) if turn is None or t in (turn, None)]
+            if mine:
+                response, _ = waiting.pop(mine[0])
+                found[(response, str(payload.get("call_id")))] = payload
+    return found
+
+
 def _items(session_id: str, shown: list[Entry], operations: bool,
            later: list[Entry]) -> list[Item]:
     """``shown`` entries as items; a call's result is looked for among them and among
     ``later`` (the results of the calls a page ends with, which come after it)."""
     # A tool's result comes after its call: a shown call's result is shown too.
-    results = {e.payload.get("call_id"): e.payload for e in [*shown, *later]
-               if e.kind == TOOL_RESULT}
+    results = _results(shown, later)
     asking = [e for e in shown if e.kind == RESPONSE and _calls(e.payload)]
     calls = {str(c.get("id")) for e in asking for c in _calls(e.payload)}
     tool_tasks = _tool_tasks(session_id, calls, min(e.seq for e in asking)) if asking else {}
@@ -377,8 +402,9 @@ def _items(session_id: str, shown: list[Entry], operations: bool,
             items.append(Item(
                 entry, "model", text=str(payload.get("text") or ""), model=model,
                 usage=usage_of(payload.get("usage"), model),
-                tools=[_card(c, results.get(c.get("id")), tool_tasks.get(c.get("id")), times,
-                             waiting) for c in _calls(entry.payload)],
+                tools=[_card(c, results.get((entry.id, str(c.get("id")))),
+                             tool_tasks.get(c.get("id")), times, waiting)
+                       for c in _calls(entry.payload)],
             ))
         elif entry.kind == INTERRUPTION:
             items.append(Item(entry, "interruption", text=str(payload.get("reason", ""))))

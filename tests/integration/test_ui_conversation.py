@@ -8,6 +8,7 @@ import json
 import re
 import time
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 from django.contrib.auth.models import Group, User
@@ -235,3 +236,58 @@ def test_interrupted_failed_cancelled_and_uncertain_calls_are_marked() -> None:
 
     card = _card(calls[2], None, Waiting(), {}, {"task_w"})
     assert (card.state, card.task_id) == ("uncertain", "task_w")
+
+
+def test_a_call_id_reused_in_later_responses_shows_each_calls_own_result() -> None:
+    """Some models number their calls per response: ``call_0`` in two turns and twice in
+    one hosted turn (its second result saying which occurrence it answers). Each card
+    shows the result that answered it, and one still unanswered shows none."""
+    kernel = runtime().kernel
+    handle = kernel.create_session(metadata={"title": "agent"})
+    draft = Draft(actor="user:test")
+    conversation = draft.create_conversation()
+    handle.commit(draft)
+    draft = Draft(actor="task:turn_a")
+
+    def asks(turn: str) -> None:
+        call = {"id": "call_0", "name": "lookup", "arguments": {"q": turn}}
+        draft.append(conversation, "model_response", {"text": "", "tool_calls": [call],
+                                                      "turn": turn, "attempt": 1})
+
+    asks("turn_a")
+    draft.append(conversation, "tool_result", {"call_id": "call_0", "name": "lookup",
+                                               "result": "native answer"})
+    asks("turn_b")
+    draft.append(conversation, "tool_result", {"call_id": "call_0", "name": "lookup",
+                                               "result": "hosted first", "turn": "turn_b"})
+    asks("turn_b")
+    draft.append(conversation, "tool_result", {"call_id": "call_0", "name": "lookup",
+                                               "result": "hosted second", "turn": "turn_b",
+                                               "occurrence": 2})
+    asks("turn_b")  # its third call of call_0: not answered yet
+    handle.commit(draft)
+    (conv,) = [c for c in pages.transcript(handle.id).items if not c.operations]
+    cards = [card for item in conv.items for card in item.tools]
+    assert [(c.call_id, c.state, c.result) for c in cards] == [
+        ("call_0", "succeeded", '"native answer"'),
+        ("call_0", "succeeded", '"hosted first"'),
+        ("call_0", "succeeded", '"hosted second"'),
+        ("call_0", "running", None),
+    ]
+
+
+def test_a_reused_call_ids_uncertain_call_marks_its_card() -> None:
+    """A hosted turn waits on ``resolution:<call id>#<n>:<attempt>`` for the n-th call of
+    an id its responses reuse: the card of that id is the one shown uncertain."""
+    from types import SimpleNamespace
+
+    from controlplane.reads.transcript import _resolving
+    from kernel.records import Status
+
+    def waiting_on(signal: str) -> Any:
+        return SimpleNamespace(task=SimpleNamespace(
+            status=Status.WAITING, waits_on=SimpleNamespace(signal=signal)))
+
+    assert _resolving(waiting_on("resolution:call_0#2:1")) == {"call_0"}
+    assert _resolving(waiting_on("resolution:call_7:3")) == {"call_7"}
+    assert _resolving(waiting_on("approval:call_7")) == set()
