@@ -177,8 +177,7 @@ def render(result: Result) -> str:
         f"({facts.get('nproc', '?')} cores), Postgres {facts.get('version', '?')} "
         f"(synchronous_commit {facts.get('synchronous_commit', '?')}); "
         f"load average {facts.get('load_start', '?')} at the start, {result.load_end} at "
-        f"the end. {machine_state(facts.get('load_start', '?'))}: the figures are upper "
-        "bounds of what this path costs.", "",
+        f"the end. {machine_state(facts.get('load_start', '?'))}.", "",
         f"{result.calls} approvals, one at a time, each of a tool call the worker had "
         "committed as awaiting approval (asleep, no worker held). From just before the "
         "approve request is sent to the tool's first act in the worker:", "",
@@ -189,7 +188,7 @@ def render(result: Result) -> str:
         f"{answer.p90:.1f} ms | {answer.p99:.1f} ms | {answer.max:.1f} ms |", "",
         "The worker is sent the task right after the approval's commit, so the tool often "
         "starts before the API's answer reaches the client: most of the path is the API "
-        "request's own time on the loaded machine.", "",
+        "request's own time.", "",
         f"Target p99 <= {TARGET_MS:.0f} ms: {met}.", "",
     ]
     return "\n".join(lines)
