@@ -8,11 +8,11 @@ connection).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 
-from kernel import InMemoryStorage, ManualClock
+from kernel import InMemoryStorage, ManualClock, Storage
 
 from .brokers import WIRING
 from .world import Faults, World
@@ -37,6 +37,24 @@ def world(request: pytest.FixtureRequest) -> Iterator[World]:
         return PostgresStorage(fault=faults)
 
     yield World(reopen, faults, clock)
+    connection.close()
+
+
+@pytest.fixture(
+    params=["memory", pytest.param("postgres", marks=pytest.mark.django_db(transaction=True))]
+)
+def storage(request: pytest.FixtureRequest) -> Iterator[Callable[[], Storage]]:
+    """Each storage as a maker of storage objects on one store: the in-memory one shared,
+    a new Postgres one (its own connection per thread) each time."""
+    if request.param == "memory":
+        memory = InMemoryStorage()
+        yield lambda: memory
+        return
+    from django.db import connection
+
+    from controlplane.storage import PostgresStorage
+
+    yield PostgresStorage
     connection.close()
 
 

@@ -5,32 +5,15 @@ must be detected and pass."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-import pytest
 from langgraph.checkpoint.conformance import checkpointer_test, validate
 from langgraph.checkpoint.conformance.capabilities import ALL_CAPABILITIES
 from langgraph.checkpoint.conformance.report import ProgressCallbacks
 
 from kernel import InMemoryStorage, Kernel, Registry, Storage
 from kernel.hosts.langgraph import SessionStoreSaver
-
-
-@pytest.fixture(
-    params=["memory", pytest.param("postgres", marks=pytest.mark.django_db(transaction=True))]
-)
-def storage(request: pytest.FixtureRequest) -> Iterator[Callable[[], Storage]]:
-    if request.param == "memory":
-        memory = InMemoryStorage()
-        yield lambda: memory
-        return
-    from django.db import connection
-
-    from controlplane.storage import PostgresStorage
-
-    yield PostgresStorage
-    connection.close()
 
 
 def every_test_of_the_suite() -> int:

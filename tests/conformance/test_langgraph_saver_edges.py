@@ -13,25 +13,9 @@ import psycopg
 import pytest
 from langgraph.checkpoint.conformance.test_utils import generate_checkpoint, generate_metadata
 
-from kernel import InMemoryStorage, Kernel, KernelError, Registry, Storage
+from kernel import Kernel, KernelError, Registry, Storage
 from kernel.hosts.langgraph import SessionStoreSaver
 from kernel.hosts.langgraph.layout import INDEX
-
-
-@pytest.fixture(
-    params=["memory", pytest.param("postgres", marks=pytest.mark.django_db(transaction=True))]
-)
-def storage(request: pytest.FixtureRequest) -> Iterator[Callable[[], Storage]]:
-    if request.param == "memory":
-        memory = InMemoryStorage()
-        yield lambda: memory
-        return
-    from django.db import connection
-
-    from controlplane.storage import PostgresStorage
-
-    yield PostgresStorage
-    connection.close()
 
 
 @pytest.fixture
