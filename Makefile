@@ -25,7 +25,7 @@ LOAD_SERVICES := set -a; . ./$(SERVICES_ENV); set +a
 help:
 	@echo "make demo    set up the venv, Postgres, Redis and the database, then run the demo"
 	@echo "make test    lint + the test suite but the whole-stack suites (under 15 minutes)"
-	@echo "make test-stack  the whole-stack suites: killed workers, the browser, the soak"
+	@echo "make test-stack  the whole-stack suites: killed workers, the browser, the soak, the benchmarks' smoke runs"
 	@echo "make soak    SOAK_SECONDS (600) of seeded load and faults on the real stack"
 	@echo "make fuzz    schemathesis (every check) + huge numbers and deep nesting vs a real server"
 	@echo "make property  PROPERTY_MINUTES (30) of the differential property test (tests/property)"
@@ -88,17 +88,20 @@ lint: venv
 # three suites that run the whole stack for minutes (Celery workers killed and waited
 # out, Chromium against real servers, the soak). `make test-stack` runs those;
 # CI (.ci/run) runs both.
+# The benchmarks' smoke runs (each runs its benchmark briefly, on real workers for some)
+# go with them: they take minutes, and what they guard is `make bench`.
 STACK_SUITES := tests/chaos tests/browser tests/soak
+BENCH_SMOKE := tests/integration/test_bench_*.py
 test: venv services nginx
 	@$(MAKE) --no-print-directory lint
 	$(LOAD_SERVICES)
-	echo "==> pytest tests/ but $(STACK_SUITES) (DATABASE_URL=$$DATABASE_URL REDIS_URL=$$REDIS_URL)"
-	$(VENV)/bin/pytest $(addprefix --ignore=,$(STACK_SUITES)) $(PYTEST_ARGS)
+	echo "==> pytest tests/ but $(STACK_SUITES) and the benchmarks' smoke runs (DATABASE_URL=$$DATABASE_URL REDIS_URL=$$REDIS_URL)"
+	$(VENV)/bin/pytest $(addprefix --ignore=,$(STACK_SUITES)) --ignore-glob='$(BENCH_SMOKE)' $(PYTEST_ARGS)
 
 test-stack: venv services browser
 	@$(LOAD_SERVICES)
-	echo "==> pytest $(STACK_SUITES) (DATABASE_URL=$$DATABASE_URL REDIS_URL=$$REDIS_URL)"
-	$(VENV)/bin/pytest $(STACK_SUITES) $(PYTEST_ARGS)
+	echo "==> pytest $(STACK_SUITES) and the benchmarks' smoke runs (DATABASE_URL=$$DATABASE_URL REDIS_URL=$$REDIS_URL)"
+	$(VENV)/bin/pytest $(STACK_SUITES) $(wildcard $(BENCH_SMOKE)) $(PYTEST_ARGS)
 
 # The soak (tests/soak): the real stack under seeded load and faults, then the invariants.
 # SOAK_SECONDS (default 600) and SOAK_SEED (default: a fresh one, printed) reproduce a run;
