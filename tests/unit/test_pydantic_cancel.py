@@ -31,6 +31,19 @@ class Cancelled(Exception):
     pass
 
 
+def mailer_session(agent: Agent[Any, Any], storage: InMemoryStorage,
+                   clock: ManualClock) -> tuple[Kernel, Any, str]:
+    """A kernel hosting ``agent`` as ``mailer``, a session and a conversation in it."""
+    registry = Registry()
+    register_agent(registry, "mailer", agent)
+    kernel = Kernel(storage, registry, clock)
+    handle = kernel.create_session()
+    draft = Draft()
+    conversation = draft.create_conversation()
+    handle.commit(draft)
+    return kernel, handle, conversation
+
+
 def test_a_cancelled_call_tells_the_next_request_its_committed_partial_result() -> None:
     storage, clock = InMemoryStorage(), ManualClock()
     asked: list[list[ModelMessage]] = []
@@ -57,13 +70,7 @@ def test_a_cancelled_call_tells_the_next_request_its_committed_partial_result() 
                 where["kernel"].open(where["session"]).commit(cancel)
         return "sent"
 
-    registry = Registry()
-    register_agent(registry, "mailer", agent)
-    kernel = Kernel(storage, registry, clock)
-    handle = kernel.create_session()
-    draft = Draft()
-    conversation = draft.create_conversation()
-    handle.commit(draft)
+    kernel, handle, conversation = mailer_session(agent, storage, clock)
 
     def turn() -> str:
         return next(t.id for t in storage.session_tasks(handle.id)
@@ -138,13 +145,7 @@ def test_a_cancelled_first_turn_leaves_the_next_one_the_agents_system_prompt(
         cancel_turn()
         return "sent"
 
-    registry = Registry()
-    register_agent(registry, "mailer", agent)
-    kernel = Kernel(storage, registry, clock)
-    handle = kernel.create_session()
-    draft = Draft()
-    conversation = draft.create_conversation()
-    handle.commit(draft)
+    kernel, handle, conversation = mailer_session(agent, storage, clock)
     first = submit(handle, conversation, {"text": "Send it", "agent": "mailer"}, "r1")
     assert first.submission is not None
     where.update(kernel=kernel, session=handle.id, turn=next(
