@@ -1,8 +1,9 @@
 """The LangGraph saver where LangGraph's own savers (``InMemorySaver``, ``PostgresSaver``)
 agree and the conformance suite does not look: a thread named ``""`` (refused here), a
-checkpoint id ``""``, namespaces whose names start with another's name and ``/``, a removal
-(``delete_thread``, ``prune``) while another saver puts to the same thread, and a lost
-database connection. On the in-memory storage and on Postgres."""
+checkpoint id ``""``, a checkpoint id holding ``/`` (refused here), namespaces whose
+names start with another's name and ``/``, a removal (``delete_thread``, ``prune``)
+while another saver puts to the same thread, and a lost database connection. On the
+in-memory storage and on Postgres."""
 
 from __future__ import annotations
 
@@ -91,6 +92,28 @@ def test_the_newest_checkpoint_of_a_namespace_is_its_own_not_a_longer_named_ones
     assert value(saver, config("t", "sub")) == "sub"
     assert value(saver, config("t", "/node:1")) == "slash node"
     assert value(saver, config("t", "sub/x")) == "sub/x"
+
+
+def test_a_checkpoint_id_with_a_slash_is_refused_and_never_read_as_another_namespaces(
+    savers: Callable[[], SessionStoreSaver], storage: Callable[[], Storage],
+) -> None:
+    """A checkpoint's key is ``<ns>/<id>``: namespace ``a`` with id ``b/c`` and namespace
+    ``a/b`` with id ``c`` would share a document, the second put overwriting the first's
+    state. LangGraph's ids hold no ``/``; one that does is refused before anything is
+    written, and reading it never finds the other namespace's checkpoint."""
+    saver = savers()
+    checkpoint = generate_checkpoint(channel_values={"value": "b/c"},
+                                     channel_versions={"value": 1})
+    checkpoint["id"] = "b/c"
+    with pytest.raises(ValueError, match="checkpoint id"):
+        saver.put(config("t", "a"), checkpoint, generate_metadata(step=0), {"value": 1})
+    assert storage().session("t") is None
+    checkpoint = generate_checkpoint(channel_values={"value": "a/b"},
+                                     channel_versions={"value": 1})
+    checkpoint["id"] = "c"
+    saver.put(config("t", "a/b"), checkpoint, generate_metadata(step=0), {"value": 1})
+    assert value(saver, config("t", "a/b", "c")) == "a/b"
+    assert value(saver, config("t", "a", "b/c")) is None
 
 
 def put_once_the_index_is_read(

@@ -80,6 +80,15 @@ def _check_thread_id(thread_id: str) -> None:
                          "thread a name")
 
 
+def _check_checkpoint_id(checkpoint_id: str) -> None:
+    """A checkpoint's document is keyed ``<ns>/<id>``: an id holding ``/`` could name
+    another namespace's checkpoint (``a`` + ``b/c`` and ``a/b`` + ``c``), so it is refused
+    before anything is written. LangGraph makes its ids without one."""
+    if "/" in checkpoint_id:
+        raise ValueError(f"checkpoint id {checkpoint_id!r}: holds '/', which this saver "
+                         "keeps namespaces apart with")
+
+
 @dataclass
 class Binding:
     """A hosted run whose thread's writes commit through its lease."""
@@ -234,6 +243,7 @@ class SessionStoreSaver(BaseCheckpointSaver[int]):
         stored_metadata = json.loads(_json_text(
             get_serializable_checkpoint_metadata(config, metadata)))
         run_id = stored_metadata.get("run_id")
+        _check_checkpoint_id(checkpoint["id"])
         self._register_thread(thread_id, str(run_id) if run_id is not None else None)
         document = self._checkpoint_document(checkpoint, stored_metadata, parent)
         draft = Draft(actor=ACTOR)
@@ -328,7 +338,8 @@ class SessionStoreSaver(BaseCheckpointSaver[int]):
         document = self._document(
             thread_id, CHECKPOINT, checkpoint_key(ns, checkpoint_id)
         )
-        if "checkpoint" not in document:
+        # An id holding ``/`` addresses another namespace's key (``_check_checkpoint_id``).
+        if document.get("checkpoint", {}).get("id") != checkpoint_id:
             return None
         return self._tuple(thread_id, ns, document)
 
