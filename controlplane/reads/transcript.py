@@ -147,20 +147,39 @@ class Conversation:
     """The id of the oldest entry shown: the page of earlier entries ends before it."""
 
 
-def _tool_tasks(session_id: str, calls: set[str], since: int) -> dict[str, Any]:
-    """The tool tasks of these calls, and the approval tasks of hosted agents' calls, by
-    call id (the last one, if a call was made again). A call's task is made after the
-    response that asked for it, at seq ``since`` or later: the read is a range of the
-    session's newest tasks, however many calls came before."""
+def _tool_tasks(session_id: str, asking: list[Entry]) -> dict[tuple[str, str], Any]:
+    """The tool tasks of the calls these responses make, and the approval tasks of
+    hosted agents' calls, by the response entry that made the call and its call id. A
+    call's task is made after the response that asked for it, at seq ``since`` or later:
+    the read is a range of the session's newest tasks, however many calls came before.
+    Some models number their calls per response, so one id can name a call in several
+    responses: each takes the earliest task of its id made since it (and, where both
+    name one, by its turn) and before the next response that makes a call of that id."""
+    calls = sorted({str(c.get("id")) for e in asking for c in _calls(e.payload)})
     ids = models.Task.objects.filter(
-        session_id=session_id, created_seq__gte=since, kind__in=approvals.KINDS,
-        input__call__id__in=sorted(calls)).values_list("id", flat=True)
-    found: dict[str, Any] = {}
-    for task in tasks.find_ids(list(ids)):
+        session_id=session_id, created_seq__gte=min(e.seq for e in asking),
+        kind__in=approvals.KINDS, input__call__id__in=calls).values_list("id", flat=True)
+    by_call: dict[str, list[Any]] = {}
+    for task in sorted(tasks.find_ids(list(ids)), key=lambda t: (t.created_seq, t.id)):
         call = (task.input or {}).get("call") or {}
-        if call.get("id") and (call["id"] not in found
-                               or found[call["id"]].created_seq < task.created_seq):
-            found[call["id"]] = task
+        if call.get("id"):
+            by_call.setdefault(str(call["id"]), []).append(task)
+    asked: dict[str, list[Entry]] = {}
+    for entry in asking:
+        for call_id in dict.fromkeys(str(c.get("id")) for c in _calls(entry.payload)):
+            asked.setdefault(call_id, []).append(entry)
+    found: dict[tuple[str, str], Any] = {}
+    for call_id, entries in asked.items():
+        left = by_call.get(call_id, [])
+        for n, entry in enumerate(entries):
+            turn = entry.payload.get("turn")
+            until = entries[n + 1].seq if n + 1 < len(entries) else None
+            for i, task in enumerate(left):
+                mine = task.created_seq >= entry.seq and (
+                    until is None or task.created_seq < until or until == entry.seq)
+                if mine and (turn is None or task.parent_id in (None, turn)):
+                    found[(entry.id, call_id)] = left.pop(i)
+                    break
     return found
 
 
@@ -366,8 +385,7 @@ def _items(session_id: str, shown: list[Entry], operations: bool,
     # A tool's result comes after its call: a shown call's result is shown too.
     results = _results(shown, later)
     asking = [e for e in shown if e.kind == RESPONSE and _calls(e.payload)]
-    calls = {str(c.get("id")) for e in asking for c in _calls(e.payload)}
-    tool_tasks = _tool_tasks(session_id, calls, min(e.seq for e in asking)) if asking else {}
+    tool_tasks = _tool_tasks(session_id, asking) if asking else {}
     waiting = set()
     if tool_tasks:
         related = [t.id for t in tool_tasks.values()] + [
@@ -403,7 +421,7 @@ def _items(session_id: str, shown: list[Entry], operations: bool,
                 entry, "model", text=str(payload.get("text") or ""), model=model,
                 usage=usage_of(payload.get("usage"), model),
                 tools=[_card(c, results.get((entry.id, str(c.get("id")))),
-                             tool_tasks.get(c.get("id")), times, waiting)
+                             tool_tasks.get((entry.id, str(c.get("id")))), times, waiting)
                        for c in _calls(entry.payload)],
             ))
         elif entry.kind == INTERRUPTION:

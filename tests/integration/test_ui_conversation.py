@@ -276,6 +276,35 @@ def test_a_call_id_reused_in_later_responses_shows_each_calls_own_result() -> No
     ]
 
 
+def test_a_call_id_reused_in_later_turns_shows_each_calls_own_task() -> None:
+    """Each turn's ``call_0`` ran as a tool task of its own: the first turn's card links
+    its own task, not the later one still running (whose state, an approval it waits
+    for, or its timing would show on the wrong card)."""
+    kernel = runtime().kernel
+    handle = kernel.create_session(metadata={"title": "agent"})
+    draft = Draft(actor="user:test")
+    conversation = draft.create_conversation()
+    handle.commit(draft)
+    made = []
+    for turn in ("turn_a", "turn_b"):
+        call = {"id": "call_0", "name": "lookup", "arguments": {"q": turn}}
+        draft = Draft(actor=f"task:{turn}")
+        draft.append(conversation, "model_response", {"text": "", "tool_calls": [call],
+                                                      "turn": turn, "attempt": 1})
+        made.append(draft.create_task("agent-tool", {"call": call,
+                                                     "conversation_id": conversation}))
+        handle.commit(draft)
+        if turn == "turn_a":
+            draft = Draft(actor="task:turn_a")
+            draft.append(conversation, "tool_result", {"call_id": "call_0", "name": "lookup",
+                                                       "result": "first"})
+            handle.commit(draft)
+    (conv,) = [c for c in pages.transcript(handle.id).items if not c.operations]
+    cards = [card for item in conv.items for card in item.tools]
+    assert [(c.call_id, c.task_id, c.state) for c in cards] == [
+        ("call_0", made[0], "succeeded"), ("call_0", made[1], "running")]
+
+
 def test_a_reused_call_ids_uncertain_call_marks_its_card() -> None:
     """A hosted turn waits on ``resolution:<call id>#<n>:<attempt>`` for the n-th call of
     an id its responses reuse: the card of that id is the one shown uncertain."""
