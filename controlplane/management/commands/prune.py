@@ -25,10 +25,10 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
+        # The progress lines end with the summary.
         try:
-            report = commands.prune(
+            commands.prune(
                 dry_run=options["dry_run"], progress=lambda line: self.stdout.write(line)
             )
         except ControlPlaneError as exc:
             raise CommandError(str(exc)) from exc
-        self.stdout.write(self.style.SUCCESS(report.summary()))
