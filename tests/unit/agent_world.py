@@ -29,27 +29,21 @@ from kernel.agent import (
     register_agent,
     submit,
 )
-from tests.unit.crashes import Crash, run_across_crashes
+from tests.unit.crashes import Crash, CrashPoints, run_across_crashes
 
 RECIPIENTS = ["ana@example.com", "ben@example.com", "cai@example.com"]
 NOTICE = ToolCall("call_1", "send_notices", {"recipients": RECIPIENTS, "subject": "S"})
 
 
 @dataclass
-class World:
+class World(CrashPoints):
     provider: ScriptedProvider
     effects: list[str] = field(default_factory=list)
-    crash_on: set[str] = field(default_factory=set)
     storage: InMemoryStorage = field(default_factory=InMemoryStorage)
     clock: ManualClock = field(default_factory=ManualClock)
     previews: list[Preview] = field(default_factory=list)
     partial_fails: bool = False
     compaction: Compaction | None = None
-
-    def maybe_crash(self, point: str) -> None:
-        if point in self.crash_on:
-            self.crash_on.discard(point)
-            raise Crash()
 
     def kernel(self) -> Kernel:
         registry = Registry()

@@ -8,6 +8,7 @@ A handler raises :class:`Crash` where a real process would be SIGKILLed: it is a
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from datetime import timedelta
 
 from kernel import Kernel, ManualClock, Scheduler
@@ -16,6 +17,19 @@ from kernel.artifacts import InMemoryArtifacts
 
 class Crash(BaseException):
     """A process dying at this point: not an Exception, so nothing in the kernel catches it."""
+
+
+@dataclass
+class CrashPoints:
+    """A test world whose process dies at named points, each once: code under test calls
+    :meth:`maybe_crash` where a process could be killed."""
+
+    crash_on: set[str] = field(default_factory=set, kw_only=True)
+
+    def maybe_crash(self, point: str) -> None:
+        if point in self.crash_on:
+            self.crash_on.discard(point)
+            raise Crash()
 
 
 class DiesMidWrite(InMemoryArtifacts):

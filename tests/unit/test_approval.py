@@ -40,7 +40,7 @@ from kernel.agent import (
 )
 from kernel.agent import approval as approvals
 from kernel.run import Lease
-from tests.unit.crashes import Crash, run_across_crashes
+from tests.unit.crashes import Crash, CrashPoints, run_across_crashes
 
 RECIPIENTS = ["ana@example.com", "ben@example.com", "cai@example.com"]
 NUMBER = {"type": "object", "properties": {"amount": {"type": "number"}},
@@ -53,18 +53,12 @@ def more_than_two(arguments: Any) -> str | None:
 
 
 @dataclass
-class World:
+class World(CrashPoints):
     calls: list[ToolCall]
     effects: list[str] = field(default_factory=list)
-    crash_on: set[str] = field(default_factory=set)
     storage: InMemoryStorage = field(default_factory=InMemoryStorage)
     clock: ManualClock = field(default_factory=ManualClock)
     requests: list[ModelRequest] = field(default_factory=list)
-
-    def maybe_crash(self, point: str) -> None:
-        if point in self.crash_on:
-            self.crash_on.discard(point)
-            raise Crash()
 
     def script(self, request: ModelRequest) -> ModelResponse:
         self.requests.append(request)

@@ -37,21 +37,15 @@ from kernel import (
 from kernel.agent import approval as approvals
 from kernel.agent import submit
 from kernel.hosts.pydantic_ai import SAFE, KernelDurability, register_agent
-from tests.unit.crashes import Crash, run_across_crashes
+from tests.unit.crashes import CrashPoints, run_across_crashes
 
 
 @dataclass
-class World:
-    crash_on: set[str] = field(default_factory=set)
+class World(CrashPoints):
     requests: list[list[ModelMessage]] = field(default_factory=list)
     effects: list[str] = field(default_factory=list)
     storage: InMemoryStorage = field(default_factory=InMemoryStorage)
     clock: ManualClock = field(default_factory=ManualClock)
-
-    def maybe_crash(self, point: str) -> None:
-        if point in self.crash_on:
-            self.crash_on.discard(point)
-            raise Crash()
 
     def model(self, messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
         self.requests.append(list(messages))

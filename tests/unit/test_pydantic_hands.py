@@ -47,7 +47,7 @@ from kernel.hosts.pydantic_ai import (
     save_partial,
 )
 from kernel.hosts.pydantic_ai.journal import Journal
-from tests.unit.crashes import Crash, run_across_crashes
+from tests.unit.crashes import Crash, CrashPoints, run_across_crashes
 
 HANDS_KIND = "agent-tool:support"
 
@@ -58,13 +58,12 @@ class Ticket(BaseModel):
 
 
 @dataclass
-class World:
+class World(CrashPoints):
     """Response 0 calls ``lookup`` (safe, on hands), response 1 calls ``notify``
     (unsafe, on hands), response 2 answers. With ``parallel``, response 0 calls
     ``lookup`` twice and ``note`` (safe, run by the turn itself) in one response."""
 
     parallel: bool = False
-    crash_on: set[str] = field(default_factory=set)
     model_calls: list[int] = field(default_factory=list)
     effects: list[str] = field(default_factory=list)
     seen: list[dict[str, Any]] = field(default_factory=list)
@@ -74,11 +73,6 @@ class World:
     session_id: str = ""
     during_notify: Callable[[], None] | None = None
     """Called inside ``notify`` once it has saved its partial result."""
-
-    def maybe_crash(self, point: str) -> None:
-        if point in self.crash_on:
-            self.crash_on.discard(point)
-            raise Crash()
 
     def model(self, messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
         step = sum(1 for m in messages if m.kind == "response")
@@ -493,13 +487,12 @@ def test_a_turn_cancelled_while_its_hands_task_runs_the_call_ends_both() -> None
 
 
 @dataclass
-class Courier:
+class Courier(CrashPoints):
     """Response 0 calls ``ship`` (on hands, with ``policy``), whose body hands the parcel
     to the warehouse and defers the call's result to it (``CallDeferred``); response 1
     answers with what the call returned."""
 
     policy: dict[str, Any]
-    crash_on: set[str] = field(default_factory=set)
     shipped: list[str] = field(default_factory=list)
     told: list[Any] = field(default_factory=list)
     storage: InMemoryStorage = field(default_factory=InMemoryStorage)
@@ -510,9 +503,7 @@ class Courier:
         if not any(m.kind == "response" for m in messages):
             return ModelResponse(parts=[ToolCallPart("ship", {"parcel": "p1"},
                                                      tool_call_id="c9")])
-        if "model:1" in self.crash_on:
-            self.crash_on.discard("model:1")
-            raise Crash()
+        self.maybe_crash("model:1")
         self.told.append({p.tool_call_id: p.content for m in messages
                           if isinstance(m, ModelRequest) for p in m.parts
                           if isinstance(p, ToolReturnPart | RetryPromptPart)}.get("c9"))

@@ -29,7 +29,7 @@ from kernel import (
 )
 from kernel.agent import submit
 from kernel.hosts.pydantic_ai import SAFE, KernelDurability, register_agent
-from tests.unit.crashes import Crash, run_across_crashes
+from tests.unit.crashes import Crash, CrashPoints, run_across_crashes
 
 
 class Ticket(BaseModel):
@@ -38,19 +38,13 @@ class Ticket(BaseModel):
 
 
 @dataclass
-class World:
-    crash_on: set[str] = field(default_factory=set)
+class World(CrashPoints):
     model_calls: list[int] = field(default_factory=list)
     effects: list[str] = field(default_factory=list)
     storage: InMemoryStorage = field(default_factory=InMemoryStorage)
     clock: ManualClock = field(default_factory=ManualClock)
     reject_first_output: bool = False
     limits: UsageLimits | None = None
-
-    def maybe_crash(self, point: str) -> None:
-        if point in self.crash_on:
-            self.crash_on.discard(point)
-            raise Crash()
 
     def model(self, messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
         step = sum(1 for m in messages if m.kind == "response")
