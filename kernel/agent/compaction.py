@@ -32,7 +32,7 @@ from kernel.registry import Registry
 from kernel.run import Run
 from kernel.tasks import Transition
 
-from .context import RESPONSE, TOOL_RESULT, messages
+from .context import RESPONSE, answers, messages
 from .models import (
     ModelProvider,
     ModelRequest,
@@ -153,17 +153,15 @@ def plan(context: list[Entry], keep_tokens: int, cover_tokens: int | None = None
 def _cut_at_or_before(body: list[Entry], want: int) -> int:
     """The largest cut ``c <= want`` such that every call in ``body[:c]`` has its result
     there too; a call with no result is open while no later response followed it."""
-    result_at = {
-        e.payload.get("call_id"): i for i, e in enumerate(body) if e.kind == TOOL_RESULT
-    }
+    result_at = answers(body)
     responses = [i for i, e in enumerate(body) if e.kind == RESPONSE]
     last_response = responses[-1] if responses else -1
     valid, reach = 0, -1
     for cut in range(1, want + 1):
         entry = body[cut - 1]
         if entry.kind == RESPONSE:
-            for call in entry.payload.get("tool_calls") or []:
-                at = result_at.get(call.get("id"))
+            for place, _ in enumerate(entry.payload.get("tool_calls") or []):
+                at = result_at.get((entry.id, place))
                 if at is None:
                     # Answered never (a lost call: the model was told so) or not yet.
                     at = len(body) if cut - 1 == last_response else -1

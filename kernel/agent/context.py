@@ -38,8 +38,54 @@ INTERRUPTED_NOTE = (
 )
 
 
+Call = tuple[str, int]
+"""A tool call: the id of the response entry that made it, and its place among the
+response's calls (a call id alone may name calls of several responses)."""
+
+
+def answers(entries: list[Entry]) -> dict[Call, int]:
+    """Each answered call of ``entries`` and the index in ``entries`` of its result.
+
+    Some models number their calls per response, so one call id can name calls of many
+    responses (and an id-less server gives every call the same id). A result answers
+    the call of the response it names (``response``, which a native turn's tool task
+    records); otherwise the earliest call of its id made before it and not answered
+    yet, of its turn where both name one: each call is answered after it was made, and
+    a round's calls are answered before its turn asks again. A result that came before
+    any call of its id answers the earliest such call left unanswered after it."""
+    open_: dict[str, list[tuple[Call, JSON]]] = {}  # by call id, oldest first: (call, turn)
+    found: dict[Call, int] = {}
+    early: list[tuple[int, JSON]] = []
+    for index, entry in enumerate(entries):
+        payload = entry.payload if isinstance(entry.payload, dict) else {}
+        if entry.kind == RESPONSE:
+            for place, call in enumerate(payload.get("tool_calls") or []):
+                open_.setdefault(str(call.get("id")), []).append(
+                    ((entry.id, place), payload.get("turn")))
+        elif entry.kind == TOOL_RESULT and not _answer(open_, payload, index, found):
+            early.append((index, payload))
+    for index, payload in early:
+        _answer(open_, payload, index, found)
+    return found
+
+
+def _answer(open_: dict[str, list[tuple[Call, JSON]]], result: JSON, index: int,
+            found: dict[Call, int]) -> bool:
+    waiting = open_.get(str(result.get("call_id")), [])
+    response, turn = result.get("response"), result.get("turn")
+    for at, ((made_by, place), made_in) in enumerate(waiting):
+        if response is not None and made_by != response:
+            continue
+        if response is None and turn is not None and made_in not in (turn, None):
+            continue
+        found[(made_by, place)] = index
+        del waiting[at]
+        return True
+    return False
+
+
 def messages(entries: list[Entry]) -> list[JSON]:
-    results = {e.payload["call_id"]: e.payload for e in entries if e.kind == TOOL_RESULT}
+    answered = answers(entries)
     out: list[JSON] = []
     for entry in entries:
         if entry.kind == USER:
@@ -52,8 +98,9 @@ def messages(entries: list[Entry]) -> list[JSON]:
             if calls:
                 message["tool_calls"] = calls
             out.append(message)
-            for call in calls:
-                out.append(tool_message(call, results.get(call["id"])))
+            for place, call in enumerate(calls):
+                at = answered.get((entry.id, place))
+                out.append(tool_message(call, None if at is None else entries[at].payload))
     return out
 
 

@@ -43,7 +43,7 @@ from kernel.tasks import Finish, Transition
 from .approval import APPROVE, requested, wait, wait_on
 from .approval import decision as decision_on
 from .compaction import COMPACTION, Compaction, register_compaction
-from .context import INTERRUPTION, RESPONSE, TOOL_RESULT, USER, messages
+from .context import INTERRUPTION, RESPONSE, TOOL_RESULT, USER, answers, messages
 from .models import (
     ContextOverflowError,
     ModelProvider,
@@ -142,7 +142,7 @@ def register_agent(
             )
             if not answer.tool_calls:
                 return run.next("finish", {"answer_entry": entry_id, "asked_with": []})
-            return call_tools(run, answer)
+            return call_tools(run, answer, entry_id)
 
         def request(self, run: Run) -> Transition:
             conversation = run.input["conversation_id"]
@@ -287,15 +287,18 @@ def register_agent(
                 {"answer_entry": entry, "in_flight": None, "handle": None,
                  "asked_with": asked_with},
             )
-        return call_tools(run, answer)
+        return call_tools(run, answer, entry)
 
-    def call_tools(run: Run, answer: ModelResponse) -> Transition:
-        """A tool task for each call of ``answer``, and the wait for them all."""
+    def call_tools(run: Run, answer: ModelResponse, response: str) -> Transition:
+        """A tool task for each call of ``answer`` (committed as entry ``response``), and
+        the wait for them all. Each task's result names the response: a call id alone may
+        name calls of several responses."""
         conversation = run.input["conversation_id"]
         checkpoint = run.checkpoint
         tools = {
-            run.spawn("agent-tool", {"conversation_id": conversation, "call": call.to_json()}):
-            [call.id, call.name]
+            run.spawn("agent-tool", {"conversation_id": conversation, "call": call.to_json(),
+                                     "response": response}):
+            [call.id, call.name, response]
             for call in answer.tool_calls
         }
         return run.wait_all(
@@ -318,14 +321,23 @@ def register_agent(
         tools: dict[str, list[str]] = run.checkpoint.get("tools") or {}
         if not tools:
             return
-        answered = {
-            e.payload["call_id"] for e in run.context(conversation) if e.kind == TOOL_RESULT
-        }
+        context = run.context(conversation)
+        answered = answers(context)
+        named = {made[2] for made in tools.values() if len(made) > 2}
+        responses = [e for e in context if e.kind == RESPONSE and (not named or e.id in named)]
+        # The round's calls not answered yet, by call id (tasks that name no response
+        # answer the latest one). A response a summary covers has every call answered.
+        unanswered: dict[str, list[int]] = {}
+        for place, call in enumerate(responses[-1].payload.get("tool_calls") or []
+                                     if responses else []):
+            if (responses[-1].id, place) not in answered:
+                unanswered.setdefault(str(call.get("id")), []).append(place)
         for task_id, outcome in run.outcomes(list(tools)).items():
-            call_id, name = tools[task_id]
-            if call_id not in answered and outcome is not None:
+            call_id, name = tools[task_id][:2]
+            if unanswered.get(call_id) and outcome is not None:
+                unanswered[call_id].pop(0)
                 run.append(conversation, TOOL_RESULT, {
-                    "call_id": call_id, "name": name,
+                    "call_id": call_id, "name": name, "response": responses[-1].id,
                     "error": f"the tool task {outcome.get('kind')}: {outcome.get('error')}",
                 })
 
@@ -420,10 +432,8 @@ def register_agent(
             else:
                 mark = {"interrupted": True, "error": f"the tool task {finish.outcome}: "
                                                       f"{finish.error}"}
-            call = run.input["call"]
             run.append(run.input["conversation_id"], TOOL_RESULT, {
-                "call_id": call["id"], "name": call["name"], **mark,
-                **partial_output(run),
+                **answering(run), **mark, **partial_output(run),
             })
 
     def partial_output(run: Run) -> JSON:
@@ -555,13 +565,22 @@ class Stream:
 
 
 def tool_result(run: Run, **outcome: JSON) -> Transition:
-    call = run.input["call"]
     approved = (run.checkpoint or {}).get("approved")
     if approved is not None and "approval" not in outcome:
         outcome["approval"] = approved  # who let it run, on what (its card shows it)
-    payload = {"call_id": call["id"], "name": call["name"], **outcome}
+    payload = {**answering(run), **outcome}
     run.append(run.input["conversation_id"], TOOL_RESULT, payload)
     return run.succeed(payload)  # a failed call is a result too: the model decides what next
+
+
+def answering(run: Run) -> JSON:
+    """What a tool task's result names: its call, and the response that made it (a task
+    made before tasks named it names the call only)."""
+    call = run.input["call"]
+    named = {"call_id": call["id"], "name": call["name"]}
+    if run.input.get("response"):
+        named["response"] = run.input["response"]
+    return named
 
 
 def seen_submissions(run: Run, conversation: str) -> list[str]:

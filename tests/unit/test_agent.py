@@ -257,6 +257,52 @@ def test_context_puts_results_after_their_calls_and_fills_lost_ones() -> None:
     assert built[3]["content"] == {"error": LOST_RESULT}
 
 
+def numbers_its_calls_per_response(request: ModelRequest) -> ModelResponse:
+    """Looks up each user message once, under the call id ``call_0`` every time (as models
+    that number their calls per response do), then answers."""
+    asked = max(i for i, m in enumerate(request.messages) if m["role"] == "user")
+    text = request.messages[asked]["content"]
+    if not any(m["role"] == "tool" for m in request.messages[asked + 1:]):
+        return ModelResponse("", (ToolCall("call_0", "lookup", {"q": text}),))
+    return ModelResponse(f"looked up {text}")
+
+
+def test_a_call_id_reused_by_a_later_response_is_answered_by_each_calls_own_result() -> None:
+    world = World(ScriptedProvider(numbers_its_calls_per_response))
+    kernel, handle, conversation, _ = world.start("first")
+    world.run()
+    submit(handle, conversation, {"text": "second"}, "req-2")
+    world.run()
+    sent = world.provider.requests[-1].messages
+    calls = [m["tool_calls"][0]["arguments"]["q"] for m in sent if m.get("tool_calls")]
+    results = [m["content"]["result"]["found"] for m in sent if m["role"] == "tool"]
+    assert calls == ["first", "second"]
+    assert results == ["first", "second"]  # each call followed by its own result
+    assert [e.payload.get("response") for e in kernel.entries(conversation)
+            if e.kind == "tool_result"] == [e.id for e in kernel.entries(conversation)
+                                            if e.kind == "model_response"
+                                            and e.payload.get("tool_calls")]
+
+
+def test_a_result_naming_its_response_answers_that_call_not_an_earlier_one_of_its_id() -> None:
+    def entry(kind: str, payload: dict[str, Any], seq: int) -> Entry:
+        return Entry(f"e{seq}", "s", "c", seq, 0, kind, payload, "a", None)  # type: ignore[arg-type]
+
+    call = [{"id": "call_0", "name": "a", "arguments": {}}]
+    built = messages([
+        entry("user", {"text": "go"}, 1),
+        entry("model_response", {"text": "", "tool_calls": call}, 2),  # its result: lost
+        entry("user", {"text": "again"}, 3),
+        entry("model_response", {"text": "", "tool_calls": call}, 4),
+        entry("tool_result", {"call_id": "call_0", "name": "a", "response": "e4",
+                              "result": 7}, 5),
+    ])
+    assert [m["role"] for m in built] == ["user", "assistant", "tool", "user", "assistant",
+                                          "tool"]
+    assert built[2]["content"] == {"error": LOST_RESULT}
+    assert built[5]["content"] == {"result": 7}
+
+
 def test_polling_errors_back_off_on_the_same_handle_and_a_failed_response_ends_the_turn() -> None:
     outcomes: list[Any] = [TransientModelError("502"), None, ModelResponse("late but fine")]
     provider = ScriptedProvider(lambda request: Pending("resp_7"))
@@ -481,9 +527,11 @@ def test_a_cancelled_tool_call_gives_the_model_its_committed_partial_output(
     world.run()
 
     [result] = [e.payload for e in kernel.entries(conversation) if e.kind == "tool_result"]
+    [response] = [e.id for e in kernel.entries(conversation) if e.kind == "model_response"
+                  and e.payload.get("tool_calls")]
     partial = {"sent": RECIPIENTS[:1], "unsent": RECIPIENTS[1:]}
     assert result == {
-        "call_id": "call_0", "name": "send_slowly", "cancelled": True,
+        "call_id": "call_0", "name": "send_slowly", "response": response, "cancelled": True,
         "by": "user:op", "reason": "wrong list", "partial": partial,
     }
     told = next(m for m in world.provider.requests[-1].messages if m["role"] == "tool")

@@ -305,6 +305,45 @@ def test_the_cut_never_separates_a_call_from_its_result() -> None:
     assert cuts == {1, 4, 5, 8}
 
 
+def test_the_cut_keeps_an_open_call_whose_id_an_earlier_round_used() -> None:
+    """Models that number their calls per response use one id in every round: the call
+    under way is open even though an earlier call of its id has a result."""
+    big = "x" * 4000
+    call = [{"id": "call_0", "name": "t", "arguments": {}}]
+    context = [
+        entry("user", 1, text="go"),
+        entry("model_response", 2, text="", tool_calls=call),
+        entry("tool_result", 3, call_id="call_0", result=big),
+        entry("model_response", 4, text="done " + big),
+        entry("user", 5, text="again"),
+        entry("model_response", 6, text="", tool_calls=call),  # its round is under way
+        entry("user", 7, text="steered in meanwhile"),
+    ]
+    found = plan(context, keep_tokens=10)
+    assert found is not None
+    assert [e.id for e in found.covered] == ["e1", "e2", "e3", "e4", "e5"]
+
+
+def test_a_round_is_cut_whole_where_each_round_reuses_one_call_id() -> None:
+    """The call of an earlier round and its result may be covered while a later round's
+    call of the same id and its result stay."""
+    big = "x" * 4000
+    call = [{"id": "call_0", "name": "t", "arguments": {}}]
+    context = [
+        entry("user", 1, text="go"),
+        entry("model_response", 2, text="", tool_calls=call),
+        entry("tool_result", 3, call_id="call_0", result=big),
+        entry("model_response", 4, text="done"),
+        entry("user", 5, text="again " + big),
+        entry("model_response", 6, text="", tool_calls=call),
+        entry("tool_result", 7, call_id="call_0", result=big),
+        entry("model_response", 8, text="done"),
+    ]
+    found = plan(context, keep_tokens=1100)
+    assert found is not None
+    assert [e.id for e in found.covered] == ["e1", "e2", "e3", "e4", "e5"]
+
+
 def test_an_earlier_summary_is_folded_into_the_next() -> None:
     earlier = entry(SUMMARY, 10, text="before", covers={
         "first": {"id": "e0", "seq": 0, "ordinal": 0},
