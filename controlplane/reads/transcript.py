@@ -358,9 +358,11 @@ def _apart(payload: Any) -> tuple[Any, list[dict[str, Any]]]:
 
 def _results(shown: list[Entry], later: list[Entry]) -> dict[tuple[str, str], Any]:
     """Each shown call's result, by the response entry that made the call and its call
-    id. A result answers the earliest call of its id not answered yet, of its turn where
-    both name one: some models number their calls per response, so one id can name a
-    call in several responses and turns, each answered after it was made."""
+    id. A result answers the call of the response it names (``response``: a native tool
+    task's), else the earliest call of its id not answered yet, of its turn where both
+    name one: some models number their calls per response, so one id can name a call in
+    several responses and turns, each answered after it was made (the model's context
+    pairs them so too, :func:`kernel.agent.context.answers`)."""
     open_: dict[str, list[tuple[str, Any]]] = {}  # by call id: (response entry, turn)
     found: dict[tuple[str, str], Any] = {}
     for entry in [*shown, *later]:
@@ -370,8 +372,9 @@ def _results(shown: list[Entry], later: list[Entry]) -> dict[tuple[str, str], An
                 open_.setdefault(str(call.get("id")), []).append((entry.id, payload.get("turn")))
         elif entry.kind == TOOL_RESULT:
             waiting = open_.get(str(payload.get("call_id")), [])
-            turn = payload.get("turn")
-            mine = [i for i, (_, t) in enumerate(waiting) if turn is None or t in (turn, None)]
+            turn, response = payload.get("turn"), payload.get("response")
+            mine = [i for i, (r, t) in enumerate(waiting) if r == response] if response \
+                else [i for i, (_, t) in enumerate(waiting) if turn is None or t in (turn, None)]
             if mine:
                 response, _ = waiting.pop(mine[0])
                 found[(response, str(payload.get("call_id")))] = payload
