@@ -53,6 +53,7 @@ from .records import (
     Entry,
     JoinPolicy,
     Outcome,
+    Position,
     Status,
     Submission,
     SubmissionStatus,
@@ -60,6 +61,7 @@ from .records import (
     WriteSet,
     dep_set,
     new_id,
+    position,
 )
 from .registry import Blocked, Registry
 from .storage import CommitReads, JoinState, Prefetch
@@ -687,11 +689,29 @@ class Builder:
                 entry = self.tx.entry(conv.fork_entry_id or "")
                 if parent is None or parent.session_id != self.session_id:
                     raise UnknownRecord(f"no conversation {conv.fork_of} to fork")
-                if entry is None or entry.session_id != self.session_id:
-                    raise UnknownRecord(f"no entry {conv.fork_entry_id} to fork at")
+                if entry is None or not self._in_transcript(parent, entry):
+                    raise UnknownRecord(f"no entry {conv.fork_entry_id} in the transcript "
+                                        f"of {conv.fork_of} to fork at")
             made.append(replace(conv, session_id=self.session_id, created_seq=self.seq))
             self.summary.append({"type": "conversation", "id": conv.id})
         return made
+
+    def _in_transcript(self, conversation: Conversation, entry: Entry) -> bool:
+        """Whether ``entry`` is in ``conversation``'s transcript: its own, or for a fork
+        its origin's up to the fork point (and so on). A fork at any other entry would
+        have a transcript (:meth:`kernel.session.Kernel.entries`) and a model's context
+        (:meth:`~kernel.session.Kernel.context`) that disagree."""
+        bound: Position | None = None
+        current: Conversation | None = conversation
+        while current is not None and current.session_id == self.session_id:
+            if entry.conversation_id == current.id:
+                return bound is None or position(entry) <= bound
+            point = self.tx.entry(current.fork_entry_id or "")
+            if current.fork_of is None or point is None:
+                return False
+            bound = position(point) if bound is None else min(bound, position(point))
+            current = self.tx.conversation(current.fork_of)
+        return False
 
     def _entries(self, conversations: list[Conversation]) -> list[Entry]:
         fresh = {c.id for c in conversations}

@@ -5,7 +5,10 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from kernel import Draft
+from kernel.errors import UnknownRecord
 from kernel.records import SUMMARY, Entry
 
 from .definitions import Effects, make_registry
@@ -137,3 +140,26 @@ def test_a_fork_of_a_fork_reads_each_inherited_part_the_same_way(world: World) -
     say(handle, second, "e")
     assert texts(kernel.context(second)) == ["F: a b c", "d", "e"]
     assert texts(kernel.entries(second)) == ["a", "b", "c", "d", "e"]
+
+
+def test_a_fork_at_an_entry_outside_its_origins_transcript_is_refused(world: World) -> None:
+    """The fork point is an entry of the origin's transcript (an inherited one too): an
+    entry of another conversation, or of the origin's origin after where the origin
+    forked, would make the fork's transcript and its model's context disagree."""
+    kernel, handle, conversation = setup(world)
+    (a,) = say(handle, conversation, "a")
+    draft = Draft()
+    first = draft.create_conversation(fork_of=conversation, fork_entry_id=a.id)
+    other = draft.create_conversation()
+    handle.commit(draft)
+    (b,) = say(handle, conversation, "b")  # after the first fork's point: not its
+    (x,) = say(handle, other, "x")
+    for origin, point in [(conversation, x), (first, b), (other, a)]:
+        draft = Draft()
+        draft.create_conversation(fork_of=origin, fork_entry_id=point.id)
+        with pytest.raises(UnknownRecord, match="to fork at"):
+            handle.commit(draft)
+    draft = Draft()  # an inherited entry is in the transcript
+    second = draft.create_conversation(fork_of=first, fork_entry_id=a.id)
+    handle.commit(draft)
+    assert texts(kernel.entries(second)) == texts(kernel.context(second)) == ["a"]
