@@ -476,9 +476,9 @@ def earlier(session_id: str, conversation_id: str, operations: bool, before: str
     entry). The calls it ends with show their results, which may come after it."""
     page = sessions.entries_before(conversation_id, before, limit, after)
     shown = page.entries
-    answered = {e.payload.get("call_id") for e in shown if e.kind == TOOL_RESULT}
+    answered = _results(shown, [])  # by response and call: a call id may be reused
     unanswered = [c for e in shown if e.kind == RESPONSE for c in _calls(e.payload)
-                  if c.get("id") not in answered]
+                  if (e.id, str(c.get("id"))) not in answered]
     later = sessions.results_after(conversation_id, (shown[-1].seq, shown[-1].ordinal),
                                    len(unanswered)) if unanswered else []
     return Earlier(_items(session_id, shown, operations, later),

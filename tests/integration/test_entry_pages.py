@@ -307,3 +307,26 @@ def test_the_entries_between_two_load_by_pages_too() -> None:
     ids, _ = walked(client, first)
     assert ids == [e.id for e in every[21:150] if e.kind != "tool_result"]
     assert f"after={every[20].id}" in first  # the page before it stops there too
+
+
+def test_a_page_ending_with_a_call_whose_id_the_page_answered_before_shows_its_result() -> None:
+    """Some models number their calls per response: the page's last response calls
+    ``call_0`` as an earlier one on the page did, and its result is on the next page."""
+    handle = runtime().kernel.create_session()
+    draft = Draft(actor="user:test")
+    conversation = draft.create_conversation()
+    handle.commit(draft)
+    draft = Draft(actor="task:turn_x")
+    call = [{"id": "call_0", "name": "lookup", "arguments": {}}]
+    for n in (1, 2):
+        draft.append(conversation, "model_response", {"text": "", "tool_calls": call,
+                                                      "turn": "turn_x"})
+        draft.append(conversation, "tool_result", {"call_id": "call_0", "name": "lookup",
+                                                   "result": f"answer {n}"})
+    draft.append(conversation, "model_response", {"text": "done", "turn": "turn_x"})
+    handle.commit(draft)
+    every = runtime().kernel.entries(conversation)
+    page = conversations.earlier(handle.id, conversation, False, every[3].id, 10)
+    cards = [card for item in page.items for card in item.tools]
+    assert [(c.state, c.result) for c in cards] == [("succeeded", '"answer 1"'),
+                                                     ("succeeded", '"answer 2"')]
