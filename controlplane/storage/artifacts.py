@@ -12,7 +12,7 @@ the entries and document versions, run rarely and in batches.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 from django.db import connections
 
@@ -39,7 +39,8 @@ ARTIFACT_INSERT_UNFLUSHED = ARTIFACT_INSERT.replace(
 ARTIFACT_DATA = "SELECT data FROM kernel_artifact WHERE digest = %s"
 ARTIFACT_MEDIA_TYPE = "SELECT media_type FROM kernel_artifact WHERE digest = %s"
 ARTIFACTS_OLDER = (
-    "SELECT digest FROM kernel_artifact WHERE created_at < %s ORDER BY created_at LIMIT %s"
+    "SELECT digest, created_at FROM kernel_artifact WHERE created_at < %s "
+    "AND (created_at, digest) > (%s, %s) ORDER BY created_at, digest LIMIT %s"
 )
 ARTIFACTS_REFERENCED = (
     "SELECT d FROM unnest(%s::text[]) AS d WHERE EXISTS "
@@ -88,17 +89,23 @@ class PostgresArtifacts:
               grace: timedelta = GRACE) -> int:
         before = now - grace
         removed = 0
+        # Batch after batch, oldest first, to the end: the oldest artifacts are the ones
+        # records keep referencing, so a sweep of the first batch alone would meet them
+        # at every run and never reach an unreferenced one stored after them.
+        after: tuple[datetime, str] = (datetime.min.replace(tzinfo=UTC), "")
         with connections[self.using].cursor() as cur:
-            cur.execute(ARTIFACTS_OLDER, [before, SWEEP_BATCH])
-            old = [row[0] for row in cur.fetchall()]
-            if not old:
-                return 0
-            kept = referenced(old)
-            gone = [d for d in old if d not in kept]
-            if gone:
-                cur.execute(ARTIFACTS_DELETE, [gone, before])
-                removed = cur.rowcount
-        return removed
+            while True:
+                cur.execute(ARTIFACTS_OLDER, [before, *after, SWEEP_BATCH])
+                rows = cur.fetchall()
+                if not rows:
+                    return removed
+                after = (rows[-1][1], rows[-1][0])
+                old = [row[0] for row in rows]
+                kept = referenced(old)
+                gone = [d for d in old if d not in kept]
+                if gone:
+                    cur.execute(ARTIFACTS_DELETE, [gone, before])
+                    removed += cur.rowcount
 
     def referenced(self, digests: Iterable[str]) -> set[str]:
         """Which of ``digests`` some record names (:func:`referenced_artifacts`)."""

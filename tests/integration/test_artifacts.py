@@ -6,6 +6,7 @@ session, and refuses a corrupt one."""
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from datetime import timedelta
 
 import pytest
@@ -63,6 +64,36 @@ def test_the_sweep_keeps_referenced_and_young_artifacts() -> None:
     with pytest.raises(MissingArtifact):
         store.get(orphan)
     assert load(store, reference) == REPORT
+
+
+def test_the_sweep_reaches_unreferenced_artifacts_behind_a_batch_of_referenced_ones(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The oldest artifacts are the ones kept longest: referenced ones. A sweep that
+    looked at the oldest batch only would find them again at every run, and never reach
+    an unreferenced one stored after them."""
+    import controlplane.storage.artifacts as artifacts
+
+    monkeypatch.setattr(artifacts, "SWEEP_BATCH", 2)
+    store = PostgresArtifacts()
+    referenced = [offload(store, {"n": n, "rows": "x" * 5_000}, 100)[REFERENCE]
+                  for n in range(3)]
+    orphan = store.put(b"a dead writer's", "text/plain")
+    with connection.cursor() as cur:  # the referenced ones oldest, all past the grace
+        cur.execute("UPDATE kernel_artifact SET created_at = now() - interval '3 hours' "
+                    "WHERE digest = ANY(%s)", [referenced])
+        cur.execute("UPDATE kernel_artifact SET created_at = now() - interval '2 hours' "
+                    "WHERE digest = %s", [orphan])
+        cur.execute("SELECT now()")
+        now = cur.fetchone()[0]
+
+    def every_but_the_orphan(digests: Iterable[str]) -> set[str]:
+        return {d for d in digests if d != orphan}  # what records reference, here
+
+    assert store.sweep(every_but_the_orphan, now) == 1
+    with pytest.raises(MissingArtifact):
+        store.get(orphan)
+    assert all(store.get(d) for d in referenced)
 
 
 def test_beat_sweeps_the_unreferenced_artifacts_daily(settings: object) -> None:
