@@ -34,7 +34,7 @@ from typing import Any
 
 from kernel import tracing
 from kernel.environment import fingerprint
-from kernel.errors import KernelError
+from kernel.errors import KernelError, UnstorableValue
 from kernel.records import Outcome, SubmissionStatus
 from kernel.registry import Registry
 from kernel.run import Run
@@ -487,7 +487,14 @@ def register_agent(
             except Exception as exc:  # the model sees the failure and decides what to do
                 span.error(type(exc).__name__, str(exc)[:500])
                 return tool_result(run, error=f"{type(exc).__name__}: {exc}")
-        return tool_result(run, result=kept(run, result))
+        try:
+            return tool_result(run, result=kept(run, result))
+        except UnstorableValue as exc:
+            # The call took effect: say so. Left to end the task, it would be answered as
+            # interrupted ("may or may not have taken effect"), and an unsafe call tried
+            # again by the model.
+            return tool_result(run, error=f"the call ran, but its result cannot be stored "
+                                          f"(so it is not shown): {exc}")
 
     def kept(run: Run, result: JSON) -> JSON:
         """The result as the transcript keeps it: a large one stored as an artifact

@@ -108,6 +108,10 @@ class World(CrashPoints):
             world.maybe_crash("charge")
             return {"charged": args["amount"]}
 
+        def charge_unstorably(run: Run, args: dict[str, Any]) -> Any:
+            world.effects.append(f"charge:{args['amount']}")
+            return {"charged": args["amount"], "receipt": "r-1\x00"}  # NUL: no storage holds it
+
         def always_dies(run: Run, args: dict[str, Any]) -> Any:
             world.effects.append("die")
             raise Crash()
@@ -124,6 +128,9 @@ class World(CrashPoints):
         number = {"type": "object", "properties": {"amount": {"type": "number"}}}
         toolbox.add(Tool("lookup", "Read", {"type": "object"}, Replay.SAFE, run=lookup))
         toolbox.add(Tool("charge", "Pay", number, Replay.UNSAFE, run=charge))
+        for name, above in [("charge_unstorably", 16_384), ("charge_unstorably_whole", None)]:
+            toolbox.add(Tool(name, "Pay; its receipt cannot be stored", number, Replay.UNSAFE,
+                             run=charge_unstorably, artifact_above=above))
         toolbox.add(Tool("die", "Crashes", {"type": "object"}, Replay.SAFE, run=always_dies))
         toolbox.add(Tool("page", "Read a page", {"type": "object"}, Replay.SAFE,
                          run=lambda run, args: {"text": f"{args.get('n')}:" + "p" * 5000}))

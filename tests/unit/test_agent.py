@@ -267,6 +267,33 @@ def numbers_its_calls_per_response(request: ModelRequest) -> ModelResponse:
     return ModelResponse(f"looked up {text}")
 
 
+@pytest.mark.parametrize("tool", ["charge_unstorably", "charge_unstorably_whole"])
+def test_a_call_that_ran_but_whose_result_cannot_be_stored_tells_the_model_it_ran(
+    tool: str,
+) -> None:
+    """The tool took effect and returned a value no storage holds (a NUL), measured for
+    an artifact or kept whole: the model is told the call ran and why its result is not
+    shown, not that it may not have run (and may be tried again)."""
+
+    def script(request: ModelRequest) -> ModelResponse:
+        results = [m["content"] for m in request.messages if m["role"] == "tool"]
+        if results:
+            return ModelResponse(f"told {results[0]}")
+        return ModelResponse("", (ToolCall("c1", tool, {"amount": 5}),))
+
+    world = World(ScriptedProvider(script))
+    kernel, handle, conversation, submitted = world.start("pay")
+    world.run()
+    assert world.effects == ["charge:5"]  # once
+    [result] = [e.payload for e in kernel.entries(conversation) if e.kind == "tool_result"]
+    assert "interrupted" not in result
+    assert result["error"].startswith("the call ran, but its result cannot be stored")
+    assert "NUL" in result["error"]
+    told = next(m for m in world.provider.requests[-1].messages if m["role"] == "tool")
+    assert told["content"] == {"error": result["error"]}
+    assert kernel.storage.submission(submitted.submission.id).status is SubmissionStatus.ANSWERED
+
+
 def test_a_call_id_reused_by_a_later_response_is_answered_by_each_calls_own_result() -> None:
     world = World(ScriptedProvider(numbers_its_calls_per_response))
     kernel, handle, conversation, _ = world.start("first")
