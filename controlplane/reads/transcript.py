@@ -147,20 +147,27 @@ class Conversation:
     """The id of the oldest entry shown: the page of earlier entries ends before it."""
 
 
-def _tool_tasks(session_id: str, asking: list[Entry]) -> dict[tuple[str, str], Any]:
+def _tool_tasks(session_id: str, asking: list[Entry], viewed: str,
+                conversations: set[str]) -> dict[tuple[str, str], Any]:
     """The tool tasks of the calls these responses make, and the approval tasks of
-    hosted agents' calls, by the response entry that made the call and its call id. A
-    call's task is made after the response that asked for it, at seq ``since`` or later:
-    the read is a range of the session's newest tasks, however many calls came before.
-    Some models number their calls per response, so one id can name a call in several
-    responses: each takes the earliest task of its id made since it (and, where both
-    name one, by its turn) and before the next response that makes a call of that id."""
+    hosted agents' calls, by the response entry that made the call and its call id.
+
+    Only tasks made in ``conversations`` (the transcript's) count, those of ``viewed``
+    first: a branch makes the calls of the response it starts from again, under the same
+    ids, in its fork. A call's task is made after the response that asked for it: the
+    read is a range of the session's newest tasks, however many calls came before. A
+    native tool task names its response; for a task that names none, where a model
+    numbers its calls per response (one id in several responses), each call takes the
+    earliest task of its id made since its response (and, where both name one, by its
+    turn) and before the next response that makes a call of that id."""
     calls = sorted({str(c.get("id")) for e in asking for c in _calls(e.payload)})
     ids = models.Task.objects.filter(
         session_id=session_id, created_seq__gte=min(e.seq for e in asking),
-        kind__in=approvals.KINDS, input__call__id__in=calls).values_list("id", flat=True)
+        kind__in=approvals.KINDS, input__call__id__in=calls,
+        input__conversation_id__in=sorted(conversations)).values_list("id", flat=True)
     by_call: dict[str, list[Any]] = {}
-    for task in sorted(tasks.find_ids(list(ids)), key=lambda t: (t.created_seq, t.id)):
+    for task in sorted(tasks.find_ids(list(ids)), key=lambda t: (
+            (t.input or {}).get("conversation_id") != viewed, t.created_seq, t.id)):
         call = (task.input or {}).get("call") or {}
         if call.get("id"):
             by_call.setdefault(str(call["id"]), []).append(task)
@@ -175,7 +182,8 @@ def _tool_tasks(session_id: str, asking: list[Entry]) -> dict[tuple[str, str], A
             turn = entry.payload.get("turn")
             until = entries[n + 1].seq if n + 1 < len(entries) else None
             for i, task in enumerate(left):
-                mine = task.created_seq >= entry.seq and (
+                named = (task.input or {}).get("response")
+                mine = named == entry.id if named else task.created_seq >= entry.seq and (
                     until is None or task.created_seq < until or until == entry.seq)
                 if mine and (turn is None or task.parent_id in (None, turn)):
                     found[(entry.id, call_id)] = left.pop(i)
@@ -381,14 +389,16 @@ def _results(shown: list[Entry], later: list[Entry]) -> dict[tuple[str, str], An
     return found
 
 
-def _items(session_id: str, shown: list[Entry], operations: bool,
+def _items(session_id: str, conversation_id: str, shown: list[Entry], operations: bool,
            later: list[Entry]) -> list[Item]:
-    """``shown`` entries as items; a call's result is looked for among them and among
-    ``later`` (the results of the calls a page ends with, which come after it)."""
+    """``shown`` entries of ``conversation_id``'s transcript as items; a call's result is
+    looked for among them and among ``later`` (the results of the calls a page ends with,
+    which come after it)."""
     # A tool's result comes after its call: a shown call's result is shown too.
     results = _results(shown, later)
     asking = [e for e in shown if e.kind == RESPONSE and _calls(e.payload)]
-    tool_tasks = _tool_tasks(session_id, asking) if asking else {}
+    made_in = {conversation_id, *(e.conversation_id for e in shown)}
+    tool_tasks = _tool_tasks(session_id, asking, conversation_id, made_in) if asking else {}
     waiting = set()
     if tool_tasks:
         related = [t.id for t in tool_tasks.values()] + [
@@ -450,7 +460,8 @@ def conversation(session_id: str, record: ConversationRecord, operations: bool, 
     shown = found.entries
     total = usage_total(session_id, conversation_id, scope) if not operations else None
     return Conversation(conversation_id, operations, fork_of,
-                        _items(session_id, shown, operations, []), total, len(shown),
+                        _items(session_id, conversation_id, shown, operations, []), total,
+                        len(shown),
                         found.total, found.more,
                         shown[-1].id if shown else None, shown[0].id if shown else None)
 
@@ -481,7 +492,7 @@ def earlier(session_id: str, conversation_id: str, operations: bool, before: str
                   if (e.id, str(c.get("id"))) not in answered]
     later = sessions.results_after(conversation_id, (shown[-1].seq, shown[-1].ordinal),
                                    len(unanswered)) if unanswered else []
-    return Earlier(_items(session_id, shown, operations, later),
+    return Earlier(_items(session_id, conversation_id, shown, operations, later),
                    shown[0].id if shown else None, page.more, after)
 
 

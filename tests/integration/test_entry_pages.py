@@ -330,3 +330,31 @@ def test_a_page_ending_with_a_call_whose_id_the_page_answered_before_shows_its_r
     cards = [card for item in page.items for card in item.tools]
     assert [(c.state, c.result) for c in cards] == [("succeeded", '"answer 1"'),
                                                      ("succeeded", '"answer 2"')]
+
+
+def test_a_call_made_again_in_a_branch_shows_each_conversations_own_task() -> None:
+    """A branch makes the calls of the response it starts from anew, under the same call
+    ids, in the fork: the original's card shows the original's tool task, the fork's the
+    fork's."""
+    handle = runtime().kernel.create_session()
+    draft = Draft(actor="user:test")
+    conversation = draft.create_conversation()
+    handle.commit(draft)
+    call = {"id": "call_a", "name": "lookup", "arguments": {}}
+    draft = Draft(actor="task:turn_x")
+    response = draft.append(conversation, "model_response", {
+        "text": "", "tool_calls": [call], "turn": "turn_x", "attempt": 1})
+    first = draft.create_task("agent-tool", {"call": call, "conversation_id": conversation})
+    draft.append(conversation, "tool_result", {"call_id": "call_a", "name": "lookup",
+                                               "result": "first"})
+    handle.commit(draft)
+    draft = Draft(actor="user:test")
+    fork = draft.create_conversation(fork_of=conversation, fork_entry_id=response)
+    again = draft.create_task("agent-tool", {"call": call, "conversation_id": fork})
+    draft.append(fork, "tool_result", {"call_id": "call_a", "name": "lookup",
+                                       "result": "again"})
+    handle.commit(draft)
+    shown = {c.id: [card for item in c.items for card in item.tools]
+             for c in pages.transcript(handle.id).items}
+    assert [(c.task_id, c.result) for c in shown[conversation]] == [(first, '"first"')]
+    assert [(c.task_id, c.result) for c in shown[fork]] == [(again, '"again"')]
