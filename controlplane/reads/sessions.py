@@ -99,7 +99,9 @@ def transcript_scope(conversation_id: str, record: Conversation | None = None) -
     """A conversation's transcript as filters on entries, one per conversation it spans:
     its own entries, and for a fork its origin's up to the fork point (the origin's
     origin's up to the nearer of the two fork points, and so on). A fork's own entries
-    come after its fork point, so ``(seq, ordinal)`` orders the whole transcript.
+    come after its fork point, so ``(seq, ordinal)`` orders the whole transcript. A fork
+    point retention removed went with every entry before it: nothing more is inherited
+    (as :meth:`kernel.session.Kernel.entries` reads it).
     ``record``: the conversation's, if the caller has read it (one read fewer)."""
     if record is not None and record.id == conversation_id:
         found: tuple[str | None, str | None] | None = (record.fork_of, record.fork_entry_id)
@@ -114,7 +116,7 @@ def transcript_scope(conversation_id: str, record: Conversation | None = None) -
     while origin is not None:
         at = models.Entry.objects.filter(id=point).values_list("seq", "ordinal").first()
         if at is None:
-            raise UnknownRecord(f"no entry {point} (the fork point of a fork of {origin})")
+            break
         bound = at if bound is None else min(bound, at)
         scope.append(Q(conversation_id=origin) & _upto(bound))
         origin, point = models.Conversation.objects.filter(id=origin).values_list(

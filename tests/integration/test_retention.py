@@ -370,3 +370,36 @@ def test_a_session_keeping_its_history_beyond_any_date_does_not_stop_the_prune()
     assert commands.prune().sessions == 1
     assert kernel.storage.session(forever.id).pruned_seq == 0
     assert kernel.storage.session(due.id).pruned_seq == 1
+
+
+
+@db
+def test_a_pruned_sessions_fork_is_read_as_the_kernel_reads_it() -> None:
+    """Retention removed a fork's fork point with every entry before it: the fork's
+    transcript is what it added since, on the session page and the API's entry pages as
+    in the kernel, not an error."""
+    kernel = runtime().kernel
+    handle = kernel.create_session(metadata={"retention_days": 0})
+    draft = Draft(actor="user:ann")
+    conversation = draft.create_conversation()
+    handle.commit(draft)
+    draft = Draft(actor="user:ann")
+    first = draft.append(conversation, "user", {"text": "hello"})
+    handle.commit(draft)
+    draft = Draft(actor="user:ann")
+    fork = draft.create_conversation(fork_of=conversation, fork_entry_id=first)
+    draft.append(fork, "user", {"text": "forked"})
+    handle.commit(draft)
+    assert commands.prune().sessions >= 1
+    client = Client()
+    client.force_login(operator())
+    assert client.get(f"/sessions/{handle.id}/").status_code == 200
+    draft = Draft(actor="user:ann")  # new work after the prune
+    draft.append(fork, "user", {"text": "after the prune"})
+    kernel.open(handle.id).commit(draft)
+    assert [e.payload["text"] for e in kernel.entries(fork)] == ["after the prune"]
+    page = client.get(f"/sessions/{handle.id}/")
+    assert page.status_code == 200 and "after the prune" in page.content.decode()
+    entries = client.get(f"/api/conversations/{fork}/entries")
+    assert entries.status_code == 200
+    assert [e["payload"]["text"] for e in entries.json()["entries"]] == ["after the prune"]
