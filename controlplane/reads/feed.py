@@ -180,13 +180,24 @@ _WRITERS = (
 )
 
 
+# A trim keeps a session's keyed commit rows below its ``pruned_seq`` (so that a retried
+# action is still refused as a duplicate) but they are no longer part of its log: the
+# session feed never returns them (kernel.storage.Storage.commits_after), nor may the
+# global feed. Only keyed rows can be there (a trim or a prune deletes every other), so
+# the session is looked up for those alone.
+_KEPT_BY_TRIM_ONLY = (
+    "(c.key IS NULL OR c.seq > (SELECT p.pruned_seq FROM kernel_session p "
+    "WHERE p.id = c.session_id))"
+)
+
+
 def _global_visible(select: str, after_id: int, limit: int) -> tuple[list[Any], list[str] | None]:
     """Commits after ``after_id`` visible now; and, only if some transaction was in flight
     when this statement's snapshot was taken, the commit writers seen after it."""
     rows = _all(
         f"SELECT {select}, s.writers FROM kernel_commit c, (SELECT CASE WHEN EXISTS "
         f"(SELECT FROM pg_snapshot_xip(pg_current_snapshot())) THEN ARRAY({_WRITERS}) END "
-        "AS writers) s WHERE c.id > %s ORDER BY c.id LIMIT %s",
+        f"AS writers) s WHERE c.id > %s AND {_KEPT_BY_TRIM_ONLY} ORDER BY c.id LIMIT %s",
         [after_id, limit],
     )
     if not rows:
@@ -201,7 +212,7 @@ def _still_writing(writers: list[str]) -> list[str]:
 def _global_upto(select: str, after_id: int, upto: int, limit: int) -> list[Any]:
     return _all(
         f"SELECT {select} FROM kernel_commit c WHERE c.id > %s AND c.id <= %s "
-        "ORDER BY c.id LIMIT %s",
+        f"AND {_KEPT_BY_TRIM_ONLY} ORDER BY c.id LIMIT %s",
         [after_id, upto, limit],
     )
 

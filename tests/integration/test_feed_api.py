@@ -18,10 +18,10 @@ from django.test import Client
 from controlplane.access import issue_token
 from controlplane.reads import feed
 from controlplane.worker.runtime import runtime
-from kernel import SessionHandle
+from kernel import Draft, DuplicateCommit, SessionHandle
 
 from .clients import user_in
-from .plan_documents import commit
+from .plan_documents import PLAN, commit
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -119,6 +119,32 @@ def test_the_global_feed_is_in_id_order_across_sessions(viewer: Client) -> None:
     assert changes(viewer, "/api/changes", after_id=cursor) == {
         "after_id": cursor, "last_id": cursor, "changes": [],
     }
+
+
+def test_the_global_feed_leaves_out_the_keyed_commits_a_trim_kept(viewer: Client) -> None:
+    """A trim keeps the keyed commits below its ``pruned_seq`` (a retried action is still
+    a duplicate) but takes them out of the log: the global feed shows the session from
+    ``pruned_seq + 1`` on, as its own feed does, not a lone commit from before."""
+    kernel = runtime().kernel
+    handle = kernel.create_session()
+    start = changes(viewer, "/api/changes")["last_id"]
+    commit(handle, 1)
+    keyed = Draft(actor="user:olga", key="action-1")
+    keyed.set(PLAN, "doc", ["n"], 2)
+    handle.commit(keyed)
+    commit(handle, 3)
+    kernel.trim(handle.id, 3)
+    kept = commit(handle, 4)
+
+    own = changes(viewer, session_url(handle), after=3)["changes"]
+    assert [c["seq"] for c in own] == [4]
+    assert [(c["session_id"], c["seq"]) for c in changes(
+        viewer, "/api/changes", after_id=start)["changes"]] == [(handle.id, 4)]
+    assert changes(viewer, "/api/changes", after_id=start)["last_id"] == kept.id
+    with pytest.raises(DuplicateCommit):  # the key is still known
+        again = Draft(actor="user:olga", key="action-1")
+        again.set(PLAN, "doc", ["n"], 2)
+        kernel.open(handle.id).commit(again)
 
 
 def reads_counted(monkeypatch: pytest.MonkeyPatch, name: str, reads: int) -> threading.Event:
