@@ -19,7 +19,8 @@ Protocol, JSON text frames both ways:
    lost its role (or was deactivated), with 4403.
 2. Send the cursor in-band: ``{"after": N}`` (the last seq, or for ``ws/feed/`` the last
    commit id, you have; 0 for everything); it may share the first message with the
-   token. ``?after=N`` in the URL is accepted too and starts the stream at once; a later
+   token. ``?after=N`` in the URL is accepted too and starts the stream at once (or as
+   soon as a first message authenticates, if the token comes that way); a later
    ``{"after": N}`` may move the cursor forward, never back. A socket that sends no
    cursor within :data:`OPENING_SECONDS` is closed with 4408.
 3. Receive ``{"type": "commit", "session_id", "seq", "id", "at", "actor", "summary"}`` for
@@ -175,6 +176,7 @@ class FeedConsumer(AsyncWebsocketConsumer):
         self.keeper: asyncio.Task[None] | None = None
         self.credential: access.Credential | None = None
         self.closing = False
+        self.url_after: int | None = None  # the URL's cursor, until a token message comes
         await self.accept()
         shutdown.track(self)  # closed with 4503 if this process stops
         query = parse_qs(self.scope.get("query_string", b"").decode("latin-1"))
@@ -206,6 +208,7 @@ class FeedConsumer(AsyncWebsocketConsumer):
         if self.user is not None and after is not None:
             self.start(after)
         else:
+            self.url_after = after
             self.opening = asyncio.get_running_loop().create_task(self.opening_timeout())
 
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
@@ -237,6 +240,8 @@ class FeedConsumer(AsyncWebsocketConsumer):
                 self.start(after)
             elif self.last is not None and after > self.last:
                 self.last = after  # forward only: nothing is ever sent twice on one socket
+        elif self.pump is None and self.url_after is not None:
+            self.start(self.url_after)  # the token came in this message, the cursor in the URL
 
     def heartbeat_frame(self) -> str:
         return json.dumps({"type": "heartbeat", self.cursor_name: self.last})

@@ -1,0 +1,72 @@
+"""The websocket change feeds in this process (channels' communicator, no hints: the
+sockets poll the log): how a socket takes its cursor."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import pytest
+from channels.db import database_sync_to_async
+from channels.routing import URLRouter
+from channels.testing import WebsocketCommunicator
+from django.db import connection
+
+from controlplane.access import issue_token
+from controlplane.sockets.routes import websocket_urlpatterns
+from controlplane.worker.runtime import runtime
+
+from .clients import user_in
+from .plan_documents import commit
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+APP = URLRouter(websocket_urlpatterns)
+
+
+@pytest.fixture(autouse=True)
+def polling(settings: Any) -> None:
+    settings.CHANNEL_LAYERS = {}  # no hints: the sockets read the log every poll
+    settings.FEED_POLL_SECONDS = 0.1
+    settings.FEED_HEARTBEAT_SECONDS = 0.3
+
+
+@pytest.fixture
+def token() -> str:
+    return issue_token(user_in("viewer", "vera"), "feed sockets")
+
+
+def run(talk: Callable[[], Awaitable[Any]]) -> Any:
+    async def talking() -> Any:
+        try:
+            return await talk()
+        finally:
+            await database_sync_to_async(lambda: connection.close())()
+
+    return asyncio.run(talking())
+
+
+async def opened(path: str) -> WebsocketCommunicator:
+    socket = WebsocketCommunicator(APP, path)
+    assert (await socket.connect())[0]
+    return socket
+
+
+def test_a_cursor_in_the_url_starts_the_stream_once_the_first_message_authenticates(
+    token: str,
+) -> None:
+    """The token comes in the first message, the cursor in the URL: the stream starts
+    after that cursor as soon as the token is taken, not a close for want of a cursor."""
+    handle = runtime().kernel.create_session()
+    for i in range(3):
+        commit(handle, i)
+
+    async def talk() -> list[dict[str, Any]]:
+        socket = await opened(f"/ws/sessions/{handle.id}/feed/?after=1")
+        await socket.send_json_to({"token": token})
+        frames = [await socket.receive_json_from(timeout=5) for _ in range(2)]
+        await socket.disconnect()
+        return frames
+
+    assert [(f["type"], f["seq"]) for f in run(talk)] == [("commit", 2), ("commit", 3)]
