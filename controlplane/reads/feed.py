@@ -139,6 +139,18 @@ def session_exists(session_id: str) -> bool:
     return bool(_all("SELECT 1 FROM kernel_session WHERE id = %s", [session_id]))
 
 
+def session_head(session_id: str) -> int | None:
+    """The session's newest seq (None if there is no such session)."""
+    found = _all("SELECT head_seq FROM kernel_session WHERE id = %s", [session_id])
+    return int(found[0][0]) if found else None
+
+
+def newest_commit_id() -> int:
+    """The highest commit id drawn so far (committed or not): no commit has a higher one."""
+    return int(_all("SELECT CASE WHEN is_called THEN last_value ELSE 0 END "
+                    "FROM kernel_commit_id_seq")[0][0])
+
+
 def frame(row: Any) -> str:
     """The websocket frame of a commit read with :data:`FRAME_COLUMNS`."""
     commit_id, session_id, seq, at, actor, summary = row

@@ -41,7 +41,9 @@ Protocol, JSON text frames both ways:
    "documents"}`` frame, the session's current state at ``seq``, and then the commits
    after ``seq`` as usual: the cursor moves to ``seq``. Never batched.
 
-Other close codes: 4400 a malformed message or cursor (or a token in the URL), 4404 no
+Other close codes: 4400 a malformed message or cursor, a starting cursor past the newest
+seq (or id) there is, which this feed never sent (another database's), or a token in the
+URL; 4404 no
 such session, 4429 the account has ``USER_SOCKET_LIMIT`` sockets open already
 (:mod:`controlplane.sockets.slots`; close one, or wait for one to end), 1011 the log could not
 be read (reconnect), 4503 the server is stopping (reconnect, to another web process
@@ -79,7 +81,9 @@ from controlplane.reads.feed import (
     SNAPSHOT_FRAME,
     catch_up_frames,
     frame,
+    newest_commit_id,
     session_exists,
+    session_head,
     settled_global,
 )
 from controlplane.sockets import feed_subscribers, shutdown, slots
@@ -160,6 +164,10 @@ class FeedConsumer(AsyncWebsocketConsumer):
         return True
 
     async def read(self, after: int, limit: int) -> Rows:
+        raise NotImplementedError
+
+    async def head(self) -> int:
+        """The newest position this feed can have sent (read on the primary)."""
         raise NotImplementedError
 
     # -- connection life -------------------------------------------------------------------
@@ -352,6 +360,20 @@ class FeedConsumer(AsyncWebsocketConsumer):
         if self.pump is None:
             await self.refuse(TOO_SLOW, "send {\"after\": N} (and a token) on opening")
 
+    async def past_the_head(self, after: int) -> bool:
+        """Refuse a starting cursor past the newest position, which this feed never sent
+        (another database's, or one made up): following it would send nothing until the
+        log passed it, and say nothing about it either. A cursor moved forward in-band
+        later is the client saying what it has already, and is taken as it is."""
+        if after == 0:
+            return False
+        head = await self.head()
+        if after <= head:
+            return False
+        await self.refuse(BAD_REQUEST, f"`after` is past the newest {self.cursor_name} "
+                          f"({head}): send the last one you received")
+        return True
+
     def start(self, after: int) -> None:
         self.last = after
         if self.opening is not None:
@@ -367,6 +389,9 @@ class FeedConsumer(AsyncWebsocketConsumer):
         quiet_since = loop.time()
         ahead: asyncio.Task[Rows] | None = None  # the next page, read while this one is sent
         try:
+            assert self.last is not None
+            if await self.past_the_head(self.last):
+                return
             while True:
                 self.changed.clear()
                 assert self.last is not None
@@ -440,6 +465,9 @@ class SessionFeedConsumer(FeedConsumer):
     async def exists(self) -> bool:
         return bool(await database_sync_to_async(session_exists)(self.session_id))
 
+    async def head(self) -> int:
+        return await database_sync_to_async(session_head)(self.session_id) or 0
+
     async def read(self, after: int, limit: int) -> Rows:
         session_id = self.session_id
 
@@ -456,6 +484,9 @@ class GlobalFeedConsumer(FeedConsumer):
     @property
     def group(self) -> str:
         return GLOBAL_GROUP
+
+    async def head(self) -> int:
+        return int(await database_sync_to_async(newest_commit_id)())
 
     async def read(self, after: int, limit: int) -> Rows:
         async def query() -> Rows:

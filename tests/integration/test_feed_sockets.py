@@ -14,6 +14,7 @@ from channels.testing import WebsocketCommunicator
 from django.db import connection
 
 from controlplane.access import issue_token
+from controlplane.sockets.feed import BAD_REQUEST
 from controlplane.sockets.routes import websocket_urlpatterns
 from controlplane.worker.runtime import runtime
 
@@ -53,6 +54,15 @@ async def opened(path: str) -> WebsocketCommunicator:
     return socket
 
 
+async def close_of(socket: WebsocketCommunicator) -> dict[str, Any]:
+    """What closes the socket within 5 s (frames before it are skipped)."""
+    async with asyncio.timeout(5):
+        while (out := await socket.receive_output(timeout=5))["type"] != "websocket.close":
+            pass
+    await socket.wait()
+    return out
+
+
 def test_a_cursor_in_the_url_starts_the_stream_once_the_first_message_authenticates(
     token: str,
 ) -> None:
@@ -70,3 +80,36 @@ def test_a_cursor_in_the_url_starts_the_stream_once_the_first_message_authentica
         return frames
 
     assert [(f["type"], f["seq"]) for f in run(talk)] == [("commit", 2), ("commit", 3)]
+
+
+def test_a_cursor_past_the_newest_position_is_refused(token: str) -> None:
+    """A cursor this feed never sent (another database's, a made-up one) would be
+    followed in silence, heartbeat after heartbeat, until the log passed it: 4400."""
+    handle = runtime().kernel.create_session()
+    made = [commit(handle, i) for i in range(3)]
+    session = f"/ws/sessions/{handle.id}/feed/"
+
+    async def closed(path: str, *messages: dict[str, Any]) -> dict[str, Any]:
+        socket = await opened(path)
+        for message in messages:
+            await socket.send_json_to(message)
+        return await close_of(socket)
+
+    async def talk() -> list[Any]:
+        refused = [
+            await closed(session, {"token": token, "after": 4}),
+            await closed(f"{session}?after=10", {"token": token}),
+            await closed("/ws/feed/", {"token": token, "after": made[-1].id + 10**6}),
+        ]
+        # The head itself is a good cursor: the stream goes on from there.
+        served = await opened(session)
+        await served.send_json_to({"token": token, "after": 3})
+        heartbeat = await served.receive_json_from(timeout=5)
+        await served.disconnect()
+        return [refused, heartbeat]
+
+    refused, heartbeat = run(talk)
+    assert [out["code"] for out in refused] == [BAD_REQUEST] * 3
+    assert "past the newest seq (3)" in refused[0]["reason"]
+    assert "past the newest id" in refused[2]["reason"]
+    assert heartbeat == {"type": "heartbeat", "seq": 3}
