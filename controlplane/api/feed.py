@@ -12,6 +12,10 @@
     :func:`~controlplane.reads.feed.settled_global` for why the global id needs more care
     than a session's seq.
 
+A query parameter other than these is refused with 422 naming it (the websockets' other
+spellings of the cursor, ``after_seq`` and ``after`` on the global feed, included): a
+cursor under a name that was ignored would replay the log from 0.
+
 ``wait`` (0-30 s) long-polls when nothing is after the cursor; such a request holds one of
 its account's ``USER_LONG_POLL_LIMIT`` long-poll slots while it runs, and is answered 429
 with ``Retry-After`` beyond them (:mod:`controlplane.sockets.slots`). The view is ``async``, reads
@@ -35,6 +39,7 @@ from django.conf import settings
 from django.core.handlers.asgi import ASGIRequest
 from django.http import HttpRequest
 from ninja import Field, Query, Router, Schema
+from ninja.errors import ValidationError
 
 from controlplane.api.auth import caller
 from controlplane.api.types import PathText
@@ -99,6 +104,20 @@ async def long_poll(
 # -- the API -------------------------------------------------------------------------------
 
 
+def only(request: HttpRequest, *names: str) -> None:
+    """Refuse (422, naming it) a query parameter the feed does not take. Ignored, a cursor
+    under another name (``after`` on the global feed, ``after_seq`` or ``after_id`` on a
+    session's: the websockets' spellings) would read the log from 0 again."""
+    unknown = sorted(set(request.GET) - set(names))
+    if unknown:
+        raise ValidationError([
+            {"type": "unknown_parameter", "loc": ["query", name],
+             "msg": f"unknown parameter; this feed takes {', '.join(names)}"}
+            for name in unknown
+        ])
+
+
+
 class Change(Schema):
     seq: int = Field(..., description="the commit's position in its session (gapless)")
     id: int = Field(..., description="the commit's global id (increasing, with gaps)")
@@ -152,6 +171,7 @@ async def session_changes(
     wait: float = Query(0.0, ge=0, le=MAX_WAIT, allow_inf_nan=False, description=WAIT_HELP),
 ) -> Any:
     """One session's commits after seq ``after``, in seq order (404 if no such session)."""
+    only(request, "after", "limit", "wait")
 
     async def read() -> log.SessionPage:
         return await sync_to_async(log.session_page)(session_id, after, limit)
@@ -178,6 +198,7 @@ async def global_changes(
     Ids have gaps (a rolled-back commit uses one up); a commit is served only once
     every smaller id is either served or gone for good, so ``last_id`` is a safe cursor.
     """
+    only(request, "after_id", "limit", "wait")
 
     async def read() -> list[Any]:
         return await log.settled_global(after_id, limit)

@@ -302,6 +302,26 @@ def test_bad_input_is_a_422_naming_the_field(viewer: Client) -> None:
             assert name in [error["loc"][-1] for error in response.json()["detail"]], query
 
 
+def test_an_unknown_parameter_is_a_422_naming_it_not_a_replay_from_0(viewer: Client) -> None:
+    """The websockets take ``after`` on either feed and ``after_seq`` / ``after_id``: the
+    same cursor under a name the REST feed does not take would otherwise be ignored, and
+    the log served from 0 again."""
+    handle = runtime().kernel.create_session()
+    last = commits(handle, 2)[-1]
+    for url, query, unknown in [
+        (session_url(handle), {"after_seq": 2}, ["after_seq"]),
+        (session_url(handle), {"after": 2, "after_id": last.id}, ["after_id"]),
+        ("/api/changes", {"after": last.id}, ["after"]),
+        ("/api/changes", {"after_id": last.id, "wait": 0, "batch": 1}, ["batch"]),
+    ]:
+        response = viewer.get(url, query)
+        assert response.status_code == 422, (url, query, response.content)
+        assert [error["loc"] for error in response.json()["detail"]] == [
+            ["query", name] for name in unknown
+        ]
+    assert changes(viewer, session_url(handle), after=1)["changes"][0]["id"] == last.id
+
+
 def test_an_unknown_session_is_a_404(viewer: Client) -> None:
     for wait in (0, 5):
         started = time.monotonic()
