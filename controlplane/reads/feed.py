@@ -217,6 +217,10 @@ def _global_visible(select: str, after_id: int, limit: int) -> tuple[list[Any], 
     return [r[:-1] for r in rows], rows[0][-1]
 
 
+def _writing() -> list[str]:
+    return [r[0] for r in _all(_WRITERS)]
+
+
 def _still_writing(writers: list[str]) -> list[str]:
     return [r[0] for r in _all(f"{_WRITERS} AND virtualtransaction = ANY(%s)", [writers])]
 
@@ -248,28 +252,38 @@ async def settled_global(
     What is served: a page is cut at the highest id ``M`` the first read saw. Any id
     below ``M`` that the read did not see belongs to a transaction that was in flight
     when the read's snapshot was taken (it drew its id before ``M`` was drawn, and ``M``
-    was committed before the snapshot). So:
+    was committed before the snapshot), or is a gap for good. So:
 
-    1. In one statement, read the page and whether the snapshot saw any transaction in
-       flight. With none (or nothing to read), the page is final: serve it.
-    2. Otherwise the same statement noted, after its snapshot, the transactions holding
-       the row-exclusive lock on ``kernel_commit`` (an INSERT takes it before it draws
-       its id and keeps it until commit or rollback). Wait until those have ended, at
-       most ``settle`` seconds. A transaction without that lock then has drawn no id
-       yet, so its id will be above ``M``: it needs no waiting; one that has ended
-       since the snapshot is covered by the next step.
-    3. Read ``(after_id, M]`` again: every id in it is now committed or gone for good.
+    1. In one statement, read the page and, if the snapshot saw any transaction in
+       flight, the transactions holding the row-exclusive lock on ``kernel_commit``
+       after it (an INSERT takes it before it draws its id and keeps it until commit or
+       rollback). A page holding every id of ``(after_id, M]`` (nothing was missed) is
+       final: serve it.
+    2. Otherwise, when the snapshot saw nothing in flight, read those lock holders now:
+       a snapshot lists only transactions that have a transaction id, and a commit
+       statement draws its commit id before its first write, which takes one (nextval
+       takes none, most of the time), so a transaction can hold a missed id unlisted.
+    3. Wait until the lock holders have ended, at most ``settle`` seconds. A
+       transaction without that lock then has drawn no id yet, so its id will be above
+       ``M``: it needs no waiting; one that has ended since the snapshot is covered by
+       the next step.
+    4. Read ``(after_id, M]`` again: every id in it is now committed or gone for good.
 
     The price is a lag of about one commit transaction (milliseconds) while commits are
-    being written, and none when idle; a page is never served with a hole that could
+    being written and the page misses an id, and none for a page that misses none (an
+    idle log read from its last id); a page is never served with a hole that could
     fill later. A commit transaction stuck for more than ``settle`` seconds (blocked on
     a lock, say) makes this read return nothing new and the caller read again later:
     the global feed never overtakes the oldest commit still being written.
     """
     rows, writers = await run(_global_visible)(select, after_id, limit)
-    if not rows or writers is None:
+    if not rows:
         return rows
     upto = rows[-1][0]
+    if upto - after_id == len(rows):  # ids are unique: every one of (after_id, upto] is here
+        return rows
+    if writers is None:
+        writers = await run(_writing)()
     settle = SETTLE_SECONDS if settle is None else settle
     deadline = time.monotonic() + settle
     delay = 0.002

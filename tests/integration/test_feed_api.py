@@ -274,6 +274,57 @@ def test_the_global_feed_never_skips_an_id_still_in_flight(
     assert [c["id"] for c in page["changes"]] == expected
 
 
+@contextmanager
+def id_drawn_before_any_write() -> Iterator[tuple[psycopg.Connection[Any], int]]:
+    """A transaction as a commit statement leaves it between drawing its commit id and
+    its first write: it holds ``kernel_commit``'s row-exclusive lock (an INSERT takes it
+    before it draws the id) and the id, but no transaction id yet (``nextval`` assigns
+    none, 31 times in 32), so no snapshot lists it as in flight. A fast commit's
+    statement draws the id before it updates the session's head (its first write)."""
+    db = settings.DATABASES["default"]
+    params = {"dbname": connection.settings_dict["NAME"], "user": db["USER"] or None,
+              "host": db["HOST"] or None, "port": db["PORT"] or None, "autocommit": False}
+    for _ in range(64):
+        conn = psycopg.connect(**params)
+        conn.execute("LOCK TABLE kernel_commit IN ROW EXCLUSIVE MODE")
+        drawn = conn.execute("SELECT nextval('kernel_commit_id_seq')").fetchone()
+        xid = conn.execute("SELECT pg_current_xact_id_if_assigned()").fetchone()
+        assert drawn is not None and xid is not None
+        if xid[0] is None:
+            break
+        conn.close()  # this nextval logged the sequence, and took a transaction id for it
+    else:
+        raise AssertionError("every nextval took a transaction id")
+    try:
+        yield conn, drawn[0]
+    finally:
+        conn.close()
+
+
+def test_the_global_feed_never_skips_an_id_drawn_by_a_transaction_not_written_yet(
+    viewer: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No snapshot lists a transaction that has drawn its commit id but written nothing
+    yet: B's later id, committed meanwhile, must wait for A all the same."""
+    monkeypatch.setattr(feed, "SETTLE_SECONDS", 0.2)
+    kernel = runtime().kernel
+    a, b = kernel.create_session(), kernel.create_session()
+    start = commit(a, 0).id
+    with id_drawn_before_any_write() as (conn, drawn):
+        later = commit(b, 0)
+        assert later.id > drawn
+        assert changes(viewer, "/api/changes", after_id=start)["changes"] == []
+        conn.execute(
+            "WITH head AS (UPDATE kernel_session SET head_seq = head_seq + 1 WHERE id = %s "
+            "RETURNING head_seq) INSERT INTO kernel_commit (id, session_id, seq, at, actor, "
+            "summary) SELECT %s, %s, head_seq, now(), 'test:late', '[]'::jsonb FROM head",
+            [a.id, drawn, a.id],
+        )
+        conn.commit()
+    page = changes(viewer, "/api/changes", after_id=start)
+    assert [c["id"] for c in page["changes"]] == [drawn, later.id]
+
+
 BAD_INPUT = [
     ({"after": -1}, "after"),
     ({"after": "x"}, "after"),
