@@ -393,12 +393,14 @@ class FeedConsumer(AsyncWebsocketConsumer):
             if await self.past_the_head(self.last):
                 return
             while True:
-                self.changed.clear()
                 assert self.last is not None
                 if ahead is not None:
+                    # Read before the hints that came since: they stay set, and are
+                    # read for once the replay ends.
                     rows, ahead = await ahead, None
                     limit = REPLAY_BATCH
                 else:
+                    self.changed.clear()  # this read covers every hint so far
                     rows = await self.read(self.last, limit := BATCH)
                 if len(rows) >= limit:
                     ahead = loop.create_task(self.read(rows[-1][0], REPLAY_BATCH))

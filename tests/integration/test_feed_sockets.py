@@ -14,7 +14,8 @@ from channels.testing import WebsocketCommunicator
 from django.db import connection
 
 from controlplane.access import issue_token
-from controlplane.sockets.feed import BAD_REQUEST
+from controlplane.sockets import feed as feed_sockets
+from controlplane.sockets.feed import BAD_REQUEST, SessionFeedConsumer
 from controlplane.sockets.routes import websocket_urlpatterns
 from controlplane.worker.runtime import runtime
 
@@ -113,3 +114,58 @@ def test_a_cursor_past_the_newest_position_is_refused(token: str) -> None:
     assert "past the newest seq (3)" in refused[0]["reason"]
     assert "past the newest id" in refused[2]["reason"]
     assert heartbeat == {"type": "heartbeat", "seq": 3}
+
+
+class Hub:
+    """Stands in for the process's HintHub: the test hands each socket its hints."""
+
+    def __init__(self) -> None:
+        self.followers: list[Callable[[dict[str, Any]], None]] = []
+
+    async def follow(self, group: str, follower: Callable[[dict[str, Any]], None]) -> None:
+        self.followers.append(follower)
+
+    def unfollow(self, group: str, follower: Callable[[dict[str, Any]], None]) -> None:
+        self.followers.remove(follower)
+
+
+def test_a_hint_that_comes_while_a_replay_ends_is_not_lost(
+    token: str, settings: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The replay's last page was read ahead, while the page before it was being sent; a
+    commit made after that read, hinted before the socket took the page, is sent at
+    once, not a poll interval later."""
+    settings.FEED_POLL_SECONDS = 30.0  # only a hint can make the socket read again soon
+    settings.FEED_HEARTBEAT_SECONDS = 30.0
+    monkeypatch.setattr(feed_sockets, "BATCH", 2)
+    monkeypatch.setattr(feed_sockets, "REPLAY_BATCH", 2)
+    hub = Hub()
+    monkeypatch.setattr(feed_sockets, "hint_hub", lambda: hub)
+    handle = runtime().kernel.create_session()
+    for i in range(3):
+        commit(handle, i)
+    read, send_rows = SessionFeedConsumer.read, SessionFeedConsumer.send_rows
+
+    async def read_then_commit(self: Any, after: int, limit: int) -> Any:
+        rows = await read(self, after, limit)
+        if after == 2:  # the page read ahead: a commit lands after it, and is hinted
+            made = await database_sync_to_async(commit)(handle, "late")
+            for follower in hub.followers:
+                follower({"session_id": handle.id, "seq": made.seq})
+        return rows
+
+    async def slowly(self: Any, rows: Any) -> None:
+        await asyncio.sleep(0.3)  # the read ahead ends while this page is sent
+        await send_rows(self, rows)
+
+    monkeypatch.setattr(SessionFeedConsumer, "read", read_then_commit)
+    monkeypatch.setattr(SessionFeedConsumer, "send_rows", slowly)
+
+    async def talk() -> list[int]:
+        socket = await opened(f"/ws/sessions/{handle.id}/feed/")
+        await socket.send_json_to({"token": token, "after": 0})
+        seqs = [(await socket.receive_json_from(timeout=5))["seq"] for _ in range(4)]
+        await socket.disconnect()
+        return seqs
+
+    assert run(talk) == [1, 2, 3, 4]
