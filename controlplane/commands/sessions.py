@@ -224,6 +224,11 @@ def compact_conversation(
         raise UnknownRecord(f"no conversation {conversation_id}")
     if conversation_id == operations_log_id(conversation.session_id):
         raise Invalid("conversation: the operations log is not a model's conversation")
+    hosted = session_reads.own_history_agent(conversation_id)
+    if hosted is not None:
+        raise Invalid(f"conversation: agent {hosted!r} answers it and keeps its own message "
+                      "history, which a summary here would not shorten (its framework's "
+                      "history processors do)")
     session_id = conversation.session_id
     if not done_before(session_id, action_id, "compact", conversation_id):
         newest = session_reads.last_entries(conversation_id, 1, 0).entries

@@ -219,6 +219,16 @@ def document(session_id: str, kind: str, key: str, version: int | None) -> Docum
     return DocumentView(kind, key, version, kernel.document(session_id, kind, key, version))
 
 
+def own_history_agent(conversation_id: str) -> str | None:
+    """The framework agent that answers this conversation (a submission to it names
+    one), if any. Such an agent keeps its own message history (a hosted Pydantic AI
+    agent's ``message_history``), which the kernel's summaries do not replace."""
+    found = models.Submission.objects.filter(
+        conversation_id=conversation_id, input__has_key="agent",
+    ).values_list("input__agent", flat=True).first()
+    return None if found is None else str(found)
+
+
 def submissions(session_id: str, after: str | None = None,
                 limit: int | None = None) -> list[Submission]:
     """In creation order, ``limit`` of them after the one whose id is ``after``."""

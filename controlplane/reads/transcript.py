@@ -145,6 +145,9 @@ class Conversation:
     """The id of its newest entry: what an operator's compaction names as seen."""
     oldest: str | None = None
     """The id of the oldest entry shown: the page of earlier entries ends before it."""
+    own_history_agent: str | None = None
+    """The framework agent that answers it and keeps its own history (no compaction
+    here: :func:`controlplane.reads.sessions.own_history_agent`)."""
 
 
 def _tool_tasks(session_id: str, asking: list[Entry], viewed: str,
@@ -463,7 +466,8 @@ def conversation(session_id: str, record: ConversationRecord, operations: bool, 
                         _items(session_id, conversation_id, shown, operations, []), total,
                         len(shown),
                         found.total, found.more,
-                        shown[-1].id if shown else None, shown[0].id if shown else None)
+                        shown[-1].id if shown else None, shown[0].id if shown else None,
+                        None if operations else sessions.own_history_agent(conversation_id))
 
 
 @dataclass(frozen=True)

@@ -67,6 +67,32 @@ def test_a_submission_naming_the_agent_runs_it_and_the_page_shows_its_cards(host
     assert "sent to 2" in cards["call_send"]
 
 
+def test_a_hosted_agents_conversation_offers_no_compaction_and_refuses_one(
+        hosted: None) -> None:
+    """The agent rebuilds its requests from its own message history, not from the
+    kernel's summaries: a compaction there would change nothing its model is sent."""
+    user = operator()
+    session_id, conversation_id = conversation()
+    commands.submit(user, session_id, conversation_id,
+                    {"text": "Tell ana's contacts", "agent": "support"}, "r1",
+                    agent.WhenBusy.FOLLOW_UP)
+    Scheduler(runtime().kernel).run_until_idle()
+    client = Client()
+    client.force_login(user)
+    page = client.get(f"/sessions/{session_id}/").content.decode()
+    assert f'id="conv-{conversation_id}"' in page
+    assert f'id="compact-{conversation_id}"' not in page
+    newest = runtime().kernel.entries(conversation_id)[-1].id
+    answer = client.post(f"/api/conversations/{conversation_id}/compact",
+                         {"action_id": "c-1", "reason": "long", "last_entry_id": newest},
+                         content_type="application/json")
+    assert answer.status_code == 422 and "'support'" in answer.content.decode()
+    with pytest.raises(Invalid, match="^conversation: agent 'support'"):
+        commands.compact_conversation(user, conversation_id, "c-2", "long", newest)
+    assert not [t for t in runtime().kernel.storage.session_tasks(session_id)
+                if t.kind == agent.COMPACTION]
+
+
 def test_a_submission_naming_an_unknown_agent_is_refused_and_writes_nothing(
     hosted: None,
 ) -> None:
