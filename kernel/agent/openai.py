@@ -170,6 +170,30 @@ def arguments_of(text: str | None, error: type[Exception]) -> JSON:
         raise error(f"tool call arguments are not JSON: {exc}") from exc
 
 
+def distinct_ids(calls: list[ToolCall]) -> tuple[ToolCall, ...]:
+    """``calls`` with an id each that no other of them has. Some servers send no call id
+    (``""``) or repeat one within a response, and a turn pairs each call with its task
+    and its result by id: a call without one is named by its place (``call_<n>``), a
+    repeat by its id and place; an id the server gave once is kept, and is what the
+    server is sent back."""
+    seen: set[str] = set()
+    kept = set()
+    for place, call in enumerate(calls):
+        if call.id and call.id not in seen:
+            seen.add(call.id)
+            kept.add(place)
+    named = []
+    for place, call in enumerate(calls):
+        if place not in kept:
+            new = f"{call.id or 'call'}_{place}"
+            while new in seen:
+                new += "_"
+            seen.add(new)
+            call = ToolCall(new, call.name, call.arguments)
+        named.append(call)
+    return tuple(named)
+
+
 def from_response(response: Any) -> ModelResponse | None:
     """A Responses object as our response; None while it is still being generated."""
     status = getattr(response, "status", None)
@@ -193,12 +217,12 @@ def from_response(response: Any) -> ModelResponse | None:
             text.extend(getattr(part, "text", None) or ""
                         for part in getattr(item, "content", None) or [])
         elif kind == "function_call":
-            calls.append(ToolCall(item.call_id, item.name,
+            calls.append(ToolCall(item.call_id or "", item.name,
                                   arguments_of(item.arguments, PermanentModelError)))
     usage = getattr(response, "usage", None)
     return ModelResponse(
         "".join(text),
-        tuple(calls),
+        distinct_ids(calls),
         {
             "input_tokens": getattr(usage, "input_tokens", 0) or 0,
             "output_tokens": getattr(usage, "output_tokens", 0) or 0,
@@ -216,11 +240,11 @@ def from_completion(completion: Any, on_text: OnText) -> ModelResponse:
     message = choices[0].message
     if message.content:
         on_text(message.content)
-    calls = tuple(
-        ToolCall(call.id, call.function.name,
+    calls = distinct_ids([
+        ToolCall(call.id or "", call.function.name,
                  arguments_of(call.function.arguments, TransientModelError))
         for call in message.tool_calls or [] if getattr(call, "function", None) is not None
-    )
+    ])
     usage = getattr(completion, "usage", None)
     return ModelResponse(
         message.content or "",
@@ -355,10 +379,10 @@ class OpenAICompatibleProvider:
         if not finished:
             # A stream cut short is a partial answer: it must never drive a tool.
             raise TransientModelError("the response stream ended before the model finished")
-        tool_calls = tuple(
+        tool_calls = distinct_ids([
             ToolCall(c["id"], c["name"], arguments_of(c["arguments"], TransientModelError))
             for _, c in sorted(calls.items())
-        )
+        ])
         return ModelResponse("".join(text), tool_calls, usage, model)
 
 

@@ -198,6 +198,24 @@ def test_streams_text_and_assembles_tool_calls(server: ModelStandIn) -> None:
     }
 
 
+def test_calls_without_an_id_or_with_a_repeated_one_get_ids_of_their_own(
+        server: ModelStandIn) -> None:
+    """Some servers send no call ids (every call ``""``) or repeat one in a response: the
+    turn pairs each call with its task and result by id, so each call of a response is
+    given an id no other of its calls has, named by its place; an id the server gave
+    once is kept."""
+    calls = ({"id": "", "name": "lookup", "arguments": {"q": 1}},
+             {"id": "", "name": "lookup", "arguments": {"q": 2}},
+             {"id": "call_2", "name": "send", "arguments": {}},
+             {"id": "call_2", "name": "send", "arguments": {"again": True}})
+    server.completions.append(Completion("", calls))
+    answer = OpenAICompatibleProvider(server.url, SERVED, "secret").generate(REQUEST, print)
+    assert isinstance(answer, ModelResponse)
+    assert [(c.id, c.arguments) for c in answer.tool_calls] == [
+        ("call_0", {"q": 1}), ("call_1", {"q": 2}), ("call_2", {}),
+        ("call_2_3", {"again": True})]
+
+
 def test_a_cut_stream_is_transient_and_never_a_response(server: ModelStandIn) -> None:
     call = {"id": "call_1", "name": "send", "arguments": {}}
     server.completions.append(Completion("half an answer, then", (call,), cut=True))
