@@ -22,7 +22,12 @@ from controlplane.reads import sessions as session_reads
 from controlplane.reads import tasks as task_reads
 from kernel import DocumentConflict, Draft, Task
 from kernel.errors import UnstorableValue
-from kernel.hosts.langgraph.interrupts import check_resume, resume_signal
+from kernel.hosts.langgraph.interrupts import (
+    check_resume,
+    interrupted,
+    resume_signal,
+    waited_signal,
+)
 from kernel.hosts.langgraph.layout import FORKS, INDEX, INDEX_KEY, STARTS
 from kernel.values import storable
 
@@ -43,7 +48,8 @@ def resume_graph(
         except ValueError as exc:
             raise Invalid(str(exc)) from exc
     payload = {"value": value, "by": actor(user), "reason": reason}
-    signal = resume_signal(checkpoint_id)
+    waiting = interrupted(task)  # None for a repeat whose resume was taken already
+    signal = waited_signal(waiting) if waiting else resume_signal(checkpoint_id)
     return act_on_task(user, action_id, reason, "resume", task,
                        lambda d: d.signal(task_id, signal, payload, step_epoch=task.epoch))
 

@@ -3,15 +3,16 @@ checkpoints committed with the task's progress, interrupts as durable waits, for
 
 from __future__ import annotations
 
+import operator
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import Annotated, Any, TypedDict
 
 import pytest
 
 from kernel import Draft, InMemoryStorage, Kernel, Registry, Scheduler, Status
 from kernel.hosts.langgraph import SessionStoreSaver
 from kernel.hosts.langgraph.host import fork_input
-from kernel.hosts.langgraph.interrupts import resume_signal
+from kernel.hosts.langgraph.interrupts import check_resume, interrupted, resume_signal
 from kernel.hosts.langgraph.layout import CHECKPOINT, HOST, INDEX
 from kernel.registry import TaskDefinition
 from tests.langgraph_graphs import APPROVAL, DECISION, PIPELINE, register_all, runs
@@ -69,10 +70,12 @@ def test_an_interrupt_is_a_durable_wait_and_the_resume_value_reaches_the_node(
     waiting = task.checkpoint["interrupted"]
     assert waiting["interrupts"][0]["value"] == {"question": "publish?",
                                                 "text": "draft of notice", "schema": DECISION}
-    assert task.wait == {"signal": resume_signal(waiting["checkpoint_id"])}
+    assert task.wait == {"signal": resume_signal(waiting["checkpoint_id"],
+                                                 [waiting["interrupts"][0]["id"]])}
+    assert waiting["signal"] == task.wait["signal"]
 
     draft = Draft(actor="user:olga")
-    draft.signal(task_id, resume_signal(waiting["checkpoint_id"]), {"value": {"approved": True}},
+    draft.signal(task_id, waiting["signal"], {"value": {"approved": True}},
                  step_epoch=task.epoch)
     kernel.open(session).commit(draft)
     Scheduler(Kernel(kernel.storage, kernel.registry)).run_until_idle()  # a new process
@@ -150,7 +153,7 @@ def test_what_a_node_does_before_interrupt_happens_again_unless_it_is_keyed(
     Scheduler(kernel).run_until_idle()
     waiting = kernel.task(task_id).checkpoint["interrupted"]
     draft = Draft(actor="user:olga")
-    draft.signal(task_id, resume_signal(waiting["checkpoint_id"]), {"value": "yes"},
+    draft.signal(task_id, waiting["signal"], {"value": "yes"},
                  step_epoch=kernel.task(task_id).epoch)
     kernel.open(session).commit(draft)
     Scheduler(kernel).run_until_idle()
@@ -225,3 +228,151 @@ def test_a_registered_graph_is_named_by_its_host_and_a_later_version_without_it_
                for k in kernel.registry.kinds() - set(graphs))
     kernel.registry.add(TaskDefinition(PIPELINE, 99, {"run": lambda run: None}, "run"))
     assert PIPELINE not in kernel.registry.hosted_by(HOST)  # what the newest one runs
+
+
+class Answers(TypedDict):
+    answers: Annotated[list[Any], operator.add]
+
+
+def hosted(builder: Any) -> Kernel:
+    """A kernel on the in-memory storage hosting ``builder``'s graph as kind ``asking``."""
+    from kernel.hosts.langgraph.host import register_graph
+
+    registry = Registry()
+    made: list[Kernel] = []
+    register_graph(registry, "asking", builder.compile(), kernel=lambda: made[0])
+    made.append(Kernel(InMemoryStorage(), registry))
+    return made[0]
+
+
+def answer(kernel: Kernel, session: str, task_id: str, value: Any) -> None:
+    """An operator's resume of the interrupts ``task_id`` waits on, as the API commits it."""
+    task = kernel.task(task_id)
+    waiting = interrupted(task)
+    assert waiting is not None, (task.status, task.outcome)
+    check_resume(task, waiting["checkpoint_id"], value)
+    draft = Draft(actor="user:olga")
+    draft.signal(task_id, waiting["signal"], {"value": value}, step_epoch=task.epoch)
+    kernel.open(session).commit(draft)
+    Scheduler(kernel).run_until_idle(max_phases=20)
+
+
+def twice_asking() -> Any:
+    from langgraph.graph import END, START, StateGraph
+    from langgraph.types import interrupt
+
+    def ask(state: Answers) -> dict[str, Any]:
+        first = interrupt("first?")
+        return {"answers": [first, interrupt("second?")]}
+
+    builder = StateGraph(Answers)
+    builder.add_node("ask", ask)
+    builder.add_edge(START, "ask")
+    builder.add_edge("ask", END)
+    return builder
+
+
+def test_a_second_interrupt_in_a_node_waits_for_its_own_answer() -> None:
+    """After its resume a node that calls ``interrupt()`` again interrupts at the same
+    checkpoint (no super-step ended): the run waits for an answer to the second
+    question, and the node gets each answer, as under LangGraph's own saver."""
+    from langgraph.checkpoint.memory import InMemorySaver
+    from langgraph.types import Command
+
+    truth = twice_asking().compile(checkpointer=InMemorySaver())
+    config: Any = {"configurable": {"thread_id": "t"}}
+    truth.invoke({"answers": []}, config)
+    truth.invoke(Command(resume="yes"), config)
+    assert truth.invoke(Command(resume="no"), config) == {"answers": ["yes", "no"]}
+
+    kernel = hosted(twice_asking())
+    session, task_id = start(kernel, "asking", {"input": {"answers": []}})
+    Scheduler(kernel).run_until_idle()
+    answer(kernel, session, task_id, "yes")
+    task = kernel.task(task_id)
+    waiting = interrupted(task)
+    assert task.status is Status.WAITING and waiting is not None, task.outcome
+    assert [i["value"] for i in waiting["interrupts"]] == ["second?"]
+    answer(kernel, session, task_id, "no")
+    task = kernel.task(task_id)
+    assert task.outcome is not None and task.outcome["kind"] == "succeeded", task.outcome
+    assert task.outcome["result"]["output"] == {"answers": ["yes", "no"]}
+
+
+def parallel_asking() -> Any:
+    from langgraph.graph import END, START, StateGraph
+    from langgraph.types import interrupt
+
+    builder = StateGraph(Answers)
+    for name in ("left", "right"):
+        builder.add_node(name, lambda s, name=name: {"answers": [[name, interrupt(name)]]})
+        builder.add_edge(START, name)
+        builder.add_edge(name, END)
+    return builder
+
+
+def test_parallel_interrupts_take_a_value_each_by_id_together_or_one_at_a_time() -> None:
+    """Two nodes of one step interrupt at once: a single value for both is refused
+    (LangGraph cannot tell whose it is), a value per interrupt id answers each, and one
+    answered first leaves the run waiting for the other, as under LangGraph's saver."""
+    from langgraph.checkpoint.memory import InMemorySaver
+    from langgraph.types import Command
+
+    truth = parallel_asking().compile(checkpointer=InMemorySaver())
+    config: Any = {"configurable": {"thread_id": "t"}}
+    truth.invoke({"answers": []}, config)
+    left, right = truth.get_state(config).interrupts
+    truth.invoke(Command(resume={left.id: "L"}), config)
+    (still,) = truth.get_state(config).interrupts
+    assert still.value == "right"
+    expected = {"answers": [["left", "L"], ["right", "R"]]}
+    assert truth.invoke(Command(resume={still.id: "R"}), config) == expected
+
+    kernel = hosted(parallel_asking())
+    session, task_id = start(kernel, "asking", {"input": {"answers": []}})
+    Scheduler(kernel).run_until_idle()
+    task = kernel.task(task_id)
+    waiting = interrupted(task)
+    assert waiting is not None
+    with pytest.raises(ValueError, match="2 interrupts wait"):
+        check_resume(task, waiting["checkpoint_id"], "L")
+    ids = {i["value"]: i["id"] for i in waiting["interrupts"]}
+    answer(kernel, session, task_id, {ids["left"]: "L"})
+    task = kernel.task(task_id)
+    waiting = interrupted(task)
+    assert waiting is not None, task.outcome
+    assert [i["value"] for i in waiting["interrupts"]] == ["right"]
+    answer(kernel, session, task_id, {waiting["interrupts"][0]["id"]: "R"})
+    task = kernel.task(task_id)
+    assert task.outcome is not None and task.outcome["kind"] == "succeeded", task.outcome
+    assert task.outcome["result"]["output"] == expected
+
+    session, task_id = start(kernel, "asking", {"input": {"answers": []}})
+    Scheduler(kernel).run_until_idle()
+    waiting = interrupted(kernel.task(task_id))
+    assert waiting is not None
+    answer(kernel, session, task_id, {i["id"]: i["value"].upper() for i in waiting["interrupts"]})
+    task = kernel.task(task_id)
+    assert task.outcome is not None and task.outcome["kind"] == "succeeded", task.outcome
+    assert task.outcome["result"]["output"] == {"answers": [["left", "LEFT"], ["right", "RIGHT"]]}
+
+
+@pytest.mark.parametrize("value", [None, {}, 0, "", False, []])
+def test_any_resume_value_reaches_the_node_even_one_langgraph_reads_as_none(value: Any) -> None:
+    """LangGraph takes a bare ``Command(resume=None)`` for no resume (an error) and a
+    bare ``{}`` for a map answering no interrupt (the node interrupts again): the host
+    resumes by the interrupt's id, so the node gets whatever the operator sent."""
+    from langgraph.graph import END, START, StateGraph
+    from langgraph.types import interrupt
+
+    builder = StateGraph(Answers)
+    builder.add_node("ask", lambda s: {"answers": [interrupt("what?")]})
+    builder.add_edge(START, "ask")
+    builder.add_edge("ask", END)
+    kernel = hosted(builder)
+    session, task_id = start(kernel, "asking", {"input": {"answers": []}})
+    Scheduler(kernel).run_until_idle()
+    answer(kernel, session, task_id, value)
+    task = kernel.task(task_id)
+    assert task.outcome is not None and task.outcome["kind"] == "succeeded", task.outcome
+    assert task.outcome["result"]["output"] == {"answers": [value]}

@@ -31,7 +31,7 @@ from kernel.run import Run
 from kernel.session import Kernel
 from kernel.tasks import Transition
 
-from .interrupts import resume_signal
+from .interrupts import resume_map, resume_signal, waited_signal
 from .layout import HOST, register_documents
 from .saver import SessionStoreSaver
 
@@ -119,8 +119,12 @@ class GraphHost:
             graph_input = (run.input or {}).get("input")  # run_input's
         elif waiting is not None and progress["checkpoint_id"] == waiting["checkpoint_id"]:
             # Nothing committed since the interrupt: the resume has not been applied yet.
-            answer = run.signal(resume_signal(waiting["checkpoint_id"]))
-            graph_input = Command(resume=(answer or {}).get("value"))
+            answer = run.signal(waited_signal(waiting))
+            value = (answer or {}).get("value")
+            try:
+                graph_input = Command(resume=resume_map(waiting, value))
+            except ValueError:  # several wait, not named: LangGraph says why it cannot
+                graph_input = Command(resume=value)
         else:
             graph_input = None
         with self.saver.committing_through(run):
@@ -128,12 +132,13 @@ class GraphHost:
         state = graph.get_state({"configurable": {"thread_id": run.session_id}})
         if state.interrupts:
             checkpoint_id = state.config["configurable"]["checkpoint_id"]
+            signal = resume_signal(checkpoint_id, [i.id for i in state.interrupts])
             interrupted = {
                 "checkpoint_id": checkpoint_id,
                 "interrupts": [{"id": i.id, "value": to_json(i.value)} for i in state.interrupts],
+                "signal": signal,
             }
-            return run.wait_for(resume_signal(checkpoint_id), then="run",
-                                checkpoint={"interrupted": interrupted})
+            return run.wait_for(signal, then="run", checkpoint={"interrupted": interrupted})
         return run.succeed({"checkpoint_id": state.config["configurable"]["checkpoint_id"],
                             "output": self.output(result)})
 

@@ -1,13 +1,19 @@
 """What an interrupted graph task waits for, and which resume values it takes.
 
 ``interrupt(value)`` in a node ends the run's phase with a durable wait on a signal named
-for the interrupted checkpoint (:func:`resume_signal`); the task's checkpoint holds what
-was interrupted (``checkpoint["interrupted"]``). This module reads that without LangGraph,
-for the API and the dashboard.
+for the interrupted checkpoint and the interrupts that wait there (:func:`resume_signal`);
+the task's checkpoint holds what was interrupted (``checkpoint["interrupted"]``). This
+module reads that without LangGraph, for the API, the dashboard and the host.
+
+The signal is named for the interrupts too, not only the checkpoint: a node that calls
+``interrupt()`` a second time after its resume, and parallel nodes resumed one at a time,
+interrupt again at the same checkpoint (no super-step ended in between), and a wait on a
+signal the task already holds would take the earlier answer for the new question.
 """
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any
 
 import jsonschema_rs
@@ -19,8 +25,37 @@ RESUME = "langgraph.resume"
 """The prefix of the signal an interrupted run waits on (``langgraph.resume:<checkpoint>``)."""
 
 
-def resume_signal(checkpoint_id: str) -> str:
-    return f"{RESUME}:{checkpoint_id}"
+def resume_signal(checkpoint_id: str, interrupt_ids: list[str] | None = None) -> str:
+    """The signal a run interrupted at ``checkpoint_id`` by ``interrupt_ids`` waits on
+    (without ids: the name waits had before they were named for their interrupts)."""
+    if interrupt_ids is None:
+        return f"{RESUME}:{checkpoint_id}"
+    digest = hashlib.sha256("\n".join(sorted(interrupt_ids)).encode()).hexdigest()[:16]
+    return f"{RESUME}:{checkpoint_id}:{digest}"
+
+
+def waited_signal(waiting: JSON) -> str:
+    """The signal the interrupted run ``waiting`` (``checkpoint["interrupted"]``) waits on."""
+    return waiting.get("signal") or resume_signal(waiting["checkpoint_id"])
+
+
+def resume_map(waiting: JSON, value: JSON) -> dict[str, JSON]:
+    """The resume value ``value`` as LangGraph's map of interrupt id to the value that
+    interrupt receives: ``value`` itself when it is an object whose keys are ids of
+    interrupts that wait (LangGraph's ``Command(resume={id: value})``, and the way to
+    answer each of several interrupts), else the one waiting interrupt's value. Mapped
+    by id, any value reaches the node as it is: LangGraph reads a bare ``None`` as no
+    resume at all and a bare ``{}`` as a map that answers nothing. ValueError when
+    several interrupts wait and ``value`` does not name them."""
+    ids = [i["id"] for i in waiting["interrupts"]]
+    if isinstance(value, dict) and value and set(value) <= set(ids):
+        return value
+    if len(ids) == 1:
+        return {ids[0]: value}
+    raise ValueError(
+        f"value: {len(ids)} interrupts wait ({', '.join(ids)}): an object giving each "
+        "interrupt you answer its value by its id"
+    )
 
 
 def interrupted(task: Task) -> JSON:
@@ -28,7 +63,7 @@ def interrupted(task: Task) -> JSON:
     each with its ``id`` and ``value``), or None."""
     waiting = (task.checkpoint or {}).get("interrupted")
     signal = task.waits_on.signal if task.status is Status.WAITING else None
-    if not waiting or signal != resume_signal(waiting["checkpoint_id"]):
+    if not waiting or signal != waited_signal(waiting):
         return None
     if signal in task.signals:  # answered: the resume is on its way to a worker
         return None
@@ -44,19 +79,23 @@ def declared_schema(value: JSON) -> JSON:
 def check_resume(task: Task, checkpoint_id: str, value: JSON) -> None:
     """ValueError naming the field unless ``value`` may resume ``task`` where it was
     interrupted at ``checkpoint_id``: a node that interrupts with ``{"schema": ...}`` in
-    its value declares the JSON schema its resume value must meet. LookupError when the
-    task does not wait there (any more)."""
+    its value declares the JSON schema its resume value must meet. With several
+    interrupts waiting, ``value`` gives each one it answers its value by id
+    (:func:`resume_map`). LookupError when the task does not wait there (any more)."""
     waiting = interrupted(task)
     if waiting is None or waiting["checkpoint_id"] != checkpoint_id:
         raise LookupError(
             f"task {task.id} does not wait for a resume at checkpoint {checkpoint_id}"
         )
+    answers = resume_map(waiting, value)
+    by_id = len(waiting["interrupts"]) > 1 or answers is value
     for found in waiting["interrupts"]:
         declared = declared_schema(found["value"])
-        if declared is None:
+        if declared is None or found["id"] not in answers:
             continue
         try:
-            jsonschema_rs.validator_for(declared).validate(value)
+            jsonschema_rs.validator_for(declared).validate(answers[found["id"]])
         except jsonschema_rs.ValidationError as exc:
-            where = "".join(f"[{p!r}]" for p in exc.instance_path)
+            path = ([found["id"]] if by_id else []) + list(exc.instance_path)
+            where = "".join(f"[{p!r}]" for p in path)
             raise ValueError(f"value{where}: {exc.message}") from exc
