@@ -67,7 +67,7 @@ def resume(request: HttpRequest, task_id: PathText, body: ResumeIn) -> Any:
     already or replaced since is refused (409); a value that does not meet the schema
     the interrupt declares is refused (422)."""
     return commands.resume_graph(caller(request), task_id, body.action_id, body.reason,
-                                 body.checkpoint_id, body.value)
+                                 body.checkpoint_id, body.value, body.interrupt_ids)
 
 
 @router.post("/sessions/{session_id}/graph/runs", response=ActionOut)

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import Annotated, Any
 
 from ninja import Field, Schema
 from pydantic import ConfigDict, model_validator
 
 from controlplane.api.types import (
+    MAX_NAME,
+    NO_NUL,
     NOT_BLANK,
     Integer,
     JsonObject,
@@ -196,12 +198,22 @@ class CompactIn(ActionIn):
                               "a conversation that has a newer one is refused (409)")
 
 
+InterruptId = Annotated[str, Field(pattern=NO_NUL, max_length=MAX_NAME)]
+
+
 class ResumeIn(ActionIn):
     checkpoint_id: str = text(..., min_length=1, max_length=200,
                               description="the interrupt you answer: the task's "
                               "`checkpoint.interrupted.checkpoint_id`")
     value: JsonObject = Field(..., description="the resume value the interrupted node "
-                              "receives (checked against the `schema` its interrupt declares)")
+                              "receives (checked against the `schema` its interrupt "
+                              "declares); when several interrupts wait, an object giving "
+                              "each one you answer its value by its id")
+    interrupt_ids: list[InterruptId] | None = Field(
+        None, max_length=100, description="the ids of the interrupts you answer (the "
+        "thread's `interrupts[].interrupt_ids`): refused (409) when the run waits on "
+        "others, as a node that interrupts again after its resume does at the same "
+        "checkpoint")
 
 
 class ForkIn(ActionIn):
@@ -266,12 +278,19 @@ class GraphInterruptOut(Schema):
     checkpoint_id: str = Field(..., description="send it with the resume "
                                "(`POST /tasks/{task_id}/resume`)")
     values: list[JSON] = Field(..., description="each interrupt's value, as the node gave it")
+    interrupt_ids: list[str] = Field(..., description="each interrupt's id, in the order of "
+                                     "`values`: with several, the resume value gives each "
+                                     "one its value by its id")
     resume_schema: JSON = Field(..., description="the JSON schema a resume value must meet, "
                                 "when the node declared one")
 
     @staticmethod
     def resolve_resume_schema(found: Any) -> JSON:
         return found.schema
+
+    @staticmethod
+    def resolve_interrupt_ids(found: Any) -> list[str]:
+        return list(found.ids)
 
 
 class GraphRunOut(Schema):

@@ -33,16 +33,19 @@ from kernel.values import storable
 
 
 def resume_graph(
-    user: User, task_id: str, action_id: str, reason: str, checkpoint_id: str, value: Any
+    user: User, task_id: str, action_id: str, reason: str, checkpoint_id: str, value: Any,
+    interrupt_ids: list[str] | None = None,
 ) -> ActionResult:
     """Resume a hosted LangGraph run interrupted at ``checkpoint_id`` (the interrupt the
     operator saw) with ``value``, checked against the schema the node declared, if any:
-    one commit naming the operator. A run no longer waiting there is refused (Conflict)."""
+    one commit naming the operator. A run no longer waiting there, or (given
+    ``interrupt_ids``, the interrupts the operator saw) waiting there on other
+    interrupts, is refused (Conflict)."""
     require_operator(user)
     task = task_reads.record(task_id)
     if not done_before(task.session_id, action_id, "resume", task_id):
         try:
-            check_resume(task, checkpoint_id, value)
+            check_resume(task, checkpoint_id, value, interrupt_ids)
         except LookupError as exc:
             raise Conflict(f"{exc} (it is {task.shown_status}): look again") from exc
         except ValueError as exc:

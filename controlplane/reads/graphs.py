@@ -95,8 +95,15 @@ class Interrupt:
     checkpoint_id: str
     values: list[JSON]
     """Each interrupt's value, as the node gave it."""
+    ids: list[str]
+    """Each interrupt's id (in the order of ``values``): what a resume of several names."""
     schema: JSON
     """The JSON schema a resume value must meet, when a node declared one."""
+
+    @property
+    def by_id(self) -> list[tuple[str, JSON]]:
+        """Each interrupt's id with its value."""
+        return list(zip(self.ids, self.values, strict=True))
 
 
 @dataclass(frozen=True)
@@ -239,8 +246,9 @@ def _interrupt(task: Task) -> Interrupt | None:
     if waiting is None:
         return None
     values = [i.get("value") for i in waiting.get("interrupts", [])]
+    ids = [str(i.get("id")) for i in waiting.get("interrupts", [])]
     schema = next((s for s in map(declared_schema, values) if s is not None), None)
-    return Interrupt(task.id, task.kind, waiting["checkpoint_id"], values, schema)
+    return Interrupt(task.id, task.kind, waiting["checkpoint_id"], values, ids, schema)
 
 
 def runs(session_id: str, index: dict[str, JSON] | None = None) -> list[Task]:

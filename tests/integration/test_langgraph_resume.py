@@ -23,10 +23,11 @@ def advance(kernel: Kernel, task_id: str) -> None:
     assert Worker(kernel, "test-worker", 30).advance(task_id)
 
 
-def resume(client: Any, task_id: str, action_id: str, checkpoint_id: str, value: Any) -> Any:
+def resume(client: Any, task_id: str, action_id: str, checkpoint_id: str, value: Any,
+           **more: Any) -> Any:
     return post(client, f"/api/tasks/{task_id}/resume",
                 {"action_id": action_id, "reason": "read the draft", "checkpoint_id":
-                 checkpoint_id, "value": value})
+                 checkpoint_id, "value": value, **more})
 
 
 def test_an_operator_resumes_an_interrupt_through_the_api(graphs: Path) -> None:
@@ -45,11 +46,18 @@ def test_an_operator_resumes_an_interrupt_through_the_api(graphs: Path) -> None:
     assert bad.status_code == 422 and "value" in bad.json()["detail"], bad.json()
     stale = resume(olga, task_id, "a1", "1f0-not-this-one", {"approved": True})
     assert stale.status_code == 409, stale.json()
+    (shown_interrupt,) = olga.get(f"/api/sessions/{session}/graph").json()["interrupts"]
+    assert shown_interrupt["interrupt_ids"] == [waiting["interrupts"][0]["id"]]
+    other_question = resume(olga, task_id, "a3", checkpoint_id, {"approved": True},
+                            interrupt_ids=["0" * 32])  # one answered before, say
+    assert other_question.status_code == 409, other_question.json()
     assert kernel.task(task_id).signals == {}  # refused ones changed nothing
 
-    done = resume(olga, task_id, "a2", checkpoint_id, {"approved": True})
+    done = resume(olga, task_id, "a2", checkpoint_id, {"approved": True},
+                  interrupt_ids=shown_interrupt["interrupt_ids"])
     assert done.status_code == 200, done.json()
-    again = resume(olga, task_id, "a2", checkpoint_id, {"approved": True})
+    again = resume(olga, task_id, "a2", checkpoint_id, {"approved": True},
+                   interrupt_ids=shown_interrupt["interrupt_ids"])
     assert again.json()["replayed"] is True and again.json()["seq"] == done.json()["seq"]
     other = resume(client_for("ola", "operator"), task_id, "b1", checkpoint_id,
                    {"approved": False})

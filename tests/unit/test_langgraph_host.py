@@ -288,11 +288,18 @@ def test_a_second_interrupt_in_a_node_waits_for_its_own_answer() -> None:
     kernel = hosted(twice_asking())
     session, task_id = start(kernel, "asking", {"input": {"answers": []}})
     Scheduler(kernel).run_until_idle()
+    first = interrupted(kernel.task(task_id))
+    assert first is not None
     answer(kernel, session, task_id, "yes")
     task = kernel.task(task_id)
     waiting = interrupted(task)
     assert task.status is Status.WAITING and waiting is not None, task.outcome
     assert [i["value"] for i in waiting["interrupts"]] == ["second?"]
+    assert waiting["checkpoint_id"] == first["checkpoint_id"]
+    # An answer sent for the first question (an operator who saw it late) is refused.
+    with pytest.raises(LookupError, match="not " + first["interrupts"][0]["id"]):
+        check_resume(task, first["checkpoint_id"], "late",
+                     [i["id"] for i in first["interrupts"]])
     answer(kernel, session, task_id, "no")
     task = kernel.task(task_id)
     assert task.outcome is not None and task.outcome["kind"] == "succeeded", task.outcome

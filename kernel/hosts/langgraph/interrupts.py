@@ -76,16 +76,27 @@ def declared_schema(value: JSON) -> JSON:
     return value.get("schema") if isinstance(value, dict) else None
 
 
-def check_resume(task: Task, checkpoint_id: str, value: JSON) -> None:
+def check_resume(
+    task: Task, checkpoint_id: str, value: JSON, interrupt_ids: list[str] | None = None,
+) -> None:
     """ValueError naming the field unless ``value`` may resume ``task`` where it was
     interrupted at ``checkpoint_id``: a node that interrupts with ``{"schema": ...}`` in
     its value declares the JSON schema its resume value must meet. With several
     interrupts waiting, ``value`` gives each one it answers its value by id
-    (:func:`resume_map`). LookupError when the task does not wait there (any more)."""
+    (:func:`resume_map`). LookupError when the task does not wait there (any more), or,
+    given ``interrupt_ids`` (the interrupts the operator was shown), waits there on other
+    interrupts: a node that interrupts again after its resume does so at the same
+    checkpoint, and an answer meant for its first question must not answer the next."""
     waiting = interrupted(task)
     if waiting is None or waiting["checkpoint_id"] != checkpoint_id:
         raise LookupError(
             f"task {task.id} does not wait for a resume at checkpoint {checkpoint_id}"
+        )
+    pending = [i["id"] for i in waiting["interrupts"]]
+    if interrupt_ids is not None and sorted(interrupt_ids) != sorted(pending):
+        raise LookupError(
+            f"task {task.id} waits at checkpoint {checkpoint_id} on interrupt "
+            f"{', '.join(pending)}, not {', '.join(interrupt_ids) or 'none'}"
         )
     answers = resume_map(waiting, value)
     by_id = len(waiting["interrupts"]) > 1 or answers is value
