@@ -91,7 +91,7 @@ def fork_graph(request: HttpRequest, session_id: PathText, body: ForkIn) -> Any:
     since the `version` you send back (`GET /sessions/{session_id}/graph`)."""
     return commands.fork_graph(caller(request), session_id, body.action_id, body.reason,
                                body.checkpoint_id, body.expected_version, body.values,
-                               body.kind)
+                               body.kind, body.as_node)
 
 
 @router.post("/tasks/{task_id}/wake", response=ActionOut)

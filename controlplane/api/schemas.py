@@ -230,6 +230,10 @@ class ForkIn(ActionIn):
     kind: str | None = text(None, min_length=1, max_length=200,
                             description="the graph to run, registered here (a new version "
                             "of it, say); absent or null: the thread's newest run's (`kind`)")
+    as_node: str | None = text(None, min_length=1, max_length=200,
+                               description="with `values`: the node they are written as "
+                               "(LangGraph's `as_node`), needed where the checkpoint's step "
+                               "ran several nodes; absent or null: the node that wrote last")
 
 
 class GraphRunIn(ActionIn):

@@ -99,14 +99,18 @@ def start_graph(
 def fork_graph(
     user: User, session_id: str, action_id: str, reason: str, checkpoint_id: str,
     expected_version: int, values: Any = None, kind: str | None = None,
+    as_node: str | None = None,
 ) -> ActionResult:
     """Start a new run of the session's graph from its thread's checkpoint
     ``checkpoint_id`` (time travel): nothing before that checkpoint runs again; with
     ``values`` (a JSON object) the state there is updated first (LangGraph's
-    ``update_state``). The fork is a new branch of the thread: the checkpoints after the
-    fork point stay readable. One commit naming the operator, which creates the run.
-    The run is of ``kind``, a graph registered here (a new version of the graph, say,
-    to go on with fixed nodes), or of the thread's newest run's kind when none is given.
+    ``update_state``), as if node ``as_node`` wrote them: LangGraph needs it where the
+    checkpoint's step ran several nodes (else the run fails, saying so), and by default
+    takes the node that wrote last. The fork is a new branch of the thread: the
+    checkpoints after the fork point stay readable. One commit naming the operator,
+    which creates the run. The run is of ``kind``, a graph registered here (a new version
+    of the graph, say, to go on with fixed nodes), or of the thread's newest run's kind
+    when none is given.
 
     Refused (Conflict) when the checkpoint is no longer in the thread (pruned, deleted),
     when a run of the thread has not ended (each run goes on from the thread's newest
@@ -125,6 +129,8 @@ def fork_graph(
             storable(values, "values")
         except UnstorableValue as exc:
             raise Invalid(str(exc)) from exc
+    elif as_node is not None:
+        raise Invalid("as_node: names the node that writes `values`; there are none")
     thread = graph_reads.thread(session_id)
     if thread is None:
         raise Conflict(f"session {session_id} holds no graph thread to fork")
@@ -142,7 +148,7 @@ def fork_graph(
         expected = expected_version
 
     def build(draft: Draft) -> str:
-        run = draft.create_task(kind, fork_input(checkpoint_id, values))
+        run = draft.create_task(kind, fork_input(checkpoint_id, values, as_node))
         _name_in_index(draft, FORKS, run, expected)
         return run
 

@@ -230,7 +230,8 @@ def fork_graph(request: HttpRequest, session_id: str) -> HttpResponse:
         values = _json_field(request, "values", required=False)
         result = commands.fork_graph(request.user, session_id, action_id, reason,
                                      checkpoint_id, _thread_version(request), values,
-                                     request.POST.get("kind", "").strip() or None)
+                                     request.POST.get("kind", "").strip() or None,
+                                     request.POST.get("as_node", "").strip() or None)
     except Exception as exc:
         return _refused(request, exc)
     return _done(request, result, "fork")

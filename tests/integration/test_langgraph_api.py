@@ -128,11 +128,14 @@ def test_a_fork_through_the_api_updates_the_state_first(graphs: Path) -> None:
     thread = olga.get(f"/api/sessions/{session_id}/graph").json()
     third = thread["checkpoints"][2]["id"]
     values = {"messages": [{"type": "human", "content": "try it this way"}]}
+    alone = fork(olga, session_id, checkpoint_id=third, expected_version=thread["version"],
+                 as_node="step0")
+    assert alone.status_code == 422 and "as_node" in alone.json()["detail"], alone.json()
     done = fork(olga, session_id, checkpoint_id=third, expected_version=thread["version"],
-                values=values)
+                values=values, as_node="step0")  # the node that wrote last, named
     assert done.status_code == 200, done.json()
     [run] = [t for t in kernel.storage.session_tasks(session_id) if t.id != first]
-    assert run.input == fork_input(third, values)
+    assert run.input == fork_input(third, values, as_node="step0")
     assert Worker(kernel, "w", 30).advance(run.id)
     state = kernel.task(run.id).outcome["result"]["output"]
     contents = [m["kwargs"]["content"] for m in state["messages"]]

@@ -383,3 +383,52 @@ def test_any_resume_value_reaches_the_node_even_one_langgraph_reads_as_none(valu
     task = kernel.task(task_id)
     assert task.outcome is not None and task.outcome["kind"] == "succeeded", task.outcome
     assert task.outcome["result"]["output"] == {"answers": [value]}
+
+
+def test_a_fork_with_values_after_a_step_of_several_nodes_names_the_node_they_are_written_as(
+) -> None:
+    """Where the checkpoint's step ran two nodes LangGraph cannot tell whose update the
+    values are: without ``as_node`` the fork's run fails saying so, with it the run goes
+    on as under LangGraph's own saver."""
+    from langgraph.checkpoint.memory import InMemorySaver
+    from langgraph.graph import END, START, StateGraph
+
+    def graph() -> Any:
+        builder = StateGraph(Answers)
+        builder.add_node("left", lambda s: {"answers": ["left"]})
+        builder.add_node("right", lambda s: {"answers": ["right"]})
+        builder.add_node("join", lambda s: {"answers": ["join"]})
+        builder.add_edge(START, "left")
+        builder.add_edge(START, "right")
+        builder.add_edge(["left", "right"], "join")
+        builder.add_edge("join", END)
+        return builder
+
+    truth = graph().compile(checkpointer=InMemorySaver())
+    config: Any = {"configurable": {"thread_id": "t"}}
+    truth.invoke({"answers": []}, config)
+    (after_both,) = [s for s in truth.get_state_history(config) if s.next == ("join",)]
+    with pytest.raises(Exception, match="specify as_node"):
+        truth.update_state(after_both.config, {"answers": ["fixed"]})
+    expected = truth.invoke(None, truth.update_state(after_both.config, {"answers": ["fixed"]},
+                                                     as_node="left"))
+
+    kernel = hosted(graph())
+    session, first = start(kernel, "asking", {"input": {"answers": []}})
+    Scheduler(kernel).run_until_idle()
+    saver = SessionStoreSaver(kernel)
+    (at,) = [c.config["configurable"]["checkpoint_id"]
+             for c in saver.list({"configurable": {"thread_id": session}})
+             if c.metadata.get("step") == 1]
+    _, ambiguous = start(kernel, "asking", fork_input(at, {"answers": ["fixed"]}), session)
+    Scheduler(kernel).run_until_idle()
+    outcome = kernel.task(ambiguous).outcome
+    assert outcome is not None and "specify as_node" in outcome["error"], outcome
+    _, named = start(kernel, "asking", fork_input(at, {"answers": ["fixed"]}, as_node="left"),
+                     session)
+    Scheduler(kernel).run_until_idle()
+    outcome = kernel.task(named).outcome
+    assert outcome is not None and outcome["kind"] == "succeeded", outcome
+    assert outcome["result"]["output"] == expected == {
+        "answers": ["left", "right", "fixed", "join"]}
+    saver.close()

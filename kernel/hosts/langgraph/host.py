@@ -54,11 +54,14 @@ def run_input(graph_input: JSON) -> JSON:
     return {"input": graph_input}
 
 
-def fork_input(checkpoint_id: str, input: JSON = None) -> JSON:
+def fork_input(checkpoint_id: str, input: JSON = None, as_node: str | None = None) -> JSON:
     """The input of a graph task that goes on from ``checkpoint_id`` of its session's
     thread (time travel): ``input`` None replays from there, a value updates the state
-    there first (LangGraph's ``update_state``), as a new branch."""
-    return {"fork": {"checkpoint_id": checkpoint_id, "values": input}}
+    there first (LangGraph's ``update_state``), as a new branch, as if node ``as_node``
+    wrote it: LangGraph needs it where the last step ran several nodes, and by default
+    takes the node that wrote last."""
+    fork = {"checkpoint_id": checkpoint_id, "values": input}
+    return {"fork": fork if as_node is None else {**fork, "as_node": as_node}}
 
 
 def to_json(value: Any) -> JSON:
@@ -113,7 +116,8 @@ class GraphHost:
             config["configurable"]["checkpoint_id"] = fork["checkpoint_id"]
             if fork.get("values") is not None:
                 with self.saver.committing_through(run):
-                    config = graph.update_state(config, fork["values"])
+                    config = graph.update_state(config, fork["values"],
+                                                as_node=fork.get("as_node"))
             graph_input: Any = None
         elif progress is None:
             graph_input = (run.input or {}).get("input")  # run_input's
