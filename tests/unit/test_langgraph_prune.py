@@ -144,3 +144,52 @@ def test_a_10000_checkpoint_thread_stays_bounded_by_the_policy_and_resumable() -
         assert after is not None and after.parent_config == newest.config
     finally:
         saver.close()
+
+
+class Said(TypedDict):
+    said: Annotated[list[str], lambda old, new: [*old, *new]]
+
+
+def calling_graph(saver: SessionStoreSaver) -> Any:
+    """A graph whose node calls a subgraph, which asks before it answers."""
+    from langgraph.types import interrupt
+
+    inner = StateGraph(Said)
+    inner.add_node("answer", lambda s: {"said": [f"answer to {interrupt('go on?')}"]})
+    inner.add_edge(START, "answer")
+    inner.add_edge("answer", END)
+    builder = StateGraph(Said)
+    builder.add_node("call", inner.compile())
+    builder.add_edge(START, "call")
+    builder.add_edge("call", END)
+    return builder.compile(checkpointer=saver)
+
+
+def test_a_subgraph_calls_namespace_goes_with_the_root_checkpoint_it_started_from() -> None:
+    """Each call of a subgraph writes a namespace of its own: a prune keeps the one the
+    thread's kept root checkpoints started (the interrupted call, which resumes), and
+    drops those of calls started from root checkpoints it removes, as LangGraph's
+    Postgres saver does, so a thread does not keep a piece of every call it made."""
+    from langgraph.types import Command
+
+    saver = SessionStoreSaver(Kernel(InMemoryStorage(), Registry()))
+    graph = calling_graph(saver)
+    config: Any = {"configurable": {"thread_id": "calls"}}
+    for n in range(4):
+        graph.invoke({"said": [f"question {n}"]}, config)
+        graph.invoke(Command(resume=f"yes {n}"), config)
+    graph.invoke({"said": ["question 4"]}, config)  # the call waits at its interrupt
+
+    def namespaces() -> list[str]:
+        found = saver.kernel.document("calls", INDEX, INDEX_KEY)["namespaces"]
+        return sorted(ns for ns, checkpoints in found.items() if checkpoints)
+
+    assert len(namespaces()) == 6  # the root and five calls
+    saver.prune_by(["calls"], KeepLatest(1))
+    (root, waiting) = namespaces()
+    assert root == "" and waiting.startswith("call:")
+    final = graph.invoke(Command(resume="yes 4"), config)
+    assert final["said"][-2:] == ["question 4", "answer to yes 4"]
+    saver.prune_by(["calls"], KeepLatest(1))
+    assert namespaces() == [""]
+    saver.close()

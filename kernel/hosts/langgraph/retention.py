@@ -9,6 +9,14 @@ and is rebuilt from its ancestors' writes back to the nearest ancestor that stor
 
 Which channels are delta channels is read from the checkpoint's metadata
 (``counters_since_delta_snapshot``, which LangGraph keeps for exactly those).
+
+A subgraph call writes its checkpoints in a namespace of its own (``node:task id``), new
+for every call: kept by the policy like the root's, a thread would keep some of every
+call it ever made. So, as LangGraph's Postgres saver does, a call's namespace goes whole
+with the root checkpoint the call started from (its metadata's ``parents[""]``), once
+that one is in the thread and not kept: restoring or forking a kept root checkpoint never
+reads a call started from an older one. A ``checkpointer=True`` subgraph's namespace
+(no task id: its state outlives each call) is kept by the policy.
 """
 
 from __future__ import annotations
@@ -77,6 +85,16 @@ def needs(checkpoints: Mapping[str, JSON], checkpoint_id: str) -> set[str]:
     return found
 
 
+def started_from(checkpoints: Mapping[str, JSON]) -> str | None:
+    """The root checkpoint a subgraph call's namespace started from (its newest
+    checkpoint's ``parents[""]``), or None."""
+    if not checkpoints:
+        return None
+    newest = checkpoints[max(checkpoints)]
+    root = ((newest.get("metadata") or {}).get("parents") or {}).get("")
+    return root if isinstance(root, str) else None
+
+
 def retained(index: Index, policy: Policy) -> dict[str, set[str]]:
     """Per namespace, the checkpoints a prune by ``policy`` keeps."""
     kept: dict[str, set[str]] = {}
@@ -85,4 +103,9 @@ def retained(index: Index, policy: Policy) -> dict[str, set[str]]:
         for checkpoint_id in list(chosen):
             chosen |= needs(checkpoints, checkpoint_id)
         kept[ns] = chosen
+    roots = index.get("", {})
+    for ns, checkpoints in index.items():
+        root = started_from(checkpoints) if ":" in ns else None
+        if root is not None and root in roots and root not in kept.get("", set()):
+            kept[ns] = set()
     return kept
