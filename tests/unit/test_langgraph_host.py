@@ -432,3 +432,32 @@ def test_a_fork_with_values_after_a_step_of_several_nodes_names_the_node_they_ar
     assert outcome["result"]["output"] == expected == {
         "answers": ["left", "right", "fixed", "join"]}
     saver.close()
+
+
+@pytest.mark.parametrize("breakpoint", [{"interrupt_before": ["then"]},
+                                        {"interrupt_after": "*"}])
+def test_a_graph_compiled_with_breakpoints_is_refused_since_a_run_would_succeed_halfway(
+    breakpoint: dict[str, Any],
+) -> None:
+    """At a static breakpoint LangGraph's ``invoke`` returns with the graph not finished
+    and no interrupt pending: hosted, the run would succeed with a half-done output."""
+    from langgraph.checkpoint.memory import InMemorySaver
+    from langgraph.graph import END, START, StateGraph
+
+    from kernel.hosts.langgraph.host import register_graph
+
+    builder = StateGraph(Answers)
+    builder.add_node("first", lambda s: {"answers": ["first"]})
+    builder.add_node("then", lambda s: {"answers": ["then"]})
+    builder.add_edge(START, "first")
+    builder.add_edge("first", "then")
+    builder.add_edge("then", END)
+    truth = builder.compile(checkpointer=InMemorySaver(), **breakpoint)
+    config: Any = {"configurable": {"thread_id": "t"}}
+    truth.invoke({"answers": []}, config)
+    state = truth.get_state(config)
+    assert state.next and not state.interrupts  # stopped, with nothing to answer
+
+    with pytest.raises(ValueError, match="breakpoints .* call interrupt"):
+        register_graph(Registry(), "paused", builder.compile(**breakpoint),
+                       kernel=lambda: Kernel(InMemoryStorage(), Registry()))

@@ -155,7 +155,21 @@ def register_graph(
     """Register ``graph`` (compiled, with or without a checkpointer: the Session Store
     saver replaces it) as task kind ``kind``. A task's input: ``{"input": <the graph's
     input>}`` or :func:`fork_input`. ``kernel`` gives the process's kernel once the
-    first run starts (the registry is built before it)."""
+    first run starts (the registry is built before it).
+
+    A graph compiled with breakpoints (``interrupt_before`` / ``interrupt_after``) is
+    refused (ValueError): ``invoke`` returns at one as it does at the graph's end, with
+    no interrupt to wait on, so the run would succeed with the output of a graph that
+    has not finished. ``interrupt()`` in the node is the durable wait."""
+    breakpoints = [nodes if isinstance(nodes, str) else ", ".join(nodes)
+                   for nodes in (graph.interrupt_before_nodes, graph.interrupt_after_nodes)]
+    if any(breakpoints):
+        raise ValueError(
+            f"graph {kind!r} is compiled with breakpoints (interrupt_before: "
+            f"{breakpoints[0] or 'none'}; interrupt_after: {breakpoints[1] or 'none'}): a "
+            "run stopped at one would end as if the graph had finished; call interrupt() "
+            "in the node instead, a durable wait for an operator's resume"
+        )
     register_documents(registry)  # readers (the dashboard, the API) need the kinds too
     host = GraphHost(graph, kernel, output)
     registry.add(TaskDefinition(kind, version, {"run": host.run}, "run", queue=queue,
