@@ -30,9 +30,12 @@ from kernel.hosts.langgraph.layout import (
     STARTS,
     register_documents,
 )
-from kernel.records import Task
+from kernel.records import Outcome, Task
 
 JSON = Any
+ENDED = frozenset(str(outcome) for outcome in Outcome)
+"""The shown statuses of a run that has ended: every outcome (a faulted run too, which
+nothing would end again: a terminal task cannot be cancelled)."""
 ROOT = ""
 """The root namespace: the graph's own checkpoints (a subgraph's have a namespace)."""
 CHECKPOINTS_SHOWN = 100
@@ -146,8 +149,7 @@ class Thread:
     def open_runs(self) -> list[Run]:
         """Runs not ended: a fork waits for them (each goes on from the thread's newest
         checkpoint, which a fork's run would move)."""
-        return [r for r in self.runs if r.shown_status not in ("succeeded", "failed",
-                                                               "cancelled")]
+        return [r for r in self.runs if r.shown_status not in ENDED]
 
 
 def versioned_index(session_id: str) -> tuple[dict[str, dict[str, JSON]], int]:

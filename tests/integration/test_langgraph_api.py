@@ -293,3 +293,29 @@ def test_a_retried_graph_run_waits_for_the_threads_open_run_and_moves_its_versio
     assert late.status_code == 409 and "has not ended" in late.json()["detail"]
     again = post(olga, f"/api/tasks/{broken}/retry", retry)
     assert again.json()["replayed"] is True and again.json()["seq"] == done.json()["seq"]
+
+
+def test_a_faulted_graph_run_has_ended_and_holds_no_start_back(graphs: Path) -> None:
+    """A run can end faulted (its commit rejected, say its output unstorable): it has
+    ended as a failed one has, so the thread takes a new run, not 'has not ended' for
+    good (a terminal run cannot be cancelled)."""
+    from dataclasses import replace
+
+    from kernel import Kernel, Registry
+
+    kernel = runtime().kernel
+    session_id = kernel.create_session().id
+    olga = client_for("olga", "operator")
+    question = {"messages": [{"type": "human", "content": "go"}]}
+    run = start_run(olga, session_id, kind=PIPELINE, input=question,
+                    expected_version=0).json()["task_id"]
+    unstorable = Registry()  # a worker whose run ends with what cannot be stored
+    unstorable.add(replace(kernel.registry.latest(PIPELINE),
+                           phases={"run": lambda r: r.succeed("nul \x00")}))
+    assert Worker(Kernel(kernel.storage, unstorable), "w", 30).advance(run)
+    assert kernel.task(run).outcome["kind"] == "faulted", kernel.task(run).outcome
+    thread = olga.get(f"/api/sessions/{session_id}/graph").json()
+    assert [r["status"] for r in thread["runs"]] == ["faulted"]
+    again = start_run(olga, session_id, action_id="s2", kind=PIPELINE, input=question,
+                      expected_version=thread["version"])
+    assert again.status_code == 200, again.json()
