@@ -94,6 +94,13 @@ def test_an_operator_resumes_the_interrupt_from_the_page(graphs: Path) -> None:
         assert bad.status_code == 422 and field in unescape(bad.content.decode()), bad.content
     stale = olga.post(url, {**form, "checkpoint_id": "1f0-not-it"}, HTTP_HX_REQUEST="true")
     assert stale.status_code == 409, stale.content
+    (waiting,) = kernel.task(task_id).checkpoint["interrupted"]["interrupts"]
+    interrupt_id = waiting["id"]
+    shown = section(olga.get(f"/sessions/{session_id}/").content.decode())
+    assert f'name="interrupt_ids" value="{interrupt_id}"' in shown  # the form sends it back
+    answered = olga.post(url, {**form, "interrupt_ids": ["0" * 32]}, HTTP_HX_REQUEST="true")
+    assert answered.status_code == 409, answered.content  # another question than it showed
+    form["interrupt_ids"] = [interrupt_id]
     assert olga.post(url, {**form, "reason": ""}).status_code == 422
     assert kernel.storage.session(session_id).head_seq == head  # refusals changed nothing
 
