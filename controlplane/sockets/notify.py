@@ -80,6 +80,13 @@ class Hint:
     session_id: str
     seq: int
     id: int
+    tasks: tuple[str, ...] = ()
+    """Tasks the commit wrote that showed previews from this process: it holds the
+    previews they made before it (the page drops them even if it read the commit first)."""
+
+
+PREVIEWED_MAX = 10_000
+"""How many tasks with previews a notifier remembers until one of their commits."""
 
 
 class Notifier:
@@ -96,11 +103,14 @@ class Notifier:
         self._queue: queue.Queue[Hint | Preview] = queue.Queue(QUEUE_SIZE)
         self._thread: threading.Thread | None = None
         self._dropped = 0
+        self._previewed: set[str] = set()
 
     def after_commit(self, write_set: WriteSet) -> None:
         """The kernel listener: queue a hint once the commit is durable."""
         commit = write_set.commit
-        hint = Hint(commit.session_id, commit.seq, commit.id)
+        held = tuple(t.id for t in write_set.updated_tasks if t.id in self._previewed)
+        self._previewed.difference_update(held)
+        hint = Hint(commit.session_id, commit.seq, commit.id, held)
         if not connections[self.using].in_atomic_block:
             self.hint(hint)  # what on_commit would do at once, without its overhead
         else:
@@ -112,6 +122,9 @@ class Notifier:
     def preview(self, preview: Preview) -> None:
         """The kernel's preview listener: progress goes to the session's live views at
         once. It is not durable and has no commit to wait for; losing it is harmless."""
+        if len(self._previewed) >= PREVIEWED_MAX:  # tasks that never committed here again
+            self._previewed.clear()
+        self._previewed.add(preview.task_id)
         self._put(preview)
 
     def _put(self, item: Hint | Preview) -> None:
@@ -170,8 +183,15 @@ class Notifier:
         latest: dict[str, int] = {}
         for hint in hints:
             latest[hint.session_id] = max(latest.get(hint.session_id, 0), hint.seq)
+        held: dict[str, dict[str, int]] = {}  # by session: task -> its newest commit's seq
+        for hint in hints:
+            for task_id in hint.tasks:
+                tasks = held.setdefault(hint.session_id, {})
+                tasks[task_id] = max(tasks.get(task_id, 0), hint.seq)
         messages: dict[str, dict[str, Any]] = {
-            session_group(sid): {"session_id": sid, "seq": seq} for sid, seq in latest.items()
+            session_group(sid): {"session_id": sid, "seq": seq,
+                                 **({"held": held[sid]} if sid in held else {})}
+            for sid, seq in latest.items()
         }
         if hints:
             messages[GLOBAL_GROUP] = {"id": max(hint.id for hint in hints)}

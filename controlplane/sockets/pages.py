@@ -169,6 +169,28 @@ class SessionPageConsumer(PageMode, SessionFeedConsumer):
             if held:
                 await self.send_shown_previews()
 
+    def on_hint(self, hint: dict[str, Any]) -> None:
+        """A commit of a task holds the previews the task made before it (``held``: task
+        -> the seq of its commit): they leave the page, also those that reach this
+        socket after it read the commit (a poll may read it before its hint comes, and
+        a preview sent before the commit can come after that read)."""
+        held = hint.get("held")
+        shown = getattr(self, "previews", None)
+        if isinstance(held, dict) and held and shown is not None:
+
+            def stale(preview: dict[str, Any]) -> bool:
+                return int(held.get(preview.get("task_id"), 0)) > int(preview.get("after") or 0)
+
+            gone = [key for key, preview in shown.items() if stale(preview)]
+            for key in gone:
+                del shown[key]
+            previews = hint.get("previews")
+            if isinstance(previews, list):
+                hint = {**hint, "previews": [p for p in previews if not stale(p)]}
+            elif gone and self.last is not None and not self.closing:
+                asyncio.get_running_loop().create_task(self.send_shown_previews())
+        super().on_hint(hint)
+
     async def send_shown_previews(self) -> None:
         with suppress(Exception):  # the socket may be closing: a preview may be lost
             await self.send(text_data=SESSION_PAGE.previews(list(self.previews.values())))
