@@ -4,26 +4,13 @@ commit), and the last hint of the burst still goes out."""
 
 from __future__ import annotations
 
-import threading
 import time
-from typing import Any
 
 import pytest
 
 from controlplane.sockets import notify
 from controlplane.sockets.notify import Hint, Notifier
-
-
-class Layer:
-    """A channel layer that records its sends."""
-
-    def __init__(self) -> None:
-        self.sent: list[tuple[str, dict[str, Any]]] = []
-        self.lock = threading.Lock()
-
-    async def group_send(self, group: str, message: dict[str, Any]) -> None:
-        with self.lock:
-            self.sent.append((group, message))
+from tests.unit.recording_layer import Layer
 
 
 def test_a_burst_of_hints_is_sent_a_few_times_and_ends_with_the_last(

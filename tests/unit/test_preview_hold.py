@@ -17,7 +17,7 @@ from controlplane.sockets import notify
 from controlplane.sockets.notify import Notifier
 from controlplane.sockets.pages import SessionPageConsumer
 from kernel.records import Preview
-from tests.unit.test_notify_coalescing import Layer
+from tests.unit.recording_layer import Layer
 
 
 def test_a_commit_of_a_task_that_showed_previews_names_it_in_its_hint(
