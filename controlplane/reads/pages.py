@@ -201,8 +201,10 @@ def transcript(session_id: str) -> Shown:
     items; ``total`` counts the conversations besides the operations log."""
     ops = operations_log_id(session_id)
     found, total = session_reads.last_conversations(session_id, CONVERSATIONS_SHOWN, ops)
+    agents = session_reads.own_history_agents([c.id for c in found if c.id != ops])
     return Shown([
-        conversations.conversation(session_id, c, c.id == ops, ENTRY_TAIL, ENTRIES_COUNTED)
+        conversations.conversation(session_id, c, c.id == ops, ENTRY_TAIL, ENTRIES_COUNTED,
+                                   agents.get(c.id))
         for c in found
     ], total + sum(c.id == ops for c in found))
 

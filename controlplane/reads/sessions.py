@@ -223,10 +223,17 @@ def own_history_agent(conversation_id: str) -> str | None:
     """The framework agent that answers this conversation (a submission to it names
     one), if any. Such an agent keeps its own message history (a hosted Pydantic AI
     agent's ``message_history``), which the kernel's summaries do not replace."""
+    return own_history_agents([conversation_id]).get(conversation_id)
+
+
+def own_history_agents(conversation_ids: list[str]) -> dict[str, str]:
+    """:func:`own_history_agent` of each of these conversations that has one, in one
+    query (a page shows several conversations)."""
     found = models.Submission.objects.filter(
-        conversation_id=conversation_id, input__has_key="agent",
-    ).values_list("input__agent", flat=True).first()
-    return None if found is None else str(found)
+        conversation_id__in=conversation_ids, input__has_key="agent",
+    ).order_by("conversation_id", "created_seq", "id").distinct(
+        "conversation_id").values_list("conversation_id", "input__agent")
+    return {conversation: str(agent) for conversation, agent in found}
 
 
 def submissions(session_id: str, after: str | None = None,

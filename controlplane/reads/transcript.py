@@ -454,9 +454,11 @@ def _items(session_id: str, conversation_id: str, shown: list[Entry], operations
 
 
 def conversation(session_id: str, record: ConversationRecord, operations: bool, tail: int,
-                 counted: int) -> Conversation:
+                 counted: int, own_history_agent: str | None = None) -> Conversation:
     """A conversation's last ``tail`` entries as items, how many it has (up to
-    ``counted``); its usage over all entries."""
+    ``counted``); its usage over all entries. ``own_history_agent``: the agent that
+    keeps its history, read for all the page's conversations at once
+    (:func:`controlplane.reads.sessions.own_history_agents`)."""
     conversation_id, fork_of = record.id, record.fork_of
     scope = sessions.transcript_scope(conversation_id, record)
     found = sessions.last_entries(conversation_id, tail, counted, scope)
@@ -467,7 +469,7 @@ def conversation(session_id: str, record: ConversationRecord, operations: bool, 
                         len(shown),
                         found.total, found.more,
                         shown[-1].id if shown else None, shown[0].id if shown else None,
-                        None if operations else sessions.own_history_agent(conversation_id))
+                        None if operations else own_history_agent)
 
 
 @dataclass(frozen=True)

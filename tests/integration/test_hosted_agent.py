@@ -93,6 +93,35 @@ def test_a_hosted_agents_conversation_offers_no_compaction_and_refuses_one(
                 if t.kind == agent.COMPACTION]
 
 
+def test_the_session_page_reads_which_conversations_an_agent_answers_in_one_query(
+        hosted: None) -> None:
+    """Each conversation shown is asked whether an agent keeps its history, and a live
+    page renders again at every commit: the answer for all of them is one query."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    user = operator()
+    session_id, hosted_id = conversation()
+    handle = runtime().kernel.open(session_id)
+    draft = Draft(actor="user:test")
+    native_ids = [draft.create_conversation() for _ in range(3)]
+    for native in native_ids:
+        draft.append(native, "user", {"text": "hello"})
+    handle.commit(draft)
+    commands.submit(user, session_id, hosted_id,
+                    {"text": "Tell ana's contacts", "agent": "support"}, "r1",
+                    agent.WhenBusy.FOLLOW_UP)
+    client = Client()
+    client.force_login(user)
+    with CaptureQueriesContext(connection) as queries:
+        page = client.get(f"/sessions/{session_id}/").content.decode()
+    assert f'id="compact-{hosted_id}"' not in page
+    assert all(f'id="compact-{c}"' in page for c in native_ids)
+    asked = [q["sql"] for q in queries.captured_queries
+             if "kernel_submission" in q["sql"] and "agent" in q["sql"]]
+    assert len(asked) == 1, asked
+
+
 def test_a_submission_naming_an_unknown_agent_is_refused_and_writes_nothing(
     hosted: None,
 ) -> None:
