@@ -27,7 +27,7 @@ from controlplane import models
 from controlplane.process.kernel import process_kernel
 from controlplane.reads import approvals, sessions, tasks
 from kernel.agent.compaction import COMPACTION
-from kernel.agent.context import INTERRUPTION, RESPONSE, TOOL_RESULT, USER
+from kernel.agent.context import INTERRUPTION, RESPONSE, TOOL_RESULT, USER, answers
 from kernel.agent.requests import USAGE, conversation_key
 from kernel.artifacts import is_reference, is_stand_in
 from kernel.commit import replay as replay_document
@@ -369,27 +369,10 @@ def _apart(payload: Any) -> tuple[Any, list[dict[str, Any]]]:
 
 def _results(shown: list[Entry], later: list[Entry]) -> dict[tuple[str, str], Any]:
     """Each shown call's result, by the response entry that made the call and its call
-    id. A result answers the call of the response it names (``response``: a native tool
-    task's), else the earliest call of its id not answered yet, of its turn where both
-    name one: some models number their calls per response, so one id can name a call in
-    several responses and turns, each answered after it was made (the model's context
-    pairs them so too, :func:`kernel.agent.context.answers`)."""
-    open_: dict[str, list[tuple[str, Any]]] = {}  # by call id: (response entry, turn)
-    found: dict[tuple[str, str], Any] = {}
-    for entry in [*shown, *later]:
-        payload = entry.payload if isinstance(entry.payload, dict) else {}
-        if entry.kind == RESPONSE:
-            for call in _calls(payload):
-                open_.setdefault(str(call.get("id")), []).append((entry.id, payload.get("turn")))
-        elif entry.kind == TOOL_RESULT:
-            waiting = open_.get(str(payload.get("call_id")), [])
-            turn, response = payload.get("turn"), payload.get("response")
-            mine = [i for i, (r, t) in enumerate(waiting) if r == response] if response \
-                else [i for i, (_, t) in enumerate(waiting) if turn is None or t in (turn, None)]
-            if mine:
-                response, _ = waiting.pop(mine[0])
-                found[(response, str(payload.get("call_id")))] = payload
-    return found
+    id, paired as the model's context pairs them (:func:`kernel.agent.context.answers`)."""
+    entries = [*shown, *later]
+    return {(response, str(entries[index].payload.get("call_id"))): entries[index].payload
+            for (response, _), index in answers(entries).items()}
 
 
 def _items(session_id: str, conversation_id: str, shown: list[Entry], operations: bool,

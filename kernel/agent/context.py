@@ -59,9 +59,12 @@ def answers(entries: list[Entry]) -> dict[Call, int]:
     for index, entry in enumerate(entries):
         payload = entry.payload if isinstance(entry.payload, dict) else {}
         if entry.kind == RESPONSE:
-            for place, call in enumerate(payload.get("tool_calls") or []):
-                open_.setdefault(str(call.get("id")), []).append(
-                    ((entry.id, place), payload.get("turn")))
+            calls = payload.get("tool_calls")
+            # A list stored apart is a stand-in until opened: nothing of it to pair here.
+            for place, call in enumerate(calls if isinstance(calls, list) else []):
+                if isinstance(call, dict):
+                    open_.setdefault(str(call.get("id")), []).append(
+                        ((entry.id, place), payload.get("turn")))
         elif entry.kind == TOOL_RESULT and not _answer(open_, payload, index, found):
             early.append((index, payload))
     for index, payload in early:
