@@ -423,7 +423,7 @@ def run(url: str, redis_url: str, config: Config) -> Result:
         )
         progress(f"clean batch: {config.emails} emails on {config.workers} workers")
         batch = measure_batch(bench, config)
-        activity = [("probes and clean batch", cluster.activity())]
+        clean = cluster.workers()
         progress(
             f"clean batch: {batch.seconds:.1f} s, {batch.emails_per_second:.1f} emails/s, "
             f"{batch.phases_per_second:.1f} phases/s"
@@ -436,7 +436,12 @@ def run(url: str, redis_url: str, config: Config) -> Result:
             )
             fresh_start(cluster, config, redis_url)
             recovery = measure_recovery(bench, cluster, config, redis_url)
-            activity.append(("recovery batch", cluster.activity() - activity[0][1]))
+        # Stopped gracefully, each worker has logged every run it finished.
+        cluster.stop(cluster.workers())
+        activity = [("probes and clean batch", cluster.activity(clean))]
+        if recovery is not None:
+            later = [w for w in cluster.all_workers() if w not in clean]
+            activity.append(("recovery batch", cluster.activity(later)))
     facts["load_after"] = load_average()
     if code_revision()[1] != facts.pop("fingerprint"):
         facts["revision"] += " (**kernel/ or controlplane/ changed during the run**)"

@@ -46,7 +46,12 @@ class Cluster:
         return beat
 
     def workers(self) -> list[CeleryWorker]:
-        return [p for p in self.processes if isinstance(p, CeleryWorker) and p.alive]
+        """The workers running now."""
+        return [p for p in self.all_workers() if p.alive]
+
+    def all_workers(self) -> list[CeleryWorker]:
+        """Every worker this run started, stopped and killed ones too."""
+        return [p for p in self.processes if isinstance(p, CeleryWorker)]
 
     def stop(self, processes: Sequence[Process]) -> None:
         """Stop ``processes`` gracefully, all at once: each takes a second or two."""
@@ -58,9 +63,13 @@ class Cluster:
     def close(self) -> None:
         self.stop(self.processes)
 
-    def activity(self) -> Activity:
-        """What the workers' logs say they did, summed over every worker of the run."""
-        workers = [p for p in self.processes if isinstance(p, CeleryWorker)]
+    def activity(self, workers: Sequence[CeleryWorker] | None = None) -> Activity:
+        """What the logs of ``workers`` (every worker of the run by default) say they did.
+
+        Read it once they have stopped: a queue message's runs are logged together when
+        it ends, which can be after the commits that a waiting reader saw."""
+        if workers is None:
+            workers = self.all_workers()
         advances = [ran for worker in workers for ran in worker.advances()]
         text = "".join(worker.output() for worker in workers)
         return Activity(
@@ -78,7 +87,8 @@ class Activity:
     ``phases`` counts the advance messages that ran a task, the tasks that workers'
     announcement readers ran (:mod:`controlplane.worker.announcements`) and those that
     queue messages ran; the message of a task a reader ran finds it claimed, and counts
-    as ``idle``.
+    as ``idle``. A killed worker's runs are not all there: a queue message logs how
+    many it ran when it ends, so the runs of the one it was in are not logged at all.
 
     ``idle`` advance messages found their task not claimable: already claimed or
     finished (a duplicate or re-sent dispatch), or its row locked by another commit in
@@ -94,10 +104,3 @@ class Activity:
     phases: int
     idle: int
     redelivered: int
-
-    def __sub__(self, earlier: Activity) -> Activity:
-        return Activity(
-            self.phases - earlier.phases,
-            self.idle - earlier.idle,
-            self.redelivered - earlier.redelivered,
-        )
