@@ -12,6 +12,9 @@
     :func:`~controlplane.reads.feed.settled_global` for why the global id needs more care
     than a session's seq.
 
+A cursor past the newest position (one the feed never sent: another database's, or
+made up) is refused with 409 naming it, as the websockets refuse it with 4400.
+
 A query parameter other than these is refused with 422 naming it (the websockets' other
 spellings of the cursor, ``after_seq`` and ``after`` on the global feed, included): a
 cursor under a name that was ignored would replay the log from 0.
@@ -43,6 +46,7 @@ from ninja.errors import ValidationError
 
 from controlplane.api.auth import caller
 from controlplane.api.types import PathText
+from controlplane.errors import Conflict
 from controlplane.reads import feed as log
 from controlplane.reads.feed import MAX_CURSOR
 from controlplane.sockets import slots
@@ -117,6 +121,14 @@ def only(request: HttpRequest, *names: str) -> None:
         ])
 
 
+def past_the_newest(name: str, after: int, newest: int) -> None:
+    """Refuse (409, naming it) a cursor past the newest position: this feed never sent it
+    (another database's, or one made up), and a long-poll on it would wait, and a read
+    answer nothing, until the log passed it. Well-formed, it conflicts with the log."""
+    if after > newest:
+        raise Conflict(f"{name}: {after} is past the newest position ({newest}); send the "
+                       "last one you received")
+
 
 class Change(Schema):
     seq: int = Field(..., description="the commit's position in its session (gapless)")
@@ -148,7 +160,12 @@ class GlobalChanges(Schema):
     changes: list[GlobalChange]
 
 
-LONG_POLL_REFUSED = {"responses": {"429": {
+LONG_POLL_REFUSED = {"responses": {"409": {
+    "description": "The cursor is past the newest position: send the last one you received",
+    "content": {"application/json": {"schema": {
+        "type": "object", "properties": {"detail": {"type": "string"}},
+        "required": ["detail"]}}},
+}, "429": {
     "description": "The account has USER_LONG_POLL_LIMIT long-polls waiting already "
                    "(only when `wait` > 0); try again after `Retry-After` seconds",
     "headers": {"Retry-After": {"schema": {"type": "integer"}}},
@@ -174,7 +191,9 @@ async def session_changes(
     only(request, "after", "limit", "wait")
 
     async def read() -> log.SessionPage:
-        return await sync_to_async(log.session_page)(session_id, after, limit)
+        page = await sync_to_async(log.session_page)(session_id, after, limit)
+        past_the_newest("after", after, page.head_seq)
+        return page
 
     page = await long_poll(
         request, read, lambda page: bool(page.changes or page.state),
@@ -201,7 +220,10 @@ async def global_changes(
     only(request, "after_id", "limit", "wait")
 
     async def read() -> list[Any]:
-        return await log.settled_global(after_id, limit)
+        rows = await log.settled_global(after_id, limit)
+        if not rows and after_id:
+            past_the_newest("after_id", after_id, await sync_to_async(log.newest_commit_id)())
+        return rows
 
     rows = await long_poll(request, read, bool, GLOBAL_GROUP, wait)
     changes = [log.change(r) for r in rows]

@@ -33,8 +33,9 @@ def socket_closed_with(port: int, token: str, path: str) -> int | None:
 
 
 def long_poll(port: int, token: str, session_id: str, wait: float) -> list[Any]:
+    """A long-poll of a session that has no commits: it waits ``wait`` seconds."""
     request = urllib.request.Request(
-        f"http://127.0.0.1:{port}/api/sessions/{session_id}/changes?after=100000&wait={wait}",
+        f"http://127.0.0.1:{port}/api/sessions/{session_id}/changes?after=0&wait={wait}",
         headers={"Authorization": f"Bearer {token}"})
     try:
         with urllib.request.urlopen(request, timeout=wait + 10) as answer:
@@ -44,7 +45,9 @@ def long_poll(port: int, token: str, session_id: str, wait: float) -> list[Any]:
                 json.loads(refused.read()).get("detail")]
 
 
-def main(token: str, session_id: str, *ports: str) -> None:
+def main(token: str, session_id: str, quiet_id: str, *ports: str) -> None:
+    """Open sockets on ``session_id``'s page and long-poll ``quiet_id`` (a session with
+    no commits) until stdin has a line; print what each was answered."""
     found: dict[str, list[Any]] = {"sockets": [], "long_polls": []}
     page = f"/ws/ui/sessions/{session_id}/"
     turn = 0
@@ -52,7 +55,7 @@ def main(token: str, session_id: str, *ports: str) -> None:
         port = int(ports[turn % len(ports)])
         turn += 1
         found["sockets"].append(socket_closed_with(port, token, page))
-        found["long_polls"].append(long_poll(port, token, session_id, 5))
+        found["long_polls"].append(long_poll(port, token, quiet_id, 5))
     print(json.dumps(found), flush=True)
 
 

@@ -373,6 +373,27 @@ def test_an_unknown_parameter_is_a_422_naming_it_not_a_replay_from_0(viewer: Cli
     assert changes(viewer, session_url(handle), after=1)["changes"][0]["id"] == last.id
 
 
+def test_a_cursor_past_the_newest_position_is_a_409_naming_it(viewer: Client) -> None:
+    """A cursor the feed never sent (another database's, or made up) would otherwise be
+    answered with nothing, or long-polled until the log passed it, silently."""
+    handle = runtime().kernel.create_session()
+    last = commits(handle, 2)[-1]
+    for url, query, name in [
+        (session_url(handle), {"after": 3}, "after"),
+        (session_url(handle), {"after": 3, "wait": 5}, "after"),
+        ("/api/changes", {"after_id": last.id + 1000}, "after_id"),
+        ("/api/changes", {"after_id": last.id + 1000, "wait": 5}, "after_id"),
+    ]:
+        started = time.monotonic()
+        response = viewer.get(url, query)
+        assert response.status_code == 409, (url, query, response.content)
+        assert response.json()["detail"].startswith(f"{name}: ")
+        assert "past the newest position" in response.json()["detail"]
+        assert time.monotonic() - started < 2
+    assert changes(viewer, session_url(handle), after=2)["changes"] == []
+    assert changes(viewer, "/api/changes", after_id=last.id)["last_id"] >= last.id
+
+
 def test_an_unknown_session_is_a_404(viewer: Client) -> None:
     for wait in (0, 5):
         started = time.monotonic()

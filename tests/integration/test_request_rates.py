@@ -43,6 +43,13 @@ def account(name: str, group: str = "viewer") -> User:
     return user
 
 
+def quiet_session() -> str:
+    """A session with no commits: a long-poll on it waits its whole ``wait``."""
+    from controlplane.worker.runtime import runtime
+
+    return runtime().kernel.create_session().id
+
+
 def bearer(user: User, address: str) -> Client:
     return Client(REMOTE_ADDR=address,
                   headers={"Authorization": f"Bearer {issue_token(user, 't')}"})
@@ -175,11 +182,9 @@ def test_a_tokens_requests_are_charged_to_its_account(budgeted: None) -> None:
 
 
 def test_a_long_polls_wait_is_not_charged_as_server_time(budgeted: None) -> None:
-    from controlplane.reads.feed import MAX_CURSOR
-
     client = bearer(account("vic"), "10.7.0.1")
     # A second's wait for a commit that never comes: 10 s of budget if it were charged.
-    waited = client.get(f"/api/changes?after_id={MAX_CURSOR}&wait=1")
+    waited = client.get(f"/api/sessions/{quiet_session()}/changes?after=0&wait=1")
     assert waited.status_code == 200 and waited.json()["changes"] == []
     assert client.get("/api/sessions").status_code == 200
     assert client.get("/api/sessions").status_code == 200
@@ -326,10 +331,9 @@ def test_a_long_poll_waiting_for_news_does_not_hold_its_accounts_turn(
 
     from django.db import connections
 
-    from controlplane.reads.feed import MAX_CURSOR
-
     settings.USER_TURN_WAIT_SECONDS = 60
     vic = account("vic")
+    quiet = quiet_session()
     waits = threading.Event()
     wait_for_news = rates.Meter.waiting
 
@@ -344,7 +348,7 @@ def test_a_long_poll_waiting_for_news_does_not_hold_its_accounts_turn(
     def poll() -> int:
         try:
             return bearer(vic, "10.11.0.1").get(
-                f"/api/changes?after_id={MAX_CURSOR}&wait=5").status_code
+                f"/api/sessions/{quiet}/changes?after=0&wait=5").status_code
         finally:
             connections.close_all()
 
