@@ -20,7 +20,7 @@ from django.test import Client, override_settings
 from controlplane import commands
 from controlplane.storage import PostgresStorage, partitions
 from controlplane.worker.runtime import runtime
-from kernel import Draft, Kernel, ManualClock, Status, Worker
+from kernel import Draft, DuplicateCommit, Kernel, ManualClock, Status, Worker
 from kernel.retention import RetentionPolicy
 from tests.conformance.definitions import Effects, make_registry
 
@@ -403,3 +403,36 @@ def test_a_pruned_sessions_fork_is_read_as_the_kernel_reads_it() -> None:
     entries = client.get(f"/api/conversations/{fork}/entries")
     assert entries.status_code == 200
     assert [e["payload"]["text"] for e in entries.json()["entries"]] == ["after the prune"]
+
+
+@db
+@pytest.mark.usefixtures("past_partitions")
+@pytest.mark.parametrize("drop", ["possible", "busy"])
+def test_a_prune_keeps_the_keyed_commits_a_trim_of_a_live_session_kept(
+    drop: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A live session trimmed to its head keeps its keyed commits (an operator's action
+    ids) below its marker: a prune that drops or clears the partition they are in leaves
+    them, so the action repeated is still refused as a duplicate."""
+    from controlplane.storage import retention
+
+    if drop == "busy":  # the partition cannot be dropped: its pruned rows are deleted
+        monkeypatch.setattr(retention, "_drop", lambda *args: False)
+    clock = ManualClock(MARCH)
+    kernel = Kernel(PostgresStorage(), make_registry(Effects()), clock)
+    live = kernel.create_session()
+    draft = Draft(actor="user:ann", key="action-1")
+    draft.create_task("step", {"name": "live"})
+    live.commit(draft)
+    draft = Draft(actor="user:ann")
+    draft.set("plan", "p", ["n"], 1)
+    live.commit(draft)
+    finished(kernel, 2)  # a due session beside it in March
+    assert kernel.trim(live.id, 2).commits == 1
+    report = kernel.storage.prune(RetentionPolicy(days=30), datetime(2025, 6, 1, tzinfo=UTC))
+    assert report.sessions == 1
+    assert [r[1:3] for r in commit_rows() if r[1] == live.id] == [(live.id, 1)]
+    again = Draft(actor="user:ann", key="action-1")
+    again.set("plan", "p", ["n"], 2)
+    with pytest.raises(DuplicateCommit):
+        kernel.open(live.id).commit(again)
