@@ -436,3 +436,45 @@ def test_a_prune_keeps_the_keyed_commits_a_trim_of_a_live_session_kept(
     again.set("plan", "p", ["n"], 2)
     with pytest.raises(DuplicateCommit):
         kernel.open(live.id).commit(again)
+
+
+@db
+def test_a_resubmit_repeated_after_its_session_was_pruned_is_answered_with_its_submission(
+) -> None:
+    """The resubmission is kept, under the action id as its request id, though the
+    operations log that named the action went with the prune: the repeat is answered
+    with that submission (replayed), not refused as an id another submission took."""
+    from kernel import SubmissionStatus
+    from tests.integration.clients import client_for, post
+
+    kernel = runtime().kernel
+    handle = kernel.create_session(metadata={"retention_days": 0})
+    draft = Draft(actor="user:ann")
+    conversation = draft.create_conversation()
+    handle.commit(draft)
+    draft = Draft(actor="user:ann")
+    draft.submit(conversation, "q", {"text": "a"})
+    handle.commit(draft)
+    original = kernel.storage.submission_by_request(handle.id, "q")
+    draft = Draft(actor="user:ann")
+    draft.update_submission(original.id, SubmissionStatus.CANCELLED, reason="model down")
+    kernel.open(handle.id).commit(draft)
+    olga = client_for("olga", "operator")
+    url = f"/api/submissions/{original.id}/resubmit"
+    first = post(olga, url, {"action_id": "re-1", "reason": "model back"})
+    assert first.status_code == 200 and first.json()["replayed"] is False
+    again = kernel.storage.submission_by_request(handle.id, "re-1")
+    draft = Draft(actor="user:ann")
+    for task in kernel.storage.session_tasks(handle.id):
+        draft.cancel(task.id, "not needed")
+    draft.update_submission(again.id, SubmissionStatus.CANCELLED, reason="not needed")
+    kernel.open(handle.id).commit(draft)
+    for task in kernel.storage.session_tasks(handle.id):
+        Worker(kernel, "w1").advance(task.id)
+    assert all(t.terminal for t in kernel.storage.session_tasks(handle.id))
+    assert commands.prune().sessions >= 1
+    assert kernel.storage.session(handle.id).pruned_seq > 0
+    repeated = post(olga, url, {"action_id": "re-1", "reason": "model back"})
+    assert repeated.status_code == 200, repeated.content
+    assert repeated.json()["replayed"] is True
+    assert repeated.json()["seq"] == first.json()["seq"]
