@@ -478,3 +478,29 @@ def test_a_resubmit_repeated_after_its_session_was_pruned_is_answered_with_its_s
     assert repeated.status_code == 200, repeated.content
     assert repeated.json()["replayed"] is True
     assert repeated.json()["seq"] == first.json()["seq"]
+
+
+@db
+def test_the_page_of_a_pruned_task_says_retention_removed_its_commits() -> None:
+    """A finished task whose commits went with its session's history: its page says so,
+    not that no commit names it yet (as of a task that has not started)."""
+    kernel = runtime().kernel
+    handle = kernel.create_session(metadata={"retention_days": 0})
+    draft = Draft(actor="user:ann")
+    task_id = draft.create_task("send-batch", {"recipients": ["a@example.com"],
+                                               "subject": "s", "body": "b"})
+    handle.commit(draft)
+    client = Client()
+    client.force_login(operator())
+    before = client.get(f"/tasks/{task_id}/").content.decode()
+    assert "No commit names this task yet" not in before
+    assert "Retention removed" not in before
+    draft = Draft(actor="user:ann")
+    draft.cancel(task_id, "not needed")
+    kernel.open(handle.id).commit(draft)
+    Worker(kernel, "w1").advance(task_id)
+    assert commands.prune().sessions >= 1
+    pruned_seq = kernel.storage.session(handle.id).pruned_seq
+    page = client.get(f"/tasks/{task_id}/").content.decode()
+    assert "No commit names this task yet" not in page
+    assert f"Retention removed the session's history up to commit {pruned_seq}" in page
