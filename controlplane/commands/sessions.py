@@ -182,9 +182,11 @@ def resubmit(user: User, submission_id: str, action_id: str, reason: str) -> Act
     if original is None:
         raise UnknownRecord(f"no submission {submission_id}")
     if not done_before(original.session_id, action_id, "resubmit", submission_id):
+        # The resubmission this id made is kept when its session's operations log is
+        # pruned: a repeat is answered with it (as a duplicate request), not refused.
         taken = kernel.storage.submission_by_request(original.session_id, action_id)
         refuse_unless(
-            taken is None,
+            taken is None or taken.resubmit_of == submission_id,
             f"action id {action_id!r} is the request id of submission "
             f"{taken.id if taken else ''}: send a fresh one",
         )

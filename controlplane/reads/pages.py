@@ -63,6 +63,14 @@ def head_seq(session_id: str) -> int | None:
     return int(found[0][0]) if found else None
 
 
+def pruned_before(session_id: str, created_seq: int) -> int:
+    """The session's ``pruned_seq`` when retention (a prune or a trim) removed commits
+    from ``created_seq`` on (a task's first commit, say); 0 when it removed none of them."""
+    found = sql_rows("SELECT pruned_seq FROM kernel_session WHERE id = %s", [session_id])
+    pruned = int(found[0][0]) if found else 0
+    return pruned if pruned >= created_seq else 0
+
+
 def last_commit_id() -> int:
     return int(sql_rows("SELECT coalesce(max(id), 0) FROM kernel_commit")[0][0])
 

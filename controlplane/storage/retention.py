@@ -4,7 +4,7 @@
    history not pruned yet, and keep those the policy says are due.
 2. Plan: a partition of the commit log that ended before now is dropped whole when
    every row in it is prunable (its session is due, or the row is at or below its
-   session's ``pruned_seq`` already).
+   session's ``pruned_seq`` already and has no key: a trim keeps keyed rows).
 3. Per batch of sessions, one transaction: lock the session rows (every commit takes
    that lock, so nothing commits meanwhile) and keep those whose head did not move since
    step 1 (every change to a task or submission is a commit, so they are still
@@ -12,9 +12,10 @@
    versions older than the newest baseline, and their commits outside the planned
    partitions. A reader sees the whole history, or the marker and no history.
 4. Drop each planned partition, after checking again that every row in it is at or
-   below its session's marker, under a lock that keeps rows out and a short lock
-   timeout (a drop that must wait is left for the next run). A planned partition that
-   cannot be dropped has its pruned rows deleted instead.
+   below its session's marker, and keyed only if this prune pruned its session, under
+   a lock that keeps rows out and a short lock timeout (a drop that must wait is left
+   for the next run). A planned partition that cannot be dropped has its pruned rows
+   deleted instead.
 
 Trimming a live session (:func:`trim`) is one transaction that holds the session row's
 lock, as a commit does: it deletes that session's rows only, by index.
@@ -67,11 +68,14 @@ FINISHED = (
     "AND b.status <> ALL(%(settled)s)) ORDER BY s.id"
 )
 DUE = "unnest(%(ids)s::text[], %(heads)s::bigint[]) AS due(id, head_seq)"
-# A row is prunable when its session is due now or it is below its session's marker.
+# A row is prunable when its session is due now, or it is below its session's marker
+# and has no key: a trim keeps a live session's keyed rows below its marker, so that a
+# commit retried with that key is still refused.
 UNPRUNABLE_ROWS = (
     "SELECT FROM {partition} c JOIN " + SESSION.name + " s ON s.id = c.session_id "
     f"LEFT JOIN {DUE} ON due.id = c.session_id "
-    "WHERE c.seq > greatest(s.pruned_seq, coalesce(due.head_seq, 0))"
+    "WHERE c.seq > greatest(s.pruned_seq, coalesce(due.head_seq, 0)) "
+    "OR (c.key IS NOT NULL AND due.id IS NULL)"
 )
 COUNT_ROWS = "SELECT count(*), coalesce(max(id), 0) FROM {partition}"
 LOCK_SESSIONS = (
@@ -89,7 +93,8 @@ DELETE_VERSIONS = f"DELETE FROM {DOCUMENT_VERSION.name} v USING {_OLD_VERSIONS}"
 COUNT_VERSIONS = f"SELECT count(*) FROM {DOCUMENT_VERSION.name} v, {_OLD_VERSIONS}"
 DELETE_PRUNED = (
     "DELETE FROM {partition} c USING " + SESSION.name + " s "
-    "WHERE s.id = c.session_id AND c.seq <= s.pruned_seq"
+    "WHERE s.id = c.session_id AND c.seq <= s.pruned_seq "
+    "AND (c.key IS NULL OR c.session_id = ANY(%(ids)s))"
 )
 
 
@@ -165,6 +170,7 @@ def _prune(
     outside, bounds = _outside(planned)
     delete_commits = f"DELETE FROM {COMMIT.name} WHERE session_id = ANY(%s){outside}"
     count_commits = f"SELECT count(*) FROM {COMMIT.name} WHERE session_id = ANY(%s){outside}"
+    pruned = Due([], [])
     for batch in due.batches():
         with transaction.atomic(using=db.alias):
             if dry_run:
@@ -174,6 +180,9 @@ def _prune(
                 ids = [row[0] for row in cur.fetchall()]
                 report.skipped += len(batch.ids) - len(ids)
                 cur.execute(MARK, [ids])
+                heads = dict(zip(batch.ids, batch.heads, strict=True))
+                pruned.ids.extend(ids)
+                pruned.heads.extend(heads[i] for i in ids)
             for counter, count, delete, params in (
                 ("entries", COUNT_ENTRIES, DELETE_ENTRIES, [ids]),
                 ("document_versions", COUNT_VERSIONS, DELETE_VERSIONS, [ids]),
@@ -193,21 +202,22 @@ def _prune(
         if dry_run:
             report.partitions.append(part.name)
             report.partition_commits += rows
-        elif _drop(db, cur, part, sizes[part.name]):
+        elif _drop(db, cur, part, sizes[part.name], pruned):
             report.partitions.append(part.name)
             report.partition_commits += rows
             progress(f"dropped {part.name} ({rows} commit(s))")
         else:
-            cur.execute(DELETE_PRUNED.format(partition=part.name))
+            cur.execute(DELETE_PRUNED.format(partition=part.name), {"ids": pruned.ids})
             report.commits += cur.rowcount
             progress(f"kept {part.name}: it changed or was busy; deleted its pruned rows")
     progress(report.summary())
     return report
 
 
-def _drop(db: Any, cur: Any, part: Partition, size: tuple[int, int]) -> bool:
-    """Drop a planned partition if it still holds only pruned rows and the rows counted
-    when it was planned (SHARE keeps inserts out while this checks); False otherwise."""
+def _drop(db: Any, cur: Any, part: Partition, size: tuple[int, int], pruned: Due) -> bool:
+    """Drop a planned partition if it still holds only pruned rows (``pruned``: the
+    sessions this prune pruned, at their heads) and the rows counted when it was planned
+    (SHARE keeps inserts out while this checks); False otherwise."""
     try:
         with transaction.atomic(using=db.alias):
             cur.execute(f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'")
@@ -216,7 +226,7 @@ def _drop(db: Any, cur: Any, part: Partition, size: tuple[int, int]) -> bool:
             if tuple(cur.fetchone()) != tuple(size):
                 return False
             cur.execute(UNPRUNABLE_ROWS.format(partition=part.name) + " LIMIT 1",
-                        Due([], []).params())
+                        pruned.params())
             if cur.fetchone() is not None:
                 return False
             cur.execute(f"DROP TABLE {part.name}")

@@ -28,6 +28,7 @@ def task(request: HttpRequest, task_id: str) -> HttpResponse:
             "as_json": {name: pretty(getattr(shown, name))
                         for name in ("input", "checkpoint", "outcome")},
             "timeline": pages.timeline(task_id, shown.session_id, shown.terminal),
+            "pruned_upto": pages.pruned_before(shown.session_id, shown.task.created_seq),
             "seq": pages.head_seq(shown.session_id),
             "can_act": may_act(request),
             "restart_refused": restart_reads.kind_refuses(shown.task),

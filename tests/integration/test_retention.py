@@ -20,7 +20,7 @@ from django.test import Client, override_settings
 from controlplane import commands
 from controlplane.storage import PostgresStorage, partitions
 from controlplane.worker.runtime import runtime
-from kernel import Draft, Kernel, ManualClock, Status, Worker
+from kernel import Draft, DuplicateCommit, Kernel, ManualClock, Status, Worker
 from kernel.retention import RetentionPolicy
 from tests.conformance.definitions import Effects, make_registry
 
@@ -403,3 +403,104 @@ def test_a_pruned_sessions_fork_is_read_as_the_kernel_reads_it() -> None:
     entries = client.get(f"/api/conversations/{fork}/entries")
     assert entries.status_code == 200
     assert [e["payload"]["text"] for e in entries.json()["entries"]] == ["after the prune"]
+
+
+@db
+@pytest.mark.usefixtures("past_partitions")
+@pytest.mark.parametrize("drop", ["possible", "busy"])
+def test_a_prune_keeps_the_keyed_commits_a_trim_of_a_live_session_kept(
+    drop: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A live session trimmed to its head keeps its keyed commits (an operator's action
+    ids) below its marker: a prune that drops or clears the partition they are in leaves
+    them, so the action repeated is still refused as a duplicate."""
+    from controlplane.storage import retention
+
+    if drop == "busy":  # the partition cannot be dropped: its pruned rows are deleted
+        monkeypatch.setattr(retention, "_drop", lambda *args: False)
+    clock = ManualClock(MARCH)
+    kernel = Kernel(PostgresStorage(), make_registry(Effects()), clock)
+    live = kernel.create_session()
+    draft = Draft(actor="user:ann", key="action-1")
+    draft.create_task("step", {"name": "live"})
+    live.commit(draft)
+    draft = Draft(actor="user:ann")
+    draft.set("plan", "p", ["n"], 1)
+    live.commit(draft)
+    finished(kernel, 2)  # a due session beside it in March
+    assert kernel.trim(live.id, 2).commits == 1
+    report = kernel.storage.prune(RetentionPolicy(days=30), datetime(2025, 6, 1, tzinfo=UTC))
+    assert report.sessions == 1
+    assert [r[1:3] for r in commit_rows() if r[1] == live.id] == [(live.id, 1)]
+    again = Draft(actor="user:ann", key="action-1")
+    again.set("plan", "p", ["n"], 2)
+    with pytest.raises(DuplicateCommit):
+        kernel.open(live.id).commit(again)
+
+
+@db
+def test_a_resubmit_repeated_after_its_session_was_pruned_is_answered_with_its_submission(
+) -> None:
+    """The resubmission is kept, under the action id as its request id, though the
+    operations log that named the action went with the prune: the repeat is answered
+    with that submission (replayed), not refused as an id another submission took."""
+    from kernel import SubmissionStatus
+    from tests.integration.clients import client_for, post
+
+    kernel = runtime().kernel
+    handle = kernel.create_session(metadata={"retention_days": 0})
+    draft = Draft(actor="user:ann")
+    conversation = draft.create_conversation()
+    handle.commit(draft)
+    draft = Draft(actor="user:ann")
+    draft.submit(conversation, "q", {"text": "a"})
+    handle.commit(draft)
+    original = kernel.storage.submission_by_request(handle.id, "q")
+    draft = Draft(actor="user:ann")
+    draft.update_submission(original.id, SubmissionStatus.CANCELLED, reason="model down")
+    kernel.open(handle.id).commit(draft)
+    olga = client_for("olga", "operator")
+    url = f"/api/submissions/{original.id}/resubmit"
+    first = post(olga, url, {"action_id": "re-1", "reason": "model back"})
+    assert first.status_code == 200 and first.json()["replayed"] is False
+    again = kernel.storage.submission_by_request(handle.id, "re-1")
+    draft = Draft(actor="user:ann")
+    for task in kernel.storage.session_tasks(handle.id):
+        draft.cancel(task.id, "not needed")
+    draft.update_submission(again.id, SubmissionStatus.CANCELLED, reason="not needed")
+    kernel.open(handle.id).commit(draft)
+    for task in kernel.storage.session_tasks(handle.id):
+        Worker(kernel, "w1").advance(task.id)
+    assert all(t.terminal for t in kernel.storage.session_tasks(handle.id))
+    assert commands.prune().sessions >= 1
+    assert kernel.storage.session(handle.id).pruned_seq > 0
+    repeated = post(olga, url, {"action_id": "re-1", "reason": "model back"})
+    assert repeated.status_code == 200, repeated.content
+    assert repeated.json()["replayed"] is True
+    assert repeated.json()["seq"] == first.json()["seq"]
+
+
+@db
+def test_the_page_of_a_pruned_task_says_retention_removed_its_commits() -> None:
+    """A finished task whose commits went with its session's history: its page says so,
+    not that no commit names it yet (as of a task that has not started)."""
+    kernel = runtime().kernel
+    handle = kernel.create_session(metadata={"retention_days": 0})
+    draft = Draft(actor="user:ann")
+    task_id = draft.create_task("send-batch", {"recipients": ["a@example.com"],
+                                               "subject": "s", "body": "b"})
+    handle.commit(draft)
+    client = Client()
+    client.force_login(operator())
+    before = client.get(f"/tasks/{task_id}/").content.decode()
+    assert "No commit names this task yet" not in before
+    assert "Retention removed" not in before
+    draft = Draft(actor="user:ann")
+    draft.cancel(task_id, "not needed")
+    kernel.open(handle.id).commit(draft)
+    Worker(kernel, "w1").advance(task_id)
+    assert commands.prune().sessions >= 1
+    pruned_seq = kernel.storage.session(handle.id).pruned_seq
+    page = client.get(f"/tasks/{task_id}/").content.decode()
+    assert "No commit names this task yet" not in page
+    assert f"Retention removed the session's history up to commit {pruned_seq}" in page
