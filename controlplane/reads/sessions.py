@@ -13,7 +13,8 @@ from controlplane import models
 from controlplane.errors import Invalid
 from controlplane.process.kernel import process_kernel
 from controlplane.storage.schema import CONVERSATION, ENTRY, SESSION, SUBMISSION
-from kernel import UnknownRecord
+from kernel import Status, UnknownRecord
+from kernel.agent.compaction import COMPACTION
 from kernel.agent.context import TOOL_RESULT
 from kernel.commit import operations_log_id
 from kernel.records import Conversation, Entry, SessionRecord, Submission
@@ -226,6 +227,14 @@ def own_history_agent(conversation_id: str) -> str | None:
     found = models.Submission.objects.filter(
         conversation_id=conversation_id, input__has_key="agent",
     ).values_list("input__agent", flat=True).first()
+    return None if found is None else str(found)
+
+
+def compaction_under_way(session_id: str, conversation_id: str) -> str | None:
+    """The compaction task of the conversation that has not ended, if there is one."""
+    found = models.Task.objects.filter(
+        session_id=session_id, kind=COMPACTION, input__conversation_id=conversation_id,
+    ).exclude(status=Status.TERMINAL).values_list("id", flat=True).first()
     return None if found is None else str(found)
 
 
