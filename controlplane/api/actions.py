@@ -133,8 +133,8 @@ def resubmit(request: HttpRequest, submission_id: PathText, body: ActionIn) -> A
 def compact(request: HttpRequest, conversation_id: PathText, body: CompactIn) -> Any:
     """Summarize the older part of a conversation now, naming the newest entry you saw
     (`last_entry_id`): later model requests see the summary instead of the entries it
-    covers; the transcript keeps every entry. A conversation with a newer entry is
-    refused (409)."""
+    covers; the transcript keeps every entry. A conversation with a newer entry, or
+    whose compaction (an operator's or a turn's) has not ended, is refused (409)."""
     return commands.compact_conversation(caller(request), conversation_id, body.action_id,
                                          body.reason, body.last_entry_id)
 

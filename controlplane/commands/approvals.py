@@ -3,6 +3,7 @@ call as the operator saw it."""
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 from django.contrib.auth.models import User
@@ -16,6 +17,7 @@ from controlplane.commands.actions import (
 )
 from controlplane.errors import Invalid
 from controlplane.reads import approvals as approval_reads
+from controlplane.worker.runtime import runtime
 from kernel.agent import approval as approvals
 from kernel.errors import UnstorableValue
 from kernel.values import storable
@@ -49,6 +51,14 @@ def decide_call(
             f"{task.shown_status} in phase {task.phase!r}): decided already, or timed out",
         )
         assert requested is not None
+        # Past its deadline a call has timed out even while no worker has run its
+        # timeout yet (the task sleeps on until one does): a decision then changes nothing.
+        until = datetime.fromisoformat(requested["until"])
+        refuse_unless(
+            runtime().kernel.clock.now() < until,
+            f"call {call_id} timed out at {until.isoformat()}: nobody decided by then, "
+            "so it is denied",
+        )
         refuse_unless(
             seen == requested["digest"],
             f"call {call_id} waits with arguments of digest {requested['digest']}, not "

@@ -218,7 +218,8 @@ def compact_conversation(
     """Summarize the older part of a conversation now (an ``agent-compaction`` task,
     :mod:`kernel.agent.compaction`): later model requests see the summary in place of
     the entries it covers; the transcript keeps them. ``last_entry_id``: the newest entry
-    the operator saw; a conversation that has moved on since is refused (Conflict)."""
+    the operator saw; a conversation that has moved on since, or whose compaction (the
+    operator's or a turn's) has not ended, is refused (Conflict)."""
     require_operator(user)
     kernel = runtime().kernel
     conversation = kernel.storage.conversation(conversation_id)
@@ -238,6 +239,14 @@ def compact_conversation(
             bool(newest) and newest[-1].id == last_entry_id,
             f"the newest entry of {conversation_id} is "
             f"{newest[-1].id if newest else 'none'}, not {last_entry_id}: look again",
+        )
+        # Its summary is the entry a compaction adds, and only once it is written: until
+        # then a second one would summarize the same entries again.
+        under_way = session_reads.compaction_under_way(session_id, conversation_id)
+        refuse_unless(
+            under_way is None,
+            f"a compaction of {conversation_id} is under way (task {under_way}): look "
+            "again once it has ended",
         )
     task_input = {"conversation_id": conversation_id, "reason": "operator", "by": actor(user)}
 

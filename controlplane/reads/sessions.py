@@ -13,7 +13,8 @@ from controlplane import models
 from controlplane.errors import Invalid
 from controlplane.process.kernel import process_kernel
 from controlplane.storage.schema import CONVERSATION, ENTRY, SESSION, SUBMISSION
-from kernel import UnknownRecord
+from kernel import Status, UnknownRecord
+from kernel.agent.compaction import COMPACTION
 from kernel.agent.context import TOOL_RESULT
 from kernel.commit import operations_log_id
 from kernel.records import Conversation, Entry, SessionRecord, Submission
@@ -234,6 +235,14 @@ def own_history_agents(conversation_ids: list[str]) -> dict[str, str]:
     ).order_by("conversation_id", "created_seq", "id").distinct(
         "conversation_id").values_list("conversation_id", "input__agent")
     return {conversation: str(agent) for conversation, agent in found}
+
+
+def compaction_under_way(session_id: str, conversation_id: str) -> str | None:
+    """The compaction task of the conversation that has not ended, if there is one."""
+    found = models.Task.objects.filter(
+        session_id=session_id, kind=COMPACTION, input__conversation_id=conversation_id,
+    ).exclude(status=Status.TERMINAL).values_list("id", flat=True).first()
+    return None if found is None else str(found)
 
 
 def submissions(session_id: str, after: str | None = None,

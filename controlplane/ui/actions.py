@@ -311,13 +311,11 @@ def bulk_act(request: HttpRequest) -> HttpResponse:
 
 def _expected(request: HttpRequest, shown: str) -> tuple[int, str]:
     """A bulk form's hidden ``expected_count`` and ``expected_digest``: the set it showed."""
-    count = request.POST.get("expected_count", "")
-    if not count.isdigit():
-        raise Invalid(f"expected_count: the count {shown} showed")
+    count = _seq(request.POST, "expected_count", f"the count {shown} showed")
     digest = request.POST.get("expected_digest", "")
     if not digest:
         raise Invalid(f"expected_digest: the digest of the tasks {shown} showed")
-    return int(count), digest
+    return count, digest
 
 
 def _bulk_note(action: str, result: commands.BulkResult) -> str:
@@ -335,11 +333,10 @@ def _bulk_note(action: str, result: commands.BulkResult) -> str:
 
 def _step(request: HttpRequest) -> commands.Step:
     """The step a resolve form was rendered for (hidden fields of the form)."""
-    epoch = request.POST.get("epoch", "")
     signal = request.POST.get("signal", "")
-    if not signal or not epoch.isdigit():
+    if not signal:
         raise Invalid("signal, epoch: the step the page showed")
-    return commands.Step(signal, int(epoch))
+    return commands.Step(signal, _seq(request.POST, "epoch", "the step the page showed"))
 
 
 def _reason_and_id(request: HttpRequest) -> tuple[str, str]:

@@ -19,11 +19,16 @@ from kernel import SessionPoisoned, StorageUnavailable
 
 
 class RejectUnstorableText:
-    """Answer 422 to a path or query string carrying NUL characters or broken Unicode.
+    """Answer 422 to a path or query string carrying NUL characters or broken Unicode,
+    and to a form (the dashboard's, the login page's) with a field carrying NUL.
 
-    Postgres cannot hold either in text, so a filter built from them would fail
-    inside the database (a 500) instead of at the edge.
+    Postgres cannot hold either in text, so a filter or a record built from them would
+    fail inside the database (a 500) instead of at the edge. (A form's bytes are decoded
+    with replacement characters, so only NUL gets through in one; the API's JSON bodies
+    are checked by their schemas.)
     """
+
+    FORMS = ("application/x-www-form-urlencoded", "multipart/form-data")
 
     def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
         self.get_response = get_response
@@ -37,6 +42,13 @@ class RejectUnstorableText:
             return JsonResponse({"detail": "the URL is not valid Unicode"}, status=422)
         if "\x00" in raw:
             return JsonResponse({"detail": "the URL may not contain NUL characters"}, status=422)
+        if request.method == "POST" and request.content_type in self.FORMS:
+            for name, values in request.POST.lists():
+                if "\x00" in name or any("\x00" in value for value in values):
+                    shown = name.replace("\x00", "\\x00")[:100]
+                    return JsonResponse(
+                        {"detail": f"{shown}: a form field may not contain NUL characters"},
+                        status=422)
         return self.get_response(request)
 
 

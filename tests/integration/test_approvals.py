@@ -6,6 +6,7 @@ field; each decision is in the operations log with who and why."""
 
 from __future__ import annotations
 
+from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
@@ -193,6 +194,26 @@ def test_two_operators_deciding_at_once_exactly_one_decision_lands(
         ("approve", "deny")[i], pending.digest))
     assert http_status(refused) == 409
     assert len(log(kernel, session_id)) == 1
+
+
+def test_an_approval_after_the_call_timed_out_is_refused_and_changes_nothing(
+    kernel: Kernel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The deadline has passed but no worker has run the timeout yet (they are busy):
+    the call timed out, so an approval now must not make it run."""
+    session_id, _ = gated_call(kernel)
+    olga = client_for("olga", "operator")
+    [pending] = approvals(olga, session_id)
+    head = kernel.storage.session(session_id).head_seq
+    until = datetime.fromisoformat(pending["until"])
+    monkeypatch.setattr(kernel.clock, "now", lambda: until + timedelta(seconds=1))
+    late = decide(olga, session_id, "approve",
+                  {"action_id": "a1", "reason": "ok", "digest": pending["digest"]})
+    assert late.status_code == 409, late.content
+    assert "timed out" in late.json()["detail"]
+    assert kernel.storage.session(session_id).head_seq == head
+    tool = kernel.task(pending["task_id"])
+    assert (tool.status, tool.phase, tool.signals) == (Status.SLEEPING, "approval", {})
 
 
 # -- the dashboard ----------------------------------------------------------------------------

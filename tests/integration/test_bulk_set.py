@@ -190,3 +190,20 @@ def test_a_repeat_of_a_bulk_request_cut_short_finishes_its_set_and_nothing_twice
     retried = {t: len(kernel.task(t).checkpoint.get("_retried", [])) for t in [*failing, late]}
     assert retried == {first: 1, rest: 1, late: 0}  # each once, the late one not at all
     assert models.BulkAction.objects.get(action_id="cut").results is not None
+
+
+@pytest.mark.parametrize("url", ["/bulk/act", "/attention/retry-failed"])
+def test_a_bulk_form_whose_count_is_not_ascii_digits_is_refused_naming_it(
+    kernel: Kernel, url: str,
+) -> None:
+    """"²" is a digit to Python's ``isdigit`` but no number to ``int``: the form is
+    refused (422 naming the field), not answered with a server error."""
+    _, failed = start(kernel, "api-step", {"fail": True})
+    operator = login("operator")
+    operator.get("/attention/")
+    answer = hx_post(operator, url, {
+        "action": "retry", "outcome": "failed", "status": "failed", "action_id": "b1",
+        "reason": "fixed", "expected_count": "²", "expected_digest": digest([failed])})
+    assert answer.status_code == 422, answer.content
+    assert b"expected_count" in answer.content
+    assert kernel.task(failed).status is Status.TERMINAL

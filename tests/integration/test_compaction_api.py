@@ -110,3 +110,29 @@ def test_a_form_without_csrf_is_refused() -> None:
                          {"action_id": "x", "reason": "r", "last_entry_id": newest(conversation)})
     assert answer.status_code == 403
     assert compaction_tasks(session_id) == []
+
+
+def test_a_compaction_asked_while_one_of_the_conversation_is_under_way_is_refused() -> None:
+    """Two operators (or two tabs) saw the same newest entry and both press compact: the
+    first compaction adds no entry until its summary comes, so the newest entry alone
+    does not tell them apart; the second is refused (409) and no second summary of the
+    same entries is asked for."""
+    session_id, conversation = conversation_with_a_tool_call()
+    url = f"/api/conversations/{conversation}/compact"
+    seen = newest(conversation)
+    first = post(client_as("olga", "operator"), url,
+                 {"action_id": "c-olga", "reason": "long", "last_entry_id": seen})
+    assert first.status_code == 200, first.content
+    second = post(client_as("omar", "operator"), url,
+                  {"action_id": "c-omar", "reason": "long too", "last_entry_id": seen})
+    assert second.status_code == 409, second.content
+    [running] = compaction_tasks(session_id)
+    assert running in second.json()["detail"]
+    again = post(client_as("olga", "operator"), url,  # a repeat is still answered
+                 {"action_id": "c-olga", "reason": "long", "last_entry_id": seen})
+    assert again.status_code == 200 and again.json()["replayed"] is True
+    Scheduler(runtime().kernel).run_until_idle()  # it ends: the next one may go
+    later = post(client_as("omar", "operator"), url,
+                 {"action_id": "c-omar-2", "reason": "long", "last_entry_id": newest(conversation)})
+    assert later.status_code == 200, later.content
+    assert len(compaction_tasks(session_id)) == 2

@@ -162,3 +162,21 @@ def test_a_receipt_of_the_declared_shape_reaches_the_task(kernel: Kernel) -> Non
     assert post(olga, f"/api/tasks/{task_id}/resolve", body).status_code == 200
     Scheduler(kernel).run_until_idle()
     assert kernel.task(task_id).outcome["result"]["receipt"] == receipt
+
+
+def test_a_resolve_form_whose_epoch_is_not_ascii_digits_is_refused_naming_it(
+    kernel: Kernel,
+) -> None:
+    """"²" is a digit to Python's ``isdigit`` but no number to ``int``: the form is
+    refused (422 naming the field), not answered with a server error."""
+    session_id, task_id = start(kernel, "api-asker", {})
+    operator = client_for("olga", "operator")
+    head = kernel.storage.session(session_id).head_seq
+    answer = operator.post(f"/tasks/{task_id}/resolve",
+                           {"reason": "checked", "decision": "done", "action_id": "r1",
+                            "signal": "resolution-1", "epoch": "²"},
+                           HTTP_HX_REQUEST="true")
+    assert answer.status_code == 422, answer.content
+    assert b"epoch" in answer.content
+    assert kernel.storage.session(session_id).head_seq == head
+    assert kernel.task(task_id).status is Status.WAITING

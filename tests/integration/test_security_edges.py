@@ -223,3 +223,24 @@ def test_the_api_schema_is_built_once_per_process(monkeypatch: pytest.MonkeyPatc
     for _ in range(5):
         assert Client().get("/api/openapi.json").json() == first
     assert len(built) == 1
+
+
+def test_a_form_field_carrying_nul_is_refused_naming_it_and_changes_nothing() -> None:
+    """Postgres text cannot hold NUL: a form's field with one (a tampered hidden action
+    id, a pasted name) is refused at the edge (422 naming the field), not answered with
+    a server error from inside the database."""
+    (task_id,) = failed_batches(1)
+    kernel = runtime().kernel
+    head = kernel.storage.session(kernel.task(task_id).session_id).head_seq
+    client = _operator("olga")
+    refused = client.post(f"/tasks/{task_id}/retry",
+                          {"action_id": "form\x00retry", "reason": "provider back"},
+                          HTTP_X_CSRFTOKEN=client.cookies["csrftoken"].value,
+                          HTTP_HX_REQUEST="true")
+    assert refused.status_code == 422, refused.content
+    assert b"action_id" in refused.content and b"NUL" in refused.content
+    assert kernel.task(task_id).outcome["kind"] == "failed"
+    assert kernel.storage.session(kernel.task(task_id).session_id).head_seq == head
+    login_page = Client().post("/accounts/login/", {"username": "olga\x00", "password": "pw"})
+    assert login_page.status_code == 422, login_page.content
+    assert b"username" in login_page.content
