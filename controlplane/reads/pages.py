@@ -210,11 +210,18 @@ def transcript(session_id: str) -> Shown:
     ops = operations_log_id(session_id)
     found, total = session_reads.last_conversations(session_id, CONVERSATIONS_SHOWN, ops)
     agents = session_reads.own_history_agents([c.id for c in found if c.id != ops])
-    return Shown([
+    shown = [
         conversations.conversation(session_id, c, c.id == ops, ENTRY_TAIL, ENTRIES_COUNTED,
                                    agents.get(c.id))
         for c in found
-    ], total + sum(c.id == ops for c in found))
+    ]
+    empty = [(i, c.created_seq) for i, c in enumerate(found) if not shown[i].total]
+    if empty:  # say why an empty transcript is empty when retention may be the reason
+        pruned = pruned_before(session_id, min(seq for _, seq in empty))
+        for i, created_seq in empty:
+            if pruned >= created_seq:
+                shown[i] = replace(shown[i], pruned_upto=pruned)
+    return Shown(shown, total + sum(c.id == ops for c in found))
 
 
 def earlier_entries(session_id: str, conversation_id: str, before: str,

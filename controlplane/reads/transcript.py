@@ -148,6 +148,9 @@ class Conversation:
     own_history_agent: str | None = None
     """The framework agent that answers it and keeps its own history (no compaction
     here: :func:`controlplane.reads.sessions.own_history_agent`)."""
+    pruned_upto: int = 0
+    """When it shows no entry and retention removed its session's history from its
+    creation on: up to which commit (its entries may have gone with it)."""
 
 
 def _tool_tasks(session_id: str, asking: list[Entry], viewed: str,

@@ -504,3 +504,29 @@ def test_the_page_of_a_pruned_task_says_retention_removed_its_commits() -> None:
     page = client.get(f"/tasks/{task_id}/").content.decode()
     assert "No commit names this task yet" not in page
     assert f"Retention removed the session's history up to commit {pruned_seq}" in page
+
+
+@db
+def test_a_pruned_sessions_page_says_why_its_transcript_is_empty() -> None:
+    """A prune takes a finished session's transcript: the page says so beside each
+    conversation it emptied, not only an empty list as of a conversation never used."""
+    kernel = runtime().kernel
+    handle = kernel.create_session(metadata={"retention_days": 0})
+    draft = Draft(actor="user:ann")
+    used = draft.create_conversation()
+    draft.append(used, "user", {"text": "hello"})
+    handle.commit(draft)
+    client = Client()
+    client.force_login(operator())
+    before = client.get(f"/sessions/{handle.id}/").content.decode()
+    assert "hello" in before and "retention removed" not in before
+    assert commands.prune().sessions >= 1
+    pruned_seq = kernel.storage.session(handle.id).pruned_seq
+    draft = Draft(actor="user:ann")
+    unused = draft.create_conversation()  # made after the prune: empty, but not by it
+    kernel.open(handle.id).commit(draft)
+    page = client.get(f"/sessions/{handle.id}/").content.decode()
+    note = f"No entries: retention removed this session's history up to commit {pruned_seq}"
+    assert "hello" not in page and page.count(note) == 1
+    emptied = page[page.index(f'id="conv-{used}"'):page.index(f'id="conv-{unused}"')]
+    assert note in emptied
