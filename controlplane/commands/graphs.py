@@ -140,7 +140,7 @@ def fork_graph(
                       "could take: name the graph to run")
     expected: int | None = None  # a repeat is answered with the first commit, as it is
     if not done_before(session_id, action_id, "fork", checkpoint_id):
-        _check_graph(kind)
+        _check_graph(kind, as_node)
         namespaces, _ = graph_reads.versioned_index(session_id)
         refuse_unless(checkpoint_id in namespaces.get(graph_reads.ROOT, {}),
                       f"checkpoint {checkpoint_id} is not in the thread (any more): look again")
@@ -176,12 +176,18 @@ def retry_of_a_run(task: Task, repeat: bool) -> Callable[[Draft], None] | None:
     return lambda draft: _name_in_index(draft, STARTS, task.id, expected)
 
 
-def _check_graph(kind: str) -> None:
-    """Invalid unless ``kind`` is a graph registered in this process."""
+def _check_graph(kind: str, as_node: str | None = None) -> None:
+    """Invalid unless ``kind`` is a graph registered in this process, and ``as_node``
+    (when named) one of its nodes: the run would otherwise fail at its first step."""
     graphs = graph_reads.registered()
     if kind not in graphs:
         raise Invalid(f"kind: {kind!r} is not a graph registered here (graphs: "
                       f"{', '.join(graphs) or 'none'})")
+    if as_node is not None and not as_node.startswith("__"):  # LangGraph's own: its call
+        nodes = graph_reads.nodes(kind)
+        if as_node not in nodes:
+            raise Invalid(f"as_node: graph {kind!r} has no node {as_node!r} (nodes: "
+                          f"{', '.join(nodes)})")
 
 
 def _refuse_unless_thread_is(

@@ -27,6 +27,7 @@ from kernel.hosts.langgraph.layout import (
     HOST,
     INDEX,
     INDEX_KEY,
+    NODE,
     STARTS,
     register_documents,
 )
@@ -297,6 +298,14 @@ def thread(session_id: str) -> Thread | None:
 def registered() -> list[str]:
     """The graphs registered in this process: what an operator may start or fork."""
     return process_kernel().registry.hosted_by(HOST)
+
+
+def nodes(kind: str) -> list[str]:
+    """The nodes of graph ``kind`` registered here, by name (LangGraph's own left out):
+    what its runs record they need of this process (:meth:`GraphHost.needs`)."""
+    definition = process_kernel().registry.latest(kind)
+    needs = definition.needs(None, None) if definition.needs is not None else {}
+    return sorted(name.removeprefix(NODE) for name in needs if name.startswith(NODE))
 
 
 def required_thread(session_id: str) -> Thread:

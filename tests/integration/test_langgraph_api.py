@@ -131,6 +131,12 @@ def test_a_fork_through_the_api_updates_the_state_first(graphs: Path) -> None:
     alone = fork(olga, session_id, checkpoint_id=third, expected_version=thread["version"],
                  as_node="step0")
     assert alone.status_code == 422 and "as_node" in alone.json()["detail"], alone.json()
+    unknown = fork(olga, session_id, checkpoint_id=third, expected_version=thread["version"],
+                   values=values, as_node="step9")
+    assert unknown.status_code == 422, unknown.json()
+    assert unknown.json()["detail"].startswith("as_node: graph") and "'step9'" in \
+        unknown.json()["detail"] and "step0, step1" in unknown.json()["detail"]
+    assert [t.id for t in kernel.storage.session_tasks(session_id)] == [first]
     done = fork(olga, session_id, checkpoint_id=third, expected_version=thread["version"],
                 values=values, as_node="step0")  # the node that wrote last, named
     assert done.status_code == 200, done.json()

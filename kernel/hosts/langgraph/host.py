@@ -32,7 +32,7 @@ from kernel.session import Kernel
 from kernel.tasks import Transition
 
 from .interrupts import resume_map, resume_signal, waited_signal
-from .layout import HOST, register_documents
+from .layout import HOST, NODE, register_documents
 from .saver import SessionStoreSaver
 
 JSON = Any
@@ -89,7 +89,7 @@ class GraphHost:
         is blocked for an operator, not run on a graph its checkpoints do not describe. A
         node added is compatible; a node's code changed is not seen (it is why one
         deploys)."""
-        return {f"node {name}": "present" for name in self.graph.nodes
+        return {f"{NODE}{name}": "present" for name in self.graph.nodes
                 if not name.startswith("__")}
 
     @property

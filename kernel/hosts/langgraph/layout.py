@@ -26,6 +26,8 @@ from __future__ import annotations
 
 from kernel.registry import Registry
 
+NODE = "node "
+"""How a run's environment names a node of its graph (``node <name>``)."""
 CHECKPOINT = "langgraph.checkpoint"
 INDEX = "langgraph.index"
 THREADS = "langgraph.threads"
