@@ -21,7 +21,7 @@ from controlplane.process.kernel import process_kernel
 from controlplane.reads import sessions as session_reads
 from controlplane.storage.schema import TASK
 from kernel.errors import UnknownRecord
-from kernel.hosts.langgraph.interrupts import declared_schema, interrupted
+from kernel.hosts.langgraph.interrupts import interrupted, resume_schema
 from kernel.hosts.langgraph.layout import (
     FORKS,
     HOST,
@@ -102,7 +102,8 @@ class Interrupt:
     ids: list[str]
     """Each interrupt's id (in the order of ``values``): what a resume of several names."""
     schema: JSON
-    """The JSON schema a resume value must meet, when a node declared one."""
+    """The JSON schema the resume value must meet, when a node declared one (with
+    several interrupts: the object giving each its answer by id)."""
 
     @property
     def by_id(self) -> list[tuple[str, JSON]]:
@@ -250,8 +251,8 @@ def _interrupt(task: Task) -> Interrupt | None:
         return None
     values = [i.get("value") for i in waiting.get("interrupts", [])]
     ids = [str(i.get("id")) for i in waiting.get("interrupts", [])]
-    schema = next((s for s in map(declared_schema, values) if s is not None), None)
-    return Interrupt(task.id, task.kind, waiting["checkpoint_id"], values, ids, schema)
+    return Interrupt(task.id, task.kind, waiting["checkpoint_id"], values, ids,
+                     resume_schema(waiting))
 
 
 def runs(session_id: str, index: dict[str, JSON] | None = None) -> list[Task]:

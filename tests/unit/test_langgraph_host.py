@@ -12,7 +12,12 @@ import pytest
 from kernel import Draft, InMemoryStorage, Kernel, Registry, Scheduler, Status
 from kernel.hosts.langgraph import SessionStoreSaver
 from kernel.hosts.langgraph.host import fork_input
-from kernel.hosts.langgraph.interrupts import check_resume, interrupted, resume_signal
+from kernel.hosts.langgraph.interrupts import (
+    check_resume,
+    interrupted,
+    resume_schema,
+    resume_signal,
+)
 from kernel.hosts.langgraph.layout import CHECKPOINT, HOST, INDEX
 from kernel.registry import TaskDefinition
 from tests.langgraph_graphs import APPROVAL, DECISION, PIPELINE, register_all, runs
@@ -362,6 +367,40 @@ def test_parallel_interrupts_take_a_value_each_by_id_together_or_one_at_a_time()
     task = kernel.task(task_id)
     assert task.outcome is not None and task.outcome["kind"] == "succeeded", task.outcome
     assert task.outcome["result"]["output"] == {"answers": [["left", "LEFT"], ["right", "RIGHT"]]}
+
+
+def test_the_resume_schema_of_parallel_interrupts_is_that_of_the_whole_value() -> None:
+    """With several interrupts waiting the resume value is an object by interrupt id: the
+    schema shown to the operator is that object's, and it accepts what the resume does."""
+    import jsonschema_rs
+    from langgraph.graph import END, START, StateGraph
+    from langgraph.types import interrupt
+
+    builder = StateGraph(Answers)
+    builder.add_node("left", lambda s: {"answers": [interrupt(
+        {"question": "left?", "schema": {"type": "string"}})]})
+    builder.add_node("right", lambda s: {"answers": [interrupt("right?")]})
+    for name in ("left", "right"):
+        builder.add_edge(START, name)
+        builder.add_edge(name, END)
+    kernel = hosted(builder)
+    _, task_id = start(kernel, "asking", {"input": {"answers": []}})
+    Scheduler(kernel).run_until_idle()
+    task = kernel.task(task_id)
+    waiting = interrupted(task)
+    assert waiting is not None
+    ids = {"left" if isinstance(i["value"], dict) else "right": i["id"]
+           for i in waiting["interrupts"]}
+    validator = jsonschema_rs.validator_for(resume_schema(waiting))
+    left, right = ids["left"], ids["right"]
+    for value in [{left: "L"}, {right: 3}, {left: "L", right: 3}, {left: 5}, {left: "L", "x": 1},
+                  {}, "L", None]:
+        try:
+            check_resume(task, waiting["checkpoint_id"], value)
+            resumes = True
+        except ValueError:
+            resumes = False
+        assert validator.is_valid(value) == resumes, value
 
 
 @pytest.mark.parametrize("value", [None, {}, 0, "", False, []])

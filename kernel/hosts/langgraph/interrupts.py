@@ -76,6 +76,22 @@ def declared_schema(value: JSON) -> JSON:
     return value.get("schema") if isinstance(value, dict) else None
 
 
+def resume_schema(waiting: JSON) -> JSON:
+    """The JSON schema of the whole resume value for the interrupts in ``waiting``, when a
+    node declared one (None otherwise): the one interrupt's own, or, with several, an
+    object giving interrupts by id, each answer under its interrupt's schema."""
+    found = waiting.get("interrupts") or []
+    declared = {str(i.get("id")): declared_schema(i.get("value")) for i in found}
+    if len(found) == 1:
+        return next(iter(declared.values()))
+    if not any(s is not None for s in declared.values()):
+        return None
+    return {
+        "type": "object", "minProperties": 1, "propertyNames": {"enum": list(declared)},
+        "properties": {i: s for i, s in declared.items() if s is not None},
+    }
+
+
 def check_resume(
     task: Task, checkpoint_id: str, value: JSON, interrupt_ids: list[str] | None = None,
 ) -> None:
