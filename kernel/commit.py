@@ -71,6 +71,7 @@ from .tasks import (
     Next,
     Sleep,
     Transition,
+    WaitSignal,
     WaitTasks,
     apply_transition,
     released,
@@ -482,6 +483,8 @@ def _storable_transition(task_id: str, transition: Transition) -> Transition:
         raise UnstorableValue(
             f"task {task_id} sleeps until {transition.until!r}, a time without a timezone: "
             "give an aware datetime (Run.now plus a timedelta, or one with tzinfo)")
+    if isinstance(transition, WaitSignal):
+        storable_text(transition.name, f"task {task_id} signal name")
     if transition.checkpoint is None:
         return transition
     return replace(

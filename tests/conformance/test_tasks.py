@@ -203,6 +203,38 @@ def test_a_sleep_until_a_time_without_a_timezone_is_refused_and_faults_the_task(
     assert outcome(world, other) == "succeeded"
 
 
+@pytest.mark.parametrize("name", ["tool \x00 call", "tool \ud800 call"])
+def test_a_wait_on_a_signal_name_no_storage_holds_is_refused_and_faults_the_task(
+    world: World, name: str
+) -> None:
+    """A signal name that no text column holds (NUL, a lone surrogate: say, a model's
+    tool call id) is refused as the phase's commit is built, on either storage: the task
+    faults saying why, rather than waiting for a signal nobody can send, or its worker
+    failing on the database's error with the lease held."""
+    registry = Registry()
+
+    @registry.task("waiter")
+    class Waiter:
+        initial = "ask"
+
+        def ask(self, run: Run) -> Transition:
+            return run.wait_for(name, then="done")
+
+        def done(self, run: Run) -> Transition:
+            return run.succeed()
+
+    kernel = world.kernel(registry)
+    handle = kernel.create_session()
+    draft = Draft(actor="user:ann")
+    task_id = draft.create_task("waiter", {})
+    handle.commit(draft)
+    assert Worker(kernel, "w1").advance(task_id)
+    task = world.storage.task(task_id)
+    assert outcome(world, task_id) == "faulted"
+    assert "signal name cannot be stored" in task.outcome["error"]
+    assert task.lease_owner is None
+
+
 def test_completing_finishes_once_owned_subtasks_are_terminal(world: World) -> None:
     kernel, handle, task_id = start(
         world, "quitter", {"child": {"kind": "asker", "input": {"name": "kid"}}}
