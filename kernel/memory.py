@@ -116,11 +116,12 @@ class InMemoryStorage:
             staged = self._stage(write_set)
             self.fault("after_write")
             self._apply(session, staged)
+            written = _own(staged)  # the committer's: its task's next phase changes it
         try:
             self.fault("after_commit")
         except Exception as exc:
             raise CommitUncertain(f"commit {session_id}#{write_set.commit.seq}: {exc}") from exc
-        return staged
+        return written
 
     # The reference has one way to commit: every kind is the general commit.
 

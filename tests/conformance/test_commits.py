@@ -172,11 +172,16 @@ def test_a_phase_changing_its_input_in_place_and_raising_leaves_the_task_as_comm
 
     @registry.task("meddler")
     class Meddler:
-        initial = "work"
+        initial = "start"
 
-        def work(self, run: Run) -> Transition:
+        def start(self, run: Run) -> Transition:
             run.input["items"].append("changed")
             run.checkpoint["dirty"] = True
+            return run.next("work", {"step": 1})
+
+        def work(self, run: Run) -> Transition:
+            run.input["items"].append("changed again")
+            run.checkpoint["steps"] = ["changed"]
             raise RuntimeError("boom")
 
     kernel = world.kernel(registry)
@@ -188,7 +193,7 @@ def test_a_phase_changing_its_input_in_place_and_raising_leaves_the_task_as_comm
     stored = world.reopen().task(task_id)
     assert stored is not None and stored.status is Status.TERMINAL
     assert stored.outcome is not None and stored.outcome["kind"] == "failed"
-    assert (stored.input, stored.checkpoint) == ({"items": ["a"]}, {})
+    assert (stored.input, stored.checkpoint) == ({"items": ["a"]}, {"dirty": True, "step": 1})
 
 
 def test_what_a_reader_changes_in_place_changes_nothing_stored(world: World) -> None:
