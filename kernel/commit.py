@@ -39,6 +39,7 @@ from .errors import (
     StaleLease,
     StaleStep,
     UnknownRecord,
+    UnstorableValue,
     WaitCycle,
 )
 from .forks import RESTARTED, PhaseEntry, Restart, no_restart
@@ -65,7 +66,17 @@ from .records import (
 )
 from .registry import Blocked, Registry
 from .storage import CommitReads, JoinState, Prefetch
-from .tasks import Finish, Next, Transition, WaitTasks, apply_transition, released, succeeded
+from .tasks import (
+    Finish,
+    Next,
+    Sleep,
+    Transition,
+    WaitSignal,
+    WaitTasks,
+    apply_transition,
+    released,
+    succeeded,
+)
 from .tracing import carrier as trace_carrier
 from .values import storable, storable_text
 
@@ -464,6 +475,16 @@ def _storable_transition(task_id: str, transition: Transition) -> Transition:
             result=storable(transition.result, f"task {task_id} result"),
             error=storable_text(transition.error, f"task {task_id} error"),
         )
+    if isinstance(transition, Sleep) and (
+        not isinstance(transition.until, datetime) or transition.until.utcoffset() is None
+    ):
+        # A time without a timezone names no moment: Postgres would read it in its
+        # session's time zone, and the reference could not compare it with its clock's.
+        raise UnstorableValue(
+            f"task {task_id} sleeps until {transition.until!r}, a time without a timezone: "
+            "give an aware datetime (Run.now plus a timedelta, or one with tzinfo)")
+    if isinstance(transition, WaitSignal):
+        storable_text(transition.name, f"task {task_id} signal name")
     if transition.checkpoint is None:
         return transition
     return replace(

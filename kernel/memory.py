@@ -15,6 +15,7 @@ from collections import defaultdict
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import replace
 from datetime import datetime, timedelta
+from typing import TypeVar
 
 from .artifacts import references
 from .errors import CommitUncertain, UnknownRecord
@@ -59,9 +60,18 @@ from .storage import (
 )
 from .tasks import succeeded
 
+R = TypeVar("R")
+
 
 def _no_fault(point: str) -> None:
     return None
+
+
+def _own(record: R) -> R:
+    """A copy of a stored record (or of a list of them) for a reader: what a database
+    read gives, so that a caller changing a value it read in place (a phase its input
+    or checkpoint, a reader an entry's payload) changes nothing stored."""
+    return copy.deepcopy(record)
 
 
 class InMemoryStorage:
@@ -94,7 +104,7 @@ class InMemoryStorage:
 
     def session(self, session_id: str) -> SessionRecord | None:
         with self._lock:
-            return self._sessions.get(session_id)
+            return _own(self._sessions.get(session_id))
 
     def commit(self, session_id: str, build: Build, prefetch: Prefetch = NO_PREFETCH) -> WriteSet:
         with self._lock:
@@ -106,11 +116,12 @@ class InMemoryStorage:
             staged = self._stage(write_set)
             self.fault("after_write")
             self._apply(session, staged)
+            written = _own(staged)  # the committer's: its task's next phase changes it
         try:
             self.fault("after_commit")
         except Exception as exc:
             raise CommitUncertain(f"commit {session_id}#{write_set.commit.seq}: {exc}") from exc
-        return staged
+        return written
 
     # The reference has one way to commit: every kind is the general commit.
 
@@ -177,7 +188,7 @@ class InMemoryStorage:
             after = max(after_seq, session.pruned_seq if session else 0)
             # In seq order; gapless above pruned_seq (below it, only keyed rows a trim kept).
             start = bisect.bisect_right(commits, after, key=lambda c: c.seq)
-            return commits[start : start + limit]
+            return _own(commits[start : start + limit])
 
     def prune(
         self, policy: RetentionPolicy, now: datetime, *, dry_run: bool = False,
@@ -189,7 +200,7 @@ class InMemoryStorage:
                 commits = self._commits.get(session.id, [])
                 if session.head_seq <= session.pruned_seq or not commits:
                     continue
-                tasks = self.session_tasks(session.id)
+                tasks = self._stored_session_tasks(session.id)
                 if not all(t.terminal for t in tasks) or not all(
                     s.status.settled for s in self._submissions.values()
                     if s.session_id == session.id
@@ -269,11 +280,14 @@ class InMemoryStorage:
 
     def task(self, task_id: str) -> Task | None:
         with self._lock:
-            return self._tasks.get(task_id)
+            return _own(self._tasks.get(task_id))
 
     def session_tasks(self, session_id: str) -> list[Task]:
         with self._lock:
-            return [self._tasks[i] for i in self._session_tasks.get(session_id, [])]
+            return _own(self._stored_session_tasks(session_id))
+
+    def _stored_session_tasks(self, session_id: str) -> list[Task]:
+        return [self._tasks[i] for i in self._session_tasks.get(session_id, [])]
 
     def conversation(self, conversation_id: str) -> Conversation | None:
         with self._lock:
@@ -281,14 +295,17 @@ class InMemoryStorage:
 
     def conversation_entries(self, conversation_id: str) -> list[Entry]:
         with self._lock:
-            return [self._entries[i] for i in self._conversation_entries.get(conversation_id, [])]
+            return _own(self._stored_entries(conversation_id))
+
+    def _stored_entries(self, conversation_id: str) -> list[Entry]:
+        return [self._entries[i] for i in self._conversation_entries.get(conversation_id, [])]
 
     def context_entries(
         self, conversation_id: str, upto: Position = LAST_POSITION,
         after: Position | None = None,
     ) -> list[Entry]:
         with self._lock:
-            entries = self.conversation_entries(conversation_id)
+            entries = self._stored_entries(conversation_id)
         summary = None
         if after is None:
             summary = max(
@@ -297,11 +314,11 @@ class InMemoryStorage:
             )
             after = covered_last(summary) if summary is not None else (-1, -1)
         kept = [e for e in entries if e.kind != SUMMARY and after < position(e) <= upto]
-        return [summary, *kept] if summary is not None else kept
+        return _own([summary, *kept] if summary is not None else kept)
 
     def entry(self, entry_id: str) -> Entry | None:
         with self._lock:
-            return self._entries.get(entry_id)
+            return _own(self._entries.get(entry_id))
 
     def referenced_artifacts(self, digests: Iterable[str]) -> set[str]:
         wanted = set(digests)
@@ -321,7 +338,7 @@ class InMemoryStorage:
         with self._lock:
             history = [v for v in self._versions.get(document_id, []) if v.version <= upto]
             start = max((i for i, v in enumerate(history) if v.has_baseline), default=0)
-            return history[start:]
+            return _own(history[start:])
 
     def document_now(
         self, session_id: str, kind: str, key: str
@@ -349,12 +366,12 @@ class InMemoryStorage:
 
     def submission(self, submission_id: str) -> Submission | None:
         with self._lock:
-            return self._submissions.get(submission_id)
+            return _own(self._submissions.get(submission_id))
 
     def submission_by_request(self, session_id: str, request_id: str) -> Submission | None:
         with self._lock:
             found = self._requests.get((session_id, request_id))
-            return self._submissions[found] if found else None
+            return _own(self._submissions[found]) if found else None
 
     # -- leases ----------------------------------------------------------------
 
@@ -381,7 +398,7 @@ class InMemoryStorage:
             )
             self._tasks[task_id] = claimed
             self._forget_rows({task_id})
-            return claimed
+            return _own(claimed)
 
     def _forget_rows(self, task_ids: set[str]) -> None:
         if task_ids and self._dispatches:
@@ -393,7 +410,7 @@ class InMemoryStorage:
     ) -> list[Task]:
         with self._lock:
             wanted = set(kinds)
-            candidates = [t.id for t in self.runnable(now, len(self._tasks)) if t.kind in wanted]
+            candidates = [t.id for t in self._runnable(now) if t.kind in wanted]
             claimed = (self.claim(i, owner, now, until) for i in candidates[:limit])
             return [t for t in claimed if t is not None]
 
@@ -461,12 +478,14 @@ class InMemoryStorage:
                 row_id = next(self._dispatch_ids)
                 self._dispatches[row_id] = Dispatch(
                     task_id, task.session_id, now, task.queue, 0, id=row_id)
-            return released
+            return _own(released)
 
     def runnable(self, now: datetime, limit: int) -> list[Task]:
         with self._lock:
-            found = [t for t in self._tasks.values() if t.runnable_at(now)]
-            return found[:limit]
+            return _own(self._runnable(now)[:limit])
+
+    def _runnable(self, now: datetime) -> list[Task]:
+        return [t for t in self._tasks.values() if t.runnable_at(now)]
 
     def expired_leases(self, now: datetime, limit: int) -> list[Task]:
         with self._lock:
@@ -475,7 +494,7 @@ class InMemoryStorage:
                 for t in self._tasks.values()
                 if t.status is Status.RUNNING and t.lease_until is not None and t.lease_until < now
             ]
-            return sorted(found, key=lambda t: (t.lease_until, t.id))[:limit]
+            return _own(sorted(found, key=lambda t: (t.lease_until, t.id))[:limit])
 
     def next_wake(self) -> datetime | None:
         with self._lock:
@@ -575,7 +594,7 @@ class InMemoryStorage:
     def blocked_tasks(self, limit: int) -> list[Task]:
         with self._lock:
             ids = dict.fromkeys(d.task_id for d in self._dispatches.values() if d.blocked)
-            return [self._tasks[i] for i in ids if i in self._tasks][:limit]
+            return _own([self._tasks[i] for i in ids if i in self._tasks][:limit])
 
     def retry_dispatches(self, task_ids: Iterable[str]) -> None:
         wanted = set(task_ids)
@@ -614,7 +633,7 @@ class _CommitReads:
     def waiters(self, task_id: str) -> list[Task]:
         return [
             t
-            for t in self.storage.session_tasks(self.session.id)
+            for t in self.storage._stored_session_tasks(self.session.id)
             if t.status is Status.WAITING and task_id in t.wait_deps
         ]
 

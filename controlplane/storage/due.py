@@ -10,8 +10,9 @@ head start: the message and the sweep deliver as they always did, and the claim
 decides.
 
 The payload is one ``queue<TAB>task id`` line per task; a commit sends one notification
-(at most ``KERNEL_DISPATCH_MESSAGES`` lines, far below Postgres's 8,000-byte limit: a
-burst's rows go to queue messages instead, and are never announced).
+(a burst's rows go to queue messages instead, and are never announced), of the lines that
+fit in a payload Postgres sends (:data:`MOST_BYTES`): the tasks of the others wait for
+their messages.
 """
 
 from __future__ import annotations
@@ -32,12 +33,24 @@ NOTIFY_UNFLUSHED = (
     "AS unflushed"
 )
 LISTEN = f"LISTEN {CHANNEL}"
+MOST_BYTES = 7999
+"""The longest payload Postgres takes: a longer one fails the statement that sends it, and
+so the commit that carries it."""
 
 
 def payload(dispatches: Iterable[Dispatch]) -> str | None:
-    """The announcement for a commit's dispatch rows: those taken for a message each. ``None``
-    if there are none (nothing to notify)."""
-    lines = [f"{d.queue}\t{d.task_id}" for d in dispatches if announced_row(d)]
+    """The announcement for a commit's dispatch rows: those taken for a message each, as
+    many as fit in :data:`MOST_BYTES`. ``None`` if there are none (nothing to notify)."""
+    lines: list[str] = []
+    size = -1  # no line break before the first line
+    for row in dispatches:
+        if not announced_row(row):
+            continue
+        line = f"{row.queue}\t{row.task_id}"
+        size += len(line.encode()) + 1
+        if size > MOST_BYTES:
+            break
+        lines.append(line)
     return "\n".join(lines) if lines else None
 
 

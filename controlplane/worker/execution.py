@@ -85,21 +85,20 @@ def on_a_live_connection(run: Callable[[], T]) -> T:
 @app.task(name=ADVANCE_QUEUE, ignore_result=True)
 def advance_queue(queue: str) -> int:
     """Run ``queue``'s runnable tasks for ``KERNEL_CLAIM_SECONDS``; if some may be left,
-    send a queue message for them behind the messages waiting now. How many ran."""
-    close_old_connections()
-    try:
-        queue = queue.removesuffix(RECOVERY_SUFFIX)  # the sweep sends to the recovery queue
-        worker = runtime().worker
-        with announcements.busy():
-            ran, more = worker.advance_queue(
-                queue, batch=settings.KERNEL_ENDINGS_PER_COMMIT,
-                budget=settings.KERNEL_CLAIM_SECONDS,
-            )
-        if more and not worker.draining:
-            send_advance_queue(queue)
-        return ran
-    finally:
-        close_old_connections()
+    send a queue message for them behind the messages waiting now. How many ran.
+
+    On this thread's connection as the last message left it (:func:`on_a_live_connection`):
+    its first statement is the burst claim, which claims nothing when it fails."""
+    queue = queue.removesuffix(RECOVERY_SUFFIX)  # the sweep sends to the recovery queue
+    worker = runtime().worker
+    with announcements.busy():
+        ran, more = on_a_live_connection(lambda: worker.advance_queue(
+            queue, batch=settings.KERNEL_ENDINGS_PER_COMMIT,
+            budget=settings.KERNEL_CLAIM_SECONDS,
+        ))
+    if more and not worker.draining:
+        send_advance_queue(queue)
+    return ran
 
 
 def _advance(task_id: str, tries: int) -> bool:

@@ -11,10 +11,15 @@ from kernel import (
     DocumentConflict,
     Draft,
     DuplicateCommit,
+    Registry,
     ReservedConversation,
+    Run,
     SessionPoisoned,
+    Status,
     SubmissionStatus,
+    Transition,
     UnknownRecord,
+    Worker,
 )
 from kernel.commit import operations_log_id
 from kernel.records import WriteSet
@@ -156,6 +161,57 @@ def test_entries_never_change_and_ids_are_unique(world: World) -> None:
     assert entries[0] == first
     ids = [e.id for e in entries] + [t.id for t in world.storage.session_tasks(handle.id)]
     assert len(ids) == len(set(ids)) == 8
+
+
+def test_a_phase_changing_its_input_in_place_and_raising_leaves_the_task_as_committed(
+    world: World,
+) -> None:
+    """A phase's input and checkpoint are its own copies: what it changes in place is
+    written only by a commit, and a phase that raises writes nothing."""
+    registry = Registry()
+
+    @registry.task("meddler")
+    class Meddler:
+        initial = "start"
+
+        def start(self, run: Run) -> Transition:
+            run.input["items"].append("changed")
+            run.checkpoint["dirty"] = True
+            return run.next("work", {"step": 1})
+
+        def work(self, run: Run) -> Transition:
+            run.input["items"].append("changed again")
+            run.checkpoint["steps"] = ["changed"]
+            raise RuntimeError("boom")
+
+    kernel = world.kernel(registry)
+    handle = kernel.create_session()
+    draft = Draft(actor="user:ann")
+    task_id = draft.create_task("meddler", {"items": ["a"]})
+    handle.commit(draft)
+    assert Worker(kernel, "w1").advance(task_id)
+    stored = world.reopen().task(task_id)
+    assert stored is not None and stored.status is Status.TERMINAL
+    assert stored.outcome is not None and stored.outcome["kind"] == "failed"
+    assert (stored.input, stored.checkpoint) == ({"items": ["a"]}, {"dirty": True, "step": 1})
+
+
+def test_what_a_reader_changes_in_place_changes_nothing_stored(world: World) -> None:
+    kernel, handle, conversation = setup(world)
+    draft = Draft(actor="user:ann")
+    draft.append(conversation, "user", {"parts": ["hello"]})
+    draft.create_task("step", {"name": "s", "tags": ["a"]})
+    handle.commit(draft)
+    [entry] = kernel.entries(conversation)
+    entry.payload["parts"].append("changed")
+    [task] = world.storage.session_tasks(handle.id)
+    task.input["tags"].append("changed")
+    world.storage.task(task.id).input["tags"].append("changed again")
+    commit = kernel.commits_after(handle.id, 0)[-1]
+    commit.summary.append({"type": "changed"})
+    assert [e.payload for e in kernel.entries(conversation)] == [{"parts": ["hello"]}]
+    assert world.storage.task(task.id).input == {"name": "s", "tags": ["a"]}
+    assert {"type": "changed"} not in kernel.commits_after(handle.id, 0)[-1].summary
 
 
 def test_conversations_fork_at_an_entry(world: World) -> None:

@@ -6,7 +6,7 @@ Run against both storages."""
 from __future__ import annotations
 
 import threading
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
@@ -168,6 +168,71 @@ def test_sleeping_waits_for_its_time_then_runs(world: World) -> None:
     world.clock.advance(2)
     world.scheduler(kernel.registry).run_until_idle()
     assert outcome(world, task_id) == "succeeded"
+
+
+def test_a_sleep_until_a_time_without_a_timezone_is_refused_and_faults_the_task(
+    world: World,
+) -> None:
+    """A wake time with no timezone names no moment (each storage would read it its own
+    way): the phase's commit is refused as a value no storage holds, and every other
+    task's scheduling goes on."""
+    registry = make_registry(Effects())
+
+    @registry.task("naive napper")
+    class NaiveNapper:
+        initial = "nap"
+
+        def nap(self, run: Run) -> Transition:
+            return run.sleep(until=datetime(2026, 1, 1, 0, 0, 5), then="wake")
+
+        def wake(self, run: Run) -> Transition:
+            return run.succeed()
+
+    kernel = world.kernel(registry)
+    handle = kernel.create_session()
+    draft = Draft(actor="user:ann")
+    naive = draft.create_task("naive napper", {})
+    other = draft.create_task("napper", {"name": "n", "seconds": 60})
+    handle.commit(draft)
+    assert Worker(kernel, "w1").advance(naive)
+    task = world.storage.task(naive)
+    assert outcome(world, naive) == "faulted"
+    assert "without a timezone" in task.outcome["error"]
+    assert task.wake_at is None
+    world.scheduler(registry).run_until_idle(advance_clock=True)
+    assert outcome(world, other) == "succeeded"
+
+
+@pytest.mark.parametrize("name", ["tool \x00 call", "tool \ud800 call"])
+def test_a_wait_on_a_signal_name_no_storage_holds_is_refused_and_faults_the_task(
+    world: World, name: str
+) -> None:
+    """A signal name that no text column holds (NUL, a lone surrogate: say, a model's
+    tool call id) is refused as the phase's commit is built, on either storage: the task
+    faults saying why, rather than waiting for a signal nobody can send, or its worker
+    failing on the database's error with the lease held."""
+    registry = Registry()
+
+    @registry.task("waiter")
+    class Waiter:
+        initial = "ask"
+
+        def ask(self, run: Run) -> Transition:
+            return run.wait_for(name, then="done")
+
+        def done(self, run: Run) -> Transition:
+            return run.succeed()
+
+    kernel = world.kernel(registry)
+    handle = kernel.create_session()
+    draft = Draft(actor="user:ann")
+    task_id = draft.create_task("waiter", {})
+    handle.commit(draft)
+    assert Worker(kernel, "w1").advance(task_id)
+    task = world.storage.task(task_id)
+    assert outcome(world, task_id) == "faulted"
+    assert "signal name cannot be stored" in task.outcome["error"]
+    assert task.lease_owner is None
 
 
 def test_completing_finishes_once_owned_subtasks_are_terminal(world: World) -> None:

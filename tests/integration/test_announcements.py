@@ -103,6 +103,20 @@ def test_a_burst_and_a_task_not_due_are_not_announced(announcements: Callable[[]
     assert announcements() == []
 
 
+def test_a_commit_of_more_tasks_than_one_announcement_holds_is_made_and_announces_what_fits(
+    announcements: Callable[[], list],
+) -> None:
+    """Postgres refuses a notification of 8,000 bytes or more, and with it the commit that
+    sends it: a commit taking more rows than that holds (a message each, as a high
+    ``messages`` allows) announces those that fit, and the rest go by their messages."""
+    kernel, _, sent = world(messages=500)
+    ids = create(kernel, 300)
+    assert sent == ids  # every message still goes
+    heard = announcements()
+    assert 0 < len(heard) < len(ids)
+    assert set(heard) <= {("hands", i) for i in ids}
+
+
 def test_a_commit_announces_after_itself_while_another_of_the_process_announces(
     announcements: Callable[[], list],
 ) -> None:

@@ -15,9 +15,9 @@ from celery.fixups.django import DjangoWorkerFixup
 from django.db import close_old_connections, connection, connections
 
 from controlplane.celery import app
-from controlplane.worker.execution import advance
+from controlplane.worker.execution import advance, advance_queue
 from controlplane.worker.runtime import forget_runtime, runtime
-from kernel import Draft, Task
+from kernel import Draft, Status, Task
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -101,4 +101,22 @@ def test_an_advance_after_postgres_dropped_the_connection_claims_on_a_new_one(
     drop_this_connection()  # between two messages
     assert advance(task_id)
     assert [t.id for t in worker_runtime] == [task_id]
+    assert connection.connection is not raw
+
+
+def test_a_queue_message_after_postgres_dropped_the_connection_claims_on_a_new_one(
+    worker_runtime: list[Task],
+) -> None:
+    """A queue message's first statement, the burst claim, meets a connection that died
+    since the last message: nothing was claimed, so it claims again on a new connection,
+    as an ``advance`` message does, rather than leave the burst to the sweep."""
+    handle = runtime().kernel.create_session()
+    draft = Draft(actor="user:test")
+    task_id = draft.create_task("send-batch", {"recipients": []})
+    written = handle.commit(draft)
+    runtime().kernel.storage.mark_burst([d.id for d in written.dispatches])
+    raw = connection.connection
+    drop_this_connection()  # between two messages
+    assert advance_queue(written.new_tasks[0].queue) == 1
+    assert runtime().kernel.storage.task(task_id).status is not Status.PENDING
     assert connection.connection is not raw
