@@ -102,6 +102,8 @@ def _no_fault(point: str) -> None:
 # A lost or refused connection (Django's wrappers, or psycopg's own from the pipelined
 # writes): what a restarting server or a broken network looks like.
 UNAVAILABLE = (OperationalError, InterfaceError, psycopg.OperationalError, psycopg.InterfaceError)
+RENEW_LOCK_TIMEOUT = "1s"
+"""How long a renewal waits for a commit that holds its task's row."""
 
 
 def _roll_back(db: Any) -> None:
@@ -445,10 +447,25 @@ class PostgresStorage:
                     return None
 
     def renew(self, task_id: str, owner: str, epoch: int, until: datetime) -> bool:
+        params = [until, task_id, epoch, owner]
         try:
             with self._cursor() as cur:
-                cur.execute(sql.RENEW, [until, task_id, epoch, owner])
-                return bool(cur.rowcount == 1)
+                cur.execute(sql.RENEW, params)
+                if cur.rowcount == 1:
+                    return True
+            # Lost, or its row held by a commit in progress (a client's signal to the
+            # task, say): the lease is still this holder's then, and False would tell
+            # its phase otherwise. Wait for that commit, for a moment at most.
+            try:
+                with (transaction.atomic(using=self.using),
+                      connections[self.using].cursor() as cur):
+                    cur.execute(f"SET LOCAL lock_timeout = '{RENEW_LOCK_TIMEOUT}'")
+                    cur.execute(sql.RENEW_WAITING, params)
+                    return bool(cur.rowcount == 1)
+            except OperationalError as exc:
+                if isinstance(exc.__cause__, psycopg.errors.LockNotAvailable):
+                    return False  # held for longer: the next beat tries again
+                raise StorageUnavailable(f"database unavailable: {exc}") from exc
         except (DatabaseError, StorageUnavailable):
             # Renewals run on a heartbeat thread that no request cycle cleans up:
             # drop a broken connection here so that the next beat reconnects.

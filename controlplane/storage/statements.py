@@ -530,6 +530,12 @@ RENEW = (
     "WHERE id = %s AND epoch = %s AND lease_owner = %s AND status = 'running' "
     "FOR UPDATE SKIP LOCKED)"
 )
+# The renewal again when RENEW found no row it could lock: it waits for a commit holding
+# the row (under a lock timeout), and then reads the row as that commit left it.
+RENEW_WAITING = (
+    f"UPDATE {TASK.name} SET lease_until = GREATEST(lease_until, %s) "
+    "WHERE id = %s AND epoch = %s AND lease_owner = %s AND status = 'running'"
+)
 # A draining worker gives a lease back (kernel.storage.Storage.release): fenced by owner
 # and epoch like a renewal, the epoch bumped like a claim, and a dispatch row added in
 # the same statement so that the sweep re-sends it if the releaser's message is lost.
