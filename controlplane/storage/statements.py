@@ -682,6 +682,12 @@ MARK_BURST = f"UPDATE {DISPATCH.name} SET woken = true WHERE id = ANY(%s)"
 ANALYZE_BURST = 256
 DISPATCH_ANALYZED_ROWS = f"SELECT reltuples FROM pg_class WHERE oid = '{DISPATCH.name}'::regclass"
 ANALYZE_DISPATCH = f"ANALYZE {DISPATCH.name} (queue, not_before, woken, blocked)"
+# The claim looks each burst row's task up by id: while the task table's statistics say
+# it is empty too, the planner may take its runnable index, with no condition on the id,
+# for that lookup (the same cost, to it), and read every runnable task per row. A burst
+# at least half as large as the task table was when last analysed analyses it too.
+TASK_ANALYZED_ROWS = f"SELECT reltuples FROM pg_class WHERE oid = '{TASK.name}'::regclass"
+ANALYZE_TASKS = f"ANALYZE {TASK.name} (status)"
 BLOCK_DISPATCHES = (
     f"UPDATE {DISPATCH.name} SET blocked = true, "
     "delivered_at = COALESCE(%s::timestamptz, delivered_at), attempts = GREATEST(attempts, %s) "
