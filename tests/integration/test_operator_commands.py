@@ -93,3 +93,11 @@ def test_api_token_is_shown_once_and_works() -> None:
     assert Client().get("/api/sessions", HTTP_AUTHORIZATION=f"Bearer {key}").status_code == 200
     with pytest.raises(CommandError, match="no user 'ghost'"):
         run("api_token", "ghost")
+
+
+@pytest.mark.parametrize("seconds", ["nan", "inf", "-5", "1e12"])
+def test_tasks_refuses_an_older_than_that_is_not_a_sensible_number_of_seconds(
+    seconds: str,
+) -> None:
+    with pytest.raises(CommandError, match="--older-than must be"):
+        run("tasks", "--older-than", seconds)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from datetime import timedelta
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
@@ -11,6 +12,10 @@ from django.utils import timezone
 from controlplane.reads import pages
 from controlplane.reads import tasks as reads
 from kernel import UnknownRecord
+
+MOST_SECONDS = 10 * 365 * 24 * 3600
+"""The largest ``--older-than``: further back than any task, and well inside the dates
+the clock can subtract to."""
 
 
 class Command(BaseCommand):
@@ -30,7 +35,12 @@ class Command(BaseCommand):
         if options["task_id"]:
             self.show(str(options["task_id"]))
         else:
-            self.stuck(float(options["older_than"]))  # type: ignore[arg-type]
+            older_than = float(options["older_than"])  # type: ignore[arg-type]
+            if not (math.isfinite(older_than) and 0 <= older_than <= MOST_SECONDS):
+                raise CommandError(
+                    f"--older-than must be a number of seconds from 0 to {MOST_SECONDS}"
+                )
+            self.stuck(older_than)
 
     def stuck(self, older_than: float) -> None:
         now = timezone.now()
