@@ -101,3 +101,19 @@ def test_tasks_refuses_an_older_than_that_is_not_a_sensible_number_of_seconds(
 ) -> None:
     with pytest.raises(CommandError, match="--older-than must be"):
         run("tasks", "--older-than", seconds)
+
+
+def test_api_token_revoke_with_an_unknown_id_revokes_none_of_them() -> None:
+    from django.contrib.auth.models import Group, User
+
+    from controlplane.models import ApiToken
+
+    account = User.objects.create_user("bot")
+    account.groups.add(Group.objects.get_or_create(name="viewer")[0])
+    run("api_token", "bot", "--name", "ci")
+    [token] = ApiToken.objects.all()
+    with pytest.raises(CommandError, match="no token 987654"):
+        run("api_token", "--revoke", str(token.pk), "987654")
+    token.refresh_from_db()
+    assert token.revoked_at is None
+    assert "revoked" in run("api_token", "--revoke", str(token.pk))

@@ -52,12 +52,12 @@ class Command(BaseCommand):
                 self.stdout.write(line(token))
             return
         if options["revoke"]:
-            for token_id in options["revoke"]:
-                try:
-                    self.stdout.write(line(commands.revoke_token(None, token_id,
-                                                                 by=shell_actor())))
-                except UnknownRecord as exc:
-                    raise CommandError(str(exc)) from None
+            try:
+                revoked = commands.revoke_tokens(options["revoke"], by=shell_actor())
+            except UnknownRecord as exc:
+                raise CommandError(f"{exc}: none revoked") from None
+            for token in revoked:
+                self.stdout.write(line(token))
             return
         if not username:
             raise CommandError("name the user to issue a token for (or --list / --revoke)")
