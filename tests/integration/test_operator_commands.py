@@ -117,3 +117,12 @@ def test_api_token_revoke_with_an_unknown_id_revokes_none_of_them() -> None:
     token.refresh_from_db()
     assert token.revoked_at is None
     assert "revoked" in run("api_token", "--revoke", str(token.pk))
+
+
+def test_send_notices_commits_as_the_shell_user_who_ran_it() -> None:
+    from controlplane.access import shell_actor
+
+    out = run("send_notices", "a@example.com")
+    session_id = out.split("session ")[1].split()[0]
+    [commit] = runtime().kernel.storage.commits_after(session_id, 0, 10)
+    assert commit.actor == shell_actor()

@@ -5,6 +5,7 @@ from __future__ import annotations
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from controlplane import commands
+from controlplane.access import shell_actor
 from kernel import UnknownRecord
 
 
@@ -17,7 +18,9 @@ class Command(BaseCommand):
         parser.add_argument("--body", default="Please read the approved notice.")
         parser.add_argument("--channel", choices=["http", "smtp"], default="http")
         parser.add_argument("--session", help="add to this session instead of a new one")
-        parser.add_argument("--actor", default="cli", help="who asked, recorded in the commit")
+        parser.add_argument(
+            "--actor", default=None,
+            help="who asked, recorded in the commit (default: the shell user, shell:NAME)")
 
     def handle(self, *args: object, **options: object) -> None:
         recipients = [str(r) for r in options["recipients"]]  # type: ignore[attr-defined]
@@ -26,7 +29,7 @@ class Command(BaseCommand):
             raise CommandError(f"not email addresses: {', '.join(bad)}")
         try:
             session_id, task_id = commands.start_task(
-                str(options["actor"]),
+                str(options["actor"] or shell_actor()),
                 "send-batch",
                 {
                     "recipients": recipients,
