@@ -111,7 +111,8 @@ class QueueDepth:
     runnable: int
     """Tasks a worker of this queue may claim now (pending, due sleepers, expired leases)."""
     oldest: datetime | None
-    """When the oldest of them became runnable (its last commit, or its wake time)."""
+    """When the oldest of them became runnable: its last commit, its wake time, or, for
+    an expired lease, its expiry (a long phase renews its lease without committing)."""
     broker: int | None
     """Messages waiting in the broker's list for this queue (None if unknown)."""
 
@@ -129,7 +130,8 @@ def queues(now: datetime | None = None, consumed: list[str] | None = None) -> li
     now = now or datetime.now(UTC)
     counted = {queue: (n, oldest) for queue, n, oldest in sql_rows(
         "SELECT t.queue, count(*), min(CASE WHEN t.status = 'sleeping' THEN t.wake_at "
-        "ELSE c.at END) FROM kernel_task t LEFT JOIN kernel_commit c "
+        "WHEN t.status = 'running' THEN t.lease_until ELSE c.at END) "
+        "FROM kernel_task t LEFT JOIN kernel_commit c "
         "ON c.session_id = t.session_id AND c.seq = t.updated_seq "
         f"WHERE {RUNNABLE_SQL} GROUP BY t.queue", {"now": now})}
     names = sorted(set(counted) | set(consumed or []))

@@ -74,3 +74,18 @@ def test_the_workers_page_and_the_api_list_an_idle_worker_and_a_queue() -> None:
     assert mine["last_heartbeat"] is not None  # the old fields kept
     queues = client.get("/api/queues").json()
     assert {"queue": queue, "runnable": 1} == {k: queues[0][k] for k in ("queue", "runnable")}
+
+
+def test_a_queue_dates_an_expired_lease_from_its_expiry_not_from_the_tasks_last_commit() -> None:
+    kernel = runtime().kernel
+    handle = kernel.create_session()
+    draft = Draft(actor="user:test")
+    task_id = draft.create_task("send-batch", {"recipients": ["a@example.com"],
+                                               "subject": "s", "body": "b"})
+    handle.commit(draft)
+    committed = kernel.clock.now()
+    expiry = committed + timedelta(minutes=30)  # a long phase renewed its lease for 30 min
+    assert kernel.storage.claim(task_id, "gone-worker", committed, expiry) is not None
+    queue = kernel.task(task_id).queue
+    [found] = [q for q in reads.queues(expiry + timedelta(seconds=5)) if q.queue == queue]
+    assert found.runnable == 1 and found.oldest == expiry
