@@ -48,8 +48,11 @@ class SessionStoreCollector(Collector):
         for status, n in found.tasks_by_status.items():
             tasks.add_metric([status], float(n))
         yield tasks
-        outcomes = CounterMetricFamily(
-            "durable_task_outcomes", "Finished tasks by outcome", labels=["outcome"]
+        # A gauge: a retried or restarted task leaves its outcome's count, which a
+        # counter must never do (Prometheus reads a drop as a reset and counts the rest
+        # again as new).
+        outcomes = GaugeMetricFamily(
+            "durable_task_outcomes", "Tasks ended now, by outcome", labels=["outcome"]
         )
         for outcome, n in found.finished_by_outcome.items():
             outcomes.add_metric([outcome], float(n))
