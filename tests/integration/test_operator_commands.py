@@ -126,3 +126,23 @@ def test_send_notices_commits_as_the_shell_user_who_ran_it() -> None:
     session_id = out.split("session ")[1].split()[0]
     [commit] = runtime().kernel.storage.commits_after(session_id, 0, 10)
     assert commit.actor == shell_actor()
+
+
+def test_every_argument_of_every_command_says_what_it_is_in_help() -> None:
+    from pathlib import Path
+
+    from django.core.management import BaseCommand, load_command_class
+
+    import controlplane.management.commands as ours
+
+    django_own = {a.dest for a in BaseCommand().create_parser("manage.py", "x")._actions}
+    names = sorted(p.stem for p in Path(ours.__file__).parent.glob("*.py")
+                   if not p.stem.startswith("_"))
+    silent = [
+        f"{name} {action.dest}"
+        for name in names
+        for action in load_command_class("controlplane", name).create_parser(
+            "manage.py", name)._actions
+        if action.dest not in django_own and not action.help
+    ]
+    assert silent == []

@@ -36,7 +36,8 @@ class Command(BaseCommand):
     help = "Issue a bearer token for a user (shown once), or list or revoke tokens."
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("username", nargs="?")
+        parser.add_argument("username", nargs="?",
+                            help="the account to issue a token for (with --list: whose to list)")
         parser.add_argument("--name", default="cli", help="what the token is for")
         parser.add_argument("--expires-in-days", type=float, default=None,
                             help="the token stops working after this many days (default never)")

@@ -14,9 +14,12 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("recipients", nargs="+", help="email addresses")
-        parser.add_argument("--subject", default="Service notice")
-        parser.add_argument("--body", default="Please read the approved notice.")
-        parser.add_argument("--channel", choices=["http", "smtp"], default="http")
+        parser.add_argument("--subject", default="Service notice",
+                            help="the notice's subject line")
+        parser.add_argument("--body", default="Please read the approved notice.",
+                            help="the notice's text")
+        parser.add_argument("--channel", choices=["http", "smtp"], default="http",
+                            help="send through the email provider's HTTP API or by SMTP")
         parser.add_argument("--session", help="add to this session instead of a new one")
         parser.add_argument(
             "--actor", default=None,
