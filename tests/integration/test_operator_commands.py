@@ -146,3 +146,21 @@ def test_every_argument_of_every_command_says_what_it_is_in_help() -> None:
         if action.dest not in django_own and not action.help
     ]
     assert silent == []
+
+
+def test_tasks_lists_a_blocked_task_at_once_as_the_dashboard_does(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from kernel import Registry
+
+    kernel = runtime().kernel
+    handle = kernel.create_session()
+    draft = Draft(actor="user:ann")
+    task_id = draft.create_task(
+        "send-notice", {"plan": "p", "to": "x@example.com", "operation_id": "op_1"}
+    )
+    handle.commit(draft)
+    assert run("tasks") == "nothing stuck\n"
+    monkeypatch.setattr(kernel, "registry", Registry())  # a deploy that lost the definition
+    listing = run("tasks")
+    assert task_id in listing and "blocked: no definition registered" in listing

@@ -44,7 +44,7 @@ class Command(BaseCommand):
 
     def stuck(self, older_than: float) -> None:
         now = timezone.now()
-        found = reads.stuck(now, now - timedelta(seconds=older_than))
+        found = reads.stuck(now, now - timedelta(seconds=older_than), pages.BLOCKED_SCAN)
         if not found:
             self.stdout.write("nothing stuck")
         for task, why in found:
