@@ -164,3 +164,8 @@ def test_tasks_lists_a_blocked_task_at_once_as_the_dashboard_does(
     monkeypatch.setattr(kernel, "registry", Registry())  # a deploy that lost the definition
     listing = run("tasks")
     assert task_id in listing and "blocked: no definition registered" in listing
+
+
+def test_api_token_list_of_an_unknown_user_says_there_is_no_such_user() -> None:
+    with pytest.raises(CommandError, match="no user 'ghost'"):
+        run("api_token", "--list", "ghost")

@@ -49,6 +49,8 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         username = options["username"]
         if options["list"]:
+            if username and not User.objects.filter(username=str(username)).exists():
+                raise CommandError(f"no user {username!r}")
             for token in tokens(username=str(username) if username else None):
                 self.stdout.write(line(token))
             return
