@@ -169,3 +169,27 @@ def test_tasks_lists_a_blocked_task_at_once_as_the_dashboard_does(
 def test_api_token_list_of_an_unknown_user_says_there_is_no_such_user() -> None:
     with pytest.raises(CommandError, match="no user 'ghost'"):
         run("api_token", "--list", "ghost")
+
+
+def test_tasks_judges_expired_leases_by_the_database_clock_not_the_shells(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from types import SimpleNamespace
+
+    from django.utils import timezone
+
+    from controlplane.management.commands import tasks as command
+
+    kernel = runtime().kernel
+    handle = kernel.create_session()
+    draft = Draft(actor="user:ann")
+    task_id = draft.create_task(
+        "send-notice", {"plan": "p", "to": "x@example.com", "operation_id": "op_1"}
+    )
+    handle.commit(draft)
+    now = kernel.clock.now()
+    kernel.storage.claim(task_id, "gone-worker", now - timedelta(seconds=30),
+                         now - timedelta(seconds=5))
+    behind = SimpleNamespace(now=lambda: timezone.now() - timedelta(minutes=1))
+    monkeypatch.setattr(command, "timezone", behind, raising=False)  # this machine lags
+    assert "lease of gone-worker expired" in run("tasks")

@@ -7,8 +7,8 @@ import math
 from datetime import timedelta
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
-from django.utils import timezone
 
+from controlplane.process.kernel import process_kernel
 from controlplane.reads import pages
 from controlplane.reads import tasks as reads
 from kernel import UnknownRecord
@@ -43,7 +43,7 @@ class Command(BaseCommand):
             self.stuck(older_than)
 
     def stuck(self, older_than: float) -> None:
-        now = timezone.now()
+        now = process_kernel().clock.now()  # leases and due times are the database's
         found = reads.stuck(now, now - timedelta(seconds=older_than), pages.BLOCKED_SCAN)
         if not found:
             self.stdout.write("nothing stuck")
