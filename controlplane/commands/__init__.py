@@ -64,6 +64,7 @@ from controlplane.commands.tasks import (
 )
 from controlplane.commands.tokens import (
     revoke_token,
+    revoke_tokens,
 )
 
 __all__ = [
@@ -94,6 +95,7 @@ __all__ = [
     "retry_all_failed",
     "retry_task",
     "revoke_token",
+    "revoke_tokens",
     "start_graph",
     "start_task",
     "submit",

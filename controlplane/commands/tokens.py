@@ -1,8 +1,11 @@
-"""API tokens: revoking one."""
+"""API tokens: revoking one, or several from the shell."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from django.contrib.auth.models import User
+from django.db import transaction
 from django.utils import timezone
 
 from controlplane.access import actor, audit
@@ -31,3 +34,15 @@ def revoke_token(user: User | None, token_id: int, by: str | None = None) -> Tok
                    token.user.get_username(), who,
                    extra={"token": token.pk, "user": token.user.get_username(), "by": who})
     return token_view(token)
+
+
+def revoke_tokens(token_ids: Sequence[int], by: str) -> list[TokenView]:
+    """The shell's revocation of several tokens (``manage.py api_token --revoke``): all of
+    them, or, when one of the ids names no token, none (UnknownRecord names the first
+    such), so that a mistyped id does not leave the others half done."""
+    with transaction.atomic():
+        known = set(ApiToken.objects.filter(pk__in=token_ids).values_list("pk", flat=True))
+        missing = [i for i in token_ids if i not in known]
+        if missing:
+            raise UnknownRecord(f"no token {missing[0]}")
+        return [revoke_token(None, token_id, by=by) for token_id in token_ids]

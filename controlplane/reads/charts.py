@@ -12,8 +12,9 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 
+from controlplane.process.kernel import process_kernel
 from controlplane.reads import tasks
 from controlplane.reads.snapshot import rows as sql_rows
 from kernel.records import SHOWN_STATUSES
@@ -123,7 +124,9 @@ def activity(now: datetime | None = None, window: int = WINDOW_SECONDS,
     attention over the last ``window`` seconds, in buckets of ``bucket`` seconds. (With
     ``now`` in the past, "needing attention" is counted back from the present through
     the commits since.)"""
-    now = now or datetime.now(UTC)
+    # The database's clock, as commits are dated by: the web machine's may disagree.
+    present = process_kernel().clock.now()
+    now = now or present
     end = now.replace(microsecond=0) + timedelta(seconds=1)
     start = end - timedelta(seconds=window)
     n = -(-window // bucket)
@@ -142,7 +145,7 @@ def activity(now: datetime | None = None, window: int = WINDOW_SECONDS,
             failures[b] = int(failed)
     needing = min(sum(tasks.count(f, up_to=tasks.COUNT) for f in tasks.NEEDS_ATTENTION),
                   tasks.COUNT)
-    since = {**params, "end": max(end, datetime.now(UTC) + timedelta(seconds=1))}
+    since = {**params, "end": max(end, present + timedelta(seconds=1))}
     attention = _counted_back(needing, n, sql_rows(ATTENTION_SQL, since))
     return Activity(start, end, bucket, phases, latency_p50, latency_p95, failures, attention,
                     attention[-1])

@@ -342,10 +342,14 @@ def blocked(limit: int) -> list[TaskView]:
             for t in scanned if t.blocked or t.id in reports]
 
 
-def stuck(now: datetime, cutoff: datetime) -> list[tuple[TaskView, str]]:
+def stuck(now: datetime, cutoff: datetime,
+          blocked_scan: int = 2000) -> list[tuple[TaskView, str]]:
     """Tasks an operator should look at from a shell, each with why: an expired lease, a
     sleep overdue since before ``cutoff``, a wait for an operator, a dispatch not picked
-    up since before ``cutoff``, or no definition able to run it."""
+    up since before ``cutoff``; and, whatever their age, the tasks :func:`blocked` finds
+    among the first ``blocked_scan`` not ended (as the dashboard's attention list does:
+    waiting longer does not unblock them)."""
+    stopped = {shown.id: shown for shown in blocked(blocked_scan)}
     rows = models.Task.objects.filter(
         Q(status=Status.RUNNING, lease_until__lt=now)
         | Q(status=Status.SLEEPING, wake_at__lt=cutoff)
@@ -355,6 +359,7 @@ def stuck(now: datetime, cutoff: datetime) -> list[tuple[TaskView, str]]:
     ).order_by("session_id", "created_seq")
     found = []
     for shown in (view(t) for t in _records(rows)):
+        shown = stopped.pop(shown.id, shown)
         task = shown.task
         why = {
             Status.RUNNING: f"lease of {task.lease_owner} expired {task.lease_until:%H:%M:%S}",
@@ -363,6 +368,7 @@ def stuck(now: datetime, cutoff: datetime) -> list[tuple[TaskView, str]]:
             Status.PENDING: "not picked up",
         }.get(task.status, "")
         found.append((shown, f"blocked: {shown.blocked}" if shown.blocked else why))
+    found.extend((shown, f"blocked: {shown.blocked}") for shown in stopped.values())
     return found
 
 

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 
 from django.conf import settings
 
 from controlplane import models
+from controlplane.process.kernel import process_kernel
 from controlplane.reads.snapshot import rows as sql_rows
 from kernel import Status
 
@@ -81,7 +82,7 @@ class WorkerState:
 def registry(now: datetime | None = None) -> list[WorkerState]:
     """Every worker heard from within ``WORKER_FORGET_SECONDS``, live ones first, each
     with its state and the leases it holds (by the kernel's lease owner, ``host:pid``)."""
-    now = now or datetime.now(UTC)
+    now = now or process_kernel().clock.now()
     dead_after = settings.WORKER_DEAD_SECONDS
     held = {h.worker: h.leases for h in lease_holders()}
     found = []
@@ -111,7 +112,8 @@ class QueueDepth:
     runnable: int
     """Tasks a worker of this queue may claim now (pending, due sleepers, expired leases)."""
     oldest: datetime | None
-    """When the oldest of them became runnable (its last commit, or its wake time)."""
+    """When the oldest of them became runnable: its last commit, its wake time, or, for
+    an expired lease, its expiry (a long phase renews its lease without committing)."""
     broker: int | None
     """Messages waiting in the broker's list for this queue (None if unknown)."""
 
@@ -126,10 +128,11 @@ RUNNABLE_SQL = (
 def queues(now: datetime | None = None, consumed: list[str] | None = None) -> list[QueueDepth]:
     """Each queue's runnable tasks and the age of the oldest, from ``kernel_task``, with
     the broker's list length beside it; a queue a worker consumes is shown even if empty."""
-    now = now or datetime.now(UTC)
+    now = now or process_kernel().clock.now()
     counted = {queue: (n, oldest) for queue, n, oldest in sql_rows(
         "SELECT t.queue, count(*), min(CASE WHEN t.status = 'sleeping' THEN t.wake_at "
-        "ELSE c.at END) FROM kernel_task t LEFT JOIN kernel_commit c "
+        "WHEN t.status = 'running' THEN t.lease_until ELSE c.at END) "
+        "FROM kernel_task t LEFT JOIN kernel_commit c "
         "ON c.session_id = t.session_id AND c.seq = t.updated_seq "
         f"WHERE {RUNNABLE_SQL} GROUP BY t.queue", {"now": now})}
     names = sorted(set(counted) | set(consumed or []))

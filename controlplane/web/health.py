@@ -23,11 +23,21 @@ PROBE_TIMEOUT_SECONDS = 2.0
 
 
 def database_problem(alias: str = DEFAULT_DB_ALIAS) -> str | None:
+    """A connection of its own, with the alias's parameters and a connect timeout: the
+    request's connection has none, so a server that takes the connection and never
+    answers (hung, or behind a firewall that holds it open) would hold the probe, and
+    every probe queued behind its lock, for as long as the operating system keeps the
+    socket open."""
+    import psycopg
+
+    params = connections[alias].get_connection_params()
+    for django_only in ("cursor_factory", "context"):
+        params.pop(django_only, None)
+    params["connect_timeout"] = max(2, round(PROBE_TIMEOUT_SECONDS))  # libpq's minimum
     try:
-        with connections[alias].cursor() as cur:
-            cur.execute("SELECT 1")
+        with psycopg.connect(**params, autocommit=True) as conn:
+            conn.execute("SELECT 1")
     except Exception as exc:  # any failure means "not reachable", said by its class
-        connections[alias].close()  # do not keep a broken connection for the next probe
         return f"{type(exc).__name__}: {exc}".strip()
     return None
 

@@ -18,13 +18,13 @@ from collections.abc import Iterator
 
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse
-from django.utils import timezone
 from django.utils.crypto import constant_time_compare
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from controlplane import access
+from controlplane.process.kernel import process_kernel
 from controlplane.reads.metrics import store_figures
 from controlplane.reads.replica import on_replica
 from controlplane.sockets import feed_subscribers
@@ -32,8 +32,11 @@ from controlplane.sockets import feed_subscribers
 
 class SessionStoreCollector(Collector):
     def collect(self) -> Iterator[Metric]:
+        # The database's clock, as leases and due times are written by: the web
+        # machine's own may disagree by more than a lease.
+        now = process_kernel().clock.now()
         with on_replica():  # aggregates: a replica's lag of a moment does not matter
-            found = store_figures(timezone.now())
+            found = store_figures(now)
         yield CounterMetricFamily("durable_commits", "Commits, all sessions", value=found.commits)
         yield CounterMetricFamily(
             "durable_claims", "Leases handed out (plus lease revocations by cancels)",
@@ -48,8 +51,11 @@ class SessionStoreCollector(Collector):
         for status, n in found.tasks_by_status.items():
             tasks.add_metric([status], float(n))
         yield tasks
-        outcomes = CounterMetricFamily(
-            "durable_task_outcomes", "Finished tasks by outcome", labels=["outcome"]
+        # A gauge: a retried or restarted task leaves its outcome's count, which a
+        # counter must never do (Prometheus reads a drop as a reset and counts the rest
+        # again as new).
+        outcomes = GaugeMetricFamily(
+            "durable_task_outcomes", "Tasks ended now, by outcome", labels=["outcome"]
         )
         for outcome, n in found.finished_by_outcome.items():
             outcomes.add_metric([outcome], float(n))

@@ -21,7 +21,7 @@ import socket
 import threading
 import time
 from collections import deque
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 from celery.signals import task_postrun, task_prerun, worker_ready, worker_shutdown
@@ -30,6 +30,7 @@ from django.db import close_old_connections, connection
 
 from controlplane.celery import ADVANCE
 from controlplane.models import Worker
+from controlplane.process.kernel import process_kernel
 
 log = logging.getLogger(__name__)
 WINDOW = 60.0
@@ -50,7 +51,8 @@ class Heartbeat:
     def __init__(self, name: str, queues: list[str], concurrency: int, every: float) -> None:
         self.id = worker_id()
         self.name, self.queues, self.concurrency, self.every = name, queues, concurrency, every
-        self.started_at = datetime.now(UTC)
+        self.started_at: datetime | None = None
+        """The database's time at the first row written."""
         self.lock = threading.Lock()
         self.in_flight = 0
         self.recent: deque[tuple[float, bool]] = deque()  # (monotonic end, failed)
@@ -71,7 +73,10 @@ class Heartbeat:
             self.recent.append((time.monotonic(), failed))
 
     def row(self, stopped: bool = False) -> Worker:
-        now = datetime.now(UTC)
+        # The database's clock, as the Workers page judges silence by: this machine's
+        # clock may disagree with the web server's by more than WORKER_DEAD_SECONDS.
+        now = process_kernel().clock.now()
+        self.started_at = self.started_at or now
         with self.lock:
             horizon = time.monotonic() - WINDOW
             while self.recent and self.recent[0][0] < horizon:

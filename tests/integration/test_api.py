@@ -6,6 +6,7 @@ import json
 from typing import Any
 
 import pytest
+from django.db import connection
 from django.test import Client
 
 from controlplane import commands
@@ -312,9 +313,51 @@ def test_metrics_are_read_from_the_session_store(kernel: Kernel, operator: Clien
     start(kernel, "api-step", {"sleep": True})
     text = operator.get("/metrics").content.decode()
     assert 'durable_tasks{status="sleeping"} 1.0' in text
-    assert 'durable_task_outcomes_total{outcome="failed"} 1.0' in text
+    assert 'durable_task_outcomes{outcome="failed"} 1.0' in text
     assert "durable_commits_total 4.0" in text
     assert "durable_dispatch_lag_seconds" in text and "durable_feed_subscribers 0.0" in text
+
+
+def test_no_counter_in_the_metrics_goes_down_when_an_operator_retries_a_failed_task(
+    kernel: Kernel, operator: Client
+) -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    def counters() -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+        text = operator.get("/metrics").content.decode()
+        return {(sample.name, tuple(sorted(sample.labels.items()))): sample.value
+                for family in text_string_to_metric_families(text)
+                if family.type == "counter" for sample in family.samples}
+
+    _, failing = start(kernel, "api-step", {"fail": True})
+    before = counters()
+    retried = post(operator, f"/api/tasks/{failing}/retry", {"action_id": "t1", "reason": "go"})
+    assert retried.status_code == 200
+    after = counters()
+    assert {k: (v, after.get(k)) for k, v in before.items() if after.get(k, 0.0) < v} == {}
+    text = operator.get("/metrics").content.decode()
+    assert 'durable_task_outcomes{outcome="failed"} 0.0' in text
+
+
+def test_metrics_judge_expired_leases_by_the_database_clock_not_the_web_servers(
+    kernel: Kernel, operator: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from datetime import timedelta
+    from types import SimpleNamespace
+
+    from django.utils import timezone
+
+    from controlplane.web import metrics
+
+    _, sleeping = start(kernel, "api-step", {"sleep": True})
+    now = kernel.clock.now()
+    with connection.cursor() as cur:  # a worker's lease on it ran out 5 s ago
+        cur.execute("UPDATE kernel_task SET status = 'running', lease_owner = 'gone', "
+                    "lease_until = %s WHERE id = %s", [now - timedelta(seconds=5), sleeping])
+    behind = SimpleNamespace(now=lambda: timezone.now() - timedelta(minutes=1))
+    monkeypatch.setattr(metrics, "timezone", behind, raising=False)  # the web clock lags
+    text = operator.get("/metrics").content.decode()
+    assert "durable_expired_leases 1.0" in text
 
 
 def test_text_postgres_cannot_store_is_refused_at_the_edge(operator: Client) -> None:

@@ -93,3 +93,103 @@ def test_api_token_is_shown_once_and_works() -> None:
     assert Client().get("/api/sessions", HTTP_AUTHORIZATION=f"Bearer {key}").status_code == 200
     with pytest.raises(CommandError, match="no user 'ghost'"):
         run("api_token", "ghost")
+
+
+@pytest.mark.parametrize("seconds", ["nan", "inf", "-5", "1e12"])
+def test_tasks_refuses_an_older_than_that_is_not_a_sensible_number_of_seconds(
+    seconds: str,
+) -> None:
+    with pytest.raises(CommandError, match="--older-than must be"):
+        run("tasks", "--older-than", seconds)
+
+
+def test_api_token_revoke_with_an_unknown_id_revokes_none_of_them() -> None:
+    from django.contrib.auth.models import Group, User
+
+    from controlplane.models import ApiToken
+
+    account = User.objects.create_user("bot")
+    account.groups.add(Group.objects.get_or_create(name="viewer")[0])
+    run("api_token", "bot", "--name", "ci")
+    [token] = ApiToken.objects.all()
+    with pytest.raises(CommandError, match="no token 987654"):
+        run("api_token", "--revoke", str(token.pk), "987654")
+    token.refresh_from_db()
+    assert token.revoked_at is None
+    assert "revoked" in run("api_token", "--revoke", str(token.pk))
+
+
+def test_send_notices_commits_as_the_shell_user_who_ran_it() -> None:
+    from controlplane.access import shell_actor
+
+    out = run("send_notices", "a@example.com")
+    session_id = out.split("session ")[1].split()[0]
+    [commit] = runtime().kernel.storage.commits_after(session_id, 0, 10)
+    assert commit.actor == shell_actor()
+
+
+def test_every_argument_of_every_command_says_what_it_is_in_help() -> None:
+    from pathlib import Path
+
+    from django.core.management import BaseCommand, load_command_class
+
+    import controlplane.management.commands as ours
+
+    django_own = {a.dest for a in BaseCommand().create_parser("manage.py", "x")._actions}
+    names = sorted(p.stem for p in Path(ours.__file__).parent.glob("*.py")
+                   if not p.stem.startswith("_"))
+    silent = [
+        f"{name} {action.dest}"
+        for name in names
+        for action in load_command_class("controlplane", name).create_parser(
+            "manage.py", name)._actions
+        if action.dest not in django_own and not action.help
+    ]
+    assert silent == []
+
+
+def test_tasks_lists_a_blocked_task_at_once_as_the_dashboard_does(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from kernel import Registry
+
+    kernel = runtime().kernel
+    handle = kernel.create_session()
+    draft = Draft(actor="user:ann")
+    task_id = draft.create_task(
+        "send-notice", {"plan": "p", "to": "x@example.com", "operation_id": "op_1"}
+    )
+    handle.commit(draft)
+    assert run("tasks") == "nothing stuck\n"
+    monkeypatch.setattr(kernel, "registry", Registry())  # a deploy that lost the definition
+    listing = run("tasks")
+    assert task_id in listing and "blocked: no definition registered" in listing
+
+
+def test_api_token_list_of_an_unknown_user_says_there_is_no_such_user() -> None:
+    with pytest.raises(CommandError, match="no user 'ghost'"):
+        run("api_token", "--list", "ghost")
+
+
+def test_tasks_judges_expired_leases_by_the_database_clock_not_the_shells(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from types import SimpleNamespace
+
+    from django.utils import timezone
+
+    from controlplane.management.commands import tasks as command
+
+    kernel = runtime().kernel
+    handle = kernel.create_session()
+    draft = Draft(actor="user:ann")
+    task_id = draft.create_task(
+        "send-notice", {"plan": "p", "to": "x@example.com", "operation_id": "op_1"}
+    )
+    handle.commit(draft)
+    now = kernel.clock.now()
+    kernel.storage.claim(task_id, "gone-worker", now - timedelta(seconds=30),
+                         now - timedelta(seconds=5))
+    behind = SimpleNamespace(now=lambda: timezone.now() - timedelta(minutes=1))
+    monkeypatch.setattr(command, "timezone", behind, raising=False)  # this machine lags
+    assert "lease of gone-worker expired" in run("tasks")

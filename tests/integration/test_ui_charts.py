@@ -112,3 +112,22 @@ def test_a_chart_breaks_at_gaps_and_labels_its_points() -> None:
     assert line.dots[0].label.startswith("p50 1 s at ")
     empty = line_chart("e", "T", "s", start, 10, [("n", "x", [0, 0])])
     assert empty.points == 0 and empty.top == 1
+
+
+def test_the_last_hour_ends_at_the_database_clock_whatever_the_web_servers_says(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from datetime import datetime
+
+    class Behind(datetime):
+        """The web machine's wall clock, two minutes behind the database's."""
+
+        @classmethod
+        def now(cls, tz=None):  # type: ignore[no-untyped-def, override]
+            return datetime.now(tz) - timedelta(minutes=2)
+
+    failing_batches(2)
+    monkeypatch.setattr(charts, "datetime", Behind)
+    found = charts.activity()
+    assert sum(found.failures) == 2
+    assert sum(found.phases_per_second) * found.bucket_seconds == pytest.approx(2)

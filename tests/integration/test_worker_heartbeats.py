@@ -7,6 +7,7 @@ from datetime import timedelta
 
 import pytest
 from django.contrib.auth.models import Group, User
+from django.db import connection
 from django.test import Client, override_settings
 from django.utils import timezone
 
@@ -74,3 +75,66 @@ def test_the_workers_page_and_the_api_list_an_idle_worker_and_a_queue() -> None:
     assert mine["last_heartbeat"] is not None  # the old fields kept
     queues = client.get("/api/queues").json()
     assert {"queue": queue, "runnable": 1} == {k: queues[0][k] for k in ("queue", "runnable")}
+
+
+def test_a_queue_dates_an_expired_lease_from_its_expiry_not_from_the_tasks_last_commit() -> None:
+    kernel = runtime().kernel
+    handle = kernel.create_session()
+    draft = Draft(actor="user:test")
+    task_id = draft.create_task("send-batch", {"recipients": ["a@example.com"],
+                                               "subject": "s", "body": "b"})
+    handle.commit(draft)
+    committed = kernel.clock.now()
+    expiry = committed + timedelta(minutes=30)  # a long phase renewed its lease for 30 min
+    assert kernel.storage.claim(task_id, "gone-worker", committed, expiry) is not None
+    queue = kernel.task(task_id).queue
+    [found] = [q for q in reads.queues(expiry + timedelta(seconds=5)) if q.queue == queue]
+    assert found.runnable == 1 and found.oldest == expiry
+
+
+def test_a_worker_whose_clock_runs_behind_is_shown_live_while_it_beats(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from datetime import UTC, datetime
+
+    class Behind(datetime):
+        """The worker machine's wall clock, a minute behind everyone's."""
+
+        @classmethod
+        def now(cls, tz=None):  # type: ignore[no-untyped-def, override]
+            return datetime.now(tz) - timedelta(minutes=1)
+
+    monkeypatch.setattr(heartbeats, "datetime", Behind)
+    heartbeats.Heartbeat("slow@dev", ["default"], 1, every=60).write()
+    with override_settings(WORKER_DEAD_SECONDS=10):
+        [shown] = reads.registry()
+    assert shown.state == "live" and shown.silent_seconds < 10
+    assert abs(Worker.objects.get().last_heartbeat - datetime.now(UTC)) < timedelta(seconds=10)
+
+
+def test_a_queue_counts_a_due_sleeper_whatever_the_web_servers_own_clock_says(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from datetime import datetime
+
+    class Behind(datetime):
+        """The web machine's wall clock, a minute behind the database's."""
+
+        @classmethod
+        def now(cls, tz=None):  # type: ignore[no-untyped-def, override]
+            return datetime.now(tz) - timedelta(minutes=1)
+
+    kernel = runtime().kernel
+    handle = kernel.create_session()
+    draft = Draft(actor="user:test")
+    task_id = draft.create_task("send-batch", {"recipients": ["a@example.com"],
+                                               "subject": "s", "body": "b"})
+    handle.commit(draft)
+    due = kernel.clock.now() - timedelta(seconds=5)
+    with connection.cursor() as cur:  # asleep until 5 s ago, as a sleep commit leaves it
+        cur.execute("UPDATE kernel_task SET status = 'sleeping', wake_at = %s WHERE id = %s",
+                    [due, task_id])
+    monkeypatch.setattr(reads, "datetime", Behind)
+    queue = kernel.task(task_id).queue
+    [found] = [q for q in reads.queues() if q.queue == queue]
+    assert found.runnable == 1 and found.oldest == due

@@ -36,7 +36,8 @@ class Command(BaseCommand):
     help = "Issue a bearer token for a user (shown once), or list or revoke tokens."
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("username", nargs="?")
+        parser.add_argument("username", nargs="?",
+                            help="the account to issue a token for (with --list: whose to list)")
         parser.add_argument("--name", default="cli", help="what the token is for")
         parser.add_argument("--expires-in-days", type=float, default=None,
                             help="the token stops working after this many days (default never)")
@@ -48,16 +49,18 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         username = options["username"]
         if options["list"]:
+            if username and not User.objects.filter(username=str(username)).exists():
+                raise CommandError(f"no user {username!r}")
             for token in tokens(username=str(username) if username else None):
                 self.stdout.write(line(token))
             return
         if options["revoke"]:
-            for token_id in options["revoke"]:
-                try:
-                    self.stdout.write(line(commands.revoke_token(None, token_id,
-                                                                 by=shell_actor())))
-                except UnknownRecord as exc:
-                    raise CommandError(str(exc)) from None
+            try:
+                revoked = commands.revoke_tokens(options["revoke"], by=shell_actor())
+            except UnknownRecord as exc:
+                raise CommandError(f"{exc}: none revoked") from None
+            for token in revoked:
+                self.stdout.write(line(token))
             return
         if not username:
             raise CommandError("name the user to issue a token for (or --list / --revoke)")

@@ -20,8 +20,9 @@ class Command(BaseCommand):
     help = "Give an account a role (viewer or operator), take it away (none), or list them."
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("username", nargs="?")
-        parser.add_argument("role", nargs="?", choices=[*ROLES, "none"])
+        parser.add_argument("username", nargs="?", help="the account whose role to set")
+        parser.add_argument("role", nargs="?", choices=[*ROLES, "none"],
+                            help="viewer (reads), operator (reads and acts), none (neither)")
         parser.add_argument("--list", action="store_true", help="every account and its role")
 
     def handle(self, *args: Any, **options: Any) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from controlplane import commands
+from controlplane.access import shell_actor
 from kernel import UnknownRecord
 
 
@@ -13,11 +14,16 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("recipients", nargs="+", help="email addresses")
-        parser.add_argument("--subject", default="Service notice")
-        parser.add_argument("--body", default="Please read the approved notice.")
-        parser.add_argument("--channel", choices=["http", "smtp"], default="http")
+        parser.add_argument("--subject", default="Service notice",
+                            help="the notice's subject line")
+        parser.add_argument("--body", default="Please read the approved notice.",
+                            help="the notice's text")
+        parser.add_argument("--channel", choices=["http", "smtp"], default="http",
+                            help="send through the email provider's HTTP API or by SMTP")
         parser.add_argument("--session", help="add to this session instead of a new one")
-        parser.add_argument("--actor", default="cli", help="who asked, recorded in the commit")
+        parser.add_argument(
+            "--actor", default=None,
+            help="who asked, recorded in the commit (default: the shell user, shell:NAME)")
 
     def handle(self, *args: object, **options: object) -> None:
         recipients = [str(r) for r in options["recipients"]]  # type: ignore[attr-defined]
@@ -26,7 +32,7 @@ class Command(BaseCommand):
             raise CommandError(f"not email addresses: {', '.join(bad)}")
         try:
             session_id, task_id = commands.start_task(
-                str(options["actor"]),
+                str(options["actor"] or shell_actor()),
                 "send-batch",
                 {
                     "recipients": recipients,

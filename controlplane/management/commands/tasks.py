@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 import json
+import math
 from datetime import timedelta
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
-from django.utils import timezone
 
+from controlplane.process.kernel import process_kernel
 from controlplane.reads import pages
 from controlplane.reads import tasks as reads
 from kernel import UnknownRecord
+
+MOST_SECONDS = 10 * 365 * 24 * 3600
+"""The largest ``--older-than``: further back than any task, and well inside the dates
+the clock can subtract to."""
 
 
 class Command(BaseCommand):
@@ -30,11 +35,16 @@ class Command(BaseCommand):
         if options["task_id"]:
             self.show(str(options["task_id"]))
         else:
-            self.stuck(float(options["older_than"]))  # type: ignore[arg-type]
+            older_than = float(options["older_than"])  # type: ignore[arg-type]
+            if not (math.isfinite(older_than) and 0 <= older_than <= MOST_SECONDS):
+                raise CommandError(
+                    f"--older-than must be a number of seconds from 0 to {MOST_SECONDS}"
+                )
+            self.stuck(older_than)
 
     def stuck(self, older_than: float) -> None:
-        now = timezone.now()
-        found = reads.stuck(now, now - timedelta(seconds=older_than))
+        now = process_kernel().clock.now()  # leases and due times are the database's
+        found = reads.stuck(now, now - timedelta(seconds=older_than), pages.BLOCKED_SCAN)
         if not found:
             self.stdout.write("nothing stuck")
         for task, why in found:
