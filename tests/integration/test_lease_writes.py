@@ -12,7 +12,7 @@ from datetime import timedelta
 import pytest
 
 from controlplane.storage import PostgresStorage
-from kernel import Draft, Kernel, ManualClock, Registry, Run, Transition
+from kernel import Draft, Kernel, ManualClock, Registry, Run, SessionHandle, Transition
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -30,13 +30,19 @@ def kernel() -> Kernel:
     return Kernel(PostgresStorage(), registry, ManualClock())
 
 
-@pytest.mark.parametrize("lapsed", [False, True])
-def test_a_signal_to_a_running_task_leaves_its_lease_where_it_was(lapsed: bool) -> None:
-    k = kernel()
+def held(k: Kernel) -> tuple[SessionHandle, str]:
+    """A session with a "held" task committed, not claimed yet."""
     handle = k.create_session()
     draft = Draft(actor="user:t")
     task_id = draft.create_task("held", {})
     handle.commit(draft)
+    return handle, task_id
+
+
+@pytest.mark.parametrize("lapsed", [False, True])
+def test_a_signal_to_a_running_task_leaves_its_lease_where_it_was(lapsed: bool) -> None:
+    k = kernel()
+    handle, task_id = held(k)
     now = k.clock.now()
     until = now if lapsed else now + timedelta(seconds=30)
     claimed = k.storage.claim(task_id, "w1", now, until)
@@ -58,10 +64,7 @@ def test_a_renewal_waits_for_a_commit_holding_the_tasks_row() -> None:
     from django.db import connection
 
     k = kernel()
-    handle = k.create_session()
-    draft = Draft(actor="user:t")
-    task_id = draft.create_task("held", {})
-    handle.commit(draft)
+    _, task_id = held(k)
     now = k.clock.now()
     claimed = k.storage.claim(task_id, "w1", now, now + timedelta(seconds=30))
     assert claimed is not None

@@ -44,12 +44,7 @@ def test_send_notices_starts_a_batch_and_refuses_bad_addresses(offline_broker) -
 
 def test_tasks_lists_what_is_stuck_and_shows_one_history() -> None:
     kernel = runtime().kernel
-    handle = kernel.create_session()
-    draft = Draft(actor="user:ann")
-    task_id = draft.create_task(
-        "send-notice", {"plan": "p", "to": "x@example.com", "operation_id": "op_1"}
-    )
-    handle.commit(draft)
+    task_id = a_notice()
     assert run("tasks") == "nothing stuck\n"
     now = kernel.clock.now()
     kernel.storage.claim(
@@ -148,18 +143,23 @@ def test_every_argument_of_every_command_says_what_it_is_in_help() -> None:
     assert silent == []
 
 
+def a_notice() -> str:
+    """A notice task committed to a new session, not run."""
+    draft = Draft(actor="user:ann")
+    task_id = draft.create_task(
+        "send-notice", {"plan": "p", "to": "x@example.com", "operation_id": "op_1"}
+    )
+    runtime().kernel.create_session().commit(draft)
+    return task_id
+
+
 def test_tasks_lists_a_blocked_task_at_once_as_the_dashboard_does(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     from kernel import Registry
 
     kernel = runtime().kernel
-    handle = kernel.create_session()
-    draft = Draft(actor="user:ann")
-    task_id = draft.create_task(
-        "send-notice", {"plan": "p", "to": "x@example.com", "operation_id": "op_1"}
-    )
-    handle.commit(draft)
+    task_id = a_notice()
     assert run("tasks") == "nothing stuck\n"
     monkeypatch.setattr(kernel, "registry", Registry())  # a deploy that lost the definition
     listing = run("tasks")
@@ -181,12 +181,7 @@ def test_tasks_judges_expired_leases_by_the_database_clock_not_the_shells(
     from controlplane.management.commands import tasks as command
 
     kernel = runtime().kernel
-    handle = kernel.create_session()
-    draft = Draft(actor="user:ann")
-    task_id = draft.create_task(
-        "send-notice", {"plan": "p", "to": "x@example.com", "operation_id": "op_1"}
-    )
-    handle.commit(draft)
+    task_id = a_notice()
     now = kernel.clock.now()
     kernel.storage.claim(task_id, "gone-worker", now - timedelta(seconds=30),
                          now - timedelta(seconds=5))

@@ -19,6 +19,7 @@ from kernel import Draft, Scheduler
 
 from .api_kinds import start, with_test_kinds
 from .clients import login, user
+from .clocks import behind
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -117,17 +118,8 @@ def test_a_chart_breaks_at_gaps_and_labels_its_points() -> None:
 def test_the_last_hour_ends_at_the_database_clock_whatever_the_web_servers_says(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from datetime import datetime
-
-    class Behind(datetime):
-        """The web machine's wall clock, two minutes behind the database's."""
-
-        @classmethod
-        def now(cls, tz=None):  # type: ignore[no-untyped-def, override]
-            return datetime.now(tz) - timedelta(minutes=2)
-
     failing_batches(2)
-    monkeypatch.setattr(charts, "datetime", Behind)
+    monkeypatch.setattr(charts, "datetime", behind(minutes=2))  # the web machine's clock
     found = charts.activity()
     assert sum(found.failures) == 2
     assert sum(found.phases_per_second) * found.bucket_seconds == pytest.approx(2)

@@ -17,6 +17,8 @@ from controlplane.worker import heartbeats
 from controlplane.worker.runtime import runtime
 from kernel import Draft
 
+from .clocks import behind
+
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
@@ -52,13 +54,18 @@ def test_a_heartbeat_row_is_live_then_dead_and_counts_the_last_minute() -> None:
     assert reads.registry()[0].state == "stopped"
 
 
-def test_the_workers_page_and_the_api_list_an_idle_worker_and_a_queue() -> None:
-    kernel = runtime().kernel
-    handle = kernel.create_session()
+def a_batch() -> str:
+    """A batch task committed to a new session, not run: one runnable task."""
     draft = Draft(actor="user:test")
     task_id = draft.create_task("send-batch", {"recipients": ["a@example.com"],
                                                "subject": "s", "body": "b"})
-    handle.commit(draft)
+    runtime().kernel.create_session().commit(draft)
+    return task_id
+
+
+def test_the_workers_page_and_the_api_list_an_idle_worker_and_a_queue() -> None:
+    kernel = runtime().kernel
+    task_id = a_batch()
     heartbeats.Heartbeat("idle@dev", ["default"], 1, every=60).write()
     client = viewer()
     page = client.get("/workers/").content.decode()
@@ -79,11 +86,7 @@ def test_the_workers_page_and_the_api_list_an_idle_worker_and_a_queue() -> None:
 
 def test_a_queue_dates_an_expired_lease_from_its_expiry_not_from_the_tasks_last_commit() -> None:
     kernel = runtime().kernel
-    handle = kernel.create_session()
-    draft = Draft(actor="user:test")
-    task_id = draft.create_task("send-batch", {"recipients": ["a@example.com"],
-                                               "subject": "s", "body": "b"})
-    handle.commit(draft)
+    task_id = a_batch()
     committed = kernel.clock.now()
     expiry = committed + timedelta(minutes=30)  # a long phase renewed its lease for 30 min
     assert kernel.storage.claim(task_id, "gone-worker", committed, expiry) is not None
@@ -97,14 +100,7 @@ def test_a_worker_whose_clock_runs_behind_is_shown_live_while_it_beats(
 ) -> None:
     from datetime import UTC, datetime
 
-    class Behind(datetime):
-        """The worker machine's wall clock, a minute behind everyone's."""
-
-        @classmethod
-        def now(cls, tz=None):  # type: ignore[no-untyped-def, override]
-            return datetime.now(tz) - timedelta(minutes=1)
-
-    monkeypatch.setattr(heartbeats, "datetime", Behind)
+    monkeypatch.setattr(heartbeats, "datetime", behind(minutes=1))  # the worker machine's
     heartbeats.Heartbeat("slow@dev", ["default"], 1, every=60).write()
     with override_settings(WORKER_DEAD_SECONDS=10):
         [shown] = reads.registry()
@@ -115,26 +111,13 @@ def test_a_worker_whose_clock_runs_behind_is_shown_live_while_it_beats(
 def test_a_queue_counts_a_due_sleeper_whatever_the_web_servers_own_clock_says(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from datetime import datetime
-
-    class Behind(datetime):
-        """The web machine's wall clock, a minute behind the database's."""
-
-        @classmethod
-        def now(cls, tz=None):  # type: ignore[no-untyped-def, override]
-            return datetime.now(tz) - timedelta(minutes=1)
-
     kernel = runtime().kernel
-    handle = kernel.create_session()
-    draft = Draft(actor="user:test")
-    task_id = draft.create_task("send-batch", {"recipients": ["a@example.com"],
-                                               "subject": "s", "body": "b"})
-    handle.commit(draft)
+    task_id = a_batch()
     due = kernel.clock.now() - timedelta(seconds=5)
     with connection.cursor() as cur:  # asleep until 5 s ago, as a sleep commit leaves it
         cur.execute("UPDATE kernel_task SET status = 'sleeping', wake_at = %s WHERE id = %s",
                     [due, task_id])
-    monkeypatch.setattr(reads, "datetime", Behind)
+    monkeypatch.setattr(reads, "datetime", behind(minutes=1))  # the web machine's clock
     queue = kernel.task(task_id).queue
     [found] = [q for q in reads.queues() if q.queue == queue]
     assert found.runnable == 1 and found.oldest == due
