@@ -144,6 +144,10 @@ class TaskOut(Schema):
     created_seq: int
     updated_seq: int
     blocked: str | None = Field(None, description="why no registered definition can run it")
+    environment_report: str | None = Field(
+        None, description="the identity of the worker's report that it does not offer the "
+        "environment the run was started under (`blocked` says its differences; only "
+        "`GET /tasks/{id}` reads it): send it to migrate as `expected_report`")
     shown_status: str = Field(..., description="its status, or once terminal its outcome")
     decisions: list[DecisionOut] = Field(
         default_factory=list, description="what an operator may answer it now (`resolve`)"
@@ -349,6 +353,10 @@ class MigrateIn(ActionIn):
     expected_seq: Integer = Field(..., ge=0, le=MAX_EPOCH,
                                   description="the task's `updated_seq` as you saw it: a task "
                                   "changed since is refused (409)")
+    expected_report: str = text(..., min_length=1, max_length=64,
+                                description="the task's `environment_report` as you saw it: "
+                                "a report rewritten since (another worker offering another "
+                                "environment) is refused (409)")
 
 
 class RestartIn(ActionIn):

@@ -113,11 +113,14 @@ def restart(request: HttpRequest, task_id: PathText, body: RestartIn) -> Any:
 def migrate(request: HttpRequest, task_id: PathText, body: MigrateIn) -> Any:
     """Let a task that a worker found blocked by its environment (its `blocked` says the
     differences: a tool removed or changed, a model no longer configured) continue from
-    where it stands under the environment that worker offers. Refused (409) when the task
-    changed since `expected_seq` or no worker reports a difference for it now. To run it
-    from an earlier phase under that environment instead, restart it (a fork)."""
+    where it stands under the environment that worker offers. Send the task's
+    `updated_seq` and `environment_report` you saw as `expected_seq` and `expected_report`:
+    refused (409) when the task changed since, when the report is not the one you saw
+    (another worker may rewrite it, offering another environment, while the task stays as
+    it was), or when no worker reports a difference for it now. To run it from an earlier
+    phase under that environment instead, restart it (a fork)."""
     return commands.migrate_environment(caller(request), task_id, body.action_id,
-                                        body.reason, body.expected_seq)
+                                        body.reason, body.expected_seq, body.expected_report)
 
 
 @router.get("/workers", response=list[WorkerOut], tags=["workers"])

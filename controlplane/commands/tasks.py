@@ -113,14 +113,17 @@ def restart_task(
 
 
 def migrate_environment(
-    user: User, task_id: str, action_id: str, reason: str, expected_seq: int
+    user: User, task_id: str, action_id: str, reason: str, expected_seq: int,
+    expected_report: str,
 ) -> ActionResult:
     """Let a task that a worker found blocked by its environment (a tool removed or
     changed, a model no longer configured: :mod:`kernel.environment`) continue, from
     where it stands, under the environment that worker offers. ``expected_seq`` is the
-    task's ``updated_seq`` the operator saw; refused (Conflict) when it changed or when no
-    worker reports a difference for the task as it is now. One commit naming who and why,
-    with the differences accepted in the operations log."""
+    task's ``updated_seq`` the operator saw and ``expected_report`` the identity of the
+    worker's report they saw (:func:`controlplane.reads.environments.identity`); refused
+    (Conflict) when either changed or when no worker reports a difference for the task as
+    it is now. One commit naming who and why, with the differences accepted in the
+    operations log."""
     require_operator(user)
     task = task_reads.record(task_id)
     report = environment_reads.report(task)
@@ -133,6 +136,7 @@ def migrate_environment(
             f"task {task_id} changed at #{task.updated_seq} after the #{expected_seq} you saw: "
             "look again",
         )
+        _refuse_unless_report_seen(task_id, report, expected_report)
     offered = (report or {}).get("offered") or {}
     detail = {"environment": {"worker": (report or {}).get("worker"),
                               "differences": (report or {}).get("differences")}}
@@ -141,6 +145,21 @@ def migrate_environment(
         lambda d: d.migrate_environment(task_id, offered, expected_seq=expected_seq),
         [], detail,
     )
+
+
+def _refuse_unless_report_seen(
+    task_id: str, report: dict[str, Any] | None, expected: str | None
+) -> None:
+    """Refuse (Conflict) an action that would commit an environment report other than the
+    one the operator saw: another worker may have rewritten it, offering something else,
+    while the task stayed as it was."""
+    if report is None:
+        refuse_unless(expected is None, f"no worker reports task {task_id}'s environment "
+                      "different now, unlike the report you saw: look again")
+        return
+    refuse_unless(environment_reads.identity(report) == expected,
+                  f"the environment report on task {task_id} is not the one you saw: "
+                  f"{environment_reads.reason(report)}; look again")
 
 
 def resolve_task(

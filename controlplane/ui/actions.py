@@ -132,12 +132,15 @@ def restart(request: HttpRequest, task_id: str) -> HttpResponse:
 @login_required
 def migrate(request: HttpRequest, task_id: str) -> HttpResponse:
     """Let a task blocked by its environment continue under the one the reporting worker
-    offers, if the task is still as the page showed it (409 otherwise)."""
+    offers, if the task and that worker's report are still as the page showed them (409
+    otherwise)."""
     try:
         require_operator(request.user)
         reason, action_id = _reason_and_id(request)
+        seen = _required_text(request, "expected_report",
+                              "the environment report the page showed")
         result = commands.migrate_environment(request.user, task_id, action_id, reason,
-                                              _seq(request.POST, "expected_seq"))
+                                              _seq(request.POST, "expected_seq"), seen)
     except Exception as exc:
         return _refused(request, exc)
     return _done(request, result, "migrate")

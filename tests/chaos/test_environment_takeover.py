@@ -107,7 +107,8 @@ def test_a_worker_with_a_changed_tool_schema_blocks_only_the_run_that_needs_it(
 
     answer = acted(olga, f"/api/tasks/{pay.id}/migrate",
                    {"action_id": "m1", "reason": "the new schema only adds a field",
-                    "expected_seq": pay.updated_seq})
+                    "expected_seq": pay.updated_seq,
+                    "expected_report": api["environment_report"]})
     assert answer.status_code == 200, answer.content
     stack.wait_answered(submission.id)
     assert sorted(stack.tool_runs()) == ["pay", "refund"]

@@ -164,7 +164,8 @@ API_RULES: dict[str, list[Cell]] = {
         Cell("POST", f"/api/tasks/{NOPE}/restart", api_act(404),
              {**ACTION, "seq": 1, "expected_seq": 1})],
     "POST api/tasks/<task_id>/migrate": [
-        Cell("POST", f"/api/tasks/{NOPE}/migrate", api_act(404), {**ACTION, "expected_seq": 1})],
+        Cell("POST", f"/api/tasks/{NOPE}/migrate", api_act(404),
+             {**ACTION, "expected_seq": 1, "expected_report": "0"})],
     "POST api/sessions/<session_id>/entries/<entry_id>/branch": [
         Cell("POST", f"/api/sessions/{{session}}/entries/{NOPE}/branch", api_act(404), ACTION)],
     "POST api/submissions/<submission_id>/resubmit": [
