@@ -366,6 +366,11 @@ class RestartIn(ActionIn):
     expected_seq: Integer = Field(..., ge=0, le=MAX_EPOCH,
                                   description="the task's `updated_seq` as you saw it: a task "
                                   "changed since is refused (409)")
+    expected_report: str | None = text(
+        None, min_length=1, max_length=64,
+        description="the preview's `expected_report` (null or absent: you saw no report): "
+        "while a worker reports the run's environment different the restart runs under "
+        "what it offers, and another report than the one you saw is refused (409)")
 
 
 class BranchOut(Schema):
@@ -411,6 +416,11 @@ class RestartPreviewOut(Schema):
                                  "a restart makes them again as new calls")
     may_repeat: list[str]
     refused: str | None = Field(None, description="why the task's state refuses it now")
+    environment: str | None = Field(
+        None, description="while a worker reports the run's environment different: that "
+        "report, in words (the restart runs under what that worker offers)")
+    expected_report: str | None = Field(
+        None, description="that report's identity: send it back with the restart")
 
 
 class ActionOut(Schema):

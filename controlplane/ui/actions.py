@@ -122,7 +122,8 @@ def restart(request: HttpRequest, task_id: str) -> HttpResponse:
         reason, action_id = _reason_and_id(request)
         result = commands.restart_task(request.user, task_id, action_id, reason,
                                        _seq(request.POST, "seq"),
-                                       _seq(request.POST, "expected_seq"))
+                                       _seq(request.POST, "expected_seq"),
+                                       request.POST.get("expected_report", "").strip() or None)
     except Exception as exc:
         return _refused(request, exc)
     return _done(request, result, "restart", repeated="Made again")

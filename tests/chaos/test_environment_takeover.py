@@ -141,9 +141,12 @@ def test_a_fork_starts_the_blocked_call_again_under_the_new_environment(
 
     points = olga.get(f"/api/tasks/{task.id}/restarts").json()
     assert [p["phase"] for p in points] == ["call", "approval"]
+    preview = olga.get(f"/api/tasks/{task.id}/restarts/{points[0]['seq']}").json()
+    assert "tool pay: " in preview["environment"]
     answer = acted(olga, f"/api/tasks/{task.id}/restart",
                    {"action_id": "f1", "reason": "ask again under the new schema",
-                    "seq": points[0]["seq"], "expected_seq": blocked.updated_seq})
+                    "seq": points[0]["seq"], "expected_seq": blocked.updated_seq,
+                    "expected_report": preview["expected_report"]})
     assert answer.status_code == 200, answer.content
     # The fork runs under the new environment, from the call: it asks for approval anew
     # (the approval given to the old run does not let it through).
