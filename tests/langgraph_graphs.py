@@ -32,6 +32,8 @@ PIPELINE = "langgraph-pipeline"
 PIPELINE_V2 = "langgraph-pipeline-v2"
 """The pipeline again, its model answering otherwise: a new version of a graph, which a
 fork may go on with from the first one's checkpoints."""
+NOTE = "langgraph-note"
+"""A graph whose interrupt declares no schema: any JSON value resumes it."""
 RECIPIENTS = [f"{name}@example.com" for name in ("ana", "ben", "cai", "dee", "eve")]
 
 
@@ -139,6 +141,22 @@ def approval_graph() -> Any:
     return builder.compile()
 
 
+class Note(TypedDict):
+    text: str
+    note: Any
+
+
+def note_graph() -> Any:
+    def ask(state: Note) -> dict[str, Any]:
+        return {"note": interrupt({"question": "any note?", "text": state["text"]})}
+
+    builder = StateGraph(Note)
+    builder.add_node("ask", ask)
+    builder.add_edge(START, "ask")
+    builder.add_edge("ask", END)
+    return builder.compile()
+
+
 class Pipeline(TypedDict):
     messages: Annotated[list[BaseMessage], add_messages]
 
@@ -168,6 +186,7 @@ def register_all(registry: Registry, kernel: Callable[[], Kernel]) -> dict[str, 
         PIPELINE: register_graph(registry, PIPELINE, pipeline_graph(), kernel=kernel),
         PIPELINE_V2: register_graph(registry, PIPELINE_V2, pipeline_graph(answer="revised"),
                                     kernel=kernel),
+        NOTE: register_graph(registry, NOTE, note_graph(), kernel=kernel),
     }
 
 

@@ -40,9 +40,13 @@ def resume_graph(
     operator saw) with ``value``, checked against the schema the node declared, if any:
     one commit naming the operator. A run no longer waiting there, or (given
     ``interrupt_ids``, the interrupts the operator saw) waiting there on other
-    interrupts, is refused (Conflict)."""
+    interrupts, is refused (Conflict); a value that cannot be stored is Invalid."""
     require_operator(user)
     task = task_reads.record(task_id)
+    try:
+        storable(value, "value")
+    except UnstorableValue as exc:
+        raise Invalid(str(exc)) from exc
     if not done_before(task.session_id, action_id, "resume", task_id):
         try:
             check_resume(task, checkpoint_id, value, interrupt_ids)

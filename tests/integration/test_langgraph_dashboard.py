@@ -20,7 +20,7 @@ from controlplane.worker.runtime import runtime
 from kernel import Draft, Kernel, Status, Worker
 from kernel.commit import operations_log_id
 from kernel.hosts.langgraph.host import run_input
-from tests.langgraph_graphs import APPROVAL, PIPELINE, runs
+from tests.langgraph_graphs import APPROVAL, NOTE, PIPELINE, runs
 
 from .api_kinds import start
 from .clients import client_for, post, user
@@ -115,6 +115,28 @@ def test_an_operator_resumes_the_interrupt_from_the_page(graphs: Path) -> None:
     assert runs(graphs) == ["draft", "approve", "approve", "publish"]
     page = section(olga.get(f"/sessions/{session_id}/").content.decode())
     assert "interrupt-" not in page and "Fork from here" in page
+
+
+def test_a_resume_value_postgres_cannot_store_is_422_naming_value_from_the_page(
+    graphs: Path,
+) -> None:
+    kernel = runtime().kernel
+    session_id, task_id = start(kernel, NOTE, {"input": {"text": "notice"}})
+    checkpoint_id = kernel.task(task_id).checkpoint["interrupted"]["checkpoint_id"]
+    olga = client_for("olga", "operator")
+    url = f"/tasks/{task_id}/resume"
+    form = {"action_id": "r1", "reason": "noted", "checkpoint_id": checkpoint_id}
+    head = kernel.storage.session(session_id).head_seq
+    for value in ('"a\\u0000b"', '{"note": ["a\\u0000b"]}', '{"a\\u0000b": 1}'):
+        bad = olga.post(url, {**form, "value": value}, HTTP_HX_REQUEST="true")
+        assert bad.status_code == 422, bad.content
+        assert "value" in unescape(bad.content.decode())
+    assert kernel.storage.session(session_id).head_seq == head
+
+    done = olga.post(url, {**form, "value": '"looks fine"'}, HTTP_HX_REQUEST="true")
+    assert done.status_code == 200, done.content
+    assert Worker(kernel, "w", 30).advance(task_id)
+    assert kernel.task(task_id).outcome["result"]["output"]["note"] == "looks fine"
 
 
 def test_an_operator_forks_from_the_third_checkpoint_and_both_branches_stay(
