@@ -459,6 +459,9 @@ class ApprovalOut(Schema):
     until: datetime = Field(..., description="when it is denied if nobody decides")
     parameters: JSON = Field(None, description="the JSON schema edited arguments must fit")
     requested_seq: int
+    request: str = Field(..., description="this request's identity: send it with the "
+                         "decision as `expected_request` (a call asked again, restarted or "
+                         "in a later turn, is another request even with the same arguments)")
     who: str = Field(..., description="who may decide (`operators`: the operator role)")
 
 
@@ -469,6 +472,9 @@ class DenyIn(ActionIn):
     digest: str = Field(..., pattern=DIGEST,
                         description="the `digest` of the arguments you saw (the pending "
                         "approval's): other arguments waiting now are refused (409)")
+    expected_request: str = Field(..., pattern=DIGEST,
+                                  description="the pending approval's `request` you saw: "
+                                  "another request waiting now is refused (409)")
 
 
 class ApproveIn(DenyIn):

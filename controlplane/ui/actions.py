@@ -88,8 +88,9 @@ def decide_call(request: HttpRequest, session_id: str, call_id: str) -> HttpResp
         seen = request.POST.get("digest", "")
         if not seen:
             raise Invalid("digest: the digest of the arguments the page showed")
+        asked = _required_text(request, "expected_request", "the request the page showed")
         result = commands.decide_call(request.user, session_id, call_id, action_id, reason,
-                                      decision, seen, _edited(request, decision))
+                                      decision, seen, asked, _edited(request, decision))
     except Exception as exc:
         return _refused(request, exc)
     return _done(request, result)

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from controlplane.reads.approvals import request_identity
 from kernel import Status, Task
 from kernel.environment import BLOCKED_DOCUMENT
 from tests.model_stand_in import Completion, ModelStandIn, by_round
@@ -47,7 +48,8 @@ def approve(client: Any, session_id: str, task: Task, call_id: str) -> None:
     answer = client.post(
         f"/api/sessions/{session_id}/calls/{call_id}/approve",
         {"action_id": f"a-{call_id}", "reason": "checked",
-         "digest": task.checkpoint["approval"]["digest"]},
+         "digest": task.checkpoint["approval"]["digest"],
+         "expected_request": request_identity(task.checkpoint["approval"])},
         content_type="application/json")
     assert answer.status_code == 200, answer.content
 
@@ -159,7 +161,8 @@ def test_a_fork_starts_the_blocked_call_again_under_the_new_environment(
     assert stack.tool_runs() == []
     second = olga.post(f"/api/sessions/{session_id}/calls/call_pay/approve",
                        {"action_id": "a2", "reason": "checked again",
-                        "digest": again.checkpoint["approval"]["digest"]},
+                        "digest": again.checkpoint["approval"]["digest"],
+                        "expected_request": request_identity(again.checkpoint["approval"])},
                        content_type="application/json")
     assert second.status_code == 200, second.content
     stack.wait_answered(submission.id)

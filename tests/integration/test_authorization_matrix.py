@@ -88,6 +88,7 @@ UI_ACTION = row(LOGIN, 403, 422, LOGIN, LOGIN, LOGIN)
 """A dashboard form post: operators only; the operator's empty form is refused (422)."""
 
 ACTION = {"action_id": "matrix-1", "reason": "authorization matrix"}
+ZERO_DIGEST = "sha256:" + "0" * 64
 
 # -- the rules: every HTTP route ------------------------------------------------------------
 
@@ -118,10 +119,10 @@ API_RULES: dict[str, list[Cell]] = {
     ],
     "POST api/sessions/<session_id>/calls/<call_id>/approve": [
         Cell("POST", f"/api/sessions/{{session}}/calls/{NOPE}/approve", api_act(404),
-             {**ACTION, "digest": "sha256:" + "0" * 64})],
+             {**ACTION, "digest": ZERO_DIGEST, "expected_request": ZERO_DIGEST})],
     "POST api/sessions/<session_id>/calls/<call_id>/deny": [
         Cell("POST", f"/api/sessions/{{session}}/calls/{NOPE}/deny", api_act(404),
-             {**ACTION, "digest": "sha256:" + "0" * 64})],
+             {**ACTION, "digest": ZERO_DIGEST, "expected_request": ZERO_DIGEST})],
     "GET api/sessions/<session_id>/graph": [  # the fixture's session holds no graph thread
         Cell("GET", "/api/sessions/{session}/graph", api_read(404)),
         Cell("GET", f"/api/sessions/{NOPE}/graph", api_read(404)),
