@@ -63,9 +63,10 @@ def resolve(request: HttpRequest, task_id: PathText, body: ResolveIn) -> Any:
 @router.post("/tasks/{task_id}/resume", response=ActionOut)
 def resume(request: HttpRequest, task_id: PathText, body: ResumeIn) -> Any:
     """Resume a hosted LangGraph run that waits on an interrupt (``interrupt(value)`` in a
-    node), naming the interrupt you saw: the node receives ``value``. An interrupt answered
-    already or replaced since is refused (409); a value that does not meet the schema
-    the interrupt declares is refused (422)."""
+    node), naming the interrupts you saw (`checkpoint_id` and `interrupt_ids`: a node that
+    asks again after its resume does so at the same checkpoint): the node receives
+    ``value``. An interrupt answered already or replaced since is refused (409); a value
+    that does not meet the schema the interrupt declares is refused (422)."""
     return commands.resume_graph(caller(request), task_id, body.action_id, body.reason,
                                  body.checkpoint_id, body.value, body.interrupt_ids)
 

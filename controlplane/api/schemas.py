@@ -213,11 +213,11 @@ class ResumeIn(ActionIn):
                               "receives (checked against the `schema` its interrupt "
                               "declares); when several interrupts wait, an object giving "
                               "each one you answer its value by its id")
-    interrupt_ids: list[InterruptId] | None = Field(
-        None, max_length=100, description="the ids of the interrupts you answer (the "
-        "thread's `interrupts[].interrupt_ids`): refused (409) when the run waits on "
-        "others, as a node that interrupts again after its resume does at the same "
-        "checkpoint")
+    interrupt_ids: list[InterruptId] = Field(
+        ..., min_length=1, max_length=100, description="the ids of the interrupts you "
+        "answer (the thread's `interrupts[].interrupt_ids`): refused (409) when the run "
+        "waits on others, as a node that interrupts again after its resume does at the "
+        "same checkpoint")
 
 
 class ForkIn(ActionIn):

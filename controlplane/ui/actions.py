@@ -199,8 +199,10 @@ def resume_graph(request: HttpRequest, task_id: str) -> HttpResponse:
             request, "checkpoint_id", "the checkpoint the page showed the run waiting at")
         value = _json_field(request, "value", required=True)
         shown = request.POST.getlist("interrupt_ids")  # the interrupts the page showed
+        if not shown:
+            raise Invalid("interrupt_ids: the interrupts the page showed")
         result = commands.resume_graph(request.user, task_id, action_id, reason,
-                                       checkpoint_id, value, shown or None)
+                                       checkpoint_id, value, shown)
     except Exception as exc:
         return _refused(request, exc)
     return _done(request, result, "resume")

@@ -154,7 +154,8 @@ API_RULES: dict[str, list[Cell]] = {
              {**ACTION, "decision": "sent", "signal": "resolution-1", "epoch": 1})],
     "POST api/tasks/<task_id>/resume": [
         Cell("POST", f"/api/tasks/{NOPE}/resume", api_act(404),
-             {**ACTION, "checkpoint_id": "c1", "value": {"approved": True}})],
+             {**ACTION, "checkpoint_id": "c1", "value": {"approved": True},
+              "interrupt_ids": ["i1"]})],
     "POST api/tasks/<task_id>/wake": [
         Cell("POST", f"/api/tasks/{NOPE}/wake", api_act(404), ACTION)],
     "GET api/tasks/<task_id>/restarts": [
