@@ -96,9 +96,20 @@ def awaiting(task_id: str) -> bool:
     return task is not None and task.status is Status.SLEEPING and task.phase == "approval"
 
 
-def approve(server: Daphne, token: str, session_id: str, call_id: str, digest: str) -> None:
+def asked(task_id: str) -> str:
+    """The identity of the request the call's task waits on (what a decision names)."""
+    from controlplane.reads.approvals import request_identity
+    from controlplane.worker.runtime import runtime
+
+    task = runtime().kernel.storage.task(task_id)
+    assert task is not None
+    return request_identity(task.checkpoint["approval"])
+
+
+def approve(server: Daphne, token: str, session_id: str, call_id: str, digest: str,
+            asked_for: str) -> None:
     body = json.dumps({"action_id": uuid.uuid4().hex, "reason": "benchmark",
-                       "digest": digest}).encode()
+                       "digest": digest, "expected_request": asked_for}).encode()
     request = urllib.request.Request(
         f"{server.http}/api/sessions/{session_id}/calls/{call_id}/approve", data=body,
         headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
@@ -145,8 +156,9 @@ def run(args: argparse.Namespace, url: str, redis_url: str) -> Result:
                 session_id, task_id, call_id = gated_call(n)
                 wait_for(partial(awaiting, task_id),
                          f"call {n} to await approval", timeout=60, every=0.01)
+                asked_for = asked(task_id)
                 sent = time.time()
-                approve(server, token, session_id, call_id, digest({"n": n}))
+                approve(server, token, session_id, call_id, digest({"n": n}), asked_for)
                 replied = time.time()
                 started = wait_for(partial(started_at, log, n), f"call {n} to start",
                                    timeout=60, every=0.002)

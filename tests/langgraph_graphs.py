@@ -32,6 +32,11 @@ PIPELINE = "langgraph-pipeline"
 PIPELINE_V2 = "langgraph-pipeline-v2"
 """The pipeline again, its model answering otherwise: a new version of a graph, which a
 fork may go on with from the first one's checkpoints."""
+NOTE = "langgraph-note"
+"""A graph whose interrupt declares no schema: any JSON value resumes it."""
+TWICE = "langgraph-twice"
+"""A node that asks twice (a second interrupt after its first is answered, at the same
+checkpoint)."""
 RECIPIENTS = [f"{name}@example.com" for name in ("ana", "ben", "cai", "dee", "eve")]
 
 
@@ -139,6 +144,35 @@ def approval_graph() -> Any:
     return builder.compile()
 
 
+class Note(TypedDict):
+    text: str
+    note: Any
+
+
+def note_graph() -> Any:
+    def ask(state: Note) -> dict[str, Any]:
+        return {"note": interrupt({"question": "any note?", "text": state["text"]})}
+
+    builder = StateGraph(Note)
+    builder.add_node("ask", ask)
+    builder.add_edge(START, "ask")
+    builder.add_edge("ask", END)
+    return builder.compile()
+
+
+def twice_graph() -> Any:
+    def ask(state: Note) -> dict[str, Any]:
+        first = interrupt({"question": "publish?", "text": state["text"]})
+        second = interrupt({"question": "delete the draft?", "text": state["text"]})
+        return {"note": [first, second]}
+
+    builder = StateGraph(Note)
+    builder.add_node("ask", ask)
+    builder.add_edge(START, "ask")
+    builder.add_edge("ask", END)
+    return builder.compile()
+
+
 class Pipeline(TypedDict):
     messages: Annotated[list[BaseMessage], add_messages]
 
@@ -168,6 +202,8 @@ def register_all(registry: Registry, kernel: Callable[[], Kernel]) -> dict[str, 
         PIPELINE: register_graph(registry, PIPELINE, pipeline_graph(), kernel=kernel),
         PIPELINE_V2: register_graph(registry, PIPELINE_V2, pipeline_graph(answer="revised"),
                                     kernel=kernel),
+        NOTE: register_graph(registry, NOTE, note_graph(), kernel=kernel),
+        TWICE: register_graph(registry, TWICE, twice_graph(), kernel=kernel),
     }
 
 

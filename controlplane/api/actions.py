@@ -63,9 +63,10 @@ def resolve(request: HttpRequest, task_id: PathText, body: ResolveIn) -> Any:
 @router.post("/tasks/{task_id}/resume", response=ActionOut)
 def resume(request: HttpRequest, task_id: PathText, body: ResumeIn) -> Any:
     """Resume a hosted LangGraph run that waits on an interrupt (``interrupt(value)`` in a
-    node), naming the interrupt you saw: the node receives ``value``. An interrupt answered
-    already or replaced since is refused (409); a value that does not meet the schema
-    the interrupt declares is refused (422)."""
+    node), naming the interrupts you saw (`checkpoint_id` and `interrupt_ids`: a node that
+    asks again after its resume does so at the same checkpoint): the node receives
+    ``value``. An interrupt answered already or replaced since is refused (409); a value
+    that does not meet the schema the interrupt declares is refused (422)."""
     return commands.resume_graph(caller(request), task_id, body.action_id, body.reason,
                                  body.checkpoint_id, body.value, body.interrupt_ids)
 
@@ -105,11 +106,14 @@ def approve_call(
     request: HttpRequest, session_id: PathText, call_id: PathText, body: ApproveIn
 ) -> Any:
     """Approve a tool call that waits for approval (`GET /sessions/{id}/approvals`),
-    naming the `digest` of the arguments you saw: it runs on a worker with exactly those
-    arguments, or with the edited `arguments` you send (both kept). A call decided
-    already, timed out, or waiting with other arguments is refused (409)."""
+    naming the `digest` of the arguments you saw and, as `expected_request`, the request
+    you saw (its `request`): it runs on a worker with exactly those arguments, or with
+    the edited `arguments` you send (both kept). A call decided already, timed out,
+    waiting with other arguments, or asked again since (another request, even with the
+    same arguments) is refused (409)."""
     return commands.decide_call(caller(request), session_id, call_id, body.action_id,
-                                body.reason, "approve", body.digest, body.arguments)
+                                body.reason, "approve", body.digest, body.expected_request,
+                                body.arguments)
 
 
 @router.post("/sessions/{session_id}/calls/{call_id}/deny", response=ActionOut)
@@ -119,7 +123,7 @@ def deny_call(
     """Deny a tool call that waits for approval: it does not run, and the model is told
     it was denied, with your reason. Refused (409) as `approve` is."""
     return commands.decide_call(caller(request), session_id, call_id, body.action_id,
-                                body.reason, "deny", body.digest)
+                                body.reason, "deny", body.digest, body.expected_request)
 
 
 @router.post("/submissions/{submission_id}/resubmit", response=ActionOut)

@@ -144,6 +144,10 @@ class TaskOut(Schema):
     created_seq: int
     updated_seq: int
     blocked: str | None = Field(None, description="why no registered definition can run it")
+    environment_report: str | None = Field(
+        None, description="the identity of the worker's report that it does not offer the "
+        "environment the run was started under (`blocked` says its differences; only "
+        "`GET /tasks/{id}` reads it): send it to migrate as `expected_report`")
     shown_status: str = Field(..., description="its status, or once terminal its outcome")
     decisions: list[DecisionOut] = Field(
         default_factory=list, description="what an operator may answer it now (`resolve`)"
@@ -209,11 +213,11 @@ class ResumeIn(ActionIn):
                               "receives (checked against the `schema` its interrupt "
                               "declares); when several interrupts wait, an object giving "
                               "each one you answer its value by its id")
-    interrupt_ids: list[InterruptId] | None = Field(
-        None, max_length=100, description="the ids of the interrupts you answer (the "
-        "thread's `interrupts[].interrupt_ids`): refused (409) when the run waits on "
-        "others, as a node that interrupts again after its resume does at the same "
-        "checkpoint")
+    interrupt_ids: list[InterruptId] = Field(
+        ..., min_length=1, max_length=100, description="the ids of the interrupts you "
+        "answer (the thread's `interrupts[].interrupt_ids`): refused (409) when the run "
+        "waits on others, as a node that interrupts again after its resume does at the "
+        "same checkpoint")
 
 
 class ForkIn(ActionIn):
@@ -349,6 +353,10 @@ class MigrateIn(ActionIn):
     expected_seq: Integer = Field(..., ge=0, le=MAX_EPOCH,
                                   description="the task's `updated_seq` as you saw it: a task "
                                   "changed since is refused (409)")
+    expected_report: str = text(..., min_length=1, max_length=64,
+                                description="the task's `environment_report` as you saw it: "
+                                "a report rewritten since (another worker offering another "
+                                "environment) is refused (409)")
 
 
 class RestartIn(ActionIn):
@@ -358,6 +366,11 @@ class RestartIn(ActionIn):
     expected_seq: Integer = Field(..., ge=0, le=MAX_EPOCH,
                                   description="the task's `updated_seq` as you saw it: a task "
                                   "changed since is refused (409)")
+    expected_report: str | None = text(
+        None, min_length=1, max_length=64,
+        description="the preview's `expected_report` (null or absent: you saw no report): "
+        "while a worker reports the run's environment different the restart runs under "
+        "what it offers, and another report than the one you saw is refused (409)")
 
 
 class BranchOut(Schema):
@@ -403,6 +416,11 @@ class RestartPreviewOut(Schema):
                                  "a restart makes them again as new calls")
     may_repeat: list[str]
     refused: str | None = Field(None, description="why the task's state refuses it now")
+    environment: str | None = Field(
+        None, description="while a worker reports the run's environment different: that "
+        "report, in words (the restart runs under what that worker offers)")
+    expected_report: str | None = Field(
+        None, description="that report's identity: send it back with the restart")
 
 
 class ActionOut(Schema):
@@ -441,6 +459,9 @@ class ApprovalOut(Schema):
     until: datetime = Field(..., description="when it is denied if nobody decides")
     parameters: JSON = Field(None, description="the JSON schema edited arguments must fit")
     requested_seq: int
+    request: str = Field(..., description="this request's identity: send it with the "
+                         "decision as `expected_request` (a call asked again, restarted or "
+                         "in a later turn, is another request even with the same arguments)")
     who: str = Field(..., description="who may decide (`operators`: the operator role)")
 
 
@@ -451,6 +472,9 @@ class DenyIn(ActionIn):
     digest: str = Field(..., pattern=DIGEST,
                         description="the `digest` of the arguments you saw (the pending "
                         "approval's): other arguments waiting now are refused (409)")
+    expected_request: str = Field(..., pattern=DIGEST,
+                                  description="the pending approval's `request` you saw: "
+                                  "another request waiting now is refused (409)")
 
 
 class ApproveIn(DenyIn):

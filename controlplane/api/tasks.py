@@ -95,7 +95,8 @@ def restart_preview(request: HttpRequest, task_id: PathText, seq: int) -> Any:
     found = commands.restart_preview(caller(request), task_id, seq)
     return {"task_id": found.task.id, "expected_seq": found.expected_seq,
             "point": found.point, "stays": found.stays, "runs_again": found.runs_again,
-            "calls": found.calls, "may_repeat": found.may_repeat(), "refused": found.refused}
+            "calls": found.calls, "may_repeat": found.may_repeat(), "refused": found.refused,
+            "environment": found.environment_reason, "expected_report": found.expected_report}
 
 
 @router.post("/tasks/{task_id}/restart", response=ActionOut)
@@ -104,20 +105,26 @@ def restart(request: HttpRequest, task_id: PathText, body: RestartIn) -> Any:
     entered it with: what it committed before stays, no phase before it runs again. Send
     the task's `updated_seq` you saw as `expected_seq`: a task changed since (409), one
     running, completing or being cancelled (409: cancel it first), one owning open
-    subtasks or owned by an ended task (409) is refused and nothing changes."""
+    subtasks or owned by an ended task (409) is refused and nothing changes. While a
+    worker reports the task's environment different the restart runs under what that
+    worker offers: send the preview's `expected_report`; another report (or one you did
+    not see) is refused (409)."""
     return commands.restart_task(caller(request), task_id, body.action_id, body.reason,
-                                 body.seq, body.expected_seq)
+                                 body.seq, body.expected_seq, body.expected_report)
 
 
 @router.post("/tasks/{task_id}/migrate", response=ActionOut)
 def migrate(request: HttpRequest, task_id: PathText, body: MigrateIn) -> Any:
     """Let a task that a worker found blocked by its environment (its `blocked` says the
     differences: a tool removed or changed, a model no longer configured) continue from
-    where it stands under the environment that worker offers. Refused (409) when the task
-    changed since `expected_seq` or no worker reports a difference for it now. To run it
-    from an earlier phase under that environment instead, restart it (a fork)."""
+    where it stands under the environment that worker offers. Send the task's
+    `updated_seq` and `environment_report` you saw as `expected_seq` and `expected_report`:
+    refused (409) when the task changed since, when the report is not the one you saw
+    (another worker may rewrite it, offering another environment, while the task stays as
+    it was), or when no worker reports a difference for it now. To run it from an earlier
+    phase under that environment instead, restart it (a fork)."""
     return commands.migrate_environment(caller(request), task_id, body.action_id,
-                                        body.reason, body.expected_seq)
+                                        body.reason, body.expected_seq, body.expected_report)
 
 
 @router.get("/workers", response=list[WorkerOut], tags=["workers"])

@@ -31,10 +31,13 @@ def decide_call(
     reason: str,
     decision: str,
     seen: str,
+    expected_request: str,
     arguments: Any = None,
 ) -> ActionResult:
     """Approve or deny a gated tool call (:mod:`kernel.agent.approval`) that the operator
-    saw with arguments of digest ``seen``; an approval may carry edited ``arguments``
+    saw with arguments of digest ``seen``, in the request ``expected_request`` names
+    (:func:`controlplane.reads.approvals.request_identity`: a call asked again with the
+    same arguments is another request); an approval may carry edited ``arguments``
     (checked against the tool's parameters: Invalid naming the field), which then run
     instead, both versions kept. A call no longer waiting, or waiting with other
     arguments, is refused (Conflict) and nothing changes; of two decisions at once,
@@ -63,6 +66,11 @@ def decide_call(
             seen == requested["digest"],
             f"call {call_id} waits with arguments of digest {requested['digest']}, not "
             f"{seen}: the arguments you saw are not those waiting; look again",
+        )
+        refuse_unless(
+            approval_reads.request_identity(requested) == expected_request,
+            f"call {call_id} was asked again since the request you saw (it waits until "
+            f"{until.isoformat()}): look again",
         )
         if arguments is not None:
             try:

@@ -34,15 +34,20 @@ from kernel.values import storable
 
 def resume_graph(
     user: User, task_id: str, action_id: str, reason: str, checkpoint_id: str, value: Any,
-    interrupt_ids: list[str] | None = None,
+    interrupt_ids: list[str],
 ) -> ActionResult:
-    """Resume a hosted LangGraph run interrupted at ``checkpoint_id`` (the interrupt the
-    operator saw) with ``value``, checked against the schema the node declared, if any:
-    one commit naming the operator. A run no longer waiting there, or (given
-    ``interrupt_ids``, the interrupts the operator saw) waiting there on other
-    interrupts, is refused (Conflict)."""
+    """Resume a hosted LangGraph run interrupted at ``checkpoint_id`` with ``value``,
+    checked against the schema the node declared, if any: one commit naming the
+    operator. ``interrupt_ids`` are the interrupts the operator saw there: a node that
+    interrupts again after its resume does so at the same checkpoint, so a run no longer
+    waiting there, or waiting there on other interrupts, is refused (Conflict); a value
+    that cannot be stored is Invalid."""
     require_operator(user)
     task = task_reads.record(task_id)
+    try:
+        storable(value, "value")
+    except UnstorableValue as exc:
+        raise Invalid(str(exc)) from exc
     if not done_before(task.session_id, action_id, "resume", task_id):
         try:
             check_resume(task, checkpoint_id, value, interrupt_ids)

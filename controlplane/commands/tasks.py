@@ -74,20 +74,26 @@ def restart_preview(user: User, task_id: str, seq: int) -> restart_reads.Restart
 
 
 def restart_task(
-    user: User, task_id: str, action_id: str, reason: str, seq: int, expected_seq: int
+    user: User, task_id: str, action_id: str, reason: str, seq: int, expected_seq: int,
+    expected_report: str | None = None,
 ) -> ActionResult:
     """Start ``task_id`` again from the phase it entered at commit ``seq``, with the
     checkpoint it entered it with (read from the commit log): what it committed before
     stays, no phase before it runs again. ``expected_seq`` is the task's ``updated_seq`` as
     the operator saw it: a task that changed since is refused (Conflict), as is one whose
-    state does not allow it (see :mod:`controlplane.reads.restarts`). One commit, naming
-    who and why, with the restart point in the operations log."""
+    state does not allow it (see :mod:`controlplane.reads.restarts`). While a worker
+    reports the run's environment different, the restart runs under what that worker
+    offers: ``expected_report`` is the identity of the report the operator saw (None: they
+    saw none), and another report now is refused (Conflict). One commit, naming who and
+    why, with the restart point in the operations log."""
     require_operator(user)
     task = task_reads.record(task_id)
     try:
         chosen = restart_reads.point(task, seq)
     except UnknownRecord as exc:
         raise Invalid(f"seq: {exc}") from exc
+    # A worker found the run's environment different: the fork runs under what it offers.
+    report = environment_reads.report(task)
     if not done_before(task.session_id, action_id, "restart", task_id):
         refused = restart_reads.refusal(task)
         refuse_unless(refused is None, refused or "")
@@ -96,9 +102,8 @@ def restart_task(
             f"task {task_id} changed at #{task.updated_seq} after the #{expected_seq} you saw: "
             "look again",
         )
+        _refuse_unless_report_seen(task_id, report, expected_report)
     said = restart_reads.preview(task, seq).may_repeat()
-    # A worker found the run's environment different: the fork runs under what it offers.
-    report = environment_reads.report(task)
     offered = report.get("offered") if report is not None else None
     detail: dict[str, Any] = {"restart": {"from_seq": seq, "phase": chosen.phase}}
     if report is not None:
@@ -113,14 +118,17 @@ def restart_task(
 
 
 def migrate_environment(
-    user: User, task_id: str, action_id: str, reason: str, expected_seq: int
+    user: User, task_id: str, action_id: str, reason: str, expected_seq: int,
+    expected_report: str,
 ) -> ActionResult:
     """Let a task that a worker found blocked by its environment (a tool removed or
     changed, a model no longer configured: :mod:`kernel.environment`) continue, from
     where it stands, under the environment that worker offers. ``expected_seq`` is the
-    task's ``updated_seq`` the operator saw; refused (Conflict) when it changed or when no
-    worker reports a difference for the task as it is now. One commit naming who and why,
-    with the differences accepted in the operations log."""
+    task's ``updated_seq`` the operator saw and ``expected_report`` the identity of the
+    worker's report they saw (:func:`controlplane.reads.environments.identity`); refused
+    (Conflict) when either changed or when no worker reports a difference for the task as
+    it is now. One commit naming who and why, with the differences accepted in the
+    operations log."""
     require_operator(user)
     task = task_reads.record(task_id)
     report = environment_reads.report(task)
@@ -133,6 +141,7 @@ def migrate_environment(
             f"task {task_id} changed at #{task.updated_seq} after the #{expected_seq} you saw: "
             "look again",
         )
+        _refuse_unless_report_seen(task_id, report, expected_report)
     offered = (report or {}).get("offered") or {}
     detail = {"environment": {"worker": (report or {}).get("worker"),
                               "differences": (report or {}).get("differences")}}
@@ -141,6 +150,21 @@ def migrate_environment(
         lambda d: d.migrate_environment(task_id, offered, expected_seq=expected_seq),
         [], detail,
     )
+
+
+def _refuse_unless_report_seen(
+    task_id: str, report: dict[str, Any] | None, expected: str | None
+) -> None:
+    """Refuse (Conflict) an action that would commit an environment report other than the
+    one the operator saw: another worker may have rewritten it, offering something else,
+    while the task stayed as it was."""
+    if report is None:
+        refuse_unless(expected is None, f"no worker reports task {task_id}'s environment "
+                      "different now, unlike the report you saw: look again")
+        return
+    refuse_unless(environment_reads.identity(report) == expected,
+                  f"the environment report on task {task_id} is not the one you saw: "
+                  f"{environment_reads.reason(report)}; look again")
 
 
 def resolve_task(

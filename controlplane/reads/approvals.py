@@ -12,6 +12,7 @@ from controlplane import models
 from controlplane.reads import sessions
 from controlplane.storage.schema import TASK
 from kernel import Status, Task, UnknownRecord
+from kernel.agent import digest
 from kernel.agent.approval import PHASE, TASK_KIND, WHO, pending
 
 TOOL_KIND = "agent-tool"
@@ -38,6 +39,17 @@ class PendingApproval:
     requested_seq: int
     who: str = WHO
     """Who may decide."""
+    request: str = ""
+    """This request's identity (:func:`request_identity`): what a decision names beside
+    the digest of the arguments."""
+
+
+def request_identity(requested: Any) -> str:
+    """What names one request for approval as the operator saw it (a digest of all it
+    records, its deadline too): a call asked again (restarted, or a call id a later turn
+    reuses) with the same arguments is another request, which a decision on this one must
+    not answer."""
+    return digest(requested)
 
 
 def shown(task: Task) -> PendingApproval | None:
@@ -49,7 +61,7 @@ def shown(task: Task) -> PendingApproval | None:
         str(task.input["call"].get("id", "")), requested["name"], requested["arguments"],
         requested["digest"], requested.get("why", ""),
         datetime.fromisoformat(requested["until"]), requested.get("parameters"),
-        task.updated_seq, requested.get("who") or WHO,
+        task.updated_seq, requested.get("who") or WHO, request_identity(requested),
     )
 
 

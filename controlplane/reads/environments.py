@@ -14,7 +14,7 @@ from typing import Any
 from controlplane import models
 from controlplane.process.kernel import process_kernel
 from kernel import Status, Task
-from kernel.environment import BLOCKED_DOCUMENT, recorded
+from kernel.environment import BLOCKED_DOCUMENT, fingerprint, recorded
 
 JSON = Any
 
@@ -27,6 +27,13 @@ def report(task: Task) -> dict[str, JSON] | None:
     if not isinstance(found, dict) or found.get("task_seq") != task.updated_seq:
         return None
     return found if _waiting_or_rechecked(task, found) else None
+
+
+def identity(found: dict[str, JSON]) -> str:
+    """What names a report as an operator was shown it (a digest of all it says): a
+    migrate or a restart carries it, because another worker may rewrite the report (what
+    it offers, the differences) while the task stays as it was."""
+    return fingerprint(found)
 
 
 def _waiting_or_rechecked(task: Task, found: dict[str, JSON]) -> bool:

@@ -20,6 +20,7 @@ from typing import Any
 
 from controlplane import models
 from controlplane.process.kernel import process_kernel
+from controlplane.reads import environments
 from controlplane.reads.snapshot import rows as sql_rows
 from kernel import Blocked, Status, Task, UnknownRecord
 from kernel.forks import RESTARTED, PhaseEntry, no_restart, operation_id
@@ -80,10 +81,22 @@ class RestartPreview:
     calls: list[Call] = field(default_factory=list)
     refused: str | None = None
     """Why the task's state refuses a restart now (None: it allows one)."""
+    environment: dict[str, Any] | None = None
+    """A worker's current report that it does not offer the run's environment: the
+    restart runs under what that worker offers (:mod:`controlplane.reads.environments`)."""
 
     @property
     def expected_seq(self) -> int:
         return self.task.updated_seq
+
+    @property
+    def expected_report(self) -> str | None:
+        """The identity of :attr:`environment` the restart carries (None: no report)."""
+        return None if self.environment is None else environments.identity(self.environment)
+
+    @property
+    def environment_reason(self) -> str | None:
+        return None if self.environment is None else environments.reason(self.environment)
 
     @property
     def unsafe_calls(self) -> list[Call]:
@@ -149,6 +162,7 @@ def preview(task: Task, seq: int) -> RestartPreview:
         stays=[p for p in found if p.seq < seq],
         runs_again=[p for p in found if p.seq >= seq],
         refused=refusal(task),
+        environment=environments.report(task),
     )
     restarts = len(task.checkpoint.get(RESTARTED, [])) if isinstance(task.checkpoint, dict) else 0
     new_id = operation_id(task.id, {RESTARTED: [None] * (restarts + 1)})

@@ -99,6 +99,11 @@ class TaskView:
         return getattr(self.task, name)
 
     @property
+    def environment_report(self) -> str | None:
+        """The identity of :attr:`environment` that a migrate or a restart carries."""
+        return None if self.environment is None else environments.identity(self.environment)
+
+    @property
     def shown_status(self) -> str:
         return self.task.shown_status
 

@@ -88,8 +88,9 @@ def decide_call(request: HttpRequest, session_id: str, call_id: str) -> HttpResp
         seen = request.POST.get("digest", "")
         if not seen:
             raise Invalid("digest: the digest of the arguments the page showed")
+        asked = _required_text(request, "expected_request", "the request the page showed")
         result = commands.decide_call(request.user, session_id, call_id, action_id, reason,
-                                      decision, seen, _edited(request, decision))
+                                      decision, seen, asked, _edited(request, decision))
     except Exception as exc:
         return _refused(request, exc)
     return _done(request, result)
@@ -122,7 +123,8 @@ def restart(request: HttpRequest, task_id: str) -> HttpResponse:
         reason, action_id = _reason_and_id(request)
         result = commands.restart_task(request.user, task_id, action_id, reason,
                                        _seq(request.POST, "seq"),
-                                       _seq(request.POST, "expected_seq"))
+                                       _seq(request.POST, "expected_seq"),
+                                       request.POST.get("expected_report", "").strip() or None)
     except Exception as exc:
         return _refused(request, exc)
     return _done(request, result, "restart", repeated="Made again")
@@ -132,12 +134,15 @@ def restart(request: HttpRequest, task_id: str) -> HttpResponse:
 @login_required
 def migrate(request: HttpRequest, task_id: str) -> HttpResponse:
     """Let a task blocked by its environment continue under the one the reporting worker
-    offers, if the task is still as the page showed it (409 otherwise)."""
+    offers, if the task and that worker's report are still as the page showed them (409
+    otherwise)."""
     try:
         require_operator(request.user)
         reason, action_id = _reason_and_id(request)
+        seen = _required_text(request, "expected_report",
+                              "the environment report the page showed")
         result = commands.migrate_environment(request.user, task_id, action_id, reason,
-                                              _seq(request.POST, "expected_seq"))
+                                              _seq(request.POST, "expected_seq"), seen)
     except Exception as exc:
         return _refused(request, exc)
     return _done(request, result, "migrate")
@@ -194,8 +199,10 @@ def resume_graph(request: HttpRequest, task_id: str) -> HttpResponse:
             request, "checkpoint_id", "the checkpoint the page showed the run waiting at")
         value = _json_field(request, "value", required=True)
         shown = request.POST.getlist("interrupt_ids")  # the interrupts the page showed
+        if not shown:
+            raise Invalid("interrupt_ids: the interrupts the page showed")
         result = commands.resume_graph(request.user, task_id, action_id, reason,
-                                       checkpoint_id, value, shown or None)
+                                       checkpoint_id, value, shown)
     except Exception as exc:
         return _refused(request, exc)
     return _done(request, result, "resume")

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from controlplane.reads.approvals import request_identity
 from kernel import Status, Task
 from tests.model_stand_in import (
     Completion,
@@ -55,7 +56,8 @@ def approve(session_id: str, task: Task, **body: Any) -> None:
     answer = operator_client("olga").post(
         f"/api/sessions/{session_id}/calls/call_pay/approve",
         {"action_id": "a1", "reason": "invoice checked",
-         "digest": task.checkpoint["approval"]["digest"], **body},
+         "digest": task.checkpoint["approval"]["digest"],
+         "expected_request": request_identity(task.checkpoint["approval"]), **body},
         content_type="application/json")
     assert answer.status_code == 200, answer.content
 

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from controlplane.reads.approvals import request_identity
 from kernel import Status, Task
 from kernel.environment import BLOCKED_DOCUMENT
 from tests.model_stand_in import Completion, ModelStandIn, by_round
@@ -47,7 +48,8 @@ def approve(client: Any, session_id: str, task: Task, call_id: str) -> None:
     answer = client.post(
         f"/api/sessions/{session_id}/calls/{call_id}/approve",
         {"action_id": f"a-{call_id}", "reason": "checked",
-         "digest": task.checkpoint["approval"]["digest"]},
+         "digest": task.checkpoint["approval"]["digest"],
+         "expected_request": request_identity(task.checkpoint["approval"])},
         content_type="application/json")
     assert answer.status_code == 200, answer.content
 
@@ -107,7 +109,8 @@ def test_a_worker_with_a_changed_tool_schema_blocks_only_the_run_that_needs_it(
 
     answer = acted(olga, f"/api/tasks/{pay.id}/migrate",
                    {"action_id": "m1", "reason": "the new schema only adds a field",
-                    "expected_seq": pay.updated_seq})
+                    "expected_seq": pay.updated_seq,
+                    "expected_report": api["environment_report"]})
     assert answer.status_code == 200, answer.content
     stack.wait_answered(submission.id)
     assert sorted(stack.tool_runs()) == ["pay", "refund"]
@@ -140,9 +143,12 @@ def test_a_fork_starts_the_blocked_call_again_under_the_new_environment(
 
     points = olga.get(f"/api/tasks/{task.id}/restarts").json()
     assert [p["phase"] for p in points] == ["call", "approval"]
+    preview = olga.get(f"/api/tasks/{task.id}/restarts/{points[0]['seq']}").json()
+    assert "tool pay: " in preview["environment"]
     answer = acted(olga, f"/api/tasks/{task.id}/restart",
                    {"action_id": "f1", "reason": "ask again under the new schema",
-                    "seq": points[0]["seq"], "expected_seq": blocked.updated_seq})
+                    "seq": points[0]["seq"], "expected_seq": blocked.updated_seq,
+                    "expected_report": preview["expected_report"]})
     assert answer.status_code == 200, answer.content
     # The fork runs under the new environment, from the call: it asks for approval anew
     # (the approval given to the old run does not let it through).
@@ -155,7 +161,8 @@ def test_a_fork_starts_the_blocked_call_again_under_the_new_environment(
     assert stack.tool_runs() == []
     second = olga.post(f"/api/sessions/{session_id}/calls/call_pay/approve",
                        {"action_id": "a2", "reason": "checked again",
-                        "digest": again.checkpoint["approval"]["digest"]},
+                        "digest": again.checkpoint["approval"]["digest"],
+                        "expected_request": request_identity(again.checkpoint["approval"])},
                        content_type="application/json")
     assert second.status_code == 200, second.content
     stack.wait_answered(submission.id)

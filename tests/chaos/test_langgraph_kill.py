@@ -124,7 +124,8 @@ def test_an_interrupt_waits_across_a_restart_of_every_process_and_resumes_from_t
     answer = operator_client("olga").post(
         f"/api/tasks/{task_id}/resume",
         {"action_id": "r1", "reason": "read the draft", "checkpoint_id":
-         waiting["checkpoint_id"], "value": {"approved": True}},
+         waiting["checkpoint_id"], "value": {"approved": True},
+         "interrupt_ids": [i["id"] for i in waiting["interrupts"]]},
         content_type="application/json")
     assert answer.status_code == 200, answer.content
     done = stack.wait_terminal(task_id, timeout=90)

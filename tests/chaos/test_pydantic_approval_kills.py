@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from controlplane.reads.approvals import request_identity
 from kernel import Draft, Status, SubmissionStatus, Task
 from kernel.agent import approval as approvals
 from kernel.agent import submit
@@ -59,7 +60,8 @@ def decide(operator: Any, session_id: str, task: Task, decision: str, reason: st
     answer = operator.post(
         f"/api/sessions/{session_id}/calls/call_pay/{decision}",
         {"action_id": f"olga-{decision}", "reason": reason,
-         "digest": task.checkpoint["approval"]["digest"]},
+         "digest": task.checkpoint["approval"]["digest"],
+         "expected_request": request_identity(task.checkpoint["approval"])},
         content_type="application/json")
     assert answer.status_code == 200, answer.content
 

@@ -87,11 +87,13 @@ def test_approve_with_edited_arguments_runs_exactly_those(kernel: Kernel) -> Non
     edited = {**pending["arguments"], "recipients": CUSTOMERS[:1]}
     answer = decide(olga, session_id, "approve", {
         "action_id": "a1", "reason": "only Ana asked", "digest": pending["digest"],
+        "expected_request": pending["request"],
         "arguments": edited})
     assert answer.status_code == 200, answer.content
     assert answer.json()["replayed"] is False
     again = decide(olga, session_id, "approve", {
         "action_id": "a1", "reason": "only Ana asked", "digest": pending["digest"],
+        "expected_request": pending["request"],
         "arguments": edited})
     assert again.status_code == 200 and again.json()["replayed"] is True
     assert approvals(olga, session_id) == []
@@ -114,7 +116,8 @@ def test_deny_tells_the_model_why_and_sends_nothing(kernel: Kernel) -> None:
     olga = client_for("olga", "operator")
     [pending] = approvals(olga, session_id)
     answer = decide(olga, session_id, "deny", {
-        "action_id": "d1", "reason": "not these customers", "digest": pending["digest"]})
+        "action_id": "d1", "reason": "not these customers", "digest": pending["digest"],
+        "expected_request": pending["request"]})
     assert answer.status_code == 200, answer.content
     Scheduler(kernel).run_until_idle()
     entries = kernel.entries(conversation)
@@ -133,22 +136,27 @@ def test_stale_decisions_are_409_and_change_nothing(kernel: Kernel) -> None:
     head = kernel.storage.session(session_id).head_seq
     other = digest({"recipients": ["someone@else.example"]})
     wrong = decide(olga, session_id, "approve",
-                   {"action_id": "a0", "reason": "ok", "digest": other})
+                   {"action_id": "a0", "reason": "ok", "digest": other,
+                    "expected_request": pending["request"]})
     assert wrong.status_code == 409 and "look again" in wrong.json()["detail"]
     assert kernel.storage.session(session_id).head_seq == head
 
     assert decide(olga, session_id, "deny", {
-        "action_id": "d1", "reason": "no", "digest": pending["digest"]}).status_code == 200
+        "action_id": "d1", "reason": "no", "digest": pending["digest"],
+        "expected_request": pending["request"]}).status_code == 200
     late = decide(olga, session_id, "approve",
-                  {"action_id": "a1", "reason": "yes", "digest": pending["digest"]})
+                  {"action_id": "a1", "reason": "yes", "digest": pending["digest"],
+                   "expected_request": pending["request"]})
     assert late.status_code == 409 and "waits for no approval" in late.json()["detail"]
     used = decide(olga, session_id, "approve",
-                  {"action_id": "d1", "reason": "yes", "digest": pending["digest"]})
+                  {"action_id": "d1", "reason": "yes", "digest": pending["digest"],
+                   "expected_request": pending["request"]})
     assert used.status_code == 409  # an action id names one action
 
 
 @pytest.mark.parametrize("body, field", [
     ({"digest": "abc"}, "digest"),
+    ({"expected_request": "abc"}, "expected_request"),
     ({"arguments": {"recipients": [], "subject": "s", "body": "b"}}, "arguments/recipients"),
     ({"arguments": {"recipients": ["a@b.c"], "subject": "s", "body": "b", "cc": 1}},
      "arguments"),
@@ -163,7 +171,8 @@ def test_bad_input_is_422_naming_the_field_and_changes_nothing(
     olga = client_for("olga", "operator")
     [pending] = approvals(olga, session_id)
     head = kernel.storage.session(session_id).head_seq
-    full = {"action_id": "a1", "reason": "ok", "digest": pending["digest"], **body}
+    full = {"action_id": "a1", "reason": "ok", "digest": pending["digest"],
+            "expected_request": pending["request"], **body}
     answer = decide(olga, session_id, "approve", full)
     assert answer.status_code == 422, answer.content
     assert field in answer.content.decode()
@@ -175,7 +184,8 @@ def test_only_operators_decide_and_an_unknown_call_is_404(kernel: Kernel) -> Non
     session_id, _ = gated_call(kernel)
     vic = client_for("vic", "viewer")
     [pending] = approvals(vic, session_id)
-    body = {"action_id": "a1", "reason": "ok", "digest": pending["digest"]}
+    body = {"action_id": "a1", "reason": "ok", "digest": pending["digest"],
+            "expected_request": pending["request"]}
     assert decide(vic, session_id, "approve", body).status_code == 403
     assert decide(client_for("olga", "operator"), session_id, "approve", body,
                   call_id="call_nope").status_code == 404
@@ -191,7 +201,7 @@ def test_two_operators_deciding_at_once_exactly_one_decision_lands(
     both_read_first(monkeypatch, approval_reads, "call_task")
     _, refused = decide_at_once(lambda i: commands.decide_call(
         accounts[i], session_id, pending.call_id, f"decide-{i}", "checked",
-        ("approve", "deny")[i], pending.digest))
+        ("approve", "deny")[i], pending.digest, pending.request))
     assert http_status(refused) == 409
     assert len(log(kernel, session_id)) == 1
 
@@ -208,7 +218,8 @@ def test_an_approval_after_the_call_timed_out_is_refused_and_changes_nothing(
     until = datetime.fromisoformat(pending["until"])
     monkeypatch.setattr(kernel.clock, "now", lambda: until + timedelta(seconds=1))
     late = decide(olga, session_id, "approve",
-                  {"action_id": "a1", "reason": "ok", "digest": pending["digest"]})
+                  {"action_id": "a1", "reason": "ok", "digest": pending["digest"],
+                   "expected_request": pending["request"]})
     assert late.status_code == 409, late.content
     assert "timed out" in late.json()["detail"]
     assert kernel.storage.session(session_id).head_seq == head
@@ -262,6 +273,7 @@ def test_approving_from_the_page_records_who_and_the_card_says_so(kernel: Kernel
     olga = client_for("olga", "operator")
     url = f"/sessions/{session_id}/calls/{pending.call_id}/decide"
     form = {"action_id": "p1", "reason": "the list is right", "digest": pending.digest,
+            "expected_request": pending.request,
             "decision": "approve", "arguments": ""}
     strict = Client(enforce_csrf_checks=True)
     strict.force_login(user("oscar", "operator"))
@@ -292,5 +304,36 @@ def test_a_pending_approval_counts_as_needing_attention_until_decided(kernel: Ke
     olga = client_for("olga", "operator")
     [pending] = approvals(olga, session_id)
     assert decide(olga, session_id, "deny", {
-        "action_id": "d1", "reason": "no", "digest": pending["digest"]}).status_code == 200
+        "action_id": "d1", "reason": "no", "digest": pending["digest"],
+        "expected_request": pending["request"]}).status_code == 200
     assert charts.activity().attention_now == before
+
+
+def test_an_approval_of_a_request_the_operator_did_not_see_is_refused(kernel: Kernel) -> None:
+    """A restart of the call asks again, with the same arguments (the same digest): a
+    decision made on the request shown before it is refused, and the new one is not
+    approved by it."""
+    session_id, _ = gated_call(kernel)
+    olga = client_for("olga", "operator")
+    [seen] = approvals(olga, session_id)
+    task_id = seen["task_id"]
+    [call, _] = olga.get(f"/api/tasks/{task_id}/restarts").json()
+    restarted = post(olga, f"/api/tasks/{task_id}/restart", {
+        "action_id": "r1", "reason": "ask again", "seq": call["seq"],
+        "expected_seq": kernel.task(task_id).updated_seq})
+    assert restarted.status_code == 200, restarted.content
+    Scheduler(kernel).run_until_idle()
+    [now] = approvals(olga, session_id)
+    assert now["task_id"] == task_id and now["digest"] == seen["digest"]
+    assert now["request"] != seen["request"]
+    head = kernel.storage.session(session_id).head_seq
+
+    late = decide(olga, session_id, "approve", {
+        "action_id": "a1", "reason": "ok", "digest": seen["digest"],
+        "expected_request": seen["request"]})
+    assert late.status_code == 409 and "look again" in late.json()["detail"], late.content
+    assert kernel.storage.session(session_id).head_seq == head
+    done = decide(olga, session_id, "approve", {
+        "action_id": "a2", "reason": "ok", "digest": now["digest"],
+        "expected_request": now["request"]})
+    assert done.status_code == 200, done.content

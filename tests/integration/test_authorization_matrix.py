@@ -88,6 +88,7 @@ UI_ACTION = row(LOGIN, 403, 422, LOGIN, LOGIN, LOGIN)
 """A dashboard form post: operators only; the operator's empty form is refused (422)."""
 
 ACTION = {"action_id": "matrix-1", "reason": "authorization matrix"}
+ZERO_DIGEST = "sha256:" + "0" * 64
 
 # -- the rules: every HTTP route ------------------------------------------------------------
 
@@ -118,10 +119,10 @@ API_RULES: dict[str, list[Cell]] = {
     ],
     "POST api/sessions/<session_id>/calls/<call_id>/approve": [
         Cell("POST", f"/api/sessions/{{session}}/calls/{NOPE}/approve", api_act(404),
-             {**ACTION, "digest": "sha256:" + "0" * 64})],
+             {**ACTION, "digest": ZERO_DIGEST, "expected_request": ZERO_DIGEST})],
     "POST api/sessions/<session_id>/calls/<call_id>/deny": [
         Cell("POST", f"/api/sessions/{{session}}/calls/{NOPE}/deny", api_act(404),
-             {**ACTION, "digest": "sha256:" + "0" * 64})],
+             {**ACTION, "digest": ZERO_DIGEST, "expected_request": ZERO_DIGEST})],
     "GET api/sessions/<session_id>/graph": [  # the fixture's session holds no graph thread
         Cell("GET", "/api/sessions/{session}/graph", api_read(404)),
         Cell("GET", f"/api/sessions/{NOPE}/graph", api_read(404)),
@@ -153,7 +154,8 @@ API_RULES: dict[str, list[Cell]] = {
              {**ACTION, "decision": "sent", "signal": "resolution-1", "epoch": 1})],
     "POST api/tasks/<task_id>/resume": [
         Cell("POST", f"/api/tasks/{NOPE}/resume", api_act(404),
-             {**ACTION, "checkpoint_id": "c1", "value": {"approved": True}})],
+             {**ACTION, "checkpoint_id": "c1", "value": {"approved": True},
+              "interrupt_ids": ["i1"]})],
     "POST api/tasks/<task_id>/wake": [
         Cell("POST", f"/api/tasks/{NOPE}/wake", api_act(404), ACTION)],
     "GET api/tasks/<task_id>/restarts": [
@@ -164,7 +166,8 @@ API_RULES: dict[str, list[Cell]] = {
         Cell("POST", f"/api/tasks/{NOPE}/restart", api_act(404),
              {**ACTION, "seq": 1, "expected_seq": 1})],
     "POST api/tasks/<task_id>/migrate": [
-        Cell("POST", f"/api/tasks/{NOPE}/migrate", api_act(404), {**ACTION, "expected_seq": 1})],
+        Cell("POST", f"/api/tasks/{NOPE}/migrate", api_act(404),
+             {**ACTION, "expected_seq": 1, "expected_report": "0"})],
     "POST api/sessions/<session_id>/entries/<entry_id>/branch": [
         Cell("POST", f"/api/sessions/{{session}}/entries/{NOPE}/branch", api_act(404), ACTION)],
     "POST api/submissions/<submission_id>/resubmit": [

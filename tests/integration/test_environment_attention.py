@@ -5,52 +5,21 @@ it ends or changes (the report is then stale)."""
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import Any
 
 import pytest
 
 from controlplane.reads import pages, tasks
-from controlplane.worker.runtime import runtime
-from kernel import Draft, Kernel, Registry, Run, SessionHandle, Transition, Worker
+from kernel import Draft, Kernel
 from kernel.environment import BLOCKED_DOCUMENT
 
 from .clients import login
+from .environment_blocks import blocked_by, started
 
 pytestmark = pytest.mark.django_db(transaction=True)
-KIND = "env-paying"
-JSON = Any
-
-
-def paying(registry: Registry, schema: str) -> None:
-    @registry.task(KIND)
-    class Paying:
-        initial = "pay"
-
-        def needs(self, input: JSON, checkpoint: JSON) -> dict[str, JSON]:
-            return {"tool pay": schema}
-
-        def pay(self, run: Run) -> Transition:
-            return run.succeed("paid")
-
-
-def started(monkeypatch: pytest.MonkeyPatch) -> tuple[Kernel, SessionHandle, str]:
-    """A paying task created under schema 1 (nothing delivered: the test runs workers)."""
-    kernel = runtime().kernel
-    monkeypatch.setattr(runtime().dispatcher, "deliver", lambda task, queue: None)
-    if KIND not in kernel.registry.kinds():
-        paying(kernel.registry, "1")
-    handle = kernel.create_session()
-    draft = Draft(actor="user:ann")
-    task_id = draft.create_task(KIND, {})
-    handle.commit(draft)
-    return kernel, handle, task_id
 
 
 def blocked_by_w2(kernel: Kernel, task_id: str) -> None:
-    """Worker w2, whose pay tool has schema 2, leaves the task blocked."""
-    changed = Registry()
-    paying(changed, "2")
-    assert not Worker(Kernel(kernel.storage, changed), "w2").advance(task_id)
+    blocked_by(kernel, task_id, "w2", "2")
 
 
 def test_an_environment_blocked_task_needs_attention_until_it_ends(

@@ -20,7 +20,7 @@ from controlplane.worker.runtime import runtime
 from kernel import Draft, Kernel, Status, Worker
 from kernel.commit import operations_log_id
 from kernel.hosts.langgraph.host import run_input
-from tests.langgraph_graphs import APPROVAL, PIPELINE, runs
+from tests.langgraph_graphs import APPROVAL, NOTE, PIPELINE, runs
 
 from .api_kinds import start
 from .clients import client_for, post, user
@@ -81,8 +81,10 @@ def test_an_operator_resumes_the_interrupt_from_the_page(graphs: Path) -> None:
     checkpoint_id = kernel.task(task_id).checkpoint["interrupted"]["checkpoint_id"]
     olga = client_for("olga", "operator")
     url = f"/tasks/{task_id}/resume"
+    (waiting,) = kernel.task(task_id).checkpoint["interrupted"]["interrupts"]
+    interrupt_id = waiting["id"]
     form = {"action_id": "r1", "reason": "read the draft", "checkpoint_id": checkpoint_id,
-            "value": '{"approved": true}'}
+            "value": '{"approved": true}', "interrupt_ids": [interrupt_id]}
     head = kernel.storage.session(session_id).head_seq
     strict = Client(enforce_csrf_checks=True)
     strict.force_login(user("oscar", "operator"))
@@ -94,13 +96,12 @@ def test_an_operator_resumes_the_interrupt_from_the_page(graphs: Path) -> None:
         assert bad.status_code == 422 and field in unescape(bad.content.decode()), bad.content
     stale = olga.post(url, {**form, "checkpoint_id": "1f0-not-it"}, HTTP_HX_REQUEST="true")
     assert stale.status_code == 409, stale.content
-    (waiting,) = kernel.task(task_id).checkpoint["interrupted"]["interrupts"]
-    interrupt_id = waiting["id"]
+    unnamed = olga.post(url, {**form, "interrupt_ids": []}, HTTP_HX_REQUEST="true")
+    assert unnamed.status_code == 422 and "interrupt_ids" in unnamed.content.decode()
     shown = section(olga.get(f"/sessions/{session_id}/").content.decode())
     assert f'name="interrupt_ids" value="{interrupt_id}"' in shown  # the form sends it back
     answered = olga.post(url, {**form, "interrupt_ids": ["0" * 32]}, HTTP_HX_REQUEST="true")
     assert answered.status_code == 409, answered.content  # another question than it showed
-    form["interrupt_ids"] = [interrupt_id]
     assert olga.post(url, {**form, "reason": ""}).status_code == 422
     assert kernel.storage.session(session_id).head_seq == head  # refusals changed nothing
 
@@ -115,6 +116,30 @@ def test_an_operator_resumes_the_interrupt_from_the_page(graphs: Path) -> None:
     assert runs(graphs) == ["draft", "approve", "approve", "publish"]
     page = section(olga.get(f"/sessions/{session_id}/").content.decode())
     assert "interrupt-" not in page and "Fork from here" in page
+
+
+def test_a_resume_value_postgres_cannot_store_is_422_naming_value_from_the_page(
+    graphs: Path,
+) -> None:
+    kernel = runtime().kernel
+    session_id, task_id = start(kernel, NOTE, {"input": {"text": "notice"}})
+    checkpoint_id = kernel.task(task_id).checkpoint["interrupted"]["checkpoint_id"]
+    olga = client_for("olga", "operator")
+    url = f"/tasks/{task_id}/resume"
+    (waiting,) = kernel.task(task_id).checkpoint["interrupted"]["interrupts"]
+    form = {"action_id": "r1", "reason": "noted", "checkpoint_id": checkpoint_id,
+            "interrupt_ids": [waiting["id"]]}
+    head = kernel.storage.session(session_id).head_seq
+    for value in ('"a\\u0000b"', '{"note": ["a\\u0000b"]}', '{"a\\u0000b": 1}'):
+        bad = olga.post(url, {**form, "value": value}, HTTP_HX_REQUEST="true")
+        assert bad.status_code == 422, bad.content
+        assert "value" in unescape(bad.content.decode())
+    assert kernel.storage.session(session_id).head_seq == head
+
+    done = olga.post(url, {**form, "value": '"looks fine"'}, HTTP_HX_REQUEST="true")
+    assert done.status_code == 200, done.content
+    assert Worker(kernel, "w", 30).advance(task_id)
+    assert kernel.task(task_id).outcome["result"]["output"]["note"] == "looks fine"
 
 
 def test_an_operator_forks_from_the_third_checkpoint_and_both_branches_stay(

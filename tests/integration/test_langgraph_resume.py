@@ -11,7 +11,7 @@ import pytest
 
 from controlplane.worker.runtime import runtime
 from kernel import Kernel, Status, Worker
-from tests.langgraph_graphs import APPROVAL, runs
+from tests.langgraph_graphs import APPROVAL, TWICE, runs
 
 from .api_kinds import start
 from .clients import client_for, post
@@ -39,12 +39,13 @@ def test_an_operator_resumes_an_interrupt_through_the_api(graphs: Path) -> None:
     waiting = shown["checkpoint"]["interrupted"]
     assert waiting["interrupts"][0]["value"]["text"] == "draft of notice"
     checkpoint_id = waiting["checkpoint_id"]
+    seen = {"interrupt_ids": [waiting["interrupts"][0]["id"]]}
 
     assert resume(client_for("vic", "viewer"), task_id, "v1", checkpoint_id,
-                  {"approved": True}).status_code == 403
-    bad = resume(olga, task_id, "a0", checkpoint_id, {"approved": "maybe"})
+                  {"approved": True}, **seen).status_code == 403
+    bad = resume(olga, task_id, "a0", checkpoint_id, {"approved": "maybe"}, **seen)
     assert bad.status_code == 422 and "value" in bad.json()["detail"], bad.json()
-    stale = resume(olga, task_id, "a1", "1f0-not-this-one", {"approved": True})
+    stale = resume(olga, task_id, "a1", "1f0-not-this-one", {"approved": True}, **seen)
     assert stale.status_code == 409, stale.json()
     (shown_interrupt,) = olga.get(f"/api/sessions/{session}/graph").json()["interrupts"]
     assert shown_interrupt["interrupt_ids"] == [waiting["interrupts"][0]["id"]]
@@ -60,7 +61,7 @@ def test_an_operator_resumes_an_interrupt_through_the_api(graphs: Path) -> None:
                    interrupt_ids=shown_interrupt["interrupt_ids"])
     assert again.json()["replayed"] is True and again.json()["seq"] == done.json()["seq"]
     other = resume(client_for("ola", "operator"), task_id, "b1", checkpoint_id,
-                   {"approved": False})
+                   {"approved": False}, **seen)
     assert other.status_code == 409  # answered already
 
     commit = next(c for c in kernel.commits_after(session, 0) if c.seq == done.json()["seq"])
@@ -70,3 +71,26 @@ def test_an_operator_resumes_an_interrupt_through_the_api(graphs: Path) -> None:
     assert task.status is Status.TERMINAL and task.outcome is not None
     assert task.outcome["result"]["output"]["approved"] == {"approved": True}
     assert runs(graphs) == ["draft", "approve", "approve", "publish"]
+
+
+def test_a_resume_names_the_question_it_answers_or_is_422(graphs: Path) -> None:
+    """A node that asks again after its first answer waits at the same checkpoint: a
+    resume naming only the checkpoint would answer a question the operator never saw."""
+    kernel = runtime().kernel
+    session, task_id = start(kernel, TWICE, {"input": {"text": "notice"}})
+    olga = client_for("olga", "operator")
+    (first,) = olga.get(f"/api/sessions/{session}/graph").json()["interrupts"]
+    checkpoint_id = kernel.task(task_id).checkpoint["interrupted"]["checkpoint_id"]
+    done = resume(olga, task_id, "a1", checkpoint_id, {"answer": "yes"},
+                  interrupt_ids=first["interrupt_ids"])
+    assert done.status_code == 200, done.json()
+    advance(kernel, task_id)
+    waiting = kernel.task(task_id).checkpoint["interrupted"]
+    assert waiting["interrupts"][0]["value"]["question"] == "delete the draft?"
+    head = kernel.storage.session(session).head_seq
+
+    unnamed = resume(olga, task_id, "a2", checkpoint_id, {"answer": "yes"})
+    assert unnamed.status_code == 422 and "interrupt_ids" in unnamed.content.decode()
+    stale = resume(olga, task_id, "a3", checkpoint_id, {"answer": "yes"},
+                   interrupt_ids=first["interrupt_ids"])
+    assert stale.status_code in (409, 422) and kernel.storage.session(session).head_seq == head
