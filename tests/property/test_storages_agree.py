@@ -36,7 +36,7 @@ from hypothesis.stateful import run_state_machine_as_test
 
 from . import machine
 from .machine import Differential
-from .worlds import STATS, claim_window, deterministic_ids
+from .worlds import STATS, claim_window, deterministic_ids, kept_partitions
 
 MINUTES = float(os.environ.get("PROPERTY_MINUTES", "0") or 0)
 SEED = os.environ.get("PROPERTY_SEED")
@@ -61,7 +61,7 @@ def bounded(examples: int, steps: int = 20, *, fixed: bool = False) -> settings:
 def worlds(general_database: str) -> Iterator[None]:
     Differential.aliases = ("default", general_database)
     STATS.clear()
-    with deterministic_ids(), claim_window(WINDOW) as window:
+    with kept_partitions("default"), deterministic_ids(), claim_window(WINDOW) as window:
         STATS["claim window"] = window
         yield
 
