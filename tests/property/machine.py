@@ -31,8 +31,9 @@ Families of steps can be left out, to look past a disagreement already known:
 ``PROPERTY_EXCLUDE`` is a comma-separated list of ``refused`` (values Postgres refuses),
 ``faults`` (the fault hook, reconnects), ``lose`` (connections lost in a phase),
 ``lapse`` (paused holders, leases that run out under them, stolen leases),
-``trim`` (trims of a session's history, with a document emptied first) and
-``invariants`` (only the comparison).
+``trim`` (trims of a session's history, with a document emptied first), ``prune``
+(prunes of the finished sessions a retention policy says are due, and the reads of
+retained history compared after them) and ``invariants`` (only the comparison).
 """
 
 from __future__ import annotations
@@ -47,7 +48,8 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition,
 
 from kernel import Draft, Status, StorageUnavailable, Task
 from kernel.dispatch import SweepReport
-from kernel.records import Submission, WriteSet
+from kernel.records import SETTLED_SUBMISSIONS, Submission, SubmissionStatus, WriteSet
+from kernel.retention import RetentionPolicy
 from tests.unit.crashes import Crash
 
 from .worlds import (
@@ -56,6 +58,7 @@ from .worlds import (
     LEASE,
     MONOTONIC,
     QUEUE,
+    START,
     STATS,
     WORKERS,
     World,
@@ -64,11 +67,12 @@ from .worlds import (
     large_text,
     memory_world,
     postgres_world,
+    retained,
     snapshot,
     write_large,
 )
 
-FAMILIES = frozenset({"refused", "faults", "lose", "lapse", "trim", "invariants"})
+FAMILIES = frozenset({"refused", "faults", "lose", "lapse", "trim", "prune", "invariants"})
 EXCLUDED = frozenset(
     f.strip() for f in os.environ.get("PROPERTY_EXCLUDE", "").split(",") if f.strip()
 )
@@ -88,6 +92,15 @@ BAD = st.sampled_from((None,) * 12 + REFUSED_KINDS)
 """Mostly an ordinary value; sometimes one Postgres refuses (:func:`.worlds.refused_value`)."""
 MEDDLES = ("cancel", "cancel", "signal", "expire", "steal", "lose", "slow", "resume")
 INDEX = st.integers(min_value=0, max_value=1000)
+
+POLICIES = (
+    RetentionPolicy(days=0),
+    RetentionPolicy(days=60 / 86400),
+    RetentionPolicy(by_status={"failed": 0, "faulted": 0, "cancelled": 0}),
+    RetentionPolicy(days=0, by_status={"succeeded": None}),
+)
+"""Retention policies in the machine's time: due once the clock has passed the last
+commit (or 60 seconds after it); by status; everything but succeeded sessions."""
 
 
 def _plain_step() -> st.SearchStrategy[dict[str, Any]]:
@@ -179,7 +192,7 @@ class Differential(RuleBasedStateMachine):
         empty_database(fast)
         empty_database(general)
         MONOTONIC.now = 0.0
-        self.clock = ManualClock()
+        self.clock = ManualClock(START)
         self.worlds = [
             memory_world(self.clock),
             postgres_world("postgres-fast", self.clock, fast, fast_paths=True),
@@ -312,9 +325,11 @@ class Differential(RuleBasedStateMachine):
 
     # -- rules: sessions and clients --------------------------------------------------------
 
-    def _new_session(self) -> None:
+    def _new_session(self, retention_days: float | None = None) -> None:
+        metadata = None if retention_days is None else {"retention_days": retention_days}
+
         def op(world: World) -> tuple[str, str]:
-            handle = world.kernel.create_session()
+            handle = world.kernel.create_session(metadata=metadata)
             draft = Draft(actor="user:client")
             conversation = draft.create_conversation()
             handle.commit(draft)
@@ -695,6 +710,75 @@ class Differential(RuleBasedStateMachine):
     work_again = work
     run_queue_more = run_queue
     claim_more = claim
+
+
+class Pruning(Differential):
+    """The differential machine with retention's prune between its other steps (the
+    family ``prune``): sessions with a retention of their own, submissions settled (so
+    that sessions with them finish), prunes, and the reads of what is retained compared.
+    A machine of its own, so that the programs :class:`Differential` generates from a
+    fixed seed (the fast paths' test) stay what they were."""
+
+    @precondition(lambda self: len(self.sessions) < 3 and enabled("prune"))
+    @rule(retention_days=st.sampled_from((0, 1)))
+    def new_kept_session(self, retention_days: float) -> None:
+        """A session with its own retention (``metadata["retention_days"]``)."""
+        self._new_session(retention_days)
+
+    @precondition(lambda self: enabled("prune") and bool(self.sessions))
+    @rule(session=INDEX, request=st.sampled_from(("r1", "r2", "r3")),
+          status=st.sampled_from(sorted(SETTLED_SUBMISSIONS)), answered=st.booleans())
+    def settle(self, session: int, request: str, status: SubmissionStatus,
+               answered: bool) -> None:
+        """A turn settles a submission (its answer an entry of the same commit, or
+        none), so that a session with submissions can be finished and pruned."""
+        session_id, conversation = self.session_at(session)
+        memory = self.reference.memory
+        assert memory is not None
+        found = memory.submission_by_request(session_id, request)
+        if found is None:
+            return
+
+        def op(world: World) -> WriteSet:
+            draft = Draft(actor="agent:turn")
+            answer = draft.append(conversation, "answer", {"to": request}) if answered else None
+            draft.update_submission(found.id, status, answer_entry_id=answer,
+                                    unless_settled=True)
+            return world.kernel.open(session_id).commit(draft)
+
+        self.each("settle", op)
+
+    @precondition(lambda self: bool(self.sessions) and enabled("prune"))
+    @rule(policy=st.sampled_from(POLICIES), dry_run=st.sampled_from((False, False, True)),
+          later=st.sampled_from((0, 0, 400)))
+    def prune(self, policy: RetentionPolicy, dry_run: bool, later: int) -> None:
+        """Retention's prune (kernel.retention) at the clock's now, or ``later`` days
+        on, when Postgres can drop the partition of the clock's month whole
+        (:func:`.worlds.empty_database`): the finished sessions the policy says are due
+        lose their history. Then what each world reads of every session is compared
+        (:func:`.worlds.retained`); later steps go on in pruned sessions: new commits,
+        a submission's request id and a commit's key repeated."""
+        def op(world: World) -> Any:
+            now = self.clock.now() + timedelta(days=later)
+            report = world.storage.prune(policy, now, dry_run=dry_run)
+            if not dry_run:
+                STATS[f"{world.name}:pruned sessions"] += report.sessions
+                STATS[f"{world.name}:partitions dropped"] += len(report.partitions)
+            counts = (report.sessions, report.commits + report.partition_commits,
+                      report.entries, report.document_versions, report.skipped)
+            return counts, retained(world, self.sessions)
+
+        self.each(f"prune{' (dry run)' if dry_run else ''}, {later} days on", op)
+
+    @precondition(lambda self: bool(self.sessions) and enabled("prune"))
+    @rule()
+    def read_retained(self) -> None:
+        """What each world reads of every session (:func:`.worlds.retained`), at any
+        time: after the commits that follow a prune or a trim too."""
+        self.each("read", lambda w: retained(w, self.sessions))
+
+    # Weights (see Differential's): a prune comes up more often under a second name.
+    prune_more = prune
 
 
 def _tail(value: Any, items: int = 8) -> str:

@@ -18,6 +18,9 @@ Runs:
   was taken. A failure names the seed that reproduces it:
   ``PROPERTY_SEED=<seed> make property``.
 
+The runs are of :class:`.machine.Pruning` (the machine with retention's prune); the
+fast paths' test runs :class:`.machine.Differential`.
+
 The claim window of burst rows is scaled down to ``PROPERTY_CLAIM_WINDOW`` rows
 (default 4; ``production`` keeps the storage's 64) so that a program of a few dozen
 steps can fill it (``worlds.claim_window``).
@@ -35,8 +38,8 @@ from hypothesis import HealthCheck, seed, settings
 from hypothesis.stateful import run_state_machine_as_test
 
 from . import machine
-from .machine import Differential
-from .worlds import STATS, claim_window, deterministic_ids
+from .machine import Differential, Pruning
+from .worlds import STATS, claim_window, deterministic_ids, kept_partitions
 
 MINUTES = float(os.environ.get("PROPERTY_MINUTES", "0") or 0)
 SEED = os.environ.get("PROPERTY_SEED")
@@ -61,7 +64,7 @@ def bounded(examples: int, steps: int = 20, *, fixed: bool = False) -> settings:
 def worlds(general_database: str) -> Iterator[None]:
     Differential.aliases = ("default", general_database)
     STATS.clear()
-    with deterministic_ids(), claim_window(WINDOW) as window:
+    with kept_partitions("default"), deterministic_ids(), claim_window(WINDOW) as window:
         STATS["claim window"] = window
         yield
 
@@ -79,7 +82,7 @@ def test_the_three_storages_agree_after_every_step(worlds: None) -> None:
     started = time.monotonic()
     if not MINUTES:
         try:
-            machine_class = seed(int(SEED))(Differential) if SEED else Differential
+            machine_class = seed(int(SEED))(Pruning) if SEED else Pruning
             run_state_machine_as_test(machine_class, settings=bounded(EXAMPLES))
         finally:
             print("\n" + summary(started, [int(SEED)] if SEED else None))
@@ -97,7 +100,7 @@ def test_the_three_storages_agree_after_every_step(worlds: None) -> None:
             run_seed = base + len(seeds)
             seeds.append(run_seed)
 
-            class Seeded(Differential):
+            class Seeded(Pruning):
                 pass
 
             Seeded.__name__ = Seeded.__qualname__ = f"Differential_seed_{run_seed}"

@@ -27,6 +27,7 @@ import re
 from collections import Counter
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
+from functools import partial
 from types import SimpleNamespace
 from typing import Any
 
@@ -38,7 +39,7 @@ import kernel.commit
 import kernel.records
 import kernel.session
 import kernel.worker
-from controlplane.storage import PostgresStorage, schema
+from controlplane.storage import PostgresStorage, partitions, schema
 from controlplane.storage import statements as sql
 from kernel import (
     Draft,
@@ -573,11 +574,36 @@ KERNEL_TABLES = (schema.DISPATCH, schema.COMMIT, schema.SUBMISSION, schema.DOCUM
                  schema.SESSION)
 
 
+START = datetime(2026, 1, 1, tzinfo=UTC)
+"""Where the worlds' clock starts (``ManualClock``'s default)."""
+
+
 def empty_database(alias: str) -> None:
-    """Every kernel record gone: each example starts from an empty store."""
+    """Every kernel record gone: each example starts from an empty store, with a
+    partition of the commit log for the clock's month (a prune run a year later drops
+    it when every row in it is prunable, as beat's would)."""
     with transaction.atomic(using=alias), connections[alias].cursor() as cur:
         for table in KERNEL_TABLES:
             cur.execute(f"DELETE FROM {table.name}")
+        partitions.ensure(cur, START, "month", 0)
+
+
+@contextlib.contextmanager
+def kept_partitions(alias: str) -> Iterator[None]:
+    """The commit log's partitions as they were before, after: a prune run a year on
+    drops every empty partition that ended by then, and other tests share the
+    database; the partition :func:`empty_database` made goes."""
+    with connections[alias].cursor() as cur:
+        before = partitions.partitions(cur)
+    try:
+        yield
+    finally:
+        with transaction.atomic(using=alias), connections[alias].cursor() as cur:
+            now = {p.name for p in partitions.partitions(cur)}
+            for made in now - {p.name for p in before}:
+                cur.execute(f"DROP TABLE {made}")
+            for gone in (p for p in before if p.name not in now):
+                partitions._attach(cur, gone.name, gone.start, gone.end)
 
 
 # -- snapshots ----------------------------------------------------------------------------------
@@ -679,3 +705,90 @@ def differences(reference: Snapshot, other: Snapshot, limit: int = 6) -> dict[st
 
 def _same(a: Any, b: Any) -> bool:
     return a == b or (a != a and b != b)  # NaN is itself
+
+
+# -- reads of retained history ------------------------------------------------------------------
+
+
+def _read(read: Callable[[], Any]) -> Any:
+    """A read's value, or the type of the error it raised (a pruned version's answer)."""
+    try:
+        value = read()
+    except Exception as exc:
+        return ("error", type(exc).__name__)
+    if isinstance(value, list):
+        return [_fields(v) if dataclasses.is_dataclass(v) else _plain(v) for v in value]
+    return _plain(value)
+
+
+def feed_page(world: World, session_id: str, after: int) -> Any:
+    """What the REST feed (``GET /api/sessions/ID/changes?after=N``) answers, as head,
+    snapshot (its seq and ``pruned_seq``, or None) and changes (seq, actor, summary):
+    Postgres's from the control plane's read (controlplane.reads.feed), the reference's
+    as docs/retention.md says it is made from the storage's records (a snapshot at the
+    head when the cursor is below ``pruned_seq``, the changes after it)."""
+    if world.alias is not None:
+        from controlplane.reads.feed import session_page
+        from controlplane.reads.replica import using
+
+        with using(world.alias):
+            page = session_page(session_id, after, 1000)
+        state = page.state
+        return (page.head_seq,
+                None if state is None else (state["seq"], state["pruned_seq"]),
+                [(c["seq"], c["actor"], _plain(c["summary"])) for c in page.changes])
+    session = world.storage.session(session_id)
+    state = None
+    if session.pruned_seq > after:
+        state, after = (session.head_seq, session.pruned_seq), session.head_seq
+    return (session.head_seq, state,
+            [(c.seq, c.actor, _plain(c.summary))
+             for c in world.kernel.commits_after(session_id, after)])
+
+
+def retained(world: World, sessions: list[tuple[str, str]]) -> dict[str, Any]:
+    """What a reader gets of each session (id, its conversation) through the kernel's
+    reads, times to the second: the feed after cursors from 0 to past ``pruned_seq``,
+    the submissions of the requests scripts make, each document now and at the versions
+    around its newest baseline (a version below the kept history answers "pruned"), and
+    the conversation's transcript and context."""
+    kernel, storage = world.kernel, world.storage
+    found: dict[str, Any] = {}
+    for session_id, conversation in sessions:
+        session = storage.session(session_id)
+        if session is None:
+            found[session_id] = None
+            continue
+        pruned = session.pruned_seq
+        cursors = sorted({0, max(pruned - 1, 0), pruned, pruned + 1, session.head_seq})
+        feed = {after: [_fields(c, ("id",)) for c in kernel.commits_after(session_id, after)]
+                for after in cursors}
+        requests = {}
+        for request in ("r1", "r2", "r3"):
+            sub = storage.submission_by_request(session_id, request)
+            requests[request] = None if sub is None else _fields(sub)
+        documents = {}
+        for key in ("d0", "d1", "d2", "n", "large"):
+            head = storage.document_head(session_id, DOCUMENT, key)
+            top = head.version if head is not None else 0
+            base = head.baseline_version if head is not None else 0
+            versions = sorted({v for v in (1, base - 1, base, top) if 1 <= v <= top})
+            documents[key] = {
+                v: _read(partial(kernel.document, session_id, DOCUMENT, key, v))
+                for v in (None, *versions)
+            }
+        found[session_id] = {
+            "session": _fields(session),
+            "feed": feed,
+            "rest feed": {after: _read(partial(feed_page, world, session_id, after))
+                          for after in cursors},
+            "submissions": requests,
+            "documents": documents,
+            "newest document": _read(partial(kernel.newest_document, session_id, DOCUMENT, "")),
+            "answers": [_read(partial(storage.entry, s["answer_entry_id"]))
+                        for s in requests.values() if s and s["answer_entry_id"]],
+            "entries": _read(partial(kernel.entries, conversation)),
+            "entries after": _read(partial(kernel.entries_after, conversation, (0, 0))),
+            "context": _read(partial(kernel.context, conversation)),
+        }
+    return found
