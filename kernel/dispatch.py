@@ -22,16 +22,19 @@ import logging
 import threading
 import time
 from collections import Counter, deque
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
-from .records import Dispatch, WriteSet
+from .records import Dispatch, Task, WriteSet
 from .registry import Blocked
 from .session import Kernel
 
 Deliver = Callable[[str, str], None]
 """``deliver(task_id, queue)``: enqueue "advance task_id" on ``queue``; raise if it failed."""
+DeadOwners = Callable[[datetime], Collection[str]]
+"""``dead_owners(now)``: the lease owners known at ``now`` to be dead (a worker registry's
+workers whose heartbeat stopped), whose leases the sweep ends at once."""
 AdvanceQueue = Callable[[str], None]
 """``advance_queue(queue)``: enqueue a queue message, "run what is runnable on queue", on
 ``queue``; raise if it failed."""
@@ -78,6 +81,11 @@ class Dispatcher:
     rows to the sweep (after ``redeliver_after``), as one dying between a commit and its
     messages does. Rows of one queue still unclaimed after the grace are a backlog (the
     listening workers are busy): with ``advance_queue`` they go as one queue message.
+
+    ``dead_owners``: who the sweep may take for dead before their leases run out (a
+    worker whose registry heartbeat stopped): it ends their leases now
+    (:meth:`~kernel.storage.Storage.end_leases`) and dispatches their tasks as expired
+    leases, instead of waiting out the lease.
     """
 
     def __init__(
@@ -90,6 +98,7 @@ class Dispatcher:
         advance_queue: AdvanceQueue | None = None,
         messages: int = 32,
         announce_grace: timedelta | None = None,
+        dead_owners: DeadOwners | None = None,
     ) -> None:
         self.kernel = kernel
         self.deliver = deliver
@@ -97,6 +106,7 @@ class Dispatcher:
         self.batch = batch
         self.advance_queue = advance_queue
         self.messages = messages
+        self.dead_owners = dead_owners
         self.held = (
             HeldMessages(announce_grace.total_seconds(), self._deliver_unclaimed,
                          on_exit=kernel.storage.thread_exit)
@@ -182,14 +192,25 @@ class Dispatcher:
         """One idempotent pass over what should be running and may not be."""
         now = self.kernel.clock.now()
         storage = self.kernel.storage
+        ended = self._end_dead_leases(now)
         expired = storage.expired_leases(now, self.batch)
-        if expired:
-            storage.ensure_dispatches(expired, now)
+        if expired or ended:
+            storage.ensure_dispatches([*ended, *expired], now)
         taken = storage.take_due_dispatches(now, self.redeliver_after, self.batch)
         delivered, undelivered = self._deliver(taken, recovery=True)
         if undelivered:
             storage.release_dispatches([d.id for d in undelivered])
         return SweepReport(delivered=len(delivered), failed=len(undelivered))
+
+    def _end_dead_leases(self, now: datetime) -> list[Task]:
+        """End the leases of the owners known dead now; the tasks whose lease ended."""
+        owners = self.dead_owners(now) if self.dead_owners is not None else ()
+        if not owners:
+            return []
+        ended = self.kernel.storage.end_leases(owners, now)
+        for owner, count in sorted(Counter(t.lease_owner for t in ended).items()):
+            log.info("sweep: %s is dead; its %d lease(s) end now", owner, count)
+        return ended
 
     def resume(self) -> SweepReport:
         """What a starting worker runs: the sweep, after making due at once every task

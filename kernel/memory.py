@@ -480,6 +480,22 @@ class InMemoryStorage:
                     task_id, task.session_id, now, task.queue, 0, id=row_id)
             return _own(released)
 
+    def end_leases(self, owners: Collection[str], now: datetime) -> list[Task]:
+        with self._lock:
+            wanted = set(owners)
+            ended = []
+            for task in self._tasks.values():
+                if (
+                    task.status is Status.RUNNING
+                    and task.lease_owner in wanted
+                    and task.lease_until is not None
+                    and task.lease_until > now
+                ):
+                    ended.append(replace(task, epoch=task.epoch + 1, lease_until=now))
+            for task in ended:
+                self._tasks[task.id] = task
+            return _own(sorted(ended, key=lambda t: t.id))
+
     def runnable(self, now: datetime, limit: int) -> list[Task]:
         with self._lock:
             return _own(self._runnable(now)[:limit])

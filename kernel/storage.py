@@ -355,6 +355,17 @@ class Storage(Protocol):
         """
         ...
 
+    def end_leases(self, owners: Collection[str], now: datetime) -> list[Task]:
+        """End at ``now`` the leases that ``owners`` hold and that have not run out: their
+        processes are known to be dead (a worker whose registry heartbeat stopped).
+
+        Each such running task's lease ends at ``now`` and its epoch is bumped, as an
+        interrupted :meth:`release` does: the owner, were it alive after all, can renew
+        and commit nothing more, and the next claim counts a restart. Returns the tasks
+        as changed, for the sweep to dispatch as expired leases (:meth:`ensure_dispatches`).
+        A lease that ran out already is left alone, so repeating this changes nothing."""
+        ...
+
     def runnable(self, now: datetime, limit: int) -> list[Task]: ...
 
     def expired_leases(self, now: datetime, limit: int) -> list[Task]:

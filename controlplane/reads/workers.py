@@ -98,6 +98,20 @@ def registry(now: datetime | None = None) -> list[WorkerState]:
     return sorted(found, key=lambda w: (w.state != "live", w.host, w.pid))
 
 
+def dead_owners(now: datetime) -> list[str]:
+    """The lease owners (``host:pid``) of the workers whose heartbeat stopped: silent for
+    more than ``WORKER_DEAD_SECONDS`` at ``now`` (the database's clock, which their
+    heartbeats are written by) and not stopped cleanly (a clean stop released its leases
+    already). A worker that writes no row at all is never taken for dead here: its
+    leases run out as ever. What the sweep ends the leases of
+    (:class:`kernel.dispatch.Dispatcher`'s ``dead_owners``)."""
+    silent_since = now - timedelta(seconds=settings.WORKER_DEAD_SECONDS)
+    return list(models.Worker.objects.filter(
+        stopped_at=None, last_heartbeat__lt=silent_since,
+        last_heartbeat__gte=now - timedelta(seconds=settings.WORKER_FORGET_SECONDS),
+    ).order_by("id").values_list("id", flat=True))
+
+
 def everyone(now: datetime | None = None) -> list[WorkerState | LeaseHolder]:
     """The registry's workers, then lease holders it does not know (a worker of an older
     release that writes no heartbeat row)."""

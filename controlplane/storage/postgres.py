@@ -482,6 +482,12 @@ class PostgresStorage:
         )
         return TASK.from_sql(row) if row else None
 
+    def end_leases(self, owners: Collection[str], now: datetime) -> list[Task]:
+        if not owners:
+            return []
+        rows = self._all(sql.END_LEASES, {"owners": list(owners), "now": now})
+        return sorted((TASK.from_sql(r) for r in rows), key=lambda t: t.id)
+
     def runnable(self, now: datetime, limit: int) -> list[Task]:
         rows = self._all(sql.RUNNABLE_TASKS, {"now": now, "limit": limit})
         return [TASK.from_sql(r) for r in rows]

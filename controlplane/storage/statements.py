@@ -551,6 +551,13 @@ RELEASE = (
     f"(SELECT 1 FROM {DISPATCH.name} d WHERE d.task_id = released.id)) "
     "SELECT * FROM released"
 )
+# The leases of owners known dead end now (Storage.end_leases): as an interrupted release,
+# without a dispatch row (the sweep that ends them adds it, as for any expired lease).
+END_LEASES = (
+    f"UPDATE {TASK.name} SET epoch = epoch + 1, lease_until = %(now)s "
+    "WHERE status = 'running' AND lease_owner = ANY(%(owners)s) AND lease_until > %(now)s "
+    f"RETURNING {TASK.select_list}"
+)
 RUNNABLE_TASKS = select(TASK, RUNNABLE, " ORDER BY updated_seq LIMIT %(limit)s")
 EXPIRED_LEASES = select(
     TASK, "status = 'running' AND lease_until < %s", " ORDER BY lease_until, id LIMIT %s"

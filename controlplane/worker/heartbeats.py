@@ -4,11 +4,13 @@ Every ``WORKER_HEARTBEAT_SECONDS`` a daemon thread of the worker writes its row 
 ``controlplane_worker`` (one upsert): host, pid, node name, the queues it consumes, its
 concurrency, the ``advance`` messages in flight now, those processed and failed in the
 last minute (and since it started). A clean shutdown marks the row stopped; a killed
-worker just stops beating, and the Workers page shows it dead once its heartbeat is older
-than ``WORKER_DEAD_SECONDS`` (:mod:`controlplane.reads.workers`).
+worker just stops beating, and once its heartbeat is older than ``WORKER_DEAD_SECONDS``
+the Workers page shows it dead and the sweep ends the leases it holds
+(:func:`controlplane.reads.workers.dead_owners`).
 
-This is a control-plane table, not a kernel record: no commit writes it, and nothing the
-kernel decides reads it (leases stay the authority on who runs what). The handlers below
+This is a control-plane table, not a kernel record: no commit writes it. Leases stay the
+authority on who runs what: the sweep ends a dead worker's leases by bumping their
+epochs, so the worker, were it alive after all, can commit nothing more. The handlers below
 are connected when a worker imports this module (``controlplane.celery`` includes it);
 their cost per task message is a lock and a few integer updates.
 """

@@ -28,6 +28,7 @@ from django.conf import settings
 from controlplane.celery import ADVANCE, ADVANCE_QUEUE, app
 from controlplane.process.kernel import forget, process_kernel
 from controlplane.process.logs import log_commit
+from controlplane.reads.workers import dead_owners
 from controlplane.sockets.notify import Notifier
 from kernel import Kernel, Task, Worker
 from kernel.dispatch import Dispatcher
@@ -78,6 +79,7 @@ def dispatcher_of(
         advance_queue=advance_queue,
         messages=settings.KERNEL_DISPATCH_MESSAGES,
         announce_grace=announce_grace(),
+        dead_owners=dead_owners,  # the registry's silent workers: the sweep ends their leases
     )
 
 

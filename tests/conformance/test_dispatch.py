@@ -352,3 +352,33 @@ def test_existing_dispatches_are_those_of_tasks_not_claimed_since(world: World) 
     assert Worker(kernel, "w").advance(ids[0])
     assert world.storage.existing_dispatches([rows[ids[0]], rows[ids[1]], 10**9]) == {
         rows[ids[1]]}
+
+
+def test_the_sweep_sends_a_dead_owners_task_to_the_recovery_queue_before_its_lease_ends(
+    world: World,
+) -> None:
+    kernel = world.kernel(make_registry(Effects()))
+    sent: list[tuple[str, str]] = []
+    dead: set[str] = set()
+    dispatcher = Dispatcher(
+        kernel, lambda task, queue: sent.append((task, queue)),
+        redeliver_after=timedelta(seconds=30), dead_owners=lambda now: sorted(dead),
+    )
+    wire(kernel, dispatcher)
+    task_id = create(kernel.create_session(), "step", {"name": "s"})
+    now = world.clock.now()
+    held = world.storage.claim(task_id, "killed-worker", now, now + timedelta(seconds=60))
+    assert held is not None
+    sent.clear()
+    world.clock.advance(1)
+    assert dispatcher.sweep().delivered == 0  # alive as far as anyone knows
+    dead.add("killed-worker")
+    world.clock.advance(1)
+    assert dispatcher.sweep().delivered == 1  # 58 s before the lease would have ended
+    assert dispatcher.sweep().delivered == 0  # a second beat: nothing more
+    queue = world.storage.task(task_id).queue
+    assert sent == [(task_id, recovery_queue(queue))]
+    world.clock.advance(0.001)
+    Worker(kernel, "w2").advance(task_id)
+    task = world.storage.task(task_id)
+    assert task.outcome["kind"] == "succeeded" and task.restarts == 1

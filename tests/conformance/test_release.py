@@ -190,3 +190,47 @@ def test_expired_leases_come_oldest_end_first_then_by_id(world: World) -> None:
     expected = sorted(ids, key=lambda i: (ends[i], i))
     assert [t.id for t in world.storage.expired_leases(later, 10)] == expected
     assert [t.id for t in world.storage.expired_leases(later, 3)] == expected[:3]
+
+
+def test_the_leases_a_dead_owner_holds_end_now_and_its_late_commit_is_refused(
+    world: World,
+) -> None:
+    """``end_leases``: what the sweep does to a worker whose heartbeat stopped. Its live
+    leases end at once, fenced by epoch as an interrupted release is; another owner's
+    lease and one of its own that ran out already are left alone."""
+    kernel = world.kernel(make_registry(Effects()))
+    handle = kernel.create_session()
+    draft = Draft(actor="user:ann")
+    held, other, lapsed = (draft.create_task("step", {"name": n}) for n in "abc")
+    handle.commit(draft)
+    now = world.clock.now()
+    assert world.storage.claim(held, "dead", now, now + timedelta(seconds=60))
+    assert world.storage.claim(other, "alive", now, now + timedelta(seconds=60))
+    assert world.storage.claim(lapsed, "dead", now, now + timedelta(seconds=1))
+    world.clock.advance(2)
+    now = world.clock.now()
+    before = {t: world.storage.task(t) for t in (held, other, lapsed)}
+
+    ended = world.storage.end_leases(["dead", "unknown"], now)
+    assert [t.id for t in ended] == [held]
+    assert ended[0] == world.storage.task(held)
+    assert (ended[0].status, ended[0].lease_owner, ended[0].lease_until) == (
+        Status.RUNNING, "dead", now)
+    assert ended[0].epoch == before[held].epoch + 1 and ended[0].restarts == 0
+    assert world.storage.task(other) == before[other]
+    assert world.storage.task(lapsed) == before[lapsed]
+    assert world.storage.end_leases(["dead"], now) == []  # once
+    assert world.storage.end_leases([], now) == []
+
+    # the owner was alive after all: it can neither renew nor commit
+    assert not world.storage.renew(held, "dead", before[held].epoch, now + timedelta(60))
+    late = Draft(actor="worker:dead")
+    late.transition(held, before[held].epoch, Finish(Outcome.SUCCEEDED, "late"))
+    with pytest.raises(StaleLease):
+        kernel.open(handle.id).commit(late)
+
+    world.clock.advance(0.001)
+    later = world.clock.now()
+    assert [t.id for t in world.storage.expired_leases(later, 10)] == [lapsed, held]
+    again = world.storage.claim(held, "w2", later, later + timedelta(seconds=30))
+    assert again is not None and again.restarts == 1 and again.epoch == before[held].epoch + 2

@@ -121,3 +121,45 @@ def test_a_queue_counts_a_due_sleeper_whatever_the_web_servers_own_clock_says(
     queue = kernel.task(task_id).queue
     [found] = [q for q in reads.queues() if q.queue == queue]
     assert found.runnable == 1 and found.oldest == due
+
+
+def registered(owner: str, silent: float, *, stopped: bool = False) -> None:
+    """A registry row for lease owner ``owner`` whose last heartbeat was ``silent``
+    seconds ago by the database's clock."""
+    last = runtime().kernel.clock.now() - timedelta(seconds=silent)
+    host, pid = owner.split(":")
+    Worker.objects.create(id=owner, name=f"w@{host}", host=host, pid=int(pid),
+                          started_at=last, last_heartbeat=last,
+                          stopped_at=last if stopped else None)
+
+
+def test_the_sweep_ends_at_once_the_leases_of_a_worker_whose_heartbeat_stopped(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Only a row that stopped beating is a dead worker: one beating now, one stopped
+    cleanly and one that writes no row at all keep their leases until they run out."""
+    from controlplane.worker.runtime import dispatcher_of
+
+    kernel = runtime().kernel
+    now = kernel.clock.now()
+    owners = {"killed:1": 30, "beating:2": 1, "stopped:3": 30, "unregistered:4": None}
+    tasks = {}
+    for owner, silent in owners.items():
+        tasks[owner] = a_batch()
+        assert kernel.storage.claim(tasks[owner], owner, now, now + timedelta(minutes=10))
+        if silent is not None:
+            registered(owner, silent, stopped=owner.startswith("stopped"))
+    sent: list[tuple[str, str]] = []
+    dispatcher = dispatcher_of(kernel, lambda task, queue: sent.append((task, queue)),
+                               lambda queue: None)
+    with override_settings(WORKER_DEAD_SECONDS=10), caplog.at_level("INFO"):
+        assert reads.dead_owners(kernel.clock.now()) == ["killed:1"]
+        assert dispatcher.sweep().delivered == 1
+        assert dispatcher.sweep().delivered == 0  # the next beat: nothing more
+    [(task_id, queue)] = sent
+    assert task_id == tasks["killed:1"] and queue.endswith(".now")
+    ended = kernel.task(task_id)
+    assert ended.lease_until is not None and ended.lease_until <= kernel.clock.now()
+    for owner in ("beating:2", "stopped:3", "unregistered:4"):
+        assert kernel.task(tasks[owner]).lease_until == now + timedelta(minutes=10)
+    assert "killed:1 is dead; its 1 lease(s) end now" in caplog.text
