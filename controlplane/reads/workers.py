@@ -98,14 +98,23 @@ def registry(now: datetime | None = None) -> list[WorkerState]:
     return sorted(found, key=lambda w: (w.state != "live", w.host, w.pid))
 
 
-def dead_owners(now: datetime) -> list[str]:
+def dead_owners(now: datetime, sweeper: str | None = None) -> list[str]:
     """The lease owners (``host:pid``) of the workers whose heartbeat stopped: silent for
     more than ``WORKER_DEAD_SECONDS`` at ``now`` (the database's clock, which their
     heartbeats are written by) and not stopped cleanly (a clean stop released its leases
     already). A worker that writes no row at all is never taken for dead here: its
     leases run out as ever. What the sweep ends the leases of
-    (:class:`kernel.dispatch.Dispatcher`'s ``dead_owners``)."""
+    (:class:`kernel.dispatch.Dispatcher`'s ``dead_owners``).
+
+    ``sweeper``: the worker asking. While its own row is silent too, the database (or
+    every heartbeat) was out of reach a moment ago, and the others' silence says that,
+    not that they died: none is taken for dead until the asker has beaten again."""
     silent_since = now - timedelta(seconds=settings.WORKER_DEAD_SECONDS)
+    if sweeper is not None:
+        own = models.Worker.objects.filter(id=sweeper, stopped_at=None).values_list(
+            "last_heartbeat", flat=True).first()
+        if own is not None and own < silent_since:
+            return []
     return list(models.Worker.objects.filter(
         stopped_at=None, last_heartbeat__lt=silent_since,
         last_heartbeat__gte=now - timedelta(seconds=settings.WORKER_FORGET_SECONDS),

@@ -21,7 +21,7 @@ import os
 import socket
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from django.conf import settings
 
@@ -65,6 +65,14 @@ def announce_grace() -> timedelta | None:
     return timedelta(milliseconds=settings.KERNEL_HINT_GRACE_MS)
 
 
+def _dead_owners(now: datetime) -> list[str]:
+    """The silent workers' lease owners, judged by this process (a sweep runs on a worker,
+    whose own heartbeat says whether the database was in reach a moment ago)."""
+    from controlplane.worker.heartbeats import worker_id
+
+    return dead_owners(now, sweeper=worker_id())
+
+
 def dispatcher_of(
     kernel: Kernel,
     deliver: Callable[[str, str], None] = deliver,
@@ -79,7 +87,7 @@ def dispatcher_of(
         advance_queue=advance_queue,
         messages=settings.KERNEL_DISPATCH_MESSAGES,
         announce_grace=announce_grace(),
-        dead_owners=dead_owners,  # the registry's silent workers: the sweep ends their leases
+        dead_owners=_dead_owners,  # the registry's silent workers: their leases end now
     )
 
 

@@ -163,3 +163,20 @@ def test_the_sweep_ends_at_once_the_leases_of_a_worker_whose_heartbeat_stopped(
     for owner in ("beating:2", "stopped:3", "unregistered:4"):
         assert kernel.task(tasks[owner]).lease_until == now + timedelta(minutes=10)
     assert "killed:1 is dead; its 1 lease(s) end now" in caplog.text
+
+
+def test_a_sweeper_whose_own_heartbeat_is_silent_takes_no_worker_for_dead() -> None:
+    """After the database was out of reach every worker's row is silent, the sweeper's
+    own too: that says the outage, not deaths. Once the sweeper beats again, a worker
+    still silent is taken for dead."""
+    with connection.cursor() as cur:
+        cur.execute("SELECT now()")
+        now = cur.fetchone()[0]
+    long_ago = now - timedelta(minutes=1)
+    for pid in (1, 2):
+        Worker.objects.create(id=f"host:{pid}", name=f"w{pid}@host", host="host", pid=pid,
+                              started_at=long_ago, last_heartbeat=long_ago)
+    assert reads.dead_owners(now, sweeper="host:1") == []
+    Worker.objects.filter(id="host:1").update(last_heartbeat=now)
+    assert reads.dead_owners(now, sweeper="host:1") == ["host:2"]
+    assert reads.dead_owners(now) == ["host:2"]
