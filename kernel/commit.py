@@ -78,7 +78,7 @@ from .tasks import (
     succeeded,
 )
 from .tracing import carrier as trace_carrier
-from .values import storable, storable_text
+from .values import storable, storable_document_name, storable_text
 
 JSON = Any
 ANY_OPEN_FIRST = 64
@@ -319,7 +319,8 @@ class Draft:
     def update_document(
         self, kind: str, key: str, *ops: JSON, expected_version: int | None = None
     ) -> None:
-        storable_text(key, f"document {kind} key")
+        storable_document_name(kind, "document kind")
+        storable_document_name(key, f"document {kind} key")
         stored = [check_op(op, f"document {kind}/{key}") for op in ops]
         self.document_ops.setdefault((kind, key), []).extend(stored)
         if (kind, key) not in self.document_ids:

@@ -596,9 +596,12 @@ class WorkerOut(Schema):
 
 class QueueOut(Schema):
     queue: str
-    runnable: int = Field(..., description="tasks a worker of this queue may claim now")
+    runnable: int = Field(..., description="tasks a worker of this queue may claim now, "
+                          "not counting blocked ones")
     oldest: datetime | None = Field(None, description="when the oldest of them became runnable")
     broker: int | None = Field(None, description="messages in the broker's list (null: unknown)")
+    blocked: int = Field(0, description="tasks otherwise runnable that no worker here can run "
+                         "(definition missing, too old, or failing to migrate)")
 
 
 class ErrorOut(Schema):

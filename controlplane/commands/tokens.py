@@ -36,13 +36,19 @@ def revoke_token(user: User | None, token_id: int, by: str | None = None) -> Tok
     return token_view(token)
 
 
-def revoke_tokens(token_ids: Sequence[int], by: str) -> list[TokenView]:
-    """The shell's revocation of several tokens (``manage.py api_token --revoke``): all of
-    them, or, when one of the ids names no token, none (UnknownRecord names the first
-    such), so that a mistyped id does not leave the others half done."""
+def revoke_tokens(token_ids: Sequence[int], by: str, *, username: str | None = None
+                  ) -> list[TokenView]:
+    """The shell's revocation of several tokens (``manage.py api_token [USER] --revoke``):
+    all of them, or, when one of the ids names no token (of ``username``, when given),
+    none (UnknownRecord names the first such), so that a mistyped id does not leave the
+    others half done, nor revoke another user's token."""
     with transaction.atomic():
-        known = set(ApiToken.objects.filter(pk__in=token_ids).values_list("pk", flat=True))
+        found = ApiToken.objects.filter(pk__in=token_ids)
+        if username is not None:
+            found = found.filter(user__username=username)
+        known = set(found.values_list("pk", flat=True))
         missing = [i for i in token_ids if i not in known]
         if missing:
-            raise UnknownRecord(f"no token {missing[0]}")
+            of = f" of {username}" if username is not None else ""
+            raise UnknownRecord(f"no token {missing[0]}{of}")
         return [revoke_token(None, token_id, by=by) for token_id in token_ids]

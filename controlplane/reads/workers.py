@@ -133,12 +133,18 @@ def everyone(now: datetime | None = None) -> list[WorkerState | LeaseHolder]:
 class QueueDepth:
     queue: str
     runnable: int
-    """Tasks a worker of this queue may claim now (pending, due sleepers, expired leases)."""
+    """Tasks a worker of this queue may claim now (pending, due sleepers, expired leases),
+    not counting the blocked ones."""
     oldest: datetime | None
     """When the oldest of them became runnable: its last commit, its wake time, or, for
     an expired lease, its expiry (a long phase renews its lease without committing)."""
     broker: int | None
     """Messages waiting in the broker's list for this queue (None if unknown)."""
+    blocked: int = 0
+    """Tasks that would be runnable but that no worker here can run (every dispatch row
+    of theirs marked blocked: their definition is missing, too old, or fails to
+    migrate): they wait for a deploy, not for a worker, so they are not work the queue
+    is behind on."""
 
 
 RUNNABLE_SQL = (
@@ -147,21 +153,31 @@ RUNNABLE_SQL = (
 )
 """:meth:`kernel.records.Task.runnable_at` in SQL (the partial index ``task_runnable``)."""
 
+BLOCKED_SQL = (
+    "(EXISTS (SELECT 1 FROM kernel_dispatch d WHERE d.task_id = t.id AND d.blocked) "
+    "AND NOT EXISTS (SELECT 1 FROM kernel_dispatch d WHERE d.task_id = t.id AND NOT d.blocked))"
+)
+"""Task ``t``'s dispatch rows are all marked blocked (a worker found it blocked, and no
+commit has woken it since)."""
+
 
 def queues(now: datetime | None = None, consumed: list[str] | None = None) -> list[QueueDepth]:
     """Each queue's runnable tasks and the age of the oldest, from ``kernel_task``, with
     the broker's list length beside it; a queue a worker consumes is shown even if empty."""
     now = now or process_kernel().clock.now()
-    counted = {queue: (n, oldest) for queue, n, oldest in sql_rows(
-        "SELECT t.queue, count(*), min(CASE WHEN t.status = 'sleeping' THEN t.wake_at "
+    counted = {queue: (n, oldest, blocked) for queue, n, oldest, blocked in sql_rows(
+        "SELECT t.queue, count(*) FILTER (WHERE NOT t.blocked), "
+        "min(CASE WHEN t.status = 'sleeping' THEN t.wake_at "
         "WHEN t.status = 'running' THEN t.lease_until ELSE c.at END) "
-        "FROM kernel_task t LEFT JOIN kernel_commit c "
+        "FILTER (WHERE NOT t.blocked), count(*) FILTER (WHERE t.blocked) "
+        f"FROM (SELECT t.*, {BLOCKED_SQL} AS blocked FROM kernel_task t "
+        f"WHERE {RUNNABLE_SQL}) t LEFT JOIN kernel_commit c "
         "ON c.session_id = t.session_id AND c.seq = t.updated_seq "
-        f"WHERE {RUNNABLE_SQL} GROUP BY t.queue", {"now": now})}
+        "GROUP BY t.queue", {"now": now})}
     names = sorted(set(counted) | set(consumed or []))
     lengths = broker_lengths(names)
-    return [QueueDepth(q, counted.get(q, (0, None))[0], counted.get(q, (0, None))[1],
-                       lengths.get(q)) for q in names]
+    return [QueueDepth(q, *counted.get(q, (0, None, 0))[:2], lengths.get(q),
+                       blocked=counted.get(q, (0, None, 0))[2]) for q in names]
 
 
 def broker_lengths(names: list[str]) -> dict[str, int]:

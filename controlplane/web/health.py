@@ -10,12 +10,17 @@ behind a dead server; what is missing is said by name.
 from __future__ import annotations
 
 import logging
+import selectors
 import threading
 import time
+from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 from django.db import DEFAULT_DB_ALIAS, connections
 from django.db.migrations.executor import MigrationExecutor
+
+if TYPE_CHECKING:
+    import psycopg
 
 log = logging.getLogger(__name__)
 
@@ -23,11 +28,11 @@ PROBE_TIMEOUT_SECONDS = 2.0
 
 
 def database_problem(alias: str = DEFAULT_DB_ALIAS) -> str | None:
-    """A connection of its own, with the alias's parameters and a connect timeout: the
-    request's connection has none, so a server that takes the connection and never
-    answers (hung, or behind a firewall that holds it open) would hold the probe, and
-    every probe queued behind its lock, for as long as the operating system keeps the
-    socket open."""
+    """A connection of its own, with the alias's parameters, a connect timeout and a
+    deadline on its query: the request's connection has neither, so a server that takes
+    the connection, or lets the client in, and then never answers (hung, or behind a
+    firewall that holds it open) would hold the probe, and every probe queued behind its
+    lock, for as long as the operating system keeps the socket open."""
     import psycopg
 
     params = connections[alias].get_connection_params()
@@ -36,10 +41,39 @@ def database_problem(alias: str = DEFAULT_DB_ALIAS) -> str | None:
     params["connect_timeout"] = max(2, round(PROBE_TIMEOUT_SECONDS))  # libpq's minimum
     try:
         with psycopg.connect(**params, autocommit=True) as conn:
-            conn.execute("SELECT 1")
+            _select_one(conn, deadline=time.monotonic() + PROBE_TIMEOUT_SECONDS)
     except Exception as exc:  # any failure means "not reachable", said by its class
         return f"{type(exc).__name__}: {exc}".strip()
     return None
+
+
+def _select_one(conn: psycopg.Connection[Any], deadline: float) -> None:
+    """``SELECT 1`` on ``conn``, waiting for the server no later than ``deadline``
+    (monotonic): psycopg's own execute waits as long as the socket stays open, and a
+    server-side statement timeout needs a server that still runs its timers."""
+    from psycopg import pq
+
+    pgconn = conn.pgconn
+    pgconn.send_query(b"SELECT 1")
+    with selectors.DefaultSelector() as selector:
+        selector.register(pgconn.socket, selectors.EVENT_WRITE)
+        while pgconn.flush():  # the query is not all sent yet
+            _wait(selector, deadline)
+        selector.modify(pgconn.socket, selectors.EVENT_READ)
+        pgconn.consume_input()
+        while pgconn.is_busy():
+            _wait(selector, deadline)
+            pgconn.consume_input()
+    while (result := pgconn.get_result()) is not None:
+        if result.status != pq.ExecStatus.TUPLES_OK:
+            message = (result.error_message or b"").decode(errors="replace").strip()
+            raise psycopg.OperationalError(message or "SELECT 1 failed")
+
+
+def _wait(selector: selectors.BaseSelector, deadline: float) -> None:
+    left = deadline - time.monotonic()
+    if left <= 0 or not selector.select(timeout=left):
+        raise TimeoutError(f"no answer to a query within {PROBE_TIMEOUT_SECONDS} s")
 
 
 def unapplied_migrations(alias: str = DEFAULT_DB_ALIAS) -> list[str]:

@@ -4,10 +4,20 @@ from __future__ import annotations
 
 import pytest
 
-from kernel import Draft, NotRegistered, Registry, UnstorableValue
+from kernel import (
+    Draft,
+    NotRegistered,
+    Registry,
+    Run,
+    Status,
+    Transition,
+    UnstorableValue,
+    Worker,
+)
 from kernel.commit import CommitKind
 from kernel.documents import apply_ops, encoded_size, weight
 from kernel.storage import as_stored
+from kernel.values import DOCUMENT_NAME_BYTES
 
 from .world import World
 
@@ -279,6 +289,70 @@ def test_a_document_key_no_storage_holds_is_refused_with_the_draft(world: World)
     assert not draft.document_ops
     handle.commit(draft)
     assert kernel.storage.document_head(handle.id, "plan", "a") is None
+
+
+def incompressible(length: int) -> str:
+    """ASCII text that Postgres's compression of an index entry does not shrink."""
+    from hashlib import sha256
+
+    blocks = (sha256(str(i).encode()).hexdigest() for i in range(length // 64 + 1))
+    return "".join(blocks)[:length]
+
+
+def test_a_document_kind_or_key_longer_than_the_limit_is_refused_with_the_draft(
+    world: World,
+) -> None:
+    """Up to :data:`kernel.values.DOCUMENT_NAME_BYTES` UTF-8 bytes a kind or key is
+    stored and read back (on Postgres too, where an index holds it with the session);
+    beyond that, both storages refuse it alike, as the draft is built."""
+    longest_kind = incompressible(DOCUMENT_NAME_BYTES - 2) + "é"  # two bytes in UTF-8
+    longest_key = "€" + incompressible(DOCUMENT_NAME_BYTES - 3)  # "€" is three
+    registry = Registry()
+    registry.document("plan")
+    registry.document(longest_kind)
+    kernel = world.kernel(registry)
+    handle = kernel.create_session()
+    draft = Draft()
+    draft.set("plan", longest_key, ["v"], 1)
+    draft.set(longest_kind, "k", ["v"], 2)
+    handle.commit(draft)
+    assert kernel.storage.document_head(handle.id, "plan", longest_key) is not None
+    assert kernel.storage.document_head(handle.id, longest_kind, "k") is not None
+
+    draft = Draft()
+    with pytest.raises(UnstorableValue, match=r"document plan key .* longer than"):
+        draft.set("plan", longest_key + "x", ["v"], 1)
+    with pytest.raises(UnstorableValue, match=r"document kind .* longer than"):
+        draft.set(longest_kind + "x", "k", ["v"], 1)
+    assert not draft.document_ops
+
+
+def test_a_task_that_writes_a_document_key_too_long_to_store_fails_saying_so(
+    world: World,
+) -> None:
+    registry = Registry()
+    registry.document("plan")
+
+    @registry.task("writer")
+    class Writer:
+        initial = "go"
+
+        def go(self, run: Run) -> Transition:
+            run.set("plan", incompressible(3000), ["v"], 1)
+            return run.succeed("ok")
+
+    kernel = world.kernel(registry)
+    handle = kernel.create_session()
+    draft = Draft()
+    task_id = draft.create_task("writer", {})
+    handle.commit(draft)
+    worker = Worker(kernel, "w")
+    assert worker.advance(task_id)
+    task = world.storage.task(task_id)
+    assert task.status is Status.TERMINAL and task.outcome["kind"] == "failed"
+    assert "document plan key" in task.outcome["error"]
+    assert "cannot be stored" in task.outcome["error"]
+    assert worker.held == {}
 
 
 @pytest.mark.parametrize("alone", [True, False], ids=["documents-only", "general"])

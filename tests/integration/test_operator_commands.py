@@ -38,8 +38,24 @@ def test_send_notices_starts_a_batch_and_refuses_bad_addresses(offline_broker) -
         ["a@example.com", "b@example.com"],
     )
     assert offline_broker == [task_id]
-    with pytest.raises(CommandError, match="not email addresses: nope"):
+    with pytest.raises(CommandError, match="not email addresses: 'nope'"):
         run("send_notices", "nope")
+
+
+def test_send_notices_refuses_addresses_with_spaces_or_control_characters(offline_broker
+                                                                          ) -> None:
+    from controlplane.models import Commit, Task
+
+    bad = ["a b@example.com", "c\n@example.com", "d@exa\x07mple.com", "@example.com",
+           '"e\x07"@example.com']
+    with pytest.raises(CommandError) as refused:
+        run("send_notices", "ok@example.com", *bad)
+    message = str(refused.value)
+    assert message.startswith("not email addresses: ") and "\n" not in message
+    assert all(repr(address) in message for address in bad), message
+    assert "ok@example.com" not in message
+    assert not Task.objects.exists() and not Commit.objects.exists()
+    assert offline_broker == []
 
 
 def test_tasks_lists_what_is_stuck_and_shows_one_history() -> None:

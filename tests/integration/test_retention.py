@@ -507,6 +507,31 @@ def test_the_page_of_a_pruned_task_says_retention_removed_its_commits() -> None:
 
 
 @db
+def test_manage_py_tasks_says_retention_removed_a_pruned_tasks_history() -> None:
+    kernel = runtime().kernel
+    handle = kernel.create_session(metadata={"retention_days": 0})
+    draft = Draft(actor="user:ann")
+    task_id = draft.create_task("send-batch", {"recipients": ["a@example.com"],
+                                               "subject": "s", "body": "b"})
+    handle.commit(draft)
+    before = io.StringIO()
+    call_command("tasks", task_id, stdout=before)
+    assert "Retention removed" not in before.getvalue()
+    draft = Draft(actor="user:ann")
+    draft.cancel(task_id, "not needed")
+    kernel.open(handle.id).commit(draft)
+    Worker(kernel, "w1").advance(task_id)
+    assert commands.prune().sessions >= 1
+    pruned_seq = kernel.storage.session(handle.id).pruned_seq
+    out = io.StringIO()
+    call_command("tasks", task_id, stdout=out)
+    shown = out.getvalue()
+    said = f"Retention removed the session's history up to commit {pruned_seq}"
+    assert said in shown, shown
+    assert shown.index("history:") < shown.index(said)
+
+
+@db
 def test_a_pruned_sessions_page_says_why_its_transcript_is_empty() -> None:
     """A prune takes a finished session's transcript: the page says so beside each
     conversation it emptied, not only an empty list as of a conversation never used."""

@@ -117,3 +117,22 @@ def test_issuing_and_revoking_a_token_records_who_did_it(caplog: pytest.LogCaptu
     assert ApiToken.objects.get(pk=token.pk).revoked_by == "user:olga"
     assert ApiToken.objects.get(pk=other.pk).revoked_by == shell
     assert caplog.text.count("revoked by") == 2
+
+
+def test_the_shell_revokes_for_a_named_user_only_that_users_tokens() -> None:
+    olga, vic = account("olga", "operator"), account("vic", "viewer")
+    issue_token(olga, "ci")
+    issue_token(vic, "laptop")
+    olgas, vics = (ApiToken.objects.get(user=u).pk for u in (olga, vic))
+    with pytest.raises(CommandError, match=f"no token {vics} of olga: none revoked"):
+        call_command("api_token", "olga", "--revoke", str(olgas), str(vics), stdout=StringIO())
+    assert not ApiToken.objects.filter(revoked_at__isnull=False).exists()
+    with pytest.raises(CommandError, match="no user 'nobody'"):
+        call_command("api_token", "nobody", "--revoke", str(olgas), stdout=StringIO())
+    assert not ApiToken.objects.filter(revoked_at__isnull=False).exists()
+
+    out = StringIO()
+    call_command("api_token", "olga", "--revoke", str(olgas), stdout=out)
+    assert f"{olgas}\tolga\tci\trevoked" in out.getvalue()
+    assert list(ApiToken.objects.filter(revoked_at__isnull=False).values_list("pk", flat=True)) \
+        == [olgas]

@@ -180,3 +180,34 @@ def test_a_sweeper_whose_own_heartbeat_is_silent_takes_no_worker_for_dead() -> N
     Worker.objects.filter(id="host:1").update(last_heartbeat=now)
     assert reads.dead_owners(now, sweeper="host:1") == ["host:2"]
     assert reads.dead_owners(now) == ["host:2"]
+
+
+def test_a_queue_shows_its_blocked_tasks_apart_from_its_runnable_ones() -> None:
+    """A task no worker here can run (its dispatch rows marked blocked) is not work the
+    queue's workers are behind on: counted apart, and not the oldest runnable."""
+    kernel = runtime().kernel
+    stuck = a_batch()
+    kernel.storage.block_dispatches(stuck)
+    waiting = a_batch()
+    queue = kernel.task(waiting).queue
+    [found] = [q for q in reads.queues() if q.queue == queue]
+    assert found.runnable == 1
+    assert found.blocked == 1
+    [commit] = kernel.storage.commits_after(kernel.task(waiting).session_id, 0, 10)
+    assert found.oldest == commit.at
+    page = viewer().get("/workers/").content.decode()
+    assert f'id="queue-{queue}" data-runnable="1" data-blocked="1"' in page
+    [listed] = [q for q in viewer_api("/api/queues") if q["queue"] == queue]
+    assert (listed["runnable"], listed["blocked"]) == (1, 1)
+
+    kernel.storage.retry_dispatches([stuck])  # a definition that runs it is deployed
+    [found] = [q for q in reads.queues() if q.queue == queue]
+    assert (found.runnable, found.blocked) == (2, 0)
+
+
+def viewer_api(path: str) -> list[dict]:
+    user = User.objects.get_or_create(username="vera")[0]
+    user.groups.add(Group.objects.get_or_create(name="viewer")[0])
+    client = Client()
+    client.force_login(user)
+    return client.get(path).json()

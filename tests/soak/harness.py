@@ -956,7 +956,8 @@ class Soak:
             code, found = self.api.call("GET", "/api/queues")
             if code != 200:
                 return None
-            return found if all(q["runnable"] == 0 and not q["broker"] for q in found) else None
+            return found if all(q["runnable"] == 0 and not q["blocked"] and not q["broker"]
+                                for q in found) else None
 
         # What the wait saw drained is the answer: read again, beat's next sweep message
         # may sit in a list for a moment. Only a wait that ran out reads what is left.
@@ -967,10 +968,11 @@ class Soak:
             rows = found if code == 200 else []
         for row in rows:
             self.report.checked["queues"] += 1
-            if row["runnable"] or row["broker"]:
+            if row["runnable"] or row["blocked"] or row["broker"]:
                 self.report.violation(
                     f"queue {row['queue']} did not drain: {row['runnable']} runnable tasks "
-                    f"(the oldest since {row['oldest']}), {row['broker']} messages in Redis")
+                    f"(the oldest since {row['oldest']}), {row['blocked']} blocked, "
+                    f"{row['broker']} messages in Redis")
 
     def check_leases(self) -> None:
         """No lease held by a process that holds no phase: once nothing moves, a lease

@@ -2,8 +2,9 @@
 
 ``manage.py api_token olga --name ci [--expires-in-days 90]`` issues one (the key is
 printed once; only its digest is stored); ``manage.py api_token --list [olga]`` lists
-tokens (never keys); ``manage.py api_token --revoke ID [ID ...]`` revokes tokens, and
-sockets opened with them close within ``WEBSOCKET_RECHECK_SECONDS``.
+tokens (never keys); ``manage.py api_token [olga] --revoke ID [ID ...]`` revokes tokens
+(with a user named, only theirs), and sockets opened with them close within
+``WEBSOCKET_RECHECK_SECONDS``.
 """
 
 from __future__ import annotations
@@ -37,7 +38,8 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("username", nargs="?",
-                            help="the account to issue a token for (with --list: whose to list)")
+                            help="the account to issue a token for (with --list: whose to list; "
+                                 "with --revoke: whose tokens the ids must be)")
         parser.add_argument("--name", default="cli", help="what the token is for")
         parser.add_argument("--expires-in-days", type=float, default=None,
                             help="the token stops working after this many days (default never)")
@@ -55,8 +57,12 @@ class Command(BaseCommand):
                 self.stdout.write(line(token))
             return
         if options["revoke"]:
+            if username and not User.objects.filter(username=str(username)).exists():
+                raise CommandError(f"no user {username!r}: none revoked")
             try:
-                revoked = commands.revoke_tokens(options["revoke"], by=shell_actor())
+                revoked = commands.revoke_tokens(
+                    options["revoke"], by=shell_actor(),
+                    username=str(username) if username else None)
             except UnknownRecord as exc:
                 raise CommandError(f"{exc}: none revoked") from None
             for token in revoked:

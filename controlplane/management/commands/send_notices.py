@@ -2,11 +2,25 @@
 
 from __future__ import annotations
 
+from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.validators import validate_email
 
 from controlplane import commands
 from controlplane.access import shell_actor
 from kernel import UnknownRecord
+
+
+def _is_address(text: str) -> bool:
+    # validate_email takes control characters inside a quoted local part ("a\x07"@b):
+    # valid in the RFC, but not what anyone means to send a notice to.
+    if not text.isprintable():
+        return False
+    try:
+        validate_email(text)
+    except ValidationError:
+        return False
+    return True
 
 
 class Command(BaseCommand):
@@ -27,9 +41,10 @@ class Command(BaseCommand):
 
     def handle(self, *args: object, **options: object) -> None:
         recipients = [str(r) for r in options["recipients"]]  # type: ignore[attr-defined]
-        bad = [r for r in recipients if "@" not in r]
+        bad = [r for r in recipients if not _is_address(r)]
         if bad:
-            raise CommandError(f"not email addresses: {', '.join(bad)}")
+            # Quoted: an address may hold a newline or another control character.
+            raise CommandError(f"not email addresses: {', '.join(map(repr, bad))}")
         try:
             session_id, task_id = commands.start_task(
                 str(options["actor"] or shell_actor()),

@@ -66,7 +66,14 @@ class Command(BaseCommand):
             if value:
                 self.stdout.write(f"{label}: {json.dumps(value, sort_keys=True)}")
         self.stdout.write("history:")
-        for step in pages.timeline(task_id, task.session_id, task.terminal).commits:
+        steps = pages.timeline(task_id, task.session_id, task.terminal).commits
+        pruned = pages.pruned_before(task.session_id, task.created_seq)
+        if pruned:  # an empty or partial history says why, as the task's page does
+            self.stdout.write(
+                f"  Retention removed the session's history up to commit {pruned}, with "
+                f"this task's commits until then{': those after it follow' if steps else ''}."
+                " Its input, checkpoint and outcome above are kept.")
+        for step in steps:
             self.stdout.write(
                 f"  #{step.seq} {step.at:%H:%M:%S.%f} {step.actor:<24} "
                 f"{step.outcome or step.status:<10} {step.phase}"
