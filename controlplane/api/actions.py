@@ -28,6 +28,7 @@ from controlplane.api.schemas import (
     GraphRunIn,
     ResolveIn,
     ResumeIn,
+    RetryIn,
 )
 from controlplane.api.types import PathText
 from controlplane.reads.tasks import TaskFilter
@@ -43,9 +44,12 @@ def cancel(request: HttpRequest, task_id: PathText, body: ActionIn) -> Any:
 
 
 @router.post("/tasks/{task_id}/retry", response=ActionOut)
-def retry(request: HttpRequest, task_id: PathText, body: ActionIn) -> Any:
-    """Run a failed task again from its last saved phase."""
-    return commands.retry_task(caller(request), task_id, body.action_id, body.reason)
+def retry(request: HttpRequest, task_id: PathText, body: RetryIn) -> Any:
+    """Run a failed task again from its last saved phase. Send the task's `updated_seq`
+    you saw as `expected_seq`: a task changed since (retried by someone else and failed
+    again, say: a second retry would repeat its side effects) is refused (409)."""
+    return commands.retry_task(caller(request), task_id, body.action_id, body.reason,
+                               body.expected_seq)
 
 
 @router.post("/tasks/{task_id}/resolve", response=ActionOut)

@@ -196,6 +196,13 @@ class ActionIn(Input):
     reason: str = Reason
 
 
+class RetryIn(ActionIn):
+    expected_seq: Integer = Field(..., ge=0, le=MAX_EPOCH,
+                                  description="the task's `updated_seq` as you saw it: a task "
+                                  "changed since (retried by someone else, and failed "
+                                  "again, say) is refused (409)")
+
+
 class CompactIn(ActionIn):
     last_entry_id: str = text(..., min_length=1, max_length=200,
                               description="the newest entry of the conversation you saw: "

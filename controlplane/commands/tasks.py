@@ -43,16 +43,28 @@ def cancel_task(user: User, task_id: str, action_id: str, reason: str) -> Action
     return act_on_task(user, action_id, reason, "cancel", task, lambda d: d.cancel(task_id, reason))
 
 
-def retry_task(user: User, task_id: str, action_id: str, reason: str) -> ActionResult:
+def retry_task(
+    user: User, task_id: str, action_id: str, reason: str, expected_seq: int
+) -> ActionResult:
     """Run a failed task again from its last saved phase (a graph run: see
-    :func:`~controlplane.commands.graphs.retry_of_a_run`)."""
+    :func:`~controlplane.commands.graphs.retry_of_a_run`). ``expected_seq`` is the
+    task's ``updated_seq`` as the operator saw it: a task that changed since (retried by
+    someone else, and failed again, say) is refused (Conflict), as a second retry would
+    repeat its side effects."""
     require_operator(user)
     task = task_reads.record(task_id)
     repeat = [
         f"phase {task.phase!r} of {task.kind} runs again from its beginning: external calls it "
         "makes before its next commit may happen again"
     ]
-    also = retry_of_a_run(task, done_before(task.session_id, action_id, "retry", task_id))
+    repeated = done_before(task.session_id, action_id, "retry", task_id)
+    if not repeated:
+        refuse_unless(
+            task.updated_seq == expected_seq,
+            f"task {task_id} changed at #{task.updated_seq} after the #{expected_seq} you saw: "
+            "look again",
+        )
+    also = retry_of_a_run(task, repeated)
     return act_on_task(user, action_id, reason, "retry", task,
                        lambda d: retrying(d, task_id, also), repeat)
 

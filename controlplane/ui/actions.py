@@ -32,7 +32,8 @@ ACTIONS: dict[str, Action] = {
     "cancel": lambda request, target, action_id, reason: commands.cancel_task(
         request.user, target, action_id, reason),
     "retry": lambda request, target, action_id, reason: commands.retry_task(
-        request.user, target, action_id, reason),
+        request.user, target, action_id, reason,
+        _seq(request.POST, "expected_seq", "the task's version the page showed")),
     "resolve": lambda request, target, action_id, reason: commands.resolve_task(
         request.user, target, action_id, reason, request.POST.get("decision", ""),
         _step(request)),

@@ -49,7 +49,8 @@ def test_an_id_reused_for_another_target_or_action_is_refused(
     assert other_target.status_code == 409, other_target.content
     assert f"used for wake on {a}" in other_target.json()["detail"]
     other_action = post(operator, f"/api/tasks/{failing}/retry",
-                        {"action_id": "x", "reason": "r"})
+                        {"action_id": "x", "reason": "r",
+                         "expected_seq": kernel.task(failing).updated_seq})
     assert other_action.status_code == 409
     cancel = post(operator, f"/api/tasks/{b}/cancel", {"action_id": "x", "reason": "c"})
     assert cancel.status_code == 409

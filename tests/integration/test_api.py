@@ -52,7 +52,7 @@ def test_viewers_read_but_every_action_is_refused(kernel: Kernel, viewer: Client
     action = {"action_id": "x", "reason": "because"}
     for url, body in [
         (f"/api/tasks/{task_id}/cancel", action),
-        (f"/api/tasks/{task_id}/retry", action),
+        (f"/api/tasks/{task_id}/retry", {**action, "expected_seq": 1}),
         (f"/api/tasks/{task_id}/wake", action),
         (f"/api/tasks/{task_id}/resolve",
          {**action, "decision": "sent", "signal": "resolution-1", "epoch": 1}),
@@ -253,7 +253,13 @@ def test_resolve_wake_retry_and_resubmit(kernel: Kernel, operator: Client) -> No
     assert kernel.task(sleeping).outcome["kind"] == "succeeded"
 
     _, failing = start(kernel, "api-step", {"fail": True})
-    retried = post(operator, f"/api/tasks/{failing}/retry", {"action_id": "t1", "reason": "go"})
+    seen = kernel.task(failing).updated_seq
+    stale = post(operator, f"/api/tasks/{failing}/retry",
+                 {"action_id": "t0", "reason": "go", "expected_seq": seen - 1})
+    assert stale.status_code == 409 and f"#{seen}" in stale.json()["detail"], stale.json()
+    assert kernel.task(failing).status is Status.TERMINAL  # nothing changed
+    retried = post(operator, f"/api/tasks/{failing}/retry",
+                   {"action_id": "t1", "reason": "go", "expected_seq": seen})
     assert retried.status_code == 200
     assert "runs again from its beginning" in retried.json()["may_repeat"][0]
     assert kernel.task(failing).status is Status.PENDING
@@ -331,7 +337,9 @@ def test_no_counter_in_the_metrics_goes_down_when_an_operator_retries_a_failed_t
 
     _, failing = start(kernel, "api-step", {"fail": True})
     before = counters()
-    retried = post(operator, f"/api/tasks/{failing}/retry", {"action_id": "t1", "reason": "go"})
+    retried = post(operator, f"/api/tasks/{failing}/retry",
+                   {"action_id": "t1", "reason": "go",
+                    "expected_seq": kernel.task(failing).updated_seq})
     assert retried.status_code == 200
     after = counters()
     assert {k: (v, after.get(k)) for k, v in before.items() if after.get(k, 0.0) < v} == {}

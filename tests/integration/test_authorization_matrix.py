@@ -148,7 +148,7 @@ API_RULES: dict[str, list[Cell]] = {
     "POST api/tasks/<task_id>/cancel": [
         Cell("POST", f"/api/tasks/{NOPE}/cancel", api_act(404), ACTION)],
     "POST api/tasks/<task_id>/retry": [
-        Cell("POST", f"/api/tasks/{NOPE}/retry", api_act(404), ACTION)],
+        Cell("POST", f"/api/tasks/{NOPE}/retry", api_act(404), {**ACTION, "expected_seq": 1})],
     "POST api/tasks/<task_id>/resolve": [
         Cell("POST", f"/api/tasks/{NOPE}/resolve", api_act(404),
              {**ACTION, "decision": "sent", "signal": "resolution-1", "epoch": 1})],

@@ -277,7 +277,8 @@ def test_a_retried_graph_run_waits_for_the_threads_open_run_and_moves_its_versio
                       expected_version=version).json()["task_id"]
 
     head = kernel.storage.session(session_id).head_seq
-    retry = {"action_id": "r1", "reason": "fixed"}
+    retry = {"action_id": "r1", "reason": "fixed",
+             "expected_seq": kernel.task(broken).updated_seq}
     refused = post(olga, f"/api/tasks/{broken}/retry", retry)
     assert refused.status_code == 409 and other in refused.json()["detail"], refused.json()
     preview = post(olga, "/api/actions/bulk/preview", {"action": "retry", "session_id": session_id,

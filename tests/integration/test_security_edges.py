@@ -7,6 +7,7 @@ through, who issued and revoked each token, model-server errors kept from viewer
 from __future__ import annotations
 
 import re
+from typing import Any
 
 import pytest
 from django.test import Client
@@ -14,7 +15,7 @@ from django.test import Client
 from controlplane.worker.runtime import runtime
 from kernel import Draft, Scheduler
 
-from .clients import login
+from .clients import login, user
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -145,7 +146,8 @@ def test_one_operators_action_id_is_never_answered_for_another() -> None:
     form = {"action_id": "shared-nonce-retry", "reason": "provider back"}
     for name in ("olga", "omar"):
         client = _operator(name)
-        done = client.post(f"/tasks/{task_id}/retry", form,
+        seen = {"expected_seq": kernel.task(task_id).updated_seq}  # its failure, as shown
+        done = client.post(f"/tasks/{task_id}/retry", {**form, **seen},
                            HTTP_X_CSRFTOKEN=client.cookies["csrftoken"].value,
                            HTTP_HX_REQUEST="true")
         assert done.status_code == 200, done.content
@@ -234,7 +236,8 @@ def test_a_form_field_carrying_nul_is_refused_naming_it_and_changes_nothing() ->
     head = kernel.storage.session(kernel.task(task_id).session_id).head_seq
     client = _operator("olga")
     refused = client.post(f"/tasks/{task_id}/retry",
-                          {"action_id": "form\x00retry", "reason": "provider back"},
+                          {"action_id": "form\x00retry", "reason": "provider back",
+                           "expected_seq": kernel.task(task_id).updated_seq},
                           HTTP_X_CSRFTOKEN=client.cookies["csrftoken"].value,
                           HTTP_HX_REQUEST="true")
     assert refused.status_code == 422, refused.content
@@ -244,3 +247,31 @@ def test_a_form_field_carrying_nul_is_refused_naming_it_and_changes_nothing() ->
     login_page = Client().post("/accounts/login/", {"username": "olga\x00", "password": "pw"})
     assert login_page.status_code == 422, login_page.content
     assert b"username" in login_page.content
+
+
+def test_a_retry_form_of_a_task_changed_since_the_page_is_refused_and_changes_nothing() -> None:
+    """Another operator retried it and it failed again: a second retry from the page
+    that showed the first failure would repeat its side effects."""
+    (task_id,) = failed_batches(1)
+    kernel = runtime().kernel
+    seen = kernel.task(task_id).updated_seq
+    client = _operator("olga")
+    token = client.cookies["csrftoken"].value
+
+    def retry(**fields: object) -> Any:
+        return client.post(f"/tasks/{task_id}/retry",
+                           {"action_id": f"r-{len(fields)}-{seen}", "reason": "again", **fields},
+                           HTTP_X_CSRFTOKEN=token, HTTP_HX_REQUEST="true")
+
+    page = client.get(f"/tasks/{task_id}/").content.decode()
+    assert f'name="expected_seq" value="{seen}"' in page  # what the retry form sends
+    missing = retry()
+    assert missing.status_code == 422 and b"expected_seq" in missing.content
+    from controlplane import commands
+
+    commands.retry_task(user("omar", "operator"), task_id, "by-omar", "provider back", seen)
+    Scheduler(kernel).run_until_idle()  # it fails again
+    head = kernel.storage.session(kernel.task(task_id).session_id).head_seq
+    stale = retry(expected_seq=seen)
+    assert stale.status_code == 409 and b"look again" in stale.content, stale.content
+    assert kernel.storage.session(kernel.task(task_id).session_id).head_seq == head

@@ -67,7 +67,8 @@ def test_needing_attention_over_time_counts_a_retry_and_a_resolution_of_older_it
         cur.execute("UPDATE kernel_commit SET at = at - interval '2 hours' "
                     "WHERE session_id IN (%s, %s)", [failed_in, uncertain_in])
     olga = user("olga", "operator")
-    commands.retry_task(olga, retried, "retry-1", "provider fixed")
+    commands.retry_task(olga, retried, "retry-1", "provider fixed",
+                        kernel.task(retried).updated_seq)
     step = commands.Step("resolution-1", kernel.task(uncertain).epoch)
     commands.resolve_task(olga, uncertain, "resolve-1", "checked", "sent", step)
     found = charts.activity()

@@ -644,7 +644,8 @@ class Soak:
         if task is not None:
             status, _ = self.act(f"retry-{task['kind']}", "POST",
                                  f"/api/tasks/{task['id']}/retry",
-                                 {"action_id": self.name("t"), "reason": "soak retries"})
+                                 {"action_id": self.name("t"), "reason": "soak retries",
+                                  "expected_seq": task["updated_seq"]})
             if status == 200:
                 self.retried.add(task["id"])
 
