@@ -18,7 +18,7 @@ from datetime import datetime, timedelta
 from typing import TypeVar
 
 from .artifacts import references
-from .errors import CommitUncertain, UnknownRecord
+from .errors import CommitRejected, CommitUncertain, UnknownRecord
 from .records import (
     LAST_POSITION,
     SUMMARY,
@@ -57,6 +57,7 @@ from .storage import (
     emptied,
     expiry,
     redelivery_wait,
+    refused_at_build,
 )
 from .tasks import succeeded
 
@@ -111,7 +112,11 @@ class InMemoryStorage:
             session = self._sessions.get(session_id)
             if session is None:
                 raise UnknownRecord(f"no session {session_id}")
-            write_set = build(_CommitReads(self, session))
+            try:
+                write_set = build(_CommitReads(self, session))
+            except CommitRejected:
+                refused_at_build(self.fault)
+                raise
             self.fault("before_write")
             staged = self._stage(write_set)
             self.fault("after_write")

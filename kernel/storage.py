@@ -34,7 +34,20 @@ from .retention import Progress, PruneReport, RetentionPolicy, TrimReport, quiet
 JSON = Any
 FaultHook = Callable[[str], None]
 """Called by storage at named points of a commit (``before_write``, ``after_write``,
-``after_commit``); tests raise from it to simulate crashes and storage failures."""
+``after_commit``); tests raise from it to simulate crashes and storage failures.
+A failure at either of the first two writes nothing. Every commit that gets as far as
+its build meets both, the ones it refuses too (:func:`refused_at_build`)."""
+
+
+def refused_at_build(fault: FaultHook) -> None:
+    """The points before COMMIT, met by a commit its build refused, just before the
+    refusal is raised. A fast path (``CommitKind``) builds from its caller's copy, which
+    does not refuse, and only the one statement it sends after both points checks the
+    copy: a commit the other paths refuse at build meets them there all the same, so
+    every storage meets them at the same commits, and a loss or crash there is what the
+    committer sees, whatever the check would have said."""
+    fault("before_write")
+    fault("after_write")
 
 
 class JoinState(NamedTuple):

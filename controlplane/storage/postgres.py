@@ -68,7 +68,7 @@ from controlplane.storage.schema import (
     SUBMISSION,
     TASK,
 )
-from kernel.errors import CommitUncertain, StorageUnavailable
+from kernel.errors import CommitRejected, CommitUncertain, StorageUnavailable
 from kernel.records import (
     LAST_POSITION,
     Commit,
@@ -85,7 +85,15 @@ from kernel.records import (
     covered_last,
 )
 from kernel.retention import Progress, PruneReport, RetentionPolicy, TrimReport, quiet
-from kernel.storage import DOUBLINGS, NO_PREFETCH, Build, FaultHook, Prefetch, expiry
+from kernel.storage import (
+    DOUBLINGS,
+    NO_PREFETCH,
+    Build,
+    FaultHook,
+    Prefetch,
+    expiry,
+    refused_at_build,
+)
 
 log = logging.getLogger(__name__)
 
@@ -229,7 +237,11 @@ class PostgresStorage:
                 started = time.perf_counter()
                 tx.load(prefetch, begin=True)
                 observer(READS, time.perf_counter() - started)
-            write_set = build(tx)
+            try:
+                write_set = build(tx)
+            except CommitRejected:
+                refused_at_build(self.fault)
+                raise
             self.fault("before_write")
             if observer is None:
                 written = write(db, write_set, lambda: self.fault("after_write"))

@@ -23,6 +23,7 @@ from kernel import (
     Registry,
     Run,
     Status,
+    StorageUnavailable,
     Transition,
     Worker,
 )
@@ -366,3 +367,50 @@ def test_a_renewal_never_moves_a_lease_backwards(world: World) -> None:
     assert claimed is not None
     assert world.storage.renew(task_id, "w", claimed.epoch, now + timedelta(seconds=10))
     assert world.storage.task(task_id).lease_until == later
+
+
+@pytest.mark.parametrize("point", ["before_write", "after_write"])
+@pytest.mark.parametrize("ends", ["succeed", "next", "next writing"])
+def test_a_fault_before_commit_meets_a_commit_refused_for_its_lost_lease(
+    world: World, ends: str, point: str
+) -> None:
+    """A phase whose lease was released under it commits: a fast path learns that only
+    from the statement it sends after both points before COMMIT, so every storage meets a
+    fault armed for either at that commit, whatever its check would have said: nothing
+    written, the fault used up, the worker holding nothing."""
+    registry = Registry()
+    registry.document("log")
+    released: list[Any] = []
+
+    @registry.task("expiring")
+    class Expiring:
+        initial = "go"
+
+        def go(self, run: Run) -> Transition:
+            task = run.task
+            world.storage.release(task.id, task.lease_owner or "", task.epoch,
+                                  world.clock.now(), interrupted=True)
+            released.append(world.storage.task(task.id))
+            world.faults.armed[point] = StorageUnavailable("connection lost")
+            if ends == "succeed":
+                return run.succeed("late")
+            if ends == "next writing":
+                run.set("log", "main", ["x"], 1)
+            return run.next("later", {"n": 1})
+
+        def later(self, run: Run) -> Transition:
+            return run.succeed("later")
+
+    kernel = world.kernel(registry)
+    handle = kernel.create_session()
+    draft = Draft()
+    task_id = draft.create_task("expiring", {})
+    handle.commit(draft)
+    head = world.storage.session(handle.id).head_seq
+    worker = Worker(kernel, "w")
+
+    worker.advance(task_id)
+    assert point not in world.faults.armed
+    assert world.storage.session(handle.id).head_seq == head
+    assert [world.storage.task(task_id)] == released
+    assert worker.held == {}
