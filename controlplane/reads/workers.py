@@ -154,8 +154,8 @@ RUNNABLE_SQL = (
 """:meth:`kernel.records.Task.runnable_at` in SQL (the partial index ``task_runnable``)."""
 
 BLOCKED_SQL = (
-    "(EXISTS (SELECT 1 FROM kernel_dispatch d WHERE d.task_id = t.id AND d.blocked) "
-    "AND NOT EXISTS (SELECT 1 FROM kernel_dispatch d WHERE d.task_id = t.id AND NOT d.blocked))"
+    "coalesce((SELECT bool_and(d.blocked) FROM kernel_dispatch d WHERE d.task_id = t.id), "
+    "false)"
 )
 """Task ``t``'s dispatch rows are all marked blocked (a worker found it blocked, and no
 commit has woken it since)."""

@@ -543,13 +543,13 @@ class PostgresStorage:
             with self._cursor() as cur:
                 cur.execute(sql.DISPATCH_ANALYZED_ROWS)
                 row = cur.fetchone()
-                cur.execute(sql.TASK_ANALYZED_ROWS)
-                tasks = cur.fetchone()
             if row is None or marked * 2 < row[0]:
                 return
             with transaction.atomic(using=self.using), self._cursor() as cur:
                 cur.execute("SET LOCAL lock_timeout = '200ms'")
                 cur.execute(sql.ANALYZE_DISPATCH)
+                cur.execute(sql.TASK_ANALYZED_ROWS)
+                tasks = cur.fetchone()
                 if tasks is not None and marked * 2 >= tasks[0]:
                     cur.execute(sql.ANALYZE_TASKS)
         except (DatabaseError, StorageUnavailable):
