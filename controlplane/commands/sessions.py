@@ -28,7 +28,7 @@ from kernel import (
     UnknownRecord,
     agent,
 )
-from kernel.agent import Submitted
+from kernel.agent import Submitted, compaction
 from kernel.agent import branches as agent_branches
 from kernel.commit import operations_log_id
 from kernel.records import Conversation, SessionRecord
@@ -233,6 +233,9 @@ def compact_conversation(
                       "history, which a summary here would not shorten (its framework's "
                       "history processors do)")
     session_id = conversation.session_id
+    # Read first: a compaction started after it refuses the commit (see below), whether or
+    # not the read of those under way saw it.
+    starts_seen = session_reads.compactions_started(session_id, conversation_id)
     if not done_before(session_id, action_id, "compact", conversation_id):
         newest = session_reads.last_entries(conversation_id, 1, 0).entries
         refuse_unless(
@@ -248,10 +251,10 @@ def compact_conversation(
             f"a compaction of {conversation_id} is under way (task {under_way}): look "
             "again once it has ended",
         )
-    task_input = {"conversation_id": conversation_id, "reason": "operator", "by": actor(user)}
+    task_input = {"reason": "operator", "by": actor(user)}
 
     def build(draft: Draft) -> None:
-        draft.create_task(agent.COMPACTION, task_input)
+        compaction.start(draft, conversation_id, task_input, expected_version=starts_seen)
 
     seq, replayed = commit_action(user, session_id, action_id, "compact", conversation_id, reason,
                                   build)

@@ -1,7 +1,7 @@
 """An operator's action acts on what the operator saw, checked in its commit under the
 session's lock: a change that lands between the command's read and its commit (another
-operator's retry that failed again, a worker rewriting its environment report) refuses
-the action (409) and nothing is committed."""
+operator's retry that failed again, a worker rewriting its environment report, another
+compaction started) refuses the action (409) and nothing is committed."""
 
 from __future__ import annotations
 
@@ -9,14 +9,16 @@ import pytest
 from django.test import Client
 
 from controlplane import commands
-from controlplane.commands import actions
-from kernel import Kernel, Scheduler, Status
+from controlplane.commands import actions, sessions
+from controlplane.worker.runtime import runtime
+from kernel import Kernel, Scheduler, Status, agent
 from kernel.environment import ENVIRONMENT
 
 from .api_kinds import start
-from .clients import login_as, post, user
+from .clients import client_as, login_as, post, user
 from .environment_blocks import blocked_by, started
 from .racing import just_before
+from .sessions import conversation_with_a_tool_call
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -119,3 +121,27 @@ def test_a_restart_when_no_worker_had_reported_is_refused_once_one_does_before_t
     assert answer.status_code == 409, answer.content
     assert head(kernel, handle.id) == landed[0]
     assert kernel.task(task_id).updated_seq == preview["expected_seq"]
+
+
+def test_a_second_compaction_started_after_the_read_is_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Two operators press compact in the same moment: both find none under way, and
+    only the first compaction is committed."""
+    session_id, conversation = conversation_with_a_tool_call()
+    kernel = runtime().kernel
+    seen = kernel.entries(conversation)[-1].id
+
+    def omar_compacts() -> int:
+        commands.compact_conversation(user("omar", "operator"), conversation, "c-omar",
+                                      "long", seen)
+        return head(kernel, session_id)
+
+    landed = just_before(monkeypatch, sessions, "commit_action", omar_compacts)
+    answer = post(client_as("olga", "operator"), f"/api/conversations/{conversation}/compact",
+                  {"action_id": "c-olga", "reason": "long", "last_entry_id": seen})
+    assert answer.status_code == 409, answer.content
+    assert head(kernel, session_id) == landed[0]
+    compactions = [t for t in kernel.storage.session_tasks(session_id)
+                   if t.kind == agent.COMPACTION]
+    assert [t.input["by"] for t in compactions] == ["user:omar"]
