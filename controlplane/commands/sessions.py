@@ -22,6 +22,7 @@ from controlplane.errors import Conflict, Invalid
 from controlplane.reads import sessions as session_reads
 from controlplane.worker.runtime import runtime
 from kernel import (
+    DocumentConflict,
     Draft,
     DuplicateCommit,
     ReservedConversation,
@@ -256,6 +257,10 @@ def compact_conversation(
     def build(draft: Draft) -> None:
         compaction.start(draft, conversation_id, task_input, expected_version=starts_seen)
 
-    seq, replayed = commit_action(user, session_id, action_id, "compact", conversation_id, reason,
-                                  build)
+    try:
+        seq, replayed = commit_action(user, session_id, action_id, "compact", conversation_id,
+                                      reason, build)
+    except DocumentConflict as exc:
+        raise Conflict(f"another compaction of {conversation_id} started while yours was "
+                       "asked: look again once it has ended") from exc
     return ActionResult(action_id, "compact", conversation_id, session_id, seq, replayed, [])

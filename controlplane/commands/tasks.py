@@ -17,7 +17,7 @@ from controlplane.commands.actions import (
     refuse_unless,
 )
 from controlplane.commands.graphs import retry_of_a_run
-from controlplane.errors import Invalid
+from controlplane.errors import Conflict, Invalid
 from controlplane.reads import environments as environment_reads
 from controlplane.reads import restarts as restart_reads
 from controlplane.reads import tasks as task_reads
@@ -25,6 +25,7 @@ from controlplane.worker.runtime import runtime
 from kernel import (
     Blocked,
     Decision,
+    DocumentConflict,
     Draft,
     Status,
     Task,
@@ -127,7 +128,10 @@ def restart_task(
                       environment=offered)
         draft.expect_document(BLOCKED_DOCUMENT, task_id, found.version)
 
-    return act_on_task(user, action_id, reason, "restart", task, build, said, detail)
+    try:
+        return act_on_task(user, action_id, reason, "restart", task, build, said, detail)
+    except DocumentConflict as exc:
+        raise _report_rewritten(task_id) from exc
 
 
 def migrate_environment(
@@ -165,7 +169,17 @@ def migrate_environment(
         draft.migrate_environment(task_id, offered, expected_seq=expected_seq)
         draft.expect_document(BLOCKED_DOCUMENT, task_id, found.version)
 
-    return act_on_task(user, action_id, reason, "migrate", task, build, [], detail)
+    try:
+        return act_on_task(user, action_id, reason, "migrate", task, build, [], detail)
+    except DocumentConflict as exc:
+        raise _report_rewritten(task_id) from exc
+
+
+def _report_rewritten(task_id: str) -> Conflict:
+    """The refusal of an action whose commit found the task's environment report
+    rewritten after the command read it (the only document its commit expects)."""
+    return Conflict(f"a worker rewrote the environment report on task {task_id} while "
+                    "your action was under way: look again")
 
 
 def _refuse_unless_report_seen(

@@ -72,6 +72,7 @@ def test_a_migrate_whose_report_a_worker_rewrote_after_the_read_is_refused(
         "action_id": "m1", "reason": "schema 2 only adds a field",
         "expected_seq": seen["updated_seq"], "expected_report": seen["environment_report"]})
     assert answer.status_code == 409, answer.content
+    assert "rewrote the environment report" in answer.json()["detail"]
     assert head(kernel, handle.id) == landed[0]
     assert kernel.task(task_id).updated_seq == seen["updated_seq"]
     assert migrated_to(kernel, task_id) == "1"
@@ -95,6 +96,7 @@ def test_a_restart_whose_report_a_worker_rewrote_after_the_read_is_refused(
         "action_id": "r1", "reason": "again", "seq": seq,
         "expected_seq": preview["expected_seq"], "expected_report": preview["expected_report"]})
     assert answer.status_code == 409, answer.content
+    assert "rewrote the environment report" in answer.json()["detail"]
     assert head(kernel, handle.id) == landed[0]
     assert migrated_to(kernel, task_id) == "1"
 
@@ -141,6 +143,7 @@ def test_a_second_compaction_started_after_the_read_is_refused(
     answer = post(client_as("olga", "operator"), f"/api/conversations/{conversation}/compact",
                   {"action_id": "c-olga", "reason": "long", "last_entry_id": seen})
     assert answer.status_code == 409, answer.content
+    assert "another compaction" in answer.json()["detail"]
     assert head(kernel, session_id) == landed[0]
     compactions = [t for t in kernel.storage.session_tasks(session_id)
                    if t.kind == agent.COMPACTION]
