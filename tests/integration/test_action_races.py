@@ -10,6 +10,8 @@ from django.test import Client
 
 from controlplane import commands
 from controlplane.commands import actions, sessions
+from controlplane.errors import Conflict
+from controlplane.reads import sessions as session_reads
 from controlplane.worker.runtime import runtime
 from kernel import Kernel, Scheduler, Status, agent
 from kernel.environment import ENVIRONMENT
@@ -17,7 +19,7 @@ from kernel.environment import ENVIRONMENT
 from .api_kinds import start
 from .clients import client_as, login_as, post, user
 from .environment_blocks import blocked_by, started
-from .racing import just_before
+from .racing import both_read_first, decide_at_once, just_before
 from .sessions import conversation_with_a_tool_call
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -148,3 +150,21 @@ def test_a_second_compaction_started_after_the_read_is_refused(
     compactions = [t for t in kernel.storage.session_tasks(session_id)
                    if t.kind == agent.COMPACTION]
     assert [t.input["by"] for t in compactions] == ["user:omar"]
+
+
+def test_of_two_compactions_asked_at_once_on_two_connections_one_is_committed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Both operators have found none under way before either commits."""
+    session_id, conversation = conversation_with_a_tool_call()
+    kernel = runtime().kernel
+    seen = kernel.entries(conversation)[-1].id
+    accounts = [user("olga", "operator"), user("omar", "operator")]
+    both_read_first(monkeypatch, session_reads, "compaction_under_way")
+    landed, refused = decide_at_once(lambda i: commands.compact_conversation(
+        accounts[i], conversation, f"c-{i}", "long", seen))
+    assert isinstance(refused, Conflict) and "another compaction" in str(refused)
+    compactions = [t for t in kernel.storage.session_tasks(session_id)
+                   if t.kind == agent.COMPACTION]
+    winner = accounts[int(landed.action_id[-1])].username
+    assert [t.input["by"] for t in compactions] == [f"user:{winner}"]
