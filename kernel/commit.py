@@ -148,7 +148,9 @@ class CommitKind(StrEnum):
     """
 
     GENERAL = "general"
-    """Reads what the draft announced under the session's lock, then writes."""
+    """Reads what the draft announced under the session's lock, then writes; the only
+    kind of a draft that expects a version of a document it does not write
+    (:meth:`Draft.expect_document`), which only a read under that lock can check."""
     NEXT_ALONE = "next alone"
     """One phase's ``Next`` that keeps the lease and nothing else: built from the lease
     holder's copy of its task."""
@@ -180,6 +182,9 @@ class Draft:
     entries: list[tuple[str, str, str, JSON]] = field(default_factory=list)
     document_ops: dict[tuple[str, str], list[JSON]] = field(default_factory=dict)
     expected_versions: dict[tuple[str, str], int] = field(default_factory=dict)
+    """The version each document must be at when the commit is built, or it is refused:
+    of a document the draft writes (:meth:`update_document`) or only reads
+    (:meth:`expect_document`)."""
     document_ids: dict[tuple[str, str], str] = field(default_factory=dict)
     """The id each document written gets if it is new, made with the draft (as a new
     task's is): the same whichever way the commit is built, and however often."""
@@ -189,7 +194,7 @@ class Draft:
     signals: list[tuple[str, str, JSON, int | None]] = field(default_factory=list)
     wakes: list[str] = field(default_factory=list)
     returned: list[tuple[str, int]] = field(default_factory=list)
-    retries: list[str] = field(default_factory=list)
+    retries: list[tuple[str, int | None]] = field(default_factory=list)
     restarts: list[Restart] = field(default_factory=list)
     migrations: list[tuple[str, JSON, int]] = field(default_factory=list)
     submissions: list[tuple[str, str, str, JSON, str | None]] = field(default_factory=list)
@@ -224,7 +229,7 @@ class Draft:
         updated = [u[0] for u in self.submission_updates]
         origins = [origin for *_, origin in self.submissions if origin]
         tasks = [f.task_id for f in self.fenced] + [t for t, _ in self.cancels]
-        tasks += [s[0] for s in self.signals] + self.wakes + self.retries
+        tasks += [s[0] for s in self.signals] + self.wakes + [t for t, _ in self.retries]
         tasks += [r.task_id for r in self.restarts] + [m[0] for m in self.migrations]
         tasks += [t for t, _ in self.returned]
         tasks += [t.parent_id for t in self.new_tasks if t.parent_id]
@@ -232,7 +237,7 @@ class Draft:
         conversations += [c.fork_of for c in self.conversations if c.fork_of]
         return Prefetch(
             tasks=tuple(dict.fromkeys(t for t in tasks if t not in created)),
-            documents=tuple(self.document_ops),
+            documents=tuple(dict.fromkeys([*self.document_ops, *self.expected_versions])),
             conversations=tuple(
                 dict.fromkeys(c for c in conversations if c not in created and c != OPERATIONS)
             ),
@@ -252,6 +257,7 @@ class Draft:
             return CommitKind.NEXT_WRITING
         if (
             self.new_tasks and self.key is None and not self.document_ops
+            and not self.expected_versions
             and all(t.parent_id is None for t in self.new_tasks)
             and not any(getattr(self, name) for name in MERGED_LISTS if name != "new_tasks")
         ):
@@ -281,8 +287,10 @@ class Draft:
 
     def _lone_transition(self) -> Transition | None:
         """The transition of the one phase this draft carries, if it carries nothing
-        else (no key, no other write, no migration of the task's version)."""
-        if len(self.fenced) != 1 or self.key is not None or self.document_ops:
+        else (no key, no other write, no version expected, no migration of the task's
+        version)."""
+        if (len(self.fenced) != 1 or self.key is not None or self.document_ops
+                or self.expected_versions):
             return None
         fenced = self.fenced[0]
         if fenced.version is not None:
@@ -327,6 +335,17 @@ class Draft:
             self.document_ids[(kind, key)] = new_id("doc")
         if expected_version is not None:
             self.expected_versions[(kind, key)] = expected_version
+
+    def expect_document(self, kind: str, key: str, version: int) -> None:
+        """Refuse the commit (:class:`DocumentConflict`) unless document ``kind``/``key``
+        is at ``version`` (0: never written) when it is built, under the session's lock;
+        the document is not written. What a caller read (a report it acted on, say) is
+        then what the commit acts on: a commit that changed it since refuses this one."""
+        storable_document_name(kind, "document kind")
+        storable_document_name(key, f"document {kind} key")
+        if isinstance(version, bool) or not isinstance(version, int) or version < 0:
+            raise CommitRejected(f"document {kind}/{key}: a version is a count, not {version!r}")
+        self.expected_versions[(kind, key)] = version
 
     def set(self, kind: str, key: str, path: list[str], value: JSON) -> None:
         self.update_document(kind, key, {"op": "set", "path": path, "value": value})
@@ -399,9 +418,12 @@ class Draft:
         revoked that lease need not wait for it to run out."""
         self.returned.append((task_id, epoch))
 
-    def retry(self, task_id: str) -> None:
-        """Run a failed or faulted task again from its last saved phase."""
-        self.retries.append(task_id)
+    def retry(self, task_id: str, *, expected_seq: int | None = None) -> None:
+        """Run a failed or faulted task again from its last saved phase. With
+        ``expected_seq`` (the task's ``updated_seq`` as the caller saw it), refused
+        (:class:`StaleStep`) when the task changed since: retried by someone else and
+        failed again, its phase would run once more than the caller meant."""
+        self.retries.append((task_id, expected_seq))
 
     def migrate_environment(
         self, task_id: str, environment: JSON, *, expected_seq: int
@@ -646,8 +668,8 @@ class Builder:
             self._wake(task_id)
         for task_id, epoch in self.draft.returned:
             self._phase_returned(task_id, epoch)
-        for task_id in self.draft.retries:
-            self._retry(task_id)
+        for task_id, expected_seq in self.draft.retries:
+            self._retry(task_id, expected_seq)
         for restart in self.draft.restarts:
             self._restart(restart)
         for task_id, environment, expected_seq in self.draft.migrations:
@@ -848,6 +870,16 @@ class Builder:
             self.summary.append(
                 {"type": "document", "kind": kind_name, "key": key, "version": version}
             )
+        for (kind_name, key), expected in self.draft.expected_versions.items():
+            if (kind_name, key) in self.draft.document_ops:
+                continue  # written: checked above
+            self.registry.document_kind(kind_name)
+            head = self.tx.document(kind_name, key)
+            current = head.version if head else 0
+            if expected != current:
+                raise DocumentConflict(
+                    f"document {kind_name}/{key} is at version {current}, draft expected {expected}"
+                )
         return heads, versions
 
     def _open(self, kind: str, key: str) -> Open | None:
@@ -1053,8 +1085,11 @@ class Builder:
             raise IllegalTransition(f"task {task_id} does not wait for the phase of epoch {epoch}")
         self.put(replace(task, status=Status.PENDING, wake_at=None, updated_seq=self.seq))
 
-    def _retry(self, task_id: str) -> None:
+    def _retry(self, task_id: str, expected_seq: int | None) -> None:
         task = self.task(task_id)
+        if expected_seq is not None and task.updated_seq != expected_seq:
+            raise StaleStep(f"task {task_id} changed at #{task.updated_seq} after the "
+                            f"#{expected_seq} you saw: look again")
         kind = task.outcome.get("kind") if task.terminal and task.outcome else None
         if kind not in (Outcome.FAILED, Outcome.FAULTED):
             raise IllegalTransition(f"task {task_id} did not fail; only failed tasks retry")

@@ -22,13 +22,14 @@ from controlplane.errors import Conflict, Invalid
 from controlplane.reads import sessions as session_reads
 from controlplane.worker.runtime import runtime
 from kernel import (
+    DocumentConflict,
     Draft,
     DuplicateCommit,
     ReservedConversation,
     UnknownRecord,
     agent,
 )
-from kernel.agent import Submitted
+from kernel.agent import Submitted, compaction
 from kernel.agent import branches as agent_branches
 from kernel.commit import operations_log_id
 from kernel.records import Conversation, SessionRecord
@@ -233,6 +234,9 @@ def compact_conversation(
                       "history, which a summary here would not shorten (its framework's "
                       "history processors do)")
     session_id = conversation.session_id
+    # Read first: a compaction started after it refuses the commit (see below), whether or
+    # not the read of those under way saw it.
+    starts_seen = session_reads.compactions_started(session_id, conversation_id)
     if not done_before(session_id, action_id, "compact", conversation_id):
         newest = session_reads.last_entries(conversation_id, 1, 0).entries
         refuse_unless(
@@ -248,11 +252,15 @@ def compact_conversation(
             f"a compaction of {conversation_id} is under way (task {under_way}): look "
             "again once it has ended",
         )
-    task_input = {"conversation_id": conversation_id, "reason": "operator", "by": actor(user)}
+    task_input = {"reason": "operator", "by": actor(user)}
 
     def build(draft: Draft) -> None:
-        draft.create_task(agent.COMPACTION, task_input)
+        compaction.start(draft, conversation_id, task_input, expected_version=starts_seen)
 
-    seq, replayed = commit_action(user, session_id, action_id, "compact", conversation_id, reason,
-                                  build)
+    try:
+        seq, replayed = commit_action(user, session_id, action_id, "compact", conversation_id,
+                                      reason, build)
+    except DocumentConflict as exc:
+        raise Conflict(f"another compaction of {conversation_id} started while yours was "
+                       "asked: look again once it has ended") from exc
     return ActionResult(action_id, "compact", conversation_id, session_id, seq, replayed, [])

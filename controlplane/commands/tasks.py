@@ -17,7 +17,7 @@ from controlplane.commands.actions import (
     refuse_unless,
 )
 from controlplane.commands.graphs import retry_of_a_run
-from controlplane.errors import Invalid
+from controlplane.errors import Conflict, Invalid
 from controlplane.reads import environments as environment_reads
 from controlplane.reads import restarts as restart_reads
 from controlplane.reads import tasks as task_reads
@@ -25,11 +25,13 @@ from controlplane.worker.runtime import runtime
 from kernel import (
     Blocked,
     Decision,
+    DocumentConflict,
     Draft,
     Status,
     Task,
     UnknownRecord,
 )
+from kernel.environment import BLOCKED_DOCUMENT
 
 
 def cancel_task(user: User, task_id: str, action_id: str, reason: str) -> ActionResult:
@@ -49,8 +51,9 @@ def retry_task(
     """Run a failed task again from its last saved phase (a graph run: see
     :func:`~controlplane.commands.graphs.retry_of_a_run`). ``expected_seq`` is the
     task's ``updated_seq`` as the operator saw it: a task that changed since (retried by
-    someone else, and failed again, say) is refused (Conflict), as a second retry would
-    repeat its side effects."""
+    someone else, and failed again, say) is refused (the kernel's ``StaleStep``, checked
+    in the commit under the session's lock), as a second retry would repeat its side
+    effects."""
     require_operator(user)
     task = task_reads.record(task_id)
     repeat = [
@@ -58,20 +61,16 @@ def retry_task(
         "makes before its next commit may happen again"
     ]
     repeated = done_before(task.session_id, action_id, "retry", task_id)
-    if not repeated:
-        refuse_unless(
-            task.updated_seq == expected_seq,
-            f"task {task_id} changed at #{task.updated_seq} after the #{expected_seq} you saw: "
-            "look again",
-        )
     also = retry_of_a_run(task, repeated)
     return act_on_task(user, action_id, reason, "retry", task,
-                       lambda d: retrying(d, task_id, also), repeat)
+                       lambda d: retrying(d, task_id, also, expected_seq), repeat)
 
 
-def retrying(draft: Draft, task_id: str, also: Callable[[Draft], None] | None) -> None:
-    """A retry of ``task_id`` in ``draft``, with what a graph run's retry adds."""
-    draft.retry(task_id)
+def retrying(draft: Draft, task_id: str, also: Callable[[Draft], None] | None,
+             expected_seq: int | None = None) -> None:
+    """A retry of ``task_id`` in ``draft`` (refused if the task changed after
+    ``expected_seq``, when given), with what a graph run's retry adds."""
+    draft.retry(task_id, expected_seq=expected_seq)
     if also is not None:
         also(draft)
 
@@ -96,8 +95,9 @@ def restart_task(
     state does not allow it (see :mod:`controlplane.reads.restarts`). While a worker
     reports the run's environment different, the restart runs under what that worker
     offers: ``expected_report`` is the identity of the report the operator saw (None: they
-    saw none), and another report now is refused (Conflict). One commit, naming who and
-    why, with the restart point in the operations log."""
+    saw none), and another report now is refused (Conflict), as is a report a worker
+    wrote after it was read here (checked in the commit). One commit, naming who and why,
+    with the restart point in the operations log."""
     require_operator(user)
     task = task_reads.record(task_id)
     try:
@@ -105,7 +105,8 @@ def restart_task(
     except UnknownRecord as exc:
         raise Invalid(f"seq: {exc}") from exc
     # A worker found the run's environment different: the fork runs under what it offers.
-    report = environment_reads.report(task)
+    found = environment_reads.seen(task)
+    report = found.report
     if not done_before(task.session_id, action_id, "restart", task_id):
         refused = restart_reads.refusal(task)
         refuse_unless(refused is None, refused or "")
@@ -121,12 +122,16 @@ def restart_task(
     if report is not None:
         detail["environment"] = {"worker": report.get("worker"),
                                  "differences": report.get("differences")}
-    return act_on_task(
-        user, action_id, reason, "restart", task,
-        lambda d: d.restart(task_id, chosen.entry(task_id), expected_seq=expected_seq,
-                            environment=offered),
-        said, detail,
-    )
+
+    def build(draft: Draft) -> None:
+        draft.restart(task_id, chosen.entry(task_id), expected_seq=expected_seq,
+                      environment=offered)
+        draft.expect_document(BLOCKED_DOCUMENT, task_id, found.version)
+
+    try:
+        return act_on_task(user, action_id, reason, "restart", task, build, said, detail)
+    except DocumentConflict as exc:
+        raise _report_rewritten(task_id) from exc
 
 
 def migrate_environment(
@@ -138,12 +143,14 @@ def migrate_environment(
     where it stands, under the environment that worker offers. ``expected_seq`` is the
     task's ``updated_seq`` the operator saw and ``expected_report`` the identity of the
     worker's report they saw (:func:`controlplane.reads.environments.identity`); refused
-    (Conflict) when either changed or when no worker reports a difference for the task as
-    it is now. One commit naming who and why, with the differences accepted in the
+    (Conflict) when either changed, in the commit too (a worker's rewrite of the report
+    after it was read here), or when no worker reports a difference for the task as it
+    is now. One commit naming who and why, with the differences accepted in the
     operations log."""
     require_operator(user)
     task = task_reads.record(task_id)
-    report = environment_reads.report(task)
+    found = environment_reads.seen(task)
+    report = found.report
     if not done_before(task.session_id, action_id, "migrate", task_id):
         refuse_unless(report is not None,
                       f"no worker reports task {task_id}'s environment different as it is "
@@ -157,11 +164,22 @@ def migrate_environment(
     offered = (report or {}).get("offered") or {}
     detail = {"environment": {"worker": (report or {}).get("worker"),
                               "differences": (report or {}).get("differences")}}
-    return act_on_task(
-        user, action_id, reason, "migrate", task,
-        lambda d: d.migrate_environment(task_id, offered, expected_seq=expected_seq),
-        [], detail,
-    )
+
+    def build(draft: Draft) -> None:
+        draft.migrate_environment(task_id, offered, expected_seq=expected_seq)
+        draft.expect_document(BLOCKED_DOCUMENT, task_id, found.version)
+
+    try:
+        return act_on_task(user, action_id, reason, "migrate", task, build, [], detail)
+    except DocumentConflict as exc:
+        raise _report_rewritten(task_id) from exc
+
+
+def _report_rewritten(task_id: str) -> Conflict:
+    """The refusal of an action whose commit found the task's environment report
+    rewritten after the command read it (the only document its commit expects)."""
+    return Conflict(f"a worker rewrote the environment report on task {task_id} while "
+                    "your action was under way: look again")
 
 
 def _refuse_unless_report_seen(

@@ -9,6 +9,7 @@ one offers the environment, or it would give the task back too."""
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 from controlplane import models
@@ -19,14 +20,33 @@ from kernel.environment import BLOCKED_DOCUMENT, fingerprint, recorded
 JSON = Any
 
 
+@dataclass(frozen=True)
+class Seen:
+    """The current report on a task (None: none, or stale, or the task has ended) and
+    the version of its report document it was read at (0: never written): an action on
+    the report expects that version in its commit, which a worker's rewrite since
+    refuses."""
+
+    report: dict[str, JSON] | None
+    version: int
+
+
+def seen(task: Task) -> Seen:
+    """The current report on ``task`` and the version it was read at, in one read."""
+    found, version = process_kernel().versioned_document(task.session_id, BLOCKED_DOCUMENT,
+                                                         task.id)
+    if task.terminal or recorded(task.checkpoint) is None:
+        return Seen(None, version)
+    if not isinstance(found, dict) or found.get("task_seq") != task.updated_seq:
+        return Seen(None, version)
+    return Seen(found if _waiting_or_rechecked(task, found) else None, version)
+
+
 def report(task: Task) -> dict[str, JSON] | None:
     """The current report on ``task``, or None (none, or stale, or the task has ended)."""
     if task.terminal or recorded(task.checkpoint) is None:
         return None
-    found = process_kernel().document(task.session_id, BLOCKED_DOCUMENT, task.id)
-    if not isinstance(found, dict) or found.get("task_seq") != task.updated_seq:
-        return None
-    return found if _waiting_or_rechecked(task, found) else None
+    return seen(task).report
 
 
 def identity(found: dict[str, JSON]) -> str:

@@ -14,7 +14,7 @@ from controlplane.errors import Invalid
 from controlplane.process.kernel import process_kernel
 from controlplane.storage.schema import CONVERSATION, ENTRY, SESSION, SUBMISSION
 from kernel import Status, UnknownRecord
-from kernel.agent.compaction import COMPACTION
+from kernel.agent.compaction import COMPACTION, STARTED
 from kernel.agent.context import TOOL_RESULT
 from kernel.commit import operations_log_id
 from kernel.records import Conversation, Entry, SessionRecord, Submission
@@ -235,6 +235,15 @@ def own_history_agents(conversation_ids: list[str]) -> dict[str, str]:
     ).order_by("conversation_id", "created_seq", "id").distinct(
         "conversation_id").values_list("conversation_id", "input__agent")
     return {conversation: str(agent) for conversation, agent in found}
+
+
+def compactions_started(session_id: str, conversation_id: str) -> int:
+    """The version of the conversation's record of compactions started
+    (:data:`kernel.agent.compaction.STARTED`; 0: none yet): read before
+    :func:`compaction_under_way`, a start expecting it is refused if another started
+    after that read, which the under-way read may have missed."""
+    head = process_kernel().storage.document_head(session_id, STARTED, conversation_id)
+    return head.version if head is not None else 0
 
 
 def compaction_under_way(session_id: str, conversation_id: str) -> str | None:

@@ -27,6 +27,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from kernel.commit import Draft
 from kernel.records import SUMMARY, Entry
 from kernel.registry import Registry
 from kernel.run import Run
@@ -45,6 +46,11 @@ from .requests import MAX_ATTEMPTS, backoff, record_usage
 
 JSON = Any
 COMPACTION = "agent-compaction"
+STARTED = "@compaction"
+"""The document, one per conversation (keyed by its id), naming the compaction started
+on it last, written in the commit that creates that task: a start that expects the
+version it read (:func:`start`) is refused when another started since, so of two asked
+at once only one runs (a second would summarize the same entries again)."""
 POLL_SECONDS = 1.0
 MAX_PASSES = 4
 """Summaries one compaction may commit, one after another, while the context still
@@ -171,6 +177,26 @@ def _cut_at_or_before(body: list[Entry], want: int) -> int:
     return valid
 
 
+def started(draft: Draft, conversation_id: str, task_id: str, reason: str, by: str,
+            *, expected_version: int | None = None) -> None:
+    """Name ``task_id``, created in ``draft``, as the compaction started on
+    ``conversation_id`` last (:data:`STARTED`); with ``expected_version``, the commit is
+    refused (``DocumentConflict``) if another started since that version was read."""
+    draft.update_document(STARTED, conversation_id, {
+        "op": "set", "path": [], "value": {"task": task_id, "reason": reason, "by": by}},
+        expected_version=expected_version)
+
+
+def start(draft: Draft, conversation_id: str, input: JSON, *, expected_version: int) -> str:
+    """An ``agent-compaction`` task of ``conversation_id`` created in ``draft`` (``input``
+    as :func:`register_compaction` says), refused when a compaction of it started after
+    :data:`STARTED` was at ``expected_version`` (0: never written)."""
+    task_id = draft.create_task(COMPACTION, {**input, "conversation_id": conversation_id})
+    started(draft, conversation_id, task_id, str(input.get("reason", "operator")),
+            str(input.get("by", draft.actor)), expected_version=expected_version)
+    return task_id
+
+
 def register_compaction(
     registry: Registry,
     models: Mapping[str, ModelProvider],
@@ -180,6 +206,8 @@ def register_compaction(
     """Add the ``agent-compaction`` task kind. Its input: ``conversation_id``, and
     ``model`` (the model that summarizes, whose window is measured; the default one
     if absent), ``reason`` (``threshold``, ``overflow``, ``operator``) and ``by``."""
+
+    registry.document(STARTED)
 
     @registry.task(COMPACTION, queue="brain")
     class Compact:

@@ -42,7 +42,7 @@ from kernel.tasks import Finish, Transition
 
 from .approval import APPROVE, requested, wait, wait_on
 from .approval import decision as decision_on
-from .compaction import COMPACTION, Compaction, register_compaction
+from .compaction import COMPACTION, Compaction, register_compaction, started
 from .context import INTERRUPTION, RESPONSE, TOOL_RESULT, USER, answers, messages
 from .models import (
     ContextOverflowError,
@@ -256,12 +256,14 @@ def register_agent(
     def compact(run: Run, reason: str, state: JSON) -> Transition:
         """Summarize the older part of the conversation first (a task of its own, which
         the turn waits for), then ask again."""
+        conversation = run.input["conversation_id"]
         child = run.spawn(COMPACTION, {
-            "conversation_id": run.input["conversation_id"],
+            "conversation_id": conversation,
             "model": run.checkpoint["model"],
             "reason": reason,
             "by": run.task_id,
         })
+        started(run.draft, conversation, child, reason, run.task_id)
         return run.wait_all([child], then="request", checkpoint={"in_flight": None, **state})
 
     def respond(

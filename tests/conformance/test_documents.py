@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
+from typing import Any
+
 import pytest
 
 from kernel import (
+    CommitRejected,
+    DocumentConflict,
     Draft,
     NotRegistered,
+    Outcome,
     Registry,
     Run,
     Status,
@@ -17,8 +23,10 @@ from kernel import (
 from kernel.commit import CommitKind
 from kernel.documents import apply_ops, encoded_size, weight
 from kernel.storage import as_stored
+from kernel.tasks import Finish, Next
 from kernel.values import DOCUMENT_NAME_BYTES
 
+from .definitions import Effects, make_registry
 from .world import World
 
 
@@ -262,6 +270,92 @@ def test_which_drafts_are_documents_only() -> None:
         assert draft(**extra).kind() is CommitKind.GENERAL, extra
     assert draft(task=True).kind() is CommitKind.GENERAL  # a create that writes documents
     assert Draft().kind() is CommitKind.GENERAL
+
+
+@pytest.mark.parametrize("shape", ["alone", "creates", "documents", "keyed", "next alone",
+                                   "next writing", "ends alone"])
+def test_a_version_expected_of_a_document_it_does_not_write_is_checked_in_the_commit(
+    world: World, shape: str,
+) -> None:
+    """``Draft.expect_document``: the commit is refused (DocumentConflict, nothing
+    written) unless the document is at the version expected when it is built, and the
+    document itself is not written. Each shape of draft beside it (one that would
+    otherwise only create tasks, only write documents, or be one phase's commit that
+    keeps or ends its lease) is committed the general way, so no storage's shorter way
+    passes over the check."""
+    registry = make_registry(Effects())
+    kernel = world.kernel(registry)
+    handle = kernel.create_session()
+    seen = Draft()
+    seen.set("plan", "seen", ["v"], 1)
+    handle.commit(seen)  # version 1
+    moved = Draft()
+    moved.set("plan", "seen", ["v"], 2)
+    handle.commit(moved)  # version 2: the caller saw 1
+    conversation = Draft()
+    conv = conversation.create_conversation()
+    handle.commit(conversation)
+
+    def draft(expected: int) -> tuple[Draft, object]:
+        known = None
+        made = Draft(actor="user:x", key=f"k{expected}" if shape == "keyed" else None)
+        if shape in ("alone", "keyed"):
+            made.append(conv, "note", {"n": expected})
+        elif shape == "creates":
+            made.create_task("step", {"name": "made"})
+        elif shape == "documents":
+            made.set("plan", "other", ["n"], expected)
+        else:
+            task_id = Draft()
+            made_id = task_id.create_task("napper", {})
+            handle.commit(task_id)
+            now = world.clock.now()
+            known = world.storage.claim(made_id, "w1", now, now + timedelta(seconds=30))
+            assert known is not None
+            if shape == "ends alone":
+                transition: Any = Finish(Outcome.SUCCEEDED, "done")
+            else:
+                transition = Next("wake", {"n": expected}, keep_lease=True,
+                                  lease_until=now + timedelta(seconds=30))
+            if shape == "next writing":
+                made.append(conv, "note", {"n": expected})
+            made.transition(made_id, known.epoch, transition, owner="w1")
+        made.expect_document("plan", "seen", expected)
+        assert made.kind() is CommitKind.GENERAL
+        return made, known
+
+    for before in (1, 0):  # a version before, or never written (the shorter ways' guess)
+        stale, known = draft(before)
+        head = world.storage.session(handle.id).head_seq
+        with pytest.raises(DocumentConflict, match=f"at version 2, draft expected {before}"):
+            kernel.open(handle.id).commit(stale, known=known)  # type: ignore[arg-type]
+        assert world.storage.session(handle.id).head_seq == head
+        assert world.storage.document_head(handle.id, "plan", "other") is None
+
+    current, known = draft(2)
+    written = kernel.open(handle.id).commit(current, known=known)  # type: ignore[arg-type]
+    assert [h.key for h in written.document_heads] == (["other"] if shape == "documents"
+                                                       else [])
+    assert world.storage.document_head(handle.id, "plan", "seen").version == 2
+    assert kernel.document(handle.id, "plan", "seen") == {"v": 2}
+
+
+def test_a_version_expected_of_a_document_never_written_is_zero(world: World) -> None:
+    registry = make_registry(Effects())
+    kernel = world.kernel(registry)
+    handle = kernel.create_session()
+    refused = Draft()
+    refused.set("plan", "a", ["v"], 1)
+    refused.expect_document("plan", "never", 1)
+    with pytest.raises(DocumentConflict, match="at version 0, draft expected 1"):
+        handle.commit(refused)
+    done = Draft()
+    done.set("plan", "a", ["v"], 1)
+    done.expect_document("plan", "never", 0)
+    handle.commit(done)
+    assert world.storage.document_head(handle.id, "plan", "never") is None
+    with pytest.raises(CommitRejected, match="a count"):
+        Draft().expect_document("plan", "a", -1)
 
 
 def test_a_new_documents_id_is_made_with_the_draft_and_kept_when_absorbed() -> None:

@@ -811,6 +811,37 @@ def test_a_failed_task_retries_from_its_last_saved_phase(world: World) -> None:
         world.kernel(registry).open(world.storage.task(ok_id).session_id).commit(refused)
 
 
+def test_a_retry_of_a_task_changed_since_the_caller_saw_it_is_refused(world: World) -> None:
+    """Retried by someone else and failed again since: a retry expecting the failure the
+    caller saw is refused in the commit and writes nothing; one expecting the failure
+    there is now goes."""
+    effects = Effects()
+    registry = make_registry(effects)
+    kernel, handle, task_id = start(world, "step", {"name": "s", "fail": True}, registry)
+    world.scheduler(registry).run_until_idle()
+    seen = world.storage.task(task_id).updated_seq
+    other = Draft(actor="user:omar")
+    other.retry(task_id, expected_seq=seen)
+    kernel.open(handle.id).commit(other)
+    world.scheduler(registry).run_until_idle()  # it fails again
+    failed = world.storage.task(task_id)
+    assert failed.outcome["kind"] == "failed" and failed.updated_seq > seen
+    head = world.storage.session(handle.id).head_seq
+
+    stale = Draft(actor="user:olga")
+    stale.retry(task_id, expected_seq=seen)
+    with pytest.raises(StaleStep, match=f"changed at #{failed.updated_seq} after the #{seen}"):
+        kernel.open(handle.id).commit(stale)
+    assert world.storage.session(handle.id).head_seq == head
+    assert world.storage.task(task_id) == failed
+
+    current = Draft(actor="user:olga")
+    current.retry(task_id, expected_seq=failed.updated_seq)
+    kernel.open(handle.id).commit(current)
+    assert world.storage.task(task_id).status is Status.PENDING
+    assert effects.calls == ["s:act", "s:act"]
+
+
 def test_a_keep_lease_commit_extends_the_lease(world: World) -> None:
     registry = make_registry(Effects())
     seen: list[Any] = []

@@ -1,6 +1,7 @@
 """Two operators deciding one thing at once: both have read it before either commits
 (a barrier after the read), then both commit, each on its own thread and Postgres
-connection. Exactly one decision may land; the other is refused."""
+connection. Exactly one decision may land; the other is refused. Or a competing commit
+landed between one command's read and its commit (:func:`just_before`)."""
 
 from __future__ import annotations
 
@@ -50,3 +51,21 @@ def decide_at_once(
     refused = [a for a in answers if isinstance(a, Exception)]
     assert len(landed) == 1 and len(refused) == 1, answers
     return landed[0], refused[0]
+
+
+def just_before(monkeypatch: pytest.MonkeyPatch, owner: object, name: str,
+                change: Callable[[], object]) -> list[object]:
+    """Make the first call of ``owner.name`` (a command's commit, called once it has read
+    and checked what it acts on) run ``change`` first: a competing commit that lands
+    between the command's read and its commit. Returns what ``change`` returned, once run."""
+    original = getattr(owner, name)
+    landed: list[object] = []
+
+    def change_then_commit(*args: Any, **kwargs: Any) -> Any:
+        if not landed:
+            landed.append(None)  # the change may call through here itself
+            landed[0] = change()
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(owner, name, change_then_commit)
+    return landed

@@ -437,11 +437,16 @@ class Differential(RuleBasedStateMachine):
             target.id, name, {"decision": "go"}, step_epoch=epoch))
 
     @precondition(lambda self: bool(self.tasks()))
-    @rule(task=INDEX)
-    def retry(self, task: int) -> None:
+    @rule(task=INDEX, seen=st.sampled_from((None, "right", "stale")))
+    def retry(self, task: int, seen: str | None) -> None:
+        """An operator's retry, expecting the task as they saw it (its ``updated_seq``,
+        or one before: retried and failed again since) or not."""
         target = self.task_at(task, lambda t: (t.outcome or {}).get("kind") in
                               ("failed", "faulted"))
-        self._client("retry", target.session_id, lambda w, d: d.retry(target.id))
+        expected = None if seen is None else target.updated_seq - (seen == "stale")
+        self._client("retry", target.session_id,
+                     lambda w, d: d.retry(target.id, expected_seq=expected))
+        STATS[f"retry: {seen or 'unexpected'}"] += 1
 
     @precondition(lambda self: bool(self.tasks()))
     @rule(task=INDEX)
@@ -589,20 +594,29 @@ class Differential(RuleBasedStateMachine):
                          "setdefault")), BAD),
         min_size=1, max_size=4),
         odd=st.sampled_from((None,) * 8 + ("expected", "stale", "unregistered", "nul key")),
+        read=st.sampled_from((None, "right", "stale")),
         lose=st.sampled_from((False,) * 5 + (True,)))
     def documents(self, session: int, writes: list[tuple[str, str, str | None]],
-                  odd: str | None, lose: bool) -> None:
+                  odd: str | None, read: str | None, lose: bool) -> None:
         """A client's commit that only writes documents (``CommitKind.DOCUMENTS_ONLY``):
         ops of every kind, whole values, ops large enough that a baseline comes due
         (refused by the one statement, written by the general commit), values Postgres
-        refuses, a version expected (the general kind), a kind not registered, a key
-        with NUL, and the connection lost just before it is sent."""
+        refuses, a version expected (the general kind) of a document written or only read
+        (``Draft.expect_document``: right, or stale, the one the documents-only statement
+        would guess, never written, among them), a kind not registered, a key with NUL, and
+        the connection lost just before it is sent."""
         session_id, _ = self.session_at(session)
         memory = self.reference.memory
         assert memory is not None
         first = (DOCUMENT, writes[0][0])
         head = memory._heads.get((session_id, *first))
         expected = (head.version if head is not None else 0) + (odd == "stale")
+        written = {key for key, _, _ in writes}
+        unwritten = next((k for k in ("d0", "d1", "d2") if k not in written), "d3")
+        head_read = memory._heads.get((session_id, DOCUMENT, unwritten))
+        read_version = head_read.version if head_read is not None else 0
+        if read == "stale":
+            read_version = 0 if read_version else 1
 
         def op(world: World) -> WriteSet:
             draft = Draft(actor="user:client")
@@ -627,6 +641,8 @@ class Differential(RuleBasedStateMachine):
                     draft.set(DOCUMENT, key, ["big"], "x" * 1500)
             if odd in ("expected", "stale"):
                 draft.expected_versions[first] = expected
+            if read is not None:
+                draft.expect_document(DOCUMENT, unwritten, read_version)
             elif odd == "unregistered":
                 draft.set("unregistered", "u", ["v"], 1)
             elif odd == "nul key" and world.refused:
@@ -639,6 +655,8 @@ class Differential(RuleBasedStateMachine):
         self.each("documents", op)
         lost = lose and enabled("lose")
         STATS[f"documents: {odd or 'plain'}{' (lost connection)' if lost else ''}"] += 1
+        if read is not None:
+            STATS[f"documents: one only read, {read}"] += 1
 
     @precondition(lambda self: bool(self.sessions) and enabled("trim"))
     @rule(session=INDEX, back=st.integers(min_value=0, max_value=4), empty=st.booleans())

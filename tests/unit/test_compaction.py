@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from kernel import Draft, Kernel, Scheduler, SubmissionStatus
+from kernel import DocumentConflict, Draft, Kernel, Scheduler, SubmissionStatus
 from kernel.agent import (
     COMPACTION,
     Compaction,
@@ -20,7 +20,7 @@ from kernel.agent import (
     ToolCall,
     submit,
 )
-from kernel.agent.compaction import estimate_tokens, plan
+from kernel.agent.compaction import STARTED, estimate_tokens, plan, start
 from kernel.agent.context import SUMMARY_INTRO
 from kernel.records import SUMMARY, Entry, position
 
@@ -124,6 +124,36 @@ def test_a_context_overflow_answer_is_compacted_and_asked_again_once() -> None:
     assert all(s.status is SubmissionStatus.ANSWERED for s in subs)
     tasks = [t for t in kernel.storage.session_tasks(handle.id) if t.kind == COMPACTION]
     assert len(tasks) == len(made)  # one compaction per overflow answer
+
+
+def test_each_compaction_started_is_named_and_a_start_expecting_an_older_one_is_refused(
+) -> None:
+    """A turn's compaction names itself in the conversation's record of compactions
+    started, in the commit that creates it; an operator's start that read that record
+    before (two asked at once, or a turn's started meanwhile) is refused and writes
+    nothing, so the same entries are not summarized twice."""
+    world = World(overflowing(9_000))
+    kernel, handle, conversation = converse(world, 6)
+    tasks = [t for t in kernel.storage.session_tasks(handle.id) if t.kind == COMPACTION]
+    assert len(tasks) >= 2
+    record, version = kernel.versioned_document(handle.id, STARTED, conversation)
+    assert version == len(tasks)
+    assert record == {"task": tasks[-1].id, "reason": "overflow", "by": tasks[-1].input["by"]}
+
+    head = kernel.storage.session(handle.id).head_seq
+    stale = Draft(actor="user:op")
+    start(stale, conversation, {"reason": "operator", "by": "user:op"},
+          expected_version=version - 1)
+    with pytest.raises(DocumentConflict, match=f"at version {version}"):
+        handle.commit(stale)
+    assert kernel.storage.session(handle.id).head_seq == head
+    current = Draft(actor="user:op")
+    made = start(current, conversation, {"reason": "operator", "by": "user:op"},
+                 expected_version=version)
+    handle.commit(current)
+    assert kernel.document(handle.id, STARTED, conversation)["task"] == made
+    assert kernel.task(made).input == {"reason": "operator", "by": "user:op",
+                                       "conversation_id": conversation}
 
 
 def test_a_context_still_too_long_after_compaction_ends_the_turn_after_one_compaction() -> None:
