@@ -12,6 +12,7 @@ from django.conf import settings
 from controlplane import models
 from controlplane.process.kernel import process_kernel
 from controlplane.reads.snapshot import rows as sql_rows
+from controlplane.storage.statements import task_blocked
 from kernel import Status
 
 
@@ -141,10 +142,11 @@ class QueueDepth:
     broker: int | None
     """Messages waiting in the broker's list for this queue (None if unknown)."""
     blocked: int = 0
-    """Tasks that would be runnable but that no worker here can run (every dispatch row
-    of theirs marked blocked: their definition is missing, too old, or fails to
-    migrate): they wait for a deploy, not for a worker, so they are not work the queue
-    is behind on."""
+    """Tasks that would be runnable but that no worker here can run (blocked, as
+    :func:`controlplane.storage.statements.task_blocked` says: their definition is
+    missing, too old, or fails to migrate, or their environment is not offered): they
+    wait for a deploy or an operator, not for a worker, so they are not work the queue is
+    behind on."""
 
 
 RUNNABLE_SQL = (
@@ -152,14 +154,6 @@ RUNNABLE_SQL = (
     "OR (t.status = 'running' AND t.lease_until < %(now)s))"
 )
 """:meth:`kernel.records.Task.runnable_at` in SQL (the partial index ``task_runnable``)."""
-
-BLOCKED_SQL = (
-    "coalesce((SELECT bool_and(d.blocked) FROM kernel_dispatch d WHERE d.task_id = t.id), "
-    "false)"
-)
-"""Task ``t``'s dispatch rows are all marked blocked (a worker found it blocked, and no
-commit has woken it since)."""
-
 
 def queues(now: datetime | None = None, consumed: list[str] | None = None) -> list[QueueDepth]:
     """Each queue's runnable tasks and the age of the oldest, from ``kernel_task``, with
@@ -170,7 +164,7 @@ def queues(now: datetime | None = None, consumed: list[str] | None = None) -> li
         "min(CASE WHEN t.status = 'sleeping' THEN t.wake_at "
         "WHEN t.status = 'running' THEN t.lease_until ELSE c.at END) "
         "FILTER (WHERE NOT t.blocked), count(*) FILTER (WHERE t.blocked) "
-        f"FROM (SELECT t.*, {BLOCKED_SQL} AS blocked FROM kernel_task t "
+        f"FROM (SELECT t.*, {task_blocked('t')} AS blocked FROM kernel_task t "
         f"WHERE {RUNNABLE_SQL}) t LEFT JOIN kernel_commit c "
         "ON c.session_id = t.session_id AND c.seq = t.updated_seq "
         "GROUP BY t.queue", {"now": now})}

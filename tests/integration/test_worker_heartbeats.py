@@ -4,14 +4,17 @@ Workers page and in the API beside the leases it holds; each queue's depth."""
 from __future__ import annotations
 
 from datetime import timedelta
+from io import StringIO
 
 import pytest
 from django.contrib.auth.models import Group, User
+from django.core.management import call_command
 from django.db import connection
 from django.test import Client, override_settings
 from django.utils import timezone
 
 from controlplane.models import Worker
+from controlplane.reads import pages
 from controlplane.reads import workers as reads
 from controlplane.worker import heartbeats
 from controlplane.worker.runtime import runtime
@@ -211,3 +214,29 @@ def viewer_api(path: str) -> list[dict]:
     client = Client()
     client.force_login(user)
     return client.get(path).json()
+
+
+def test_every_view_takes_the_same_tasks_for_blocked() -> None:
+    """One task a worker found blocked (all its dispatch rows marked), one that an
+    operator migrated since (a commit's row of its own beside the marked one, delivered as
+    any other): the queue depths, the API, the storage's retry list, the Needs attention
+    page and ``manage.py tasks`` all take the first for blocked, and only it."""
+    kernel = runtime().kernel
+    stuck, changed = a_batch(), a_batch()
+    for task_id in (stuck, changed):
+        kernel.storage.block_dispatches(task_id)
+    migrate = Draft(actor="user:ann")
+    migrate.migrate_environment(changed, {}, expected_seq=kernel.task(changed).updated_seq)
+    kernel.open(kernel.task(changed).session_id).commit(migrate)
+    queue = kernel.task(stuck).queue
+
+    [found] = [q for q in reads.queues() if q.queue == queue]
+    assert (found.runnable, found.blocked) == (1, 1)
+    [listed] = [q for q in viewer_api("/api/queues") if q["queue"] == queue]
+    assert (listed["runnable"], listed["blocked"]) == (1, 1)
+    assert [t.id for t in kernel.storage.blocked_tasks(10)] == [stuck]
+    assert [t.id for t in pages.attention().blocked] == [stuck]
+    out = StringIO()
+    call_command("tasks", "--older-than", "3600", stdout=out)
+    assert [line.split()[0] for line in out.getvalue().splitlines()] == [stuck]
+    assert "blocked: the workers that took it have no definition" in out.getvalue()
