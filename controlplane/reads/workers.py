@@ -3,6 +3,7 @@ writes (:mod:`controlplane.worker.heartbeats`), live or dead, and each queue's d
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -99,7 +100,7 @@ def registry(now: datetime | None = None) -> list[WorkerState]:
     return sorted(found, key=lambda w: (w.state != "live", w.host, w.pid))
 
 
-def dead_owners(now: datetime, sweeper: str | None = None) -> list[str]:
+def dead_owners(now: datetime, sweeper_steady: float | None = math.inf) -> list[str]:
     """The lease owners (``host:pid``) of the workers whose heartbeat stopped: silent for
     more than ``WORKER_DEAD_SECONDS`` at ``now`` (the database's clock, which their
     heartbeats are written by) and not stopped cleanly (a clean stop released its leases
@@ -107,17 +108,19 @@ def dead_owners(now: datetime, sweeper: str | None = None) -> list[str]:
     leases run out as ever. What the sweep ends the leases of
     (:class:`kernel.dispatch.Dispatcher`'s ``dead_owners``).
 
-    ``sweeper``: the worker asking. While its own row is silent too, the database (or
-    every heartbeat) was out of reach a moment ago, and the others' silence says that,
-    not that they died: none is taken for dead until the asker has beaten again."""
-    silent_since = now - timedelta(seconds=settings.WORKER_DEAD_SECONDS)
-    if sweeper is not None:
-        own = models.Worker.objects.filter(id=sweeper, stopped_at=None).values_list(
-            "last_heartbeat", flat=True).first()
-        if own is not None and own < silent_since:
-            return []
+    ``sweeper_steady``: how long the asking worker's own beats have run without a gap up
+    to ``now``, in seconds (None: it is in a gap now;
+    :meth:`controlplane.worker.heartbeats.Heartbeat.steady_for`). After a database outage
+    every row is silent, and each live worker beats again when it next tries, some later
+    than others: the sweeper takes no one for dead until its own beats have run for
+    ``WORKER_DEAD_SECONDS`` since, so a worker is dead only if it stayed silent that long
+    while the database was in reach. Not given (a process that writes no row, such as
+    ``manage.py sweep``): the rows alone decide."""
+    dead_after = settings.WORKER_DEAD_SECONDS
+    if sweeper_steady is None or sweeper_steady <= dead_after:
+        return []
     return list(models.Worker.objects.filter(
-        stopped_at=None, last_heartbeat__lt=silent_since,
+        stopped_at=None, last_heartbeat__lt=now - timedelta(seconds=dead_after),
         last_heartbeat__gte=now - timedelta(seconds=settings.WORKER_FORGET_SECONDS),
     ).order_by("id").values_list("id", flat=True))
 
