@@ -21,6 +21,7 @@ from controlplane.worker import heartbeats
 from controlplane.worker.runtime import runtime
 from kernel import Draft, ManualClock
 
+from .clients import login
 from .clocks import behind
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -258,7 +259,7 @@ def test_every_view_takes_the_same_tasks_for_blocked() -> None:
     """One task a worker found blocked (all its dispatch rows marked), one that an
     operator migrated since (a commit's row of its own beside the marked one, delivered as
     any other): the queue depths, the API, the storage's retry list, the Needs attention
-    page and ``manage.py tasks`` all take the first for blocked, and only it."""
+    page, ``manage.py tasks`` and the metrics all take the first for blocked, and only it."""
     kernel = runtime().kernel
     stuck, changed = a_batch(), a_batch()
     for task_id in (stuck, changed):
@@ -278,3 +279,4 @@ def test_every_view_takes_the_same_tasks_for_blocked() -> None:
     call_command("tasks", "--older-than", "3600", stdout=out)
     assert [line.split()[0] for line in out.getvalue().splitlines()] == [stuck]
     assert "blocked: the workers that took it have no definition" in out.getvalue()
+    assert "durable_blocked_tasks 1.0" in login("operator").get("/metrics").content.decode()
