@@ -320,9 +320,11 @@ def get(task_id: str) -> TaskView:
         raise UnknownRecord(f"no task {task_id}")
     shown = view(found[0])
     report = environments.report(found[0])
-    if report is None:
-        return shown
-    return TaskView(shown.task, shown.blocked or environments.reason(report), report)
+    if report is not None:
+        return TaskView(shown.task, shown.blocked or environments.reason(report), report)
+    if shown.blocked is None and not shown.terminal and _rows_blocked([task_id]):
+        return TaskView(shown.task, WORKERS_FOUND_BLOCKED)
+    return shown
 
 
 def record(task_id: str) -> Task:

@@ -259,7 +259,8 @@ def test_every_view_takes_the_same_tasks_for_blocked() -> None:
     """One task a worker found blocked (all its dispatch rows marked), one that an
     operator migrated since (a commit's row of its own beside the marked one, delivered as
     any other): the queue depths, the API, the storage's retry list, the Needs attention
-    page, ``manage.py tasks`` and the metrics all take the first for blocked, and only it."""
+    page, the task's page, ``manage.py tasks`` and the metrics all take the first for
+    blocked, and only it."""
     kernel = runtime().kernel
     stuck, changed = a_batch(), a_batch()
     for task_id in (stuck, changed):
@@ -275,6 +276,10 @@ def test_every_view_takes_the_same_tasks_for_blocked() -> None:
     assert (listed["runnable"], listed["blocked"]) == (1, 1)
     assert [t.id for t in kernel.storage.blocked_tasks(10)] == [stuck]
     assert [t.id for t in pages.attention().blocked] == [stuck]
+    client = viewer()
+    page = client.get(f"/tasks/{stuck}/").content.decode()
+    assert "<dt>Blocked</dt><dd>the workers that took it have no definition" in page
+    assert "<dt>Blocked</dt>" not in client.get(f"/tasks/{changed}/").content.decode()
     out = StringIO()
     call_command("tasks", "--older-than", "3600", stdout=out)
     assert [line.split()[0] for line in out.getvalue().splitlines()] == [stuck]
