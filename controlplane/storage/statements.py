@@ -705,9 +705,9 @@ BLOCK_DISPATCHES = (
 def task_blocked(task: str) -> str:
     """Whether task ``task`` (the task table or an alias of it) is blocked: it has dispatch
     rows and every one is marked blocked. A worker that finds a task blocked marks all its
-    rows; a commit since (an operator's migrate, a cancel, a signal) adds a row of its
-    own, a change of the task that no worker has found blocked yet, and that row is
-    delivered as any other: the task waits for a worker then, not for a deploy."""
+    rows; a commit since that makes it runnable (an operator's migrate, say) adds a row
+    of its own, for a change of the task that no worker has found blocked yet, and that
+    row is delivered as any other: the task waits for a worker then, not for a deploy."""
     return (f"coalesce((SELECT bool_and(d.blocked) FROM {DISPATCH.name} d "
             f"WHERE d.task_id = {task}.id), false)")
 

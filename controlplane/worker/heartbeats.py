@@ -153,8 +153,8 @@ def gap() -> float:
     outage and up to two beat intervals around it are longer than ``WORKER_DEAD_SECONDS``;
     with that at least four beat intervals long, such an outage is longer than half of
     it, so it breaks the sweeper's run too, and the sweeper judges no one for
-    ``WORKER_DEAD_SECONDS`` after it, while every live worker beats again. A beat merely
-    late (a slow write) breaks nothing."""
+    ``WORKER_DEAD_SECONDS`` after it, while every live worker beats again. A beat late by
+    less (a slow write) breaks nothing."""
     return settings.WORKER_DEAD_SECONDS / 2
 
 
