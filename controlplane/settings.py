@@ -406,8 +406,10 @@ KERNEL_HEARTBEAT = _env_bool("KERNEL_HEARTBEAT", True)
 
 # The worker registry (controlplane.worker.heartbeats): each worker process writes its row
 # every WORKER_HEARTBEAT_SECONDS; one silent for WORKER_DEAD_SECONDS is shown dead and the
-# sweep ends its leases at once (keep it several beats long: a live worker taken for dead
-# has its phases restarted), and one gone for WORKER_FORGET_SECONDS is no longer listed.
+# sweep ends its leases at once (keep it at least four beats long: a live worker taken for
+# dead has its phases restarted, and a sweeper's own run of beats is broken by a silence
+# of half of it: controlplane.worker.heartbeats.gap), and one gone for
+# WORKER_FORGET_SECONDS is no longer listed.
 WORKER_HEARTBEAT_SECONDS = float(os.environ.get("WORKER_HEARTBEAT_SECONDS", "2"))
 WORKER_DEAD_SECONDS = float(os.environ.get("WORKER_DEAD_SECONDS", "10"))
 WORKER_FORGET_SECONDS = float(os.environ.get("WORKER_FORGET_SECONDS", "3600"))

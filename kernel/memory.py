@@ -614,7 +614,10 @@ class InMemoryStorage:
 
     def blocked_tasks(self, limit: int) -> list[Task]:
         with self._lock:
-            ids = dict.fromkeys(d.task_id for d in self._dispatches.values() if d.blocked)
+            blocked: dict[str, bool] = {}
+            for d in self._dispatches.values():
+                blocked[d.task_id] = blocked.get(d.task_id, True) and d.blocked
+            ids = [i for i, all_blocked in blocked.items() if all_blocked]
             return _own([self._tasks[i] for i in ids if i in self._tasks][:limit])
 
     def retry_dispatches(self, task_ids: Iterable[str]) -> None:

@@ -453,7 +453,8 @@ class Storage(Protocol):
         ...
 
     def blocked_tasks(self, limit: int) -> list[Task]:
-        """Tasks whose dispatch rows are marked blocked."""
+        """Tasks whose dispatch rows are all marked blocked: a worker found each blocked
+        and no commit has changed it since (a commit's row of its own is not marked)."""
         ...
 
     def retry_dispatches(self, task_ids: Iterable[str]) -> None:

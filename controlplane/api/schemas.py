@@ -143,7 +143,10 @@ class TaskOut(Schema):
     lease_until: datetime | None
     created_seq: int
     updated_seq: int
-    blocked: str | None = Field(None, description="why no registered definition can run it")
+    blocked: str | None = Field(
+        None, description="why no worker can run it: no registered definition can, or (only "
+        "`GET /tasks/{id}` reads these) a worker does not offer its environment, or the "
+        "workers found it blocked")
     environment_report: str | None = Field(
         None, description="the identity of the worker's report that it does not offer the "
         "environment the run was started under (`blocked` says its differences; only "

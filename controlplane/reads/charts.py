@@ -217,7 +217,7 @@ FROM deltas GROUP BY 1, 2
 @dataclass(frozen=True)
 class SessionHistory:
     """A session's tasks by shown status at the end of each bucket, from its first commit
-    to its last (or now)."""
+    to now (or its last, if later)."""
 
     start: datetime
     end: datetime
@@ -229,13 +229,15 @@ class SessionHistory:
 def session_history(session_id: str, buckets: int = 60,
                     now: datetime | None = None) -> SessionHistory | None:
     """None for a session without commits. Each task's status changes become +1/-1 per
-    status and bucket in SQL; the running sums here are buckets x statuses."""
+    status and bucket in SQL; the running sums here are buckets x statuses. ``now``: the
+    database's clock unless given, as commits are dated by (the web machine's may
+    disagree)."""
     span = sql_rows("SELECT min(at), max(at) FROM kernel_commit WHERE session_id = %s",
                     [session_id])
     if not span or span[0][0] is None:
         return None
     start, last = span[0]
-    end = max(last, now) if now else last
+    end = max(last, now or process_kernel().clock.now())
     width = max((end - start).total_seconds() / buckets, 0.001)
     deltas: dict[str, list[int]] = {}
     for b, status, n in sql_rows(SESSION_SQL, {"session": session_id, "start": start,

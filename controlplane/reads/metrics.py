@@ -6,6 +6,8 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from controlplane.reads.snapshot import rows
+from controlplane.reads.workers import RUNNABLE_SQL
+from controlplane.storage.statements import task_blocked
 from kernel import Outcome, Status
 
 
@@ -20,6 +22,9 @@ class StoreFigures:
     """Every :class:`~kernel.records.Outcome`, zero where none."""
     expired_leases: int
     dispatch_lag_seconds: float
+    blocked_tasks: int
+    """Runnable tasks no worker can run, as the queue depths count them
+    (:func:`controlplane.storage.statements.task_blocked`)."""
 
 
 def store_figures(now: datetime) -> StoreFigures:
@@ -39,6 +44,11 @@ def store_figures(now: datetime) -> StoreFigures:
         "AND delivered_at IS NULL",
         [now],
     )
+    [(blocked,)] = rows(
+        f"SELECT count(*) FROM kernel_task t WHERE {RUNNABLE_SQL} AND t.id IN "
+        f"(SELECT task_id FROM kernel_dispatch WHERE blocked) AND {task_blocked('t')}",
+        {"now": now},
+    )
     return StoreFigures(
         commits=int(commits),
         claims=int(claims),
@@ -47,4 +57,5 @@ def store_figures(now: datetime) -> StoreFigures:
         finished_by_outcome={o.value: int(by_outcome.get(o.value, 0)) for o in Outcome},
         expired_leases=int(expired),
         dispatch_lag_seconds=(now - oldest).total_seconds() if oldest else 0.0,
+        blocked_tasks=int(blocked),
     )

@@ -20,6 +20,7 @@ from controlplane.reads.approvals import TOOL_KIND
 from controlplane.reads.snapshot import rows as sql_rows
 from controlplane.storage import search
 from controlplane.storage.schema import COMMIT, TASK
+from controlplane.storage.statements import task_blocked
 from kernel import Blocked, Decision, Outcome, Status, Task, UnknownRecord, tracing
 from kernel.agent.approval import PHASE as APPROVAL_PHASE
 from kernel.records import SHOWN_STATUSES
@@ -67,9 +68,10 @@ AWAITING_APPROVAL = TaskFilter(kind=TOOL_KIND, status=Status.SLEEPING,
 """Tool calls asleep until an operator approves or denies them (the approval gate)."""
 NEEDS_ATTENTION = (AWAITING_RESOLUTION, FAILED, AWAITING_APPROVAL)
 """What needs an operator, as the attention list, its count and its chart read it.
-(Blocked tasks, which no definition in this process can run or whose environment a
-worker found it does not offer, are found at read time, by the registry and the workers'
-reports (:func:`blocked`): the list shows them, but the count and the chart do not.)"""
+(Blocked tasks, which no definition in this process can run, whose environment a
+worker found it does not offer, or which the workers found blocked, are found at read
+time, by the registry, the workers' reports and the dispatch rows (:func:`blocked`): the
+list shows them, but the count and the chart do not.)"""
 
 
 def needs_attention_sql(item: str) -> str:
@@ -318,9 +320,11 @@ def get(task_id: str) -> TaskView:
         raise UnknownRecord(f"no task {task_id}")
     shown = view(found[0])
     report = environments.report(found[0])
-    if report is None:
-        return shown
-    return TaskView(shown.task, shown.blocked or environments.reason(report), report)
+    if report is not None:
+        return TaskView(shown.task, shown.blocked or environments.reason(report), report)
+    if shown.blocked is None and not shown.terminal and _rows_blocked([task_id]):
+        return TaskView(shown.task, WORKERS_FOUND_BLOCKED)
+    return shown
 
 
 def record(task_id: str) -> Task:
@@ -336,15 +340,40 @@ def not_terminal(limit: int) -> list[TaskView]:
                                       .order_by("id")[:limit])]
 
 
+WORKERS_FOUND_BLOCKED = ("the workers that took it have no definition that runs it "
+                         "(this web server's has one): it waits for a deploy of workers")
+"""Why a task is blocked that this process's registry could run: the workers' could not."""
+
+
 def blocked(limit: int) -> list[TaskView]:
     """Of the first ``limit`` tasks not ended, those no worker can run: no definition
-    here can (the registry says why), or a worker found it does not offer the
-    environment the run was started under (its current report says why)."""
+    here can (the registry says why), a worker found it does not offer the environment
+    the run was started under (its current report says why), or the workers found it
+    blocked (its dispatch rows say so, as the queue depths count it:
+    :func:`controlplane.storage.statements.task_blocked`)."""
     scanned = not_terminal(limit)
     reports = environments.current(t.task for t in scanned if not t.blocked)
-    return [t if t.blocked else TaskView(t.task, environments.reason(reports[t.id]),
-                                         reports[t.id])
-            for t in scanned if t.blocked or t.id in reports]
+    rows_blocked = _rows_blocked([t.id for t in scanned if not t.blocked
+                                  and t.id not in reports])
+    found = []
+    for shown in scanned:
+        if shown.blocked:
+            found.append(shown)
+        elif shown.id in reports:
+            found.append(TaskView(shown.task, environments.reason(reports[shown.id]),
+                                  reports[shown.id]))
+        elif shown.id in rows_blocked:
+            found.append(TaskView(shown.task, WORKERS_FOUND_BLOCKED))
+    return found
+
+
+def _rows_blocked(task_ids: list[str]) -> set[str]:
+    """Which of these tasks the workers found blocked (their dispatch rows say so)."""
+    if not task_ids:
+        return set()
+    return {task_id for (task_id,) in sql_rows(
+        f"SELECT t.id FROM {TASK.name} t WHERE t.id = ANY(%s) AND {task_blocked('t')}",
+        [task_ids])}
 
 
 def stuck(now: datetime, cutoff: datetime,

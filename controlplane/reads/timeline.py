@@ -18,6 +18,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from controlplane import models
+from controlplane.process.kernel import process_kernel
 from controlplane.reads.snapshot import rows as sql_rows
 from kernel.commit import operations_log_id
 
@@ -170,12 +171,14 @@ def actions(task_id: str, session_id: str) -> list[tuple[int, datetime, str, dic
 
 def timeline(task_id: str, session_id: str, terminal: bool,
              now: datetime | None = None) -> Timeline:
+    """``now``: where a task not ended runs to; the database's clock unless given, as
+    commits are dated by (the web machine's may disagree)."""
     commits = marks(task_id, session_id)
     if not commits:
         return Timeline(None, None, 0.0, not terminal, [], [], [])
     start = commits[0].t
-    end = commits[-1].t if terminal else max((now or datetime.now(UTC)).timestamp(),
-                                             commits[-1].t)
+    end = commits[-1].t if terminal else max(
+        (now or process_kernel().clock.now()).timestamp(), commits[-1].t)
     span = end - start
     scale = 100.0 / span if span > 0 else 0.0
 

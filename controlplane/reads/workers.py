@@ -3,6 +3,7 @@ writes (:mod:`controlplane.worker.heartbeats`), live or dead, and each queue's d
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -12,6 +13,7 @@ from django.conf import settings
 from controlplane import models
 from controlplane.process.kernel import process_kernel
 from controlplane.reads.snapshot import rows as sql_rows
+from controlplane.storage.statements import task_blocked
 from kernel import Status
 
 
@@ -98,7 +100,7 @@ def registry(now: datetime | None = None) -> list[WorkerState]:
     return sorted(found, key=lambda w: (w.state != "live", w.host, w.pid))
 
 
-def dead_owners(now: datetime, sweeper: str | None = None) -> list[str]:
+def dead_owners(now: datetime, sweeper_steady: float | None = math.inf) -> list[str]:
     """The lease owners (``host:pid``) of the workers whose heartbeat stopped: silent for
     more than ``WORKER_DEAD_SECONDS`` at ``now`` (the database's clock, which their
     heartbeats are written by) and not stopped cleanly (a clean stop released its leases
@@ -106,17 +108,19 @@ def dead_owners(now: datetime, sweeper: str | None = None) -> list[str]:
     leases run out as ever. What the sweep ends the leases of
     (:class:`kernel.dispatch.Dispatcher`'s ``dead_owners``).
 
-    ``sweeper``: the worker asking. While its own row is silent too, the database (or
-    every heartbeat) was out of reach a moment ago, and the others' silence says that,
-    not that they died: none is taken for dead until the asker has beaten again."""
-    silent_since = now - timedelta(seconds=settings.WORKER_DEAD_SECONDS)
-    if sweeper is not None:
-        own = models.Worker.objects.filter(id=sweeper, stopped_at=None).values_list(
-            "last_heartbeat", flat=True).first()
-        if own is not None and own < silent_since:
-            return []
+    ``sweeper_steady``: how long the asking worker's own beats have run without a gap up
+    to ``now``, in seconds (None: it is in a gap now;
+    :meth:`controlplane.worker.heartbeats.Heartbeat.steady_for`). After a database outage
+    every row is silent, and each live worker beats again when it next tries, some later
+    than others: the sweeper takes no one for dead until its own beats have run for
+    ``WORKER_DEAD_SECONDS`` since, so a worker is dead only if it stayed silent that long
+    while the database was in reach. Not given (a process that writes no row, such as
+    ``manage.py sweep``): the rows alone decide."""
+    dead_after = settings.WORKER_DEAD_SECONDS
+    if sweeper_steady is None or sweeper_steady <= dead_after:
+        return []
     return list(models.Worker.objects.filter(
-        stopped_at=None, last_heartbeat__lt=silent_since,
+        stopped_at=None, last_heartbeat__lt=now - timedelta(seconds=dead_after),
         last_heartbeat__gte=now - timedelta(seconds=settings.WORKER_FORGET_SECONDS),
     ).order_by("id").values_list("id", flat=True))
 
@@ -141,10 +145,11 @@ class QueueDepth:
     broker: int | None
     """Messages waiting in the broker's list for this queue (None if unknown)."""
     blocked: int = 0
-    """Tasks that would be runnable but that no worker here can run (every dispatch row
-    of theirs marked blocked: their definition is missing, too old, or fails to
-    migrate): they wait for a deploy, not for a worker, so they are not work the queue
-    is behind on."""
+    """Tasks that would be runnable but that no worker here can run (blocked, as
+    :func:`controlplane.storage.statements.task_blocked` says: their definition is
+    missing, too old, or fails to migrate, or their environment is not offered): they
+    wait for a deploy or an operator, not for a worker, so they are not work the queue is
+    behind on."""
 
 
 RUNNABLE_SQL = (
@@ -152,14 +157,6 @@ RUNNABLE_SQL = (
     "OR (t.status = 'running' AND t.lease_until < %(now)s))"
 )
 """:meth:`kernel.records.Task.runnable_at` in SQL (the partial index ``task_runnable``)."""
-
-BLOCKED_SQL = (
-    "coalesce((SELECT bool_and(d.blocked) FROM kernel_dispatch d WHERE d.task_id = t.id), "
-    "false)"
-)
-"""Task ``t``'s dispatch rows are all marked blocked (a worker found it blocked, and no
-commit has woken it since)."""
-
 
 def queues(now: datetime | None = None, consumed: list[str] | None = None) -> list[QueueDepth]:
     """Each queue's runnable tasks and the age of the oldest, from ``kernel_task``, with
@@ -170,7 +167,7 @@ def queues(now: datetime | None = None, consumed: list[str] | None = None) -> li
         "min(CASE WHEN t.status = 'sleeping' THEN t.wake_at "
         "WHEN t.status = 'running' THEN t.lease_until ELSE c.at END) "
         "FILTER (WHERE NOT t.blocked), count(*) FILTER (WHERE t.blocked) "
-        f"FROM (SELECT t.*, {BLOCKED_SQL} AS blocked FROM kernel_task t "
+        f"FROM (SELECT t.*, {task_blocked('t')} AS blocked FROM kernel_task t "
         f"WHERE {RUNNABLE_SQL}) t LEFT JOIN kernel_commit c "
         "ON c.session_id = t.session_id AND c.seq = t.updated_seq "
         "GROUP BY t.queue", {"now": now})}

@@ -700,8 +700,23 @@ BLOCK_DISPATCHES = (
     "delivered_at = COALESCE(%s::timestamptz, delivered_at), attempts = GREATEST(attempts, %s) "
     "WHERE task_id = %s AND NOT blocked"
 )
+
+
+def task_blocked(task: str) -> str:
+    """Whether task ``task`` (the task table or an alias of it) is blocked: it has dispatch
+    rows and every one is marked blocked. A worker that finds a task blocked marks all its
+    rows; a commit since that makes it runnable (an operator's migrate, say) adds a row
+    of its own, for a change of the task that no worker has found blocked yet, and that
+    row is delivered as any other: the task waits for a worker then, not for a deploy."""
+    return (f"coalesce((SELECT bool_and(d.blocked) FROM {DISPATCH.name} d "
+            f"WHERE d.task_id = {task}.id), false)")
+
+
+# The tasks with a blocked row are the candidates (few): :func:`task_blocked` decides.
 BLOCKED_TASKS = select(
-    TASK, f"id IN (SELECT task_id FROM {DISPATCH.name} WHERE blocked)", " LIMIT %s"
+    TASK,
+    f"id IN (SELECT task_id FROM {DISPATCH.name} WHERE blocked) AND {task_blocked(TASK.name)}",
+    " LIMIT %s",
 )
 RETRY_DISPATCHES = (
     f"UPDATE {DISPATCH.name} SET blocked = false, delivered_at = NULL, attempts = 0 "

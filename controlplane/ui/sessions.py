@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import render
-from django.utils import timezone
 
 from controlplane.reads import artifacts, charts, pages
 from controlplane.reads.snapshot import snapshot
@@ -84,7 +83,7 @@ def history(request: HttpRequest, session_id: str) -> HttpResponse:
     with snapshot():
         if pages.head_seq(session_id) is None:
             raise Http404("no such session")
-        found = charts.session_history(session_id, now=timezone.now())
+        found = charts.session_history(session_id)
     chart = None
     if found is not None:
         chart = line_chart(

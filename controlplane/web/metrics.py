@@ -69,6 +69,12 @@ class SessionStoreCollector(Collector):
             value=found.dispatch_lag_seconds,
         )
         yield GaugeMetricFamily(
+            "durable_blocked_tasks",
+            "Runnable tasks no worker can run (every dispatch row marked blocked): they "
+            "wait for a deploy or an operator",
+            value=found.blocked_tasks,
+        )
+        yield GaugeMetricFamily(
             "durable_feed_subscribers",
             "Change-feed websockets connected to this web process",
             value=feed_subscribers.count(),

@@ -55,6 +55,11 @@ class Heartbeat:
         self.name, self.queues, self.concurrency, self.every = name, queues, concurrency, every
         self.started_at: datetime | None = None
         """The database's time at the first row written."""
+        self.beating_since: datetime | None = None
+        """The database's time at the first beat of the current run of beats written
+        without a gap (:func:`gap`)."""
+        self.last_beat: datetime | None = None
+        """The database's time at the last beat written."""
         self.lock = threading.Lock()
         self.in_flight = 0
         self.recent: deque[tuple[float, bool]] = deque()  # (monotonic end, failed)
@@ -95,8 +100,25 @@ class Heartbeat:
 
     def write(self, stopped: bool = False) -> None:
         """One upsert of this worker's row (``started_at`` is kept from the first)."""
-        Worker.objects.bulk_create([self.row(stopped)], update_conflicts=True,
+        row = self.row(stopped)
+        Worker.objects.bulk_create([row], update_conflicts=True,
                                    unique_fields=["id"], update_fields=UPDATED)
+        with self.lock:
+            if self.last_beat is None or (
+                (row.last_heartbeat - self.last_beat).total_seconds() > gap()
+            ):
+                self.beating_since = row.last_heartbeat
+            self.last_beat = row.last_heartbeat
+
+    def steady_for(self, now: datetime) -> float | None:
+        """How long this worker's beats have run without a gap up to ``now`` (the
+        database's time), in seconds; None while it is in a gap itself (its last beat
+        longer ago than :func:`gap`) or has not beaten yet."""
+        with self.lock:
+            since, last = self.beating_since, self.last_beat
+        if since is None or last is None or (now - last).total_seconds() > gap():
+            return None
+        return (now - since).total_seconds()
 
     def start(self) -> None:
         self.thread.start()
@@ -123,6 +145,17 @@ class Heartbeat:
                     return
         finally:
             close_old_connections()
+
+
+def gap() -> float:
+    """A silence between a worker's own beats that breaks their run: half
+    ``WORKER_DEAD_SECONDS``. A database outage makes a live worker look dead when the
+    outage and up to two beat intervals around it are longer than ``WORKER_DEAD_SECONDS``;
+    with that at least four beat intervals long, such an outage is longer than half of
+    it, so it breaks the sweeper's run too, and the sweeper judges no one for
+    ``WORKER_DEAD_SECONDS`` after it, while every live worker beats again. A beat late by
+    less (a slow write) breaks nothing."""
+    return settings.WORKER_DEAD_SECONDS / 2
 
 
 _beat: Heartbeat | None = None

@@ -67,10 +67,13 @@ def announce_grace() -> timedelta | None:
 
 def _dead_owners(now: datetime) -> list[str]:
     """The silent workers' lease owners, judged by this process (a sweep runs on a worker,
-    whose own heartbeat says whether the database was in reach a moment ago)."""
-    from controlplane.worker.heartbeats import worker_id
+    whose own heartbeat says how long the database has been in reach)."""
+    from controlplane.worker import heartbeats
 
-    return dead_owners(now, sweeper=worker_id())
+    beat = heartbeats.current()
+    if beat is None:
+        return dead_owners(now)
+    return dead_owners(now, sweeper_steady=beat.steady_for(now))
 
 
 def dispatcher_of(

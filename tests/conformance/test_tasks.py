@@ -688,6 +688,30 @@ def test_blocked_tasks_keep_their_state_and_run_once_a_definition_fits(world: Wo
     assert world.kernel(too_new).blocked(handle.id) == []
 
 
+def test_a_task_changed_since_a_worker_found_it_blocked_is_blocked_no_longer(
+    world: World,
+) -> None:
+    """A worker that finds a task blocked marks all its dispatch rows; a commit since (here
+    an operator's migrate to the environment a worker offers) adds a row of its own, which
+    is delivered as any other. The task is blocked while all its rows are: the one
+    definition the queue depths and the attention list read too."""
+    registry = Registry()
+    registry.add(_definition("tool", 1, None))
+    handle = world.kernel(registry).create_session()
+    draft = Draft()
+    found_blocked, changed = draft.create_task("tool", {"n": 1}), draft.create_task(
+        "tool", {"n": 2})
+    handle.commit(draft)
+    for task_id in (found_blocked, changed):
+        world.storage.block_dispatches(task_id)
+    assert {t.id for t in world.storage.blocked_tasks(10)} == {found_blocked, changed}
+
+    draft = Draft()
+    draft.migrate_environment(changed, {}, expected_seq=world.storage.task(changed).updated_seq)
+    handle.commit(draft)
+    assert [t.id for t in world.storage.blocked_tasks(10)] == [found_blocked]
+
+
 def test_a_claim_for_registered_versions_leaves_other_tasks_as_they_were(
     world: World,
 ) -> None:

@@ -87,6 +87,48 @@ def test_a_session_s_tasks_by_status_over_time() -> None:
     assert charts.session_history("sess_nothing") is None
 
 
+def test_a_session_s_chart_ends_now_by_the_database_s_clock_not_the_web_machine_s(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A session quiet for half an hour, drawn by a web machine whose clock runs an hour
+    behind: the chart still runs to the present, as commits are dated."""
+    session_id, _ = failing_batches(1)
+    with connection.cursor() as cur:
+        cur.execute("UPDATE kernel_commit SET at = at - interval '30 minutes' "
+                    "WHERE session_id = %s", [session_id])
+    client = login("viewer")
+    monkeypatch.setattr(timezone, "datetime", behind(minutes=60))  # the web machine's
+    clock = runtime().kernel.clock
+    before = clock.now()
+    drawn = client.get(f"/sessions/{session_id}/history").content.decode()
+    after = clock.now()
+    [end] = re.findall(r'aria-label="Tasks by status from \d\d:\d\d to (\d\d:\d\d) UTC', drawn)
+    assert end in {f"{before:%H:%M}", f"{after:%H:%M}"}
+
+
+def test_a_task_s_timeline_runs_to_now_by_the_database_s_clock_not_the_web_machine_s(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A task queued for half an hour, shown by a web machine whose clock runs an hour
+    behind: its page says it has been running for that half hour, as commits are dated."""
+    from controlplane.reads import timeline
+
+    kernel = runtime().kernel
+    handle = kernel.create_session()
+    draft = Draft(actor="user:test")
+    task_id = draft.create_task("send-batch", {"recipients": ["a@example.com"],
+                                               "subject": "s", "body": "b"})
+    handle.commit(draft)
+    with connection.cursor() as cur:
+        cur.execute("UPDATE kernel_commit SET at = at - interval '30 minutes' "
+                    "WHERE session_id = %s", [handle.id])
+    client = login("viewer")
+    monkeypatch.setattr(timeline, "datetime", behind(minutes=60))  # the web machine's
+    page = client.get(f"/tasks/{task_id}/").content.decode()
+    [seconds] = re.findall(r'class="span-seconds" data-seconds="([\d.]+)"', page)
+    assert 30 * 60 <= float(seconds) < 31 * 60
+
+
 def test_the_overview_and_the_session_page_draw_them() -> None:
     session_id, _ = failing_batches(2)
     charts.forget()  # the overview reads its activity at most every FRESH_SECONDS

@@ -4,19 +4,24 @@ Workers page and in the API beside the leases it holds; each queue's depth."""
 from __future__ import annotations
 
 from datetime import timedelta
+from io import StringIO
+from types import SimpleNamespace
 
 import pytest
 from django.contrib.auth.models import Group, User
+from django.core.management import call_command
 from django.db import connection
 from django.test import Client, override_settings
 from django.utils import timezone
 
 from controlplane.models import Worker
+from controlplane.reads import pages
 from controlplane.reads import workers as reads
 from controlplane.worker import heartbeats
 from controlplane.worker.runtime import runtime
-from kernel import Draft
+from kernel import Draft, ManualClock
 
+from .clients import login
 from .clocks import behind
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -165,21 +170,58 @@ def test_the_sweep_ends_at_once_the_leases_of_a_worker_whose_heartbeat_stopped(
     assert "killed:1 is dead; its 1 lease(s) end now" in caplog.text
 
 
-def test_a_sweeper_whose_own_heartbeat_is_silent_takes_no_worker_for_dead() -> None:
-    """After the database was out of reach every worker's row is silent, the sweeper's
-    own too: that says the outage, not deaths. Once the sweeper beats again, a worker
-    still silent is taken for dead."""
+def test_after_an_outage_a_worker_that_beats_again_later_than_the_sweeper_is_not_dead(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The database was out for half a minute: every worker's row went silent. The
+    sweeping worker beats again first; another live worker's first beat comes a few
+    seconds later. The sweep takes no one for dead until the sweeper's own beats have run
+    without a gap for WORKER_DEAD_SECONDS, so the late one keeps its leases; once it dies
+    for real (silent that long while the sweeper beats), it is taken for dead."""
+    from controlplane.worker.runtime import dispatcher_of
+
+    clock = ManualClock(runtime().kernel.clock.now() - timedelta(minutes=5))
+    monkeypatch.setattr(heartbeats, "process_kernel", lambda: SimpleNamespace(clock=clock))
+    sweeper = heartbeats.Heartbeat("sweeper@host", ["default"], 1, every=2)
+    monkeypatch.setattr(heartbeats, "_beat", sweeper)  # this process's own heartbeat
+    other = heartbeats.Heartbeat("other@host", ["default"], 1, every=2)
+    other.id = "other:2"
+    dead_owners = dispatcher_of(runtime().kernel).dead_owners
+    assert dead_owners is not None
+
+    def beat(*beating: heartbeats.Heartbeat, seconds: float) -> list[list[str]]:
+        """Beat every 2 s for ``seconds``; who the sweep took for dead at each beat."""
+        found = []
+        for _ in range(int(seconds // 2)):
+            clock.advance(2)
+            for one in beating:
+                one.write()
+            found.append(dead_owners(clock.now()))
+        return found
+
+    with override_settings(WORKER_DEAD_SECONDS=10):
+        assert beat(sweeper, other, seconds=20) == [[]] * 10
+        clock.advance(30)  # the outage: nobody's beat is written
+        assert beat(sweeper, seconds=6) == [[]] * 3  # the other reconnects later
+        assert beat(sweeper, other, seconds=20) == [[]] * 10
+        assert beat(sweeper, seconds=12) == [[]] * 5 + [["other:2"]]  # it died
+
+
+def test_a_sweeper_whose_own_beats_have_a_gap_takes_no_worker_for_dead() -> None:
+    """How long the sweeper's own beats have run without a gap decides whether it may
+    judge the others' silence: not at all while it is silent itself (None), nor before
+    WORKER_DEAD_SECONDS; then a worker still silent is taken for dead."""
     with connection.cursor() as cur:
         cur.execute("SELECT now()")
         now = cur.fetchone()[0]
     long_ago = now - timedelta(minutes=1)
-    for pid in (1, 2):
-        Worker.objects.create(id=f"host:{pid}", name=f"w{pid}@host", host="host", pid=pid,
-                              started_at=long_ago, last_heartbeat=long_ago)
-    assert reads.dead_owners(now, sweeper="host:1") == []
-    Worker.objects.filter(id="host:1").update(last_heartbeat=now)
-    assert reads.dead_owners(now, sweeper="host:1") == ["host:2"]
-    assert reads.dead_owners(now) == ["host:2"]
+    Worker.objects.create(id="host:2", name="w2@host", host="host", pid=2,
+                          started_at=long_ago, last_heartbeat=long_ago)
+    with override_settings(WORKER_DEAD_SECONDS=10):
+        assert reads.dead_owners(now, sweeper_steady=None) == []
+        assert reads.dead_owners(now, sweeper_steady=10) == []
+        assert reads.dead_owners(now, sweeper_steady=10.5) == ["host:2"]
+        assert reads.dead_owners(now) == ["host:2"]  # a sweep of a process with no row
 
 
 def test_a_queue_shows_its_blocked_tasks_apart_from_its_runnable_ones() -> None:
@@ -211,3 +253,35 @@ def viewer_api(path: str) -> list[dict]:
     client = Client()
     client.force_login(user)
     return client.get(path).json()
+
+
+def test_every_view_takes_the_same_tasks_for_blocked() -> None:
+    """One task a worker found blocked (all its dispatch rows marked), one that an
+    operator migrated since (a commit's row of its own beside the marked one, delivered as
+    any other): the queue depths, the API, the storage's retry list, the Needs attention
+    page, the task's page, ``manage.py tasks`` and the metrics all take the first for
+    blocked, and only it."""
+    kernel = runtime().kernel
+    stuck, changed = a_batch(), a_batch()
+    for task_id in (stuck, changed):
+        kernel.storage.block_dispatches(task_id)
+    migrate = Draft(actor="user:ann")
+    migrate.migrate_environment(changed, {}, expected_seq=kernel.task(changed).updated_seq)
+    kernel.open(kernel.task(changed).session_id).commit(migrate)
+    queue = kernel.task(stuck).queue
+
+    [found] = [q for q in reads.queues() if q.queue == queue]
+    assert (found.runnable, found.blocked) == (1, 1)
+    [listed] = [q for q in viewer_api("/api/queues") if q["queue"] == queue]
+    assert (listed["runnable"], listed["blocked"]) == (1, 1)
+    assert [t.id for t in kernel.storage.blocked_tasks(10)] == [stuck]
+    assert [t.id for t in pages.attention().blocked] == [stuck]
+    client = viewer()
+    page = client.get(f"/tasks/{stuck}/").content.decode()
+    assert "<dt>Blocked</dt><dd>the workers that took it have no definition" in page
+    assert "<dt>Blocked</dt>" not in client.get(f"/tasks/{changed}/").content.decode()
+    out = StringIO()
+    call_command("tasks", "--older-than", "3600", stdout=out)
+    assert [line.split()[0] for line in out.getvalue().splitlines()] == [stuck]
+    assert "blocked: the workers that took it have no definition" in out.getvalue()
+    assert "durable_blocked_tasks 1.0" in login("operator").get("/metrics").content.decode()
