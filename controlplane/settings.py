@@ -410,9 +410,25 @@ KERNEL_HEARTBEAT = _env_bool("KERNEL_HEARTBEAT", True)
 # dead has its phases restarted, and a sweeper's own run of beats is broken by a silence
 # of half of it: controlplane.worker.heartbeats.gap), and one gone for
 # WORKER_FORGET_SECONDS is no longer listed.
-WORKER_HEARTBEAT_SECONDS = float(os.environ.get("WORKER_HEARTBEAT_SECONDS", "2"))
-WORKER_DEAD_SECONDS = float(os.environ.get("WORKER_DEAD_SECONDS", "10"))
-WORKER_FORGET_SECONDS = float(os.environ.get("WORKER_FORGET_SECONDS", "3600"))
+def _seconds(name: str, default: str) -> float:
+    text = os.environ.get(name, default)
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = 0.0
+    if not 0 < seconds < float("inf"):  # also NaN
+        raise ImproperlyConfigured(f"{name}: {text!r} is not a number of seconds above 0")
+    return seconds
+
+
+WORKER_HEARTBEAT_SECONDS = _seconds("WORKER_HEARTBEAT_SECONDS", "2")
+WORKER_DEAD_SECONDS = _seconds("WORKER_DEAD_SECONDS", "10")
+WORKER_FORGET_SECONDS = _seconds("WORKER_FORGET_SECONDS", "3600")
+if WORKER_DEAD_SECONDS < 4 * WORKER_HEARTBEAT_SECONDS:
+    raise ImproperlyConfigured(
+        f"WORKER_DEAD_SECONDS: {WORKER_DEAD_SECONDS} is less than four heartbeats "
+        f"(WORKER_HEARTBEAT_SECONDS={WORKER_HEARTBEAT_SECONDS}): the sweep would take live "
+        "workers for dead after an outage")
 
 # Where large values (kernel.artifacts) are stored: Postgres (table kernel_artifact) unless
 # ARTIFACT_S3_ENDPOINT names an S3-compatible store, whose bucket ARTIFACT_S3_BUCKET must

@@ -6,8 +6,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from controlplane.reads.snapshot import rows
-from controlplane.reads.workers import RUNNABLE_SQL
-from controlplane.storage.statements import task_blocked
+from controlplane.storage.statements import task_blocked, task_runnable
 from kernel import Outcome, Status
 
 
@@ -45,7 +44,7 @@ def store_figures(now: datetime) -> StoreFigures:
         [now],
     )
     [(blocked,)] = rows(
-        f"SELECT count(*) FROM kernel_task t WHERE {RUNNABLE_SQL} AND t.id IN "
+        f"SELECT count(*) FROM kernel_task t WHERE {task_runnable('t')} AND t.id IN "
         f"(SELECT task_id FROM kernel_dispatch WHERE blocked) AND {task_blocked('t')}",
         {"now": now},
     )

@@ -13,7 +13,7 @@ from django.conf import settings
 from controlplane import models
 from controlplane.process.kernel import process_kernel
 from controlplane.reads.snapshot import rows as sql_rows
-from controlplane.storage.statements import task_blocked
+from controlplane.storage.statements import task_blocked, task_runnable
 from kernel import Status
 
 
@@ -152,11 +152,6 @@ class QueueDepth:
     behind on."""
 
 
-RUNNABLE_SQL = (
-    "(t.status = 'pending' OR (t.status = 'sleeping' AND t.wake_at <= %(now)s) "
-    "OR (t.status = 'running' AND t.lease_until < %(now)s))"
-)
-""":meth:`kernel.records.Task.runnable_at` in SQL (the partial index ``task_runnable``)."""
 
 def queues(now: datetime | None = None, consumed: list[str] | None = None) -> list[QueueDepth]:
     """Each queue's runnable tasks and the age of the oldest, from ``kernel_task``, with
@@ -168,7 +163,7 @@ def queues(now: datetime | None = None, consumed: list[str] | None = None) -> li
         "WHEN t.status = 'running' THEN t.lease_until ELSE c.at END) "
         "FILTER (WHERE NOT t.blocked), count(*) FILTER (WHERE t.blocked) "
         f"FROM (SELECT t.*, {task_blocked('t')} AS blocked FROM kernel_task t "
-        f"WHERE {RUNNABLE_SQL}) t LEFT JOIN kernel_commit c "
+        f"WHERE {task_runnable('t')}) t LEFT JOIN kernel_commit c "
         "ON c.session_id = t.session_id AND c.seq = t.updated_seq "
         "GROUP BY t.queue", {"now": now})}
     names = sorted(set(counted) | set(consumed or []))

@@ -432,10 +432,16 @@ TASK_CHANGED = "KR001"
 
 # -- leases ----------------------------------------------------------------------------
 
-RUNNABLE = (
-    "(status = 'pending' OR (status = 'sleeping' AND wake_at <= %(now)s)"
-    " OR (status = 'running' AND lease_until < %(now)s))"
-)
+def task_runnable(task: str = "") -> str:
+    """Whether task ``task`` (an alias of the task table; none: the table itself) is
+    runnable at ``%(now)s``: :meth:`kernel.records.Task.runnable_at` in SQL, which the
+    partial index ``task_runnable`` covers."""
+    t = f"{task}." if task else ""
+    return (f"({t}status = 'pending' OR ({t}status = 'sleeping' AND {t}wake_at <= %(now)s)"
+            f" OR ({t}status = 'running' AND {t}lease_until < %(now)s))")
+
+
+RUNNABLE = task_runnable()
 CLAIM_SET = (
     "restarts = CASE WHEN status = 'running' THEN restarts + 1 ELSE restarts END, "
     "status = 'running', epoch = epoch + 1, lease_owner = %(owner)s, "
