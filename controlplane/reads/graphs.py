@@ -303,10 +303,12 @@ def registered() -> list[str]:
 
 def nodes(kind: str) -> list[str]:
     """The nodes of graph ``kind`` registered here, by name (LangGraph's own left out):
-    what its runs record they need of this process (:meth:`GraphHost.needs`)."""
+    what its runs record they need of this process (:meth:`GraphHost.needs`), but its
+    subgraphs' (``<subgraph>|<node>``), which write no state of the graph itself."""
     definition = process_kernel().registry.latest(kind)
     needs = definition.needs(None, None) if definition.needs is not None else {}
-    return sorted(name.removeprefix(NODE) for name in needs if name.startswith(NODE))
+    return sorted(name.removeprefix(NODE) for name in needs
+                  if name.startswith(NODE) and "|" not in name)
 
 
 def required_thread(session_id: str) -> Thread:

@@ -11,7 +11,7 @@ import pytest
 
 from kernel import Draft, InMemoryStorage, Kernel, Registry, Scheduler, Status
 from kernel.hosts.langgraph import SessionStoreSaver
-from kernel.hosts.langgraph.host import fork_input
+from kernel.hosts.langgraph.host import fork_input, register_graph
 from kernel.hosts.langgraph.interrupts import (
     check_resume,
     interrupted,
@@ -201,6 +201,64 @@ def test_a_run_is_blocked_where_a_node_it_was_started_with_is_gone(
     task = kernel.task(task_id)
     assert task.outcome is not None and task.outcome["kind"] == "succeeded", task.outcome
     assert runs(recorded) == ["model"] * 5
+
+
+def with_subgraph(steps: list[str]) -> Any:
+    """A graph whose node ``review`` is a subgraph running ``steps`` one after another;
+    its step ``ask`` interrupts."""
+    from langgraph.graph import END, START, StateGraph
+    from langgraph.types import interrupt
+
+    def step(name: str) -> Any:
+        return lambda s: {"answers": [[name, interrupt(name) if name == "ask" else None]]}
+
+    inner = StateGraph(Answers)
+    before = START
+    for name in steps:
+        inner.add_node(name, step(name))
+        inner.add_edge(before, name)
+        before = name
+    inner.add_edge(before, END)
+    builder = StateGraph(Answers)
+    builder.add_node("review", inner.compile())
+    builder.add_edge(START, "review")
+    builder.add_edge("review", END)
+    return builder
+
+
+def test_a_run_is_blocked_where_a_node_of_a_subgraph_it_was_started_with_is_gone() -> None:
+    """A subgraph's checkpoints name its nodes that run next, as the graph's own do:
+    resumed on a graph whose subgraph lacks one, the run waits for an operator instead of
+    ending as if the subgraph had finished (the node, and what follows it, never run)."""
+    from kernel import Worker
+    from kernel.environment import BLOCKED_DOCUMENT
+
+    kernel = hosted(with_subgraph(["ask", "send"]))
+    session, task_id = start(kernel, "asking", {"input": {"answers": []}})
+    Scheduler(kernel).run_until_idle()
+    task = kernel.task(task_id)
+    assert interrupted(task) is not None, task.outcome
+    draft = Draft(actor="user:olga")
+    draft.signal(task_id, task.checkpoint["interrupted"]["signal"], {"value": "yes"},
+                 step_epoch=task.epoch)
+    kernel.open(session).commit(draft)
+
+    registry = Registry()
+    made: list[Kernel] = []
+    register_graph(registry, "asking", with_subgraph(["ask", "notify"]).compile(),
+                   kernel=lambda: made[0])
+    made.append(Kernel(kernel.storage, registry))
+    assert not Worker(made[0], "w2").advance(task_id)
+    report = made[0].document(session, BLOCKED_DOCUMENT, task_id)
+    assert report["differences"] == [
+        "node review|send: missing here (it was started with present)"]
+    assert kernel.task(task_id).outcome is None
+
+    Scheduler(kernel).run_until_idle()  # where the subgraph has it, the run goes on
+    task = kernel.task(task_id)
+    assert task.outcome is not None, task.status
+    assert task.outcome["result"]["output"] == {
+        "answers": [["ask", "yes"], ["send", None]]}
 
 
 def test_a_graph_run_is_not_started_again_from_a_phase_and_says_to_fork(

@@ -81,16 +81,23 @@ class GraphHost:
     _saver: SessionStoreSaver | None = field(default=None, init=False)
     _bound_graph: Any = field(default=None, init=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False)
+    _needs: dict[str, JSON] | None = field(default=None, init=False)
 
     def needs(self, input: JSON, checkpoint: JSON) -> dict[str, JSON]:
-        """The graph's nodes, by name, as the environment a run records
+        """The graph's nodes, by name, and its subgraphs' (``<subgraph>|<node>``, as
+        LangGraph names their namespaces), as the environment a run records
         (:mod:`kernel.environment`): a thread's checkpoints name the nodes that run next
-        and the ones whose writes were saved, so a run resumed where one of them is gone
-        is blocked for an operator, not run on a graph its checkpoints do not describe. A
-        node added is compatible; a node's code changed is not seen (it is why one
-        deploys)."""
-        return {f"{NODE}{name}": "present" for name in self.graph.nodes
-                if not name.startswith("__")}
+        and the ones whose writes were saved, a subgraph's checkpoints its own, so a run
+        resumed where one of them is gone is blocked for an operator, not run on a graph
+        its checkpoints do not describe (a subgraph without the node that was to run
+        next ends as if it had finished). A node added is compatible; a node's code
+        changed is not seen (it is why one deploys)."""
+        if self._needs is None:
+            graphs = [("", self.graph), *self.graph.get_subgraphs(recurse=True)]
+            self._needs = {f"{NODE}{ns}{'|' if ns else ''}{name}": "present"
+                           for ns, graph in graphs for name in graph.nodes
+                           if not name.startswith("__")}
+        return self._needs
 
     @property
     def saver(self) -> SessionStoreSaver:
