@@ -461,6 +461,40 @@ def test_the_resume_schema_of_parallel_interrupts_is_that_of_the_whole_value() -
         assert validator.is_valid(value) == resumes, value
 
 
+def test_the_response_schema_langgraph_takes_is_shown_and_a_value_it_refuses_is_422() -> None:
+    """``interrupt(value, response_schema=Model)`` declares the resume value, as LangGraph
+    documents it, and LangGraph validates the resume against it in the node: the operator
+    is shown that schema, and a value it refuses is refused before it is committed,
+    naming the field (committed, it would fail the run in the node)."""
+    from langgraph.graph import END, START, StateGraph
+    from langgraph.types import interrupt
+    from pydantic import BaseModel
+
+    class Decision(BaseModel):
+        approved: bool
+
+    builder = StateGraph(Answers)
+    builder.add_node("ask", lambda s: {"answers": [
+        interrupt("publish?", response_schema=Decision).approved]})
+    builder.add_edge(START, "ask")
+    builder.add_edge("ask", END)
+    kernel = hosted(builder)
+    session, task_id = start(kernel, "asking", {"input": {"answers": []}})
+    Scheduler(kernel).run_until_idle()
+    task = kernel.task(task_id)
+    waiting = interrupted(task)
+    assert waiting is not None
+    assert resume_schema(waiting) == Decision.model_json_schema()
+    with pytest.raises(ValueError, match=r"value\['approved'\]"):
+        check_resume(task, waiting["checkpoint_id"], {"approved": "maybe"})
+    with pytest.raises(ValueError, match="approved"):
+        check_resume(task, waiting["checkpoint_id"], {})
+    answer(kernel, session, task_id, {"approved": True})
+    task = kernel.task(task_id)
+    assert task.outcome is not None and task.outcome["kind"] == "succeeded", task.outcome
+    assert task.outcome["result"]["output"] == {"answers": [True]}
+
+
 @pytest.mark.parametrize("value", [None, {}, 0, "", False, []])
 def test_any_resume_value_reaches_the_node_even_one_langgraph_reads_as_none(value: Any) -> None:
     """LangGraph takes a bare ``Command(resume=None)`` for no resume (an error) and a

@@ -71,6 +71,17 @@ def to_json(value: Any) -> JSON:
     return json.loads(json.dumps(dumpd(value), default=repr))
 
 
+def shown_interrupt(found: Any) -> JSON:
+    """An interrupt as the task's checkpoint keeps it: its id, its value, and the JSON
+    schema of its resume value when the node gave ``interrupt()`` a ``response_schema``
+    (LangGraph turns a model into its JSON schema), which a resume must meet."""
+    shown = {"id": found.id, "value": to_json(found.value)}
+    schema = getattr(found, "response_schema", None)
+    if isinstance(schema, dict):
+        shown["schema"] = to_json(schema)
+    return shown
+
+
 @dataclass
 class GraphHost:
     """Runs one compiled graph as the phases of a task kind."""
@@ -146,7 +157,7 @@ class GraphHost:
             signal = resume_signal(checkpoint_id, [i.id for i in state.interrupts])
             interrupted = {
                 "checkpoint_id": checkpoint_id,
-                "interrupts": [{"id": i.id, "value": to_json(i.value)} for i in state.interrupts],
+                "interrupts": [shown_interrupt(i) for i in state.interrupts],
                 "signal": signal,
             }
             return run.wait_for(signal, then="run", checkpoint={"interrupted": interrupted})
