@@ -495,6 +495,50 @@ def test_the_response_schema_langgraph_takes_is_shown_and_a_value_it_refuses_is_
     assert task.outcome["result"]["output"] == {"answers": [True]}
 
 
+def test_a_resume_the_nodes_validation_refuses_leaves_the_run_waiting_for_another() -> None:
+    """LangGraph validates a resume against the interrupt's ``response_schema`` in the
+    node, beyond what its JSON schema says (a validator of the model's own): a value it
+    refuses saves nothing, and the interrupt can be answered again, as under LangGraph's
+    own saver. The run waits for another answer, saying why, instead of failing (its
+    retry would meet the same answer again)."""
+    from langgraph.graph import END, START, StateGraph
+    from langgraph.types import interrupt
+    from pydantic import BaseModel, field_validator
+
+    class Pay(BaseModel):
+        amount: int
+
+        @field_validator("amount")
+        @classmethod
+        def at_most_100(cls, amount: int) -> int:
+            if amount > 100:
+                raise ValueError("at most 100")
+            return amount
+
+    builder = StateGraph(Answers)
+    builder.add_node("ask", lambda s: {"answers": [
+        interrupt("how much?", response_schema=Pay).amount]})
+    builder.add_edge(START, "ask")
+    builder.add_edge("ask", END)
+    kernel = hosted(builder)
+    session, task_id = start(kernel, "asking", {"input": {"answers": []}})
+    Scheduler(kernel).run_until_idle()
+    first = interrupted(kernel.task(task_id))
+    assert first is not None
+    answer(kernel, session, task_id, {"amount": 500})  # its JSON schema takes it
+    task = kernel.task(task_id)
+    waiting = interrupted(task)
+    assert task.status is Status.WAITING and waiting is not None, task.outcome
+    assert waiting["checkpoint_id"] == first["checkpoint_id"]
+    assert waiting["interrupts"] == first["interrupts"]
+    assert waiting["signal"] != first["signal"]
+    assert "at most 100" in waiting["refused"]
+    answer(kernel, session, task_id, {"amount": 50})
+    task = kernel.task(task_id)
+    assert task.outcome is not None and task.outcome["kind"] == "succeeded", task.outcome
+    assert task.outcome["result"]["output"] == {"answers": [50]}
+
+
 @pytest.mark.parametrize("value", [None, {}, 0, "", False, []])
 def test_any_resume_value_reaches_the_node_even_one_langgraph_reads_as_none(value: Any) -> None:
     """LangGraph takes a bare ``Command(resume=None)`` for no resume (an error) and a

@@ -24,6 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from langgraph.errors import is_invalid_resume
 from langgraph.types import Command
 
 from kernel.registry import Registry, TaskDefinition
@@ -149,18 +150,36 @@ class GraphHost:
                 graph_input = Command(resume=value)
         else:
             graph_input = None
+        refused: str | None = None
         with self.saver.committing_through(run):
-            result = graph.invoke(graph_input, config, durability="sync")
+            try:
+                result = graph.invoke(graph_input, config, durability="sync")
+            except Exception as exc:
+                # A resume the node's response_schema refuses: LangGraph saved nothing of
+                # it, and the interrupt waits to be answered again (below).
+                if not isinstance(graph_input, Command) or not is_invalid_resume(exc):
+                    raise
+                refused = f"{type(exc).__name__}: {exc}"
         state = graph.get_state({"configurable": {"thread_id": run.session_id}})
         if state.interrupts:
             checkpoint_id = state.config["configurable"]["checkpoint_id"]
             signal = resume_signal(checkpoint_id, [i.id for i in state.interrupts])
+            # Asked again at the same checkpoint after an answer was refused: a wait on a
+            # signal the task holds already would take that answer again.
+            again, asked = 1, signal
+            while run.signal(signal) is not None:
+                again += 1
+                signal = f"{asked}:{again}"
             interrupted = {
                 "checkpoint_id": checkpoint_id,
                 "interrupts": [shown_interrupt(i) for i in state.interrupts],
                 "signal": signal,
             }
+            if refused is not None:
+                interrupted["refused"] = refused
             return run.wait_for(signal, then="run", checkpoint={"interrupted": interrupted})
+        if refused is not None:
+            raise RuntimeError(f"the resume was refused ({refused}) and no interrupt waits")
         return run.succeed({"checkpoint_id": state.config["configurable"]["checkpoint_id"],
                             "output": self.output(result)})
 
