@@ -261,6 +261,38 @@ def test_a_run_is_blocked_where_a_node_of_a_subgraph_it_was_started_with_is_gone
         "answers": [["ask", "yes"], ["send", None]]}
 
 
+class Scored(TypedDict):
+    score: float
+
+
+def test_a_run_whose_output_no_storage_holds_succeeds_and_says_why_it_is_not_shown() -> None:
+    """A graph's state may hold what no storage can hold as JSON (a NaN score, text with
+    NUL): its checkpoints keep it (serialized by the saver's serde), and the run that
+    finished succeeds, its result saying why its output is not shown and where the state
+    is, instead of faulting at its last commit (and again at each retry)."""
+    import math
+
+    from langgraph.graph import END, START, StateGraph
+
+    builder = StateGraph(Scored)
+    builder.add_node("score", lambda s: {"score": float("nan")})
+    builder.add_edge(START, "score")
+    builder.add_edge("score", END)
+    scoring = hosted(builder)
+    session, task_id = start(scoring, "asking", {"input": {"score": 0.0}})
+    Scheduler(scoring).run_until_idle()
+    task = scoring.task(task_id)
+    assert task.outcome is not None and task.outcome["kind"] == "succeeded", task.outcome
+    result = task.outcome["result"]
+    assert result["output"] is None
+    assert "['score']" in result["output_not_shown"] and "nan" in result["output_not_shown"]
+    saver = SessionStoreSaver(scoring)
+    state = saver.get_tuple({"configurable": {"thread_id": session,
+                                              "checkpoint_id": result["checkpoint_id"]}})
+    assert state is not None and math.isnan(state.checkpoint["channel_values"]["score"])
+    saver.close()
+
+
 def test_a_graph_run_is_not_started_again_from_a_phase_and_says_to_fork(
     kernel: Kernel, recorded: Path
 ) -> None:

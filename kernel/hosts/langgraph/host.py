@@ -27,10 +27,12 @@ from typing import Any
 from langgraph.errors import is_invalid_resume
 from langgraph.types import Command
 
+from kernel.errors import UnstorableValue
 from kernel.registry import Registry, TaskDefinition
 from kernel.run import Run
 from kernel.session import Kernel
 from kernel.tasks import Transition
+from kernel.values import storable
 
 from .interrupts import resume_map, resume_signal, waited_signal
 from .layout import HOST, NODE, register_documents
@@ -180,8 +182,16 @@ class GraphHost:
             return run.wait_for(signal, then="run", checkpoint={"interrupted": interrupted})
         if refused is not None:
             raise RuntimeError(f"the resume was refused ({refused}) and no interrupt waits")
-        return run.succeed({"checkpoint_id": state.config["configurable"]["checkpoint_id"],
-                            "output": self.output(result)})
+        checkpoint_id = state.config["configurable"]["checkpoint_id"]
+        try:
+            output = storable(self.output(result), "the graph's output")
+        except UnstorableValue as exc:
+            # The state holds what JSON cannot (NaN, text with NUL); its checkpoints keep
+            # it, serialized by the saver. The graph has finished: the run has succeeded.
+            return run.succeed({"checkpoint_id": checkpoint_id, "output": None,
+                                "output_not_shown": f"{exc}; the state is in checkpoint "
+                                                    f"{checkpoint_id} of the thread"})
+        return run.succeed({"checkpoint_id": checkpoint_id, "output": output})
 
 
 def register_graph(
