@@ -293,6 +293,31 @@ def test_a_run_whose_output_no_storage_holds_succeeds_and_says_why_it_is_not_sho
     saver.close()
 
 
+def test_an_interrupt_whose_value_no_storage_holds_waits_showing_it_as_text() -> None:
+    """An interrupt's value is what the operator is shown: one that JSON cannot hold (a
+    NaN) is shown as its text, saying why, and the run waits for its resume instead of
+    faulting at the commit of its wait (and again at each retry)."""
+    from langgraph.graph import END, START, StateGraph
+    from langgraph.types import interrupt
+
+    builder = StateGraph(Asked)
+    builder.add_node("ask", lambda s: {"answer": interrupt({"score": float("nan")})})
+    builder.add_edge(START, "ask")
+    builder.add_edge("ask", END)
+    kernel = hosted(builder)
+    session, task_id = start(kernel, "asking", {"input": {"answer": None}})
+    Scheduler(kernel).run_until_idle()
+    task = kernel.task(task_id)
+    waiting = interrupted(task)
+    assert task.status is Status.WAITING and waiting is not None, task.outcome
+    (shown,) = waiting["interrupts"]
+    assert shown["value"]["text"] == "{'score': nan}"
+    assert "nan is not a JSON number" in shown["value"]["not_shown"]
+    answer(kernel, session, task_id, "fine")
+    task = kernel.task(task_id)
+    assert task.outcome is not None and task.outcome["result"]["output"] == {"answer": "fine"}
+
+
 def test_a_graph_run_is_not_started_again_from_a_phase_and_says_to_fork(
     kernel: Kernel, recorded: Path
 ) -> None:

@@ -74,11 +74,20 @@ def to_json(value: Any) -> JSON:
     return json.loads(json.dumps(dumpd(value), default=repr))
 
 
+TEXT_SHOWN = 10_000
+"""How much of the text of an interrupt's value that JSON cannot hold is shown."""
+
+
 def shown_interrupt(found: Any) -> JSON:
-    """An interrupt as the task's checkpoint keeps it: its id, its value, and the JSON
-    schema of its resume value when the node gave ``interrupt()`` a ``response_schema``
-    (LangGraph turns a model into its JSON schema), which a resume must meet."""
-    shown = {"id": found.id, "value": to_json(found.value)}
+    """An interrupt as the task's checkpoint keeps it: its id, its value (as text, saying
+    why, when JSON cannot hold it), and the JSON schema of its resume value when the node
+    gave ``interrupt()`` a ``response_schema`` (LangGraph turns a model into its JSON
+    schema), which a resume must meet."""
+    try:
+        value = storable(to_json(found.value), "the interrupt's value")
+    except UnstorableValue as exc:  # NaN, text with NUL: the operator reads it as text
+        value = {"text": repr(found.value)[:TEXT_SHOWN], "not_shown": str(exc)}
+    shown = {"id": found.id, "value": value}
     schema = getattr(found, "response_schema", None)
     if isinstance(schema, dict):
         shown["schema"] = to_json(schema)
