@@ -55,7 +55,9 @@ from pydantic_core import to_jsonable_python
 
 from kernel.agent.tools import Replay
 from kernel.agent.turn import PROGRESS, PROGRESS_EVERY
+from kernel.errors import UnstorableValue
 from kernel.run import Run
+from kernel.values import storable
 
 from .bridge import Bridge
 from .journal import Journal, unit_of
@@ -357,6 +359,15 @@ class Units:
         started = time.monotonic()
         payload = await body()
         seconds = round(time.monotonic() - started, 6)
+        try:
+            storable(payload, f"the result of tool {name!r}")
+        except UnstorableValue as exc:
+            # The call has run: it is answered so, as a native call is, both now and on
+            # replay (the journal holds this answer). Left to fail its commit, the turn
+            # ended failed with an unsafe call that certainly ran left uncertain.
+            payload = {"kind": "tool_failed",
+                       "message": f"The call ran, but its result cannot be stored (so it "
+                                  f"is not shown): {exc}"}
         if isinstance(payload, dict) and payload.get("kind") in DEFERRED:
             if replay is Replay.UNSAFE:  # asked instead of running: nothing took effect
                 await self.write(lambda: self.journal.forget_intent(key))
