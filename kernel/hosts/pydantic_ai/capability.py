@@ -359,21 +359,21 @@ class Units:
         started = time.monotonic()
         payload = await body()
         seconds = round(time.monotonic() - started, 6)
-        try:
-            storable(payload, f"the result of tool {name!r}")
-        except UnstorableValue as exc:
-            # The call has run: it is answered so, as a native call is, both now and on
-            # replay (the journal holds this answer). Left to fail its commit, the turn
-            # ended failed with an unsafe call that certainly ran left uncertain.
-            payload = {"kind": "tool_failed",
-                       "message": f"The call ran, but its result cannot be stored (so it "
-                                  f"is not shown): {exc}"}
         if isinstance(payload, dict) and payload.get("kind") in DEFERRED:
             if replay is Replay.UNSAFE:  # asked instead of running: nothing took effect
                 await self.write(lambda: self.journal.forget_intent(key))
             if key == self.only_call:  # the turn defers it (its hands task's answer)
                 self.deferred = payload
             return payload
+        try:
+            storable(payload, f"the result of tool {name!r}")
+        except UnstorableValue as exc:
+            # The call has run: it is answered so, as a native call is, both now and on
+            # replay (the journal holds this answer). Its own result would fail its
+            # commit and end the turn, leaving a call that certainly ran uncertain.
+            payload = {"kind": "tool_failed",
+                       "message": f"The call ran, but its result cannot be stored (so it "
+                                  f"is not shown): {exc}"}
         decided = self.decisions.get(call_id)
         extra = {} if decided is None else {"approval": decided}
         if replay is Replay.SAFE or key == self.only_call:
