@@ -22,6 +22,7 @@ from langgraph.graph import END, START, StateGraph
 from langgraph.graph.message import add_messages
 from langgraph.prebuilt import create_react_agent
 from langgraph.types import interrupt
+from pydantic import BaseModel, field_validator
 
 from kernel import Kernel, Registry
 from kernel.hosts.langgraph.host import GraphHost, register_graph
@@ -37,6 +38,8 @@ NOTE = "langgraph-note"
 TWICE = "langgraph-twice"
 """A node that asks twice (a second interrupt after its first is answered, at the same
 checkpoint)."""
+PAYMENT = "langgraph-payment"
+"""A graph whose interrupt declares its resume value with LangGraph's ``response_schema``."""
 RECIPIENTS = [f"{name}@example.com" for name in ("ana", "ben", "cai", "dee", "eve")]
 
 
@@ -173,6 +176,34 @@ def twice_graph() -> Any:
     return builder.compile()
 
 
+class Payment(BaseModel):
+    """A payment's resume value: LangGraph validates it in the node, the limit included
+    (which its JSON schema does not say)."""
+
+    amount: int
+
+    @field_validator("amount")
+    @classmethod
+    def at_most_100(cls, amount: int) -> int:
+        if amount > 100:
+            raise ValueError("at most 100")
+        return amount
+
+
+class Paid(TypedDict):
+    paid: int
+
+
+def payment_graph() -> Any:
+    """A node asking how much to pay, its resume value declared by ``response_schema``."""
+    builder = StateGraph(Paid)
+    builder.add_node("ask", lambda state: {
+        "paid": interrupt("how much?", response_schema=Payment).amount})
+    builder.add_edge(START, "ask")
+    builder.add_edge("ask", END)
+    return builder.compile()
+
+
 class Pipeline(TypedDict):
     messages: Annotated[list[BaseMessage], add_messages]
 
@@ -204,6 +235,7 @@ def register_all(registry: Registry, kernel: Callable[[], Kernel]) -> dict[str, 
                                     kernel=kernel),
         NOTE: register_graph(registry, NOTE, note_graph(), kernel=kernel),
         TWICE: register_graph(registry, TWICE, twice_graph(), kernel=kernel),
+        PAYMENT: register_graph(registry, PAYMENT, payment_graph(), kernel=kernel),
     }
 
 

@@ -301,6 +301,9 @@ class GraphInterruptOut(Schema):
                                      "one its value by its id")
     resume_schema: JSON = Field(..., description="the JSON schema a resume value must meet, "
                                 "when the node declared one")
+    refused: str | None = Field(None, description="why the node refused the last resume "
+                                "value (its response_schema's validation): it waits for "
+                                "another")
 
     @staticmethod
     def resolve_resume_schema(found: Any) -> JSON:

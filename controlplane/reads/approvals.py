@@ -85,14 +85,21 @@ def pending_anywhere() -> list[PendingApproval]:
     return _waiting(None)
 
 
-def call_task(session_id: str, call_id: str) -> Task:
+def call_task(session_id: str, call_id: str, request: str | None = None) -> Task:
     """The task of call ``call_id`` in the session that approvals address (its tool task,
-    or its approval task): the one waiting for approval if there is one (a model may
-    reuse a call id in a later turn), else the newest."""
+    or its approval task): the one asked with the request ``request``
+    (:func:`request_identity`: what the operator saw, decided since or not) if there is
+    one, else the newest one waiting for approval if there is one, else the newest. One
+    id may name several calls of a session: a model may reuse a call id in a later turn,
+    and a turn branched from a response makes its calls anew under their ids, while the
+    original's may still wait."""
     sessions.session(session_id)
     rows = models.Task.objects.filter(session_id=session_id, kind__in=KINDS,
                                       input__call__id=call_id).order_by("-created_seq")
     found = [TASK.record(v) for v in rows[:20].values(*TASK.columns)]
     if not found:
         raise UnknownRecord(f"no tool call {call_id} in session {session_id}")
-    return next((t for t in found if pending(t) is not None), found[0])
+    seen = [t for t in found if request is not None
+            and request_identity((t.checkpoint or {}).get("approval")) == request]
+    waiting = [t for t in found if pending(t) is not None]
+    return next(iter(seen or waiting or found))

@@ -104,6 +104,9 @@ class Interrupt:
     schema: JSON
     """The JSON schema the resume value must meet, when a node declared one (with
     several interrupts: the object giving each its answer by id)."""
+    refused: str | None = None
+    """Why the node refused the last resume value it was given (its ``response_schema``
+    validation), when it waits again for that reason."""
 
     @property
     def by_id(self) -> list[tuple[str, JSON]]:
@@ -252,7 +255,7 @@ def _interrupt(task: Task) -> Interrupt | None:
     values = [i.get("value") for i in waiting.get("interrupts", [])]
     ids = [str(i.get("id")) for i in waiting.get("interrupts", [])]
     return Interrupt(task.id, task.kind, waiting["checkpoint_id"], values, ids,
-                     resume_schema(waiting))
+                     resume_schema(waiting), waiting.get("refused"))
 
 
 def runs(session_id: str, index: dict[str, JSON] | None = None) -> list[Task]:
@@ -303,10 +306,12 @@ def registered() -> list[str]:
 
 def nodes(kind: str) -> list[str]:
     """The nodes of graph ``kind`` registered here, by name (LangGraph's own left out):
-    what its runs record they need of this process (:meth:`GraphHost.needs`)."""
+    what its runs record they need of this process (:meth:`GraphHost.needs`), but its
+    subgraphs' (``<subgraph>|<node>``), which write no state of the graph itself."""
     definition = process_kernel().registry.latest(kind)
     needs = definition.needs(None, None) if definition.needs is not None else {}
-    return sorted(name.removeprefix(NODE) for name in needs if name.startswith(NODE))
+    return sorted(name.removeprefix(NODE) for name in needs
+                  if name.startswith(NODE) and "|" not in name)
 
 
 def required_thread(session_id: str) -> Thread:

@@ -25,6 +25,7 @@ from typing import Any
 import jsonschema_rs
 
 from kernel.commit import Draft
+from kernel.forks import restart_count
 from kernel.records import Status, Task
 from kernel.registry import Registry
 from kernel.run import Run
@@ -62,17 +63,27 @@ def wait(run: Run, record: JSON, checkpoint: JSON = None) -> Transition:
     no worker) until a decision wakes it or its timeout is up."""
     until = run.now + timedelta(seconds=record["timeout"])
     return run.sleep(until=until, then=PHASE, checkpoint={
-        **(checkpoint or {}), "approval": {**record, "until": until.isoformat()}})
+        **(checkpoint or {}), "approval": {**record, "until": until.isoformat(),
+                                           "restarts": restart_count(run.checkpoint)}})
+
+
+def _started_again(run: Run) -> bool:
+    """Whether the task was started again from a phase (:mod:`kernel.forks`) since it
+    asked: its decision was dropped, and its deadline is that of a request nobody is
+    asked by any more."""
+    asked = int(run.checkpoint["approval"].get("restarts", 0))
+    return restart_count(run.checkpoint) > asked
 
 
 def decision(run: Run) -> JSON | None:
     """In :data:`PHASE`: the operator's decision, the timeout's denial once the time is
-    up, or None when neither is there yet (woken early: sleep on, :func:`wait_on`)."""
+    up, or None when neither is there yet (woken early, or started again since it asked:
+    :func:`wait_on`)."""
     record = run.checkpoint["approval"]
     decided = run.signal(SIGNAL)
     if decided is not None:
         return dict(decided)
-    if run.now < datetime.fromisoformat(record["until"]):
+    if run.now < datetime.fromisoformat(record["until"]) or _started_again(run):
         return None
     return {"decision": TIMED_OUT, "by": "kernel",
             "reason": f"no operator decided within {record['timeout']:g} s",
@@ -80,8 +91,12 @@ def decision(run: Run) -> JSON | None:
 
 
 def wait_on(run: Run) -> Transition:
-    return run.sleep(until=datetime.fromisoformat(run.checkpoint["approval"]["until"]),
-                     then=PHASE)
+    """Sleep on until the deadline; started again since it asked, ask again: a request of
+    its own, for the full timeout."""
+    record = run.checkpoint["approval"]
+    if _started_again(run):
+        return wait(run, {k: v for k, v in record.items() if k not in ("until", "restarts")})
+    return run.sleep(until=datetime.fromisoformat(record["until"]), then=PHASE)
 
 
 def register_approvals(registry: Registry, queue: str = "brain") -> None:

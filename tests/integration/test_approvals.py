@@ -337,3 +337,40 @@ def test_an_approval_of_a_request_the_operator_did_not_see_is_refused(kernel: Ke
         "action_id": "a2", "reason": "ok", "digest": now["digest"],
         "expected_request": now["request"]})
     assert done.status_code == 200, done.content
+
+
+def test_a_call_id_pending_twice_in_a_session_is_decided_on_the_request_the_operator_saw(
+    kernel: Kernel,
+) -> None:
+    """A turn branched from a response whose call waits for approval makes the call anew
+    under the same call id: two requests of one id wait in the session. Each is decided
+    on the one its decision names (its ``request``), as the list and each card show it;
+    neither waits until its timeout because the other is newer."""
+    session_id, conversation = gated_call(kernel)
+    olga = client_for("olga", "operator")
+    [original] = approvals(olga, session_id)
+    response = next(e for e in kernel.entries(conversation) if e.kind == "model_response")
+    branched = post(olga, f"/api/sessions/{session_id}/entries/{response.id}/branch",
+                    {"action_id": "b1", "reason": "try again from here"})
+    assert branched.status_code == 200, branched.content
+    Scheduler(kernel).run_until_idle()
+    both = approvals(olga, session_id)
+    assert len(both) == 2 and original in both
+    assert {p["call_id"] for p in both} == {original["call_id"]}
+
+    denied = decide(olga, session_id, "deny", {
+        "action_id": "d1", "reason": "the branch sends it", "digest": original["digest"],
+        "expected_request": original["request"]}, call_id=original["call_id"])
+    assert denied.status_code == 200, denied.content
+    assert denied.json()["target"] == original["task_id"]
+    again = decide(olga, session_id, "deny", {
+        "action_id": "d1", "reason": "the branch sends it", "digest": original["digest"],
+        "expected_request": original["request"]}, call_id=original["call_id"])
+    assert again.status_code == 200 and again.json()["replayed"] is True, again.content
+    [left] = approvals(olga, session_id)
+    assert left["task_id"] != original["task_id"]
+    approved = decide(olga, session_id, "approve", {
+        "action_id": "a1", "reason": "ok", "digest": left["digest"],
+        "expected_request": left["request"]}, call_id=left["call_id"])
+    assert approved.status_code == 200, approved.content
+    assert approvals(olga, session_id) == []

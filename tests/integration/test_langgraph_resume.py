@@ -11,7 +11,7 @@ import pytest
 
 from controlplane.worker.runtime import runtime
 from kernel import Kernel, Status, Worker
-from tests.langgraph_graphs import APPROVAL, TWICE, runs
+from tests.langgraph_graphs import APPROVAL, PAYMENT, TWICE, Payment, runs
 
 from .api_kinds import start
 from .clients import client_for, post
@@ -94,3 +94,37 @@ def test_a_resume_names_the_question_it_answers_or_is_422(graphs: Path) -> None:
     stale = resume(olga, task_id, "a3", checkpoint_id, {"answer": "yes"},
                    interrupt_ids=first["interrupt_ids"])
     assert stale.status_code in (409, 422) and kernel.storage.session(session).head_seq == head
+
+
+def test_the_response_schema_is_shown_checked_and_a_value_the_node_refuses_is_asked_again(
+    graphs: Path,
+) -> None:
+    """``interrupt(..., response_schema=Payment)``: the thread shows that schema, a value
+    it refuses is 422 naming the field, and one the node's validation refuses all the
+    same (past the model's own limit) leaves the run waiting for another answer, saying
+    why, instead of failing it."""
+    kernel = runtime().kernel
+    session, task_id = start(kernel, PAYMENT, {"input": {"paid": 0}})
+    olga = client_for("olga", "operator")
+    (shown,) = olga.get(f"/api/sessions/{session}/graph").json()["interrupts"]
+    assert shown["resume_schema"] == Payment.model_json_schema()
+    assert shown["refused"] is None
+    seen = {"interrupt_ids": shown["interrupt_ids"]}
+    bad = resume(olga, task_id, "p0", shown["checkpoint_id"], {"amount": "lots"}, **seen)
+    assert bad.status_code == 422 and "value['amount']" in bad.json()["detail"], bad.json()
+
+    assert resume(olga, task_id, "p1", shown["checkpoint_id"], {"amount": 500},
+                  **seen).status_code == 200
+    advance(kernel, task_id)
+    assert kernel.task(task_id).status is Status.WAITING
+    (again,) = olga.get(f"/api/sessions/{session}/graph").json()["interrupts"]
+    assert again["interrupt_ids"] == shown["interrupt_ids"]
+    assert "at most 100" in again["refused"]
+    page = olga.get(f"/sessions/{session}/")
+    assert b"refused the last resume value" in page.content
+
+    assert resume(olga, task_id, "p2", again["checkpoint_id"], {"amount": 50},
+                  **seen).status_code == 200
+    advance(kernel, task_id)
+    task = kernel.task(task_id)
+    assert task.outcome is not None and task.outcome["result"]["output"] == {"paid": 50}

@@ -279,6 +279,37 @@ def test_woken_without_a_decision_it_waits_on_until_the_same_time() -> None:
     assert world.effects == []
 
 
+def test_a_call_started_again_from_its_approval_is_asked_again_with_a_new_deadline() -> None:
+    """Started again from the phase that waits for approval (after its deadline, say), the
+    call asks again, for its full timeout, with a request of its own: it is not denied at
+    once for a deadline nobody was asked by, and a decision then lets it run."""
+    from kernel.forks import phase_entries
+
+    world = World([ToolCall("c1", "charge", {"amount": 500}),
+                   ToolCall("c2", "always", {"amount": 1})])
+    kernel, handle, conversation, submitted = world.start()
+    world.run()
+    task = world.tool_tasks(kernel)["charge"]
+    world.decide(kernel, task, approvals.DENY, reason="not yet")
+    world.run()
+    asked = task.checkpoint["approval"]
+    world.clock.advance(timedelta(seconds=700))  # past its deadline: the turn waits on c2
+    entered = [e for e in phase_entries(task.id, kernel.storage.commits_after(
+        handle.id, 0, 1000)) if e.phase == approvals.PHASE]
+    draft = Draft(actor="user:olga")
+    draft.restart(task.id, entered[-1], expected_seq=kernel.task(task.id).updated_seq)
+    kernel.open(handle.id).commit(draft)
+    world.run()
+    again = kernel.task(task.id)
+    requested = approvals.pending(again)
+    assert requested is not None, again.outcome
+    assert requested["until"] == (world.clock.now() + timedelta(seconds=600)).isoformat()
+    assert requested["arguments"] == asked["arguments"] and requested != asked
+    world.decide(kernel, again, approvals.APPROVE, reason="now it is fine")
+    world.run()
+    assert world.effects == ["charge:500"]
+
+
 def test_a_gate_that_cannot_decide_asks_for_approval() -> None:
     world = World([ToolCall("c1", "refund", {"amount": 1})])
     kernel, handle, conversation, submitted = world.start()

@@ -11,7 +11,7 @@ import pytest
 
 from kernel import Draft, InMemoryStorage, Kernel, Registry, Scheduler, Status
 from kernel.hosts.langgraph import SessionStoreSaver
-from kernel.hosts.langgraph.host import fork_input
+from kernel.hosts.langgraph.host import fork_input, register_graph
 from kernel.hosts.langgraph.interrupts import (
     check_resume,
     interrupted,
@@ -201,6 +201,121 @@ def test_a_run_is_blocked_where_a_node_it_was_started_with_is_gone(
     task = kernel.task(task_id)
     assert task.outcome is not None and task.outcome["kind"] == "succeeded", task.outcome
     assert runs(recorded) == ["model"] * 5
+
+
+def with_subgraph(steps: list[str]) -> Any:
+    """A graph whose node ``review`` is a subgraph running ``steps`` one after another;
+    its step ``ask`` interrupts."""
+    from langgraph.graph import END, START, StateGraph
+    from langgraph.types import interrupt
+
+    def step(name: str) -> Any:
+        return lambda s: {"answers": [[name, interrupt(name) if name == "ask" else None]]}
+
+    inner = StateGraph(Answers)
+    before = START
+    for name in steps:
+        inner.add_node(name, step(name))
+        inner.add_edge(before, name)
+        before = name
+    inner.add_edge(before, END)
+    builder = StateGraph(Answers)
+    builder.add_node("review", inner.compile())
+    builder.add_edge(START, "review")
+    builder.add_edge("review", END)
+    return builder
+
+
+def test_a_run_is_blocked_where_a_node_of_a_subgraph_it_was_started_with_is_gone() -> None:
+    """A subgraph's checkpoints name its nodes that run next, as the graph's own do:
+    resumed on a graph whose subgraph lacks one, the run waits for an operator instead of
+    ending as if the subgraph had finished (the node, and what follows it, never run)."""
+    from kernel import Worker
+    from kernel.environment import BLOCKED_DOCUMENT
+
+    kernel = hosted(with_subgraph(["ask", "send"]))
+    session, task_id = start(kernel, "asking", {"input": {"answers": []}})
+    Scheduler(kernel).run_until_idle()
+    task = kernel.task(task_id)
+    assert interrupted(task) is not None, task.outcome
+    draft = Draft(actor="user:olga")
+    draft.signal(task_id, task.checkpoint["interrupted"]["signal"], {"value": "yes"},
+                 step_epoch=task.epoch)
+    kernel.open(session).commit(draft)
+
+    registry = Registry()
+    made: list[Kernel] = []
+    register_graph(registry, "asking", with_subgraph(["ask", "notify"]).compile(),
+                   kernel=lambda: made[0])
+    made.append(Kernel(kernel.storage, registry))
+    assert not Worker(made[0], "w2").advance(task_id)
+    report = made[0].document(session, BLOCKED_DOCUMENT, task_id)
+    assert report["differences"] == [
+        "node review|send: missing here (it was started with present)"]
+    assert kernel.task(task_id).outcome is None
+
+    Scheduler(kernel).run_until_idle()  # where the subgraph has it, the run goes on
+    task = kernel.task(task_id)
+    assert task.outcome is not None, task.status
+    assert task.outcome["result"]["output"] == {
+        "answers": [["ask", "yes"], ["send", None]]}
+
+
+class Scored(TypedDict):
+    score: float
+
+
+def test_a_run_whose_output_no_storage_holds_succeeds_and_says_why_it_is_not_shown() -> None:
+    """A graph's state may hold what no storage can hold as JSON (a NaN score, text with
+    NUL): its checkpoints keep it (serialized by the saver's serde), and the run that
+    finished succeeds, its result saying why its output is not shown and where the state
+    is, instead of faulting at its last commit (and again at each retry)."""
+    import math
+
+    from langgraph.graph import END, START, StateGraph
+
+    builder = StateGraph(Scored)
+    builder.add_node("score", lambda s: {"score": float("nan")})
+    builder.add_edge(START, "score")
+    builder.add_edge("score", END)
+    scoring = hosted(builder)
+    session, task_id = start(scoring, "asking", {"input": {"score": 0.0}})
+    Scheduler(scoring).run_until_idle()
+    task = scoring.task(task_id)
+    assert task.outcome is not None and task.outcome["kind"] == "succeeded", task.outcome
+    result = task.outcome["result"]
+    assert result["output"] is None
+    assert "['score']" in result["output_not_shown"] and "nan" in result["output_not_shown"]
+    saver = SessionStoreSaver(scoring)
+    state = saver.get_tuple({"configurable": {"thread_id": session,
+                                              "checkpoint_id": result["checkpoint_id"]}})
+    assert state is not None and math.isnan(state.checkpoint["channel_values"]["score"])
+    saver.close()
+
+
+def test_an_interrupt_whose_value_no_storage_holds_waits_showing_it_as_text() -> None:
+    """An interrupt's value is what the operator is shown: one that JSON cannot hold (a
+    NaN) is shown as its text, saying why, and the run waits for its resume instead of
+    faulting at the commit of its wait (and again at each retry)."""
+    from langgraph.graph import END, START, StateGraph
+    from langgraph.types import interrupt
+
+    builder = StateGraph(Asked)
+    builder.add_node("ask", lambda s: {"answer": interrupt({"score": float("nan")})})
+    builder.add_edge(START, "ask")
+    builder.add_edge("ask", END)
+    kernel = hosted(builder)
+    session, task_id = start(kernel, "asking", {"input": {"answer": None}})
+    Scheduler(kernel).run_until_idle()
+    task = kernel.task(task_id)
+    waiting = interrupted(task)
+    assert task.status is Status.WAITING and waiting is not None, task.outcome
+    (shown,) = waiting["interrupts"]
+    assert shown["value"]["text"] == "{'score': nan}"
+    assert "nan is not a JSON number" in shown["value"]["not_shown"]
+    answer(kernel, session, task_id, "fine")
+    task = kernel.task(task_id)
+    assert task.outcome is not None and task.outcome["result"]["output"] == {"answer": "fine"}
 
 
 def test_a_graph_run_is_not_started_again_from_a_phase_and_says_to_fork(
@@ -401,6 +516,84 @@ def test_the_resume_schema_of_parallel_interrupts_is_that_of_the_whole_value() -
         except ValueError:
             resumes = False
         assert validator.is_valid(value) == resumes, value
+
+
+def test_the_response_schema_langgraph_takes_is_shown_and_a_value_it_refuses_is_422() -> None:
+    """``interrupt(value, response_schema=Model)`` declares the resume value, as LangGraph
+    documents it, and LangGraph validates the resume against it in the node: the operator
+    is shown that schema, and a value it refuses is refused before it is committed,
+    naming the field (committed, it would fail the run in the node)."""
+    from langgraph.graph import END, START, StateGraph
+    from langgraph.types import interrupt
+    from pydantic import BaseModel
+
+    class Decision(BaseModel):
+        approved: bool
+
+    builder = StateGraph(Answers)
+    builder.add_node("ask", lambda s: {"answers": [
+        interrupt("publish?", response_schema=Decision).approved]})
+    builder.add_edge(START, "ask")
+    builder.add_edge("ask", END)
+    kernel = hosted(builder)
+    session, task_id = start(kernel, "asking", {"input": {"answers": []}})
+    Scheduler(kernel).run_until_idle()
+    task = kernel.task(task_id)
+    waiting = interrupted(task)
+    assert waiting is not None
+    assert resume_schema(waiting) == Decision.model_json_schema()
+    with pytest.raises(ValueError, match=r"value\['approved'\]"):
+        check_resume(task, waiting["checkpoint_id"], {"approved": "maybe"})
+    with pytest.raises(ValueError, match="approved"):
+        check_resume(task, waiting["checkpoint_id"], {})
+    answer(kernel, session, task_id, {"approved": True})
+    task = kernel.task(task_id)
+    assert task.outcome is not None and task.outcome["kind"] == "succeeded", task.outcome
+    assert task.outcome["result"]["output"] == {"answers": [True]}
+
+
+def test_a_resume_the_nodes_validation_refuses_leaves_the_run_waiting_for_another() -> None:
+    """LangGraph validates a resume against the interrupt's ``response_schema`` in the
+    node, beyond what its JSON schema says (a validator of the model's own): a value it
+    refuses saves nothing, and the interrupt can be answered again, as under LangGraph's
+    own saver. The run waits for another answer, saying why, instead of failing (its
+    retry would meet the same answer again)."""
+    from langgraph.graph import END, START, StateGraph
+    from langgraph.types import interrupt
+    from pydantic import BaseModel, field_validator
+
+    class Pay(BaseModel):
+        amount: int
+
+        @field_validator("amount")
+        @classmethod
+        def at_most_100(cls, amount: int) -> int:
+            if amount > 100:
+                raise ValueError("at most 100")
+            return amount
+
+    builder = StateGraph(Answers)
+    builder.add_node("ask", lambda s: {"answers": [
+        interrupt("how much?", response_schema=Pay).amount]})
+    builder.add_edge(START, "ask")
+    builder.add_edge("ask", END)
+    kernel = hosted(builder)
+    session, task_id = start(kernel, "asking", {"input": {"answers": []}})
+    Scheduler(kernel).run_until_idle()
+    first = interrupted(kernel.task(task_id))
+    assert first is not None
+    answer(kernel, session, task_id, {"amount": 500})  # its JSON schema takes it
+    task = kernel.task(task_id)
+    waiting = interrupted(task)
+    assert task.status is Status.WAITING and waiting is not None, task.outcome
+    assert waiting["checkpoint_id"] == first["checkpoint_id"]
+    assert waiting["interrupts"] == first["interrupts"]
+    assert waiting["signal"] != first["signal"]
+    assert "at most 100" in waiting["refused"]
+    answer(kernel, session, task_id, {"amount": 50})
+    task = kernel.task(task_id)
+    assert task.outcome is not None and task.outcome["kind"] == "succeeded", task.outcome
+    assert task.outcome["result"]["output"] == {"answers": [50]}
 
 
 @pytest.mark.parametrize("value", [None, {}, 0, "", False, []])

@@ -669,10 +669,16 @@ def test_a_call_id_an_earlier_response_used_is_another_call_run_once() -> None:
 
 def test_an_unsafe_result_the_storage_refuses_fails_the_turn_naming_it_asking_nothing_more(
 ) -> None:
-    """A tool returns text with NUL, which no storage holds: the turn fails with an
-    error naming the field, its submission is released, and the model is not asked
-    again for a run that cannot go on."""
+    """The storage refuses the commit of an unsafe call's result (made while the run goes
+    on): the turn fails with the storage's error, its submission is released, and the
+    model is not asked again for a run that cannot go on."""
     asked: list[int] = []
+    armed: dict[str, BaseException] = {}
+
+    def fault(point: str) -> None:
+        error = armed.pop(point, None)
+        if error is not None:
+            raise error
 
     def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
         asked.append(len(asked))
@@ -684,16 +690,17 @@ def test_an_unsafe_result_the_storage_refuses_fails_the_turn_naming_it_asking_no
 
     @agent.tool_plain
     def notify(to: str) -> str:
-        return "sent\x00"
+        armed["before_write"] = RuntimeError("the disk is full")  # the result's commit
+        return "sent"
 
     registry = Registry()
     register_agent(registry, "support", agent)
-    kernel = Kernel(InMemoryStorage(), registry, ManualClock())
+    kernel = Kernel(InMemoryStorage(fault=fault), registry, ManualClock())
     session_id, conversation, submission = started(kernel)
     Scheduler(kernel, "w").run_until_idle()
     turn = turn_of(kernel, session_id)
     assert turn.outcome is not None and turn.outcome["kind"] == "failed"
-    assert "tool_result" in turn.outcome["error"] and "NUL" in turn.outcome["error"]
+    assert "the disk is full" in turn.outcome["error"], turn.outcome
     assert asked == [0]
     stored = kernel.storage.submission(submission)
     assert stored is not None and stored.status is SubmissionStatus.FAILED
@@ -782,3 +789,49 @@ def test_a_turn_cancelled_on_a_reused_call_id_tells_the_next_turn_each_calls_own
             if isinstance(p, ToolReturnPart)]
     assert told[0] == {"result": "sent to ana"}
     assert told[1]["cancelled"] is True and told[1]["reason"] == "cancelled by user:op: stop"
+
+
+@pytest.mark.parametrize("metadata", [SAFE, None], ids=["safe", "unsafe"])
+def test_a_call_whose_result_no_storage_holds_is_answered_as_having_run(
+    metadata: Any,
+) -> None:
+    """A tool that returned what no storage holds (text with NUL) has run: the model is
+    told so, with why its result is not shown, and the turn goes on, as a native turn's
+    call is answered. The turn failed, with the call's result uncommitted: an unsafe call
+    that certainly ran was left uncertain, a safe one's next request thrown away."""
+    from pydantic_ai.messages import ToolReturnPart
+
+    effects: list[str] = []
+    seen: list[Any] = []
+
+    def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        seen.extend(p for m in messages for p in m.parts if isinstance(p, ToolReturnPart))
+        if not any(m.kind == "response" for m in messages):
+            return ModelResponse(parts=[ToolCallPart("read", {"path": "a.bin"},
+                                                     tool_call_id="c1")])
+        return ModelResponse(parts=[TextPart("Done.")])
+
+    agent = Agent(FunctionModel(model), name="support", capabilities=[KernelDurability()])
+
+    @agent.tool_plain(metadata=metadata)
+    def read(path: str) -> str:
+        effects.append(path)
+        return "\x00\x01binary"
+
+    registry = Registry()
+    register_agent(registry, "support", agent)
+    kernel = Kernel(InMemoryStorage(), registry, ManualClock())
+    handle = kernel.create_session()
+    draft = Draft()
+    conversation = draft.create_conversation()
+    handle.commit(draft)
+    submitted = submit(handle, conversation, {"text": "read it", "agent": "support"}, "r1")
+    assert submitted.submission is not None
+    Scheduler(kernel).run_until_idle()
+    turn = turn_of(kernel, handle.id)
+    assert turn.outcome is not None and turn.outcome["kind"] == "succeeded", turn.outcome
+    assert effects == ["a.bin"]
+    (told,) = seen
+    assert "ran" in str(told.content) and "cannot be stored" in str(told.content)
+    (result,) = [e.payload for e in kernel.entries(conversation) if e.kind == "tool_result"]
+    assert "cannot be stored" in result["error"] and "NUL" in result["error"]

@@ -24,12 +24,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from langgraph.errors import is_invalid_resume
 from langgraph.types import Command
 
+from kernel.errors import UnstorableValue
 from kernel.registry import Registry, TaskDefinition
 from kernel.run import Run
 from kernel.session import Kernel
 from kernel.tasks import Transition
+from kernel.values import storable
 
 from .interrupts import resume_map, resume_signal, waited_signal
 from .layout import HOST, NODE, register_documents
@@ -71,6 +74,26 @@ def to_json(value: Any) -> JSON:
     return json.loads(json.dumps(dumpd(value), default=repr))
 
 
+TEXT_SHOWN = 10_000
+"""How much of the text of an interrupt's value that JSON cannot hold is shown."""
+
+
+def shown_interrupt(found: Any) -> JSON:
+    """An interrupt as the task's checkpoint keeps it: its id, its value (as text, saying
+    why, when JSON cannot hold it), and the JSON schema of its resume value when the node
+    gave ``interrupt()`` a ``response_schema`` (LangGraph turns a model into its JSON
+    schema), which a resume must meet."""
+    try:
+        value = storable(to_json(found.value), "the interrupt's value")
+    except UnstorableValue as exc:  # NaN, text with NUL: the operator reads it as text
+        value = {"text": repr(found.value)[:TEXT_SHOWN], "not_shown": str(exc)}
+    shown = {"id": found.id, "value": value}
+    schema = getattr(found, "response_schema", None)
+    if isinstance(schema, dict):
+        shown["schema"] = to_json(schema)
+    return shown
+
+
 @dataclass
 class GraphHost:
     """Runs one compiled graph as the phases of a task kind."""
@@ -81,16 +104,23 @@ class GraphHost:
     _saver: SessionStoreSaver | None = field(default=None, init=False)
     _bound_graph: Any = field(default=None, init=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False)
+    _needs: dict[str, JSON] | None = field(default=None, init=False)
 
     def needs(self, input: JSON, checkpoint: JSON) -> dict[str, JSON]:
-        """The graph's nodes, by name, as the environment a run records
+        """The graph's nodes, by name, and its subgraphs' (``<subgraph>|<node>``, as
+        LangGraph names their namespaces), as the environment a run records
         (:mod:`kernel.environment`): a thread's checkpoints name the nodes that run next
-        and the ones whose writes were saved, so a run resumed where one of them is gone
-        is blocked for an operator, not run on a graph its checkpoints do not describe. A
-        node added is compatible; a node's code changed is not seen (it is why one
-        deploys)."""
-        return {f"{NODE}{name}": "present" for name in self.graph.nodes
-                if not name.startswith("__")}
+        and the ones whose writes were saved, a subgraph's checkpoints its own, so a run
+        resumed where one of them is gone is blocked for an operator, not run on a graph
+        its checkpoints do not describe (a subgraph without the node that was to run
+        next ends as if it had finished). A node added is compatible; a node's code
+        changed is not seen (it is why one deploys)."""
+        if self._needs is None:
+            graphs = [("", self.graph), *self.graph.get_subgraphs(recurse=True)]
+            self._needs = {f"{NODE}{ns}{'|' if ns else ''}{name}": "present"
+                           for ns, graph in graphs for name in graph.nodes
+                           if not name.startswith("__")}
+        return self._needs
 
     @property
     def saver(self) -> SessionStoreSaver:
@@ -131,20 +161,46 @@ class GraphHost:
                 graph_input = Command(resume=value)
         else:
             graph_input = None
+        refused: str | None = None
         with self.saver.committing_through(run):
-            result = graph.invoke(graph_input, config, durability="sync")
+            try:
+                result = graph.invoke(graph_input, config, durability="sync")
+            except Exception as exc:
+                # A resume the node's response_schema refuses: LangGraph saved nothing of
+                # it, and the interrupt waits to be answered again (below).
+                if not isinstance(graph_input, Command) or not is_invalid_resume(exc):
+                    raise
+                refused = f"{type(exc).__name__}: {exc}"
         state = graph.get_state({"configurable": {"thread_id": run.session_id}})
         if state.interrupts:
             checkpoint_id = state.config["configurable"]["checkpoint_id"]
             signal = resume_signal(checkpoint_id, [i.id for i in state.interrupts])
+            # Asked again at the same checkpoint after an answer was refused: a wait on a
+            # signal the task holds already would take that answer again.
+            again, asked = 1, signal
+            while run.signal(signal) is not None:
+                again += 1
+                signal = f"{asked}:{again}"
             interrupted = {
                 "checkpoint_id": checkpoint_id,
-                "interrupts": [{"id": i.id, "value": to_json(i.value)} for i in state.interrupts],
+                "interrupts": [shown_interrupt(i) for i in state.interrupts],
                 "signal": signal,
             }
+            if refused is not None:
+                interrupted["refused"] = refused
             return run.wait_for(signal, then="run", checkpoint={"interrupted": interrupted})
-        return run.succeed({"checkpoint_id": state.config["configurable"]["checkpoint_id"],
-                            "output": self.output(result)})
+        if refused is not None:
+            raise RuntimeError(f"the resume was refused ({refused}) and no interrupt waits")
+        checkpoint_id = state.config["configurable"]["checkpoint_id"]
+        try:
+            output = storable(self.output(result), "the graph's output")
+        except UnstorableValue as exc:
+            # The state holds what JSON cannot (NaN, text with NUL); its checkpoints keep
+            # it, serialized by the saver. The graph has finished: the run has succeeded.
+            return run.succeed({"checkpoint_id": checkpoint_id, "output": None,
+                                "output_not_shown": f"{exc}; the state is in checkpoint "
+                                                    f"{checkpoint_id} of the thread"})
+        return run.succeed({"checkpoint_id": checkpoint_id, "output": output})
 
 
 def register_graph(

@@ -70,9 +70,15 @@ def interrupted(task: Task) -> JSON:
     return waiting
 
 
-def declared_schema(value: JSON) -> JSON:
-    """The JSON schema an interrupt's value declares its resume value must meet
-    (``{"schema": ...}`` in the value), or None."""
+def declared_schema(found: JSON) -> JSON:
+    """The JSON schema the resume value of the interrupt ``found`` (an entry of
+    ``interrupts``) must meet, or None: the ``response_schema`` the node gave
+    ``interrupt()`` (LangGraph validates the resume against a Pydantic model, a
+    ``TypedDict`` or a dataclass in the node, which fails the run on a value it refuses),
+    else the one its value declares (``{"schema": ...}`` in the value)."""
+    if found.get("schema") is not None:
+        return found["schema"]
+    value = found.get("value")
     return value.get("schema") if isinstance(value, dict) else None
 
 
@@ -81,7 +87,7 @@ def resume_schema(waiting: JSON) -> JSON:
     node declared one (None otherwise): the one interrupt's own, or, with several, an
     object giving interrupts by id, each answer under its interrupt's schema."""
     found = waiting.get("interrupts") or []
-    declared = {str(i.get("id")): declared_schema(i.get("value")) for i in found}
+    declared = {str(i.get("id")): declared_schema(i) for i in found}
     if len(found) == 1:
         return next(iter(declared.values()))
     if not any(s is not None for s in declared.values()):
@@ -96,8 +102,9 @@ def check_resume(
     task: Task, checkpoint_id: str, value: JSON, interrupt_ids: list[str] | None = None,
 ) -> None:
     """ValueError naming the field unless ``value`` may resume ``task`` where it was
-    interrupted at ``checkpoint_id``: a node that interrupts with ``{"schema": ...}`` in
-    its value declares the JSON schema its resume value must meet. With several
+    interrupted at ``checkpoint_id``: a node declares the JSON schema its resume value
+    must meet with ``interrupt(value, response_schema=...)`` or ``{"schema": ...}`` in
+    its value (:func:`declared_schema`). With several
     interrupts waiting, ``value`` gives each one it answers its value by id
     (:func:`resume_map`). LookupError when the task does not wait there (any more), or,
     given ``interrupt_ids`` (the interrupts the operator was shown), waits there on other
@@ -117,7 +124,7 @@ def check_resume(
     answers = resume_map(waiting, value)
     by_id = len(waiting["interrupts"]) > 1 or answers is value
     for found in waiting["interrupts"]:
-        declared = declared_schema(found["value"])
+        declared = declared_schema(found)
         if declared is None or found["id"] not in answers:
             continue
         try:

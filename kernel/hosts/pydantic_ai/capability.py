@@ -55,7 +55,9 @@ from pydantic_core import to_jsonable_python
 
 from kernel.agent.tools import Replay
 from kernel.agent.turn import PROGRESS, PROGRESS_EVERY
+from kernel.errors import UnstorableValue
 from kernel.run import Run
+from kernel.values import storable
 
 from .bridge import Bridge
 from .journal import Journal, unit_of
@@ -363,6 +365,15 @@ class Units:
             if key == self.only_call:  # the turn defers it (its hands task's answer)
                 self.deferred = payload
             return payload
+        try:
+            storable(payload, f"the result of tool {name!r}")
+        except UnstorableValue as exc:
+            # The call has run: it is answered so, as a native call is, both now and on
+            # replay (the journal holds this answer). Its own result would fail its
+            # commit and end the turn, leaving a call that certainly ran uncertain.
+            payload = {"kind": "tool_failed",
+                       "message": f"The call ran, but its result cannot be stored (so it "
+                                  f"is not shown): {exc}"}
         decided = self.decisions.get(call_id)
         extra = {} if decided is None else {"approval": decided}
         if replay is Replay.SAFE or key == self.only_call:
