@@ -86,8 +86,11 @@ def operation_id(task_id: str, checkpoint: JSON, name: str = "") -> str:
 
 def no_restart(task: Task, definition: TaskDefinition) -> str | None:
     """Why ``task``, run by ``definition``, does not start again from a phase (the
-    definition's ``no_restart``), in words; None when it may."""
-    if not definition.no_restart:
-        return None
-    return (f"task {task.id} ({task.kind}) does not start again from a phase: "
-            f"{definition.no_restart}")
+    definition's ``no_restart``, or ``no_restart_ended`` once it has ended), in words;
+    None when it may."""
+    if definition.no_restart:
+        return (f"task {task.id} ({task.kind}) does not start again from a phase: "
+                f"{definition.no_restart}")
+    if task.terminal and definition.no_restart_ended:
+        return (f"task {task.id} ({task.kind}) has ended: {definition.no_restart_ended}")
+    return None

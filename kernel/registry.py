@@ -27,7 +27,7 @@ TaskMigrate = Callable[[int, JSON, JSON], tuple[JSON, JSON]]
 
 RESERVED = frozenset(
     {"migrate", "on_cancel", "on_end", "initial", "queue", "max_restarts", "decisions",
-     "needs", "no_restart"}
+     "needs", "no_restart", "no_restart_ended"}
 )
 
 
@@ -121,6 +121,9 @@ class TaskDefinition:
     no_restart: str | None = None
     """Why a task of this kind cannot start again from a phase it entered
     (:meth:`kernel.commit.Draft.restart` is refused, saying so); None: it can."""
+    no_restart_ended: str | None = None
+    """Why a task of this kind that has ended cannot start again from a phase (its end
+    was answered where a restart would answer again); None: it can."""
     host: str | None = None
     """The framework whose code a task of this kind runs (``"langgraph"``), for what
     treats such tasks alike (the control plane starts a graph run in a thread); None:
@@ -203,6 +206,7 @@ class Registry:
                     decisions=tuple(getattr(cls, "decisions", ())),
                     needs=getattr(instance, "needs", None),
                     no_restart=getattr(cls, "no_restart", None),
+                    no_restart_ended=getattr(cls, "no_restart_ended", None),
                 )
             )
             return cls

@@ -107,6 +107,9 @@ def register_approvals(registry: Registry, queue: str = "brain") -> None:
     @registry.task(TASK_KIND, queue=queue)
     class Approval:
         initial = "ask"
+        no_restart_ended = (
+            "its decision is the call's answer, which the turn that asked has taken: "
+            "started again, it would ask for a decision nothing waits for")
 
         def ask(self, run: Run) -> Transition:
             return wait(run, run.input["approval"])

@@ -346,6 +346,9 @@ def register_agent(
     @registry.task("agent-tool", queue="hands")
     class ToolTask:
         initial = "call"
+        no_restart_ended = (
+            "its call is answered in the conversation, and the model has that answer: "
+            "started again, it would run (or ask) anew and answer the same call twice")
 
         def needs(self, input: JSON, checkpoint: JSON) -> dict[str, JSON]:
             """Its tool as the call was made for: its parameter schema and replay policy."""

@@ -285,15 +285,13 @@ def test_a_call_started_again_from_its_approval_is_asked_again_with_a_new_deadli
     once for a deadline nobody was asked by, and a decision then lets it run."""
     from kernel.forks import phase_entries
 
-    world = World([ToolCall("c1", "charge", {"amount": 500}),
-                   ToolCall("c2", "always", {"amount": 1})])
+    world = World([ToolCall("c1", "charge", {"amount": 500})])
     kernel, handle, conversation, submitted = world.start()
     world.run()
     task = world.tool_tasks(kernel)["charge"]
-    world.decide(kernel, task, approvals.DENY, reason="not yet")
-    world.run()
     asked = task.checkpoint["approval"]
-    world.clock.advance(timedelta(seconds=700))  # past its deadline: the turn waits on c2
+    # Past its deadline, before a worker has run its timeout: it still sleeps.
+    world.clock.advance(timedelta(seconds=700))
     entered = [e for e in phase_entries(task.id, kernel.storage.commits_after(
         handle.id, 0, 1000)) if e.phase == approvals.PHASE]
     draft = Draft(actor="user:olga")
@@ -308,6 +306,31 @@ def test_a_call_started_again_from_its_approval_is_asked_again_with_a_new_deadli
     world.decide(kernel, again, approvals.APPROVE, reason="now it is fine")
     world.run()
     assert world.effects == ["charge:500"]
+
+
+def test_an_ended_call_does_not_start_again_the_model_has_its_answer() -> None:
+    """A call whose task ended has its answer in the conversation (a denial here): started
+    again from a phase, it would run (or ask) anew and answer the same call twice."""
+    from kernel.forks import phase_entries
+
+    world = World([ToolCall("c1", "charge", {"amount": 500}),
+                   ToolCall("c2", "always", {"amount": 1})])
+    kernel, handle, conversation, submitted = world.start()
+    world.run()
+    task = world.tool_tasks(kernel)["charge"]
+    world.decide(kernel, task, approvals.DENY, reason="not yet")
+    world.run()  # c1 answered as denied; the turn waits on c2
+    ended = kernel.task(task.id)
+    assert ended.terminal
+    entered = [e for e in phase_entries(task.id, kernel.storage.commits_after(
+        handle.id, 0, 1000)) if e.phase == approvals.PHASE]
+    draft = Draft(actor="user:olga")
+    draft.restart(task.id, entered[-1], expected_seq=ended.updated_seq)
+    with pytest.raises(CommitRejected, match="has ended: its call is answered"):
+        kernel.open(handle.id).commit(draft)
+    assert kernel.task(task.id).updated_seq == ended.updated_seq
+    world.run()
+    assert world.effects == []
 
 
 def test_a_gate_that_cannot_decide_asks_for_approval() -> None:
