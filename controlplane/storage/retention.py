@@ -57,11 +57,15 @@ LOCK_TIMEOUT = "2s"
 """How long dropping a partition may wait for its locks (feed reads and commits queue
 behind a drop that waits)."""
 
+# A session with history left: commits after its marker, or, trimmed up to its head,
+# the keyed commit rows and the entries a trim keeps.
 FINISHED = (
-    f"SELECT s.id, s.head_seq, s.metadata, c.at, ARRAY(SELECT DISTINCT t.outcome->>'kind' "
-    f"FROM {TASK.name} t WHERE t.session_id = s.id AND t.parent_id IS NULL) "
-    f"FROM {SESSION.name} s JOIN {COMMIT.name} c ON c.session_id = s.id AND c.seq = s.head_seq "
-    "WHERE s.head_seq > s.pruned_seq AND c.at < %(now)s "
+    f"SELECT s.id, s.head_seq, s.metadata, s.last_commit_at, ARRAY(SELECT DISTINCT "
+    f"t.outcome->>'kind' FROM {TASK.name} t WHERE t.session_id = s.id AND t.parent_id IS NULL) "
+    f"FROM {SESSION.name} s WHERE s.last_commit_at < %(now)s "
+    f"AND (s.head_seq > s.pruned_seq OR EXISTS (SELECT FROM {COMMIT.name} c "
+    f"WHERE c.session_id = s.id) OR EXISTS (SELECT FROM {ENTRY.name} e "
+    "WHERE e.session_id = s.id)) "
     f"AND NOT EXISTS (SELECT FROM {TASK.name} t WHERE t.session_id = s.id "
     f"AND t.status <> '{Status.TERMINAL}') "
     f"AND NOT EXISTS (SELECT FROM {SUBMISSION.name} b WHERE b.session_id = s.id "
@@ -80,7 +84,7 @@ UNPRUNABLE_ROWS = (
 COUNT_ROWS = "SELECT count(*), coalesce(max(id), 0) FROM {partition}"
 LOCK_SESSIONS = (
     f"SELECT s.id FROM {SESSION.name} s JOIN {DUE} ON due.id = s.id "
-    "WHERE s.head_seq = due.head_seq AND s.pruned_seq < s.head_seq ORDER BY s.id FOR UPDATE OF s"
+    "WHERE s.head_seq = due.head_seq ORDER BY s.id FOR UPDATE OF s"
 )
 MARK = f"UPDATE {SESSION.name} SET pruned_seq = head_seq WHERE id = ANY(%s)"
 DELETE_ENTRIES = f"DELETE FROM {ENTRY.name} WHERE session_id = ANY(%s)"

@@ -20,7 +20,17 @@ from django.test import Client, override_settings
 from controlplane import commands
 from controlplane.storage import PostgresStorage, partitions
 from controlplane.worker.runtime import runtime
-from kernel import Draft, DuplicateCommit, Kernel, ManualClock, Status, Worker
+from kernel import (
+    Draft,
+    DuplicateCommit,
+    Kernel,
+    ManualClock,
+    Registry,
+    Run,
+    Status,
+    Transition,
+    Worker,
+)
 from kernel.retention import RetentionPolicy
 from tests.conformance.definitions import Effects, make_registry
 
@@ -555,3 +565,63 @@ def test_a_pruned_sessions_page_says_why_its_transcript_is_empty() -> None:
     assert "hello" not in page and page.count(note) == 1
     emptied = page[page.index(f'id="conv-{used}"'):page.index(f'id="conv-{unused}"')]
     assert note in emptied
+
+
+class Ticking(ManualClock):
+    """A clock a second later at each reading: every commit has its own time."""
+
+    def now(self) -> datetime:
+        return self.advance(1)
+
+
+@db
+def test_every_commit_path_dates_its_session_by_its_commit() -> None:
+    """Each way a commit is written (``controlplane.storage.fast_commits`` and the
+    general one) sets the session's ``last_commit_at`` to the commit's time."""
+    registry = Registry()
+    registry.document("plan")
+
+    @registry.task("steps")
+    class Steps:
+        initial = "step"
+
+        def step(self, run: Run) -> Transition:
+            done = int(run.checkpoint.get("done", 0)) + 1
+            if done == 2:
+                run.update("plan", "p", {"op": "set", "path": ["n"], "value": done})
+            if done >= 3:
+                return run.succeed({"done": done})
+            return run.next("step", {"done": done})
+
+    kernel = Kernel(PostgresStorage(), registry, Ticking())
+    handle = kernel.create_session()
+    seen: list[datetime] = []
+
+    def dated() -> None:
+        last = kernel.storage.commits_after(handle.id, 0, 1000)[-1]
+        at = kernel.storage.session(handle.id).last_commit_at
+        assert at == last.at, (len(seen), at, last)
+        assert at not in seen
+        seen.append(at)
+
+    draft = Draft()
+    task_id = draft.create_task("steps", {})
+    handle.commit(draft)  # one task and its dispatch row: one statement
+    dated()
+    draft = Draft()
+    draft.create_task("steps", {})
+    draft.create_task("steps", {})
+    handle.commit(draft)  # tasks only, at the head
+    dated()
+    draft = Draft()
+    draft.set("plan", "q", ["n"], 1)
+    handle.commit(draft)  # documents only
+    dated()
+    draft = Draft(key="op-1")
+    draft.cancel(task_id, reason="enough")
+    handle.commit(draft)  # the general commit
+    dated()
+    worker = Worker(kernel, "w1")
+    for other in [t.id for t in kernel.storage.session_tasks(handle.id) if t.id != task_id]:
+        assert worker.advance(other)  # inline, inline with a document, the ending
+        dated()
