@@ -78,7 +78,7 @@ from .tasks import (
     succeeded,
 )
 from .tracing import carrier as trace_carrier
-from .values import storable, storable_document_name, storable_text
+from .values import storable, storable_name, storable_text
 
 JSON = Any
 ANY_OPEN_FIRST = 64
@@ -319,8 +319,8 @@ class Draft:
     def update_document(
         self, kind: str, key: str, *ops: JSON, expected_version: int | None = None
     ) -> None:
-        storable_document_name(kind, "document kind")
-        storable_document_name(key, f"document {kind} key")
+        storable_name(kind, "document kind")
+        storable_name(key, f"document {kind} key")
         stored = [check_op(op, f"document {kind}/{key}") for op in ops]
         self.document_ops.setdefault((kind, key), []).extend(stored)
         if (kind, key) not in self.document_ids:
@@ -445,7 +445,7 @@ class Draft:
     ) -> str:
         """Accept input under the caller's ``request_id``; ``resubmit_of`` links a retry
         of an earlier submission to it."""
-        storable_text(request_id, "submission request id")
+        storable_name(request_id, "submission request id")
         input = storable(input, "submission input")
         submission_id = new_id(SUBMISSION_ID)
         self.submissions.append((submission_id, conversation_id, request_id, input, resubmit_of))
@@ -629,6 +629,7 @@ class Builder:
 
     def build(self) -> WriteSet:
         if self.draft.key is not None:
+            storable_name(self.draft.key, "commit key")
             existing = self.tx.commit_by_key(self.draft.key)
             if existing is not None:
                 raise DuplicateCommit(existing)
