@@ -625,3 +625,31 @@ def test_every_commit_path_dates_its_session_by_its_commit() -> None:
     for other in [t.id for t in kernel.storage.session_tasks(handle.id) if t.id != task_id]:
         assert worker.advance(other)  # inline, inline with a document, the ending
         dated()
+
+
+@db
+def test_a_dry_run_says_what_the_run_would_do_with_commits_in_the_default_partition(
+    settings: Any,
+) -> None:
+    """March 2025 has no partition: its commits wait in the default one. The run first
+    makes March's partition (moving them there), then drops it whole; the dry run, which
+    makes nothing, says so all the same."""
+    settings.KERNEL_RETENTION_DAYS = 30
+    kernel = Kernel(PostgresStorage(), make_registry(Effects()), ManualClock(MARCH))
+    finished(kernel, 3)
+    assert len(commit_rows(partitions.DEFAULT)) == 3
+    try:
+        lines: list[str] = []
+        dry = commands.prune(dry_run=True, progress=lines.append)
+        assert commit_rows(partitions.DEFAULT) and "kernel_commit_20250301" not in names()
+        report = commands.prune()
+        assert "kernel_commit_20250301" not in names()  # made, then dropped
+        assert (report.sessions, report.partitions, report.partition_commits,
+                report.commits) == (1, ["kernel_commit_20250301"], 3, 0)
+        assert (dry.sessions, dry.partitions, dry.partition_commits, dry.commits) == (
+            report.sessions, report.partitions, report.partition_commits, report.commits)
+        assert dry.summary() == report.summary().replace("removed", "would remove", 1)
+        assert any("kernel_commit_20250301" in line for line in lines[:1]), lines
+    finally:
+        with connection.cursor() as cur:
+            cur.execute("DROP TABLE IF EXISTS kernel_commit_20250301")
