@@ -653,3 +653,43 @@ def test_a_dry_run_says_what_the_run_would_do_with_commits_in_the_default_partit
     finally:
         with connection.cursor() as cur:
             cur.execute("DROP TABLE IF EXISTS kernel_commit_20250301")
+
+
+@db
+def test_the_migration_dates_each_session_by_its_head_commit_or_else_by_now() -> None:
+    """Back before ``last_commit_at``, sessions written there, then forward: one is
+    dated by its head commit; one whose head commit a trim removed, by the migration's
+    time (it is pruned a retention period later, never earlier); one never committed to,
+    not at all."""
+    executor = MigrationExecutor(connection)
+    before = [("controlplane", "0017_fewer_indexes")]
+    after = executor.loader.graph.leaf_nodes("controlplane")
+    executor.migrate(before)
+    try:
+        with connection.cursor() as cur:
+            cur.execute("INSERT INTO kernel_session (id, head_seq, created_at, metadata, "
+                        "pruned_seq) VALUES ('sess_dated', 2, now(), '{}', 0), "
+                        "('sess_trimmed', 2, now(), '{}', 2), ('sess_empty', 0, now(), '{}', 0)")
+            cur.execute(
+                "INSERT INTO kernel_commit (seq, at, actor, summary, session_id, key) VALUES "
+                "(1, %s, 'a', '[]', 'sess_dated', NULL), (2, %s, 'a', '[]', 'sess_dated', NULL), "
+                "(1, %s, 'a', '[]', 'sess_trimmed', 'op-1')",
+                [MARCH, APRIL, MARCH],
+            )
+            cur.execute("SELECT clock_timestamp()")
+            started = cur.fetchone()[0]
+        executor = MigrationExecutor(connection)
+        executor.loader.build_graph()
+        executor.migrate(after)
+        with connection.cursor() as cur:
+            cur.execute("SELECT id, last_commit_at FROM kernel_session ORDER BY id")
+            found = dict(cur.fetchall())
+            cur.execute("SELECT clock_timestamp()")
+            ended = cur.fetchone()[0]
+        trimmed = found.pop("sess_trimmed")
+        assert found == {"sess_dated": APRIL, "sess_empty": None}
+        assert started <= trimmed <= ended
+    finally:
+        MigrationExecutor(connection).migrate(after)
+        with connection.cursor() as cur:
+            cur.execute("DROP TABLE IF EXISTS kernel_commit_20250301, kernel_commit_20250401")
