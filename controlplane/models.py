@@ -76,6 +76,7 @@ class Session(KernelRecord):
     created_at = models.DateTimeField()
     metadata = models.JSONField(default=dict)
     pruned_seq = models.BigIntegerField(default=0, db_default=0)
+    last_commit_at = models.DateTimeField(null=True)
 
     class Meta:
         db_table = "kernel_session"

@@ -78,7 +78,7 @@ from .tasks import (
     succeeded,
 )
 from .tracing import carrier as trace_carrier
-from .values import storable, storable_document_name, storable_text
+from .values import storable, storable_name, storable_text
 
 JSON = Any
 ANY_OPEN_FIRST = 64
@@ -327,8 +327,8 @@ class Draft:
     def update_document(
         self, kind: str, key: str, *ops: JSON, expected_version: int | None = None
     ) -> None:
-        storable_document_name(kind, "document kind")
-        storable_document_name(key, f"document {kind} key")
+        storable_name(kind, "document kind")
+        storable_name(key, f"document {kind} key")
         stored = [check_op(op, f"document {kind}/{key}") for op in ops]
         self.document_ops.setdefault((kind, key), []).extend(stored)
         if (kind, key) not in self.document_ids:
@@ -341,8 +341,8 @@ class Draft:
         is at ``version`` (0: never written) when it is built, under the session's lock;
         the document is not written. What a caller read (a report it acted on, say) is
         then what the commit acts on: a commit that changed it since refuses this one."""
-        storable_document_name(kind, "document kind")
-        storable_document_name(key, f"document {kind} key")
+        storable_name(kind, "document kind")
+        storable_name(key, f"document {kind} key")
         if isinstance(version, bool) or not isinstance(version, int) or version < 0:
             raise CommitRejected(f"document {kind}/{key}: a version is a count, not {version!r}")
         self.expected_versions[(kind, key)] = version
@@ -467,7 +467,7 @@ class Draft:
     ) -> str:
         """Accept input under the caller's ``request_id``; ``resubmit_of`` links a retry
         of an earlier submission to it."""
-        storable_text(request_id, "submission request id")
+        storable_name(request_id, "submission request id")
         input = storable(input, "submission input")
         submission_id = new_id(SUBMISSION_ID)
         self.submissions.append((submission_id, conversation_id, request_id, input, resubmit_of))
@@ -651,6 +651,7 @@ class Builder:
 
     def build(self) -> WriteSet:
         if self.draft.key is not None:
+            storable_name(self.draft.key, "commit key")
             existing = self.tx.commit_by_key(self.draft.key)
             if existing is not None:
                 raise DuplicateCommit(existing)

@@ -161,7 +161,8 @@ class InMemoryStorage:
         )
 
     def _apply(self, session: SessionRecord, ws: WriteSet) -> None:
-        self._sessions[session.id] = replace(session, head_seq=ws.commit.seq)
+        self._sessions[session.id] = replace(
+            session, head_seq=ws.commit.seq, last_commit_at=ws.commit.at)
         self._commits[session.id].append(ws.commit)
         for conv in ws.conversations:
             self._conversations[conv.id] = conv
@@ -203,7 +204,15 @@ class InMemoryStorage:
         with self._lock:
             for session in list(self._sessions.values()):
                 commits = self._commits.get(session.id, [])
-                if session.head_seq <= session.pruned_seq or not commits:
+                conversations = [
+                    c for c in self._conversations.values() if c.session_id == session.id
+                ]
+                # A trim up to the head leaves the marker there, and keyed commit rows
+                # and entries behind it: history still, until a prune removes it.
+                if session.last_commit_at is None or (
+                    session.head_seq <= session.pruned_seq and not commits and not any(
+                        self._conversation_entries.get(c.id) for c in conversations)
+                ):
                     continue
                 tasks = self._stored_session_tasks(session.id)
                 if not all(t.terminal for t in tasks) or not all(
@@ -214,11 +223,8 @@ class InMemoryStorage:
                 status = finished_status(
                     (t.outcome or {}).get("kind") for t in tasks if t.parent_id is None
                 )
-                if not policy.due(session.metadata, status, commits[-1].at, now):
+                if not policy.due(session.metadata, status, session.last_commit_at, now):
                     continue
-                conversations = [
-                    c for c in self._conversations.values() if c.session_id == session.id
-                ]
                 heads = [h for h in self._heads.values() if h.session_id == session.id]
                 report.sessions += 1
                 report.commits += len(commits)

@@ -95,6 +95,9 @@ class SessionRecord:
     pruned_seq: int = 0
     """Commits up to this seq may have been removed by retention (kernel.retention);
     everything after it is in the log. 0: nothing was ever removed."""
+    last_commit_at: datetime | None = None
+    """When its last commit was made (None: never): what dates it for retention, kept
+    on the session because a trim may remove that commit's row."""
 
 
 @dataclass(frozen=True, slots=True)

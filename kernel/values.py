@@ -82,22 +82,23 @@ def storable_text(text: str | None, what: str) -> str | None:
     return text
 
 
-DOCUMENT_NAME_BYTES = 1024
-"""The most UTF-8 bytes a document's kind, or its key, may take. A storage finds a
-document by its session, kind and key, and Postgres indexes the three together in one
-index entry, which holds about 2.7 KB at most: a longer name is refused as the draft is
-built, on every storage alike, rather than by one database's error at commit."""
+NAME_BYTES = 1024
+"""The most UTF-8 bytes a name a storage finds a record by may take: a document's kind or
+key, a commit's idempotency key, a submission's request id. Postgres indexes each with
+its session (a document's with its kind) in one index entry, which holds about 2.7 KB
+at most: a longer name is refused before anything is written, on every storage alike,
+rather than by one database's error at commit."""
 
 
-def storable_document_name(name: str, what: str) -> str:
-    """``name`` if a document's kind or key may be it, or :class:`UnstorableValue`
-    naming ``what`` and the name's start."""
+def storable_name(name: str, what: str) -> str:
+    """``name`` if a storage may find a record by it (:data:`NAME_BYTES`), or
+    :class:`UnstorableValue` naming ``what`` and the name's start."""
     storable_text(name, what)
     size = len(name.encode("utf-8"))
-    if size > DOCUMENT_NAME_BYTES:
+    if size > NAME_BYTES:
         raise UnstorableValue(
             f"{what} {name[:40]!r}... cannot be stored: it is {size} bytes in UTF-8, "
-            f"longer than the {DOCUMENT_NAME_BYTES} a document's kind or key may take")
+            f"longer than the {NAME_BYTES} it may take")
     return name
 
 

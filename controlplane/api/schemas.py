@@ -26,6 +26,8 @@ from kernel.agent import WhenBusy
 
 JSON = Any
 MAX_EPOCH = 2**63 - 1  # a bigint
+# An action id becomes a commit key (kernel.values.NAME_BYTES), a bulk action's with a
+# task id after it: 200 characters leave room for that.
 ActionId = text(
     ..., min_length=1, max_length=200, description="client-chosen id; a repeat does nothing new"
 )

@@ -9,7 +9,13 @@ import logging
 from django.conf import settings
 
 from controlplane.errors import Conflict, Invalid
-from controlplane.storage import PruneRunning, prepare_partitions, referenced_artifacts
+from controlplane.storage import (
+    PostgresStorage,
+    PruneRunning,
+    partitions_to_make,
+    prepare_partitions,
+    referenced_artifacts,
+)
 from controlplane.worker.runtime import runtime
 from kernel.retention import Progress, PruneReport, RetentionPolicy, quiet
 
@@ -33,14 +39,23 @@ def prune(*, dry_run: bool = False, progress: Progress = quiet) -> PruneReport:
     it is logged rather than recorded in a session. Raises PruneRunning (errors.Conflict)
     if another prune holds the lock."""
     kernel = runtime().kernel
+    storage = kernel.storage
+    assert isinstance(storage, PostgresStorage)  # the partitions are Postgres's
     now = kernel.clock.now()
-    if not dry_run:
-        made = prepare_partitions(
-            now, settings.KERNEL_COMMIT_PARTITION, settings.KERNEL_COMMIT_PARTITIONS_AHEAD
-        )
+    period = settings.KERNEL_COMMIT_PARTITION, settings.KERNEL_COMMIT_PARTITIONS_AHEAD
+    unmade = []
+    if dry_run:
+        # The run makes these first, moving the default partition's rows of their
+        # periods there: the dry run plans them as made, so that it says which
+        # partitions the run drops whole.
+        unmade = partitions_to_make(now, *period)
+        progress(f"partitions to make: {', '.join(p.name for p in unmade) or 'none needed'}")
+    else:
+        made = prepare_partitions(now, *period)
         progress(f"partitions made: {', '.join(made) or 'none needed'}")
     try:
-        report = kernel.storage.prune(retention_policy(), now, dry_run=dry_run, progress=progress)
+        report = storage.prune(retention_policy(), now, dry_run=dry_run, progress=progress,
+                               unmade=unmade)
     except PruneRunning as exc:
         raise Conflict(str(exc)) from exc
     log.info("prune: %s", report.summary())

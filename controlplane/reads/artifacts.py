@@ -1,13 +1,16 @@
 """Reading an artifact a session's record references (:mod:`kernel.artifacts`): its
-bytes, their hash checked, for the dashboard's download."""
+bytes, their hash checked, for the dashboard's download; and whether the artifacts a
+task's record names are still there to download."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from django.db import connection
 
 from controlplane.process.kernel import process_kernel
+from kernel.artifacts import MissingArtifact, references
 from kernel.errors import UnknownRecord
 
 REFERENCED_IN_SESSION = (
@@ -42,3 +45,36 @@ def artifact(session_id: str, digest: str) -> Artifact:
     store = process_kernel().artifacts
     assert store is not None
     return Artifact(digest, store.media_type(digest), store.get(digest))
+
+
+@dataclass(frozen=True)
+class Named:
+    """An artifact a task's record (its outcome, say) references, as its page shows it."""
+
+    digest: str
+    state: str
+    """``readable`` (an entry or a document version of the session references it: the
+    download serves it), ``removed`` (no longer stored: retention pruned the history
+    that referenced it and the sweep removed it), or ``unreferenced`` (stored, but no
+    record of the session's history references it any more: the sweep removes it)."""
+
+
+def named(session_id: str, value: Any) -> list[Named]:
+    """The artifacts ``value`` (a record a task holds) references, in order, each with
+    what a reader can do with it. Task records are not read by the sweep (it reads the
+    entries and document versions), so once retention removed the entries that
+    referenced a large result, the task's copy of the reference outlives the artifact."""
+    store = process_kernel().artifacts
+    assert store is not None
+    found = []
+    for digest in dict.fromkeys(references(value)):
+        try:
+            store.media_type(digest)
+        except MissingArtifact:
+            found.append(Named(digest, "removed"))
+            continue
+        with connection.cursor() as cur:
+            cur.execute(REFERENCED_IN_SESSION, {"session": session_id, "named": f'"{digest}"'})
+            kept = cur.fetchone() is not None
+        found.append(Named(digest, "readable" if kept else "unreferenced"))
+    return found

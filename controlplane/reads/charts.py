@@ -199,8 +199,9 @@ SESSION_SQL = """
 WITH items AS (
     SELECT c.at, c.seq, i->>'id' AS task,
            coalesce(i->>'outcome', i->>'status') AS status
-    FROM kernel_commit c CROSS JOIN LATERAL jsonb_array_elements(c.summary) AS i
-    WHERE c.session_id = %(session)s AND i->>'type' = 'task'
+    FROM kernel_commit c JOIN kernel_session s ON s.id = c.session_id
+    CROSS JOIN LATERAL jsonb_array_elements(c.summary) AS i
+    WHERE c.session_id = %(session)s AND c.seq > s.pruned_seq AND i->>'type' = 'task'
 ), changes AS (
     SELECT at, status, lag(status) OVER (PARTITION BY task ORDER BY seq) AS prev FROM items
 ), deltas AS (
@@ -212,6 +213,15 @@ SELECT least(floor(extract(epoch FROM at - %(start)s) / %(bucket)s)::int, %(last
        status, sum(n)
 FROM deltas GROUP BY 1, 2
 """
+
+
+SPAN_SQL = (
+    "SELECT min(c.at), max(c.at) FROM kernel_commit c JOIN kernel_session s "
+    "ON s.id = c.session_id WHERE c.session_id = %s AND c.seq > s.pruned_seq"
+)
+"""The session's log as the feed reads it, after ``pruned_seq``: a keyed commit a trim
+kept below it stands alone among commits that are gone (a retry would draw its task
+pending for good)."""
 
 
 @dataclass(frozen=True)
@@ -232,8 +242,7 @@ def session_history(session_id: str, buckets: int = 60,
     status and bucket in SQL; the running sums here are buckets x statuses. ``now``: the
     database's clock unless given, as commits are dated by (the web machine's may
     disagree)."""
-    span = sql_rows("SELECT min(at), max(at) FROM kernel_commit WHERE session_id = %s",
-                    [session_id])
+    span = sql_rows(SPAN_SQL, [session_id])
     if not span or span[0][0] is None:
         return None
     start, last = span[0]

@@ -21,6 +21,7 @@ from typing import Any
 from controlplane import models
 from controlplane.process.kernel import process_kernel
 from controlplane.reads import environments
+from controlplane.reads.pages import pruned_before
 from controlplane.reads.snapshot import rows as sql_rows
 from kernel import Blocked, Status, Task, UnknownRecord
 from kernel.forks import RESTARTED, PhaseEntry, no_restart, operation_id
@@ -31,12 +32,17 @@ MAX_POINTS = 2000
 POINTS_SQL = """
 SELECT c.seq, extract(epoch FROM c.at)::float8, c.actor, i->>'phase', i->'checkpoint',
        (i->>'version')::int, (i->>'restart_of')::int
-FROM kernel_commit c CROSS JOIN LATERAL jsonb_array_elements(c.summary) i
-WHERE c.session_id = %s AND c.summary @> %s::jsonb
+FROM kernel_commit c JOIN kernel_session s ON s.id = c.session_id
+CROSS JOIN LATERAL jsonb_array_elements(c.summary) i
+WHERE c.session_id = %s AND c.seq > s.pruned_seq AND c.summary @> %s::jsonb
   AND i->>'type' = 'task' AND i->>'id' = %s AND i ? 'checkpoint'
 ORDER BY c.seq LIMIT %s
 """
-"""The summary items that record the task entering a phase, with where it stood."""
+"""The summary items that record the task entering a phase, with where it stood, after
+the session's ``pruned_seq``: a keyed commit a trim kept below it (an operator's
+restart, say) is no restart point, since the phases entered after it up to there, and
+the calls they made, are gone with their commits (a preview could not say what a
+restart from it repeats)."""
 
 
 @dataclass(frozen=True)
@@ -129,9 +135,19 @@ def points(task: Task) -> list[RestartPoint]:
 
 def point(task: Task, seq: int) -> RestartPoint:
     """The phase ``task`` entered at commit ``seq``; UnknownRecord if it entered none then."""
-    for found in points(task):
-        if found.seq == seq:
-            return found
+    return _chosen(task, seq, points(task))
+
+
+def _chosen(task: Task, seq: int, found: list[RestartPoint]) -> RestartPoint:
+    """The point of ``found`` at ``seq``, or UnknownRecord saying why there is none."""
+    chosen = next((p for p in found if p.seq == seq), None)
+    if chosen is not None:
+        return chosen
+    pruned = pruned_before(task.session_id, seq)
+    if pruned:
+        raise UnknownRecord(
+            f"retention removed the commits of session {task.session_id} up to #{pruned}: "
+            f"task {task.id} does not start again from #{seq} (see its restart points)")
     raise UnknownRecord(f"task {task.id} entered no phase at #{seq} (see its restart points)")
 
 
@@ -154,9 +170,7 @@ def kind_refuses(task: Task) -> str | None:
 
 def preview(task: Task, seq: int) -> RestartPreview:
     found = points(task)
-    chosen = next((p for p in found if p.seq == seq), None)
-    if chosen is None:
-        raise UnknownRecord(f"task {task.id} entered no phase at #{seq} (see its restart points)")
+    chosen = _chosen(task, seq, found)
     shown = RestartPreview(
         task, chosen,
         stays=[p for p in found if p.seq < seq],

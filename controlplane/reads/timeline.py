@@ -125,13 +125,16 @@ MARKS_SQL = """
 SELECT c.seq, extract(epoch FROM c.at)::float8, c.actor, i->>'status', i->>'phase',
        i->>'outcome', i->>'holder', (i->>'epoch')::int, coalesce((i->>'restarts')::int, 0),
        i->>'signal', (i->>'deps')::int, i->>'until', i ? 'checkpoint', (i->>'restart_of')::int
-FROM kernel_commit c CROSS JOIN LATERAL jsonb_array_elements(c.summary) i
-WHERE c.session_id = %s AND c.summary @> %s::jsonb
+FROM kernel_commit c JOIN kernel_session s ON s.id = c.session_id
+CROSS JOIN LATERAL jsonb_array_elements(c.summary) i
+WHERE c.session_id = %s AND c.seq > s.pruned_seq AND c.summary @> %s::jsonb
   AND i->>'type' = 'task' AND i->>'id' = %s
 ORDER BY c.seq LIMIT %s
 """
 """The task's item of each commit that names it, its fields taken out in SQL (no JSON
-decoding of whole summaries in Python)."""
+decoding of whole summaries in Python), after the session's ``pruned_seq``, as the feed
+reads the log: a keyed commit a trim kept below it stands alone among commits that are
+gone, so it would make a phase (and a restart point) of what is no longer known."""
 
 
 def _waits(status: str, signal: str | None, deps: int | None, until: str | None) -> str:

@@ -28,10 +28,11 @@ from controlplane.storage.artifacts import PostgresArtifacts, referenced_artifac
 from controlplane.storage.clock import DatabaseClock
 from controlplane.storage.connection import HotCursor, Observer
 from controlplane.storage.partitions import prepare as prepare_partitions
+from controlplane.storage.partitions import to_make as partitions_to_make
 from controlplane.storage.postgres import READS, UNAVAILABLE, WRITES, PostgresStorage
 from controlplane.storage.retention import PruneRunning
 from controlplane.storage.s3_artifacts import S3Artifacts
 
 __all__ = ["READS", "UNAVAILABLE", "WRITES", "DatabaseClock", "HotCursor", "Observer",
            "PostgresArtifacts", "PostgresStorage", "PruneRunning", "S3Artifacts", "due",
-           "prepare_partitions", "referenced_artifacts"]
+           "partitions_to_make", "prepare_partitions", "referenced_artifacts"]

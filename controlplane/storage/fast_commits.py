@@ -336,7 +336,7 @@ def _write_known(
         if ending:
             with db.connection.pipeline():
                 HotCursor(db).execute("BEGIN", prepare=False)
-                head = HotCursor(db).execute(sql.HEAD_ADVANCE, [session_id])
+                head = HotCursor(db).execute(sql.HEAD_ADVANCE, _head(ws))
                 end = HotCursor(db).execute(
                     sql.inline_end(columns), [*commit_values, *task_values, *guards, task.id])
                 before_commit()
@@ -346,7 +346,7 @@ def _write_known(
             before_commit()
             cur = HotCursor(db).execute(
                 sql.inline_commit(columns),
-                [session_id, *commit_values, *task_values, *guards, task.id])
+                [*_head(ws), *commit_values, *task_values, *guards, task.id])
             seq, commit_id, _ = cur.fetchone()
     except psycopg.Error as exc:
         _sent_and_failed(exc, db, session_id)
@@ -354,6 +354,11 @@ def _write_known(
         return _guessed_right(ws, commit_id)
     commit = replace(ws.commit, id=commit_id, seq=seq)
     return replace(ws, commit=commit, updated_tasks=[replace(task, updated_seq=seq)])
+
+
+def _head(ws: WriteSet) -> list[Any]:
+    """The parameters of ``statements.HEAD``: the session, dated by this commit."""
+    return [ws.commit.session_id, ws.commit.at]
 
 
 def _guessed_right(ws: WriteSet, commit_id: int) -> WriteSet:
@@ -389,7 +394,7 @@ def _write_writing(
     if another commit created it meanwhile)."""
     session_id = ws.commit.session_id
     [task] = ws.updated_tasks
-    params = [session_id, *without(COMMIT.values(ws.commit), _COMMIT_SEQ)]
+    params = [*_head(ws), *without(COMMIT.values(ws.commit), _COMMIT_SEQ)]
     for entry in ws.entries:
         params += without(ENTRY.values(entry), _ENTRY_SEQ)
     for head, copied in zip(ws.document_heads, copies, strict=True):
@@ -425,7 +430,7 @@ def _queue_creates(db: Any, ws: WriteSet) -> tuple[HotCursor, list[HotCursor]]:
     (``statements.AT_HEAD``: the statements have no parameter in a seq's place)."""
     head = HotCursor(db).execute(
         sql.COMMIT_INSERT_AT_HEAD,
-        [ws.commit.session_id, *without(COMMIT.values(ws.commit), _COMMIT_SEQ)])
+        [*_head(ws), *without(COMMIT.values(ws.commit), _COMMIT_SEQ)])
     execute_rows(HotCursor(db), sql.TASK_INSERT_AT_HEAD,
                  [without(TASK.values(t), *_TASK_SEQS_AT) for t in ws.new_tasks])
     return head, queue_dispatches(
@@ -451,7 +456,7 @@ def _write_creates(db: Any, ws: WriteSet, before_commit: Callable[[], None]) -> 
 def _write_one_create(db: Any, ws: WriteSet, before_commit: Callable[[], None]) -> WriteSet:
     """One task and its dispatch row, as one statement (``statements.CREATE_ONE``)."""
     [task], [row] = ws.new_tasks, ws.dispatches
-    params = [ws.commit.session_id, *without(COMMIT.values(ws.commit), _COMMIT_SEQ),
+    params = [*_head(ws), *without(COMMIT.values(ws.commit), _COMMIT_SEQ),
               *without(TASK.values(task), *_TASK_SEQS_AT),
               *without(DISPATCH.values(row), _DISPATCH_SEQ_AT)]
     try:
@@ -488,7 +493,7 @@ def _write_documents(db: Any, ws: WriteSet, before_commit: Callable[[], None]) -
         for n, (h, v) in enumerate(zip(ws.document_heads, ws.document_versions, strict=True),
                                    start=1)
     ]
-    params = [session_id, Jsonb(wanted), *without(COMMIT.values(ws.commit), _COMMIT_SEQ),
+    params = [*_head(ws), Jsonb(wanted), *without(COMMIT.values(ws.commit), _COMMIT_SEQ),
               len(wanted)]
     before_commit()
     try:

@@ -82,10 +82,10 @@ def partitions(cur: Any) -> list[Partition]:
     return sorted(found, key=lambda p: (p.is_default, p.start or datetime.max.replace(tzinfo=UTC)))
 
 
-def ensure(cur: Any, now: datetime, period: str, ahead: int) -> list[str]:
-    """Make the partitions of the period holding ``now`` and of ``ahead`` periods after
-    it, and one for each period with rows in the default partition (moving them there);
-    a period that overlaps an existing partition is left alone. The partitions made."""
+def unmade(cur: Any, now: datetime, period: str, ahead: int) -> list[Partition]:
+    """The partitions :func:`ensure` would make (it makes nothing): of the period holding
+    ``now`` and of ``ahead`` periods after it, and of each period with rows in the
+    default partition; a period that overlaps an existing partition is left alone."""
     start = period_start(now, period)
     wanted = [start]
     for _ in range(ahead):
@@ -95,16 +95,42 @@ def ensure(cur: Any, now: datetime, period: str, ahead: int) -> list[str]:
     )
     wanted += [row[0].astimezone(UTC) for row in cur.fetchall()]
     existing = [p for p in partitions(cur) if not p.is_default]
-    made = []
+    found = []
     for lo in sorted(set(wanted)):
         hi = next_start(lo, period)
         if any(p.start < hi and lo < p.end for p in existing):  # type: ignore[operator]
             continue
-        name = f"{COMMIT.name}_{lo:%Y%m%d}"
-        _attach(cur, name, lo, hi)
-        existing.append(Partition(name, lo, hi))
-        made.append(name)
-    return made
+        part = Partition(f"{COMMIT.name}_{lo:%Y%m%d}", lo, hi)
+        existing.append(part)
+        found.append(part)
+    return found
+
+
+def ensure(cur: Any, now: datetime, period: str, ahead: int) -> list[str]:
+    """Make the partitions :func:`unmade` names, moving the default partition's rows of
+    their periods into them. The partitions made."""
+    made = unmade(cur, now, period, ahead)
+    for part in made:
+        _attach(cur, part.name, part.start, part.end)  # type: ignore[arg-type]
+    return [p.name for p in made]
+
+
+def to_make(now: datetime, period: str, ahead: int, using: str = "default") -> list[Partition]:
+    """:func:`unmade`, read in a transaction of its own: what a dry run of the prune
+    plans as if made."""
+    with transaction.atomic(using=using), connections[using].cursor() as cur:
+        return unmade(cur, now, period, ahead)
+
+
+def relation(part: Partition, made: bool = True) -> str:
+    """The rows of ``part`` as a relation of a query: its table, or, for a partition
+    not ``made`` yet, the default partition's rows of its period (which making it
+    moves there)."""
+    if made:
+        return part.name
+    assert part.start is not None and part.end is not None
+    return (f"(SELECT * FROM {DEFAULT} WHERE at >= '{part.start.isoformat()}' "
+            f"AND at < '{part.end.isoformat()}')")
 
 
 def prepare(now: datetime, period: str, ahead: int, using: str = "default") -> list[str]:

@@ -57,6 +57,7 @@ from controlplane.storage.connection import (
     read_versions,
     write,
 )
+from controlplane.storage.partitions import Partition
 from controlplane.storage.schema import (
     COMMIT,
     CONVERSATION,
@@ -346,9 +347,10 @@ class PostgresStorage:
 
     def prune(
         self, policy: RetentionPolicy, now: datetime, *, dry_run: bool = False,
-        progress: Progress = quiet,
+        progress: Progress = quiet, unmade: Sequence[Partition] = (),
     ) -> PruneReport:
-        return retention.prune(connections[self.using], policy, now, dry_run, progress)
+        """``unmade``: see :func:`.retention.prune` (a dry run's)."""
+        return retention.prune(connections[self.using], policy, now, dry_run, progress, unmade)
 
     def trim(
         self, session_id: str, upto_seq: int, forget: Mapping[str, int] | None = None

@@ -4,7 +4,8 @@
    history not pruned yet, and keep those the policy says are due.
 2. Plan: a partition of the commit log that ended before now is dropped whole when
    every row in it is prunable (its session is due, or the row is at or below its
-   session's ``pruned_seq`` already and has no key: a trim keeps keyed rows).
+   session's ``pruned_seq`` already and has no key: a trim keeps keyed rows). A dry
+   run plans the partitions the run makes first as made (``unmade``).
 3. Per batch of sessions, one transaction: lock the session rows (every commit takes
    that lock, so nothing commits meanwhile) and keep those whose head did not move since
    step 1 (every change to a task or submission is a commit, so they are still
@@ -30,7 +31,7 @@ from typing import Any
 
 from django.db import OperationalError, transaction
 
-from controlplane.storage.partitions import Partition, partitions
+from controlplane.storage.partitions import Partition, partitions, relation
 from controlplane.storage.schema import (
     COMMIT,
     DOCUMENT_HEAD,
@@ -57,11 +58,15 @@ LOCK_TIMEOUT = "2s"
 """How long dropping a partition may wait for its locks (feed reads and commits queue
 behind a drop that waits)."""
 
+# A session with history left: commits after its marker, or, trimmed up to its head,
+# the keyed commit rows and the entries a trim keeps.
 FINISHED = (
-    f"SELECT s.id, s.head_seq, s.metadata, c.at, ARRAY(SELECT DISTINCT t.outcome->>'kind' "
-    f"FROM {TASK.name} t WHERE t.session_id = s.id AND t.parent_id IS NULL) "
-    f"FROM {SESSION.name} s JOIN {COMMIT.name} c ON c.session_id = s.id AND c.seq = s.head_seq "
-    "WHERE s.head_seq > s.pruned_seq AND c.at < %(now)s "
+    f"SELECT s.id, s.head_seq, s.metadata, s.last_commit_at, ARRAY(SELECT DISTINCT "
+    f"t.outcome->>'kind' FROM {TASK.name} t WHERE t.session_id = s.id AND t.parent_id IS NULL) "
+    f"FROM {SESSION.name} s WHERE s.last_commit_at < %(now)s "
+    f"AND (s.head_seq > s.pruned_seq OR EXISTS (SELECT FROM {COMMIT.name} c "
+    f"WHERE c.session_id = s.id) OR EXISTS (SELECT FROM {ENTRY.name} e "
+    "WHERE e.session_id = s.id)) "
     f"AND NOT EXISTS (SELECT FROM {TASK.name} t WHERE t.session_id = s.id "
     f"AND t.status <> '{Status.TERMINAL}') "
     f"AND NOT EXISTS (SELECT FROM {SUBMISSION.name} b WHERE b.session_id = s.id "
@@ -77,10 +82,10 @@ UNPRUNABLE_ROWS = (
     "WHERE c.seq > greatest(s.pruned_seq, coalesce(due.head_seq, 0)) "
     "OR (c.key IS NOT NULL AND due.id IS NULL)"
 )
-COUNT_ROWS = "SELECT count(*), coalesce(max(id), 0) FROM {partition}"
+COUNT_ROWS = "SELECT count(*), coalesce(max(c.id), 0) FROM {partition} c"
 LOCK_SESSIONS = (
     f"SELECT s.id FROM {SESSION.name} s JOIN {DUE} ON due.id = s.id "
-    "WHERE s.head_seq = due.head_seq AND s.pruned_seq < s.head_seq ORDER BY s.id FOR UPDATE OF s"
+    "WHERE s.head_seq = due.head_seq ORDER BY s.id FOR UPDATE OF s"
 )
 MARK = f"UPDATE {SESSION.name} SET pruned_seq = head_seq WHERE id = ANY(%s)"
 DELETE_ENTRIES = f"DELETE FROM {ENTRY.name} WHERE session_id = ANY(%s)"
@@ -138,32 +143,38 @@ class PruneRunning(Exception):
 
 
 def prune(
-    db: Any, policy: RetentionPolicy, now: datetime, dry_run: bool, progress: Progress
+    db: Any, policy: RetentionPolicy, now: datetime, dry_run: bool, progress: Progress,
+    unmade: Sequence[Partition] = (),
 ) -> PruneReport:
+    """``unmade``: the partitions the run makes before it prunes
+    (:func:`controlplane.commands.prune`), which a dry run, making none, plans as if
+    they were made, their rows moved there from the default partition."""
     with db.cursor() as cur:
         cur.execute(ONE_AT_A_TIME)
         if not cur.fetchone()[0]:
             raise PruneRunning("another prune is running; this one did nothing")
         try:
-            return _prune(db, cur, policy, now, dry_run, progress)
+            return _prune(db, cur, policy, now, dry_run, progress,
+                          unmade if dry_run else ())
         finally:
             cur.execute(DONE)
 
 
 def _prune(
     db: Any, cur: Any, policy: RetentionPolicy, now: datetime, dry_run: bool,
-    progress: Progress,
+    progress: Progress, unmade: Sequence[Partition],
 ) -> PruneReport:
     report = PruneReport(dry_run=dry_run)
     due = due_sessions(cur, policy, now)
     progress(f"{len(due.ids)} finished session(s) due for pruning")
     planned, sizes = [], {}
-    for part in partitions(cur):
+    for part in [*partitions(cur), *unmade]:
         if part.is_default or part.end is None or part.end > now:
             continue
-        cur.execute(UNPRUNABLE_ROWS.format(partition=part.name) + " LIMIT 1", due.params())
+        found = relation(part, made=part not in unmade)
+        cur.execute(UNPRUNABLE_ROWS.format(partition=found) + " LIMIT 1", due.params())
         if cur.fetchone() is None:
-            cur.execute(COUNT_ROWS.format(partition=part.name))
+            cur.execute(COUNT_ROWS.format(partition=found))
             sizes[part.name] = cur.fetchone()
             planned.append(part)
     progress(f"{len(planned)} partition(s) of the commit log to drop whole")

@@ -93,7 +93,13 @@ SESSION_ADVANCE = (
     f"UPDATE {SESSION.name} SET head_seq = head_seq + 1 WHERE id = %s RETURNING "
     + ", ".join("head_seq - 1" if c == "head_seq" else c for c in SESSION.columns)
 )
-COMMIT_INSERT = insert(COMMIT, " RETURNING id")
+# The general commit advanced the head before it was built (``SESSION_ADVANCE``); its
+# row dates the session once written (``SessionRecord.last_commit_at``).
+COMMIT_INSERT = (
+    "WITH written AS (" + insert(COMMIT, " RETURNING id, session_id, at") + "), "
+    f"dated AS (UPDATE {SESSION.name} s SET last_commit_at = w.at FROM written w "
+    "WHERE s.id = w.session_id) SELECT id FROM written"
+)
 
 # Rows a trim kept at or below pruned_seq (keyed ones) are not the feed's.
 COMMITS_AFTER = select(
@@ -156,12 +162,14 @@ TASK_UPDATE = update(
                     "ELSE v.at + (clock_timestamp() - transaction_timestamp()) END "
                     "FROM (SELECT {}::timestamptz AS at) v)"},
 )
-# The session's head advanced, as a CTE named ``head`` (its one column ``head_seq``, the
-# new seq): the row lock that orders a session's commits. Parameter: the session id.
-HEAD = (
-    f"WITH head AS (UPDATE {SESSION.name} SET head_seq = head_seq + 1 WHERE id = %s "
-    "RETURNING head_seq)"
+# The session's head advanced and dated by the commit's time (``last_commit_at``), as a
+# CTE named ``head`` (its one column ``head_seq``, the new seq): the row lock that orders
+# a session's commits. Parameters: the session id, the commit's time.
+_ADVANCE = (
+    f"UPDATE {SESSION.name} s SET head_seq = s.head_seq + 1, last_commit_at = v.at "
+    "FROM (SELECT %s::text AS id, %s::timestamptz AS at) v WHERE s.id = v.id"
 )
+HEAD = f"WITH head AS ({_ADVANCE} RETURNING s.head_seq)"
 # The seq kept for the rest of the transaction, read back by ``AT_HEAD``.
 KEEP_SEQ = "set_config('kernel.seq', head_seq::text, true)::bigint"
 AT_HEAD = "current_setting('kernel.seq')::bigint"
@@ -174,7 +182,7 @@ AT_HEAD = "current_setting('kernel.seq')::bigint"
 # statement (nothing is written; the commit is built again from what the database holds). A
 # renewal may have moved the lease meanwhile: the later end is kept, as the builder's
 # rule for a kept lease says. The head is read first, so the session row is locked
-# before the task row, as in every commit. Parameters: the session id, the commit row's
+# before the task row, as in every commit. Parameters: ``HEAD``'s, the commit row's
 # values but its seq, the values of the task's changed columns but its updated_seq (only
 # those: the guard below ensures the row holds the copy's others), its id, then the
 # epoch, lease owner and updated_seq of the copy (the owner as well as the epoch: a
@@ -231,7 +239,7 @@ def inline_writing(entries: int, documents: tuple[bool, ...], columns: tuple[str
     the version of the copy the commit was built from, and ``kernel_unmoved`` otherwise
     aborts the statement, as for the task; a new one's is inserted, and one that another
     commit created meanwhile breaks its unique key, which aborts it too. The task is
-    written after the documents. Parameters: the session id and the commit row's values
+    written after the documents. Parameters: ``HEAD``'s and the commit row's values
     but its seq; then each entry's values but its seq; then, for each document, its
     head's updated values but its updated_seq, its id and the copy's version (an existing
     one) or its head's values but its updated_seq (a new one); then each version's values
@@ -288,7 +296,7 @@ def dispatch_insert_at_head(count: int) -> str:
 # Execute where the pipelined form has six. The head update takes the session's commit
 # order and gives the seq, which the commit row returns to the task and the row. The
 # announcement, when the commit carries it, is sent in the same statement (Postgres
-# delivers it at commit). Parameters: the session id, the commit row's values but its
+# delivers it at commit). Parameters: ``HEAD``'s, the commit row's values but its
 # seq, the task's but its seqs, the row's but its seq; then the channel and the payload.
 _WRITTEN_SEQ = "(SELECT seq FROM written)"
 _CREATE_ONE = (
@@ -312,7 +320,7 @@ CREATE_ONE_ANNOUNCED = _CREATE_ONE + ", pg_notify(%s, %s) FROM written"
 # every commit that could have added a child or a waiter in this session is then
 # visible. The task is written only if it is still as copied and alone, and ``kernel_unmoved``
 # otherwise aborts (nothing is written; the commit is built again from what the database
-# holds). ``HEAD_ADVANCE`` takes the session id; ``inline_end`` the commit row's values
+# holds). ``HEAD_ADVANCE`` takes ``HEAD``'s; ``inline_end`` the commit row's values
 # but its seq, the values of the task's changed columns but its updated_seq, its id,
 # then the copy's epoch, lease owner and updated_seq.
 HEAD_ADVANCE = f"{HEAD} SELECT {KEEP_SEQ} FROM head"
@@ -352,9 +360,10 @@ def inline_end(columns: tuple[str, ...]) -> str:
 # conflict's row is the newest one whatever the statement's snapshot, so a commit that
 # landed while this one waited for the session's lock is continued, not lost. The commit
 # row's summary is the build's, each document's item given the version the database gave.
-# Parameters: the session id, the documents as JSON, the commit row's values but its seq,
-# then the number of documents. Returns, per document in the draft's order, its head's
-# columns, then the commit row's id and the check's 1.
+# Parameters: the session id and the commit's time (``HEAD``), the documents as JSON,
+# the commit row's values but its seq, then the number of documents. Returns, per
+# document in the draft's order, its head's columns, then the commit row's id and the
+# check's 1.
 _WANTED = (
     "wanted AS (SELECT * FROM jsonb_to_recordset(%s::jsonb) AS w(n bigint, id text, "
     "kind text, key text, kind_version int, ops jsonb, baseline jsonb, baseline_bytes bigint, "
@@ -380,8 +389,8 @@ _CONTINUED = {
 }
 assert set(_CONTINUED) == set(DOCUMENT_HEAD.updated), "a document column this does not write"
 DOCUMENTS_COMMIT = (
-    f"WITH head AS (UPDATE {SESSION.name} SET head_seq = head_seq + 1 WHERE id = %s "
-    f"RETURNING id, head_seq), {_WANTED}, numbered AS (INSERT INTO {DOCUMENT_HEAD.name} AS d "
+    f"WITH head AS ({_ADVANCE} RETURNING s.id, s.head_seq), {_WANTED}, "
+    f"numbered AS (INSERT INTO {DOCUMENT_HEAD.name} AS d "
     f"({', '.join(DOCUMENT_HEAD.inserted)}) SELECT "
     + ", ".join(_NEW_DOCUMENT[c] for c in DOCUMENT_HEAD.inserted)
     + " FROM head, wanted w ORDER BY w.n ON CONFLICT (session_id, kind, key) DO UPDATE SET "

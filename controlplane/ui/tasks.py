@@ -6,6 +6,7 @@ from __future__ import annotations
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import render
 
+from controlplane.reads import artifacts as artifact_reads
 from controlplane.reads import pages
 from controlplane.reads import restarts as restart_reads
 from controlplane.reads import tasks as task_reads
@@ -32,4 +33,5 @@ def task(request: HttpRequest, task_id: str) -> HttpResponse:
             "seq": pages.head_seq(shown.session_id),
             "can_act": may_act(request),
             "restart_refused": restart_reads.kind_refuses(shown.task),
+            "artifacts": artifact_reads.named(shown.session_id, shown.outcome),
         })

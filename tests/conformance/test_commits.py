@@ -19,13 +19,16 @@ from kernel import (
     SubmissionStatus,
     Transition,
     UnknownRecord,
+    UnstorableValue,
     Worker,
 )
 from kernel.commit import operations_log_id
 from kernel.records import WriteSet
+from kernel.values import NAME_BYTES
 from tests.unit.crashes import Crash
 
 from .definitions import Effects, make_registry
+from .names import incompressible
 from .world import World
 
 
@@ -346,3 +349,35 @@ def test_the_operations_log_takes_no_submission_entry_or_fork(world: World) -> N
         assert world.storage.session(handle.id).head_seq == 2, use
     assert kernel.entries(log) == [logged]
     assert world.storage.submission_by_request(handle.id, "req-1") is None
+
+
+def test_a_commit_key_or_request_id_longer_than_a_name_may_be_is_refused_at_build(
+    world: World,
+) -> None:
+    """Up to :data:`kernel.values.NAME_BYTES` UTF-8 bytes a commit key (or a
+    submission's request id) is stored, and a repeat refused; beyond that, both storages
+    refuse it alike before anything is written (Postgres indexes it with the session)."""
+    kernel = world.kernel(make_registry(Effects()))
+    handle = kernel.create_session()
+    longest = "€" + incompressible(NAME_BYTES - 3)  # "€" is three bytes in UTF-8
+    draft = Draft(key=longest)
+    conversation = draft.create_conversation()
+    draft.submit(conversation, longest, {"text": "hi"})
+    handle.commit(draft)
+    draft = Draft(key=longest)
+    draft.set("plan", "p", ["n"], 1)
+    with pytest.raises(DuplicateCommit):
+        handle.commit(draft)
+    head = world.storage.session(handle.id).head_seq
+
+    for key in (longest + "x", incompressible(3000)):  # more than an index entry holds
+        draft = Draft(key=key)
+        draft.set("plan", "p", ["n"], 1)
+        with pytest.raises(UnstorableValue, match=r"commit key .* longer than"):
+            handle.commit(draft)
+    draft = Draft()
+    with pytest.raises(UnstorableValue, match=r"submission request id .* longer than"):
+        draft.submit(conversation, longest + "x", {"text": "hi"})
+    world.reopen()
+    assert world.storage.session(handle.id).head_seq == head
+    assert world.storage.document_head(handle.id, "plan", "p") is None

@@ -24,9 +24,10 @@ from kernel.commit import CommitKind
 from kernel.documents import apply_ops, encoded_size, weight
 from kernel.storage import as_stored
 from kernel.tasks import Finish, Next
-from kernel.values import DOCUMENT_NAME_BYTES
+from kernel.values import NAME_BYTES
 
 from .definitions import Effects, make_registry
+from .names import incompressible
 from .world import World
 
 
@@ -385,22 +386,14 @@ def test_a_document_key_no_storage_holds_is_refused_with_the_draft(world: World)
     assert kernel.storage.document_head(handle.id, "plan", "a") is None
 
 
-def incompressible(length: int) -> str:
-    """ASCII text that Postgres's compression of an index entry does not shrink."""
-    from hashlib import sha256
-
-    blocks = (sha256(str(i).encode()).hexdigest() for i in range(length // 64 + 1))
-    return "".join(blocks)[:length]
-
-
 def test_a_document_kind_or_key_longer_than_the_limit_is_refused_with_the_draft(
     world: World,
 ) -> None:
-    """Up to :data:`kernel.values.DOCUMENT_NAME_BYTES` UTF-8 bytes a kind or key is
+    """Up to :data:`kernel.values.NAME_BYTES` UTF-8 bytes a kind or key is
     stored and read back (on Postgres too, where an index holds it with the session);
     beyond that, both storages refuse it alike, as the draft is built."""
-    longest_kind = incompressible(DOCUMENT_NAME_BYTES - 2) + "é"  # two bytes in UTF-8
-    longest_key = "€" + incompressible(DOCUMENT_NAME_BYTES - 3)  # "€" is three
+    longest_kind = incompressible(NAME_BYTES - 2) + "é"  # two bytes in UTF-8
+    longest_key = "€" + incompressible(NAME_BYTES - 3)  # "€" is three
     registry = Registry()
     registry.document("plan")
     registry.document(longest_kind)

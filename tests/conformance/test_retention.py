@@ -282,3 +282,33 @@ def test_a_trim_may_forget_only_kinds_that_read_as_empty_when_absent(world: Worl
         kernel.trim(handle.id, 1, forget=["counted"])
     with pytest.raises(UnknownRecord):
         kernel.trim("no-such-session", 1)
+
+
+def test_a_finished_session_trimmed_to_its_head_is_still_pruned_when_due(world: World) -> None:
+    registry = make_registry(Effects())
+    kernel = world.kernel(registry)
+    done, conversation, _ = finished_session(kernel)
+    draft = Draft(actor="user:olga", key="op-1")
+    draft.set("plan", "p", ["approved"], True)
+    kernel.open(done).commit(draft)
+    world.scheduler(registry).run_until_idle()
+    head_seq = world.storage.session(done).head_seq
+    kernel.trim(done, head_seq)  # the head commit goes: only the keyed one and entries stay
+    assert world.storage.session(done).pruned_seq == head_seq
+
+    world.clock.advance(timedelta(days=29))
+    assert world.storage.prune(POLICY, world.clock.now()).sessions == 0  # not due yet
+    world.clock.advance(timedelta(days=2))
+    dry = world.storage.prune(POLICY, world.clock.now(), dry_run=True)
+    assert (dry.sessions, dry.entries, dry.commits + dry.partition_commits) == (1, 1, 1)
+    report = world.storage.prune(POLICY, world.clock.now())
+
+    assert (report.sessions, report.entries, report.commits + report.partition_commits) == (
+        1, 1, 1)
+    assert world.storage.conversation_entries(conversation) == []
+    assert world.storage.prune(POLICY, world.clock.now()).sessions == 0  # nothing twice
+    # The keyed commit went with the rest: its key is a new action now.
+    draft = Draft(actor="user:olga", key="op-1")
+    draft.set("plan", "p", ["approved"], False)
+    kernel.open(done).commit(draft)
+    assert world.storage.session(done).head_seq == head_seq + 1

@@ -342,6 +342,10 @@ def test_the_kernel_refuses_a_long_submission_from_any_caller(kernel: Kernel) ->
                                "reason": "r", "expected_count": 0}, "kind"),
         ("/api/actions/bulk", {"action": "retry", "kind": "k", "action_id": "a",
                                "reason": " \t\n", "expected_count": 0}, "reason"),
+        # An action id becomes a commit key (kernel.values.NAME_BYTES: at most 1024
+        # bytes): 200 characters, 800 bytes at most, leave room for what a key adds.
+        ("/api/actions/bulk", {"action": "retry", "kind": "k", "action_id": "€" * 201,
+                               "reason": "r", "expected_count": 0}, "action_id"),
     ],
 )
 def test_text_and_numbers_beyond_the_schema_are_refused_naming_them(

@@ -16,6 +16,7 @@ from django.test.utils import CaptureQueriesContext
 
 from controlplane.storage.artifacts import PostgresArtifacts
 from controlplane.worker.runtime import runtime
+from kernel import Draft, Scheduler
 from kernel.artifacts import (
     REFERENCE,
     CorruptArtifact,
@@ -25,7 +26,9 @@ from kernel.artifacts import (
     load,
     offload,
 )
+from kernel.retention import RetentionPolicy
 
+from .api_kinds import with_test_kinds
 from .clients import client_as
 from .sessions import LONG_TEXT, REPORT, session_with_a_large_result, session_with_large_entries
 
@@ -211,3 +214,43 @@ def test_an_artifacts_bytes_go_as_a_parameter_not_inside_the_statement_text() ->
     assert all(len(q["sql"]) < len(data) for q in captured.captured_queries), [
         len(q["sql"]) for q in captured.captured_queries]
     assert store.get(digest) == data
+
+
+def test_a_task_page_says_retention_removed_an_artifact_its_outcome_references(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A task's outcome holds a large result's reference, as the transcript's entry
+    does. Once a prune removed the entries and the sweep the artifact, the outcome still
+    names it: the task page says that retention removed it instead of linking to it."""
+    kernel = with_test_kinds(monkeypatch)
+    store = kernel.artifacts
+    assert isinstance(store, PostgresArtifacts)
+    session_id, conversation, reference = session_with_a_large_result()
+    handle = kernel.open(session_id)
+    draft = Draft(actor="user:test")
+    task_id = draft.create_task("api-step", {"ask": True})
+    handle.commit(draft)
+    Scheduler(kernel).run_until_idle()
+    draft = Draft(actor="user:test")
+    draft.signal(task_id, "resolution-1", reference)
+    handle.commit(draft)
+    Scheduler(kernel).run_until_idle()
+    assert kernel.task(task_id).outcome["result"] == reference
+    url = f"/sessions/{session_id}/artifacts/{reference[REFERENCE]}"
+    viewer = client_as("vic", "viewer")
+    page = viewer.get(f"/tasks/{task_id}/").content.decode()
+    assert f'href="{url}"' in page and "retention removed" not in page
+
+    with connection.cursor() as cur:
+        cur.execute("UPDATE kernel_artifact SET created_at = now() - interval '2 hours'")
+        cur.execute("SELECT now()")
+        now = cur.fetchone()[0]
+    pruned = kernel.storage.prune(RetentionPolicy(days=0), now + timedelta(seconds=1))
+    assert pruned.sessions == 1 and kernel.entries(conversation) == []
+    page = viewer.get(f"/tasks/{task_id}/").content.decode()  # not swept yet: no link
+    assert f'href="{url}"' not in page and "next sweep removes it" in page
+    assert store.sweep(store.referenced, now) == 1
+    page = viewer.get(f"/tasks/{task_id}/").content.decode()
+    assert f'href="{url}"' not in page
+    assert f"artifact {reference[REFERENCE]}" in page and "retention removed it" in page
+    assert viewer.get(url).status_code == 404

@@ -56,7 +56,7 @@ def test_a_typical_phase_costs_a_fixed_set_of_statements() -> None:
         "SELECT kernel_document",  # ... the document head
         "SELECT kernel_task",  # ... owned children of the finishing task
         "SELECT kernel_task",  # ... and its waiters (the conversation is cached: immutable)
-        "INSERT kernel_commit",  # 2: the commit row ...
+        "WITH kernel_commit",  # 2: the commit row, dating its session ...
         "INSERT kernel_entry",
         "INSERT kernel_document",
         "INSERT kernel_document_version",
@@ -74,7 +74,7 @@ def test_a_typical_phase_costs_a_fixed_set_of_statements() -> None:
     assert {
         "WITH kernel_task",  # the claim: its planning took longer than its execution
         "UPDATE kernel_session",
-        "INSERT kernel_commit",
+        "WITH kernel_commit",
         "INSERT kernel_entry",
         "UPDATE kernel_task",
     } <= prepared, prepared

@@ -238,3 +238,33 @@ def test_a_turn_branched_from_a_response_over_the_api(kernel: Kernel) -> None:
     refused = post(olga, f"/api/sessions/{handle.id}/entries/{user_entry.id}/branch",
                    {"action_id": "b2", "reason": "not a response"})
     assert refused.status_code == 409
+
+
+def test_a_phase_entry_a_trim_kept_is_not_offered_as_a_restart_point(kernel: Kernel) -> None:
+    """An operator's restart is a keyed commit: a trim keeps its row (its key is refused
+    again) though the commits around it are gone, so the phases after it, and the calls
+    they made, are not known: it is no restart point, on the API, the page or its
+    waterfall."""
+    session_id, task_id = run_pipeline(kernel, fail=True)
+    olga = client_for("olga", "operator")
+    three = points(olga, task_id)[2]
+    answer = post(olga, f"/api/tasks/{task_id}/restart", {
+        "action_id": "r1", "reason": "the provider is back", "seq": three["seq"],
+        "expected_seq": kernel.task(task_id).updated_seq})
+    assert answer.status_code == 200, answer.content
+    restart_seq = answer.json()["seq"]
+    Scheduler(kernel).run_until_idle()
+    assert kernel.task(task_id).outcome["kind"] == "succeeded"
+    kernel.trim(session_id, kernel.storage.session(session_id).head_seq)
+
+    assert points(olga, task_id) == []
+    preview = olga.get(f"/api/tasks/{task_id}/restarts/{restart_seq}")
+    assert preview.status_code == 404
+    assert "retention removed" in preview.json()["detail"]
+    refused = post(olga, f"/api/tasks/{task_id}/restart", {
+        "action_id": "r2", "reason": "again", "seq": restart_seq,
+        "expected_seq": kernel.task(task_id).updated_seq})
+    assert refused.status_code == 422 and "retention removed" in refused.json()["detail"]
+    page = olga.get(f"/tasks/{task_id}/").content.decode()
+    assert "Start again from here" not in page
+    assert f'data-seq="{restart_seq}"' not in page

@@ -20,7 +20,17 @@ from django.test import Client, override_settings
 from controlplane import commands
 from controlplane.storage import PostgresStorage, partitions
 from controlplane.worker.runtime import runtime
-from kernel import Draft, DuplicateCommit, Kernel, ManualClock, Status, Worker
+from kernel import (
+    Draft,
+    DuplicateCommit,
+    Kernel,
+    ManualClock,
+    Registry,
+    Run,
+    Status,
+    Transition,
+    Worker,
+)
 from kernel.retention import RetentionPolicy
 from tests.conformance.definitions import Effects, make_registry
 
@@ -555,3 +565,131 @@ def test_a_pruned_sessions_page_says_why_its_transcript_is_empty() -> None:
     assert "hello" not in page and page.count(note) == 1
     emptied = page[page.index(f'id="conv-{used}"'):page.index(f'id="conv-{unused}"')]
     assert note in emptied
+
+
+class Ticking(ManualClock):
+    """A clock a second later at each reading: every commit has its own time."""
+
+    def now(self) -> datetime:
+        return self.advance(1)
+
+
+@db
+def test_every_commit_path_dates_its_session_by_its_commit() -> None:
+    """Each way a commit is written (``controlplane.storage.fast_commits`` and the
+    general one) sets the session's ``last_commit_at`` to the commit's time."""
+    registry = Registry()
+    registry.document("plan")
+
+    @registry.task("steps")
+    class Steps:
+        initial = "step"
+
+        def step(self, run: Run) -> Transition:
+            done = int(run.checkpoint.get("done", 0)) + 1
+            if done == 2:
+                run.update("plan", "p", {"op": "set", "path": ["n"], "value": done})
+            if done >= 3:
+                return run.succeed({"done": done})
+            return run.next("step", {"done": done})
+
+    kernel = Kernel(PostgresStorage(), registry, Ticking())
+    handle = kernel.create_session()
+    seen: list[datetime] = []
+
+    def dated() -> None:
+        last = kernel.storage.commits_after(handle.id, 0, 1000)[-1]
+        at = kernel.storage.session(handle.id).last_commit_at
+        assert at == last.at, (len(seen), at, last)
+        assert at not in seen
+        seen.append(at)
+
+    draft = Draft()
+    task_id = draft.create_task("steps", {})
+    handle.commit(draft)  # one task and its dispatch row: one statement
+    dated()
+    draft = Draft()
+    draft.create_task("steps", {})
+    draft.create_task("steps", {})
+    handle.commit(draft)  # tasks only, at the head
+    dated()
+    draft = Draft()
+    draft.set("plan", "q", ["n"], 1)
+    handle.commit(draft)  # documents only
+    dated()
+    draft = Draft(key="op-1")
+    draft.cancel(task_id, reason="enough")
+    handle.commit(draft)  # the general commit
+    dated()
+    worker = Worker(kernel, "w1")
+    for other in [t.id for t in kernel.storage.session_tasks(handle.id) if t.id != task_id]:
+        assert worker.advance(other)  # inline, inline with a document, the ending
+        dated()
+
+
+@db
+def test_a_dry_run_says_what_the_run_would_do_with_commits_in_the_default_partition(
+    settings: Any,
+) -> None:
+    """March 2025 has no partition: its commits wait in the default one. The run first
+    makes March's partition (moving them there), then drops it whole; the dry run, which
+    makes nothing, says so all the same."""
+    settings.KERNEL_RETENTION_DAYS = 30
+    kernel = Kernel(PostgresStorage(), make_registry(Effects()), ManualClock(MARCH))
+    finished(kernel, 3)
+    assert len(commit_rows(partitions.DEFAULT)) == 3
+    try:
+        lines: list[str] = []
+        dry = commands.prune(dry_run=True, progress=lines.append)
+        assert commit_rows(partitions.DEFAULT) and "kernel_commit_20250301" not in names()
+        report = commands.prune()
+        assert "kernel_commit_20250301" not in names()  # made, then dropped
+        assert (report.sessions, report.partitions, report.partition_commits,
+                report.commits) == (1, ["kernel_commit_20250301"], 3, 0)
+        assert (dry.sessions, dry.partitions, dry.partition_commits, dry.commits) == (
+            report.sessions, report.partitions, report.partition_commits, report.commits)
+        assert dry.summary() == report.summary().replace("removed", "would remove", 1)
+        assert any("kernel_commit_20250301" in line for line in lines[:1]), lines
+    finally:
+        with connection.cursor() as cur:
+            cur.execute("DROP TABLE IF EXISTS kernel_commit_20250301")
+
+
+@db
+def test_the_migration_dates_each_session_by_its_head_commit_or_else_by_now() -> None:
+    """Back before ``last_commit_at``, sessions written there, then forward: one is
+    dated by its head commit; one whose head commit a trim removed, by the migration's
+    time (it is pruned a retention period later, never earlier); one never committed to,
+    not at all."""
+    executor = MigrationExecutor(connection)
+    before = [("controlplane", "0017_fewer_indexes")]
+    after = executor.loader.graph.leaf_nodes("controlplane")
+    executor.migrate(before)
+    try:
+        with connection.cursor() as cur:
+            cur.execute("INSERT INTO kernel_session (id, head_seq, created_at, metadata, "
+                        "pruned_seq) VALUES ('sess_dated', 2, now(), '{}', 0), "
+                        "('sess_trimmed', 2, now(), '{}', 2), ('sess_empty', 0, now(), '{}', 0)")
+            cur.execute(
+                "INSERT INTO kernel_commit (seq, at, actor, summary, session_id, key) VALUES "
+                "(1, %s, 'a', '[]', 'sess_dated', NULL), (2, %s, 'a', '[]', 'sess_dated', NULL), "
+                "(1, %s, 'a', '[]', 'sess_trimmed', 'op-1')",
+                [MARCH, APRIL, MARCH],
+            )
+            cur.execute("SELECT clock_timestamp()")
+            started = cur.fetchone()[0]
+        executor = MigrationExecutor(connection)
+        executor.loader.build_graph()
+        executor.migrate(after)
+        with connection.cursor() as cur:
+            cur.execute("SELECT id, last_commit_at FROM kernel_session ORDER BY id")
+            found = dict(cur.fetchall())
+            cur.execute("SELECT clock_timestamp()")
+            ended = cur.fetchone()[0]
+        trimmed = found.pop("sess_trimmed")
+        assert found == {"sess_dated": APRIL, "sess_empty": None}
+        assert started <= trimmed <= ended
+    finally:
+        MigrationExecutor(connection).migrate(after)
+        with connection.cursor() as cur:
+            cur.execute("DROP TABLE IF EXISTS kernel_commit_20250301, kernel_commit_20250401")

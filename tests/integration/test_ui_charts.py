@@ -166,3 +166,18 @@ def test_the_last_hour_ends_at_the_database_clock_whatever_the_web_servers_says(
     found = charts.activity()
     assert sum(found.failures) == 2
     assert sum(found.phases_per_second) * found.bucket_seconds == pytest.approx(2)
+
+
+def test_a_session_s_chart_leaves_out_the_keyed_commits_a_trim_kept() -> None:
+    """An operator's retry is a keyed commit: a trim up to the head keeps its row (its
+    key is refused again), not the commits after it, so it would draw the retried task
+    pending for good. The chart reads the log after ``pruned_seq``, as the feed does:
+    here, nothing."""
+    session_id, (retried, _) = failing_batches(2)
+    kernel = runtime().kernel
+    commands.retry_task(user("olga", "operator"), retried, "retry-1", "provider fixed",
+                        kernel.task(retried).updated_seq)
+    Scheduler(kernel).run_until_idle()
+    assert kernel.task(retried).outcome["kind"] == "failed"
+    kernel.trim(session_id, kernel.storage.session(session_id).head_seq)
+    assert charts.session_history(session_id) is None

@@ -788,6 +788,28 @@ class Pruning(Differential):
 
         self.each(f"prune{' (dry run)' if dry_run else ''}, {later} days on", op)
 
+    @precondition(lambda self: bool(self.sessions) and enabled("prune") and enabled("trim"))
+    @rule(session=INDEX, policy=st.sampled_from(POLICIES), later=st.sampled_from((0, 400)))
+    def trim_to_head_then_prune(self, session: int, policy: RetentionPolicy,
+                                later: int) -> None:
+        """A session trimmed up to its head (its head commit goes; its keyed commits
+        and entries stay), then retention's prune at the clock's now or ``later`` days
+        on: a finished session is still dated (``last_commit_at``) and pruned when due."""
+        session_id, _ = self.session_at(session)
+
+        def op(world: World) -> Any:
+            head = world.kernel.storage.session(session_id)
+            assert head is not None
+            trimmed = world.kernel.trim(session_id, head.head_seq)
+            report = world.storage.prune(policy, self.clock.now() + timedelta(days=later))
+            STATS[f"{world.name}:pruned sessions after a trim to the head"] += report.sessions
+            counts = (trimmed.commits, report.sessions,
+                      report.commits + report.partition_commits, report.entries,
+                      report.document_versions, report.skipped)
+            return counts, retained(world, self.sessions)
+
+        self.each(f"trim to the head, then prune {later} days on", op)
+
     @precondition(lambda self: bool(self.sessions) and enabled("prune"))
     @rule()
     def read_retained(self) -> None:
