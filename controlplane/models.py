@@ -196,6 +196,7 @@ class Task(KernelRecord):
     lease_until = models.DateTimeField(null=True)
     queue = models.TextField(default="default")
     trace = models.JSONField(null=True)
+    run = models.IntegerField(default=0)
 
     class Meta:
         db_table = "kernel_task"
@@ -234,6 +235,7 @@ class Submission(KernelRecord):
     answer_entry_id = models.TextField(null=True)
     reason = models.TextField(null=True)
     resubmit_of = models.TextField(null=True)
+    resubmits = models.IntegerField(default=0)
 
     class Meta:
         db_table = "kernel_submission"
