@@ -388,6 +388,10 @@ class BulkAction(models.Model):
     by = models.TextField()
     reason = models.TextField()
     at = models.DateTimeField()
+    seen = ArrayField(models.BigIntegerField(), null=True)
+    """What the preview found of each task, in ``task_ids``' order (its ``updated_seq``
+    for a retry, its ``run`` for a cancel: :data:`controlplane.reads.tasks.NAMED_BY`):
+    each task is acted on only as it was then. Null: no task is named so."""
     results = models.JSONField(null=True)
     """One object per task (``task_id``, ``ok``, ``detail``, ``seq``); null while it runs,
     or if the process acting on it died: a repeat then finishes the set."""
