@@ -13,6 +13,7 @@ import pytest
 from django.test import Client
 
 from controlplane import commands
+from controlplane.reads import tasks as task_reads
 from kernel import Kernel, Scheduler, Status
 
 from .api_kinds import start
@@ -251,3 +252,68 @@ def test_the_retry_all_failed_form_of_tasks_that_failed_again_since_the_page_is_
     stale = form_post(client, "/attention/retry-failed", {**fields, "reason": "again"})
     assert stale.status_code == 409 and b"failed again" in stale.content, stale.content
     assert head(kernel, task_id) == before
+
+
+def act_after_the_set_is_read(monkeypatch: pytest.MonkeyPatch, act: Any) -> None:
+    """Right after a bulk action reads the tasks of its set (the digest matched), another
+    operator's action lands first (``act``, once)."""
+    read = task_reads.find_ids
+    done: list[bool] = []
+
+    def read_then_act(*args: Any) -> Any:
+        found = read(*args)
+        if not done:
+            done.append(True)
+            act()
+        return found
+
+    monkeypatch.setattr(task_reads, "find_ids", read_then_act)
+
+
+def test_a_bulk_cancel_leaves_a_task_started_again_after_its_set_was_checked(
+    kernel: Kernel, operator: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Checked again in each task's own commit: the cancel names the run the preview
+    found, so a restart that lands first leaves that task to run."""
+    session_id, task_id = start(kernel, "api-step", {"ask": True})
+    filters = {"action": "cancel", "session_id": session_id}
+    preview = post(operator, "/api/actions/bulk/preview", filters).json()
+    omar = user("omar", "operator")
+
+    def restart() -> None:
+        task = kernel.task(task_id)
+        point = commands.restart_preview(omar, task_id, task.created_seq)
+        commands.restart_task(omar, task_id, "by-omar", "again", point.point.seq,
+                              task.updated_seq)
+
+    act_after_the_set_is_read(monkeypatch, restart)
+    answer = post(operator, "/api/actions/bulk",
+                  {**filters, "action_id": "b1", "reason": "wrong", "expected_count": 1,
+                   "expected_digest": preview["digest"]})
+    assert answer.status_code == 200, answer.content
+    [result] = answer.json()["results"]
+    assert not result["ok"] and "started again" in result["detail"], result
+    assert kernel.task(task_id).run == 1 and kernel.task(task_id).cancel is None
+
+
+def test_a_bulk_retry_leaves_a_task_that_failed_again_after_its_set_was_checked(
+    kernel: Kernel, operator: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    session_id, task_id = start(kernel, "api-step", {"fail": True})
+    filters = {"action": "retry", "session_id": session_id}
+    preview = post(operator, "/api/actions/bulk/preview", filters).json()
+
+    def retried_and_failed_again() -> None:
+        commands.retry_task(user("omar", "operator"), task_id, "by-omar", "provider back",
+                            kernel.task(task_id).updated_seq)
+        Scheduler(kernel).run_until_idle()
+
+    act_after_the_set_is_read(monkeypatch, retried_and_failed_again)
+    answer = post(operator, "/api/actions/bulk",
+                  {**filters, "action_id": "b1", "reason": "again", "expected_count": 1,
+                   "expected_digest": preview["digest"]})
+    assert answer.status_code == 200, answer.content
+    [result] = answer.json()["results"]
+    assert not result["ok"] and "after the #" in result["detail"], result
+    task = kernel.task(task_id)
+    assert task.status is Status.TERMINAL and task.run == 1  # Omar's retry only
