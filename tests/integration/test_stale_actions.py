@@ -109,6 +109,7 @@ def test_a_cancel_form_of_a_task_started_again_since_the_page_is_refused(
     assert head(kernel, task_id) == before and kernel.task(task_id).cancel is None
     page = client.get(f"/tasks/{task_id}/").content.decode()
     assert hidden(page, f"cancel-{task_id}", "expected_run") == "1"
+    assert "<dt>Run</dt><dd>1 " in page  # what the 409 told the operator to look at
 
 
 def test_a_wake_of_a_sleep_that_ended_and_began_again_is_refused_and_changes_nothing(
