@@ -197,6 +197,7 @@ class Task(KernelRecord):
     lease_until = models.DateTimeField(null=True)
     queue = models.TextField(default="default")
     trace = models.JSONField(null=True)
+    run = models.IntegerField(default=0)
 
     class Meta:
         db_table = "kernel_task"
@@ -235,6 +236,7 @@ class Submission(KernelRecord):
     answer_entry_id = models.TextField(null=True)
     reason = models.TextField(null=True)
     resubmit_of = models.TextField(null=True)
+    resubmits = models.IntegerField(default=0)
 
     class Meta:
         db_table = "kernel_submission"
@@ -387,6 +389,10 @@ class BulkAction(models.Model):
     by = models.TextField()
     reason = models.TextField()
     at = models.DateTimeField()
+    seen = ArrayField(models.BigIntegerField(), null=True)
+    """What the preview found of each task, in ``task_ids``' order (its ``updated_seq``
+    for a retry, its ``run`` for a cancel: :data:`controlplane.reads.tasks.NAMED_BY`):
+    each task is acted on only as it was then. Null: no task is named so."""
     results = models.JSONField(null=True)
     """One object per task (``task_id``, ``ok``, ``detail``, ``seq``); null while it runs,
     or if the process acting on it died: a repeat then finishes the set."""

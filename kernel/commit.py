@@ -190,14 +190,15 @@ class Draft:
     task's is): the same whichever way the commit is built, and however often."""
     new_tasks: list[_NewTask] = field(default_factory=list)
     fenced: list[_Fenced] = field(default_factory=list)
-    cancels: list[tuple[str, str]] = field(default_factory=list)
+    cancels: list[tuple[str, str, int | None]] = field(default_factory=list)
     signals: list[tuple[str, str, JSON, int | None]] = field(default_factory=list)
-    wakes: list[str] = field(default_factory=list)
+    wakes: list[tuple[str, int | None]] = field(default_factory=list)
     returned: list[tuple[str, int]] = field(default_factory=list)
     retries: list[tuple[str, int | None]] = field(default_factory=list)
     restarts: list[Restart] = field(default_factory=list)
     migrations: list[tuple[str, JSON, int]] = field(default_factory=list)
-    submissions: list[tuple[str, str, str, JSON, str | None]] = field(default_factory=list)
+    submissions: list[tuple[str, str, str, JSON, str | None, int | None]] = field(
+        default_factory=list)
     submission_updates: list[tuple[str, SubmissionStatus, str | None, str | None, bool]] = field(
         default_factory=list
     )
@@ -227,9 +228,10 @@ class Draft:
         created = {t.id for t in self.new_tasks} | {c.id for c in self.conversations}
         made = {s[0] for s in self.submissions}
         updated = [u[0] for u in self.submission_updates]
-        origins = [origin for *_, origin in self.submissions if origin]
-        tasks = [f.task_id for f in self.fenced] + [t for t, _ in self.cancels]
-        tasks += [s[0] for s in self.signals] + self.wakes + [t for t, _ in self.retries]
+        origins = [s[4] for s in self.submissions if s[4]]
+        tasks = [f.task_id for f in self.fenced] + [c[0] for c in self.cancels]
+        tasks += [s[0] for s in self.signals] + [w[0] for w in self.wakes]
+        tasks += [t for t, _ in self.retries]
         tasks += [r.task_id for r in self.restarts] + [m[0] for m in self.migrations]
         tasks += [t for t, _ in self.returned]
         tasks += [t.parent_id for t in self.new_tasks if t.parent_id]
@@ -390,12 +392,16 @@ class Draft:
             _Fenced(task_id, epoch, transition, version, input, checkpoint, owner)
         )
 
-    def cancel(self, task_id: str, reason: str) -> None:
+    def cancel(self, task_id: str, reason: str, *, expected_run: int | None = None) -> None:
         """Cancel ``task_id`` and its owned subtasks. Refused (:class:`IllegalTransition`)
         if, when this commit is built (under the session's lock), the task has ended: a
         caller that saw it running lost the race to its ending, and nothing was cancelled.
-        A task already cancelling is left as it is."""
-        self.cancels.append((task_id, storable_text(reason, f"cancel reason of {task_id}") or ""))
+        With ``expected_run`` (the task's :attr:`~kernel.records.Task.run` as the caller
+        saw it) it is refused (:class:`StaleStep`) once the task was started again since
+        (retried, restarted from a phase): that run is not the one the caller meant to
+        stop. A task already cancelling is left as it is."""
+        self.cancels.append((task_id, storable_text(reason, f"cancel reason of {task_id}") or "",
+                             expected_run))
 
     def signal(
         self, task_id: str, name: str, payload: JSON, *, step_epoch: int | None = None
@@ -408,10 +414,12 @@ class Draft:
         payload = storable(payload, f"signal {name!r} payload")
         self.signals.append((task_id, name, payload, step_epoch))
 
-    def wake(self, task_id: str) -> None:
+    def wake(self, task_id: str, *, expected_seq: int | None = None) -> None:
         """End a sleep early. Refused for a task whose cancel waits for its revoked phase
-        (nobody but that phase's worker knows it has stopped calling out)."""
-        self.wakes.append(task_id)
+        (nobody but that phase's worker knows it has stopped calling out), and with
+        ``expected_seq`` (:class:`StaleStep`) when the task changed after that commit (it
+        woke and slept again, say: not the sleep the caller meant to end)."""
+        self.wakes.append((task_id, expected_seq))
 
     def phase_returned(self, task_id: str, epoch: int) -> None:
         """The worker that held ``epoch`` says its phase has returned: a cancel that
@@ -464,13 +472,20 @@ class Draft:
         input: JSON,
         *,
         resubmit_of: str | None = None,
+        expected_seq: int | None = None,
     ) -> str:
         """Accept input under the caller's ``request_id``; ``resubmit_of`` links a retry
-        of an earlier submission to it."""
+        of an earlier submission to it, and counts it in that submission's ``resubmits``.
+        With ``expected_seq`` (the ``updated_seq`` of the ``resubmit_of`` submission as
+        the caller saw it) a submission that changed since (resubmitted by someone else,
+        say) refuses the commit (:class:`StaleStep`)."""
+        if expected_seq is not None and resubmit_of is None:
+            raise CommitRejected("expected_seq names what a resubmission saw of its original")
         storable_name(request_id, "submission request id")
         input = storable(input, "submission input")
         submission_id = new_id(SUBMISSION_ID)
-        self.submissions.append((submission_id, conversation_id, request_id, input, resubmit_of))
+        self.submissions.append(
+            (submission_id, conversation_id, request_id, input, resubmit_of, expected_seq))
         return submission_id
 
     def update_submission(
@@ -665,8 +680,8 @@ class Builder:
             self._apply_fenced(fenced)
         for task_id, name, payload, step_epoch in self.draft.signals:
             self._signal(task_id, name, payload, step_epoch)
-        for task_id in self.draft.wakes:
-            self._wake(task_id)
+        for task_id, expected_seq in self.draft.wakes:
+            self._wake(task_id, expected_seq)
         for task_id, epoch in self.draft.returned:
             self._phase_returned(task_id, epoch)
         for task_id, expected_seq in self.draft.retries:
@@ -675,8 +690,13 @@ class Builder:
             self._restart(restart)
         for task_id, environment, expected_seq in self.draft.migrations:
             self._migrate(task_id, environment, expected_seq)
-        for task_id, reason in self.draft.cancels:
+        for task_id, reason, expected_run in self.draft.cancels:
             asked = self.task(task_id)
+            if expected_run is not None and asked.run != expected_run:
+                raise StaleStep(
+                    f"task {task_id} was started again since the run {expected_run} you saw "
+                    f"(it is on run {asked.run}, {asked.shown_status}): look again"
+                )
             if asked.terminal:
                 raise IllegalTransition(
                     f"task {task_id} already ended {(asked.outcome or {}).get('kind')}"
@@ -893,15 +913,17 @@ class Builder:
     ) -> tuple[list[Submission], list[Submission]]:
         fresh = {c.id for c in conversations}
         created = []
-        for submission_id, conversation_id, request_id, payload, origin in self.draft.submissions:
+        resubmitted: dict[str, Submission] = {}
+        for (submission_id, conversation_id, request_id, payload, origin,
+             expected_seq) in self.draft.submissions:
             refuse_operations_log(self.session_id, conversation_id, "a submission")
             existing = self.tx.submission_by_request(request_id)
             if existing is not None:
                 raise DuplicateRequest(existing)
             self._require_conversation(conversation_id, fresh)
-            original = self.tx.submission(origin) if origin else None
-            if origin and (original is None or original.session_id != self.session_id):
-                raise UnknownRecord(f"no submission {origin} to resubmit in {self.session_id}")
+            if origin:
+                resubmitted[origin] = self._resubmitted(
+                    origin, resubmitted.get(origin) or self.tx.submission(origin), expected_seq)
             created.append(
                 Submission(
                     submission_id,
@@ -916,7 +938,7 @@ class Builder:
                 )
             )
             self.summary.append({"type": "submission", "id": submission_id, "status": "queued"})
-        by_id = {s.id: s for s in created}
+        by_id = {s.id: s for s in created} | resubmitted
         for submission_id, status, answer_entry_id, reason, unless_settled in \
                 self.draft.submission_updates:
             current = by_id.get(submission_id) or self.tx.submission(submission_id)
@@ -939,6 +961,23 @@ class Builder:
             [by_id[s.id] for s in created],
             [s for i, s in by_id.items() if i not in created_ids],
         )
+
+    def _resubmitted(
+        self, origin: str, original: Submission | None, expected_seq: int | None
+    ) -> Submission:
+        """``original`` counting one more resubmission in this commit, if it is still as
+        the caller saw it (``expected_seq``, when given)."""
+        if original is None or original.session_id != self.session_id:
+            raise UnknownRecord(f"no submission {origin} to resubmit in {self.session_id}")
+        if expected_seq is not None and original.updated_seq != expected_seq:
+            raise StaleStep(
+                f"submission {origin} changed at #{original.updated_seq} after the "
+                f"#{expected_seq} you saw (it is {original.status}, resubmitted "
+                f"{original.resubmits} times): look again"
+            )
+        self.summary.append({"type": "submission", "id": origin, "status": str(original.status),
+                             "resubmits": original.resubmits + 1})
+        return replace(original, resubmits=original.resubmits + 1, updated_seq=self.seq)
 
     # -- tasks --------------------------------------------------------------------------
 
@@ -1069,8 +1108,11 @@ class Builder:
         self.put(task)
         self._settle_wait(task)
 
-    def _wake(self, task_id: str) -> None:
+    def _wake(self, task_id: str, expected_seq: int | None) -> None:
         task = self.task(task_id)
+        if expected_seq is not None and task.updated_seq != expected_seq:
+            raise StaleStep(f"task {task_id} changed at #{task.updated_seq} after the "
+                            f"#{expected_seq} you saw (it is {task.shown_status}): look again")
         if task.status is not Status.SLEEPING:
             raise IllegalTransition(f"task {task_id} is {task.status}, not sleeping")
         if task.cancel is not None and task.wake_at is not None and task.wake_at > self.now:
@@ -1105,6 +1147,7 @@ class Builder:
                 status=Status.PENDING,
                 outcome=None,
                 restarts=0,
+                run=task.run + 1,
                 checkpoint=checkpoint,
                 updated_seq=self.seq,
             )
@@ -1191,6 +1234,7 @@ class Builder:
                 wake_at=None,
                 signals={},
                 restarts=0,
+                run=task.run + 1,
                 epoch=task.epoch + 1,
                 updated_seq=self.seq,
             )

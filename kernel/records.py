@@ -202,6 +202,10 @@ class Task:
     trace: JSON | None = None
     """The trace context it was created in (W3C ``traceparent``; :mod:`kernel.tracing`):
     its phases' spans are children of it, on whichever worker. Never changes."""
+    run: int = 0
+    """Which run of the task this is: 0 as created, one more each time an operator starts
+    it again (a retry, a restart from a phase). Its own commits, claims and recoveries
+    keep it: a cancel names the run the operator saw (:meth:`kernel.commit.Draft.cancel`)."""
 
     @property
     def terminal(self) -> bool:
@@ -354,6 +358,9 @@ class Submission:
     answer_entry_id: str | None = None
     reason: str | None = None
     resubmit_of: str | None = None
+    resubmits: int = 0
+    """How many submissions resubmit it: each resubmission counts itself here, in its own
+    commit, so a resubmission from a view older than that commit is refused."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,20 +15,22 @@ from ninja import Router
 from controlplane import commands
 from controlplane.api.auth import caller
 from controlplane.api.schemas import (
-    ActionIn,
     ActionOut,
     ApproveIn,
     BulkFilter,
     BulkIn,
     BulkOut,
     BulkPreview,
+    CancelIn,
     CompactIn,
     DenyIn,
     ForkIn,
     GraphRunIn,
     ResolveIn,
+    ResubmitIn,
     ResumeIn,
     RetryIn,
+    WakeIn,
 )
 from controlplane.api.types import PathText
 from controlplane.reads.tasks import TaskFilter
@@ -37,10 +39,14 @@ router = Router(tags=["actions"])
 
 
 @router.post("/tasks/{task_id}/cancel", response=ActionOut)
-def cancel(request: HttpRequest, task_id: PathText, body: ActionIn) -> Any:
+def cancel(request: HttpRequest, task_id: PathText, body: CancelIn) -> Any:
     """Cancel a task and its owned subtasks: the running phase cannot commit any more, each
-    cancel handler commits its wrap-up, then the tree ends ``cancelled``."""
-    return commands.cancel_task(caller(request), task_id, body.action_id, body.reason)
+    cancel handler commits its wrap-up, then the tree ends ``cancelled``. Send the task's
+    `run` you saw as `expected_run`: it stops that run whatever phase it has reached
+    since, and a task started again since (retried or restarted by someone else) is
+    refused (409), as is one that has ended."""
+    return commands.cancel_task(caller(request), task_id, body.action_id, body.reason,
+                                body.expected_run)
 
 
 @router.post("/tasks/{task_id}/retry", response=ActionOut)
@@ -100,9 +106,12 @@ def fork_graph(request: HttpRequest, session_id: PathText, body: ForkIn) -> Any:
 
 
 @router.post("/tasks/{task_id}/wake", response=ActionOut)
-def wake(request: HttpRequest, task_id: PathText, body: ActionIn) -> Any:
-    """End a sleep early: the task runs its next phase now."""
-    return commands.wake_task(caller(request), task_id, body.action_id, body.reason)
+def wake(request: HttpRequest, task_id: PathText, body: WakeIn) -> Any:
+    """End a sleep early: the task runs its next phase now. Send the task's `updated_seq`
+    you saw as `expected_seq`: a task changed since (woke and slept again, say) is
+    refused (409)."""
+    return commands.wake_task(caller(request), task_id, body.action_id, body.reason,
+                              body.expected_seq)
 
 
 @router.post("/sessions/{session_id}/calls/{call_id}/approve", response=ActionOut)
@@ -131,10 +140,13 @@ def deny_call(
 
 
 @router.post("/submissions/{submission_id}/resubmit", response=ActionOut)
-def resubmit(request: HttpRequest, submission_id: PathText, body: ActionIn) -> Any:
+def resubmit(request: HttpRequest, submission_id: PathText, body: ResubmitIn) -> Any:
     """Submit the same input again as a new submission linked to the original: it starts
-    a turn, or follows the one the conversation is busy with."""
-    return commands.resubmit(caller(request), submission_id, body.action_id, body.reason)
+    a turn, or follows the one the conversation is busy with. Send the submission's
+    `updated_seq` you saw as `expected_seq`: each resubmission changes it, so a
+    submission resubmitted (or settled) since is refused (409) rather than run twice."""
+    return commands.resubmit(caller(request), submission_id, body.action_id, body.reason,
+                             body.expected_seq)
 
 
 @router.post("/conversations/{conversation_id}/compact", response=ActionOut)
@@ -156,9 +168,12 @@ def _filter(body: BulkFilter) -> TaskFilter:
 @router.post("/actions/bulk/preview", response=BulkPreview)
 def bulk_preview(request: HttpRequest, body: BulkFilter) -> Any:
     """Which tasks a bulk action with this filter would touch (their ids, count and
-    digest): show them, then confirm with the count and the digest."""
-    found = commands.bulk_preview(caller(request), _filter(body))
-    return {"count": found.count, "task_ids": found.task_ids, "digest": found.digest}
+    digest): show them, then confirm with the count and the digest. The digest covers
+    what the action acts on as well as the ids (`seen`): for a retry each task's
+    `updated_seq`, for a cancel each task's `run`."""
+    found = commands.bulk_preview(caller(request), _filter(body), body.action)
+    return {"count": found.count, "task_ids": found.task_ids, "seen": found.seen,
+            "digest": found.digest}
 
 
 @router.post("/actions/bulk", response=BulkOut)
@@ -167,7 +182,10 @@ def bulk(request: HttpRequest, body: BulkIn) -> Any:
     each.
 
     ``expected_count`` and ``expected_digest`` are the preview's: if the filter finds
-    another set now, nothing is done (409) and the operator previews again. The same
+    another set now, or the same tasks changed since in what the action acts on (a retry:
+    a task failed again; a cancel: a task started again), nothing is done (409) and the
+    operator previews again. A task that changes between this check and its own commit
+    is left, its result saying why. The same
     request again (its action id) answers what the first did; the id used for another
     action or set is refused (409).
     """

@@ -145,6 +145,9 @@ class TaskOut(Schema):
     lease_until: datetime | None
     created_seq: int
     updated_seq: int
+    run: int = Field(..., description="which run of the task this is: 0 as created, one more "
+                     "at each retry and restart from a phase (its own phases and claims keep "
+                     "it): what `cancel` sends back as `expected_run`")
     blocked: str | None = Field(
         None, description="why no worker can run it: no registered definition can, or (only "
         "`GET /tasks/{id}` reads these) a worker does not offer its environment, or the "
@@ -194,6 +197,8 @@ class SubmissionOut(Schema):
     answer_entry_id: str | None
     reason: str | None
     resubmit_of: str | None = None
+    resubmits: int = Field(0, description="how many submissions resubmit it; each one changes "
+                           "its `updated_seq`, which `resubmit` sends back as `expected_seq`")
 
 
 class ActionIn(Input):
@@ -206,6 +211,28 @@ class RetryIn(ActionIn):
                                   description="the task's `updated_seq` as you saw it: a task "
                                   "changed since (retried by someone else, and failed "
                                   "again, say) is refused (409)")
+
+
+class CancelIn(ActionIn):
+    expected_run: Integer = Field(..., ge=0, le=MAX_EPOCH,
+                                  description="the task's `run` as you saw it: the run you "
+                                  "stop, whatever phase it has reached since; a task started "
+                                  "again since (retried, restarted from a phase) is refused "
+                                  "(409)")
+
+
+class WakeIn(ActionIn):
+    expected_seq: Integer = Field(..., ge=0, le=MAX_EPOCH,
+                                  description="the task's `updated_seq` as you saw its sleep: "
+                                  "a task changed since (woke and slept again, say) is "
+                                  "refused (409)")
+
+
+class ResubmitIn(ActionIn):
+    expected_seq: Integer = Field(..., ge=0, le=MAX_EPOCH,
+                                  description="the submission's `updated_seq` as you saw it: "
+                                  "one changed since (resubmitted by someone else, say) is "
+                                  "refused (409)")
 
 
 class CompactIn(ActionIn):
@@ -532,15 +559,20 @@ class BulkIn(BulkFilter):
     expected_digest: str = Field(
         ..., pattern=r"^[0-9a-f]{64}$",
         description="the preview's `digest`: the action applies to exactly the tasks the "
-        "preview found, and is refused (409, nothing done) if the filter finds others now",
+        "preview found, as it found them, and is refused (409, nothing done) if the filter "
+        "finds others now, or the same tasks changed since (a retry: failed again; a "
+        "cancel: started again)",
     )
 
 
 class BulkPreview(Schema):
     count: int
     task_ids: list[str]
-    digest: str = Field(..., description="SHA-256 (hex) of the sorted task ids, one a line: "
-                        "send it back as `expected_digest`")
+    seen: list[int] = Field(..., description="what the action acts on of each task, in "
+                            "`task_ids`' order: for a retry its `updated_seq` (the failure "
+                            "you saw), for a cancel its `run` (the run you saw)")
+    digest: str = Field(..., description="SHA-256 (hex) of the tasks, each `<task id> <seen>` "
+                        "on a line, sorted: send it back as `expected_digest`")
 
 
 class BulkResult(Schema):

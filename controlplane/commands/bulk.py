@@ -1,5 +1,6 @@
 """Actions on many tasks at once: the set a filter finds, previewed (its count and
-digest), then acted on only if the filter still finds that set."""
+digest), then acted on only if the filter still finds that set, each task as the
+preview found it (:data:`~controlplane.reads.tasks.NAMED_BY`)."""
 
 from __future__ import annotations
 
@@ -46,14 +47,16 @@ class BulkResult:
     """The set acted on (the preview's digest)."""
 
 
-def bulk_preview(user: User, found: TaskFilter) -> TaskSet:
-    """The tasks a bulk action with this filter would touch, named (their ids and the
-    digest of the set): shown, then confirmed with that count and digest. An empty
-    filter is refused: "every task" is never what a bulk action means by accident."""
+def bulk_preview(user: User, found: TaskFilter, action: str) -> TaskSet:
+    """The tasks ``action`` with this filter would touch, named (their ids, what the
+    action names each by, and the digest of the set): shown, then confirmed with that
+    count and digest. An empty filter is refused: "every task" is never what a bulk
+    action means by accident."""
     require_operator(user)
+    _check_action(action)
     if not found.any_set():
         raise Invalid("filter: give at least one (session_id, kind, status or outcome)")
-    found_set = task_reads.task_set(found, MAX_BULK + 1)
+    found_set = task_reads.task_set(found, MAX_BULK + 1, task_reads.NAMED_BY[action])
     if found_set.count > MAX_BULK:
         raise Invalid(f"more than {MAX_BULK} tasks match: narrow the filter")
     return found_set
@@ -62,6 +65,11 @@ def bulk_preview(user: User, found: TaskFilter) -> TaskSet:
 class BulkAction(StrEnum):
     CANCEL = "cancel"
     RETRY = "retry"
+
+
+def _check_action(action: str) -> None:
+    if action not in tuple(BulkAction):
+        raise Invalid(f"action: one of {[str(a) for a in BulkAction]}")
 
 
 DIGEST = re.compile(r"[0-9a-f]{64}")
@@ -80,28 +88,33 @@ def bulk_act(
     result each.
 
     ``expected_count`` and ``expected_digest`` are the preview's: if the filter finds
-    another set now (more tasks, fewer, or as many but others), nothing is done
-    (Conflict) and the operator previews again. The set and what was done to each task
-    are recorded under ``action_id``, so the same request again answers what the first
-    did, whatever the tasks' state now (a first run cut short is finished); the id used
-    for another action or another set is refused (Conflict).
+    another set now (more tasks, fewer, or as many but others), or the same tasks changed
+    in what the action names them by (a retry: a task failed again since; a cancel: a
+    task started again since), nothing is done (Conflict) and the operator previews
+    again. Each task is then acted on only as the preview found it, checked again at its
+    own commit (a task that changed meanwhile is left, its result says why). The set and
+    what was done to each task are recorded under ``action_id``, so the same request
+    again answers what the first did, whatever the tasks' state now (a first run cut
+    short is finished); the id used for another action or another set is refused
+    (Conflict).
     """
     require_operator(user)
-    if action not in tuple(BulkAction):
-        raise Invalid(f"action: one of {[str(a) for a in BulkAction]}")
+    _check_action(action)
     if isinstance(expected_count, bool) or not isinstance(expected_count, int):
         raise Invalid("expected_count: the count the preview showed")
     if not isinstance(expected_digest, str) or not DIGEST.fullmatch(expected_digest):
         raise Invalid("expected_digest: the digest the preview showed (64 hex digits)")
     done = bulk_reads.recorded(action_id)
     if done is None:
-        found_set = bulk_preview(user, found)
+        found_set = bulk_preview(user, found, action)
         if found_set.count != expected_count:
             raise Conflict(
                 f"{found_set.count} tasks match now, not {expected_count}: preview again")
         if found_set.digest != expected_digest:
+            changed = ("failed again" if action == BulkAction.RETRY else "started again")
             raise Conflict(f"the {found_set.count} tasks that match now are not the ones the "
-                           "preview found: preview again")
+                           f"preview found, or some of them changed since ({changed}, "
+                           "say): preview again")
         _refuse_used_in_sessions(_sessions_of(found_set.task_ids), action, action_id)
         done = _claim_bulk(user, action, action_id, reason, found_set)
     if (done.action, done.digest, len(done.task_ids)) != (
@@ -151,7 +164,7 @@ def _claim_bulk(
         with transaction.atomic():
             BulkActionRow.objects.create(
                 action_id=action_id, action=action, digest=found_set.digest,
-                task_ids=found_set.task_ids, by=actor(user), reason=reason,
+                task_ids=found_set.task_ids, seen=found_set.seen, by=actor(user), reason=reason,
                 at=timezone.now(),
             )
     except IntegrityError:
@@ -167,18 +180,20 @@ def _carry_out(user: User, done: bulk_reads.BulkRecord) -> BulkResult:
     was done."""
     action, results = done.action, []
     tasks = {t.id: t.task for t in task_reads.find_ids(done.task_ids)}
-    for task_id in done.task_ids:
+    seen: list[int | None] = [*done.seen] if done.seen else [None] * len(done.task_ids)
+    for task_id, expected in zip(done.task_ids, seen, strict=True):
         task = tasks.get(task_id)
         if task is None:
             results.append(BulkItem(task_id, False, f"no task {task_id}"))
             continue
         key = f"{done.action_id}:{task_id}"
         try:
-            also = None if action == BulkAction.CANCEL else retry_of_a_run(
-                task, done_before(task.session_id, key, action, task_id))
-            seq, replayed = commit_action(user, task.session_id, key, action, task_id,
-                                          done.reason,
-                                          partial(_act_on, action, task_id, done.reason, also))
+            also = None
+            if action == BulkAction.RETRY:
+                also = retry_of_a_run(task, done_before(task.session_id, key, action, task_id))
+            seq, replayed = commit_action(
+                user, task.session_id, key, action, task_id, done.reason,
+                partial(_act_on, action, task_id, done.reason, expected, also))
         except (CommitRejected, Conflict) as exc:
             results.append(BulkItem(task_id, False, str(exc)))
             continue
@@ -190,12 +205,13 @@ def _carry_out(user: User, done: bulk_reads.BulkRecord) -> BulkResult:
 
 
 def _act_on(
-    action: str, task_id: str, reason: str, also: Callable[[Draft], None] | None, draft: Draft,
+    action: str, task_id: str, reason: str, expected: int | None,
+    also: Callable[[Draft], None] | None, draft: Draft,
 ) -> None:
     if action == BulkAction.CANCEL:
-        draft.cancel(task_id, reason)
+        draft.cancel(task_id, reason, expected_run=expected)
     else:
-        retrying(draft, task_id, also)
+        retrying(draft, task_id, also, expected)
 
 
 def _answered_before(done: bulk_reads.BulkRecord) -> BulkResult:

@@ -174,9 +174,15 @@ def submit(
     return submitted
 
 
-def resubmit(user: User, submission_id: str, action_id: str, reason: str) -> ActionResult:
+def resubmit(
+    user: User, submission_id: str, action_id: str, reason: str, expected_seq: int
+) -> ActionResult:
     """Submit the same input again as a new submission linked to the original, as any
-    submission: it starts a turn, or follows the one the conversation is busy with."""
+    submission: it starts a turn, or follows the one the conversation is busy with.
+    ``expected_seq`` is the original's ``updated_seq`` as the operator saw it: one that
+    changed since (resubmitted by someone else: each resubmission counts itself in the
+    original, in its own commit) is refused by the commit (``StaleStep``, under the
+    session's lock) rather than run the same input twice."""
     require_operator(user)
     kernel = runtime().kernel
     original = kernel.storage.submission(submission_id)
@@ -202,6 +208,7 @@ def resubmit(user: User, submission_id: str, action_id: str, reason: str) -> Act
             resubmit_of=original.id,
             also=lambda draft: record_action(draft, user, action_id, "resubmit", submission_id,
                                              reason),
+            expected_seq=expected_seq,
         )
     except ValueError as exc:
         raise Invalid(f"the original submission cannot run again: {exc}") from exc

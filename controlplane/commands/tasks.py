@@ -34,15 +34,21 @@ from kernel import (
 from kernel.environment import BLOCKED_DOCUMENT
 
 
-def cancel_task(user: User, task_id: str, action_id: str, reason: str) -> ActionResult:
+def cancel_task(
+    user: User, task_id: str, action_id: str, reason: str, expected_run: int
+) -> ActionResult:
     """Cancel a task and its owned subtasks: the running phase cannot commit any more, each
-    cancel handler commits its wrap-up, then the tree ends ``cancelled``. A task that has
-    ended is refused by the commit itself (``IllegalTransition``, under the session's
-    lock), so a cancel that loses the race to the task's ending records nothing."""
+    cancel handler commits its wrap-up, then the tree ends ``cancelled``. ``expected_run``
+    is the task's ``run`` as the operator saw it: the run they meant to stop, whatever
+    phase it has reached since. Refused by the commit itself, under the session's lock, so
+    that nothing is recorded: a task that has ended (``IllegalTransition``: the cancel
+    lost the race to its ending), or one started again since (retried or restarted from
+    a phase: ``StaleStep``), which is not the run the operator saw."""
     require_operator(user)
     task = task_reads.record(task_id)
     done_before(task.session_id, action_id, "cancel", task_id)  # an id used otherwise: refused
-    return act_on_task(user, action_id, reason, "cancel", task, lambda d: d.cancel(task_id, reason))
+    return act_on_task(user, action_id, reason, "cancel", task,
+                       lambda d: d.cancel(task_id, reason, expected_run=expected_run))
 
 
 def retry_task(
@@ -258,10 +264,16 @@ def _declared_decisions(task: Task) -> tuple[Decision, ...]:
     return () if isinstance(resolved, Blocked) else resolved.definition.decisions
 
 
-def wake_task(user: User, task_id: str, action_id: str, reason: str) -> ActionResult:
-    """End a sleep early: the task runs its next phase now."""
+def wake_task(
+    user: User, task_id: str, action_id: str, reason: str, expected_seq: int
+) -> ActionResult:
+    """End a sleep early: the task runs its next phase now. ``expected_seq`` is the
+    task's ``updated_seq`` as the operator saw its sleep: a task that changed since (woke
+    and slept again, say) is refused by the commit (``StaleStep``, under the session's
+    lock), as that sleep is not the one the operator meant to end."""
     require_operator(user)
     task = task_reads.record(task_id)
     if not done_before(task.session_id, action_id, "wake", task_id):
         refuse_unless(task.status is Status.SLEEPING, f"task {task_id} is {task.status}")
-    return act_on_task(user, action_id, reason, "wake", task, lambda d: d.wake(task_id))
+    return act_on_task(user, action_id, reason, "wake", task,
+                       lambda d: d.wake(task_id, expected_seq=expected_seq))

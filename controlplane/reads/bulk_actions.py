@@ -15,6 +15,9 @@ class BulkRecord:
     action: str
     digest: str
     task_ids: list[str]
+    seen: list[int] | None
+    """What the preview found of each task (:data:`controlplane.reads.tasks.NAMED_BY`),
+    in ``task_ids``' order; None: nothing."""
     reason: str
     results: list[dict[str, Any]] | None
     """What it did to each task; None while it runs (or if its process died)."""
@@ -25,4 +28,4 @@ def recorded(action_id: str) -> BulkRecord | None:
     if row is None:
         return None
     return BulkRecord(row.action_id, row.action, row.digest, list(row.task_ids),
-                      row.reason, row.results)
+                      None if row.seen is None else list(row.seen), row.reason, row.results)

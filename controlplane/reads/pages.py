@@ -415,7 +415,8 @@ class Attention:
 def attention() -> Attention:
     """Tasks an operator should look at: uncertain, blocked, failed (restart-limited among
     them)."""
-    retry_all = tasks.task_set(tasks.RETRY_ALL_FAILED, tasks.COUNT + 1)
+    retry_all = tasks.task_set(tasks.RETRY_ALL_FAILED, tasks.COUNT + 1,
+                               tasks.NAMED_BY["retry"])
     failed_count = (retry_all.count if retry_all.count <= tasks.COUNT
                     else tasks.count(tasks.RETRY_ALL_FAILED))
     return Attention(

@@ -276,13 +276,23 @@ def rows(task_ids: list[str]) -> list[Row]:
     return [found[i] for i in task_ids if i in found]
 
 
+NAMED_BY = {"retry": "updated_seq", "cancel": "run"}
+"""What a bulk action's set names each task by beside its id, as its preview found it:
+a retry its last change (it acts on the failure the operator saw, not on a later one), a
+cancel its run (it stops the run the operator saw, whatever phase that run has reached
+since, and not a run started again since)."""
+
+
 @dataclass(frozen=True)
 class TaskSet:
-    """Tasks a filter found, named: their ids (a session's creation order) and the digest
-    of the set, which an operator's confirmation carries back so that a bulk action acts
-    on exactly the tasks its preview showed."""
+    """Tasks a filter found, named: their ids (a session's creation order), each one's
+    ``named_by`` field as found (``seen``, in the same order), and the digest of both,
+    which an operator's confirmation carries back so that a bulk action acts on exactly
+    the tasks its preview showed, as it showed them."""
 
     task_ids: list[str]
+    seen: list[int]
+    named_by: str
 
     @property
     def count(self) -> int:
@@ -290,17 +300,25 @@ class TaskSet:
 
     @property
     def digest(self) -> str:
-        return digest(self.task_ids)
+        return digest(zip(self.task_ids, self.seen, strict=True))
 
 
-def digest(task_ids: Iterable[str]) -> str:
-    """SHA-256 (hex) of the ids, sorted and one a line: the same set, the same digest."""
-    return hashlib.sha256("\n".join(sorted(task_ids)).encode()).hexdigest()
+def digest(named: Iterable[tuple[str, int]]) -> str:
+    """SHA-256 (hex) of the tasks, one a line as ``<id> <seen>``, sorted: the same tasks
+    as they were, the same digest."""
+    return hashlib.sha256(
+        "\n".join(sorted(f"{task_id} {seen}" for task_id, seen in named)).encode()
+    ).hexdigest()
 
 
-def task_set(found: TaskFilter, limit: int) -> TaskSet:
-    """The first ``limit`` matching tasks, as a named set."""
-    return TaskSet(ids(found, limit))
+def task_set(found: TaskFilter, limit: int, named_by: str) -> TaskSet:
+    """The first ``limit`` matching tasks, as a set named by their field ``named_by``
+    (one of :data:`NAMED_BY`'s)."""
+    if named_by not in NAMED_BY.values():
+        raise ValueError(f"named_by: one of {sorted(NAMED_BY.values())}")
+    statement, params = _query(found).values_list("id", named_by)[:limit].query.sql_with_params()
+    rows = sql_rows(statement, params)
+    return TaskSet([task_id for task_id, _ in rows], [int(seen) for _, seen in rows], named_by)
 
 
 COUNT = 1000

@@ -30,7 +30,8 @@ MAX_REASON = 2000
 Action = Callable[[HttpRequest, str, str, str], commands.ActionResult]
 ACTIONS: dict[str, Action] = {
     "cancel": lambda request, target, action_id, reason: commands.cancel_task(
-        request.user, target, action_id, reason),
+        request.user, target, action_id, reason,
+        _seq(request.POST, "expected_run", "the task's run the page showed")),
     "retry": lambda request, target, action_id, reason: commands.retry_task(
         request.user, target, action_id, reason,
         _seq(request.POST, "expected_seq", "the task's version the page showed")),
@@ -38,7 +39,8 @@ ACTIONS: dict[str, Action] = {
         request.user, target, action_id, reason, request.POST.get("decision", ""),
         _step(request)),
     "resubmit": lambda request, target, action_id, reason: commands.resubmit(
-        request.user, target, action_id, reason),
+        request.user, target, action_id, reason,
+        _seq(request.POST, "expected_seq", "the submission's version the page showed")),
     "compact": lambda request, target, action_id, reason: commands.compact_conversation(
         request.user, target, action_id, reason, request.POST.get("last_entry_id", "")),
 }
@@ -291,7 +293,7 @@ def bulk_preview(request: HttpRequest) -> HttpResponse:
         require_operator(request.user)
         action = _bulk_action(request.GET.dict())
         search = _search(request.GET.dict())
-        found = commands.bulk_preview(request.user, search.filter())
+        found = commands.bulk_preview(request.user, search.filter(), action)
     except Exception as exc:
         return _refused(request, exc)
     return render(request, "ui/_bulk_confirm.html", {

@@ -53,10 +53,13 @@ def submit(
     *,
     resubmit_of: str | None = None,
     also: Callable[[Draft], None] | None = None,
+    expected_seq: int | None = None,
 ) -> Submitted:
     """Accept ``input`` once per ``request_id``: start a turn on an idle conversation, or
-    do what ``when_busy`` says. ``resubmit_of`` links a retry of an earlier submission;
-    ``also`` adds writes to the same commit (an operator action records itself so).
+    do what ``when_busy`` says. ``resubmit_of`` links a retry of an earlier submission,
+    refused (:class:`~kernel.errors.StaleStep`) when that submission changed after
+    ``expected_seq`` (when given: its ``updated_seq`` as the caller saw it); ``also``
+    adds writes to the same commit (an operator action records itself so).
 
     In a span of its own (``submit``): the turn it starts is created in it, so the turn's
     phases, its model requests and its tools are in the submission's trace."""
@@ -66,7 +69,7 @@ def submit(
         "kernel.actor": actor,
     }) as span:
         submitted = _submit(handle, conversation_id, input, request_id, when_busy, actor,
-                            resubmit_of, also)
+                            resubmit_of, also, expected_seq)
         span.set({"kernel.submission.outcome": submitted.outcome,
                   "kernel.submission.id": submitted.submission.id
                   if submitted.submission is not None else None})
@@ -82,6 +85,7 @@ def _submit(
     actor: str,
     resubmit_of: str | None,
     also: Callable[[Draft], None] | None,
+    expected_seq: int | None = None,
 ) -> Submitted:
     if not isinstance(input, dict) or not isinstance(input.get("text"), str):
         raise ValueError("input must be an object with a `text` string")
@@ -114,7 +118,8 @@ def _submit(
             raise ValueError("when_busy: steer joins only a native turn; this conversation "
                              "runs a registered agent (follow_up queues the input)")
         draft = Draft(actor=actor)
-        submission_id = draft.submit(conversation_id, request_id, input, resubmit_of=resubmit_of)
+        submission_id = draft.submit(conversation_id, request_id, input, resubmit_of=resubmit_of,
+                                     expected_seq=expected_seq)
         if also is not None:
             also(draft)
         if not active:

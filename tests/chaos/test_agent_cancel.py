@@ -53,7 +53,8 @@ def test_a_turn_cancelled_through_the_api_frees_its_conversation(
     (turn,) = [t for t in stack.tasks(session_id) if t.kind == "agent-turn"]
 
     cancelled = operator.post(f"/api/tasks/{turn.id}/cancel",
-                              {"action_id": "cancel-1", "reason": "wrong question"},
+                              {"action_id": "cancel-1", "reason": "wrong question",
+                               "expected_run": turn.run},
                               content_type="application/json")
     assert cancelled.status_code == 200, cancelled.content
     ended = stack.wait_terminal(turn.id, timeout=30)

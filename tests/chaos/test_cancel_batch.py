@@ -43,7 +43,7 @@ def test_cancel_in_the_middle_of_a_batch(stack: Stack) -> None:
     wait_for(lambda: len(stack.admin.messages()) >= 2, "two emails to be accepted", timeout=60)
     response = operator.post(
         f"/api/tasks/{batch_id}/cancel",
-        json.dumps({"action_id": "stop-1", "reason": "wrong recipients"}),
+        json.dumps({"action_id": "stop-1", "reason": "wrong recipients", "expected_run": 0}),
         content_type="application/json",
     )
     assert response.status_code == 200, response.content

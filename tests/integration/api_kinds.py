@@ -1,5 +1,6 @@
-"""The web process's kernel with the task kinds the API tests drive (``api-step`` and
-``api-parent``) and no broker, and a task of one of them started in a new session."""
+"""The web process's kernel with the task kinds the API tests drive (``api-step``, which
+fails, sleeps (``sleeps`` times) or asks as its input says, and ``api-parent``) and no
+broker, and a task of one of them started in a new session."""
 
 from __future__ import annotations
 
@@ -43,6 +44,9 @@ def with_test_kinds(monkeypatch: pytest.MonkeyPatch) -> Kernel:
                 return run.succeed("ok")
 
             def done(self, run: Run) -> Transition:
+                slept = run.checkpoint.get("slept", 1)
+                if slept < run.input.get("sleeps", 1):  # woken: sleeps again
+                    return run.sleep(3600, then="done", checkpoint={"slept": slept + 1})
                 return run.succeed(run.signal("resolution-1"))
 
         @registry.task("api-parent")

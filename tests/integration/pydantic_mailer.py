@@ -13,6 +13,7 @@ from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCall
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 
 from controlplane import commands
+from controlplane.worker.runtime import runtime
 from kernel.hosts.pydantic_ai import KernelDurability, save_partial
 
 RECIPIENTS = ["ana@example.com", "ben@example.com"]
@@ -38,5 +39,7 @@ def send_notices(ctx: RunContext[None], recipients: list[str]) -> str:
         save_partial(ctx, {"sent": recipients[:index + 1]})
         if index == 0 and cancel:
             user = User.objects.get(username=cancel["user"])
-            commands.cancel_task(user, cancel["task"](), "stop-1", "wrong list")
+            task_id = cancel["task"]()
+            commands.cancel_task(user, task_id, "stop-1", "wrong list",
+                                 runtime().kernel.task(task_id).run)
     return f"sent to {len(recipients)}"

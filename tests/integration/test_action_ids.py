@@ -39,20 +39,24 @@ def test_an_id_reused_for_another_target_or_action_is_refused(
 ) -> None:
     session_id, (a, b, failing) = tasks_in_one_session(
         kernel, {"sleep": True}, {"sleep": True}, {"fail": True})
-    first = post(operator, f"/api/tasks/{a}/wake", {"action_id": "x", "reason": "now"})
+    wake = {"action_id": "x", "reason": "now", "expected_seq": kernel.task(a).updated_seq}
+    first = post(operator, f"/api/tasks/{a}/wake", wake)
     assert first.status_code == 200 and first.json()["replayed"] is False
-    same = post(operator, f"/api/tasks/{a}/wake", {"action_id": "x", "reason": "now"})
+    same = post(operator, f"/api/tasks/{a}/wake", wake)
     assert same.status_code == 200 and same.json() == {**first.json(), "replayed": True}
     head = kernel.storage.session(session_id).head_seq
 
-    other_target = post(operator, f"/api/tasks/{b}/wake", {"action_id": "x", "reason": "b"})
+    other_target = post(operator, f"/api/tasks/{b}/wake",
+                        {"action_id": "x", "reason": "b",
+                         "expected_seq": kernel.task(b).updated_seq})
     assert other_target.status_code == 409, other_target.content
     assert f"used for wake on {a}" in other_target.json()["detail"]
     other_action = post(operator, f"/api/tasks/{failing}/retry",
                         {"action_id": "x", "reason": "r",
                          "expected_seq": kernel.task(failing).updated_seq})
     assert other_action.status_code == 409
-    cancel = post(operator, f"/api/tasks/{b}/cancel", {"action_id": "x", "reason": "c"})
+    cancel = post(operator, f"/api/tasks/{b}/cancel",
+                  {"action_id": "x", "reason": "c", "expected_run": 0})
     assert cancel.status_code == 409
     assert kernel.storage.session(session_id).head_seq == head  # nothing written
     assert kernel.task(b).status is Status.SLEEPING
@@ -65,7 +69,7 @@ def test_a_bulk_id_reused_for_another_action_is_refused_and_a_repeat_says_so(
 ) -> None:
     session_id, ids = tasks_in_one_session(kernel, {"fail": True}, {"fail": True})
     bulk = {"session_id": session_id, "action_id": "b", "reason": "r", "expected_count": 2,
-            "expected_digest": digest(ids)}
+            "expected_digest": digest((t, kernel.task(t).updated_seq) for t in ids)}
     first = post(operator, "/api/actions/bulk", {**bulk, "action": "retry"}).json()
     assert [(r["ok"], r["replayed"]) for r in first["results"]] == [(True, False)] * 2
     again = post(operator, "/api/actions/bulk", {**bulk, "action": "retry"}).json()
@@ -74,7 +78,8 @@ def test_a_bulk_id_reused_for_another_action_is_refused_and_a_repeat_says_so(
     head = kernel.storage.session(session_id).head_seq
     cancel = post(operator, "/api/actions/bulk", {**bulk, "action": "cancel"})
     assert cancel.status_code == 409 and "used for retry" in cancel.json()["detail"]
-    single = post(operator, f"/api/tasks/{ids[0]}/cancel", {"action_id": "b", "reason": "r"})
+    single = post(operator, f"/api/tasks/{ids[0]}/cancel",
+                  {"action_id": "b", "reason": "r", "expected_run": 1})
     assert single.status_code == 409
     assert kernel.storage.session(session_id).head_seq == head
     assert {kernel.task(t).status for t in ids} == {Status.PENDING}
@@ -86,21 +91,24 @@ def test_a_resubmit_id_names_one_submission(kernel: Kernel, operator: Client) ->
     url = f"/api/sessions/{session_id}/submissions"
     one, two = (post(operator, url, {"conversation_id": conversation, "request_id": r,
                                      "input": {"text": r}}).json()["id"] for r in ("q1", "q2"))
-    first = post(operator, f"/api/submissions/{one}/resubmit", {"action_id": "re", "reason": "r"})
+    seen = {s: kernel.storage.submission(s).updated_seq for s in (one, two)}
+    first = post(operator, f"/api/submissions/{one}/resubmit",
+                 {"action_id": "re", "reason": "r", "expected_seq": seen[one]})
     assert first.status_code == 200
     head = kernel.storage.session(session_id).head_seq
-    other = post(operator, f"/api/submissions/{two}/resubmit", {"action_id": "re", "reason": "r"})
+    other = post(operator, f"/api/submissions/{two}/resubmit",
+                 {"action_id": "re", "reason": "r", "expected_seq": seen[two]})
     assert other.status_code == 409 and f"used for resubmit on {one}" in other.json()["detail"]
     a_request_id = post(operator, f"/api/submissions/{two}/resubmit",
-                        {"action_id": "q1", "reason": "r"})
+                        {"action_id": "q1", "reason": "r", "expected_seq": seen[two]})
     assert a_request_id.status_code == 409 and "request id" in a_request_id.json()["detail"]
     assert kernel.storage.session(session_id).head_seq == head
 
 
 def test_retry_all_again_after_they_failed_again_retries_them_again() -> None:
     """The retry-all form used twice: with the same id (a preserved form, or a double
-    submit) the answer says nothing ran again; with the fresh id a new render (or the
-    page script) gives it, they run again."""
+    submit) the answer says nothing ran again; with the fresh id and the digest of the
+    failures a new render (or the page script) gives it, they run again."""
     kernel = runtime().kernel
     handle = kernel.create_session()
     draft = Draft(actor="user:test")
@@ -111,27 +119,27 @@ def test_retry_all_again_after_they_failed_again_retries_them_again() -> None:
     page = operator.get("/attention/").content.decode()
     token = operator.cookies["csrftoken"].value
 
-    def retry_all(action_id: str) -> str:
+    def retry_all(action_id: str, shown: str) -> str:
         form = {"reason": "fixed", "action_id": action_id, "expected_count": "3",
-                "expected_digest": digest(failing)}
+                "expected_digest": re.findall(r'name="expected_digest" value="([^"]+)"', shown)[0]}
         answer = operator.post("/attention/retry-failed", form, HTTP_X_CSRFTOKEN=token,
                                HTTP_HX_REQUEST="true")
         assert answer.status_code == 200, answer.content
         return answer.content.decode()
 
     [shown_id] = re.findall(r'name="action_id" value="([^"]+-retry-failed)"', page)
-    assert "retry: 3 of 3 done" in retry_all(shown_id)
+    assert "retry: 3 of 3 done" in retry_all(shown_id, page)
     Scheduler(kernel).run_until_idle()  # they fail again
     assert {kernel.task(t).outcome["kind"] for t in failing} == {"failed"}
 
-    repeated = retry_all(shown_id)
+    repeated = retry_all(shown_id, page)
     assert "retry: 0 of 3 done" in repeated and "nothing ran again" in repeated
     assert {kernel.task(t).status for t in failing} == {Status.TERMINAL}
 
     page = operator.get("/attention/").content.decode()
     [fresh_id] = re.findall(r'name="action_id" value="([^"]+-retry-failed)"', page)
     assert fresh_id != shown_id
-    assert "retry: 3 of 3 done" in retry_all(fresh_id)
+    assert "retry: 3 of 3 done" in retry_all(fresh_id, page)
     assert {kernel.task(t).status for t in failing} == {Status.PENDING}
     retries = [e for e in kernel.entries(operations_log_id(handle.id)) if e.kind == "retry"]
     assert len(retries) == 6

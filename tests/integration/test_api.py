@@ -51,13 +51,14 @@ def test_viewers_read_but_every_action_is_refused(kernel: Kernel, viewer: Client
     head = kernel.storage.session(session_id).head_seq
     action = {"action_id": "x", "reason": "because"}
     for url, body in [
-        (f"/api/tasks/{task_id}/cancel", action),
+        (f"/api/tasks/{task_id}/cancel", {**action, "expected_run": 0}),
         (f"/api/tasks/{task_id}/retry", {**action, "expected_seq": 1}),
-        (f"/api/tasks/{task_id}/wake", action),
+        (f"/api/tasks/{task_id}/wake", {**action, "expected_seq": 1}),
         (f"/api/tasks/{task_id}/resolve",
          {**action, "decision": "sent", "signal": "resolution-1", "epoch": 1}),
         ("/api/actions/bulk", {**action, "action": "cancel", "session_id": session_id,
-                               "expected_count": 1, "expected_digest": digest([task_id])}),
+                               "expected_count": 1,
+                               "expected_digest": digest([(task_id, 0)])}),
         ("/api/actions/bulk/preview", {"action": "cancel", "session_id": session_id}),
         ("/api/sessions", {}),
     ]:
@@ -78,7 +79,8 @@ def test_programs_use_bearer_tokens(kernel: Kernel) -> None:
     assert client.get(f"/api/tasks/{task_id}", **headers).status_code == 200
     response = client.post(
         f"/api/tasks/{task_id}/wake",
-        json.dumps({"action_id": "w1", "reason": "now"}),
+        json.dumps({"action_id": "w1", "reason": "now",
+                    "expected_seq": kernel.task(task_id).updated_seq}),
         content_type="application/json",
         **headers,
     )
@@ -90,7 +92,9 @@ def test_browser_sessions_need_csrf_for_actions(kernel: Kernel) -> None:
     session_id, task_id = start(kernel, "api-step", {"sleep": True})
     browser = Client(enforce_csrf_checks=True)
     browser.force_login(user("olga", "operator"))
-    response = post(browser, f"/api/tasks/{task_id}/wake", {"action_id": "w", "reason": "r"})
+    response = post(browser, f"/api/tasks/{task_id}/wake",
+                    {"action_id": "w", "reason": "r",
+                     "expected_seq": kernel.task(task_id).updated_seq})
     assert response.status_code == 403
     assert kernel.task(task_id).status is Status.SLEEPING
 
@@ -213,7 +217,7 @@ def test_cancel_cascades_records_the_operator_and_is_idempotent(
     kernel: Kernel, operator: Client
 ) -> None:
     session_id, parent = start(kernel, "api-parent", {"n": 2})
-    body = {"action_id": "cancel-1", "reason": "wrong list"}
+    body = {"action_id": "cancel-1", "reason": "wrong list", "expected_run": 0}
     first = post(operator, f"/api/tasks/{parent}/cancel", body)
     assert first.status_code == 200 and first.json()["replayed"] is False
     again = post(operator, f"/api/tasks/{parent}/cancel", body)
@@ -225,7 +229,8 @@ def test_cancel_cascades_records_the_operator_and_is_idempotent(
     assert entry.actor == "user:olga"
     assert entry.payload == {"target": parent, "reason": "wrong list", "by": "user:olga",
                              "action_id": "cancel-1", "via": "browser session"}
-    late = post(operator, f"/api/tasks/{parent}/cancel", {"action_id": "c2", "reason": "again"})
+    late = post(operator, f"/api/tasks/{parent}/cancel",
+                {"action_id": "c2", "reason": "again", "expected_run": 0})
     assert late.status_code == 409
 
 
@@ -248,7 +253,8 @@ def test_resolve_wake_retry_and_resubmit(kernel: Kernel, operator: Client) -> No
 
     _, sleeping = start(kernel, "api-step", {"sleep": True})
     assert post(operator, f"/api/tasks/{sleeping}/wake",
-                {"action_id": "w1", "reason": "now"}).status_code == 200
+                {"action_id": "w1", "reason": "now",
+                 "expected_seq": kernel.task(sleeping).updated_seq}).status_code == 200
     Scheduler(kernel).run_until_idle()
     assert kernel.task(sleeping).outcome["kind"] == "succeeded"
 
@@ -269,11 +275,12 @@ def test_resolve_wake_retry_and_resubmit(kernel: Kernel, operator: Client) -> No
     original = post(operator, f"/api/sessions/{session_id}/submissions",
                     {"conversation_id": conversation, "request_id": "q",
                      "input": {"text": "a"}})
+    seen = original.json()["updated_seq"]
     again = post(operator, f"/api/submissions/{original.json()['id']}/resubmit",
-                 {"action_id": "re-1", "reason": "model was down"})
+                 {"action_id": "re-1", "reason": "model was down", "expected_seq": seen})
     assert again.status_code == 200 and again.json()["replayed"] is False
     repeated = post(operator, f"/api/submissions/{original.json()['id']}/resubmit",
-                    {"action_id": "re-1", "reason": "double click"})
+                    {"action_id": "re-1", "reason": "double click", "expected_seq": seen})
     assert repeated.json()["replayed"] is True and repeated.json()["seq"] == again.json()["seq"]
     linked = [s for s in operator.get(f"/api/sessions/{session_id}/submissions").json()
               if s["resubmit_of"] == original.json()["id"]]
@@ -306,9 +313,10 @@ def test_bulk_actions_preview_then_confirm_with_a_result_per_task(
     assert kernel.task(parent).outcome["result"] and all(
         o["kind"] == "cancelled" for o in kernel.task(parent).outcome["result"].values()
     )
+    retrying = {"action": "retry", "session_id": session_id, "kind": "api-step"}
+    preview = post(operator, "/api/actions/bulk/preview", retrying).json()
     retry = post(operator, "/api/actions/bulk",
-                 {"action": "retry", "session_id": session_id, "kind": "api-step",
-                  "action_id": "b2", "reason": "r", "expected_count": 3,
+                 {**retrying, "action_id": "b2", "reason": "r", "expected_count": 3,
                   "expected_digest": preview["digest"]}).json()
     assert [r["ok"] for r in retry["results"]] == [False, False, False]
     assert all("only failed tasks retry" in r["detail"] for r in retry["results"])

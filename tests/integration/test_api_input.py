@@ -222,7 +222,8 @@ def test_a_json_integer_may_be_written_with_a_fraction_of_zero(
     session_id, task_id = start(kernel, "api-step", {"sleep": True})
     answer = post(operator, "/api/actions/bulk",
                   {"action": "cancel", "session_id": session_id, "action_id": "a",
-                   "reason": "r", "expected_count": 1.0, "expected_digest": digest([task_id])})
+                   "reason": "r", "expected_count": 1.0,
+                   "expected_digest": digest([(task_id, 0)])})
     assert answer.status_code == 200 and answer.json()["count"] == 1
 
 
@@ -233,7 +234,9 @@ def test_the_operations_log_refuses_submissions_and_forks(
     kernel: Kernel, operator: Client
 ) -> None:
     session_id, task_id = start(kernel, "api-step", {"sleep": True})
-    woken = post(operator, f"/api/tasks/{task_id}/wake", {"action_id": "w", "reason": "now"})
+    woken = post(operator, f"/api/tasks/{task_id}/wake",
+                 {"action_id": "w", "reason": "now",
+                  "expected_seq": kernel.task(task_id).updated_seq})
     assert woken.status_code == 200, woken.content
     log = operations_log_id(session_id)
     [logged] = kernel.entries(log)

@@ -146,7 +146,7 @@ API_RULES: dict[str, list[Cell]] = {
     "GET api/workers": [Cell("GET", "/api/workers", api_read())],
     "GET api/queues": [Cell("GET", "/api/queues", api_read())],
     "POST api/tasks/<task_id>/cancel": [
-        Cell("POST", f"/api/tasks/{NOPE}/cancel", api_act(404), ACTION)],
+        Cell("POST", f"/api/tasks/{NOPE}/cancel", api_act(404), {**ACTION, "expected_run": 0})],
     "POST api/tasks/<task_id>/retry": [
         Cell("POST", f"/api/tasks/{NOPE}/retry", api_act(404), {**ACTION, "expected_seq": 1})],
     "POST api/tasks/<task_id>/resolve": [
@@ -157,7 +157,7 @@ API_RULES: dict[str, list[Cell]] = {
              {**ACTION, "checkpoint_id": "c1", "value": {"approved": True},
               "interrupt_ids": ["i1"]})],
     "POST api/tasks/<task_id>/wake": [
-        Cell("POST", f"/api/tasks/{NOPE}/wake", api_act(404), ACTION)],
+        Cell("POST", f"/api/tasks/{NOPE}/wake", api_act(404), {**ACTION, "expected_seq": 1})],
     "GET api/tasks/<task_id>/restarts": [
         Cell("GET", f"/api/tasks/{NOPE}/restarts", api_read(404))],
     "GET api/tasks/<task_id>/restarts/<seq>": [  # a preview of an action: operators only
@@ -171,7 +171,8 @@ API_RULES: dict[str, list[Cell]] = {
     "POST api/sessions/<session_id>/entries/<entry_id>/branch": [
         Cell("POST", f"/api/sessions/{{session}}/entries/{NOPE}/branch", api_act(404), ACTION)],
     "POST api/submissions/<submission_id>/resubmit": [
-        Cell("POST", f"/api/submissions/{NOPE}/resubmit", api_act(404), ACTION)],
+        Cell("POST", f"/api/submissions/{NOPE}/resubmit", api_act(404),
+             {**ACTION, "expected_seq": 1})],
     "POST api/conversations/<conversation_id>/compact": [
         Cell("POST", f"/api/conversations/{NOPE}/compact", api_act(404),
              {**ACTION, "last_entry_id": NOPE})],

@@ -23,9 +23,10 @@ from .clients import login, post
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("kernel")]
 
 
-def digest(task_ids: list[str]) -> str:
-    """What the API documents: SHA-256 (hex) of the sorted ids, one a line."""
-    return hashlib.sha256("\n".join(sorted(task_ids)).encode()).hexdigest()
+def digest(named: list[tuple[str, int]]) -> str:
+    """What the API documents: SHA-256 (hex) of the tasks, each ``<id> <seen>`` on a line,
+    sorted."""
+    return hashlib.sha256("\n".join(sorted(f"{i} {n}" for i, n in named)).encode()).hexdigest()
 
 
 def form_fields(html: str) -> dict[str, str]:
@@ -81,7 +82,8 @@ def test_the_api_refuses_another_set_of_the_same_count_and_acts_on_the_previewed
     _, shown = start(kernel, "api-step", {"sleep": True})
     filters = {"action": "cancel", "kind": "api-step", "status": "sleeping"}
     preview = post(operator, "/api/actions/bulk/preview", filters).json()
-    assert preview == {"count": 1, "task_ids": [shown], "digest": digest([shown])}
+    assert preview == {"count": 1, "task_ids": [shown], "seen": [0],  # a cancel: its run
+                       "digest": digest([(shown, 0)])}
     end(kernel, shown)
     _, other = start(kernel, "api-step", {"sleep": True})
     confirm = {**filters, "action_id": "b1", "reason": "r", "expected_count": 1,
@@ -203,7 +205,7 @@ def test_a_bulk_form_whose_count_is_not_ascii_digits_is_refused_naming_it(
     operator.get("/attention/")
     answer = hx_post(operator, url, {
         "action": "retry", "outcome": "failed", "status": "failed", "action_id": "b1",
-        "reason": "fixed", "expected_count": "²", "expected_digest": digest([failed])})
+        "reason": "fixed", "expected_count": "²", "expected_digest": digest([(failed, 0)])})
     assert answer.status_code == 422, answer.content
     assert b"expected_count" in answer.content
     assert kernel.task(failed).status is Status.TERMINAL

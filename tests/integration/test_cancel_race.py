@@ -55,7 +55,8 @@ def test_a_cancel_that_loses_the_race_to_the_ending_is_refused_and_logs_nothing(
 ) -> None:
     session_id, task_id = start(kernel, "api-step", {"sleep": True})
     ended = end_after_it_is_read(monkeypatch, kernel, task_id, "record")
-    answer = post(operator, f"/api/tasks/{task_id}/cancel", {"action_id": "c1", "reason": "r"})
+    answer = post(operator, f"/api/tasks/{task_id}/cancel",
+                  {"action_id": "c1", "reason": "r", "expected_run": 0})
     assert answer.status_code == 409, answer.content
     assert f"task {task_id} already ended succeeded" in answer.json()["detail"]
     task = kernel.task(task_id)

@@ -112,8 +112,10 @@ def test_a_generated_client_drives_a_session(
                   body=models.SubmissionIn(conversation_id=conversation.id, request_id="g2",
                                            input_=models.SubmissionInput(text="again")))
     turn_id = kernel.document(session.id, "agent-conversation", conversation.id)["active"]
+    seen = call(package, "tasks.get_task", turn_id, client=client)
     cancelled = call(package, "actions.cancel", turn_id, client=client,
-                     body=models.ActionIn(action_id="c1", reason="not needed"))
+                     body=models.CancelIn(action_id="c1", reason="not needed",
+                                          expected_run=seen.run))
     assert (cancelled.action, cancelled.target, cancelled.replayed) == ("cancel", turn_id,
                                                                          False)
     Scheduler(kernel).run_until_idle()

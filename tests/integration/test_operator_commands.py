@@ -70,6 +70,7 @@ def test_tasks_lists_what_is_stuck_and_shows_one_history() -> None:
     assert task_id in listing and "lease of gone-worker expired" in listing
     detail = run("tasks", task_id)
     assert "status running, phase send" in detail and "user:ann" in detail
+    assert ", run 0, " in detail  # what a cancel names (expected_run)
     assert "#1" in detail
     with pytest.raises(CommandError, match="no task task_nope"):
         run("tasks", "task_nope")

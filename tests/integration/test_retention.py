@@ -471,7 +471,9 @@ def test_a_resubmit_repeated_after_its_session_was_pruned_is_answered_with_its_s
     kernel.open(handle.id).commit(draft)
     olga = client_for("olga", "operator")
     url = f"/api/submissions/{original.id}/resubmit"
-    first = post(olga, url, {"action_id": "re-1", "reason": "model back"})
+    body = {"action_id": "re-1", "reason": "model back",
+            "expected_seq": kernel.storage.submission(original.id).updated_seq}
+    first = post(olga, url, body)
     assert first.status_code == 200 and first.json()["replayed"] is False
     again = kernel.storage.submission_by_request(handle.id, "re-1")
     draft = Draft(actor="user:ann")
@@ -484,7 +486,7 @@ def test_a_resubmit_repeated_after_its_session_was_pruned_is_answered_with_its_s
     assert all(t.terminal for t in kernel.storage.session_tasks(handle.id))
     assert commands.prune().sessions >= 1
     assert kernel.storage.session(handle.id).pruned_seq > 0
-    repeated = post(olga, url, {"action_id": "re-1", "reason": "model back"})
+    repeated = post(olga, url, body)  # the same request again
     assert repeated.status_code == 200, repeated.content
     assert repeated.json()["replayed"] is True
     assert repeated.json()["seq"] == first.json()["seq"]

@@ -124,13 +124,16 @@ def test_each_action_records_the_credential_it_came_through(api_kernel: object) 
     token_id = olga.api_tokens.get().pk
     tasks = [start(kernel, "api-step", {"sleep": True}) for _ in range(3)]
     by_token = Client(headers={"Authorization": f"Bearer {key}"})
+    seen = {task_id: kernel.task(task_id).updated_seq for _, task_id in tasks}
     assert post(by_token, f"/api/tasks/{tasks[0][1]}/wake",
-                {"action_id": "w1", "reason": "now"}).status_code == 200
+                {"action_id": "w1", "reason": "now",
+                 "expected_seq": seen[tasks[0][1]]}).status_code == 200
     browser = Client()
     browser.force_login(olga)
     assert post(browser, f"/api/tasks/{tasks[1][1]}/wake",
-                {"action_id": "w2", "reason": "now"}).status_code == 200
-    commands.wake_task(olga, tasks[2][1], "w3", "from the shell")
+                {"action_id": "w2", "reason": "now",
+                 "expected_seq": seen[tasks[1][1]]}).status_code == 200
+    commands.wake_task(olga, tasks[2][1], "w3", "from the shell", seen[tasks[2][1]])
     logged = {e.payload["action_id"]: e.payload for session_id, _ in tasks
               for e in kernel.entries(operations_log_id(session_id))}
     assert logged["w1"]["via"] == f"API token 'ci' (#{token_id})"

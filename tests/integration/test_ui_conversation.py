@@ -109,7 +109,7 @@ def test_an_ended_task_keeps_no_live_output_box() -> None:
     handle.commit(draft)
     operator = an_operator()
     head = kernel.storage.session(handle.id).head_seq
-    commands.cancel_task(operator, task_id, "c-1", "wrong list")
+    commands.cancel_task(operator, task_id, "c-1", "wrong list", kernel.task(task_id).run)
     Scheduler(kernel).run_until_idle()
     assert kernel.task(task_id).terminal
     assert pages.progress(handle.id) == []
@@ -183,7 +183,7 @@ def test_a_task_page_shows_a_row_per_phase_adding_up_to_its_span() -> None:
 def test_the_timeline_names_who_cancelled_and_why() -> None:
     _, task_id = a_batch()
     operator = an_operator()
-    commands.cancel_task(operator, task_id, "c-1", "wrong list")
+    commands.cancel_task(operator, task_id, "c-1", "wrong list", 0)
     page = login_as("viewer").get(f"/tasks/{task_id}/").content.decode()
     log = page[page.index("Operators' actions"):]
     assert "<b>cancel</b> by user:olga" in log and "“wrong list”" in log

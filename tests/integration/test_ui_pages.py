@@ -54,11 +54,13 @@ def test_a_viewer_is_refused_and_an_operator_cancels() -> None:
     token = operator.cookies["csrftoken"].value
     assert operator.post(f"/tasks/{task_id}/cancel", {"reason": "no", "action_id": "a1"}
                          ).status_code == 403  # CSRF: no token, nothing done
-    answer = operator.post(f"/tasks/{task_id}/cancel", {"reason": "wrong list", "action_id": "a1"},
+    form = {"reason": "wrong list", "action_id": "a1", "expected_run": "0"}
+    assert 'name="expected_run" value="0"' in page  # the run the page shows
+    answer = operator.post(f"/tasks/{task_id}/cancel", form,
                            HTTP_X_CSRFTOKEN=token, HTTP_HX_REQUEST="true")
     assert answer.status_code == 200, answer.content
     assert runtime().kernel.task(task_id).cancel is not None  # the intent; a worker winds down
-    again = operator.post(f"/tasks/{task_id}/cancel", {"reason": "wrong list", "action_id": "a1"},
+    again = operator.post(f"/tasks/{task_id}/cancel", form,
                           HTTP_X_CSRFTOKEN=token, HTTP_HX_REQUEST="true")
     assert b"already done" in again.content
 
@@ -143,7 +145,8 @@ def test_an_operator_resubmits_from_the_session_page_and_a_viewer_cannot() -> No
     assert "Resubmit…" not in viewer.get(f"/sessions/{handle.id}/").content.decode()
     token = viewer.cookies["csrftoken"].value
     url = f"/submissions/{original.id}/resubmit"
-    form = {"reason": "the model was down", "action_id": "again-1"}
+    form = {"reason": "the model was down", "action_id": "again-1",
+            "expected_seq": str(original.updated_seq)}
     assert viewer.post(url, form, HTTP_X_CSRFTOKEN=token).status_code == 403
 
     operator = login("operator")
@@ -190,7 +193,7 @@ def test_an_operator_retries_every_failed_task_at_the_count_the_page_showed() ->
     viewer = login("viewer")
     assert "Retry all" not in viewer.get("/attention/").content.decode()
     form = {"reason": "channel fixed", "action_id": "bulk-1", "expected_count": "2",
-            "expected_digest": digest(failing)}
+            "expected_digest": digest((t, kernel.task(t).updated_seq) for t in failing)}
     assert viewer.post("/attention/retry-failed", form,
                        HTTP_X_CSRFTOKEN=viewer.cookies["csrftoken"].value).status_code == 403
     operator = login("operator")

@@ -730,7 +730,49 @@ class Differential(RuleBasedStateMachine):
     claim_more = claim
 
 
-class Pruning(Differential):
+class Operators(Differential):
+    """The differential machine with operators' actions that name what the operator saw
+    (a cancel the task's run, a wake its seq, a resubmission its original's seq), now and
+    then stale: the commit checks it under the session's lock, and every storage refuses
+    the same ones. A machine of its own, so that the programs :class:`Differential`
+    generates from a fixed seed (the fast paths' test) stay what they were."""
+
+    @precondition(lambda self: bool(self.tasks()))
+    @rule(task=INDEX, stale=st.booleans())
+    def cancel_seen(self, task: int, stale: bool) -> None:
+        target = self.task_at(task, lambda t: not t.terminal)
+        run = target.run + (1 if stale else 0)
+        self._client("cancel seen", target.session_id, lambda w, d: d.cancel(
+            target.id, "operator stop", expected_run=run))
+
+    @precondition(lambda self: bool(self.tasks()))
+    @rule(task=INDEX, stale=st.booleans())
+    def wake_seen(self, task: int, stale: bool) -> None:
+        target = self.task_at(task, lambda t: t.status is Status.SLEEPING)
+        seq = target.updated_seq - (1 if stale else 0)
+        self._client("wake seen", target.session_id, lambda w, d: d.wake(
+            target.id, expected_seq=seq))
+
+    def submissions(self) -> list[Submission]:
+        memory = self.reference.memory
+        assert memory is not None
+        return list(memory._submissions.values())
+
+    @precondition(lambda self: bool(self.submissions()))
+    @rule(submission=INDEX, stale=st.booleans())
+    def resubmit(self, submission: int, stale: bool) -> None:
+        found = self.submissions()
+        original = found[submission % len(found)]
+        seq, again = original.updated_seq - (1 if stale else 0), f"again-{self.steps}"
+
+        def fill(world: World, draft: Draft) -> None:
+            draft.submit(original.conversation_id, again, original.input,
+                         resubmit_of=original.id, expected_seq=seq)
+
+        self._client("resubmit", original.session_id, fill)
+
+
+class Pruning(Operators):
     """The differential machine with retention's prune between its other steps (the
     family ``prune``): sessions with a retention of their own, submissions settled (so
     that sessions with them finish), prunes, and the reads of what is retained compared.

@@ -544,7 +544,8 @@ class Soak:
         task = self.random.choice(sorted(found, key=lambda t: t["id"]))
         code, answer = self.act(f"cancel-{task['status']}", "POST",
                                 f"/api/tasks/{task['id']}/cancel",
-                                {"action_id": self.name("c"), "reason": "soak cancel"})
+                                {"action_id": self.name("c"), "reason": "soak cancel",
+                                 "expected_run": task["run"]})
         if code == 200 and not answer.get("replayed"):
             self.cancels.append((task["id"], task["status"]))
 
@@ -622,7 +623,8 @@ class Soak:
         if code != 200 or found["status"] not in ("cancelled", "failed", "unanswered"):
             return
         code, answer = self.act("resubmit", "POST", f"/api/submissions/{submission}/resubmit",
-                                {"action_id": self.name("s"), "reason": "soak resubmit"})
+                                {"action_id": self.name("s"), "reason": "soak resubmit",
+                                 "expected_seq": found["updated_seq"]})
 
     def one_task(self, query: str) -> dict[str, Any] | None:
         code, found = self.act("find", "GET", f"/api/tasks?{query}&limit=20")
@@ -636,7 +638,8 @@ class Soak:
         task = self.one_task("status=sleeping")
         if task is not None:
             self.act("wake", "POST", f"/api/tasks/{task['id']}/wake",
-                     {"action_id": self.name("w"), "reason": "soak wakes"})
+                     {"action_id": self.name("w"), "reason": "soak wakes",
+                      "expected_seq": task["updated_seq"]})
 
     def retry(self) -> None:
         """An operator retries one failed or cancelled task (the bulk form covers many)."""

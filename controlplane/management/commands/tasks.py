@@ -58,8 +58,9 @@ class Command(BaseCommand):
         except UnknownRecord as exc:
             raise CommandError(str(exc)) from exc
         self.stdout.write(f"task {task.id} ({task.kind} v{task.version}) in {task.session_id}")
-        self.stdout.write(f"status {task.status}, phase {task.phase}, restarts {task.restarts}, "
-                          f"epoch {task.epoch}, lease {task.lease_owner or '-'}")
+        self.stdout.write(f"status {task.status}, phase {task.phase}, run {task.run}, "
+                          f"restarts {task.restarts}, epoch {task.epoch}, "
+                          f"seq {task.updated_seq}, lease {task.lease_owner or '-'}")
         for label, value in (("input", task.input), ("checkpoint", task.checkpoint),
                              ("wait", task.wait), ("cancel", task.cancel),
                              ("outcome", task.outcome)):
