@@ -22,7 +22,7 @@ from controlplane.api.schemas import (
     TaskOut,
     WorkerOut,
 )
-from controlplane.api.types import DateTime, PathText, QueryBoolean, query_text, utc
+from controlplane.api.types import DateTime, PathText, QueryBoolean, query_text
 from controlplane.errors import Invalid
 from controlplane.reads import restarts as restart_reads
 from controlplane.reads import tasks as reads
@@ -53,7 +53,7 @@ def list_tasks(
     found = reads.find(
         TaskFilter(
             session_id=session_id, kind=kind, status=status, outcome=outcome,
-            waiting_for_resolution=waiting_for_resolution, since=utc(since), until=utc(until),
+            waiting_for_resolution=waiting_for_resolution, since=since, until=until,
             parent_id=parent_id,
         ),
         offset,

@@ -167,6 +167,16 @@ ORDERS: dict[str, tuple[str, ...]] = {
 first), on the primary key's index; by kind; by status."""
 
 
+def in_utc(moment: datetime) -> datetime:
+    """``moment`` in UTC, as a filter compares it: Postgres refuses offsets beyond ±16 h,
+    which Python and RFC 3339 allow. A moment the calendar ends before once in UTC (year
+    9999 behind UTC, year 1 ahead of it: what a URL or a form may give) is that end."""
+    try:
+        return moment.astimezone(UTC)
+    except OverflowError:
+        return (datetime.min if moment.year == 1 else datetime.max).replace(tzinfo=UTC)
+
+
 def _query(found: TaskFilter, order: str = "tree") -> QuerySet[models.Task]:
     rows = models.Task.objects.all()
     if found.session_id:
@@ -190,8 +200,7 @@ def _query(found: TaskFilter, order: str = "tree") -> QuerySet[models.Task]:
         waits = Q(status=Status.WAITING, wait__has_key="signal")
         rows = rows.filter(waits) if found.waiting_for_resolution else rows.exclude(waits)
     if found.since or found.until:
-        # In UTC: Postgres refuses offsets beyond ±16 h, which Python (and ISO 8601) allow.
-        since, until = (t.astimezone(UTC) if t else None for t in (found.since, found.until))
+        since, until = (in_utc(t) if t else None for t in (found.since, found.until))
         last_change = models.Commit.objects.filter(
             session_id=OuterRef("session_id"), seq=OuterRef("updated_seq")
         )
