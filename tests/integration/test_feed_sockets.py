@@ -116,6 +116,40 @@ def test_a_cursor_past_the_newest_position_is_refused(token: str) -> None:
     assert heartbeat == {"type": "heartbeat", "seq": 3}
 
 
+def test_a_url_with_nul_or_a_message_nested_past_the_parser_is_refused(token: str) -> None:
+    """What the database cannot hold in a URL (NUL, in a session id or a page's filter)
+    and a message the JSON parser cannot read (nested past its depth) are refused with
+    4400 saying why, as an HTTP request's are refused with 422, instead of the socket
+    dying of the database's error or the parser's (or a page's live update failing as
+    if the log could not be read, which a browser answers by reconnecting)."""
+    handle = runtime().kernel.create_session()
+    commit(handle, 0)
+    deep = "[" * 100_000 + "]" * 100_000
+
+    async def closed(path: str, *messages: str) -> dict[str, Any]:
+        socket = WebsocketCommunicator(APP, path, headers=[
+            (b"authorization", f"Bearer {token}".encode())])
+        assert (await socket.connect())[0]
+        for message in messages:
+            await socket.send_to(text_data=message)
+        return await close_of(socket)
+
+    async def talk() -> list[dict[str, Any]]:
+        return [
+            await closed("/ws/sessions/a\x00b/feed/", '{"after": 0}'),
+            await closed("/ws/ui/sessions/a\x00b/", '{"after": 0}'),
+            await closed("/ws/ui/overview/?q=%00", '{"after": 0}'),
+            await closed("/ws/ui/tasks/?kind=a%00b", '{"after": 0}'),
+            await closed(f"/ws/sessions/{handle.id}/feed/", deep),
+            await closed(f"/ws/ui/sessions/{handle.id}/", deep),
+        ]
+
+    refused = run(talk)
+    assert [out["code"] for out in refused] == [BAD_REQUEST] * 6, refused
+    assert all("NUL" in out["reason"] for out in refused[:4]), refused
+    assert all("JSON" in out["reason"] for out in refused[4:]), refused
+
+
 class Hub:
     """Stands in for the process's HintHub: the test hands each socket its hints."""
 
