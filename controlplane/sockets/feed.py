@@ -41,10 +41,11 @@ Protocol, JSON text frames both ways:
    "documents"}`` frame, the session's current state at ``seq``, and then the commits
    after ``seq`` as usual: the cursor moves to ``seq``. Never batched.
 
-Other close codes: 4400 a malformed message (not a JSON object, or nested past the parser)
-or cursor, a starting cursor past the newest seq (or id) there is, which this feed never
-sent (another database's), a token in the URL, or a URL holding text the database cannot
-store (NUL, broken Unicode: what an HTTP request is refused with 422 for); 4404 no
+Other close codes: 4400 a malformed message (not a JSON object, nested past the parser,
+or holding a field besides ``token``, ``after`` and ``batch``) or cursor, a starting
+cursor past the newest seq (or id) there is, which this feed never sent (another
+database's), a token in the URL, or a URL holding text the database cannot store (NUL,
+broken Unicode: what an HTTP request is refused with 422 for); 4404 no
 such session, 4429 the account has ``USER_SOCKET_LIMIT`` sockets open already
 (:mod:`controlplane.sockets.slots`; close one, or wait for one to end), 1011 the log could not
 be read (reconnect), 4503 the server is stopping (reconnect, to another web process
@@ -105,6 +106,9 @@ hold up the other sockets of the process."""
 FRAME_COMMITS = 500
 """Commits per frame for a client that asked for batched frames."""
 OPENING_SECONDS = 10.0
+
+MESSAGE_FIELDS = ("token", "after", "batch")
+"""What a client's message may hold; another field is refused (4400, naming it)."""
 
 REFUSED = 4403
 ENDED = 4401
@@ -234,6 +238,12 @@ class FeedConsumer(AsyncWebsocketConsumer):
             message = None
         if not isinstance(message, dict):
             return await self.refuse(BAD_REQUEST, "send JSON objects")
+        unknown = sorted(set(message) - set(MESSAGE_FIELDS))
+        if unknown:  # ignored, a cursor under another name would go unheeded
+            # A close's reason holds 123 bytes at most: the names, cut, in ASCII.
+            named = ", ".join(unknown).encode("ascii", "backslashreplace").decode()[:60]
+            return await self.refuse(BAD_REQUEST, f"unknown field {named}: a message takes "
+                                     f"{', '.join(MESSAGE_FIELDS)}")
         if self.user is None:
             token = message.get("token")
             if not isinstance(token, str) or not await self.authenticate(token):
