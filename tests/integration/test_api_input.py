@@ -371,3 +371,19 @@ def test_the_schema_states_the_lengths_and_the_retention_bound(operator: Client)
     submission = components["SubmissionIn"]["properties"]
     assert submission["conversation_id"]["maxLength"] == 200
     assert components["ActionIn"]["properties"]["reason"]["pattern"] == NOT_BLANK
+
+
+@pytest.mark.parametrize(("body", "missing"), [
+    ({"fork_of": "conv_x"}, "fork_entry_id"), ({"fork_entry_id": "ent_x"}, "fork_of"),
+    ({"fork_of": "conv_x", "fork_entry_id": None}, "fork_entry_id"),
+])
+def test_a_fork_naming_only_one_of_its_two_fields_is_refused_naming_the_other(
+    operator: Client, kernel: Kernel, body: dict[str, Any], missing: str,
+) -> None:
+    """A conversation forks at an entry of another: a body naming only one of the two is
+    bad input (422 naming the one it lacks), not a state that does not allow it (409);
+    nothing is committed."""
+    session_id = post(operator, "/api/sessions", {}).json()["id"]
+    before = head(kernel, session_id)
+    refused_naming(post(operator, f"/api/sessions/{session_id}/conversations", body), missing)
+    assert head(kernel, session_id) == before
