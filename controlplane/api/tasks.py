@@ -41,7 +41,8 @@ def list_tasks(
     status: StatusName | None = None,
     outcome: OutcomeName | None = None,
     blocked: QueryBoolean | None = Query(
-        None, description="only tasks no definition can run (or not)"),
+        None, description="only tasks no definition can run (or only the others), "
+        "picked before `offset` and `limit` page them"),
     waiting_for_resolution: QueryBoolean | None = Query(
         None, description="waiting for an operator"),
     since: DateTime | None = Query(None, description="last changed at or after"),
@@ -50,7 +51,7 @@ def list_tasks(
     limit: int = Query(200, ge=1, le=MAX_TASKS),
     offset: int = Query(0, ge=0, le=1_000_000),
 ) -> Any:
-    found = reads.find(
+    return reads.find(
         TaskFilter(
             session_id=session_id, kind=kind, status=status, outcome=outcome,
             waiting_for_resolution=waiting_for_resolution, since=since, until=until,
@@ -58,10 +59,8 @@ def list_tasks(
         ),
         offset,
         limit,
+        blocked=blocked,
     )
-    if blocked is not None:
-        found = [t for t in found if (t.blocked is not None) == blocked]
-    return found
 
 
 @router.get("/sessions/{session_id}/tree", response=list[TaskNode])
