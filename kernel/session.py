@@ -55,6 +55,15 @@ Outbox = Callable[[list[Dispatch], datetime], list[Dispatch]]
 """``outbox(rows, now)``: a commit's dispatch rows as they are to be written."""
 
 
+def check_session_id(session_id: str, what: str = "session id") -> None:
+    """ValueError naming ``what`` unless ``session_id`` may name a session: a session is
+    named by one segment of a path (its page, its API paths, its sockets), which a ``/``
+    would end, leaving the session no page and failing every page that links to it."""
+    if "/" in session_id:
+        raise ValueError(f"{what} {session_id[:80]!r}: holds '/', and a session is named by "
+                         "one segment of a path")
+
+
 @dataclass
 class Kernel:
     storage: Storage
@@ -90,6 +99,8 @@ class Kernel:
         return [opened_entry(e, self.store) for e in entries]
 
     def create_session(self, session_id: str | None = None, metadata: JSON = None) -> SessionHandle:
+        if session_id:
+            check_session_id(session_id)
         record = SessionRecord(session_id or new_id("sess"), 0, self.clock.now(), metadata or {})
         self.storage.create_session(record)
         return SessionHandle(self, record.id, 0)

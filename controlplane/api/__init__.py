@@ -15,10 +15,13 @@ long-polls as it may or asks faster than its rate (or its address does:
 
 from __future__ import annotations
 
+import inspect
+from functools import wraps
 from typing import Any
 
 from django.http import HttpRequest, HttpResponse
-from ninja import NinjaAPI
+from ninja import NinjaAPI, Schema
+from ninja.errors import ValidationError
 
 from controlplane.api import actions, feed, sessions, tasks, tokens
 from controlplane.api.auth import AUTH, docs_for_readers
@@ -102,6 +105,43 @@ api = ControlPlaneAPI(
     docs_decorator=docs_for_readers,
     urls_namespace="api",
 )
+
+
+def refuse_unknown_parameters(view: Any) -> Any:
+    """An operation refuses a query parameter it does not take (422 naming it, before it
+    does anything): ignored, a misspelt filter would answer every record, and a cursor
+    under another name (the websockets' ``after_seq``) would read a feed from 0."""
+
+    def check(request: HttpRequest, values: dict[str, Any]) -> None:
+        unknown = sorted(set(request.GET) - set(values))
+        if unknown:
+            match = request.resolver_match
+            route = match.kwargs if match is not None else {}
+            taken = [name for name, value in values.items()
+                     if name not in route and not isinstance(value, Schema)]
+            raise ValidationError([
+                {"type": "unknown_parameter", "loc": ["query", name],
+                 "msg": f"unknown parameter; this takes {', '.join(taken) or 'none'}"}
+                for name in unknown
+            ])
+
+    if inspect.iscoroutinefunction(view):
+        @wraps(view)
+        async def checked_async(request: HttpRequest, **values: Any) -> Any:
+            check(request, values)
+            return await view(request, **values)
+
+        return checked_async
+
+    @wraps(view)
+    def checked(request: HttpRequest, **values: Any) -> Any:
+        check(request, values)
+        return view(request, **values)
+
+    return checked
+
+
+api.add_decorator(refuse_unknown_parameters)
 api.add_router("/", sessions.router)
 api.add_router("/", tasks.router)
 api.add_router("/", actions.router)

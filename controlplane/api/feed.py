@@ -15,9 +15,10 @@
 A cursor past the newest position (one the feed never sent: another database's, or
 made up) is refused with 409 naming it, as the websockets refuse it with 4400.
 
-A query parameter other than these is refused with 422 naming it (the websockets' other
-spellings of the cursor, ``after_seq`` and ``after`` on the global feed, included): a
-cursor under a name that was ignored would replay the log from 0.
+A query parameter other than these is refused with 422 naming it, as every API operation
+refuses one (:func:`controlplane.api.refuse_unknown_parameters`): the websockets' other
+spellings of the cursor, ``after_seq`` and ``after`` on the global feed, included, since
+a cursor under a name that was ignored would replay the log from 0.
 
 ``wait`` (0-30 s) long-polls when nothing is after the cursor; such a request holds one of
 its account's ``USER_LONG_POLL_LIMIT`` long-poll slots while it runs, and is answered 429
@@ -42,7 +43,6 @@ from django.conf import settings
 from django.core.handlers.asgi import ASGIRequest
 from django.http import HttpRequest
 from ninja import Field, Query, Router, Schema
-from ninja.errors import ValidationError
 
 from controlplane.api.auth import caller
 from controlplane.api.types import PathText
@@ -106,19 +106,6 @@ async def long_poll(
 
 
 # -- the API -------------------------------------------------------------------------------
-
-
-def only(request: HttpRequest, *names: str) -> None:
-    """Refuse (422, naming it) a query parameter the feed does not take. Ignored, a cursor
-    under another name (``after`` on the global feed, ``after_seq`` or ``after_id`` on a
-    session's: the websockets' spellings) would read the log from 0 again."""
-    unknown = sorted(set(request.GET) - set(names))
-    if unknown:
-        raise ValidationError([
-            {"type": "unknown_parameter", "loc": ["query", name],
-             "msg": f"unknown parameter; this feed takes {', '.join(names)}"}
-            for name in unknown
-        ])
 
 
 def past_the_newest(name: str, after: int, newest: int) -> None:
@@ -188,8 +175,6 @@ async def session_changes(
     wait: float = Query(0.0, ge=0, le=MAX_WAIT, allow_inf_nan=False, description=WAIT_HELP),
 ) -> Any:
     """One session's commits after seq ``after``, in seq order (404 if no such session)."""
-    only(request, "after", "limit", "wait")
-
     async def read() -> log.SessionPage:
         page = await sync_to_async(log.session_page)(session_id, after, limit)
         past_the_newest("after", after, page.head_seq)
@@ -217,8 +202,6 @@ async def global_changes(
     Ids have gaps (a rolled-back commit uses one up); a commit is served only once
     every smaller id is either served or gone for good, so ``last_id`` is a safe cursor.
     """
-    only(request, "after_id", "limit", "wait")
-
     async def read() -> list[Any]:
         rows = await log.settled_global(after_id, limit)
         if not rows and after_id:

@@ -101,6 +101,9 @@ def list_conversations(
 def create_conversation(
     request: HttpRequest, session_id: PathText, body: ConversationIn
 ) -> Any:
+    """A new conversation, or a fork of one at one of its entries: send `fork_of` and
+    `fork_entry_id` both (one alone is refused with 422 naming the other). Operators
+    only."""
     created = commands.create_conversation(
         caller(request), session_id, body.fork_of, body.fork_entry_id
     )

@@ -22,7 +22,7 @@ from controlplane.api.schemas import (
     TaskOut,
     WorkerOut,
 )
-from controlplane.api.types import DateTime, PathText, QueryBoolean, query_text, utc
+from controlplane.api.types import DateTime, PathText, QueryBoolean, query_text
 from controlplane.errors import Invalid
 from controlplane.reads import restarts as restart_reads
 from controlplane.reads import tasks as reads
@@ -41,7 +41,8 @@ def list_tasks(
     status: StatusName | None = None,
     outcome: OutcomeName | None = None,
     blocked: QueryBoolean | None = Query(
-        None, description="only tasks no definition can run (or not)"),
+        None, description="only tasks no definition can run (or only the others), "
+        "picked before `offset` and `limit` page them"),
     waiting_for_resolution: QueryBoolean | None = Query(
         None, description="waiting for an operator"),
     since: DateTime | None = Query(None, description="last changed at or after"),
@@ -50,18 +51,16 @@ def list_tasks(
     limit: int = Query(200, ge=1, le=MAX_TASKS),
     offset: int = Query(0, ge=0, le=1_000_000),
 ) -> Any:
-    found = reads.find(
+    return reads.find(
         TaskFilter(
             session_id=session_id, kind=kind, status=status, outcome=outcome,
-            waiting_for_resolution=waiting_for_resolution, since=utc(since), until=utc(until),
+            waiting_for_resolution=waiting_for_resolution, since=since, until=until,
             parent_id=parent_id,
         ),
         offset,
         limit,
+        blocked=blocked,
     )
-    if blocked is not None:
-        found = [t for t in found if (t.blocked is not None) == blocked]
-    return found
 
 
 @router.get("/sessions/{session_id}/tree", response=list[TaskNode])

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 import re
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Annotated, Any
 
 from ninja import Field, Path, Query
@@ -239,26 +239,13 @@ def _rfc3339(value: Any) -> Any:
     return value
 
 
-def _utc(value: datetime) -> datetime:
-    """In UTC (Postgres refuses offsets beyond ±16 h, which RFC 3339 allows), held to the
-    range Python's datetime has (0001-01-01 with +01:00 is before year 1 in UTC)."""
-    try:
-        return value.astimezone(UTC)
-    except OverflowError:
-        return (datetime.min if value.year == 1 else datetime.max).replace(tzinfo=UTC)
-
-
 DateTime = Annotated[
     datetime, BeforeValidator(_rfc3339), WithJsonSchema({"type": "string", "format": "date-time"})
 ]
 
 
-def utc(value: datetime | None) -> datetime | None:
-    return None if value is None else _utc(value)
-
-
 __all__ = [
     "MAX_BIGINT", "MAX_DEPTH", "MAX_NAME", "MAX_TEXT", "NOT_BLANK", "NO_NUL", "DateTime",
     "Integer", "JsonObject", "PathText", "QueryBoolean", "SessionMetadata", "SubmissionInput",
-    "json_components", "query_text", "refer_to_components", "storable", "text", "utc",
+    "json_components", "query_text", "refer_to_components", "storable", "text",
 ]

@@ -84,6 +84,10 @@ def create_conversation(
     kernel = runtime().kernel
     if kernel.storage.session(session_id) is None:
         raise UnknownRecord(f"no session {session_id}")
+    if (fork_of is None) != (fork_entry_id is None):
+        missing = "fork_of" if fork_of is None else "fork_entry_id"
+        raise Invalid(f"{missing}: a fork names both the conversation it forks (fork_of) "
+                      "and the entry it forks at (fork_entry_id)")
     draft = Draft(actor=actor(user))
     try:
         conversation_id = draft.create_conversation(fork_of=fork_of, fork_entry_id=fork_entry_id)

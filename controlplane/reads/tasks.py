@@ -14,6 +14,7 @@ from django.conf import settings
 from django.db.models import Exists, OuterRef, Q, QuerySet
 
 from controlplane import models
+from controlplane.errors import Invalid
 from controlplane.process.kernel import process_kernel
 from controlplane.reads import environments
 from controlplane.reads.approvals import TOOL_KIND
@@ -169,6 +170,16 @@ ORDERS: dict[str, tuple[str, ...]] = {
 first), on the primary key's index; by kind; by status."""
 
 
+def in_utc(moment: datetime) -> datetime:
+    """``moment`` in UTC, as a filter compares it: Postgres refuses offsets beyond ±16 h,
+    which Python and RFC 3339 allow. A moment the calendar ends before once in UTC (year
+    9999 behind UTC, year 1 ahead of it: what a URL or a form may give) is that end."""
+    try:
+        return moment.astimezone(UTC)
+    except OverflowError:
+        return (datetime.min if moment.year == 1 else datetime.max).replace(tzinfo=UTC)
+
+
 def _query(found: TaskFilter, order: str = "tree") -> QuerySet[models.Task]:
     rows = models.Task.objects.all()
     if found.session_id:
@@ -192,8 +203,7 @@ def _query(found: TaskFilter, order: str = "tree") -> QuerySet[models.Task]:
         waits = Q(status=Status.WAITING, wait__has_key="signal")
         rows = rows.filter(waits) if found.waiting_for_resolution else rows.exclude(waits)
     if found.since or found.until:
-        # In UTC: Postgres refuses offsets beyond ±16 h, which Python (and ISO 8601) allow.
-        since, until = (t.astimezone(UTC) if t else None for t in (found.since, found.until))
+        since, until = (in_utc(t) if t else None for t in (found.since, found.until))
         last_change = models.Commit.objects.filter(
             session_id=OuterRef("session_id"), seq=OuterRef("updated_seq")
         )
@@ -214,10 +224,37 @@ def _records(rows: QuerySet[models.Task]) -> list[Task]:
 
 
 def find(
-    found: TaskFilter, offset: int = 0, limit: int = 200, order: str = "tree"
+    found: TaskFilter, offset: int = 0, limit: int = 200, order: str = "tree",
+    blocked: bool | None = None,
 ) -> list[TaskView]:
-    """Matching tasks in creation order (or another of :data:`ORDERS`), one page."""
-    return [view(t) for t in _records(_query(found, order)[offset : offset + limit])]
+    """Matching tasks in creation order (or another of :data:`ORDERS`), one page; with
+    ``blocked``, only those no definition here can run (or only the others), picked
+    before the page is cut."""
+    rows = _query(found, order)
+    if blocked is not None:
+        stopped = blocked_ids(found)
+        rows = rows.filter(id__in=stopped) if blocked else rows.exclude(id__in=stopped)
+    return [view(t) for t in _records(rows[offset : offset + limit])]
+
+
+MAX_JUDGED = 10_000
+"""The most tasks :func:`blocked_ids` asks the registry about (one call each)."""
+
+
+def blocked_ids(found: TaskFilter) -> list[str]:
+    """The ids of the tasks ``found`` matches that no definition here can run (what a
+    task's ``blocked`` says). Only a task not ended, stored at a kind and version no
+    definition is registered under as such, can be: those are the ones the registry is
+    asked about, :data:`MAX_JUDGED` at most (Invalid past them)."""
+    registry = process_kernel().registry
+    rows = _query(found).exclude(status=Status.TERMINAL)
+    for kind, version in registry.versions():
+        rows = rows.exclude(kind=kind, version=version)
+    judged = _records(rows[: MAX_JUDGED + 1])
+    if len(judged) > MAX_JUDGED:
+        raise Invalid(f"blocked: more than {MAX_JUDGED} tasks await a definition to judge; "
+                      "narrow the filter (session_id, kind)")
+    return [t.id for t in judged if isinstance(registry.resolve(t), Blocked)]
 
 
 def find_ids(task_ids: list[str]) -> list[TaskView]:

@@ -41,9 +41,11 @@ Protocol, JSON text frames both ways:
    "documents"}`` frame, the session's current state at ``seq``, and then the commits
    after ``seq`` as usual: the cursor moves to ``seq``. Never batched.
 
-Other close codes: 4400 a malformed message or cursor, a starting cursor past the newest
-seq (or id) there is, which this feed never sent (another database's), or a token in the
-URL; 4404 no
+Other close codes: 4400 a malformed message (not a JSON object, nested past the parser,
+or holding a field besides ``token``, ``after`` and ``batch``) or cursor, a starting
+cursor past the newest seq (or id) there is, which this feed never sent (another
+database's), a token in the URL, or a URL holding text the database cannot store (NUL,
+broken Unicode: what an HTTP request is refused with 422 for); 4404 no
 such session, 4429 the account has ``USER_SOCKET_LIMIT`` sockets open already
 (:mod:`controlplane.sockets.slots`; close one, or wait for one to end), 1011 the log could not
 be read (reconnect), 4503 the server is stopping (reconnect, to another web process
@@ -89,6 +91,7 @@ from controlplane.reads.feed import (
 from controlplane.sockets import feed_subscribers, shutdown, slots
 from controlplane.sockets.notify import GLOBAL_GROUP, hint_hub, session_group
 from controlplane.sockets.sharing import shared_reads
+from controlplane.web.middleware import unstorable_url
 
 log = logging.getLogger(__name__)
 
@@ -103,6 +106,9 @@ hold up the other sockets of the process."""
 FRAME_COMMITS = 500
 """Commits per frame for a client that asked for batched frames."""
 OPENING_SECONDS = 10.0
+
+MESSAGE_FIELDS = ("token", "after", "batch")
+"""What a client's message may hold; another field is refused (4400, naming it)."""
 
 REFUSED = 4403
 ENDED = 4401
@@ -187,7 +193,11 @@ class FeedConsumer(AsyncWebsocketConsumer):
         self.url_after: int | None = None  # the URL's cursor, until a token message comes
         await self.accept()
         shutdown.track(self)  # closed with 4503 if this process stops
-        query = parse_qs(self.scope.get("query_string", b"").decode("latin-1"))
+        query_string = self.scope.get("query_string", b"").decode("latin-1")
+        problem = unstorable_url(self.scope.get("path", ""), query_string)
+        if problem is not None:
+            return await self.refuse(BAD_REQUEST, problem)
+        query = parse_qs(query_string)
         if "token" in query:
             return await self.refuse(
                 BAD_REQUEST, "never put a token in a URL: send it in the first message "
@@ -224,10 +234,16 @@ class FeedConsumer(AsyncWebsocketConsumer):
             return
         try:
             message = json.loads(text_data if text_data is not None else bytes_data or b"")
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: nested past the parser
             message = None
         if not isinstance(message, dict):
             return await self.refuse(BAD_REQUEST, "send JSON objects")
+        unknown = sorted(set(message) - set(MESSAGE_FIELDS))
+        if unknown:  # ignored, a cursor under another name would go unheeded
+            # A close's reason holds 123 bytes at most: the names, cut, in ASCII.
+            named = ", ".join(unknown).encode("ascii", "backslashreplace").decode()[:60]
+            return await self.refuse(BAD_REQUEST, f"unknown field {named}: a message takes "
+                                     f"{', '.join(MESSAGE_FIELDS)}")
         if self.user is None:
             token = message.get("token")
             if not isinstance(token, str) or not await self.authenticate(token):

@@ -175,17 +175,13 @@ def _seq(values: Any, name: str, what: str = "the commit seq the page showed") -
 
 def _edited(request: HttpRequest, decision: str) -> Any:
     """The edited arguments a form sent (JSON), or None to run the call as shown."""
-    text = request.POST.get("arguments", "").strip()
-    if not text:
+    if not request.POST.get("arguments", "").strip():
         return None
     if decision != "approve":
         raise Invalid("arguments: only an approval runs edited arguments")
-    try:
-        value = json.loads(text)
-        if not isinstance(value, dict):
-            raise ValueError("a JSON object")
-    except ValueError as exc:
-        raise Invalid(f"arguments: {exc}") from exc
+    value = _json_field(request, "arguments", required=True)
+    if not isinstance(value, dict):
+        raise Invalid("arguments: a JSON object")
     return value
 
 
@@ -271,6 +267,8 @@ def _json_field(request: HttpRequest, name: str, *, required: bool) -> Any:
         return json.loads(text)
     except ValueError as exc:
         raise Invalid(f"{name}: not JSON ({exc})") from exc
+    except RecursionError as exc:  # the parser recurses once per level
+        raise Invalid(f"{name}: JSON nested too deeply") from exc
 
 
 def _search(values: dict[str, str]) -> pages.TaskSearch:

@@ -21,7 +21,7 @@ import uuid
 from datetime import UTC, datetime
 from functools import lru_cache
 from typing import Any, ClassVar
-from urllib.parse import urlencode
+from urllib.parse import quote, urlencode
 
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import render
@@ -165,7 +165,7 @@ class Tasks(LivePage):
             "id": t.id, "kind": t.kind, "status": t.shown_status, "session_id": t.session_id,
             "phase": t.phase, "seq": t.updated_seq, **_when(t.changed_at),
             "input": _preview(t.input_start), "url": task_url.replace("~", t.id),
-            "session_url": session_url.replace("~", t.session_id),
+            "session_url": session_url.replace("~", quote(t.session_id, safe="")),
         } for t in found.rows]
         for row in shown:
             row["html"] = task_row(tuple(row.items()))
@@ -230,7 +230,9 @@ class SessionLivePage:
         found = pages.shown_session_page(session_id)
         if found is None:
             raise Http404("no such session")
-        return {**vars(found), "can_act": can_act}
+        # Escaped: a program may name a session with what a URL must escape (``?``, ``#``).
+        return {**vars(found), "can_act": can_act,
+                "socket": f"/ws/ui/sessions/{quote(session_id, safe='')}/"}
 
     def update(self, session_id: str, after: int, can_act: bool) -> tuple[int, str] | None:
         """``(seq, html)``: the parts changed by the commits after ``after``, at the

@@ -18,6 +18,20 @@ from controlplane.web.client_address import client_bucket
 from kernel import SessionPoisoned, StorageUnavailable
 
 
+def unstorable_url(path: str, query_string: str) -> str | None:
+    """Why a URL (its decoded path, its raw query string) holds text Postgres cannot store
+    (NUL, or what is not valid Unicode), or None: what an HTTP request is refused for
+    here, and a socket (:mod:`controlplane.sockets.feed`) as it opens."""
+    raw = unquote(query_string, errors="surrogateescape") + path
+    try:
+        raw.encode("utf-8")
+    except UnicodeEncodeError:
+        return "the URL is not valid Unicode"
+    if "\x00" in raw:
+        return "the URL may not contain NUL characters"
+    return None
+
+
 class RejectUnstorableText:
     """Answer 422 to a path or query string carrying NUL characters or broken Unicode,
     and to a form (the dashboard's, the login page's) with a field carrying NUL.
@@ -34,14 +48,9 @@ class RejectUnstorableText:
         self.get_response = get_response
 
     def __call__(self, request: HttpRequest) -> HttpResponse:
-        query = unquote(request.META.get("QUERY_STRING", ""), errors="surrogateescape")
-        raw = query + request.path
-        try:
-            raw.encode("utf-8")
-        except UnicodeEncodeError:
-            return JsonResponse({"detail": "the URL is not valid Unicode"}, status=422)
-        if "\x00" in raw:
-            return JsonResponse({"detail": "the URL may not contain NUL characters"}, status=422)
+        problem = unstorable_url(request.path, request.META.get("QUERY_STRING", ""))
+        if problem is not None:
+            return JsonResponse({"detail": problem}, status=422)
         if request.method == "POST" and request.content_type in self.FORMS:
             for name, values in request.POST.lists():
                 if "\x00" in name or any("\x00" in value for value in values):

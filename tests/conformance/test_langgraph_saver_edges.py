@@ -1,9 +1,9 @@
 """The LangGraph saver where LangGraph's own savers (``InMemorySaver``, ``PostgresSaver``)
-agree and the conformance suite does not look: a thread named ``""`` (refused here), a
-checkpoint id ``""``, a checkpoint id holding ``/`` (refused here), namespaces whose
-names start with another's name and ``/``, a removal (``delete_thread``, ``prune``)
-while another saver puts to the same thread, and a lost database connection. On the
-in-memory storage and on Postgres."""
+agree and the conformance suite does not look: a thread named ``""`` or holding ``/``
+(refused here), a checkpoint id ``""``, a checkpoint id holding ``/`` (refused here),
+namespaces whose names start with another's name and ``/``, a removal (``delete_thread``,
+``prune``) while another saver puts to the same thread, and a lost database connection.
+On the in-memory storage and on Postgres."""
 
 from __future__ import annotations
 
@@ -73,6 +73,26 @@ def test_a_thread_named_with_the_empty_string_is_refused_before_anything_is_writ
     assert value(saver, config("")) is None and listed(saver, config("")) == []
     assert [t.config["configurable"]["thread_id"] for t in saver.list(None)] == ["t"]
     assert storage().session("") is None
+
+
+def test_a_thread_named_with_a_slash_is_refused_before_anything_is_written(
+    savers: Callable[[], SessionStoreSaver], storage: Callable[[], Storage],
+) -> None:
+    """A session is named by one segment of a path (its page, its API paths, its
+    sockets), which a ``/`` would end: such a thread's session would have no page, and
+    every page linking to it (the sessions list among them) would fail. Writing to it
+    is refused naming ``thread_id`` before anything is written; so is a session the
+    kernel is asked to make under such a name."""
+    saver = savers()
+    with pytest.raises(ValueError, match="thread_id"):
+        put(saver, config("customer/42"), "kept")
+    with pytest.raises(ValueError, match="thread_id"):
+        saver.put_writes(config("customer/42", checkpoint_id="c1"), [("value", "w")], "task")
+    assert listed(saver, config("customer/42")) == [] and list(saver.list(None)) == []
+    assert storage().session("customer/42") is None
+    with pytest.raises(ValueError, match="session id"):
+        Kernel(storage(), Registry()).create_session("customer/42")
+    assert storage().session("customer/42") is None
 
 
 def test_the_newest_checkpoint_of_a_namespace_is_its_own_not_a_longer_named_ones(

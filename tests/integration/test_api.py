@@ -210,6 +210,29 @@ def test_tasks_by_filter_and_as_a_tree(
     assert all("no definition registered" in t["blocked"] for t in blocked)
 
 
+def test_the_blocked_filter_pages_over_the_tasks_it_matches(
+    viewer: Client, kernel: Kernel, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``blocked`` picks the tasks before ``offset`` and ``limit`` page them: a blocked
+    task after the first page of all tasks is on the first page of the blocked ones, and
+    the pages of those not blocked hold only those, each once."""
+    runnable = [start(kernel, "api-step", {"sleep": True})[1] for _ in range(3)]
+    handle = kernel.create_session()
+    draft = Draft(actor="user:test")
+    stopped = draft.create_task("api-parent", {"n": 1})
+    handle.commit(draft)
+    deployed = Registry()  # a deploy that dropped api-parent
+    deployed.add(kernel.registry.latest("api-step"))
+    monkeypatch.setattr(kernel, "registry", deployed)
+    found = viewer.get("/api/tasks", {"blocked": "true", "limit": 2}).json()
+    assert [t["id"] for t in found] == [stopped]
+    assert "no definition registered" in found[0]["blocked"]
+    pages = [viewer.get("/api/tasks", {"blocked": "false", "limit": 2, "offset": offset}
+                        ).json() for offset in (0, 2)]
+    assert [t["id"] for page in pages for t in page] == runnable
+    assert viewer.get("/api/tasks", {"blocked": "true", "offset": 1}).json() == []
+
+
 # -- actions -------------------------------------------------------------------------------
 
 

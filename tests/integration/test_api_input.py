@@ -378,3 +378,45 @@ def test_the_schema_states_the_lengths_and_the_retention_bound(operator: Client)
     submission = components["SubmissionIn"]["properties"]
     assert submission["conversation_id"]["maxLength"] == 200
     assert components["ActionIn"]["properties"]["reason"]["pattern"] == NOT_BLANK
+
+
+@pytest.mark.parametrize(("body", "missing"), [
+    ({"fork_of": "conv_x"}, "fork_entry_id"), ({"fork_entry_id": "ent_x"}, "fork_of"),
+    ({"fork_of": "conv_x", "fork_entry_id": None}, "fork_entry_id"),
+])
+def test_a_fork_naming_only_one_of_its_two_fields_is_refused_naming_the_other(
+    operator: Client, kernel: Kernel, body: dict[str, Any], missing: str,
+) -> None:
+    """A conversation forks at an entry of another: a body naming only one of the two is
+    bad input (422 naming the one it lacks), not a state that does not allow it (409);
+    nothing is committed."""
+    session_id = post(operator, "/api/sessions", {}).json()["id"]
+    before = head(kernel, session_id)
+    refused_naming(post(operator, f"/api/sessions/{session_id}/conversations", body), missing)
+    assert head(kernel, session_id) == before
+
+
+@pytest.mark.parametrize(("url", "query", "unknown"), [
+    ("/api/tasks", {"stauts": "failed"}, "stauts"),
+    ("/api/tasks", {"kind": "api-step", "session": "s"}, "session"),
+    ("/api/sessions", {"limt": "5"}, "limt"),
+    ("/api/tokens", {"user": "olga"}, "user"),
+])
+def test_an_unknown_query_parameter_is_a_422_naming_it(
+    operator: Client, kernel: Kernel, url: str, query: dict[str, str], unknown: str,
+) -> None:
+    """A parameter the operation does not take (a misspelt filter) is refused naming it,
+    as the change feeds refuse one: ignored, a list filtered by nothing answered every
+    record as if they all matched."""
+    start(kernel, "api-step", {"sleep": True})
+    response = operator.get(url, query)
+    assert response.status_code == 422, response.content
+    assert [e["loc"] for e in response.json()["detail"]] == [["query", unknown]]
+
+
+def test_a_body_operation_refuses_an_unknown_query_parameter_and_does_nothing(
+    operator: Client, kernel: Kernel,
+) -> None:
+    response = post(operator, "/api/sessions?metadata=x", {})
+    assert response.status_code == 422, response.content
+    assert operator.get("/api/sessions").json() == []

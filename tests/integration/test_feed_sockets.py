@@ -116,6 +116,67 @@ def test_a_cursor_past_the_newest_position_is_refused(token: str) -> None:
     assert heartbeat == {"type": "heartbeat", "seq": 3}
 
 
+def test_a_url_with_nul_or_a_message_nested_past_the_parser_is_refused(token: str) -> None:
+    """What the database cannot hold in a URL (NUL, in a session id or a page's filter)
+    and a message the JSON parser cannot read (nested past its depth) are refused with
+    4400 saying why, as an HTTP request's are refused with 422, instead of the socket
+    dying of the database's error or the parser's (or a page's live update failing as
+    if the log could not be read, which a browser answers by reconnecting)."""
+    handle = runtime().kernel.create_session()
+    commit(handle, 0)
+    deep = "[" * 100_000 + "]" * 100_000
+
+    async def closed(path: str, *messages: str) -> dict[str, Any]:
+        socket = WebsocketCommunicator(APP, path, headers=[
+            (b"authorization", f"Bearer {token}".encode())])
+        assert (await socket.connect())[0]
+        for message in messages:
+            await socket.send_to(text_data=message)
+        return await close_of(socket)
+
+    async def talk() -> list[dict[str, Any]]:
+        return [
+            await closed("/ws/sessions/a\x00b/feed/", '{"after": 0}'),
+            await closed("/ws/ui/sessions/a\x00b/", '{"after": 0}'),
+            await closed("/ws/ui/overview/?q=%00", '{"after": 0}'),
+            await closed("/ws/ui/tasks/?kind=a%00b", '{"after": 0}'),
+            await closed(f"/ws/sessions/{handle.id}/feed/", deep),
+            await closed(f"/ws/ui/sessions/{handle.id}/", deep),
+        ]
+
+    refused = run(talk)
+    assert [out["code"] for out in refused] == [BAD_REQUEST] * 6, refused
+    assert all("NUL" in out["reason"] for out in refused[:4]), refused
+    assert all("JSON" in out["reason"] for out in refused[4:]), refused
+
+
+def test_a_message_with_a_field_the_feed_does_not_take_is_refused_naming_it(
+    token: str,
+) -> None:
+    """A field the socket does not take (the URL's other spelling of the cursor,
+    ``after_seq``, a typo) is refused with 4400 naming it, as the REST feed refuses an
+    unknown parameter with 422, whether it comes first or once the stream runs: ignored,
+    a cursor moved under another name would leave the client sent what it said it had,
+    and a first message without ``after`` waited ten seconds for a close that did not
+    say why."""
+    handle = runtime().kernel.create_session()
+    commit(handle, 0)
+    session = f"/ws/sessions/{handle.id}/feed/"
+
+    async def talk() -> list[dict[str, Any]]:
+        first = await opened(session)
+        await first.send_json_to({"token": token, "after_seq": 0})
+        later = await opened(session)
+        await later.send_json_to({"token": token, "after": 0})
+        assert (await later.receive_json_from(timeout=5))["seq"] == 1
+        await later.send_json_to({"after": 1, "batched": True})
+        return [await close_of(first), await close_of(later)]
+
+    refused = run(talk)
+    assert [out["code"] for out in refused] == [BAD_REQUEST] * 2, refused
+    assert "after_seq" in refused[0]["reason"] and "batched" in refused[1]["reason"]
+
+
 class Hub:
     """Stands in for the process's HintHub: the test hands each socket its hints."""
 

@@ -142,6 +142,31 @@ def test_a_resume_value_postgres_cannot_store_is_422_naming_value_from_the_page(
     assert kernel.task(task_id).outcome["result"]["output"]["note"] == "looks fine"
 
 
+def test_a_json_field_nested_past_the_parser_is_422_naming_it_from_every_form(
+    graphs: Path,
+) -> None:
+    """A resume's value, a start's input, a fork's values and an approval's edited
+    arguments nested deeper than the JSON parser goes are refused naming the field, as a
+    value that does not parse is, instead of a server error; nothing is committed."""
+    kernel = runtime().kernel
+    session_id, task_id = start(kernel, NOTE, {"input": {"text": "notice"}})
+    checkpoint_id = kernel.task(task_id).checkpoint["interrupted"]["checkpoint_id"]
+    olga = client_for("olga", "operator")
+    deep = "[" * 100_000 + "]" * 100_000
+    base = {"action_id": "j1", "reason": "deep", "checkpoint_id": checkpoint_id,
+            "interrupt_ids": ["i1"], "kind": NOTE, "expected_version": "1",
+            "decision": "approve", "digest": "d", "expected_request": "q"}
+    head = kernel.storage.session(session_id).head_seq
+    for url, field in ((f"/tasks/{task_id}/resume", "value"),
+                       (f"/sessions/{session_id}/graph/runs", "input"),
+                       (f"/sessions/{session_id}/graph/fork", "values"),
+                       (f"/sessions/{session_id}/calls/c1/decide", "arguments")):
+        bad = olga.post(url, {**base, field: deep}, HTTP_HX_REQUEST="true")
+        assert bad.status_code == 422, (url, bad.content[-200:])
+        assert unescape(bad.content.decode()).count(f"{field}:") == 1, bad.content
+    assert kernel.storage.session(session_id).head_seq == head
+
+
 def test_an_operator_forks_from_the_third_checkpoint_and_both_branches_stay(
     graphs: Path,
 ) -> None:

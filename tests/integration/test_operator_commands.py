@@ -205,3 +205,37 @@ def test_tasks_judges_expired_leases_by_the_database_clock_not_the_shells(
     behind = SimpleNamespace(now=lambda: timezone.now() - timedelta(minutes=1))
     monkeypatch.setattr(command, "timezone", behind, raising=False)  # this machine lags
     assert "lease of gone-worker expired" in run("tasks")
+
+
+UNDECODED = "jos\udce9"
+"""``josé`` typed in a Latin-1 shell: Python keeps the byte its UTF-8 locale could not
+decode as a lone surrogate, which no database text holds."""
+
+
+@pytest.mark.parametrize(("args", "named"), [
+    (["api_token", UNDECODED], "username"),
+    (["api_token", "bot", "--name", UNDECODED], "name"),
+    (["api_token", "--list", UNDECODED], "username"),
+    (["role", UNDECODED, "viewer"], "username"),
+    (["tasks", UNDECODED], "task_id"),
+    (["send_notices", "a@example.com", "--subject", UNDECODED], "subject"),
+    (["send_notices", "a@example.com", "--session", UNDECODED], "session"),
+    (["send_notices", "a@example.com", "--actor", UNDECODED], "actor"),
+])
+def test_an_argument_the_database_cannot_hold_is_refused_in_one_line_naming_it(
+    args: list[str], named: str, offline_broker: list[str],
+) -> None:
+    """An argument the shell's locale did not decode (or one holding NUL) is refused
+    before the command runs, in one line naming it, instead of a traceback from the
+    database driver; nothing is written."""
+    from django.contrib.auth.models import Group, User
+
+    from controlplane.models import ApiToken, Commit, Task
+
+    User.objects.create_user("bot").groups.add(Group.objects.get_or_create(name="viewer")[0])
+    with pytest.raises(CommandError) as refused:
+        run(*args)
+    message = str(refused.value)
+    assert message.startswith(f"{named}: ") and "\n" not in message, message
+    assert not ApiToken.objects.exists() and not Task.objects.exists()
+    assert not Commit.objects.exists() and offline_broker == []

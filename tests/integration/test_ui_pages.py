@@ -8,14 +8,18 @@ from __future__ import annotations
 
 import re
 from datetime import timedelta
+from html import unescape
+from urllib.parse import unquote, urlsplit
 
 import pytest
 from django.contrib.auth.models import User
 from django.test import Client
+from django.urls import resolve, reverse
 from django.utils import timezone
 
 from controlplane import models
 from controlplane.reads.tasks import digest
+from controlplane.sockets.routes import websocket_urlpatterns
 from controlplane.ui.live import GLOBAL_PAGES, SESSION_PAGE
 from controlplane.worker.runtime import runtime
 from kernel import Decision, Draft, Scheduler, Status, agent
@@ -37,6 +41,31 @@ def test_pages_render_and_escape_untrusted_text() -> None:
     assert "&lt;script&gt;window.__pwned = 1&lt;/script&gt;" in page
     assert f'id="task-{task_id}"' in page and "Cancel…" not in page  # a viewer sees no action
     assert Client().get("/").status_code == 302  # to the login page
+
+
+def test_a_session_id_a_url_must_escape_is_linked_and_followed_live_escaped() -> None:
+    """A session named by its program (a LangGraph thread id) may hold what a URL must
+    escape (``?``, ``#``, ``%``, a space): its page's socket and the tasks page's link to
+    it name it escaped, so that they reach this session, not the one named by the id's
+    start (``a`` for ``a?b``) or none."""
+    session_id = "a?b#c 100%"
+    handle = runtime().kernel.create_session(session_id, {"title": "escaped"})
+    draft = Draft(actor="user:test")
+    draft.create_task("send-batch", {"recipients": ["r@example.com"], "subject": "s",
+                                     "body": "b", "channel": "http"})
+    handle.commit(draft)
+    client = login("viewer")
+
+    def path_of(url: str) -> str:  # as the server routes it: the path, decoded
+        return unquote(urlsplit(unescape(url)).path).lstrip("/")
+
+    page = client.get(reverse("session", args=[session_id])).content.decode()
+    (socket,) = re.findall(r'ws-connect="([^"]*)"', page)
+    routed = [r.pattern.match(path_of(socket)) for r in websocket_urlpatterns]
+    assert [m[2] for m in routed if m] == [{"session_id": session_id}]
+    tasks = client.get("/tasks/").content.decode()
+    (link,) = re.findall(r'<td><a href="(/sessions/[^"]*)">', tasks)
+    assert resolve("/" + path_of(link)).kwargs == {"session_id": session_id}
 
 
 def test_a_viewer_is_refused_and_an_operator_cancels() -> None:

@@ -60,6 +60,31 @@ def test_filters_by_kind_status_session_and_time_and_pages() -> None:
     assert many.total == 2 and many.pages == 1
 
 
+@pytest.mark.parametrize("moment", ["9999-12-31T23:59:59-05:00", "0001-01-01T00:00:00+05:00"])
+def test_a_time_at_the_ends_of_the_calendar_is_read_by_the_page_its_socket_and_a_preview(
+    moment: str,
+) -> None:
+    """A time a form's field or a URL may give that lies past the calendar's ends once in
+    UTC (year 9999 behind UTC, year 1 ahead of it) filters as the end it is past: since
+    it finds nothing, until it finds everything (or the reverse), on the page, in its
+    live update and in a bulk preview, as the API reads it."""
+    batch()
+    client = login("operator")
+    from controlplane.ui.live import GLOBAL_PAGES
+
+    found = {}
+    for name in ("since", "until"):
+        page = client.get("/tasks/", {name: moment})
+        assert page.status_code == 200, page.content[-300:]
+        found[name] = len(found_ids(page.content.decode()))
+        assert len(found_ids(GLOBAL_PAGES["tasks"].update(0, True, **{name: moment}))) \
+            == found[name]
+        preview = client.get("/bulk/preview", {"action": "cancel", "kind": "send-batch",
+                                               name: moment})
+        assert preview.status_code == 200, preview.content[-300:]
+    assert sorted(found.values()) == [0, 1]
+
+
 def test_the_live_part_follows_the_filter() -> None:
     _, wanted = batch(subject="alpha")
     batch(subject="beta")

@@ -13,11 +13,12 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.contrib.auth.models import User
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import CommandError, CommandParser
 from django.utils import timezone
 
 from controlplane import commands
 from controlplane.access import issue_token, role_of, shell_actor
+from controlplane.management.base import ShellCommand
 from controlplane.reads.tokens import TokenView, tokens
 from kernel import UnknownRecord
 
@@ -33,7 +34,7 @@ def line(token: TokenView) -> str:
             + (f"\trevoked by {token.revoked_by or '-'}" if token.revoked_at else ""))
 
 
-class Command(BaseCommand):
+class Command(ShellCommand):
     help = "Issue a bearer token for a user (shown once), or list or revoke tokens."
 
     def add_arguments(self, parser: CommandParser) -> None:

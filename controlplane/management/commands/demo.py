@@ -10,9 +10,10 @@ from __future__ import annotations
 from django.conf import settings
 from django.contrib.auth.models import Group, Permission, User
 from django.core.management import call_command
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import CommandError, CommandParser
 
 from controlplane import commands
+from controlplane.management.base import ShellCommand
 from kernel.agent import WhenBusy
 
 RECIPIENTS = [f"{name}@example.com" for name in ("ana", "ben", "cai", "dee", "eve")]
@@ -50,7 +51,7 @@ def demo_accounts(password: str) -> None:
         user.groups.add(group)
 
 
-class Command(BaseCommand):
+class Command(ShellCommand):
     help = "Create the demo operator (and viewer) and seed the five-email notice batch."
 
     def add_arguments(self, parser: CommandParser) -> None:

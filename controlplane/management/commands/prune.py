@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import CommandError, CommandParser
 
 from controlplane import commands
 from controlplane.errors import ControlPlaneError
+from controlplane.management.base import ShellCommand
 
 
-class Command(BaseCommand):
+class Command(ShellCommand):
     help = (
         "Make the commit log's partitions ahead, then remove the commits, entries and old "
         "document versions of finished sessions older than the retention policy "

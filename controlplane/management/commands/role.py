@@ -9,14 +9,15 @@ from __future__ import annotations
 from typing import Any
 
 from django.contrib.auth.models import Group, User
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import CommandError, CommandParser
 
 from controlplane.access import OPERATOR, VIEWER, audit, role_of, shell_actor
+from controlplane.management.base import ShellCommand
 
 ROLES = (VIEWER, OPERATOR)
 
 
-class Command(BaseCommand):
+class Command(ShellCommand):
     help = "Give an account a role (viewer or operator), take it away (none), or list them."
 
     def add_arguments(self, parser: CommandParser) -> None:

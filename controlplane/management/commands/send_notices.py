@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from django.core.exceptions import ValidationError
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import CommandError, CommandParser
 from django.core.validators import validate_email
 
 from controlplane import commands
 from controlplane.access import shell_actor
+from controlplane.management.base import ShellCommand
 from kernel import UnknownRecord
 
 
@@ -23,7 +24,7 @@ def _is_address(text: str) -> bool:
     return True
 
 
-class Command(BaseCommand):
+class Command(ShellCommand):
     help = "Start a send-batch task that emails one notice to each recipient."
 
     def add_arguments(self, parser: CommandParser) -> None:

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from django.core.management.base import BaseCommand
-
+from controlplane.management.base import ShellCommand
 from controlplane.worker.runtime import runtime
 
 
-class Command(BaseCommand):
+class Command(ShellCommand):
     help = "Re-deliver due and lost dispatches and expired leases once, then exit."
 
     def handle(self, *args: object, **options: object) -> None:

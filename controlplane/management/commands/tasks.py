@@ -6,8 +6,9 @@ import json
 import math
 from datetime import timedelta
 
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import CommandError, CommandParser
 
+from controlplane.management.base import ShellCommand
 from controlplane.process.kernel import process_kernel
 from controlplane.reads import pages
 from controlplane.reads import tasks as reads
@@ -18,7 +19,7 @@ MOST_SECONDS = 10 * 365 * 24 * 3600
 the clock can subtract to."""
 
 
-class Command(BaseCommand):
+class Command(ShellCommand):
     help = (
         "List stuck tasks (expired leases, pending or overdue too long, waiting for an "
         "operator) and blocked tasks, or show one task with its phase history."

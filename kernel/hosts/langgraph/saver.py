@@ -47,7 +47,7 @@ from kernel.errors import (
     UnknownRecord,
 )
 from kernel.run import Run
-from kernel.session import Kernel, SessionHandle
+from kernel.session import Kernel, SessionHandle, check_session_id
 from kernel.values import dumps
 
 from .layout import (
@@ -72,12 +72,14 @@ REMOVE_ATTEMPTS = 10
 
 
 def _check_thread_id(thread_id: str) -> None:
-    """A thread is a session of the Session Store, named by the thread's id: an empty id
-    would make a session no page or API path can name, so it is refused before anything
-    is written (LangGraph's own savers take it; it is mostly an id left unset)."""
+    """A thread is a session of the Session Store, named by the thread's id: an empty id,
+    or one holding ``/``, would make a session no page or API path can name, so it is
+    refused before anything is written (LangGraph's own savers take them; an empty one is
+    mostly an id left unset)."""
     if not thread_id:
         raise ValueError("thread_id: an empty thread id names no session here; give the "
                          "thread a name")
+    check_session_id(thread_id, "thread_id")
 
 
 def _check_checkpoint_id(checkpoint_id: str) -> None:
