@@ -78,7 +78,7 @@ def commit_action(
     try:
         written = runtime().kernel.open(session_id).commit(draft)
     except DuplicateCommit as exc:
-        if not done_before(session_id, key, action, target):
+        if not done_before(user, session_id, key, action, target):
             raise Conflict(f"action id {key!r} was used by another commit: use a fresh id"
                            ) from exc
         return exc.existing.seq, True
@@ -101,20 +101,30 @@ def act_on_task(
                         may_repeat or [])
 
 
-def done_before(session_id: str, action_id: str, action: str, target: str) -> bool:
-    """Whether ``action`` on ``target`` was done already under ``action_id``: a repeat,
-    answered with the original commit whatever the state now. An id used in the session
-    for anything else (another action, another target) is refused with Conflict."""
+def done_before(user: User, session_id: str, action_id: str, action: str,
+                target: str) -> bool:
+    """Whether ``user`` did ``action`` on ``target`` already under ``action_id``: a
+    repeat, answered with the original commit whatever the state now. An id used in the
+    session for anything else (another action, another target), or by someone else, is
+    refused with Conflict: their action is not the caller's to take as done."""
     done = session_reads.actions_by_id(session_id, action_id)
     if not done:
         return False
-    if done == [(action_id, action, target)]:
+    if [(key, what, on) for key, what, on, _ in done] == [(action_id, action, target)]:
+        refuse_unless_taken_by(user, done[0][3], action_id)
         return True
-    _, other, on = next((d for d in done if (d[1], d[2]) != (action, target)), done[0])
+    _, other, on, _ = next((d for d in done if (d[1], d[2]) != (action, target)), done[0])
     raise Conflict(
         f"action id {action_id!r} was used for {other} on {on}: an action id names one "
         "action on one target; send a fresh one"
     )
+
+
+def refuse_unless_taken_by(user: User, by: str, action_id: str) -> None:
+    """Conflict unless ``by`` (who recorded an action under ``action_id``) is ``user``."""
+    refuse_unless(by == actor(user),
+                  f"action id {action_id!r} was used by {by}: an action id is its sender's; "
+                  "send a fresh one")
 
 
 def refuse_unless(condition: bool, message: str) -> None:

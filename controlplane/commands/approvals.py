@@ -46,7 +46,7 @@ def decide_call(
     if decision not in (approvals.APPROVE, approvals.DENY):
         raise Invalid(f"decision: {approvals.APPROVE!r} or {approvals.DENY!r}")
     task = approval_reads.call_task(session_id, call_id, expected_request)
-    if not done_before(session_id, action_id, decision, task.id):
+    if not done_before(user, session_id, action_id, decision, task.id):
         requested = approvals.pending(task)
         refuse_unless(
             requested is not None,

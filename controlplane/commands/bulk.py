@@ -15,7 +15,7 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from controlplane.access import actor, require_operator
-from controlplane.commands.actions import commit_action, done_before
+from controlplane.commands.actions import commit_action, done_before, refuse_unless_taken_by
 from controlplane.commands.graphs import retry_of_a_run
 from controlplane.commands.tasks import retrying
 from controlplane.errors import Conflict, Invalid
@@ -117,6 +117,7 @@ def bulk_act(
                            "say): preview again")
         _refuse_used_in_sessions(_sessions_of(found_set.task_ids), action, action_id)
         done = _claim_bulk(user, action, action_id, reason, found_set)
+    refuse_unless_taken_by(user, done.by, action_id)
     if (done.action, done.digest, len(done.task_ids)) != (
         action, expected_digest, expected_count
     ):
@@ -147,7 +148,7 @@ def _sessions_of(task_ids: list[str]) -> dict[str, str]:
 def _refuse_used_in_sessions(sessions: dict[str, str], action: str, action_id: str) -> None:
     """Conflict if ``action_id`` was used in these tasks' sessions by another action."""
     for session_id in dict.fromkeys(sessions.values()):
-        for key, other, on in session_reads.actions_by_id(session_id, action_id):
+        for key, other, on, _ in session_reads.actions_by_id(session_id, action_id):
             if key == action_id or other != action:
                 raise Conflict(
                     f"action id {action_id!r} was used for {other} on {on}: an action id "
@@ -190,7 +191,8 @@ def _carry_out(user: User, done: bulk_reads.BulkRecord) -> BulkResult:
         try:
             also = None
             if action == BulkAction.RETRY:
-                also = retry_of_a_run(task, done_before(task.session_id, key, action, task_id))
+                repeated = done_before(user, task.session_id, key, action, task_id)
+                also = retry_of_a_run(task, repeated)
             seq, replayed = commit_action(
                 user, task.session_id, key, action, task_id, done.reason,
                 partial(_act_on, action, task_id, done.reason, expected, also))

@@ -48,7 +48,7 @@ def resume_graph(
         storable(value, "value")
     except UnstorableValue as exc:
         raise Invalid(str(exc)) from exc
-    if not done_before(task.session_id, action_id, "resume", task_id):
+    if not done_before(user, task.session_id, action_id, "resume", task_id):
         try:
             check_resume(task, checkpoint_id, value, interrupt_ids)
         except LookupError as exc:
@@ -85,7 +85,7 @@ def start_graph(
     except UnstorableValue as exc:
         raise Invalid(str(exc)) from exc
     expected: int | None = None  # a repeat is answered with the first commit, as it is
-    if not done_before(session_id, action_id, "start", kind):
+    if not done_before(user, session_id, action_id, "start", kind):
         _check_graph(kind)
         thread = graph_reads.thread(session_id)
         _refuse_unless_thread_is(thread, expected_version, "start a run")
@@ -144,7 +144,7 @@ def fork_graph(
         raise Invalid(f"kind: session {session_id} holds no graph run whose kind a fork "
                       "could take: name the graph to run")
     expected: int | None = None  # a repeat is answered with the first commit, as it is
-    if not done_before(session_id, action_id, "fork", checkpoint_id):
+    if not done_before(user, session_id, action_id, "fork", checkpoint_id):
         _check_graph(kind, as_node)
         namespaces, _ = graph_reads.versioned_index(session_id)
         refuse_unless(checkpoint_id in namespaces.get(graph_reads.ROOT, {}),

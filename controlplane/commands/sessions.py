@@ -132,7 +132,7 @@ def branch_turn(
             also=lambda d: record_action(d, user, key, "branch", entry_id, reason),
         )
     except DuplicateCommit as exc:
-        if not done_before(session_id, key, "branch", entry_id):
+        if not done_before(user, session_id, key, "branch", entry_id):
             raise Conflict(f"action id {key!r} was used by another commit: use a fresh id"
                            ) from exc
         log_id = operations_log_id(session_id)
@@ -192,7 +192,7 @@ def resubmit(
     original = kernel.storage.submission(submission_id)
     if original is None:
         raise UnknownRecord(f"no submission {submission_id}")
-    if not done_before(original.session_id, action_id, "resubmit", submission_id):
+    if not done_before(user, original.session_id, action_id, "resubmit", submission_id):
         # The resubmission this id made is kept when its session's operations log is
         # pruned: a repeat is answered with it (as a duplicate request), not refused.
         taken = kernel.storage.submission_by_request(original.session_id, action_id)
@@ -248,7 +248,7 @@ def compact_conversation(
     # Read first: a compaction started after it refuses the commit (see below), whether or
     # not the read of those under way saw it.
     starts_seen = session_reads.compactions_started(session_id, conversation_id)
-    if not done_before(session_id, action_id, "compact", conversation_id):
+    if not done_before(user, session_id, action_id, "compact", conversation_id):
         newest = session_reads.last_entries(conversation_id, 1, 0).entries
         refuse_unless(
             bool(newest) and newest[-1].id == last_entry_id,

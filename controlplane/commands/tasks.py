@@ -46,7 +46,8 @@ def cancel_task(
     a phase: ``StaleStep``), which is not the run the operator saw."""
     require_operator(user)
     task = task_reads.record(task_id)
-    done_before(task.session_id, action_id, "cancel", task_id)  # an id used otherwise: refused
+    # An id used otherwise, or by someone else: refused.
+    done_before(user, task.session_id, action_id, "cancel", task_id)
     return act_on_task(user, action_id, reason, "cancel", task,
                        lambda d: d.cancel(task_id, reason, expected_run=expected_run))
 
@@ -66,7 +67,7 @@ def retry_task(
         f"phase {task.phase!r} of {task.kind} runs again from its beginning: external calls it "
         "makes before its next commit may happen again"
     ]
-    repeated = done_before(task.session_id, action_id, "retry", task_id)
+    repeated = done_before(user, task.session_id, action_id, "retry", task_id)
     also = retry_of_a_run(task, repeated)
     return act_on_task(user, action_id, reason, "retry", task,
                        lambda d: retrying(d, task_id, also, expected_seq), repeat)
@@ -113,7 +114,7 @@ def restart_task(
     # A worker found the run's environment different: the fork runs under what it offers.
     found = environment_reads.seen(task)
     report = found.report
-    if not done_before(task.session_id, action_id, "restart", task_id):
+    if not done_before(user, task.session_id, action_id, "restart", task_id):
         refused = restart_reads.refusal(task)
         refuse_unless(refused is None, refused or "")
         refuse_unless(
@@ -157,7 +158,7 @@ def migrate_environment(
     task = task_reads.record(task_id)
     found = environment_reads.seen(task)
     report = found.report
-    if not done_before(task.session_id, action_id, "migrate", task_id):
+    if not done_before(user, task.session_id, action_id, "migrate", task_id):
         refuse_unless(report is not None,
                       f"no worker reports task {task_id}'s environment different as it is "
                       f"now (it is {task.shown_status}): nothing to migrate")
@@ -230,7 +231,7 @@ def resolve_task(
         chosen.check_receipt(receipt)
     except ValueError as exc:
         raise Invalid(str(exc)) from exc
-    if not done_before(task.session_id, action_id, f"resolve:{decision}", task_id):
+    if not done_before(user, task.session_id, action_id, f"resolve:{decision}", task_id):
         signal = task.waits_on.signal if task.status is Status.WAITING else None
         refuse_unless(
             signal is not None,
@@ -273,7 +274,7 @@ def wake_task(
     lock), as that sleep is not the one the operator meant to end."""
     require_operator(user)
     task = task_reads.record(task_id)
-    if not done_before(task.session_id, action_id, "wake", task_id):
+    if not done_before(user, task.session_id, action_id, "wake", task_id):
         refuse_unless(task.status is Status.SLEEPING, f"task {task_id} is {task.status}")
     return act_on_task(user, action_id, reason, "wake", task,
                        lambda d: d.wake(task_id, expected_seq=expected_seq))

@@ -21,6 +21,8 @@ class BulkRecord:
     reason: str
     results: list[dict[str, Any]] | None
     """What it did to each task; None while it runs (or if its process died)."""
+    by: str
+    """Who asked for it (:func:`controlplane.access.actor`)."""
 
 
 def recorded(action_id: str) -> BulkRecord | None:
@@ -28,4 +30,5 @@ def recorded(action_id: str) -> BulkRecord | None:
     if row is None:
         return None
     return BulkRecord(row.action_id, row.action, row.digest, list(row.task_ids),
-                      None if row.seen is None else list(row.seen), row.reason, row.results)
+                      None if row.seen is None else list(row.seen), row.reason, row.results,
+                      row.by)

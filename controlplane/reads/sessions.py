@@ -277,16 +277,17 @@ def submission(submission_id: str) -> Submission:
     return found
 
 
-def actions_by_id(session_id: str, action_id: str) -> list[tuple[str, str, str]]:
+def actions_by_id(session_id: str, action_id: str) -> list[tuple[str, str, str, str]]:
     """What was done in the session under ``action_id``: ``(recorded id, action,
-    target)`` for each operator action its operations log holds under that id, or under
-    ``action_id:TASK`` (a bulk action records one per task)."""
+    target, by)`` for each operator action its operations log holds under that id, or
+    under ``action_id:TASK`` (a bulk action records one per task)."""
     prefix = f"{action_id}:"
     rows = models.Entry.objects.filter(
         session_id=session_id, conversation_id=operations_log_id(session_id)
     ).filter(Q(payload__action_id=action_id) | Q(payload__action_id__startswith=prefix))
     return [
-        (str(payload["action_id"]), kind, str(payload.get("target", "")))
+        (str(payload["action_id"]), kind, str(payload.get("target", "")),
+         str(payload.get("by", "")))
         for kind, payload in rows.order_by("seq", "ordinal").values_list("kind", "payload")
     ]
 

@@ -15,7 +15,7 @@ from controlplane.worker.runtime import runtime
 from kernel import Draft, Kernel, Scheduler, Status
 from kernel.commit import operations_log_id
 
-from .clients import login, post
+from .clients import client_for, login, post
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("kernel")]
 
@@ -62,6 +62,35 @@ def test_an_id_reused_for_another_target_or_action_is_refused(
     assert kernel.task(b).status is Status.SLEEPING
     assert kernel.task(failing).outcome["kind"] == "failed"
     assert logged(kernel, session_id) == [("wake", a, "x")]
+
+
+def test_an_id_another_operator_used_for_the_same_action_is_refused_not_answered_as_done(
+    kernel: Kernel, operator: Client
+) -> None:
+    """Omar's request under the id Olga used for the same action on the same task is not
+    Olga's repeat: answered "replayed", Omar would take her action for his, done."""
+    session_id, ids = tasks_in_one_session(kernel, {"sleep": True}, {"fail": True})
+    wake = {"action_id": "wake-1", "reason": "now",
+            "expected_seq": kernel.task(ids[0]).updated_seq}
+    assert post(operator, f"/api/tasks/{ids[0]}/wake", wake).status_code == 200
+    omar = client_for("omar", "operator")
+    again = post(omar, f"/api/tasks/{ids[0]}/wake", wake)
+    assert again.status_code == 409, again.content
+    assert "used by user:olga" in again.json()["detail"]
+    bulk = {"session_id": session_id, "action_id": "b", "reason": "r", "expected_count": 1,
+            "expected_digest": digest([(ids[1], kernel.task(ids[1]).updated_seq)]),
+            "action": "retry", "status": "terminal"}
+    assert post(operator, "/api/actions/bulk", bulk).status_code == 200
+    head = kernel.storage.session(session_id).head_seq
+    theirs = post(omar, "/api/actions/bulk", bulk)
+    assert theirs.status_code == 409, theirs.content
+    assert "used by user:olga" in theirs.json()["detail"]
+    assert kernel.storage.session(session_id).head_seq == head
+    assert [by for *_, by in logged_by(kernel, session_id)] == ["user:olga", "user:olga"]
+
+
+def logged_by(kernel: Kernel, session_id: str) -> list[tuple[str, str]]:
+    return [(e.kind, e.payload["by"]) for e in kernel.entries(operations_log_id(session_id))]
 
 
 def test_a_bulk_id_reused_for_another_action_is_refused_and_a_repeat_says_so(
