@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from kernel import Draft, StaleStep, Status, SubmissionStatus, UnknownRecord
+from kernel import DocumentConflict, Draft, StaleStep, Status, SubmissionStatus, UnknownRecord
 from kernel.commit import CommitKind
 from kernel.forks import phase_entries
 from kernel.records import Outcome
@@ -235,3 +235,21 @@ def test_a_newest_entry_expected_of_an_empty_conversation_or_a_fork_is_its_trans
     commit(origin, later)
     commit("", later, fresh=True)
     assert head(world, handle.id) == before + 4
+
+
+def test_a_draft_expecting_a_newest_entry_absorbs_no_append_to_that_conversation() -> None:
+    """Apart, an entry appended by one commit would refuse the next that expects the
+    entry before it; together in one commit the check would pass over it."""
+    for expecting_first in (True, False):
+        expects, appends = Draft(), Draft()
+        expects.expect_newest_entry("conv_a", "entry_seen")
+        appends.append("conv_a", "note", {})
+        first, second = (expects, appends) if expecting_first else (appends, expects)
+        with pytest.raises(DocumentConflict, match="newest entry of conv_a"):
+            first.absorb(second)
+    elsewhere, expects = Draft(), Draft()
+    elsewhere.append("conv_b", "note", {})
+    expects.expect_newest_entry("conv_a", "entry_seen")
+    elsewhere.absorb(expects)
+    assert elsewhere.newest_entries == [("conv_a", "entry_seen")]
+    assert elsewhere.kind() is CommitKind.GENERAL
