@@ -150,7 +150,8 @@ class CommitKind(StrEnum):
     GENERAL = "general"
     """Reads what the draft announced under the session's lock, then writes; the only
     kind of a draft that expects a version of a document it does not write
-    (:meth:`Draft.expect_document`), which only a read under that lock can check."""
+    (:meth:`Draft.expect_document`) or a conversation's newest entry
+    (:meth:`Draft.expect_newest_entry`), which only a read under that lock can check."""
     NEXT_ALONE = "next alone"
     """One phase's ``Next`` that keeps the lease and nothing else: built from the lease
     holder's copy of its task."""
@@ -202,19 +203,28 @@ class Draft:
     submission_updates: list[tuple[str, SubmissionStatus, str | None, str | None, bool]] = field(
         default_factory=list
     )
+    newest_entries: list[tuple[str, str | None]] = field(default_factory=list)
+    """The entry each conversation's transcript must end with when the commit is built
+    (None: it holds none), or it is refused (:meth:`expect_newest_entry`)."""
 
     def absorb(self, other: Draft) -> None:
         """Add ``other``'s writes after this draft's own: one commit for what would
         otherwise be two in a row (a worker committing several tasks' results at once).
         Refused when they cannot be one: either has an idempotency key (its commit must
         stand alone), or one expects a version of a document the other writes (apart,
-        the second would be checked against the first's version)."""
+        the second would be checked against the first's version), or one expects the
+        newest entry of a conversation the other appends to."""
         if self.key is not None or other.key is not None:
             raise CommitRejected("a draft with an idempotency key is a commit of its own")
         for mine, theirs in ((self, other), (other, self)):
             for document in mine.expected_versions:
                 if document in theirs.document_ops or document in theirs.expected_versions:
                     raise DocumentConflict(f"both drafts depend on document {document}")
+            for conversation, _ in mine.newest_entries:
+                if any(named == conversation for _, named, _, _ in theirs.entries):
+                    raise DocumentConflict(
+                        f"one draft expects the newest entry of {conversation}, which the "
+                        "other appends to")
         for document, ops in other.document_ops.items():
             self.document_ops.setdefault(document, []).extend(ops)
         for document, document_id in other.document_ids.items():
@@ -237,6 +247,7 @@ class Draft:
         tasks += [t.parent_id for t in self.new_tasks if t.parent_id]
         conversations = [c for _, c, _, _ in self.entries] + [s[1] for s in self.submissions]
         conversations += [c.fork_of for c in self.conversations if c.fork_of]
+        conversations += [c for c, _ in self.newest_entries]
         return Prefetch(
             tasks=tuple(dict.fromkeys(t for t in tasks if t not in created)),
             documents=tuple(dict.fromkeys([*self.document_ops, *self.expected_versions])),
@@ -245,6 +256,8 @@ class Draft:
             ),
             finishing=tuple(f.task_id for f in self.fenced if isinstance(f.transition, Finish)),
             submissions=tuple(dict.fromkeys(i for i in updated + origins if i not in made)),
+            newest_entries=tuple(dict.fromkeys(
+                c for c, _ in self.newest_entries if c not in created)),
         )
 
     def kind(self) -> CommitKind:
@@ -348,6 +361,19 @@ class Draft:
         if isinstance(version, bool) or not isinstance(version, int) or version < 0:
             raise CommitRejected(f"document {kind}/{key}: a version is a count, not {version!r}")
         self.expected_versions[(kind, key)] = version
+
+    def expect_newest_entry(self, conversation_id: str, entry_id: str | None) -> None:
+        """Refuse the commit (:class:`StaleStep`) unless the newest entry of
+        ``conversation_id``'s transcript (its own, or for a fork with none of its own the
+        entry it forks at) is ``entry_id`` (None: the transcript holds none) when it is
+        built, under the session's lock. What a caller saw of the conversation (the
+        entries an operator's compaction will summarize, say) is then what the commit
+        acts on: an entry appended since refuses it. Only the general commit checks it
+        (:class:`CommitKind`)."""
+        storable_name(conversation_id, "conversation id")
+        if entry_id is not None:
+            storable_name(entry_id, "entry id")
+        self.newest_entries.append((conversation_id, entry_id))
 
     def set(self, kind: str, key: str, path: list[str], value: JSON) -> None:
         self.update_document(kind, key, {"op": "set", "path": path, "value": value})
@@ -671,6 +697,7 @@ class Builder:
             if existing is not None:
                 raise DuplicateCommit(existing)
         conversations = self._conversations()
+        self._newest_entries(conversations)
         entries = self._entries(conversations)
         heads, versions = self._documents()
         submissions, updated_submissions = self._submissions(conversations)
@@ -804,6 +831,29 @@ class Builder:
                 {"type": "entry", "id": entry_id, "conversation": conversation_id, "kind": kind}
             )
         return entries
+
+    def _newest_entries(self, conversations: list[Conversation]) -> None:
+        """Each expected newest entry (:meth:`Draft.expect_newest_entry`), as stored
+        before this commit's own entries."""
+        fresh = {c.id: c for c in conversations}
+        for conversation_id, expected in self.draft.newest_entries:
+            conversation = fresh.get(conversation_id)
+            if conversation is None:
+                conversation = self.tx.conversation(conversation_id)
+                if conversation is None or conversation.session_id != self.session_id:
+                    raise UnknownRecord(
+                        f"no conversation {conversation_id} in session {self.session_id}")
+                own = self.tx.newest_entry(conversation_id)
+            else:
+                own = None
+            # A fork with no entry of its own ends where it forks: its origin's later
+            # entries are not in its transcript.
+            current = own.id if own is not None else conversation.fork_entry_id
+            if current != expected:
+                raise StaleStep(
+                    f"the newest entry of {conversation_id} is {current or 'none'}, "
+                    f"not {expected or 'none'}"
+                )
 
     def _operations_log(self, conversations: list[Conversation], fresh: set[str]) -> str:
         log_id = operations_log_id(self.session_id)

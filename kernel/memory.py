@@ -679,6 +679,9 @@ class _CommitReads:
     def entry(self, entry_id: str) -> Entry | None:
         return self.storage.entry(entry_id)
 
+    def newest_entry(self, conversation_id: str) -> Entry | None:
+        return max(self.storage._stored_entries(conversation_id), key=position, default=None)
+
     def submission(self, submission_id: str) -> Submission | None:
         return self.storage.submission(submission_id)
 

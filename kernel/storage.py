@@ -94,6 +94,10 @@ class CommitReads(Protocol):
 
     def entry(self, entry_id: str) -> Entry | None: ...
 
+    def newest_entry(self, conversation_id: str) -> Entry | None:
+        """The conversation's own newest entry (greatest seq and ordinal), if it has one."""
+        ...
+
     def submission(self, submission_id: str) -> Submission | None: ...
 
     def submission_by_request(self, request_id: str) -> Submission | None: ...
@@ -120,6 +124,8 @@ class Prefetch:
     """Tasks that end in this commit: their owned children and waiters will be read."""
     submissions: tuple[str, ...] = ()
     """Submissions the commit updates, or resubmits from."""
+    newest_entries: tuple[str, ...] = ()
+    """Conversations whose newest entry the commit expects (:meth:`CommitReads.newest_entry`)."""
 
 
 NO_PREFETCH = Prefetch()

@@ -26,6 +26,7 @@ from kernel import (
     Draft,
     DuplicateCommit,
     ReservedConversation,
+    StaleStep,
     UnknownRecord,
     agent,
 )
@@ -249,12 +250,6 @@ def compact_conversation(
     # not the read of those under way saw it.
     starts_seen = session_reads.compactions_started(session_id, conversation_id)
     if not done_before(user, session_id, action_id, "compact", conversation_id):
-        newest = session_reads.last_entries(conversation_id, 1, 0).entries
-        refuse_unless(
-            bool(newest) and newest[-1].id == last_entry_id,
-            f"the newest entry of {conversation_id} is "
-            f"{newest[-1].id if newest else 'none'}, not {last_entry_id}: look again",
-        )
         # Its summary is the entry a compaction adds, and only once it is written: until
         # then a second one would summarize the same entries again.
         under_way = session_reads.compaction_under_way(session_id, conversation_id)
@@ -266,11 +261,16 @@ def compact_conversation(
     task_input = {"reason": "operator", "by": actor(user)}
 
     def build(draft: Draft) -> None:
+        # The entries it will summarize are the ones the operator saw: checked by the
+        # commit, so that an entry appended after any read of ours refuses it too.
+        draft.expect_newest_entry(conversation_id, last_entry_id)
         compaction.start(draft, conversation_id, task_input, expected_version=starts_seen)
 
     try:
         seq, replayed = commit_action(user, session_id, action_id, "compact", conversation_id,
                                       reason, build)
+    except StaleStep as exc:
+        raise Conflict(f"{exc}: look again") from exc
     except DocumentConflict as exc:
         raise Conflict(f"another compaction of {conversation_id} started while yours was "
                        "asked: look again once it has ended") from exc

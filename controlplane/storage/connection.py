@@ -183,6 +183,7 @@ class TransactionReads:
         self._heads: dict[tuple[str, str], DocumentHead | None] = {}
         self._conversations = conversations
         self._submissions: dict[str, Submission | None] = {}
+        self._newest: dict[str, Entry | None] = {}
 
     def load(self, prefetch: Prefetch, *, begin: bool = False) -> None:
         """``begin``: open the transaction here, with BEGIN in the same pipeline (the
@@ -223,9 +224,18 @@ class TransactionReads:
                 if prefetch.submissions
                 else None
             )
+            newest = {
+                conversation_id: HotCursor(self.db).execute(sql.NEWEST_ENTRY, [conversation_id])
+                for conversation_id in prefetch.newest_entries
+            }
         row = session.fetchone()
         if row is None:
             raise UnknownRecord(f"no session {self.session_id}")
+        for conversation_id, found in newest.items():
+            # Read after the session's lock is taken, as the submissions below: an entry
+            # is only written through that lock.
+            entry = found.fetchone()
+            self._newest[conversation_id] = ENTRY.from_sql(entry) if entry else None
         self.session: SessionRecord = SESSION.from_sql(row)
         if tasks is not None:
             self._task_cache.update({t.id: t for t in map(TASK.from_sql, tasks.fetchall())})
@@ -325,6 +335,13 @@ class TransactionReads:
         self.cur.execute(sql.ENTRY_BY_ID, [entry_id])
         row = self.cur.fetchone()
         return ENTRY.from_sql(row) if row else None
+
+    def newest_entry(self, conversation_id: str) -> Entry | None:
+        if conversation_id not in self._newest:
+            self.cur.execute(sql.NEWEST_ENTRY, [conversation_id])
+            row = self.cur.fetchone()
+            self._newest[conversation_id] = ENTRY.from_sql(row) if row else None
+        return self._newest[conversation_id]
 
     def submission(self, submission_id: str) -> Submission | None:
         if submission_id in self._submissions:

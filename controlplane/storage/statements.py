@@ -589,6 +589,8 @@ CONVERSATIONS_BY_ID = select(CONVERSATION, "id = ANY(%s)")
 CONVERSATION_INSERT = insert(CONVERSATION)
 ENTRY_BY_ID = select(ENTRY, "id = %s")
 CONVERSATION_ENTRIES = select(ENTRY, "conversation_id = %s", " ORDER BY seq, ordinal")
+# The newest entry of a conversation: the top of its (conversation, seq, ordinal) index.
+NEWEST_ENTRY = select(ENTRY, "conversation_id = %s", " ORDER BY seq DESC, ordinal DESC LIMIT 1")
 ENTRY_INSERT = insert(ENTRY)
 # A context's range (Storage.context_entries), in two statements whose bounds the planner
 # sees: the latest summary covering nothing past ``upto``, found on the partial index of

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kernel.commit import Draft
+from kernel.errors import UnknownRecord
 from kernel.records import SUMMARY, Entry
 from kernel.registry import Registry
 from kernel.run import Run
@@ -49,8 +50,9 @@ COMPACTION = "agent-compaction"
 STARTED = "@compaction"
 """The document, one per conversation (keyed by its id), naming the compaction started
 on it last, written in the commit that creates that task: a start that expects the
-version it read (:func:`start`) is refused when another started since, so of two asked
-at once only one runs (a second would summarize the same entries again)."""
+version it read (:func:`start`, and a turn's) is refused when another started since, so
+of two asked at once only one runs (a second would summarize the same entries again); a
+turn due a compaction while one is under way waits for it (:func:`under_way`)."""
 POLL_SECONDS = 1.0
 MAX_PASSES = 4
 """Summaries one compaction may commit, one after another, while the context still
@@ -185,6 +187,21 @@ def started(draft: Draft, conversation_id: str, task_id: str, reason: str, by: s
     draft.update_document(STARTED, conversation_id, {
         "op": "set", "path": [], "value": {"task": task_id, "reason": reason, "by": by}},
         expected_version=expected_version)
+
+
+def under_way(run: Run, conversation_id: str) -> tuple[str | None, int]:
+    """The compaction of ``conversation_id`` started last, if it has not ended, and the
+    version of :data:`STARTED` it was read at (what a start made after this read
+    expects)."""
+    record, version = run.versioned_document(STARTED, conversation_id)
+    task_id = (record or {}).get("task")
+    if task_id is None:
+        return None, version
+    try:
+        ended = run.outcomes([task_id])[task_id] is not None
+    except UnknownRecord:  # no longer kept: it ended long ago
+        ended = True
+    return (None if ended else task_id), version
 
 
 def start(draft: Draft, conversation_id: str, input: JSON, *, expected_version: int) -> str:

@@ -13,7 +13,8 @@ queued one.
 A request is built from the conversation's context (the latest summary and what came
 after it, :meth:`kernel.session.Kernel.context`); one that would pass its model's
 threshold, or that the model answers is too long, first waits for an
-``agent-compaction`` task (:mod:`kernel.agent.compaction`), then asks (again, once).
+``agent-compaction`` task (:mod:`kernel.agent.compaction`): the one of the conversation
+under way (an operator's), or one of its own; then asks (again, once).
 
 ``agent-tool``: ``call`` validates the arguments and commits the intent (fixed
 arguments, replay policy, operation id) before running; ``execute`` is reached
@@ -42,7 +43,7 @@ from kernel.tasks import Finish, Transition
 
 from .approval import APPROVE, requested, wait, wait_on
 from .approval import decision as decision_on
-from .compaction import COMPACTION, Compaction, register_compaction, started
+from .compaction import COMPACTION, Compaction, register_compaction, started, under_way
 from .context import INTERRUPTION, RESPONSE, TOOL_RESULT, USER, answers, messages
 from .models import (
     ContextOverflowError,
@@ -181,8 +182,7 @@ def register_agent(
             if checkpoint.get("compacted_round") != checkpoint["round"] and compacting.due(
                 checkpoint["model"], context, tools
             ):
-                return compact(run, "threshold",
-                               {"compacted_round": checkpoint["round"], "attempt": attempt - 1})
+                return compact_first(run, "threshold", attempt - 1)
             request = ModelRequest(checkpoint["model"], context, tools, checkpoint["options"])
             stream = Stream(run)
             chosen = provider(run)
@@ -192,8 +192,7 @@ def register_agent(
                     record_answer(span, answer)
             except ContextOverflowError as exc:
                 if not checkpoint.get("overflow_compacted"):  # compact, then ask once more
-                    return compact(run, "overflow",
-                                   {"overflow_compacted": True, "attempt": attempt - 1})
+                    return compact_first(run, "overflow", attempt - 1)
                 return run.next("finish", {
                     "failure": f"the context is too long for the model even after "
                                f"compaction: {exc}",
@@ -244,6 +243,30 @@ def register_agent(
                 return run.sleep(POLL_SECONDS, then="poll", checkpoint={"polls": polls})
             return respond(run, answer, None, run.checkpoint.get("asked_with"))
 
+        def compact(self, run: Run) -> Transition:
+            """Wait for the compaction of the conversation under way (an operator's: a
+            second would summarize the same entries again), then ask again, and compact
+            again only if the request is still due; or start one, a task of its own, in a
+            commit that expects the record of compactions started as read: one started
+            meanwhile refuses it, and this phase, run again, waits for that one."""
+            conversation = run.input["conversation_id"]
+            reason = run.checkpoint["compacting"]
+            current, version = under_way(run, conversation)
+            if current is not None:
+                return run.wait_all([current], then="request", checkpoint={"compacting": None})
+            child = run.spawn(COMPACTION, {
+                "conversation_id": conversation,
+                "model": run.checkpoint["model"],
+                "reason": reason,
+                "by": run.task_id,
+            })
+            started(run.draft, conversation, child, reason, run.task_id,
+                    expected_version=version)
+            once = ({"compacted_round": run.checkpoint["round"]} if reason == "threshold"
+                    else {"overflow_compacted": True})
+            return run.wait_all([child], then="request",
+                                checkpoint={"compacting": None, **once})
+
         def finish(self, run: Run) -> Transition:
             """Bookkeeping only, so re-running it on a document conflict is harmless."""
             return finish_turn(run)
@@ -253,18 +276,12 @@ def register_agent(
             ends without answering, and releases its conversation in the same commit."""
             release_unanswered(run, finish, "turn")
 
-    def compact(run: Run, reason: str, state: JSON) -> Transition:
-        """Summarize the older part of the conversation first (a task of its own, which
-        the turn waits for), then ask again."""
-        conversation = run.input["conversation_id"]
-        child = run.spawn(COMPACTION, {
-            "conversation_id": conversation,
-            "model": run.checkpoint["model"],
-            "reason": reason,
-            "by": run.task_id,
-        })
-        started(run.draft, conversation, child, reason, run.task_id)
-        return run.wait_all([child], then="request", checkpoint={"in_flight": None, **state})
+    def compact_first(run: Run, reason: str, attempt: int) -> Transition:
+        """Summarize the older part of the conversation first (phase ``compact``), then
+        ask again. A phase of its own: the request's intent is committed, so a conflict
+        in this commit would run ``request`` again as if its worker had stopped."""
+        return run.next("compact", {"in_flight": None, "attempt": attempt,
+                                    "compacting": reason})
 
     def respond(
         run: Run, answer: ModelResponse, stream: Stream | None, asked_with: list[str] | None

@@ -1,14 +1,20 @@
 """An operator's action carries what the operator saw, and the commit refuses it (under
 the session's lock) when that changed: a wake the task's ``updated_seq``, a cancel the
-task's ``run``, a resubmission the original submission's ``updated_seq``. A refused
-commit writes nothing. Run against both storages."""
+task's ``run``, a resubmission the original submission's ``updated_seq``, a compaction
+the conversation's newest entry. A refused commit writes nothing. Run against both storages."""
 
 from __future__ import annotations
 
+from datetime import timedelta
+from typing import Any
+
 import pytest
 
-from kernel import Draft, StaleStep, Status, SubmissionStatus
+from kernel import DocumentConflict, Draft, StaleStep, Status, SubmissionStatus, UnknownRecord
+from kernel.commit import CommitKind
 from kernel.forks import phase_entries
+from kernel.records import Outcome
+from kernel.tasks import Finish, Next
 
 from .definitions import start
 from .world import World
@@ -121,3 +127,129 @@ def test_a_resubmission_from_a_stale_view_of_its_original_is_refused_and_writes_
     assert world.storage.submission_by_request(handle.id, "by-olga") is None
     resubmit("by-olga", original.updated_seq)  # having looked again
     assert world.storage.submission(original_id).resubmits == 2
+
+
+@pytest.mark.parametrize("shape", ["alone", "creates", "documents", "keyed", "next alone",
+                                   "next writing", "ends alone"])
+def test_a_newest_entry_expected_of_a_conversation_is_checked_in_the_commit(
+    world: World, shape: str,
+) -> None:
+    """``Draft.expect_newest_entry``: the commit is refused (StaleStep, nothing written)
+    unless the conversation's newest entry is the one expected when it is built (an
+    operator's compaction names the newest entry they saw). Beside each shape of draft
+    that a storage could otherwise write a shorter way, it is committed the general way,
+    so no storage passes over the check."""
+    kernel, handle, _ = start(world, "napper", {"name": "n"})
+    made = Draft(actor="user:ann")
+    conversation = made.create_conversation()
+    seen = made.append(conversation, "user", {"text": "hello"})
+    handle.commit(made)
+    later = Draft(actor="agent:turn")
+    newest = later.append(conversation, "user", {"text": "one more"})
+    handle.commit(later)  # after the caller saw ``seen``
+
+    def draft(expected: str | None) -> tuple[Draft, Any]:
+        known = None
+        made = Draft(actor="user:olga", key=f"k-{expected}" if shape == "keyed" else None)
+        if shape in ("alone", "keyed"):
+            made.append(conversation, "note", {"on": expected})
+        elif shape == "creates":
+            made.create_task("step", {"name": "made"})
+        elif shape == "documents":
+            made.set("plan", "other", ["on"], expected)
+        else:
+            created = Draft()
+            made_id = created.create_task("napper", {})
+            handle.commit(created)
+            now = world.clock.now()
+            known = world.storage.claim(made_id, "w1", now, now + timedelta(seconds=30))
+            assert known is not None
+            if shape == "ends alone":
+                transition: Any = Finish(Outcome.SUCCEEDED, "done")
+            else:
+                transition = Next("wake", {"on": expected}, keep_lease=True,
+                                  lease_until=now + timedelta(seconds=30))
+            if shape == "next writing":
+                made.append(conversation, "note", {"on": expected})
+            made.transition(made_id, known.epoch, transition, owner="w1")
+        made.expect_newest_entry(conversation, expected)
+        assert made.kind() is CommitKind.GENERAL
+        return made, known
+
+    for stale in (seen, None):
+        refused, known = draft(stale)
+        before = head(world, handle.id)
+        with pytest.raises(StaleStep, match=f"newest entry of {conversation} is {newest}, "
+                                            f"not {stale or 'none'}"):
+            kernel.open(handle.id).commit(refused, known=known)
+        assert head(world, handle.id) == before
+        assert [e.id for e in kernel.entries(conversation)] == [seen, newest]
+        assert world.storage.document_head(handle.id, "plan", "other") is None
+
+    current, known = draft(newest)
+    written = kernel.open(handle.id).commit(current, known=known)
+    assert written.commit.seq == head(world, handle.id)
+    if shape in ("alone", "keyed", "next writing"):
+        assert kernel.entries(conversation)[-1].payload == {"on": newest}
+
+
+def test_a_newest_entry_expected_of_an_empty_conversation_or_a_fork_is_its_transcripts(
+    world: World,
+) -> None:
+    """A conversation with no entries ends with none; a fork with none of its own ends
+    with the entry it forks at (its origin's later entries are not in its transcript);
+    a conversation created in the same draft holds none yet; an unknown one is refused."""
+    kernel, handle, _ = start(world, "napper", {"name": "n"})
+    made = Draft(actor="user:ann")
+    origin = made.create_conversation()
+    empty = made.create_conversation()
+    first = made.append(origin, "user", {"text": "hello"})
+    handle.commit(made)
+    forked = Draft(actor="user:ann")
+    fork = forked.create_conversation(fork_of=origin, fork_entry_id=first)
+    handle.commit(forked)
+    after = Draft(actor="agent:turn")
+    later = after.append(origin, "user", {"text": "more"})
+    handle.commit(after)
+
+    def commit(conversation: str, expected: str | None, *, fresh: bool = False) -> None:
+        draft = Draft(actor="user:olga")
+        if fresh:
+            conversation = draft.create_conversation(fork_of=origin, fork_entry_id=later)
+        draft.expect_newest_entry(conversation, expected)
+        draft.record_operation("look", {"at": conversation})
+        kernel.open(handle.id).commit(draft)
+
+    before = head(world, handle.id)
+    with pytest.raises(StaleStep, match=f"newest entry of {empty} is none, not {first}"):
+        commit(empty, first)
+    with pytest.raises(StaleStep, match=f"newest entry of {fork} is {first}, not {later}"):
+        commit(fork, later)
+    with pytest.raises(StaleStep, match=f"is {later}, not none"):
+        commit("", None, fresh=True)
+    with pytest.raises(UnknownRecord, match="no conversation conv_nope"):
+        commit("conv_nope", None)
+    assert head(world, handle.id) == before
+    commit(empty, None)
+    commit(fork, first)
+    commit(origin, later)
+    commit("", later, fresh=True)
+    assert head(world, handle.id) == before + 4
+
+
+def test_a_draft_expecting_a_newest_entry_absorbs_no_append_to_that_conversation() -> None:
+    """Apart, an entry appended by one commit would refuse the next that expects the
+    entry before it; together in one commit the check would pass over it."""
+    for expecting_first in (True, False):
+        expects, appends = Draft(), Draft()
+        expects.expect_newest_entry("conv_a", "entry_seen")
+        appends.append("conv_a", "note", {})
+        first, second = (expects, appends) if expecting_first else (appends, expects)
+        with pytest.raises(DocumentConflict, match="newest entry of conv_a"):
+            first.absorb(second)
+    elsewhere, expects = Draft(), Draft()
+    elsewhere.append("conv_b", "note", {})
+    expects.expect_newest_entry("conv_a", "entry_seen")
+    elsewhere.absorb(expects)
+    assert elsewhere.newest_entries == [("conv_a", "entry_seen")]
+    assert elsewhere.kind() is CommitKind.GENERAL

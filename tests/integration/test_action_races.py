@@ -1,7 +1,8 @@
 """An operator's action acts on what the operator saw, checked in its commit under the
 session's lock: a change that lands between the command's read and its commit (another
 operator's retry that failed again, a worker rewriting its environment report, another
-compaction started) refuses the action (409) and nothing is committed."""
+compaction started, an entry appended to the conversation to compact) refuses the action
+(409) and nothing is committed."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from controlplane.commands import actions, sessions
 from controlplane.errors import Conflict
 from controlplane.reads import sessions as session_reads
 from controlplane.worker.runtime import runtime
-from kernel import Kernel, Scheduler, Status, agent
+from kernel import Draft, Kernel, Scheduler, Status, agent
 from kernel.environment import ENVIRONMENT
 
 from .api_kinds import start
@@ -150,6 +151,33 @@ def test_a_second_compaction_started_after_the_read_is_refused(
     compactions = [t for t in kernel.storage.session_tasks(session_id)
                    if t.kind == agent.COMPACTION]
     assert [t.input["by"] for t in compactions] == ["user:omar"]
+
+
+def test_a_compaction_of_a_conversation_that_moved_on_after_the_read_is_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An entry lands between the command's check of the newest entry and its commit:
+    the operator's summary would cover an entry they never saw, so the commit refuses it."""
+    session_id, conversation = conversation_with_a_tool_call()
+    kernel = runtime().kernel
+    seen = kernel.entries(conversation)[-1].id
+
+    def a_message_lands() -> int:
+        draft = Draft(actor="agent:turn")
+        draft.append(conversation, "user", {"text": "one more thing"})
+        kernel.open(session_id).commit(draft)
+        return head(kernel, session_id)
+
+    landed = just_before(monkeypatch, sessions, "commit_action", a_message_lands)
+    answer = post(client_as("olga", "operator"), f"/api/conversations/{conversation}/compact",
+                  {"action_id": "c-olga", "reason": "long", "last_entry_id": seen})
+    assert answer.status_code == 409, answer.content
+    newer = kernel.entries(conversation)[-1].id
+    assert f"the newest entry of {conversation} is {newer}, not {seen}" in (
+        answer.json()["detail"])
+    assert head(kernel, session_id) == landed[0]
+    assert not [t for t in kernel.storage.session_tasks(session_id)
+                if t.kind == agent.COMPACTION]
 
 
 def test_of_two_compactions_asked_at_once_on_two_connections_one_is_committed(

@@ -732,10 +732,11 @@ class Differential(RuleBasedStateMachine):
 
 class Operators(Differential):
     """The differential machine with operators' actions that name what the operator saw
-    (a cancel the task's run, a wake its seq, a resubmission its original's seq), now and
-    then stale: the commit checks it under the session's lock, and every storage refuses
-    the same ones. A machine of its own, so that the programs :class:`Differential`
-    generates from a fixed seed (the fast paths' test) stay what they were."""
+    (a cancel the task's run, a wake its seq, a resubmission its original's seq, a
+    compaction the conversation's newest entry), now and then stale: the commit checks it
+    under the session's lock, and every storage refuses the same ones. A machine of its
+    own, so that the programs :class:`Differential` generates from a fixed seed (the fast
+    paths' test) stay what they were."""
 
     @precondition(lambda self: bool(self.tasks()))
     @rule(task=INDEX, stale=st.booleans())
@@ -752,6 +753,34 @@ class Operators(Differential):
         seq = target.updated_seq - (1 if stale else 0)
         self._client("wake seen", target.session_id, lambda w, d: d.wake(
             target.id, expected_seq=seq))
+
+    @precondition(lambda self: bool(self.sessions))
+    @rule(session=INDEX, seen=st.sampled_from(("right", "right", "stale")),
+          shape=st.sampled_from(("append", "create", "documents")))
+    def compact_seen(self, session: int, seen: str, shape: str) -> None:
+        """An operator's commit naming the newest entry of the conversation they saw
+        (``Draft.expect_newest_entry``), right or stale (one before it, or none), beside
+        an entry, a task or a document write, each of which alone a storage would commit
+        a shorter way: every storage refuses the same ones."""
+        session_id, conversation = self.session_at(session)
+        memory = self.reference.memory
+        assert memory is not None
+        entries = memory.conversation_entries(conversation)
+        newest = entries[-1].id if entries else None
+        if seen == "stale":
+            newest = entries[-2].id if len(entries) > 1 else (None if entries else "entry_x")
+
+        def fill(world: World, draft: Draft) -> None:
+            draft.expect_newest_entry(conversation, newest)
+            if shape == "append":
+                draft.append(conversation, "note", {"seen": newest})
+            elif shape == "create":
+                draft.create_task(KIND, {"script": [], "conv": conversation})
+            else:
+                draft.set(DOCUMENT, "d0", ["seen"], newest)
+
+        self._client("compact seen", session_id, fill)
+        STATS[f"newest entry expected: {seen}"] += 1
 
     def submissions(self) -> list[Submission]:
         memory = self.reference.memory

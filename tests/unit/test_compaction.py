@@ -16,6 +16,7 @@ from kernel.agent import (
     ContextOverflowError,
     ModelRequest,
     ModelResponse,
+    Pending,
     ScriptedProvider,
     ToolCall,
     submit,
@@ -386,3 +387,92 @@ def test_an_earlier_summary_is_folded_into_the_next() -> None:
     assert found.covers == {"first": {"id": "e0", "seq": 0, "ordinal": 0},
                             "last": {"id": "e3", "seq": 3, "ordinal": 0}}
     assert plan(context[:2], keep_tokens=10) is None  # one entry beside it: nothing to cut
+
+
+def test_a_turn_due_a_compaction_while_an_operators_is_under_way_waits_for_it() -> None:
+    """An operator's compaction is under way (its summary request answered in the
+    background) when a turn's request passes the threshold: the turn waits for that
+    compaction instead of starting a second one over the same entries, then asks with
+    its summary."""
+    handles: list[str] = []
+
+    def script(request: ModelRequest) -> ModelResponse | Pending:
+        if request.purpose == "compaction":
+            handles.append(f"h{len(handles)}")
+            world.provider.background.pop(handles[-1], None)
+            return Pending(handles[-1])
+        return reader(request)
+
+    world = World(ScriptedProvider(script))  # no window while the conversation grows
+    kernel, handle, conversation = converse(world, 8)
+    world.compaction = Compaction({"scripted": WINDOW})
+    kernel = world.kernel()
+    operator = Draft(actor="user:op")
+    started_by_op = start(operator, conversation, {"reason": "operator", "by": "user:op"},
+                          expected_version=kernel.document_version(handle.id, STARTED,
+                                                                   conversation))
+    handle.commit(operator)
+    submit(handle, conversation, {"text": "m8"}, "req-8")
+    world.run(advance_clock=False)  # the summary is not in yet: both wait
+
+    tasks = [t for t in kernel.storage.session_tasks(handle.id) if t.kind == COMPACTION]
+    assert [t.id for t in tasks] == [started_by_op]
+    assert kernel.document(handle.id, STARTED, conversation)["task"] == started_by_op
+    assert handles == ["h0"]  # one summary request, the operator's
+
+    world.provider.background["h0"] = ModelResponse("the earlier pages", (), SUMMARY_USAGE)
+    world.run()
+    [summary] = summaries(kernel, conversation)
+    assert summary.payload["task"] == started_by_op
+    last = turn_requests(world)[-1]
+    assert last.messages[0]["content"] == SUMMARY_INTRO + "the earlier pages"
+    assert estimate_tokens([last.messages, last.tools]) <= WINDOW * 0.8
+    answered = kernel.storage.submission_by_request(handle.id, "req-8")
+    assert answered.status is SubmissionStatus.ANSWERED
+
+
+def test_an_operators_compaction_started_after_the_turn_looked_is_waited_for(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The operator's compaction is committed after the turn found none under way and
+    before the turn's own start: that start expects the record it read, so it is
+    refused, and the turn, looking again, waits for the operator's."""
+    from kernel.agent import turn
+
+    handles: list[str] = []
+
+    def script(request: ModelRequest) -> ModelResponse | Pending:
+        if request.purpose == "compaction":
+            handles.append(f"h{len(handles)}")
+            return Pending(handles[-1])
+        return reader(request)
+
+    world = World(ScriptedProvider(script))
+    kernel, handle, conversation = converse(world, 8)
+    world.compaction = Compaction({"scripted": WINDOW})
+    looked = turn.under_way
+    landed: list[str] = []
+
+    def look_then_an_operator_starts(run: Any, conversation_id: str) -> Any:
+        seen = looked(run, conversation_id)
+        if not landed:
+            operator = Draft(actor="user:op")
+            landed.append(start(operator, conversation, {"reason": "operator",
+                                                         "by": "user:op"},
+                                expected_version=seen[1]))
+            handle.commit(operator)
+        return seen
+
+    monkeypatch.setattr(turn, "under_way", look_then_an_operator_starts)
+    submit(handle, conversation, {"text": "m8"}, "req-8")
+    world.run(advance_clock=False)
+    tasks = [t.id for t in kernel.storage.session_tasks(handle.id) if t.kind == COMPACTION]
+    assert tasks == landed
+    assert handles == ["h0"]
+    world.provider.background["h0"] = ModelResponse("the earlier pages", (), SUMMARY_USAGE)
+    world.run()
+    [summary] = summaries(kernel, conversation)
+    assert summary.payload["task"] == landed[0]
+    answered = kernel.storage.submission_by_request(handle.id, "req-8")
+    assert answered.status is SubmissionStatus.ANSWERED
+    assert not [e for e in kernel.entries(conversation) if e.kind == "interruption"]
