@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from controlplane.reads.snapshot import rows
-from controlplane.storage.statements import task_blocked, task_runnable
+from controlplane.storage import task_blocked, task_runnable
 from kernel import Outcome, Status
 
 

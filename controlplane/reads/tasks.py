@@ -19,9 +19,8 @@ from controlplane.process.kernel import process_kernel
 from controlplane.reads import environments
 from controlplane.reads.approvals import TOOL_KIND
 from controlplane.reads.snapshot import rows as sql_rows
-from controlplane.storage import search
+from controlplane.storage import search, task_blocked
 from controlplane.storage.schema import COMMIT, TASK
-from controlplane.storage.statements import task_blocked
 from kernel import Blocked, Decision, Outcome, Status, Task, UnknownRecord, tracing
 from kernel.agent.approval import PHASE as APPROVAL_PHASE
 from kernel.records import SHOWN_STATUSES

@@ -13,7 +13,7 @@ from django.conf import settings
 from controlplane import models
 from controlplane.process.kernel import process_kernel
 from controlplane.reads.snapshot import rows as sql_rows
-from controlplane.storage.statements import task_blocked, task_runnable
+from controlplane.storage import task_blocked, task_runnable
 from kernel import Status
 
 

@@ -32,7 +32,9 @@ from controlplane.storage.partitions import to_make as partitions_to_make
 from controlplane.storage.postgres import READS, UNAVAILABLE, WRITES, PostgresStorage
 from controlplane.storage.retention import PruneRunning
 from controlplane.storage.s3_artifacts import S3Artifacts
+from controlplane.storage.statements import task_blocked, task_runnable
 
 __all__ = ["READS", "UNAVAILABLE", "WRITES", "DatabaseClock", "HotCursor", "Observer",
            "PostgresArtifacts", "PostgresStorage", "PruneRunning", "S3Artifacts", "due",
-           "partitions_to_make", "prepare_partitions", "referenced_artifacts"]
+           "partitions_to_make", "prepare_partitions", "referenced_artifacts", "task_blocked",
+           "task_runnable"]
