@@ -25,6 +25,7 @@ from datetime import datetime, timedelta
 from typing import Any, Protocol
 
 from .errors import KernelError
+from .records import Task
 from .values import storable
 
 JSON = Any
@@ -43,6 +44,12 @@ EXCERPT = 1_000
 """Characters of a large value's JSON that its reference keeps for readers."""
 GRACE = timedelta(hours=1)
 """How old an unreferenced artifact must be before a sweep removes it."""
+TASK_FIELDS = ("input", "checkpoint", "signals")
+"""The fields of a task that has not ended whose references a sweep keeps: what its
+later phases read (a value :meth:`~kernel.run.Run.store_large` stored, kept in its
+checkpoint, passed in a child's input or a signal), after a sleep, a wait or a crash of
+any length. An ended task's are not read: they are kept for display with the task, which
+a prune never removes, so keeping what they name would keep every such artifact forever."""
 
 
 class ArtifactError(KernelError):
@@ -148,6 +155,12 @@ class InMemoryArtifacts:
         with self._lock:
             stored = self._objects[digest]
             self._objects[digest] = _Stored(data, stored.media_type, stored.at)
+
+
+def task_values(task: Task) -> list[JSON]:
+    """What of ``task`` a sweep reads for references (:data:`TASK_FIELDS`): nothing once
+    it has ended."""
+    return [] if task.terminal else [getattr(task, name) for name in TASK_FIELDS]
 
 
 def is_reference(value: JSON) -> bool:
