@@ -178,17 +178,15 @@ def offload(store: ArtifactStore, value: JSON, threshold: int, what: str = "valu
     data = encoded(value)
     if len(data) <= threshold:
         return value
-    return _stored(store, data, data[:EXCERPT * 4].decode(errors="ignore")[:EXCERPT])
+    found = _reference(store.put(data, "application/json"), len(data),
+                       data[:EXCERPT * 4].decode(errors="ignore")[:EXCERPT])
+    return _holding(found, value, data)
 
 
 def encoded(value: JSON) -> bytes:
     """An artifact's bytes for a JSON value (the same value, the same bytes)."""
     return json.dumps(value, ensure_ascii=False, separators=(",", ":"),
                       sort_keys=True).encode()
-
-
-def _stored(store: ArtifactStore, data: bytes, excerpt: str) -> JSON:
-    return _reference(store.put(data, "application/json"), len(data), excerpt)
 
 
 def _reference(digest: str, size: int, excerpt: str) -> JSON:
@@ -220,12 +218,18 @@ def stand_in_shape(digest: str, value: JSON, data: bytes, what: str) -> JSON:
         errors="ignore")[:EXCERPT]
     found = _reference(digest, len(data), excerpt)
     found[IN_PLACE_OF] = what
+    return _holding(found, value, data)
+
+
+def _holding(reference: JSON, value: JSON, data: bytes) -> JSON:
+    """``reference`` to ``value`` (its bytes ``data``), listing under :data:`HOLDS` the
+    artifacts ``value`` references itself, if any."""
     # A reference is an object with the key REFERENCE, which the encoded bytes then hold;
     # without them there is nothing to walk (a large history, say, referencing nothing).
     inner = sorted(set(references(value))) if _REFERENCE_KEY in data else []
     if inner:
-        found[HOLDS] = inner
-    return found
+        reference[HOLDS] = inner
+    return reference
 
 
 def is_stand_in(value: JSON) -> bool:

@@ -257,3 +257,38 @@ def test_the_sweep_keeps_what_a_task_that_has_not_ended_stored_until_it_ends(
     # Ended: what their records name is for display, and no longer keeps the artifacts.
     assert world.storage.referenced_artifacts(set(stored.values())) == set()
     assert store.sweep(world.storage.referenced_artifacts, world.clock.now()) == 2
+
+
+def test_a_large_value_holding_references_names_them_so_a_task_keeps_them_too(
+    world: World,
+) -> None:
+    """A task that keeps in its checkpoint, stored with ``Run.store_large``, a value
+    holding references (its children's large results, say) keeps those artifacts too:
+    the reference lists them, as a stand-in does."""
+    store = InMemoryArtifacts(world.clock.now)
+    kernel = kernel_for(world, store)
+    inner = [offload(store, {"rows": text(f"r{n}")}, ABOVE) for n in range(2)]
+
+    @kernel.registry.task("gatherer")
+    class Gatherer:
+        initial = "start"
+
+        def start(self, run: Run) -> Transition:
+            kept = run.store_large({"results": inner}, 100, "gatherer checkpoint")
+            return run.sleep(60, then="wake", checkpoint={"kept": kept})
+
+        def wake(self, run: Run) -> Transition:
+            return run.succeed()
+
+    handle = kernel.create_session()
+    draft = Draft()
+    draft.create_task("gatherer", {})
+    handle.commit(draft)
+    Scheduler(kernel, "w1", 30.0).run_until_idle()
+    (task,) = world.storage.session_tasks(handle.id)
+    assert len(store._objects) == 3
+    world.clock.advance(GRACE + timedelta(seconds=1))
+    store.sweep(world.storage.referenced_artifacts, world.clock.now())
+    held = load(store, task.checkpoint["kept"])["results"]
+    assert [load(store, r) for r in held] == [{"rows": text(f"r{n}")} for n in range(2)]
+    assert task.checkpoint["kept"][HOLDS] == sorted(r[REFERENCE] for r in inner)
