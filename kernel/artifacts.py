@@ -48,8 +48,10 @@ TASK_FIELDS = ("input", "checkpoint", "signals")
 """The fields of a task that has not ended whose references a sweep keeps: what its
 later phases read (a value :meth:`~kernel.run.Run.store_large` stored, kept in its
 checkpoint, passed in a child's input or a signal), after a sleep, a wait or a crash of
-any length. An ended task's are not read: they are kept for display with the task, which
-a prune never removes, so keeping what they name would keep every such artifact forever."""
+any length; and the outcome of each ended child of such a task, which its join reads
+(:meth:`~kernel.run.Run.outcomes`), however long before its siblings it ended. Other
+ended tasks' records are not read: they are kept for display, and a prune never removes
+a task, so keeping what they name would keep every such artifact forever."""
 
 
 class ArtifactError(KernelError):
@@ -157,10 +159,15 @@ class InMemoryArtifacts:
             self._objects[digest] = _Stored(data, stored.media_type, stored.at)
 
 
-def task_values(task: Task) -> list[JSON]:
-    """What of ``task`` a sweep reads for references (:data:`TASK_FIELDS`): nothing once
-    it has ended."""
-    return [] if task.terminal else [getattr(task, name) for name in TASK_FIELDS]
+def task_values(tasks: Iterable[Task]) -> list[JSON]:
+    """What of ``tasks`` a sweep reads for references (:data:`TASK_FIELDS`): the fields of
+    those that have not ended, and the outcomes of the ended children of those."""
+    every = list(tasks)
+    live = {t.id for t in every if not t.terminal}
+    return [
+        [getattr(t, name) for name in TASK_FIELDS] if t.id in live else t.outcome
+        for t in every if t.id in live or t.parent_id in live
+    ]
 
 
 def is_reference(value: JSON) -> bool:

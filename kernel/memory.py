@@ -337,7 +337,7 @@ class InMemoryStorage:
         with self._lock:
             values = [e.payload for e in self._entries.values()]
             values += [[v.ops, v.baseline] for vs in self._versions.values() for v in vs]
-            values += [task_values(t) for t in self._tasks.values()]
+            values += task_values(self._tasks.values())
         for value in values:
             found.update(d for d in references(value) if d in wanted)
         return found

@@ -292,3 +292,54 @@ def test_a_large_value_holding_references_names_them_so_a_task_keeps_them_too(
     held = load(store, task.checkpoint["kept"])["results"]
     assert [load(store, r) for r in held] == [{"rows": text(f"r{n}")} for n in range(2)]
     assert task.checkpoint["kept"][HOLDS] == sorted(r[REFERENCE] for r in inner)
+
+
+def test_the_sweep_keeps_what_an_ended_child_returned_while_its_parent_has_not_ended(
+    world: World,
+) -> None:
+    """A child that ended with a large value stored with ``Run.store_large`` in its
+    outcome, long before its parent's join of it and a slower sibling wakes the parent:
+    the parent reads it back (``Run.outcomes``). Once the parent ended, a sweep removes
+    it."""
+    store = InMemoryArtifacts(world.clock.now)
+    kernel = kernel_for(world, store)
+    registry = kernel.registry
+    nap = (GRACE * 2).total_seconds()
+    value = {"rows": text("o")}
+
+    @registry.task("parent")
+    class Parent:
+        initial = "start"
+
+        def start(self, run: Run) -> Transition:
+            children = [run.spawn("child", {"nap": 0}), run.spawn("child", {"nap": nap})]
+            return run.wait_all(children, then="gather")
+
+        def gather(self, run: Run) -> Transition:
+            results = [o["result"] for o in run.outcomes().values()]
+            return run.succeed([r and load(store, r) == value for r in results])
+
+    @registry.task("child")
+    class Child:
+        initial = "start"
+
+        def start(self, run: Run) -> Transition:
+            if run.input["nap"]:
+                return run.sleep(run.input["nap"], then="done")
+            return run.succeed(run.store_large(value, ABOVE, "child result"))
+
+        def done(self, run: Run) -> Transition:
+            return run.succeed()
+
+    handle = kernel.create_session()
+    draft = Draft()
+    parent = draft.create_task("parent", {})
+    handle.commit(draft)
+    scheduler = Scheduler(kernel, "w1", 30.0)
+    scheduler.run_until_idle()
+    world.clock.advance(GRACE + timedelta(seconds=1))
+    store.sweep(world.storage.referenced_artifacts, world.clock.now())
+    world.clock.advance(nap)
+    scheduler.run_until_idle()
+    assert world.storage.task(parent).outcome == {"kind": "succeeded", "result": [True, None]}
+    assert store.sweep(world.storage.referenced_artifacts, world.clock.now()) == 1
