@@ -31,7 +31,7 @@ from django.db.models import Q
 from django.utils import timezone
 from django.utils.crypto import constant_time_compare
 
-from controlplane.errors import Forbidden
+from controlplane.errors import Forbidden, Invalid
 from controlplane.models import ApiToken, LoginFailure
 
 OPERATOR = "operator"
@@ -44,11 +44,31 @@ def digest(key: str) -> str:
     return hashlib.sha256(key.encode()).hexdigest()
 
 
+_LINE_BREAKING = {"Cc", "Zl", "Zp"}
+"""Unicode categories a token's name may not hold: control characters (a tab, a newline,
+an escape) and line or paragraph separators."""
+
+
+def token_name(name: str) -> str:
+    """``name`` if a token may be called so, or Invalid saying why. Tokens are listed one
+    a line, their fields between tabs (``manage.py api_token --list``): a blank name shows
+    nothing there, and a control character or line separator breaks the line."""
+    if not name.strip():
+        raise Invalid("a token's name must not be blank: say what the token is for")
+    found = next((c for c in name if unicodedata.category(c) in _LINE_BREAKING), None)
+    if found is not None:
+        raise Invalid(f"a token's name must not hold a control character or line "
+                      f"separator: {name[:80]!r} holds {found!r}")
+    return name
+
+
 def issue_token(user: User, name: str, expires_at: datetime | None = None, *,
                 issued_by: str = "") -> str:
     """Create a token for ``user`` (valid until ``expires_at``, or until revoked if None)
     and return its key; only the digest is kept, with who issued it (``issued_by``, as
-    the audit names people: ``shell:root``)."""
+    the audit names people: ``shell:root``). A name :func:`token_name` refuses is
+    refused (Invalid) before anything is stored."""
+    token_name(name)
     key = f"dcp_{secrets.token_urlsafe(32)}"
     token = ApiToken.objects.create(user=user, name=name, digest=digest(key),
                                     expires_at=expires_at, issued_by=issued_by)

@@ -25,6 +25,7 @@ from datetime import datetime, timedelta
 from typing import Any, Protocol
 
 from .errors import KernelError
+from .records import Task
 from .values import storable
 
 JSON = Any
@@ -43,6 +44,14 @@ EXCERPT = 1_000
 """Characters of a large value's JSON that its reference keeps for readers."""
 GRACE = timedelta(hours=1)
 """How old an unreferenced artifact must be before a sweep removes it."""
+TASK_FIELDS = ("input", "checkpoint", "signals")
+"""The fields of a task that has not ended whose references a sweep keeps: what its
+later phases read (a value :meth:`~kernel.run.Run.store_large` stored, kept in its
+checkpoint, passed in a child's input or a signal), after a sleep, a wait or a crash of
+any length; and the outcome of each ended child of such a task, which its join reads
+(:meth:`~kernel.run.Run.outcomes`), however long before its siblings it ended. Other
+ended tasks' records are not read: they are kept for display, and a prune never removes
+a task, so keeping what they name would keep every such artifact forever."""
 
 
 class ArtifactError(KernelError):
@@ -150,6 +159,17 @@ class InMemoryArtifacts:
             self._objects[digest] = _Stored(data, stored.media_type, stored.at)
 
 
+def task_values(tasks: Iterable[Task]) -> list[JSON]:
+    """What of ``tasks`` a sweep reads for references (:data:`TASK_FIELDS`): the fields of
+    those that have not ended, and the outcomes of the ended children of those."""
+    every = list(tasks)
+    live = {t.id for t in every if not t.terminal}
+    return [
+        [getattr(t, name) for name in TASK_FIELDS] if t.id in live else t.outcome
+        for t in every if t.id in live or t.parent_id in live
+    ]
+
+
 def is_reference(value: JSON) -> bool:
     return isinstance(value, dict) and isinstance(value.get(REFERENCE), str) and \
         value[REFERENCE].startswith("sha256:")
@@ -165,17 +185,15 @@ def offload(store: ArtifactStore, value: JSON, threshold: int, what: str = "valu
     data = encoded(value)
     if len(data) <= threshold:
         return value
-    return _stored(store, data, data[:EXCERPT * 4].decode(errors="ignore")[:EXCERPT])
+    found = _reference(store.put(data, "application/json"), len(data),
+                       data[:EXCERPT * 4].decode(errors="ignore")[:EXCERPT])
+    return _holding(found, value, data)
 
 
 def encoded(value: JSON) -> bytes:
     """An artifact's bytes for a JSON value (the same value, the same bytes)."""
     return json.dumps(value, ensure_ascii=False, separators=(",", ":"),
                       sort_keys=True).encode()
-
-
-def _stored(store: ArtifactStore, data: bytes, excerpt: str) -> JSON:
-    return _reference(store.put(data, "application/json"), len(data), excerpt)
 
 
 def _reference(digest: str, size: int, excerpt: str) -> JSON:
@@ -207,12 +225,18 @@ def stand_in_shape(digest: str, value: JSON, data: bytes, what: str) -> JSON:
         errors="ignore")[:EXCERPT]
     found = _reference(digest, len(data), excerpt)
     found[IN_PLACE_OF] = what
+    return _holding(found, value, data)
+
+
+def _holding(reference: JSON, value: JSON, data: bytes) -> JSON:
+    """``reference`` to ``value`` (its bytes ``data``), listing under :data:`HOLDS` the
+    artifacts ``value`` references itself, if any."""
     # A reference is an object with the key REFERENCE, which the encoded bytes then hold;
     # without them there is nothing to walk (a large history, say, referencing nothing).
     inner = sorted(set(references(value))) if _REFERENCE_KEY in data else []
     if inner:
-        found[HOLDS] = inner
-    return found
+        reference[HOLDS] = inner
+    return reference
 
 
 def is_stand_in(value: JSON) -> bool:

@@ -17,7 +17,7 @@ from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import TypeVar
 
-from .artifacts import references
+from .artifacts import references, task_values
 from .errors import CommitRejected, CommitUncertain, UnknownRecord
 from .records import (
     LAST_POSITION,
@@ -337,6 +337,7 @@ class InMemoryStorage:
         with self._lock:
             values = [e.payload for e in self._entries.values()]
             values += [[v.ops, v.baseline] for vs in self._versions.values() for v in vs]
+            values += task_values(self._tasks.values())
         for value in values:
             found.update(d for d in references(value) if d in wanted)
         return found

@@ -283,8 +283,11 @@ class Storage(Protocol):
 
     def referenced_artifacts(self, digests: Iterable[str]) -> set[str]:
         """Which of ``digests`` (:mod:`kernel.artifacts`) some stored record references:
-        an entry's payload, a document version's ops or baseline (a stand-in's
-        ``holds`` too). What a sweep keeps (:meth:`~kernel.artifacts.ArtifactStore.sweep`)."""
+        an entry's payload, a document version's ops or baseline, the input, checkpoint
+        or signals of a task that has not ended and the outcomes of its ended children
+        (:data:`~kernel.artifacts.TASK_FIELDS`; a reference's ``holds`` too). What a
+        sweep keeps
+        (:meth:`~kernel.artifacts.ArtifactStore.sweep`)."""
         ...
 
     def document_head(self, session_id: str, kind: str, key: str) -> DocumentHead | None: ...

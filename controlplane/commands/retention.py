@@ -64,8 +64,10 @@ def prune(*, dry_run: bool = False, progress: Progress = quiet) -> PruneReport:
 
 def sweep_artifacts() -> int:
     """Remove the artifacts older than the grace period (kernel.artifacts.GRACE) that no
-    entry references, from the store the settings name; how many. Beat asks for it daily
-    (controlplane.celery.ARTIFACT_SWEEP); it is logged, as the prune is."""
+    entry, document version or task that has not ended references
+    (Storage.referenced_artifacts), from the store the settings name; how many. Beat
+    asks for it daily (controlplane.celery.ARTIFACT_SWEEP); it is logged, as the prune
+    is."""
     kernel = runtime().kernel
     assert kernel.artifacts is not None  # set by the kernel when not given
     removed = kernel.artifacts.sweep(referenced_artifacts, kernel.clock.now())

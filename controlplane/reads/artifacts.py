@@ -61,8 +61,9 @@ class Named:
 
 def named(session_id: str, value: Any) -> list[Named]:
     """The artifacts ``value`` (a record a task holds) references, in order, each with
-    what a reader can do with it. Task records are not read by the sweep (it reads the
-    entries and document versions), so once retention removed the entries that
+    what a reader can do with it. An ended task's record is not read by the sweep (it
+    reads the entries, document versions and the tasks that have not ended:
+    :data:`kernel.artifacts.TASK_FIELDS`), so once retention removed the entries that
     referenced a large result, the task's copy of the reference outlives the artifact."""
     store = process_kernel().artifacts
     assert store is not None

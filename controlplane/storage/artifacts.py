@@ -4,9 +4,11 @@ stored completely or not at all; the hash is checked on every read.
 
 A sweep removes artifacts older than the grace period that no record references: no
 entry's payload, no document version's ops or baseline (the values kept apart,
-:mod:`kernel.large_values`, and what their stand-ins hold). Finding references reads
-those columns as text (no index holds them): a maintenance job's cost, proportional to
-the entries and document versions, run rarely and in batches.
+:mod:`kernel.large_values`, and what their stand-ins hold), no input, checkpoint or
+signals of a task that has not ended nor outcome of its ended children
+(:data:`kernel.artifacts.TASK_FIELDS`). Finding references reads those columns as text
+(no index holds them): a maintenance job's cost, proportional to the entries, document
+versions and tasks that have not ended, run rarely and in batches.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from datetime import UTC, datetime, timedelta
 from django.db import connections
 
 from controlplane.storage.connection import HotCursor
-from kernel.artifacts import GRACE, MissingArtifact, check, digest_of
+from kernel.artifacts import GRACE, TASK_FIELDS, MissingArtifact, check, digest_of
 
 ARTIFACT_INSERT = (
     "INSERT INTO kernel_artifact (digest, data, media_type, size, created_at) "
@@ -43,10 +45,21 @@ ARTIFACTS_OLDER = (
     "AND (created_at, digest) > (%s, %s) ORDER BY created_at, digest LIMIT %s"
 )
 ARTIFACTS_REFERENCED = (
+    # What tasks name (kernel.artifacts.TASK_FIELDS) is read once per batch, each live
+    # task's fields as one text and its ended children's outcomes through their index,
+    # then searched for each digest: ended tasks, which a prune never removes, are
+    # never scanned.
+    "WITH live AS MATERIALIZED (SELECT id, concat_ws(' ', "
+    + ", ".join(f"{name}::text" for name in TASK_FIELDS)
+    + ") AS named FROM kernel_task WHERE status <> 'terminal'), "
+    "named AS MATERIALIZED (SELECT named FROM live UNION ALL "
+    "SELECT c.outcome::text FROM live JOIN kernel_task c ON c.parent_id = live.id "
+    "WHERE c.status = 'terminal' AND c.outcome IS NOT NULL) "
     "SELECT d FROM unnest(%s::text[]) AS d WHERE EXISTS "
     "(SELECT 1 FROM kernel_entry e WHERE strpos(e.payload::text, d) > 0) OR EXISTS "
     "(SELECT 1 FROM kernel_document_version v WHERE strpos(v.ops::text, d) > 0 "
-    "OR strpos(coalesce(v.baseline::text, ''), d) > 0)"
+    "OR strpos(coalesce(v.baseline::text, ''), d) > 0) OR EXISTS "
+    "(SELECT 1 FROM named n WHERE strpos(n.named, d) > 0)"
 )
 ARTIFACTS_DELETE = "DELETE FROM kernel_artifact WHERE digest = ANY(%s) AND created_at < %s"
 SWEEP_BATCH = 500
@@ -113,8 +126,9 @@ class PostgresArtifacts:
 
 
 def referenced_artifacts(digests: Iterable[str], using: str = "default") -> set[str]:
-    """Which of ``digests`` some entry's payload or document version names (the records
-    are in Postgres whichever store holds the artifacts' bytes)."""
+    """Which of ``digests`` some entry's payload, document version, task that has not
+    ended or ended child of one names (the records are in Postgres whichever store holds
+    the artifacts' bytes)."""
     with connections[using].cursor() as cur:
         cur.execute(ARTIFACTS_REFERENCED, [list(digests)])
         return {row[0] for row in cur.fetchall()}

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from kernel import Draft, InMemoryStorage, Kernel, Registry
+from kernel import Draft, InMemoryStorage, Kernel, Registry, Run, Scheduler, Transition
 from kernel.artifacts import (
     GRACE,
     HOLDS,
@@ -25,6 +25,7 @@ from kernel.artifacts import (
     digest_of,
     encoded,
     is_stand_in,
+    load,
     offload,
 )
 from tests.unit.crashes import Crash, DiesMidWrite
@@ -201,3 +202,144 @@ def test_the_sweep_keeps_what_entries_and_documents_reference(world: World) -> N
         store.get(orphan)
     assert kernel.entries(conversation)[1].payload == {"inner": [result, text("i")]}
     assert kernel.document(handle.id, "plan", "p") == {"big": text("p")}
+
+
+def test_the_sweep_keeps_what_a_task_that_has_not_ended_stored_until_it_ends(
+    world: World,
+) -> None:
+    """A value a task stored with ``Run.store_large`` and keeps only in its checkpoint,
+    or passed only in a child's input, is read back after a sleep longer than the grace
+    and a sweep in between; once both tasks ended, the next sweep removes them."""
+    store = InMemoryArtifacts(world.clock.now)
+    kernel = kernel_for(world, store)
+    registry = kernel.registry
+    nap = (GRACE * 2).total_seconds()
+    mine, theirs = {"rows": text("c")}, {"rows": text("i")}
+    stored: dict[str, str] = {}
+
+    @registry.task("keeper")
+    class Keeper:
+        initial = "start"
+
+        def start(self, run: Run) -> Transition:
+            kept = run.store_large(mine, ABOVE, "keeper checkpoint")
+            given = run.store_large(theirs, ABOVE, "reader input")
+            stored.update(checkpoint=kept[REFERENCE], input=given[REFERENCE])
+            run.spawn("reader", {"big": given}, owned=False)
+            return run.sleep(nap, then="wake", checkpoint={"kept": kept})
+
+        def wake(self, run: Run) -> Transition:
+            return run.succeed({"same": load(store, run.checkpoint["kept"]) == mine})
+
+    @registry.task("reader")
+    class Reader:
+        initial = "nap"
+
+        def nap(self, run: Run) -> Transition:
+            return run.sleep(nap, then="wake")
+
+        def wake(self, run: Run) -> Transition:
+            return run.succeed({"same": load(store, run.input["big"]) == theirs})
+
+    handle = kernel.create_session()
+    draft = Draft()
+    keeper = draft.create_task("keeper", {})
+    handle.commit(draft)
+    scheduler = Scheduler(kernel, "w1", 30.0)
+    scheduler.run_until_idle()
+    world.clock.advance(GRACE + timedelta(seconds=1))
+    store.sweep(world.storage.referenced_artifacts, world.clock.now())
+    world.clock.advance(nap)
+    scheduler.run_until_idle()
+    ended = [world.storage.task(keeper), *world.storage.session_tasks(handle.id)[1:]]
+    assert [t.outcome for t in ended] == [
+        {"kind": "succeeded", "result": {"same": True}}] * 2
+    # Ended: what their records name is for display, and no longer keeps the artifacts.
+    assert world.storage.referenced_artifacts(set(stored.values())) == set()
+    assert store.sweep(world.storage.referenced_artifacts, world.clock.now()) == 2
+
+
+def test_a_large_value_holding_references_names_them_so_a_task_keeps_them_too(
+    world: World,
+) -> None:
+    """A task that keeps in its checkpoint, stored with ``Run.store_large``, a value
+    holding references (its children's large results, say) keeps those artifacts too:
+    the reference lists them, as a stand-in does."""
+    store = InMemoryArtifacts(world.clock.now)
+    kernel = kernel_for(world, store)
+    inner = [offload(store, {"rows": text(f"r{n}")}, ABOVE) for n in range(2)]
+
+    @kernel.registry.task("gatherer")
+    class Gatherer:
+        initial = "start"
+
+        def start(self, run: Run) -> Transition:
+            kept = run.store_large({"results": inner}, 100, "gatherer checkpoint")
+            return run.sleep(60, then="wake", checkpoint={"kept": kept})
+
+        def wake(self, run: Run) -> Transition:
+            return run.succeed()
+
+    handle = kernel.create_session()
+    draft = Draft()
+    draft.create_task("gatherer", {})
+    handle.commit(draft)
+    Scheduler(kernel, "w1", 30.0).run_until_idle()
+    (task,) = world.storage.session_tasks(handle.id)
+    assert len(store._objects) == 3
+    world.clock.advance(GRACE + timedelta(seconds=1))
+    store.sweep(world.storage.referenced_artifacts, world.clock.now())
+    held = load(store, task.checkpoint["kept"])["results"]
+    assert [load(store, r) for r in held] == [{"rows": text(f"r{n}")} for n in range(2)]
+    assert task.checkpoint["kept"][HOLDS] == sorted(r[REFERENCE] for r in inner)
+
+
+def test_the_sweep_keeps_what_an_ended_child_returned_while_its_parent_has_not_ended(
+    world: World,
+) -> None:
+    """A child that ended with a large value stored with ``Run.store_large`` in its
+    outcome, long before its parent's join of it and a slower sibling wakes the parent:
+    the parent reads it back (``Run.outcomes``). Once the parent ended, a sweep removes
+    it."""
+    store = InMemoryArtifacts(world.clock.now)
+    kernel = kernel_for(world, store)
+    registry = kernel.registry
+    nap = (GRACE * 2).total_seconds()
+    value = {"rows": text("o")}
+
+    @registry.task("parent")
+    class Parent:
+        initial = "start"
+
+        def start(self, run: Run) -> Transition:
+            children = [run.spawn("child", {"nap": 0}), run.spawn("child", {"nap": nap})]
+            return run.wait_all(children, then="gather")
+
+        def gather(self, run: Run) -> Transition:
+            results = [o["result"] for o in run.outcomes().values()]
+            return run.succeed([r and load(store, r) == value for r in results])
+
+    @registry.task("child")
+    class Child:
+        initial = "start"
+
+        def start(self, run: Run) -> Transition:
+            if run.input["nap"]:
+                return run.sleep(run.input["nap"], then="done")
+            return run.succeed(run.store_large(value, ABOVE, "child result"))
+
+        def done(self, run: Run) -> Transition:
+            return run.succeed()
+
+    handle = kernel.create_session()
+    draft = Draft()
+    parent = draft.create_task("parent", {})
+    handle.commit(draft)
+    scheduler = Scheduler(kernel, "w1", 30.0)
+    scheduler.run_until_idle()
+    world.clock.advance(GRACE + timedelta(seconds=1))
+    store.sweep(world.storage.referenced_artifacts, world.clock.now())
+    world.clock.advance(nap)
+    scheduler.run_until_idle()
+    assert world.storage.task(parent).outcome == {"kind": "succeeded", "result": [True, None]}
+    assert store.sweep(world.storage.referenced_artifacts, world.clock.now()) == 1

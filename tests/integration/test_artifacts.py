@@ -119,6 +119,33 @@ def test_beat_sweeps_the_unreferenced_artifacts_daily(settings: object) -> None:
     assert store.get(young).startswith(b"stored")
 
 
+def test_the_daily_sweep_keeps_what_a_sleeping_task_names_until_it_ends(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An artifact only a task's input names, past the grace period: kept while the task
+    sleeps, swept by the next run once it has ended."""
+    from controlplane.commands import sweep_artifacts
+
+    kernel = with_test_kinds(monkeypatch)
+    reference = offload(kernel.artifacts, REPORT, 4_096)
+    handle = kernel.create_session()
+    draft = Draft(actor="user:test")
+    task_id = draft.create_task("api-step", {"sleep": True, "report": reference})
+    handle.commit(draft)
+    Scheduler(kernel, "w1", 30.0).run_until_idle()
+    assert not kernel.task(task_id).terminal
+    with connection.cursor() as cur:
+        cur.execute("UPDATE kernel_artifact SET created_at = now() - interval '2 hours'")
+    assert sweep_artifacts() == 0
+    assert load(kernel.artifacts, kernel.task(task_id).input["report"]) == REPORT
+    draft = Draft(actor="user:test")
+    draft.cancel(task_id, "done with it")
+    kernel.open(handle.id).commit(draft)
+    Scheduler(kernel, "w1", 30.0).run_until_idle()
+    assert kernel.task(task_id).shown_status == "cancelled"
+    assert sweep_artifacts() == 1
+
+
 def test_the_dashboard_shows_and_downloads_an_artifact_for_readers_only() -> None:
     session_id, conversation, reference = session_with_a_large_result()
     digest = reference[REFERENCE]

@@ -13,6 +13,7 @@ from django.test import Client
 from django.utils import timezone
 
 from controlplane.access import issue_token
+from controlplane.errors import Invalid
 from controlplane.models import ApiToken
 
 pytestmark = pytest.mark.django_db
@@ -91,6 +92,20 @@ def test_the_shell_issues_lists_and_revokes_tokens() -> None:
         call_command("api_token", "--revoke", "424242")
     with pytest.raises(CommandError, match="above 0"):
         call_command("api_token", "olga", "--expires-in-days", "0")
+
+
+@pytest.mark.parametrize("name", ["", "   ", "ci\tbot", "ci\nbot", "ci\x1b[2J", "ci\u2028bot"])
+def test_the_shell_refuses_a_token_name_that_is_blank_or_breaks_the_listing(name: str) -> None:
+    """``--list`` prints a token a line, its fields between tabs: a name that is blank, or
+    holds a tab, a line break or another control character, is refused in one line naming
+    the argument, and no token is issued."""
+    olga = account("olga", "operator")
+    with pytest.raises(CommandError, match=r"^--name: ") as refused:
+        call_command("api_token", "olga", "--name", name, stdout=StringIO())
+    assert "\n" not in str(refused.value)
+    with pytest.raises(Invalid, match="token's name"):
+        issue_token(olga, name)
+    assert not ApiToken.objects.exists()
 
 
 def test_issuing_and_revoking_a_token_records_who_did_it(caplog: pytest.LogCaptureFixture

@@ -17,7 +17,8 @@ from django.core.management.base import CommandError, CommandParser
 from django.utils import timezone
 
 from controlplane import commands
-from controlplane.access import issue_token, role_of, shell_actor
+from controlplane.access import issue_token, role_of, shell_actor, token_name
+from controlplane.errors import Invalid
 from controlplane.management.base import ShellCommand
 from controlplane.reads.tokens import TokenView, tokens
 from kernel import UnknownRecord
@@ -71,6 +72,10 @@ class Command(ShellCommand):
             return
         if not username:
             raise CommandError("name the user to issue a token for (or --list / --revoke)")
+        try:
+            token_name(str(options["name"]))
+        except Invalid as exc:
+            raise CommandError(f"--name: {exc}") from None
         user = User.objects.filter(username=str(username)).first()
         if user is None:
             raise CommandError(f"no user {username!r}")
