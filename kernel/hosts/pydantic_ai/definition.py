@@ -214,6 +214,37 @@ def model_needs(agent: Agent[Any, Any]) -> dict[str, JSON]:
     return {"model": named}
 
 
+def output_needs(agent: Agent[Any, Any]) -> dict[str, JSON]:
+    """What a run of ``agent`` needs of its output: how a final answer is read (the
+    output mode, the output tools' and the output object's schemas, whether text or no
+    output may answer), as a fingerprint with the mode shown. Its journal holds answers
+    given for the output as it was, which the framework validates again on a replay:
+    resumed under another, an answer it refused would be taken, or one it took refused
+    and asked for again. The output validators and output functions are code, not seen,
+    like a tool's (a deploy is for changing them). Whether the run may end with deferred
+    calls is needed only where it could (a run that could not never suspended on them)."""
+    schema = getattr(agent, "_output_schema", None)  # the framework's own, built once
+    if schema is None:  # the framework's public account of the output, should it be gone
+        return {"output": {"schema": fingerprint(agent.output_json_schema()),
+                           "mode": "unknown"}}
+    toolset = schema.toolset
+    tools = getattr(toolset, "_tool_defs", None) or []
+    made = schema.object_def
+    described = {
+        "mode": schema.mode,
+        "text": schema.allows_text,
+        "none": schema.allows_none,
+        "image": schema.allows_image,
+        "tools": {t.name: {"parameters": t.parameters_json_schema, "strict": t.strict,
+                           "key": t.outer_typed_dict_key} for t in tools},
+        "object": None if made is None else {
+            "schema": made.json_schema, "name": made.name, "strict": made.strict},
+    }
+    return {"output": {"schema": fingerprint(described), "mode": schema.mode},
+            "output ends with deferred calls": "allowed" if schema.allows_deferred_tools
+            else None}
+
+
 def register_agent(
     registry: Registry,
     name: str,
@@ -240,7 +271,7 @@ def register_agent(
     approvals.register_approvals(registry)
 
     needed = tool_needs(agent)
-    turn_needs = {**model_needs(agent), **needed}
+    turn_needs = {**model_needs(agent), **output_needs(agent), **needed}
 
     @registry.task(turn_kind({"agent": name}), queue=queue)
     class HostedTurn:
@@ -249,8 +280,8 @@ def register_agent(
         no_restart = NO_RESTART
 
         def needs(self, input: JSON, checkpoint: JSON) -> dict[str, JSON]:
-            """Its agent's model and function tools as they are here
-            (:func:`model_needs`, :func:`tool_needs`)."""
+            """Its agent's model, output and function tools as they are here
+            (:func:`model_needs`, :func:`output_needs`, :func:`tool_needs`)."""
             return turn_needs
 
         def run(self, run: Run) -> Transition:
