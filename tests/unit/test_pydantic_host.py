@@ -48,6 +48,7 @@ class World(CrashPoints):
     output_type: Any = Ticket
     options: dict[str, Any] = field(default_factory=dict)
     """More of the agent's constructor arguments (instructions, model_settings...)."""
+    notify_options: dict[str, Any] = field(default_factory=dict)
 
     def model(self, messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
         step = sum(1 for m in messages if m.kind == "response")
@@ -75,7 +76,7 @@ class World(CrashPoints):
             world.maybe_crash("lookup")
             return f"{customer} <ana@example.com>"
 
-        @agent.tool_plain
+        @agent.tool_plain(**self.notify_options)
         def notify(to: str) -> str:
             world.effects.append(f"notify:{to}")
             world.maybe_crash("notify")
@@ -637,6 +638,36 @@ def test_a_turn_is_blocked_where_its_agents_output_changed() -> None:
     assert world.model_calls == asked  # the answer was replayed, not asked for again
     assert turn_of(kernel, session_id).outcome["result"]["output"] == {
         "customer": "ana", "notified": True}
+
+
+def test_a_turn_is_blocked_where_a_tool_it_called_asks_for_approval_first() -> None:
+    """A turn records whether each tool asks for approval: its journal holds calls made
+    (and run) as the tool was. Replayed where the tool that ran asks for approval first,
+    the framework would defer the call that ran and an operator be asked about a call
+    already made; the turn is blocked, naming the tool, its model asked nothing."""
+    from datetime import timedelta
+
+    from pydantic_ai.tools import DeferredToolRequests
+
+    from kernel import Worker
+    from kernel.environment import BLOCKED_DOCUMENT
+
+    world = World(crash_on={"validate"})
+    kernel, session_id, conversation, submission = world.start()
+    with pytest.raises(Crash):  # notify ran; the answer is committed, its check was cut
+        world.run()
+    world.crash_on = set()
+    world.clock.advance(timedelta(hours=1))
+    turn = turn_of(kernel, session_id).id
+    asked = list(world.model_calls)
+
+    world.output_type = [Ticket, DeferredToolRequests]
+    world.notify_options = {"requires_approval": True}
+    changed = world.kernel()
+    assert not Worker(changed, "w2").advance(turn)
+    (difference,) = changed.document(session_id, BLOCKED_DOCUMENT, turn)["differences"]
+    assert difference.startswith("tool notify: ") and "approval" in difference
+    assert world.model_calls == asked and world.effects.count("notify:ana@example.com") == 1
 
 
 def test_a_hosted_turn_is_not_started_again_from_a_phase_and_says_why() -> None:

@@ -185,14 +185,17 @@ def unsafe_tools(agent: Agent[Any, Any]) -> frozenset[str]:
 def tool_needs(agent: Agent[Any, Any]) -> dict[str, JSON]:
     """What a run of ``agent`` needs of each function tool, as the environment a task
     records (:mod:`kernel.environment`): its parameters' schema (a fingerprint), its
-    replay policy and where its calls run. A run's journal holds calls made for the
-    tools as they were; resumed where one is gone or takes other arguments, the
-    framework would answer the replayed calls otherwise than it did."""
+    replay policy, where its calls run and whether they ask for approval first. A run's
+    journal holds calls made for the tools as they were; resumed where one is gone,
+    takes other arguments or asks for approval otherwise, the framework would answer the
+    replayed calls otherwise than it did (defer a call that ran, for an operator to be
+    asked about, or run one the run would have asked about)."""
     found: dict[str, JSON] = {}
     for name, tool, metadata in function_tools(agent):
         config = metadata.get(CONFIG_KEY)
         journaled = config is not False
         found[f"tool {name}"] = {
+            "prior approval": "asked" if tool.requires_approval else "none",
             "parameters": fingerprint(tool.tool_def.parameters_json_schema),
             "replay": str(replay_of(config or {})) if journaled else "not journaled",
             "runs": (queue_of(config or {}) or "in the turn") if journaled else "in the turn",
