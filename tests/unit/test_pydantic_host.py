@@ -49,6 +49,8 @@ class World(CrashPoints):
     options: dict[str, Any] = field(default_factory=dict)
     """More of the agent's constructor arguments (instructions, model_settings...)."""
     notify_options: dict[str, Any] = field(default_factory=dict)
+    final_call: bool = False
+    """Whether the answer comes with a lookup of ben's, which the end strategy decides."""
 
     def model(self, messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
         step = sum(1 for m in messages if m.kind == "response")
@@ -63,6 +65,9 @@ class World(CrashPoints):
             usage_parts = [TextPart("Done."), ToolCallPart(
                 info.output_tools[0].name, {"customer": "ana", "notified": True},
                 tool_call_id=f"out{step}")]
+            if self.final_call:
+                usage_parts.append(ToolCallPart("lookup", {"customer": "ben"},
+                                                tool_call_id=f"ben{step}"))
         return ModelResponse(parts=usage_parts)
 
     def agent(self) -> Agent[None, Any]:
@@ -668,6 +673,37 @@ def test_a_turn_is_blocked_where_a_tool_it_called_asks_for_approval_first() -> N
     (difference,) = changed.document(session_id, BLOCKED_DOCUMENT, turn)["differences"]
     assert difference.startswith("tool notify: ") and "approval" in difference
     assert world.model_calls == asked and world.effects.count("notify:ana@example.com") == 1
+
+
+def test_a_turn_is_blocked_where_its_agent_ends_on_an_answer_otherwise() -> None:
+    """The end strategy decides whether the calls an answer comes with run: a turn whose
+    answer is committed, taken over where its agent's strategy is another, would run
+    (or skip) calls its run skipped (or ran) on the same answer. It is blocked, naming
+    the output; under the same strategy it ends on its answer."""
+    from datetime import timedelta
+
+    from kernel import Worker
+    from kernel.environment import BLOCKED_DOCUMENT
+
+    world = World(crash_on={"validate"}, final_call=True, options={"end_strategy": "early"})
+    kernel, session_id, conversation, submission = world.start()
+    with pytest.raises(Crash):  # the answer is committed; its validation was cut
+        world.run()
+    world.crash_on = set()
+    world.clock.advance(timedelta(hours=1))
+    turn = turn_of(kernel, session_id).id
+
+    world.options = {"end_strategy": "exhaustive"}
+    changed = world.kernel()
+    assert not Worker(changed, "w2").advance(turn)
+    (difference,) = changed.document(session_id, BLOCKED_DOCUMENT, turn)["differences"]
+    assert difference.startswith("output: ")
+    assert "lookup:ben" not in world.effects
+
+    world.options = {"end_strategy": "early"}
+    assert Worker(world.kernel(), "w3").advance(turn)
+    assert "lookup:ben" not in world.effects and world.model_calls == [0, 1, 2]
+    assert turn_of(kernel, session_id).outcome["kind"] == "succeeded"
 
 
 def test_a_hosted_turn_is_not_started_again_from_a_phase_and_says_why() -> None:

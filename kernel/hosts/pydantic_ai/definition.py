@@ -220,12 +220,14 @@ def model_needs(agent: Agent[Any, Any]) -> dict[str, JSON]:
 def output_needs(agent: Agent[Any, Any]) -> dict[str, JSON]:
     """What a run of ``agent`` needs of its output: how a final answer is read (the
     output mode, the output tools' and the output object's schemas, whether text or no
-    output may answer), as a fingerprint with the mode shown. Its journal holds answers
-    given for the output as it was, which the framework validates again on a replay:
-    resumed under another, an answer it refused would be taken, or one it took refused
-    and asked for again. The output validators and output functions are code, not seen,
-    like a tool's (a deploy is for changing them). Whether the run may end with deferred
-    calls is needed only where it could (a run that could not never suspended on them)."""
+    output may answer) and what becomes of the calls it comes with (the end strategy),
+    as a fingerprint with the mode shown. Its journal holds answers given for the output
+    as it was, which the framework takes again on a replay: resumed under another, an
+    answer it refused would be taken, or one it took refused and asked for again, and
+    calls it skipped run (or calls it ran skipped). The output validators and output
+    functions are code, not seen, like a tool's (a deploy is for changing them). Whether
+    the run may end with deferred calls is needed only where it could (a run that could
+    not never suspended on them)."""
     schema = getattr(agent, "_output_schema", None)  # the framework's own, built once
     if schema is None:  # the framework's public account of the output, should it be gone
         return {"output": {"schema": fingerprint(agent.output_json_schema()),
@@ -242,6 +244,7 @@ def output_needs(agent: Agent[Any, Any]) -> dict[str, JSON]:
                            "key": t.outer_typed_dict_key} for t in tools},
         "object": None if made is None else {
             "schema": made.json_schema, "name": made.name, "strict": made.strict},
+        "end": agent.end_strategy,
     }
     return {"output": {"schema": fingerprint(described), "mode": schema.mode},
             "output ends with deferred calls": "allowed" if schema.allows_deferred_tools
