@@ -71,7 +71,8 @@ def recorded(checkpoint: JSON) -> dict[str, JSON] | None:
 
 def differences(was: Mapping[str, JSON], now: Mapping[str, JSON]) -> list[str]:
     """What the run needs (``was``) that ``now`` lacks or offers otherwise, in words;
-    what ``now`` offers beyond it is compatible and not listed."""
+    what ``now`` offers beyond it (a need, or a detail of one) is compatible and not
+    listed."""
     found = []
     for name in sorted(was):
         if name in NOT_COMPARED:
@@ -81,9 +82,18 @@ def differences(was: Mapping[str, JSON], now: Mapping[str, JSON]) -> list[str]:
             continue  # it needed nothing here when it started
         if after is None:
             found.append(f"{name}: missing here (it was started with {_said(before)})")
-        elif after != before:
+        elif not _meets(after, before):
             found.append(f"{name}: {_said(after)} here, it was started with {_said(before)}")
     return found
+
+
+def _meets(after: JSON, before: JSON) -> bool:
+    """Whether ``after`` offers what ``before`` recorded: equal, or for a need described
+    by details, every detail it recorded the same (a detail described beyond them, which
+    a later kernel may record, is compatible, as a need added is)."""
+    if isinstance(before, dict) and isinstance(after, dict):
+        return all(key in after and after[key] == value for key, value in before.items())
+    return bool(after == before)
 
 
 def _said(value: JSON) -> str:

@@ -423,6 +423,9 @@ def register_agent(
             tool = toolbox.get(run.input["call"]["name"])
             saved = run.checkpoint["intent"]["replay"]
             if tool is not None and saved == Replay.SAFE and tool.replay is Replay.SAFE:
+                if tool.run is None:  # a task of its own here: the safe call runs as one
+                    return start_tool(run, tool, run.checkpoint["intent"]["arguments"],
+                                      run.checkpoint.get("approved"))
                 return execute_tool(run)
             return tool_result(run, interrupted=True, **partial_output(run))
 

@@ -44,6 +44,8 @@ class World(CrashPoints):
     previews: list[Preview] = field(default_factory=list)
     partial_fails: bool = False
     compaction: Compaction | None = None
+    lookup_kind: str | None = None
+    """Where lookup runs as a task of this kind (a deploy that moved it): not in the call."""
 
     def kernel(self) -> Kernel:
         registry = Registry()
@@ -126,7 +128,18 @@ class World(CrashPoints):
             )
         )
         number = {"type": "object", "properties": {"amount": {"type": "number"}}}
-        toolbox.add(Tool("lookup", "Read", {"type": "object"}, Replay.SAFE, run=lookup))
+        if self.lookup_kind is None:
+            toolbox.add(Tool("lookup", "Read", {"type": "object"}, Replay.SAFE, run=lookup))
+        else:
+            @registry.task(self.lookup_kind)
+            class Lookup:
+                initial = "read"
+
+                def read(self, run: Run) -> Transition:
+                    return run.succeed(lookup(run, run.input))
+
+            toolbox.add(Tool("lookup", "Read", {"type": "object"}, Replay.SAFE,
+                             task_kind=self.lookup_kind))
         toolbox.add(Tool("charge", "Pay", number, Replay.UNSAFE, run=charge))
         for name, above in [("charge_unstorably", 16_384), ("charge_unstorably_whole", None)]:
             toolbox.add(Tool(name, "Pay; its receipt cannot be stored", number, Replay.UNSAFE,

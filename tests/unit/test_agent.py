@@ -125,6 +125,31 @@ def test_replay_policies_decide_what_an_interrupted_tool_does() -> None:
     assert kernel.storage.submission(submitted.submission.id).status is SubmissionStatus.ANSWERED
 
 
+def test_a_safe_call_cut_midway_runs_again_as_the_tool_runs_now() -> None:
+    """A safe call cut while it ran in its call's task runs again on recovery; where a
+    deploy made the tool a task of its own meanwhile, it runs again as that task (its
+    replay policy allows it), not as a function the tool no longer has."""
+    calls = [ToolCall("c1", "lookup", {"q": "x"})]
+
+    def script(request: ModelRequest) -> ModelResponse:
+        tools = [m for m in request.messages if m["role"] == "tool"]
+        if tools:
+            return ModelResponse(f"done: {[t['content'] for t in tools]}")
+        return ModelResponse("", tuple(calls))
+
+    world = World(ScriptedProvider(script), crash_on={"lookup"})
+    kernel, handle, conversation, submitted = world.start()
+    with pytest.raises(Crash):
+        world.run()
+    world.crash_on = set()
+    world.lookup_kind = "lookup-task"
+    world.run()
+    assert world.effects == ["lookup:x", "lookup:x"]
+    (result,) = [e.payload for e in kernel.entries(conversation) if e.kind == "tool_result"]
+    assert result["result"] == {"found": "x"}
+    assert kernel.storage.submission(submitted.submission.id).status is SubmissionStatus.ANSWERED
+
+
 def test_a_tool_that_kills_its_worker_every_time_fails_at_the_restart_limit() -> None:
     world = World(
         ScriptedProvider(

@@ -20,6 +20,21 @@ def test_missing_and_changed_needs_differ_and_additions_do_not() -> None:
     assert differences(was, {**was, "tool c": "new"}) == []
 
 
+def test_a_need_recorded_with_fewer_details_than_offered_is_met_by_the_ones_it_named() -> None:
+    """A run recorded a tool as a kernel of an earlier deploy described it; a worker whose
+    kernel describes tools by more (whether they ask for approval, say) offers what the
+    run recorded plus that: compatible, as a tool added is. A detail it recorded that is
+    changed or gone still differs."""
+    was = {"tool a": {"parameters": "x", "replay": "safe"}}
+    more = {"tool a": {"parameters": "x", "replay": "safe", "prior approval": "none"}}
+    assert differences(was, more) == []
+    assert differences(was, {"tool a": {**more["tool a"], "replay": "unsafe"}}) == [
+        "tool a: parameters x, prior approval none, replay unsafe here, it was started "
+        "with parameters x, replay safe"]
+    assert differences(was, {"tool a": {"parameters": "x"}}) == [
+        "tool a: parameters x here, it was started with parameters x, replay safe"]
+
+
 def test_a_task_whose_needs_cannot_be_read_is_created_and_its_phase_says_why() -> None:
     registry = Registry()
 

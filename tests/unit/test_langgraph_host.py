@@ -203,6 +203,77 @@ def test_a_run_is_blocked_where_a_node_it_was_started_with_is_gone(
     assert runs(recorded) == ["model"] * 5
 
 
+class Noted(TypedDict, total=False):
+    answers: Annotated[list[Any], operator.add]
+    note: str
+
+
+def noting(state: Any, note: Any = None) -> Any:
+    """``draft`` notes something in the state; ``ask`` interrupts, then answers with the
+    operator's value and the note it reads. ``state``: the graph's state schema; ``note``:
+    how the channel ``note`` is declared in it, where not plainly."""
+    from langgraph.graph import END, START, StateGraph
+    from langgraph.types import interrupt
+
+    builder = StateGraph(state)
+    builder.add_node("draft", lambda s: {"note": "kept", "answers": ["drafted"]})
+    builder.add_node("ask", lambda s: {"answers": [interrupt("ok?"), s.get("note", "none")]})
+    builder.add_edge(START, "draft")
+    builder.add_edge("draft", "ask")
+    builder.add_edge("ask", END)
+    return builder
+
+
+def test_a_run_is_blocked_where_a_state_channel_it_was_started_with_is_gone_or_reduced_otherwise(
+) -> None:
+    """A thread's checkpoints hold the state by channel: resumed on a graph without one of
+    them, LangGraph drops its value (a node reading it finds nothing), and on one whose
+    channel reduces writes otherwise, the saved writes are applied otherwise. The run
+    waits for an operator instead; a channel added is compatible."""
+    from kernel import Worker
+    from kernel.environment import BLOCKED_DOCUMENT
+
+    class Fewer(TypedDict, total=False):
+        answers: Annotated[list[Any], operator.add]
+
+    class Reduced(TypedDict, total=False):
+        answers: Annotated[list[Any], operator.add]
+        note: Annotated[str, operator.add]
+
+    class More(TypedDict, total=False):
+        answers: Annotated[list[Any], operator.add]
+        note: str
+        seen: bool
+
+    kernel = hosted(noting(Noted))
+    session, task_id = start(kernel, "asking", {"input": {"answers": []}})
+    Scheduler(kernel).run_until_idle()
+    task = kernel.task(task_id)
+    draft = Draft(actor="user:olga")
+    draft.signal(task_id, task.checkpoint["interrupted"]["signal"], {"value": "yes"},
+                 step_epoch=task.epoch)
+    kernel.open(session).commit(draft)
+
+    def deployed(state: Any) -> Kernel:
+        registry = Registry()
+        made: list[Kernel] = []
+        register_graph(registry, "asking", noting(state).compile(), kernel=lambda: made[0])
+        made.append(Kernel(kernel.storage, registry))
+        return made[0]
+
+    for state in (Fewer, Reduced):
+        changed = deployed(state)
+        assert not Worker(changed, "w2").advance(task_id)
+        (difference,) = changed.document(session, BLOCKED_DOCUMENT, task_id)["differences"]
+        assert difference.startswith("channel note: ")
+        assert kernel.task(task_id).outcome is None
+
+    Scheduler(deployed(More)).run_until_idle()
+    task = kernel.task(task_id)
+    assert task.outcome is not None, task.status
+    assert task.outcome["result"]["output"]["answers"] == ["drafted", "yes", "kept"]
+
+
 def with_subgraph(steps: list[str]) -> Any:
     """A graph whose node ``review`` is a subgraph running ``steps`` one after another;
     its step ``ask`` interrupts."""

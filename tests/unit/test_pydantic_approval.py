@@ -46,6 +46,7 @@ class World(CrashPoints):
     effects: list[str] = field(default_factory=list)
     storage: InMemoryStorage = field(default_factory=InMemoryStorage)
     clock: ManualClock = field(default_factory=ManualClock)
+    output_type: Any = field(default_factory=lambda: [str, DeferredToolRequests])
 
     def model(self, messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
         self.requests.append(list(messages))
@@ -59,9 +60,9 @@ class World(CrashPoints):
             ])
         return ModelResponse(parts=[TextPart("Done.")])
 
-    def agent(self) -> Agent[None, str | DeferredToolRequests]:
+    def agent(self) -> Agent[None, Any]:
         agent = Agent(FunctionModel(self.model), name="billing",
-                      output_type=[str, DeferredToolRequests],
+                      output_type=self.output_type,
                       capabilities=[KernelDurability()])
         world = self
 
@@ -195,6 +196,37 @@ def test_a_crash_after_the_decisions_goes_on_from_the_committed_segment() -> Non
     assert sorted(world.effects) == ["lookup:ana", "pay:5", "refund:50"]
     stored = kernel.storage.submission(submission)
     assert stored is not None and stored.status is SubmissionStatus.ANSWERED
+
+
+def test_a_turn_that_may_end_with_deferred_calls_is_blocked_where_its_agent_may_not() -> None:
+    """A turn whose agent's output allows deferred calls records so: taken over by a
+    worker whose agent's output no longer lists ``DeferredToolRequests``, the next call
+    that needs approval would fail the turn where it waited for an operator (and a
+    segment cut between its deferred calls and their commit would fail on its replay),
+    so the turn is blocked, naming it, and its decisions wait to be applied."""
+    from kernel import Worker
+    from kernel.environment import BLOCKED_DOCUMENT
+
+    world = World()
+    kernel, session_id, conversation, submission = world.start()
+    world.run()
+    for task in asked(kernel, session_id).values():
+        decide(kernel, task, "approve", "ok")
+        assert Worker(kernel, "w1").advance(task.id)  # it ends; the turn is woken
+    (turn,) = tasks(kernel, session_id, "agent:billing")
+    assert turn.status is Status.PENDING
+
+    world.output_type = str
+    changed = world.kernel()
+    assert not Worker(changed, "w2").advance(turn.id)
+    (difference,) = changed.document(session_id, BLOCKED_DOCUMENT, turn.id)["differences"]
+    assert difference == ("output ends with deferred calls: missing here (it was started "
+                          "with allowed)")
+    assert world.effects == ["lookup:ana"] and len(world.requests) == 1
+
+    world.output_type = [str, DeferredToolRequests]
+    world.run()
+    assert sorted(world.effects) == ["lookup:ana", "pay:5", "refund:50"]
 
 
 def test_the_timeout_denies_a_deferred_call() -> None:

@@ -45,6 +45,12 @@ class World(CrashPoints):
     clock: ManualClock = field(default_factory=ManualClock)
     reject_first_output: bool = False
     limits: UsageLimits | None = None
+    output_type: Any = Ticket
+    options: dict[str, Any] = field(default_factory=dict)
+    """More of the agent's constructor arguments (instructions, model_settings...)."""
+    notify_options: dict[str, Any] = field(default_factory=dict)
+    final_call: bool = False
+    """Whether the answer comes with a lookup of ben's, which the end strategy decides."""
 
     def model(self, messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
         step = sum(1 for m in messages if m.kind == "response")
@@ -59,11 +65,14 @@ class World(CrashPoints):
             usage_parts = [TextPart("Done."), ToolCallPart(
                 info.output_tools[0].name, {"customer": "ana", "notified": True},
                 tool_call_id=f"out{step}")]
+            if self.final_call:
+                usage_parts.append(ToolCallPart("lookup", {"customer": "ben"},
+                                                tool_call_id=f"ben{step}"))
         return ModelResponse(parts=usage_parts)
 
-    def agent(self) -> Agent[None, Ticket]:
-        agent = Agent(FunctionModel(self.model), name="support", output_type=Ticket,
-                      capabilities=[KernelDurability()])
+    def agent(self) -> Agent[None, Any]:
+        agent = Agent(FunctionModel(self.model), name="support", output_type=self.output_type,
+                      capabilities=[KernelDurability()], **self.options)
         world = self
 
         @agent.tool_plain(metadata=SAFE)
@@ -72,14 +81,14 @@ class World(CrashPoints):
             world.maybe_crash("lookup")
             return f"{customer} <ana@example.com>"
 
-        @agent.tool_plain
+        @agent.tool_plain(**self.notify_options)
         def notify(to: str) -> str:
             world.effects.append(f"notify:{to}")
             world.maybe_crash("notify")
             return f"sent to {to}"
 
         @agent.output_validator
-        def check(ctx: RunContext[None], output: Ticket) -> Ticket:
+        def check(ctx: RunContext[None], output: Any) -> Any:
             world.effects.append("validate")
             world.maybe_crash("validate")
             answers = sum(1 for m in ctx.messages if m.kind == "response")
@@ -584,6 +593,117 @@ def test_a_turn_is_blocked_where_a_tool_it_was_started_with_is_gone_or_changed()
     assert world.model_calls == [0, 1, 2]
     stored = kernel.storage.submission(submission)
     assert stored is not None and stored.status is SubmissionStatus.ANSWERED
+
+
+class Refund(BaseModel):
+    customer: str
+    amount: int
+
+
+def test_a_turn_is_blocked_where_its_agents_output_changed() -> None:
+    """A turn records its agent's output (the schema and mode the final answer is
+    validated with, whether text may answer): its journal holds an answer given for the
+    output as it was, which a replay validates again. A worker whose agent has another
+    output leaves the turn blocked, naming the output, and asks the model nothing. Other
+    instructions or model settings are what a deploy changes for the requests still to
+    come, and deferred calls newly allowed cannot be in a journal made without them: the
+    turn goes on from its answer."""
+    from datetime import timedelta
+
+    from pydantic_ai import NativeOutput
+    from pydantic_ai.tools import DeferredToolRequests
+
+    from kernel import Worker
+    from kernel.environment import BLOCKED_DOCUMENT
+
+    world = World(crash_on={"validate"})
+    kernel, session_id, conversation, submission = world.start()
+    with pytest.raises(Crash):  # the answer is committed; its validation was cut
+        world.run()
+    world.crash_on = set()
+    world.clock.advance(timedelta(hours=1))  # the dead worker's lease has run out
+    turn = turn_of(kernel, session_id).id
+    asked = list(world.model_calls)
+
+    def blocked(output_type: Any) -> str:
+        world.output_type = output_type
+        changed = world.kernel()
+        assert not Worker(changed, "w2").advance(turn)
+        (difference,) = changed.document(session_id, BLOCKED_DOCUMENT, turn)["differences"]
+        return str(difference)
+
+    assert blocked(Refund).startswith("output: ")
+    assert blocked(NativeOutput(Ticket)).startswith("output: ")
+    assert blocked([Ticket, str]).startswith("output: ")
+    assert world.model_calls == asked and "validate" not in world.effects[3:]
+
+    world.output_type = [Ticket, DeferredToolRequests]
+    world.options = {"instructions": "Be brief.", "model_settings": {"temperature": 0.1}}
+    assert Worker(world.kernel(), "w3").advance(turn)
+    assert world.model_calls == asked  # the answer was replayed, not asked for again
+    assert turn_of(kernel, session_id).outcome["result"]["output"] == {
+        "customer": "ana", "notified": True}
+
+
+def test_a_turn_is_blocked_where_a_tool_it_called_asks_for_approval_first() -> None:
+    """A turn records whether each tool asks for approval: its journal holds calls made
+    (and run) as the tool was. Replayed where the tool that ran asks for approval first,
+    the framework would defer the call that ran and an operator be asked about a call
+    already made; the turn is blocked, naming the tool, its model asked nothing."""
+    from datetime import timedelta
+
+    from pydantic_ai.tools import DeferredToolRequests
+
+    from kernel import Worker
+    from kernel.environment import BLOCKED_DOCUMENT
+
+    world = World(crash_on={"validate"})
+    kernel, session_id, conversation, submission = world.start()
+    with pytest.raises(Crash):  # notify ran; the answer is committed, its check was cut
+        world.run()
+    world.crash_on = set()
+    world.clock.advance(timedelta(hours=1))
+    turn = turn_of(kernel, session_id).id
+    asked = list(world.model_calls)
+
+    world.output_type = [Ticket, DeferredToolRequests]
+    world.notify_options = {"requires_approval": True}
+    changed = world.kernel()
+    assert not Worker(changed, "w2").advance(turn)
+    (difference,) = changed.document(session_id, BLOCKED_DOCUMENT, turn)["differences"]
+    assert difference.startswith("tool notify: ") and "approval" in difference
+    assert world.model_calls == asked and world.effects.count("notify:ana@example.com") == 1
+
+
+def test_a_turn_is_blocked_where_its_agent_ends_on_an_answer_otherwise() -> None:
+    """The end strategy decides whether the calls an answer comes with run: a turn whose
+    answer is committed, taken over where its agent's strategy is another, would run
+    (or skip) calls its run skipped (or ran) on the same answer. It is blocked, naming
+    the output; under the same strategy it ends on its answer."""
+    from datetime import timedelta
+
+    from kernel import Worker
+    from kernel.environment import BLOCKED_DOCUMENT
+
+    world = World(crash_on={"validate"}, final_call=True, options={"end_strategy": "early"})
+    kernel, session_id, conversation, submission = world.start()
+    with pytest.raises(Crash):  # the answer is committed; its validation was cut
+        world.run()
+    world.crash_on = set()
+    world.clock.advance(timedelta(hours=1))
+    turn = turn_of(kernel, session_id).id
+
+    world.options = {"end_strategy": "exhaustive"}
+    changed = world.kernel()
+    assert not Worker(changed, "w2").advance(turn)
+    (difference,) = changed.document(session_id, BLOCKED_DOCUMENT, turn)["differences"]
+    assert difference.startswith("output: ")
+    assert "lookup:ben" not in world.effects
+
+    world.options = {"end_strategy": "early"}
+    assert Worker(world.kernel(), "w3").advance(turn)
+    assert "lookup:ben" not in world.effects and world.model_calls == [0, 1, 2]
+    assert turn_of(kernel, session_id).outcome["kind"] == "succeeded"
 
 
 def test_a_hosted_turn_is_not_started_again_from_a_phase_and_says_why() -> None:

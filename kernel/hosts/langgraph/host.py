@@ -35,7 +35,7 @@ from kernel.tasks import Transition
 from kernel.values import storable
 
 from .interrupts import resume_map, resume_signal, waited_signal
-from .layout import HOST, NODE, register_documents
+from .layout import CHANNEL, HOST, NODE, register_documents
 from .saver import SessionStoreSaver
 
 JSON = Any
@@ -113,13 +113,24 @@ class GraphHost:
         and the ones whose writes were saved, a subgraph's checkpoints its own, so a run
         resumed where one of them is gone is blocked for an operator, not run on a graph
         its checkpoints do not describe (a subgraph without the node that was to run
-        next ends as if it had finished). A node added is compatible; a node's code
-        changed is not seen (it is why one deploys)."""
+        next ends as if it had finished). Likewise the channels its checkpoints hold the
+        state in (its state's keys, and the barriers of edges that wait for several
+        nodes), each with the kind of channel it is: resumed on a graph without one,
+        LangGraph drops its value; on one that reduces its writes otherwise, the saved
+        writes are applied otherwise. A node or a channel added is compatible; a node's
+        code changed is not seen (it is why one deploys)."""
         if self._needs is None:
             graphs = [("", self.graph), *self.graph.get_subgraphs(recurse=True)]
-            self._needs = {f"{NODE}{ns}{'|' if ns else ''}{name}": "present"
-                           for ns, graph in graphs for name in graph.nodes
-                           if not name.startswith("__")}
+            needs: dict[str, JSON] = {}
+            for ns, graph in graphs:
+                at = f"{ns}|" if ns else ""
+                needs.update({f"{NODE}{at}{name}": "present" for name in graph.nodes
+                              if not name.startswith("__")})
+                # A node's own trigger channel (branch:to:<node>) comes and goes with it.
+                needs.update({f"{CHANNEL}{at}{name}": type(channel).__name__
+                              for name, channel in graph.channels.items()
+                              if not name.startswith(("__", "branch:to:"))})
+            self._needs = needs
         return self._needs
 
     @property

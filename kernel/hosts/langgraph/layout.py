@@ -28,6 +28,8 @@ from kernel.registry import Registry
 
 NODE = "node "
 """How a run's environment names a node of its graph (``node <name>``)."""
+CHANNEL = "channel "
+"""How a run's environment names a channel of its graph's state (``channel <name>``)."""
 CHECKPOINT = "langgraph.checkpoint"
 INDEX = "langgraph.index"
 THREADS = "langgraph.threads"

@@ -185,14 +185,17 @@ def unsafe_tools(agent: Agent[Any, Any]) -> frozenset[str]:
 def tool_needs(agent: Agent[Any, Any]) -> dict[str, JSON]:
     """What a run of ``agent`` needs of each function tool, as the environment a task
     records (:mod:`kernel.environment`): its parameters' schema (a fingerprint), its
-    replay policy and where its calls run. A run's journal holds calls made for the
-    tools as they were; resumed where one is gone or takes other arguments, the
-    framework would answer the replayed calls otherwise than it did."""
+    replay policy, where its calls run and whether they ask for approval first. A run's
+    journal holds calls made for the tools as they were; resumed where one is gone,
+    takes other arguments or asks for approval otherwise, the framework would answer the
+    replayed calls otherwise than it did (defer a call that ran, for an operator to be
+    asked about, or run one the run would have asked about)."""
     found: dict[str, JSON] = {}
     for name, tool, metadata in function_tools(agent):
         config = metadata.get(CONFIG_KEY)
         journaled = config is not False
         found[f"tool {name}"] = {
+            "prior approval": "asked" if tool.requires_approval else "none",
             "parameters": fingerprint(tool.tool_def.parameters_json_schema),
             "replay": str(replay_of(config or {})) if journaled else "not journaled",
             "runs": (queue_of(config or {}) or "in the turn") if journaled else "in the turn",
@@ -212,6 +215,40 @@ def model_needs(agent: Agent[Any, Any]) -> dict[str, JSON]:
     else:
         named = f"{model.system}:{model.model_name}"
     return {"model": named}
+
+
+def output_needs(agent: Agent[Any, Any]) -> dict[str, JSON]:
+    """What a run of ``agent`` needs of its output: how a final answer is read (the
+    output mode, the output tools' and the output object's schemas, whether text or no
+    output may answer) and what becomes of the calls it comes with (the end strategy),
+    as a fingerprint with the mode shown. Its journal holds answers given for the output
+    as it was, which the framework takes again on a replay: resumed under another, an
+    answer it refused would be taken, or one it took refused and asked for again, and
+    calls it skipped run (or calls it ran skipped). The output validators and output
+    functions are code, not seen, like a tool's (a deploy is for changing them). Whether
+    the run may end with deferred calls is needed only where it could (a run that could
+    not never suspended on them)."""
+    schema = getattr(agent, "_output_schema", None)  # the framework's own, built once
+    if schema is None:  # the framework's public account of the output, should it be gone
+        return {"output": {"schema": fingerprint(agent.output_json_schema()),
+                           "mode": "unknown"}}
+    toolset = schema.toolset
+    tools = getattr(toolset, "_tool_defs", None) or []
+    made = schema.object_def
+    described = {
+        "mode": schema.mode,
+        "text": schema.allows_text,
+        "none": schema.allows_none,
+        "image": schema.allows_image,
+        "tools": {t.name: {"parameters": t.parameters_json_schema, "strict": t.strict,
+                           "key": t.outer_typed_dict_key} for t in tools},
+        "object": None if made is None else {
+            "schema": made.json_schema, "name": made.name, "strict": made.strict},
+        "end": agent.end_strategy,
+    }
+    return {"output": {"schema": fingerprint(described), "mode": schema.mode},
+            "output ends with deferred calls": "allowed" if schema.allows_deferred_tools
+            else None}
 
 
 def register_agent(
@@ -240,7 +277,7 @@ def register_agent(
     approvals.register_approvals(registry)
 
     needed = tool_needs(agent)
-    turn_needs = {**model_needs(agent), **needed}
+    turn_needs = {**model_needs(agent), **output_needs(agent), **needed}
 
     @registry.task(turn_kind({"agent": name}), queue=queue)
     class HostedTurn:
@@ -249,8 +286,8 @@ def register_agent(
         no_restart = NO_RESTART
 
         def needs(self, input: JSON, checkpoint: JSON) -> dict[str, JSON]:
-            """Its agent's model and function tools as they are here
-            (:func:`model_needs`, :func:`tool_needs`)."""
+            """Its agent's model, output and function tools as they are here
+            (:func:`model_needs`, :func:`output_needs`, :func:`tool_needs`)."""
             return turn_needs
 
         def run(self, run: Run) -> Transition:
