@@ -11,13 +11,18 @@ import pytest
 from channels.db import database_sync_to_async
 from channels.routing import URLRouter
 from channels.testing import WebsocketCommunicator
+from django.contrib.auth.models import Group, User
 from django.db import connection
+from django.utils import timezone
 
 from controlplane.access import issue_token
+from controlplane.models import ApiToken
 from controlplane.sockets import feed as feed_sockets
-from controlplane.sockets.feed import BAD_REQUEST, SessionFeedConsumer
+from controlplane.sockets import pages as page_sockets
+from controlplane.sockets.feed import BAD_REQUEST, ENDED, REFUSED, SessionFeedConsumer
 from controlplane.sockets.routes import websocket_urlpatterns
 from controlplane.worker.runtime import runtime
+from kernel import Draft
 
 from .clients import user_in
 from .plan_documents import commit
@@ -230,3 +235,61 @@ def test_a_hint_that_comes_while_a_replay_ends_is_not_lost(
         return seqs
 
     assert run(talk) == [1, 2, 3, 4]
+
+
+def test_a_page_socket_renders_by_the_role_its_account_holds_at_each_render(
+    settings: Any, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An operator demoted to viewer while their session page is open gets its next
+    render without action forms; deactivated, the socket is closed with 4403; a page
+    whose token is revoked is closed with 4401 at its next render. The feed's own
+    re-check is put off past the test: these come from the renders."""
+    settings.WEBSOCKET_RECHECK_SECONDS = 60
+    monkeypatch.setattr(page_sockets, "ROLE_SECONDS", 0.0)
+    olga, otto = user_in("operator", "olga"), user_in("operator", "otto")
+    keys = issue_token(olga, "page"), issue_token(otto, "page")
+    handle = runtime().kernel.create_session()
+
+    def new_task() -> str:
+        draft = Draft(actor="user:test")
+        task_id = draft.create_task("send-batch", {
+            "recipients": ["a@example.com"], "subject": "s", "body": "b", "channel": "http"})
+        runtime().kernel.open(handle.id).commit(draft)
+        return task_id
+
+    def demote(account: User) -> None:
+        account.groups.set([Group.objects.get_or_create(name="viewer")[0]])
+
+    def deactivate(account: User) -> None:
+        account.is_active = False
+        account.save(update_fields=["is_active"])
+
+    async def render_of(socket: WebsocketCommunicator, task_id: str) -> str:
+        while f'id="task-{task_id}"' not in (text := (await socket.receive_output(5))["text"]):
+            pass
+        return str(text)
+
+    async def talk() -> tuple[list[str], list[int | None]]:
+        first = await database_sync_to_async(new_task)()
+        sockets = [await opened(f"/ws/ui/sessions/{handle.id}/") for _ in keys]
+        for socket, key in zip(sockets, keys, strict=True):
+            await socket.send_json_to({"token": key, "after": 0})
+        shown = [await render_of(socket, first) for socket in sockets]
+        await database_sync_to_async(demote)(olga)
+        shown.append(await render_of(sockets[0], await database_sync_to_async(new_task)()))
+        await database_sync_to_async(deactivate)(olga)
+        await database_sync_to_async(ApiToken.objects.filter(user=otto).update)(
+            revoked_at=timezone.now())
+        await database_sync_to_async(new_task)()
+        closed: list[int | None] = []
+        for socket in sockets:
+            try:
+                closed.append((await close_of(socket))["code"])
+            except TimeoutError:  # left open
+                closed.append(None)
+                await socket.disconnect()
+        return shown, closed
+
+    shown, closed = run(talk)
+    assert ["Cancel…" in text for text in shown] == [True, True, False], shown[2][-2000:]
+    assert closed == [REFUSED, ENDED]
