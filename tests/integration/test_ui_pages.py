@@ -99,6 +99,8 @@ def test_a_session_id_holding_a_slash_from_an_older_release_is_shown_and_linked(
                        + client.get(f"/tasks/{task_id}/").content.decode())
     assert links and {resolve(unquote(unescape(link))).kwargs["session_id"]
                       for link in links} == {session_id}
+    found = client.get(f"/api/tasks/{task_id}")  # the API's session paths cannot name it
+    assert found.status_code == 200 and found.json()["session_id"] == session_id
 
 
 def test_a_viewer_is_refused_and_an_operator_cancels() -> None:
