@@ -183,6 +183,7 @@ class SessionPageConsumer(PageMode, SessionFeedConsumer):
 
     async def subscribe(self) -> bool:
         await self.page_role()
+        self.shown_as = self.can_act
         self.previews: dict[tuple[str, ...], dict[str, Any]] = {}
         return await super().subscribe()
 
@@ -237,6 +238,9 @@ class SessionPageConsumer(PageMode, SessionFeedConsumer):
         if not await self.role_stands() or not await render_budget.paid_up(self.user.pk):
             return []
         session_id, can_act = self.session_id, self.can_act
+        # Parts not changed since keep the forms of the role they were made for: once the
+        # role changed, every part is made again (this page shows only changed parts).
+        since = after if can_act == self.shown_as else 0
 
         async def head() -> int | None:
             return await on_page_thread(head_seq)(session_id)  # type: ignore[no-any-return]
@@ -249,12 +253,15 @@ class SessionPageConsumer(PageMode, SessionFeedConsumer):
             if render_budget.owes(self.user.pk):
                 return after, None
             update = render_budget.charged(self.user.pk, SESSION_PAGE.update)
-            found = await on_page_thread(update)(session_id, after, can_act)
+            found = await on_page_thread(update)(session_id, since, can_act)
             return found if found is not None else (after, None)
 
         seq, html = await shared_renders.render(
-            ("session-page", session_id, can_act, after), now, render, self.user.pk)
-        return [(seq, html)] if html is not None else []
+            ("session-page", session_id, can_act, since), now, render, self.user.pk)
+        if html is None:
+            return []
+        self.shown_as = can_act
+        return [(seq, html)]
 
 
 class GlobalPageConsumer(PageMode, GlobalFeedConsumer):
