@@ -133,7 +133,14 @@ NO_ROLE = "no-role"
 
 def recheck(credential: Credential) -> str | None:
     """Whether ``credential`` still stands: None if so, else :data:`ENDED` or
-    :data:`NO_ROLE`. One or two indexed reads: sockets call it every few seconds."""
+    :data:`NO_ROLE`. A few indexed reads: sockets call it every few seconds."""
+    found = standing(credential)
+    return found if found in (ENDED, NO_ROLE) else None
+
+
+def standing(credential: Credential) -> str:
+    """:data:`ENDED`, :data:`NO_ROLE`, or the role ``credential`` holds now
+    (:data:`OPERATOR`, :data:`VIEWER`): a live page re-renders its forms by it."""
     user = User.objects.filter(pk=credential.user_id).first()
     if credential.token_digest is not None:
         if not usable_tokens().filter(digest=credential.token_digest).exists():
@@ -148,7 +155,7 @@ def recheck(credential: Credential) -> str | None:
             )
         ):
             return ENDED
-    return None if may_read(user) else NO_ROLE
+    return role_of(user) or NO_ROLE
 
 
 def role_of(user: Any) -> str | None:

@@ -16,7 +16,14 @@ from channels.db import database_sync_to_async
 from controlplane import access
 from controlplane.reads.feed import settled_global
 from controlplane.reads.pages import head_seq
-from controlplane.sockets.feed import GlobalFeedConsumer, Rows, SessionFeedConsumer
+from controlplane.sockets.feed import (
+    ENDED,
+    REFUSED,
+    FeedConsumer,
+    GlobalFeedConsumer,
+    Rows,
+    SessionFeedConsumer,
+)
 from controlplane.sockets.page_threads import on_page_thread
 from controlplane.sockets.sharing import shared_reads, shared_renders
 from controlplane.ui.live import GLOBAL_PAGES, SESSION_PAGE
@@ -119,7 +126,13 @@ class SettledCommits:
 settled_commits = SettledCommits()
 
 
-class PageMode:
+ROLE_SECONDS = 1.0
+"""How long a page socket renders with the role it last read before it reads it again
+(at its next render): an operator demoted to viewer gets pages without action forms
+from then on, without a query per render of a busy page."""
+
+
+class PageMode(FeedConsumer):
     """The HTML-partials mode of a feed socket, for the browser pages (controlplane.ui).
 
     The socket keeps its feed's protocol (cursor in-band, replay then live, each position
@@ -131,12 +144,35 @@ class PageMode:
     pages differ (action buttons), so theirs are not shared with each other.
     """
 
-    user: Any
-    last: int | None
     can_act: bool = False
+    role_read_at: float | None = None
 
     async def page_role(self) -> None:
         self.can_act = await database_sync_to_async(access.may_act)(self.user)
+        self.role_read_at = time.monotonic()
+
+    async def role_stands(self) -> bool:
+        """Before a render: whether the socket's credential still stands, with
+        :attr:`can_act` the role the account holds now (read again once
+        :data:`ROLE_SECONDS` passed). A login session or token that ended closes the
+        socket with 4401, an account without a role (or deactivated) with 4403, as the
+        feed's own re-check does, and nothing is rendered."""
+        if self.closing:
+            return False
+        now = time.monotonic()
+        if self.credential is None or (
+                self.role_read_at is not None and now - self.role_read_at < ROLE_SECONDS):
+            return True
+        self.role_read_at = now
+        found = await database_sync_to_async(access.standing)(self.credential)
+        if found == access.ENDED:
+            await self.refuse(ENDED, "the token or login session has ended")
+            return False
+        if found == access.NO_ROLE:
+            await self.refuse(REFUSED, "this account no longer has a role")
+            return False
+        self.can_act = found == access.OPERATOR
+        return True
 
     def heartbeat_frame(self) -> str:
         return SESSION_PAGE.heartbeat(self.last or 0)
@@ -147,6 +183,7 @@ class SessionPageConsumer(PageMode, SessionFeedConsumer):
 
     async def subscribe(self) -> bool:
         await self.page_role()
+        self.shown_as = self.can_act
         self.previews: dict[tuple[str, ...], dict[str, Any]] = {}
         return await super().subscribe()
 
@@ -198,9 +235,12 @@ class SessionPageConsumer(PageMode, SessionFeedConsumer):
     async def read(self, after: int, limit: int) -> Rows:
         """The parts changed after ``after``, at the session's head: a socket at the same
         cursor takes the process's render of them if it shows the head already."""
-        session_id, can_act = self.session_id, self.can_act
-        if not await render_budget.paid_up(self.user.pk):
+        if not await self.role_stands() or not await render_budget.paid_up(self.user.pk):
             return []
+        session_id, can_act = self.session_id, self.can_act
+        # Parts not changed since keep the forms of the role they were made for: once the
+        # role changed, every part is made again (this page shows only changed parts).
+        since = after if can_act == self.shown_as else 0
 
         async def head() -> int | None:
             return await on_page_thread(head_seq)(session_id)  # type: ignore[no-any-return]
@@ -213,12 +253,15 @@ class SessionPageConsumer(PageMode, SessionFeedConsumer):
             if render_budget.owes(self.user.pk):
                 return after, None
             update = render_budget.charged(self.user.pk, SESSION_PAGE.update)
-            found = await on_page_thread(update)(session_id, after, can_act)
+            found = await on_page_thread(update)(session_id, since, can_act)
             return found if found is not None else (after, None)
 
         seq, html = await shared_renders.render(
-            ("session-page", session_id, can_act, after), now, render, self.user.pk)
-        return [(seq, html)] if html is not None else []
+            ("session-page", session_id, can_act, since), now, render, self.user.pk)
+        if html is None:
+            return []
+        self.shown_as = can_act
+        return [(seq, html)]
 
 
 class GlobalPageConsumer(PageMode, GlobalFeedConsumer):
@@ -237,9 +280,9 @@ class GlobalPageConsumer(PageMode, GlobalFeedConsumer):
         return str(self.scope["url_route"]["kwargs"]["page"])
 
     async def read(self, after: int, limit: int) -> Rows:
-        page, can_act, account = GLOBAL_PAGES[self.page_name], self.can_act, self.user.pk
-        if not await render_budget.paid_up(account):
+        if not await self.role_stands() or not await render_budget.paid_up(self.user.pk):
             return []
+        page, can_act, account = GLOBAL_PAGES[self.page_name], self.can_act, self.user.pk
         # The page's parameters as it was opened (the overview's filter): updates keep to it.
         asked = parse_qs(self.scope.get("query_string", b"").decode("latin-1"))
         params = {name: asked.get(name, [""])[-1][:200] for name in page.params}

@@ -214,7 +214,7 @@ OTHER_RULES: dict[str, list[Cell]] = {
     "activity": [Cell("GET", "/activity", PAGE)],  # the overview's charts, refetched
     "tasks/": [Cell("GET", "/tasks/", PAGE),
                Cell("GET", "/tasks/?q=x&status=failed&sort=kind&page=2", PAGE)],
-    "sessions/<str:session_id>/history": [
+    "sessions/<session:session_id>/history": [
         Cell("GET", "/sessions/{session}/history", PAGE),
         Cell("GET", f"/sessions/{NOPE}/history", MISSING_PAGE),
     ],
@@ -222,19 +222,19 @@ OTHER_RULES: dict[str, list[Cell]] = {
     "bulk/preview": [Cell("GET", "/bulk/preview?q=x", UI_ACTION)],
     "bulk/act": [Cell("POST", "/bulk/act", UI_ACTION),
                  Cell("GET", "/bulk/act", everyone(405))],
-    "sessions/<str:session_id>/": [
+    "sessions/<session:session_id>/": [
         Cell("GET", "/sessions/{session}/", PAGE),
         Cell("GET", f"/sessions/{NOPE}/", MISSING_PAGE),
     ],
-    "sessions/<str:session_id>/conversations/<str:conversation_id>/entries": [
+    "sessions/<session:session_id>/conversations/<str:conversation_id>/entries": [
         # A page of a conversation's earlier entries: 404 for one the session lacks.
         Cell("GET", f"/sessions/{{session}}/conversations/{NOPE}/entries?before={NOPE}",
              MISSING_PAGE)],
-    "sessions/<str:session_id>/tasks/<str:task_id>/children": [
+    "sessions/<session:session_id>/tasks/<str:task_id>/children": [
         # A fragment of children: none for a task that is not there (an empty list).
         Cell("GET", f"/sessions/{{session}}/tasks/{NOPE}/children", PAGE)],
     "tasks/<str:task_id>/": [Cell("GET", f"/tasks/{NOPE}/", MISSING_PAGE)],
-    "sessions/<str:session_id>/artifacts/<str:digest>": [
+    "sessions/<session:session_id>/artifacts/<str:digest>": [
         Cell("GET", "/sessions/{session}/artifacts/sha256:" + "0" * 64, MISSING_PAGE)],
     "^tasks/(?P<target>[^/]+)/(?P<action>cancel|retry|resolve)$": [
         Cell("POST", f"/tasks/{NOPE}/{action}", UI_ACTION) for action in
@@ -253,15 +253,15 @@ OTHER_RULES: dict[str, list[Cell]] = {
                                     Cell("GET", f"/tasks/{NOPE}/restart", everyone(405))],
     "tasks/<str:task_id>/migrate": [Cell("POST", f"/tasks/{NOPE}/migrate", UI_ACTION),
                                     Cell("GET", f"/tasks/{NOPE}/migrate", everyone(405))],
-    "sessions/<str:session_id>/calls/<str:call_id>/decide": [
+    "sessions/<session:session_id>/calls/<str:call_id>/decide": [
         Cell("POST", f"/sessions/{{session}}/calls/{NOPE}/decide", UI_ACTION),
         Cell("GET", f"/sessions/{{session}}/calls/{NOPE}/decide", everyone(405))],
     "tasks/<str:task_id>/resume": [Cell("POST", f"/tasks/{NOPE}/resume", UI_ACTION),
                                    Cell("GET", f"/tasks/{NOPE}/resume", everyone(405))],
-    "sessions/<str:session_id>/graph/runs": [
+    "sessions/<session:session_id>/graph/runs": [
         Cell("POST", "/sessions/{session}/graph/runs", UI_ACTION),
         Cell("GET", "/sessions/{session}/graph/runs", everyone(405))],
-    "sessions/<str:session_id>/graph/fork": [
+    "sessions/<session:session_id>/graph/fork": [
         Cell("POST", "/sessions/{session}/graph/fork", UI_ACTION),
         Cell("GET", "/sessions/{session}/graph/fork", everyone(405))],
 }
@@ -293,9 +293,9 @@ STREAMS = row(4403, "frames", "frames", "frames", 4403, 4403)
 """A socket: a role, by a browser's login or a live token (header); else closed 4403."""
 
 WS_RULES: dict[str, list[str]] = {
-    "ws/sessions/<str:session_id>/feed/": ["/ws/sessions/{session}/feed/"],
+    "ws/sessions/<session:session_id>/feed/": ["/ws/sessions/{session}/feed/"],
     "ws/feed/": ["/ws/feed/"],
-    "ws/ui/sessions/<str:session_id>/": ["/ws/ui/sessions/{session}/"],
+    "ws/ui/sessions/<session:session_id>/": ["/ws/ui/sessions/{session}/"],
     "^ws/ui/(?P<page>overview|attention|tasks)/$": ["/ws/ui/overview/", "/ws/ui/attention/",
                                                      "/ws/ui/tasks/"],
 }

@@ -11,13 +11,18 @@ import pytest
 from channels.db import database_sync_to_async
 from channels.routing import URLRouter
 from channels.testing import WebsocketCommunicator
+from django.contrib.auth.models import Group, User
 from django.db import connection
+from django.utils import timezone
 
 from controlplane.access import issue_token
+from controlplane.models import ApiToken
 from controlplane.sockets import feed as feed_sockets
-from controlplane.sockets.feed import BAD_REQUEST, SessionFeedConsumer
+from controlplane.sockets import pages as page_sockets
+from controlplane.sockets.feed import BAD_REQUEST, ENDED, REFUSED, SessionFeedConsumer
 from controlplane.sockets.routes import websocket_urlpatterns
 from controlplane.worker.runtime import runtime
+from kernel import Draft
 
 from .clients import user_in
 from .plan_documents import commit
@@ -230,3 +235,71 @@ def test_a_hint_that_comes_while_a_replay_ends_is_not_lost(
         return seqs
 
     assert run(talk) == [1, 2, 3, 4]
+
+
+def test_a_page_socket_renders_by_the_role_its_account_holds_at_each_render(
+    settings: Any, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An operator demoted to viewer while their session page is open gets the next
+    updates without action forms, also on the rows a commit did not change (made again
+    for the role held now) and on a task made since; deactivated, the socket is closed
+    with 4403; a page whose token is revoked is closed with 4401 at its next render. The
+    feed's own re-check is put off past the test: these come from the renders."""
+    settings.WEBSOCKET_RECHECK_SECONDS = 60
+    monkeypatch.setattr(page_sockets, "ROLE_SECONDS", 0.0)
+    olga, otto = user_in("operator", "olga"), user_in("operator", "otto")
+    keys = issue_token(olga, "page"), issue_token(otto, "page")
+    handle = runtime().kernel.create_session()
+    draft = Draft(actor="user:test")
+    task_id = draft.create_task("send-batch", {
+        "recipients": ["a@example.com"], "subject": "s", "body": "b", "channel": "http"})
+    handle.commit(draft)
+
+    def demote(account: User) -> None:
+        account.groups.set([Group.objects.get_or_create(name="viewer")[0]])
+
+    def deactivate(account: User) -> None:
+        account.is_active = False
+        account.save(update_fields=["is_active"])
+
+    def new_task() -> int:
+        draft = Draft(actor="user:test")
+        draft.create_task("send-batch", {
+            "recipients": ["b@example.com"], "subject": "s", "body": "b", "channel": "http"})
+        return int(runtime().kernel.open(handle.id).commit(draft).commit.seq)
+
+    def touch() -> int:  # a commit that changes no task: a plan document
+        return int(commit(runtime().kernel.open(handle.id), "touched").seq)
+
+    async def update_at(socket: WebsocketCommunicator, seq: int) -> str:
+        """The first update (not a heartbeat) showing ``seq``."""
+        while True:
+            text = str((await socket.receive_output(5))["text"])
+            if f'data-seq="{seq}"' in text and not text.startswith('<span id="feed-state"'):
+                return text
+
+    async def talk() -> tuple[list[str], list[int | None]]:
+        sockets = [await opened(f"/ws/ui/sessions/{handle.id}/") for _ in keys]
+        for socket, key in zip(sockets, keys, strict=True):
+            await socket.send_json_to({"token": key, "after": 0})
+        shown = [await update_at(socket, 1) for socket in sockets]
+        await database_sync_to_async(demote)(olga)
+        shown.append(await update_at(sockets[0], await database_sync_to_async(touch)()))
+        shown.append(await update_at(sockets[0], await database_sync_to_async(new_task)()))
+        await database_sync_to_async(deactivate)(olga)
+        await database_sync_to_async(ApiToken.objects.filter(user=otto).update)(
+            revoked_at=timezone.now())
+        await database_sync_to_async(touch)()
+        closed: list[int | None] = []
+        for socket in sockets:
+            try:
+                closed.append((await close_of(socket))["code"])
+            except TimeoutError:  # left open
+                closed.append(None)
+                await socket.disconnect()
+        return shown, closed
+
+    shown, closed = run(talk)
+    assert ["Cancel…" in text for text in shown] == [True, True, False, False], shown[-1]
+    assert f'id="task-{task_id}"' in shown[2], shown[2][-2000:]
+    assert closed == [REFUSED, ENDED]

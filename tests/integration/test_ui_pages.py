@@ -6,6 +6,7 @@ each page shows, who may act, and that untrusted text is escaped.
 
 from __future__ import annotations
 
+import html
 import re
 from datetime import timedelta
 from html import unescape
@@ -23,6 +24,8 @@ from controlplane.sockets.routes import websocket_urlpatterns
 from controlplane.ui.live import GLOBAL_PAGES, SESSION_PAGE
 from controlplane.worker.runtime import runtime
 from kernel import Decision, Draft, Scheduler, Status, agent
+from kernel.records import SessionRecord
+from kernel.session import SessionHandle
 
 from .clients import login
 from .sessions import EVIL, batch
@@ -66,6 +69,38 @@ def test_a_session_id_a_url_must_escape_is_linked_and_followed_live_escaped() ->
     tasks = client.get("/tasks/").content.decode()
     (link,) = re.findall(r'<td><a href="(/sessions/[^"]*)">', tasks)
     assert resolve("/" + path_of(link)).kwargs == {"session_id": session_id}
+
+
+def test_a_session_id_holding_a_slash_from_an_older_release_is_shown_and_linked() -> None:
+    """A session id holding ``/`` is refused now, but one stored before (an upgrade keeps
+    it) is shown on every page that links it, escaped, with links that reach it."""
+    kernel = runtime().kernel
+    session_id = "old/<b>run</b>"
+    kernel.storage.create_session(SessionRecord(session_id, 0, kernel.clock.now(), {}))
+    draft = Draft(actor="user:test")  # an unknown channel fails the plan: Needs attention
+    task_id = draft.create_task("send-batch", {
+        "recipients": ["a@example.com"], "subject": "s", "body": "b", "channel": "pigeon"})
+    SessionHandle(kernel, session_id, 0).commit(draft)
+    Scheduler(kernel).run_until_idle()
+    client = login("operator")
+    shown = html.escape(session_id, quote=False)
+    for url in ("/", "/tasks/", "/attention/", f"/sessions/{session_id}/",
+                f"/tasks/{task_id}/", f"/sessions/{session_id}/history"):
+        answer = client.get(url)
+        assert answer.status_code == 200, (url, answer.content[-2000:])
+        assert "<b>run</b>" not in answer.content.decode(), url
+    page = client.get(f"/sessions/{session_id}/").content.decode()
+    assert shown in page and f'id="task-{task_id}"' in page
+    (socket,) = re.findall(r'ws-connect="([^"]*)"', page)
+    routed = [r.pattern.match(unquote(urlsplit(unescape(socket)).path).lstrip("/"))
+              for r in websocket_urlpatterns]
+    assert [m[2] for m in routed if m] == [{"session_id": session_id}]
+    links = re.findall(r'href="(/sessions/[^"#]*)', client.get("/tasks/").content.decode()
+                       + client.get(f"/tasks/{task_id}/").content.decode())
+    assert links and {resolve(unquote(unescape(link))).kwargs["session_id"]
+                      for link in links} == {session_id}
+    found = client.get(f"/api/tasks/{task_id}")  # the API's session paths cannot name it
+    assert found.status_code == 200 and found.json()["session_id"] == session_id
 
 
 def test_a_viewer_is_refused_and_an_operator_cancels() -> None:
