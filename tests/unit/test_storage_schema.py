@@ -78,6 +78,7 @@ def test_records_from_orm_values_and_from_sql_rows() -> None:
 
 def test_update_writes_all_but_the_fixed_columns_then_the_key() -> None:
     submission = Submission("u_1", "s_1", "c_1", "r_1", {}, SubmissionStatus.PLACED, 1, 2)
-    assert schema.SUBMISSION.updated == ("status", "updated_seq", "answer_entry_id", "reason")
-    assert schema.SUBMISSION.update_values(submission) == ["placed", 2, None, None, "u_1"]
+    assert schema.SUBMISSION.updated == ("status", "updated_seq", "answer_entry_id", "reason",
+                                         "resubmits")
+    assert schema.SUBMISSION.update_values(submission) == ["placed", 2, None, None, 0, "u_1"]
     assert "kind" not in schema.TASK.updated and "lease_until" in schema.TASK.updated
