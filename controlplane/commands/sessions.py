@@ -20,6 +20,7 @@ from controlplane.commands.actions import (
 )
 from controlplane.errors import Conflict, Invalid
 from controlplane.reads import sessions as session_reads
+from controlplane.reads import transcript
 from controlplane.worker.runtime import runtime
 from kernel import (
     DocumentConflict,
@@ -229,10 +230,11 @@ def compact_conversation(
     user: User, conversation_id: str, action_id: str, reason: str, last_entry_id: str
 ) -> ActionResult:
     """Summarize the older part of a conversation now (an ``agent-compaction`` task,
-    :mod:`kernel.agent.compaction`): later model requests see the summary in place of
-    the entries it covers; the transcript keeps them. ``last_entry_id``: the newest entry
-    the operator saw; a conversation that has moved on since, or whose compaction (the
-    operator's or a turn's) has not ended, is refused (Conflict)."""
+    :mod:`kernel.agent.compaction`) with the model its latest turn asks: later model
+    requests see the summary in place of the entries it covers; the transcript keeps
+    them. ``last_entry_id``: the newest entry the operator saw; a conversation that has
+    moved on since, or whose compaction (the operator's or a turn's) has not ended, is
+    refused (Conflict)."""
     require_operator(user)
     kernel = runtime().kernel
     conversation = kernel.storage.conversation(conversation_id)
@@ -259,6 +261,10 @@ def compact_conversation(
             "again once it has ended",
         )
     task_input = {"reason": "operator", "by": actor(user)}
+    # The window its turns are measured against and the model they ask, not the default.
+    model = transcript.conversation_model(session_id, conversation_id)
+    if model is not None:
+        task_input["model"] = model
 
     def build(draft: Draft) -> None:
         # The entries it will summarize are the ones the operator saw: checked by the

@@ -209,8 +209,22 @@ def _turn_models(session_id: str, task_ids: set[str]) -> dict[str, str]:
     found = models.Task.objects.filter(
         session_id=session_id, id__in=sorted(task_ids), kind__in=[TURN_KIND, COMPACTION]
     ).values_list("id", "checkpoint", "input")
-    return {task_id: (checkpoint or {}).get("model") or (input or {}).get("model") or ""
-            for task_id, checkpoint, input in found}
+    return {task_id: _model(checkpoint, input) or "" for task_id, checkpoint, input in found}
+
+
+def _model(checkpoint: Any, input: Any) -> str | None:
+    """The model a turn or compaction task asks: the one it settled on once started, else
+    the one its input names (none: the default one)."""
+    return (checkpoint or {}).get("model") or (input or {}).get("model") or None
+
+
+def conversation_model(session_id: str, conversation_id: str) -> str | None:
+    """The model the conversation's latest turn asks (None: it has no turn naming one, so
+    the default one): what a compaction of it measures against and summarizes with."""
+    found = models.Task.objects.filter(
+        session_id=session_id, kind=TURN_KIND, input__conversation_id=conversation_id,
+    ).order_by("-created_seq", "-id").values_list("checkpoint", "input").first()
+    return None if found is None else _model(*found)
 
 
 def _uncertain_calls(turn_ids: set[str]) -> set[str]:

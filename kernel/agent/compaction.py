@@ -23,7 +23,7 @@ keeps the cut before it.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -219,10 +219,14 @@ def register_compaction(
     models: Mapping[str, ModelProvider],
     compaction: Compaction,
     default_model: str,
+    tools: Callable[[], list[JSON]] = list,
 ) -> None:
     """Add the ``agent-compaction`` task kind. Its input: ``conversation_id``, and
     ``model`` (the model that summarizes, whose window is measured; the default one
-    if absent), ``reason`` (``threshold``, ``overflow``, ``operator``) and ``by``."""
+    if absent), ``reason`` (``threshold``, ``overflow``, ``operator``) and ``by``.
+    ``tools``: the tool schemas a turn sends with its context, measured with it between
+    passes as the turn measures its request: a context that fits only without them is
+    still due."""
 
     registry.document(STARTED)
 
@@ -244,7 +248,7 @@ def register_compaction(
                 )
             context = run.context(conversation)
             passes = checkpoint.get("passes", 0)
-            if passes and not compaction.due(model, messages(context), []):
+            if passes and not compaction.due(model, messages(context), tools()):
                 return run.succeed(done(checkpoint))
             found = plan(context, compaction.keep_tokens(model), compaction.cover_tokens(model))
             if found is None:

@@ -85,7 +85,7 @@ def register_agent(
     conversation's older part is summarized (:mod:`.compaction`); by default only when
     a model answers that the context is too long."""
     compacting = compaction or Compaction()
-    register_compaction(registry, models, compacting, default_model)
+    register_compaction(registry, models, compacting, default_model, toolbox.schemas)
     registry.document(CONVERSATION)
     registry.document(PROGRESS)
     registry.document(USAGE)

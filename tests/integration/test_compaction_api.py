@@ -10,7 +10,7 @@ from django.contrib.auth.models import User
 from django.test import Client
 
 from controlplane.worker.runtime import runtime
-from kernel import Scheduler, agent
+from kernel import Draft, Scheduler, agent
 from kernel.records import SUMMARY
 
 from .clients import client_as, post
@@ -136,3 +136,22 @@ def test_a_compaction_asked_while_one_of_the_conversation_is_under_way_is_refuse
                  {"action_id": "c-omar-2", "reason": "long", "last_entry_id": newest(conversation)})
     assert later.status_code == 200, later.content
     assert len(compaction_tasks(session_id)) == 2
+
+
+def test_an_operators_compaction_uses_the_model_the_conversations_latest_turn_asks() -> None:
+    """Its window is the one the conversation's requests are measured against and its
+    summary is asked of that model, not of the default one."""
+    kernel = runtime().kernel
+    handle = kernel.create_session(metadata={"title": "mini"})
+    draft = Draft(actor="user:test")
+    conversation = draft.create_conversation()
+    handle.commit(draft)
+    submitted = agent.submit(handle, conversation, {"text": "hello", "model": "mini"},
+                             "req-1", actor="user:ann")
+    assert submitted.outcome == "placed", submitted.reason
+    answer = post(client_as("olga", "operator"), f"/api/conversations/{conversation}/compact",
+                  {"action_id": "compact-mini", "reason": "long",
+                   "last_entry_id": newest(conversation)})
+    assert answer.status_code == 200, answer.content
+    [task_id] = compaction_tasks(handle.id)
+    assert kernel.task(task_id).input["model"] == "mini"

@@ -46,6 +46,9 @@ class World(CrashPoints):
     compaction: Compaction | None = None
     lookup_kind: str | None = None
     """Where lookup runs as a task of this kind (a deploy that moved it): not in the call."""
+    page_manual: str = "Read a page"
+    """The page tool's description: a long one makes the tool schemas a large part of
+    every request."""
 
     def kernel(self) -> Kernel:
         registry = Registry()
@@ -145,7 +148,7 @@ class World(CrashPoints):
             toolbox.add(Tool(name, "Pay; its receipt cannot be stored", number, Replay.UNSAFE,
                              run=charge_unstorably, artifact_above=above))
         toolbox.add(Tool("die", "Crashes", {"type": "object"}, Replay.SAFE, run=always_dies))
-        toolbox.add(Tool("page", "Read a page", {"type": "object"}, Replay.SAFE,
+        toolbox.add(Tool("page", self.page_manual, {"type": "object"}, Replay.SAFE,
                          run=lambda run, args: {"text": f"{args.get('n')}:" + "p" * 5000}))
         register_agent(registry, {"scripted": self.provider}, toolbox, "scripted",
                        self.compaction)

@@ -22,7 +22,7 @@ from kernel.agent import (
     submit,
 )
 from kernel.agent.compaction import STARTED, estimate_tokens, plan, start
-from kernel.agent.context import SUMMARY_INTRO
+from kernel.agent.context import SUMMARY_INTRO, messages
 from kernel.records import SUMMARY, Entry, position
 
 from .agent_world import World
@@ -292,6 +292,24 @@ def test_an_operator_asks_for_a_compaction() -> None:
     assert_whole_calls(kernel, conversation, summary)
     assert kernel.context(conversation)[0].id == summary.id
     assert len(kernel.context(conversation)) < len(kernel.entries(conversation))
+
+
+def test_a_compaction_measures_the_context_with_the_tool_schemas_a_turn_sends() -> None:
+    """A context that fits under the threshold only without the tool schemas is still
+    due: the compaction summarizes again, as the turn that asked for it measures."""
+    world = World(ScriptedProvider(reader), page_manual="x" * 32_000)
+    kernel, handle, conversation = converse(world, 10)
+    tools = turn_requests(world)[-1].tools
+    window = 32_000  # the context alone is under its threshold after one pass, not with tools
+    world.compaction = Compaction({"scripted": window}, keep=0.1, cover=0.1)
+    draft = Draft(actor="user:op")
+    draft.create_task(COMPACTION, {"conversation_id": conversation, "model": "scripted",
+                                   "reason": "threshold", "by": "test"})
+    handle.commit(draft)
+    Scheduler(world.kernel(), "w-compact").run_until_idle()
+    assert summaries(kernel, conversation)
+    context = messages(kernel.context(conversation))
+    assert not world.compaction.due("scripted", context, tools)
 
 
 def entry(kind: str, seq: int, **payload: Any) -> Entry:
