@@ -261,9 +261,10 @@ def compact_conversation(
             "again once it has ended",
         )
     task_input = {"reason": "operator", "by": actor(user)}
-    # The window its turns are measured against and the model they ask, not the default.
+    # The window its turns are measured against and the model they ask, not the default;
+    # one the catalogue no longer holds cannot summarize, and the default one does.
     model = transcript.conversation_model(session_id, conversation_id)
-    if model is not None:
+    if model is not None and model in settings.MODELS:
         task_input["model"] = model
 
     def build(draft: Draft) -> None:

@@ -5,6 +5,8 @@ transcript while every entry stays; a stale view is refused (409), a viewer is r
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from django.contrib.auth.models import User
 from django.test import Client
@@ -138,9 +140,12 @@ def test_a_compaction_asked_while_one_of_the_conversation_is_under_way_is_refuse
     assert len(compaction_tasks(session_id)) == 2
 
 
-def test_an_operators_compaction_uses_the_model_the_conversations_latest_turn_asks() -> None:
+def test_an_operators_compaction_uses_the_model_the_conversations_latest_turn_asks(
+    settings: Any,
+) -> None:
     """Its window is the one the conversation's requests are measured against and its
     summary is asked of that model, not of the default one."""
+    settings.MODELS = {**settings.MODELS, "mini": settings.MODELS["scripted"]}
     kernel = runtime().kernel
     handle = kernel.create_session(metadata={"title": "mini"})
     draft = Draft(actor="user:test")
@@ -155,3 +160,25 @@ def test_an_operators_compaction_uses_the_model_the_conversations_latest_turn_as
     assert answer.status_code == 200, answer.content
     [task_id] = compaction_tasks(handle.id)
     assert kernel.task(task_id).input["model"] == "mini"
+
+
+def test_an_operators_compaction_of_a_conversation_whose_model_is_gone_uses_the_default(
+    settings: Any,
+) -> None:
+    """A model the catalogue no longer holds cannot summarize: the compaction asks the
+    default one, as one of a conversation whose turns named none."""
+    kernel = runtime().kernel
+    handle = kernel.create_session(metadata={"title": "gone"})
+    draft = Draft(actor="user:test")
+    conversation = draft.create_conversation()
+    handle.commit(draft)
+    submitted = agent.submit(handle, conversation, {"text": "hello", "model": "mini"},
+                             "req-1", actor="user:ann")
+    assert submitted.outcome == "placed", submitted.reason
+    settings.MODELS = {k: v for k, v in settings.MODELS.items() if k != "mini"}
+    answer = post(client_as("olga", "operator"), f"/api/conversations/{conversation}/compact",
+                  {"action_id": "compact-gone", "reason": "long",
+                   "last_entry_id": newest(conversation)})
+    assert answer.status_code == 200, answer.content
+    [task_id] = compaction_tasks(handle.id)
+    assert "model" not in kernel.task(task_id).input
