@@ -62,6 +62,18 @@ def token_name(name: str) -> str:
     return name
 
 
+def listed_name(name: str) -> str:
+    """``name`` as a listing of tokens prints it: on one line, without the characters
+    :func:`token_name` refuses (a name stored before names were checked may hold them),
+    each escaped as Python writes it (``\\t``, ``\\n``, ``\\x1b``, ``\\u2028``), and a
+    backslash doubled so that an escape cannot be taken for a name's own text."""
+    return "".join(
+        "\\\\" if c == "\\" else
+        repr(c)[1:-1] if unicodedata.category(c) in _LINE_BREAKING else c
+        for c in name
+    )
+
+
 def issue_token(user: User, name: str, expires_at: datetime | None = None, *,
                 issued_by: str = "") -> str:
     """Create a token for ``user`` (valid until ``expires_at``, or until revoked if None)

@@ -16,6 +16,7 @@ every function here returns at once (:func:`active`) and no span object is made.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager
 from typing import Any
@@ -80,13 +81,19 @@ def carrier() -> Carrier | None:
     return found or None
 
 
+_TRACE_ID = re.compile(r"[0-9a-f]{32}")
+"""A W3C trace id: 32 lowercase hex digits (all zeros is invalid, checked apart)."""
+
+
 def trace_id(kept: Any) -> str | None:
-    """The trace id (32 hex digits) of a kept context (a task's :attr:`trace`), for logs
-    and pages; None when there is none."""
+    """The trace id (32 lowercase hex digits, not all zeros) of a kept context (a task's
+    :attr:`trace`), for logs, pages and the trace link built from it; None when there is
+    none or it is not a valid W3C trace id (a context kept from another writer may hold
+    anything, and the id is put into a URL)."""
     if not isinstance(kept, Mapping):
         return None
     parts = str(kept.get("traceparent", "")).split("-")
-    if len(parts) == 4 and len(parts[1]) == 32 and parts[1] != "0" * 32:
+    if len(parts) == 4 and _TRACE_ID.fullmatch(parts[1]) and parts[1] != "0" * 32:
         return parts[1]
     return None
 

@@ -48,12 +48,17 @@ class Step:
 
 
 def record_action(draft: Draft, user: User, key: str, action: str, target: str, reason: str,
-                  detail: dict[str, Any] | None = None) -> None:
+                  detail: dict[str, Any] | None = None,
+                  seen: dict[str, Any] | None = None) -> None:
     """The action's entry in the session's operations log: what, on what, who, why, and
     through which credential (an API token by name and id, or the browser session);
-    ``detail``: what the action chose (say, the commit a restart starts from)."""
+    ``detail``: what the action chose (say, the commit a restart starts from); ``seen``:
+    the state the operator said they acted on (the ``expected_*`` values the action
+    carried), so that an auditor can tell what they were shown."""
     entry = {"target": target, "reason": reason, "by": actor(user), "action_id": key,
              **(detail or {})}
+    if seen:
+        entry["seen"] = seen
     via = credential()
     if via is not None:
         entry["via"] = via
@@ -69,12 +74,13 @@ def commit_action(
     reason: str,
     build: Callable[[Draft], None],
     detail: dict[str, Any] | None = None,
+    seen: dict[str, Any] | None = None,
 ) -> tuple[int, bool]:
     """Commit one action; return its seq and whether it had been done already (the same
     action on the same target under this id). Conflict if the id did something else."""
     draft = Draft(actor=actor(user), key=key)
     build(draft)
-    record_action(draft, user, key, action, target, reason, detail)
+    record_action(draft, user, key, action, target, reason, detail, seen)
     try:
         written = runtime().kernel.open(session_id).commit(draft)
     except DuplicateCommit as exc:
@@ -94,9 +100,10 @@ def act_on_task(
     build: Callable[[Draft], None],
     may_repeat: list[str] | None = None,
     detail: dict[str, Any] | None = None,
+    seen: dict[str, Any] | None = None,
 ) -> ActionResult:
     seq, replayed = commit_action(user, task.session_id, action_id, action, task.id, reason, build,
-                                  detail)
+                                  detail, seen)
     return ActionResult(action_id, action, task.id, task.session_id, seq, replayed,
                         may_repeat or [])
 

@@ -84,4 +84,5 @@ def decide_call(
         user, action_id, reason, decision, task,
         lambda d: approvals.decide(d, task.id, decision, by=actor(user), reason=reason,
                                    seen=seen, arguments=arguments),
+        seen={"digest": seen, "expected_request": expected_request},
     )

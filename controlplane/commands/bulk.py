@@ -195,7 +195,10 @@ def _carry_out(user: User, done: bulk_reads.BulkRecord) -> BulkResult:
                 also = retry_of_a_run(task, repeated)
             seq, replayed = commit_action(
                 user, task.session_id, key, action, task_id, done.reason,
-                partial(_act_on, action, task_id, done.reason, expected, also))
+                partial(_act_on, action, task_id, done.reason, expected, also),
+                seen={"expected_run" if action == BulkAction.CANCEL else "expected_seq": expected,
+                      "expected_digest": done.digest,
+                      "expected_count": len(done.task_ids)})
         except (CommitRejected, Conflict) as exc:
             results.append(BulkItem(task_id, False, str(exc)))
             continue

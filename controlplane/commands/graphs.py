@@ -59,7 +59,8 @@ def resume_graph(
     waiting = interrupted(task)  # None for a repeat whose resume was taken already
     signal = waited_signal(waiting) if waiting else resume_signal(checkpoint_id)
     return act_on_task(user, action_id, reason, "resume", task,
-                       lambda d: d.signal(task_id, signal, payload, step_epoch=task.epoch))
+                       lambda d: d.signal(task_id, signal, payload, step_epoch=task.epoch),
+                       seen={"checkpoint_id": checkpoint_id, "interrupt_ids": interrupt_ids})
 
 
 def start_graph(
@@ -98,7 +99,7 @@ def start_graph(
 
     return _start_run(user, session_id, action_id, "start", kind, reason, build,
                       ["the graph runs from the thread's newest checkpoint, with its side "
-                       "effects"])
+                       "effects"], {"expected_version": expected_version})
 
 
 def fork_graph(
@@ -158,7 +159,8 @@ def fork_graph(
         return run
 
     return _start_run(user, session_id, action_id, "fork", checkpoint_id, reason, build,
-                      ["the nodes after the fork point run again, with their side effects"])
+                      ["the nodes after the fork point run again, with their side effects"],
+                      {"expected_version": expected_version})
 
 
 def retry_of_a_run(task: Task, repeat: bool) -> Callable[[Draft], None] | None:
@@ -221,14 +223,14 @@ def _name_in_index(draft: Draft, where: str, run: str, expected: int | None) -> 
 
 def _start_run(
     user: User, session_id: str, action_id: str, action: str, target: str, reason: str,
-    build: Callable[[Draft], str], may_repeat: list[str],
+    build: Callable[[Draft], str], may_repeat: list[str], seen: dict[str, Any],
 ) -> ActionResult:
     """Commit an action that creates one graph run: the result names the run (the one
     the first commit created, for a repeat)."""
     made: list[str] = []
     try:
         seq, replayed = commit_action(user, session_id, action_id, action, target, reason,
-                                      lambda draft: made.append(build(draft)))
+                                      lambda draft: made.append(build(draft)), seen=seen)
     except DocumentConflict as exc:  # the index moved between the checks and the commit
         raise Conflict(f"the thread changed since you saw it ({exc}): look again") from exc
     if replayed:  # the first commit's run, unless retention has removed that commit

@@ -213,7 +213,7 @@ def resubmit(
             actor=actor(user),
             resubmit_of=original.id,
             also=lambda draft: record_action(draft, user, action_id, "resubmit", submission_id,
-                                             reason),
+                                             reason, seen={"expected_seq": expected_seq}),
             expected_seq=expected_seq,
         )
     except ValueError as exc:
@@ -275,7 +275,7 @@ def compact_conversation(
 
     try:
         seq, replayed = commit_action(user, session_id, action_id, "compact", conversation_id,
-                                      reason, build)
+                                      reason, build, seen={"last_entry_id": last_entry_id})
     except StaleStep as exc:
         raise Conflict(f"{exc}: look again") from exc
     except DocumentConflict as exc:

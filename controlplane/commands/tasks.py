@@ -49,7 +49,8 @@ def cancel_task(
     # An id used otherwise, or by someone else: refused.
     done_before(user, task.session_id, action_id, "cancel", task_id)
     return act_on_task(user, action_id, reason, "cancel", task,
-                       lambda d: d.cancel(task_id, reason, expected_run=expected_run))
+                       lambda d: d.cancel(task_id, reason, expected_run=expected_run),
+                       seen={"expected_run": expected_run})
 
 
 def retry_task(
@@ -70,7 +71,8 @@ def retry_task(
     repeated = done_before(user, task.session_id, action_id, "retry", task_id)
     also = retry_of_a_run(task, repeated)
     return act_on_task(user, action_id, reason, "retry", task,
-                       lambda d: retrying(d, task_id, also, expected_seq), repeat)
+                       lambda d: retrying(d, task_id, also, expected_seq), repeat,
+                       seen={"expected_seq": expected_seq})
 
 
 def retrying(draft: Draft, task_id: str, also: Callable[[Draft], None] | None,
@@ -136,7 +138,8 @@ def restart_task(
         draft.expect_document(BLOCKED_DOCUMENT, task_id, found.version)
 
     try:
-        return act_on_task(user, action_id, reason, "restart", task, build, said, detail)
+        return act_on_task(user, action_id, reason, "restart", task, build, said, detail,
+                           {"expected_seq": expected_seq, "expected_report": expected_report})
     except DocumentConflict as exc:
         raise _report_rewritten(task_id) from exc
 
@@ -177,7 +180,8 @@ def migrate_environment(
         draft.expect_document(BLOCKED_DOCUMENT, task_id, found.version)
 
     try:
-        return act_on_task(user, action_id, reason, "migrate", task, build, [], detail)
+        return act_on_task(user, action_id, reason, "migrate", task, build, [], detail,
+                           {"expected_seq": expected_seq, "expected_report": expected_report})
     except DocumentConflict as exc:
         raise _report_rewritten(task_id) from exc
 
@@ -255,6 +259,7 @@ def resolve_task(
         task,
         lambda d: d.signal(task_id, step.signal, payload, step_epoch=step.epoch),
         [chosen.may_repeat] if chosen.may_repeat else [],
+        seen={"signal": step.signal, "epoch": step.epoch},
     )
 
 
@@ -277,4 +282,5 @@ def wake_task(
     if not done_before(user, task.session_id, action_id, "wake", task_id):
         refuse_unless(task.status is Status.SLEEPING, f"task {task_id} is {task.status}")
     return act_on_task(user, action_id, reason, "wake", task,
-                       lambda d: d.wake(task_id, expected_seq=expected_seq))
+                       lambda d: d.wake(task_id, expected_seq=expected_seq),
+                       seen={"expected_seq": expected_seq})

@@ -135,7 +135,9 @@ class TaskView:
 
     @property
     def trace_url(self) -> str | None:
-        """Where the trace is shown (``settings.TRACE_URL`` with ``{trace_id}``), if set."""
+        """Where the trace is shown (``settings.TRACE_URL`` with ``{trace_id}``), if set:
+        the id goes into the URL as it is, so only a valid W3C one is taken
+        (:func:`kernel.tracing.trace_id` gives no other)."""
         found = self.trace_id
         if found is None or not settings.TRACE_URL:
             return None

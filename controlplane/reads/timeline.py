@@ -103,6 +103,8 @@ class Action:
     seq: int
     left: float
     detail: Any = None
+    seen: Any = None
+    """What the operator said they saw (the ``expected_*`` values the action carried)."""
 
 
 @dataclass
@@ -222,7 +224,8 @@ def timeline(task_id: str, session_id: str, terminal: bool,
             row.segments.append(Segment(mark.status, mark.label, (mark.t - start) * scale,
                                         (until - mark.t) * scale, until - mark.t))
     done = [Action(kind, at, str(p.get("by", "")), str(p.get("reason", "")), seq,
-                   (at.timestamp() - start) * scale, p.get("decision") or p.get("restart"))
+                   (at.timestamp() - start) * scale, p.get("decision") or p.get("restart"),
+                   p.get("seen"))
             for seq, at, kind, p in actions(task_id, session_id)]
     return Timeline(datetime.fromtimestamp(start, UTC), datetime.fromtimestamp(end, UTC),
                     span, not terminal, rows, commits, done)

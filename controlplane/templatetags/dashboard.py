@@ -66,6 +66,17 @@ def ago(then: datetime | None) -> SafeString | str:
 
 
 @register.filter
+def seen_note(seen: Any) -> str:
+    """What an operator said they saw when they acted (an operations-log entry's
+    ``seen``), for people: "saw expected_seq 12, expected_run 0"; empty when the entry
+    holds none. Autoescaped where used."""
+    if not isinstance(seen, dict) or not seen:
+        return ""
+    return "saw " + ", ".join(f"{key} {json.dumps(value) if not isinstance(value, str) else value}"
+                              for key, value in seen.items())
+
+
+@register.filter
 def seconds(value: float | None) -> str:
     """A duration for people: "340 ms", "4.2 s", "3 min 5 s", "2 h 4 min"."""
     if value is None:

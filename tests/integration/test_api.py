@@ -251,7 +251,8 @@ def test_cancel_cascades_records_the_operator_and_is_idempotent(
     [entry] = kernel.entries(operations_log_id(session_id))
     assert entry.actor == "user:olga"
     assert entry.payload == {"target": parent, "reason": "wrong list", "by": "user:olga",
-                             "action_id": "cancel-1", "via": "browser session"}
+                             "action_id": "cancel-1", "via": "browser session",
+                             "seen": {"expected_run": 0}}
     late = post(operator, f"/api/tasks/{parent}/cancel",
                 {"action_id": "c2", "reason": "again", "expected_run": 0})
     assert late.status_code == 409
@@ -315,7 +316,23 @@ def test_resolve_wake_retry_and_resubmit(kernel: Kernel, operator: Client) -> No
     logged = [e.payload for e in kernel.entries(operations_log_id(session_id))
               if e.payload.get("action_id") == "re-1"]
     assert logged == [{"target": original.json()["id"], "reason": "model was down",
-                       "by": "user:olga", "action_id": "re-1", "via": "browser session"}]
+                       "by": "user:olga", "action_id": "re-1", "via": "browser session",
+                       "seen": {"expected_seq": seen}}]
+
+
+def test_an_action_is_logged_with_the_state_the_operator_saw(
+    kernel: Kernel, operator: Client
+) -> None:
+    session_id, failing = start(kernel, "api-step", {"fail": True})
+    seen = kernel.task(failing).updated_seq
+    assert post(operator, f"/api/tasks/{failing}/retry",
+                {"action_id": "t1", "reason": "go", "expected_seq": seen}).status_code == 200
+    [entry] = kernel.entries(operations_log_id(session_id))
+    assert entry.payload["seen"] == {"expected_seq": seen}
+    # Shown where the log is: the task's page and the session's.
+    said = f"saw expected_seq {seen}"
+    assert said in operator.get(f"/tasks/{failing}/").content.decode()
+    assert said in operator.get(f"/sessions/{session_id}/").content.decode()
 
 
 def test_bulk_actions_preview_then_confirm_with_a_result_per_task(

@@ -100,7 +100,8 @@ def test_approve_with_edited_arguments_runs_exactly_those(kernel: Kernel) -> Non
     assert log(kernel, session_id) == [("approve", {
         "target": pending["task_id"], "reason": "only Ana asked", "by": "user:olga",
         "via": "browser session",
-        "action_id": "a1"})]
+        "action_id": "a1",
+        "seen": {"digest": pending["digest"], "expected_request": pending["request"]}})]
 
     Worker(kernel, "w").advance(pending["task_id"])  # the tool task alone: no email here
     tool = kernel.task(pending["task_id"])

@@ -170,11 +170,11 @@ def test_a_repeat_of_a_bulk_request_cut_short_finishes_its_set_and_nothing_twice
     real_commit = bulk_commands.commit_action
     calls: list[str] = []
 
-    def dies_after_one(*args: Any) -> Any:
+    def dies_after_one(*args: Any, **kwargs: Any) -> Any:
         if calls:
             raise SystemExit("the web process dies")
         calls.append(args[4])
-        return real_commit(*args)
+        return real_commit(*args, **kwargs)
 
     monkeypatch.setattr(bulk_commands, "commit_action", dies_after_one)
     with pytest.raises(SystemExit):

@@ -94,6 +94,21 @@ def test_the_shell_issues_lists_and_revokes_tokens() -> None:
         call_command("api_token", "olga", "--expires-in-days", "0")
 
 
+def test_the_shell_lists_a_name_stored_before_names_were_checked_on_one_line() -> None:
+    """A name holding a tab, a line break or another control character (stored before
+    names were checked) is listed escaped, so each token stays one line of its fields."""
+    olga = account("olga", "operator")
+    digests = iter(["a" * 64, "b" * 64])
+    for name in ["ci\tbot\nrevoked\x1b[2J\u2028", "back\\slash"]:
+        ApiToken.objects.create(user=olga, name=name, digest=next(digests))
+    listing = StringIO()
+    call_command("api_token", "--list", stdout=listing)
+    lines = listing.getvalue().splitlines()
+    assert len(lines) == 2
+    assert sorted(line.split("\t")[2] for line in lines) == [
+        "back\\\\slash", "ci\\tbot\\nrevoked\\x1b[2J\\u2028"]
+
+
 @pytest.mark.parametrize("name", ["", "   ", "ci\tbot", "ci\nbot", "ci\x1b[2J", "ci\u2028bot"])
 def test_the_shell_refuses_a_token_name_that_is_blank_or_breaks_the_listing(name: str) -> None:
     """``--list`` prints a token a line, its fields between tabs: a name that is blank, or

@@ -12,6 +12,7 @@ from django.utils import timezone
 from controlplane.reads import pages
 from controlplane.reads import tasks as task_reads
 from controlplane.worker.runtime import runtime
+from kernel import Status, Task
 
 from .clients import login
 from .sessions import EVIL, batch
@@ -289,3 +290,26 @@ def test_pages_stop_at_the_last_page_and_say_so(monkeypatch: pytest.MonkeyPatch)
         assert 'id="last-page"' in page and "Pages stop at 2" in page
         assert 'rel="next"' not in page
     assert 'id="last-page"' not in viewer.get("/tasks/?page=1").content.decode()
+
+
+@pytest.mark.parametrize("trace_id", [
+    "4BF92F3577B34DA6A3CE929D0E0E4736",  # W3C: lowercase only
+    "4bf92f3577b34da6a3ce929d0e0e473g",
+    '4bf92f3577b34da6"><script>x</sc>',
+    "../../../../admin/?x=4bf92f3577b",
+    "0" * 32,
+])
+def test_the_task_page_links_no_trace_whose_id_is_not_32_lowercase_hex(
+    trace_id: str, settings: object
+) -> None:
+    settings.TRACE_URL = "https://traces.example/trace/{trace_id}"  # type: ignore[attr-defined]
+
+    def shown(trace: str) -> task_reads.TaskView:
+        return task_reads.TaskView(Task(
+            "task_1", "sess_1", "k", 1, {}, Status.PENDING, "go", {}, 1, 1,
+            trace={"traceparent": f"00-{trace}-00f067aa0ba902b7-01"}), None)
+
+    assert len(trace_id) == 32
+    assert (shown(trace_id).trace_id, shown(trace_id).trace_url) == (None, None)
+    good = "4bf92f3577b34da6a3ce929d0e0e4736"
+    assert shown(good).trace_url == f"https://traces.example/trace/{good}"

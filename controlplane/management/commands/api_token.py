@@ -17,7 +17,7 @@ from django.core.management.base import CommandError, CommandParser
 from django.utils import timezone
 
 from controlplane import commands
-from controlplane.access import issue_token, role_of, shell_actor, token_name
+from controlplane.access import issue_token, listed_name, role_of, shell_actor, token_name
 from controlplane.errors import Invalid
 from controlplane.management.base import ShellCommand
 from controlplane.reads.tokens import TokenView, tokens
@@ -29,7 +29,7 @@ def _when(at: datetime | None) -> str:
 
 
 def line(token: TokenView) -> str:
-    return (f"{token.id}\t{token.user}\t{token.name}\t{token.state}\tcreated "
+    return (f"{token.id}\t{token.user}\t{listed_name(token.name)}\t{token.state}\tcreated "
             f"{_when(token.created_at)}\tlast used {_when(token.last_used_at)}\t"
             f"expires {_when(token.expires_at)}\tissued by {token.issued_by or '-'}"
             + (f"\trevoked by {token.revoked_by or '-'}" if token.revoked_at else ""))
