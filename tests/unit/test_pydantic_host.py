@@ -955,3 +955,54 @@ def test_a_call_whose_result_no_storage_holds_is_answered_as_having_run(
     assert "ran" in str(told.content) and "cannot be stored" in str(told.content)
     (result,) = [e.payload for e in kernel.entries(conversation) if e.kind == "tool_result"]
     assert "cannot be stored" in result["error"] and "NUL" in result["error"]
+
+
+def test_a_turn_is_blocked_where_a_toolset_of_its_agent_changed() -> None:
+    """A turn records the tools of its agent's other toolsets too (a toolset of the
+    user's own, wrapped in a prefix), as it does its function tools: its journal may hold
+    calls made for them as they were. A worker whose agent lacks the toolset, or offers
+    one of its tools with other parameters, leaves the turn blocked naming the toolset
+    and asks the model nothing; one offering the same toolset goes on, a toolset added
+    beside it being compatible (as every toolset is for a turn that recorded none)."""
+    from datetime import timedelta
+
+    from pydantic_ai.toolsets import FunctionToolset
+
+    from kernel import Worker
+    from kernel.environment import BLOCKED_DOCUMENT
+
+    def search(query: str) -> str:
+        return query
+
+    def search_more(query: str, limit: int) -> str:
+        return query
+
+    def crm(*tools: Any) -> list[Any]:
+        return [FunctionToolset(list(tools), id="crm").prefixed("crm")]
+
+    world = World(crash_on={"validate"}, options={"toolsets": crm(search)})
+    kernel, session_id, conversation, submission = world.start()
+    with pytest.raises(Crash):  # the answer is committed; its validation was cut
+        world.run()
+    world.crash_on = set()
+    world.clock.advance(timedelta(hours=1))  # the dead worker's lease has run out
+    turn = turn_of(kernel, session_id).id
+    asked = list(world.model_calls)
+
+    def blocked(toolsets: list[Any]) -> str:
+        world.options = {"toolsets": toolsets}
+        changed = world.kernel()
+        assert not Worker(changed, "w2").advance(turn)
+        (difference,) = changed.document(session_id, BLOCKED_DOCUMENT, turn)["differences"]
+        return str(difference)
+
+    search_more.__name__ = "search"
+    assert blocked(crm(search_more)).startswith("toolset crm: ")
+    assert blocked([]).startswith("toolset crm: missing here")
+    assert world.model_calls == asked
+
+    world.options = {"toolsets": [*crm(search), FunctionToolset([search_more], id="docs")]}
+    assert Worker(world.kernel(), "w3").advance(turn)
+    assert world.model_calls == asked
+    assert turn_of(kernel, session_id).outcome["result"]["output"] == {
+        "customer": "ana", "notified": True}
