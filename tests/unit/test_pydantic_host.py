@@ -1006,3 +1006,57 @@ def test_a_turn_is_blocked_where_a_toolset_of_its_agent_changed() -> None:
     assert world.model_calls == asked
     assert turn_of(kernel, session_id).outcome["result"]["output"] == {
         "customer": "ana", "notified": True}
+
+
+def test_a_toolset_is_recorded_as_far_as_it_can_be_read_without_a_connection() -> None:
+    """An external toolset's tools are declared where it is registered: one of them
+    changed is a difference. An MCP server's tools are listed at a connection, during a
+    run: the turn records where the server is (its URL, or its command and arguments),
+    and another address is a difference; its tools are not read."""
+    from types import SimpleNamespace
+
+    from pydantic_ai.models.test import TestModel
+    from pydantic_ai.tools import ToolDefinition
+    from pydantic_ai.toolsets import AbstractToolset, ExternalToolset
+
+    from kernel.environment import differences
+    from kernel.hosts.pydantic_ai.definition import toolset_needs
+
+    class Server(AbstractToolset[None]):
+        """A stand-in for an MCP server's toolset: its client's transport says where it
+        is; listing its tools would need a connection."""
+
+        def __init__(self, **transport: Any) -> None:
+            self.client = SimpleNamespace(transport=SimpleNamespace(**transport))
+
+        @property
+        def id(self) -> str | None:
+            return "crm"
+
+        async def get_tools(self, ctx: Any) -> Any:
+            raise AssertionError("listed where the agent was registered")
+
+        async def call_tool(self, name: str, tool_args: Any, ctx: Any, tool: Any) -> Any:
+            raise AssertionError("called where the agent was registered")
+
+    def needs(*toolsets: Any) -> dict[str, Any]:
+        agent = Agent(TestModel(), toolsets=list(toolsets))
+        return toolset_needs(agent)
+
+    def asks(**parameters: Any) -> ExternalToolset[None]:
+        schema = {"type": "object", "properties": parameters}
+        return ExternalToolset(
+            [ToolDefinition(name="ask", parameters_json_schema=schema)], id="desk")
+
+    started = needs(asks(question={"type": "string"}),
+                    Server(url="https://crm.example/mcp"))
+    assert differences(started, needs(asks(question={"type": "string"}),
+                                      Server(url="https://crm.example/mcp"))) == []
+    (changed,) = differences(started, needs(asks(question={"type": "integer"}),
+                                            Server(url="https://crm.example/mcp")))
+    assert changed.startswith("toolset desk: ")
+    (moved,) = differences(started, needs(asks(question={"type": "string"}),
+                                          Server(url="https://crm2.example/mcp")))
+    assert moved.startswith("toolset crm: ")
+    assert needs(Server(command="uvx", args=["crm-mcp"])) != needs(
+        Server(command="uvx", args=["crm-mcp", "--beta"]))
