@@ -955,3 +955,108 @@ def test_a_call_whose_result_no_storage_holds_is_answered_as_having_run(
     assert "ran" in str(told.content) and "cannot be stored" in str(told.content)
     (result,) = [e.payload for e in kernel.entries(conversation) if e.kind == "tool_result"]
     assert "cannot be stored" in result["error"] and "NUL" in result["error"]
+
+
+def test_a_turn_is_blocked_where_a_toolset_of_its_agent_changed() -> None:
+    """A turn records the tools of its agent's other toolsets too (a toolset of the
+    user's own, wrapped in a prefix), as it does its function tools: its journal may hold
+    calls made for them as they were. A worker whose agent lacks the toolset, or offers
+    one of its tools with other parameters, leaves the turn blocked naming the toolset
+    and asks the model nothing; one offering the same toolset goes on, a toolset added
+    beside it being compatible (as every toolset is for a turn that recorded none)."""
+    from datetime import timedelta
+
+    from pydantic_ai.toolsets import FunctionToolset
+
+    from kernel import Worker
+    from kernel.environment import BLOCKED_DOCUMENT
+
+    def search(query: str) -> str:
+        return query
+
+    def search_more(query: str, limit: int) -> str:
+        return query
+
+    def crm(*tools: Any) -> list[Any]:
+        return [FunctionToolset(list(tools), id="crm").prefixed("crm")]
+
+    world = World(crash_on={"validate"}, options={"toolsets": crm(search)})
+    kernel, session_id, conversation, submission = world.start()
+    with pytest.raises(Crash):  # the answer is committed; its validation was cut
+        world.run()
+    world.crash_on = set()
+    world.clock.advance(timedelta(hours=1))  # the dead worker's lease has run out
+    turn = turn_of(kernel, session_id).id
+    asked = list(world.model_calls)
+
+    def blocked(toolsets: list[Any]) -> str:
+        world.options = {"toolsets": toolsets}
+        changed = world.kernel()
+        assert not Worker(changed, "w2").advance(turn)
+        (difference,) = changed.document(session_id, BLOCKED_DOCUMENT, turn)["differences"]
+        return str(difference)
+
+    search_more.__name__ = "search"
+    assert blocked(crm(search_more)).startswith("toolset crm: ")
+    assert blocked([]).startswith("toolset crm: missing here")
+    assert world.model_calls == asked
+
+    world.options = {"toolsets": [*crm(search), FunctionToolset([search_more], id="docs")]}
+    assert Worker(world.kernel(), "w3").advance(turn)
+    assert world.model_calls == asked
+    assert turn_of(kernel, session_id).outcome["result"]["output"] == {
+        "customer": "ana", "notified": True}
+
+
+def test_a_toolset_is_recorded_as_far_as_it_can_be_read_without_a_connection() -> None:
+    """An external toolset's tools are declared where it is registered: one of them
+    changed is a difference. An MCP server's tools are listed at a connection, during a
+    run: the turn records where the server is (its URL, or its command and arguments),
+    and another address is a difference; its tools are not read."""
+    from types import SimpleNamespace
+
+    from pydantic_ai.models.test import TestModel
+    from pydantic_ai.tools import ToolDefinition
+    from pydantic_ai.toolsets import AbstractToolset, ExternalToolset
+
+    from kernel.environment import differences
+    from kernel.hosts.pydantic_ai.definition import toolset_needs
+
+    class Server(AbstractToolset[None]):
+        """A stand-in for an MCP server's toolset: its client's transport says where it
+        is; listing its tools would need a connection."""
+
+        def __init__(self, **transport: Any) -> None:
+            self.client = SimpleNamespace(transport=SimpleNamespace(**transport))
+
+        @property
+        def id(self) -> str | None:
+            return "crm"
+
+        async def get_tools(self, ctx: Any) -> Any:
+            raise AssertionError("listed where the agent was registered")
+
+        async def call_tool(self, name: str, tool_args: Any, ctx: Any, tool: Any) -> Any:
+            raise AssertionError("called where the agent was registered")
+
+    def needs(*toolsets: Any) -> dict[str, Any]:
+        agent = Agent(TestModel(), toolsets=list(toolsets))
+        return toolset_needs(agent)
+
+    def asks(**parameters: Any) -> ExternalToolset[None]:
+        schema = {"type": "object", "properties": parameters}
+        return ExternalToolset(
+            [ToolDefinition(name="ask", parameters_json_schema=schema)], id="desk")
+
+    started = needs(asks(question={"type": "string"}),
+                    Server(url="https://crm.example/mcp"))
+    assert differences(started, needs(asks(question={"type": "string"}),
+                                      Server(url="https://crm.example/mcp"))) == []
+    (changed,) = differences(started, needs(asks(question={"type": "integer"}),
+                                            Server(url="https://crm.example/mcp")))
+    assert changed.startswith("toolset desk: ")
+    (moved,) = differences(started, needs(asks(question={"type": "string"}),
+                                          Server(url="https://crm2.example/mcp")))
+    assert moved.startswith("toolset crm: ")
+    assert needs(Server(command="uvx", args=["crm-mcp"])) != needs(
+        Server(command="uvx", args=["crm-mcp", "--beta"]))

@@ -58,7 +58,14 @@ from pydantic_ai.tools import (
     ToolApproved,
     ToolDenied,
 )
-from pydantic_ai.toolsets import FunctionToolset
+from pydantic_ai.toolsets import (
+    AbstractToolset,
+    CombinedToolset,
+    FunctionToolset,
+    PrefixedToolset,
+    RenamedToolset,
+    WrapperToolset,
+)
 from pydantic_ai.usage import RunUsage, UsageLimits
 from pydantic_core import to_jsonable_python
 
@@ -203,6 +210,76 @@ def tool_needs(agent: Agent[Any, Any]) -> dict[str, JSON]:
     return found
 
 
+def toolset_needs(agent: Agent[Any, Any]) -> dict[str, JSON]:
+    """What a run of ``agent`` needs of each of its toolsets other than a function
+    toolset (whose tools :func:`tool_needs` records one by one): a toolset of the user's
+    own, an MCP server's, one wrapped in a prefix, a filter or a preparation. Its journal
+    may hold calls made for their tools as they were; resumed where one is gone or takes
+    other arguments, the replay would call a tool that is not there or pass it arguments
+    of another schema. Each is keyed by its id (else its class) and recorded as its kind
+    and a fingerprint of :func:`toolset_contents`: what can be read of it without a
+    connection or a call of the user's code."""
+    found: dict[str, JSON] = {}
+    for toolset in agent.toolsets:
+        if isinstance(toolset, FunctionToolset):
+            continue
+        name = f"toolset {toolset_id(toolset) or type(toolset).__name__}"
+        key, seen = name, 1
+        while key in found:  # two toolsets with neither an id: told apart by their order
+            seen += 1
+            key = f"{name} {seen}"
+        found[key] = {"kind": type(toolset).__name__,
+                      "contents": fingerprint(toolset_contents(toolset))}
+    return found
+
+
+def toolset_id(toolset: AbstractToolset[Any]) -> str | None:
+    """A toolset's id, or the one of the toolset it wraps (a prefix or a filter keeps the
+    id of what it wraps)."""
+    while toolset.id is None and isinstance(toolset, WrapperToolset):
+        toolset = toolset.wrapped
+    return toolset.id
+
+
+def toolset_contents(toolset: AbstractToolset[Any]) -> JSON:
+    """What can be read of a toolset where it is registered, without connecting to a
+    server or calling the user's code: a function toolset's tools (name, parameters'
+    schema, whether they ask for approval first), a wrapper's prefix or renames and what
+    it wraps, a combination's parts, an MCP server's address (its tools are listed by the
+    server, at a connection), another toolset's class. A filter's or a preparation's
+    function is code, not seen, as a tool's is."""
+    kind = f"{type(toolset).__module__}.{type(toolset).__qualname__}"
+    if isinstance(toolset, FunctionToolset):
+        return {"kind": kind, "tools": {
+            name: {"parameters": tool.tool_def.parameters_json_schema,
+                   "prior approval": tool.requires_approval}
+            for name, tool in toolset.tools.items()}}
+    if isinstance(toolset, WrapperToolset):
+        described: dict[str, JSON] = {"kind": kind,
+                                      "wraps": toolset_contents(toolset.wrapped)}
+        if isinstance(toolset, PrefixedToolset):
+            described["prefix"] = toolset.prefix
+        if isinstance(toolset, RenamedToolset):
+            described["renames"] = dict(toolset.name_map)
+        return described
+    if isinstance(toolset, CombinedToolset):
+        return {"kind": kind, "toolsets": [toolset_contents(t) for t in toolset.toolsets]}
+    tool_defs = getattr(toolset, "tool_defs", None)  # an external toolset's, declared
+    if isinstance(tool_defs, list):
+        return {"kind": kind, "tools": {
+            t.name: {"parameters": t.parameters_json_schema, "kind": t.kind}
+            for t in tool_defs}}
+    transport = getattr(getattr(toolset, "client", None), "transport", None)
+    if transport is not None:  # an MCP server: where it is, not what it lists
+        url = getattr(transport, "url", None)
+        command = getattr(transport, "command", None)
+        server = url if isinstance(url, str) else " ".join(
+            [str(command), *map(str, getattr(transport, "args", None) or [])]
+        ) if command is not None else type(transport).__name__
+        return {"kind": kind, "server": server}
+    return {"kind": kind}
+
+
 def model_needs(agent: Agent[Any, Any]) -> dict[str, JSON]:
     """What a run of ``agent`` needs of its model: the same provider and model name. Its
     journal holds the answers that model gave; resumed on another, the rest of the run
@@ -277,7 +354,8 @@ def register_agent(
     approvals.register_approvals(registry)
 
     needed = tool_needs(agent)
-    turn_needs = {**model_needs(agent), **output_needs(agent), **needed}
+    turn_needs = {**model_needs(agent), **output_needs(agent), **toolset_needs(agent),
+                  **needed}
 
     @registry.task(turn_kind({"agent": name}), queue=queue)
     class HostedTurn:
@@ -286,8 +364,9 @@ def register_agent(
         no_restart = NO_RESTART
 
         def needs(self, input: JSON, checkpoint: JSON) -> dict[str, JSON]:
-            """Its agent's model, output and function tools as they are here
-            (:func:`model_needs`, :func:`output_needs`, :func:`tool_needs`)."""
+            """Its agent's model, output, toolsets and function tools as they are
+            here (:func:`model_needs`, :func:`output_needs`, :func:`toolset_needs`,
+            :func:`tool_needs`)."""
             return turn_needs
 
         def run(self, run: Run) -> Transition:
