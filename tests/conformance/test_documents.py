@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
-from typing import Any
-
 import pytest
 
 from kernel import (
@@ -12,7 +9,6 @@ from kernel import (
     DocumentConflict,
     Draft,
     NotRegistered,
-    Outcome,
     Registry,
     Run,
     Status,
@@ -23,10 +19,10 @@ from kernel import (
 from kernel.commit import CommitKind
 from kernel.documents import apply_ops, encoded_size, weight
 from kernel.storage import as_stored
-from kernel.tasks import Finish, Next
 from kernel.values import NAME_BYTES
 
 from .definitions import Effects, make_registry
+from .draft_shapes import SHAPES, shaped
 from .names import incompressible
 from .world import World
 
@@ -273,8 +269,7 @@ def test_which_drafts_are_documents_only() -> None:
     assert Draft().kind() is CommitKind.GENERAL
 
 
-@pytest.mark.parametrize("shape", ["alone", "creates", "documents", "keyed", "next alone",
-                                   "next writing", "ends alone"])
+@pytest.mark.parametrize("shape", SHAPES)
 def test_a_version_expected_of_a_document_it_does_not_write_is_checked_in_the_commit(
     world: World, shape: str,
 ) -> None:
@@ -298,29 +293,8 @@ def test_a_version_expected_of_a_document_it_does_not_write_is_checked_in_the_co
     handle.commit(conversation)
 
     def draft(expected: int) -> tuple[Draft, object]:
-        known = None
-        made = Draft(actor="user:x", key=f"k{expected}" if shape == "keyed" else None)
-        if shape in ("alone", "keyed"):
-            made.append(conv, "note", {"n": expected})
-        elif shape == "creates":
-            made.create_task("step", {"name": "made"})
-        elif shape == "documents":
-            made.set("plan", "other", ["n"], expected)
-        else:
-            task_id = Draft()
-            made_id = task_id.create_task("napper", {})
-            handle.commit(task_id)
-            now = world.clock.now()
-            known = world.storage.claim(made_id, "w1", now, now + timedelta(seconds=30))
-            assert known is not None
-            if shape == "ends alone":
-                transition: Any = Finish(Outcome.SUCCEEDED, "done")
-            else:
-                transition = Next("wake", {"n": expected}, keep_lease=True,
-                                  lease_until=now + timedelta(seconds=30))
-            if shape == "next writing":
-                made.append(conv, "note", {"n": expected})
-            made.transition(made_id, known.epoch, transition, owner="w1")
+        made, known = shaped(world, handle, shape, conv, "n", expected, actor="user:x",
+                             key=f"k{expected}")
         made.expect_document("plan", "seen", expected)
         assert made.kind() is CommitKind.GENERAL
         return made, known

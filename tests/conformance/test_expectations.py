@@ -5,7 +5,6 @@ the conversation's newest entry. A refused commit writes nothing. Run against bo
 
 from __future__ import annotations
 
-from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -13,10 +12,9 @@ import pytest
 from kernel import DocumentConflict, Draft, StaleStep, Status, SubmissionStatus, UnknownRecord
 from kernel.commit import CommitKind
 from kernel.forks import phase_entries
-from kernel.records import Outcome
-from kernel.tasks import Finish, Next
 
 from .definitions import start
+from .draft_shapes import SHAPES, shaped
 from .world import World
 
 
@@ -129,8 +127,7 @@ def test_a_resubmission_from_a_stale_view_of_its_original_is_refused_and_writes_
     assert world.storage.submission(original_id).resubmits == 2
 
 
-@pytest.mark.parametrize("shape", ["alone", "creates", "documents", "keyed", "next alone",
-                                   "next writing", "ends alone"])
+@pytest.mark.parametrize("shape", SHAPES)
 def test_a_newest_entry_expected_of_a_conversation_is_checked_in_the_commit(
     world: World, shape: str,
 ) -> None:
@@ -149,29 +146,8 @@ def test_a_newest_entry_expected_of_a_conversation_is_checked_in_the_commit(
     handle.commit(later)  # after the caller saw ``seen``
 
     def draft(expected: str | None) -> tuple[Draft, Any]:
-        known = None
-        made = Draft(actor="user:olga", key=f"k-{expected}" if shape == "keyed" else None)
-        if shape in ("alone", "keyed"):
-            made.append(conversation, "note", {"on": expected})
-        elif shape == "creates":
-            made.create_task("step", {"name": "made"})
-        elif shape == "documents":
-            made.set("plan", "other", ["on"], expected)
-        else:
-            created = Draft()
-            made_id = created.create_task("napper", {})
-            handle.commit(created)
-            now = world.clock.now()
-            known = world.storage.claim(made_id, "w1", now, now + timedelta(seconds=30))
-            assert known is not None
-            if shape == "ends alone":
-                transition: Any = Finish(Outcome.SUCCEEDED, "done")
-            else:
-                transition = Next("wake", {"on": expected}, keep_lease=True,
-                                  lease_until=now + timedelta(seconds=30))
-            if shape == "next writing":
-                made.append(conversation, "note", {"on": expected})
-            made.transition(made_id, known.epoch, transition, owner="w1")
+        made, known = shaped(world, handle, shape, conversation, "on", expected,
+                             actor="user:olga", key=f"k-{expected}")
         made.expect_newest_entry(conversation, expected)
         assert made.kind() is CommitKind.GENERAL
         return made, known
