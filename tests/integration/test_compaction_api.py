@@ -8,8 +8,9 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from django.conf import settings
 from django.contrib.auth.models import User
-from django.test import Client
+from django.test import Client, override_settings
 
 from controlplane.worker.runtime import runtime
 from kernel import Draft, Scheduler, agent
@@ -18,6 +19,7 @@ from kernel.records import SUMMARY
 from .clients import client_as, post
 from .sessions import conversation_with_a_tool_call
 
+JSON = Any
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
@@ -140,45 +142,36 @@ def test_a_compaction_asked_while_one_of_the_conversation_is_under_way_is_refuse
     assert len(compaction_tasks(session_id)) == 2
 
 
-def test_an_operators_compaction_uses_the_model_the_conversations_latest_turn_asks(
-    settings: Any,
-) -> None:
-    """Its window is the one the conversation's requests are measured against and its
-    summary is asked of that model, not of the default one."""
-    settings.MODELS = {**settings.MODELS, "mini": settings.MODELS["scripted"]}
+def compacted_after_a_turn_asking(model: str, catalogue: dict[str, Any]) -> JSON:
+    """The input of an operator's compaction of a conversation whose turn asked ``model``,
+    made with ``catalogue`` as the configured models."""
     kernel = runtime().kernel
-    handle = kernel.create_session(metadata={"title": "mini"})
+    handle = kernel.create_session(metadata={"title": model})
     draft = Draft(actor="user:test")
     conversation = draft.create_conversation()
     handle.commit(draft)
-    submitted = agent.submit(handle, conversation, {"text": "hello", "model": "mini"},
+    submitted = agent.submit(handle, conversation, {"text": "hello", "model": model},
                              "req-1", actor="user:ann")
     assert submitted.outcome == "placed", submitted.reason
-    answer = post(client_as("olga", "operator"), f"/api/conversations/{conversation}/compact",
-                  {"action_id": "compact-mini", "reason": "long",
-                   "last_entry_id": newest(conversation)})
+    with override_settings(MODELS=catalogue):
+        answer = post(client_as("olga", "operator"),
+                      f"/api/conversations/{conversation}/compact",
+                      {"action_id": f"compact-{model}", "reason": "long",
+                       "last_entry_id": newest(conversation)})
     assert answer.status_code == 200, answer.content
     [task_id] = compaction_tasks(handle.id)
-    assert kernel.task(task_id).input["model"] == "mini"
+    return kernel.task(task_id).input
+
+
+def test_an_operators_compaction_uses_the_model_the_conversations_latest_turn_asks() -> None:
+    """Its window is the one the conversation's requests are measured against and its
+    summary is asked of that model, not of the default one."""
+    models = {**settings.MODELS, "mini": settings.MODELS["scripted"]}
+    assert compacted_after_a_turn_asking("mini", models)["model"] == "mini"
 
 
 def test_an_operators_compaction_of_a_conversation_whose_model_is_gone_uses_the_default(
-    settings: Any,
 ) -> None:
     """A model the catalogue no longer holds cannot summarize: the compaction asks the
     default one, as one of a conversation whose turns named none."""
-    kernel = runtime().kernel
-    handle = kernel.create_session(metadata={"title": "gone"})
-    draft = Draft(actor="user:test")
-    conversation = draft.create_conversation()
-    handle.commit(draft)
-    submitted = agent.submit(handle, conversation, {"text": "hello", "model": "mini"},
-                             "req-1", actor="user:ann")
-    assert submitted.outcome == "placed", submitted.reason
-    settings.MODELS = {k: v for k, v in settings.MODELS.items() if k != "mini"}
-    answer = post(client_as("olga", "operator"), f"/api/conversations/{conversation}/compact",
-                  {"action_id": "compact-gone", "reason": "long",
-                   "last_entry_id": newest(conversation)})
-    assert answer.status_code == 200, answer.content
-    [task_id] = compaction_tasks(handle.id)
-    assert "model" not in kernel.task(task_id).input
+    assert "model" not in compacted_after_a_turn_asking("mini", dict(settings.MODELS))
